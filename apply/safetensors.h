@@ -1,0 +1,85 @@
+// The safetensors file format: strict header parsing and streaming writing.
+//
+// Layout: 8-byte little-endian header length N, N bytes of UTF-8 JSON (padded with
+// spaces to a multiple of 8), then the data section. The JSON maps tensor names to
+// {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the data
+// section), plus an optional "__metadata__" object of string values.
+//
+// The parser trusts nothing: header size cap, well-formed JSON, no duplicate keys,
+// dtype whitelist, shape-product overflow, offsets in bounds, tensors contiguous
+// and non-overlapping, (end - begin) == product(shape) * element size, and no name
+// usable as a path (empty, '/', '\\', "..", NUL or control characters).
+//
+// Thread safety: free functions are thread-safe; a writer is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codec/tensor.h"
+#include "common/bytes.h"
+#include "common/status.h"
+
+namespace deltacast::apply {
+
+// Headers larger than this are refused before any allocation.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+
+struct SafetensorsEntry {
+  codec::TensorInfo info;
+  uint64_t data_begin = 0;  // relative to the start of the data section
+  uint64_t data_end = 0;
+};
+
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> entries;  // in data_offsets order
+  std::map<std::string, std::string> metadata;
+  uint64_t data_section_offset = 0;  // 8 + JSON length: where tensor data starts in the file
+};
+
+// Parses and validates the header at the start of a file of `file_size` bytes.
+// `prefix` must hold at least the first 8 bytes; if it is shorter than the header
+// the error says how many bytes are needed (kResourceExhausted is never used for that:
+// call HeaderBytesNeeded first). Errors are kCorrupt and name the offending field.
+Result<SafetensorsHeader> ParseSafetensorsHeader(ByteSpan prefix, uint64_t file_size);
+
+// How many bytes from the file start ParseSafetensorsHeader needs, read from the
+// 8-byte length prefix (validated against the cap and the file size).
+Result<uint64_t> HeaderBytesNeeded(ByteSpan first8, uint64_t file_size);
+
+// Parses the header of the file at `path` (reads only the header).
+Result<SafetensorsHeader> ReadSafetensorsHeader(const std::filesystem::path& path);
+
+// Serializes a header for `tensors` laid out contiguously in the given order:
+// the 8-byte length, the JSON, and space padding to a multiple of 8.
+std::vector<std::byte> SerializeSafetensorsHeader(const std::vector<codec::TensorInfo>& tensors,
+                                                  const std::map<std::string, std::string>& metadata);
+
+// Writes a safetensors file tensor by tensor, so a checkpoint of any size is written
+// with memory for one slice at a time.
+class SafetensorsWriter {
+ public:
+  // Creates (truncates) `path` and writes the header for `tensors` in that order.
+  static Result<std::unique_ptr<SafetensorsWriter>> Create(
+      const std::filesystem::path& path, const std::vector<codec::TensorInfo>& tensors,
+      const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+
+  // Appends the next bytes of tensor data (in tensor order; slices may be any size).
+  Status Append(ByteSpan data);
+  // Checks that exactly the declared number of bytes was appended, fsyncs, closes.
+  Status Finish();
+
+ private:
+  SafetensorsWriter(int fd, std::filesystem::path path, uint64_t expected_data_bytes);
+  int fd_;
+  std::filesystem::path path_;
+  uint64_t expected_data_bytes_;
+  uint64_t written_data_bytes_ = 0;
+};
+
+}  // namespace deltacast::apply

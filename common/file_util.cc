@@ -1,0 +1,101 @@
+#include "common/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace deltacast {
+namespace {
+
+// Closes the descriptor when it goes out of scope.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path) {
+  const std::byte* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "write " + path.string());
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<std::byte>> ReadFile(const std::filesystem::path& path, uint64_t max_bytes) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return Status::NotFound(path.string() + ": no such file");
+    return Status::FromErrno(errno, "open " + path.string());
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + path.string());
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return Status::ResourceExhausted(path.string() + ": " + std::to_string(st.st_size) +
+                                     " bytes exceeds the limit of " + std::to_string(max_bytes));
+  }
+  std::vector<std::byte> out(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = ::read(fd.get(), out.data() + got, out.size() - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "read " + path.string());
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+Status WriteFile(const std::filesystem::path& path, ByteSpan data) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Status::FromErrno(errno, "create " + path.string());
+  return WriteAll(fd.get(), data, path);
+}
+
+Status FsyncDirectory(const std::filesystem::path& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return Status::FromErrno(errno, "open directory " + dir.string());
+  if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync directory " + dir.string());
+  return Status::Ok();
+}
+
+Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data) {
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  {
+    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) return Status::FromErrno(errno, "create " + tmp.string());
+    RETURN_IF_ERROR(WriteAll(fd.get(), data, tmp));
+    if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + tmp.string());
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::FromErrno(errno, "rename " + tmp.string() + " -> " + path.string());
+  }
+  const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  return FsyncDirectory(parent);
+}
+
+}  // namespace deltacast

@@ -1,0 +1,31 @@
+// File helpers with the durability rules deltacast relies on (docs/recovery.md):
+// a file that must survive a crash is written to a temporary name, fsynced, renamed
+// over the old one, and its directory fsynced.
+//
+// Thread safety: functions are thread-safe for distinct paths.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/bytes.h"
+#include "common/status.h"
+
+namespace deltacast {
+
+// Reads a whole file; refuses files larger than `max_bytes`.
+Result<std::vector<std::byte>> ReadFile(const std::filesystem::path& path,
+                                        uint64_t max_bytes = uint64_t{1} << 30);
+
+// Replaces `path` with `data` atomically and durably (write tmp, fsync, rename,
+// fsync directory). On failure the old file is intact.
+Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data);
+
+// Writes `data` to a new or truncated file without durability guarantees.
+Status WriteFile(const std::filesystem::path& path, ByteSpan data);
+
+Status FsyncDirectory(const std::filesystem::path& dir);
+
+}  // namespace deltacast

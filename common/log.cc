@@ -1,0 +1,75 @@
+#include "common/log.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <string>
+
+namespace deltacast::log {
+namespace {
+
+std::atomic<bool> g_json{false};
+
+spdlog::logger& Logger() {
+  static std::shared_ptr<spdlog::logger> logger = [] {
+    auto l = spdlog::stderr_color_mt("deltacast");
+    l->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+    return l;
+  }();
+  return *logger;
+}
+
+std::string JsonEscape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+void Write(spdlog::level::level_enum level, std::string_view message) {
+  auto& logger = Logger();
+  if (!logger.should_log(level)) return;
+  if (g_json.load(std::memory_order_relaxed)) {
+    logger.log(level, "{{\"level\":\"{}\",\"msg\":\"{}\"}}",
+               spdlog::level::to_string_view(level), JsonEscape(message));
+  } else {
+    logger.log(level, "{}", message);
+  }
+}
+
+}  // namespace
+
+void SetLevel(Level level) {
+  static constexpr spdlog::level::level_enum kMap[] = {
+      spdlog::level::debug, spdlog::level::info, spdlog::level::warn, spdlog::level::err,
+      spdlog::level::off};
+  Logger().set_level(kMap[static_cast<int>(level)]);
+}
+
+void SetJson(bool json) {
+  g_json = json;
+  Logger().set_pattern(json ? "%v" : "%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+}
+
+void Debug(std::string_view m) { Write(spdlog::level::debug, m); }
+void Info(std::string_view m) { Write(spdlog::level::info, m); }
+void Warn(std::string_view m) { Write(spdlog::level::warn, m); }
+void Error(std::string_view m) { Write(spdlog::level::err, m); }
+
+}  // namespace deltacast::log
