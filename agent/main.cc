@@ -1,1 +1,136 @@
-int main() { return 0; }
+// deltacast: the command-line front of the library. Flag parsing only; every
+// subcommand's work is in agent/commands.cc.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "agent/commands.h"
+#include "agent/version.h"
+#include "common/log.h"
+
+namespace dc = deltacast;
+namespace agent = deltacast::agent;
+
+namespace {
+
+// Converts a size flag ("4M") into bytes, or throws CLI11's validation error.
+uint64_t SizeFlag(const std::string& text, const char* flag) {
+  auto bytes = agent::ParseByteSize(text);
+  if (!bytes.ok()) throw CLI::ValidationError(flag, bytes.status().message());
+  return *bytes;
+}
+
+dc::codec::EntropyCoder EntropyFlag(const std::string& name) {
+  if (name == "lz4") return dc::codec::EntropyCoder::kLz4;
+  if (name == "none") return dc::codec::EntropyCoder::kNone;
+  return dc::codec::EntropyCoder::kZstd;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"deltacast: bit-exact weight deltas for LLM refit"};
+  app.set_version_flag("--version", std::string(agent::VersionString()));
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "Debug logging");
+  int status = agent::kExitOk;
+
+  // synth
+  agent::SynthOptions synth;
+  std::string synth_params = "500M", synth_rate = "3%";
+  bool synth_json = false;
+  auto* s = app.add_subcommand("synth", "Generate a synthetic Llama-shaped BF16 checkpoint and training steps");
+  s->add_option("--out", synth.out_dir, "Output directory (writes step0 .. stepN)")->required();
+  s->add_option("--params", synth_params, "Parameter count, e.g. 500M, 1.5B")->capture_default_str();
+  s->add_option("--steps", synth.steps, "Training steps after step0")->capture_default_str();
+  s->add_option("--change-rate", synth_rate, "Fraction of BF16 elements changed per step, e.g. 3%")
+      ->capture_default_str();
+  s->add_option("--lr", synth.lr, "Learning rate (overrides --change-rate)");
+  s->add_option("--seed", synth.seed, "Random seed")->capture_default_str();
+  s->add_option("--threads", synth.threads, "Threads (0 = all cores)");
+  s->add_flag("--json", synth_json, "Report as JSON");
+  s->callback([&] {
+    auto params = agent::ParseParamCount(synth_params);
+    if (!params.ok()) throw CLI::ValidationError("--params", params.status().message());
+    auto rate = agent::ParseRate(synth_rate);
+    if (!rate.ok()) throw CLI::ValidationError("--change-rate", rate.status().message());
+    synth.params = *params;
+    synth.change_rate = *rate;
+    status = agent::RunSynth(synth, synth_json);
+  });
+
+  // manifest
+  agent::ManifestArgs manifest;
+  std::string manifest_partition = "4M";
+  auto* m = app.add_subcommand("manifest", "Print a checkpoint directory's version id and partition hashes");
+  m->add_option("dir", manifest.dir, "Checkpoint directory")->required();
+  m->add_option("--partition-size", manifest_partition, "Partition size")->capture_default_str();
+  m->add_option("--threads", manifest.threads, "Threads (0 = all cores)");
+  m->add_flag("--partitions", manifest.partitions, "List every partition hash");
+  m->add_flag("--json", manifest.json, "Report as JSON");
+  m->callback([&] {
+    manifest.partition_bytes = SizeFlag(manifest_partition, "--partition-size");
+    status = agent::RunManifest(manifest);
+  });
+
+  // diff
+  agent::DiffArgs diff;
+  std::string diff_mode = "fast", diff_entropy = "zstd", diff_chunk = "4M", diff_partition = "4M";
+  auto* d = app.add_subcommand("diff", "Encode the delta between two checkpoint directories");
+  d->add_option("--base", diff.base, "Base checkpoint directory")->required();
+  d->add_option("--new", diff.target, "New checkpoint directory")->required();
+  d->add_option("--out", diff.out, "Delta file to write")->required();
+  d->add_option("--mode", diff_mode, "fast | context")
+      ->check(CLI::IsMember({"fast", "context"}))
+      ->capture_default_str();
+  d->add_option("--entropy", diff_entropy, "zstd | lz4 | none (fast-mode entropy stage)")
+      ->check(CLI::IsMember({"zstd", "lz4", "none"}))
+      ->capture_default_str();
+  d->add_option("--zstd-level", diff.encoder.codec.zstd_level, "zstd level")->capture_default_str();
+  d->add_flag("--try-every-encoding", diff.encoder.codec.try_every_encoding,
+              "Try all encodings on every partition, not just the likely ones");
+  d->add_option("--chunk-size", diff_chunk, "Chunk size")->capture_default_str();
+  d->add_option("--partition-size", diff_partition, "Partition size")->capture_default_str();
+  d->add_option("--threads", diff.encoder.threads, "Threads (0 = all cores)");
+  d->add_flag("--json", diff.json, "Report as JSON");
+  d->callback([&] {
+    diff.encoder.codec.mode = diff_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
+    diff.encoder.codec.entropy = EntropyFlag(diff_entropy);
+    diff.encoder.chunk_bytes = SizeFlag(diff_chunk, "--chunk-size");
+    diff.partition_bytes = SizeFlag(diff_partition, "--partition-size");
+    status = agent::RunDiff(diff);
+  });
+
+  // patch
+  agent::PatchArgs patch;
+  auto* p = app.add_subcommand("patch", "Apply a delta file to a checkpoint directory in place");
+  p->add_option("--store", patch.store, "Checkpoint directory to patch")->required();
+  p->add_option("--delta", patch.delta, "Delta file")->required();
+  p->add_option("--repair-from", patch.repair_from,
+                "Checkpoint directory at the target version to repair torn partitions from");
+  p->add_option("--threads", patch.threads, "Threads (0 = all cores)");
+  p->add_flag("--json", patch.json, "Report as JSON");
+  p->callback([&] { status = agent::RunPatch(patch); });
+
+  // inspect
+  agent::InspectArgs inspect;
+  auto* i = app.add_subcommand("inspect", "Describe what a delta file holds");
+  i->add_option("delta", inspect.delta, "Delta file")->required();
+  i->add_flag("--records", inspect.records, "List every partition record");
+  i->add_flag("--json", inspect.json, "Report as JSON");
+  i->callback([&] { status = agent::RunInspect(inspect); });
+
+  // verify
+  agent::VerifyArgs verify;
+  auto* v = app.add_subcommand("verify", "Check two checkpoint directories are byte-identical");
+  v->add_option("a", verify.a, "First directory")->required();
+  v->add_option("b", verify.b, "Second directory")->required();
+  v->add_option("--threads", verify.threads, "Threads (0 = all cores)");
+  v->add_flag("--json", verify.json, "Report as JSON");
+  v->callback([&] { status = agent::RunVerify(verify); });
+
+  app.parse_complete_callback([&] { dc::log::SetLevel(verbose ? dc::log::Level::kDebug : dc::log::Level::kInfo); });
+  CLI11_PARSE(app, argc, argv);
+  return status;
+}

@@ -1,0 +1,135 @@
+#include "apply/checkpoint_delta.h"
+
+#include <chrono>
+
+#include "apply/checkpoint_dir.h"
+#include "apply/checkpoint_state.h"
+#include "apply/delta_file.h"
+#include "common/parallel.h"
+
+namespace deltacast::apply {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+Result<DiffResult> DiffCheckpoints(const std::filesystem::path& base_dir,
+                                   const std::filesystem::path& new_dir,
+                                   const std::filesystem::path& out_file, const DiffOptions& options) {
+  using Access = CheckpointDirStore::Access;
+  auto base_store = CheckpointDirStore::Open(base_dir, Access::kReadOnly);
+  if (!base_store.ok()) return base_store.status().WithContext("base checkpoint");
+  auto new_store = CheckpointDirStore::Open(new_dir, Access::kReadOnly);
+  if (!new_store.ok()) return new_store.status().WithContext("new checkpoint");
+  if ((*base_store)->LayoutId() != (*new_store)->LayoutId()) {
+    return Status::Unsupported("the checkpoints " + base_dir.string() + " and " + new_dir.string() +
+                               " differ in file layout (file names, safetensors headers or index); "
+                               "a delta carries tensor bytes only");
+  }
+  const size_t threads = options.encoder.threads ? options.encoder.threads : DefaultThreadCount();
+
+  DiffResult result;
+  const auto t0 = Clock::now();
+  ASSIGN_OR_RETURN(codec::Manifest base_manifest,
+                   CheckpointState(base_dir).LoadOrComputeManifest(**base_store, options.partition_bytes, threads));
+  ASSIGN_OR_RETURN(codec::Manifest new_manifest,
+                   CheckpointState(new_dir).LoadOrComputeManifest(**new_store, options.partition_bytes, threads));
+  result.manifest_seconds = SecondsSince(t0);
+  result.identity = {base_manifest.VersionId(), new_manifest.VersionId(), options.partition_bytes};
+
+  ASSIGN_OR_RETURN(auto writer, DeltaFileWriter::Create(out_file));
+  const CheckpointDirStore& a = **base_store;
+  const CheckpointDirStore& b = **new_store;
+  RETURN_IF_ERROR(codec::EncodeDelta(
+      base_manifest, new_manifest, [&](size_t i) { return a.TensorData(i); },
+      [&](size_t i) { return b.TensorData(i); }, b.LayoutId(), options.encoder,
+      [&](std::vector<std::byte>&& chunk) { return writer->Append(chunk); }, &result.stats));
+  RETURN_IF_ERROR(writer->Finish());
+  return result;
+}
+
+Result<PatchResult> PatchCheckpoint(const std::filesystem::path& dir,
+                                    const std::filesystem::path& delta_file,
+                                    const PatchOptions& options) {
+  const size_t threads = options.threads ? options.threads : DefaultThreadCount();
+  ASSIGN_OR_RETURN(auto reader, DeltaFileReader::Open(delta_file));
+  ASSIGN_OR_RETURN(auto first_bytes, reader->Next());
+  if (!first_bytes) return Status::Corrupt(delta_file.string() + " holds no chunks");
+  ASSIGN_OR_RETURN(codec::ChunkView first, codec::ParseChunk(*first_bytes));
+  const codec::DeltaIdentity identity = first.identity;
+
+  ASSIGN_OR_RETURN(auto store, CheckpointDirStore::Open(dir, CheckpointDirStore::Access::kReadWrite));
+  CheckpointState state(dir);
+  ASSIGN_OR_RETURN(std::optional<InflightDelta> inflight, state.ReadInflight());
+  const InflightDelta this_delta{identity.base_version, identity.target_version};
+  if (inflight && !(*inflight == this_delta)) {
+    return Status::FailedPrecondition(
+        dir.string() + " has an unfinished patch " + inflight->base.ShortHex() + " -> " +
+        inflight->target.ShortHex() + "; finish it with that delta before applying " +
+        identity.base_version.ShortHex() + " -> " + identity.target_version.ShortHex());
+  }
+
+  PatchResult result;
+  result.identity = identity;
+  // Mid-way through a patch the files hash to neither version; that is fine: every
+  // record is seen again and sets its partition's target hash, and partitions the
+  // delta does not name are equal in base and target.
+  ASSIGN_OR_RETURN(codec::Manifest current,
+                   state.LoadOrComputeManifest(*store, identity.partition_bytes, threads));
+  if (inflight) {
+    result.outcome = PatchResult::Outcome::kResumed;
+  } else {
+    const Digest128 version = current.VersionId();
+    if (version == identity.target_version) {
+      result.outcome = PatchResult::Outcome::kAlreadyAtTarget;
+      RETURN_IF_ERROR(state.WriteActive(version));
+      return result;
+    }
+    if (version != identity.base_version) {
+      return Status::VersionMismatch(dir.string() + " is at version " + version.ShortHex() +
+                                     ", but the delta applies to base " +
+                                     identity.base_version.ShortHex() + " (target " +
+                                     identity.target_version.ShortHex() + ")");
+    }
+    RETURN_IF_ERROR(state.WriteInflight(this_delta));
+  }
+
+  DeltaApplier applier(*store, std::move(current), identity, ApplyOptions{threads});
+  std::optional<codec::DeltaSummary> summary;
+  std::optional<std::vector<std::byte>> bytes = std::move(first_bytes);
+  while (bytes) {
+    ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(*bytes));
+    if (summary) return Status::Corrupt(delta_file.string() + ": chunks follow the END chunk");
+    if (chunk.kind == codec::ChunkKind::kEnd) {
+      if (!(chunk.identity == identity)) {
+        return Status::Corrupt(delta_file.string() + ": END chunk belongs to another delta");
+      }
+      summary = chunk.summary;
+    } else {
+      RETURN_IF_ERROR(applier.ApplyChunk(chunk));
+    }
+    ASSIGN_OR_RETURN(bytes, reader->Next());
+  }
+  if (!summary) return Status::Corrupt(delta_file.string() + " ends without an END chunk");
+  if (!summary->target_layout.IsZero() && summary->target_layout != store->LayoutId()) {
+    return Status::Corrupt("the delta's target layout differs from " + dir.string() + "'s layout");
+  }
+  if (!options.repair_from.empty() && !applier.torn().empty()) {
+    ASSIGN_OR_RETURN(auto source, CheckpointDirStore::Open(options.repair_from,
+                                                           CheckpointDirStore::Access::kReadOnly));
+    for (const PartitionKey& key : std::vector<PartitionKey>(applier.torn())) {
+      RETURN_IF_ERROR(applier.RepairFrom(*source, key));
+    }
+  }
+  auto target = applier.Finish(*summary);
+  result.report = applier.report();
+  if (!target.ok()) return target.status();
+  RETURN_IF_ERROR(state.SaveManifest(*store, *target));
+  RETURN_IF_ERROR(state.WriteActive(identity.target_version));
+  RETURN_IF_ERROR(state.ClearInflight());
+  return result;
+}
+
+}  // namespace deltacast::apply

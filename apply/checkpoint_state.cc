@@ -1,0 +1,160 @@
+#include "apply/checkpoint_state.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <string>
+
+#include "common/file_util.h"
+#include "common/log.h"
+
+namespace deltacast::apply {
+namespace {
+
+constexpr uint32_t kCacheMagic = 0x43434344;  // "DCCC"
+constexpr std::string_view kManifestFile = "manifest.bin";
+constexpr std::string_view kInflightFile = "inflight";
+constexpr std::string_view kActiveFile = "active";
+
+// What identifies a file's contents cheaply: if none of these changed, neither did
+// the bytes, as long as writers go through the file system (mmap writes update
+// mtime by the next msync).
+struct FileStamp {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t inode = 0;
+};
+
+Result<FileStamp> Stamp(const std::filesystem::path& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + path.string());
+  return FileStamp{static_cast<uint64_t>(st.st_size),
+                   int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
+                   static_cast<uint64_t>(st.st_ino)};
+}
+
+Result<std::vector<std::byte>> StampBlock(const CheckpointDirStore& store) {
+  std::vector<std::byte> out;
+  ByteWriter w(out);
+  w.Put<uint32_t>(kCacheMagic);
+  w.Put<uint32_t>(static_cast<uint32_t>(store.layout().files.size()));
+  for (const auto& file : store.layout().files) {
+    ASSIGN_OR_RETURN(FileStamp s, Stamp(store.dir() / file.name));
+    w.Put<uint16_t>(static_cast<uint16_t>(file.name.size()));
+    w.PutString(file.name);
+    w.Put<uint64_t>(s.size);
+    w.Put<int64_t>(s.mtime_ns);
+    w.Put<uint64_t>(s.inode);
+  }
+  w.Put<uint64_t>(store.layout().index_hash);
+  return out;
+}
+
+// "<tag> <hex> [<hex>] <xxh3 of the preceding text>\n": small, human-readable, and a
+// torn or edited file is detected rather than trusted.
+std::string WithChecksum(const std::string& body) {
+  char sum[17];
+  std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(Hash64(AsBytes(body))));
+  return body + " " + sum + "\n";
+}
+
+Result<std::optional<std::string>> ReadChecked(const std::filesystem::path& path) {
+  auto bytes = ReadFile(path, 4096);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == StatusCode::kNotFound) return std::optional<std::string>();
+    return bytes.status();
+  }
+  std::string text(AsChars(*bytes));
+  if (text.size() < 18 || text.back() != '\n') return Status::Corrupt(path.string() + " is malformed");
+  const std::string body = text.substr(0, text.size() - 18);
+  if (WithChecksum(body) != text) return Status::Corrupt(path.string() + " fails its checksum");
+  return std::optional<std::string>(body);
+}
+
+}  // namespace
+
+CheckpointState::CheckpointState(const std::filesystem::path& checkpoint_dir)
+    : dir_(checkpoint_dir / kStateDirName) {}
+
+Status CheckpointState::EnsureDir() {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) return Status::IoError("create " + dir_.string() + ": " + ec.message());
+  return Status::Ok();
+}
+
+Result<codec::Manifest> CheckpointState::LoadOrComputeManifest(const CheckpointDirStore& store,
+                                                               uint64_t partition_bytes,
+                                                               size_t threads) {
+  ASSIGN_OR_RETURN(std::vector<std::byte> stamps, StampBlock(store));
+  auto cached = ReadFile(dir_ / kManifestFile, uint64_t{1} << 30);
+  if (cached.ok() && cached->size() > stamps.size() + 8) {
+    const ByteSpan all(*cached);
+    const bool intact = LoadLE<uint64_t>(all.data() + all.size() - 8) == Hash64(all.first(all.size() - 8));
+    if (intact && std::equal(stamps.begin(), stamps.end(), all.begin())) {
+      auto manifest = codec::Manifest::Parse(all.subspan(stamps.size(), all.size() - stamps.size() - 8));
+      if (manifest.ok() && manifest->partition_bytes == partition_bytes &&
+          manifest->tensors == store.tensors()) {
+        return manifest;
+      }
+    }
+  }
+  codec::Manifest manifest = codec::ComputeManifest(
+      store.tensors(), [&](size_t i) { return store.TensorData(i); }, partition_bytes, threads);
+  if (Status s = SaveManifest(store, manifest); !s.ok()) {
+    log::Warn("not caching the manifest of " + store.dir().string() + ": " + s.ToString());
+  }
+  return manifest;
+}
+
+Status CheckpointState::SaveManifest(const CheckpointDirStore& store, const codec::Manifest& manifest) {
+  RETURN_IF_ERROR(EnsureDir());
+  ASSIGN_OR_RETURN(std::vector<std::byte> out, StampBlock(store));
+  const std::vector<std::byte> body = manifest.Serialize();
+  out.insert(out.end(), body.begin(), body.end());
+  ByteWriter(out).Put<uint64_t>(Hash64(out));
+  return WriteFileAtomic(dir_ / kManifestFile, out);
+}
+
+Result<std::optional<InflightDelta>> CheckpointState::ReadInflight() const {
+  ASSIGN_OR_RETURN(auto body, ReadChecked(dir_ / kInflightFile));
+  if (!body) return std::optional<InflightDelta>();
+  // "inflight <base> <target>"
+  if (body->size() != 9 + 32 + 1 + 32 || body->substr(0, 9) != "inflight ") {
+    return Status::Corrupt((dir_ / kInflightFile).string() + " is malformed");
+  }
+  auto base = Digest128::FromHex(body->substr(9, 32));
+  auto target = Digest128::FromHex(body->substr(42, 32));
+  if (!base || !target) return Status::Corrupt((dir_ / kInflightFile).string() + " is malformed");
+  return std::optional<InflightDelta>(InflightDelta{*base, *target});
+}
+
+Status CheckpointState::WriteInflight(const InflightDelta& inflight) {
+  RETURN_IF_ERROR(EnsureDir());
+  const std::string text = WithChecksum("inflight " + inflight.base.ToHex() + " " + inflight.target.ToHex());
+  return WriteFileAtomic(dir_ / kInflightFile, AsBytes(text));
+}
+
+Status CheckpointState::ClearInflight() {
+  std::error_code ec;
+  std::filesystem::remove(dir_ / kInflightFile, ec);
+  if (ec) return Status::IoError("remove " + (dir_ / kInflightFile).string() + ": " + ec.message());
+  return FsyncDirectory(dir_);
+}
+
+Result<std::optional<Digest128>> CheckpointState::ReadActive() const {
+  ASSIGN_OR_RETURN(auto body, ReadChecked(dir_ / kActiveFile));
+  if (!body) return std::optional<Digest128>();
+  auto version = body->size() == 7 + 32 && body->substr(0, 7) == "active "
+                     ? Digest128::FromHex(body->substr(7))
+                     : std::nullopt;
+  if (!version) return Status::Corrupt((dir_ / kActiveFile).string() + " is malformed");
+  return std::optional<Digest128>(*version);
+}
+
+Status CheckpointState::WriteActive(const Digest128& version) {
+  RETURN_IF_ERROR(EnsureDir());
+  return WriteFileAtomic(dir_ / kActiveFile, AsBytes(WithChecksum("active " + version.ToHex())));
+}
+
+}  // namespace deltacast::apply

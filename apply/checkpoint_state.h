@@ -1,0 +1,52 @@
+// The `.deltacast/` directory inside a checkpoint directory: the cached manifest,
+// the active version, and the delta in flight. docs/recovery.md says which file is
+// written when, and how each write is made durable.
+//
+// Thread safety: not thread-safe; one process patches a checkpoint at a time.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+
+#include "apply/checkpoint_dir.h"
+#include "codec/manifest.h"
+#include "common/hash.h"
+#include "common/status.h"
+
+namespace deltacast::apply {
+
+inline constexpr std::string_view kStateDirName = ".deltacast";
+
+// A delta whose apply has started and not yet finished.
+struct InflightDelta {
+  Digest128 base;
+  Digest128 target;
+  bool operator==(const InflightDelta&) const = default;
+};
+
+class CheckpointState {
+ public:
+  explicit CheckpointState(const std::filesystem::path& checkpoint_dir);
+
+  // The manifest from the cache when every file still has the size, mtime and inode
+  // it had when the cache was written; otherwise computed (hashing every partition)
+  // and cached. A cache that cannot be written (read-only directory) is skipped.
+  Result<codec::Manifest> LoadOrComputeManifest(const CheckpointDirStore& store,
+                                                uint64_t partition_bytes, size_t threads);
+  // Caches `manifest` as the store's current one (after a patch made it so).
+  Status SaveManifest(const CheckpointDirStore& store, const codec::Manifest& manifest);
+
+  Result<std::optional<InflightDelta>> ReadInflight() const;
+  Status WriteInflight(const InflightDelta& inflight);
+  Status ClearInflight();
+
+  Result<std::optional<Digest128>> ReadActive() const;
+  // Durably records `version` as active (write tmp, fsync, rename, fsync dir).
+  Status WriteActive(const Digest128& version);
+
+ private:
+  Status EnsureDir();
+  std::filesystem::path dir_;  // <checkpoint>/.deltacast
+};
+
+}  // namespace deltacast::apply

@@ -1,0 +1,182 @@
+#include "apply/delta_applier.h"
+
+#include <atomic>
+#include <chrono>
+
+#include "common/parallel.h"
+
+namespace deltacast::apply {
+
+DeltaApplier::DeltaApplier(WeightStore& store, codec::Manifest base_manifest,
+                           const codec::DeltaIdentity& identity, ApplyOptions options)
+    : store_(store), manifest_(std::move(base_manifest)), identity_(identity), options_(options) {}
+
+Result<DeltaApplier::Located> DeltaApplier::Locate(const codec::PartitionRecord& record) const {
+  const std::string name(record.tensor_name);
+  const auto index = store_.FindTensor(name);
+  if (!index) return Status::NotFound("delta names tensor '" + name + "', which this store lacks");
+  const codec::TensorInfo& info = store_.tensors()[*index];
+  if (info.dtype != record.dtype) {
+    return Status::Corrupt("tensor '" + name + "' is " + std::string(DTypeName(info.dtype)) +
+                           " here but " + std::string(DTypeName(record.dtype)) + " in the delta");
+  }
+  const uint64_t per = codec::PartitionElements(info.dtype, identity_.partition_bytes);
+  const uint64_t elements = info.ElementCount();
+  if (record.element_offset % per != 0 || record.element_offset >= elements) {
+    return Status::Corrupt("tensor '" + name + "': element offset " +
+                           std::to_string(record.element_offset) + " is not a partition start");
+  }
+  const uint64_t expected = std::min(per, elements - record.element_offset);
+  if (record.element_count != expected) {
+    return Status::Corrupt("tensor '" + name + "': partition at " +
+                           std::to_string(record.element_offset) + " has " + std::to_string(expected) +
+                           " elements, the delta says " + std::to_string(record.element_count));
+  }
+  const uint64_t e = ElementSize(info.dtype);
+  return Located{*index, record.element_offset / per, record.element_offset * e, expected * e};
+}
+
+Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!(chunk.identity == identity_)) {
+    return Status::VersionMismatch("chunk " + std::to_string(chunk.sequence) + " belongs to delta " +
+                                   chunk.identity.base_version.ShortHex() + " -> " +
+                                   chunk.identity.target_version.ShortHex() + ", not " +
+                                   identity_.base_version.ShortHex() + " -> " +
+                                   identity_.target_version.ShortHex());
+  }
+  if (chunk.kind != codec::ChunkKind::kData) return Status::InvalidArgument("not a data chunk");
+
+  // Validate everything before the first write.
+  std::vector<Located> located;
+  located.reserve(chunk.records.size());
+  for (const auto& record : chunk.records) {
+    ASSIGN_OR_RETURN(Located where, Locate(record));
+    located.push_back(where);
+  }
+  std::vector<MutableByteSpan> targets(located.size());
+  for (size_t i = 0; i < located.size(); ++i) {
+    ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(located[i].tensor));
+    targets[i] = tensor.subspan(located[i].byte_offset, located[i].byte_length);
+  }
+
+  std::atomic<uint64_t> applied{0}, skipped{0}, changed{0};
+  std::vector<Status> errors(located.size());
+  std::vector<char> torn(located.size(), 0), patched(located.size(), 0);
+  ParallelFor(located.size(), options_.threads ? options_.threads : DefaultThreadCount(), [&](size_t i) {
+    thread_local codec::CodecScratch scratch;
+    const codec::PartitionRecord& record = chunk.records[i];
+    const uint64_t current = Hash64(targets[i]);
+    if (current == record.target_hash) {
+      ++skipped;
+      return;
+    }
+    if (current != record.base_hash) {
+      torn[i] = 1;
+      return;
+    }
+    errors[i] = codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch)
+                    .WithContext("tensor '" + std::string(record.tensor_name) + "' partition at element " +
+                                 std::to_string(record.element_offset));
+    if (errors[i].ok()) {
+      patched[i] = 1;
+      ++applied;
+      changed += record.change_count;
+    }
+  });
+
+  std::lock_guard lock(mu_);
+  Status first_error;
+  for (size_t i = 0; i < located.size(); ++i) {
+    const auto& record = chunk.records[i];
+    if (torn[i]) torn_[PartitionKey{std::string(record.tensor_name), record.element_offset}] = record.target_hash;
+    if (patched[i]) dirty_.push_back(located[i]);
+    if (errors[i].ok() && !torn[i]) {
+      manifest_.partition_hashes[located[i].tensor][located[i].partition_index] = record.target_hash;
+    }
+    if (!errors[i].ok() && first_error.ok()) first_error = errors[i];
+  }
+  sequences_seen_.insert(chunk.sequence);
+  report_.chunks++;
+  report_.records += chunk.records.size();
+  report_.applied += applied;
+  report_.already_at_target += skipped;
+  report_.changed_elements += changed;
+  report_.chunk_bytes += chunk.size_bytes;
+  report_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return first_error;
+}
+
+Result<codec::Manifest> DeltaApplier::Finish(const codec::DeltaSummary& summary) {
+  std::lock_guard lock(mu_);
+  report_.torn.clear();
+  for (const auto& [key, hash] : torn_) report_.torn.push_back(key);
+  if (sequences_seen_.size() != summary.data_chunks ||
+      (!sequences_seen_.empty() && *sequences_seen_.rbegin() >= summary.data_chunks)) {
+    return Status::FailedPrecondition("delta incomplete: received " +
+                                      std::to_string(sequences_seen_.size()) + " of " +
+                                      std::to_string(summary.data_chunks) + " data chunks");
+  }
+  for (const Located& p : dirty_) RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
+  dirty_.clear();
+  if (!torn_.empty()) {
+    const PartitionKey& first = torn_.begin()->first;
+    return Status::FailedPrecondition(
+        std::to_string(torn_.size()) + " partition(s) are torn (neither base nor target), e.g. '" +
+        first.tensor + "' at element " + std::to_string(first.element_offset) +
+        "; they need repair with literal target bytes");
+  }
+  if (manifest_.VersionId() != identity_.target_version) {
+    return Status::Corrupt("after applying every chunk the store is not at the target version " +
+                           identity_.target_version.ShortHex() +
+                           ": the delta does not lead from this base to that target");
+  }
+  return manifest_;
+}
+
+std::vector<PartitionKey> DeltaApplier::torn() const {
+  std::lock_guard lock(mu_);
+  std::vector<PartitionKey> out;
+  for (const auto& [key, hash] : torn_) out.push_back(key);
+  return out;
+}
+
+Status DeltaApplier::Repair(const PartitionKey& key, ByteSpan literal) {
+  std::lock_guard lock(mu_);
+  auto it = torn_.find(key);
+  if (it == torn_.end()) {
+    return Status::NotFound("no torn partition '" + key.tensor + "' at element " +
+                            std::to_string(key.element_offset));
+  }
+  const auto index = store_.FindTensor(key.tensor);
+  const codec::TensorInfo& info = store_.tensors()[*index];
+  const uint64_t per = codec::PartitionElements(info.dtype, identity_.partition_bytes);
+  const uint64_t e = ElementSize(info.dtype);
+  const uint64_t length = std::min(per, info.ElementCount() - key.element_offset) * e;
+  if (literal.size() != length || Hash64(literal) != it->second) {
+    return Status::Corrupt("repair bytes for '" + key.tensor + "' at element " +
+                           std::to_string(key.element_offset) + " do not hash to the target");
+  }
+  ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(*index));
+  std::copy(literal.begin(), literal.end(), tensor.begin() + key.element_offset * e);
+  RETURN_IF_ERROR(store_.Flush(*index, key.element_offset * e, length));
+  manifest_.partition_hashes[*index][key.element_offset / per] = it->second;
+  torn_.erase(it);
+  ++report_.applied;
+  return Status::Ok();
+}
+
+Status DeltaApplier::RepairFrom(const WeightStore& source, const PartitionKey& key) {
+  const auto index = source.FindTensor(key.tensor);
+  const auto mine = store_.FindTensor(key.tensor);
+  if (!index || !mine || !(source.tensors()[*index] == store_.tensors()[*mine])) {
+    return Status::NotFound("repair source lacks tensor '" + key.tensor + "' with the same shape");
+  }
+  const codec::TensorInfo& info = source.tensors()[*index];
+  const uint64_t per = codec::PartitionElements(info.dtype, identity_.partition_bytes);
+  const uint64_t e = ElementSize(info.dtype);
+  const uint64_t count = std::min(per, info.ElementCount() - key.element_offset);
+  return Repair(key, source.TensorData(*index).subspan(key.element_offset * e, count * e));
+}
+
+}  // namespace deltacast::apply

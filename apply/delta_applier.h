@@ -1,0 +1,105 @@
+// DeltaApplier: applies the chunks of one delta to a WeightStore, in any order and
+// in parallel, partition by partition, never leaving a partition between versions
+// on a bad input.
+//
+// Per record: the partition's current bytes are hashed first. At the target hash it
+// is skipped (so re-applying a chunk is a no-op); at the base hash it is patched and
+// verified against the target hash (a mismatch is undone); at any other hash it is
+// torn (a crash mid-apply, or outside interference) and is reported for repair,
+// never patched: XOR is never replayed blindly.
+//
+// Thread safety: one thread calls ApplyChunk at a time; the applier runs its own
+// worker threads within each call.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "apply/weight_store.h"
+#include "codec/chunk.h"
+#include "codec/manifest.h"
+#include "common/status.h"
+
+namespace deltacast::apply {
+
+struct ApplyOptions {
+  size_t threads = 0;  // 0 = all cores
+};
+
+// A partition of the store, named in canonical coordinates.
+struct PartitionKey {
+  std::string tensor;
+  uint64_t element_offset = 0;
+  auto operator<=>(const PartitionKey&) const = default;
+};
+
+struct ApplyReport {
+  uint64_t chunks = 0;
+  uint64_t records = 0;
+  uint64_t applied = 0;            // patched from base to target
+  uint64_t already_at_target = 0;  // skipped
+  uint64_t changed_elements = 0;
+  uint64_t chunk_bytes = 0;
+  std::vector<PartitionKey> torn;  // neither base nor target: need literal repair
+  double seconds = 0;
+};
+
+class DeltaApplier {
+ public:
+  // `base_manifest` is the store's manifest at the delta's base version; its tensor
+  // table must match the store's. The store must outlive the applier.
+  DeltaApplier(WeightStore& store, codec::Manifest base_manifest,
+               const codec::DeltaIdentity& identity, ApplyOptions options = {});
+
+  // Validates `chunk` completely (identity, every record against the store's tensor
+  // table and partitioning) before touching any byte, then applies its records.
+  // A validation error leaves the store unchanged. A record whose payload turns out
+  // malformed or whose result fails the target hash leaves its partition at base and
+  // fails the call after the chunk's other records are done.
+  Status ApplyChunk(const codec::ChunkView& chunk);
+
+  // Called with the END chunk's summary once every data chunk was applied: checks
+  // that all data chunks and records arrived and no partition is torn, flushes the
+  // patched partitions to durable storage, and returns the target manifest (base
+  // manifest with the applied partitions' target hashes), whose version id must be
+  // the delta's target. On error the store keeps what was applied; a later run
+  // resumes (at-target partitions are skipped).
+  Result<codec::Manifest> Finish(const codec::DeltaSummary& summary);
+
+  // Partitions found torn so far, in canonical order.
+  std::vector<PartitionKey> torn() const;
+
+  // Repairs torn partition `key` with literal target bytes: `literal` must hash to
+  // the target hash the delta gave for it (else kCorrupt, nothing written). Writes
+  // and flushes the partition, then counts it as applied.
+  Status Repair(const PartitionKey& key, ByteSpan literal);
+  // Repair with the bytes of the same partition in `source` (a store at the target).
+  Status RepairFrom(const WeightStore& source, const PartitionKey& key);
+
+  const ApplyReport& report() const { return report_; }
+
+ private:
+  struct Located {
+    size_t tensor = 0;
+    uint64_t partition_index = 0;
+    uint64_t byte_offset = 0;
+    uint64_t byte_length = 0;
+  };
+  Result<Located> Locate(const codec::PartitionRecord& record) const;
+
+  WeightStore& store_;
+  codec::Manifest manifest_;  // becomes the target manifest as records apply
+  codec::DeltaIdentity identity_;
+  ApplyOptions options_;
+  ApplyReport report_;
+  std::set<uint32_t> sequences_seen_;
+  std::map<PartitionKey, uint64_t> torn_;  // -> target hash
+  std::vector<Located> dirty_;  // applied partitions not yet flushed
+  mutable std::mutex mu_;
+};
+
+}  // namespace deltacast::apply

@@ -1,0 +1,118 @@
+// Chunks: the self-contained frames a delta is made of, on disk and on the wire.
+// The byte layout is specified in docs/wire-format.md; the constants here are the
+// ones that document names.
+//
+// A chunk holds whole partition records and names the delta's base and target
+// versions, so a receiver can verify and apply it without any other chunk. The last
+// chunk of a delta is an END chunk that says how many data chunks and records came
+// before it and the target layout id, so a receiver knows when it has everything.
+//
+// Thread safety: ChunkBuilder is used by one thread; ParseChunk is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "codec/partition_codec.h"
+#include "common/bytes.h"
+#include "common/dtype.h"
+#include "common/hash.h"
+#include "common/status.h"
+
+namespace deltacast::codec {
+
+inline constexpr uint32_t kChunkMagic = 0x4B434344;  // "DCCK" in file byte order
+inline constexpr uint16_t kWireFormatVersion = 1;
+inline constexpr size_t kChunkHeaderBytes = 80;
+inline constexpr size_t kRecordFixedBytes = 2 + 4 + 7 * 8;  // excluding name and payload
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+// Decoders refuse larger chunks before allocating. A chunk holds at least one whole
+// partition, so this also caps the partition size.
+inline constexpr uint64_t kMaxChunkPayloadBytes = 1ull << 30;
+inline constexpr uint64_t kMaxPartitionBytes = 256ull << 20;
+
+enum class ChunkKind : uint8_t {
+  kData = 1,
+  kEnd = 2,
+};
+
+// Fields every chunk of one delta shares.
+struct DeltaIdentity {
+  Digest128 base_version;
+  Digest128 target_version;
+  uint64_t partition_bytes = 0;
+  bool operator==(const DeltaIdentity&) const = default;
+};
+
+// One partition's change, as carried in a chunk. Views point into the chunk bytes.
+struct PartitionRecord {
+  std::string_view tensor_name;
+  DType dtype = DType::kU8;
+  Encoding encoding = Encoding::kSparseXor;
+  EntropyCoder entropy = EntropyCoder::kNone;
+  uint64_t element_offset = 0;
+  uint64_t element_count = 0;
+  uint64_t change_count = 0;
+  uint64_t base_hash = 0;    // xxh3-64 of the partition's bytes at the base version
+  uint64_t target_hash = 0;  // ... and at the target version
+  uint64_t raw_size = 0;
+  ByteSpan payload;
+
+  RecordCoding Coding() const {
+    return {dtype, encoding, entropy, change_count, raw_size, payload, target_hash};
+  }
+};
+
+// The END chunk's summary of the whole delta.
+struct DeltaSummary {
+  Digest128 target_layout;      // WeightStore::LayoutId of the target
+  uint32_t data_chunks = 0;     // data chunks before the END chunk (sequence 0..n-1)
+  uint64_t records = 0;         // partition records in those chunks
+  uint64_t tensor_bytes = 0;    // size of all tensor data of the target (for statistics)
+  uint64_t changed_elements = 0;
+};
+
+struct ChunkView {
+  ChunkKind kind = ChunkKind::kData;
+  DeltaIdentity identity;
+  uint32_t sequence = 0;
+  std::vector<PartitionRecord> records;  // data chunks
+  DeltaSummary summary;                  // END chunk
+  size_t size_bytes = 0;                 // header + payload
+};
+
+// Accumulates records into one data chunk.
+class ChunkBuilder {
+ public:
+  ChunkBuilder(const DeltaIdentity& identity, uint32_t sequence);
+
+  // Appends a record; `payload` is copied.
+  void Add(std::string_view tensor_name, DType dtype, uint64_t element_offset,
+           uint64_t element_count, uint64_t base_hash, uint64_t target_hash,
+           const EncodedPartition& encoded);
+  size_t record_count() const { return record_count_; }
+  // Bytes the chunk will have if finished now.
+  size_t size_bytes() const { return kChunkHeaderBytes + payload_.size(); }
+  // The finished chunk (header + payload); the builder is then empty.
+  std::vector<std::byte> Finish();
+
+ private:
+  DeltaIdentity identity_;
+  uint32_t sequence_;
+  uint32_t record_count_ = 0;
+  std::vector<std::byte> payload_;
+};
+
+std::vector<std::byte> BuildEndChunk(const DeltaIdentity& identity, uint32_t sequence,
+                                     const DeltaSummary& summary);
+
+// Validates the 80-byte header alone and returns the payload length that follows,
+// so a stream reader knows how much to read before calling ParseChunk.
+Result<uint64_t> ParseChunkHeaderPayloadLength(ByteSpan header);
+
+// Validates a whole chunk (header, checksums, every record's structure) and returns
+// views into `chunk`, which must outlive the result. Corrupt on any violation.
+Result<ChunkView> ParseChunk(ByteSpan chunk);
+
+}  // namespace deltacast::codec

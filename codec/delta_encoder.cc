@@ -1,0 +1,171 @@
+#include "codec/delta_encoder.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "common/parallel.h"
+
+namespace deltacast::codec {
+namespace {
+
+Status CheckSameTable(const Manifest& base, const Manifest& target) {
+  if (base.partition_bytes != target.partition_bytes) {
+    return Status::InvalidArgument("base and target manifests use different partition sizes");
+  }
+  if (base.tensors.size() != target.tensors.size()) {
+    return Status::InvalidArgument("base has " + std::to_string(base.tensors.size()) +
+                                   " tensors, target has " + std::to_string(target.tensors.size()));
+  }
+  for (size_t t = 0; t < base.tensors.size(); ++t) {
+    if (!(base.tensors[t] == target.tensors[t])) {
+      return Status::InvalidArgument("tensor '" + target.tensors[t].name +
+                                     "' differs in name, dtype or shape between base and target");
+    }
+  }
+  return Status::Ok();
+}
+
+// Encoded results handed from workers to the ordered emitter, at most `window` ahead.
+class OrderedResults {
+ public:
+  explicit OrderedResults(size_t window) : slots_(window) {}
+
+  // Blocks until slot `index` is within the window; false once cancelled.
+  bool WaitForRoom(size_t index) {
+    std::unique_lock lock(mu_);
+    room_.wait(lock, [&] { return cancelled_ || index < next_ + slots_.size(); });
+    return !cancelled_;
+  }
+  void Put(size_t index, std::optional<EncodedPartition> result) {
+    std::lock_guard lock(mu_);
+    slots_[index % slots_.size()] = Slot{true, std::move(result)};
+    ready_.notify_all();
+  }
+  // Blocks until the next result in order is ready and takes it.
+  std::optional<EncodedPartition> TakeNext() {
+    std::unique_lock lock(mu_);
+    Slot& slot = slots_[next_ % slots_.size()];
+    ready_.wait(lock, [&] { return slot.filled; });
+    std::optional<EncodedPartition> out = std::move(slot.result);
+    slot = Slot{};
+    ++next_;
+    room_.notify_all();
+    return out;
+  }
+  void Cancel() {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    room_.notify_all();
+  }
+
+ private:
+  struct Slot {
+    bool filled = false;
+    std::optional<EncodedPartition> result;
+  };
+  std::mutex mu_;
+  std::condition_variable room_, ready_;
+  std::vector<Slot> slots_;
+  size_t next_ = 0;
+  bool cancelled_ = false;
+};
+
+}  // namespace
+
+Status EncodeDelta(const Manifest& base, const Manifest& target,
+                   const std::function<ByteSpan(size_t)>& base_data,
+                   const std::function<ByteSpan(size_t)>& target_data,
+                   const Digest128& target_layout, const DeltaEncoderOptions& options,
+                   const ChunkSink& sink, DeltaStats* stats) {
+  RETURN_IF_ERROR(CheckSameTable(base, target));
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t partition_bytes = target.partition_bytes;
+  const DeltaIdentity identity{base.VersionId(), target.VersionId(), partition_bytes};
+
+  DeltaStats local;
+  DeltaStats& s = stats ? *stats : local;
+  s = DeltaStats{};
+  s.tensor_bytes = target.TotalBytes();
+  s.partitions = target.PartitionTotal();
+  for (const auto& t : target.tensors) s.total_elements += t.ElementCount();
+
+  std::vector<PartitionRef> changed;
+  for (const PartitionRef& p : PartitionTensors(target.tensors, partition_bytes)) {
+    const uint64_t index = p.element_offset / PartitionElements(target.tensors[p.tensor].dtype, partition_bytes);
+    if (base.partition_hashes[p.tensor][index] != target.partition_hashes[p.tensor][index]) {
+      changed.push_back(p);
+    }
+  }
+
+  const size_t threads = options.threads ? options.threads : DefaultThreadCount();
+  OrderedResults results(4 * threads);
+  std::atomic<size_t> next{0};
+  auto encode = [&] {
+    CodecScratch scratch;
+    for (size_t i = next++; i < changed.size(); i = next++) {
+      if (!results.WaitForRoom(i)) return;
+      const PartitionRef& p = changed[i];
+      const TensorInfo& info = target.tensors[p.tensor];
+      const uint64_t e = ElementSize(info.dtype);
+      const ByteSpan a = base_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
+      const ByteSpan b = target_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
+      results.Put(i, EncodePartition(info.dtype, a, b, options.codec, scratch));
+    }
+  };
+  std::vector<std::jthread> workers;
+  for (size_t t = 0; t < threads; ++t) workers.emplace_back(encode);
+
+  Status status;
+  uint32_t sequence = 0;
+  std::optional<ChunkBuilder> builder;
+  auto flush = [&]() -> Status {
+    if (!builder || builder->record_count() == 0) return Status::Ok();
+    std::vector<std::byte> chunk = builder->Finish();
+    s.delta_bytes += chunk.size();
+    ++s.chunks;
+    ++sequence;
+    builder.reset();
+    return sink(std::move(chunk));
+  };
+  for (size_t i = 0; i < changed.size() && status.ok(); ++i) {
+    std::optional<EncodedPartition> encoded = results.TakeNext();
+    const PartitionRef& p = changed[i];
+    const TensorInfo& info = target.tensors[p.tensor];
+    if (!encoded) {
+      // Hashes differ but the bytes do not: the data changed while being read.
+      status = Status::FailedPrecondition("tensor '" + info.name +
+                                          "' changed while the delta was being encoded");
+      break;
+    }
+    const uint64_t index = p.element_offset / PartitionElements(info.dtype, partition_bytes);
+    if (!builder) builder.emplace(identity, sequence);
+    builder->Add(info.name, info.dtype, p.element_offset, p.element_count,
+                 base.partition_hashes[p.tensor][index], target.partition_hashes[p.tensor][index],
+                 *encoded);
+    ++s.changed_partitions;
+    s.changed_elements += encoded->change_count;
+    s.records_by_encoding[static_cast<size_t>(encoded->encoding)]++;
+    s.payload_bytes_by_encoding[static_cast<size_t>(encoded->encoding)] += encoded->payload.size();
+    if (builder->size_bytes() >= options.chunk_bytes) status = flush();
+  }
+  if (!status.ok()) results.Cancel();
+  workers.clear();  // joins
+  if (status.ok()) status = flush();
+  if (status.ok()) {
+    DeltaSummary summary{target_layout, sequence, s.changed_partitions, s.tensor_bytes,
+                         s.changed_elements};
+    std::vector<std::byte> end = BuildEndChunk(identity, sequence, summary);
+    s.delta_bytes += end.size();
+    ++s.chunks;
+    status = sink(std::move(end));
+  }
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return status;
+}
+
+}  // namespace deltacast::codec

@@ -1,0 +1,59 @@
+// The streaming delta encoder: compares two versions partition by partition on
+// several threads and emits chunks in canonical order as soon as each one fills, so
+// the first chunk is on its way long before the last partition is compared.
+//
+// Thread safety: EncodeDelta runs its own worker threads and calls `sink` from the
+// calling thread only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "codec/chunk.h"
+#include "codec/manifest.h"
+#include "codec/partition_codec.h"
+#include "common/bytes.h"
+#include "common/status.h"
+
+namespace deltacast::codec {
+
+inline constexpr uint64_t kDefaultChunkBytes = 4ull << 20;
+
+struct DeltaEncoderOptions {
+  EncodeOptions codec;
+  // A chunk is emitted once it holds at least this many bytes (and it always holds
+  // at least one whole record).
+  uint64_t chunk_bytes = kDefaultChunkBytes;
+  size_t threads = 0;  // 0 = all cores
+};
+
+struct DeltaStats {
+  uint64_t tensor_bytes = 0;
+  uint64_t total_elements = 0;
+  uint64_t partitions = 0;
+  uint64_t changed_partitions = 0;
+  uint64_t changed_elements = 0;
+  uint64_t delta_bytes = 0;  // every chunk byte, headers included
+  uint64_t chunks = 0;       // including the END chunk
+  std::array<uint64_t, kMaxEncoding + 1> records_by_encoding{};
+  std::array<uint64_t, kMaxEncoding + 1> payload_bytes_by_encoding{};
+  double seconds = 0;
+};
+
+// Receives each finished chunk in order. A non-OK status stops the encoder, which
+// then returns that status.
+using ChunkSink = std::function<Status(std::vector<std::byte>&& chunk)>;
+
+// Encodes the delta from `base` to `target`; *_data(i) returns tensor i's bytes.
+// The two manifests must have the same tensor table and partition size; partitions
+// whose hashes match are skipped without reading their bytes. Blocks until the END
+// chunk has been handed to `sink`.
+Status EncodeDelta(const Manifest& base, const Manifest& target,
+                   const std::function<ByteSpan(size_t)>& base_data,
+                   const std::function<ByteSpan(size_t)>& target_data,
+                   const Digest128& target_layout, const DeltaEncoderOptions& options,
+                   const ChunkSink& sink, DeltaStats* stats = nullptr);
+
+}  // namespace deltacast::codec

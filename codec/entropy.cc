@@ -1,0 +1,89 @@
+#include "codec/entropy.h"
+
+#include <lz4.h>
+#include <zstd.h>
+
+#include <memory>
+#include <string>
+
+namespace deltacast::codec {
+namespace {
+
+struct ZstdContexts {
+  std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx{ZSTD_createCCtx(), ZSTD_freeCCtx};
+  std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx{ZSTD_createDCtx(), ZSTD_freeDCtx};
+};
+
+ZstdContexts& ThreadContexts() {
+  thread_local ZstdContexts contexts;
+  return contexts;
+}
+
+}  // namespace
+
+void Compress(EntropyCoder coder, int zstd_level, ByteSpan raw, std::vector<std::byte>& out) {
+  const size_t at = out.size();
+  switch (coder) {
+    case EntropyCoder::kNone:
+      out.insert(out.end(), raw.begin(), raw.end());
+      return;
+    case EntropyCoder::kZstd: {
+      out.resize(at + ZSTD_compressBound(raw.size()));
+      const size_t n = ZSTD_compressCCtx(ThreadContexts().cctx.get(), out.data() + at,
+                                         out.size() - at, raw.data(), raw.size(), zstd_level);
+      // Compression into a buffer of compressBound size cannot fail.
+      out.resize(at + (ZSTD_isError(n) ? 0 : n));
+      return;
+    }
+    case EntropyCoder::kLz4: {
+      const int bound = LZ4_compressBound(static_cast<int>(raw.size()));
+      out.resize(at + static_cast<size_t>(bound));
+      const int n = LZ4_compress_default(reinterpret_cast<const char*>(raw.data()),
+                                         reinterpret_cast<char*>(out.data() + at),
+                                         static_cast<int>(raw.size()), bound);
+      out.resize(at + static_cast<size_t>(n > 0 ? n : 0));
+      return;
+    }
+  }
+}
+
+Status Decompress(EntropyCoder coder, ByteSpan stored, MutableByteSpan out) {
+  switch (coder) {
+    case EntropyCoder::kNone:
+      if (stored.size() != out.size()) {
+        return Status::Corrupt("stored payload is " + std::to_string(stored.size()) +
+                               " bytes, record declares " + std::to_string(out.size()));
+      }
+      std::copy(stored.begin(), stored.end(), out.begin());
+      return Status::Ok();
+    case EntropyCoder::kZstd: {
+      const unsigned long long declared = ZSTD_getFrameContentSize(stored.data(), stored.size());
+      if (declared == ZSTD_CONTENTSIZE_ERROR || declared == ZSTD_CONTENTSIZE_UNKNOWN ||
+          declared != out.size()) {
+        return Status::Corrupt("zstd frame does not declare the record's raw size of " +
+                               std::to_string(out.size()) + " bytes");
+      }
+      const size_t n = ZSTD_decompressDCtx(ThreadContexts().dctx.get(), out.data(), out.size(),
+                                           stored.data(), stored.size());
+      if (ZSTD_isError(n)) return Status::Corrupt(std::string("zstd: ") + ZSTD_getErrorName(n));
+      if (n != out.size()) return Status::Corrupt("zstd frame decompressed to the wrong size");
+      return Status::Ok();
+    }
+    case EntropyCoder::kLz4: {
+      if (stored.size() > static_cast<size_t>(LZ4_MAX_INPUT_SIZE) ||
+          out.size() > static_cast<size_t>(LZ4_MAX_INPUT_SIZE)) {
+        return Status::Corrupt("lz4 block too large");
+      }
+      const int n = LZ4_decompress_safe(reinterpret_cast<const char*>(stored.data()),
+                                        reinterpret_cast<char*>(out.data()),
+                                        static_cast<int>(stored.size()), static_cast<int>(out.size()));
+      if (n < 0 || static_cast<size_t>(n) != out.size()) {
+        return Status::Corrupt("lz4 block is malformed or has the wrong size");
+      }
+      return Status::Ok();
+    }
+  }
+  return Status::Corrupt("unknown entropy coder");
+}
+
+}  // namespace deltacast::codec

@@ -1,0 +1,42 @@
+// Manifest: the tensor table of a checkpoint and the xxh3-64 hash of every
+// partition, from which its version id is derived. Two stores with the same version
+// id hold the same tensor bytes; a delta names the version ids it goes between.
+//
+// Thread safety: a Manifest is a value; ComputeManifest runs its own threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "codec/partition.h"
+#include "codec/tensor.h"
+#include "common/bytes.h"
+#include "common/hash.h"
+#include "common/status.h"
+
+namespace deltacast::codec {
+
+struct Manifest {
+  uint64_t partition_bytes = kDefaultPartitionBytes;
+  std::vector<TensorInfo> tensors;                     // sorted by name
+  std::vector<std::vector<uint64_t>> partition_hashes;  // [tensor][partition]
+
+  // xxh3-128 over the partition size, every tensor's name, dtype and shape, and
+  // every partition hash, in canonical order.
+  Digest128 VersionId() const;
+  uint64_t TotalBytes() const;
+  uint64_t PartitionTotal() const;
+
+  // A compact binary form for the manifest cache (docs/wire-format.md, "Manifest").
+  std::vector<std::byte> Serialize() const;
+  static Result<Manifest> Parse(ByteSpan bytes);
+};
+
+// Hashes every partition of `tensors`; tensor_data(i) returns tensor i's bytes.
+// Blocks; runs on `threads` threads.
+Manifest ComputeManifest(const std::vector<TensorInfo>& tensors,
+                         const std::function<ByteSpan(size_t)>& tensor_data,
+                         uint64_t partition_bytes, size_t threads);
+
+}  // namespace deltacast::codec

@@ -1,0 +1,310 @@
+#include "codec/partition_codec.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "codec/change_detect.h"
+#include "codec/context_coder.h"
+#include "common/hash.h"
+
+namespace deltacast::codec {
+namespace {
+
+// Longest LEB128 encoding of a 32-bit gap.
+constexpr uint64_t kMaxVarint32Bytes = 5;
+
+// Splits n words of `element_size` bytes into element_size planes: plane b holds
+// byte b of every word. Grouping bytes of equal significance is what lets a
+// general-purpose compressor see that high bytes of XOR words are nearly all zero.
+void AppendPlanes(const std::byte* words, size_t n, uint32_t element_size, std::vector<std::byte>& out) {
+  const size_t at = out.size();
+  out.resize(at + n * element_size);
+  std::byte* dst = out.data() + at;
+  if (element_size == 1) {
+    std::memcpy(dst, words, n);
+    return;
+  }
+  for (uint32_t b = 0; b < element_size; ++b) {
+    std::byte* plane = dst + b * n;
+    for (size_t i = 0; i < n; ++i) plane[i] = words[i * element_size + b];
+  }
+}
+
+// Inverse of AppendPlanes: n words from element_size planes.
+void JoinPlanes(const std::byte* planes, size_t n, uint32_t element_size, std::byte* words) {
+  if (element_size == 1) {
+    std::memcpy(words, planes, n);
+    return;
+  }
+  for (uint32_t b = 0; b < element_size; ++b) {
+    const std::byte* plane = planes + b * n;
+    for (size_t i = 0; i < n; ++i) words[i * element_size + b] = plane[i];
+  }
+}
+
+void AppendGaps(const std::vector<uint32_t>& positions, std::vector<std::byte>& out) {
+  ByteWriter w(out);
+  uint32_t next = 0;
+  for (uint32_t p : positions) {
+    w.PutVarint(p - next);
+    next = p + 1;
+  }
+}
+
+// New words at the changed positions (for overwrite records).
+void GatherWords(ByteSpan target, const std::vector<uint32_t>& positions, uint32_t element_size,
+                 std::vector<std::byte>& out) {
+  out.resize(positions.size() * element_size);
+  for (size_t i = 0; i < positions.size(); ++i) {
+    std::memcpy(out.data() + i * element_size, target.data() + size_t{positions[i]} * element_size,
+                element_size);
+  }
+}
+
+// Runs the entropy stage, falling back to storing raw bytes when that is smaller.
+EncodedPartition Finish(Encoding encoding, uint64_t change_count, ByteSpan raw,
+                        const EncodeOptions& options) {
+  EncodedPartition out;
+  out.encoding = encoding;
+  out.change_count = change_count;
+  out.raw_size = raw.size();
+  if (options.entropy != EntropyCoder::kNone) {
+    Compress(options.entropy, options.zstd_level, raw, out.payload);
+    if (out.payload.size() < raw.size()) {
+      out.entropy = options.entropy;
+      return out;
+    }
+    out.payload.clear();
+  }
+  out.entropy = EntropyCoder::kNone;
+  out.payload.assign(raw.begin(), raw.end());
+  return out;
+}
+
+// True when XOR words carry little structure (many touch the sign or exponent byte),
+// as when a tensor was re-initialised: then overwrite or literal may be smaller.
+bool XorLooksUnstructured(const SparseChanges& changes) {
+  const uint32_t e = changes.element_size;
+  size_t high = 0;
+  for (size_t i = 0; i < changes.size(); ++i) high += changes.xors[i * e + e - 1] != std::byte{0};
+  return high * 4 > changes.size();
+}
+
+Status ParseSparse(ByteSpan raw, uint64_t element_count, uint64_t change_count, uint32_t element_size,
+                   SparseChanges& out, std::vector<std::byte>& words) {
+  ByteReader r(raw);
+  out.element_size = element_size;
+  out.clear();
+  out.positions.reserve(change_count);
+  uint64_t next = 0;
+  for (uint64_t i = 0; i < change_count; ++i) {
+    uint64_t gap;
+    if (!r.GetVarint(gap)) return Status::Corrupt("sparse payload: gap " + std::to_string(i) + " is truncated");
+    if (gap >= element_count - next || next >= element_count) {
+      return Status::Corrupt("sparse payload: change " + std::to_string(i) +
+                             " lies beyond the partition's " + std::to_string(element_count) +
+                             " elements");
+    }
+    out.positions.push_back(static_cast<uint32_t>(next + gap));
+    next += gap + 1;
+  }
+  ByteSpan planes;
+  if (!r.GetBytes(change_count * element_size, planes) || r.remaining() != 0) {
+    return Status::Corrupt("sparse payload: word planes are " + std::to_string(r.remaining()) +
+                           " bytes, expected " + std::to_string(change_count * element_size));
+  }
+  words.resize(change_count * element_size);
+  JoinPlanes(planes.data(), change_count, element_size, words.data());
+  return Status::Ok();
+}
+
+void XorAt(MutableByteSpan data, const SparseChanges& changes) {
+  const uint32_t e = changes.element_size;
+  for (size_t i = 0; i < changes.size(); ++i) {
+    std::byte* dst = data.data() + size_t{changes.positions[i]} * e;
+    const std::byte* x = changes.xors.data() + i * e;
+    for (uint32_t k = 0; k < e; ++k) dst[k] ^= x[k];
+  }
+}
+
+// XORs the changes in, verifies the target hash, and undoes them on mismatch.
+Status ApplySparseVerified(MutableByteSpan data, const SparseChanges& changes, uint64_t target_hash) {
+  XorAt(data, changes);
+  if (Hash64(data) == target_hash) return Status::Ok();
+  XorAt(data, changes);  // XOR is self-inverse: this restores the base bytes exactly
+  return Status::Corrupt("partition does not hash to its target after apply; left at base");
+}
+
+}  // namespace
+
+std::string_view EncodingName(Encoding encoding) {
+  switch (encoding) {
+    case Encoding::kSparseXor: return "sparse-xor";
+    case Encoding::kDenseXor: return "dense-xor";
+    case Encoding::kOverwrite: return "overwrite";
+    case Encoding::kLiteral: return "literal";
+    case Encoding::kContextXor: return "context-xor";
+  }
+  return "unknown";
+}
+
+uint64_t MaxRawSize(Encoding encoding, uint64_t element_count, uint32_t element_size,
+                    uint64_t change_count) {
+  switch (encoding) {
+    case Encoding::kSparseXor:
+    case Encoding::kOverwrite:
+      return change_count * (kMaxVarint32Bytes + element_size);
+    case Encoding::kDenseXor:
+    case Encoding::kLiteral:
+      return element_count * element_size;
+    case Encoding::kContextXor:
+      return 0;  // no entropy stage: raw size must be 0, payload size is the coder's own
+  }
+  return 0;
+}
+
+Result<EncodedPartition> EncodePartitionAs(Encoding encoding, DType dtype, ByteSpan base,
+                                           ByteSpan target, const SparseChanges& changes,
+                                           const EncodeOptions& options, CodecScratch& scratch) {
+  const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
+  const size_t count = base.size() / e;
+  std::vector<std::byte>& raw = scratch.raw;
+  raw.clear();
+  switch (encoding) {
+    case Encoding::kSparseXor:
+      AppendGaps(changes.positions, raw);
+      AppendPlanes(changes.xors.data(), changes.size(), e, raw);
+      break;
+    case Encoding::kOverwrite:
+      AppendGaps(changes.positions, raw);
+      GatherWords(target, changes.positions, e, scratch.bytes);
+      AppendPlanes(scratch.bytes.data(), changes.size(), e, raw);
+      break;
+    case Encoding::kDenseXor:
+      scratch.bytes.resize(base.size());
+      for (size_t i = 0; i < base.size(); ++i) scratch.bytes[i] = base[i] ^ target[i];
+      AppendPlanes(scratch.bytes.data(), count, e, raw);
+      break;
+    case Encoding::kLiteral:
+      AppendPlanes(target.data(), count, e, raw);
+      break;
+    case Encoding::kContextXor: {
+      if (!ContextModeSupports(dtype)) {
+        return Status::Unsupported("context mode does not model " + std::string(DTypeName(dtype)));
+      }
+      ASSIGN_OR_RETURN(auto payload, ContextEncode(dtype, base, changes));
+      EncodedPartition out;
+      out.encoding = Encoding::kContextXor;
+      out.entropy = EntropyCoder::kNone;
+      out.change_count = changes.size();
+      out.raw_size = 0;
+      out.payload = std::move(payload);
+      return out;
+    }
+  }
+  return Finish(encoding, changes.size(), raw, options);
+}
+
+std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, ByteSpan target,
+                                                const EncodeOptions& options, CodecScratch& scratch) {
+  const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
+  FindChanges(base, target, e, scratch.changes);
+  const SparseChanges& changes = scratch.changes;
+  if (changes.size() == 0) return std::nullopt;
+  const size_t count = base.size() / e;
+
+  std::vector<Encoding> candidates = {Encoding::kSparseXor};
+  const bool dense = changes.size() * 4 > count;
+  const bool unstructured = XorLooksUnstructured(changes);
+  if (options.try_every_encoding || dense) candidates.push_back(Encoding::kDenseXor);
+  if (options.try_every_encoding || unstructured) candidates.push_back(Encoding::kOverwrite);
+  if (options.try_every_encoding || (dense && unstructured)) candidates.push_back(Encoding::kLiteral);
+  if ((options.mode == CodecMode::kContext || options.try_every_encoding) && ContextModeSupports(dtype)) {
+    candidates.push_back(Encoding::kContextXor);
+  }
+
+  std::optional<EncodedPartition> best;
+  for (Encoding encoding : candidates) {
+    auto encoded = EncodePartitionAs(encoding, dtype, base, target, changes, options, scratch);
+    if (!encoded.ok()) continue;  // only context mode can refuse, and sparse XOR never does
+    if (!best || encoded->payload.size() < best->payload.size()) best = std::move(*encoded);
+  }
+  return best;
+}
+
+Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data, CodecScratch& scratch) {
+  const uint32_t e = static_cast<uint32_t>(ElementSize(record.dtype));
+  const uint64_t count = data.size() / e;
+  if (record.change_count > count) {
+    return Status::Corrupt("record declares " + std::to_string(record.change_count) +
+                           " changes in a partition of " + std::to_string(count) + " elements");
+  }
+  if (record.encoding == Encoding::kContextXor) {
+    if (!ContextModeSupports(record.dtype)) {
+      return Status::Corrupt("context-xor record for unsupported dtype " +
+                             std::string(DTypeName(record.dtype)));
+    }
+    if (record.raw_size != 0) return Status::Corrupt("context-xor record must declare raw size 0");
+    RETURN_IF_ERROR(ContextDecode(record.dtype, record.payload, data, record.change_count, scratch.changes));
+    return ApplySparseVerified(data, scratch.changes, record.target_hash);
+  }
+
+  const uint64_t max_raw = MaxRawSize(record.encoding, count, e, record.change_count);
+  if (record.raw_size > max_raw) {
+    return Status::Corrupt("record declares raw size " + std::to_string(record.raw_size) +
+                           " above the bound " + std::to_string(max_raw) + " for its encoding");
+  }
+  scratch.raw.resize(record.raw_size);
+  RETURN_IF_ERROR(Decompress(record.entropy, record.payload, scratch.raw));
+  const ByteSpan raw = scratch.raw;
+
+  switch (record.encoding) {
+    case Encoding::kSparseXor: {
+      RETURN_IF_ERROR(ParseSparse(raw, count, record.change_count, e, scratch.changes, scratch.bytes));
+      scratch.changes.xors.swap(scratch.bytes);
+      for (size_t i = 0; i < scratch.changes.size(); ++i) {
+        bool zero = true;
+        for (uint32_t k = 0; k < e; ++k) zero &= scratch.changes.xors[i * e + k] == std::byte{0};
+        if (zero) return Status::Corrupt("sparse-xor payload lists an element with a zero XOR word");
+      }
+      return ApplySparseVerified(data, scratch.changes, record.target_hash);
+    }
+    case Encoding::kOverwrite: {
+      RETURN_IF_ERROR(ParseSparse(raw, count, record.change_count, e, scratch.changes, scratch.bytes));
+      // Turn new words into XOR words against the current (base) bytes, so the same
+      // verified, undoable apply serves both encodings.
+      scratch.changes.xors.resize(scratch.bytes.size());
+      for (size_t i = 0; i < scratch.changes.size(); ++i) {
+        const std::byte* old = data.data() + size_t{scratch.changes.positions[i]} * e;
+        for (uint32_t k = 0; k < e; ++k) {
+          scratch.changes.xors[i * e + k] = scratch.bytes[i * e + k] ^ old[k];
+        }
+      }
+      return ApplySparseVerified(data, scratch.changes, record.target_hash);
+    }
+    case Encoding::kDenseXor:
+    case Encoding::kLiteral: {
+      if (record.raw_size != data.size()) {
+        return Status::Corrupt("record declares raw size " + std::to_string(record.raw_size) +
+                               " for a partition of " + std::to_string(data.size()) + " bytes");
+      }
+      // Build the target beside the live bytes and copy it in only once it verifies.
+      scratch.bytes.resize(data.size());
+      JoinPlanes(raw.data(), count, e, scratch.bytes.data());
+      if (record.encoding == Encoding::kDenseXor) {
+        for (size_t i = 0; i < data.size(); ++i) scratch.bytes[i] ^= data[i];
+      }
+      if (Hash64(scratch.bytes) != record.target_hash) {
+        return Status::Corrupt("partition does not hash to its target after apply; left at base");
+      }
+      std::memcpy(data.data(), scratch.bytes.data(), data.size());
+      return Status::Ok();
+    }
+    case Encoding::kContextXor:
+      break;
+  }
+  return Status::Corrupt("unknown encoding " + std::to_string(static_cast<int>(record.encoding)));
+}
+
+}  // namespace deltacast::codec
