@@ -44,11 +44,13 @@ struct SafetensorsHeader {
 // Parses and validates the header at the start of a file of `file_size` bytes.
 // `prefix` must hold at least the first 8 bytes; if it is shorter than the header
 // the error says how many bytes are needed (kResourceExhausted is never used for that:
-// call HeaderBytesNeeded first). Errors are kCorrupt and name the offending field.
+// call HeaderBytesNeeded first). Errors are kCorrupt and name the offending field,
+// except a short `prefix`, which is the caller's mistake: kInvalidArgument.
 Result<SafetensorsHeader> ParseSafetensorsHeader(ByteSpan prefix, uint64_t file_size);
 
 // How many bytes from the file start ParseSafetensorsHeader needs, read from the
-// 8-byte length prefix (validated against the cap and the file size).
+// 8-byte length prefix (validated against the cap and the file size: kCorrupt).
+// kInvalidArgument if `first8` is shorter than 8 bytes of a file that has them.
 Result<uint64_t> HeaderBytesNeeded(ByteSpan first8, uint64_t file_size);
 
 // Parses the header of the file at `path` (reads only the header).
@@ -56,22 +58,32 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::filesystem::path& pat
 
 // Serializes a header for `tensors` laid out contiguously in the given order:
 // the 8-byte length, the JSON, and space padding to a multiple of 8.
-std::vector<std::byte> SerializeSafetensorsHeader(const std::vector<codec::TensorInfo>& tensors,
-                                                  const std::map<std::string, std::string>& metadata);
+std::vector<std::byte> SerializeSafetensorsHeader(
+    const std::vector<codec::TensorInfo>& tensors,
+    const std::map<std::string, std::string>& metadata);
 
 // Writes a safetensors file tensor by tensor, so a checkpoint of any size is written
 // with memory for one slice at a time.
 class SafetensorsWriter {
  public:
   // Creates (truncates) `path` and writes the header for `tensors` in that order.
+  // kInvalidArgument for tensors the parser would refuse (bad or duplicate names,
+  // sizes that overflow). Not atomic: write to a temporary name and rename if a
+  // reader must never see a partial file.
   static Result<std::unique_ptr<SafetensorsWriter>> Create(
       const std::filesystem::path& path, const std::vector<codec::TensorInfo>& tensors,
       const std::map<std::string, std::string>& metadata = {});
+  // Closes the file if Finish was not called; a partial file is left behind.
   ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
 
   // Appends the next bytes of tensor data (in tensor order; slices may be any size).
+  // kInvalidArgument (nothing written) if it would exceed the declared total.
   Status Append(ByteSpan data);
   // Checks that exactly the declared number of bytes was appended, fsyncs, closes.
+  // A short count is kFailedPrecondition and leaves the writer open to append the
+  // rest; after any other outcome the file is closed.
   Status Finish();
 
  private:

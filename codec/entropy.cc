@@ -86,4 +86,50 @@ Status Decompress(EntropyCoder coder, ByteSpan stored, MutableByteSpan out) {
   return Status::Corrupt("unknown entropy coder");
 }
 
+void CompressSections(EntropyCoder coder, int zstd_level, std::span<const ByteSpan> sections,
+                      std::vector<std::byte>& out) {
+  thread_local std::vector<std::byte> packed;
+  ByteWriter w(out);
+  for (ByteSpan raw : sections) {
+    packed.clear();
+    if (coder != EntropyCoder::kNone && !raw.empty()) Compress(coder, zstd_level, raw, packed);
+    const bool compressed = !packed.empty() && packed.size() < raw.size();
+    const ByteSpan stored = compressed ? ByteSpan(packed) : raw;
+    w.Put<uint8_t>(compressed ? static_cast<uint8_t>(coder) : 0);
+    w.PutVarint(raw.size());
+    w.PutVarint(stored.size());
+    w.PutBytes(stored);
+  }
+}
+
+Status DecompressSections(EntropyCoder coder, ByteSpan payload, MutableByteSpan out) {
+  ByteReader r(payload);
+  size_t filled = 0;
+  for (int section = 0; r.remaining() > 0; ++section) {
+    const std::string where = "section " + std::to_string(section) + ": ";
+    uint8_t mode;
+    uint64_t raw_length, stored_length;
+    ByteSpan stored;
+    if (!r.Get(mode) || !r.GetVarint(raw_length) || !r.GetVarint(stored_length)) {
+      return Status::Corrupt(where + "truncated header");
+    }
+    if (mode != 0 && mode != static_cast<uint8_t>(coder)) {
+      return Status::Corrupt(where + "mode " + std::to_string(mode) + " is not the record's coder");
+    }
+    if (raw_length > out.size() - filled) {
+      return Status::Corrupt(where + "raw length " + std::to_string(raw_length) +
+                             " overflows the record's raw size " + std::to_string(out.size()));
+    }
+    if (!r.GetBytes(stored_length, stored)) return Status::Corrupt(where + "stored bytes run past the payload");
+    RETURN_IF_ERROR(Decompress(static_cast<EntropyCoder>(mode), stored, out.subspan(filled, raw_length))
+                        .WithContext(where));
+    filled += raw_length;
+  }
+  if (filled != out.size()) {
+    return Status::Corrupt("sections hold " + std::to_string(filled) + " raw bytes, record declares " +
+                           std::to_string(out.size()));
+  }
+  return Status::Ok();
+}
+
 }  // namespace deltacast::codec

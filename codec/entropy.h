@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "common/bytes.h"
@@ -24,5 +25,18 @@ void Compress(EntropyCoder coder, int zstd_level, ByteSpan raw, std::vector<std:
 // Decompresses `stored` into `out`, which the caller sized to the exact raw size the
 // record declares. Corrupt if the data is malformed or decompresses to any other size.
 Status Decompress(EntropyCoder coder, ByteSpan stored, MutableByteSpan out);
+
+// Compresses each section on its own and appends, per section: a mode byte (0 =
+// stored as is, else the EntropyCoder value), the raw length and the stored length
+// as varints, then the stored bytes. A section is stored as is when compressing
+// does not make it smaller. Independent sections (gaps, then one byte plane after
+// another) each get an entropy model fitted to them alone.
+void CompressSections(EntropyCoder coder, int zstd_level, std::span<const ByteSpan> sections,
+                      std::vector<std::byte>& out);
+
+// Decodes a section sequence into `out`, sized by the caller to the record's total
+// raw size. Corrupt unless every section is well-formed, uses mode 0 or `coder`,
+// and the raw lengths add up to exactly out.size(); nothing is allocated.
+Status DecompressSections(EntropyCoder coder, ByteSpan payload, MutableByteSpan out);
 
 }  // namespace deltacast::codec

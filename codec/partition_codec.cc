@@ -62,23 +62,20 @@ void GatherWords(ByteSpan target, const std::vector<uint32_t>& positions, uint32
   }
 }
 
-// Runs the entropy stage, falling back to storing raw bytes when that is smaller.
-EncodedPartition Finish(Encoding encoding, uint64_t change_count, ByteSpan raw,
-                        const EncodeOptions& options) {
+// Runs the entropy stage over `raw`, cut into sections of the given lengths: the
+// gap stream (if any) and then one section per byte plane.
+EncodedPartition Finish(Encoding encoding, uint64_t change_count, ByteSpan raw, size_t gap_bytes,
+                        uint32_t element_size, const EncodeOptions& options) {
   EncodedPartition out;
   out.encoding = encoding;
   out.change_count = change_count;
   out.raw_size = raw.size();
-  if (options.entropy != EntropyCoder::kNone) {
-    Compress(options.entropy, options.zstd_level, raw, out.payload);
-    if (out.payload.size() < raw.size()) {
-      out.entropy = options.entropy;
-      return out;
-    }
-    out.payload.clear();
-  }
-  out.entropy = EntropyCoder::kNone;
-  out.payload.assign(raw.begin(), raw.end());
+  out.entropy = options.entropy;
+  std::vector<ByteSpan> sections;
+  if (gap_bytes > 0) sections.push_back(raw.first(gap_bytes));
+  const size_t plane = (raw.size() - gap_bytes) / element_size;
+  for (uint32_t b = 0; b < element_size; ++b) sections.push_back(raw.subspan(gap_bytes + b * plane, plane));
+  CompressSections(options.entropy, options.zstd_level, sections, out.payload);
   return out;
 }
 
@@ -171,13 +168,16 @@ Result<EncodedPartition> EncodePartitionAs(Encoding encoding, DType dtype, ByteS
   const size_t count = base.size() / e;
   std::vector<std::byte>& raw = scratch.raw;
   raw.clear();
+  size_t gap_bytes = 0;
   switch (encoding) {
     case Encoding::kSparseXor:
       AppendGaps(changes.positions, raw);
+      gap_bytes = raw.size();
       AppendPlanes(changes.xors.data(), changes.size(), e, raw);
       break;
     case Encoding::kOverwrite:
       AppendGaps(changes.positions, raw);
+      gap_bytes = raw.size();
       GatherWords(target, changes.positions, e, scratch.bytes);
       AppendPlanes(scratch.bytes.data(), changes.size(), e, raw);
       break;
@@ -203,7 +203,7 @@ Result<EncodedPartition> EncodePartitionAs(Encoding encoding, DType dtype, ByteS
       return out;
     }
   }
-  return Finish(encoding, changes.size(), raw, options);
+  return Finish(encoding, changes.size(), raw, gap_bytes, e, options);
 }
 
 std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, ByteSpan target,
@@ -256,7 +256,7 @@ Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data, C
                            " above the bound " + std::to_string(max_raw) + " for its encoding");
   }
   scratch.raw.resize(record.raw_size);
-  RETURN_IF_ERROR(Decompress(record.entropy, record.payload, scratch.raw));
+  RETURN_IF_ERROR(DecompressSections(record.entropy, record.payload, scratch.raw));
   const ByteSpan raw = scratch.raw;
 
   switch (record.encoding) {

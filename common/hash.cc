@@ -1,11 +1,14 @@
 #include "common/hash.h"
 
-#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY  // exposes XXH3_state_t so Hasher128 can hold one
 #include <xxhash.h>
+// The shared libxxhash picks the widest SIMD (SSE2, AVX2, AVX-512) at run time;
+// hashing runs on every partition twice per apply, so that choice matters.
+#include <xxh_x86dispatch.h>
 
 namespace deltacast {
 
-uint64_t Hash64(ByteSpan data) { return XXH3_64bits(data.data(), data.size()); }
+uint64_t Hash64(ByteSpan data) { return XXH3_64bits_dispatch(data.data(), data.size()); }
 
 namespace {
 Digest128 FromCanonical(XXH128_hash_t h) {
@@ -17,7 +20,7 @@ Digest128 FromCanonical(XXH128_hash_t h) {
 }
 }  // namespace
 
-Digest128 Hash128(ByteSpan data) { return FromCanonical(XXH3_128bits(data.data(), data.size())); }
+Digest128 Hash128(ByteSpan data) { return FromCanonical(XXH3_128bits_dispatch(data.data(), data.size())); }
 
 bool Digest128::IsZero() const {
   for (uint8_t b : bytes) {
@@ -64,7 +67,7 @@ Hasher128::~Hasher128() = default;
 Hasher128::Hasher128(Hasher128&&) noexcept = default;
 Hasher128& Hasher128::operator=(Hasher128&&) noexcept = default;
 
-void Hasher128::Update(ByteSpan data) { XXH3_128bits_update(&state_->xxh, data.data(), data.size()); }
+void Hasher128::Update(ByteSpan data) { XXH3_128bits_update_dispatch(&state_->xxh, data.data(), data.size()); }
 
 void Hasher128::UpdateString(std::string_view s) {
   UpdateValue<uint64_t>(s.size());

@@ -1,0 +1,128 @@
+// A Hugging Face checkpoint directory (safetensors files, optionally with
+// model.safetensors.index.json) read as a layout and opened as a WeightStore whose
+// tensor bytes are the files themselves, mapped into memory: applying a delta
+// patches the files in place and Flush makes it durable. Nothing is ever copied.
+//
+// Thread safety: ReadCheckpointLayout is thread-safe. CheckpointDirStore follows
+// WeightStore: const methods from any thread; concurrent writers to disjoint ranges.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apply/weight_store.h"
+#include "codec/tensor.h"
+#include "common/hash.h"
+#include "common/status.h"
+
+namespace deltacast::apply {
+
+inline constexpr std::string_view kCheckpointIndexFileName = "model.safetensors.index.json";
+
+struct CheckpointFile {
+  std::string name;  // a plain file name inside the directory
+  uint64_t size = 0;
+  uint64_t header_hash = 0;  // Hash64 of the first data_offset bytes (length + JSON)
+  uint64_t data_offset = 0;  // where the data section starts: 8 + header JSON length
+};
+
+struct CheckpointTensor {
+  codec::TensorInfo info;
+  uint32_t file = 0;         // index into CheckpointLayout::files
+  uint64_t file_offset = 0;  // absolute offset of the first byte within that file
+};
+
+// Everything about a checkpoint directory except the tensor bytes.
+struct CheckpointLayout {
+  std::vector<CheckpointFile> files;      // sorted by name
+  std::vector<CheckpointTensor> tensors;  // sorted by name; names unique across files
+  uint64_t index_hash = 0;  // Hash64 of model.safetensors.index.json's bytes; 0 if absent
+
+  // Hash of file names, sizes, header hashes, the index hash and which file holds
+  // each tensor: equal ids mean equal bytes outside the tensor data.
+  Digest128 LayoutId() const;
+};
+
+// Reads the headers of a checkpoint directory (only headers; no tensor data).
+//
+// With model.safetensors.index.json: the index must be a JSON object with a
+// "weight_map" object (tensor name -> plain file name), an optional "metadata"
+// object and no other key; every mapped tensor must be in its named file, and every
+// tensor of those files must be mapped to that file. Other *.safetensors files in
+// the directory are ignored, as Hugging Face loaders ignore them.
+// Without an index: every *.safetensors regular file (symlinks followed) directly
+// in `dir`; subdirectories such as .deltacast/ are not searched.
+//
+// Errors: kNotFound if `dir` is missing, holds no safetensors file, or the index
+// names a file that does not exist; kCorrupt (naming file, tensor and value) for
+// a malformed index or header, or a tensor name found in two files; kIoError when
+// the OS refuses a read.
+Result<CheckpointLayout> ReadCheckpointLayout(const std::filesystem::path& dir);
+
+class CheckpointDirStore final : public WeightStore {
+ public:
+  enum class Access { kReadOnly, kReadWrite };
+
+  // Reads the layout and maps every file (MAP_SHARED; writable for kReadWrite).
+  // Fails, mapping nothing, on any ReadCheckpointLayout error, if a file cannot be
+  // opened with `access` (kIoError), or if a file changed between reading its
+  // header and mapping it (kFailedPrecondition). Does not block beyond the header
+  // reads; tensor pages are faulted in on first touch.
+  static Result<std::unique_ptr<CheckpointDirStore>> Open(const std::filesystem::path& dir,
+                                                          Access access);
+  ~CheckpointDirStore() override;
+
+  const CheckpointLayout& layout() const { return layout_; }
+  const std::filesystem::path& dir() const { return dir_; }
+  Access access() const { return access_; }
+
+  const std::vector<codec::TensorInfo>& tensors() const override { return tensors_; }
+  // Empty for an out-of-range index.
+  ByteSpan TensorData(size_t index) const override;
+  // kUnsupported when opened kReadOnly; kInvalidArgument for an out-of-range index.
+  Result<MutableByteSpan> MutableTensorData(size_t index) override;
+  // msync(MS_SYNC) of the pages holding those bytes; blocks until they are on disk.
+  // kInvalidArgument if the range is outside the tensor; nothing to do when read-only.
+  Status Flush(size_t index, uint64_t offset, uint64_t length) override;
+  Digest128 LayoutId() const override { return layout_id_; }
+
+ private:
+  // One file mapped into memory, unmapped on destruction. Move-only. A zero-byte
+  // mapping (which mmap refuses) is represented as an empty one.
+  class Mapping {
+   public:
+    Mapping() = default;
+    static Result<Mapping> Map(int fd, uint64_t size, bool writable,
+                               const std::filesystem::path& path);
+    ~Mapping();
+    Mapping(Mapping&& other) noexcept;
+    Mapping& operator=(Mapping&& other) noexcept;
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+
+    std::byte* data() const { return static_cast<std::byte*>(addr_); }
+    uint64_t size() const { return size_; }
+
+   private:
+    Mapping(void* addr, uint64_t size) : addr_(addr), size_(size) {}
+    void* addr_ = nullptr;
+    uint64_t size_ = 0;
+  };
+
+  CheckpointDirStore(std::filesystem::path dir, Access access, CheckpointLayout layout,
+                     std::vector<Mapping> mappings);
+
+  std::byte* TensorBytes(size_t index) const;
+
+  std::filesystem::path dir_;
+  Access access_;
+  CheckpointLayout layout_;
+  Digest128 layout_id_;
+  std::vector<codec::TensorInfo> tensors_;  // layout_.tensors[i].info, as WeightStore wants
+  std::vector<Mapping> mappings_;           // parallel to layout_.files
+};
+
+}  // namespace deltacast::apply
