@@ -4,6 +4,7 @@
 
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
+#include "apply/replica.h"
 #include "apply/delta_file.h"
 #include "common/parallel.h"
 
@@ -53,50 +54,22 @@ Result<DiffResult> DiffCheckpoints(const std::filesystem::path& base_dir,
 Result<PatchResult> PatchCheckpoint(const std::filesystem::path& dir,
                                     const std::filesystem::path& delta_file,
                                     const PatchOptions& options) {
-  const size_t threads = options.threads ? options.threads : DefaultThreadCount();
   ASSIGN_OR_RETURN(auto reader, DeltaFileReader::Open(delta_file));
   ASSIGN_OR_RETURN(auto first_bytes, reader->Next());
   if (!first_bytes) return Status::Corrupt(delta_file.string() + " holds no chunks");
   ASSIGN_OR_RETURN(codec::ChunkView first, codec::ParseChunk(*first_bytes));
   const codec::DeltaIdentity identity = first.identity;
 
-  ASSIGN_OR_RETURN(auto store, CheckpointDirStore::Open(dir, CheckpointDirStore::Access::kReadWrite));
-  CheckpointState state(dir);
-  ASSIGN_OR_RETURN(std::optional<InflightDelta> inflight, state.ReadInflight());
-  const InflightDelta this_delta{identity.base_version, identity.target_version};
-  if (inflight && !(*inflight == this_delta)) {
-    return Status::FailedPrecondition(
-        dir.string() + " has an unfinished patch " + inflight->base.ShortHex() + " -> " +
-        inflight->target.ShortHex() + "; finish it with that delta before applying " +
-        identity.base_version.ShortHex() + " -> " + identity.target_version.ShortHex());
-  }
-
+  ASSIGN_OR_RETURN(auto replica, Replica::OpenCheckpointDir(dir, identity.partition_bytes, options.threads));
   PatchResult result;
   result.identity = identity;
-  // Mid-way through a patch the files hash to neither version; that is fine: every
-  // record is seen again and sets its partition's target hash, and partitions the
-  // delta does not name are equal in base and target.
-  ASSIGN_OR_RETURN(codec::Manifest current,
-                   state.LoadOrComputeManifest(*store, identity.partition_bytes, threads));
-  if (inflight) {
-    result.outcome = PatchResult::Outcome::kResumed;
-  } else {
-    const Digest128 version = current.VersionId();
-    if (version == identity.target_version) {
-      result.outcome = PatchResult::Outcome::kAlreadyAtTarget;
-      RETURN_IF_ERROR(state.WriteActive(version));
-      return result;
-    }
-    if (version != identity.base_version) {
-      return Status::VersionMismatch(dir.string() + " is at version " + version.ShortHex() +
-                                     ", but the delta applies to base " +
-                                     identity.base_version.ShortHex() + " (target " +
-                                     identity.target_version.ShortHex() + ")");
-    }
-    RETURN_IF_ERROR(state.WriteInflight(this_delta));
+  if (!replica->inflight() && replica->version() == identity.target_version) {
+    result.outcome = PatchResult::Outcome::kAlreadyAtTarget;
+    return result;
   }
+  if (replica->inflight()) result.outcome = PatchResult::Outcome::kResumed;
+  ASSIGN_OR_RETURN(auto applier, replica->Begin(identity, ApplyOptions{options.threads}));
 
-  DeltaApplier applier(*store, std::move(current), identity, ApplyOptions{threads});
   std::optional<codec::DeltaSummary> summary;
   std::optional<std::vector<std::byte>> bytes = std::move(first_bytes);
   while (bytes) {
@@ -108,27 +81,23 @@ Result<PatchResult> PatchCheckpoint(const std::filesystem::path& dir,
       }
       summary = chunk.summary;
     } else {
-      RETURN_IF_ERROR(applier.ApplyChunk(chunk));
+      RETURN_IF_ERROR(applier->ApplyChunk(chunk));
     }
     ASSIGN_OR_RETURN(bytes, reader->Next());
   }
   if (!summary) return Status::Corrupt(delta_file.string() + " ends without an END chunk");
-  if (!summary->target_layout.IsZero() && summary->target_layout != store->LayoutId()) {
+  if (!summary->target_layout.IsZero() && summary->target_layout != replica->store().LayoutId()) {
     return Status::Corrupt("the delta's target layout differs from " + dir.string() + "'s layout");
   }
-  if (!options.repair_from.empty() && !applier.torn().empty()) {
+  if (!options.repair_from.empty() && !applier->torn().empty()) {
     ASSIGN_OR_RETURN(auto source, CheckpointDirStore::Open(options.repair_from,
                                                            CheckpointDirStore::Access::kReadOnly));
-    for (const PartitionKey& key : std::vector<PartitionKey>(applier.torn())) {
-      RETURN_IF_ERROR(applier.RepairFrom(*source, key));
-    }
+    for (const PartitionKey& key : applier->torn()) RETURN_IF_ERROR(applier->RepairFrom(*source, key));
   }
-  auto target = applier.Finish(*summary);
-  result.report = applier.report();
+  auto target = applier->Finish(*summary);
+  result.report = applier->report();
   if (!target.ok()) return target.status();
-  RETURN_IF_ERROR(state.SaveManifest(*store, *target));
-  RETURN_IF_ERROR(state.WriteActive(identity.target_version));
-  RETURN_IF_ERROR(state.ClearInflight());
+  RETURN_IF_ERROR(replica->Commit(*target));
   return result;
 }
 

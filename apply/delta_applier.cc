@@ -63,6 +63,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   std::atomic<uint64_t> applied{0}, skipped{0}, changed{0};
   std::vector<Status> errors(located.size());
   std::vector<char> torn(located.size(), 0), patched(located.size(), 0);
+  std::vector<Undo> undo(options_.keep_undo ? located.size() : 0);
   ParallelFor(located.size(), options_.threads ? options_.threads : DefaultThreadCount(), [&](size_t i) {
     thread_local codec::CodecScratch scratch;
     const codec::PartitionRecord& record = chunk.records[i];
@@ -75,10 +76,19 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
       torn[i] = 1;
       return;
     }
+    const bool whole = record.encoding == codec::Encoding::kDenseXor ||
+                       record.encoding == codec::Encoding::kLiteral;
+    if (options_.keep_undo && whole) undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
     errors[i] = codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch)
                     .WithContext("tensor '" + std::string(record.tensor_name) + "' partition at element " +
                                  std::to_string(record.element_offset));
     if (errors[i].ok()) {
+      if (options_.keep_undo) {
+        undo[i].where = located[i];
+        undo[i].base_hash = record.base_hash;
+        undo[i].target_hash = record.target_hash;
+        if (!whole) undo[i].xors = scratch.changes;
+      }
       patched[i] = 1;
       ++applied;
       changed += record.change_count;
@@ -91,6 +101,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     const auto& record = chunk.records[i];
     if (torn[i]) torn_[PartitionKey{std::string(record.tensor_name), record.element_offset}] = record.target_hash;
     if (patched[i]) dirty_.push_back(located[i]);
+    if (patched[i] && options_.keep_undo) undo_.push_back(std::move(undo[i]));
     if (errors[i].ok() && !torn[i]) {
       manifest_.partition_hashes[located[i].tensor][located[i].partition_index] = record.target_hash;
     }
@@ -134,6 +145,42 @@ Result<codec::Manifest> DeltaApplier::Finish(const codec::DeltaSummary& summary)
   return manifest_;
 }
 
+Status DeltaApplier::Rollback() {
+  std::lock_guard lock(mu_);
+  if (!options_.keep_undo) return Status::FailedPrecondition("rollback needs ApplyOptions::keep_undo");
+  if (repaired_) return Status::FailedPrecondition("partitions repaired with literal bytes cannot roll back");
+  for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
+    ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(it->where.tensor));
+    MutableByteSpan bytes = tensor.subspan(it->where.byte_offset, it->where.byte_length);
+    const uint64_t current = Hash64(bytes);
+    if (current == it->base_hash) continue;
+    if (current != it->target_hash) {
+      return Status::FailedPrecondition("cannot roll back partition of tensor " +
+                                        store_.tensors()[it->where.tensor].name +
+                                        ": it is at neither base nor target");
+    }
+    if (!it->old_bytes.empty()) {
+      std::copy(it->old_bytes.begin(), it->old_bytes.end(), bytes.begin());
+    } else {
+      const uint32_t e = it->xors.element_size;
+      for (size_t i = 0; i < it->xors.size(); ++i) {
+        std::byte* dst = bytes.data() + size_t{it->xors.positions[i]} * e;
+        for (uint32_t k = 0; k < e; ++k) dst[k] ^= it->xors.xors[i * e + k];
+      }
+    }
+    if (Hash64(bytes) != it->base_hash) {
+      return Status::Internal("rollback of tensor " + store_.tensors()[it->where.tensor].name +
+                              " did not restore its base hash");
+    }
+    const size_t p = it->where.partition_index;
+    manifest_.partition_hashes[it->where.tensor][p] = it->base_hash;
+    RETURN_IF_ERROR(store_.Flush(it->where.tensor, it->where.byte_offset, it->where.byte_length));
+  }
+  undo_.clear();
+  dirty_.clear();
+  return Status::Ok();
+}
+
 std::vector<PartitionKey> DeltaApplier::torn() const {
   std::lock_guard lock(mu_);
   std::vector<PartitionKey> out;
@@ -162,6 +209,7 @@ Status DeltaApplier::Repair(const PartitionKey& key, ByteSpan literal) {
   RETURN_IF_ERROR(store_.Flush(*index, key.element_offset * e, length));
   manifest_.partition_hashes[*index][key.element_offset / per] = it->second;
   torn_.erase(it);
+  repaired_ = true;
   ++report_.applied;
   return Status::Ok();
 }

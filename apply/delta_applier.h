@@ -28,6 +28,9 @@ namespace deltacast::apply {
 
 struct ApplyOptions {
   size_t threads = 0;  // 0 = all cores
+  // Keeps what Rollback needs (the XOR words of each patched partition, or its old
+  // bytes for dense and literal records) in memory until Finish or Rollback.
+  bool keep_undo = false;
 };
 
 // A partition of the store, named in canonical coordinates.
@@ -80,6 +83,11 @@ class DeltaApplier {
   // Repair with the bytes of the same partition in `source` (a store at the target).
   Status RepairFrom(const WeightStore& source, const PartitionKey& key);
 
+  // Returns every partition this applier patched to its base bytes (verified by
+  // the base hash) and flushes it. Needs ApplyOptions::keep_undo. Partitions
+  // repaired with literal bytes cannot be rolled back and make this fail.
+  Status Rollback();
+
   const ApplyReport& report() const { return report_; }
 
  private:
@@ -98,7 +106,17 @@ class DeltaApplier {
   ApplyReport report_;
   std::set<uint32_t> sequences_seen_;
   std::map<PartitionKey, uint64_t> torn_;  // -> target hash
+  struct Undo {
+    Located where;
+    uint64_t base_hash = 0;
+    uint64_t target_hash = 0;
+    codec::SparseChanges xors;        // XOR words applied, or
+    std::vector<std::byte> old_bytes;  // the bytes before (dense and literal records)
+  };
+
   std::vector<Located> dirty_;  // applied partitions not yet flushed
+  std::vector<Undo> undo_;
+  bool repaired_ = false;
   mutable std::mutex mu_;
 };
 

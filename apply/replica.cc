@@ -1,0 +1,96 @@
+#include "apply/replica.h"
+
+#include "common/parallel.h"
+
+namespace deltacast::apply {
+
+Replica::Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_store,
+                 codec::Manifest manifest, std::optional<InflightDelta> inflight, size_t threads)
+    : store_(std::move(store)),
+      dir_store_(dir_store),
+      manifest_(std::move(manifest)),
+      version_(manifest_.VersionId()),
+      inflight_(inflight),
+      threads_(threads) {
+  if (dir_store_) state_.emplace(dir_store_->dir());
+}
+
+Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesystem::path& dir,
+                                                            uint64_t partition_bytes, size_t threads) {
+  threads = threads ? threads : DefaultThreadCount();
+  ASSIGN_OR_RETURN(auto store, CheckpointDirStore::Open(dir, CheckpointDirStore::Access::kReadWrite));
+  CheckpointState state(dir);
+  ASSIGN_OR_RETURN(std::optional<InflightDelta> inflight, state.ReadInflight());
+  ASSIGN_OR_RETURN(codec::Manifest manifest, state.LoadOrComputeManifest(*store, partition_bytes, threads));
+  CheckpointDirStore* raw = store.get();
+  return std::unique_ptr<Replica>(new Replica(std::move(store), raw, std::move(manifest), inflight, threads));
+}
+
+Result<std::unique_ptr<Replica>> Replica::ForStore(std::unique_ptr<WeightStore> store,
+                                                   uint64_t partition_bytes, size_t threads) {
+  threads = threads ? threads : DefaultThreadCount();
+  const WeightStore& s = *store;
+  codec::Manifest manifest = codec::ComputeManifest(
+      s.tensors(), [&](size_t i) { return s.TensorData(i); }, partition_bytes, threads);
+  return std::unique_ptr<Replica>(new Replica(std::move(store), nullptr, std::move(manifest), std::nullopt, threads));
+}
+
+Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity& identity,
+                                                     ApplyOptions options) {
+  const InflightDelta delta{identity.base_version, identity.target_version};
+  if (inflight_ && !(*inflight_ == delta)) {
+    return Status::FailedPrecondition("an unfinished delta " + inflight_->base.ShortHex() + " -> " +
+                                      inflight_->target.ShortHex() + " is in flight; finish it before " +
+                                      identity.base_version.ShortHex() + " -> " +
+                                      identity.target_version.ShortHex());
+  }
+  if (!inflight_ && version_ != identity.base_version) {
+    return Status::VersionMismatch("this replica is at version " + version_.ShortHex() +
+                                   ", but the delta applies to base " + identity.base_version.ShortHex() +
+                                   " (target " + identity.target_version.ShortHex() + ")");
+  }
+  if (manifest_.partition_bytes != identity.partition_bytes) {
+    return Status::Unsupported("the delta uses partitions of " + std::to_string(identity.partition_bytes) +
+                               " bytes, this replica " + std::to_string(manifest_.partition_bytes));
+  }
+  if (!inflight_ && state_) RETURN_IF_ERROR(state_->WriteInflight(delta));
+  inflight_ = delta;
+  if (options.threads == 0) options.threads = threads_;
+  // Mid-way the bytes hash to neither version; that is fine: every record of the
+  // delta sets its partition's target hash, and the others are equal in both.
+  return std::make_unique<DeltaApplier>(*store_, manifest_, identity, options);
+}
+
+Status Replica::Commit(const codec::Manifest& target) {
+  if (!inflight_ || target.VersionId() != inflight_->target) {
+    return Status::FailedPrecondition("commit of a version that is not the delta in flight");
+  }
+  if (state_) {
+    RETURN_IF_ERROR(state_->SaveManifest(*dir_store_, target));
+    RETURN_IF_ERROR(state_->WriteActive(inflight_->target));
+    RETURN_IF_ERROR(state_->ClearInflight());
+  }
+  manifest_ = target;
+  version_ = inflight_->target;
+  inflight_.reset();
+  return Status::Ok();
+}
+
+Status Replica::Abort(DeltaApplier& applier) {
+  RETURN_IF_ERROR(applier.Rollback());
+  // Re-hash rather than trust bookkeeping: aborts are rare, and a replica opened
+  // mid-delta never had a manifest of its base bytes.
+  const WeightStore& s = *store_;
+  codec::Manifest manifest = codec::ComputeManifest(
+      s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
+  if (state_) {
+    RETURN_IF_ERROR(state_->SaveManifest(*dir_store_, manifest));
+    RETURN_IF_ERROR(state_->ClearInflight());
+  }
+  manifest_ = std::move(manifest);
+  version_ = manifest_.VersionId();
+  inflight_.reset();
+  return Status::Ok();
+}
+
+}  // namespace deltacast::apply

@@ -1,0 +1,74 @@
+// Replica: one node's copy of the weights together with its version state: the
+// active version and its manifest, and the delta in flight. Everything that
+// changes a node's weights goes through a Replica, so the version rules live in one
+// place: a delta applies only on top of its base, the active version flips only
+// after every partition verified, and an aborted delta is rolled back.
+//
+// For a checkpoint directory the state is durable under DIR/.deltacast/
+// (docs/recovery.md); for other stores (an embedder's buffers) it is in memory.
+//
+// Thread safety: not thread-safe; one owner drives a replica.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "apply/checkpoint_dir.h"
+#include "apply/checkpoint_state.h"
+#include "apply/delta_applier.h"
+#include "apply/weight_store.h"
+#include "codec/chunk.h"
+#include "codec/manifest.h"
+#include "common/status.h"
+
+namespace deltacast::apply {
+
+class Replica {
+ public:
+  // Opens checkpoint directory `dir` read-write. Its manifest comes from the cache
+  // when the files are unchanged, else is computed (hashing every partition).
+  static Result<std::unique_ptr<Replica>> OpenCheckpointDir(const std::filesystem::path& dir,
+                                                            uint64_t partition_bytes, size_t threads);
+  // Wraps any store; version state is kept in memory only.
+  static Result<std::unique_ptr<Replica>> ForStore(std::unique_ptr<WeightStore> store,
+                                                   uint64_t partition_bytes, size_t threads);
+
+  WeightStore& store() { return *store_; }
+  const WeightStore& store() const { return *store_; }
+  // The manifest of the store's current bytes when no delta is in flight.
+  const codec::Manifest& manifest() const { return manifest_; }
+  Digest128 version() const { return version_; }
+  const std::optional<InflightDelta>& inflight() const { return inflight_; }
+
+  // Starts applying `identity`, or resumes it if it is the delta in flight.
+  // kVersionMismatch (nothing written) if the active version is not its base;
+  // kFailedPrecondition if another delta is in flight. Records the delta as in
+  // flight before returning (durably for a directory). The replica must outlive
+  // the applier.
+  Result<std::unique_ptr<DeltaApplier>> Begin(const codec::DeltaIdentity& identity,
+                                              ApplyOptions options);
+
+  // Makes `target` (what DeltaApplier::Finish returned) the active version:
+  // caches its manifest, flips the active version atomically and durably, and
+  // clears the in-flight record.
+  Status Commit(const codec::Manifest& target);
+
+  // Rolls `applier`'s partitions back to the base and clears the in-flight record;
+  // the active version stays the base.
+  Status Abort(DeltaApplier& applier);
+
+ private:
+  Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_store, codec::Manifest manifest,
+          std::optional<InflightDelta> inflight, size_t threads);
+
+  std::unique_ptr<WeightStore> store_;
+  CheckpointDirStore* dir_store_ = nullptr;  // store_ itself when it is a directory
+  std::optional<CheckpointState> state_;     // set for directories
+  codec::Manifest manifest_;
+  Digest128 version_;
+  std::optional<InflightDelta> inflight_;
+  size_t threads_;
+};
+
+}  // namespace deltacast::apply
