@@ -331,8 +331,11 @@ Status DecodeWith(ByteSpan stream, ByteSpan base, uint64_t change_count, SparseC
 
 Status CheckBase(std::string_view what, DType dtype, ByteSpan base) {
   if (!ContextModeSupports(dtype)) {
-    return Status::InvalidArgument(std::string(what) + ": context mode does not support dtype " +
-                                   std::string(DTypeName(dtype)));
+    // DTypeName() is only defined for dtypes that exist.
+    const auto raw = static_cast<uint8_t>(dtype);
+    return Status::InvalidArgument(
+        std::string(what) + ": context mode does not support dtype " +
+        (DTypeFromWire(raw) ? std::string(DTypeName(dtype)) : "#" + std::to_string(raw)));
   }
   const size_t size = ElementSize(dtype);
   if (base.size() % size != 0) {
@@ -387,8 +390,8 @@ Result<std::vector<std::byte>> ContextEncode(DType dtype, ByteSpan base,
 Status ContextDecode(DType dtype, ByteSpan payload, ByteSpan base, uint64_t change_count,
                      SparseChanges& out) {
   out.clear();
-  out.element_size = static_cast<uint32_t>(ElementSize(dtype));
   RETURN_IF_ERROR(CheckBase("context decode", dtype, base));
+  out.element_size = static_cast<uint32_t>(ElementSize(dtype));
   if (payload.size() < kHeaderBytes) {
     return Status::Corrupt("context payload of " + std::to_string(payload.size()) +
                            " bytes is shorter than its header");

@@ -54,8 +54,9 @@ Result<std::vector<std::byte>> ContextEncode(DType dtype, ByteSpan base,
 // a clear message. Never reads out of bounds, never allocates more than change_count entries.
 //
 // Unsupported dtypes and a `base` that is not a whole number of elements give
-// InvalidArgument. On any failure `out` is left cleared. Time is linear in the
-// partition size whatever the payload holds.
+// InvalidArgument. A change_count above the partition's element count is Corrupt
+// before anything is allocated. On any failure `out` is left cleared. Time is
+// linear in the partition size whatever the payload holds.
 Status ContextDecode(DType dtype, ByteSpan payload, ByteSpan base, uint64_t change_count,
                      SparseChanges& out);
 

@@ -14,10 +14,13 @@
 // - Probabilities are kept with 32 bits of state and fed to the coder with 16
 //   bits (LZMA: 11), so a context whose bit is 1 with probability 0.01 % still
 //   costs ~0.0002 bits per 0 rather than the ~0.02 bits of an 11-bit model.
-// - Adaptation is count-based: a fresh context moves by 1/2, 1/4, 1/8, ... of
-//   the error (close to a Krichevsky-Trofimov estimate), then settles at
-//   1/2^kMaxShift, so a few dozen observations already give a good estimate and
-//   long stationary runs are coded with little estimation noise.
+// - Adaptation is count-based: after n bits a context moves by about 1/(n+1)
+//   of the error (1/2, 1/4, 1/4, 1/8 x4, ...; close to a Krichevsky-Trofimov
+//   estimate), then settles at 2^-kMaxShift, so a few dozen observations
+//   already give a good estimate and long stationary runs are coded with
+//   little estimation noise.
+// - Bit 0 takes the lower sub-interval, [low, low + bound), bound =
+//   range * P16 / 2^16; range is renormalized (one byte) below 2^24.
 // - The first byte of an LZMA stream is always zero; it is not written.
 //
 // The stream ends with a 4-byte flush; a decoder that consumed exactly the
