@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "agent/cluster_commands.h"
 #include "agent/commands.h"
 #include "agent/version.h"
 #include "common/log.h"
@@ -32,8 +33,9 @@ int main(int argc, char** argv) {
   CLI::App app{"deltacast: bit-exact weight deltas for LLM refit"};
   app.set_version_flag("--version", std::string(agent::VersionString()));
   app.require_subcommand(1);
-  bool verbose = false;
+  bool verbose = false, json_log = false;
   app.add_flag("-v,--verbose", verbose, "Debug logging");
+  app.add_flag("--json-log", json_log, "Log one JSON object per line (for machines)");
   int status = agent::kExitOk;
 
   // synth
@@ -130,7 +132,49 @@ int main(int argc, char** argv) {
   v->add_flag("--json", verify.json, "Report as JSON");
   v->callback([&] { status = agent::RunVerify(verify); });
 
-  app.parse_complete_callback([&] { dc::log::SetLevel(verbose ? dc::log::Level::kDebug : dc::log::Level::kInfo); });
+  // plan
+  agent::PlanArgs plan;
+  std::string plan_delta = "1G";
+  auto* pl = app.add_subcommand("plan", "Print the relay tree every agent computes from a cluster config");
+  pl->add_option("--config", plan.config, "Cluster config (TOML)")->required();
+  pl->add_option("--delta-bytes", plan_delta, "Delta size for the predicted refit time")->capture_default_str();
+  pl->add_flag("--json", plan.json, "Report as JSON");
+  pl->callback([&] {
+    plan.delta_bytes = SizeFlag(plan_delta, "--delta-bytes");
+    status = agent::RunPlan(plan);
+  });
+
+  // agent
+  agent::AgentArgs node;
+  auto* ag = app.add_subcommand("agent", "Run a node agent of the relay tree until SIGINT/SIGTERM");
+  ag->add_option("--config", node.config, "Cluster config (TOML)")->required();
+  ag->add_option("--node", node.node, "This node's id in the config")->required();
+  ag->add_option("--store", node.store, "This node's checkpoint directory")->required();
+  ag->add_option("--threads", node.threads, "Apply threads (0 = all cores)");
+  ag->callback([&] { status = agent::RunAgent(node); });
+
+  // publish
+  agent::PublishArgs publish;
+  std::string publish_mode = "fast";
+  auto* pu = app.add_subcommand("publish", "Stream the delta OLD -> NEW down the relay tree and commit it");
+  pu->add_option("--config", publish.config, "Cluster config (TOML)")->required();
+  pu->add_option("--base", publish.base, "Base checkpoint directory (what the nodes have)")->required();
+  pu->add_option("--new", publish.target, "New checkpoint directory")->required();
+  pu->add_option("--mode", publish_mode, "fast | context")
+      ->check(CLI::IsMember({"fast", "context"}))
+      ->capture_default_str();
+  pu->add_option("--threads", publish.threads, "Encode threads (0 = all cores)");
+  pu->add_flag("--json", publish.json, "Report as JSON");
+  pu->add_flag("!--no-progress", publish.progress, "No progress line");
+  pu->callback([&] {
+    publish.codec.mode = publish_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
+    status = agent::RunPublish(publish);
+  });
+
+  app.parse_complete_callback([&] {
+    dc::log::SetLevel(verbose ? dc::log::Level::kDebug : dc::log::Level::kInfo);
+    dc::log::SetJson(json_log);
+  });
   CLI11_PARSE(app, argc, argv);
   return status;
 }

@@ -50,8 +50,15 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   // Validate everything before the first write.
   std::vector<Located> located;
   located.reserve(chunk.records.size());
+  std::set<std::pair<size_t, uint64_t>> named;  // (tensor, partition index)
   for (const auto& record : chunk.records) {
     ASSIGN_OR_RETURN(Located where, Locate(record));
+    // Records run in parallel; two for one partition would write the same bytes at once.
+    if (!named.insert({where.tensor, where.partition_index}).second) {
+      return Status::Corrupt("chunk " + std::to_string(chunk.sequence) + " names tensor '" +
+                             std::string(record.tensor_name) + "' partition at element " +
+                             std::to_string(record.element_offset) + " twice");
+    }
     located.push_back(where);
   }
   std::vector<MutableByteSpan> targets(located.size());

@@ -59,7 +59,8 @@ class DeltaApplier {
                const codec::DeltaIdentity& identity, ApplyOptions options = {});
 
   // Validates `chunk` completely (identity, every record against the store's tensor
-  // table and partitioning) before touching any byte, then applies its records.
+  // table and partitioning, no partition named twice) before touching any byte,
+  // then applies its records.
   // A validation error leaves the store unchanged. A record whose payload turns out
   // malformed or whose result fails the target hash leaves its partition at base and
   // fails the call after the chunk's other records are done.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "codec/chunk.h"
+#include "common/file_util.h"
 
 namespace deltacast::apply {
 namespace {
@@ -38,20 +39,7 @@ DeltaFileWriter::~DeltaFileWriter() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status DeltaFileWriter::Append(ByteSpan chunk) {
-  const std::byte* p = chunk.data();
-  size_t left = chunk.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd_, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno(errno, "write " + path_.string());
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
+Status DeltaFileWriter::Append(ByteSpan chunk) { return WriteAll(fd_, chunk, path_); }
 
 Status DeltaFileWriter::Finish() {
   if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync " + path_.string());

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "apply/internal/input_util.h"
+#include "common/file_util.h"
 
 namespace deltacast::apply {
 namespace {
@@ -20,21 +21,6 @@ using internal::CheckedByteSize;
 using internal::Quote;
 
 constexpr std::string_view kMetadataKey = "__metadata__";
-
-Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path) {
-  const std::byte* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno(errno, "write " + path.string());
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
 
 std::string ShapeString(const std::vector<uint64_t>& shape) {
   std::string s = "[";

@@ -103,6 +103,11 @@ void CompressSections(EntropyCoder coder, int zstd_level, std::span<const ByteSp
 }
 
 Status DecompressSections(EntropyCoder coder, ByteSpan payload, MutableByteSpan out) {
+  // Checked up front: a payload whose sections are all stored (mode 0) never
+  // reaches Decompress(coder, ...), which would refuse it.
+  if (coder != EntropyCoder::kNone && coder != EntropyCoder::kZstd && coder != EntropyCoder::kLz4) {
+    return Status::Corrupt("unknown entropy coder " + std::to_string(static_cast<int>(coder)));
+  }
   ByteReader r(payload);
   size_t filled = 0;
   for (int section = 0; r.remaining() > 0; ++section) {

@@ -43,13 +43,26 @@ void JoinPlanes(const std::byte* planes, size_t n, uint32_t element_size, std::b
   }
 }
 
+// Writes the gaps as varints split in two streams: the lead byte of every gap
+// (exactly one per change), then all continuation bytes. Most gaps fit their lead
+// byte; kept apart, the rare continuations no longer blur the lead bytes' statistics
+// for the entropy stage (docs/wire-format.md, "Gaps").
 void AppendGaps(const std::vector<uint32_t>& positions, std::vector<std::byte>& out) {
-  ByteWriter w(out);
+  thread_local std::vector<std::byte> continuation;
+  continuation.clear();
+  const size_t at = out.size();
+  out.resize(at + positions.size());
+  std::byte* lead = out.data() + at;
   uint32_t next = 0;
   for (uint32_t p : positions) {
-    w.PutVarint(p - next);
+    uint32_t gap = p - next;
     next = p + 1;
+    *lead++ = std::byte(static_cast<uint8_t>(gap & 0x7f) | (gap > 0x7f ? 0x80 : 0));
+    for (gap >>= 7; gap != 0; gap >>= 7) {
+      continuation.push_back(std::byte(static_cast<uint8_t>(gap & 0x7f) | (gap > 0x7f ? 0x80 : 0)));
+    }
   }
+  out.insert(out.end(), continuation.begin(), continuation.end());
 }
 
 // New words at the changed positions (for overwrite records).
@@ -72,7 +85,10 @@ EncodedPartition Finish(Encoding encoding, uint64_t change_count, ByteSpan raw, 
   out.raw_size = raw.size();
   out.entropy = options.entropy;
   std::vector<ByteSpan> sections;
-  if (gap_bytes > 0) sections.push_back(raw.first(gap_bytes));
+  if (gap_bytes > 0) {
+    sections.push_back(raw.first(change_count));  // lead bytes
+    sections.push_back(raw.subspan(change_count, gap_bytes - change_count));  // continuations
+  }
   const size_t plane = (raw.size() - gap_bytes) / element_size;
   for (uint32_t b = 0; b < element_size; ++b) sections.push_back(raw.subspan(gap_bytes + b * plane, plane));
   CompressSections(options.entropy, options.zstd_level, sections, out.payload);
@@ -91,13 +107,21 @@ bool XorLooksUnstructured(const SparseChanges& changes) {
 Status ParseSparse(ByteSpan raw, uint64_t element_count, uint64_t change_count, uint32_t element_size,
                    SparseChanges& out, std::vector<std::byte>& words) {
   ByteReader r(raw);
+  ByteSpan lead;
+  if (!r.GetBytes(change_count, lead)) return Status::Corrupt("sparse payload: lead bytes are truncated");
   out.element_size = element_size;
   out.clear();
   out.positions.reserve(change_count);
   uint64_t next = 0;
   for (uint64_t i = 0; i < change_count; ++i) {
-    uint64_t gap;
-    if (!r.GetVarint(gap)) return Status::Corrupt("sparse payload: gap " + std::to_string(i) + " is truncated");
+    auto byte = static_cast<uint8_t>(lead[i]);
+    uint64_t gap = byte & 0x7f;
+    for (int shift = 7; byte & 0x80; shift += 7) {
+      if (shift > 28 || !r.Get(byte)) {
+        return Status::Corrupt("sparse payload: gap " + std::to_string(i) + " is truncated or too long");
+      }
+      gap |= uint64_t{byte & 0x7fu} << shift;
+    }
     if (gap >= element_count - next || next >= element_count) {
       return Status::Corrupt("sparse payload: change " + std::to_string(i) +
                              " lies beyond the partition's " + std::to_string(element_count) +

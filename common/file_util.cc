@@ -25,6 +25,8 @@ class Fd {
   int fd_;
 };
 
+}  // namespace
+
 Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path) {
   const std::byte* p = data.data();
   size_t left = data.size();
@@ -40,7 +42,15 @@ Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path) {
   return Status::Ok();
 }
 
-}  // namespace
+Status AppendLineDurably(const std::filesystem::path& path, std::string_view line) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Status::FromErrno(errno, "open " + path.string());
+  std::string text(line);
+  text += '\n';
+  RETURN_IF_ERROR(WriteAll(fd.get(), AsBytes(text), path));
+  if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + path.string());
+  return Status::Ok();
+}
 
 Result<std::vector<std::byte>> ReadFile(const std::filesystem::path& path, uint64_t max_bytes) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));

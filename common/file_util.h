@@ -23,6 +23,13 @@ Result<std::vector<std::byte>> ReadFile(const std::filesystem::path& path,
 // fsync directory). On failure the old file is intact.
 Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data);
 
+// Writes all of `data` to `fd` (retrying short writes and EINTR); `path` names the
+// file in the error.
+Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path);
+
+// Appends `line` and a newline to `path` (created if missing) and fsyncs it.
+Status AppendLineDurably(const std::filesystem::path& path, std::string_view line);
+
 // Writes `data` to a new or truncated file without durability guarantees.
 Status WriteFile(const std::filesystem::path& path, ByteSpan data);
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 
 namespace deltacast::log {
@@ -46,7 +47,9 @@ void Write(spdlog::level::level_enum level, std::string_view message) {
   auto& logger = Logger();
   if (!logger.should_log(level)) return;
   if (g_json.load(std::memory_order_relaxed)) {
-    logger.log(level, "{{\"level\":\"{}\",\"msg\":\"{}\"}}",
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    logger.log(level, "{{\"ts_us\":{},\"level\":\"{}\",\"msg\":\"{}\"}}",
+               std::chrono::duration_cast<std::chrono::microseconds>(now).count(),
                spdlog::level::to_string_view(level), JsonEscape(message));
   } else {
     logger.log(level, "{}", message);

@@ -1,0 +1,39 @@
+// The relay-tree subcommands: plan, agent and publish. Like agent/commands.h, each
+// Run function prints its report and returns the process exit status.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "codec/partition_codec.h"
+
+namespace deltacast::agent {
+
+struct PlanArgs {
+  std::filesystem::path config;
+  uint64_t delta_bytes = uint64_t{1} << 30;
+  bool json = false;
+};
+int RunPlan(const PlanArgs& args);
+
+struct AgentArgs {
+  std::filesystem::path config;
+  std::string node;
+  std::filesystem::path store;
+  size_t threads = 0;
+};
+// Runs until SIGINT or SIGTERM.
+int RunAgent(const AgentArgs& args);
+
+struct PublishArgs {
+  std::filesystem::path config, base, target;
+  codec::EncodeOptions codec;
+  size_t threads = 0;
+  bool json = false;
+  bool progress = true;  // a progress line on a terminal
+};
+// Exit status 0 when the version committed everywhere, 1 otherwise.
+int RunPublish(const PublishArgs& args);
+
+}  // namespace deltacast::agent

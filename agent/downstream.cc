@@ -1,0 +1,213 @@
+#include "agent/downstream.h"
+
+#include <fmt/core.h>
+
+#include "common/log.h"
+
+namespace deltacast::agent {
+Downstream::Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children,
+                       std::string token, Events events)
+    : loop_(loop), self_id_(std::move(self_id)), token_(std::move(token)), events_(std::move(events)) {
+  for (auto& id : children) children_[id];
+}
+
+Downstream::~Downstream() { CloseAll(); }
+
+void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
+  const uint64_t serial = next_serial_++;
+  Handshake& h = handshakes_[serial];
+  h.connection = std::move(connection);
+  h.nonce = RandomNonce();
+  h.connection->Start(
+      [this, serial](transport::Message m) { loop_.Post([this, serial, m] { OnMessage(serial, m); }); },
+      [this, serial](Status s) { loop_.Post([this, serial, s] { OnClosed(serial, s); }); });
+  h.connection->Send(transport::MakeMessage(EncodeChallenge({h.nonce, self_id_})));
+}
+
+void Downstream::Refuse(transport::Connection& connection, const std::string& reason) {
+  log::Warn(fmt::format("{}: refusing {}: {}", self_id_, connection.PeerAddress(), reason));
+  connection.Send(transport::MakeMessage(EncodeRefuse({reason})));
+  connection.Close();
+}
+
+Downstream::Child* Downstream::BySerial(uint64_t serial, std::string* id) {
+  for (auto& [name, child] : children_) {
+    if (child.connection && child.serial == serial) {
+      if (id) *id = name;
+      return &child;
+    }
+  }
+  return nullptr;
+}
+
+void Downstream::OnHello(uint64_t serial, ByteSpan message) {
+  auto it = handshakes_.find(serial);
+  Handshake h = std::move(it->second);
+  handshakes_.erase(it);
+  auto hello = ParseHello(message);
+  if (!hello.ok()) return Refuse(*h.connection, "malformed HELLO: " + hello.status().message());
+  auto child = children_.find(hello->node_id);
+  if (child == children_.end()) {
+    return Refuse(*h.connection, "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan");
+  }
+  if (!ProofMatches(hello->proof, HelloProof(token_, h.nonce, hello->node_id, self_id_))) {
+    return Refuse(*h.connection, "node '" + hello->node_id + "' failed authentication (wrong cluster token)");
+  }
+  if (child->second.connection) {
+    return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected");
+  }
+  child->second.connection = std::move(h.connection);
+  child->second.serial = serial;
+  child->second.credits = 0;
+  child->second.connection->Send(transport::MakeMessage(EncodeWelcome()));
+  log::Info(fmt::format("{}: child {} joined from {} at version {}", self_id_, hello->node_id,
+                        child->second.connection->PeerAddress(), hello->active_version.ShortHex()));
+  if (events_.joined) events_.joined(hello->node_id);
+  Pump(child->second);
+}
+
+void Downstream::OnMessage(uint64_t serial, transport::Message message) {
+  const ByteSpan bytes(*message);
+  auto type = PeekType(bytes);
+  if (handshakes_.contains(serial)) {
+    if (!type.ok() || *type != MessageType::kHello) {
+      Refuse(*handshakes_[serial].connection, "expected HELLO first");
+      handshakes_.erase(serial);
+      return;
+    }
+    return OnHello(serial, bytes);
+  }
+  std::string id;
+  Child* child = BySerial(serial, &id);
+  if (!child) return;  // a link already dropped
+  if (!type.ok()) {
+    Refuse(*child->connection, "malformed message: " + type.status().message());
+    return Lose(id, type.status());
+  }
+  switch (*type) {
+    case MessageType::kCredit: {
+      auto credit = ParseCredit(bytes);
+      if (!credit.ok()) {
+        Refuse(*child->connection, credit.status().message());
+        return Lose(id, credit.status());
+      }
+      child->credits += credit->chunks;
+      return Pump(*child);
+    }
+    case MessageType::kHeartbeat:
+      return;
+    case MessageType::kPrepared:
+    case MessageType::kFailed:
+    case MessageType::kCommitted:
+    case MessageType::kAborted:
+      if (events_.message) events_.message(id, *type, bytes);
+      return;
+    default: {
+      const Status bad = Status::Corrupt(std::string(MessageTypeName(*type)) + " is not a message a child sends");
+      Refuse(*child->connection, bad.message());
+      return Lose(id, bad);
+    }
+  }
+}
+
+void Downstream::OnClosed(uint64_t serial, const Status& status) {
+  if (handshakes_.erase(serial)) return;
+  std::string id;
+  if (BySerial(serial, &id)) Lose(id, status.ok() ? Status::Unavailable("link closed") : status);
+}
+
+void Downstream::Lose(const std::string& id, const Status& why) {
+  Child& child = children_[id];
+  if (child.connection) child.connection->Close();
+  child.connection.reset();
+  child.credits = 0;
+  // Queued messages stay queued: the child may rejoin and must get them in order.
+  // kAborted is this side shutting down: expected, not worth a warning.
+  const std::string line = fmt::format("{}: lost child {}: {}", self_id_, id, why.ToString());
+  why.code() == StatusCode::kAborted ? log::Debug(line) : log::Warn(line);
+  if (events_.lost) events_.lost(id, why);
+}
+
+void Downstream::Complete(Pending& pending) {
+  queued_bytes_ -= pending.message->size();
+  if (pending.fanout && --pending.fanout->remaining == 0 && pending.fanout->done) pending.fanout->done();
+}
+
+void Downstream::Pump(Child& child) {
+  while (child.connection && !child.queue.empty()) {
+    Pending& front = child.queue.front();
+    if (front.is_chunk) {
+      if (child.credits <= 0) return;
+      --child.credits;
+    }
+    Pending sent = std::move(front);
+    child.queue.pop_front();
+    // Released only when the transport is done with the bytes, so this node's
+    // memory accounting covers what sits in socket queues too.
+    auto shared = std::make_shared<Pending>(std::move(sent));
+    child.connection->Send(shared->message, [this, shared](Status) {
+      loop_.Post([this, shared] { Complete(*shared); });
+    });
+  }
+}
+
+void Downstream::Broadcast(transport::Message message, bool is_chunk, std::function<void()> done) {
+  auto fanout = std::make_shared<Fanout>();
+  fanout->remaining = children_.size();
+  fanout->done = std::move(done);
+  if (children_.empty()) {
+    if (fanout->done) fanout->done();
+    return;
+  }
+  for (auto& [id, child] : children_) {
+    queued_bytes_ += message->size();
+    child.queue.push_back(Pending{message, is_chunk, fanout});
+    Pump(child);
+  }
+}
+
+void Downstream::ResetCredits() {
+  for (auto& [id, child] : children_) child.credits = 0;
+}
+
+void Downstream::DropQueued() {
+  for (auto& [id, child] : children_) {
+    while (!child.queue.empty()) {
+      Complete(child.queue.front());
+      child.queue.pop_front();
+    }
+  }
+}
+
+bool Downstream::AllConnected() const {
+  for (const auto& [id, child] : children_) {
+    if (!child.connection) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> Downstream::Missing() const {
+  std::vector<std::string> out;
+  for (const auto& [id, child] : children_) {
+    if (!child.connection) out.push_back(id);
+  }
+  return out;
+}
+
+void Downstream::Heartbeat() {
+  auto beat = transport::MakeMessage(EncodeHeartbeat());
+  for (auto& [id, child] : children_) {
+    if (child.connection) child.connection->Send(beat);
+  }
+}
+
+void Downstream::CloseAll() {
+  for (auto& [id, child] : children_) {
+    if (child.connection) child.connection->Close();
+    child.connection.reset();
+  }
+  for (auto& [serial, h] : handshakes_) h.connection->Close();
+  handshakes_.clear();
+}
+
+}  // namespace deltacast::agent

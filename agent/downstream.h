@@ -1,0 +1,104 @@
+// Downstream: a relay-tree node's links to its children. It authenticates each
+// child (CHALLENGE / HELLO / WELCOME), forwards messages to every child in order,
+// holds CHUNK messages back until that child has granted credit (so a slow child
+// bounds, rather than grows, what this node holds), and reports what children say.
+//
+// Expected children that are not connected yet get their messages queued, so a
+// child that joins late still receives the whole refit in order; the queue is
+// bounded by the credit window the parent grants this node.
+//
+// Thread safety: everything runs on the owner's EventLoop thread; transport
+// callbacks only post to that loop.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/event_loop.h"
+#include "agent/protocol.h"
+#include "transport/transport.h"
+
+namespace deltacast::agent {
+
+class Downstream {
+ public:
+  struct Events {
+    std::function<void(const std::string& child)> joined;
+    std::function<void(const std::string& child, const Status& why)> lost;
+    // PREPARED, FAILED, COMMITTED, ABORTED from a child (HELLO, CREDIT and
+    // HEARTBEAT are handled here). The span is valid during the call only.
+    std::function<void(const std::string& child, MessageType type, ByteSpan message)> message;
+  };
+
+  // `loop` and this object must outlive every connection handed to Accept.
+  Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children, std::string token,
+             Events events);
+  ~Downstream();
+
+  // Takes a freshly accepted connection and starts the handshake. Must be called on
+  // the loop thread.
+  void Accept(std::unique_ptr<transport::Connection> connection);
+
+  // Queues `message` for every expected child. A chunk waits for that child's
+  // credit. `done` runs once every child was handed the message or is gone.
+  void Broadcast(transport::Message message, bool is_chunk, std::function<void()> done = {});
+
+  // Forgets granted credit: at BEGIN every child grants a fresh window.
+  void ResetCredits();
+  // Drops everything queued (completing it) — after a decision nothing more is owed.
+  void DropQueued();
+
+  bool AllConnected() const;
+  std::vector<std::string> Missing() const;
+  size_t expected() const { return children_.size(); }
+  // Bytes of messages queued here and not yet handed to a child's transport.
+  uint64_t queued_bytes() const { return queued_bytes_; }
+  void Heartbeat();
+  void CloseAll();
+
+ private:
+  struct Fanout {
+    size_t remaining = 0;
+    std::function<void()> done;
+  };
+  struct Pending {
+    transport::Message message;
+    bool is_chunk = false;
+    std::shared_ptr<Fanout> fanout;
+  };
+  struct Child {
+    std::unique_ptr<transport::Connection> connection;
+    uint64_t serial = 0;
+    int64_t credits = 0;
+    std::deque<Pending> queue;
+  };
+  struct Handshake {
+    std::unique_ptr<transport::Connection> connection;
+    std::array<uint8_t, kNonceBytes> nonce{};
+  };
+
+  void OnMessage(uint64_t serial, transport::Message message);
+  void OnClosed(uint64_t serial, const Status& status);
+  void OnHello(uint64_t serial, ByteSpan message);
+  void Refuse(transport::Connection& connection, const std::string& reason);
+  void Pump(Child& child);
+  void Complete(Pending& pending);
+  void Lose(const std::string& id, const Status& why);
+  Child* BySerial(uint64_t serial, std::string* id);
+
+  EventLoop& loop_;
+  std::string self_id_;
+  std::string token_;
+  Events events_;
+  std::map<std::string, Child> children_;
+  std::map<uint64_t, Handshake> handshakes_;
+  uint64_t next_serial_ = 1;
+  uint64_t queued_bytes_ = 0;
+};
+
+}  // namespace deltacast::agent

@@ -1,0 +1,73 @@
+// NodeAgent: one inference node of the relay tree. It listens for its children,
+// joins its parent, and for each refit: receives chunks, forwards each to its
+// children the moment it has it (the very buffer, cut-through), applies it to its
+// replica on an apply thread, grants its parent credit as chunks are released,
+// reports PREPARED once it and its whole subtree verified the target, and takes
+// part in the two-phase commit (docs/protocol.md).
+//
+// This is the public embedding API for receivers: give it a Replica over your own
+// buffers (apply::Replica::ForStore) and a commit callback.
+//
+// Thread safety: Start/Stop from one thread; stats() from any thread. Callbacks run
+// on the agent's apply thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apply/replica.h"
+#include "common/hash.h"
+#include "common/status.h"
+#include "topology/cluster_config.h"
+#include "transport/transport.h"
+
+namespace deltacast::agent {
+
+struct CommitEvent {
+  uint64_t refit_id = 0;
+  Digest128 version;                         // now active
+  std::vector<std::string> changed_tensors;  // canonical names, sorted
+};
+using CommitCallback = std::function<void(const CommitEvent&)>;
+
+struct NodeAgentOptions {
+  topology::ClusterConfig config;
+  std::string node_id;
+  std::string token;         // the cluster's shared secret
+  size_t apply_threads = 0;  // 0 = all cores
+  CommitCallback on_commit;  // optional
+};
+
+struct NodeAgentStats {
+  uint64_t refits_committed = 0;
+  uint64_t refits_aborted = 0;
+  uint64_t chunks_received = 0;
+  uint64_t peak_held_bytes = 0;  // most chunk bytes held at once (received, not yet released)
+  Digest128 version;
+};
+
+class NodeAgent {
+ public:
+  // Starts listening on the node's configured address and joining its parent.
+  // Returns once listening; fails if the node is unknown or not a receiver, or the
+  // address cannot be bound.
+  static Result<std::unique_ptr<NodeAgent>> Start(NodeAgentOptions options,
+                                                  std::unique_ptr<apply::Replica> replica,
+                                                  std::unique_ptr<transport::Transport> transport);
+  ~NodeAgent();  // Stop()
+  // Closes every link and joins the agent's threads. Idempotent.
+  void Stop();
+  NodeAgentStats stats() const;
+  const std::string& listen_address() const;
+
+  class Impl;
+
+ private:
+  explicit NodeAgent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deltacast::agent

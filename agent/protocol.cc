@@ -1,0 +1,338 @@
+#include "agent/protocol.h"
+
+#include <openssl/crypto.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstring>
+
+namespace deltacast::agent {
+namespace {
+
+std::vector<std::byte> Header(MessageType type) {
+  std::vector<std::byte> out;
+  ByteWriter w(out);
+  w.Put<uint32_t>(kProtocolMagic);
+  w.Put<uint8_t>(kProtocolVersion);
+  w.Put<uint8_t>(static_cast<uint8_t>(type));
+  w.Put<uint16_t>(0);
+  return out;
+}
+
+void PutString(ByteWriter& w, std::string_view s) {
+  w.Put<uint16_t>(static_cast<uint16_t>(s.size()));
+  w.PutString(s);
+}
+
+void PutDigest(ByteWriter& w, const Digest128& d) {
+  w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size()));
+}
+
+// Reads a message body of one expected type, field by field, with one error text.
+class BodyReader {
+ public:
+  BodyReader(ByteSpan message, MessageType type) : type_(type), r_(message) {}
+
+  Status Open() {
+    ASSIGN_OR_RETURN(MessageType got, PeekType(AsSpan()));
+    if (got != type_) {
+      return Status::Corrupt("expected " + std::string(MessageTypeName(type_)) + ", got " +
+                             std::string(MessageTypeName(got)));
+    }
+    ByteSpan header;
+    (void)r_.GetBytes(kMessageHeaderBytes, header);
+    return Status::Ok();
+  }
+  template <typename T>
+  bool Get(T& v) {
+    return ok_ = ok_ && r_.Get(v);
+  }
+  bool GetString(std::string& s, size_t max) {
+    uint16_t n;
+    ByteSpan b;
+    ok_ = ok_ && r_.Get(n) && n <= max && r_.GetBytes(n, b);
+    if (ok_) s.assign(AsChars(b));
+    return ok_;
+  }
+  template <size_t N>
+  bool GetArray(std::array<uint8_t, N>& a) {
+    ByteSpan b;
+    ok_ = ok_ && r_.GetBytes(N, b);
+    if (ok_) std::memcpy(a.data(), b.data(), N);
+    return ok_;
+  }
+  bool GetDigest(Digest128& d) { return GetArray(d.bytes); }
+  Status Close() {
+    if (!ok_) return Status::Corrupt(std::string(MessageTypeName(type_)) + " message is truncated or has an oversized field");
+    if (r_.remaining() != 0) {
+      return Status::Corrupt(std::string(MessageTypeName(type_)) + " message has " +
+                             std::to_string(r_.remaining()) + " trailing bytes");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  ByteSpan AsSpan() const { return r_.rest(); }
+  MessageType type_;
+  ByteReader r_;
+  bool ok_ = true;
+};
+
+}  // namespace
+
+std::string_view MessageTypeName(MessageType type) {
+  switch (type) {
+    case MessageType::kChallenge: return "CHALLENGE";
+    case MessageType::kHello: return "HELLO";
+    case MessageType::kWelcome: return "WELCOME";
+    case MessageType::kRefuse: return "REFUSE";
+    case MessageType::kBegin: return "BEGIN";
+    case MessageType::kChunk: return "CHUNK";
+    case MessageType::kCredit: return "CREDIT";
+    case MessageType::kPrepared: return "PREPARED";
+    case MessageType::kFailed: return "FAILED";
+    case MessageType::kCommit: return "COMMIT";
+    case MessageType::kAbort: return "ABORT";
+    case MessageType::kCommitted: return "COMMITTED";
+    case MessageType::kAborted: return "ABORTED";
+    case MessageType::kHeartbeat: return "HEARTBEAT";
+  }
+  return "UNKNOWN";
+}
+
+Result<MessageType> PeekType(ByteSpan message) {
+  if (message.size() < kMessageHeaderBytes) return Status::Corrupt("message shorter than its header");
+  if (LoadLE<uint32_t>(message.data()) != kProtocolMagic) return Status::Corrupt("bad protocol magic");
+  const auto version = static_cast<uint8_t>(message[4]);
+  if (version != kProtocolVersion) {
+    return Status::Corrupt("protocol version " + std::to_string(version) + " is not supported (this build speaks " +
+                           std::to_string(kProtocolVersion) + ")");
+  }
+  const auto type = static_cast<uint8_t>(message[5]);
+  if (type < 1 || type > kMaxMessageType) return Status::Corrupt("unknown message type " + std::to_string(type));
+  if (LoadLE<uint16_t>(message.data() + 6) != 0) return Status::Corrupt("reserved header bits are not zero");
+  return static_cast<MessageType>(type);
+}
+
+std::vector<std::byte> EncodeChallenge(const Challenge& m) {
+  auto out = Header(MessageType::kChallenge);
+  ByteWriter w(out);
+  w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(m.nonce.data()), m.nonce.size()));
+  PutString(w, m.parent_id);
+  return out;
+}
+
+std::vector<std::byte> EncodeHello(const Hello& m) {
+  auto out = Header(MessageType::kHello);
+  ByteWriter w(out);
+  PutString(w, m.node_id);
+  w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(m.proof.data()), m.proof.size()));
+  PutDigest(w, m.active_version);
+  return out;
+}
+
+std::vector<std::byte> EncodeWelcome() { return Header(MessageType::kWelcome); }
+std::vector<std::byte> EncodeHeartbeat() { return Header(MessageType::kHeartbeat); }
+
+std::vector<std::byte> EncodeRefuse(const Refuse& m) {
+  auto out = Header(MessageType::kRefuse);
+  ByteWriter w(out);
+  PutString(w, m.reason.substr(0, kMaxReasonBytes));
+  return out;
+}
+
+std::vector<std::byte> EncodeBegin(const Begin& m) {
+  auto out = Header(MessageType::kBegin);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  PutDigest(w, m.base_version);
+  PutDigest(w, m.target_version);
+  w.Put<uint64_t>(m.partition_bytes);
+  return out;
+}
+
+std::vector<std::byte> EncodeChunk(ByteSpan chunk) {
+  auto out = Header(MessageType::kChunk);
+  out.insert(out.end(), chunk.begin(), chunk.end());
+  return out;
+}
+
+std::vector<std::byte> EncodeCredit(const Credit& m) {
+  auto out = Header(MessageType::kCredit);
+  ByteWriter(out).Put<uint32_t>(m.chunks);
+  return out;
+}
+
+std::vector<std::byte> EncodePrepared(const Prepared& m) {
+  auto out = Header(MessageType::kPrepared);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint32_t>(static_cast<uint32_t>(m.nodes.size()));
+  for (const auto& n : m.nodes) {
+    PutString(w, n.node_id);
+    w.Put<uint64_t>(n.chunk_bytes);
+    w.Put<double>(n.apply_seconds);
+    w.Put<uint64_t>(n.partitions_applied);
+  }
+  return out;
+}
+
+std::vector<std::byte> EncodeFailed(const Failed& m) {
+  auto out = Header(MessageType::kFailed);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  PutString(w, m.node_id);
+  PutString(w, m.reason.substr(0, kMaxReasonBytes));
+  return out;
+}
+
+std::vector<std::byte> EncodeDecision(MessageType type, const Decision& m) {
+  auto out = Header(type);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  PutDigest(w, m.target_version);
+  return out;
+}
+
+std::vector<std::byte> EncodeOutcome(MessageType type, const Outcome& m) {
+  auto out = Header(type);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint32_t>(m.nodes);
+  return out;
+}
+
+Result<Challenge> ParseChallenge(ByteSpan message) {
+  BodyReader r(message, MessageType::kChallenge);
+  RETURN_IF_ERROR(r.Open());
+  Challenge m;
+  r.GetArray(m.nonce);
+  r.GetString(m.parent_id, kMaxNodeIdBytes);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Hello> ParseHello(ByteSpan message) {
+  BodyReader r(message, MessageType::kHello);
+  RETURN_IF_ERROR(r.Open());
+  Hello m;
+  r.GetString(m.node_id, kMaxNodeIdBytes);
+  r.GetArray(m.proof);
+  r.GetDigest(m.active_version);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Refuse> ParseRefuse(ByteSpan message) {
+  BodyReader r(message, MessageType::kRefuse);
+  RETURN_IF_ERROR(r.Open());
+  Refuse m;
+  r.GetString(m.reason, kMaxReasonBytes);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Begin> ParseBegin(ByteSpan message) {
+  BodyReader r(message, MessageType::kBegin);
+  RETURN_IF_ERROR(r.Open());
+  Begin m;
+  r.Get(m.refit_id);
+  r.GetDigest(m.base_version);
+  r.GetDigest(m.target_version);
+  r.Get(m.partition_bytes);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Credit> ParseCredit(ByteSpan message) {
+  BodyReader r(message, MessageType::kCredit);
+  RETURN_IF_ERROR(r.Open());
+  Credit m;
+  r.Get(m.chunks);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Prepared> ParsePrepared(ByteSpan message) {
+  BodyReader r(message, MessageType::kPrepared);
+  RETURN_IF_ERROR(r.Open());
+  Prepared m;
+  uint32_t count = 0;
+  r.Get(m.refit_id);
+  r.Get(count);
+  // Each report takes at least 26 bytes; refuse counts the message cannot hold.
+  if (count > message.size() / 26) return Status::Corrupt("PREPARED message claims " + std::to_string(count) + " nodes");
+  m.nodes.resize(count);
+  for (auto& n : m.nodes) {
+    r.GetString(n.node_id, kMaxNodeIdBytes);
+    r.Get(n.chunk_bytes);
+    r.Get(n.apply_seconds);
+    r.Get(n.partitions_applied);
+  }
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Failed> ParseFailed(ByteSpan message) {
+  BodyReader r(message, MessageType::kFailed);
+  RETURN_IF_ERROR(r.Open());
+  Failed m;
+  r.Get(m.refit_id);
+  r.GetString(m.node_id, kMaxNodeIdBytes);
+  r.GetString(m.reason, kMaxReasonBytes);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Decision> ParseDecision(ByteSpan message) {
+  ASSIGN_OR_RETURN(MessageType type, PeekType(message));
+  if (type != MessageType::kCommit && type != MessageType::kAbort) {
+    return Status::Corrupt("expected COMMIT or ABORT, got " + std::string(MessageTypeName(type)));
+  }
+  BodyReader r(message, type);
+  RETURN_IF_ERROR(r.Open());
+  Decision m;
+  r.Get(m.refit_id);
+  r.GetDigest(m.target_version);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Outcome> ParseOutcome(ByteSpan message) {
+  ASSIGN_OR_RETURN(MessageType type, PeekType(message));
+  if (type != MessageType::kCommitted && type != MessageType::kAborted) {
+    return Status::Corrupt("expected COMMITTED or ABORTED, got " + std::string(MessageTypeName(type)));
+  }
+  BodyReader r(message, type);
+  RETURN_IF_ERROR(r.Open());
+  Outcome m;
+  r.Get(m.refit_id);
+  r.Get(m.nodes);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+std::array<uint8_t, kProofBytes> HelloProof(std::string_view token,
+                                            const std::array<uint8_t, kNonceBytes>& nonce,
+                                            std::string_view child_id, std::string_view parent_id) {
+  std::vector<uint8_t> data(nonce.begin(), nonce.end());
+  data.insert(data.end(), child_id.begin(), child_id.end());
+  data.push_back(0);  // separator: ids cannot contain NUL
+  data.insert(data.end(), parent_id.begin(), parent_id.end());
+  std::array<uint8_t, kProofBytes> out{};
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), data.data(), data.size(), out.data(), &length);
+  return out;
+}
+
+bool ProofMatches(const std::array<uint8_t, kProofBytes>& a, const std::array<uint8_t, kProofBytes>& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;  // constant time
+}
+
+std::array<uint8_t, kNonceBytes> RandomNonce() {
+  std::array<uint8_t, kNonceBytes> nonce{};
+  RAND_bytes(nonce.data(), static_cast<int>(nonce.size()));
+  return nonce;
+}
+
+}  // namespace deltacast::agent

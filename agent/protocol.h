@@ -1,0 +1,132 @@
+// The relay protocol's messages (docs/protocol.md): what nodes of the relay tree
+// say to each other, and their encoding. Every message starts with an 8-byte
+// header (magic, protocol version, type); CHUNK messages carry a codec chunk
+// unchanged after it, so a relay forwards the very buffer it received.
+//
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/bytes.h"
+#include "common/hash.h"
+#include "common/status.h"
+
+namespace deltacast::agent {
+
+inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
+inline constexpr uint8_t kProtocolVersion = 1;
+inline constexpr size_t kMessageHeaderBytes = 8;
+inline constexpr size_t kNonceBytes = 16;
+inline constexpr size_t kProofBytes = 32;  // HMAC-SHA256
+inline constexpr size_t kMaxNodeIdBytes = 128;
+inline constexpr size_t kMaxReasonBytes = 4096;
+
+enum class MessageType : uint8_t {
+  kChallenge = 1,   // parent -> child, first message on a link: a nonce to prove the token against
+  kHello = 2,       // child -> parent: who I am, the proof, my active version
+  kWelcome = 3,     // parent -> child: accepted
+  kRefuse = 4,      // either way, then close: why
+  kBegin = 5,       // down: a refit starts
+  kChunk = 6,       // down: one codec chunk (data or END)
+  kCredit = 7,      // up: room for this many more chunks
+  kPrepared = 8,    // up: my subtree verified the target
+  kFailed = 9,      // up: a node of my subtree cannot reach the target
+  kCommit = 10,     // down: make the target active
+  kAbort = 11,      // down: roll back to the base
+  kCommitted = 12,  // up: my subtree made the target active
+  kAborted = 13,    // up: my subtree rolled back
+  kHeartbeat = 14,  // either way: the link is alive
+};
+inline constexpr uint8_t kMaxMessageType = 14;
+std::string_view MessageTypeName(MessageType type);
+
+struct Challenge {
+  std::array<uint8_t, kNonceBytes> nonce{};
+  std::string parent_id;
+};
+struct Hello {
+  std::string node_id;
+  std::array<uint8_t, kProofBytes> proof{};
+  Digest128 active_version;
+};
+struct Refuse {
+  std::string reason;
+};
+struct Begin {
+  uint64_t refit_id = 0;
+  Digest128 base_version;
+  Digest128 target_version;
+  uint64_t partition_bytes = 0;
+};
+struct Credit {
+  uint32_t chunks = 0;
+};
+// One node's figures, carried up in PREPARED so the source can report them.
+struct NodeReport {
+  std::string node_id;
+  uint64_t chunk_bytes = 0;       // delta bytes received
+  double apply_seconds = 0;       // BEGIN to verified target
+  uint64_t partitions_applied = 0;
+};
+struct Prepared {
+  uint64_t refit_id = 0;
+  std::vector<NodeReport> nodes;  // every node of the sender's subtree
+};
+struct Failed {
+  uint64_t refit_id = 0;
+  std::string node_id;
+  std::string reason;
+};
+struct Decision {  // COMMIT and ABORT
+  uint64_t refit_id = 0;
+  Digest128 target_version;
+};
+struct Outcome {  // COMMITTED and ABORTED
+  uint64_t refit_id = 0;
+  uint32_t nodes = 0;  // nodes of the sender's subtree that completed the decision
+};
+
+// Message bytes ready to send.
+std::vector<std::byte> EncodeChallenge(const Challenge& m);
+std::vector<std::byte> EncodeHello(const Hello& m);
+std::vector<std::byte> EncodeWelcome();
+std::vector<std::byte> EncodeRefuse(const Refuse& m);
+std::vector<std::byte> EncodeBegin(const Begin& m);
+// A CHUNK message: the header followed by the chunk bytes.
+std::vector<std::byte> EncodeChunk(ByteSpan chunk);
+std::vector<std::byte> EncodeCredit(const Credit& m);
+std::vector<std::byte> EncodePrepared(const Prepared& m);
+std::vector<std::byte> EncodeFailed(const Failed& m);
+std::vector<std::byte> EncodeDecision(MessageType type, const Decision& m);
+std::vector<std::byte> EncodeOutcome(MessageType type, const Outcome& m);
+std::vector<std::byte> EncodeHeartbeat();
+
+// Validates the header; returns the type. Corrupt for bad magic, version, type or
+// reserved bits.
+Result<MessageType> PeekType(ByteSpan message);
+// The body after the header (for CHUNK: the codec chunk).
+inline ByteSpan Body(ByteSpan message) { return message.subspan(kMessageHeaderBytes); }
+
+// Each parser validates the type and every length, and rejects trailing bytes.
+Result<Challenge> ParseChallenge(ByteSpan message);
+Result<Hello> ParseHello(ByteSpan message);
+Result<Refuse> ParseRefuse(ByteSpan message);
+Result<Begin> ParseBegin(ByteSpan message);
+Result<Credit> ParseCredit(ByteSpan message);
+Result<Prepared> ParsePrepared(ByteSpan message);
+Result<Failed> ParseFailed(ByteSpan message);
+Result<Decision> ParseDecision(ByteSpan message);  // COMMIT or ABORT
+Result<Outcome> ParseOutcome(ByteSpan message);    // COMMITTED or ABORTED
+
+// HMAC-SHA256(token, nonce || child id || parent id): proves the child knows the
+// cluster token without sending it, bound to this link's nonce and both ends.
+std::array<uint8_t, kProofBytes> HelloProof(std::string_view token,
+                                            const std::array<uint8_t, kNonceBytes>& nonce,
+                                            std::string_view child_id, std::string_view parent_id);
+bool ProofMatches(const std::array<uint8_t, kProofBytes>& a, const std::array<uint8_t, kProofBytes>& b);
+std::array<uint8_t, kNonceBytes> RandomNonce();
+
+}  // namespace deltacast::agent

@@ -1,0 +1,278 @@
+#include "agent/publisher.h"
+
+#include <fmt/core.h>
+#include <openssl/rand.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+
+#include "agent/downstream.h"
+#include "agent/event_loop.h"
+#include "apply/checkpoint_dir.h"
+#include "apply/checkpoint_state.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/parallel.h"
+#include "topology/tree_plan.h"
+
+namespace deltacast::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Appends the decision before it is sent, so it survives a crash of the source
+// before any node hears it.
+Status RecordDecision(const std::filesystem::path& path, const std::string& line) {
+  if (path.empty()) return Status::Ok();
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  return AppendLineDurably(path, line);
+}
+
+// The source's side of one refit. State shared between the encoding (calling)
+// thread and the loop thread is guarded by mu_.
+class Publication {
+ public:
+  Publication(const PublishOptions& options, std::vector<std::string> children)
+      : options_(options),
+        children_(children.begin(), children.end()),
+        downstream_(loop_, options.config.Source()->id, std::move(children), options.token, Events()) {}
+
+  ~Publication() { Stop(); }
+
+  Status Listen(transport::Transport& transport) {
+    transport_ = &transport;
+    loop_.Start();
+    const auto* me = options_.config.Source();
+    auto bound = transport.Listen(me->host + ":" + std::to_string(me->port),
+                                  [this](std::unique_ptr<transport::Connection> c) {
+                                    auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
+                                    loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
+                                  });
+    if (!bound.ok()) return bound.status().WithContext("source cannot listen");
+    log::Info(fmt::format("source {} listening on {}", me->id, *bound));
+    return Status::Ok();
+  }
+
+  Status WaitForChildren() {
+    std::unique_lock lock(mu_);
+    const bool all = cv_.wait_for(lock, options_.config.tree.connect_timeout,
+                                  [&] { return joined_.size() == children_.size(); });
+    if (all) return Status::Ok();
+    std::string missing;
+    for (const auto& c : children_) {
+      if (!joined_.contains(c)) missing += (missing.empty() ? "" : ", ") + c;
+    }
+    return Status::Unavailable("children did not join within " +
+                               std::to_string(options_.config.tree.connect_timeout.count()) + " ms: " + missing);
+  }
+
+  PublishReport Run(const apply::WeightStore& base, const codec::Manifest& base_manifest,
+                    const apply::WeightStore& target, const codec::Manifest& target_manifest) {
+    PublishReport report;
+    report.base_version = base_manifest.VersionId();
+    report.target_version = target_manifest.VersionId();
+    RAND_bytes(reinterpret_cast<unsigned char*>(&refit_id_), sizeof refit_id_);
+    report.refit_id = refit_id_;
+    const auto start = Clock::now();
+    const Begin begin{refit_id_, report.base_version, report.target_version, target_manifest.partition_bytes};
+    loop_.Post([this, begin] {
+      downstream_.ResetCredits();
+      downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)), false);
+    });
+    log::Info(fmt::format("refit {}: {} -> {} to {} children", refit_id_, report.base_version.ShortHex(),
+                          report.target_version.ShortHex(), children_.size()));
+
+    codec::DeltaEncoderOptions encoder;
+    encoder.codec = options_.codec;
+    encoder.chunk_bytes = options_.config.tree.chunk_size;
+    encoder.threads = options_.encode_threads;
+    PublishProgress progress;
+    progress.tensor_bytes = target_manifest.TotalBytes();
+    const size_t window = static_cast<size_t>(options_.config.tree.window);
+    Status encoded = codec::EncodeDelta(
+        base_manifest, target_manifest, [&](size_t i) { return base.TensorData(i); },
+        [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
+        [&](std::vector<std::byte>&& chunk) -> Status {
+          auto message = transport::MakeMessage(EncodeChunk(chunk));
+          {
+            // Hold at most `window` chunks: the slowest child's credit paces encoding.
+            std::unique_lock lock(mu_);
+            cv_.wait(lock, [&] { return held_ < window || failed_; });
+            if (failed_) return Status::Aborted(failure_);
+            ++held_;
+          }
+          loop_.Post([this, message] {
+            downstream_.Broadcast(message, true, [this] {
+              std::lock_guard lock(mu_);
+              --held_;
+              cv_.notify_all();
+            });
+          });
+          if (progress.chunks_sent++ == 0) report.first_chunk_seconds = SecondsSince(start);
+          progress.bytes_sent += message->size();
+          if (options_.on_progress) options_.on_progress(progress);
+          return Status::Ok();
+        },
+        &report.delta);
+    report.stream_seconds = SecondsSince(start);
+
+    bool commit = false;
+    {
+      std::unique_lock lock(mu_);
+      if (!encoded.ok() && !failed_) Fail(encoded.ToString());
+      const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout,
+                                        [&] { return failed_ || prepared_.size() == children_.size(); });
+      if (!settled) Fail("not every node was PREPARED within the commit timeout");
+      commit = !failed_;
+      report.abort_reason = failure_;
+      report.nodes = reports_;
+    }
+    report.prepare_seconds = SecondsSince(start);
+    const std::string decision = commit ? "COMMIT" : "ABORT";
+    Status recorded = RecordDecision(
+        options_.decision_log, fmt::format("refit {} {} {} {}", refit_id_, report.base_version.ToHex(),
+                                           report.target_version.ToHex(), decision));
+    if (!recorded.ok()) {
+      // Without a durable decision the source must not commit anything.
+      commit = false;
+      report.abort_reason = recorded.ToString();
+    }
+    log::Info(fmt::format("refit {}: decision {}{}", refit_id_, commit ? "COMMIT" : "ABORT",
+                          commit ? "" : " (" + report.abort_reason + ")"));
+    const Decision d{refit_id_, report.target_version};
+    loop_.Post([this, d, commit] {
+      if (!commit) downstream_.DropQueued();
+      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, d)),
+                            false);
+    });
+    {
+      std::unique_lock lock(mu_);
+      deciding_ = true;
+      cv_.wait_for(lock, options_.config.tree.commit_timeout, [&] { return outcomes_.size() == children_.size(); });
+      report.nodes_decided = outcome_nodes_;
+    }
+    report.committed = commit;
+    report.seconds = SecondsSince(start);
+    return report;
+  }
+
+  void Stop() {
+    if (transport_) transport_->Shutdown();
+    loop_.Stop();
+    downstream_.CloseAll();
+  }
+
+ private:
+  Downstream::Events Events() {
+    Downstream::Events e;
+    e.joined = [this](const std::string& child) {
+      std::lock_guard lock(mu_);
+      joined_.insert(child);
+      cv_.notify_all();
+    };
+    e.lost = [this](const std::string& child, const Status& why) {
+      std::lock_guard lock(mu_);
+      joined_.erase(child);
+      if (refit_id_ != 0 && !deciding_) Fail("lost child '" + child + "': " + why.ToString());
+      if (deciding_) outcomes_.insert(child);  // it will learn the outcome when it returns
+      cv_.notify_all();
+    };
+    e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
+      std::lock_guard lock(mu_);
+      switch (type) {
+        case MessageType::kPrepared: {
+          auto p = ParsePrepared(bytes);
+          if (p.ok() && p->refit_id == refit_id_ && prepared_.insert(child).second) {
+            reports_.insert(reports_.end(), p->nodes.begin(), p->nodes.end());
+          }
+          break;
+        }
+        case MessageType::kFailed: {
+          auto f = ParseFailed(bytes);
+          if (f.ok() && f->refit_id == refit_id_) Fail("node '" + f->node_id + "': " + f->reason);
+          break;
+        }
+        case MessageType::kCommitted:
+        case MessageType::kAborted: {
+          auto o = ParseOutcome(bytes);
+          if (o.ok() && o->refit_id == refit_id_ && outcomes_.insert(child).second) outcome_nodes_ += o->nodes;
+          break;
+        }
+        default:
+          break;
+      }
+      cv_.notify_all();
+    };
+    return e;
+  }
+
+  // Caller holds mu_.
+  void Fail(const std::string& why) {
+    if (failed_) return;
+    failed_ = true;
+    failure_ = why;
+    cv_.notify_all();
+  }
+
+  const PublishOptions& options_;
+  std::set<std::string> children_;
+  transport::Transport* transport_ = nullptr;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> joined_;
+  std::set<std::string> prepared_;
+  std::set<std::string> outcomes_;
+  std::vector<NodeReport> reports_;
+  uint32_t outcome_nodes_ = 0;
+  size_t held_ = 0;
+  bool failed_ = false;
+  bool deciding_ = false;
+  std::string failure_;
+  uint64_t refit_id_ = 0;
+
+  EventLoop loop_;
+  Downstream downstream_;
+};
+
+}  // namespace
+
+Result<PublishReport> Publish(const PublishOptions& options, const apply::WeightStore& base,
+                              const codec::Manifest& base_manifest, const apply::WeightStore& target,
+                              const codec::Manifest& target_manifest,
+                              std::unique_ptr<transport::Transport> transport) {
+  ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
+  const topology::PlannedNode* source = plan.Find(plan.source);
+  Publication publication(options, source->children);
+  RETURN_IF_ERROR(publication.Listen(*transport));
+  RETURN_IF_ERROR(publication.WaitForChildren());
+  PublishReport report = publication.Run(base, base_manifest, target, target_manifest);
+  publication.Stop();
+  return report;
+}
+
+Result<PublishReport> PublishCheckpoints(const PublishOptions& options, const std::filesystem::path& base_dir,
+                                         const std::filesystem::path& new_dir,
+                                         std::unique_ptr<transport::Transport> transport) {
+  using Access = apply::CheckpointDirStore::Access;
+  auto base = apply::CheckpointDirStore::Open(base_dir, Access::kReadOnly);
+  if (!base.ok()) return base.status().WithContext("base checkpoint");
+  auto target = apply::CheckpointDirStore::Open(new_dir, Access::kReadOnly);
+  if (!target.ok()) return target.status().WithContext("new checkpoint");
+  if ((*base)->LayoutId() != (*target)->LayoutId()) {
+    return Status::Unsupported("the checkpoints differ in file layout; a delta carries tensor bytes only");
+  }
+  const size_t threads = options.encode_threads ? options.encode_threads : DefaultThreadCount();
+  ASSIGN_OR_RETURN(auto base_manifest, apply::CheckpointState(base_dir).LoadOrComputeManifest(
+                                           **base, codec::kDefaultPartitionBytes, threads));
+  ASSIGN_OR_RETURN(auto target_manifest, apply::CheckpointState(new_dir).LoadOrComputeManifest(
+                                             **target, codec::kDefaultPartitionBytes, threads));
+  return Publish(options, **base, base_manifest, **target, target_manifest, std::move(transport));
+}
+
+}  // namespace deltacast::agent

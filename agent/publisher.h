@@ -1,0 +1,74 @@
+// Publisher: the source of the relay tree. It encodes the delta between two
+// versions while streaming it (the first chunk is on the wire long before the last
+// partition is compared), waits until every node reports PREPARED, records its
+// decision durably, and drives the tree-wide two-phase commit (docs/protocol.md).
+//
+// This is the public embedding API for trainers: pass the two versions as
+// WeightStores (apply::HostStore::Borrow over your own buffers works).
+//
+// Thread safety: Publish blocks the calling thread; on_progress runs on it.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/protocol.h"
+#include "apply/weight_store.h"
+#include "codec/delta_encoder.h"
+#include "codec/manifest.h"
+#include "topology/cluster_config.h"
+#include "transport/transport.h"
+
+namespace deltacast::agent {
+
+struct PublishProgress {
+  uint64_t chunks_sent = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t tensor_bytes = 0;  // the whole target, for scale
+};
+
+struct PublishOptions {
+  topology::ClusterConfig config;
+  std::string token;
+  codec::EncodeOptions codec;
+  size_t encode_threads = 0;  // 0 = all cores
+  // The decision of every refit is appended here and fsynced before it is sent;
+  // empty = not recorded.
+  std::filesystem::path decision_log;
+  std::function<void(const PublishProgress&)> on_progress;
+};
+
+struct PublishReport {
+  bool committed = false;
+  std::string abort_reason;  // why, when not committed
+  uint64_t refit_id = 0;
+  Digest128 base_version;
+  Digest128 target_version;
+  codec::DeltaStats delta;
+  double seconds = 0;              // listen to last outcome
+  double first_chunk_seconds = 0;  // BEGIN to the first chunk handed to the children
+  double stream_seconds = 0;       // BEGIN to the END chunk handed to the children
+  double prepare_seconds = 0;      // BEGIN to every node PREPARED
+  std::vector<NodeReport> nodes;   // one per receiver that prepared
+  uint32_t nodes_decided = 0;      // receivers that confirmed the decision
+};
+
+// Publishes `base` -> `target` as the config's source node. Fails (without a
+// report) if it cannot listen or its children do not all join within the
+// connect timeout; otherwise returns a report saying whether the version
+// committed everywhere.
+Result<PublishReport> Publish(const PublishOptions& options, const apply::WeightStore& base,
+                              const codec::Manifest& base_manifest, const apply::WeightStore& target,
+                              const codec::Manifest& target_manifest,
+                              std::unique_ptr<transport::Transport> transport);
+
+// The same for two checkpoint directories with identical layouts (manifests come
+// from their .deltacast/ caches).
+Result<PublishReport> PublishCheckpoints(const PublishOptions& options, const std::filesystem::path& base_dir,
+                                         const std::filesystem::path& new_dir,
+                                         std::unique_ptr<transport::Transport> transport);
+
+}  // namespace deltacast::agent

@@ -1,0 +1,260 @@
+// The relay tree in one process over the inproc transport: a Publisher and seven
+// NodeAgents whose stores are buffers this test owns, so every check is on bytes.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "agent/node_agent.h"
+#include "agent/publisher.h"
+#include "apply/host_store.h"
+#include "codec/manifest.h"
+#include "topology/cluster_config.h"
+#include "topology/tree_plan.h"
+#include "transport/fault_transport.h"
+#include "transport/inproc/inproc_transport.h"
+
+namespace deltacast::agent {
+namespace {
+
+using codec::TensorInfo;
+
+constexpr char kToken[] = "relay-test-token";
+// Small partitions, so a few MiB of tensors make hundreds of records and many chunks.
+constexpr uint64_t kPartitionBytes = 8 << 10;
+
+std::string ConfigToml(int receivers, int fanout, const std::string& chunk, int window,
+                       const std::string& connect_timeout = "5s") {
+  std::string toml = "[cluster]\nname = \"relay-test\"\n\n[tree]\nfanout = " + std::to_string(fanout) +
+                     "\nchunk_size = \"" + chunk + "\"\nwindow = " + std::to_string(window) +
+                     "\nconnect_timeout = \"" + connect_timeout + "\"\ncommit_timeout = \"20s\"\n\n"
+                     "[[node]]\nid = \"src\"\nhost = \"mem\"\nport = 1\nregion = \"r\"\nrole = \"source\"\n";
+  for (int i = 1; i <= receivers; ++i) {
+    toml += "\n[[node]]\nid = \"n" + std::to_string(i) + "\"\nhost = \"mem\"\nport = " + std::to_string(1 + i) +
+            "\nregion = \"r\"\nrole = \"receiver\"\n";
+  }
+  return toml;
+}
+
+// A base version and a target in which ~3% of the BF16 elements changed.
+struct Versions {
+  std::vector<TensorInfo> tensors;
+  std::vector<std::vector<std::byte>> base, target;
+};
+
+Versions MakeVersions(uint64_t elements_per_tensor, uint32_t seed) {
+  Versions v;
+  std::mt19937 rng(seed);
+  for (int t = 0; t < 3; ++t) {
+    v.tensors.push_back({"layer" + std::to_string(t) + ".weight", DType::kBF16, {elements_per_tensor}});
+    std::vector<std::byte> b(elements_per_tensor * 2);
+    for (auto& x : b) x = std::byte(rng());
+    auto n = b;
+    for (uint64_t i = 0; i < elements_per_tensor; ++i) {
+      if (rng() % 100 < 3) n[2 * i] ^= std::byte{1};
+    }
+    v.base.push_back(std::move(b));
+    v.target.push_back(std::move(n));
+  }
+  v.tensors.push_back({"norm.weight", DType::kF32, {64}});  // unchanged
+  v.base.emplace_back(256, std::byte{7});
+  v.target.emplace_back(256, std::byte{7});
+  return v;
+}
+
+std::unique_ptr<apply::WeightStore> Borrow(const std::vector<TensorInfo>& tensors,
+                                           std::vector<std::vector<std::byte>>& buffers) {
+  std::vector<std::pair<TensorInfo, MutableByteSpan>> spans;
+  for (size_t i = 0; i < tensors.size(); ++i) spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
+  return std::move(*apply::HostStore::Borrow(std::move(spans)));
+}
+
+codec::Manifest ManifestOf(const apply::WeightStore& store) {
+  return codec::ComputeManifest(store.tensors(), [&](size_t i) { return store.TensorData(i); }, kPartitionBytes, 1);
+}
+
+class RelayTest : public ::testing::Test {
+ protected:
+  void StartCluster(const std::string& toml, const Versions& v, int receivers,
+                    const std::function<std::unique_ptr<transport::Transport>(int)>& transport_for = {}) {
+    auto config = topology::ParseClusterConfig(toml, "relay-test.toml");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    config_ = *config;
+    network_ = std::make_shared<transport::InprocNetwork>();
+    stores_.resize(receivers);
+    commits_.resize(receivers);
+    for (int i = 0; i < receivers; ++i) {
+      stores_[i] = v.base;
+      auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
+      ASSERT_TRUE(replica.ok());
+      NodeAgentOptions options{config_, "n" + std::to_string(i + 1), kToken, 1,
+                               [this, i](const CommitEvent& e) { commits_[i] = e; }};
+      auto transport = transport_for ? transport_for(i) : transport::MakeInprocTransport(network_);
+      auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(transport));
+      ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+      agents_.push_back(std::move(*agent));
+    }
+  }
+
+  Result<PublishReport> PublishVersions(Versions& v, std::unique_ptr<transport::Transport> transport = nullptr,
+                                        std::function<void(const PublishProgress&)> on_progress = {}) {
+    source_base_ = Borrow(v.tensors, v.base);
+    source_target_ = Borrow(v.tensors, v.target);
+    PublishOptions options;
+    options.config = config_;
+    options.token = kToken;
+    options.on_progress = std::move(on_progress);
+    return Publish(options, *source_base_, ManifestOf(*source_base_), *source_target_, ManifestOf(*source_target_),
+                   transport ? std::move(transport) : transport::MakeInprocTransport(network_));
+  }
+
+  void TearDown() override {
+    for (auto& a : agents_) a->Stop();
+  }
+
+  topology::ClusterConfig config_;
+  std::shared_ptr<transport::InprocNetwork> network_;
+  std::vector<std::vector<std::vector<std::byte>>> stores_;
+  std::vector<std::optional<CommitEvent>> commits_;
+  std::vector<std::unique_ptr<NodeAgent>> agents_;
+  std::unique_ptr<apply::WeightStore> source_base_, source_target_;
+};
+
+TEST_F(RelayTest, SevenNodesCommitBitExact) {
+  Versions v = MakeVersions(1 << 20, 1);
+  StartCluster(ConfigToml(7, 2, "16KiB", 2), v, 7);
+  auto report = PublishVersions(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), 7u);
+  EXPECT_EQ(report->nodes_decided, 7u);
+  EXPECT_GT(report->delta.chunks, 5u);  // small chunks: the stream was pipelined
+  for (int i = 0; i < 7; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.target[t])) << "node n" << i + 1 << " tensor " << t;
+    }
+    ASSERT_TRUE(commits_[i].has_value()) << "node n" << i + 1 << " saw no commit callback";
+    EXPECT_EQ(commits_[i]->version, report->target_version);
+    // The unchanged norm is not reported as changed.
+    EXPECT_EQ(commits_[i]->changed_tensors,
+              (std::vector<std::string>{"layer0.weight", "layer1.weight", "layer2.weight"}));
+    EXPECT_EQ(agents_[i]->stats().version, report->target_version);
+  }
+}
+
+TEST_F(RelayTest, OneNodeAtTheWrongBaseAbortsEverywhere) {
+  Versions v = MakeVersions(1 << 16, 2);
+  StartCluster(ConfigToml(5, 2, "32KiB", 2), v, 0);
+  // n3 holds something else: its replica cannot apply the delta.
+  network_ = std::make_shared<transport::InprocNetwork>();
+  stores_.assign(5, v.base);
+  stores_[2][0][10] ^= std::byte{0x40};
+  for (int i = 0; i < 5; ++i) {
+    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
+    NodeAgentOptions options{config_, "n" + std::to_string(i + 1), kToken, 1, {}};
+    agents_.push_back(std::move(*NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
+  }
+  auto report = PublishVersions(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->committed);
+  EXPECT_NE(report->abort_reason.find("n3"), std::string::npos) << report->abort_reason;
+  // Every node is back at (or never left) its base bytes.
+  for (int i = 0; i < 5; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      std::vector<std::byte> expected = v.base[t];
+      if (i == 2 && t == 0) expected[10] ^= std::byte{0x40};
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(expected)) << "node n" << i + 1 << " tensor " << t;
+    }
+    EXPECT_EQ(agents_[i]->stats().refits_committed, 0u);
+  }
+}
+
+TEST_F(RelayTest, WrongTokenIsRefusedAndPublishFailsClearly) {
+  Versions v = MakeVersions(1 << 12, 3);
+  auto config = topology::ParseClusterConfig(ConfigToml(1, 1, "64KiB", 2, "1s"), "t.toml");
+  ASSERT_TRUE(config.ok());
+  config_ = *config;
+  network_ = std::make_shared<transport::InprocNetwork>();
+  stores_.assign(1, v.base);
+  auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[0]), kPartitionBytes, 1);
+  NodeAgentOptions options{config_, "n1", "not-the-token", 1, {}};
+  agents_.push_back(std::move(*NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
+  auto report = PublishVersions(v);
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().message().find("n1"), std::string::npos) << report.status().ToString();
+  EXPECT_EQ(Hash64(stores_[0][0]), Hash64(v.base[0]));
+}
+
+TEST_F(RelayTest, ThrottledChildBoundsItsParentsMemory) {
+  // A chain src -> n1 -> n2 where n2's link is capped: n1 must not buffer more than
+  // its credit window, however far the source could run ahead.
+  Versions v = MakeVersions(1 << 20, 4);
+  const int window = 2;
+  const std::string toml = ConfigToml(2, 1, "8KiB", window);
+  StartCluster(toml, v, 2, [&](int i) {
+    auto inner = transport::MakeInprocTransport(network_);
+    if (i != 1) return inner;
+    transport::FaultPlan plan;
+    plan.bandwidth_bytes_per_second = 1e6;
+    return transport::WrapWithFaults(std::move(inner), plan);
+  });
+  auto report = PublishVersions(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_GT(report->delta.chunks, 10u);
+  // A CHUNK message is at most the chunk size plus one more record and headers.
+  const uint64_t max_message = 8 * 1024 + kPartitionBytes + 4096;
+  const uint64_t peak = agents_[0]->stats().peak_held_bytes;
+  EXPECT_GT(peak, 0u);
+  EXPECT_LE(peak, (window + 1) * max_message) << "relay held " << peak << " bytes";
+  for (size_t t = 0; t < v.tensors.size(); ++t) EXPECT_EQ(Hash64(stores_[1][t]), Hash64(v.target[t]));
+}
+
+TEST_F(RelayTest, LeafAppliesEarlyChunksBeforeTheSourceFinishesStreaming) {
+  Versions v = MakeVersions(1 << 20, 5);
+  StartCluster(ConfigToml(7, 2, "8KiB", 2), v, 7);
+  // The deepest leaf in the plan.
+  auto plan = topology::PlanTree(config_);
+  ASSERT_TRUE(plan.ok());
+  int leaf = 0, depth = -1;
+  for (const auto& n : plan->nodes) {
+    if (n.children.empty() && n.depth > depth) {
+      depth = n.depth;
+      leaf = std::stoi(n.id.substr(1)) - 1;
+    }
+  }
+  ASSERT_GE(depth, 2);
+  using Clock = std::chrono::steady_clock;
+  std::atomic<bool> done{false};
+  std::atomic<Clock::rep> leaf_first{0};
+  std::thread watcher([&] {
+    while (!done && leaf_first == 0) {
+      if (agents_[leaf]->stats().chunks_received > 0) leaf_first = Clock::now().time_since_epoch().count();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  Clock::rep last_sent = 0;
+  uint64_t chunks_sent = 0;
+  // Cap the source's own link so streaming takes a measurable time.
+  transport::FaultPlan caps;
+  caps.bandwidth_bytes_per_second = 1e6;
+  auto report = PublishVersions(v, transport::WrapWithFaults(transport::MakeInprocTransport(network_), caps),
+                                [&](const PublishProgress& p) {
+                                  last_sent = Clock::now().time_since_epoch().count();
+                                  chunks_sent = p.chunks_sent;
+                                });
+  done = true;
+  watcher.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  ASSERT_GT(chunks_sent, 10u);
+  ASSERT_NE(leaf_first.load(), 0);
+  // The leaf, depth >= 2, had applied a chunk before the source handed over its last.
+  EXPECT_LT(leaf_first.load(), last_sent) << "leaf first applied " << (leaf_first - last_sent) / 1000
+                                          << " us after the source's last chunk";
+}
+
+}  // namespace
+}  // namespace deltacast::agent

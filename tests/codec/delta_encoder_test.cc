@@ -1,0 +1,367 @@
+#include "codec/delta_encoder.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "codec/chunk.h"
+#include "codec/manifest.h"
+#include "codec/partition.h"
+#include "common/hash.h"
+
+namespace deltacast::codec {
+namespace {
+
+using Bytes = std::vector<std::byte>;
+using ::testing::HasSubstr;
+
+Bytes RandomBytes(size_t n, std::mt19937_64& rng) {
+  Bytes out(n);
+  for (auto& b : out) b = std::byte(static_cast<uint8_t>(rng()));
+  return out;
+}
+
+std::function<ByteSpan(size_t)> DataOf(const std::vector<Bytes>& tensors) {
+  return [&tensors](size_t i) { return ByteSpan(tensors[i]); };
+}
+
+// Bytes one record takes in a chunk (docs/wire-format.md, "Partition record").
+size_t RecordBytes(const PartitionRecord& r) {
+  return kRecordFixedBytes + r.tensor_name.size() + r.payload.size();
+}
+
+// Two in-memory versions of a small model and their manifests.
+class DeltaEncoderTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kPartitionBytes = 256;
+
+  void SetUp() override {
+    std::mt19937_64 rng(77);
+    tensors_ = {
+        {"emb", DType::kBF16, {1000}},  // 8 partitions of 128 elements (the last 104)
+        {"head", DType::kF32, {100}},   // 2 partitions
+        {"norm", DType::kF16, {64}},    // 1 partition, unchanged
+        {"steps", DType::kI64, {5}},    // 1 partition
+        {"zeros", DType::kU8, {0}},     // no partitions
+    };
+    for (const auto& t : tensors_) base_.push_back(RandomBytes(t.ByteSize(), rng));
+    target_ = base_;
+    // emb: a few elements in partitions 0, 1, 3 and 7; 2, 4, 5 and 6 stay unchanged.
+    for (size_t i : {0, 5, 127, 128, 300, 390, 999}) target_[0][2 * i] ^= std::byte{0x01};
+    // head: re-initialised.
+    target_[1] = RandomBytes(target_[1].size(), rng);
+    // steps: one counter ticks.
+    target_[3][8] ^= std::byte{0x01};
+    Rehash();
+  }
+
+  void Rehash() {
+    base_manifest_ = ComputeManifest(tensors_, DataOf(base_), kPartitionBytes, 2);
+    target_manifest_ = ComputeManifest(tensors_, DataOf(target_), kPartitionBytes, 2);
+  }
+
+  // Partitions (tensor, element offset) whose bytes differ between base_ and target_.
+  std::set<std::pair<std::string, uint64_t>> ChangedPartitions() const {
+    std::set<std::pair<std::string, uint64_t>> out;
+    for (const PartitionRef& p : PartitionTensors(tensors_, kPartitionBytes)) {
+      const uint64_t e = ElementSize(tensors_[p.tensor].dtype);
+      const ByteSpan a =
+          ByteSpan(base_[p.tensor]).subspan(p.element_offset * e, p.element_count * e);
+      const ByteSpan b =
+          ByteSpan(target_[p.tensor]).subspan(p.element_offset * e, p.element_count * e);
+      if (!std::equal(a.begin(), a.end(), b.begin())) {
+        out.insert({tensors_[p.tensor].name, p.element_offset});
+      }
+    }
+    return out;
+  }
+
+  // Elements whose bits differ between base_ and target_, counted one by one.
+  uint64_t ChangedElements() const {
+    uint64_t n = 0;
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      const uint64_t e = ElementSize(tensors_[t].dtype);
+      for (uint64_t i = 0; i < tensors_[t].ElementCount(); ++i) {
+        n += !std::equal(base_[t].begin() + i * e, base_[t].begin() + (i + 1) * e,
+                         target_[t].begin() + i * e);
+      }
+    }
+    return n;
+  }
+
+  Status Encode(const DeltaEncoderOptions& options, std::vector<Bytes>& chunks,
+                DeltaStats* stats = nullptr) {
+    chunks.clear();
+    return EncodeDelta(
+        base_manifest_, target_manifest_, DataOf(base_), DataOf(target_), layout_, options,
+        [&](std::vector<std::byte>&& chunk) {
+          chunks.push_back(std::move(chunk));
+          return Status::Ok();
+        },
+        stats);
+  }
+
+  std::vector<ChunkView> ParseAll(const std::vector<Bytes>& chunks) {
+    std::vector<ChunkView> views;
+    for (const Bytes& c : chunks) {
+      auto view = ParseChunk(c);
+      EXPECT_TRUE(view.ok()) << view.status().ToString();
+      if (view.ok()) views.push_back(std::move(*view));
+    }
+    return views;
+  }
+
+  std::vector<TensorInfo> tensors_;
+  std::vector<Bytes> base_, target_;
+  Manifest base_manifest_, target_manifest_;
+  Digest128 layout_ = Hash128(AsBytes("layout"));
+};
+
+TEST_F(DeltaEncoderTest, ChunksComeInOrderAndEndWithACorrectSummary) {
+  DeltaEncoderOptions options;
+  options.chunk_bytes = 400;
+  options.threads = 2;
+  std::vector<Bytes> chunks;
+  DeltaStats stats;
+  ASSERT_TRUE(Encode(options, chunks, &stats).ok());
+  const std::vector<ChunkView> views = ParseAll(chunks);
+  ASSERT_EQ(views.size(), chunks.size());
+  ASSERT_GE(views.size(), 3u);
+
+  const DeltaIdentity identity{base_manifest_.VersionId(), target_manifest_.VersionId(),
+                               kPartitionBytes};
+  uint64_t records = 0, changed = 0, bytes = 0;
+  std::set<std::pair<std::string, uint64_t>> seen;
+  std::pair<size_t, uint64_t> previous{0, 0};
+  bool first = true;
+  for (size_t i = 0; i + 1 < views.size(); ++i) {
+    const ChunkView& v = views[i];
+    EXPECT_EQ(v.kind, ChunkKind::kData) << i;
+    EXPECT_EQ(v.sequence, i);
+    EXPECT_EQ(v.identity, identity);
+    for (const PartitionRecord& r : v.records) {
+      ++records;
+      changed += r.change_count;
+      // Canonical order: by tensor (sorted by name), then by element offset.
+      size_t t = 0;
+      while (tensors_[t].name != r.tensor_name) ++t;
+      const std::pair<size_t, uint64_t> at{t, r.element_offset};
+      EXPECT_TRUE(first || previous < at) << r.tensor_name << " " << r.element_offset;
+      previous = at;
+      first = false;
+      EXPECT_TRUE(seen.insert({std::string(r.tensor_name), r.element_offset}).second);
+    }
+    bytes += chunks[i].size();
+  }
+  const ChunkView& end = views.back();
+  EXPECT_EQ(end.kind, ChunkKind::kEnd);
+  EXPECT_EQ(end.identity, identity);
+  EXPECT_EQ(end.sequence, views.size() - 1);
+  EXPECT_EQ(end.summary.data_chunks, views.size() - 1);
+  EXPECT_EQ(end.summary.records, records);
+  EXPECT_EQ(end.summary.changed_elements, changed);
+  EXPECT_EQ(end.summary.tensor_bytes, target_manifest_.TotalBytes());
+  EXPECT_EQ(end.summary.target_layout, layout_);
+
+  // Exactly the partitions whose bytes changed, each with every changed element.
+  EXPECT_EQ(seen, ChangedPartitions());
+  EXPECT_EQ(changed, ChangedElements());
+
+  EXPECT_EQ(stats.chunks, views.size());
+  EXPECT_EQ(stats.changed_partitions, records);
+  EXPECT_EQ(stats.changed_elements, changed);
+  EXPECT_EQ(stats.partitions, target_manifest_.PartitionTotal());
+  EXPECT_EQ(stats.tensor_bytes, target_manifest_.TotalBytes());
+  EXPECT_EQ(stats.delta_bytes, bytes + chunks.back().size());
+  uint64_t by_encoding = 0;
+  for (uint64_t n : stats.records_by_encoding) by_encoding += n;
+  EXPECT_EQ(by_encoding, records);
+}
+
+TEST_F(DeltaEncoderTest, RecordsRebuildTheTargetFromTheBase) {
+  DeltaEncoderOptions options;
+  options.chunk_bytes = 300;
+  options.threads = 3;
+  for (CodecMode mode : {CodecMode::kFast, CodecMode::kContext}) {
+    options.codec.mode = mode;
+    std::vector<Bytes> chunks;
+    ASSERT_TRUE(Encode(options, chunks).ok());
+    std::vector<Bytes> rebuilt = base_;
+    CodecScratch scratch;
+    for (const ChunkView& v : ParseAll(chunks)) {
+      for (const PartitionRecord& r : v.records) {
+        size_t t = 0;
+        while (tensors_[t].name != r.tensor_name) ++t;
+        const uint64_t e = ElementSize(r.dtype);
+        MutableByteSpan part =
+            MutableByteSpan(rebuilt[t]).subspan(r.element_offset * e, r.element_count * e);
+        ASSERT_EQ(Hash64(part), r.base_hash);
+        ASSERT_TRUE(ApplyEncodedPartition(r.Coding(), part, scratch).ok());
+        ASSERT_EQ(Hash64(part), r.target_hash);
+      }
+    }
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      EXPECT_TRUE(rebuilt[t] == target_[t]) << tensors_[t].name;
+    }
+  }
+}
+
+TEST_F(DeltaEncoderTest, SmallChunkBytesGiveOneRecordPerChunk) {
+  DeltaEncoderOptions options;
+  options.chunk_bytes = 1;
+  options.threads = 2;
+  std::vector<Bytes> chunks;
+  ASSERT_TRUE(Encode(options, chunks).ok());
+  const auto views = ParseAll(chunks);
+  ASSERT_EQ(views.size(), ChangedPartitions().size() + 1);
+  for (size_t i = 0; i + 1 < views.size(); ++i) EXPECT_EQ(views[i].records.size(), 1u);
+
+  options.chunk_bytes = 1ull << 30;
+  ASSERT_TRUE(Encode(options, chunks).ok());
+  const auto one = ParseAll(chunks);
+  ASSERT_EQ(one.size(), 2u);
+  EXPECT_EQ(one[0].records.size(), ChangedPartitions().size());
+}
+
+// A chunk is emitted as soon as it holds chunk_bytes, and not before.
+TEST_F(DeltaEncoderTest, ChunksAreEmittedAsSoonAsTheyFill) {
+  for (uint64_t limit : {200, 500, 900}) {
+    DeltaEncoderOptions options;
+    options.chunk_bytes = limit;
+    options.threads = 2;
+    std::vector<Bytes> chunks;
+    ASSERT_TRUE(Encode(options, chunks).ok());
+    const auto views = ParseAll(chunks);
+    ASSERT_GE(views.size(), 2u);
+    for (size_t i = 0; i + 2 < views.size(); ++i) {  // every data chunk but the last
+      EXPECT_GE(views[i].size_bytes, limit) << "chunk " << i;
+      EXPECT_LT(views[i].size_bytes - RecordBytes(views[i].records.back()), limit) << "chunk " << i;
+    }
+  }
+}
+
+TEST_F(DeltaEncoderTest, UnchangedPartitionsAreSkippedWithoutReadingThem) {
+  // Identical versions: only an END chunk, and no tensor byte is read.
+  target_ = base_;
+  Rehash();
+  size_t reads = 0;
+  auto counting = [&](size_t i) {
+    ++reads;
+    return ByteSpan(base_[i]);
+  };
+  std::vector<Bytes> chunks;
+  DeltaEncoderOptions options;
+  options.threads = 2;
+  ASSERT_TRUE(EncodeDelta(base_manifest_, target_manifest_, counting, counting, layout_, options,
+                          [&](std::vector<std::byte>&& c) {
+                            chunks.push_back(std::move(c));
+                            return Status::Ok();
+                          })
+                  .ok());
+  EXPECT_EQ(reads, 0u);
+  const auto views = ParseAll(chunks);
+  ASSERT_EQ(views.size(), 1u);
+  EXPECT_EQ(views[0].kind, ChunkKind::kEnd);
+  EXPECT_EQ(views[0].sequence, 0u);
+  EXPECT_EQ(views[0].summary.data_chunks, 0u);
+  EXPECT_EQ(views[0].summary.records, 0u);
+  EXPECT_EQ(views[0].summary.changed_elements, 0u);
+}
+
+TEST_F(DeltaEncoderTest, ThreadCountsGiveByteIdenticalOutput) {
+  // More partitions than the workers' window so results wrap around it.
+  tensors_.push_back({"zz.big", DType::kBF16, {128 * 70}});
+  std::mt19937_64 rng(5);
+  base_.push_back(RandomBytes(tensors_.back().ByteSize(), rng));
+  target_.push_back(base_.back());
+  for (size_t i = 0; i < target_.back().size(); i += 37) target_.back()[i] ^= std::byte{0x02};
+  Rehash();
+  for (CodecMode mode : {CodecMode::kFast, CodecMode::kContext}) {
+    DeltaEncoderOptions options;
+    options.codec.mode = mode;
+    options.chunk_bytes = 600;
+    options.threads = 1;
+    std::vector<Bytes> one, four, again;
+    ASSERT_TRUE(Encode(options, one).ok());
+    options.threads = 4;
+    ASSERT_TRUE(Encode(options, four).ok());
+    ASSERT_TRUE(Encode(options, again).ok());
+    ASSERT_GT(one.size(), 5u);
+    EXPECT_TRUE(one == four) << "1 and 4 threads differ";
+    EXPECT_TRUE(four == again) << "two runs with 4 threads differ";
+  }
+}
+
+TEST_F(DeltaEncoderTest, MismatchedTensorTableIsRefused) {
+  auto expect_refused = [&](const Manifest& base, const Manifest& target, const std::string& what) {
+    size_t calls = 0;
+    const Status s = EncodeDelta(base, target, DataOf(base_), DataOf(target_), layout_,
+                                 DeltaEncoderOptions{}, [&](std::vector<std::byte>&&) {
+                                   ++calls;
+                                   return Status::Ok();
+                                 });
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": " << s.ToString();
+    EXPECT_EQ(calls, 0u) << what;
+  };
+  Manifest other = target_manifest_;
+  other.tensors[1].shape = {10, 10};  // same size, other shape
+  expect_refused(base_manifest_, other, "shape");
+  other = target_manifest_;
+  other.tensors[1].dtype = DType::kI32;
+  expect_refused(base_manifest_, other, "dtype");
+  other = target_manifest_;
+  other.tensors[1].name = "head2";
+  expect_refused(base_manifest_, other, "name");
+  other = target_manifest_;
+  other.tensors.pop_back();
+  other.partition_hashes.pop_back();
+  expect_refused(base_manifest_, other, "count");
+  expect_refused(other, target_manifest_, "count, other way");
+  other = ComputeManifest(tensors_, DataOf(target_), kPartitionBytes * 2, 1);
+  expect_refused(base_manifest_, other, "partition size");
+}
+
+TEST_F(DeltaEncoderTest, SinkErrorStopsEncodingAndIsReturned) {
+  DeltaEncoderOptions options;
+  options.chunk_bytes = 1;  // one chunk per changed partition
+  options.threads = 4;
+  for (size_t fail_at : {size_t{0}, size_t{1}, ChangedPartitions().size()}) {
+    size_t calls = 0;
+    const Status s = EncodeDelta(base_manifest_, target_manifest_, DataOf(base_), DataOf(target_),
+                                 layout_, options, [&](std::vector<std::byte>&&) {
+                                   if (calls++ == fail_at) return Status::Unavailable("peer gone");
+                                   return Status::Ok();
+                                 });
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << "fail_at " << fail_at;
+    EXPECT_THAT(s.message(), HasSubstr("peer gone"));
+    EXPECT_EQ(calls, fail_at + 1) << "the sink was called after it failed";
+  }
+}
+
+TEST_F(DeltaEncoderTest, BytesThatChangeWhileEncodingAreReported) {
+  // The target manifest says partition 0 of emb changed, but the bytes read are the base's.
+  Manifest lying = base_manifest_;
+  lying.partition_hashes[0][0] ^= 1;
+  std::vector<Bytes> chunks;
+  const Status s = EncodeDelta(base_manifest_, lying, DataOf(base_), DataOf(base_), layout_,
+                               DeltaEncoderOptions{}, [&](std::vector<std::byte>&& c) {
+                                 chunks.push_back(std::move(c));
+                                 return Status::Ok();
+                               });
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_THAT(s.message(), HasSubstr("'emb' changed while the delta was being encoded"));
+  for (const Bytes& c : chunks) {
+    auto v = ParseChunk(c);
+    ASSERT_TRUE(v.ok());
+    EXPECT_NE(v->kind, ChunkKind::kEnd) << "a failed delta must not be completed";
+  }
+}
+
+}  // namespace
+}  // namespace deltacast::codec

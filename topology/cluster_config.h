@@ -1,0 +1,118 @@
+// The cluster config: which nodes exist, where they are, how fast their links are,
+// and the relay tree's tuning. Every agent and the publisher read the same file, so
+// it is validated strictly: a typo is an error, never a silently ignored key.
+//
+// Format (TOML; configs/local-7.toml and configs/three-regions.toml are examples):
+//   [cluster]   name (required), auth_token_env (default "DELTACAST_TOKEN": the NAME of
+//               the environment variable that holds the shared token; the token itself
+//               never appears in the file)
+//   [tree]      optional; fanout ("auto" or integer >= 1), chunk_size, window,
+//               commit_policy ("all" | "available"), hop_latency, connect_timeout,
+//               idle_timeout, commit_timeout, default_uplink
+//   [[region]]  name, wan_bandwidth, wan_latency: the WAN link INTO that region. Every
+//               region a node uses, other than the source's, must be declared (the
+//               planner needs its WAN figures, and it catches misspelled region names);
+//               a declared region that no node uses is an error too, for the same reason.
+//   [[node]]    id, host, port, role ("source" | "receiver") are required; region
+//               (default: the source's region), uplink (default [tree] default_uplink),
+//               transports (default ["tcp"]), parent (a manual override of the planner).
+// Units are those of topology/units.h.
+//
+// Every validation failure is kInvalidArgument with a message that starts with
+// "FILE:LINE:" and names the key and the offending value.
+//
+// Thread safety: ClusterConfig is a value; concurrent const use is safe. The loaders
+// are thread-safe. ReadAuthToken reads the environment (getenv).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace deltacast::topology {
+
+enum class Role { kSource, kReceiver };
+enum class CommitPolicy {
+  kAll,        // a version commits only when every node is PREPARED
+  kAvailable,  // nodes that are down do not block; they catch up later
+};
+
+std::string_view RoleName(Role role);
+std::string_view CommitPolicyName(CommitPolicy policy);
+
+inline constexpr uint64_t kMinChunkSize = uint64_t{4} << 10;
+inline constexpr uint64_t kMaxChunkSize = uint64_t{1} << 30;
+
+struct NodeConfig {
+  std::string id;  // [A-Za-z0-9._-]+, unique
+  std::string host;
+  uint16_t port = 0;
+  std::string region;
+  Role role = Role::kReceiver;
+  double uplink_bps = 0;                // egress bandwidth, bits per second
+  std::vector<std::string> transports;  // preference order; names from KnownTransports()
+  std::optional<std::string> parent;    // manual override of the planned parent
+  int line = 0;                         // line of this node's [[node]] header; 0 if built in code
+  int parent_line = 0;                  // line of its `parent` key; 0 if none
+};
+
+struct RegionConfig {
+  std::string name;
+  double wan_bps = 0;  // bandwidth of the WAN link into this region, bits per second
+  std::chrono::milliseconds wan_latency{0};  // one-way
+  int line = 0;
+};
+
+struct TreeConfig {
+  std::optional<int> fanout;  // nullopt: "auto" (the planner picks it)
+  uint64_t chunk_size = uint64_t{4} << 20;
+  int window = 8;  // chunks in flight per link
+  CommitPolicy commit_policy = CommitPolicy::kAll;
+  std::chrono::milliseconds hop_latency{1};
+  std::chrono::milliseconds connect_timeout{10'000};
+  std::chrono::milliseconds idle_timeout{30'000};
+  std::chrono::milliseconds commit_timeout{120'000};
+  double default_uplink_bps = 10e9;
+};
+
+struct ClusterConfig {
+  std::string name;
+  std::string auth_token_env = "DELTACAST_TOKEN";
+  TreeConfig tree;
+  std::vector<RegionConfig> regions;  // in file order
+  std::vector<NodeConfig> nodes;      // in file order
+  std::filesystem::path source_file;  // for messages; the name given to ParseClusterConfig
+
+  // nullptr when no node has that id. The pointer lives as long as `nodes` is unchanged.
+  const NodeConfig* FindNode(std::string_view id) const;
+  const RegionConfig* FindRegion(std::string_view name) const;
+  // The node whose role is kSource; nullptr only in an unvalidated config.
+  const NodeConfig* Source() const;
+};
+
+// Transport names a node may list: "tcp", "ucx", "ofi", "inproc".
+const std::vector<std::string_view>& KnownTransports();
+
+// Reads and validates a config file. kNotFound / kIoError if it cannot be read.
+Result<ClusterConfig> LoadClusterConfig(const std::filesystem::path& path);
+
+// Parses and validates TOML text; `source_name` prefixes messages and becomes
+// source_file.
+Result<ClusterConfig> ParseClusterConfig(std::string_view toml, std::string_view source_name);
+
+// The checks that span entries (unique ids and addresses, exactly one source, known
+// regions, manual parents that name real nodes and leave every node reachable from the
+// source without cycles). ParseClusterConfig runs it; call it on configs built in code.
+Status ValidateClusterConfig(const ClusterConfig& config);
+
+// The shared token from the environment variable the config names.
+// kFailedPrecondition if that variable is unset or empty.
+Result<std::string> ReadAuthToken(const ClusterConfig& config);
+
+}  // namespace deltacast::topology

@@ -1,0 +1,1174 @@
+#include "transport/tcp/tcp_transport.h"
+
+// <utility> before Boost.Asio: Boost 1.74 + g++ 12 C++20 (docs TOOLCHAIN-NOTES).
+#include <utility>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/log.h"
+#include "transport/internal/address.h"
+#include "transport/internal/handler_gate.h"
+#include "transport/tcp/frame.h"
+
+namespace deltacast::transport {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using ErrorCode = boost::system::error_code;
+using Strand = asio::strand<asio::io_context::executor_type>;
+
+// Receivers hold at most this many out-of-order bytes (multi-stream links) before
+// pausing the streams that are ahead; the stream carrying the next message never
+// pauses, so progress is guaranteed.
+constexpr uint64_t kReorderBudgetBytes = uint64_t{256} << 20;
+// A data frame further ahead of the next expected sequence than this is corrupt.
+constexpr uint64_t kMaxReorderDistance = uint64_t{1} << 20;
+// Accepted links still waiting for some of their streams.
+constexpr size_t kMaxPendingLinks = 1024;
+
+// The one place Boost.Asio errors become Status.
+Status StatusFromError(const ErrorCode& ec, std::string_view what) {
+  namespace e = asio::error;
+  std::string message = std::string(what) + ": " + ec.message();
+  if (ec == e::operation_aborted) return Status::Aborted(std::move(message));
+  if (ec == e::timed_out) return Status::Timeout(std::move(message));
+  if (ec == e::eof || ec == e::connection_reset || ec == e::connection_refused ||
+      ec == e::connection_aborted || ec == e::broken_pipe || ec == e::host_unreachable ||
+      ec == e::network_unreachable || ec == e::network_down || ec == e::network_reset ||
+      ec == e::not_connected || ec == e::shut_down || ec == e::host_not_found ||
+      ec == e::host_not_found_try_again || ec == e::no_data || ec == e::service_not_found) {
+    return Status::Unavailable(std::move(message));
+  }
+  if (ec == e::address_in_use) return Status::FailedPrecondition(std::move(message));
+  if (ec == e::invalid_argument || ec == e::address_family_not_supported ||
+      ec == e::bad_descriptor) {
+    return Status::InvalidArgument(std::move(message));
+  }
+  if (ec == e::no_memory || ec == e::no_buffer_space || ec == e::no_descriptors) {
+    return Status::ResourceExhausted(std::move(message));
+  }
+  return Status::IoError(std::move(message));
+}
+
+// Asio's transfer_all caps each system call at 64 KiB; chunk messages are 1-16 MiB.
+struct TransferAll {
+  size_t operator()(const ErrorCode& ec, size_t /*transferred*/) const {
+    return ec ? 0 : (size_t{1} << 30);
+  }
+};
+
+std::string EndpointString(const tcp::endpoint& endpoint) {
+  return JoinHostPort(endpoint.address().to_string(), endpoint.port());
+}
+
+Status ConfigureSocket(tcp::socket& socket, const TcpOptions& options) {
+  ErrorCode ec;
+  socket.set_option(tcp::no_delay(true), ec);
+  if (ec) return StatusFromError(ec, "setting TCP_NODELAY");
+  if (options.socket_buffer_bytes > 0) {
+    socket.set_option(asio::socket_base::send_buffer_size(options.socket_buffer_bytes), ec);
+    if (!ec) {
+      socket.set_option(asio::socket_base::receive_buffer_size(options.socket_buffer_bytes), ec);
+    }
+    if (ec) return StatusFromError(ec, "setting socket buffer sizes");
+  }
+  return Status::Ok();
+}
+
+class Link;
+class ConnectOp;
+struct Listener;
+struct AcceptedStream;
+struct PendingLink;
+
+// State shared by the transport, its links and its pending operations. Links hold
+// it (shared_ptr) so the io_context outlives every socket.
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  explicit Core(const TcpOptions& opts);
+
+  void StartThreads();
+  Result<std::string> Listen(const std::string& address, AcceptHandler on_accept);
+  void Connect(const std::string& address, ConnectHandler on_done);
+  void Shutdown();
+
+  // Posts `fn` to `strand` unless the transport has stopped (then drops it).
+  template <typename F>
+  bool Post(const Strand& strand, F&& fn) {
+    std::lock_guard lock(mu_);
+    if (stopped_.load(std::memory_order_relaxed)) return false;
+    asio::post(strand, std::forward<F>(fn));
+    return true;
+  }
+  // Tracks a new link for Shutdown; false when shutting down (caller drops the link).
+  bool Register(const std::shared_ptr<Link>& link);
+  void Unregister(const Link* link);
+  bool closing() const {
+    std::lock_guard lock(mu_);
+    return closing_;
+  }
+  bool stopped() const { return stopped_.load(std::memory_order_acquire); }
+  uint64_t NewLinkId() {
+    std::lock_guard lock(mu_);
+    return rng_();
+  }
+
+  // Control strand only: acceptors, handshakes, connects.
+  void AcceptNext(const std::shared_ptr<Listener>& listener);
+  void BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket socket);
+  void OnHello(const std::shared_ptr<AcceptedStream>& stream, const ErrorCode& ec);
+  void DropHandshake(const std::shared_ptr<AcceptedStream>& stream, std::string_view why);
+  void DropPendingLink(const std::shared_ptr<PendingLink>& pending, std::string_view why);
+  void SendAcks(const std::shared_ptr<PendingLink>& pending);
+  void CompleteAccept(const std::shared_ptr<PendingLink>& pending);
+  void CloseControlState();
+
+  const TcpOptions options;
+  Capabilities caps;
+  asio::io_context io;  // first member to be built, last to go
+  Strand control;
+
+  std::vector<std::shared_ptr<Listener>> listeners;
+  std::set<std::shared_ptr<ConnectOp>> connects;
+  std::set<std::shared_ptr<AcceptedStream>> handshakes;
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<PendingLink>> pending_links;
+
+ private:
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::vector<std::thread> threads_;
+  std::vector<std::thread::id> thread_ids_;
+  mutable std::mutex mu_;
+  bool closing_ = false;
+  std::atomic<bool> stopped_{false};
+  std::unordered_map<const Link*, std::weak_ptr<Link>> links_;
+  std::mt19937_64 rng_{std::random_device{}()};
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;
+};
+
+// One logical connection: 1..N sockets, a send queue, a reorder buffer. All state
+// below the atomics is touched only on strand_.
+class Link : public std::enable_shared_from_this<Link> {
+ public:
+  Link(std::shared_ptr<Core> core, std::vector<tcp::socket> sockets, std::string peer)
+      : core_(std::move(core)), strand_(asio::make_strand(core_->io)), peer_(std::move(peer)) {
+    for (auto& socket : sockets) streams_.push_back(std::make_unique<Stream>(std::move(socket)));
+  }
+
+  void Start(MessageHandler on_message, CloseHandler on_closed) {
+    core_->Post(strand_, [self = shared_from_this(), on_message = std::move(on_message),
+                          on_closed = std::move(on_closed)]() mutable {
+      self->DoStart(std::move(on_message), std::move(on_closed));
+    });
+  }
+
+  void Send(Message message, SendHandler on_sent) {
+    const uint64_t size = message ? message->size() : 0;
+    const bool valid = message && size <= core_->options.max_message_bytes;
+    if (valid) queued_bytes_.fetch_add(size, std::memory_order_relaxed);
+    const bool posted =
+        core_->Post(strand_, [self = shared_from_this(), message = std::move(message),
+                              on_sent = std::move(on_sent), valid]() mutable {
+          self->DoSend(std::move(message), std::move(on_sent), valid);
+        });
+    if (!posted && valid) queued_bytes_.fetch_sub(size, std::memory_order_relaxed);
+  }
+
+  // Orderly (goodbye) or abortive close from the application.
+  void Close(bool abortive) {
+    closing_.store(true, std::memory_order_relaxed);
+    core_->Post(strand_, [self = shared_from_this(), abortive] {
+      if (abortive) {
+        self->CloseNow(Status::Aborted("connection aborted locally"),
+                       Status::Aborted("connection aborted before the message was sent"),
+                       CloseMode::kSilent);
+      } else {
+        self->CloseNow(Status::Ok(),
+                       Status::Aborted("connection closed before the message was sent"),
+                       CloseMode::kGoodbye);
+      }
+    });
+  }
+
+  void CloseForShutdown() {
+    closing_.store(true, std::memory_order_relaxed);
+    core_->Post(strand_, [self = shared_from_this()] {
+      self->CloseNow(Status::Aborted("transport shut down"),
+                     Status::Aborted("transport shut down before the message was sent"),
+                     CloseMode::kSilent);
+    });
+  }
+
+  uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
+  const std::string& peer() const { return peer_; }
+  HandlerGate& gate() { return gate_; }
+
+ private:
+  enum class CloseMode { kGoodbye, kSilent };
+
+  struct Stream {
+    explicit Stream(tcp::socket s) : socket(std::move(s)) {}
+    tcp::socket socket;
+    bool writing = false;
+    bool paused = false;  // header read, body held back by the reorder budget
+    std::array<std::byte, kFrameHeaderSize> read_header{};
+    std::array<std::byte, kFrameHeaderSize> write_header{};
+    uint64_t body_sequence = 0;
+    uint64_t body_length = 0;
+    std::shared_ptr<std::vector<std::byte>> body;
+  };
+
+  struct Outgoing {
+    Message message;
+    SendHandler on_sent;
+    uint64_t sequence = 0;
+    bool written = false;
+  };
+
+  template <typename F>
+  void Invoke(F&& fn) {
+    if (core_->stopped()) return;
+    gate_.Run(std::forward<F>(fn));
+  }
+
+  void Fail(const Status& status) { CloseNow(status, status, CloseMode::kSilent); }
+
+  void DoStart(MessageHandler on_message, CloseHandler on_closed) {
+    if (started_) return;
+    started_ = true;
+    on_message_ = std::move(on_message);
+    on_closed_ = std::move(on_closed);
+    if (closed_) {
+      NotifyClosed();
+      return;
+    }
+    for (size_t i = 0; i < streams_.size(); ++i) ReadHeader(i);
+  }
+
+  void DoSend(Message message, SendHandler on_sent, bool valid) {
+    if (!valid) {
+      Status status =
+          message ? Status::InvalidArgument("message of " + std::to_string(message->size()) +
+                                            " bytes exceeds max_message_bytes " +
+                                            std::to_string(core_->options.max_message_bytes))
+                  : Status::InvalidArgument("null message");
+      if (on_sent) Invoke([&] { on_sent(std::move(status)); });
+      return;
+    }
+    if (closed_) {
+      queued_bytes_.fetch_sub(message->size(), std::memory_order_relaxed);
+      if (on_sent) Invoke([&] { on_sent(send_abort_status_); });
+      return;
+    }
+    queue_.push_back(Outgoing{std::move(message), std::move(on_sent)});
+    Pump();
+  }
+
+  // Hands queued messages to idle streams, lowest index first.
+  void Pump() {
+    for (size_t i = 0; i < streams_.size() && !queue_.empty() && !closed_; ++i) {
+      Stream& stream = *streams_[i];
+      if (stream.writing) continue;
+      Outgoing out = std::move(queue_.front());
+      queue_.pop_front();
+      out.sequence = next_send_sequence_++;
+      EncodeFrameHeader({FrameType::kData, out.message->size(), out.sequence},
+                        stream.write_header);
+      const std::array<asio::const_buffer, 2> buffers{
+          asio::buffer(stream.write_header),
+          asio::buffer(out.message->data(), out.message->size())};
+      stream.writing = true;
+      // The handler keeps the bytes alive until the write is over, whatever happens
+      // to in_flight_ meanwhile.
+      asio::async_write(
+          stream.socket, buffers, TransferAll(),
+          asio::bind_executor(strand_, [self = shared_from_this(), i, sequence = out.sequence,
+                                        keep = out.message](const ErrorCode& ec, size_t) {
+            self->OnWritten(i, sequence, ec);
+          }));
+      in_flight_.push_back(std::move(out));
+    }
+  }
+
+  void OnWritten(size_t index, uint64_t sequence, const ErrorCode& ec) {
+    streams_[index]->writing = false;
+    if (closed_) return;
+    if (ec) {
+      Fail(StatusFromError(ec, "sending to " + peer_));
+      return;
+    }
+    Outgoing& out = in_flight_[sequence - in_flight_.front().sequence];
+    out.written = true;
+    queued_bytes_.fetch_sub(out.message->size(), std::memory_order_relaxed);
+    // Writes on different streams finish out of order; on_sent runs in Send order.
+    while (!in_flight_.empty() && in_flight_.front().written) {
+      Outgoing done = std::move(in_flight_.front());
+      in_flight_.pop_front();
+      if (done.on_sent) Invoke([&] { done.on_sent(Status::Ok()); });
+    }
+    Pump();
+  }
+
+  void ReadHeader(size_t index) {
+    Stream& stream = *streams_[index];
+    asio::async_read(stream.socket, asio::buffer(stream.read_header), TransferAll(),
+                     asio::bind_executor(strand_, [self = shared_from_this(), index](
+                                                      const ErrorCode& ec, size_t n) {
+                       self->OnHeader(index, ec, n);
+                     }));
+  }
+
+  void OnHeader(size_t index, const ErrorCode& ec, size_t transferred) {
+    if (closed_) return;
+    Stream& stream = *streams_[index];
+    if (ec) {
+      if (ec == asio::error::eof && transferred == 0) {
+        // A clean end between frames. On a striped link the other streams may still
+        // hold messages sent before it: deliver those, break when all have ended.
+        if (++ended_streams_ == streams_.size()) {
+          Fail(Status::Unavailable("peer " + peer_ +
+                                   " closed the connection without a goodbye (crashed or aborted)"));
+        }
+      } else if (ec == asio::error::eof) {
+        Fail(Status::Unavailable("peer " + peer_ + " closed the connection inside a frame header"));
+      } else {
+        Fail(StatusFromError(ec, "receiving from " + peer_));
+      }
+      return;
+    }
+    auto header = DecodeFrameHeader(stream.read_header);
+    if (!header.ok()) {
+      Fail(header.status().WithContext("from " + peer_));
+      return;
+    }
+    switch (header->type) {
+      case FrameType::kData: {
+        if (header->length > core_->options.max_message_bytes) {
+          Fail(Status::Corrupt("from " + peer_ + ": message of " + std::to_string(header->length) +
+                               " bytes exceeds max_message_bytes " +
+                               std::to_string(core_->options.max_message_bytes)));
+          return;
+        }
+        if (Status s = CheckSequence(header->sequence); !s.ok()) {
+          Fail(s);
+          return;
+        }
+        stream.body_sequence = header->sequence;
+        stream.body_length = header->length;
+        if (header->length == 0) {
+          stream.body = std::make_shared<std::vector<std::byte>>();
+          Received(index);
+        } else if (ShouldPause(stream)) {
+          stream.paused = true;
+        } else {
+          ReadBody(index);
+        }
+        return;
+      }
+      case FrameType::kGoodbye:
+        if (header->sequence < next_recv_sequence_ ||
+            (goodbye_total_ && *goodbye_total_ != header->sequence) ||
+            (!reorder_.empty() && reorder_.rbegin()->first >= header->sequence)) {
+          Fail(Status::Corrupt("from " + peer_ + ": goodbye after " +
+                               std::to_string(header->sequence) +
+                               " messages contradicts the messages received"));
+          return;
+        }
+        goodbye_total_ = header->sequence;
+        Deliver();  // may complete the orderly close; this stream reads no more
+        return;
+      case FrameType::kHello:
+      case FrameType::kHelloAck:
+        Fail(Status::Corrupt("from " + peer_ + ": handshake frame on an established link"));
+        return;
+    }
+  }
+
+  Status CheckSequence(uint64_t sequence) const {
+    const bool bad = sequence < next_recv_sequence_ ||
+                     sequence - next_recv_sequence_ >= kMaxReorderDistance ||
+                     (streams_.size() == 1 && sequence != next_recv_sequence_) ||
+                     reorder_.count(sequence) != 0 ||
+                     (goodbye_total_ && sequence >= *goodbye_total_);
+    if (!bad) return Status::Ok();
+    return Status::Corrupt("from " + peer_ + ": unexpected message sequence " +
+                           std::to_string(sequence) + " (next expected " +
+                           std::to_string(next_recv_sequence_) + ")");
+  }
+
+  bool ShouldPause(const Stream& stream) const {
+    return stream.body_sequence != next_recv_sequence_ && !reorder_.empty() &&
+           reorder_bytes_ + stream.body_length > kReorderBudgetBytes;
+  }
+
+  void ReadBody(size_t index) {
+    Stream& stream = *streams_[index];
+    try {
+      // Read straight into the buffer the message will live in.
+      stream.body = std::make_shared<std::vector<std::byte>>(stream.body_length);
+    } catch (const std::bad_alloc&) {
+      Fail(Status::ResourceExhausted("cannot allocate a " + std::to_string(stream.body_length) +
+                                     "-byte message from " + peer_));
+      return;
+    }
+    asio::async_read(
+        stream.socket, asio::buffer(stream.body->data(), stream.body->size()), TransferAll(),
+        asio::bind_executor(strand_, [self = shared_from_this(), index](const ErrorCode& ec,
+                                                                        size_t n) {
+          self->OnBody(index, ec, n);
+        }));
+  }
+
+  void OnBody(size_t index, const ErrorCode& ec, size_t transferred) {
+    if (closed_) return;
+    if (ec) {
+      const Stream& stream = *streams_[index];
+      if (ec == asio::error::eof) {
+        Fail(Status::Unavailable("peer " + peer_ + " closed the connection in the middle of a " +
+                                 std::to_string(stream.body_length) + "-byte message (" +
+                                 std::to_string(transferred) + " bytes received)"));
+      } else {
+        Fail(StatusFromError(ec, "receiving from " + peer_));
+      }
+      return;
+    }
+    Received(index);
+  }
+
+  void Received(size_t index) {
+    Stream& stream = *streams_[index];
+    reorder_bytes_ += stream.body_length;
+    reorder_.emplace(stream.body_sequence, std::move(stream.body));
+    Deliver();
+    if (!closed_) ReadHeader(index);
+  }
+
+  void Deliver() {
+    while (!closed_ && !closing_.load(std::memory_order_relaxed)) {
+      auto first = reorder_.begin();
+      if (first == reorder_.end() || first->first != next_recv_sequence_) break;
+      Message message = std::move(first->second);
+      reorder_bytes_ -= message->size();
+      reorder_.erase(first);
+      ++next_recv_sequence_;
+      Invoke([&] { on_message_(std::move(message)); });
+    }
+    if (closed_) return;
+    if (goodbye_total_ && next_recv_sequence_ == *goodbye_total_) {
+      CloseNow(Status::Ok(),
+               Status::Unavailable("peer " + peer_ +
+                                   " closed the connection before the message was sent"),
+               CloseMode::kSilent);
+      return;
+    }
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      Stream& stream = *streams_[i];
+      if (stream.paused && !ShouldPause(stream)) {
+        stream.paused = false;
+        ReadBody(i);
+      }
+    }
+  }
+
+  void CloseNow(Status status, Status send_status, CloseMode mode) {
+    if (closed_) return;
+    closed_ = true;
+    closing_.store(true, std::memory_order_relaxed);
+    close_status_ = std::move(status);
+    send_abort_status_ = std::move(send_status);
+    for (auto& stream : streams_) {
+      if (mode == CloseMode::kGoodbye && !stream->writing) TryWriteGoodbye(*stream);
+      ErrorCode ignored;
+      stream->socket.close(ignored);  // cancels pending reads and writes
+      stream->body.reset();
+    }
+    reorder_.clear();
+    reorder_bytes_ = 0;
+    std::deque<Outgoing> aborted = std::move(in_flight_);
+    in_flight_.clear();
+    for (auto& out : queue_) aborted.push_back(std::move(out));
+    queue_.clear();
+    for (auto& out : aborted) {
+      if (!out.written) queued_bytes_.fetch_sub(out.message->size(), std::memory_order_relaxed);
+    }
+    for (auto& out : aborted) {
+      if (out.on_sent) {
+        Invoke([&] { out.on_sent(out.written ? Status::Ok() : send_abort_status_); });
+      }
+    }
+    core_->Unregister(this);
+    if (started_) NotifyClosed();
+  }
+
+  // Best effort, never blocks: a stream whose socket buffer is full gets none, and
+  // its peer then sees the link break instead of an orderly close.
+  void TryWriteGoodbye(Stream& stream) {
+    std::array<std::byte, kFrameHeaderSize> frame;
+    EncodeFrameHeader({FrameType::kGoodbye, 0, next_send_sequence_}, frame);
+    ErrorCode ec;
+    stream.socket.non_blocking(true, ec);
+    if (!ec) stream.socket.write_some(asio::buffer(frame), ec);
+  }
+
+  void NotifyClosed() {
+    if (close_notified_) return;
+    close_notified_ = true;
+    CloseHandler on_closed = std::move(on_closed_);
+    on_closed_ = nullptr;
+    on_message_ = nullptr;
+    if (on_closed) Invoke([&] { on_closed(close_status_); });
+  }
+
+  const std::shared_ptr<Core> core_;
+  const Strand strand_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  const std::string peer_;
+  HandlerGate gate_;
+  std::atomic<uint64_t> queued_bytes_{0};
+  std::atomic<bool> closing_{false};  // set by Close from any thread: stop delivering
+
+  // Strand-only state.
+  std::deque<Outgoing> queue_;      // not yet given to a stream
+  std::deque<Outgoing> in_flight_;  // given to a stream, ordered by sequence
+  uint64_t next_send_sequence_ = 0;
+  bool started_ = false;
+  bool closed_ = false;
+  bool close_notified_ = false;
+  Status close_status_;
+  Status send_abort_status_;
+  MessageHandler on_message_;
+  CloseHandler on_closed_;
+  uint64_t next_recv_sequence_ = 0;
+  std::map<uint64_t, Message> reorder_;  // received, waiting for earlier sequences
+  uint64_t reorder_bytes_ = 0;
+  std::optional<uint64_t> goodbye_total_;  // data frames the peer sent before its goodbye
+  size_t ended_streams_ = 0;               // streams that reached EOF without a goodbye
+};
+
+class TcpConnection final : public Connection {
+ public:
+  explicit TcpConnection(std::shared_ptr<Link> link) : link_(std::move(link)) {}
+  ~TcpConnection() override {
+    link_->Close(/*abortive=*/false);
+    link_->gate().Close();
+  }
+  void Start(MessageHandler on_message, CloseHandler on_closed) override {
+    link_->Start(std::move(on_message), std::move(on_closed));
+  }
+  void Send(Message message, SendHandler on_sent) override {
+    link_->Send(std::move(message), std::move(on_sent));
+  }
+  uint64_t QueuedBytes() const override { return link_->QueuedBytes(); }
+  void Close() override { link_->Close(/*abortive=*/false); }
+  void Abort() override { link_->Close(/*abortive=*/true); }
+  std::string PeerAddress() const override { return link_->peer(); }
+
+ private:
+  const std::shared_ptr<Link> link_;
+};
+
+struct Listener {
+  explicit Listener(asio::io_context& io) : acceptor(io), retry(io) {}
+  tcp::acceptor acceptor;
+  asio::steady_timer retry;  // after accept errors such as EMFILE
+  AcceptHandler on_accept;
+};
+
+// An accepted socket waiting for its hello.
+struct AcceptedStream {
+  AcceptedStream(asio::io_context& io, tcp::socket s) : socket(std::move(s)), timer(io) {}
+  tcp::socket socket;
+  asio::steady_timer timer;
+  std::array<std::byte, kFrameHeaderSize + kHelloSize> hello{};
+  std::shared_ptr<Listener> listener;
+  std::string peer;
+};
+
+// Accepted streams of one link until all stream_count have said hello.
+struct PendingLink {
+  PendingLink(asio::io_context& io, uint32_t count)
+      : stream_count(count), sockets(count), acks(count), timer(io) {}
+  uint64_t link_id = 0;
+  uint32_t stream_count;
+  uint32_t arrived = 0;
+  uint32_t acks_written = 0;
+  bool failed = false;
+  std::pair<std::string, uint64_t> key;
+  std::vector<std::optional<tcp::socket>> sockets;
+  std::vector<std::array<std::byte, kFrameHeaderSize + kHelloSize>> acks;
+  asio::steady_timer timer;
+  std::shared_ptr<Listener> listener;
+  std::string peer;
+};
+
+// One Connect: resolve, open streams_per_link sockets, hello on each, wait for the
+// acks. Lives on the control strand.
+class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
+ public:
+  ConnectOp(std::shared_ptr<Core> core, std::string address, ConnectHandler on_done)
+      : core_(std::move(core)),
+        address_(std::move(address)),
+        on_done_(std::move(on_done)),
+        resolver_(core_->io),
+        timer_(core_->io),
+        link_id_(core_->NewLinkId()) {}
+
+  void Begin() {
+    if (core_->closing()) {
+      Finish(Status::Aborted("transport shut down"));
+      return;
+    }
+    auto host_port = ParseHostPort(address_);
+    if (!host_port.ok()) {
+      Finish(host_port.status());
+      return;
+    }
+    timer_.expires_after(core_->options.connect_timeout);
+    timer_.async_wait(
+        asio::bind_executor(core_->control, [self = shared_from_this()](const ErrorCode& ec) {
+          if (ec) return;
+          self->Fail(Status::Timeout("connecting to " + self->address_ + ": no link within " +
+                                     std::to_string(self->core_->options.connect_timeout.count()) +
+                                     " ms"));
+        }));
+    ErrorCode ec;
+    const auto ip = asio::ip::make_address(host_port->host, ec);
+    if (!ec) {
+      endpoints_.emplace_back(ip, host_port->port);
+      ConnectFirst();
+      return;
+    }
+    resolver_.async_resolve(
+        host_port->host, std::to_string(host_port->port),
+        asio::bind_executor(core_->control,
+                            [self = shared_from_this()](const ErrorCode& ec,
+                                                        const tcp::resolver::results_type& r) {
+                              if (self->done_) return;
+                              if (ec || r.empty()) {
+                                self->Fail(StatusFromError(
+                                    ec ? ec : asio::error::host_not_found,
+                                    "resolving " + self->address_));
+                                return;
+                              }
+                              for (const auto& entry : r) {
+                                self->endpoints_.push_back(entry.endpoint());
+                              }
+                              self->ConnectFirst();
+                            }));
+  }
+
+  void Fail(Status status) {
+    if (done_) return;
+    Finish(std::move(status));
+  }
+
+ private:
+  struct Setup {
+    explicit Setup(asio::io_context& io) : socket(io) {}
+    tcp::socket socket;
+    std::array<std::byte, kFrameHeaderSize + kHelloSize> out{};
+    std::array<std::byte, kFrameHeaderSize + kHelloSize> in{};
+  };
+
+  // Stream 0 tries each resolved endpoint in turn; the others follow it.
+  void ConnectFirst() {
+    streams_.clear();
+    for (uint32_t i = 0; i < core_->options.streams_per_link; ++i) {
+      streams_.push_back(std::make_unique<Setup>(core_->io));
+    }
+    ConnectStream(0);
+  }
+
+  void ConnectStream(size_t index) {
+    const tcp::endpoint& endpoint = endpoints_[endpoint_index_];
+    tcp::socket& socket = streams_[index]->socket;
+    ErrorCode ec;
+    socket.open(endpoint.protocol(), ec);
+    if (ec) {
+      Fail(StatusFromError(ec, "opening a socket for " + address_));
+      return;
+    }
+    // Buffer sizes must be set before connecting to shape the window scale.
+    if (Status s = ConfigureSocket(socket, core_->options); !s.ok()) {
+      Fail(s);
+      return;
+    }
+    socket.async_connect(endpoint, asio::bind_executor(core_->control,
+                                                       [self = shared_from_this(),
+                                                        index](const ErrorCode& ec) {
+                                                         self->OnConnected(index, ec);
+                                                       }));
+  }
+
+  void OnConnected(size_t index, const ErrorCode& ec) {
+    if (done_) return;
+    if (ec) {
+      if (index == 0 && endpoint_index_ + 1 < endpoints_.size()) {
+        ++endpoint_index_;
+        ErrorCode ignored;
+        streams_[0]->socket.close(ignored);
+        ConnectStream(0);
+        return;
+      }
+      Fail(StatusFromError(ec, "connecting to " + address_));
+      return;
+    }
+    if (index == 0) {
+      for (size_t i = 1; i < streams_.size(); ++i) ConnectStream(i);
+    }
+    Setup& setup = *streams_[index];
+    EncodeFrameHeader({FrameType::kHello, kHelloSize, 0},
+                      std::span<std::byte, kFrameHeaderSize>(setup.out.data(), kFrameHeaderSize));
+    EncodeHello({link_id_, static_cast<uint32_t>(index), static_cast<uint32_t>(streams_.size()),
+                 core_->options.max_message_bytes},
+                std::span<std::byte, kHelloSize>(setup.out.data() + kFrameHeaderSize, kHelloSize));
+    asio::async_write(setup.socket, asio::buffer(setup.out),
+                      asio::bind_executor(core_->control, [self = shared_from_this(), index](
+                                                              const ErrorCode& ec, size_t) {
+                        self->OnHelloWritten(index, ec);
+                      }));
+  }
+
+  void OnHelloWritten(size_t index, const ErrorCode& ec) {
+    if (done_) return;
+    if (ec) {
+      Fail(StatusFromError(ec, "greeting " + address_));
+      return;
+    }
+    Setup& setup = *streams_[index];
+    asio::async_read(setup.socket, asio::buffer(setup.in),
+                     asio::bind_executor(core_->control, [self = shared_from_this(), index](
+                                                             const ErrorCode& ec, size_t) {
+                       self->OnAck(index, ec);
+                     }));
+  }
+
+  void OnAck(size_t index, const ErrorCode& ec) {
+    if (done_) return;
+    if (ec == asio::error::eof) {
+      Fail(Status::Unavailable(address_ + " closed the connection during the handshake "
+                               "(not a deltacast transport, or it refused the link)"));
+      return;
+    }
+    if (ec) {
+      Fail(StatusFromError(ec, "waiting for " + address_ + " to accept"));
+      return;
+    }
+    const Setup& setup = *streams_[index];
+    auto header = DecodeFrameHeader(
+        std::span<const std::byte, kFrameHeaderSize>(setup.in.data(), kFrameHeaderSize));
+    if (!header.ok() || header->type != FrameType::kHelloAck) {
+      Fail(Status::Corrupt(address_ + " answered the handshake with something else than an ack"));
+      return;
+    }
+    auto ack = DecodeHello(
+        std::span<const std::byte, kHelloSize>(setup.in.data() + kFrameHeaderSize, kHelloSize));
+    if (!ack.ok() || ack->link_id != link_id_ || ack->stream_index != index ||
+        ack->stream_count != streams_.size()) {
+      Fail(Status::Corrupt(address_ + " acknowledged a different link"));
+      return;
+    }
+    if (++acks_ < streams_.size()) return;
+
+    std::vector<tcp::socket> sockets;
+    for (auto& s : streams_) sockets.push_back(std::move(s->socket));
+    ErrorCode ignored;
+    const auto remote = sockets[0].remote_endpoint(ignored);
+    auto link =
+        std::make_shared<Link>(core_, std::move(sockets), ignored ? address_ : EndpointString(remote));
+    if (!core_->Register(link)) {
+      link->CloseForShutdown();
+      Finish(Status::Aborted("transport shut down"));
+      return;
+    }
+    Finish(std::unique_ptr<Connection>(std::make_unique<TcpConnection>(std::move(link))));
+  }
+
+  void Finish(Result<std::unique_ptr<Connection>> result) {
+    done_ = true;
+    timer_.cancel();
+    resolver_.cancel();
+    for (auto& s : streams_) {
+      ErrorCode ignored;
+      s->socket.close(ignored);
+    }
+    auto self = shared_from_this();  // the set below may hold the last reference
+    core_->connects.erase(self);
+    if (!core_->stopped() && on_done_) on_done_(std::move(result));
+    on_done_ = nullptr;
+  }
+
+  const std::shared_ptr<Core> core_;
+  const std::string address_;
+  ConnectHandler on_done_;
+  tcp::resolver resolver_;
+  asio::steady_timer timer_;
+  const uint64_t link_id_;
+  std::vector<tcp::endpoint> endpoints_;
+  size_t endpoint_index_ = 0;
+  std::vector<std::unique_ptr<Setup>> streams_;
+  size_t acks_ = 0;
+  bool done_ = false;
+};
+
+Core::Core(const TcpOptions& opts) : options(opts), control(asio::make_strand(io)) {
+  caps.backend = "tcp";
+  caps.ordered = true;
+  caps.memory_types = {MemoryType::kHost};
+  caps.max_message_bytes = options.max_message_bytes;
+  caps.streams_per_link = options.streams_per_link;
+  work_.emplace(io.get_executor());
+}
+
+void Core::StartThreads() {
+  for (size_t i = 0; i < options.io_threads; ++i) {
+    // The thread keeps the core alive: it may be detached by a Shutdown called from
+    // one of its own handlers.
+    threads_.emplace_back([self = shared_from_this()] { self->io.run(); });
+    thread_ids_.push_back(threads_.back().get_id());
+  }
+}
+
+bool Core::Register(const std::shared_ptr<Link>& link) {
+  std::lock_guard lock(mu_);
+  if (closing_) return false;
+  links_.emplace(link.get(), link);
+  return true;
+}
+
+void Core::Unregister(const Link* link) {
+  std::lock_guard lock(mu_);
+  links_.erase(link);
+}
+
+Result<std::string> Core::Listen(const std::string& address, AcceptHandler on_accept) {
+  if (closing()) return Status::FailedPrecondition("listen on " + address + ": transport shut down");
+  ASSIGN_OR_RETURN(HostPort host_port, ParseHostPort(address));
+  ErrorCode ec;
+  tcp::endpoint endpoint;
+  const auto ip = asio::ip::make_address(host_port.host, ec);
+  if (!ec) {
+    endpoint = tcp::endpoint(ip, host_port.port);
+  } else {
+    tcp::resolver resolver(io);
+    auto results = resolver.resolve(host_port.host, std::to_string(host_port.port),
+                                    tcp::resolver::passive, ec);
+    if (ec || results.empty()) {
+      return StatusFromError(ec ? ec : asio::error::host_not_found, "resolving " + address);
+    }
+    endpoint = results.begin()->endpoint();
+  }
+  auto listener = std::make_shared<Listener>(io);
+  listener->on_accept = std::move(on_accept);
+  tcp::acceptor& acceptor = listener->acceptor;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec && options.socket_buffer_bytes > 0) {
+    // Accepted sockets inherit it, before the handshake fixes the window scale.
+    acceptor.set_option(asio::socket_base::receive_buffer_size(options.socket_buffer_bytes), ec);
+  }
+  if (ec) return StatusFromError(ec, "opening a listening socket for " + address);
+  acceptor.bind(endpoint, ec);
+  if (ec) return StatusFromError(ec, "binding " + address);
+  acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return StatusFromError(ec, "listening on " + address);
+  const tcp::endpoint bound = acceptor.local_endpoint(ec);
+  if (ec) return StatusFromError(ec, "listening on " + address);
+  asio::post(control, [self = shared_from_this(), listener] {
+    if (self->closing()) {
+      ErrorCode ignored;
+      listener->acceptor.close(ignored);
+      return;
+    }
+    self->listeners.push_back(listener);
+    self->AcceptNext(listener);
+  });
+  return EndpointString(bound);
+}
+
+void Core::AcceptNext(const std::shared_ptr<Listener>& listener) {
+  listener->acceptor.async_accept(asio::bind_executor(
+      control, [self = shared_from_this(), listener](const ErrorCode& ec, tcp::socket socket) {
+        if (self->closing() || !listener->acceptor.is_open()) return;
+        if (!ec) {
+          self->BeginHandshake(listener, std::move(socket));
+          self->AcceptNext(listener);
+          return;
+        }
+        if (ec == asio::error::operation_aborted) return;
+        log::Warn("transport: accept failed: " + ec.message() + "; retrying");
+        listener->retry.expires_after(std::chrono::milliseconds(100));
+        listener->retry.async_wait(
+            asio::bind_executor(self->control, [self, listener](const ErrorCode& ec) {
+              if (!ec && !self->closing()) self->AcceptNext(listener);
+            }));
+      }));
+}
+
+void Core::BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket socket) {
+  if (!ConfigureSocket(socket, options).ok()) return;  // dropping the socket closes it
+  auto stream = std::make_shared<AcceptedStream>(io, std::move(socket));
+  stream->listener = listener;
+  ErrorCode ec;
+  const auto remote = stream->socket.remote_endpoint(ec);
+  stream->peer = ec ? "unknown peer" : EndpointString(remote);
+  handshakes.insert(stream);
+  stream->timer.expires_after(options.connect_timeout);
+  stream->timer.async_wait(
+      asio::bind_executor(control, [self = shared_from_this(), stream](const ErrorCode& ec) {
+        if (!ec) self->DropHandshake(stream, "no hello in time");
+      }));
+  asio::async_read(stream->socket, asio::buffer(stream->hello),
+                   asio::bind_executor(control, [self = shared_from_this(), stream](
+                                                    const ErrorCode& ec, size_t) {
+                     self->OnHello(stream, ec);
+                   }));
+}
+
+void Core::DropHandshake(const std::shared_ptr<AcceptedStream>& stream, std::string_view why) {
+  if (handshakes.erase(stream) == 0) return;
+  if (!why.empty()) {
+    log::Warn("transport: refusing connection from " + stream->peer + ": " + std::string(why));
+  }
+  ErrorCode ignored;
+  stream->timer.cancel();
+  stream->socket.close(ignored);
+}
+
+void Core::OnHello(const std::shared_ptr<AcceptedStream>& stream, const ErrorCode& ec) {
+  if (handshakes.count(stream) == 0) return;  // timed out or shut down
+  if (ec) {
+    DropHandshake(stream, ec == asio::error::eof ? "" : "reading hello: " + ec.message());
+    return;
+  }
+  auto header = DecodeFrameHeader(
+      std::span<const std::byte, kFrameHeaderSize>(stream->hello.data(), kFrameHeaderSize));
+  if (!header.ok()) {
+    DropHandshake(stream, header.status().ToString());
+    return;
+  }
+  if (header->type != FrameType::kHello) {
+    DropHandshake(stream, "first frame is not a hello");
+    return;
+  }
+  auto hello = DecodeHello(
+      std::span<const std::byte, kHelloSize>(stream->hello.data() + kFrameHeaderSize, kHelloSize));
+  if (!hello.ok()) {
+    DropHandshake(stream, hello.status().ToString());
+    return;
+  }
+  ErrorCode ignored;
+  const auto remote = stream->socket.remote_endpoint(ignored);
+  auto key = std::make_pair(remote.address().to_string(), hello->link_id);
+  auto it = pending_links.find(key);
+  if (it == pending_links.end()) {
+    if (pending_links.size() >= kMaxPendingLinks) {
+      DropHandshake(stream, "too many half-open links");
+      return;
+    }
+    auto pending = std::make_shared<PendingLink>(io, hello->stream_count);
+    pending->link_id = hello->link_id;
+    pending->key = key;
+    pending->listener = stream->listener;
+    it = pending_links.emplace(key, pending).first;
+    pending->timer.expires_after(options.connect_timeout);
+    pending->timer.async_wait(
+        asio::bind_executor(control, [self = shared_from_this(), pending](const ErrorCode& ec) {
+          if (!ec) self->DropPendingLink(pending, "not all streams arrived in time");
+        }));
+  }
+  std::shared_ptr<PendingLink> pending = it->second;
+  if (pending->stream_count != hello->stream_count || pending->sockets[hello->stream_index]) {
+    DropHandshake(stream, "inconsistent stream of a multi-stream link");
+    DropPendingLink(pending, "");
+    return;
+  }
+  handshakes.erase(stream);
+  stream->timer.cancel();
+  if (hello->stream_index == 0) pending->peer = stream->peer;
+  pending->sockets[hello->stream_index].emplace(std::move(stream->socket));
+  if (++pending->arrived < pending->stream_count) return;
+  pending_links.erase(pending->key);
+  pending->timer.cancel();
+  SendAcks(pending);
+}
+
+void Core::DropPendingLink(const std::shared_ptr<PendingLink>& pending, std::string_view why) {
+  auto it = pending_links.find(pending->key);
+  if (it == pending_links.end() || it->second != pending) return;
+  pending_links.erase(it);
+  if (!why.empty()) log::Warn("transport: dropping half-open link: " + std::string(why));
+  pending->timer.cancel();
+  for (auto& socket : pending->sockets) {
+    ErrorCode ignored;
+    if (socket) socket->close(ignored);
+  }
+}
+
+void Core::SendAcks(const std::shared_ptr<PendingLink>& pending) {
+  for (uint32_t i = 0; i < pending->stream_count; ++i) {
+    auto& ack = pending->acks[i];
+    EncodeFrameHeader({FrameType::kHelloAck, kHelloSize, 0},
+                      std::span<std::byte, kFrameHeaderSize>(ack.data(), kFrameHeaderSize));
+    EncodeHello({pending->link_id, i, pending->stream_count, options.max_message_bytes},
+                std::span<std::byte, kHelloSize>(ack.data() + kFrameHeaderSize, kHelloSize));
+    asio::async_write(*pending->sockets[i], asio::buffer(ack),
+                      asio::bind_executor(control, [self = shared_from_this(), pending](
+                                                       const ErrorCode& ec, size_t) {
+                        if (ec) pending->failed = true;
+                        if (++pending->acks_written == pending->stream_count) {
+                          self->CompleteAccept(pending);
+                        }
+                      }));
+  }
+}
+
+void Core::CompleteAccept(const std::shared_ptr<PendingLink>& pending) {
+  std::vector<tcp::socket> sockets;
+  for (auto& socket : pending->sockets) sockets.push_back(std::move(*socket));
+  if (pending->failed || closing()) return;  // dropping the sockets closes them
+  auto link = std::make_shared<Link>(shared_from_this(), std::move(sockets), pending->peer);
+  if (!Register(link)) {
+    link->CloseForShutdown();
+    return;
+  }
+  auto connection = std::make_unique<TcpConnection>(std::move(link));
+  if (!stopped() && pending->listener->on_accept) pending->listener->on_accept(std::move(connection));
+}
+
+void Core::Connect(const std::string& address, ConnectHandler on_done) {
+  auto op = std::make_shared<ConnectOp>(shared_from_this(), address, std::move(on_done));
+  Post(control, [self = shared_from_this(), op] {
+    self->connects.insert(op);
+    op->Begin();
+  });
+}
+
+void Core::CloseControlState() {
+  ErrorCode ignored;
+  for (auto& listener : listeners) {
+    listener->acceptor.close(ignored);
+    listener->retry.cancel();
+  }
+  listeners.clear();
+  for (auto& op : std::set<std::shared_ptr<ConnectOp>>(connects)) {
+    op->Fail(Status::Aborted("transport shut down"));
+  }
+  connects.clear();
+  for (auto& stream : std::set<std::shared_ptr<AcceptedStream>>(handshakes)) {
+    DropHandshake(stream, "");
+  }
+  std::vector<std::shared_ptr<PendingLink>> pending;
+  for (auto& [key, link] : pending_links) pending.push_back(link);
+  for (auto& link : pending) DropPendingLink(link, "");
+}
+
+void Core::Shutdown() {
+  std::lock_guard shutdown_lock(shutdown_mu_);
+  if (shut_down_) return;
+  std::vector<std::shared_ptr<Link>> links;
+  {
+    std::lock_guard lock(mu_);
+    closing_ = true;
+    for (auto& [raw, weak] : links_) {
+      if (auto link = weak.lock()) links.push_back(std::move(link));
+    }
+  }
+  Post(control, [self = shared_from_this()] { self->CloseControlState(); });
+  for (auto& link : links) link->CloseForShutdown();
+  links.clear();
+  // With every socket closed and every timer cancelled, run() returns once the
+  // resulting handlers (on_sent / on_closed with kAborted) have run.
+  work_.reset();
+  const bool on_io_thread = std::find(thread_ids_.begin(), thread_ids_.end(),
+                                      std::this_thread::get_id()) != thread_ids_.end();
+  for (auto& thread : threads_) {
+    if (on_io_thread) {
+      thread.detach();
+    } else {
+      thread.join();
+    }
+  }
+  threads_.clear();
+  {
+    std::lock_guard lock(mu_);
+    stopped_.store(true, std::memory_order_release);
+  }
+  if (!on_io_thread) {
+    // Handlers posted between run() returning and `stopped_`: run them here so they
+    // release what they hold; user handlers are suppressed (stopped_).
+    io.restart();
+    while (io.poll() > 0) {
+    }
+  }
+  shut_down_ = true;
+}
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  ~TcpTransport() override { core_->Shutdown(); }
+  const Capabilities& capabilities() const override { return core_->caps; }
+  Result<std::string> Listen(const std::string& address, AcceptHandler on_accept) override {
+    return core_->Listen(address, std::move(on_accept));
+  }
+  void Connect(const std::string& address, ConnectHandler on_done) override {
+    core_->Connect(address, std::move(on_done));
+  }
+  void Shutdown() override { core_->Shutdown(); }
+
+ private:
+  const std::shared_ptr<Core> core_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> MakeTcpTransport(const TcpOptions& options) {
+  if (options.io_threads < 1 || options.io_threads > 256) {
+    return Status::InvalidArgument("tcp transport: io_threads " +
+                                   std::to_string(options.io_threads) + " outside 1..256");
+  }
+  if (options.streams_per_link < 1 || options.streams_per_link > kMaxStreamsPerLink) {
+    return Status::InvalidArgument("tcp transport: streams_per_link " +
+                                   std::to_string(options.streams_per_link) + " outside 1.." +
+                                   std::to_string(kMaxStreamsPerLink));
+  }
+  if (options.connect_timeout.count() <= 0) {
+    return Status::InvalidArgument("tcp transport: connect_timeout must be positive");
+  }
+  if (options.max_message_bytes == 0) {
+    return Status::InvalidArgument("tcp transport: max_message_bytes must be positive");
+  }
+  if (options.socket_buffer_bytes < 0) {
+    return Status::InvalidArgument("tcp transport: socket_buffer_bytes must not be negative");
+  }
+  auto core = std::make_shared<Core>(options);
+  core->StartThreads();
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(std::move(core)));
+}
+
+}  // namespace deltacast::transport

@@ -1,0 +1,82 @@
+#include "transport/transport.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "transport/internal/address.h"
+
+namespace deltacast::transport {
+
+Result<HostPort> ParseHostPort(std::string_view address) {
+  auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument("address \"" + std::string(address) + "\": " + std::string(why) +
+                                   " (expected host:port or [ipv6]:port)");
+  };
+  std::string_view host;
+  std::string_view port;
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string_view::npos) return bad("unterminated '['");
+    host = address.substr(1, close - 1);
+    if (close + 1 >= address.size() || address[close + 1] != ':') return bad("no port");
+    port = address.substr(close + 2);
+  } else {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string_view::npos) return bad("no port");
+    host = address.substr(0, colon);
+    if (host.find(':') != std::string_view::npos) return bad("IPv6 hosts need brackets");
+    port = address.substr(colon + 1);
+  }
+  if (host.empty()) return bad("empty host");
+  if (port.empty() || port.size() > 5) return bad("bad port");
+  uint32_t value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9') return bad("bad port");
+    value = value * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (value > 65535) return bad("port out of range");
+  return HostPort{std::string(host), static_cast<uint16_t>(value)};
+}
+
+std::string JoinHostPort(std::string_view host, uint16_t port) {
+  std::string out;
+  if (host.find(':') != std::string_view::npos) {
+    out.append("[").append(host).append("]");
+  } else {
+    out.append(host);
+  }
+  return out + ":" + std::to_string(port);
+}
+
+Result<std::unique_ptr<Connection>> ConnectBlocking(Transport& transport,
+                                                    const std::string& address,
+                                                    std::chrono::milliseconds timeout) {
+  // Shared with the handler, which may run after this function gave up.
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<Result<std::unique_ptr<Connection>>> result;
+    bool abandoned = false;
+  };
+  auto waiter = std::make_shared<Waiter>();
+  transport.Connect(address, [waiter](Result<std::unique_ptr<Connection>> result) {
+    std::unique_lock lock(waiter->mu);
+    if (waiter->abandoned) {
+      lock.unlock();
+      return;  // `result` (a late connection) is destroyed here, closing it
+    }
+    waiter->result.emplace(std::move(result));
+    waiter->cv.notify_all();
+  });
+  std::unique_lock lock(waiter->mu);
+  if (!waiter->cv.wait_for(lock, timeout, [&] { return waiter->result.has_value(); })) {
+    waiter->abandoned = true;
+    return Status::Timeout("connecting to " + address + ": no answer within " +
+                           std::to_string(timeout.count()) + " ms");
+  }
+  return std::move(*waiter->result);
+}
+
+}  // namespace deltacast::transport
