@@ -42,9 +42,13 @@ struct PatchResult {
 };
 
 // Applies the delta in `delta_file` to checkpoint `dir` in place.
+// - Reads and validates the whole delta file first: a file corrupt anywhere
+//   (checksums, structure, missing or duplicate chunks) is refused with kCorrupt
+//   before anything is written.
 // - Refuses with kVersionMismatch, writing nothing, if `dir` is at neither the
 //   delta's base nor its target (nor mid-way through this same delta).
-// - Succeeds without writing if `dir` is already at the target.
+// - Succeeds without writing anything (outcome kAlreadyAtTarget) if `dir` is
+//   already at the target.
 // - Resumes an interrupted patch of the same delta: partitions at target are
 //   skipped, those at base applied; torn ones are repaired from
 //   options.repair_from when given, else fail the patch (kFailedPrecondition,

@@ -26,6 +26,13 @@ Status CheckSameTable(const Manifest& base, const Manifest& target) {
       return Status::InvalidArgument("tensor '" + target.tensors[t].name +
                                      "' differs in name, dtype or shape between base and target");
     }
+    // A record could not carry the name: receivers would refuse every chunk naming it.
+    if (target.tensors[t].name.empty() || target.tensors[t].name.size() > kMaxTensorNameBytes) {
+      return Status::InvalidArgument(
+          "tensor name of " + std::to_string(target.tensors[t].name.size()) +
+          " bytes is outside the 1.." + std::to_string(kMaxTensorNameBytes) +
+          " bytes a delta can carry");
+    }
   }
   return Status::Ok();
 }

@@ -13,6 +13,7 @@
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
 #include "apply/delta_file.h"
+#include "apply/replica.h"
 #include "apply/safetensors.h"
 #include "codec/chunk.h"
 #include "codec/manifest.h"
@@ -272,6 +273,27 @@ TEST_F(CheckpointDeltaTest, DiffThenPatchIsByteIdentical) {
   EXPECT_EQ(VersionOf(Dir("work")), diff.identity.target_version);
 }
 
+// A patch that crashed after applying `chunks` (data chunks only): the delta is in
+// flight and those partitions are at target; the process "dies" without finishing.
+void ApplyThenCrash(const fs::path& dir, const std::vector<Bytes>& chunks) {
+  auto first = codec::ParseChunk(chunks.front());
+  ASSERT_TRUE(first.ok());
+  auto replica = Replica::OpenCheckpointDir(dir, first->identity.partition_bytes, 1);
+  ASSERT_TRUE(replica.ok()) << replica.status().ToString();
+  auto applier = (*replica)->Begin(first->identity, ApplyOptions{1});
+  ASSERT_TRUE(applier.ok()) << applier.status().ToString();
+  for (const auto& bytes : chunks) {
+    auto chunk = codec::ParseChunk(bytes);
+    ASSERT_TRUE(chunk.ok());
+    ASSERT_TRUE((*applier)->ApplyChunk(*chunk).ok());
+  }
+  // Make what was applied durable, as the agent does before it dies.
+  auto& store = (*replica)->store();
+  for (size_t t = 0; t < store.tensors().size(); ++t) {
+    ASSERT_TRUE(store.Flush(t, 0, store.tensors()[t].ByteSize()).ok());
+  }
+}
+
 TEST_F(CheckpointDeltaTest, PatchingAgainIsAlreadyAtTargetAndWritesNothing) {
   const fs::path delta = Dir("v0-v1.delta");
   const DiffResult diff = Diff(delta, Options());
@@ -314,15 +336,20 @@ TEST_F(CheckpointDeltaTest, InterruptedPatchResumes) {
   const std::vector<Bytes> chunks = ReadChunks(delta);
   ASSERT_GE(chunks.size(), 4u);
   const size_t k = chunks.size() / 2;  // data chunks 0..k-1, no END
+  // A delta file cut short is refused whole, before anything is written.
   const fs::path partial = Dir("partial.delta");
   WriteChunks(partial,
               std::vector<Bytes>(chunks.begin(), chunks.begin() + static_cast<ptrdiff_t>(k)));
-
   CopyCheckpoint(Dir("v0"), Dir("work"));
-  auto interrupted = Patch(Dir("work"), partial);
-  ASSERT_FALSE(interrupted.ok());
-  EXPECT_EQ(interrupted.status().code(), StatusCode::kCorrupt);
-  EXPECT_THAT(interrupted.status().message(), HasSubstr("without an END chunk"));
+  auto refused = Patch(Dir("work"), partial);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorrupt);
+  EXPECT_THAT(refused.status().message(), HasSubstr("without an END chunk"));
+  EXPECT_TRUE(ReadFiles(Dir("work")) == ReadFiles(Dir("v0")));
+
+  // A patch that died after k chunks leaves the delta in flight.
+  ASSERT_NO_FATAL_FAILURE(
+      ApplyThenCrash(Dir("work"), std::vector<Bytes>(chunks.begin(), chunks.begin() + static_cast<ptrdiff_t>(k))));
   auto inflight = CheckpointState(Dir("work")).ReadInflight();
   ASSERT_TRUE(inflight.ok() && inflight->has_value());
   EXPECT_EQ(**inflight, (InflightDelta{diff.identity.base_version, diff.identity.target_version}));
@@ -359,10 +386,8 @@ TEST_F(CheckpointDeltaTest, TornPartitionFailsThePatchUntilRepaired) {
   const DiffResult diff = Diff(delta, Options());
   const std::vector<Bytes> chunks = ReadChunks(delta);
   ASSERT_GE(chunks.size(), 3u);
-  const fs::path partial = Dir("partial.delta");
-  WriteChunks(partial, {chunks[0]});
   CopyCheckpoint(Dir("v0"), Dir("work"));
-  ASSERT_FALSE(Patch(Dir("work"), partial).ok());
+  ASSERT_NO_FATAL_FAILURE(ApplyThenCrash(Dir("work"), {chunks[0]}));
 
   // Tear a partition that a later chunk patches: it is at base, so flip two bytes.
   auto later = codec::ParseChunk(chunks[chunks.size() - 2]);
@@ -443,9 +468,9 @@ TEST_F(CheckpointDeltaTest, CorruptedDeltaFileChangesNothing) {
   EXPECT_TRUE(ReadFiles(Dir("work")) == before);
 }
 
-// Chunks stream: those before a corrupt one are applied, so the directory is left
-// mid-patch (every partition at base or target) and the good delta finishes it.
-TEST_F(CheckpointDeltaTest, CorruptChunkLaterInTheDeltaLeavesAResumablePatch) {
+// The whole file is validated first: a chunk corrupt late in the delta is refused
+// before the chunks ahead of it are applied.
+TEST_F(CheckpointDeltaTest, CorruptChunkLaterInTheDeltaChangesNothing) {
   const fs::path delta = Dir("v0-v1.delta");
   const DiffResult diff = Diff(delta, Options());
   std::vector<Bytes> chunks = ReadChunks(delta);
@@ -456,17 +481,16 @@ TEST_F(CheckpointDeltaTest, CorruptChunkLaterInTheDeltaLeavesAResumablePatch) {
   WriteChunks(corrupt, chunks);
 
   CopyCheckpoint(Dir("v0"), Dir("work"));
+  const auto before = ReadFiles(Dir("work"));
   auto patched = Patch(Dir("work"), corrupt);
   ASSERT_FALSE(patched.ok());
   EXPECT_EQ(patched.status().code(), StatusCode::kCorrupt) << patched.status().ToString();
-  for (const auto& [key, at] : PartitionStates(Dir("work"), Dir("v0"), Dir("v1"))) {
-    EXPECT_NE(at, At::kNeither) << key.first << " at " << key.second;
-  }
-  EXPECT_FALSE(CheckpointState(Dir("work")).ReadActive()->has_value());
+  EXPECT_TRUE(ReadFiles(Dir("work")) == before);
+  EXPECT_FALSE(CheckpointState(Dir("work")).ReadInflight()->has_value());
 
-  auto resumed = Patch(Dir("work"), delta);
-  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
-  EXPECT_EQ(resumed->outcome, Outcome::kResumed);
+  auto good = Patch(Dir("work"), delta);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->outcome, Outcome::kApplied);
   ExpectAtTarget(Dir("work"), diff.identity);
 }
 

@@ -327,6 +327,35 @@ TEST_F(DeltaEncoderTest, MismatchedTensorTableIsRefused) {
   expect_refused(base_manifest_, other, "partition size");
 }
 
+// A record can carry a tensor name of at most kMaxTensorNameBytes; a longer one
+// would give a delta that every receiver refuses (or, past 64 KiB, whose name length
+// wraps), so the encoder refuses it before emitting anything.
+TEST_F(DeltaEncoderTest, TensorNameTooLongForTheWireIsRefused) {
+  for (size_t length : {kMaxTensorNameBytes, kMaxTensorNameBytes + 1, size_t{70000}}) {
+    SCOPED_TRACE("name of " + std::to_string(length) + " bytes");
+    std::vector<TensorInfo> tensors = {{std::string(length, 'w'), DType::kBF16, {64}}};
+    std::mt19937_64 rng(1);
+    const std::vector<Bytes> base = {RandomBytes(128, rng)};
+    std::vector<Bytes> target = base;
+    target[0][7] ^= std::byte{1};
+    const Manifest a = ComputeManifest(tensors, DataOf(base), kPartitionBytes, 1);
+    const Manifest b = ComputeManifest(tensors, DataOf(target), kPartitionBytes, 1);
+    std::vector<Bytes> chunks;
+    const Status s = EncodeDelta(a, b, DataOf(base), DataOf(target), layout_, DeltaEncoderOptions{},
+                                 [&](std::vector<std::byte>&& c) {
+                                   chunks.push_back(std::move(c));
+                                   return Status::Ok();
+                                 });
+    if (length <= kMaxTensorNameBytes) {
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (const Bytes& c : chunks) EXPECT_TRUE(ParseChunk(c).ok());
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+      EXPECT_TRUE(chunks.empty());
+    }
+  }
+}
+
 TEST_F(DeltaEncoderTest, SinkErrorStopsEncodingAndIsReturned) {
   DeltaEncoderOptions options;
   options.chunk_bytes = 1;  // one chunk per changed partition
