@@ -72,7 +72,12 @@ int RunAgent(const AgentArgs& args) {
   }
   auto transport = transport::MakeTcpTransport();
   if (!transport.ok()) return Fail(transport.status());
-  NodeAgentOptions options{*config, args.node, *token, args.threads, {}};
+  NodeAgentOptions options;
+  options.config = *config;
+  options.node_id = args.node;
+  options.token = *token;
+  options.apply_threads = args.threads;
+  options.spool_dir = args.store / apply::kStateDirName / "spool";
   auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(*transport));
   if (!agent.ok()) return Fail(agent.status());
   const int signal = signals.Wait();

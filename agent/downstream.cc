@@ -62,7 +62,7 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   child->second.connection->Send(transport::MakeMessage(EncodeWelcome()));
   log::Info(fmt::format("{}: child {} joined from {} at version {}", self_id_, hello->node_id,
                         child->second.connection->PeerAddress(), hello->active_version.ShortHex()));
-  if (events_.joined) events_.joined(hello->node_id);
+  if (events_.joined) events_.joined(hello->node_id, *hello);
   Pump(child->second);
 }
 
@@ -100,6 +100,7 @@ void Downstream::OnMessage(uint64_t serial, transport::Message message) {
     case MessageType::kFailed:
     case MessageType::kCommitted:
     case MessageType::kAborted:
+    case MessageType::kFetch:
       if (events_.message) events_.message(id, *type, bytes);
       return;
     default: {
@@ -129,7 +130,7 @@ void Downstream::Lose(const std::string& id, const Status& why) {
 }
 
 void Downstream::Complete(Pending& pending) {
-  queued_bytes_ -= pending.message->size();
+  if (pending.message) queued_bytes_ -= pending.message->size();
   if (pending.fanout && --pending.fanout->remaining == 0 && pending.fanout->done) pending.fanout->done();
 }
 
@@ -142,6 +143,16 @@ void Downstream::Pump(Child& child) {
     }
     Pending sent = std::move(front);
     child.queue.pop_front();
+    if (!sent.message) {
+      auto loaded = sent.load();
+      if (!loaded.ok()) {
+        log::Error(fmt::format("{}: cannot replay to a child: {}", self_id_, loaded.status().ToString()));
+        Complete(sent);
+        continue;
+      }
+      sent.message = *loaded;
+      queued_bytes_ += sent.message->size();
+    }
     // Released only when the transport is done with the bytes, so this node's
     // memory accounting covers what sits in socket queues too.
     auto shared = std::make_shared<Pending>(std::move(sent));
@@ -161,9 +172,29 @@ void Downstream::Broadcast(transport::Message message, bool is_chunk, std::funct
   }
   for (auto& [id, child] : children_) {
     queued_bytes_ += message->size();
-    child.queue.push_back(Pending{message, is_chunk, fanout});
+    child.queue.push_back(Pending{message, nullptr, is_chunk, fanout});
     Pump(child);
   }
+}
+
+void Downstream::Requeue(const std::string& id, std::vector<Outgoing> backlog) {
+  auto it = children_.find(id);
+  if (it == children_.end()) return;
+  Child& child = it->second;
+  while (!child.queue.empty()) {
+    Complete(child.queue.front());
+    child.queue.pop_front();
+  }
+  for (auto& out : backlog) {
+    if (out.message) queued_bytes_ += out.message->size();
+    child.queue.push_back(Pending{std::move(out.message), std::move(out.load), out.is_chunk, nullptr});
+  }
+  Pump(child);
+}
+
+void Downstream::SendTo(const std::string& id, transport::Message message) {
+  auto it = children_.find(id);
+  if (it != children_.end() && it->second.connection) it->second.connection->Send(std::move(message));
 }
 
 void Downstream::ResetCredits() {

@@ -28,9 +28,11 @@ namespace deltacast::agent {
 class Downstream {
  public:
   struct Events {
-    std::function<void(const std::string& child)> joined;
+    // A child passed the handshake; `hello` says what it holds, so the owner can
+    // Requeue what it lacks.
+    std::function<void(const std::string& child, const Hello& hello)> joined;
     std::function<void(const std::string& child, const Status& why)> lost;
-    // PREPARED, FAILED, COMMITTED, ABORTED from a child (HELLO, CREDIT and
+    // PREPARED, FAILED, COMMITTED, ABORTED, FETCH from a child (HELLO, CREDIT and
     // HEARTBEAT are handled here). The span is valid during the call only.
     std::function<void(const std::string& child, MessageType type, ByteSpan message)> message;
   };
@@ -47,6 +49,21 @@ class Downstream {
   // Queues `message` for every expected child. A chunk waits for that child's
   // credit. `done` runs once every child was handed the message or is gone.
   void Broadcast(transport::Message message, bool is_chunk, std::function<void()> done = {});
+
+  // One message for a child's queue: either the bytes, or a loader that reads them
+  // (from a spool) only when the message is about to be sent.
+  struct Outgoing {
+    transport::Message message;
+    std::function<Result<transport::Message>()> load;
+    bool is_chunk = false;
+  };
+  // Replaces everything queued for `child` (completing it) with `backlog`: what a
+  // child that rejoined mid-refit still needs, in order.
+  void Requeue(const std::string& child, std::vector<Outgoing> backlog);
+
+  // Sends a control message to one child now, outside its queue (PARTITION
+  // answers). Dropped if the child is not connected.
+  void SendTo(const std::string& child, transport::Message message);
 
   // Forgets granted credit: at BEGIN every child grants a fresh window.
   void ResetCredits();
@@ -68,6 +85,7 @@ class Downstream {
   };
   struct Pending {
     transport::Message message;
+    std::function<Result<transport::Message>()> load;  // when message is null
     bool is_chunk = false;
     std::shared_ptr<Fanout> fanout;
   };

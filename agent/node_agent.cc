@@ -11,7 +11,9 @@
 #include "agent/downstream.h"
 #include "agent/event_loop.h"
 #include "agent/protocol.h"
+#include "agent/spool.h"
 #include "codec/chunk.h"
+#include "common/crash_point.h"
 #include "common/log.h"
 #include "topology/tree_plan.h"
 
@@ -25,7 +27,7 @@ double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(
 }  // namespace
 
 // All relay state lives on loop_ (one thread); everything that touches the
-// replica (begin, apply, finish, commit, abort) runs in order on apply_loop_.
+// replica (begin, apply, finish, repair, commit, abort) runs in order on apply_loop_.
 class NodeAgent::Impl {
  public:
   Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
@@ -39,7 +41,10 @@ class NodeAgent::Impl {
         downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents()) {
     const auto* parent = options_.config.FindNode(*self_.parent);
     parent_address_ = parent->host + ":" + std::to_string(parent->port);
-    version_ = replica_->version();
+    if (options_.spool_dir.empty()) {
+      options_.spool_dir = std::filesystem::temp_directory_path() / ("deltacast-spool-" + options_.node_id);
+    }
+    journal_ = Journal{replica_->version(), replica_->inflight(), replica_->prepared(), replica_->applied_chunks()};
     apply_loop_.Start();
     loop_.Start();
   }
@@ -54,9 +59,15 @@ class NodeAgent::Impl {
                                     });
     if (!bound.ok()) return bound.status();
     listen_address_ = *bound;
-    log::Info(fmt::format("{}: listening on {}, parent {} at {}, {} children, version {}", options_.node_id,
+    log::Info(fmt::format("{}: listening on {}, parent {} at {}, {} children, version {}{}", options_.node_id,
                           listen_address_, *self_.parent, parent_address_, self_.children.size(),
-                          version_.ShortHex()));
+                          journal_.version.ShortHex(),
+                          journal_.inflight ? fmt::format(", delta {} -> {} in flight ({} chunks applied{})",
+                                                          journal_.inflight->base.ShortHex(),
+                                                          journal_.inflight->target.ShortHex(),
+                                                          journal_.applied.size(),
+                                                          journal_.prepared ? ", prepared" : "")
+                                            : ""));
     return Status::Ok();
   }
 
@@ -80,39 +91,64 @@ class NodeAgent::Impl {
   // One refit as this node sees it (loop thread only).
   struct Refit {
     uint64_t id = 0;
+    Begin begin;
     codec::DeltaIdentity identity;
     Phase phase = Phase::kStreaming;
-    Status local_error;             // why this node cannot reach the target
+    Status local_error;  // why this node cannot reach the target
     bool local_prepared = false;
     bool prepared_sent = false;
     bool failed_sent = false;
+    std::optional<MessageType> pending_decision;  // arrived before we had prepared
     std::set<std::string> prepared_children;
     std::vector<NodeReport> reports;
     bool local_outcome_done = false;
     std::set<std::string> outcome_children;
     uint32_t outcome_nodes = 0;
     Clock::time_point start = Clock::now();
-    Clock::time_point decided;  // when COMMIT or ABORT arrived
+    Clock::time_point decided;
     double apply_seconds = 0;
     uint64_t chunk_bytes = 0;
     uint64_t chunks = 0;
     uint64_t partitions_applied = 0;
+    std::unique_ptr<Spool> spool;  // relays: every chunk received, for replays
+  };
+
+  // What the replica's journal says, mirrored for the loop thread (HELLO).
+  struct Journal {
+    Digest128 version;
+    std::optional<apply::InflightDelta> inflight;
+    bool prepared = false;
+    std::set<uint32_t> applied;
   };
 
   // What the apply thread owns for the current refit.
   struct ApplyState {
     uint64_t refit_id = 0;
     std::unique_ptr<apply::DeltaApplier> applier;
+    std::optional<codec::DeltaSummary> summary;
     std::optional<codec::Manifest> target;
     std::set<std::string> changed_tensors;
   };
 
+  // A FETCH this node forwarded up for a child (relays), or sent for itself.
+  struct PendingFetch {
+    std::string child;  // empty: our own repair
+    uint64_t child_request = 0;
+    apply::PartitionKey key;
+  };
+
   Downstream::Events DownstreamEvents() {
     Downstream::Events e;
-    e.joined = [](const std::string&) {};
+    e.joined = [this](const std::string& child, const Hello& hello) { OnChildJoined(child, hello); };
     e.lost = [this](const std::string& child, const Status& why) { OnChildLost(child, why); };
     e.message = [this](const std::string& child, MessageType type, ByteSpan m) { OnChildMessage(child, type, m); };
     return e;
+  }
+
+  // Apply thread: mirrors the replica's journal for the loop thread.
+  void SnapshotJournal() {
+    Journal j{replica_->version(), replica_->inflight(), replica_->prepared(), replica_->applied_chunks()};
+    loop_.Post([this, j] { journal_ = j; });
   }
 
   // ---- parent link -------------------------------------------------------
@@ -132,18 +168,19 @@ class NodeAgent::Impl {
       if (parent_ && joined_) parent_->Send(transport::MakeMessage(EncodeHeartbeat()));
       downstream_.Heartbeat();
     }
+    if (refit_ && refit_->phase == Phase::kStreaming && !refit_->failed_sent) {
+      for (const auto& [child, since] : missing_since_) {
+        if (now - since > options_.config.tree.connect_timeout) {
+          SendFailed(Failed{refit_->id, child, "child '" + child + "' has been away longer than the connect timeout"});
+          break;
+        }
+      }
+    }
     if (refit_ && (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting) &&
         refit_->local_outcome_done && now - refit_->decided > options_.config.tree.commit_timeout) {
       log::Warn(fmt::format("{}: refit {}: children {} did not confirm the decision in time", options_.node_id,
                             refit_->id, refit_->outcome_children.size()));
-      refit_->outcome_children.clear();
       ReportOutcome();
-    }
-    if (refit_ && refit_->phase == Phase::kStreaming && !refit_->failed_sent &&
-        now - refit_->start > options_.config.tree.connect_timeout && !downstream_.AllConnected()) {
-      std::string missing;
-      for (const auto& c : downstream_.Missing()) missing += (missing.empty() ? "" : ", ") + c;
-      SendFailed(Failed{refit_->id, options_.node_id, "children did not join within the connect timeout: " + missing});
     }
     if (parent_ && now - last_from_parent_ > options_.config.tree.idle_timeout) {
       log::Warn(fmt::format("{}: parent {} silent for {} ms; reconnecting", options_.node_id, *self_.parent,
@@ -179,14 +216,19 @@ class NodeAgent::Impl {
     parent_.reset();
     joined_ = false;
     next_connect_ = Clock::now() + backoff_;
-    if (refit_ && refit_->phase == Phase::kStreaming && !refit_->prepared_sent) {
-      // Nobody will finish this refit for us: roll back (presumed abort).
-      log::Warn(fmt::format("{}: lost parent during refit {} ({}); rolling back", options_.node_id, refit_->id,
-                            why.ToString()));
-      StartAbort();
-    } else if (refit_ && refit_->phase == Phase::kStreaming) {
-      log::Warn(fmt::format("{}: lost parent after PREPARED for refit {}; in doubt, keeping the base active",
-                            options_.node_id, refit_->id));
+    for (auto it = fetches_.begin(); it != fetches_.end();) {
+      // Answer children's forwarded FETCHes: this path is gone; they may ask again.
+      if (!it->second.child.empty()) {
+        downstream_.SendTo(it->second.child, transport::MakeMessage(EncodePartition(it->second.child_request, false, {})));
+      }
+      it = fetches_.erase(it);
+    }
+    if (refit_ && refit_->phase == Phase::kStreaming) {
+      // The delta stays in flight and journaled: when the parent (or its
+      // replacement) is back, the refit resumes with only what is missing; a
+      // PREPARED node learns the outcome then. Nothing is guessed.
+      log::Warn(fmt::format("{}: lost parent during refit {} ({}); will resume on reconnect", options_.node_id,
+                            refit_->id, why.ToString()));
     }
   }
 
@@ -219,7 +261,16 @@ class NodeAgent::Impl {
           return ProtocolError("the node at " + parent_address_ + " is '" + c->parent_id + "', not my parent '" +
                                *self_.parent + "'");
         }
-        Hello hello{options_.node_id, HelloProof(options_.token, c->nonce, options_.node_id, c->parent_id), version_};
+        Hello hello;
+        hello.node_id = options_.node_id;
+        hello.proof = HelloProof(options_.token, c->nonce, options_.node_id, c->parent_id);
+        hello.active_version = journal_.version;
+        if (journal_.inflight) {
+          hello.inflight_base = journal_.inflight->base;
+          hello.inflight_target = journal_.inflight->target;
+          hello.prepared = journal_.prepared;
+          hello.applied_chunks.assign(journal_.applied.begin(), journal_.applied.end());
+        }
         parent_->Send(transport::MakeMessage(EncodeHello(hello)));
         return;
       }
@@ -241,6 +292,8 @@ class NodeAgent::Impl {
       case MessageType::kCommit:
       case MessageType::kAbort:
         return OnDecision(*type, bytes);
+      case MessageType::kPartition:
+        return OnPartition(bytes);
       case MessageType::kHeartbeat:
         return;
       default:
@@ -253,18 +306,35 @@ class NodeAgent::Impl {
   void OnBegin(ByteSpan bytes) {
     auto begin = ParseBegin(bytes);
     if (!begin.ok()) return ProtocolError(begin.status().message());
-    if (refit_ && refit_->id == begin->refit_id) return;  // a duplicate
-    if (refit_ && refit_->phase != Phase::kDone) {
+    if (refit_ && refit_->id == begin->refit_id) {
+      // A replay after we reconnected: what follows is what we lack.
+      refit_->prepared_sent = false;
+      SendUp(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window)}));
+      return;
+    }
+    if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
       return ProtocolError("BEGIN of refit " + std::to_string(begin->refit_id) + " while refit " +
-                           std::to_string(refit_->id) + " is unfinished");
+                           std::to_string(refit_->id) + " is deciding");
     }
     refit_.emplace();
     refit_->id = begin->refit_id;
+    refit_->begin = *begin;
     refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
+    if (!self_.children.empty()) {
+      auto spool = Spool::Create(options_.spool_dir, refit_->id);
+      if (spool.ok()) {
+        refit_->spool = std::move(*spool);
+      } else {
+        log::Warn(fmt::format("{}: no spool ({}); children that rejoin cannot be replayed to", options_.node_id,
+                              spool.status().ToString()));
+      }
+    }
     log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
     downstream_.ResetCredits();
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)), false);
+    missing_since_.clear();
+    for (const auto& child : downstream_.Missing()) missing_since_[child] = Clock::now();
     const uint64_t id = refit_->id;
     const codec::DeltaIdentity identity = refit_->identity;
     apply_loop_.Post([this, id, identity] {
@@ -273,6 +343,7 @@ class NodeAgent::Impl {
       auto applier = replica_->Begin(identity, apply::ApplyOptions{options_.apply_threads, /*keep_undo=*/true});
       Status status = applier.ok() ? Status::Ok() : applier.status();
       if (applier.ok()) apply_.applier = std::move(*applier);
+      SnapshotJournal();
       loop_.Post([this, id, status] {
         if (!status.ok()) LocalFailure(id, status);
       });
@@ -281,10 +352,21 @@ class NodeAgent::Impl {
   }
 
   void OnChunk(const transport::Message& message) {
-    if (!refit_ || refit_->phase != Phase::kStreaming) return ProtocolError("CHUNK outside a refit");
+    if (!refit_ || refit_->phase == Phase::kAborting) return ProtocolError("CHUNK outside a refit");
     Refit& r = *refit_;
+    auto header = codec::PeekChunkHeader(Body(*message));
+    if (!header.ok()) {
+      LocalFailure(r.id, header.status().WithContext("chunk from the parent"));
+      return SendUp(EncodeCredit({1}));
+    }
     ++r.chunks;
     r.chunk_bytes += message->size() - kMessageHeaderBytes;
+    {
+      std::lock_guard lock(stats_mu_);
+      stats_.chunk_bytes_received += message->size() - kMessageHeaderBytes;
+    }
+    CrashPoint("agent.chunk_received");
+    if (r.spool) (void)r.spool->Append(header->sequence, *message);
     HoldChunk(message->size());
     // Released once applied here AND handed to every child: only then does this
     // node have room for another, so only then does the parent get credit.
@@ -297,52 +379,171 @@ class NodeAgent::Impl {
       if (refit_ && refit_->id == id && refit_->phase == Phase::kStreaming) SendUp(EncodeCredit({1}));
     };
     downstream_.Broadcast(message, true, release);
-    apply_loop_.Post([this, message, id, release] {
-      Status status;
-      bool end = false;
-      uint64_t applied = 0;
-      double seconds = 0;
+    const uint32_t sequence = header->sequence;
+    apply_loop_.Post([this, message, id, sequence, release] {
       const auto t0 = Clock::now();
-      if (apply_.refit_id == id && apply_.applier) {
-        auto chunk = codec::ParseChunk(Body(*message));
-        if (!chunk.ok()) {
-          status = chunk.status();
-        } else if (chunk->kind == codec::ChunkKind::kEnd) {
-          end = true;
-          auto target = apply_.applier->Finish(chunk->summary);
-          if (target.ok() && !chunk->summary.target_layout.IsZero() &&
-              chunk->summary.target_layout != replica_->store().LayoutId()) {
-            target = Status::Corrupt("the delta's target layout differs from this store's");
-          }
-          if (target.ok()) apply_.target = std::move(*target);
-          status = target.status();
-          applied = apply_.applier->report().applied;
-        } else {
-          status = apply_.applier->ApplyChunk(*chunk);
-          for (const auto& record : chunk->records) apply_.changed_tensors.emplace(record.tensor_name);
-        }
-      }
-      seconds = SecondsSince(t0);
-      {
-        std::lock_guard lock(stats_mu_);
-        ++stats_.chunks_received;
-      }
-      loop_.Post([this, id, status, end, applied, seconds, release] {
+      ApplyResult result = ApplyOne(id, sequence, message);
+      result.seconds = SecondsSince(t0);
+      loop_.Post([this, id, result, release] {
         release();
-        OnChunkApplied(id, status, end, applied, seconds);
+        OnChunkApplied(id, result);
       });
     });
   }
 
-  void OnChunkApplied(uint64_t id, const Status& status, bool end, uint64_t applied, double seconds) {
+  struct ApplyResult {
+    Status status;
+    bool end = false;
+    uint64_t applied = 0;
+    double seconds = 0;
+    std::vector<apply::PartitionKey> torn;  // END only: partitions to repair
+    std::vector<uint64_t> torn_hashes;
+    std::vector<uint64_t> torn_lengths;
+  };
+
+  // Apply thread: one chunk. Data chunks are flushed and journaled before we
+  // count them; END verifies everything (torn partitions are returned for repair).
+  ApplyResult ApplyOne(uint64_t id, uint32_t sequence, const transport::Message& message) {
+    ApplyResult result;
+    if (apply_.refit_id != id || !apply_.applier) return result;
+    auto chunk = codec::ParseChunk(Body(*message));
+    if (!chunk.ok()) {
+      result.status = chunk.status();
+      return result;
+    }
+    if (chunk->kind == codec::ChunkKind::kEnd) {
+      result.end = true;
+      apply_.summary = chunk->summary;
+      return FinishRefit();
+    }
+    if (replica_->applied_chunks().contains(sequence)) return result;  // journaled before a restart
+    result.status = apply_.applier->ApplyChunk(*chunk);
+    for (const auto& record : chunk->records) apply_.changed_tensors.emplace(record.tensor_name);
+    if (result.status.ok()) result.status = apply_.applier->FlushApplied();
+    CrashPoint("agent.apply_flushed");
+    if (result.status.ok()) result.status = replica_->RecordApplied(sequence);
+    CrashPoint("agent.applied");
+    std::lock_guard lock(stats_mu_);
+    ++stats_.chunks_received;
+    return result;
+  }
+
+  // Apply thread: after END (and after each repair): verify the whole delta.
+  ApplyResult FinishRefit() {
+    ApplyResult result;
+    result.end = true;
+    const codec::DeltaSummary& summary = *apply_.summary;
+    if (!summary.target_layout.IsZero() && summary.target_layout != replica_->store().LayoutId()) {
+      result.status = Status::Corrupt("the delta's target layout differs from this store's");
+      return result;
+    }
+    auto torn = apply_.applier->torn();
+    if (!torn.empty()) {
+      for (const auto& key : torn) {
+        const auto index = replica_->store().FindTensor(key.tensor);
+        const auto& info = replica_->store().tensors()[*index];
+        const uint64_t per = codec::PartitionElements(info.dtype, apply_.applier->identity().partition_bytes);
+        const uint64_t e = ElementSize(info.dtype);
+        result.torn.push_back(key);
+        result.torn_hashes.push_back(apply_.applier->TornTargetHash(key));
+        result.torn_lengths.push_back(std::min(per, info.ElementCount() - key.element_offset) * e);
+      }
+      return result;
+    }
+    auto target = apply_.applier->Finish(summary);
+    result.status = target.status();
+    result.applied = apply_.applier->report().applied;
+    if (target.ok()) {
+      apply_.target = std::move(*target);
+      result.status = replica_->RecordPrepared();
+      SnapshotJournal();
+    }
+    return result;
+  }
+
+  void OnChunkApplied(uint64_t id, const ApplyResult& result) {
     if (!refit_ || refit_->id != id) return;
-    refit_->apply_seconds += seconds;
-    if (!status.ok()) return LocalFailure(id, status);
-    if (end && refit_->local_error.ok()) {
+    refit_->apply_seconds += result.seconds;
+    if (!result.status.ok()) return LocalFailure(id, result.status);
+    if (!result.torn.empty()) return RequestRepairs(result);
+    if (result.end && refit_->local_error.ok()) {
       refit_->local_prepared = true;
-      refit_->partitions_applied = applied;
+      refit_->partitions_applied = result.applied;
       MaybePrepared();
     }
+  }
+
+  // ---- repair: torn partitions get literal target bytes from up the tree ----
+
+  void RequestRepairs(const ApplyResult& result) {
+    for (size_t i = 0; i < result.torn.size(); ++i) {
+      const uint64_t request = next_fetch_++;
+      fetches_[request] = PendingFetch{"", 0, result.torn[i]};
+      log::Warn(fmt::format("{}: partition '{}' at element {} is torn; fetching its target bytes", options_.node_id,
+                            result.torn[i].tensor, result.torn[i].element_offset));
+      SendUp(EncodeFetch({request, result.torn[i].tensor, result.torn[i].element_offset, result.torn_lengths[i],
+                          result.torn_hashes[i]}));
+    }
+  }
+
+  void OnPartition(ByteSpan bytes) {
+    auto p = ParsePartition(bytes);
+    if (!p.ok()) return ProtocolError(p.status().message());
+    auto it = fetches_.find(p->request_id);
+    if (it == fetches_.end()) return;
+    PendingFetch fetch = it->second;
+    fetches_.erase(it);
+    if (!fetch.child.empty()) {  // a relay passing an answer down
+      downstream_.SendTo(fetch.child, transport::MakeMessage(EncodePartition(fetch.child_request, p->found, p->bytes)));
+      return;
+    }
+    if (!refit_) return;
+    if (!p->found) return LocalFailure(refit_->id, Status::Unavailable("no node up the tree has the bytes to repair '" +
+                                                                       fetch.key.tensor + "'"));
+    auto owned = std::make_shared<std::vector<std::byte>>(p->bytes.begin(), p->bytes.end());
+    const uint64_t id = refit_->id;
+    apply_loop_.Post([this, id, owned, key = fetch.key] {
+      if (apply_.refit_id != id || !apply_.applier) return;
+      ApplyResult result;
+      result.status = apply_.applier->Repair(key, *owned);
+      if (result.status.ok()) {
+        std::lock_guard lock(stats_mu_);
+        ++stats_.partitions_repaired;
+      }
+      if (result.status.ok() && apply_.applier->torn().empty() && apply_.summary) result = FinishRefit();
+      loop_.Post([this, id, result] { OnChunkApplied(id, result); });
+    });
+  }
+
+  // A child's FETCH: serve it from our store if the partition there has the
+  // wanted bytes, else pass it up.
+  void OnChildFetch(const std::string& child, ByteSpan bytes) {
+    auto f = ParseFetch(bytes);
+    if (!f.ok()) return;
+    auto fetch = *f;
+    apply_loop_.Post([this, child, fetch] {
+      const auto index = replica_->store().FindTensor(fetch.tensor);
+      std::optional<std::vector<std::byte>> found;
+      if (index) {
+        const ByteSpan tensor = replica_->store().TensorData(*index);
+        const uint64_t e = ElementSize(replica_->store().tensors()[*index].dtype);
+        if (fetch.element_offset * e + fetch.byte_length <= tensor.size()) {
+          const ByteSpan part = tensor.subspan(fetch.element_offset * e, fetch.byte_length);
+          if (Hash64(part) == fetch.hash) found.emplace(part.begin(), part.end());
+        }
+      }
+      loop_.Post([this, child, fetch, found = std::move(found)] {
+        if (found) {
+          downstream_.SendTo(child, transport::MakeMessage(EncodePartition(fetch.request_id, true, *found)));
+          return;
+        }
+        const uint64_t request = next_fetch_++;
+        fetches_[request] = PendingFetch{child, fetch.request_id, {fetch.tensor, fetch.element_offset}};
+        Fetch up = fetch;
+        up.request_id = request;
+        SendUp(EncodeFetch(up));
+      });
+    });
   }
 
   void LocalFailure(uint64_t id, const Status& status) {
@@ -361,21 +562,77 @@ class NodeAgent::Impl {
   void MaybePrepared() {
     Refit& r = *refit_;
     if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
-    if (r.prepared_children.size() < self_.children.size()) return;
+    if (r.prepared_children.size() < self_.children.size() && r.phase == Phase::kStreaming) return;
     r.prepared_sent = true;
     Prepared prepared{r.id, r.reports};
     prepared.nodes.push_back({options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied});
     SendUp(EncodePrepared(prepared));
+    CrashPoint("agent.prepared");
+    if (r.pending_decision) {
+      const MessageType decision = *r.pending_decision;
+      r.pending_decision.reset();
+      Decide(decision);
+    }
   }
 
   // ---- children ------------------------------------------------------------
 
+  // A child (re)joined. If it missed part of the current refit, queue for it:
+  // BEGIN, the spooled chunks it has not applied, and the decision if one was made.
+  void OnChildJoined(const std::string& child, const Hello& hello) {
+    missing_since_.erase(child);
+    if (!refit_) return;
+    Refit& r = *refit_;
+    const bool same_delta = hello.inflight_target == r.identity.target_version;
+    if (!same_delta && hello.active_version == r.identity.target_version) {
+      // It committed, then lost the link before saying so: let it confirm again.
+      if (r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_)) {
+        downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(
+                                         MessageType::kCommit, {r.id, r.identity.target_version})),
+                                     nullptr, false}});
+      }
+      return;
+    }
+    if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;     // nothing to undo
+    std::vector<Downstream::Outgoing> backlog;
+    backlog.push_back({transport::MakeMessage(EncodeBegin(r.begin)), nullptr, false});
+    const std::set<uint32_t> applied(hello.applied_chunks.begin(), hello.applied_chunks.end());
+    uint64_t replayed = 0;
+    if (r.spool) {
+      for (uint32_t sequence : r.spool->sequences()) {
+        if (same_delta && applied.contains(sequence)) continue;
+        Spool* spool = r.spool.get();
+        backlog.push_back({nullptr, [spool, sequence] { return spool->Read(sequence); }, true});
+        ++replayed;
+      }
+    }
+    if (r.phase == Phase::kCommitting || r.phase == Phase::kDone) {
+      if (r.phase == Phase::kDone && !committed_last_) {
+        backlog.push_back({transport::MakeMessage(EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})),
+                           nullptr, false});
+      } else {
+        backlog.push_back({transport::MakeMessage(EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version})),
+                           nullptr, false});
+      }
+    } else if (r.phase == Phase::kAborting) {
+      backlog.push_back({transport::MakeMessage(EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})),
+                         nullptr, false});
+    }
+    log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks", options_.node_id, child,
+                          r.id, replayed));
+    r.prepared_children.erase(child);
+    downstream_.Requeue(child, std::move(backlog));
+  }
+
+  // A lost child is waited for: it rejoins and resumes. Only if it stays away
+  // longer than the connect timeout does FAILED go up (Tick).
   void OnChildLost(const std::string& child, const Status& why) {
-    if (!refit_ || refit_->phase != Phase::kStreaming) return;
-    SendFailed(Failed{refit_->id, child, "lost link to '" + child + "': " + why.ToString()});
+    (void)why;
+    if (refit_ && refit_->phase == Phase::kStreaming) missing_since_[child] = Clock::now();
   }
 
   void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes) {
+    if (type == MessageType::kFetch) return OnChildFetch(child, bytes);
     if (!refit_) return;
     Refit& r = *refit_;
     switch (type) {
@@ -383,6 +640,9 @@ class NodeAgent::Impl {
         auto p = ParsePrepared(bytes);
         if (!p.ok() || p->refit_id != r.id) return;
         if (r.prepared_children.insert(child).second) {
+          std::erase_if(r.reports, [&](const NodeReport& n) {
+            return std::any_of(p->nodes.begin(), p->nodes.end(), [&](const NodeReport& m) { return m.node_id == n.node_id; });
+          });
           r.reports.insert(r.reports.end(), p->nodes.begin(), p->nodes.end());
         }
         return MaybePrepared();
@@ -409,20 +669,39 @@ class NodeAgent::Impl {
   void OnDecision(MessageType type, ByteSpan bytes) {
     auto d = ParseDecision(bytes);
     if (!d.ok()) return ProtocolError(d.status().message());
+    if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight &&
+        (!refit_ || refit_->id != d->refit_id || refit_->phase == Phase::kDone)) {
+      // Committed already (before a restart, or a repeated COMMIT): confirm again.
+      SendUp(EncodeOutcome(MessageType::kCommitted, {d->refit_id, 1 + (refit_ ? refit_->outcome_nodes : 0)}));
+      return;
+    }
     if (!refit_ || refit_->id != d->refit_id) return ProtocolError("decision for an unknown refit");
     Refit& r = *refit_;
     if (r.phase != Phase::kStreaming) return;  // a duplicate
+    if (type == MessageType::kCommit && !r.prepared_sent) {
+      // Replayed right behind the chunks we lacked: decide once we have caught up.
+      r.pending_decision = type;
+      return;
+    }
+    Decide(type);
+  }
+
+  void Decide(MessageType type) {
+    Refit& r = *refit_;
     if (type == MessageType::kCommit) {
-      if (!r.prepared_sent) return ProtocolError("COMMIT before this node was PREPARED");
       r.phase = Phase::kCommitting;
       r.decided = Clock::now();
-      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, *d)), false);
+      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version})),
+                            false);
       const uint64_t id = r.id;
       apply_loop_.Post([this, id] {
+        CrashPoint("agent.commit");
         Status status = apply_.target ? replica_->Commit(*apply_.target)
                                       : Status::Internal("commit without a verified target");
         CommitEvent event{id, replica_->version(), {apply_.changed_tensors.begin(), apply_.changed_tensors.end()}};
         apply_ = ApplyState{};
+        SnapshotJournal();
+        CrashPoint("agent.committed");
         if (status.ok() && options_.on_commit) options_.on_commit(event);
         loop_.Post([this, id, status, version = event.version] { OnLocalOutcome(id, status, version); });
       });
@@ -437,11 +716,14 @@ class NodeAgent::Impl {
     r.phase = Phase::kAborting;
     r.decided = Clock::now();
     downstream_.DropQueued();
-    downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})), false);
+    downstream_.Broadcast(
+        transport::MakeMessage(EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})), false);
     const uint64_t id = r.id;
     apply_loop_.Post([this, id] {
+      CrashPoint("agent.abort");
       Status status = apply_.applier ? replica_->Abort(*apply_.applier) : Status::Ok();
       apply_ = ApplyState{};
+      SnapshotJournal();
       loop_.Post([this, id, status, version = replica_->version()] { OnLocalOutcome(id, status, version); });
     });
   }
@@ -452,8 +734,11 @@ class NodeAgent::Impl {
       log::Error(fmt::format("{}: refit {}: {} failed locally: {}", options_.node_id, id,
                              refit_->phase == Phase::kCommitting ? "commit" : "rollback", status.ToString()));
     }
-    version_ = version;
     refit_->local_outcome_done = true;
+    {
+      std::lock_guard lock(stats_mu_);
+      stats_.version = version;
+    }
     MaybeOutcome();
   }
 
@@ -470,19 +755,20 @@ class NodeAgent::Impl {
     Refit& r = *refit_;
     if (r.phase == Phase::kDone) return;
     const bool committed = r.phase == Phase::kCommitting;
+    committed_last_ = committed;
     SendUp(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, {r.id, 1 + r.outcome_nodes}));
     r.phase = Phase::kDone;
-    {
+    const NodeAgentStats s = [&] {
       std::lock_guard lock(stats_mu_);
       (committed ? stats_.refits_committed : stats_.refits_aborted)++;
-      stats_.version = version_;
-    }
+      return stats_;
+    }();
     log::Info(fmt::format(
         "{}: refit {} {}: version {}, received {:.2f} MiB in {} chunks, {} partitions applied, apply {:.2f} s, "
         "total {:.2f} s, peak held {:.2f} MiB, {} children",
-        options_.node_id, r.id, committed ? "committed" : "aborted", version_.ShortHex(),
+        options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(),
         double(r.chunk_bytes) / (1 << 20), r.chunks, r.partitions_applied, r.apply_seconds, SecondsSince(r.start),
-        double(stats().peak_held_bytes) / (1 << 20), self_.children.size()));
+        double(s.peak_held_bytes) / (1 << 20), self_.children.size()));
   }
 
   // ---- memory accounting --------------------------------------------------
@@ -512,8 +798,12 @@ class NodeAgent::Impl {
   Clock::time_point last_from_parent_ = Clock::now();
   std::chrono::milliseconds backoff_{100};
   std::optional<Refit> refit_;
-  Digest128 version_;
+  bool committed_last_ = false;
+  Journal journal_;
+  std::map<uint64_t, PendingFetch> fetches_;
+  uint64_t next_fetch_ = 1;
   uint64_t held_bytes_ = 0;
+  std::map<std::string, Clock::time_point> missing_since_;  // children absent during a refit
 
   ApplyState apply_;  // apply-thread state
 

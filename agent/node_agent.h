@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,13 +40,18 @@ struct NodeAgentOptions {
   std::string token;         // the cluster's shared secret
   size_t apply_threads = 0;  // 0 = all cores
   CommitCallback on_commit;  // optional
+  // Where a relay spools the chunks it forwards, for replays to children that
+  // rejoin; empty = the system temporary directory.
+  std::filesystem::path spool_dir;
 };
 
 struct NodeAgentStats {
   uint64_t refits_committed = 0;
   uint64_t refits_aborted = 0;
   uint64_t chunks_received = 0;
+  uint64_t chunk_bytes_received = 0;  // CHUNK payload bytes, replays included
   uint64_t peak_held_bytes = 0;  // most chunk bytes held at once (received, not yet released)
+  uint64_t partitions_repaired = 0;
   Digest128 version;
 };
 

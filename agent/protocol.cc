@@ -9,6 +9,8 @@
 namespace deltacast::agent {
 namespace {
 
+constexpr size_t kMaxTensorNameInFetch = 1024;
+
 std::vector<std::byte> Header(MessageType type) {
   std::vector<std::byte> out;
   ByteWriter w(out);
@@ -62,6 +64,7 @@ class BodyReader {
     return ok_;
   }
   bool GetDigest(Digest128& d) { return GetArray(d.bytes); }
+  bool GetSpan(uint64_t n, ByteSpan& out) { return ok_ = ok_ && r_.GetBytes(n, out); }
   Status Close() {
     if (!ok_) return Status::Corrupt(std::string(MessageTypeName(type_)) + " message is truncated or has an oversized field");
     if (r_.remaining() != 0) {
@@ -96,6 +99,8 @@ std::string_view MessageTypeName(MessageType type) {
     case MessageType::kCommitted: return "COMMITTED";
     case MessageType::kAborted: return "ABORTED";
     case MessageType::kHeartbeat: return "HEARTBEAT";
+    case MessageType::kFetch: return "FETCH";
+    case MessageType::kPartition: return "PARTITION";
   }
   return "UNKNOWN";
 }
@@ -128,6 +133,11 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
   PutString(w, m.node_id);
   w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(m.proof.data()), m.proof.size()));
   PutDigest(w, m.active_version);
+  PutDigest(w, m.inflight_base);
+  PutDigest(w, m.inflight_target);
+  w.Put<uint8_t>(m.prepared ? 1 : 0);
+  w.Put<uint32_t>(static_cast<uint32_t>(m.applied_chunks.size()));
+  for (uint32_t s : m.applied_chunks) w.Put<uint32_t>(s);
   return out;
 }
 
@@ -219,6 +229,19 @@ Result<Hello> ParseHello(ByteSpan message) {
   r.GetString(m.node_id, kMaxNodeIdBytes);
   r.GetArray(m.proof);
   r.GetDigest(m.active_version);
+  r.GetDigest(m.inflight_base);
+  r.GetDigest(m.inflight_target);
+  uint8_t prepared = 0;
+  uint32_t count = 0;
+  r.Get(prepared);
+  r.Get(count);
+  if (prepared > 1) return Status::Corrupt("HELLO prepared flag is " + std::to_string(prepared));
+  if (count > kMaxAppliedInHello || count > message.size() / 4) {
+    return Status::Corrupt("HELLO lists " + std::to_string(count) + " applied chunks");
+  }
+  m.prepared = prepared == 1;
+  m.applied_chunks.resize(count);
+  for (auto& s : m.applied_chunks) r.Get(s);
   RETURN_IF_ERROR(r.Close());
   return m;
 }
@@ -308,6 +331,56 @@ Result<Outcome> ParseOutcome(ByteSpan message) {
   Outcome m;
   r.Get(m.refit_id);
   r.Get(m.nodes);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+std::vector<std::byte> EncodeFetch(const Fetch& m) {
+  auto out = Header(MessageType::kFetch);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.request_id);
+  PutString(w, m.tensor);
+  w.Put<uint64_t>(m.element_offset);
+  w.Put<uint64_t>(m.byte_length);
+  w.Put<uint64_t>(m.hash);
+  return out;
+}
+
+std::vector<std::byte> EncodePartition(uint64_t request_id, bool found, ByteSpan bytes) {
+  auto out = Header(MessageType::kPartition);
+  ByteWriter w(out);
+  w.Put<uint64_t>(request_id);
+  w.Put<uint8_t>(found ? 1 : 0);
+  w.Put<uint64_t>(bytes.size());
+  w.PutBytes(bytes);
+  return out;
+}
+
+Result<Fetch> ParseFetch(ByteSpan message) {
+  BodyReader r(message, MessageType::kFetch);
+  RETURN_IF_ERROR(r.Open());
+  Fetch m;
+  r.Get(m.request_id);
+  r.GetString(m.tensor, kMaxTensorNameInFetch);
+  r.Get(m.element_offset);
+  r.Get(m.byte_length);
+  r.Get(m.hash);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<PartitionData> ParsePartition(ByteSpan message) {
+  BodyReader r(message, MessageType::kPartition);
+  RETURN_IF_ERROR(r.Open());
+  PartitionData m;
+  uint8_t found = 0;
+  uint64_t length = 0;
+  r.Get(m.request_id);
+  r.Get(found);
+  r.Get(length);
+  if (found > 1) return Status::Corrupt("PARTITION found flag is " + std::to_string(found));
+  m.found = found == 1;
+  if (!r.GetSpan(length, m.bytes)) return Status::Corrupt("PARTITION bytes run past the message");
   RETURN_IF_ERROR(r.Close());
   return m;
 }

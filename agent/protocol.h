@@ -39,8 +39,11 @@ enum class MessageType : uint8_t {
   kCommitted = 12,  // up: my subtree made the target active
   kAborted = 13,    // up: my subtree rolled back
   kHeartbeat = 14,  // either way: the link is alive
+  kFetch = 15,      // up: send me this partition's bytes at this hash (repair)
+  kPartition = 16,  // down: the answer to a FETCH
 };
-inline constexpr uint8_t kMaxMessageType = 14;
+inline constexpr uint8_t kMaxMessageType = 16;
+inline constexpr uint32_t kMaxAppliedInHello = 1u << 20;
 std::string_view MessageTypeName(MessageType type);
 
 struct Challenge {
@@ -51,6 +54,13 @@ struct Hello {
   std::string node_id;
   std::array<uint8_t, kProofBytes> proof{};
   Digest128 active_version;
+  // The delta this node has in flight (all zero: none), whether it already
+  // PREPARED it, and which of its chunks it has applied: a parent replays only the
+  // rest, and tells a prepared node the outcome it missed.
+  Digest128 inflight_base;
+  Digest128 inflight_target;
+  bool prepared = false;
+  std::vector<uint32_t> applied_chunks;
 };
 struct Refuse {
   std::string reason;
@@ -84,6 +94,18 @@ struct Decision {  // COMMIT and ABORT
   uint64_t refit_id = 0;
   Digest128 target_version;
 };
+struct Fetch {
+  uint64_t request_id = 0;
+  std::string tensor;
+  uint64_t element_offset = 0;
+  uint64_t byte_length = 0;
+  uint64_t hash = 0;  // the bytes wanted hash to this (XXH3-64)
+};
+struct PartitionData {
+  uint64_t request_id = 0;
+  bool found = false;     // false: nobody up the tree has it
+  ByteSpan bytes;         // view into the message
+};
 struct Outcome {  // COMMITTED and ABORTED
   uint64_t refit_id = 0;
   uint32_t nodes = 0;  // nodes of the sender's subtree that completed the decision
@@ -103,6 +125,8 @@ std::vector<std::byte> EncodeFailed(const Failed& m);
 std::vector<std::byte> EncodeDecision(MessageType type, const Decision& m);
 std::vector<std::byte> EncodeOutcome(MessageType type, const Outcome& m);
 std::vector<std::byte> EncodeHeartbeat();
+std::vector<std::byte> EncodeFetch(const Fetch& m);
+std::vector<std::byte> EncodePartition(uint64_t request_id, bool found, ByteSpan bytes);
 
 // Validates the header; returns the type. Corrupt for bad magic, version, type or
 // reserved bits.
@@ -120,6 +144,8 @@ Result<Prepared> ParsePrepared(ByteSpan message);
 Result<Failed> ParseFailed(ByteSpan message);
 Result<Decision> ParseDecision(ByteSpan message);  // COMMIT or ABORT
 Result<Outcome> ParseOutcome(ByteSpan message);    // COMMITTED or ABORTED
+Result<Fetch> ParseFetch(ByteSpan message);
+Result<PartitionData> ParsePartition(ByteSpan message);
 
 // HMAC-SHA256(token, nonce || child id || parent id): proves the child knows the
 // cluster token without sending it, bound to this link's nonce and both ends.

@@ -6,10 +6,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <map>
+#include <optional>
 #include <set>
 
 #include "agent/downstream.h"
 #include "agent/event_loop.h"
+#include "agent/spool.h"
+#include "codec/chunk.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
 #include "common/file_util.h"
@@ -37,9 +41,13 @@ Status RecordDecision(const std::filesystem::path& path, const std::string& line
 // thread and the loop thread is guarded by mu_.
 class Publication {
  public:
-  Publication(const PublishOptions& options, std::vector<std::string> children)
+  Publication(const PublishOptions& options, std::vector<std::string> children, const apply::WeightStore& base,
+              const apply::WeightStore& target)
       : options_(options),
         children_(children.begin(), children.end()),
+        base_(base),
+        target_(target),
+        loop_([this] { Tick(); }),
         downstream_(loop_, options.config.Source()->id, std::move(children), options.token, Events()) {}
 
   ~Publication() { Stop(); }
@@ -76,10 +84,25 @@ class Publication {
     PublishReport report;
     report.base_version = base_manifest.VersionId();
     report.target_version = target_manifest.VersionId();
-    RAND_bytes(reinterpret_cast<unsigned char*>(&refit_id_), sizeof refit_id_);
-    report.refit_id = refit_id_;
+    uint64_t refit_id = 0;
+    RAND_bytes(reinterpret_cast<unsigned char*>(&refit_id), sizeof refit_id);
+    const auto spool_dir = options_.spool_dir.empty()
+                               ? std::filesystem::temp_directory_path() / "deltacast-source-spool"
+                               : options_.spool_dir;
+    auto spool = Spool::Create(spool_dir, refit_id);
+    if (spool.ok()) {
+      spool_ = std::move(*spool);
+    } else {
+      log::Warn("no spool (" + spool.status().ToString() + "); children that rejoin cannot be replayed to");
+    }
     const auto start = Clock::now();
-    const Begin begin{refit_id_, report.base_version, report.target_version, target_manifest.partition_bytes};
+    const Begin begin{refit_id, report.base_version, report.target_version, target_manifest.partition_bytes};
+    {
+      std::lock_guard lock(mu_);
+      refit_id_ = refit_id;
+      begin_ = begin;
+    }
+    report.refit_id = refit_id_;
     loop_.Post([this, begin] {
       downstream_.ResetCredits();
       downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)), false);
@@ -99,6 +122,10 @@ class Publication {
         [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
         [&](std::vector<std::byte>&& chunk) -> Status {
           auto message = transport::MakeMessage(EncodeChunk(chunk));
+          if (spool_) {
+            auto header = codec::PeekChunkHeader(chunk);
+            if (header.ok()) (void)spool_->Append(header->sequence, *message);
+          }
           {
             // Hold at most `window` chunks: the slowest child's credit paces encoding.
             std::unique_lock lock(mu_);
@@ -145,6 +172,10 @@ class Publication {
     log::Info(fmt::format("refit {}: decision {}{}", refit_id_, commit ? "COMMIT" : "ABORT",
                           commit ? "" : " (" + report.abort_reason + ")"));
     const Decision d{refit_id_, report.target_version};
+    {
+      std::lock_guard lock(mu_);
+      decision_ = commit ? MessageType::kCommit : MessageType::kAbort;
+    }
     loop_.Post([this, d, commit] {
       if (!commit) downstream_.DropQueued();
       downstream_.Broadcast(transport::MakeMessage(EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, d)),
@@ -168,21 +199,89 @@ class Publication {
   }
 
  private:
+  // Loop thread: a child that stays away longer than the connect timeout fails the refit.
+  void Tick() {
+    std::lock_guard lock(mu_);
+    if (refit_id_ == 0 || deciding_) return;
+    for (const auto& [child, since] : missing_since_) {
+      if (Clock::now() - since > options_.config.tree.connect_timeout) {
+        Fail("child '" + child + "' has been away longer than the connect timeout");
+        return;
+      }
+    }
+  }
+
+  // Loop thread: a child that rejoins mid-refit gets BEGIN, the spooled chunks it
+  // has not applied, and the decision if there is one already.
+  void Replay(const std::string& child, const Hello& hello) {
+    if (hello.active_version == begin_.target_version && hello.inflight_target.IsZero()) {
+      // It committed, then lost the link before saying so: let it confirm again.
+      if (decision_ == MessageType::kCommit) {
+        downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
+                                     nullptr, false}});
+      }
+      return;
+    }
+    std::vector<Downstream::Outgoing> backlog;
+    backlog.push_back({transport::MakeMessage(EncodeBegin(begin_)), nullptr, false});
+    const bool same_delta = hello.inflight_target == begin_.target_version;
+    const std::set<uint32_t> applied(hello.applied_chunks.begin(), hello.applied_chunks.end());
+    size_t replayed = 0;
+    if (spool_) {
+      for (uint32_t sequence : spool_->sequences()) {
+        if (same_delta && applied.contains(sequence)) continue;
+        Spool* spool = spool_.get();
+        backlog.push_back({nullptr, [spool, sequence] { return spool->Read(sequence); }, true});
+        ++replayed;
+      }
+    }
+    if (decision_) {
+      backlog.push_back({transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})), nullptr,
+                         false});
+    }
+    log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child, refit_id_, replayed));
+    prepared_.erase(child);
+    downstream_.Requeue(child, std::move(backlog));
+  }
+
+  // Loop thread: serves a FETCH from whichever version has the wanted bytes.
+  void ServeFetch(const std::string& child, ByteSpan bytes) {
+    auto f = ParseFetch(bytes);
+    if (!f.ok()) return;
+    for (const apply::WeightStore* store : {&target_, &base_}) {
+      const auto index = store->FindTensor(f->tensor);
+      if (!index) continue;
+      const ByteSpan tensor = store->TensorData(*index);
+      const uint64_t e = ElementSize(store->tensors()[*index].dtype);
+      if (f->element_offset * e + f->byte_length > tensor.size()) continue;
+      const ByteSpan part = tensor.subspan(f->element_offset * e, f->byte_length);
+      if (Hash64(part) == f->hash) {
+        downstream_.SendTo(child, transport::MakeMessage(EncodePartition(f->request_id, true, part)));
+        return;
+      }
+    }
+    downstream_.SendTo(child, transport::MakeMessage(EncodePartition(f->request_id, false, {})));
+  }
+
   Downstream::Events Events() {
     Downstream::Events e;
-    e.joined = [this](const std::string& child) {
+    e.joined = [this](const std::string& child, const Hello& hello) {
       std::lock_guard lock(mu_);
       joined_.insert(child);
+      missing_since_.erase(child);
+      if (refit_id_ != 0) Replay(child, hello);
       cv_.notify_all();
     };
-    e.lost = [this](const std::string& child, const Status& why) {
+    e.lost = [this](const std::string& child, const Status&) {
       std::lock_guard lock(mu_);
       joined_.erase(child);
-      if (refit_id_ != 0 && !deciding_) Fail("lost child '" + child + "': " + why.ToString());
+      // Waited for: it may come back and resume (Tick bounds the wait).
+      if (refit_id_ != 0 && !deciding_) missing_since_[child] = Clock::now();
       if (deciding_) outcomes_.insert(child);  // it will learn the outcome when it returns
       cv_.notify_all();
     };
     e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
+      if (type == MessageType::kFetch) return ServeFetch(child, bytes);
       std::lock_guard lock(mu_);
       switch (type) {
         case MessageType::kPrepared: {
@@ -221,7 +320,13 @@ class Publication {
 
   const PublishOptions& options_;
   std::set<std::string> children_;
+  const apply::WeightStore& base_;
+  const apply::WeightStore& target_;
   transport::Transport* transport_ = nullptr;
+  std::unique_ptr<Spool> spool_;
+  Begin begin_;
+  std::optional<MessageType> decision_;
+  std::map<std::string, Clock::time_point> missing_since_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -248,7 +353,7 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
                               std::unique_ptr<transport::Transport> transport) {
   ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
   const topology::PlannedNode* source = plan.Find(plan.source);
-  Publication publication(options, source->children);
+  Publication publication(options, source->children, base, target);
   RETURN_IF_ERROR(publication.Listen(*transport));
   RETURN_IF_ERROR(publication.WaitForChildren());
   PublishReport report = publication.Run(base, base_manifest, target, target_manifest);

@@ -38,6 +38,9 @@ struct PublishOptions {
   // The decision of every refit is appended here and fsynced before it is sent;
   // empty = not recorded.
   std::filesystem::path decision_log;
+  // Where the chunks are spooled for replays to children that rejoin; empty = the
+  // system temporary directory.
+  std::filesystem::path spool_dir;
   std::function<void(const PublishProgress&)> on_progress;
 };
 

@@ -15,6 +15,8 @@ constexpr uint32_t kCacheMagic = 0x43434344;  // "DCCC"
 constexpr std::string_view kManifestFile = "manifest.bin";
 constexpr std::string_view kInflightFile = "inflight";
 constexpr std::string_view kActiveFile = "active";
+constexpr std::string_view kAppliedFile = "applied";
+constexpr std::string_view kPreparedFile = "prepared";
 
 // What identifies a file's contents cheaply: if none of these changed, neither did
 // the bytes, as long as writers go through the file system (mmap writes update
@@ -136,10 +138,52 @@ Status CheckpointState::WriteInflight(const InflightDelta& inflight) {
 }
 
 Status CheckpointState::ClearInflight() {
-  std::error_code ec;
-  std::filesystem::remove(dir_ / kInflightFile, ec);
-  if (ec) return Status::IoError("remove " + (dir_ / kInflightFile).string() + ": " + ec.message());
+  // The in-flight record goes last: without it the others mean nothing.
+  for (std::string_view name : {kPreparedFile, kAppliedFile, kInflightFile}) {
+    std::error_code ec;
+    std::filesystem::remove(dir_ / name, ec);
+    if (ec) return Status::IoError("remove " + (dir_ / name).string() + ": " + ec.message());
+  }
   return FsyncDirectory(dir_);
+}
+
+Status CheckpointState::AppendApplied(uint32_t sequence) {
+  RETURN_IF_ERROR(EnsureDir());
+  std::string line = WithChecksum("applied " + std::to_string(sequence));
+  line.pop_back();  // AppendLineDurably adds the newline
+  return AppendLineDurably(dir_ / kAppliedFile, line);
+}
+
+Result<std::set<uint32_t>> CheckpointState::ReadApplied() const {
+  std::set<uint32_t> out;
+  auto bytes = ReadFile(dir_ / kAppliedFile, uint64_t{64} << 20);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == StatusCode::kNotFound) return out;
+    return bytes.status();
+  }
+  std::string_view text = AsChars(*bytes);
+  while (!text.empty()) {
+    const auto end = text.find('\n');
+    if (end == std::string_view::npos) break;  // a torn last line
+    const std::string line(text.substr(0, end + 1));
+    text.remove_prefix(end + 1);
+    const std::string body = line.size() > 18 ? line.substr(0, line.size() - 18) : "";
+    if (body.rfind("applied ", 0) != 0 || WithChecksum(body) != line) {
+      return Status::Corrupt((dir_ / kAppliedFile).string() + " has a damaged line");
+    }
+    out.insert(static_cast<uint32_t>(std::stoul(body.substr(8))));
+  }
+  return out;
+}
+
+Status CheckpointState::WritePrepared() {
+  RETURN_IF_ERROR(EnsureDir());
+  return WriteFileAtomic(dir_ / kPreparedFile, AsBytes(WithChecksum("prepared")));
+}
+
+Result<bool> CheckpointState::ReadPrepared() const {
+  ASSIGN_OR_RETURN(auto body, ReadChecked(dir_ / kPreparedFile));
+  return body.has_value();
 }
 
 Result<std::optional<Digest128>> CheckpointState::ReadActive() const {

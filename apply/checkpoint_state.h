@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <set>
 
 #include "apply/checkpoint_dir.h"
 #include "codec/manifest.h"
@@ -38,7 +39,18 @@ class CheckpointState {
 
   Result<std::optional<InflightDelta>> ReadInflight() const;
   Status WriteInflight(const InflightDelta& inflight);
+  // Removes the in-flight record with its applied and prepared marks.
   Status ClearInflight();
+
+  // Sequence numbers of the in-flight delta's chunks whose partitions are applied
+  // and flushed; appended (and fsynced) one per chunk, so a restart resumes after
+  // them. A torn last line (a crash mid-append) is ignored.
+  Status AppendApplied(uint32_t sequence);
+  Result<std::set<uint32_t>> ReadApplied() const;
+  // Marks the in-flight delta PREPARED (every partition verified and flushed):
+  // after a restart the node must ask for the outcome, never guess it.
+  Status WritePrepared();
+  Result<bool> ReadPrepared() const;
 
   Result<std::optional<Digest128>> ReadActive() const;
   // Durably records `version` as active (write tmp, fsync, rename, fsync dir).

@@ -152,6 +152,18 @@ Result<codec::Manifest> DeltaApplier::Finish(const codec::DeltaSummary& summary)
   return manifest_;
 }
 
+void DeltaApplier::MarkApplied(uint32_t sequence) {
+  std::lock_guard lock(mu_);
+  sequences_seen_.insert(sequence);
+}
+
+Status DeltaApplier::FlushApplied() {
+  std::lock_guard lock(mu_);
+  for (const Located& p : dirty_) RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
+  dirty_.clear();
+  return Status::Ok();
+}
+
 Status DeltaApplier::Rollback() {
   std::lock_guard lock(mu_);
   if (!options_.keep_undo) return Status::FailedPrecondition("rollback needs ApplyOptions::keep_undo");
@@ -193,6 +205,12 @@ std::vector<PartitionKey> DeltaApplier::torn() const {
   std::vector<PartitionKey> out;
   for (const auto& [key, hash] : torn_) out.push_back(key);
   return out;
+}
+
+uint64_t DeltaApplier::TornTargetHash(const PartitionKey& key) const {
+  std::lock_guard lock(mu_);
+  auto it = torn_.find(key);
+  return it == torn_.end() ? 0 : it->second;
 }
 
 Status DeltaApplier::Repair(const PartitionKey& key, ByteSpan literal) {

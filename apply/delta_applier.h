@@ -74,8 +74,18 @@ class DeltaApplier {
   // resumes (at-target partitions are skipped).
   Result<codec::Manifest> Finish(const codec::DeltaSummary& summary);
 
+  // Counts chunk `sequence` as received without applying it: a resumed delta's
+  // journaled chunks, whose partitions are already at target.
+  void MarkApplied(uint32_t sequence);
+
+  // Makes every partition patched so far durable (WeightStore::Flush). Blocks.
+  Status FlushApplied();
+
   // Partitions found torn so far, in canonical order.
   std::vector<PartitionKey> torn() const;
+  // The target hash the delta gives for torn partition `key` (0 if not torn).
+  uint64_t TornTargetHash(const PartitionKey& key) const;
+  const codec::DeltaIdentity& identity() const { return identity_; }
 
   // Repairs torn partition `key` with literal target bytes: `literal` must hash to
   // the target hash the delta gave for it (else kCorrupt, nothing written). Writes

@@ -23,7 +23,12 @@ Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesyste
   ASSIGN_OR_RETURN(std::optional<InflightDelta> inflight, state.ReadInflight());
   ASSIGN_OR_RETURN(codec::Manifest manifest, state.LoadOrComputeManifest(*store, partition_bytes, threads));
   CheckpointDirStore* raw = store.get();
-  return std::unique_ptr<Replica>(new Replica(std::move(store), raw, std::move(manifest), inflight, threads));
+  auto replica = std::unique_ptr<Replica>(new Replica(std::move(store), raw, std::move(manifest), inflight, threads));
+  if (inflight) {
+    ASSIGN_OR_RETURN(replica->applied_, state.ReadApplied());
+    ASSIGN_OR_RETURN(replica->prepared_, state.ReadPrepared());
+  }
+  return replica;
 }
 
 Result<std::unique_ptr<Replica>> Replica::ForStore(std::unique_ptr<WeightStore> store,
@@ -58,7 +63,29 @@ Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity&
   if (options.threads == 0) options.threads = threads_;
   // Mid-way the bytes hash to neither version; that is fine: every record of the
   // delta sets its partition's target hash, and the others are equal in both.
-  return std::make_unique<DeltaApplier>(*store_, manifest_, identity, options);
+  auto applier = std::make_unique<DeltaApplier>(*store_, manifest_, identity, options);
+  for (uint32_t sequence : applied_) applier->MarkApplied(sequence);
+  return applier;
+}
+
+Status Replica::RecordApplied(uint32_t sequence) {
+  if (!inflight_) return Status::FailedPrecondition("no delta in flight");
+  if (state_) RETURN_IF_ERROR(state_->AppendApplied(sequence));
+  applied_.insert(sequence);
+  return Status::Ok();
+}
+
+Status Replica::RecordPrepared() {
+  if (!inflight_) return Status::FailedPrecondition("no delta in flight");
+  if (state_) RETURN_IF_ERROR(state_->WritePrepared());
+  prepared_ = true;
+  return Status::Ok();
+}
+
+void Replica::ForgetInflight() {
+  inflight_.reset();
+  applied_.clear();
+  prepared_ = false;
 }
 
 Status Replica::Commit(const codec::Manifest& target) {
@@ -72,7 +99,7 @@ Status Replica::Commit(const codec::Manifest& target) {
   }
   manifest_ = target;
   version_ = inflight_->target;
-  inflight_.reset();
+  ForgetInflight();
   return Status::Ok();
 }
 
@@ -89,7 +116,7 @@ Status Replica::Abort(DeltaApplier& applier) {
   }
   manifest_ = std::move(manifest);
   version_ = manifest_.VersionId();
-  inflight_.reset();
+  ForgetInflight();
   return Status::Ok();
 }
 

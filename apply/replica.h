@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
@@ -40,6 +41,16 @@ class Replica {
   const codec::Manifest& manifest() const { return manifest_; }
   Digest128 version() const { return version_; }
   const std::optional<InflightDelta>& inflight() const { return inflight_; }
+  // Chunks of the in-flight delta already applied and flushed (journaled), and
+  // whether it was PREPARED; both survive a restart for a directory.
+  const std::set<uint32_t>& applied_chunks() const { return applied_; }
+  bool prepared() const { return prepared_; }
+
+  // Journals chunk `sequence` of the in-flight delta as applied. Call only after
+  // its partitions were flushed (DeltaApplier::FlushApplied).
+  Status RecordApplied(uint32_t sequence);
+  // Journals the in-flight delta as PREPARED; call before saying so to anyone.
+  Status RecordPrepared();
 
   // Starts applying `identity`, or resumes it if it is the delta in flight.
   // kVersionMismatch (nothing written) if the active version is not its base;
@@ -62,12 +73,16 @@ class Replica {
   Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_store, codec::Manifest manifest,
           std::optional<InflightDelta> inflight, size_t threads);
 
+  void ForgetInflight();
+
   std::unique_ptr<WeightStore> store_;
   CheckpointDirStore* dir_store_ = nullptr;  // store_ itself when it is a directory
   std::optional<CheckpointState> state_;     // set for directories
   codec::Manifest manifest_;
   Digest128 version_;
   std::optional<InflightDelta> inflight_;
+  std::set<uint32_t> applied_;
+  bool prepared_ = false;
   size_t threads_;
 };
 

@@ -174,6 +174,19 @@ Result<uint64_t> ParseChunkHeaderPayloadLength(ByteSpan header) {
   return length;
 }
 
+Result<ChunkHeader> PeekChunkHeader(ByteSpan chunk) {
+  ASSIGN_OR_RETURN(uint64_t length, ParseChunkHeaderPayloadLength(chunk));
+  const std::byte* h = chunk.data();
+  ChunkHeader out;
+  out.kind = static_cast<ChunkKind>(h[kOffKind]);
+  std::memcpy(out.identity.base_version.bytes.data(), h + kOffBase, 16);
+  std::memcpy(out.identity.target_version.bytes.data(), h + kOffTarget, 16);
+  out.identity.partition_bytes = LoadLE<uint64_t>(h + kOffPartitionBytes);
+  out.sequence = LoadLE<uint32_t>(h + kOffSequence);
+  out.payload_length = length;
+  return out;
+}
+
 Result<ChunkView> ParseChunk(ByteSpan chunk) {
   ASSIGN_OR_RETURN(uint64_t length, ParseChunkHeaderPayloadLength(chunk));
   if (chunk.size() != kChunkHeaderBytes + length) {

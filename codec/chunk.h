@@ -107,6 +107,17 @@ class ChunkBuilder {
 std::vector<std::byte> BuildEndChunk(const DeltaIdentity& identity, uint32_t sequence,
                                      const DeltaSummary& summary);
 
+// The header fields of a chunk whose header validated (payload not checked).
+struct ChunkHeader {
+  ChunkKind kind = ChunkKind::kData;
+  DeltaIdentity identity;
+  uint32_t sequence = 0;
+  uint64_t payload_length = 0;
+};
+// Validates the 80-byte header alone (as ParseChunkHeaderPayloadLength does) and
+// returns its fields: enough for a relay to index a chunk it forwards unparsed.
+Result<ChunkHeader> PeekChunkHeader(ByteSpan chunk);
+
 // Validates the 80-byte header alone and returns the payload length that follows,
 // so a stream reader knows how much to read before calling ParseChunk.
 Result<uint64_t> ParseChunkHeaderPayloadLength(ByteSpan header);

@@ -6,6 +6,7 @@
 
 #include "codec/change_detect.h"
 #include "codec/context_coder.h"
+#include "common/crash_point.h"
 #include "common/hash.h"
 
 namespace deltacast::codec {
@@ -140,9 +141,10 @@ Status ParseSparse(ByteSpan raw, uint64_t element_count, uint64_t change_count, 
   return Status::Ok();
 }
 
-void XorAt(MutableByteSpan data, const SparseChanges& changes) {
+// XORs changes [from, to) into `data`.
+void XorAt(MutableByteSpan data, const SparseChanges& changes, size_t from, size_t to) {
   const uint32_t e = changes.element_size;
-  for (size_t i = 0; i < changes.size(); ++i) {
+  for (size_t i = from; i < to; ++i) {
     std::byte* dst = data.data() + size_t{changes.positions[i]} * e;
     const std::byte* x = changes.xors.data() + i * e;
     for (uint32_t k = 0; k < e; ++k) dst[k] ^= x[k];
@@ -151,9 +153,12 @@ void XorAt(MutableByteSpan data, const SparseChanges& changes) {
 
 // XORs the changes in, verifies the target hash, and undoes them on mismatch.
 Status ApplySparseVerified(MutableByteSpan data, const SparseChanges& changes, uint64_t target_hash) {
-  XorAt(data, changes);
+  XorAt(data, changes, 0, changes.size() / 2);
+  // Fault-injection tests stop here to leave a torn partition behind.
+  CrashPoint("apply.mid_partition");
+  XorAt(data, changes, changes.size() / 2, changes.size());
   if (Hash64(data) == target_hash) return Status::Ok();
-  XorAt(data, changes);  // XOR is self-inverse: this restores the base bytes exactly
+  XorAt(data, changes, 0, changes.size());  // XOR is self-inverse: this restores the base bytes
   return Status::Corrupt("partition does not hash to its target after apply; left at base");
 }
 

@@ -81,12 +81,15 @@ int main() {
   // Rollout worker: its own buffers hold step k; the agent patches them in place.
   Buffers worker_weights = step_k;
   auto replica = dc::apply::Replica::ForStore(Over(tensors, worker_weights), dc::codec::kDefaultPartitionBytes, 0);
-  dc::agent::NodeAgentOptions worker_options{*config, "worker", token, 0, [](const dc::agent::CommitEvent& e) {
-                                               std::printf("worker: version %s committed; reload:",
-                                                           e.version.ShortHex().c_str());
-                                               for (const auto& name : e.changed_tensors) std::printf(" %s", name.c_str());
-                                               std::printf("\n");
-                                             }};
+  dc::agent::NodeAgentOptions worker_options;
+  worker_options.config = *config;
+  worker_options.node_id = "worker";
+  worker_options.token = token;
+  worker_options.on_commit = [](const dc::agent::CommitEvent& e) {
+    std::printf("worker: version %s committed; reload:", e.version.ShortHex().c_str());
+    for (const auto& name : e.changed_tensors) std::printf(" %s", name.c_str());
+    std::printf("\n");
+  };
   auto worker = dc::agent::NodeAgent::Start(std::move(worker_options), std::move(*replica),
                                             std::move(*dc::transport::MakeTcpTransport()));
   if (!worker.ok()) return std::fprintf(stderr, "worker: %s\n", worker.status().ToString().c_str()), 1;

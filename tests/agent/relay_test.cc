@@ -89,8 +89,12 @@ class RelayTest : public ::testing::Test {
       stores_[i] = v.base;
       auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
       ASSERT_TRUE(replica.ok());
-      NodeAgentOptions options{config_, "n" + std::to_string(i + 1), kToken, 1,
-                               [this, i](const CommitEvent& e) { commits_[i] = e; }};
+      NodeAgentOptions options;
+      options.config = config_;
+      options.node_id = "n" + std::to_string(i + 1);
+      options.token = kToken;
+      options.apply_threads = 1;
+      options.on_commit = [this, i](const CommitEvent& e) { commits_[i] = e; };
       auto transport = transport_for ? transport_for(i) : transport::MakeInprocTransport(network_);
       auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(transport));
       ASSERT_TRUE(agent.ok()) << agent.status().ToString();
@@ -153,7 +157,11 @@ TEST_F(RelayTest, OneNodeAtTheWrongBaseAbortsEverywhere) {
   stores_[2][0][10] ^= std::byte{0x40};
   for (int i = 0; i < 5; ++i) {
     auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
-    NodeAgentOptions options{config_, "n" + std::to_string(i + 1), kToken, 1, {}};
+    NodeAgentOptions options;
+    options.config = config_;
+    options.node_id = "n" + std::to_string(i + 1);
+    options.token = kToken;
+    options.apply_threads = 1;
     agents_.push_back(std::move(*NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
   }
   auto report = PublishVersions(v);
@@ -179,7 +187,10 @@ TEST_F(RelayTest, WrongTokenIsRefusedAndPublishFailsClearly) {
   network_ = std::make_shared<transport::InprocNetwork>();
   stores_.assign(1, v.base);
   auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[0]), kPartitionBytes, 1);
-  NodeAgentOptions options{config_, "n1", "not-the-token", 1, {}};
+  NodeAgentOptions options;
+  options.config = config_;
+  options.node_id = "n1";
+  options.token = "not-the-token";
   agents_.push_back(std::move(*NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
   auto report = PublishVersions(v);
   ASSERT_FALSE(report.ok());

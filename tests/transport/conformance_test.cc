@@ -649,6 +649,7 @@ class RawSocket {
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
   ~RawSocket() { ::close(fd_); }
+  int fd() const { return fd_; }
   void Write(const std::vector<std::byte>& bytes) {
     ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(bytes.size()));
@@ -862,11 +863,22 @@ TEST(TcpWireTest, StripedStreamsAreReorderedBySequence) {
   ASSERT_TRUE(sink.WaitMessages(2));
   EXPECT_EQ(AsChars(*sink.messages()[0]), "a");
   EXPECT_EQ(AsChars(*sink.messages()[1]), "b");
-  // Closing one stream without a goodbye breaks the whole link.
+  // A stream that ends cleanly between frames leaves the others running...
   s1.reset();
+  auto third = Frame(1, 1, 2);
+  third.push_back(std::byte{'c'});
+  s0.Write(third);
+  ASSERT_TRUE(sink.WaitMessages(3));
+  EXPECT_EQ(AsChars(*sink.messages()[2]), "c");
+  EXPECT_EQ(sink.close_count(), 0);
+  // ...but a stream cut inside a frame breaks the whole link at once.
+  s0.Write(Frame(1, 100, 3));
+  s0.Write(std::vector<std::byte>(10));
+  ::shutdown(s0.fd(), SHUT_WR);
   ASSERT_TRUE(sink.WaitClosed());
   EXPECT_EQ(sink.close_status().code(), StatusCode::kUnavailable) << sink.close_status().ToString();
-  EXPECT_TRUE(s0.SeesClose());
+  EXPECT_NE(sink.close_status().message().find("middle of a 100-byte message"), std::string::npos)
+      << sink.close_status().ToString();
 }
 
 TEST(TcpWireTest, ConnectTimesOutWhenThePeerNeverAnswers) {

@@ -1,0 +1,18 @@
+// Crash points: a test hook that kills the process at a named place, the way a
+// power cut or `kill -9` would, so fault-injection tests can stop an agent at an
+// exact phase of a refit (docs/recovery.md lists the names).
+//
+// DELTACAST_CRASH_AT=NAME kills the process the first time it passes NAME;
+// NAME:N the N-th time. Unset (always, outside tests), a crash point costs one
+// relaxed atomic load.
+//
+// Thread safety: thread-safe.
+#pragma once
+
+#include <string_view>
+
+namespace deltacast {
+
+void CrashPoint(std::string_view name);
+
+}  // namespace deltacast
