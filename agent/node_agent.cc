@@ -110,6 +110,7 @@ class NodeAgent::Impl {
     uint64_t chunk_bytes = 0;
     uint64_t chunks = 0;
     uint64_t partitions_applied = 0;
+    uint64_t repair_bytes = 0;  // literal partition bytes fetched for torn partitions
     std::unique_ptr<Spool> spool;  // relays: every chunk received, for replays
   };
 
@@ -321,7 +322,7 @@ class NodeAgent::Impl {
     refit_->begin = *begin;
     refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
     if (!self_.children.empty()) {
-      auto spool = Spool::Create(options_.spool_dir, refit_->id);
+      auto spool = Spool::Open(options_.spool_dir, refit_->id);
       if (spool.ok()) {
         refit_->spool = std::move(*spool);
       } else {
@@ -498,6 +499,7 @@ class NodeAgent::Impl {
       return;
     }
     if (!refit_) return;
+    refit_->repair_bytes += p->bytes.size();
     if (!p->found) return LocalFailure(refit_->id, Status::Unavailable("no node up the tree has the bytes to repair '" +
                                                                        fetch.key.tensor + "'"));
     auto owned = std::make_shared<std::vector<std::byte>>(p->bytes.begin(), p->bytes.end());
@@ -585,7 +587,10 @@ class NodeAgent::Impl {
     Refit& r = *refit_;
     const bool same_delta = hello.inflight_target == r.identity.target_version;
     if (!same_delta && hello.active_version == r.identity.target_version) {
-      // It committed, then lost the link before saying so: let it confirm again.
+      // It holds the target already (it committed, then lost the link before
+      // saying so): that is more than prepared. If we decided, let it confirm.
+      r.prepared_children.insert(child);
+      MaybePrepared();
       if (r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_)) {
         downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(
                                          MessageType::kCommit, {r.id, r.identity.target_version})),
@@ -669,11 +674,25 @@ class NodeAgent::Impl {
   void OnDecision(MessageType type, ByteSpan bytes) {
     auto d = ParseDecision(bytes);
     if (!d.ok()) return ProtocolError(d.status().message());
-    if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight &&
-        (!refit_ || refit_->id != d->refit_id || refit_->phase == Phase::kDone)) {
-      // Committed already (before a restart, or a repeated COMMIT): confirm again.
-      SendUp(EncodeOutcome(MessageType::kCommitted, {d->refit_id, 1 + (refit_ ? refit_->outcome_nodes : 0)}));
-      return;
+    if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
+      if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
+        // A repeated COMMIT: confirm again.
+        SendUp(EncodeOutcome(MessageType::kCommitted, {d->refit_id, 1 + refit_->outcome_nodes}));
+        return;
+      }
+      if (!refit_ || refit_->id != d->refit_id) {
+        // We committed before a restart and never confirmed: our subtree's
+        // confirmations were lost with us, so gather them again.
+        refit_.emplace();
+        refit_->id = d->refit_id;
+        refit_->identity.target_version = d->target_version;
+        refit_->phase = Phase::kCommitting;
+        refit_->decided = Clock::now();
+        refit_->local_outcome_done = true;
+        downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, *d)), false);
+        MaybeOutcome();
+        return;
+      }
     }
     if (!refit_ || refit_->id != d->refit_id) return ProtocolError("decision for an unknown refit");
     Refit& r = *refit_;
@@ -764,10 +783,10 @@ class NodeAgent::Impl {
       return stats_;
     }();
     log::Info(fmt::format(
-        "{}: refit {} {}: version {}, received {:.2f} MiB in {} chunks, {} partitions applied, apply {:.2f} s, "
-        "total {:.2f} s, peak held {:.2f} MiB, {} children",
-        options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(),
-        double(r.chunk_bytes) / (1 << 20), r.chunks, r.partitions_applied, r.apply_seconds, SecondsSince(r.start),
+        "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, repair {} B, {} partitions applied, "
+        "apply {:.2f} s, total {:.2f} s, peak held {:.2f} MiB, {} children",
+        options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(), r.chunk_bytes,
+        double(r.chunk_bytes) / (1 << 20), r.chunks, r.repair_bytes, r.partitions_applied, r.apply_seconds, SecondsSince(r.start),
         double(s.peak_held_bytes) / (1 << 20), self_.children.size()));
   }
 

@@ -89,7 +89,7 @@ class Publication {
     const auto spool_dir = options_.spool_dir.empty()
                                ? std::filesystem::temp_directory_path() / "deltacast-source-spool"
                                : options_.spool_dir;
-    auto spool = Spool::Create(spool_dir, refit_id);
+    auto spool = Spool::Open(spool_dir, refit_id);
     if (spool.ok()) {
       spool_ = std::move(*spool);
     } else {
@@ -215,7 +215,9 @@ class Publication {
   // has not applied, and the decision if there is one already.
   void Replay(const std::string& child, const Hello& hello) {
     if (hello.active_version == begin_.target_version && hello.inflight_target.IsZero()) {
-      // It committed, then lost the link before saying so: let it confirm again.
+      // It holds the target already (it committed, then lost the link before
+      // saying so): that is more than prepared. If we decided, let it confirm.
+      prepared_.insert(child);
       if (decision_ == MessageType::kCommit) {
         downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
                                      nullptr, false}});

@@ -5,18 +5,56 @@
 
 #include <cerrno>
 
+#include "agent/protocol.h"
+#include "codec/chunk.h"
 #include "common/file_util.h"
 
 namespace deltacast::agent {
 
-Result<std::unique_ptr<Spool>> Spool::Create(const std::filesystem::path& dir, uint64_t refit_id) {
+Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir, uint64_t refit_id) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
-  const auto path = dir / ("refit-" + std::to_string(refit_id) + ".spool");
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno(errno, "create " + path.string());
-  return std::unique_ptr<Spool>(new Spool(fd, path, refit_id));
+  const std::string name = "refit-" + std::to_string(refit_id) + ".spool";
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".spool" && entry.path().filename() != name) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
+  const auto path = dir / name;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  auto spool = std::unique_ptr<Spool>(new Spool(fd, path, refit_id));
+  spool->Recover();
+  return spool;
+}
+
+void Spool::Recover() {
+  // Keep every whole, valid message from the start; a crash may have cut the last.
+  for (;;) {
+    std::vector<std::byte> head(kMessageHeaderBytes + codec::kChunkHeaderBytes);
+    if (::pread(fd_, head.data(), head.size(), static_cast<off_t>(end_)) != static_cast<ssize_t>(head.size())) break;
+    auto header = codec::PeekChunkHeader(ByteSpan(head).subspan(kMessageHeaderBytes));
+    if (!PeekType(head).ok() || !header.ok()) break;
+    const uint64_t length = head.size() + header->payload_length;
+    auto message = ReadAt(end_, length);
+    if (!message.ok() || !codec::ParseChunk(Body(**message)).ok()) break;
+    index_[header->sequence] = Entry{end_, length};
+    end_ += length;
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(end_)) != 0) index_.clear(), end_ = 0;
+}
+
+Result<transport::Message> Spool::ReadAt(uint64_t offset, uint64_t length) const {
+  std::vector<std::byte> bytes(length);
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno(n < 0 ? errno : EIO, "read spool " + path_.string());
+    got += static_cast<size_t>(n);
+  }
+  return transport::MakeMessage(std::move(bytes));
 }
 
 Spool::~Spool() {
@@ -28,7 +66,10 @@ Spool::~Spool() {
 Status Spool::Append(uint32_t sequence, ByteSpan message) {
   std::lock_guard lock(mu_);
   if (index_.contains(sequence)) return Status::Ok();
-  // The spool is a cache for replays, not a durable record: no fsync.
+  // The spool is a cache for replays, not a durable record: no fsync (a crash of
+  // the machine costs a re-fetch from the parent, never a wrong byte: Recover
+  // keeps only whole, checksummed chunks).
+  if (::lseek(fd_, static_cast<off_t>(end_), SEEK_SET) < 0) return Status::FromErrno(errno, "seek " + path_.string());
   RETURN_IF_ERROR(WriteAll(fd_, message, path_));
   index_[sequence] = Entry{end_, message.size()};
   end_ += message.size();
@@ -43,15 +84,7 @@ Result<transport::Message> Spool::Read(uint32_t sequence) const {
     if (it == index_.end()) return Status::NotFound("chunk " + std::to_string(sequence) + " is not spooled");
     entry = it->second;
   }
-  std::vector<std::byte> bytes(entry.length);
-  size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t n = ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(entry.offset + got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::FromErrno(n < 0 ? errno : EIO, "read spool " + path_.string());
-    got += static_cast<size_t>(n);
-  }
-  return transport::MakeMessage(std::move(bytes));
+  return ReadAt(entry.offset, entry.length);
 }
 
 std::vector<uint32_t> Spool::sequences() const {

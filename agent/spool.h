@@ -20,8 +20,11 @@ namespace deltacast::agent {
 
 class Spool {
  public:
-  // Creates (truncating) `dir`/refit-<id>.spool; the file is removed with the spool.
-  static Result<std::unique_ptr<Spool>> Create(const std::filesystem::path& dir, uint64_t refit_id);
+  // Opens `dir`/refit-<id>.spool, keeping the valid chunks a previous run of this
+  // node spooled for the same refit (a relay that restarts must still replay what
+  // it had forwarded); other refits' spools in `dir` are deleted. The file is
+  // removed with the spool.
+  static Result<std::unique_ptr<Spool>> Open(const std::filesystem::path& dir, uint64_t refit_id);
   ~Spool();
   Spool(const Spool&) = delete;
   Spool& operator=(const Spool&) = delete;
@@ -38,6 +41,8 @@ class Spool {
 
  private:
   Spool(int fd, std::filesystem::path path, uint64_t refit_id) : fd_(fd), path_(std::move(path)), refit_id_(refit_id) {}
+  void Recover();
+  Result<transport::Message> ReadAt(uint64_t offset, uint64_t length) const;
   struct Entry {
     uint64_t offset = 0;
     uint64_t length = 0;

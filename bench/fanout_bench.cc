@@ -72,7 +72,9 @@ constexpr char kToken[] = "fanout-bench-token";
 constexpr uint64_t kTensorElements = uint64_t{4} << 20;
 constexpr uint64_t kNormElements = 4096;
 
-double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
 
 // CPU seconds this process has used (user + system, all threads): every node of
 // the cluster is a thread here, so this is the whole cluster's CPU.
@@ -114,6 +116,7 @@ struct BenchOptions {
   double link_bound_bytes_per_second = 0;
   uint64_t link_bound_chunk_bytes = 0;
   uint64_t link_bound_partition_bytes = 0;
+  int repeats = 3;
   size_t encode_threads = 0;
   size_t apply_threads = 1;
   uint64_t seed = 1;
@@ -139,8 +142,11 @@ SyntheticModel DrawModel(uint64_t params, uint64_t seed) {
   SyntheticModel model;
   for (uint64_t left = params, block = 0; left > 0; ++block) {
     const uint64_t n = std::min(left, kTensorElements);
-    model.tensors.push_back({fmt::format("model.layers.{:04}.weight", block), dc::DType::kBF16, {n}});
-    model.tensors.push_back({fmt::format("model.layers.{:04}.x_norm.weight", block), dc::DType::kBF16, {kNormElements}});
+    model.tensors.push_back(
+        {fmt::format("model.layers.{:04}.weight", block), dc::DType::kBF16, {n}});
+    model.tensors.push_back({fmt::format("model.layers.{:04}.x_norm.weight", block),
+                             dc::DType::kBF16,
+                             {kNormElements}});
     left -= n;
   }
   model.elements.resize(model.tensors.size());
@@ -150,7 +156,8 @@ SyntheticModel DrawModel(uint64_t params, uint64_t seed) {
     workers.emplace_back([&] {
       for (size_t t; (t = next++) < model.tensors.size();) {
         const bool norm = t % 2 == 1;
-        model.elements[t] = dc::bench::DrawElements(seed * 1'000'003 + t, model.tensors[t].ElementCount(), norm);
+        model.elements[t] =
+            dc::bench::DrawElements(seed * 1'000'003 + t, model.tensors[t].ElementCount(), norm);
       }
     });
   }
@@ -169,23 +176,26 @@ struct Checkpoint {
 
 std::map<std::string, uint64_t> TensorHashes(const dc::apply::WeightStore& store) {
   std::map<std::string, uint64_t> hashes;
-  for (size_t i = 0; i < store.tensors().size(); ++i) hashes[store.tensors()[i].name] = dc::Hash64(store.TensorData(i));
+  for (size_t i = 0; i < store.tensors().size(); ++i)
+    hashes[store.tensors()[i].name] = dc::Hash64(store.TensorData(i));
   return hashes;
 }
 
 void Finalize(Checkpoint& c, uint64_t partition_bytes) {
   const auto& store = *c.store;
   c.manifest = dc::codec::ComputeManifest(
-      store.tensors(), [&](size_t i) { return store.TensorData(i); }, partition_bytes, dc::DefaultThreadCount());
+      store.tensors(), [&](size_t i) { return store.TensorData(i); }, partition_bytes,
+      dc::DefaultThreadCount());
   c.tensor_hashes = TensorHashes(store);
 }
 
-Checkpoint Borrowing(const std::vector<dc::codec::TensorInfo>& tensors, std::vector<std::vector<std::byte>> buffers,
-                     uint64_t partition_bytes) {
+Checkpoint Borrowing(const std::vector<dc::codec::TensorInfo>& tensors,
+                     std::vector<std::vector<std::byte>> buffers, uint64_t partition_bytes) {
   Checkpoint c;
   c.buffers = std::move(buffers);
   std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> spans;
-  for (size_t i = 0; i < tensors.size(); ++i) spans.emplace_back(tensors[i], dc::MutableByteSpan(c.buffers[i]));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    spans.emplace_back(tensors[i], dc::MutableByteSpan(c.buffers[i]));
   c.store = Check(dc::apply::HostStore::Borrow(std::move(spans)), "borrow checkpoint");
   Finalize(c, partition_bytes);
   return c;
@@ -204,7 +214,8 @@ Checkpoint StepCheckpoint(const SyntheticModel& model, double lr, uint64_t parti
 }
 
 // All-zero tensors: the base of a "full" transfer, where every partition changes.
-Checkpoint ZeroCheckpoint(const std::vector<dc::codec::TensorInfo>& tensors, uint64_t partition_bytes) {
+Checkpoint ZeroCheckpoint(const std::vector<dc::codec::TensorInfo>& tensors,
+                          uint64_t partition_bytes) {
   Checkpoint c;
   c.store = Check(dc::apply::HostStore::Create(tensors), "zero checkpoint");
   Finalize(c, partition_bytes);
@@ -249,11 +260,11 @@ std::string_view UplinkModelName(UplinkModel m) {
 }
 
 struct Scenario {
-  std::string topology;       // "single", "star", "chain", "tree"
+  std::string topology;  // "single", "star", "chain", "tree"
   int receivers = 1;
   std::optional<int> fanout;  // nullopt: "auto", the planner's choice
   UplinkModel model = UplinkModel::kShared;
-  bool full = false;          // the whole target from an all-zero base
+  bool full = false;                 // the whole target from an all-zero base
   std::vector<std::string> aliases;  // other scenario names that plan the same tree
 };
 
@@ -275,7 +286,7 @@ struct RunResult {
   Scenario scenario;
   double change_rate = 0;
   int fanout_used = 0;
-  int depth = 0;  // deepest receiver
+  int depth = 0;                            // deepest receiver
   double source_link_bytes_per_second = 0;  // the cap on each source -> child link
   uint64_t delta_bytes = 0;
   uint64_t checkpoint_bytes = 0;
@@ -290,8 +301,10 @@ struct RunResult {
   double wall_seconds = 0;     // the publish call, children joining included
   uint64_t peak_held_bytes = 0;
   int attempts = 0;
-  int stats_lagged = 0;  // agents whose stats showed the commit only after Publish returned
-  int max_children = 0;  // the largest fanout of any node in the plan
+  int stats_lagged = 0;     // agents whose stats showed the commit only after Publish returned
+  double load_average = 0;  // the machine's 1-minute load average when the run started
+  std::vector<double> samples_seconds;  // every repeat's seconds (this run is their median)
+  int max_children = 0;                 // the largest fanout of any node in the plan
 };
 
 std::string ConfigToml(int receivers, int fanout, int base_port, double link_bytes_per_second,
@@ -299,26 +312,33 @@ std::string ConfigToml(int receivers, int fanout, int base_port, double link_byt
   // The planner needs an uplink; an uncapped run still plans with the nominal one.
   const double uplink_bits = link_bytes_per_second > 0 ? link_bytes_per_second * 8 : 10e9;
   std::string toml = fmt::format(
-      "[cluster]\nname = \"fanout-bench\"\n\n[tree]\nfanout = {}\nchunk_size = \"{}B\"\nwindow = {}\n"
-      "connect_timeout = \"20s\"\nidle_timeout = \"60s\"\ncommit_timeout = \"300s\"\ndefault_uplink = \"{:.0f}bit\"\n\n"
-      "[[node]]\nid = \"src\"\nhost = \"127.0.0.1\"\nport = {}\nregion = \"local\"\nrole = \"source\"\n",
-      fanout > 0 ? std::to_string(fanout) : std::string("\"auto\""), p.chunk_bytes, p.window, uplink_bits, base_port);
+      "[cluster]\nname = \"fanout-bench\"\n\n[tree]\nfanout = {}\nchunk_size = \"{}B\"\nwindow = "
+      "{}\n"
+      "connect_timeout = \"20s\"\nidle_timeout = \"60s\"\ncommit_timeout = "
+      "\"300s\"\ndefault_uplink = \"{:.0f}bit\"\n\n"
+      "[[node]]\nid = \"src\"\nhost = \"127.0.0.1\"\nport = {}\nregion = \"local\"\nrole = "
+      "\"source\"\n",
+      fanout > 0 ? std::to_string(fanout) : std::string("\"auto\""), p.chunk_bytes, p.window,
+      uplink_bits, base_port);
   for (int i = 1; i <= receivers; ++i) {
-    toml += fmt::format("\n[[node]]\nid = \"n{:02}\"\nhost = \"127.0.0.1\"\nport = {}\nregion = \"local\"\n"
-                        "role = \"receiver\"\n",
-                        i, base_port + i);
+    toml += fmt::format(
+        "\n[[node]]\nid = \"n{:02}\"\nhost = \"127.0.0.1\"\nport = {}\nregion = \"local\"\n"
+        "role = \"receiver\"\n",
+        i, base_port + i);
   }
   return toml;
 }
 
 // The transport of one node: TCP, each connection paced per the uplink model.
-std::unique_ptr<dc::transport::Transport> NodeTransport(UplinkModel model, double link_bytes_per_second,
+std::unique_ptr<dc::transport::Transport> NodeTransport(UplinkModel model,
+                                                        double link_bytes_per_second,
                                                         size_t children) {
   auto tcp = Check(dc::transport::MakeTcpTransport(), "tcp transport");
   if (model == UplinkModel::kUncapped) return tcp;
   dc::transport::FaultPlan plan;
   plan.bandwidth_bytes_per_second = link_bytes_per_second;
-  if (model == UplinkModel::kShared && children > 1) plan.bandwidth_bytes_per_second /= double(children);
+  if (model == UplinkModel::kShared && children > 1)
+    plan.bandwidth_bytes_per_second /= double(children);
   return dc::transport::WrapWithFaults(std::move(tcp), plan);
 }
 
@@ -338,15 +358,17 @@ struct Cluster {
 // Starts every receiver at `base`. False (everything stopped) when a port is
 // taken; dies on any other error.
 bool StartReceivers(const dc::topology::ClusterConfig& config, const dc::topology::TreePlan& plan,
-                    const Scenario& s, const ClusterParams& p, const Checkpoint& base, Cluster& cluster) {
+                    const Scenario& s, const ClusterParams& p, const Checkpoint& base,
+                    Cluster& cluster) {
   // Copies and manifests first, so the agents then start (and join) within
   // milliseconds of each other and of the source.
   std::vector<std::unique_ptr<dc::apply::Replica>> replicas;
   for (int i = 1; i <= s.receivers; ++i) {
     auto store = Check(dc::apply::HostStore::CopyOf(*base.store), "copy base");
     cluster.stores.push_back(store.get());
-    replicas.push_back(Check(dc::apply::Replica::ForStore(std::move(store), p.partition_bytes, dc::DefaultThreadCount()),
-                             "replica"));
+    replicas.push_back(Check(
+        dc::apply::Replica::ForStore(std::move(store), p.partition_bytes, dc::DefaultThreadCount()),
+        "replica"));
   }
   // Breadth-first, so each parent listens before its children try to join.
   for (size_t k = 1; k < plan.nodes.size(); ++k) {
@@ -357,8 +379,9 @@ bool StartReceivers(const dc::topology::ClusterConfig& config, const dc::topolog
     options.node_id = node.id;
     options.token = kToken;
     options.apply_threads = p.apply_threads;
-    auto agent = dc::agent::NodeAgent::Start(std::move(options), std::move(replicas[i]),
-                                             NodeTransport(s.model, p.link_bytes_per_second, node.children.size()));
+    auto agent = dc::agent::NodeAgent::Start(
+        std::move(options), std::move(replicas[i]),
+        NodeTransport(s.model, p.link_bytes_per_second, node.children.size()));
     if (!agent.ok()) {
       fmt::print(stderr, "fanout bench: {} cannot start ({}); retrying on other ports\n", node.id,
                  agent.status().ToString());
@@ -370,7 +393,8 @@ bool StartReceivers(const dc::topology::ClusterConfig& config, const dc::topolog
   }
   // Agents were started in plan order; put stores in the same order.
   std::vector<const dc::apply::WeightStore*> ordered;
-  for (size_t k = 1; k < plan.nodes.size(); ++k) ordered.push_back(cluster.stores[std::stoi(plan.nodes[k].id.substr(1)) - 1]);
+  for (size_t k = 1; k < plan.nodes.size(); ++k)
+    ordered.push_back(cluster.stores[std::stoi(plan.nodes[k].id.substr(1)) - 1]);
   cluster.stores = std::move(ordered);
   return true;
 }
@@ -397,18 +421,19 @@ int WaitForStats(const Cluster& cluster, const dc::Digest128& target) {
 
 // Every receiver committed the target and holds exactly its bytes; dies otherwise.
 // Returns how many agents' stats lagged the commit (see WaitForStats).
-int VerifyBitExact(const Cluster& cluster, const dc::agent::PublishReport& report, const Checkpoint& target,
-                   const std::string& what) {
+int VerifyBitExact(const Cluster& cluster, const dc::agent::PublishReport& report,
+                   const Checkpoint& target, const std::string& what) {
   if (!report.committed) Die(what + ": refit did not commit: " + report.abort_reason);
   if (report.nodes_decided != cluster.agents.size()) {
-    Die(fmt::format("{}: {} of {} nodes confirmed the decision", what, report.nodes_decided, cluster.agents.size()));
+    Die(fmt::format("{}: {} of {} nodes confirmed the decision", what, report.nodes_decided,
+                    cluster.agents.size()));
   }
   const int lagged = WaitForStats(cluster, report.target_version);
   for (size_t i = 0; i < cluster.agents.size(); ++i) {
     const auto stats = cluster.agents[i]->stats();
     if (stats.version != report.target_version || stats.refits_committed != 1) {
-      Die(fmt::format("{}: agent {} is at version {} after {} commits", what, i, stats.version.ShortHex(),
-                      stats.refits_committed));
+      Die(fmt::format("{}: agent {} is at version {} after {} commits", what, i,
+                      stats.version.ShortHex(), stats.refits_committed));
     }
     if (TensorHashes(*cluster.stores[i]) != target.tensor_hashes) {
       Die(fmt::format("{}: agent {} holds bytes that differ from the target", what, i));
@@ -423,14 +448,32 @@ int PlanDepth(const dc::topology::TreePlan& plan) {
   return depth;
 }
 
+void PrintRun(const RunResult& r, double link);
+
+// A random first port for a cluster of `nodes` consecutive ports: in 30000..60000
+// but below the kernel's ephemeral range where it can (outgoing connections take
+// ports from there, and a listener there collides with them now and then).
+int RandomBasePort(int nodes, std::mt19937& rng) {
+  int low = 30000, high = 60000;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int ephemeral_low = 0, ephemeral_high = 0;
+  if (range >> ephemeral_low >> ephemeral_high && ephemeral_low - nodes - 1 > low + 1000) {
+    high = ephemeral_low - 1;
+  }
+  return std::uniform_int_distribution<int>(low, high - nodes)(rng);
+}
+
 // One fresh cluster, one refit base -> target, checked bit-exact.
-RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint& base, const Checkpoint& target,
-                     std::mt19937& rng) {
-  const std::string what = fmt::format("{} N={}{}", ScenarioName(s), s.receivers, s.full ? " full" : "");
+RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint& base,
+                     const Checkpoint& target, std::mt19937& rng) {
+  const std::string what =
+      fmt::format("{} N={}{}", ScenarioName(s), s.receivers, s.full ? " full" : "");
   for (int attempt = 1; attempt <= 8; ++attempt) {
-    const int base_port = std::uniform_int_distribution<int>(30000, 60000 - s.receivers - 1)(rng);
-    const std::string toml = ConfigToml(s.receivers, s.fanout.value_or(0), base_port, p.link_bytes_per_second, p);
-    const auto config = Check(dc::topology::ParseClusterConfig(toml, "fanout-bench.toml"), "config");
+    const int base_port = RandomBasePort(s.receivers + 1, rng);
+    const std::string toml =
+        ConfigToml(s.receivers, s.fanout.value_or(0), base_port, p.link_bytes_per_second, p);
+    const auto config =
+        Check(dc::topology::ParseClusterConfig(toml, "fanout-bench.toml"), "config");
     const auto plan = Check(dc::topology::PlanTree(config), "plan");
     Cluster cluster;
     if (!StartReceivers(config, plan, s, p, base, cluster)) continue;
@@ -443,8 +486,9 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     std::optional<dc::Result<dc::agent::PublishReport>> published;
     const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
-    published = dc::agent::Publish(options, *base.store, base.manifest, *target.store, target.manifest,
-                                   NodeTransport(s.model, p.link_bytes_per_second, source_children));
+    published =
+        dc::agent::Publish(options, *base.store, base.manifest, *target.store, target.manifest,
+                           NodeTransport(s.model, p.link_bytes_per_second, source_children));
     const double wall = Seconds(t0);
     const double cpu = CpuSeconds() - cpu0;
     if (!published->ok()) {
@@ -460,8 +504,9 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     r.fanout_used = plan.fanout_used;
     r.depth = PlanDepth(plan);
     r.source_link_bytes_per_second =
-        s.model == UplinkModel::kShared ? p.link_bytes_per_second / double(std::max<size_t>(1, source_children))
-                                        : p.link_bytes_per_second;
+        s.model == UplinkModel::kShared
+            ? p.link_bytes_per_second / double(std::max<size_t>(1, source_children))
+            : p.link_bytes_per_second;
     r.delta_bytes = report.delta.delta_bytes;
     r.checkpoint_bytes = target.manifest.TotalBytes();
     r.chunks = report.delta.chunks;
@@ -473,25 +518,52 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     r.planner_seconds = plan.PredictSeconds(r.delta_bytes);
     r.cpu_seconds = cpu;
     r.wall_seconds = wall;
-    for (const auto& a : cluster.agents) r.peak_held_bytes = std::max(r.peak_held_bytes, a->stats().peak_held_bytes);
+    for (const auto& a : cluster.agents)
+      r.peak_held_bytes = std::max(r.peak_held_bytes, a->stats().peak_held_bytes);
     r.attempts = attempt;
     r.stats_lagged = lagged;
     r.max_children = 0;
-    for (const auto& n : plan.nodes) r.max_children = std::max(r.max_children, int(n.children.size()));
+    for (const auto& n : plan.nodes)
+      r.max_children = std::max(r.max_children, int(n.children.size()));
     cluster.Stop();
     return r;
   }
   Die(what + ": no free ports after 8 attempts");
 }
 
+double LoadAverage() {
+  double load[1] = {0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1;
+}
+
+// Runs `s` `repeats` times, each on a fresh cluster, and keeps the run with the
+// median seconds: the machine is shared, so one run is noisy.
+RunResult RunMedian(const Scenario& s, const ClusterParams& p, const Checkpoint& base,
+                    const Checkpoint& target, double rate, int repeats, std::mt19937& rng) {
+  std::vector<RunResult> samples;
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    const double load = LoadAverage();
+    samples.push_back(RunCluster(s, p, base, target, rng));
+    samples.back().load_average = load;
+  }
+  std::sort(samples.begin(), samples.end(),
+            [](const auto& a, const auto& b) { return a.seconds < b.seconds; });
+  RunResult median = samples[samples.size() / 2];
+  for (const auto& r : samples) median.samples_seconds.push_back(r.seconds);
+  median.change_rate = rate;
+  PrintRun(median, p.link_bytes_per_second);
+  return median;
+}
+
 // ---- the scenario matrix -----------------------------------------------------
 
 // The fanout the planner would use for `s` (without starting anything).
 int PlannedFanout(const Scenario& s, const ClusterParams& p) {
-  const auto config = Check(
-      dc::topology::ParseClusterConfig(ConfigToml(s.receivers, s.fanout.value_or(0), 40000, p.link_bytes_per_second, p),
-                                       "fanout-bench.toml"),
-      "config");
+  const auto config =
+      Check(dc::topology::ParseClusterConfig(
+                ConfigToml(s.receivers, s.fanout.value_or(0), 40000, p.link_bytes_per_second, p),
+                "fanout-bench.toml"),
+            "config");
   return Check(dc::topology::PlanTree(config), "plan").fanout_used;
 }
 
@@ -500,7 +572,8 @@ int PlannedFanout(const Scenario& s, const ClusterParams& p) {
 // its alias).
 std::vector<Scenario> ScenariosFor(int n, UplinkModel model, const ClusterParams& p) {
   if (n == 1) return {Scenario{"single", 1, 1, model, false, {}}};
-  std::vector<Scenario> candidates = {Scenario{"star", n, n, model, false, {}}, Scenario{"chain", n, 1, model, false, {}},
+  std::vector<Scenario> candidates = {Scenario{"star", n, n, model, false, {}},
+                                      Scenario{"chain", n, 1, model, false, {}},
                                       Scenario{"tree", n, std::nullopt, model, false, {}},
                                       Scenario{"tree", n, 2, model, false, {}}};
   std::vector<Scenario> out;
@@ -519,13 +592,15 @@ std::vector<Scenario> ScenariosFor(int n, UplinkModel model, const ClusterParams
 }
 
 bool Matches(const RunResult& r, const std::string& name, int n, bool full, UplinkModel model) {
-  if (r.scenario.receivers != n || r.scenario.full != full || r.scenario.model != model) return false;
+  if (r.scenario.receivers != n || r.scenario.full != full || r.scenario.model != model)
+    return false;
   if (ScenarioName(r.scenario) == name) return true;
-  return std::find(r.scenario.aliases.begin(), r.scenario.aliases.end(), name) != r.scenario.aliases.end();
+  return std::find(r.scenario.aliases.begin(), r.scenario.aliases.end(), name) !=
+         r.scenario.aliases.end();
 }
 
-const RunResult* Find(const std::vector<RunResult>& runs, const std::string& name, int n, double rate, bool full,
-                      UplinkModel model = UplinkModel::kShared) {
+const RunResult* Find(const std::vector<RunResult>& runs, const std::string& name, int n,
+                      double rate, bool full, UplinkModel model = UplinkModel::kShared) {
   for (const auto& r : runs) {
     if (r.change_rate == rate && Matches(r, n == 1 ? "single" : name, n, full, model)) return &r;
   }
@@ -570,6 +645,8 @@ json RunJson(const RunResult& r, const std::vector<RunResult>& runs, double link
       {"publish_wall_seconds", r.wall_seconds},
       {"cpu_cores_busy", r.cpu_seconds / r.wall_seconds},
       {"agents_with_lagging_stats", r.stats_lagged},
+      {"load_average_1m", r.load_average},
+      {"samples_seconds", r.samples_seconds},
       {"bit_exact", true},
   };
   if (single) {
@@ -581,11 +658,13 @@ json RunJson(const RunResult& r, const std::vector<RunResult>& runs, double link
 
 void PrintRun(const RunResult& r, double link) {
   fmt::print(stderr,
-             "{:>10} N={:<2} f={:<2} {:<14} {:>5} rate {:.3f}: {:>8} B in {:>4} chunks, {:.3f} s (prepare {:.3f}, "
+             "{:>10} N={:<2} f={:<2} {:<14} {:>5} rate {:.3f}: {:>8} B in {:>4} chunks, {:.3f} s "
+             "(prepare {:.3f}, "
              "bound {:.3f}), cpu {:.2f} s ({:.2f} cores), peak held {} B\n",
-             ScenarioName(r.scenario), r.scenario.receivers, r.fanout_used, UplinkModelName(r.scenario.model),
-             r.scenario.full ? "full" : "delta", r.change_rate, r.delta_bytes, r.chunks, r.seconds, r.prepare_seconds,
-             UplinkLowerBound(r, link), r.cpu_seconds, r.cpu_seconds / r.wall_seconds, r.peak_held_bytes);
+             ScenarioName(r.scenario), r.scenario.receivers, r.fanout_used,
+             UplinkModelName(r.scenario.model), r.scenario.full ? "full" : "delta", r.change_rate,
+             r.delta_bytes, r.chunks, r.seconds, r.prepare_seconds, UplinkLowerBound(r, link),
+             r.cpu_seconds, r.cpu_seconds / r.wall_seconds, r.peak_held_bytes);
 }
 
 // ---- summaries -------------------------------------------------------------
@@ -610,12 +689,15 @@ json TreeAndStar(const std::vector<RunResult>& runs, int n, double rate, bool pe
   json s = json::object();
   const RunResult* single = Find(runs, "single", 1, rate, false);
   s[fmt::format("tree{}_over_single", n)] =
-      Ratio(Find(runs, "tree(auto)", n, rate, false), single, 1.2, "the planner's tree, shared uplinks; target <= 1.2");
+      Ratio(Find(runs, "tree(auto)", n, rate, false), single, 1.2,
+            "the planner's tree, shared uplinks; target <= 1.2");
   s[fmt::format("tree{}_fanout2_over_single", n)] =
-      Ratio(Find(runs, "tree(2)", n, rate, false), single, 0, "fanout 2, shared uplinks: each child link gets rate/2");
+      Ratio(Find(runs, "tree(2)", n, rate, false), single, 0,
+            "fanout 2, shared uplinks: each child link gets rate/2");
   if (const RunResult* star = Find(runs, "star", n, rate, false)) {
     s[fmt::format("star{}_over_single", n)] =
-        Ratio(star, single, 0, fmt::format("the source's uplink shared by {} children; ~{} expected", n, n));
+        Ratio(star, single, 0,
+              fmt::format("the source's uplink shared by {} children; ~{} expected", n, n));
   }
   if (per_connection) {
     s[fmt::format("star{}_per_connection_over_single", n)] =
@@ -629,14 +711,16 @@ json TreeAndStar(const std::vector<RunResult>& runs, int n, double rate, bool pe
 }
 
 // Each hop of a chain should add about one chunk-time (mean chunk / link rate).
-json ChainHops(const std::vector<RunResult>& runs, const std::vector<int>& receivers, double rate, double link) {
+json ChainHops(const std::vector<RunResult>& runs, const std::vector<int>& receivers, double rate,
+               double link) {
   json hops = json::array();
   const RunResult* one = Find(runs, "single", 1, rate, false);
   for (int n : receivers) {
     const RunResult* chain = Find(runs, "chain", n, rate, false);
     if (n == 1 || !chain || !one) continue;
     const double per_hop = (chain->seconds - one->seconds) / double(n - 1);
-    const double mean_chunk = double(chain->delta_bytes) / double(std::max<uint64_t>(1, chain->chunks - 1));
+    const double mean_chunk =
+        double(chain->delta_bytes) / double(std::max<uint64_t>(1, chain->chunks - 1));
     const double chunk_time = mean_chunk / link;
     hops.push_back({{"receivers", n},
                     {"change_rate", rate},
@@ -673,7 +757,8 @@ json DeltaVsFull(const std::vector<RunResult>& runs, const BenchOptions& o) {
 json Summaries(const std::vector<RunResult>& runs, const BenchOptions& o) {
   const int big = o.receivers.back();
   json s = TreeAndStar(runs, big, o.summary_rate, o.per_connection_n == big);
-  s["chain_seconds_per_hop"] = ChainHops(runs, o.receivers, o.summary_rate, o.link_bytes_per_second);
+  s["chain_seconds_per_hop"] =
+      ChainHops(runs, o.receivers, o.summary_rate, o.link_bytes_per_second);
   s["delta_vs_full"] = DeltaVsFull(runs, o);
   return s;
 }
@@ -694,14 +779,12 @@ json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937&
   p.encode_threads = o.encode_threads;
   p.apply_threads = o.apply_threads;
   const Checkpoint base = StepCheckpoint(model, 0, p.partition_bytes);
-  const Checkpoint target = StepCheckpoint(model, dc::bench::CalibrateLr(o.summary_rate), p.partition_bytes);
+  const Checkpoint target =
+      StepCheckpoint(model, dc::bench::CalibrateLr(o.summary_rate), p.partition_bytes);
   const int n = o.receivers.back();
   std::vector<RunResult> runs;
   auto run = [&](const Scenario& s) {
-    RunResult r = RunCluster(s, p, base, target, rng);
-    r.change_rate = o.summary_rate;
-    PrintRun(r, p.link_bytes_per_second);
-    runs.push_back(std::move(r));
+    runs.push_back(RunMedian(s, p, base, target, o.summary_rate, o.repeats, rng));
   };
   run(ScenariosFor(1, UplinkModel::kShared, p).front());
   for (const auto& s : ScenariosFor(n, UplinkModel::kShared, p)) {
@@ -716,7 +799,8 @@ json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937&
             {"change_rate", o.summary_rate},
             {"results", results},
             {"summary", TreeAndStar(runs, n, o.summary_rate, false)}};
-  j["summary"]["chain_seconds_per_hop"] = ChainHops(runs, {1, n}, o.summary_rate, p.link_bytes_per_second);
+  j["summary"]["chain_seconds_per_hop"] =
+      ChainHops(runs, {1, n}, o.summary_rate, p.link_bytes_per_second);
   return j;
 }
 
@@ -757,7 +841,8 @@ json RunIperf(int seconds, std::mt19937& rng) {
     posix_spawn_file_actions_destroy(&actions);
     if (rc != 0) return {{"available", false}, {"note", "cannot start iperf3 -s"}};
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    const std::string cmd = fmt::format("iperf3 -c 127.0.0.1 -p {} -t {} -J 2>/dev/null", port, seconds);
+    const std::string cmd =
+        fmt::format("iperf3 -c 127.0.0.1 -p {} -t {} -J 2>/dev/null", port, seconds);
     FILE* pipe = popen(cmd.c_str(), "r");
     if (!pipe) return {{"available", false}, {"note", "cannot run iperf3 -c"}};
     std::string out;
@@ -765,10 +850,15 @@ json RunIperf(int seconds, std::mt19937& rng) {
     for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
     pclose(pipe);
     const json doc = json::parse(out, nullptr, /*allow_exceptions=*/false);
-    if (doc.is_discarded() || !doc.contains("end") || !doc["end"].contains("sum_received")) continue;
+    if (doc.is_discarded() || !doc.contains("end") || !doc["end"].contains("sum_received"))
+      continue;
     const double bps = doc["end"]["sum_received"]["bits_per_second"].get<double>();
-    json j = {{"available", true}, {"seconds", seconds}, {"bits_per_second", bps}, {"bytes_per_second", bps / 8}};
-    if (doc["end"].contains("cpu_utilization_percent")) j["cpu_utilization_percent"] = doc["end"]["cpu_utilization_percent"];
+    json j = {{"available", true},
+              {"seconds", seconds},
+              {"bits_per_second", bps},
+              {"bytes_per_second", bps / 8}};
+    if (doc["end"].contains("cpu_utilization_percent"))
+      j["cpu_utilization_percent"] = doc["end"]["cpu_utilization_percent"];
     return j;
   }
   return {{"available", false}, {"note", "iperf3 ran but gave no result (port in use?)"}};
@@ -776,7 +866,8 @@ json RunIperf(int seconds, std::mt19937& rng) {
 
 // The source's encoder alone on the same pair (chunks dropped): the ceiling the
 // encoder puts on the relay when both share the same cores.
-double EncoderOnlyBytesPerSecond(const Checkpoint& base, const Checkpoint& target, const ClusterParams& p) {
+double EncoderOnlyBytesPerSecond(const Checkpoint& base, const Checkpoint& target,
+                                 const ClusterParams& p) {
   dc::codec::DeltaEncoderOptions options;
   options.chunk_bytes = p.chunk_bytes;
   options.threads = p.encode_threads;
@@ -798,16 +889,18 @@ json RelayThroughput(const BenchOptions& o, std::mt19937& rng) {
   p.window = o.window;
   p.encode_threads = o.encode_threads;
   p.apply_threads = o.apply_threads;
-  fmt::print(stderr, "relay throughput: {} B full checkpoint over source -> n01 -> n02, uncapped\n", o.relay_bytes);
+  fmt::print(stderr, "relay throughput: {} B full checkpoint over source -> n01 -> n02, uncapped\n",
+             o.relay_bytes);
   const Checkpoint target = RandomCheckpoint(o.relay_bytes, o.seed + 7, p.partition_bytes);
   const Checkpoint zero = ZeroCheckpoint(target.store->tensors(), p.partition_bytes);
   const Scenario s{"chain", 2, 1, UplinkModel::kUncapped, true, {}};
-  const RunResult r = RunCluster(s, p, zero, target, rng);
+  const RunResult r = RunMedian(s, p, zero, target, 1, 1, rng);
   const double encoder_only = EncoderOnlyBytesPerSecond(zero, target, p);
   const json iperf = RunIperf(o.iperf_seconds, rng);
   const double wire_rate = double(r.delta_bytes) / r.prepare_seconds;
   json j = {{"topology", "chain source -> n01 -> n02, uncapped loopback TCP (no fault wrapper)"},
-            {"data", "random bytes from an all-zero base: literal records the entropy stage cannot shrink"},
+            {"data",
+             "random bytes from an all-zero base: literal records the entropy stage cannot shrink"},
             {"checkpoint_bytes", r.checkpoint_bytes},
             {"wire_bytes", r.delta_bytes},
             {"chunk_bytes", o.relay_chunk_bytes},
@@ -830,11 +923,13 @@ json RelayThroughput(const BenchOptions& o, std::mt19937& rng) {
     j["meets_target"] = ratio >= 0.70;
   }
   fmt::print(stderr,
-             "relay throughput: {:.1f} MB/s on the wire ({:.2f} s, {:.2f} cores busy); encoder alone {:.1f} MB/s; "
+             "relay throughput: {:.1f} MB/s on the wire ({:.2f} s, {:.2f} cores busy); encoder "
+             "alone {:.1f} MB/s; "
              "iperf3 {}\n",
              wire_rate / 1e6, r.prepare_seconds, r.cpu_seconds / r.wall_seconds, encoder_only / 1e6,
-             iperf.value("available", false) ? fmt::format("{:.1f} MB/s", iperf["bytes_per_second"].get<double>() / 1e6)
-                                             : std::string("n/a"));
+             iperf.value("available", false)
+                 ? fmt::format("{:.1f} MB/s", iperf["bytes_per_second"].get<double>() / 1e6)
+                 : std::string("n/a"));
   return j;
 }
 
@@ -846,25 +941,26 @@ std::vector<double> ParseRates(const std::vector<std::string>& texts, const char
   return out;
 }
 
-bool Contains(const std::vector<double>& v, double x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool Contains(const std::vector<double>& v, double x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 // All fan-out runs at one change rate: each receiver count in `ns`, each
 // distinct topology, the per-connection comparison and the full transfers where
 // they apply.
-void RunRate(const BenchOptions& o, const ClusterParams& p, const SyntheticModel& model, const Checkpoint& base,
-             double rate, const std::vector<int>& ns, std::vector<RunResult>& runs, std::mt19937& rng) {
+void RunRate(const BenchOptions& o, const ClusterParams& p, const SyntheticModel& model,
+             const Checkpoint& base, double rate, const std::vector<int>& ns,
+             std::vector<RunResult>& runs, std::mt19937& rng) {
   const Checkpoint target = StepCheckpoint(model, dc::bench::CalibrateLr(rate), p.partition_bytes);
-  auto run = [&](const Scenario& s, const Checkpoint& from) {
-    RunResult r = RunCluster(s, p, from, target, rng);
-    r.change_rate = rate;
-    PrintRun(r, p.link_bytes_per_second);
-    runs.push_back(std::move(r));
+  auto run = [&](const Scenario& s, const Checkpoint& from, int repeats) {
+    runs.push_back(RunMedian(s, p, from, target, rate, repeats, rng));
   };
   for (int n : ns) {
-    for (const auto& s : ScenariosFor(n, UplinkModel::kShared, p)) run(s, base);
+    for (const auto& s : ScenariosFor(n, UplinkModel::kShared, p)) run(s, base, o.repeats);
     if (n == o.per_connection_n && n > 1 && rate == o.summary_rate) {
       for (const auto& s : ScenariosFor(n, UplinkModel::kPerConnection, p)) {
-        if (s.fanout && *s.fanout > 1) run(s, base);  // a chain is the same under both models
+        if (s.fanout && *s.fanout > 1)
+          run(s, base, o.repeats);  // a chain is the same under both models
       }
     }
   }
@@ -872,11 +968,12 @@ void RunRate(const BenchOptions& o, const ClusterParams& p, const SyntheticModel
   const Checkpoint zero = ZeroCheckpoint(model.tensors, p.partition_bytes);
   for (int n : o.full_receivers) {
     for (auto s : ScenariosFor(n, UplinkModel::kShared, p)) {
-      const bool planner_tree = ScenarioName(s) == "tree(auto)" ||
-                                std::find(s.aliases.begin(), s.aliases.end(), "tree(auto)") != s.aliases.end();
+      const bool planner_tree =
+          ScenarioName(s) == "tree(auto)" ||
+          std::find(s.aliases.begin(), s.aliases.end(), "tree(auto)") != s.aliases.end();
       if (n > 1 && !planner_tree) continue;  // full transfers only over the planner's tree
       s.full = true;
-      run(s, zero);
+      run(s, zero, 1);  // link-bound and long: one run is steady
     }
   }
 }
@@ -886,47 +983,67 @@ void RunRate(const BenchOptions& o, const ClusterParams& p, const SyntheticModel
 int main(int argc, char** argv) {
   CLI::App app{"deltacast relay fan-out benchmark"};
   BenchOptions o;
-  std::string params_text = "25M", link_text = "200Mbit", chunk_text = "32KiB", partition_text = "256KiB",
-              summary_rate_text = "3%", relay_text = "512MiB", relay_chunk_text = "4MiB", link_bound_text = "10Mbit",
-              link_bound_chunk_text = "4KiB", link_bound_partition_text = "64KiB", out_path;
+  std::string params_text = "25M", link_text = "200Mbit", chunk_text = "32KiB",
+              partition_text = "256KiB", summary_rate_text = "3%", relay_text = "512MiB",
+              relay_chunk_text = "4MiB", link_bound_text = "10Mbit", link_bound_chunk_text = "4KiB",
+              link_bound_partition_text = "64KiB", out_path;
   std::vector<std::string> rate_texts = {"1%", "3%", "5%"}, large_rate_texts = {"1%", "3%", "5%"};
   o.receivers = {1, 3, 7, 15, 31};
   o.full_receivers = {1, 7};
   o.per_connection_n = 31;
   bool quick = false, verbose = false, no_full = false, no_link_bound = false;
   app.add_option("--params", params_text, "Model size (BF16 parameters)")->capture_default_str();
-  app.add_option("--rates", rate_texts, "Change rates for N below --large-n")->capture_default_str();
-  app.add_option("--large-n", o.large_n, "From this many receivers on, run only --large-rates")->capture_default_str();
-  app.add_option("--large-rates", large_rate_texts, "Change rates for N >= --large-n")->capture_default_str();
+  app.add_option("--rates", rate_texts, "Change rates for N below --large-n")
+      ->capture_default_str();
+  app.add_option("--large-n", o.large_n, "From this many receivers on, run only --large-rates")
+      ->capture_default_str();
+  app.add_option("--large-rates", large_rate_texts, "Change rates for N >= --large-n")
+      ->capture_default_str();
   app.add_option("--receivers", o.receivers, "Receiver counts")->capture_default_str();
-  app.add_option("--link-rate", link_text, "Rate of every node's uplink (e.g. 200Mbit, 25MB/s)")->capture_default_str();
+  app.add_option("--link-rate", link_text, "Rate of every node's uplink (e.g. 200Mbit, 25MB/s)")
+      ->capture_default_str();
   app.add_option("--chunk", chunk_text, "Chunk size")->capture_default_str();
-  app.add_option("--partition", partition_text, "Partition size (a record never spans two; chunks hold whole records)")
+  app.add_option("--partition", partition_text,
+                 "Partition size (a record never spans two; chunks hold whole records)")
       ->capture_default_str();
   app.add_option("--window", o.window, "Chunks in flight per link")->capture_default_str();
   app.add_option("--summary-rate", summary_rate_text,
-                 "Change rate of the summaries, the per-connection runs, the full transfers and the link-bound check")
+                 "Change rate of the summaries, the per-connection runs, the full transfers and "
+                 "the link-bound check")
       ->capture_default_str();
-  app.add_option("--full-receivers", o.full_receivers, "Receiver counts of the full transfers")->capture_default_str();
+  app.add_option("--full-receivers", o.full_receivers, "Receiver counts of the full transfers")
+      ->capture_default_str();
   app.add_flag("--no-full", no_full, "Skip the full-checkpoint transfers");
-  app.add_option("--per-connection-n", o.per_connection_n,
-                 "Receiver count that also runs star and fanout 2 with per-connection caps (0: none)")
+  app.add_option(
+         "--per-connection-n", o.per_connection_n,
+         "Receiver count that also runs star and fanout 2 with per-connection caps (0: none)")
       ->capture_default_str();
   app.add_flag("--no-link-bound", no_link_bound, "Skip the link-bound check of the largest N");
-  app.add_option("--link-bound-rate", link_bound_text, "Link rate of the link-bound check")->capture_default_str();
+  app.add_option("--link-bound-rate", link_bound_text, "Link rate of the link-bound check")
+      ->capture_default_str();
   app.add_option("--link-bound-chunk", link_bound_chunk_text, "Chunk size of the link-bound check")
       ->capture_default_str();
-  app.add_option("--link-bound-partition", link_bound_partition_text, "Partition size of the link-bound check")
+  app.add_option("--link-bound-partition", link_bound_partition_text,
+                 "Partition size of the link-bound check")
       ->capture_default_str();
-  app.add_option("--encode-threads", o.encode_threads, "Source encoder threads (0: all cores)")->capture_default_str();
-  app.add_option("--apply-threads", o.apply_threads, "Apply threads per receiver")->capture_default_str();
+  app.add_option("--repeats", o.repeats, "Fresh clusters per scenario; the median run is reported")
+      ->capture_default_str();
+  app.add_option("--encode-threads", o.encode_threads, "Source encoder threads (0: all cores)")
+      ->capture_default_str();
+  app.add_option("--apply-threads", o.apply_threads, "Apply threads per receiver")
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "Synthesis seed")->capture_default_str();
   app.add_flag("--quick", quick, "N in {1, 7}, one rate (3%), no link-bound check: a CI-speed run");
-  app.add_flag("--relay-throughput", o.relay_throughput, "Also measure uncapped relay throughput against iperf3");
-  app.add_flag("!--no-fanout", o.fanout, "Skip the fan-out runs (with --relay-throughput: only that)");
-  app.add_option("--relay-size", relay_text, "Checkpoint size of the throughput run")->capture_default_str();
-  app.add_option("--relay-chunk", relay_chunk_text, "Chunk size of the throughput run")->capture_default_str();
-  app.add_option("--iperf-seconds", o.iperf_seconds, "Length of the iperf3 run")->capture_default_str();
+  app.add_flag("--relay-throughput", o.relay_throughput,
+               "Also measure uncapped relay throughput against iperf3");
+  app.add_flag("!--no-fanout", o.fanout,
+               "Skip the fan-out runs (with --relay-throughput: only that)");
+  app.add_option("--relay-size", relay_text, "Checkpoint size of the throughput run")
+      ->capture_default_str();
+  app.add_option("--relay-chunk", relay_chunk_text, "Chunk size of the throughput run")
+      ->capture_default_str();
+  app.add_option("--iperf-seconds", o.iperf_seconds, "Length of the iperf3 run")
+      ->capture_default_str();
   app.add_option("--out", out_path, "Also write the JSON here");
   app.add_flag("-v,--verbose", verbose, "Log the agents (info level)");
   CLI11_PARSE(app, argc, argv);
@@ -939,6 +1056,7 @@ int main(int argc, char** argv) {
     summary_rate_text = "3%";
     o.per_connection_n = 7;
     no_link_bound = true;
+    o.repeats = 1;
   }
   o.params = Check(dc::agent::ParseParamCount(params_text), "--params");
   o.rates = ParseRates(rate_texts, "--rates");
@@ -949,18 +1067,23 @@ int main(int argc, char** argv) {
   o.link_bytes_per_second = Check(dc::topology::ParseBandwidth(link_text), "--link-rate") / 8;
   o.chunk_bytes = Check(dc::topology::ParseSize(chunk_text), "--chunk");
   o.partition_bytes = Check(dc::topology::ParseSize(partition_text), "--partition");
-  o.link_bound_bytes_per_second = Check(dc::topology::ParseBandwidth(link_bound_text), "--link-bound-rate") / 8;
-  o.link_bound_chunk_bytes = Check(dc::topology::ParseSize(link_bound_chunk_text), "--link-bound-chunk");
-  o.link_bound_partition_bytes = Check(dc::topology::ParseSize(link_bound_partition_text), "--link-bound-partition");
+  o.link_bound_bytes_per_second =
+      Check(dc::topology::ParseBandwidth(link_bound_text), "--link-bound-rate") / 8;
+  o.link_bound_chunk_bytes =
+      Check(dc::topology::ParseSize(link_bound_chunk_text), "--link-bound-chunk");
+  o.link_bound_partition_bytes =
+      Check(dc::topology::ParseSize(link_bound_partition_text), "--link-bound-partition");
   o.relay_bytes = Check(dc::topology::ParseSize(relay_text), "--relay-size");
   o.relay_chunk_bytes = Check(dc::topology::ParseSize(relay_chunk_text), "--relay-chunk");
   if (o.receivers.empty() || *std::min_element(o.receivers.begin(), o.receivers.end()) < 1) {
     Die("--receivers: need N >= 1");
   }
-  if (std::find(o.receivers.begin(), o.receivers.end(), 1) == o.receivers.end()) o.receivers.push_back(1);
+  if (std::find(o.receivers.begin(), o.receivers.end(), 1) == o.receivers.end())
+    o.receivers.push_back(1);
   std::sort(o.receivers.begin(), o.receivers.end());
 
   std::mt19937 rng(std::random_device{}());
+  const double load_start = LoadAverage();
   const auto start = Clock::now();
   const double cpu_start = CpuSeconds();
   ClusterParams p;
@@ -971,28 +1094,36 @@ int main(int argc, char** argv) {
   p.encode_threads = o.encode_threads;
   p.apply_threads = o.apply_threads;
 
-  json doc = {
-      {"benchmark", "fanout"},
-      {"cores", dc::DefaultThreadCount()},
-      {"params", o.params},
-      {"link_rate", link_text},
-      {"link_rate_bytes_per_second", o.link_bytes_per_second},
-      {"chunk_bytes", o.chunk_bytes},
-      {"partition_bytes", o.partition_bytes},
-      {"window", o.window},
-      {"summary_rate", o.summary_rate},
-      {"transport", "TCP on 127.0.0.1, one transport per node, each wrapped by WrapWithFaults with a bandwidth cap"},
-      {"uplink_models",
-       {{"shared",
-         "the default: a node with k children caps each child link at rate/k. WrapWithFaults paces each connection on "
-         "its own and has no cap shared by a transport's connections, so one uplink split fairly is modelled this "
-         "way; the tree planner assumes the same"},
-        {"per_connection",
-         "every connection capped at the full rate whatever the fanout (WrapWithFaults as is): overstates the uplink "
-         "of a node with k > 1 children k times, a star's source N times"}}},
-      {"data", "simulated BF16 AdamW steps (bench/realistic_step.h); full = the target sent from an all-zero base"},
-      {"seconds_definition",
-       "PublishReport::seconds: BEGIN to every node committed; prepare_seconds: BEGIN to every node PREPARED"}};
+  json doc = {{"benchmark", "fanout"},
+              {"cores", dc::DefaultThreadCount()},
+              {"params", o.params},
+              {"link_rate", link_text},
+              {"link_rate_bytes_per_second", o.link_bytes_per_second},
+              {"chunk_bytes", o.chunk_bytes},
+              {"partition_bytes", o.partition_bytes},
+              {"window", o.window},
+              {"summary_rate", o.summary_rate},
+              {"repeats", o.repeats},
+              {"transport",
+               "TCP on 127.0.0.1, one transport per node, each wrapped by WrapWithFaults with a "
+               "bandwidth cap"},
+              {"uplink_models",
+               {{"shared",
+                 "the default: a node with k children caps each child link at rate/k. "
+                 "WrapWithFaults paces each connection on "
+                 "its own and has no cap shared by a transport's connections, so one uplink split "
+                 "fairly is modelled this "
+                 "way; the tree planner assumes the same"},
+                {"per_connection",
+                 "every connection capped at the full rate whatever the fanout (WrapWithFaults as "
+                 "is): overstates the uplink "
+                 "of a node with k > 1 children k times, a star's source N times"}}},
+              {"data",
+               "simulated BF16 AdamW steps (bench/realistic_step.h); full = the target sent from "
+               "an all-zero base"},
+              {"seconds_definition",
+               "PublishReport::seconds: BEGIN to every node committed; prepare_seconds: BEGIN to "
+               "every node PREPARED"}};
 
   if (o.fanout) {
     fmt::print(stderr, "drawing a {}-parameter model\n", o.params);
@@ -1007,7 +1138,9 @@ int main(int argc, char** argv) {
     for (double rate : rates) {
       std::vector<int> ns;
       for (int n : o.receivers) {
-        if (n == 1 || rate == o.summary_rate || Contains(n < o.large_n ? o.rates : o.large_rates, rate)) ns.push_back(n);
+        if (n == 1 || rate == o.summary_rate ||
+            Contains(n < o.large_n ? o.rates : o.large_rates, rate))
+          ns.push_back(n);
       }
       RunRate(o, p, model, base, rate, ns, runs, rng);
     }
@@ -1020,6 +1153,7 @@ int main(int argc, char** argv) {
   if (o.relay_throughput) doc["relay_throughput"] = RelayThroughput(o, rng);
   doc["total_seconds"] = Seconds(start);
   doc["total_cpu_seconds"] = CpuSeconds() - cpu_start;
+  doc["load_average_1m"] = {{"start", load_start}, {"end", LoadAverage()}};
 
   const std::string text = doc.dump(2);
   fmt::print("{}\n", text);

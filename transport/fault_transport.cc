@@ -1,8 +1,8 @@
 #include "transport/fault_transport.h"
 
 #include <algorithm>
-#include <cassert>
 #include <atomic>
+#include <cassert>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -104,9 +104,8 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     const Clock::time_point now = Clock::now();
     Clock::time_point release = now;
     if (plan_.bandwidth_bytes_per_second > 0) {
-      const auto busy = std::chrono::duration_cast<Clock::duration>(
-          std::chrono::duration<double>(static_cast<double>(size) /
-                                        plan_.bandwidth_bytes_per_second));
+      const auto busy = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+          static_cast<double>(size) / plan_.bandwidth_bytes_per_second));
       link_free_ = std::max(now, link_free_) + busy;
       release = link_free_;
     }
@@ -385,12 +384,11 @@ class FaultTransportImpl final : public FaultTransport {
 
   Result<std::string> Listen(const std::string& address, AcceptHandler on_accept) override {
     std::weak_ptr<FaultCore> weak = core_;
-    return core_->inner->Listen(address,
-                                [weak, on_accept](std::unique_ptr<Connection> connection) {
-                                  auto core = weak.lock();
-                                  if (!core || core->stopped.load()) return;
-                                  on_accept(core->Wrap(std::move(connection)));
-                                });
+    return core_->inner->Listen(address, [weak, on_accept](std::unique_ptr<Connection> connection) {
+      auto core = weak.lock();
+      if (!core || core->stopped.load()) return;
+      on_accept(core->Wrap(std::move(connection)));
+    });
   }
 
   void Connect(const std::string& address, ConnectHandler on_done) override {
@@ -400,8 +398,8 @@ class FaultTransportImpl final : public FaultTransport {
       core_->counters.failed_connects.fetch_add(1, std::memory_order_relaxed);
       core_->timer.Post([core = core_, on_done, index, address] {
         if (core->stopped.load()) return;
-        on_done(Status::Unavailable("fault injection: connect #" + std::to_string(index) +
-                                    " to " + address + " failed"));
+        on_done(Status::Unavailable("fault injection: connect #" + std::to_string(index) + " to " +
+                                    address + " failed"));
       });
       return;
     }

@@ -2,11 +2,10 @@
 // way for tcp (1 and 4 streams per link), inproc, and the fault wrapper with an
 // empty plan. TCP-only wire checks (raw frames over plain sockets) follow at the end.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
@@ -32,10 +31,14 @@ enum class Backend { kTcp, kTcp4Streams, kInproc, kFaultTcp };
 
 std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
   switch (info.param) {
-    case Backend::kTcp: return "Tcp";
-    case Backend::kTcp4Streams: return "Tcp4Streams";
-    case Backend::kInproc: return "Inproc";
-    case Backend::kFaultTcp: return "FaultEmptyPlanOverTcp";
+    case Backend::kTcp:
+      return "Tcp";
+    case Backend::kTcp4Streams:
+      return "Tcp4Streams";
+    case Backend::kInproc:
+      return "Inproc";
+    case Backend::kFaultTcp:
+      return "FaultEmptyPlanOverTcp";
   }
   return "Unknown";
 }
@@ -105,8 +108,8 @@ std::vector<uint64_t> SendAll(Connection& connection, const std::vector<size_t>&
 
 void ExpectReceived(Sink& sink, const std::vector<size_t>& sizes,
                     const std::vector<uint64_t>& hashes) {
-  ASSERT_TRUE(sink.WaitMessages(sizes.size())) << "got " << sink.message_count() << " of "
-                                               << sizes.size();
+  ASSERT_TRUE(sink.WaitMessages(sizes.size()))
+      << "got " << sink.message_count() << " of " << sizes.size();
   auto messages = sink.messages();
   ASSERT_EQ(messages.size(), sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -249,7 +252,8 @@ TEST_P(ConformanceTest, ManyConnectionsAtOnce) {
   }
   {
     std::unique_lock lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, kWait, [&] { return clients.size() + failures == kConnections; }));
+    ASSERT_TRUE(
+        cv.wait_for(lock, kWait, [&] { return clients.size() + failures == kConnections; }));
   }
   ASSERT_EQ(clients.size(), static_cast<size_t>(kConnections));
   std::vector<std::unique_ptr<Connection>> accepted;
@@ -547,8 +551,7 @@ TEST_P(ConformanceTest, ConnectToAClosedAddressIsUnavailable) {
   const auto start = Clock::now();
   auto connection = ConnectBlocking(*client, *address, milliseconds(5000));
   ASSERT_FALSE(connection.ok());
-  EXPECT_EQ(connection.status().code(), StatusCode::kUnavailable)
-      << connection.status().ToString();
+  EXPECT_EQ(connection.status().code(), StatusCode::kUnavailable) << connection.status().ToString();
   EXPECT_LT(Clock::now() - start, milliseconds(4000));
   // A malformed address is refused as such.
   auto bad = ConnectBlocking(*client, "no-port-here", milliseconds(5000));
@@ -683,10 +686,10 @@ class RawSocket {
 // EncodeFrameHeader: the spec and the code must agree.
 std::vector<std::byte> Frame(uint8_t type, uint64_t length, uint64_t sequence) {
   std::vector<std::byte> out(24);
-  std::memcpy(out.data(), "DCTP", 4);        // magic
-  out[4] = std::byte{1};                     // version
-  out[5] = std::byte{type};                  // type
-  StoreLE<uint16_t>(out.data() + 6, 0);      // flags
+  std::memcpy(out.data(), "DCTP", 4);    // magic
+  out[4] = std::byte{1};                 // version
+  out[5] = std::byte{type};              // type
+  StoreLE<uint16_t>(out.data() + 6, 0);  // flags
   StoreLE<uint64_t>(out.data() + 8, length);
   StoreLE<uint64_t>(out.data() + 16, sequence);
   return out;
@@ -751,6 +754,28 @@ TEST(TcpWireTest, HandWrittenFramesAreDelivered) {
   raw.Write(Frame(4, 0, 2));
   ASSERT_TRUE(sink.WaitClosed());
   EXPECT_TRUE(sink.close_status().ok()) << sink.close_status().ToString();
+}
+
+TEST(TcpWireTest, GoodbyeAnnouncingUnsentMessagesBreaksTheLink) {
+  AcceptQueue accept;
+  Sink sink;
+  auto server = MakeTcp();
+  auto address = server->Listen("127.0.0.1:0", accept.Handler());
+  ASSERT_TRUE(address.ok());
+  RawSocket raw(*address);
+  Handshake(raw, 5, 0, 1);
+  ExpectAck(raw, 5, 0, 1);
+  auto connection = accept.Pop();
+  ASSERT_NE(connection, nullptr);
+  sink.Start(*connection);
+  auto bytes = Frame(1, 1, 0);
+  bytes.push_back(std::byte{'x'});
+  auto goodbye = Frame(4, 0, 3);  // claims three messages, sent one
+  bytes.insert(bytes.end(), goodbye.begin(), goodbye.end());
+  raw.Write(bytes);
+  ASSERT_TRUE(sink.WaitClosed());
+  EXPECT_EQ(sink.close_status().code(), StatusCode::kUnavailable) << sink.close_status().ToString();
+  EXPECT_EQ(sink.message_count(), 1u);
 }
 
 TEST(TcpWireTest, HugeLengthClosesTheLinkBeforeAllocating) {
@@ -952,8 +977,8 @@ TEST(AddressTest, ParsesHostPortForms) {
   auto name = ParseHostPort("relay-3.example:65535");
   ASSERT_TRUE(name.ok());
   EXPECT_EQ(name->host, "relay-3.example");
-  for (const char* bad : {"", "host", ":80", "host:", "host:65536", "host:12a", "::1:80",
-                          "[::1]80", "[::1", "host:-1", "host:123456"}) {
+  for (const char* bad : {"", "host", ":80", "host:", "host:65536", "host:12a", "::1:80", "[::1]80",
+                          "[::1", "host:-1", "host:123456"}) {
     auto r = ParseHostPort(bad);
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {

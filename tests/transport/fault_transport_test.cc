@@ -208,7 +208,7 @@ TEST_F(FaultTest, BandwidthCapIsMeasurable) {
   constexpr size_t kSize = 256 * 1024;  // ~21 MB: about one second at the cap
   const auto start = Clock::now();
   SendN(kCount, kSize);
-  EXPECT_LT(Clock::now() - start, milliseconds(300));  // pacing never blocks Send
+  EXPECT_LT(Clock::now() - start, milliseconds(300));          // pacing never blocks Send
   EXPECT_GT(client_conn_->QueuedBytes(), kSize * kCount / 2);  // held bytes count as queued
   ASSERT_TRUE(server_sink_.WaitMessages(kCount));
   const auto arrivals = server_sink_.arrivals();

@@ -160,8 +160,8 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
     std::lock_guard lock(mu_);
     switch (kind) {
       case CloseKind::kClose:
-        CloseLocked(i, Status::Ok(), Status::Aborted("connection closed before the message was sent"),
-                    Status::Ok(),
+        CloseLocked(i, Status::Ok(),
+                    Status::Aborted("connection closed before the message was sent"), Status::Ok(),
                     Status::Unavailable("peer closed the connection before the message was sent"));
         break;
       case CloseKind::kAbort:
@@ -338,7 +338,8 @@ Result<std::string> Core::Listen(const std::string& address, AcceptHandler on_ac
     }
     {
       std::lock_guard lock(mu_);
-      if (closing_) return Status::FailedPrecondition("listen on " + address + ": transport shut down");
+      if (closing_)
+        return Status::FailedPrecondition("listen on " + address + ": transport shut down");
       handlers_[bound] = std::make_shared<AcceptHandler>(std::move(on_accept));
     }
     registry.listeners[bound] = weak_from_this();
@@ -381,15 +382,15 @@ void Core::Connect(const std::string& address, ConnectHandler on_done) {
   }
   // The acceptor sees the link first, as after a TCP handshake.
   auto done = std::make_shared<ConnectHandler>(std::move(on_done));
-  const bool posted = listener->executor.Post([pipe, acceptor, listener, done,
-                                               self = shared_from_this()] {
-    auto accepted = std::make_unique<InprocConnection>(pipe, 1);
-    if (!listener->stopped() && *acceptor) (*acceptor)(std::move(accepted));
-    self->executor.Post([pipe, done, self] {
-      auto connection = std::make_unique<InprocConnection>(pipe, 0);
-      if (!self->stopped()) (*done)(std::unique_ptr<Connection>(std::move(connection)));
-    });
-  });
+  const bool posted =
+      listener->executor.Post([pipe, acceptor, listener, done, self = shared_from_this()] {
+        auto accepted = std::make_unique<InprocConnection>(pipe, 1);
+        if (!listener->stopped() && *acceptor) (*acceptor)(std::move(accepted));
+        self->executor.Post([pipe, done, self] {
+          auto connection = std::make_unique<InprocConnection>(pipe, 0);
+          if (!self->stopped()) (*done)(std::unique_ptr<Connection>(std::move(connection)));
+        });
+      });
   if (!posted) {
     pipe->Close(1, CloseKind::kShutdown);
     on_done = std::move(*done);

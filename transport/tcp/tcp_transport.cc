@@ -1,8 +1,9 @@
 #include "transport/tcp/tcp_transport.h"
 
 // <utility> before Boost.Asio: Boost 1.74 + g++ 12 C++20 (docs TOOLCHAIN-NOTES).
-#include <utility>
-
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -12,10 +13,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
-
-#include <algorithm>
-#include <array>
-#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -26,6 +23,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/log.h"
@@ -190,11 +188,10 @@ class Link : public std::enable_shared_from_this<Link> {
     const uint64_t size = message ? message->size() : 0;
     const bool valid = message && size <= core_->options.max_message_bytes;
     if (valid) queued_bytes_.fetch_add(size, std::memory_order_relaxed);
-    const bool posted =
-        core_->Post(strand_, [self = shared_from_this(), message = std::move(message),
-                              on_sent = std::move(on_sent), valid]() mutable {
-          self->DoSend(std::move(message), std::move(on_sent), valid);
-        });
+    const bool posted = core_->Post(
+        strand_,
+        [self = shared_from_this(), message = std::move(message), on_sent = std::move(on_sent),
+         valid]() mutable { self->DoSend(std::move(message), std::move(on_sent), valid); });
     if (!posted && valid) queued_bytes_.fetch_sub(size, std::memory_order_relaxed);
   }
 
@@ -296,8 +293,7 @@ class Link : public std::enable_shared_from_this<Link> {
       Outgoing out = std::move(queue_.front());
       queue_.pop_front();
       out.sequence = next_send_sequence_++;
-      EncodeFrameHeader({FrameType::kData, out.message->size(), out.sequence},
-                        stream.write_header);
+      EncodeFrameHeader({FrameType::kData, out.message->size(), out.sequence}, stream.write_header);
       const std::array<asio::const_buffer, 2> buffers{
           asio::buffer(stream.write_header),
           asio::buffer(out.message->data(), out.message->size())};
@@ -306,10 +302,9 @@ class Link : public std::enable_shared_from_this<Link> {
       // to in_flight_ meanwhile.
       asio::async_write(
           stream.socket, buffers, TransferAll(),
-          asio::bind_executor(strand_, [self = shared_from_this(), i, sequence = out.sequence,
-                                        keep = out.message](const ErrorCode& ec, size_t) {
-            self->OnWritten(i, sequence, ec);
-          }));
+          asio::bind_executor(
+              strand_, [self = shared_from_this(), i, sequence = out.sequence, keep = out.message](
+                           const ErrorCode& ec, size_t) { self->OnWritten(i, sequence, ec); }));
       in_flight_.push_back(std::move(out));
     }
   }
@@ -349,10 +344,7 @@ class Link : public std::enable_shared_from_this<Link> {
       if (ec == asio::error::eof && transferred == 0) {
         // A clean end between frames. On a striped link the other streams may still
         // hold messages sent before it: deliver those, break when all have ended.
-        if (++ended_streams_ == streams_.size()) {
-          Fail(Status::Unavailable("peer " + peer_ +
-                                   " closed the connection without a goodbye (crashed or aborted)"));
-        }
+        StreamFinished();
       } else if (ec == asio::error::eof) {
         Fail(Status::Unavailable("peer " + peer_ + " closed the connection inside a frame header"));
       } else {
@@ -399,7 +391,8 @@ class Link : public std::enable_shared_from_this<Link> {
           return;
         }
         goodbye_total_ = header->sequence;
-        Deliver();  // may complete the orderly close; this stream reads no more
+        Deliver();                       // may complete the orderly close
+        if (!closed_) StreamFinished();  // this stream reads no more
         return;
       case FrameType::kHello:
       case FrameType::kHelloAck:
@@ -408,12 +401,26 @@ class Link : public std::enable_shared_from_this<Link> {
     }
   }
 
+  // A stream ended cleanly (goodbye, or EOF between frames). On a striped link the
+  // others may still carry earlier messages; once every stream has ended and the
+  // goodbye count (if any) was not reached, the peer went away without finishing.
+  void StreamFinished() {
+    if (++finished_streams_ < streams_.size()) return;
+    if (goodbye_total_) {
+      Fail(Status::Unavailable("peer " + peer_ + " closed the connection after announcing " +
+                               std::to_string(*goodbye_total_) + " messages, of which only " +
+                               std::to_string(next_recv_sequence_) + " arrived"));
+    } else {
+      Fail(Status::Unavailable("peer " + peer_ +
+                               " closed the connection without a goodbye (crashed or aborted)"));
+    }
+  }
+
   Status CheckSequence(uint64_t sequence) const {
-    const bool bad = sequence < next_recv_sequence_ ||
-                     sequence - next_recv_sequence_ >= kMaxReorderDistance ||
-                     (streams_.size() == 1 && sequence != next_recv_sequence_) ||
-                     reorder_.count(sequence) != 0 ||
-                     (goodbye_total_ && sequence >= *goodbye_total_);
+    const bool bad =
+        sequence < next_recv_sequence_ || sequence - next_recv_sequence_ >= kMaxReorderDistance ||
+        (streams_.size() == 1 && sequence != next_recv_sequence_) ||
+        reorder_.count(sequence) != 0 || (goodbye_total_ && sequence >= *goodbye_total_);
     if (!bad) return Status::Ok();
     return Status::Corrupt("from " + peer_ + ": unexpected message sequence " +
                            std::to_string(sequence) + " (next expected " +
@@ -437,10 +444,10 @@ class Link : public std::enable_shared_from_this<Link> {
     }
     asio::async_read(
         stream.socket, asio::buffer(stream.body->data(), stream.body->size()), TransferAll(),
-        asio::bind_executor(strand_, [self = shared_from_this(), index](const ErrorCode& ec,
-                                                                        size_t n) {
-          self->OnBody(index, ec, n);
-        }));
+        asio::bind_executor(strand_,
+                            [self = shared_from_this(), index](const ErrorCode& ec, size_t n) {
+                              self->OnBody(index, ec, n);
+                            }));
   }
 
   void OnBody(size_t index, const ErrorCode& ec, size_t transferred) {
@@ -566,7 +573,7 @@ class Link : public std::enable_shared_from_this<Link> {
   std::map<uint64_t, Message> reorder_;  // received, waiting for earlier sequences
   uint64_t reorder_bytes_ = 0;
   std::optional<uint64_t> goodbye_total_;  // data frames the peer sent before its goodbye
-  size_t ended_streams_ = 0;               // streams that reached EOF without a goodbye
+  size_t finished_streams_ = 0;            // streams past their goodbye or a clean EOF
 };
 
 class TcpConnection final : public Connection {
@@ -664,21 +671,20 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
     }
     resolver_.async_resolve(
         host_port->host, std::to_string(host_port->port),
-        asio::bind_executor(core_->control,
-                            [self = shared_from_this()](const ErrorCode& ec,
-                                                        const tcp::resolver::results_type& r) {
-                              if (self->done_) return;
-                              if (ec || r.empty()) {
-                                self->Fail(StatusFromError(
-                                    ec ? ec : asio::error::host_not_found,
-                                    "resolving " + self->address_));
-                                return;
-                              }
-                              for (const auto& entry : r) {
-                                self->endpoints_.push_back(entry.endpoint());
-                              }
-                              self->ConnectFirst();
-                            }));
+        asio::bind_executor(
+            core_->control,
+            [self = shared_from_this()](const ErrorCode& ec, const tcp::resolver::results_type& r) {
+              if (self->done_) return;
+              if (ec || r.empty()) {
+                self->Fail(StatusFromError(ec ? ec : asio::error::host_not_found,
+                                           "resolving " + self->address_));
+                return;
+              }
+              for (const auto& entry : r) {
+                self->endpoints_.push_back(entry.endpoint());
+              }
+              self->ConnectFirst();
+            }));
   }
 
   void Fail(Status status) {
@@ -717,11 +723,11 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
       Fail(s);
       return;
     }
-    socket.async_connect(endpoint, asio::bind_executor(core_->control,
-                                                       [self = shared_from_this(),
-                                                        index](const ErrorCode& ec) {
-                                                         self->OnConnected(index, ec);
-                                                       }));
+    socket.async_connect(
+        endpoint, asio::bind_executor(core_->control,
+                                      [self = shared_from_this(), index](const ErrorCode& ec) {
+                                        self->OnConnected(index, ec);
+                                      }));
   }
 
   void OnConnected(size_t index, const ErrorCode& ec) {
@@ -771,7 +777,7 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
     if (done_) return;
     if (ec == asio::error::eof) {
       Fail(Status::Unavailable(address_ + " closed the connection during the handshake "
-                               "(not a deltacast transport, or it refused the link)"));
+                                          "(not a deltacast transport, or it refused the link)"));
       return;
     }
     if (ec) {
@@ -798,8 +804,8 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
     for (auto& s : streams_) sockets.push_back(std::move(s->socket));
     ErrorCode ignored;
     const auto remote = sockets[0].remote_endpoint(ignored);
-    auto link =
-        std::make_shared<Link>(core_, std::move(sockets), ignored ? address_ : EndpointString(remote));
+    auto link = std::make_shared<Link>(core_, std::move(sockets),
+                                       ignored ? address_ : EndpointString(remote));
     if (!core_->Register(link)) {
       link->CloseForShutdown();
       Finish(Status::Aborted("transport shut down"));
@@ -866,7 +872,8 @@ void Core::Unregister(const Link* link) {
 }
 
 Result<std::string> Core::Listen(const std::string& address, AcceptHandler on_accept) {
-  if (closing()) return Status::FailedPrecondition("listen on " + address + ": transport shut down");
+  if (closing())
+    return Status::FailedPrecondition("listen on " + address + ": transport shut down");
   ASSIGN_OR_RETURN(HostPort host_port, ParseHostPort(address));
   ErrorCode ec;
   tcp::endpoint endpoint;
@@ -943,10 +950,10 @@ void Core::BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket
         if (!ec) self->DropHandshake(stream, "no hello in time");
       }));
   asio::async_read(stream->socket, asio::buffer(stream->hello),
-                   asio::bind_executor(control, [self = shared_from_this(), stream](
-                                                    const ErrorCode& ec, size_t) {
-                     self->OnHello(stream, ec);
-                   }));
+                   asio::bind_executor(
+                       control, [self = shared_from_this(), stream](const ErrorCode& ec, size_t) {
+                         self->OnHello(stream, ec);
+                       }));
 }
 
 void Core::DropHandshake(const std::shared_ptr<AcceptedStream>& stream, std::string_view why) {
@@ -1057,7 +1064,8 @@ void Core::CompleteAccept(const std::shared_ptr<PendingLink>& pending) {
     return;
   }
   auto connection = std::make_unique<TcpConnection>(std::move(link));
-  if (!stopped() && pending->listener->on_accept) pending->listener->on_accept(std::move(connection));
+  if (!stopped() && pending->listener->on_accept)
+    pending->listener->on_accept(std::move(connection));
 }
 
 void Core::Connect(const std::string& address, ConnectHandler on_done) {
