@@ -59,6 +59,8 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   child->second.connection = std::move(h.connection);
   child->second.serial = serial;
   child->second.credits = 0;
+  child->second.inflight_target = hello->inflight_target;
+  child->second.applied_chunks = {hello->applied_chunks.begin(), hello->applied_chunks.end()};
   child->second.connection->Send(transport::MakeMessage(EncodeWelcome()));
   log::Info(fmt::format("{}: child {} joined from {} at version {}", self_id_, hello->node_id,
                         child->second.connection->PeerAddress(), hello->active_version.ShortHex()));
@@ -195,6 +197,26 @@ void Downstream::Requeue(const std::string& id, std::vector<Outgoing> backlog) {
 void Downstream::SendTo(const std::string& id, transport::Message message) {
   auto it = children_.find(id);
   if (it != children_.end() && it->second.connection) it->second.connection->Send(std::move(message));
+}
+
+void Downstream::BroadcastChunk(transport::Message message, const Digest128& target, uint32_t sequence,
+                                std::function<void()> done) {
+  auto fanout = std::make_shared<Fanout>();
+  fanout->done = std::move(done);
+  std::vector<Child*> to;
+  for (auto& [id, child] : children_) {
+    if (!(child.inflight_target == target && child.applied_chunks.contains(sequence))) to.push_back(&child);
+  }
+  fanout->remaining = to.size();
+  if (to.empty()) {
+    if (fanout->done) fanout->done();
+    return;
+  }
+  for (Child* child : to) {
+    queued_bytes_ += message->size();
+    child->queue.push_back(Pending{message, nullptr, true, fanout});
+    Pump(*child);
+  }
 }
 
 void Downstream::ResetCredits() {

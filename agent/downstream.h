@@ -15,6 +15,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,12 @@ class Downstream {
   // Queues `message` for every expected child. A chunk waits for that child's
   // credit. `done` runs once every child was handed the message or is gone.
   void Broadcast(transport::Message message, bool is_chunk, std::function<void()> done = {});
+
+  // Like Broadcast for CHUNK number `sequence` of the delta to `target`, but
+  // skips children whose HELLO said they already applied it (a re-published delta
+  // after a crash: they are sent only what they lack).
+  void BroadcastChunk(transport::Message message, const Digest128& target, uint32_t sequence,
+                      std::function<void()> done = {});
 
   // One message for a child's queue: either the bytes, or a loader that reads them
   // (from a spool) only when the message is about to be sent.
@@ -91,6 +98,8 @@ class Downstream {
   };
   struct Child {
     std::unique_ptr<transport::Connection> connection;
+    Digest128 inflight_target;         // from its last HELLO
+    std::set<uint32_t> applied_chunks;  // of that delta, from its last HELLO
     uint64_t serial = 0;
     int64_t credits = 0;
     std::deque<Pending> queue;

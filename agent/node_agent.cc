@@ -96,6 +96,7 @@ class NodeAgent::Impl {
     Phase phase = Phase::kStreaming;
     Status local_error;  // why this node cannot reach the target
     bool local_prepared = false;
+    bool resolution = false;  // resolving an earlier refit's delta; there is no BEGIN
     bool prepared_sent = false;
     bool failed_sent = false;
     std::optional<MessageType> pending_decision;  // arrived before we had prepared
@@ -111,7 +112,9 @@ class NodeAgent::Impl {
     uint64_t chunks = 0;
     uint64_t partitions_applied = 0;
     uint64_t repair_bytes = 0;  // literal partition bytes fetched for torn partitions
-    std::unique_ptr<Spool> spool;  // relays: every chunk received, for replays
+    // Every chunk received, durably before it is applied: for replays to children
+    // that rejoin, and so this node can roll the delta back from its own records.
+    std::shared_ptr<Spool> spool;
   };
 
   // What the replica's journal says, mirrored for the loop thread (HELLO).
@@ -133,9 +136,12 @@ class NodeAgent::Impl {
 
   // A FETCH this node forwarded up for a child (relays), or sent for itself.
   struct PendingFetch {
-    std::string child;  // empty: our own repair
+    std::string child;  // empty: for ourselves
     uint64_t child_request = 0;
     apply::PartitionKey key;
+    uint64_t refit_id = 0;
+    uint64_t hash = 0;  // what the bytes must hash to (rollback)
+    bool for_rollback = false;
   };
 
   Downstream::Events DownstreamEvents() {
@@ -313,6 +319,10 @@ class NodeAgent::Impl {
       SendUp(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window)}));
       return;
     }
+    if (refit_ && refit_->resolution && refit_->phase != Phase::kDone) {
+      deferred_begin_.assign(bytes.begin(), bytes.end());  // after the resolution
+      return;
+    }
     if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
       return ProtocolError("BEGIN of refit " + std::to_string(begin->refit_id) + " while refit " +
                            std::to_string(refit_->id) + " is deciding");
@@ -321,14 +331,11 @@ class NodeAgent::Impl {
     refit_->id = begin->refit_id;
     refit_->begin = *begin;
     refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
-    if (!self_.children.empty()) {
-      auto spool = Spool::Open(options_.spool_dir, refit_->id);
-      if (spool.ok()) {
-        refit_->spool = std::move(*spool);
-      } else {
-        log::Warn(fmt::format("{}: no spool ({}); children that rejoin cannot be replayed to", options_.node_id,
-                              spool.status().ToString()));
-      }
+    auto spool = Spool::Open(options_.spool_dir, begin->target_version);
+    if (spool.ok()) {
+      refit_->spool = std::move(*spool);
+    } else {
+      LocalFailure(refit_->id, spool.status().WithContext("spool"));
     }
     log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
@@ -367,7 +374,10 @@ class NodeAgent::Impl {
       stats_.chunk_bytes_received += message->size() - kMessageHeaderBytes;
     }
     CrashPoint("agent.chunk_received");
-    if (r.spool) (void)r.spool->Append(header->sequence, *message);
+    if (r.spool) {
+      Status spooled = r.spool->Append(header->sequence, *message, /*durable=*/true);
+      if (!spooled.ok()) LocalFailure(r.id, spooled.WithContext("spool"));
+    }
     HoldChunk(message->size());
     // Released once applied here AND handed to every child: only then does this
     // node have room for another, so only then does the parent get credit.
@@ -379,7 +389,7 @@ class NodeAgent::Impl {
       ReleaseChunk(size);
       if (refit_ && refit_->id == id && refit_->phase == Phase::kStreaming) SendUp(EncodeCredit({1}));
     };
-    downstream_.Broadcast(message, true, release);
+    downstream_.BroadcastChunk(message, header->identity.target_version, header->sequence, release);
     const uint32_t sequence = header->sequence;
     apply_loop_.Post([this, message, id, sequence, release] {
       const auto t0 = Clock::now();
@@ -498,6 +508,7 @@ class NodeAgent::Impl {
       downstream_.SendTo(fetch.child, transport::MakeMessage(EncodePartition(fetch.child_request, p->found, p->bytes)));
       return;
     }
+    if (fetch.for_rollback) return OnBaseBytes(fetch, *p);
     if (!refit_) return;
     refit_->repair_bytes += p->bytes.size();
     if (!p->found) return LocalFailure(refit_->id, Status::Unavailable("no node up the tree has the bytes to repair '" +
@@ -585,6 +596,16 @@ class NodeAgent::Impl {
     missing_since_.erase(child);
     if (!refit_) return;
     Refit& r = *refit_;
+    if (r.resolution) {
+      if (hello.inflight_target == r.identity.target_version) {
+        const MessageType decision =
+            r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_) ? MessageType::kCommit
+                                                                                          : MessageType::kAbort;
+        downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(decision, {r.id, r.identity.target_version})),
+                                     nullptr, false}});
+      }
+      return;
+    }
     const bool same_delta = hello.inflight_target == r.identity.target_version;
     if (!same_delta && hello.active_version == r.identity.target_version) {
       // It holds the target already (it committed, then lost the link before
@@ -694,7 +715,12 @@ class NodeAgent::Impl {
         return;
       }
     }
-    if (!refit_ || refit_->id != d->refit_id) return ProtocolError("decision for an unknown refit");
+    if (!refit_ || refit_->id != d->refit_id) {
+      if (journal_.inflight && journal_.inflight->target == d->target_version) return Resolve(type, *d);
+      log::Debug(fmt::format("{}: ignoring {} of refit {}, which is not ours", options_.node_id,
+                             MessageTypeName(type), d->refit_id));
+      return;
+    }
     Refit& r = *refit_;
     if (r.phase != Phase::kStreaming) return;  // a duplicate
     if (type == MessageType::kCommit && !r.prepared_sent) {
@@ -703,6 +729,36 @@ class NodeAgent::Impl {
       return;
     }
     Decide(type);
+  }
+
+  // The outcome of a delta this node had in flight from an earlier refit (it
+  // restarted, or the source died before deciding): commit it if the source
+  // committed it, else roll it back (presumed abort). Children in the same state
+  // learn it from us. A BEGIN that arrives meanwhile waits (OnBegin).
+  void Resolve(MessageType type, const Decision& d) {
+    log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
+                          journal_.inflight->base.ShortHex(), d.target_version.ShortHex(), MessageTypeName(type)));
+    refit_.emplace();
+    refit_->id = d.refit_id;
+    refit_->identity = {journal_.inflight->base, d.target_version, 0};
+    refit_->decided = Clock::now();
+    refit_->resolution = true;
+    downstream_.DropQueued();
+    downstream_.Broadcast(transport::MakeMessage(EncodeDecision(type, d)), false);
+    const uint64_t id = d.refit_id;
+    if (type == MessageType::kCommit) {
+      refit_->phase = Phase::kCommitting;
+      apply_loop_.Post([this, id] {
+        Status status = replica_->prepared() ? replica_->CommitFromStore()
+                                             : Status::FailedPrecondition("told to commit a delta it never prepared");
+        SnapshotJournal();
+        loop_.Post([this, id, status, version = replica_->version()] { OnLocalOutcome(id, status, version); });
+      });
+      return;
+    }
+    refit_->phase = Phase::kAborting;
+    auto spool = Spool::Open(options_.spool_dir, d.target_version);
+    RollBack(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
   }
 
   void Decide(MessageType type) {
@@ -737,13 +793,70 @@ class NodeAgent::Impl {
     downstream_.DropQueued();
     downstream_.Broadcast(
         transport::MakeMessage(EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})), false);
-    const uint64_t id = r.id;
-    apply_loop_.Post([this, id] {
+    RollBack(r.id, r.spool);
+  }
+
+  // Returns the replica to the base of its in-flight delta: first the in-memory
+  // undo of this run, then the delta's own records from the spool (which also
+  // covers what a previous run applied), then base bytes fetched from up the tree
+  // for whatever neither could restore. Reports through OnLocalOutcome(id, ...).
+  void RollBack(uint64_t id, std::shared_ptr<Spool> spool) {
+    apply_loop_.Post([this, id, spool] {
       CrashPoint("agent.abort");
-      Status status = apply_.applier ? replica_->Abort(*apply_.applier) : Status::Ok();
-      apply_ = ApplyState{};
-      SnapshotJournal();
-      loop_.Post([this, id, status, version = replica_->version()] { OnLocalOutcome(id, status, version); });
+      auto needs = RevertFromSpool(spool);
+      if (!needs.ok() || needs->empty()) return FinishRollback(id, needs.status());
+      loop_.Post([this, id, needs = *needs] {
+        for (const auto& n : needs) {
+          const uint64_t request = next_fetch_++;
+          fetches_[request] = PendingFetch{"", 0, n.key, id, n.base_hash, true};
+          ++base_fetches_outstanding_;
+          SendUp(EncodeFetch({request, n.key.tensor, n.key.element_offset, n.byte_length, n.base_hash}));
+        }
+      });
+    });
+  }
+
+  // Apply thread.
+  Result<std::vector<apply::DeltaApplier::NeedsBase>> RevertFromSpool(const std::shared_ptr<Spool>& spool) {
+    std::vector<apply::DeltaApplier::NeedsBase> needs;
+    if (!replica_->inflight()) return needs;  // nothing applied: nothing to undo
+    if (apply_.applier) (void)apply_.applier->Rollback();  // best effort: the records below finish the job
+    if (!spool) return Status::FailedPrecondition("no spool to roll back from");
+    for (uint32_t sequence : spool->sequences()) {
+      ASSIGN_OR_RETURN(transport::Message message, spool->Read(sequence));
+      ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(Body(*message)));
+      if (chunk.kind != codec::ChunkKind::kData) continue;
+      if (!apply_.applier) {
+        ASSIGN_OR_RETURN(apply_.applier, replica_->Begin(chunk.identity, apply::ApplyOptions{options_.apply_threads}));
+      }
+      RETURN_IF_ERROR(apply_.applier->RevertChunk(chunk, needs));
+    }
+    return needs;
+  }
+
+  // Apply thread: the last step of a rollback.
+  void FinishRollback(uint64_t id, Status status) {
+    if (status.ok()) status = replica_->FinishAbort();
+    apply_ = ApplyState{};
+    SnapshotJournal();
+    loop_.Post([this, id, status, version = replica_->version()] { OnLocalOutcome(id, status, version); });
+  }
+
+  // Loop thread: base bytes for a rollback arrived.
+  void OnBaseBytes(const PendingFetch& fetch, const PartitionData& data) {
+    auto owned = std::make_shared<std::vector<std::byte>>(data.bytes.begin(), data.bytes.end());
+    const bool found = data.found;
+    const bool last = --base_fetches_outstanding_ == 0;
+    apply_loop_.Post([this, fetch, owned, found, last] {
+      Status status = !found ? Status::Unavailable("no node up the tree has the base bytes of '" + fetch.key.tensor + "'")
+                      : apply_.applier ? apply_.applier->WriteVerified(fetch.key, *owned, fetch.hash)
+                                       : Status::Internal("rollback without an applier");
+      if (!status.ok()) rollback_error_ = status;
+      if (last) {
+        Status result = rollback_error_;
+        rollback_error_ = Status::Ok();
+        FinishRollback(fetch.refit_id, result);
+      }
     });
   }
 
@@ -782,6 +895,11 @@ class NodeAgent::Impl {
       (committed ? stats_.refits_committed : stats_.refits_aborted)++;
       return stats_;
     }();
+    if (!deferred_begin_.empty()) {
+      const std::vector<std::byte> begin = std::move(deferred_begin_);
+      deferred_begin_.clear();
+      loop_.Post([this, begin] { OnBegin(begin); });
+    }
     log::Info(fmt::format(
         "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, repair {} B, {} partitions applied, "
         "apply {:.2f} s, total {:.2f} s, peak held {:.2f} MiB, {} children",
@@ -818,9 +936,12 @@ class NodeAgent::Impl {
   std::chrono::milliseconds backoff_{100};
   std::optional<Refit> refit_;
   bool committed_last_ = false;
+  std::vector<std::byte> deferred_begin_;  // a BEGIN that arrived while resolving
   Journal journal_;
   std::map<uint64_t, PendingFetch> fetches_;
   uint64_t next_fetch_ = 1;
+  size_t base_fetches_outstanding_ = 0;
+  Status rollback_error_;  // apply thread
   uint64_t held_bytes_ = 0;
   std::map<std::string, Clock::time_point> missing_since_;  // children absent during a refit
 

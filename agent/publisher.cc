@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "agent/downstream.h"
 #include "agent/event_loop.h"
@@ -35,6 +36,21 @@ Status RecordDecision(const std::filesystem::path& path, const std::string& line
   std::error_code ec;
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
   return AppendLineDurably(path, line);
+}
+
+// The decision recorded for the delta to `target`, if any: (refit id, COMMIT?).
+std::optional<std::pair<uint64_t, bool>> RecordedDecision(const std::filesystem::path& log,
+                                                          const Digest128& target) {
+  auto bytes = ReadFile(log, uint64_t{64} << 20);
+  if (!bytes.ok()) return std::nullopt;
+  std::optional<std::pair<uint64_t, bool>> found;
+  std::istringstream lines{std::string(AsChars(*bytes))};
+  std::string word, base, to, decision;
+  uint64_t id = 0;
+  while (lines >> word >> id >> base >> to >> decision) {
+    if (word == "refit" && to == target.ToHex()) found = std::pair{id, decision == "COMMIT"};
+  }
+  return found;
 }
 
 // The source's side of one refit. State shared between the encoding (calling)
@@ -89,7 +105,7 @@ class Publication {
     const auto spool_dir = options_.spool_dir.empty()
                                ? std::filesystem::temp_directory_path() / "deltacast-source-spool"
                                : options_.spool_dir;
-    auto spool = Spool::Open(spool_dir, refit_id);
+    auto spool = Spool::Open(spool_dir, report.target_version);
     if (spool.ok()) {
       spool_ = std::move(*spool);
     } else {
@@ -122,10 +138,9 @@ class Publication {
         [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
         [&](std::vector<std::byte>&& chunk) -> Status {
           auto message = transport::MakeMessage(EncodeChunk(chunk));
-          if (spool_) {
-            auto header = codec::PeekChunkHeader(chunk);
-            if (header.ok()) (void)spool_->Append(header->sequence, *message);
-          }
+          auto header = codec::PeekChunkHeader(chunk);
+          if (!header.ok()) return header.status();
+          if (spool_) (void)spool_->Append(header->sequence, *message);
           {
             // Hold at most `window` chunks: the slowest child's credit paces encoding.
             std::unique_lock lock(mu_);
@@ -133,8 +148,8 @@ class Publication {
             if (failed_) return Status::Aborted(failure_);
             ++held_;
           }
-          loop_.Post([this, message] {
-            downstream_.Broadcast(message, true, [this] {
+          loop_.Post([this, message, sequence = header->sequence, target = header->identity.target_version] {
+            downstream_.BroadcastChunk(message, target, sequence, [this] {
               std::lock_guard lock(mu_);
               --held_;
               cv_.notify_all();
@@ -193,6 +208,7 @@ class Publication {
   }
 
   void Stop() {
+    if (spool_) spool_->Discard();
     if (transport_) transport_->Shutdown();
     loop_.Stop();
     downstream_.CloseAll();
@@ -246,6 +262,21 @@ class Publication {
     downstream_.Requeue(child, std::move(backlog));
   }
 
+  // Loop thread: a child still holds a delta from an earlier refit in flight. The
+  // decision log says whether that delta committed; if it has no COMMIT for it,
+  // nobody can have committed it (decisions are logged before they are sent), so
+  // it is aborted. Sent ahead of anything else, so the child resolves it first.
+  void Resolve(const std::string& child, const Digest128& target) {
+    auto recorded = RecordedDecision(options_.decision_log, target);
+    const bool commit = recorded && recorded->second;
+    uint64_t id = recorded ? recorded->first : 0;
+    if (id == 0) RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id);
+    log::Info(fmt::format("child {} holds delta to {} from an earlier refit: {}", child, target.ShortHex(),
+                          commit ? "it was committed" : recorded ? "it was aborted" : "no decision recorded: abort"));
+    downstream_.SendTo(child, transport::MakeMessage(EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort,
+                                                                    {id, target})));
+  }
+
   // Loop thread: serves a FETCH from whichever version has the wanted bytes.
   void ServeFetch(const std::string& child, ByteSpan bytes) {
     auto f = ParseFetch(bytes);
@@ -271,6 +302,9 @@ class Publication {
       std::lock_guard lock(mu_);
       joined_.insert(child);
       missing_since_.erase(child);
+      if (!hello.inflight_target.IsZero() && (refit_id_ == 0 || hello.inflight_target != begin_.target_version)) {
+        Resolve(child, hello.inflight_target);
+      }
       if (refit_id_ != 0) Replay(child, hello);
       cv_.notify_all();
     };

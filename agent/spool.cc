@@ -11,11 +11,11 @@
 
 namespace deltacast::agent {
 
-Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir, uint64_t refit_id) {
+Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir, const Digest128& target) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
-  const std::string name = "refit-" + std::to_string(refit_id) + ".spool";
+  const std::string name = "delta-" + target.ToHex() + ".spool";
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     if (entry.path().extension() == ".spool" && entry.path().filename() != name) {
       std::filesystem::remove(entry.path(), ec);
@@ -24,7 +24,7 @@ Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir, uin
   const auto path = dir / name;
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
-  auto spool = std::unique_ptr<Spool>(new Spool(fd, path, refit_id));
+  auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
   spool->Recover();
   return spool;
 }
@@ -57,20 +57,21 @@ Result<transport::Message> Spool::ReadAt(uint64_t offset, uint64_t length) const
   return transport::MakeMessage(std::move(bytes));
 }
 
-Spool::~Spool() {
-  ::close(fd_);
+Spool::~Spool() { ::close(fd_); }
+
+void Spool::Discard() {
   std::error_code ec;
   std::filesystem::remove(path_, ec);
 }
 
-Status Spool::Append(uint32_t sequence, ByteSpan message) {
+Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
   std::lock_guard lock(mu_);
   if (index_.contains(sequence)) return Status::Ok();
-  // The spool is a cache for replays, not a durable record: no fsync (a crash of
-  // the machine costs a re-fetch from the parent, never a wrong byte: Recover
-  // keeps only whole, checksummed chunks).
+  // Recover keeps only whole, checksummed chunks, so a torn tail costs a re-fetch
+  // from the parent, never a wrong byte.
   if (::lseek(fd_, static_cast<off_t>(end_), SEEK_SET) < 0) return Status::FromErrno(errno, "seek " + path_.string());
   RETURN_IF_ERROR(WriteAll(fd_, message, path_));
+  if (durable && ::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fdatasync " + path_.string());
   index_[sequence] = Entry{end_, message.size()};
   end_ += message.size();
   return Status::Ok();

@@ -207,6 +207,56 @@ std::vector<PartitionKey> DeltaApplier::torn() const {
   return out;
 }
 
+Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk, std::vector<NeedsBase>& needs_base) {
+  if (!(chunk.identity == identity_)) return Status::VersionMismatch("chunk belongs to another delta");
+  codec::CodecScratch scratch;
+  for (const auto& record : chunk.records) {
+    ASSIGN_OR_RETURN(Located where, Locate(record));
+    ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(where.tensor));
+    MutableByteSpan bytes = tensor.subspan(where.byte_offset, where.byte_length);
+    const uint64_t current = Hash64(bytes);
+    if (current == record.base_hash) continue;
+    const bool self_inverse =
+        record.encoding == codec::Encoding::kSparseXor || record.encoding == codec::Encoding::kDenseXor;
+    if (current == record.target_hash && self_inverse) {
+      codec::RecordCoding back = record.Coding();
+      back.target_hash = record.base_hash;  // applying an XOR record to the target gives the base
+      if (codec::ApplyEncodedPartition(back, bytes, scratch).ok()) {
+        RETURN_IF_ERROR(store_.Flush(where.tensor, where.byte_offset, where.byte_length));
+        std::lock_guard lock(mu_);
+        manifest_.partition_hashes[where.tensor][where.partition_index] = record.base_hash;
+        continue;
+      }
+    }
+    needs_base.push_back({PartitionKey{std::string(record.tensor_name), record.element_offset}, record.base_hash,
+                          where.byte_length});
+  }
+  return Status::Ok();
+}
+
+Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes, uint64_t expected_hash) {
+  const auto index = store_.FindTensor(key.tensor);
+  if (!index) return Status::NotFound("no tensor '" + key.tensor + "'");
+  const codec::TensorInfo& info = store_.tensors()[*index];
+  const uint64_t per = codec::PartitionElements(info.dtype, identity_.partition_bytes);
+  const uint64_t e = ElementSize(info.dtype);
+  if (key.element_offset % per != 0 || key.element_offset >= info.ElementCount()) {
+    return Status::InvalidArgument("'" + key.tensor + "' has no partition at element " +
+                                   std::to_string(key.element_offset));
+  }
+  const uint64_t length = std::min(per, info.ElementCount() - key.element_offset) * e;
+  if (bytes.size() != length || Hash64(bytes) != expected_hash) {
+    return Status::Corrupt("bytes for '" + key.tensor + "' at element " + std::to_string(key.element_offset) +
+                           " do not hash to what was asked for");
+  }
+  ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(*index));
+  std::copy(bytes.begin(), bytes.end(), tensor.begin() + static_cast<ptrdiff_t>(key.element_offset * e));
+  RETURN_IF_ERROR(store_.Flush(*index, key.element_offset * e, length));
+  std::lock_guard lock(mu_);
+  manifest_.partition_hashes[*index][key.element_offset / per] = expected_hash;
+  return Status::Ok();
+}
+
 uint64_t DeltaApplier::TornTargetHash(const PartitionKey& key) const {
   std::lock_guard lock(mu_);
   auto it = torn_.find(key);

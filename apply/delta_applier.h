@@ -99,6 +99,25 @@ class DeltaApplier {
   // repaired with literal bytes cannot be rolled back and make this fail.
   Status Rollback();
 
+  // A partition that rollback cannot restore locally: its base bytes must be
+  // fetched (they hash to base_hash).
+  struct NeedsBase {
+    PartitionKey key;
+    uint64_t base_hash = 0;
+    uint64_t byte_length = 0;
+  };
+  // Rolls the partitions `chunk` names back to their base bytes using the records
+  // themselves, for when no undo was kept (a node restarted mid-delta): a partition
+  // at base is left alone; at target, XOR records (self-inverse, and decodable
+  // without the base) are applied again and verified against the base hash; any
+  // other partition (torn, or an encoding that needs the base to decode) is added
+  // to `needs_base`. Validates the chunk like ApplyChunk.
+  Status RevertChunk(const codec::ChunkView& chunk, std::vector<NeedsBase>& needs_base);
+
+  // Writes `bytes` over partition `key` if they hash to `expected_hash`
+  // (kCorrupt otherwise, nothing written), and flushes it.
+  Status WriteVerified(const PartitionKey& key, ByteSpan bytes, uint64_t expected_hash);
+
   const ApplyReport& report() const { return report_; }
 
  private:

@@ -103,13 +103,33 @@ Status Replica::Commit(const codec::Manifest& target) {
   return Status::Ok();
 }
 
+Status Replica::CommitFromStore() {
+  if (!inflight_) return Status::FailedPrecondition("no delta in flight");
+  const WeightStore& s = *store_;
+  codec::Manifest manifest = codec::ComputeManifest(
+      s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
+  if (manifest.VersionId() != inflight_->target) {
+    return Status::FailedPrecondition("the store is at " + manifest.VersionId().ShortHex() + ", not the target " +
+                                      inflight_->target.ShortHex() + " it would commit");
+  }
+  return Commit(manifest);
+}
+
 Status Replica::Abort(DeltaApplier& applier) {
   RETURN_IF_ERROR(applier.Rollback());
+  return FinishAbort();
+}
+
+Status Replica::FinishAbort() {
   // Re-hash rather than trust bookkeeping: aborts are rare, and a replica opened
   // mid-delta never had a manifest of its base bytes.
   const WeightStore& s = *store_;
   codec::Manifest manifest = codec::ComputeManifest(
       s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
+  if (inflight_ && manifest.VersionId() != inflight_->base) {
+    return Status::FailedPrecondition("rollback incomplete: the store is at " + manifest.VersionId().ShortHex() +
+                                      ", not the base " + inflight_->base.ShortHex());
+  }
   if (state_) {
     RETURN_IF_ERROR(state_->SaveManifest(*dir_store_, manifest));
     RETURN_IF_ERROR(state_->ClearInflight());

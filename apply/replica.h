@@ -65,9 +65,17 @@ class Replica {
   // clears the in-flight record.
   Status Commit(const codec::Manifest& target);
 
-  // Rolls `applier`'s partitions back to the base and clears the in-flight record;
-  // the active version stays the base.
+  // Rolls `applier`'s partitions back to the base (its in-memory undo) and clears
+  // the in-flight record; the active version stays the base.
   Status Abort(DeltaApplier& applier);
+  // Commits the in-flight delta after a restart lost its verified manifest:
+  // re-hashes the store and commits only if it is exactly at the target version
+  // (else kFailedPrecondition, nothing changed).
+  Status CommitFromStore();
+  // Ends an aborted delta whose partitions were restored by other means (records
+  // reverted, base bytes fetched): re-hashes the store and clears the in-flight
+  // record only if it is back at the base version (else kFailedPrecondition).
+  Status FinishAbort();
 
  private:
   Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_store, codec::Manifest manifest,

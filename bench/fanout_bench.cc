@@ -16,8 +16,15 @@
 // whatever the fanout, which overstates the uplink of any node with k > 1 children
 // (a star's source by N times); it is run for comparison.
 //
-// --relay-throughput adds an uncapped source -> a1 -> a2 chain moving a large full
-// checkpoint, next to a single iperf3 stream on the same loopback.
+// Each scenario runs --repeats times on fresh clusters and the median run is kept.
+// A link-bound check repeats the largest N on slower links with small chunks:
+// the regime of DESIGN.md's 1.2x target (a delta of hundreds of chunks on links
+// slow enough that per-hop processing is small beside the transfer), which a
+// 50 MB model at 200 Mbit/s does not reach.
+//
+// --relay-throughput adds an uncapped source -> n01 -> n02 chain moving a large
+// full checkpoint, next to a single iperf3 stream on the same loopback and to the
+// source's encoder alone on the same pair.
 //
 // Prints one JSON document (and writes it to --out).
 #include <fcntl.h>
@@ -25,6 +32,7 @@
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -33,6 +41,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -222,8 +232,8 @@ Checkpoint ZeroCheckpoint(const std::vector<dc::codec::TensorInfo>& tensors,
   return c;
 }
 
-// Random bytes, for the throughput run: literal records the codec cannot shrink,
-// so the run measures the relay, not the entropy coder.
+// Random bytes, for the throughput run: the entropy stage cannot shrink them, so
+// the wire carries the whole checkpoint.
 Checkpoint RandomCheckpoint(uint64_t bytes, uint64_t seed, uint64_t partition_bytes) {
   std::vector<dc::codec::TensorInfo> tensors;
   std::vector<std::vector<std::byte>> buffers;
@@ -307,25 +317,24 @@ struct RunResult {
   int max_children = 0;                 // the largest fanout of any node in the plan
 };
 
-std::string ConfigToml(int receivers, int fanout, int base_port, double link_bytes_per_second,
-                       const ClusterParams& p) {
-  // The planner needs an uplink; an uncapped run still plans with the nominal one.
-  const double uplink_bits = link_bytes_per_second > 0 ? link_bytes_per_second * 8 : 10e9;
-  std::string toml = fmt::format(
-      "[cluster]\nname = \"fanout-bench\"\n\n[tree]\nfanout = {}\nchunk_size = \"{}B\"\nwindow = "
-      "{}\n"
-      "connect_timeout = \"20s\"\nidle_timeout = \"60s\"\ncommit_timeout = "
-      "\"300s\"\ndefault_uplink = \"{:.0f}bit\"\n\n"
-      "[[node]]\nid = \"src\"\nhost = \"127.0.0.1\"\nport = {}\nregion = \"local\"\nrole = "
-      "\"source\"\n",
-      fanout > 0 ? std::to_string(fanout) : std::string("\"auto\""), p.chunk_bytes, p.window,
-      uplink_bits, base_port);
-  for (int i = 1; i <= receivers; ++i) {
+// The cluster config: "src" and receivers "n01".."nNN" on consecutive ports of
+// 127.0.0.1, every uplink at the link rate.
+std::string ConfigToml(int receivers, int fanout, int base_port, const ClusterParams& p) {
+  // The planner needs an uplink; an uncapped run plans with a nominal 10 Gbit/s.
+  const double uplink_bits = p.link_bytes_per_second > 0 ? p.link_bytes_per_second * 8 : 10e9;
+  std::string toml = "[cluster]\nname = \"fanout-bench\"\n\n[tree]\n";
+  toml += "fanout = " + (fanout > 0 ? std::to_string(fanout) : std::string("\"auto\"")) + "\n";
+  toml += fmt::format("chunk_size = \"{}B\"\nwindow = {}\n", p.chunk_bytes, p.window);
+  toml += "connect_timeout = \"20s\"\nidle_timeout = \"60s\"\ncommit_timeout = \"300s\"\n";
+  toml += fmt::format("default_uplink = \"{:.0f}bit\"\n", uplink_bits);
+  auto node = [&](const std::string& id, int port, const char* role) {
     toml += fmt::format(
-        "\n[[node]]\nid = \"n{:02}\"\nhost = \"127.0.0.1\"\nport = {}\nregion = \"local\"\n"
-        "role = \"receiver\"\n",
-        i, base_port + i);
-  }
+        "\n[[node]]\nid = \"{}\"\nhost = \"127.0.0.1\"\nport = {}\nregion = \"local\"\nrole = "
+        "\"{}\"\n",
+        id, port, role);
+  };
+  node("src", base_port, "source");
+  for (int i = 1; i <= receivers; ++i) node(fmt::format("n{:02}", i), base_port + i, "receiver");
   return toml;
 }
 
@@ -342,16 +351,31 @@ std::unique_ptr<dc::transport::Transport> NodeTransport(UplinkModel model,
   return dc::transport::WrapWithFaults(std::move(tcp), plan);
 }
 
+// Where the nodes of this process spool the chunks they forward: one folder per
+// node, so agents sharing a process (or another benchmark on the machine) never
+// open the same spool file. Removed after every cluster.
+std::filesystem::path SpoolRoot() {
+  return std::filesystem::temp_directory_path() /
+         fmt::format("deltacast-fanout-bench-{}", getpid());
+}
+
+// Index of receiver "nNN" in a Cluster.
+size_t ReceiverIndex(const std::string& id) { return std::stoul(id.substr(1)) - 1; }
+
 struct Cluster {
-  std::vector<std::unique_ptr<dc::agent::NodeAgent>> agents;
+  std::vector<std::unique_ptr<dc::agent::NodeAgent>> agents;  // [i]: receiver n(i+1)
   // Each agent's store, owned by its replica inside the agent: valid while the
   // agent lives. Read only once the refit committed (the agent is idle then).
   std::vector<const dc::apply::WeightStore*> stores;
 
   void Stop() {
-    for (auto& a : agents) a->Stop();
+    for (auto& a : agents) {
+      if (a) a->Stop();
+    }
     agents.clear();
     stores.clear();
+    std::error_code ignored;
+    std::filesystem::remove_all(SpoolRoot(), ignored);
   }
 };
 
@@ -363,39 +387,35 @@ bool StartReceivers(const dc::topology::ClusterConfig& config, const dc::topolog
   // Copies and manifests first, so the agents then start (and join) within
   // milliseconds of each other and of the source.
   std::vector<std::unique_ptr<dc::apply::Replica>> replicas;
-  for (int i = 1; i <= s.receivers; ++i) {
+  for (int i = 0; i < s.receivers; ++i) {
     auto store = Check(dc::apply::HostStore::CopyOf(*base.store), "copy base");
     cluster.stores.push_back(store.get());
     replicas.push_back(Check(
         dc::apply::Replica::ForStore(std::move(store), p.partition_bytes, dc::DefaultThreadCount()),
         "replica"));
   }
+  cluster.agents.resize(s.receivers);
   // Breadth-first, so each parent listens before its children try to join.
   for (size_t k = 1; k < plan.nodes.size(); ++k) {
     const auto& node = plan.nodes[k];
-    const int i = std::stoi(node.id.substr(1)) - 1;
+    const size_t i = ReceiverIndex(node.id);
     dc::agent::NodeAgentOptions options;
     options.config = config;
     options.node_id = node.id;
     options.token = kToken;
     options.apply_threads = p.apply_threads;
+    options.spool_dir = SpoolRoot() / node.id;
     auto agent = dc::agent::NodeAgent::Start(
         std::move(options), std::move(replicas[i]),
         NodeTransport(s.model, p.link_bytes_per_second, node.children.size()));
     if (!agent.ok()) {
       fmt::print(stderr, "fanout bench: {} cannot start ({}); retrying on other ports\n", node.id,
                  agent.status().ToString());
-      cluster.agents.clear();  // stops the ones started
-      cluster.stores.clear();
+      cluster.Stop();
       return false;
     }
-    cluster.agents.push_back(std::move(*agent));
+    cluster.agents[i] = std::move(*agent);
   }
-  // Agents were started in plan order; put stores in the same order.
-  std::vector<const dc::apply::WeightStore*> ordered;
-  for (size_t k = 1; k < plan.nodes.size(); ++k)
-    ordered.push_back(cluster.stores[std::stoi(plan.nodes[k].id.substr(1)) - 1]);
-  cluster.stores = std::move(ordered);
   return true;
 }
 
@@ -470,8 +490,7 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
       fmt::format("{} N={}{}", ScenarioName(s), s.receivers, s.full ? " full" : "");
   for (int attempt = 1; attempt <= 8; ++attempt) {
     const int base_port = RandomBasePort(s.receivers + 1, rng);
-    const std::string toml =
-        ConfigToml(s.receivers, s.fanout.value_or(0), base_port, p.link_bytes_per_second, p);
+    const std::string toml = ConfigToml(s.receivers, s.fanout.value_or(0), base_port, p);
     const auto config =
         Check(dc::topology::ParseClusterConfig(toml, "fanout-bench.toml"), "config");
     const auto plan = Check(dc::topology::PlanTree(config), "plan");
@@ -482,21 +501,21 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     options.config = config;
     options.token = kToken;
     options.encode_threads = p.encode_threads;
+    options.spool_dir = SpoolRoot() / "src";
     const size_t source_children = plan.nodes[0].children.size();
-    std::optional<dc::Result<dc::agent::PublishReport>> published;
     const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
-    published =
+    auto published =
         dc::agent::Publish(options, *base.store, base.manifest, *target.store, target.manifest,
                            NodeTransport(s.model, p.link_bytes_per_second, source_children));
     const double wall = Seconds(t0);
     const double cpu = CpuSeconds() - cpu0;
-    if (!published->ok()) {
+    if (!published.ok()) {
       cluster.Stop();
-      if (published->status().message().find("cannot listen") != std::string::npos) continue;
-      Die(what + ": publish failed: " + published->status().ToString());
+      if (published.status().message().find("cannot listen") != std::string::npos) continue;
+      Die(what + ": publish failed: " + published.status().ToString());
     }
-    const auto& report = published->value();
+    const dc::agent::PublishReport& report = *published;
     const int lagged = VerifyBitExact(cluster, report, target, what);
 
     RunResult r;
@@ -561,8 +580,7 @@ RunResult RunMedian(const Scenario& s, const ClusterParams& p, const Checkpoint&
 int PlannedFanout(const Scenario& s, const ClusterParams& p) {
   const auto config =
       Check(dc::topology::ParseClusterConfig(
-                ConfigToml(s.receivers, s.fanout.value_or(0), 40000, p.link_bytes_per_second, p),
-                "fanout-bench.toml"),
+                ConfigToml(s.receivers, s.fanout.value_or(0), 40000, p), "fanout-bench.toml"),
             "config");
   return Check(dc::topology::PlanTree(config), "plan").fanout_used;
 }
@@ -978,6 +996,77 @@ void RunRate(const BenchOptions& o, const ClusterParams& p, const SyntheticModel
   }
 }
 
+ClusterParams FanoutParams(const BenchOptions& o) {
+  ClusterParams p;
+  p.link_bytes_per_second = o.link_bytes_per_second;
+  p.chunk_bytes = o.chunk_bytes;
+  p.partition_bytes = o.partition_bytes;
+  p.window = o.window;
+  p.encode_threads = o.encode_threads;
+  p.apply_threads = o.apply_threads;
+  return p;
+}
+
+json DocHeader(const BenchOptions& o, const std::string& link_text) {
+  return {
+      {"benchmark", "fanout"},
+      {"cores", dc::DefaultThreadCount()},
+      {"params", o.params},
+      {"link_rate", link_text},
+      {"link_rate_bytes_per_second", o.link_bytes_per_second},
+      {"chunk_bytes", o.chunk_bytes},
+      {"partition_bytes", o.partition_bytes},
+      {"window", o.window},
+      {"summary_rate", o.summary_rate},
+      {"repeats", o.repeats},
+      {"transport",
+       "TCP on 127.0.0.1, one transport per node, each wrapped by WrapWithFaults with a "
+       "bandwidth cap"},
+      {"uplink_models",
+       {{"shared",
+         "the default: a node with k children caps each child link at rate/k. WrapWithFaults "
+         "paces each connection on its own and has no cap shared by a transport's connections, "
+         "so one uplink split fairly is modelled this way; the tree planner assumes the same"},
+        {"per_connection",
+         "every connection capped at the full rate whatever the fanout (WrapWithFaults as is): "
+         "overstates the uplink of a node with k > 1 children k times, a star's source N times"}}},
+      {"data",
+       "simulated BF16 AdamW steps (bench/realistic_step.h); full = the target sent from an "
+       "all-zero base"},
+      {"seconds_definition",
+       "seconds = PublishReport::seconds, BEGIN to every node committed; prepare_seconds: BEGIN "
+       "to every node PREPARED; cpu_seconds: the whole process (every node) over the publish "
+       "call; cpu_cores_busy = cpu_seconds / that call's wall time, out of `cores`"}};
+}
+
+// The fan-out matrix: every rate, every N, every distinct topology; then the
+// summaries and the link-bound check.
+void FanoutRuns(const BenchOptions& o, std::mt19937& rng, json& doc) {
+  const ClusterParams p = FanoutParams(o);
+  fmt::print(stderr, "drawing a {}-parameter model\n", o.params);
+  const SyntheticModel model = DrawModel(o.params, o.seed);
+  const Checkpoint base = StepCheckpoint(model, 0, o.partition_bytes);
+  std::vector<double> rates = o.rates;
+  for (double r : o.large_rates) {
+    if (!Contains(rates, r)) rates.push_back(r);
+  }
+  if (!Contains(rates, o.summary_rate)) rates.push_back(o.summary_rate);
+  std::vector<RunResult> runs;
+  for (double rate : rates) {
+    std::vector<int> ns;
+    for (int n : o.receivers) {
+      const bool listed = Contains(n < o.large_n ? o.rates : o.large_rates, rate);
+      if (n == 1 || rate == o.summary_rate || listed) ns.push_back(n);
+    }
+    RunRate(o, p, model, base, rate, ns, runs, rng);
+  }
+  json results = json::array();
+  for (const auto& r : runs) results.push_back(RunJson(r, runs, o.link_bytes_per_second));
+  doc["results"] = results;
+  doc["summary"] = Summaries(runs, o);
+  if (o.link_bound) doc["link_bound"] = LinkBound(o, model, rng);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1086,70 +1175,8 @@ int main(int argc, char** argv) {
   const double load_start = LoadAverage();
   const auto start = Clock::now();
   const double cpu_start = CpuSeconds();
-  ClusterParams p;
-  p.link_bytes_per_second = o.link_bytes_per_second;
-  p.chunk_bytes = o.chunk_bytes;
-  p.partition_bytes = o.partition_bytes;
-  p.window = o.window;
-  p.encode_threads = o.encode_threads;
-  p.apply_threads = o.apply_threads;
-
-  json doc = {{"benchmark", "fanout"},
-              {"cores", dc::DefaultThreadCount()},
-              {"params", o.params},
-              {"link_rate", link_text},
-              {"link_rate_bytes_per_second", o.link_bytes_per_second},
-              {"chunk_bytes", o.chunk_bytes},
-              {"partition_bytes", o.partition_bytes},
-              {"window", o.window},
-              {"summary_rate", o.summary_rate},
-              {"repeats", o.repeats},
-              {"transport",
-               "TCP on 127.0.0.1, one transport per node, each wrapped by WrapWithFaults with a "
-               "bandwidth cap"},
-              {"uplink_models",
-               {{"shared",
-                 "the default: a node with k children caps each child link at rate/k. "
-                 "WrapWithFaults paces each connection on "
-                 "its own and has no cap shared by a transport's connections, so one uplink split "
-                 "fairly is modelled this "
-                 "way; the tree planner assumes the same"},
-                {"per_connection",
-                 "every connection capped at the full rate whatever the fanout (WrapWithFaults as "
-                 "is): overstates the uplink "
-                 "of a node with k > 1 children k times, a star's source N times"}}},
-              {"data",
-               "simulated BF16 AdamW steps (bench/realistic_step.h); full = the target sent from "
-               "an all-zero base"},
-              {"seconds_definition",
-               "PublishReport::seconds: BEGIN to every node committed; prepare_seconds: BEGIN to "
-               "every node PREPARED"}};
-
-  if (o.fanout) {
-    fmt::print(stderr, "drawing a {}-parameter model\n", o.params);
-    const SyntheticModel model = DrawModel(o.params, o.seed);
-    const Checkpoint base = StepCheckpoint(model, 0, o.partition_bytes);
-    std::vector<double> rates = o.rates;
-    for (double r : o.large_rates) {
-      if (!Contains(rates, r)) rates.push_back(r);
-    }
-    if (!Contains(rates, o.summary_rate)) rates.push_back(o.summary_rate);
-    std::vector<RunResult> runs;
-    for (double rate : rates) {
-      std::vector<int> ns;
-      for (int n : o.receivers) {
-        if (n == 1 || rate == o.summary_rate ||
-            Contains(n < o.large_n ? o.rates : o.large_rates, rate))
-          ns.push_back(n);
-      }
-      RunRate(o, p, model, base, rate, ns, runs, rng);
-    }
-    json results = json::array();
-    for (const auto& r : runs) results.push_back(RunJson(r, runs, o.link_bytes_per_second));
-    doc["results"] = results;
-    doc["summary"] = Summaries(runs, o);
-    if (o.link_bound) doc["link_bound"] = LinkBound(o, model, rng);
-  }
+  json doc = DocHeader(o, link_text);
+  if (o.fanout) FanoutRuns(o, rng, doc);
   if (o.relay_throughput) doc["relay_throughput"] = RelayThroughput(o, rng);
   doc["total_seconds"] = Seconds(start);
   doc["total_cpu_seconds"] = CpuSeconds() - cpu_start;
