@@ -98,7 +98,11 @@ int RunPublish(const PublishArgs& args) {
   options.token = *token;
   options.codec = args.codec;
   options.encode_threads = args.threads;
-  options.decision_log = args.target / apply::kStateDirName / "decisions.log";
+  std::filesystem::path target = std::filesystem::absolute(args.target).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "step1/"
+  const std::filesystem::path state = args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
+  options.decision_log = state / "decisions.log";
+  options.spool_dir = state / "spool";
   const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
   if (tty) {
     options.on_progress = [](const PublishProgress& p) {

@@ -28,6 +28,9 @@ int RunAgent(const AgentArgs& args);
 
 struct PublishArgs {
   std::filesystem::path config, base, target;
+  // The source's own state (decision log, spool); default: .deltacast-source
+  // beside NEW, which successive checkpoints of one trainer share.
+  std::filesystem::path state_dir;
   codec::EncodeOptions codec;
   size_t threads = 0;
   bool json = false;

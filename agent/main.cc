@@ -164,6 +164,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fast", "context"}))
       ->capture_default_str();
   pu->add_option("--threads", publish.threads, "Encode threads (0 = all cores)");
+  pu->add_option("--state-dir", publish.state_dir,
+                 "The source's decision log and spool (default: .deltacast-source beside NEW)");
   pu->add_flag("--json", publish.json, "Report as JSON");
   pu->add_flag("!--no-progress", publish.progress, "No progress line");
   pu->callback([&] {

@@ -128,6 +128,7 @@ class NodeAgent::Impl {
   // What the apply thread owns for the current refit.
   struct ApplyState {
     uint64_t refit_id = 0;
+    bool at_target = false;  // the replica already holds the target: nothing to apply
     std::unique_ptr<apply::DeltaApplier> applier;
     std::optional<codec::DeltaSummary> summary;
     std::optional<codec::Manifest> target;
@@ -313,19 +314,26 @@ class NodeAgent::Impl {
   void OnBegin(ByteSpan bytes) {
     auto begin = ParseBegin(bytes);
     if (!begin.ok()) return ProtocolError(begin.status().message());
-    if (refit_ && refit_->id == begin->refit_id) {
-      // A replay after we reconnected: what follows is what we lack.
-      refit_->prepared_sent = false;
+    if (refit_ && refit_->id == begin->refit_id && !(refit_->phase == Phase::kDone && !committed_last_)) {
+      // A replay after a reconnect: what follows is what we lack.
       SendUp(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window)}));
-      return;
-    }
-    if (refit_ && refit_->resolution && refit_->phase != Phase::kDone) {
-      deferred_begin_.assign(bytes.begin(), bytes.end());  // after the resolution
+      if (refit_->phase == Phase::kStreaming) {
+        refit_->prepared_sent = false;
+      } else {
+        // We committed this refit (with our whole subtree) before our parent
+        // restarted: more than prepared; say so, and confirm when it commits.
+        Prepared prepared{refit_->id, refit_->reports};
+        prepared.nodes.push_back({options_.node_id, refit_->chunk_bytes, SecondsSince(refit_->start),
+                                  refit_->partitions_applied});
+        SendUp(EncodePrepared(prepared));
+      }
       return;
     }
     if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
-      return ProtocolError("BEGIN of refit " + std::to_string(begin->refit_id) + " while refit " +
-                           std::to_string(refit_->id) + " is deciding");
+      // The previous delta is still being committed or rolled back (a source that
+      // restarted resolves it right before beginning the next): begin after it.
+      deferred_begin_.assign(bytes.begin(), bytes.end());
+      return;
     }
     refit_.emplace();
     refit_->id = begin->refit_id;
@@ -348,9 +356,17 @@ class NodeAgent::Impl {
     apply_loop_.Post([this, id, identity] {
       apply_ = ApplyState{};
       apply_.refit_id = id;
-      auto applier = replica_->Begin(identity, apply::ApplyOptions{options_.apply_threads, /*keep_undo=*/true});
-      Status status = applier.ok() ? Status::Ok() : applier.status();
-      if (applier.ok()) apply_.applier = std::move(*applier);
+      Status status;
+      if (!replica_->inflight() && replica_->version() == identity.target_version) {
+        // Already there (a node that committed this version before a restart, or
+        // an empty delta): trivially prepared once the END arrives; its subtree
+        // is still checked as usual.
+        apply_.at_target = true;
+      } else {
+        auto applier = replica_->Begin(identity, apply::ApplyOptions{options_.apply_threads, /*keep_undo=*/true});
+        status = applier.status();
+        if (applier.ok()) apply_.applier = std::move(*applier);
+      }
       SnapshotJournal();
       loop_.Post([this, id, status] {
         if (!status.ok()) LocalFailure(id, status);
@@ -387,7 +403,9 @@ class NodeAgent::Impl {
     auto release = [this, pending, id, size] {
       if (--*pending > 0) return;
       ReleaseChunk(size);
-      if (refit_ && refit_->id == id && refit_->phase == Phase::kStreaming) SendUp(EncodeCredit({1}));
+      // Credit is owed whatever the phase: a replay to a node that already finished
+      // this refit still has a decision queued behind its chunks.
+      if (refit_ && refit_->id == id) SendUp(EncodeCredit({1}));
     };
     downstream_.BroadcastChunk(message, header->identity.target_version, header->sequence, release);
     const uint32_t sequence = header->sequence;
@@ -416,7 +434,13 @@ class NodeAgent::Impl {
   // count them; END verifies everything (torn partitions are returned for repair).
   ApplyResult ApplyOne(uint64_t id, uint32_t sequence, const transport::Message& message) {
     ApplyResult result;
-    if (apply_.refit_id != id || !apply_.applier) return result;
+    if (apply_.refit_id != id) return result;
+    if (apply_.at_target) {
+      auto header = codec::PeekChunkHeader(Body(*message));
+      result.end = header.ok() && header->kind == codec::ChunkKind::kEnd;
+      return result;
+    }
+    if (!apply_.applier) return result;
     auto chunk = codec::ParseChunk(Body(*message));
     if (!chunk.ok()) {
       result.status = chunk.status();
@@ -574,6 +598,9 @@ class NodeAgent::Impl {
 
   void MaybePrepared() {
     Refit& r = *refit_;
+    log::Debug(fmt::format("{}: refit {}: prepared? sent={} local={} error={} children {}/{} phase {}", options_.node_id,
+                           r.id, r.prepared_sent, r.local_prepared, r.local_error.ok() ? "none" : r.local_error.ToString(),
+                           r.prepared_children.size(), self_.children.size(), static_cast<int>(r.phase)));
     if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
     if (r.prepared_children.size() < self_.children.size() && r.phase == Phase::kStreaming) return;
     r.prepared_sent = true;
@@ -607,16 +634,13 @@ class NodeAgent::Impl {
       return;
     }
     const bool same_delta = hello.inflight_target == r.identity.target_version;
-    if (!same_delta && hello.active_version == r.identity.target_version) {
-      // It holds the target already (it committed, then lost the link before
-      // saying so): that is more than prepared. If we decided, let it confirm.
-      r.prepared_children.insert(child);
-      MaybePrepared();
-      if (r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_)) {
-        downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(
-                                         MessageType::kCommit, {r.id, r.identity.target_version})),
-                                     nullptr, false}});
-      }
+    if (!same_delta && hello.active_version == r.identity.target_version &&
+        (r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_))) {
+      // It committed, then lost the link before confirming: COMMIT again makes it
+      // gather its subtree's confirmations and answer.
+      downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(
+                                       MessageType::kCommit, {r.id, r.identity.target_version})),
+                                   nullptr, false}});
       return;
     }
     if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;     // nothing to undo
@@ -771,8 +795,9 @@ class NodeAgent::Impl {
       const uint64_t id = r.id;
       apply_loop_.Post([this, id] {
         CrashPoint("agent.commit");
-        Status status = apply_.target ? replica_->Commit(*apply_.target)
-                                      : Status::Internal("commit without a verified target");
+        Status status = apply_.at_target ? Status::Ok()
+                        : apply_.target  ? replica_->Commit(*apply_.target)
+                                         : Status::Internal("commit without a verified target");
         CommitEvent event{id, replica_->version(), {apply_.changed_tensors.begin(), apply_.changed_tensors.end()}};
         apply_ = ApplyState{};
         SnapshotJournal();

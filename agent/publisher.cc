@@ -17,6 +17,7 @@
 #include "codec/chunk.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
+#include "common/crash_point.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/parallel.h"
@@ -58,11 +59,12 @@ std::optional<std::pair<uint64_t, bool>> RecordedDecision(const std::filesystem:
 class Publication {
  public:
   Publication(const PublishOptions& options, std::vector<std::string> children, const apply::WeightStore& base,
-              const apply::WeightStore& target)
+              const apply::WeightStore& target, const Digest128& target_version)
       : options_(options),
         children_(children.begin(), children.end()),
         base_(base),
         target_(target),
+        target_version_(target_version),
         loop_([this] { Tick(); }),
         downstream_(loop_, options.config.Source()->id, std::move(children), options.token, Events()) {}
 
@@ -155,6 +157,7 @@ class Publication {
               cv_.notify_all();
             });
           });
+          CrashPoint("source.chunk_sent");
           if (progress.chunks_sent++ == 0) report.first_chunk_seconds = SecondsSince(start);
           progress.bytes_sent += message->size();
           if (options_.on_progress) options_.on_progress(progress);
@@ -175,6 +178,7 @@ class Publication {
       report.nodes = reports_;
     }
     report.prepare_seconds = SecondsSince(start);
+    CrashPoint("source.before_decision");
     const std::string decision = commit ? "COMMIT" : "ABORT";
     Status recorded = RecordDecision(
         options_.decision_log, fmt::format("refit {} {} {} {}", refit_id_, report.base_version.ToHex(),
@@ -184,6 +188,7 @@ class Publication {
       commit = false;
       report.abort_reason = recorded.ToString();
     }
+    CrashPoint("source.decided");
     log::Info(fmt::format("refit {}: decision {}{}", refit_id_, commit ? "COMMIT" : "ABORT",
                           commit ? "" : " (" + report.abort_reason + ")"));
     const Decision d{refit_id_, report.target_version};
@@ -215,8 +220,13 @@ class Publication {
   }
 
  private:
-  // Loop thread: a child that stays away longer than the connect timeout fails the refit.
+  // Loop thread: heartbeats, and a child that stays away longer than the connect
+  // timeout fails the refit.
   void Tick() {
+    if (Clock::now() >= next_heartbeat_) {
+      next_heartbeat_ = Clock::now() + std::chrono::seconds(1);
+      downstream_.Heartbeat();
+    }
     std::lock_guard lock(mu_);
     if (refit_id_ == 0 || deciding_) return;
     for (const auto& [child, since] : missing_since_) {
@@ -230,14 +240,12 @@ class Publication {
   // Loop thread: a child that rejoins mid-refit gets BEGIN, the spooled chunks it
   // has not applied, and the decision if there is one already.
   void Replay(const std::string& child, const Hello& hello) {
-    if (hello.active_version == begin_.target_version && hello.inflight_target.IsZero()) {
-      // It holds the target already (it committed, then lost the link before
-      // saying so): that is more than prepared. If we decided, let it confirm.
-      prepared_.insert(child);
-      if (decision_ == MessageType::kCommit) {
-        downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
-                                     nullptr, false}});
-      }
+    if (hello.active_version == begin_.target_version && hello.inflight_target.IsZero() &&
+        decision_ == MessageType::kCommit) {
+      // It committed, then lost the link before confirming: COMMIT again makes it
+      // gather its subtree's confirmations and answer.
+      downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
+                                   nullptr, false}});
       return;
     }
     std::vector<Downstream::Outgoing> backlog;
@@ -302,7 +310,7 @@ class Publication {
       std::lock_guard lock(mu_);
       joined_.insert(child);
       missing_since_.erase(child);
-      if (!hello.inflight_target.IsZero() && (refit_id_ == 0 || hello.inflight_target != begin_.target_version)) {
+      if (!hello.inflight_target.IsZero() && hello.inflight_target != target_version_) {
         Resolve(child, hello.inflight_target);
       }
       if (refit_id_ != 0) Replay(child, hello);
@@ -358,11 +366,13 @@ class Publication {
   std::set<std::string> children_;
   const apply::WeightStore& base_;
   const apply::WeightStore& target_;
+  const Digest128 target_version_;  // what this publication brings
   transport::Transport* transport_ = nullptr;
   std::unique_ptr<Spool> spool_;
   Begin begin_;
   std::optional<MessageType> decision_;
   std::map<std::string, Clock::time_point> missing_since_;
+  Clock::time_point next_heartbeat_ = Clock::now();
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -389,7 +399,7 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
                               std::unique_ptr<transport::Transport> transport) {
   ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
   const topology::PlannedNode* source = plan.Find(plan.source);
-  Publication publication(options, source->children, base, target);
+  Publication publication(options, source->children, base, target, target_manifest.VersionId());
   RETURN_IF_ERROR(publication.Listen(*transport));
   RETURN_IF_ERROR(publication.WaitForChildren());
   PublishReport report = publication.Run(base, base_manifest, target, target_manifest);

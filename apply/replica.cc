@@ -58,12 +58,21 @@ Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity&
     return Status::Unsupported("the delta uses partitions of " + std::to_string(identity.partition_bytes) +
                                " bytes, this replica " + std::to_string(manifest_.partition_bytes));
   }
-  if (!inflight_ && state_) RETURN_IF_ERROR(state_->WriteInflight(delta));
-  inflight_ = delta;
   if (options.threads == 0) options.threads = threads_;
-  // Mid-way the bytes hash to neither version; that is fine: every record of the
-  // delta sets its partition's target hash, and the others are equal in both.
-  auto applier = std::make_unique<DeltaApplier>(*store_, manifest_, identity, options);
+  codec::Manifest current = manifest_;
+  if (inflight_) {
+    // Resuming: partitions applied earlier (journaled chunks, which are not
+    // replayed) are at target only in the bytes, so hash the bytes as they are.
+    // Every record of the delta that is replayed sets its partition's target hash,
+    // and the partitions it does not name are equal in base and target.
+    const WeightStore& s = *store_;
+    current = codec::ComputeManifest(s.tensors(), [&](size_t i) { return s.TensorData(i); },
+                                     manifest_.partition_bytes, threads_);
+  } else if (state_) {
+    RETURN_IF_ERROR(state_->WriteInflight(delta));
+  }
+  inflight_ = delta;
+  auto applier = std::make_unique<DeltaApplier>(*store_, std::move(current), identity, options);
   for (uint32_t sequence : applied_) applier->MarkApplied(sequence);
   return applier;
 }

@@ -267,7 +267,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   }
 
   void OnMessage(Message message) {
-    Invoke([&] { on_message_(std::move(message)); });
+    if (on_message_) Invoke([&] { on_message_(std::move(message)); });
   }
 
   void OnInnerClosed(Status status) {

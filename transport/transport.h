@@ -144,7 +144,8 @@ class Transport {
 };
 
 // Connect, waiting up to `timeout`; kTimeout when it does not finish in time (the
-// late connection, if any, is closed). Blocks: do not call from a handler.
+// late connection, if any, is closed; after Shutdown, Connect never answers, so
+// this waits out the timeout). Blocks: do not call from a handler.
 Result<std::unique_ptr<Connection>> ConnectBlocking(Transport& transport,
                                                     const std::string& address,
                                                     std::chrono::milliseconds timeout);

@@ -40,10 +40,10 @@ delta_bytes=$(jq '.bytes' "$work/ref.json")
 start_agent() {  # node [crash point]
   local node=$1 point=${2:-}
   if [[ -n $point ]]; then
-    DELTACAST_CRASH_AT=$point "$dc" agent --config "$work/cluster.toml" --node "$node" --store "$work/run/$node" \
+    DELTACAST_CRASH_AT=$point "$dc" ${VERBOSE:+-v} agent --config "$work/cluster.toml" --node "$node" --store "$work/run/$node" \
       --threads 1 >>"$work/run/$node.log" 2>&1 &
   else
-    "$dc" agent --config "$work/cluster.toml" --node "$node" --store "$work/run/$node" --threads 1 \
+    "$dc" ${VERBOSE:+-v} agent --config "$work/cluster.toml" --node "$node" --store "$work/run/$node" --threads 1 \
       >>"$work/run/$node.log" 2>&1 &
   fi
   echo $!

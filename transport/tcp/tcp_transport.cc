@@ -482,7 +482,7 @@ class Link : public std::enable_shared_from_this<Link> {
       reorder_bytes_ -= message->size();
       reorder_.erase(first);
       ++next_recv_sequence_;
-      Invoke([&] { on_message_(std::move(message)); });
+      if (on_message_) Invoke([&] { on_message_(std::move(message)); });
     }
     if (closed_) return;
     if (goodbye_total_ && next_recv_sequence_ == *goodbye_total_) {
