@@ -913,13 +913,14 @@ class NodeAgent::Impl {
     if (r.phase == Phase::kDone) return;
     const bool committed = r.phase == Phase::kCommitting;
     committed_last_ = committed;
-    SendUp(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, {r.id, 1 + r.outcome_nodes}));
     r.phase = Phase::kDone;
+    // Counted before the parent hears it, so stats() agrees with what the source reports.
     const NodeAgentStats s = [&] {
       std::lock_guard lock(stats_mu_);
       (committed ? stats_.refits_committed : stats_.refits_aborted)++;
       return stats_;
     }();
+    SendUp(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, {r.id, 1 + r.outcome_nodes}));
     if (!deferred_begin_.empty()) {
       const std::vector<std::byte> begin = std::move(deferred_begin_);
       deferred_begin_.clear();
