@@ -391,7 +391,9 @@ class NodeAgent::Impl {
     }
     CrashPoint("agent.chunk_received");
     if (r.spool) {
-      Status spooled = r.spool->Append(header->sequence, *message, /*durable=*/true);
+      // Into the page cache here, so forwarding waits for no disk; the apply
+      // thread makes it durable before the chunk's partitions are touched.
+      Status spooled = r.spool->Append(header->sequence, *message);
       if (!spooled.ok()) LocalFailure(r.id, spooled.WithContext("spool"));
     }
     HoldChunk(message->size());
@@ -409,9 +411,17 @@ class NodeAgent::Impl {
     };
     downstream_.BroadcastChunk(message, header->identity.target_version, header->sequence, release);
     const uint32_t sequence = header->sequence;
-    apply_loop_.Post([this, message, id, sequence, release] {
+    apply_loop_.Post([this, message, id, sequence, release, spool = r.spool] {
       const auto t0 = Clock::now();
-      ApplyResult result = ApplyOne(id, sequence, message);
+      // A chunk is on disk in the spool before it changes any partition, so this
+      // node can always roll back what it applied from the records themselves.
+      Status synced = spool ? spool->Sync() : Status::Ok();
+      ApplyResult result;
+      if (synced.ok()) {
+        result = ApplyOne(id, sequence, message);
+      } else {
+        result.status = synced;
+      }
       result.seconds = SecondsSince(t0);
       loop_.Post([this, id, result, release] {
         release();

@@ -59,6 +59,14 @@ Result<transport::Message> Spool::ReadAt(uint64_t offset, uint64_t length) const
 
 Spool::~Spool() { ::close(fd_); }
 
+Status Spool::Sync() {
+  std::lock_guard lock(mu_);
+  if (!dirty_) return Status::Ok();
+  if (::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fdatasync " + path_.string());
+  dirty_ = false;
+  return Status::Ok();
+}
+
 void Spool::Discard() {
   std::error_code ec;
   std::filesystem::remove(path_, ec);
@@ -72,6 +80,7 @@ Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
   if (::lseek(fd_, static_cast<off_t>(end_), SEEK_SET) < 0) return Status::FromErrno(errno, "seek " + path_.string());
   RETURN_IF_ERROR(WriteAll(fd_, message, path_));
   if (durable && ::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fdatasync " + path_.string());
+  dirty_ = !durable;
   index_[sequence] = Entry{end_, message.size()};
   end_ += message.size();
   return Status::Ok();

@@ -27,6 +27,8 @@ class Spool {
   // what it had forwarded); spools of other deltas in `dir` are deleted. The file
   // is removed by Discard, not by the destructor: it outlives a crash on purpose.
   static Result<std::unique_ptr<Spool>> Open(const std::filesystem::path& dir, const Digest128& target);
+  // Makes everything appended so far durable (fdatasync; nothing if nothing new).
+  Status Sync();
   // Deletes the file (the delta was decided and nobody needs a replay of it).
   void Discard();
   ~Spool();
@@ -57,6 +59,7 @@ class Spool {
   mutable std::mutex mu_;
   std::map<uint32_t, Entry> index_;
   uint64_t end_ = 0;
+  bool dirty_ = false;
 };
 
 }  // namespace deltacast::agent
