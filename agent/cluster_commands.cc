@@ -63,12 +63,14 @@ int RunAgent(const AgentArgs& args) {
   if (!config.ok()) return Fail(config.status());
   auto token = topology::ReadAuthToken(*config);
   if (!token.ok()) return Fail(token.status());
-  auto replica = apply::Replica::OpenCheckpointDir(args.store, codec::kDefaultPartitionBytes, args.threads);
+  auto replica =
+      apply::Replica::OpenCheckpointDir(args.store, codec::kDefaultPartitionBytes, args.threads);
   if (!replica.ok()) return Fail(replica.status().WithContext("store " + args.store.string()));
   if ((*replica)->inflight()) {
-    log::Warn(fmt::format("{}: store {} has an unfinished delta {} -> {}; it resumes when the source resends it",
-                          args.node, args.store.string(), (*replica)->inflight()->base.ShortHex(),
-                          (*replica)->inflight()->target.ShortHex()));
+    log::Warn(fmt::format(
+        "{}: store {} has an unfinished delta {} -> {}; it resumes when the source resends it",
+        args.node, args.store.string(), (*replica)->inflight()->base.ShortHex(),
+        (*replica)->inflight()->target.ShortHex()));
   }
   auto transport = transport::MakeTcpTransport();
   if (!transport.ok()) return Fail(transport.status());
@@ -100,13 +102,15 @@ int RunPublish(const PublishArgs& args) {
   options.encode_threads = args.threads;
   std::filesystem::path target = std::filesystem::absolute(args.target).lexically_normal();
   if (!target.has_filename()) target = target.parent_path();  // "step1/"
-  const std::filesystem::path state = args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
+  const std::filesystem::path state =
+      args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
   options.decision_log = state / "decisions.log";
   options.spool_dir = state / "spool";
   const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
   if (tty) {
     options.on_progress = [](const PublishProgress& p) {
-      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent, double(p.bytes_sent) / (1 << 20));
+      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
+                 double(p.bytes_sent) / (1 << 20));
     };
   }
   auto report = PublishCheckpoints(options, args.base, args.target, std::move(*transport));
@@ -117,7 +121,9 @@ int RunPublish(const PublishArgs& args) {
   if (args.json) {
     json nodes = json::array();
     for (const auto& n : r.nodes) {
-      nodes.push_back({{"node", n.node_id}, {"delta_bytes", n.chunk_bytes}, {"apply_seconds", n.apply_seconds},
+      nodes.push_back({{"node", n.node_id},
+                       {"delta_bytes", n.chunk_bytes},
+                       {"apply_seconds", n.apply_seconds},
                        {"partitions_applied", n.partitions_applied}});
     }
     fmt::print("{}\n", json{{"committed", r.committed},
@@ -143,13 +149,16 @@ int RunPublish(const PublishArgs& args) {
     fmt::print("  delta {:.2f} MiB for a {:.2f} MiB checkpoint ({:.2f}%), {} chunks\n",
                double(r.delta.delta_bytes) / (1 << 20), full / (1 << 20),
                100.0 * double(r.delta.delta_bytes) / std::max(full, 1.0), r.delta.chunks);
-    fmt::print("  first chunk out after {:.3f} s, stream {:.2f} s, all prepared {:.2f} s, done {:.2f} s "
-               "(effective {:.2f} GB/s of checkpoint)\n",
-               r.first_chunk_seconds, r.stream_seconds, r.prepare_seconds, r.seconds, full / r.seconds / 1e9);
+    fmt::print(
+        "  first chunk out after {:.3f} s, stream {:.2f} s, all prepared {:.2f} s, done {:.2f} s "
+        "(effective {:.2f} GB/s of checkpoint)\n",
+        r.first_chunk_seconds, r.stream_seconds, r.prepare_seconds, r.seconds,
+        full / r.seconds / 1e9);
     fmt::print("  {} nodes confirmed the decision\n", r.nodes_decided);
     for (const auto& n : r.nodes) {
-      fmt::print("    {:<16} received {:>9.2f} MiB, {:>5} partitions, prepared after {:.2f} s\n", n.node_id,
-                 double(n.chunk_bytes) / (1 << 20), n.partitions_applied, n.apply_seconds);
+      fmt::print("    {:<16} received {:>9.2f} MiB, {:>5} partitions, prepared after {:.2f} s\n",
+                 n.node_id, double(n.chunk_bytes) / (1 << 20), n.partitions_applied,
+                 n.apply_seconds);
     }
   }
   return r.committed ? kExitOk : kExitFailure;

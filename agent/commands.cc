@@ -38,13 +38,15 @@ std::string HumanBytes(double bytes) {
     bytes /= 1024;
     ++unit;
   }
-  return unit == 0 ? fmt::format("{:.0f} {}", bytes, kUnits[unit]) : fmt::format("{:.2f} {}", bytes, kUnits[unit]);
+  return unit == 0 ? fmt::format("{:.0f} {}", bytes, kUnits[unit])
+                   : fmt::format("{:.2f} {}", bytes, kUnits[unit]);
 }
 
 json EncodingCounts(const std::array<uint64_t, codec::kMaxEncoding + 1>& counts) {
   json out = json::object();
   for (uint8_t e = 1; e <= codec::kMaxEncoding; ++e) {
-    if (counts[e] != 0) out[std::string(codec::EncodingName(static_cast<codec::Encoding>(e)))] = counts[e];
+    if (counts[e] != 0)
+      out[std::string(codec::EncodingName(static_cast<codec::Encoding>(e)))] = counts[e];
   }
   return out;
 }
@@ -72,7 +74,8 @@ Result<Digest128> HashFile(const std::filesystem::path& path) {
 }
 
 // Relative path -> hash of every regular file under `dir`, except deltacast's own state.
-Result<std::map<std::string, Digest128>> HashTree(const std::filesystem::path& dir, size_t threads) {
+Result<std::map<std::string, Digest128>> HashTree(const std::filesystem::path& dir,
+                                                  size_t threads) {
   std::vector<std::filesystem::path> files;
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
@@ -98,7 +101,8 @@ Result<std::map<std::string, Digest128>> HashTree(const std::filesystem::path& d
 
 Result<uint64_t> ParseByteSize(std::string_view text) {
   size_t digits = 0;
-  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) {
+  while (digits < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) {
     ++digits;
   }
   if (digits == 0) return Status::InvalidArgument("'" + std::string(text) + "' is not a size");
@@ -110,14 +114,26 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   }
   std::string unit(text.substr(digits));
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},         {"B", 1},         {"K", 1024.0},    {"KB", 1024.0},  {"KIB", 1024.0},
-      {"M", 1 << 20},  {"MB", 1 << 20},  {"MIB", 1 << 20}, {"G", 1 << 30},  {"GB", 1 << 30},
-      {"GIB", 1 << 30}, {"T", 1099511627776.0}, {"TB", 1099511627776.0}, {"TIB", 1099511627776.0}};
+  static const std::map<std::string, double> kUnits = {{"", 1},
+                                                       {"B", 1},
+                                                       {"K", 1024.0},
+                                                       {"KB", 1024.0},
+                                                       {"KIB", 1024.0},
+                                                       {"M", 1 << 20},
+                                                       {"MB", 1 << 20},
+                                                       {"MIB", 1 << 20},
+                                                       {"G", 1 << 30},
+                                                       {"GB", 1 << 30},
+                                                       {"GIB", 1 << 30},
+                                                       {"T", 1099511627776.0},
+                                                       {"TB", 1099511627776.0},
+                                                       {"TIB", 1099511627776.0}};
   auto it = kUnits.find(unit);
-  if (it == kUnits.end()) return Status::InvalidArgument("unknown size unit in '" + std::string(text) + "'");
+  if (it == kUnits.end())
+    return Status::InvalidArgument("unknown size unit in '" + std::string(text) + "'");
   const double bytes = value * it->second;
-  if (bytes < 1 || bytes > 1e18) return Status::InvalidArgument("size '" + std::string(text) + "' is out of range");
+  if (bytes < 1 || bytes > 1e18)
+    return Status::InvalidArgument("size '" + std::string(text) + "' is out of range");
   return static_cast<uint64_t>(bytes);
 }
 
@@ -130,12 +146,13 @@ int RunSynth(const SynthOptions& options, bool json_out) {
     json steps = json::array();
     for (size_t k = 0; k < report->measured_change_rate.size(); ++k) {
       const auto& st = report->step_stats[k];
-      steps.push_back({{"step", k + 1},
-                       {"change_rate", report->measured_change_rate[k]},
-                       {"changed", st.changed},
-                       {"one_ulp_fraction", st.changed ? double(st.one_ulp) / st.changed : 0.0},
-                       {"low_run_xor_fraction", st.changed ? double(st.xor_low_run) / st.changed : 0.0},
-                       {"sign_flips", st.sign_flips}});
+      steps.push_back(
+          {{"step", k + 1},
+           {"change_rate", report->measured_change_rate[k]},
+           {"changed", st.changed},
+           {"one_ulp_fraction", st.changed ? double(st.one_ulp) / st.changed : 0.0},
+           {"low_run_xor_fraction", st.changed ? double(st.xor_low_run) / st.changed : 0.0},
+           {"sign_flips", st.sign_flips}});
     }
     fmt::print("{}\n", json{{"out", options.out_dir.string()},
                             {"params", report->params},
@@ -151,21 +168,24 @@ int RunSynth(const SynthOptions& options, bool json_out) {
                            .dump(2));
     return kExitOk;
   }
-  fmt::print("synthesized {} params ({} layers, hidden {}, vocab {}) in {} shards, {} per checkpoint\n",
-             report->params, report->layers, report->hidden, report->vocab, report->shards,
-             HumanBytes(double(report->bytes_per_checkpoint)));
-  fmt::print("lr {:.3g}; wrote {}/step0 .. step{} in {:.1f} s\n", report->lr, options.out_dir.string(),
-             options.steps, seconds);
+  fmt::print(
+      "synthesized {} params ({} layers, hidden {}, vocab {}) in {} shards, {} per checkpoint\n",
+      report->params, report->layers, report->hidden, report->vocab, report->shards,
+      HumanBytes(double(report->bytes_per_checkpoint)));
+  fmt::print("lr {:.3g}; wrote {}/step0 .. step{} in {:.1f} s\n", report->lr,
+             options.out_dir.string(), options.steps, seconds);
   for (size_t k = 0; k < report->measured_change_rate.size(); ++k) {
     const auto& st = report->step_stats[k];
     fmt::print("  step {}: {:.2f}% of elements changed, {:.1f}% of them by one ULP\n", k + 1,
-               100 * report->measured_change_rate[k], st.changed ? 100.0 * st.one_ulp / st.changed : 0.0);
+               100 * report->measured_change_rate[k],
+               st.changed ? 100.0 * st.one_ulp / st.changed : 0.0);
   }
   return kExitOk;
 }
 
 int RunManifest(const ManifestArgs& args) {
-  auto store = apply::CheckpointDirStore::Open(args.dir, apply::CheckpointDirStore::Access::kReadOnly);
+  auto store =
+      apply::CheckpointDirStore::Open(args.dir, apply::CheckpointDirStore::Access::kReadOnly);
   if (!store.ok()) return Fail(store.status());
   const auto start = Clock::now();
   auto manifest = apply::CheckpointState(args.dir).LoadOrComputeManifest(
@@ -181,7 +201,8 @@ int RunManifest(const ManifestArgs& args) {
       json entry = {{"name", info.name}, {"dtype", DTypeName(info.dtype)}, {"shape", info.shape}};
       if (args.partitions) {
         json hashes = json::array();
-        for (uint64_t h : manifest->partition_hashes[t]) hashes.push_back(fmt::format("{:016x}", h));
+        for (uint64_t h : manifest->partition_hashes[t])
+          hashes.push_back(fmt::format("{:016x}", h));
         entry["partition_hashes"] = hashes;
       }
       tensors.push_back(entry);
@@ -203,7 +224,8 @@ int RunManifest(const ManifestArgs& args) {
   if (args.partitions) {
     for (size_t t = 0; t < manifest->tensors.size(); ++t) {
       for (size_t p = 0; p < manifest->partition_hashes[t].size(); ++p) {
-        fmt::print("{} [{}] {:016x}\n", manifest->tensors[t].name, p, manifest->partition_hashes[t][p]);
+        fmt::print("{} [{}] {:016x}\n", manifest->tensors[t].name, p,
+                   manifest->partition_hashes[t][p]);
       }
     }
   }
@@ -217,24 +239,27 @@ int RunDiff(const DiffArgs& args) {
   const auto& s = result->stats;
   const double gbps = s.seconds > 0 ? double(s.tensor_bytes) / s.seconds / 1e9 : 0;
   if (args.json) {
-    fmt::print("{}\n", json{{"base_version", result->identity.base_version.ToHex()},
-                            {"target_version", result->identity.target_version.ToHex()},
-                            {"out", args.out.string()},
-                            {"tensor_bytes", s.tensor_bytes},
-                            {"delta_bytes", s.delta_bytes},
-                            {"ratio", double(s.delta_bytes) / double(std::max<uint64_t>(s.tensor_bytes, 1))},
-                            {"bits_per_param", 8.0 * double(s.delta_bytes) / double(std::max<uint64_t>(s.total_elements, 1))},
-                            {"changed_elements", s.changed_elements},
-                            {"total_elements", s.total_elements},
-                            {"partitions", s.partitions},
-                            {"changed_partitions", s.changed_partitions},
-                            {"chunks", s.chunks},
-                            {"records_by_encoding", EncodingCounts(s.records_by_encoding)},
-                            {"payload_bytes_by_encoding", EncodingCounts(s.payload_bytes_by_encoding)},
-                            {"manifest_seconds", result->manifest_seconds},
-                            {"encode_seconds", s.seconds},
-                            {"encode_gbps", gbps}}
-                           .dump(2));
+    fmt::print(
+        "{}\n",
+        json{{"base_version", result->identity.base_version.ToHex()},
+             {"target_version", result->identity.target_version.ToHex()},
+             {"out", args.out.string()},
+             {"tensor_bytes", s.tensor_bytes},
+             {"delta_bytes", s.delta_bytes},
+             {"ratio", double(s.delta_bytes) / double(std::max<uint64_t>(s.tensor_bytes, 1))},
+             {"bits_per_param",
+              8.0 * double(s.delta_bytes) / double(std::max<uint64_t>(s.total_elements, 1))},
+             {"changed_elements", s.changed_elements},
+             {"total_elements", s.total_elements},
+             {"partitions", s.partitions},
+             {"changed_partitions", s.changed_partitions},
+             {"chunks", s.chunks},
+             {"records_by_encoding", EncodingCounts(s.records_by_encoding)},
+             {"payload_bytes_by_encoding", EncodingCounts(s.payload_bytes_by_encoding)},
+             {"manifest_seconds", result->manifest_seconds},
+             {"encode_seconds", s.seconds},
+             {"encode_gbps", gbps}}
+            .dump(2));
     return kExitOk;
   }
   fmt::print("delta {} -> {}: {} for {} of tensors ({:.2f}%, {:.3f} bits/param)\n",
@@ -248,8 +273,9 @@ int RunDiff(const DiffArgs& args) {
              s.changed_partitions, s.partitions, s.chunks);
   for (uint8_t e = 1; e <= codec::kMaxEncoding; ++e) {
     if (s.records_by_encoding[e] == 0) continue;
-    fmt::print("  {:<12} {:>8} partitions {:>12}\n", codec::EncodingName(static_cast<codec::Encoding>(e)),
-               s.records_by_encoding[e], HumanBytes(double(s.payload_bytes_by_encoding[e])));
+    fmt::print("  {:<12} {:>8} partitions {:>12}\n",
+               codec::EncodingName(static_cast<codec::Encoding>(e)), s.records_by_encoding[e],
+               HumanBytes(double(s.payload_bytes_by_encoding[e])));
   }
   fmt::print("encode {:.2f} s ({:.2f} GB/s of checkpoint), manifests {:.2f} s\n", s.seconds, gbps,
              result->manifest_seconds);
@@ -280,7 +306,8 @@ int RunPatch(const PatchArgs& args) {
   }
   fmt::print("{}: {} -> {} {} ({} partitions patched, {} already at target) in {:.2f} s\n",
              args.store.string(), result->identity.base_version.ShortHex(),
-             result->identity.target_version.ShortHex(), outcome, r.applied, r.already_at_target, seconds);
+             result->identity.target_version.ShortHex(), outcome, r.applied, r.already_at_target,
+             seconds);
   return kExitOk;
 }
 
@@ -319,13 +346,15 @@ int RunInspect(const InspectArgs& args) {
                          {"encoding", codec::EncodingName(r.encoding)},
                          {"payload_bytes", r.payload.size()}});
         } else {
-          fmt::print("  chunk {:>4} {:<48} @{:<10} {:>9} changes {:<12} {:>10} B\n", chunk->sequence,
-                     r.tensor_name, r.element_offset, r.change_count, codec::EncodingName(r.encoding),
-                     r.payload.size());
+          fmt::print("  chunk {:>4} {:<48} @{:<10} {:>9} changes {:<12} {:>10} B\n",
+                     chunk->sequence, r.tensor_name, r.element_offset, r.change_count,
+                     codec::EncodingName(r.encoding), r.payload.size());
         }
       }
     }
-    json c = {{"sequence", chunk->sequence}, {"bytes", chunk->size_bytes}, {"records", chunk->records.size()}};
+    json c = {{"sequence", chunk->sequence},
+              {"bytes", chunk->size_bytes},
+              {"records", chunk->records.size()}};
     if (args.records) c["record_list"] = rec;
     chunks.push_back(c);
   }
@@ -354,8 +383,9 @@ int RunInspect(const InspectArgs& args) {
              HumanBytes(double(summary->tensor_bytes)));
   for (uint8_t e = 1; e <= codec::kMaxEncoding; ++e) {
     if (records[e] == 0) continue;
-    fmt::print("  {:<12} {:>8} records {:>12}\n", codec::EncodingName(static_cast<codec::Encoding>(e)),
-               records[e], HumanBytes(double(bytes[e])));
+    fmt::print("  {:<12} {:>8} records {:>12}\n",
+               codec::EncodingName(static_cast<codec::Encoding>(e)), records[e],
+               HumanBytes(double(bytes[e])));
   }
   return kExitOk;
 }
@@ -367,9 +397,11 @@ int RunVerify(const VerifyArgs& args) {
   if (!a.ok()) return Fail(a.status().WithContext(args.a.string()));
   auto b = apply::CheckpointDirStore::Open(args.b, Access::kReadOnly);
   if (!b.ok()) return Fail(b.status().WithContext(args.b.string()));
-  auto ma = apply::CheckpointState(args.a).LoadOrComputeManifest(**a, codec::kDefaultPartitionBytes, threads);
+  auto ma = apply::CheckpointState(args.a).LoadOrComputeManifest(**a, codec::kDefaultPartitionBytes,
+                                                                 threads);
   if (!ma.ok()) return Fail(ma.status());
-  auto mb = apply::CheckpointState(args.b).LoadOrComputeManifest(**b, codec::kDefaultPartitionBytes, threads);
+  auto mb = apply::CheckpointState(args.b).LoadOrComputeManifest(**b, codec::kDefaultPartitionBytes,
+                                                                 threads);
   if (!mb.ok()) return Fail(mb.status());
   auto ha = HashTree(args.a, threads);
   if (!ha.ok()) return Fail(ha.status());
@@ -379,13 +411,16 @@ int RunVerify(const VerifyArgs& args) {
   std::vector<std::string> differing;
   for (const auto& [name, hash] : *ha) {
     auto it = hb->find(name);
-    if (it == hb->end()) differing.push_back(name + " (only in " + args.a.string() + ")");
-    else if (it->second != hash) differing.push_back(name);
+    if (it == hb->end())
+      differing.push_back(name + " (only in " + args.a.string() + ")");
+    else if (it->second != hash)
+      differing.push_back(name);
   }
   for (const auto& [name, hash] : *hb) {
     if (!ha->contains(name)) differing.push_back(name + " (only in " + args.b.string() + ")");
   }
-  const bool same_manifest = ma->VersionId() == mb->VersionId() && (*a)->LayoutId() == (*b)->LayoutId();
+  const bool same_manifest =
+      ma->VersionId() == mb->VersionId() && (*a)->LayoutId() == (*b)->LayoutId();
   const bool identical = same_manifest && differing.empty();
   if (args.json) {
     fmt::print("{}\n", json{{"identical", identical},
@@ -398,8 +433,8 @@ int RunVerify(const VerifyArgs& args) {
   } else {
     fmt::print("{} {}: manifests {} (versions {} / {}), {} files hashed, {} differ\n",
                identical ? "IDENTICAL" : "DIFFERENT", args.a.string() + " vs " + args.b.string(),
-               same_manifest ? "equal" : "differ", ma->VersionId().ShortHex(), mb->VersionId().ShortHex(),
-               ha->size(), differing.size());
+               same_manifest ? "equal" : "differ", ma->VersionId().ShortHex(),
+               mb->VersionId().ShortHex(), ha->size(), differing.size());
     for (const auto& d : differing) fmt::print("  differs: {}\n", d);
   }
   return identical ? kExitOk : kExitDiffers;

@@ -7,7 +7,10 @@
 namespace deltacast::agent {
 Downstream::Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children,
                        std::string token, Events events)
-    : loop_(loop), self_id_(std::move(self_id)), token_(std::move(token)), events_(std::move(events)) {
+    : loop_(loop),
+      self_id_(std::move(self_id)),
+      token_(std::move(token)),
+      events_(std::move(events)) {
   for (auto& id : children) children_[id];
 }
 
@@ -19,7 +22,9 @@ void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
   h.connection = std::move(connection);
   h.nonce = RandomNonce();
   h.connection->Start(
-      [this, serial](transport::Message m) { loop_.Post([this, serial, m] { OnMessage(serial, m); }); },
+      [this, serial](transport::Message m) {
+        loop_.Post([this, serial, m] { OnMessage(serial, m); });
+      },
       [this, serial](Status s) { loop_.Post([this, serial, s] { OnClosed(serial, s); }); });
   h.connection->Send(transport::MakeMessage(EncodeChallenge({h.nonce, self_id_})));
 }
@@ -48,10 +53,12 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   if (!hello.ok()) return Refuse(*h.connection, "malformed HELLO: " + hello.status().message());
   auto child = children_.find(hello->node_id);
   if (child == children_.end()) {
-    return Refuse(*h.connection, "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan");
+    return Refuse(*h.connection,
+                  "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan");
   }
   if (!ProofMatches(hello->proof, HelloProof(token_, h.nonce, hello->node_id, self_id_))) {
-    return Refuse(*h.connection, "node '" + hello->node_id + "' failed authentication (wrong cluster token)");
+    return Refuse(*h.connection,
+                  "node '" + hello->node_id + "' failed authentication (wrong cluster token)");
   }
   if (child->second.connection) {
     return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected");
@@ -106,7 +113,8 @@ void Downstream::OnMessage(uint64_t serial, transport::Message message) {
       if (events_.message) events_.message(id, *type, bytes);
       return;
     default: {
-      const Status bad = Status::Corrupt(std::string(MessageTypeName(*type)) + " is not a message a child sends");
+      const Status bad =
+          Status::Corrupt(std::string(MessageTypeName(*type)) + " is not a message a child sends");
       Refuse(*child->connection, bad.message());
       return Lose(id, bad);
     }
@@ -133,7 +141,8 @@ void Downstream::Lose(const std::string& id, const Status& why) {
 
 void Downstream::Complete(Pending& pending) {
   if (pending.message) queued_bytes_ -= pending.message->size();
-  if (pending.fanout && --pending.fanout->remaining == 0 && pending.fanout->done) pending.fanout->done();
+  if (pending.fanout && --pending.fanout->remaining == 0 && pending.fanout->done)
+    pending.fanout->done();
 }
 
 void Downstream::Pump(Child& child) {
@@ -148,7 +157,8 @@ void Downstream::Pump(Child& child) {
     if (!sent.message) {
       auto loaded = sent.load();
       if (!loaded.ok()) {
-        log::Error(fmt::format("{}: cannot replay to a child: {}", self_id_, loaded.status().ToString()));
+        log::Error(
+            fmt::format("{}: cannot replay to a child: {}", self_id_, loaded.status().ToString()));
         Complete(sent);
         continue;
       }
@@ -189,23 +199,26 @@ void Downstream::Requeue(const std::string& id, std::vector<Outgoing> backlog) {
   }
   for (auto& out : backlog) {
     if (out.message) queued_bytes_ += out.message->size();
-    child.queue.push_back(Pending{std::move(out.message), std::move(out.load), out.is_chunk, nullptr});
+    child.queue.push_back(
+        Pending{std::move(out.message), std::move(out.load), out.is_chunk, nullptr});
   }
   Pump(child);
 }
 
 void Downstream::SendTo(const std::string& id, transport::Message message) {
   auto it = children_.find(id);
-  if (it != children_.end() && it->second.connection) it->second.connection->Send(std::move(message));
+  if (it != children_.end() && it->second.connection)
+    it->second.connection->Send(std::move(message));
 }
 
-void Downstream::BroadcastChunk(transport::Message message, const Digest128& target, uint32_t sequence,
-                                std::function<void()> done) {
+void Downstream::BroadcastChunk(transport::Message message, const Digest128& target,
+                                uint32_t sequence, std::function<void()> done) {
   auto fanout = std::make_shared<Fanout>();
   fanout->done = std::move(done);
   std::vector<Child*> to;
   for (auto& [id, child] : children_) {
-    if (!(child.inflight_target == target && child.applied_chunks.contains(sequence))) to.push_back(&child);
+    if (!(child.inflight_target == target && child.applied_chunks.contains(sequence)))
+      to.push_back(&child);
   }
   fanout->remaining = to.size();
   if (to.empty()) {

@@ -15,8 +15,8 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,8 +39,8 @@ class Downstream {
   };
 
   // `loop` and this object must outlive every connection handed to Accept.
-  Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children, std::string token,
-             Events events);
+  Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children,
+             std::string token, Events events);
   ~Downstream();
 
   // Takes a freshly accepted connection and starts the handshake. Must be called on
@@ -98,7 +98,7 @@ class Downstream {
   };
   struct Child {
     std::unique_ptr<transport::Connection> connection;
-    Digest128 inflight_target;         // from its last HELLO
+    Digest128 inflight_target;          // from its last HELLO
     std::set<uint32_t> applied_chunks;  // of that delta, from its last HELLO
     uint64_t serial = 0;
     int64_t credits = 0;

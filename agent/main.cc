@@ -42,9 +42,11 @@ int main(int argc, char** argv) {
   agent::SynthOptions synth;
   std::string synth_params = "500M", synth_rate = "3%";
   bool synth_json = false;
-  auto* s = app.add_subcommand("synth", "Generate a synthetic Llama-shaped BF16 checkpoint and training steps");
+  auto* s = app.add_subcommand(
+      "synth", "Generate a synthetic Llama-shaped BF16 checkpoint and training steps");
   s->add_option("--out", synth.out_dir, "Output directory (writes step0 .. stepN)")->required();
-  s->add_option("--params", synth_params, "Parameter count, e.g. 500M, 1.5B")->capture_default_str();
+  s->add_option("--params", synth_params, "Parameter count, e.g. 500M, 1.5B")
+      ->capture_default_str();
   s->add_option("--steps", synth.steps, "Training steps after step0")->capture_default_str();
   s->add_option("--change-rate", synth_rate, "Fraction of BF16 elements changed per step, e.g. 3%")
       ->capture_default_str();
@@ -65,7 +67,8 @@ int main(int argc, char** argv) {
   // manifest
   agent::ManifestArgs manifest;
   std::string manifest_partition = "4M";
-  auto* m = app.add_subcommand("manifest", "Print a checkpoint directory's version id and partition hashes");
+  auto* m = app.add_subcommand("manifest",
+                               "Print a checkpoint directory's version id and partition hashes");
   m->add_option("dir", manifest.dir, "Checkpoint directory")->required();
   m->add_option("--partition-size", manifest_partition, "Partition size")->capture_default_str();
   m->add_option("--threads", manifest.threads, "Threads (0 = all cores)");
@@ -97,7 +100,8 @@ int main(int argc, char** argv) {
   d->add_option("--threads", diff.encoder.threads, "Threads (0 = all cores)");
   d->add_flag("--json", diff.json, "Report as JSON");
   d->callback([&] {
-    diff.encoder.codec.mode = diff_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
+    diff.encoder.codec.mode =
+        diff_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
     diff.encoder.codec.entropy = EntropyFlag(diff_entropy);
     diff.encoder.chunk_bytes = SizeFlag(diff_chunk, "--chunk-size");
     diff.partition_bytes = SizeFlag(diff_partition, "--partition-size");
@@ -135,9 +139,11 @@ int main(int argc, char** argv) {
   // plan
   agent::PlanArgs plan;
   std::string plan_delta = "1G";
-  auto* pl = app.add_subcommand("plan", "Print the relay tree every agent computes from a cluster config");
+  auto* pl =
+      app.add_subcommand("plan", "Print the relay tree every agent computes from a cluster config");
   pl->add_option("--config", plan.config, "Cluster config (TOML)")->required();
-  pl->add_option("--delta-bytes", plan_delta, "Delta size for the predicted refit time")->capture_default_str();
+  pl->add_option("--delta-bytes", plan_delta, "Delta size for the predicted refit time")
+      ->capture_default_str();
   pl->add_flag("--json", plan.json, "Report as JSON");
   pl->callback([&] {
     plan.delta_bytes = SizeFlag(plan_delta, "--delta-bytes");
@@ -156,9 +162,11 @@ int main(int argc, char** argv) {
   // publish
   agent::PublishArgs publish;
   std::string publish_mode = "fast";
-  auto* pu = app.add_subcommand("publish", "Stream the delta OLD -> NEW down the relay tree and commit it");
+  auto* pu = app.add_subcommand("publish",
+                                "Stream the delta OLD -> NEW down the relay tree and commit it");
   pu->add_option("--config", publish.config, "Cluster config (TOML)")->required();
-  pu->add_option("--base", publish.base, "Base checkpoint directory (what the nodes have)")->required();
+  pu->add_option("--base", publish.base, "Base checkpoint directory (what the nodes have)")
+      ->required();
   pu->add_option("--new", publish.target, "New checkpoint directory")->required();
   pu->add_option("--mode", publish_mode, "fast | context")
       ->check(CLI::IsMember({"fast", "context"}))
@@ -169,7 +177,8 @@ int main(int argc, char** argv) {
   pu->add_flag("--json", publish.json, "Report as JSON");
   pu->add_flag("!--no-progress", publish.progress, "No progress line");
   pu->callback([&] {
-    publish.codec.mode = publish_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
+    publish.codec.mode =
+        publish_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
     status = agent::RunPublish(publish);
   });
 

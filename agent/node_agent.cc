@@ -22,7 +22,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 }  // namespace
 
@@ -42,32 +44,35 @@ class NodeAgent::Impl {
     const auto* parent = options_.config.FindNode(*self_.parent);
     parent_address_ = parent->host + ":" + std::to_string(parent->port);
     if (options_.spool_dir.empty()) {
-      options_.spool_dir = std::filesystem::temp_directory_path() / ("deltacast-spool-" + options_.node_id);
+      options_.spool_dir =
+          std::filesystem::temp_directory_path() / ("deltacast-spool-" + options_.node_id);
     }
-    journal_ = Journal{replica_->version(), replica_->inflight(), replica_->prepared(), replica_->applied_chunks()};
+    journal_ = Journal{replica_->version(), replica_->inflight(), replica_->prepared(),
+                       replica_->applied_chunks()};
     apply_loop_.Start();
     loop_.Start();
   }
 
   Status Listen() {
     const auto* me = options_.config.FindNode(options_.node_id);
-    auto bound = transport_->Listen(me->host + ":" + std::to_string(me->port),
-                                    [this](std::unique_ptr<transport::Connection> c) {
-                                      // Tasks must be copyable; the holder carries the move-only link.
-                                      auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
-                                      loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
-                                    });
+    auto bound = transport_->Listen(
+        me->host + ":" + std::to_string(me->port),
+        [this](std::unique_ptr<transport::Connection> c) {
+          // Tasks must be copyable; the holder carries the move-only link.
+          auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
+          loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
+        });
     if (!bound.ok()) return bound.status();
     listen_address_ = *bound;
-    log::Info(fmt::format("{}: listening on {}, parent {} at {}, {} children, version {}{}", options_.node_id,
-                          listen_address_, *self_.parent, parent_address_, self_.children.size(),
-                          journal_.version.ShortHex(),
-                          journal_.inflight ? fmt::format(", delta {} -> {} in flight ({} chunks applied{})",
-                                                          journal_.inflight->base.ShortHex(),
-                                                          journal_.inflight->target.ShortHex(),
-                                                          journal_.applied.size(),
-                                                          journal_.prepared ? ", prepared" : "")
-                                            : ""));
+    log::Info(fmt::format(
+        "{}: listening on {}, parent {} at {}, {} children, version {}{}", options_.node_id,
+        listen_address_, *self_.parent, parent_address_, self_.children.size(),
+        journal_.version.ShortHex(),
+        journal_.inflight
+            ? fmt::format(", delta {} -> {} in flight ({} chunks applied{})",
+                          journal_.inflight->base.ShortHex(), journal_.inflight->target.ShortHex(),
+                          journal_.applied.size(), journal_.prepared ? ", prepared" : "")
+            : ""));
     return Status::Ok();
   }
 
@@ -147,15 +152,20 @@ class NodeAgent::Impl {
 
   Downstream::Events DownstreamEvents() {
     Downstream::Events e;
-    e.joined = [this](const std::string& child, const Hello& hello) { OnChildJoined(child, hello); };
+    e.joined = [this](const std::string& child, const Hello& hello) {
+      OnChildJoined(child, hello);
+    };
     e.lost = [this](const std::string& child, const Status& why) { OnChildLost(child, why); };
-    e.message = [this](const std::string& child, MessageType type, ByteSpan m) { OnChildMessage(child, type, m); };
+    e.message = [this](const std::string& child, MessageType type, ByteSpan m) {
+      OnChildMessage(child, type, m);
+    };
     return e;
   }
 
   // Apply thread: mirrors the replica's journal for the loop thread.
   void SnapshotJournal() {
-    Journal j{replica_->version(), replica_->inflight(), replica_->prepared(), replica_->applied_chunks()};
+    Journal j{replica_->version(), replica_->inflight(), replica_->prepared(),
+              replica_->applied_chunks()};
     loop_.Post([this, j] { journal_ = j; });
   }
 
@@ -166,10 +176,12 @@ class NodeAgent::Impl {
     const auto now = Clock::now();
     if (!parent_ && !connecting_ && now >= next_connect_) {
       connecting_ = true;
-      transport_->Connect(parent_address_, [this](Result<std::unique_ptr<transport::Connection>> r) {
-        auto shared = std::make_shared<Result<std::unique_ptr<transport::Connection>>>(std::move(r));
-        loop_.Post([this, shared] { OnParentConnected(std::move(*shared)); });
-      });
+      transport_->Connect(
+          parent_address_, [this](Result<std::unique_ptr<transport::Connection>> r) {
+            auto shared =
+                std::make_shared<Result<std::unique_ptr<transport::Connection>>>(std::move(r));
+            loop_.Post([this, shared] { OnParentConnected(std::move(*shared)); });
+          });
     }
     if (now >= next_heartbeat_) {
       next_heartbeat_ = now + std::chrono::seconds(1);
@@ -179,20 +191,21 @@ class NodeAgent::Impl {
     if (refit_ && refit_->phase == Phase::kStreaming && !refit_->failed_sent) {
       for (const auto& [child, since] : missing_since_) {
         if (now - since > options_.config.tree.connect_timeout) {
-          SendFailed(Failed{refit_->id, child, "child '" + child + "' has been away longer than the connect timeout"});
+          SendFailed(Failed{refit_->id, child,
+                            "child '" + child + "' has been away longer than the connect timeout"});
           break;
         }
       }
     }
     if (refit_ && (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting) &&
         refit_->local_outcome_done && now - refit_->decided > options_.config.tree.commit_timeout) {
-      log::Warn(fmt::format("{}: refit {}: children {} did not confirm the decision in time", options_.node_id,
-                            refit_->id, refit_->outcome_children.size()));
+      log::Warn(fmt::format("{}: refit {}: children {} did not confirm the decision in time",
+                            options_.node_id, refit_->id, refit_->outcome_children.size()));
       ReportOutcome();
     }
     if (parent_ && now - last_from_parent_ > options_.config.tree.idle_timeout) {
-      log::Warn(fmt::format("{}: parent {} silent for {} ms; reconnecting", options_.node_id, *self_.parent,
-                            options_.config.tree.idle_timeout.count()));
+      log::Warn(fmt::format("{}: parent {} silent for {} ms; reconnecting", options_.node_id,
+                            *self_.parent, options_.config.tree.idle_timeout.count()));
       DropParent(Status::Timeout("parent idle"));
     }
   }
@@ -211,10 +224,13 @@ class NodeAgent::Impl {
     const uint64_t serial = ++parent_serial_;
     last_from_parent_ = Clock::now();
     parent_->Start(
-        [this, serial](transport::Message m) { loop_.Post([this, serial, m] { OnParentMessage(serial, m); }); },
+        [this, serial](transport::Message m) {
+          loop_.Post([this, serial, m] { OnParentMessage(serial, m); });
+        },
         [this, serial](Status s) {
           loop_.Post([this, serial, s] {
-            if (serial == parent_serial_ && parent_) DropParent(s.ok() ? Status::Unavailable("parent closed the link") : s);
+            if (serial == parent_serial_ && parent_)
+              DropParent(s.ok() ? Status::Unavailable("parent closed the link") : s);
           });
         });
   }
@@ -227,7 +243,8 @@ class NodeAgent::Impl {
     for (auto it = fetches_.begin(); it != fetches_.end();) {
       // Answer children's forwarded FETCHes: this path is gone; they may ask again.
       if (!it->second.child.empty()) {
-        downstream_.SendTo(it->second.child, transport::MakeMessage(EncodePartition(it->second.child_request, false, {})));
+        downstream_.SendTo(it->second.child, transport::MakeMessage(EncodePartition(
+                                                 it->second.child_request, false, {})));
       }
       it = fetches_.erase(it);
     }
@@ -235,8 +252,8 @@ class NodeAgent::Impl {
       // The delta stays in flight and journaled: when the parent (or its
       // replacement) is back, the refit resumes with only what is missing; a
       // PREPARED node learns the outcome then. Nothing is guessed.
-      log::Warn(fmt::format("{}: lost parent during refit {} ({}); will resume on reconnect", options_.node_id,
-                            refit_->id, why.ToString()));
+      log::Warn(fmt::format("{}: lost parent during refit {} ({}); will resume on reconnect",
+                            options_.node_id, refit_->id, why.ToString()));
     }
   }
 
@@ -245,8 +262,8 @@ class NodeAgent::Impl {
   }
 
   void ProtocolError(const std::string& what) {
-    log::Error(fmt::format("{}: protocol error from parent {}: {}; closing the link", options_.node_id,
-                           *self_.parent, what));
+    log::Error(fmt::format("{}: protocol error from parent {}: {}; closing the link",
+                           options_.node_id, *self_.parent, what));
     if (parent_) parent_->Send(transport::MakeMessage(EncodeRefuse({what})));
     DropParent(Status::Corrupt(what));
   }
@@ -266,8 +283,8 @@ class NodeAgent::Impl {
         auto c = ParseChallenge(bytes);
         if (!c.ok()) return ProtocolError(c.status().message());
         if (c->parent_id != *self_.parent) {
-          return ProtocolError("the node at " + parent_address_ + " is '" + c->parent_id + "', not my parent '" +
-                               *self_.parent + "'");
+          return ProtocolError("the node at " + parent_address_ + " is '" + c->parent_id +
+                               "', not my parent '" + *self_.parent + "'");
         }
         Hello hello;
         hello.node_id = options_.node_id;
@@ -305,7 +322,8 @@ class NodeAgent::Impl {
       case MessageType::kHeartbeat:
         return;
       default:
-        return ProtocolError(std::string(MessageTypeName(*type)) + " is not a message a parent sends");
+        return ProtocolError(std::string(MessageTypeName(*type)) +
+                             " is not a message a parent sends");
     }
   }
 
@@ -314,7 +332,8 @@ class NodeAgent::Impl {
   void OnBegin(ByteSpan bytes) {
     auto begin = ParseBegin(bytes);
     if (!begin.ok()) return ProtocolError(begin.status().message());
-    if (refit_ && refit_->id == begin->refit_id && !(refit_->phase == Phase::kDone && !committed_last_)) {
+    if (refit_ && refit_->id == begin->refit_id &&
+        !(refit_->phase == Phase::kDone && !committed_last_)) {
       // A replay after a reconnect: what follows is what we lack.
       SendUp(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window)}));
       if (refit_->phase == Phase::kStreaming) {
@@ -323,8 +342,8 @@ class NodeAgent::Impl {
         // We committed this refit (with our whole subtree) before our parent
         // restarted: more than prepared; say so, and confirm when it commits.
         Prepared prepared{refit_->id, refit_->reports};
-        prepared.nodes.push_back({options_.node_id, refit_->chunk_bytes, SecondsSince(refit_->start),
-                                  refit_->partitions_applied});
+        prepared.nodes.push_back({options_.node_id, refit_->chunk_bytes,
+                                  SecondsSince(refit_->start), refit_->partitions_applied});
         SendUp(EncodePrepared(prepared));
       }
       return;
@@ -363,7 +382,8 @@ class NodeAgent::Impl {
         // is still checked as usual.
         apply_.at_target = true;
       } else {
-        auto applier = replica_->Begin(identity, apply::ApplyOptions{options_.apply_threads, /*keep_undo=*/true});
+        auto applier = replica_->Begin(
+            identity, apply::ApplyOptions{options_.apply_threads, /*keep_undo=*/true});
         status = applier.status();
         if (applier.ok()) apply_.applier = std::move(*applier);
       }
@@ -487,7 +507,8 @@ class NodeAgent::Impl {
       for (const auto& key : torn) {
         const auto index = replica_->store().FindTensor(key.tensor);
         const auto& info = replica_->store().tensors()[*index];
-        const uint64_t per = codec::PartitionElements(info.dtype, apply_.applier->identity().partition_bytes);
+        const uint64_t per =
+            codec::PartitionElements(info.dtype, apply_.applier->identity().partition_bytes);
         const uint64_t e = ElementSize(info.dtype);
         result.torn.push_back(key);
         result.torn_hashes.push_back(apply_.applier->TornTargetHash(key));
@@ -524,10 +545,11 @@ class NodeAgent::Impl {
     for (size_t i = 0; i < result.torn.size(); ++i) {
       const uint64_t request = next_fetch_++;
       fetches_[request] = PendingFetch{"", 0, result.torn[i]};
-      log::Warn(fmt::format("{}: partition '{}' at element {} is torn; fetching its target bytes", options_.node_id,
-                            result.torn[i].tensor, result.torn[i].element_offset));
-      SendUp(EncodeFetch({request, result.torn[i].tensor, result.torn[i].element_offset, result.torn_lengths[i],
-                          result.torn_hashes[i]}));
+      log::Warn(fmt::format("{}: partition '{}' at element {} is torn; fetching its target bytes",
+                            options_.node_id, result.torn[i].tensor,
+                            result.torn[i].element_offset));
+      SendUp(EncodeFetch({request, result.torn[i].tensor, result.torn[i].element_offset,
+                          result.torn_lengths[i], result.torn_hashes[i]}));
     }
   }
 
@@ -539,14 +561,17 @@ class NodeAgent::Impl {
     PendingFetch fetch = it->second;
     fetches_.erase(it);
     if (!fetch.child.empty()) {  // a relay passing an answer down
-      downstream_.SendTo(fetch.child, transport::MakeMessage(EncodePartition(fetch.child_request, p->found, p->bytes)));
+      downstream_.SendTo(fetch.child, transport::MakeMessage(EncodePartition(fetch.child_request,
+                                                                             p->found, p->bytes)));
       return;
     }
     if (fetch.for_rollback) return OnBaseBytes(fetch, *p);
     if (!refit_) return;
     refit_->repair_bytes += p->bytes.size();
-    if (!p->found) return LocalFailure(refit_->id, Status::Unavailable("no node up the tree has the bytes to repair '" +
-                                                                       fetch.key.tensor + "'"));
+    if (!p->found)
+      return LocalFailure(refit_->id,
+                          Status::Unavailable("no node up the tree has the bytes to repair '" +
+                                              fetch.key.tensor + "'"));
     auto owned = std::make_shared<std::vector<std::byte>>(p->bytes.begin(), p->bytes.end());
     const uint64_t id = refit_->id;
     apply_loop_.Post([this, id, owned, key = fetch.key] {
@@ -557,7 +582,8 @@ class NodeAgent::Impl {
         std::lock_guard lock(stats_mu_);
         ++stats_.partitions_repaired;
       }
-      if (result.status.ok() && apply_.applier->torn().empty() && apply_.summary) result = FinishRefit();
+      if (result.status.ok() && apply_.applier->torn().empty() && apply_.summary)
+        result = FinishRefit();
       loop_.Post([this, id, result] { OnChunkApplied(id, result); });
     });
   }
@@ -581,11 +607,13 @@ class NodeAgent::Impl {
       }
       loop_.Post([this, child, fetch, found = std::move(found)] {
         if (found) {
-          downstream_.SendTo(child, transport::MakeMessage(EncodePartition(fetch.request_id, true, *found)));
+          downstream_.SendTo(
+              child, transport::MakeMessage(EncodePartition(fetch.request_id, true, *found)));
           return;
         }
         const uint64_t request = next_fetch_++;
-        fetches_[request] = PendingFetch{child, fetch.request_id, {fetch.tensor, fetch.element_offset}};
+        fetches_[request] =
+            PendingFetch{child, fetch.request_id, {fetch.tensor, fetch.element_offset}};
         Fetch up = fetch;
         up.request_id = request;
         SendUp(EncodeFetch(up));
@@ -596,7 +624,8 @@ class NodeAgent::Impl {
   void LocalFailure(uint64_t id, const Status& status) {
     if (!refit_ || refit_->id != id || !refit_->local_error.ok()) return;
     refit_->local_error = status;
-    log::Error(fmt::format("{}: refit {} cannot reach the target: {}", options_.node_id, id, status.ToString()));
+    log::Error(fmt::format("{}: refit {} cannot reach the target: {}", options_.node_id, id,
+                           status.ToString()));
     SendFailed(Failed{id, options_.node_id, status.ToString()});
   }
 
@@ -608,14 +637,17 @@ class NodeAgent::Impl {
 
   void MaybePrepared() {
     Refit& r = *refit_;
-    log::Debug(fmt::format("{}: refit {}: prepared? sent={} local={} error={} children {}/{} phase {}", options_.node_id,
-                           r.id, r.prepared_sent, r.local_prepared, r.local_error.ok() ? "none" : r.local_error.ToString(),
-                           r.prepared_children.size(), self_.children.size(), static_cast<int>(r.phase)));
+    log::Debug(
+        fmt::format("{}: refit {}: prepared? sent={} local={} error={} children {}/{} phase {}",
+                    options_.node_id, r.id, r.prepared_sent, r.local_prepared,
+                    r.local_error.ok() ? "none" : r.local_error.ToString(),
+                    r.prepared_children.size(), self_.children.size(), static_cast<int>(r.phase)));
     if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
     if (r.prepared_children.size() < self_.children.size() && r.phase == Phase::kStreaming) return;
     r.prepared_sent = true;
     Prepared prepared{r.id, r.reports};
-    prepared.nodes.push_back({options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied});
+    prepared.nodes.push_back(
+        {options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied});
     SendUp(EncodePrepared(prepared));
     CrashPoint("agent.prepared");
     if (r.pending_decision) {
@@ -636,10 +668,13 @@ class NodeAgent::Impl {
     if (r.resolution) {
       if (hello.inflight_target == r.identity.target_version) {
         const MessageType decision =
-            r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_) ? MessageType::kCommit
-                                                                                          : MessageType::kAbort;
-        downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(decision, {r.id, r.identity.target_version})),
-                                     nullptr, false}});
+            r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_)
+                ? MessageType::kCommit
+                : MessageType::kAbort;
+        downstream_.Requeue(
+            child,
+            {{transport::MakeMessage(EncodeDecision(decision, {r.id, r.identity.target_version})),
+              nullptr, false}});
       }
       return;
     }
@@ -653,7 +688,7 @@ class NodeAgent::Impl {
                                    nullptr, false}});
       return;
     }
-    if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;     // nothing to undo
+    if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;  // nothing to undo
     std::vector<Downstream::Outgoing> backlog;
     backlog.push_back({transport::MakeMessage(EncodeBegin(r.begin)), nullptr, false});
     const std::set<uint32_t> applied(hello.applied_chunks.begin(), hello.applied_chunks.end());
@@ -668,18 +703,21 @@ class NodeAgent::Impl {
     }
     if (r.phase == Phase::kCommitting || r.phase == Phase::kDone) {
       if (r.phase == Phase::kDone && !committed_last_) {
-        backlog.push_back({transport::MakeMessage(EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})),
+        backlog.push_back({transport::MakeMessage(EncodeDecision(
+                               MessageType::kAbort, {r.id, r.identity.target_version})),
                            nullptr, false});
       } else {
-        backlog.push_back({transport::MakeMessage(EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version})),
+        backlog.push_back({transport::MakeMessage(EncodeDecision(
+                               MessageType::kCommit, {r.id, r.identity.target_version})),
                            nullptr, false});
       }
     } else if (r.phase == Phase::kAborting) {
-      backlog.push_back({transport::MakeMessage(EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})),
+      backlog.push_back({transport::MakeMessage(EncodeDecision(MessageType::kAbort,
+                                                               {r.id, r.identity.target_version})),
                          nullptr, false});
     }
-    log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks", options_.node_id, child,
-                          r.id, replayed));
+    log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks",
+                          options_.node_id, child, r.id, replayed));
     r.prepared_children.erase(child);
     downstream_.Requeue(child, std::move(backlog));
   }
@@ -701,7 +739,8 @@ class NodeAgent::Impl {
         if (!p.ok() || p->refit_id != r.id) return;
         if (r.prepared_children.insert(child).second) {
           std::erase_if(r.reports, [&](const NodeReport& n) {
-            return std::any_of(p->nodes.begin(), p->nodes.end(), [&](const NodeReport& m) { return m.node_id == n.node_id; });
+            return std::any_of(p->nodes.begin(), p->nodes.end(),
+                               [&](const NodeReport& m) { return m.node_id == n.node_id; });
           });
           r.reports.insert(r.reports.end(), p->nodes.begin(), p->nodes.end());
         }
@@ -729,7 +768,8 @@ class NodeAgent::Impl {
   void OnDecision(MessageType type, ByteSpan bytes) {
     auto d = ParseDecision(bytes);
     if (!d.ok()) return ProtocolError(d.status().message());
-    if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
+    if (type == MessageType::kCommit && journal_.version == d->target_version &&
+        !journal_.inflight) {
       if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
         // A repeated COMMIT: confirm again.
         SendUp(EncodeOutcome(MessageType::kCommitted, {d->refit_id, 1 + refit_->outcome_nodes}));
@@ -744,13 +784,15 @@ class NodeAgent::Impl {
         refit_->phase = Phase::kCommitting;
         refit_->decided = Clock::now();
         refit_->local_outcome_done = true;
-        downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, *d)), false);
+        downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, *d)),
+                              false);
         MaybeOutcome();
         return;
       }
     }
     if (!refit_ || refit_->id != d->refit_id) {
-      if (journal_.inflight && journal_.inflight->target == d->target_version) return Resolve(type, *d);
+      if (journal_.inflight && journal_.inflight->target == d->target_version)
+        return Resolve(type, *d);
       log::Debug(fmt::format("{}: ignoring {} of refit {}, which is not ours", options_.node_id,
                              MessageTypeName(type), d->refit_id));
       return;
@@ -771,7 +813,8 @@ class NodeAgent::Impl {
   // learn it from us. A BEGIN that arrives meanwhile waits (OnBegin).
   void Resolve(MessageType type, const Decision& d) {
     log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
-                          journal_.inflight->base.ShortHex(), d.target_version.ShortHex(), MessageTypeName(type)));
+                          journal_.inflight->base.ShortHex(), d.target_version.ShortHex(),
+                          MessageTypeName(type)));
     refit_.emplace();
     refit_->id = d.refit_id;
     refit_->identity = {journal_.inflight->base, d.target_version, 0};
@@ -783,10 +826,14 @@ class NodeAgent::Impl {
     if (type == MessageType::kCommit) {
       refit_->phase = Phase::kCommitting;
       apply_loop_.Post([this, id] {
-        Status status = replica_->prepared() ? replica_->CommitFromStore()
-                                             : Status::FailedPrecondition("told to commit a delta it never prepared");
+        Status status =
+            replica_->prepared()
+                ? replica_->CommitFromStore()
+                : Status::FailedPrecondition("told to commit a delta it never prepared");
         SnapshotJournal();
-        loop_.Post([this, id, status, version = replica_->version()] { OnLocalOutcome(id, status, version); });
+        loop_.Post([this, id, status, version = replica_->version()] {
+          OnLocalOutcome(id, status, version);
+        });
       });
       return;
     }
@@ -800,7 +847,8 @@ class NodeAgent::Impl {
     if (type == MessageType::kCommit) {
       r.phase = Phase::kCommitting;
       r.decided = Clock::now();
-      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version})),
+      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(
+                                MessageType::kCommit, {r.id, r.identity.target_version})),
                             false);
       const uint64_t id = r.id;
       apply_loop_.Post([this, id] {
@@ -808,12 +856,15 @@ class NodeAgent::Impl {
         Status status = apply_.at_target ? Status::Ok()
                         : apply_.target  ? replica_->Commit(*apply_.target)
                                          : Status::Internal("commit without a verified target");
-        CommitEvent event{id, replica_->version(), {apply_.changed_tensors.begin(), apply_.changed_tensors.end()}};
+        CommitEvent event{id,
+                          replica_->version(),
+                          {apply_.changed_tensors.begin(), apply_.changed_tensors.end()}};
         apply_ = ApplyState{};
         SnapshotJournal();
         CrashPoint("agent.committed");
         if (status.ok() && options_.on_commit) options_.on_commit(event);
-        loop_.Post([this, id, status, version = event.version] { OnLocalOutcome(id, status, version); });
+        loop_.Post(
+            [this, id, status, version = event.version] { OnLocalOutcome(id, status, version); });
       });
       return;
     }
@@ -826,8 +877,9 @@ class NodeAgent::Impl {
     r.phase = Phase::kAborting;
     r.decided = Clock::now();
     downstream_.DropQueued();
-    downstream_.Broadcast(
-        transport::MakeMessage(EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})), false);
+    downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kAbort,
+                                                                {r.id, r.identity.target_version})),
+                          false);
     RollBack(r.id, r.spool);
   }
 
@@ -845,24 +897,29 @@ class NodeAgent::Impl {
           const uint64_t request = next_fetch_++;
           fetches_[request] = PendingFetch{"", 0, n.key, id, n.base_hash, true};
           ++base_fetches_outstanding_;
-          SendUp(EncodeFetch({request, n.key.tensor, n.key.element_offset, n.byte_length, n.base_hash}));
+          SendUp(EncodeFetch(
+              {request, n.key.tensor, n.key.element_offset, n.byte_length, n.base_hash}));
         }
       });
     });
   }
 
   // Apply thread.
-  Result<std::vector<apply::DeltaApplier::NeedsBase>> RevertFromSpool(const std::shared_ptr<Spool>& spool) {
+  Result<std::vector<apply::DeltaApplier::NeedsBase>> RevertFromSpool(
+      const std::shared_ptr<Spool>& spool) {
     std::vector<apply::DeltaApplier::NeedsBase> needs;
     if (!replica_->inflight()) return needs;  // nothing applied: nothing to undo
-    if (apply_.applier) (void)apply_.applier->Rollback();  // best effort: the records below finish the job
+    if (apply_.applier)
+      (void)apply_.applier->Rollback();  // best effort: the records below finish the job
     if (!spool) return Status::FailedPrecondition("no spool to roll back from");
     for (uint32_t sequence : spool->sequences()) {
       ASSIGN_OR_RETURN(transport::Message message, spool->Read(sequence));
       ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(Body(*message)));
       if (chunk.kind != codec::ChunkKind::kData) continue;
       if (!apply_.applier) {
-        ASSIGN_OR_RETURN(apply_.applier, replica_->Begin(chunk.identity, apply::ApplyOptions{options_.apply_threads}));
+        ASSIGN_OR_RETURN(
+            apply_.applier,
+            replica_->Begin(chunk.identity, apply::ApplyOptions{options_.apply_threads}));
       }
       RETURN_IF_ERROR(apply_.applier->RevertChunk(chunk, needs));
     }
@@ -874,7 +931,8 @@ class NodeAgent::Impl {
     if (status.ok()) status = replica_->FinishAbort();
     apply_ = ApplyState{};
     SnapshotJournal();
-    loop_.Post([this, id, status, version = replica_->version()] { OnLocalOutcome(id, status, version); });
+    loop_.Post(
+        [this, id, status, version = replica_->version()] { OnLocalOutcome(id, status, version); });
   }
 
   // Loop thread: base bytes for a rollback arrived.
@@ -883,9 +941,11 @@ class NodeAgent::Impl {
     const bool found = data.found;
     const bool last = --base_fetches_outstanding_ == 0;
     apply_loop_.Post([this, fetch, owned, found, last] {
-      Status status = !found ? Status::Unavailable("no node up the tree has the base bytes of '" + fetch.key.tensor + "'")
-                      : apply_.applier ? apply_.applier->WriteVerified(fetch.key, *owned, fetch.hash)
-                                       : Status::Internal("rollback without an applier");
+      Status status = !found ? Status::Unavailable("no node up the tree has the base bytes of '" +
+                                                   fetch.key.tensor + "'")
+                      : apply_.applier
+                          ? apply_.applier->WriteVerified(fetch.key, *owned, fetch.hash)
+                          : Status::Internal("rollback without an applier");
       if (!status.ok()) rollback_error_ = status;
       if (last) {
         Status result = rollback_error_;
@@ -899,7 +959,8 @@ class NodeAgent::Impl {
     if (!refit_ || refit_->id != id) return;
     if (!status.ok()) {
       log::Error(fmt::format("{}: refit {}: {} failed locally: {}", options_.node_id, id,
-                             refit_->phase == Phase::kCommitting ? "commit" : "rollback", status.ToString()));
+                             refit_->phase == Phase::kCommitting ? "commit" : "rollback",
+                             status.ToString()));
     }
     refit_->local_outcome_done = true;
     {
@@ -912,7 +973,8 @@ class NodeAgent::Impl {
   void MaybeOutcome() {
     Refit& r = *refit_;
     if (!r.local_outcome_done || r.phase == Phase::kDone) return;
-    if (r.outcome_children.size() < downstream_.expected() && !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
+    if (r.outcome_children.size() < downstream_.expected() &&
+        !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
       return;
     }
     ReportOutcome();
@@ -930,17 +992,20 @@ class NodeAgent::Impl {
       (committed ? stats_.refits_committed : stats_.refits_aborted)++;
       return stats_;
     }();
-    SendUp(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, {r.id, 1 + r.outcome_nodes}));
+    SendUp(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted,
+                         {r.id, 1 + r.outcome_nodes}));
     if (!deferred_begin_.empty()) {
       const std::vector<std::byte> begin = std::move(deferred_begin_);
       deferred_begin_.clear();
       loop_.Post([this, begin] { OnBegin(begin); });
     }
     log::Info(fmt::format(
-        "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, repair {} B, {} partitions applied, "
+        "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, repair {} B, {} "
+        "partitions applied, "
         "apply {:.2f} s, total {:.2f} s, peak held {:.2f} MiB, {} children",
-        options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(), r.chunk_bytes,
-        double(r.chunk_bytes) / (1 << 20), r.chunks, r.repair_bytes, r.partitions_applied, r.apply_seconds, SecondsSince(r.start),
+        options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(),
+        r.chunk_bytes, double(r.chunk_bytes) / (1 << 20), r.chunks, r.repair_bytes,
+        r.partitions_applied, r.apply_seconds, SecondsSince(r.start),
         double(s.peak_held_bytes) / (1 << 20), self_.children.size()));
   }
 
@@ -993,13 +1058,19 @@ class NodeAgent::Impl {
   Downstream downstream_;
 };
 
-Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
-                                                    std::unique_ptr<transport::Transport> transport) {
+Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(
+    NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
+    std::unique_ptr<transport::Transport> transport) {
   ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
   const topology::PlannedNode* self = plan.Find(options.node_id);
-  if (!self) return Status::NotFound("node '" + options.node_id + "' is not in " + options.config.source_file.string());
-  if (!self->parent) return Status::InvalidArgument("node '" + options.node_id + "' is the source; run `deltacast publish` there");
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(replica), std::move(transport), std::move(plan));
+  if (!self)
+    return Status::NotFound("node '" + options.node_id + "' is not in " +
+                            options.config.source_file.string());
+  if (!self->parent)
+    return Status::InvalidArgument("node '" + options.node_id +
+                                   "' is the source; run `deltacast publish` there");
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(replica), std::move(transport),
+                                     std::move(plan));
   RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<NodeAgent>(new NodeAgent(std::move(impl)));
 }

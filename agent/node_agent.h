@@ -50,7 +50,7 @@ struct NodeAgentStats {
   uint64_t refits_aborted = 0;
   uint64_t chunks_received = 0;
   uint64_t chunk_bytes_received = 0;  // CHUNK payload bytes, replays included
-  uint64_t peak_held_bytes = 0;  // most chunk bytes held at once (received, not yet released)
+  uint64_t peak_held_bytes = 0;       // most chunk bytes held at once (received, not yet released)
   uint64_t partitions_repaired = 0;
   Digest128 version;
 };

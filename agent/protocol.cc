@@ -66,7 +66,9 @@ class BodyReader {
   bool GetDigest(Digest128& d) { return GetArray(d.bytes); }
   bool GetSpan(uint64_t n, ByteSpan& out) { return ok_ = ok_ && r_.GetBytes(n, out); }
   Status Close() {
-    if (!ok_) return Status::Corrupt(std::string(MessageTypeName(type_)) + " message is truncated or has an oversized field");
+    if (!ok_)
+      return Status::Corrupt(std::string(MessageTypeName(type_)) +
+                             " message is truncated or has an oversized field");
     if (r_.remaining() != 0) {
       return Status::Corrupt(std::string(MessageTypeName(type_)) + " message has " +
                              std::to_string(r_.remaining()) + " trailing bytes");
@@ -85,37 +87,58 @@ class BodyReader {
 
 std::string_view MessageTypeName(MessageType type) {
   switch (type) {
-    case MessageType::kChallenge: return "CHALLENGE";
-    case MessageType::kHello: return "HELLO";
-    case MessageType::kWelcome: return "WELCOME";
-    case MessageType::kRefuse: return "REFUSE";
-    case MessageType::kBegin: return "BEGIN";
-    case MessageType::kChunk: return "CHUNK";
-    case MessageType::kCredit: return "CREDIT";
-    case MessageType::kPrepared: return "PREPARED";
-    case MessageType::kFailed: return "FAILED";
-    case MessageType::kCommit: return "COMMIT";
-    case MessageType::kAbort: return "ABORT";
-    case MessageType::kCommitted: return "COMMITTED";
-    case MessageType::kAborted: return "ABORTED";
-    case MessageType::kHeartbeat: return "HEARTBEAT";
-    case MessageType::kFetch: return "FETCH";
-    case MessageType::kPartition: return "PARTITION";
+    case MessageType::kChallenge:
+      return "CHALLENGE";
+    case MessageType::kHello:
+      return "HELLO";
+    case MessageType::kWelcome:
+      return "WELCOME";
+    case MessageType::kRefuse:
+      return "REFUSE";
+    case MessageType::kBegin:
+      return "BEGIN";
+    case MessageType::kChunk:
+      return "CHUNK";
+    case MessageType::kCredit:
+      return "CREDIT";
+    case MessageType::kPrepared:
+      return "PREPARED";
+    case MessageType::kFailed:
+      return "FAILED";
+    case MessageType::kCommit:
+      return "COMMIT";
+    case MessageType::kAbort:
+      return "ABORT";
+    case MessageType::kCommitted:
+      return "COMMITTED";
+    case MessageType::kAborted:
+      return "ABORTED";
+    case MessageType::kHeartbeat:
+      return "HEARTBEAT";
+    case MessageType::kFetch:
+      return "FETCH";
+    case MessageType::kPartition:
+      return "PARTITION";
   }
   return "UNKNOWN";
 }
 
 Result<MessageType> PeekType(ByteSpan message) {
-  if (message.size() < kMessageHeaderBytes) return Status::Corrupt("message shorter than its header");
-  if (LoadLE<uint32_t>(message.data()) != kProtocolMagic) return Status::Corrupt("bad protocol magic");
+  if (message.size() < kMessageHeaderBytes)
+    return Status::Corrupt("message shorter than its header");
+  if (LoadLE<uint32_t>(message.data()) != kProtocolMagic)
+    return Status::Corrupt("bad protocol magic");
   const auto version = static_cast<uint8_t>(message[4]);
   if (version != kProtocolVersion) {
-    return Status::Corrupt("protocol version " + std::to_string(version) + " is not supported (this build speaks " +
+    return Status::Corrupt("protocol version " + std::to_string(version) +
+                           " is not supported (this build speaks " +
                            std::to_string(kProtocolVersion) + ")");
   }
   const auto type = static_cast<uint8_t>(message[5]);
-  if (type < 1 || type > kMaxMessageType) return Status::Corrupt("unknown message type " + std::to_string(type));
-  if (LoadLE<uint16_t>(message.data() + 6) != 0) return Status::Corrupt("reserved header bits are not zero");
+  if (type < 1 || type > kMaxMessageType)
+    return Status::Corrupt("unknown message type " + std::to_string(type));
+  if (LoadLE<uint16_t>(message.data() + 6) != 0)
+    return Status::Corrupt("reserved header bits are not zero");
   return static_cast<MessageType>(type);
 }
 
@@ -284,7 +307,8 @@ Result<Prepared> ParsePrepared(ByteSpan message) {
   r.Get(m.refit_id);
   r.Get(count);
   // Each report takes at least 26 bytes; refuse counts the message cannot hold.
-  if (count > message.size() / 26) return Status::Corrupt("PREPARED message claims " + std::to_string(count) + " nodes");
+  if (count > message.size() / 26)
+    return Status::Corrupt("PREPARED message claims " + std::to_string(count) + " nodes");
   m.nodes.resize(count);
   for (auto& n : m.nodes) {
     r.GetString(n.node_id, kMaxNodeIdBytes);
@@ -324,7 +348,8 @@ Result<Decision> ParseDecision(ByteSpan message) {
 Result<Outcome> ParseOutcome(ByteSpan message) {
   ASSIGN_OR_RETURN(MessageType type, PeekType(message));
   if (type != MessageType::kCommitted && type != MessageType::kAborted) {
-    return Status::Corrupt("expected COMMITTED or ABORTED, got " + std::string(MessageTypeName(type)));
+    return Status::Corrupt("expected COMMITTED or ABORTED, got " +
+                           std::string(MessageTypeName(type)));
   }
   BodyReader r(message, type);
   RETURN_IF_ERROR(r.Open());
@@ -394,11 +419,13 @@ std::array<uint8_t, kProofBytes> HelloProof(std::string_view token,
   data.insert(data.end(), parent_id.begin(), parent_id.end());
   std::array<uint8_t, kProofBytes> out{};
   unsigned int length = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), data.data(), data.size(), out.data(), &length);
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), data.data(), data.size(),
+       out.data(), &length);
   return out;
 }
 
-bool ProofMatches(const std::array<uint8_t, kProofBytes>& a, const std::array<uint8_t, kProofBytes>& b) {
+bool ProofMatches(const std::array<uint8_t, kProofBytes>& a,
+                  const std::array<uint8_t, kProofBytes>& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;  // constant time
 }
 

@@ -77,8 +77,8 @@ struct Credit {
 // One node's figures, carried up in PREPARED so the source can report them.
 struct NodeReport {
   std::string node_id;
-  uint64_t chunk_bytes = 0;       // delta bytes received
-  double apply_seconds = 0;       // BEGIN to verified target
+  uint64_t chunk_bytes = 0;  // delta bytes received
+  double apply_seconds = 0;  // BEGIN to verified target
   uint64_t partitions_applied = 0;
 };
 struct Prepared {
@@ -103,8 +103,8 @@ struct Fetch {
 };
 struct PartitionData {
   uint64_t request_id = 0;
-  bool found = false;     // false: nobody up the tree has it
-  ByteSpan bytes;         // view into the message
+  bool found = false;  // false: nobody up the tree has it
+  ByteSpan bytes;      // view into the message
 };
 struct Outcome {  // COMMITTED and ABORTED
   uint64_t refit_id = 0;
@@ -152,7 +152,8 @@ Result<PartitionData> ParsePartition(ByteSpan message);
 std::array<uint8_t, kProofBytes> HelloProof(std::string_view token,
                                             const std::array<uint8_t, kNonceBytes>& nonce,
                                             std::string_view child_id, std::string_view parent_id);
-bool ProofMatches(const std::array<uint8_t, kProofBytes>& a, const std::array<uint8_t, kProofBytes>& b);
+bool ProofMatches(const std::array<uint8_t, kProofBytes>& a,
+                  const std::array<uint8_t, kProofBytes>& b);
 std::array<uint8_t, kNonceBytes> RandomNonce();
 
 }  // namespace deltacast::agent

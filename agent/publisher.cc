@@ -5,8 +5,8 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -14,9 +14,9 @@
 #include "agent/downstream.h"
 #include "agent/event_loop.h"
 #include "agent/spool.h"
-#include "codec/chunk.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
+#include "codec/chunk.h"
 #include "common/crash_point.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -28,7 +28,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Appends the decision before it is sent, so it survives a crash of the source
 // before any node hears it.
@@ -58,15 +60,17 @@ std::optional<std::pair<uint64_t, bool>> RecordedDecision(const std::filesystem:
 // thread and the loop thread is guarded by mu_.
 class Publication {
  public:
-  Publication(const PublishOptions& options, std::vector<std::string> children, const apply::WeightStore& base,
-              const apply::WeightStore& target, const Digest128& target_version)
+  Publication(const PublishOptions& options, std::vector<std::string> children,
+              const apply::WeightStore& base, const apply::WeightStore& target,
+              const Digest128& target_version)
       : options_(options),
         children_(children.begin(), children.end()),
         base_(base),
         target_(target),
         target_version_(target_version),
         loop_([this] { Tick(); }),
-        downstream_(loop_, options.config.Source()->id, std::move(children), options.token, Events()) {}
+        downstream_(loop_, options.config.Source()->id, std::move(children), options.token,
+                    Events()) {}
 
   ~Publication() { Stop(); }
 
@@ -74,11 +78,12 @@ class Publication {
     transport_ = &transport;
     loop_.Start();
     const auto* me = options_.config.Source();
-    auto bound = transport.Listen(me->host + ":" + std::to_string(me->port),
-                                  [this](std::unique_ptr<transport::Connection> c) {
-                                    auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
-                                    loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
-                                  });
+    auto bound = transport.Listen(
+        me->host + ":" + std::to_string(me->port),
+        [this](std::unique_ptr<transport::Connection> c) {
+          auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
+          loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
+        });
     if (!bound.ok()) return bound.status().WithContext("source cannot listen");
     log::Info(fmt::format("source {} listening on {}", me->id, *bound));
     return Status::Ok();
@@ -94,7 +99,8 @@ class Publication {
       if (!joined_.contains(c)) missing += (missing.empty() ? "" : ", ") + c;
     }
     return Status::Unavailable("children did not join within " +
-                               std::to_string(options_.config.tree.connect_timeout.count()) + " ms: " + missing);
+                               std::to_string(options_.config.tree.connect_timeout.count()) +
+                               " ms: " + missing);
   }
 
   PublishReport Run(const apply::WeightStore& base, const codec::Manifest& base_manifest,
@@ -111,10 +117,12 @@ class Publication {
     if (spool.ok()) {
       spool_ = std::move(*spool);
     } else {
-      log::Warn("no spool (" + spool.status().ToString() + "); children that rejoin cannot be replayed to");
+      log::Warn("no spool (" + spool.status().ToString() +
+                "); children that rejoin cannot be replayed to");
     }
     const auto start = Clock::now();
-    const Begin begin{refit_id, report.base_version, report.target_version, target_manifest.partition_bytes};
+    const Begin begin{refit_id, report.base_version, report.target_version,
+                      target_manifest.partition_bytes};
     {
       std::lock_guard lock(mu_);
       refit_id_ = refit_id;
@@ -125,8 +133,9 @@ class Publication {
       downstream_.ResetCredits();
       downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)), false);
     });
-    log::Info(fmt::format("refit {}: {} -> {} to {} children", refit_id_, report.base_version.ShortHex(),
-                          report.target_version.ShortHex(), children_.size()));
+    log::Info(fmt::format("refit {}: {} -> {} to {} children", refit_id_,
+                          report.base_version.ShortHex(), report.target_version.ShortHex(),
+                          children_.size()));
 
     codec::DeltaEncoderOptions encoder;
     encoder.codec = options_.codec;
@@ -150,7 +159,8 @@ class Publication {
             if (failed_) return Status::Aborted(failure_);
             ++held_;
           }
-          loop_.Post([this, message, sequence = header->sequence, target = header->identity.target_version] {
+          loop_.Post([this, message, sequence = header->sequence,
+                      target = header->identity.target_version] {
             downstream_.BroadcastChunk(message, target, sequence, [this] {
               std::lock_guard lock(mu_);
               --held_;
@@ -170,8 +180,9 @@ class Publication {
     {
       std::unique_lock lock(mu_);
       if (!encoded.ok() && !failed_) Fail(encoded.ToString());
-      const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout,
-                                        [&] { return failed_ || prepared_.size() == children_.size(); });
+      const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout, [&] {
+        return failed_ || prepared_.size() == children_.size();
+      });
       if (!settled) Fail("not every node was PREPARED within the commit timeout");
       commit = !failed_;
       report.abort_reason = failure_;
@@ -180,9 +191,10 @@ class Publication {
     report.prepare_seconds = SecondsSince(start);
     CrashPoint("source.before_decision");
     const std::string decision = commit ? "COMMIT" : "ABORT";
-    Status recorded = RecordDecision(
-        options_.decision_log, fmt::format("refit {} {} {} {}", refit_id_, report.base_version.ToHex(),
-                                           report.target_version.ToHex(), decision));
+    Status recorded =
+        RecordDecision(options_.decision_log,
+                       fmt::format("refit {} {} {} {}", refit_id_, report.base_version.ToHex(),
+                                   report.target_version.ToHex(), decision));
     if (!recorded.ok()) {
       // Without a durable decision the source must not commit anything.
       commit = false;
@@ -198,13 +210,15 @@ class Publication {
     }
     loop_.Post([this, d, commit] {
       if (!commit) downstream_.DropQueued();
-      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, d)),
+      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(
+                                commit ? MessageType::kCommit : MessageType::kAbort, d)),
                             false);
     });
     {
       std::unique_lock lock(mu_);
       deciding_ = true;
-      cv_.wait_for(lock, options_.config.tree.commit_timeout, [&] { return outcomes_.size() == children_.size(); });
+      cv_.wait_for(lock, options_.config.tree.commit_timeout,
+                   [&] { return outcomes_.size() == children_.size(); });
       report.nodes_decided = outcome_nodes_;
     }
     report.committed = commit;
@@ -244,8 +258,10 @@ class Publication {
         decision_ == MessageType::kCommit) {
       // It committed, then lost the link before confirming: COMMIT again makes it
       // gather its subtree's confirmations and answer.
-      downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
-                                   nullptr, false}});
+      downstream_.Requeue(
+          child,
+          {{transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
+            nullptr, false}});
       return;
     }
     std::vector<Downstream::Outgoing> backlog;
@@ -262,10 +278,12 @@ class Publication {
       }
     }
     if (decision_) {
-      backlog.push_back({transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})), nullptr,
-                         false});
+      backlog.push_back(
+          {transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
+           nullptr, false});
     }
-    log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child, refit_id_, replayed));
+    log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
+                          refit_id_, replayed));
     prepared_.erase(child);
     downstream_.Requeue(child, std::move(backlog));
   }
@@ -279,10 +297,14 @@ class Publication {
     const bool commit = recorded && recorded->second;
     uint64_t id = recorded ? recorded->first : 0;
     if (id == 0) RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id);
-    log::Info(fmt::format("child {} holds delta to {} from an earlier refit: {}", child, target.ShortHex(),
-                          commit ? "it was committed" : recorded ? "it was aborted" : "no decision recorded: abort"));
-    downstream_.SendTo(child, transport::MakeMessage(EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort,
-                                                                    {id, target})));
+    log::Info(fmt::format("child {} holds delta to {} from an earlier refit: {}", child,
+                          target.ShortHex(),
+                          commit     ? "it was committed"
+                          : recorded ? "it was aborted"
+                                     : "no decision recorded: abort"));
+    downstream_.SendTo(child,
+                       transport::MakeMessage(EncodeDecision(
+                           commit ? MessageType::kCommit : MessageType::kAbort, {id, target})));
   }
 
   // Loop thread: serves a FETCH from whichever version has the wanted bytes.
@@ -297,7 +319,8 @@ class Publication {
       if (f->element_offset * e + f->byte_length > tensor.size()) continue;
       const ByteSpan part = tensor.subspan(f->element_offset * e, f->byte_length);
       if (Hash64(part) == f->hash) {
-        downstream_.SendTo(child, transport::MakeMessage(EncodePartition(f->request_id, true, part)));
+        downstream_.SendTo(child,
+                           transport::MakeMessage(EncodePartition(f->request_id, true, part)));
         return;
       }
     }
@@ -343,7 +366,8 @@ class Publication {
         case MessageType::kCommitted:
         case MessageType::kAborted: {
           auto o = ParseOutcome(bytes);
-          if (o.ok() && o->refit_id == refit_id_ && outcomes_.insert(child).second) outcome_nodes_ += o->nodes;
+          if (o.ok() && o->refit_id == refit_id_ && outcomes_.insert(child).second)
+            outcome_nodes_ += o->nodes;
           break;
         }
         default:
@@ -394,7 +418,8 @@ class Publication {
 }  // namespace
 
 Result<PublishReport> Publish(const PublishOptions& options, const apply::WeightStore& base,
-                              const codec::Manifest& base_manifest, const apply::WeightStore& target,
+                              const codec::Manifest& base_manifest,
+                              const apply::WeightStore& target,
                               const codec::Manifest& target_manifest,
                               std::unique_ptr<transport::Transport> transport) {
   ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
@@ -407,7 +432,8 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
   return report;
 }
 
-Result<PublishReport> PublishCheckpoints(const PublishOptions& options, const std::filesystem::path& base_dir,
+Result<PublishReport> PublishCheckpoints(const PublishOptions& options,
+                                         const std::filesystem::path& base_dir,
                                          const std::filesystem::path& new_dir,
                                          std::unique_ptr<transport::Transport> transport) {
   using Access = apply::CheckpointDirStore::Access;
@@ -416,7 +442,8 @@ Result<PublishReport> PublishCheckpoints(const PublishOptions& options, const st
   auto target = apply::CheckpointDirStore::Open(new_dir, Access::kReadOnly);
   if (!target.ok()) return target.status().WithContext("new checkpoint");
   if ((*base)->LayoutId() != (*target)->LayoutId()) {
-    return Status::Unsupported("the checkpoints differ in file layout; a delta carries tensor bytes only");
+    return Status::Unsupported(
+        "the checkpoints differ in file layout; a delta carries tensor bytes only");
   }
   const size_t threads = options.encode_threads ? options.encode_threads : DefaultThreadCount();
   ASSIGN_OR_RETURN(auto base_manifest, apply::CheckpointState(base_dir).LoadOrComputeManifest(

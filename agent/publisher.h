@@ -64,13 +64,15 @@ struct PublishReport {
 // connect timeout; otherwise returns a report saying whether the version
 // committed everywhere.
 Result<PublishReport> Publish(const PublishOptions& options, const apply::WeightStore& base,
-                              const codec::Manifest& base_manifest, const apply::WeightStore& target,
+                              const codec::Manifest& base_manifest,
+                              const apply::WeightStore& target,
                               const codec::Manifest& target_manifest,
                               std::unique_ptr<transport::Transport> transport);
 
 // The same for two checkpoint directories with identical layouts (manifests come
 // from their .deltacast/ caches).
-Result<PublishReport> PublishCheckpoints(const PublishOptions& options, const std::filesystem::path& base_dir,
+Result<PublishReport> PublishCheckpoints(const PublishOptions& options,
+                                         const std::filesystem::path& base_dir,
                                          const std::filesystem::path& new_dir,
                                          std::unique_ptr<transport::Transport> transport);
 

@@ -11,7 +11,8 @@
 
 namespace deltacast::agent {
 
-Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir, const Digest128& target) {
+Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
+                                           const Digest128& target) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
@@ -33,7 +34,9 @@ void Spool::Recover() {
   // Keep every whole, valid message from the start; a crash may have cut the last.
   for (;;) {
     std::vector<std::byte> head(kMessageHeaderBytes + codec::kChunkHeaderBytes);
-    if (::pread(fd_, head.data(), head.size(), static_cast<off_t>(end_)) != static_cast<ssize_t>(head.size())) break;
+    if (::pread(fd_, head.data(), head.size(), static_cast<off_t>(end_)) !=
+        static_cast<ssize_t>(head.size()))
+      break;
     auto header = codec::PeekChunkHeader(ByteSpan(head).subspan(kMessageHeaderBytes));
     if (!PeekType(head).ok() || !header.ok()) break;
     const uint64_t length = head.size() + header->payload_length;
@@ -49,7 +52,8 @@ Result<transport::Message> Spool::ReadAt(uint64_t offset, uint64_t length) const
   std::vector<std::byte> bytes(length);
   size_t got = 0;
   while (got < bytes.size()) {
-    const ssize_t n = ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
+    const ssize_t n =
+        ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Status::FromErrno(n < 0 ? errno : EIO, "read spool " + path_.string());
     got += static_cast<size_t>(n);
@@ -77,9 +81,11 @@ Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
   if (index_.contains(sequence)) return Status::Ok();
   // Recover keeps only whole, checksummed chunks, so a torn tail costs a re-fetch
   // from the parent, never a wrong byte.
-  if (::lseek(fd_, static_cast<off_t>(end_), SEEK_SET) < 0) return Status::FromErrno(errno, "seek " + path_.string());
+  if (::lseek(fd_, static_cast<off_t>(end_), SEEK_SET) < 0)
+    return Status::FromErrno(errno, "seek " + path_.string());
   RETURN_IF_ERROR(WriteAll(fd_, message, path_));
-  if (durable && ::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fdatasync " + path_.string());
+  if (durable && ::fdatasync(fd_) != 0)
+    return Status::FromErrno(errno, "fdatasync " + path_.string());
   dirty_ = !durable;
   index_[sequence] = Entry{end_, message.size()};
   end_ += message.size();
@@ -91,7 +97,8 @@ Result<transport::Message> Spool::Read(uint32_t sequence) const {
   {
     std::lock_guard lock(mu_);
     auto it = index_.find(sequence);
-    if (it == index_.end()) return Status::NotFound("chunk " + std::to_string(sequence) + " is not spooled");
+    if (it == index_.end())
+      return Status::NotFound("chunk " + std::to_string(sequence) + " is not spooled");
     entry = it->second;
   }
   return ReadAt(entry.offset, entry.length);

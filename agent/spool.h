@@ -26,7 +26,8 @@ class Spool {
   // this node spooled for the same delta (a relay that restarts must still replay
   // what it had forwarded); spools of other deltas in `dir` are deleted. The file
   // is removed by Discard, not by the destructor: it outlives a crash on purpose.
-  static Result<std::unique_ptr<Spool>> Open(const std::filesystem::path& dir, const Digest128& target);
+  static Result<std::unique_ptr<Spool>> Open(const std::filesystem::path& dir,
+                                             const Digest128& target);
   // Makes everything appended so far durable (fdatasync; nothing if nothing new).
   Status Sync();
   // Deletes the file (the delta was decided and nobody needs a replay of it).

@@ -5,21 +5,24 @@
 
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
-#include "apply/replica.h"
 #include "apply/delta_file.h"
+#include "apply/replica.h"
 #include "common/parallel.h"
 
 namespace deltacast::apply {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 }  // namespace
 
 Result<DiffResult> DiffCheckpoints(const std::filesystem::path& base_dir,
                                    const std::filesystem::path& new_dir,
-                                   const std::filesystem::path& out_file, const DiffOptions& options) {
+                                   const std::filesystem::path& out_file,
+                                   const DiffOptions& options) {
   using Access = CheckpointDirStore::Access;
   auto base_store = CheckpointDirStore::Open(base_dir, Access::kReadOnly);
   if (!base_store.ok()) return base_store.status().WithContext("base checkpoint");
@@ -35,9 +38,11 @@ Result<DiffResult> DiffCheckpoints(const std::filesystem::path& base_dir,
   DiffResult result;
   const auto t0 = Clock::now();
   ASSIGN_OR_RETURN(codec::Manifest base_manifest,
-                   CheckpointState(base_dir).LoadOrComputeManifest(**base_store, options.partition_bytes, threads));
+                   CheckpointState(base_dir).LoadOrComputeManifest(
+                       **base_store, options.partition_bytes, threads));
   ASSIGN_OR_RETURN(codec::Manifest new_manifest,
-                   CheckpointState(new_dir).LoadOrComputeManifest(**new_store, options.partition_bytes, threads));
+                   CheckpointState(new_dir).LoadOrComputeManifest(
+                       **new_store, options.partition_bytes, threads));
   result.manifest_seconds = SecondsSince(t0);
   result.identity = {base_manifest.VersionId(), new_manifest.VersionId(), options.partition_bytes};
 
@@ -78,7 +83,8 @@ Result<std::pair<codec::DeltaIdentity, codec::DeltaSummary>> ValidateDeltaFile(
     if (chunk->kind == codec::ChunkKind::kEnd) {
       summary = chunk->summary;
     } else if (!sequences.insert(chunk->sequence).second) {
-      return Status::Corrupt(delta_file.string() + ": chunk " + std::to_string(chunk->sequence) + " appears twice");
+      return Status::Corrupt(delta_file.string() + ": chunk " + std::to_string(chunk->sequence) +
+                             " appears twice");
     } else {
       records += chunk->records.size();
     }
@@ -87,9 +93,10 @@ Result<std::pair<codec::DeltaIdentity, codec::DeltaSummary>> ValidateDeltaFile(
   if (!summary) return Status::Corrupt(delta_file.string() + " ends without an END chunk");
   if (sequences.size() != summary->data_chunks || records != summary->records ||
       (!sequences.empty() && *sequences.rbegin() + 1 != summary->data_chunks)) {
-    return Status::Corrupt(delta_file.string() + ": holds " + std::to_string(sequences.size()) + " data chunks and " +
-                           std::to_string(records) + " records, its END chunk says " +
-                           std::to_string(summary->data_chunks) + " and " + std::to_string(summary->records));
+    return Status::Corrupt(delta_file.string() + ": holds " + std::to_string(sequences.size()) +
+                           " data chunks and " + std::to_string(records) +
+                           " records, its END chunk says " + std::to_string(summary->data_chunks) +
+                           " and " + std::to_string(summary->records));
   }
   return std::pair{*identity, *summary};
 }
@@ -102,7 +109,8 @@ Result<PatchResult> PatchCheckpoint(const std::filesystem::path& dir,
   ASSIGN_OR_RETURN(auto validated, ValidateDeltaFile(delta_file));
   const auto& [identity, summary] = validated;
 
-  ASSIGN_OR_RETURN(auto replica, Replica::OpenCheckpointDir(dir, identity.partition_bytes, options.threads));
+  ASSIGN_OR_RETURN(auto replica,
+                   Replica::OpenCheckpointDir(dir, identity.partition_bytes, options.threads));
   PatchResult result;
   result.identity = identity;
   if (!replica->inflight() && replica->version() == identity.target_version) {
@@ -127,7 +135,8 @@ Result<PatchResult> PatchCheckpoint(const std::filesystem::path& dir,
   if (!options.repair_from.empty() && !applier->torn().empty()) {
     ASSIGN_OR_RETURN(auto source, CheckpointDirStore::Open(options.repair_from,
                                                            CheckpointDirStore::Access::kReadOnly));
-    for (const PartitionKey& key : applier->torn()) RETURN_IF_ERROR(applier->RepairFrom(*source, key));
+    for (const PartitionKey& key : applier->torn())
+      RETURN_IF_ERROR(applier->RepairFrom(*source, key));
   }
   auto target = applier->Finish(summary);
   result.report = applier->report();

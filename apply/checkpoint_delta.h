@@ -32,7 +32,8 @@ struct DiffResult {
 // only tensor bytes may differ. Manifests are cached under each .deltacast/.
 Result<DiffResult> DiffCheckpoints(const std::filesystem::path& base_dir,
                                    const std::filesystem::path& new_dir,
-                                   const std::filesystem::path& out_file, const DiffOptions& options);
+                                   const std::filesystem::path& out_file,
+                                   const DiffOptions& options);
 
 struct PatchResult {
   enum class Outcome { kApplied, kResumed, kAlreadyAtTarget };

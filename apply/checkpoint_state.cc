@@ -67,7 +67,8 @@ Result<std::optional<std::string>> ReadChecked(const std::filesystem::path& path
     return bytes.status();
   }
   std::string text(AsChars(*bytes));
-  if (text.size() < 18 || text.back() != '\n') return Status::Corrupt(path.string() + " is malformed");
+  if (text.size() < 18 || text.back() != '\n')
+    return Status::Corrupt(path.string() + " is malformed");
   const std::string body = text.substr(0, text.size() - 18);
   if (WithChecksum(body) != text) return Status::Corrupt(path.string() + " fails its checksum");
   return std::optional<std::string>(body);
@@ -92,9 +93,11 @@ Result<codec::Manifest> CheckpointState::LoadOrComputeManifest(const CheckpointD
   auto cached = ReadFile(dir_ / kManifestFile, uint64_t{1} << 30);
   if (cached.ok() && cached->size() > stamps.size() + 8) {
     const ByteSpan all(*cached);
-    const bool intact = LoadLE<uint64_t>(all.data() + all.size() - 8) == Hash64(all.first(all.size() - 8));
+    const bool intact =
+        LoadLE<uint64_t>(all.data() + all.size() - 8) == Hash64(all.first(all.size() - 8));
     if (intact && std::equal(stamps.begin(), stamps.end(), all.begin())) {
-      auto manifest = codec::Manifest::Parse(all.subspan(stamps.size(), all.size() - stamps.size() - 8));
+      auto manifest =
+          codec::Manifest::Parse(all.subspan(stamps.size(), all.size() - stamps.size() - 8));
       if (manifest.ok() && manifest->partition_bytes == partition_bytes &&
           manifest->tensors == store.tensors()) {
         return manifest;
@@ -109,7 +112,8 @@ Result<codec::Manifest> CheckpointState::LoadOrComputeManifest(const CheckpointD
   return manifest;
 }
 
-Status CheckpointState::SaveManifest(const CheckpointDirStore& store, const codec::Manifest& manifest) {
+Status CheckpointState::SaveManifest(const CheckpointDirStore& store,
+                                     const codec::Manifest& manifest) {
   RETURN_IF_ERROR(EnsureDir());
   ASSIGN_OR_RETURN(std::vector<std::byte> out, StampBlock(store));
   const std::vector<std::byte> body = manifest.Serialize();
@@ -133,7 +137,8 @@ Result<std::optional<InflightDelta>> CheckpointState::ReadInflight() const {
 
 Status CheckpointState::WriteInflight(const InflightDelta& inflight) {
   RETURN_IF_ERROR(EnsureDir());
-  const std::string text = WithChecksum("inflight " + inflight.base.ToHex() + " " + inflight.target.ToHex());
+  const std::string text =
+      WithChecksum("inflight " + inflight.base.ToHex() + " " + inflight.target.ToHex());
   return WriteFileAtomic(dir_ / kInflightFile, AsBytes(text));
 }
 

@@ -29,8 +29,9 @@ Result<DeltaApplier::Located> DeltaApplier::Locate(const codec::PartitionRecord&
   const uint64_t expected = std::min(per, elements - record.element_offset);
   if (record.element_count != expected) {
     return Status::Corrupt("tensor '" + name + "': partition at " +
-                           std::to_string(record.element_offset) + " has " + std::to_string(expected) +
-                           " elements, the delta says " + std::to_string(record.element_count));
+                           std::to_string(record.element_offset) + " has " +
+                           std::to_string(expected) + " elements, the delta says " +
+                           std::to_string(record.element_count));
   }
   const uint64_t e = ElementSize(info.dtype);
   return Located{*index, record.element_offset / per, record.element_offset * e, expected * e};
@@ -39,9 +40,9 @@ Result<DeltaApplier::Located> DeltaApplier::Locate(const codec::PartitionRecord&
 Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   const auto start = std::chrono::steady_clock::now();
   if (!(chunk.identity == identity_)) {
-    return Status::VersionMismatch("chunk " + std::to_string(chunk.sequence) + " belongs to delta " +
-                                   chunk.identity.base_version.ShortHex() + " -> " +
-                                   chunk.identity.target_version.ShortHex() + ", not " +
+    return Status::VersionMismatch("chunk " + std::to_string(chunk.sequence) +
+                                   " belongs to delta " + chunk.identity.base_version.ShortHex() +
+                                   " -> " + chunk.identity.target_version.ShortHex() + ", not " +
                                    identity_.base_version.ShortHex() + " -> " +
                                    identity_.target_version.ShortHex());
   }
@@ -71,46 +72,52 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   std::vector<Status> errors(located.size());
   std::vector<char> torn(located.size(), 0), patched(located.size(), 0);
   std::vector<Undo> undo(options_.keep_undo ? located.size() : 0);
-  ParallelFor(located.size(), options_.threads ? options_.threads : DefaultThreadCount(), [&](size_t i) {
-    thread_local codec::CodecScratch scratch;
-    const codec::PartitionRecord& record = chunk.records[i];
-    const uint64_t current = Hash64(targets[i]);
-    if (current == record.target_hash) {
-      ++skipped;
-      return;
-    }
-    if (current != record.base_hash) {
-      torn[i] = 1;
-      return;
-    }
-    const bool whole = record.encoding == codec::Encoding::kDenseXor ||
-                       record.encoding == codec::Encoding::kLiteral;
-    if (options_.keep_undo && whole) undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
-    errors[i] = codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch)
-                    .WithContext("tensor '" + std::string(record.tensor_name) + "' partition at element " +
-                                 std::to_string(record.element_offset));
-    if (errors[i].ok()) {
-      if (options_.keep_undo) {
-        undo[i].where = located[i];
-        undo[i].base_hash = record.base_hash;
-        undo[i].target_hash = record.target_hash;
-        if (!whole) undo[i].xors = scratch.changes;
-      }
-      patched[i] = 1;
-      ++applied;
-      changed += record.change_count;
-    }
-  });
+  ParallelFor(
+      located.size(), options_.threads ? options_.threads : DefaultThreadCount(), [&](size_t i) {
+        thread_local codec::CodecScratch scratch;
+        const codec::PartitionRecord& record = chunk.records[i];
+        const uint64_t current = Hash64(targets[i]);
+        if (current == record.target_hash) {
+          ++skipped;
+          return;
+        }
+        if (current != record.base_hash) {
+          torn[i] = 1;
+          return;
+        }
+        const bool whole = record.encoding == codec::Encoding::kDenseXor ||
+                           record.encoding == codec::Encoding::kLiteral;
+        if (options_.keep_undo && whole)
+          undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
+        errors[i] =
+            codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch)
+                .WithContext("tensor '" + std::string(record.tensor_name) +
+                             "' partition at element " + std::to_string(record.element_offset));
+        if (errors[i].ok()) {
+          if (options_.keep_undo) {
+            undo[i].where = located[i];
+            undo[i].base_hash = record.base_hash;
+            undo[i].target_hash = record.target_hash;
+            if (!whole) undo[i].xors = scratch.changes;
+          }
+          patched[i] = 1;
+          ++applied;
+          changed += record.change_count;
+        }
+      });
 
   std::lock_guard lock(mu_);
   Status first_error;
   for (size_t i = 0; i < located.size(); ++i) {
     const auto& record = chunk.records[i];
-    if (torn[i]) torn_[PartitionKey{std::string(record.tensor_name), record.element_offset}] = record.target_hash;
+    if (torn[i])
+      torn_[PartitionKey{std::string(record.tensor_name), record.element_offset}] =
+          record.target_hash;
     if (patched[i]) dirty_.push_back(located[i]);
     if (patched[i] && options_.keep_undo) undo_.push_back(std::move(undo[i]));
     if (errors[i].ok() && !torn[i]) {
-      manifest_.partition_hashes[located[i].tensor][located[i].partition_index] = record.target_hash;
+      manifest_.partition_hashes[located[i].tensor][located[i].partition_index] =
+          record.target_hash;
     }
     if (!errors[i].ok() && first_error.ok()) first_error = errors[i];
   }
@@ -121,7 +128,8 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   report_.already_at_target += skipped;
   report_.changed_elements += changed;
   report_.chunk_bytes += chunk.size_bytes;
-  report_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report_.seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return first_error;
 }
 
@@ -135,7 +143,8 @@ Result<codec::Manifest> DeltaApplier::Finish(const codec::DeltaSummary& summary)
                                       std::to_string(sequences_seen_.size()) + " of " +
                                       std::to_string(summary.data_chunks) + " data chunks");
   }
-  for (const Located& p : dirty_) RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
+  for (const Located& p : dirty_)
+    RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
   dirty_.clear();
   if (!torn_.empty()) {
     const PartitionKey& first = torn_.begin()->first;
@@ -159,15 +168,18 @@ void DeltaApplier::MarkApplied(uint32_t sequence) {
 
 Status DeltaApplier::FlushApplied() {
   std::lock_guard lock(mu_);
-  for (const Located& p : dirty_) RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
+  for (const Located& p : dirty_)
+    RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
   dirty_.clear();
   return Status::Ok();
 }
 
 Status DeltaApplier::Rollback() {
   std::lock_guard lock(mu_);
-  if (!options_.keep_undo) return Status::FailedPrecondition("rollback needs ApplyOptions::keep_undo");
-  if (repaired_) return Status::FailedPrecondition("partitions repaired with literal bytes cannot roll back");
+  if (!options_.keep_undo)
+    return Status::FailedPrecondition("rollback needs ApplyOptions::keep_undo");
+  if (repaired_)
+    return Status::FailedPrecondition("partitions repaired with literal bytes cannot roll back");
   for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
     ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(it->where.tensor));
     MutableByteSpan bytes = tensor.subspan(it->where.byte_offset, it->where.byte_length);
@@ -207,8 +219,10 @@ std::vector<PartitionKey> DeltaApplier::torn() const {
   return out;
 }
 
-Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk, std::vector<NeedsBase>& needs_base) {
-  if (!(chunk.identity == identity_)) return Status::VersionMismatch("chunk belongs to another delta");
+Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk,
+                                 std::vector<NeedsBase>& needs_base) {
+  if (!(chunk.identity == identity_))
+    return Status::VersionMismatch("chunk belongs to another delta");
   codec::CodecScratch scratch;
   for (const auto& record : chunk.records) {
     ASSIGN_OR_RETURN(Located where, Locate(record));
@@ -216,8 +230,8 @@ Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk, std::vector<Need
     MutableByteSpan bytes = tensor.subspan(where.byte_offset, where.byte_length);
     const uint64_t current = Hash64(bytes);
     if (current == record.base_hash) continue;
-    const bool self_inverse =
-        record.encoding == codec::Encoding::kSparseXor || record.encoding == codec::Encoding::kDenseXor;
+    const bool self_inverse = record.encoding == codec::Encoding::kSparseXor ||
+                              record.encoding == codec::Encoding::kDenseXor;
     if (current == record.target_hash && self_inverse) {
       codec::RecordCoding back = record.Coding();
       back.target_hash = record.base_hash;  // applying an XOR record to the target gives the base
@@ -228,13 +242,14 @@ Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk, std::vector<Need
         continue;
       }
     }
-    needs_base.push_back({PartitionKey{std::string(record.tensor_name), record.element_offset}, record.base_hash,
-                          where.byte_length});
+    needs_base.push_back({PartitionKey{std::string(record.tensor_name), record.element_offset},
+                          record.base_hash, where.byte_length});
   }
   return Status::Ok();
 }
 
-Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes, uint64_t expected_hash) {
+Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes,
+                                   uint64_t expected_hash) {
   const auto index = store_.FindTensor(key.tensor);
   if (!index) return Status::NotFound("no tensor '" + key.tensor + "'");
   const codec::TensorInfo& info = store_.tensors()[*index];
@@ -246,11 +261,13 @@ Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes, uint
   }
   const uint64_t length = std::min(per, info.ElementCount() - key.element_offset) * e;
   if (bytes.size() != length || Hash64(bytes) != expected_hash) {
-    return Status::Corrupt("bytes for '" + key.tensor + "' at element " + std::to_string(key.element_offset) +
+    return Status::Corrupt("bytes for '" + key.tensor + "' at element " +
+                           std::to_string(key.element_offset) +
                            " do not hash to what was asked for");
   }
   ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(*index));
-  std::copy(bytes.begin(), bytes.end(), tensor.begin() + static_cast<ptrdiff_t>(key.element_offset * e));
+  std::copy(bytes.begin(), bytes.end(),
+            tensor.begin() + static_cast<ptrdiff_t>(key.element_offset * e));
   RETURN_IF_ERROR(store_.Flush(*index, key.element_offset * e, length));
   std::lock_guard lock(mu_);
   manifest_.partition_hashes[*index][key.element_offset / per] = expected_hash;

@@ -13,8 +13,8 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -140,7 +140,7 @@ class DeltaApplier {
     Located where;
     uint64_t base_hash = 0;
     uint64_t target_hash = 0;
-    codec::SparseChanges xors;        // XOR words applied, or
+    codec::SparseChanges xors;         // XOR words applied, or
     std::vector<std::byte> old_bytes;  // the bytes before (dense and literal records)
   };
 

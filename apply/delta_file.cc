@@ -29,7 +29,8 @@ Result<size_t> ReadUpTo(int fd, MutableByteSpan out, const std::filesystem::path
 
 }  // namespace
 
-Result<std::unique_ptr<DeltaFileWriter>> DeltaFileWriter::Create(const std::filesystem::path& path) {
+Result<std::unique_ptr<DeltaFileWriter>> DeltaFileWriter::Create(
+    const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "create " + path.string());
   return std::unique_ptr<DeltaFileWriter>(new DeltaFileWriter(fd, path));
@@ -70,7 +71,8 @@ Result<std::optional<std::vector<std::byte>>> DeltaFileReader::Next() {
   auto length = codec::ParseChunkHeaderPayloadLength(chunk);
   if (!length.ok()) return length.status().WithContext(where);
   chunk.resize(codec::kChunkHeaderBytes + *length);
-  ASSIGN_OR_RETURN(size_t body, ReadUpTo(fd_, MutableByteSpan(chunk).subspan(codec::kChunkHeaderBytes), path_));
+  ASSIGN_OR_RETURN(size_t body,
+                   ReadUpTo(fd_, MutableByteSpan(chunk).subspan(codec::kChunkHeaderBytes), path_));
   if (body != *length) {
     return Status::Corrupt(where + ": chunk payload truncated (" + std::to_string(body) + " of " +
                            std::to_string(*length) + " bytes)");

@@ -16,14 +16,18 @@ Replica::Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_sto
 }
 
 Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesystem::path& dir,
-                                                            uint64_t partition_bytes, size_t threads) {
+                                                            uint64_t partition_bytes,
+                                                            size_t threads) {
   threads = threads ? threads : DefaultThreadCount();
-  ASSIGN_OR_RETURN(auto store, CheckpointDirStore::Open(dir, CheckpointDirStore::Access::kReadWrite));
+  ASSIGN_OR_RETURN(auto store,
+                   CheckpointDirStore::Open(dir, CheckpointDirStore::Access::kReadWrite));
   CheckpointState state(dir);
   ASSIGN_OR_RETURN(std::optional<InflightDelta> inflight, state.ReadInflight());
-  ASSIGN_OR_RETURN(codec::Manifest manifest, state.LoadOrComputeManifest(*store, partition_bytes, threads));
+  ASSIGN_OR_RETURN(codec::Manifest manifest,
+                   state.LoadOrComputeManifest(*store, partition_bytes, threads));
   CheckpointDirStore* raw = store.get();
-  auto replica = std::unique_ptr<Replica>(new Replica(std::move(store), raw, std::move(manifest), inflight, threads));
+  auto replica = std::unique_ptr<Replica>(
+      new Replica(std::move(store), raw, std::move(manifest), inflight, threads));
   if (inflight) {
     ASSIGN_OR_RETURN(replica->applied_, state.ReadApplied());
     ASSIGN_OR_RETURN(replica->prepared_, state.ReadPrepared());
@@ -37,26 +41,28 @@ Result<std::unique_ptr<Replica>> Replica::ForStore(std::unique_ptr<WeightStore> 
   const WeightStore& s = *store;
   codec::Manifest manifest = codec::ComputeManifest(
       s.tensors(), [&](size_t i) { return s.TensorData(i); }, partition_bytes, threads);
-  return std::unique_ptr<Replica>(new Replica(std::move(store), nullptr, std::move(manifest), std::nullopt, threads));
+  return std::unique_ptr<Replica>(
+      new Replica(std::move(store), nullptr, std::move(manifest), std::nullopt, threads));
 }
 
 Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity& identity,
                                                      ApplyOptions options) {
   const InflightDelta delta{identity.base_version, identity.target_version};
   if (inflight_ && !(*inflight_ == delta)) {
-    return Status::FailedPrecondition("an unfinished delta " + inflight_->base.ShortHex() + " -> " +
-                                      inflight_->target.ShortHex() + " is in flight; finish it before " +
-                                      identity.base_version.ShortHex() + " -> " +
-                                      identity.target_version.ShortHex());
+    return Status::FailedPrecondition(
+        "an unfinished delta " + inflight_->base.ShortHex() + " -> " +
+        inflight_->target.ShortHex() + " is in flight; finish it before " +
+        identity.base_version.ShortHex() + " -> " + identity.target_version.ShortHex());
   }
   if (!inflight_ && version_ != identity.base_version) {
-    return Status::VersionMismatch("this replica is at version " + version_.ShortHex() +
-                                   ", but the delta applies to base " + identity.base_version.ShortHex() +
-                                   " (target " + identity.target_version.ShortHex() + ")");
+    return Status::VersionMismatch(
+        "this replica is at version " + version_.ShortHex() + ", but the delta applies to base " +
+        identity.base_version.ShortHex() + " (target " + identity.target_version.ShortHex() + ")");
   }
   if (manifest_.partition_bytes != identity.partition_bytes) {
-    return Status::Unsupported("the delta uses partitions of " + std::to_string(identity.partition_bytes) +
-                               " bytes, this replica " + std::to_string(manifest_.partition_bytes));
+    return Status::Unsupported("the delta uses partitions of " +
+                               std::to_string(identity.partition_bytes) + " bytes, this replica " +
+                               std::to_string(manifest_.partition_bytes));
   }
   if (options.threads == 0) options.threads = threads_;
   codec::Manifest current = manifest_;
@@ -66,8 +72,9 @@ Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity&
     // Every record of the delta that is replayed sets its partition's target hash,
     // and the partitions it does not name are equal in base and target.
     const WeightStore& s = *store_;
-    current = codec::ComputeManifest(s.tensors(), [&](size_t i) { return s.TensorData(i); },
-                                     manifest_.partition_bytes, threads_);
+    current = codec::ComputeManifest(
+        s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes,
+        threads_);
   } else if (state_) {
     RETURN_IF_ERROR(state_->WriteInflight(delta));
   }
@@ -118,8 +125,9 @@ Status Replica::CommitFromStore() {
   codec::Manifest manifest = codec::ComputeManifest(
       s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
   if (manifest.VersionId() != inflight_->target) {
-    return Status::FailedPrecondition("the store is at " + manifest.VersionId().ShortHex() + ", not the target " +
-                                      inflight_->target.ShortHex() + " it would commit");
+    return Status::FailedPrecondition("the store is at " + manifest.VersionId().ShortHex() +
+                                      ", not the target " + inflight_->target.ShortHex() +
+                                      " it would commit");
   }
   return Commit(manifest);
 }
@@ -136,8 +144,9 @@ Status Replica::FinishAbort() {
   codec::Manifest manifest = codec::ComputeManifest(
       s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
   if (inflight_ && manifest.VersionId() != inflight_->base) {
-    return Status::FailedPrecondition("rollback incomplete: the store is at " + manifest.VersionId().ShortHex() +
-                                      ", not the base " + inflight_->base.ShortHex());
+    return Status::FailedPrecondition("rollback incomplete: the store is at " +
+                                      manifest.VersionId().ShortHex() + ", not the base " +
+                                      inflight_->base.ShortHex());
   }
   if (state_) {
     RETURN_IF_ERROR(state_->SaveManifest(*dir_store_, manifest));

@@ -30,7 +30,8 @@ class Replica {
   // Opens checkpoint directory `dir` read-write. Its manifest comes from the cache
   // when the files are unchanged, else is computed (hashing every partition).
   static Result<std::unique_ptr<Replica>> OpenCheckpointDir(const std::filesystem::path& dir,
-                                                            uint64_t partition_bytes, size_t threads);
+                                                            uint64_t partition_bytes,
+                                                            size_t threads);
   // Wraps any store; version state is kept in memory only.
   static Result<std::unique_ptr<Replica>> ForStore(std::unique_ptr<WeightStore> store,
                                                    uint64_t partition_bytes, size_t threads);
@@ -78,8 +79,8 @@ class Replica {
   Status FinishAbort();
 
  private:
-  Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_store, codec::Manifest manifest,
-          std::optional<InflightDelta> inflight, size_t threads);
+  Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_store,
+          codec::Manifest manifest, std::optional<InflightDelta> inflight, size_t threads);
 
   void ForgetInflight();
 

@@ -8,6 +8,7 @@
 // `zstd --patch-from` and `xdelta3` on the same safetensors files when installed.
 // Prints one JSON document (and writes it to --out).
 #include <fmt/core.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -17,8 +18,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
-
-#include <sys/resource.h>
 
 #include "agent/synth.h"
 #include "apply/checkpoint_dir.h"
@@ -34,7 +33,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
 
 // CPU seconds this process has used (user + system, all threads). Per-core
 // throughput is bytes over CPU seconds, which other load on the machine does not
@@ -104,7 +105,8 @@ PairSizes MeasurePair(const dc::apply::WeightStore& a, const dc::apply::WeightSt
     for (auto [encoding, total] : {std::pair{Encoding::kSparseXor, &out.sparse_xor},
                                    std::pair{Encoding::kOverwrite, &out.overwrite},
                                    std::pair{Encoding::kDenseXor, &out.dense_xor}}) {
-      auto encoded = Check(dc::codec::EncodePartitionAs(encoding, info.dtype, base, target, changes, options, scratch),
+      auto encoded = Check(dc::codec::EncodePartitionAs(encoding, info.dtype, base, target, changes,
+                                                        options, scratch),
                            "encode");
       *total += encoded.payload.size();
     }
@@ -162,7 +164,8 @@ CodecRun RunCodec(const dc::apply::WeightStore& a, const dc::apply::WeightStore&
   auto store = Check(dc::apply::HostStore::CopyOf(a), "copy base");
   // Touch the copy once so page faults are not charged to apply.
   for (size_t t = 0; t < store->tensors().size(); ++t) (void)dc::Hash64(store->TensorData(t));
-  dc::apply::DeltaApplier applier(*store, ma, {ma.VersionId(), mb.VersionId(), ma.partition_bytes}, {1});
+  dc::apply::DeltaApplier applier(*store, ma, {ma.VersionId(), mb.VersionId(), ma.partition_bytes},
+                                  {1});
   const auto start = Clock::now();
   const double apply_cpu0 = CpuSeconds();
   dc::codec::DeltaSummary summary;
@@ -189,15 +192,16 @@ CodecRun RunCodec(const dc::apply::WeightStore& a, const dc::apply::WeightStore&
 json RunPeer(const std::string& tool, const dc::apply::CheckpointLayout& layout,
              const std::filesystem::path& base, const std::filesystem::path& target,
              const std::filesystem::path& scratch) {
-  if (std::system(("command -v " + tool + " >/dev/null 2>&1").c_str()) != 0) return {{"available", false}};
+  if (std::system(("command -v " + tool + " >/dev/null 2>&1").c_str()) != 0)
+    return {{"available", false}};
   uint64_t bytes = 0;
   const auto start = Clock::now();
   for (const auto& file : layout.files) {
     const auto out = scratch / (file.name + "." + tool);
     std::string cmd =
         tool == "zstd"
-            ? fmt::format("zstd -q -f -T1 --long=31 --patch-from='{}' '{}' -o '{}'", (base / file.name).string(),
-                          (target / file.name).string(), out.string())
+            ? fmt::format("zstd -q -f -T1 --long=31 --patch-from='{}' '{}' -o '{}'",
+                          (base / file.name).string(), (target / file.name).string(), out.string())
             : fmt::format("xdelta3 -f -e -s '{}' '{}' '{}'", (base / file.name).string(),
                           (target / file.name).string(), out.string());
     if (std::system(cmd.c_str()) != 0) return {{"available", true}, {"error", "failed: " + cmd}};
@@ -218,7 +222,8 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   app.add_option("--params", params_text, "Model size per pair")->capture_default_str();
   app.add_option("--rates", rates_text, "Change rates")->capture_default_str();
-  app.add_option("--work-dir", work, "Scratch directory (removed afterwards)")->capture_default_str();
+  app.add_option("--work-dir", work, "Scratch directory (removed afterwards)")
+      ->capture_default_str();
   app.add_option("--out", out_path, "Also write the JSON here");
   app.add_option("--seed", seed, "Synthesis seed")->capture_default_str();
   app.add_flag("!--no-peers", peers, "Skip zstd --patch-from and xdelta3");
@@ -238,15 +243,19 @@ int main(int argc, char** argv) {
     synth.seed = seed;
     Check(dc::agent::Synthesize(synth), "synth");
     using Access = dc::apply::CheckpointDirStore::Access;
-    auto a = Check(dc::apply::CheckpointDirStore::Open(work / "step0", Access::kReadOnly), "open step0");
-    auto b = Check(dc::apply::CheckpointDirStore::Open(work / "step1", Access::kReadOnly), "open step1");
+    auto a =
+        Check(dc::apply::CheckpointDirStore::Open(work / "step0", Access::kReadOnly), "open step0");
+    auto b =
+        Check(dc::apply::CheckpointDirStore::Open(work / "step1", Access::kReadOnly), "open step1");
 
     const auto t0 = Clock::now();
-    auto ma = dc::codec::ComputeManifest(a->tensors(), [&](size_t i) { return a->TensorData(i); },
-                                         dc::codec::kDefaultPartitionBytes, 1);
+    auto ma = dc::codec::ComputeManifest(
+        a->tensors(), [&](size_t i) { return a->TensorData(i); }, dc::codec::kDefaultPartitionBytes,
+        1);
     const double manifest_seconds = Seconds(t0);
-    auto mb = dc::codec::ComputeManifest(b->tensors(), [&](size_t i) { return b->TensorData(i); },
-                                         dc::codec::kDefaultPartitionBytes, 1);
+    auto mb = dc::codec::ComputeManifest(
+        b->tensors(), [&](size_t i) { return b->TensorData(i); }, dc::codec::kDefaultPartitionBytes,
+        1);
     const double gb = double(ma.TotalBytes()) / 1e9;
     const PairSizes sizes = MeasurePair(*a, *b, ma);
     const CodecRun fast = RunCodec(*a, *b, ma, mb, dc::codec::CodecMode::kFast, 1, true);
@@ -260,23 +269,25 @@ int main(int argc, char** argv) {
         {"changed_elements", sizes.changes},
         {"change_rate_measured", double(sizes.changes) / double(ma.TotalBytes() / 2)},
         {"order0_entropy_bytes", sizes.entropy_bytes},
-        {"fast", {{"delta_bytes", fast.delta_bytes},
-                  {"bits_per_param", 8.0 * fast.delta_bytes / double(ma.TotalBytes() / 2)},
-                  {"ratio_to_entropy", fast.delta_bytes / sizes.entropy_bytes},
-                  {"encode_gbps_per_core", gb / fast.encode_cpu_seconds},
-                  {"encode_gbps_one_thread_wall", gb / fast.encode_seconds},
-                  {"encode_gbps_all_cores_wall", gb / fast_all.encode_seconds},
-                  {"decode_apply_gbps_per_core", gb / fast.apply_cpu_seconds},
-                  {"decode_apply_gbps_one_thread_wall", gb / fast.apply_seconds},
-                  {"bit_exact", fast.bit_exact},
-                  {"records_by_encoding", fast.encodings}}},
-        {"context", {{"delta_bytes", context.delta_bytes},
-                     {"bits_per_param", 8.0 * context.delta_bytes / double(ma.TotalBytes() / 2)},
-                     {"ratio_to_entropy", context.delta_bytes / sizes.entropy_bytes},
-                     {"encode_gbps_per_core", gb / context.encode_cpu_seconds},
-                     {"decode_apply_gbps_per_core", gb / context.apply_cpu_seconds},
-                     {"bit_exact", context.bit_exact},
-                     {"records_by_encoding", context.encodings}}},
+        {"fast",
+         {{"delta_bytes", fast.delta_bytes},
+          {"bits_per_param", 8.0 * fast.delta_bytes / double(ma.TotalBytes() / 2)},
+          {"ratio_to_entropy", fast.delta_bytes / sizes.entropy_bytes},
+          {"encode_gbps_per_core", gb / fast.encode_cpu_seconds},
+          {"encode_gbps_one_thread_wall", gb / fast.encode_seconds},
+          {"encode_gbps_all_cores_wall", gb / fast_all.encode_seconds},
+          {"decode_apply_gbps_per_core", gb / fast.apply_cpu_seconds},
+          {"decode_apply_gbps_one_thread_wall", gb / fast.apply_seconds},
+          {"bit_exact", fast.bit_exact},
+          {"records_by_encoding", fast.encodings}}},
+        {"context",
+         {{"delta_bytes", context.delta_bytes},
+          {"bits_per_param", 8.0 * context.delta_bytes / double(ma.TotalBytes() / 2)},
+          {"ratio_to_entropy", context.delta_bytes / sizes.entropy_bytes},
+          {"encode_gbps_per_core", gb / context.encode_cpu_seconds},
+          {"decode_apply_gbps_per_core", gb / context.apply_cpu_seconds},
+          {"bit_exact", context.bit_exact},
+          {"records_by_encoding", context.encodings}}},
         {"sparse_xor_payload_bytes", sizes.sparse_xor},
         {"overwrite_payload_bytes", sizes.overwrite},
         {"xor_to_overwrite_ratio", double(sizes.sparse_xor) / double(sizes.overwrite)},
@@ -287,25 +298,30 @@ int main(int argc, char** argv) {
     row["targets"] = {
         {"fast_size_le_1_10_entropy", row["fast"]["ratio_to_entropy"].get<double>() <= 1.10},
         {"fast_encode_ge_3_gbps", row["fast"]["encode_gbps_per_core"].get<double>() >= 3.0},
-        {"fast_decode_apply_ge_5_gbps", row["fast"]["decode_apply_gbps_per_core"].get<double>() >= 5.0},
+        {"fast_decode_apply_ge_5_gbps",
+         row["fast"]["decode_apply_gbps_per_core"].get<double>() >= 5.0},
         {"context_size_le_0_80_entropy", row["context"]["ratio_to_entropy"].get<double>() <= 0.80},
         {"context_encode_ge_0_3_gbps", row["context"]["encode_gbps_per_core"].get<double>() >= 0.3},
         {"xor_le_0_45_overwrite", row["xor_to_overwrite_ratio"].get<double>() <= 0.45},
-        {"context_xor_le_0_45_overwrite", row["context_xor_to_overwrite_ratio"].get<double>() <= 0.45},
+        {"context_xor_le_0_45_overwrite",
+         row["context_xor_to_overwrite_ratio"].get<double>() <= 0.45},
     };
     if (peers) {
       row["zstd_patch_from"] = RunPeer("zstd", a->layout(), work / "step0", work / "step1", work);
       row["xdelta3"] = RunPeer("xdelta3", a->layout(), work / "step0", work / "step1", work);
     }
-    fmt::print(stderr, "rate {}: fast {:.3f}x entropy, context {:.3f}x, encode {:.2f} GB/s, apply {:.2f} GB/s\n",
-               rate_text, row["fast"]["ratio_to_entropy"].get<double>(),
-               row["context"]["ratio_to_entropy"].get<double>(),
-               row["fast"]["encode_gbps_per_core"].get<double>(),
-               row["fast"]["decode_apply_gbps_per_core"].get<double>());
+    fmt::print(
+        stderr,
+        "rate {}: fast {:.3f}x entropy, context {:.3f}x, encode {:.2f} GB/s, apply {:.2f} GB/s\n",
+        rate_text, row["fast"]["ratio_to_entropy"].get<double>(),
+        row["context"]["ratio_to_entropy"].get<double>(),
+        row["fast"]["encode_gbps_per_core"].get<double>(),
+        row["fast"]["decode_apply_gbps_per_core"].get<double>());
     results.push_back(row);
   }
   std::filesystem::remove_all(work);
-  json doc = {{"benchmark", "codec"}, {"cores", cores}, {"params", params_text}, {"results", results}};
+  json doc = {
+      {"benchmark", "codec"}, {"cores", cores}, {"params", params_text}, {"results", results}};
   const std::string text = doc.dump(2);
   fmt::print("{}\n", text);
   if (!out_path.empty()) std::ofstream(out_path) << text << "\n";

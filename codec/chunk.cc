@@ -63,7 +63,8 @@ Status ParseRecord(ByteReader& r, uint64_t partition_bytes, size_t index, Partit
   auto parsed_dtype = DTypeFromWire(dtype);
   if (!parsed_dtype) return bad("unknown dtype " + std::to_string(dtype));
   rec.dtype = *parsed_dtype;
-  if (encoding < 1 || encoding > kMaxEncoding) return bad("unknown encoding " + std::to_string(encoding));
+  if (encoding < 1 || encoding > kMaxEncoding)
+    return bad("unknown encoding " + std::to_string(encoding));
   rec.encoding = static_cast<Encoding>(encoding);
   if (entropy > static_cast<uint8_t>(EntropyCoder::kLz4)) {
     return bad("unknown entropy coder " + std::to_string(entropy));
@@ -80,8 +81,8 @@ Status ParseRecord(ByteReader& r, uint64_t partition_bytes, size_t index, Partit
     return bad("change count " + std::to_string(rec.change_count) + " is outside 1.." +
                std::to_string(rec.element_count));
   }
-  const uint64_t max_raw =
-      MaxRawSize(rec.encoding, rec.element_count, static_cast<uint32_t>(element_size), rec.change_count);
+  const uint64_t max_raw = MaxRawSize(rec.encoding, rec.element_count,
+                                      static_cast<uint32_t>(element_size), rec.change_count);
   if (rec.raw_size > max_raw) {
     return bad("raw size " + std::to_string(rec.raw_size) + " exceeds the bound " +
                std::to_string(max_raw) + " for " + std::string(EncodingName(rec.encoding)));
@@ -154,10 +155,12 @@ Result<uint64_t> ParseChunkHeaderPayloadLength(ByteSpan header) {
   const uint16_t version = LoadLE<uint16_t>(h + kOffVersion);
   if (version != kWireFormatVersion) {
     return Status::Corrupt("unsupported wire format version " + std::to_string(version) +
-                           " (this build reads version " + std::to_string(kWireFormatVersion) + ")");
+                           " (this build reads version " + std::to_string(kWireFormatVersion) +
+                           ")");
   }
   const auto kind = static_cast<uint8_t>(h[kOffKind]);
-  if (kind != static_cast<uint8_t>(ChunkKind::kData) && kind != static_cast<uint8_t>(ChunkKind::kEnd)) {
+  if (kind != static_cast<uint8_t>(ChunkKind::kData) &&
+      kind != static_cast<uint8_t>(ChunkKind::kEnd)) {
     return Status::Corrupt("unknown chunk kind " + std::to_string(kind));
   }
   if (h[kOffFlags] != std::byte{0}) return Status::Corrupt("reserved chunk flags are not zero");
@@ -168,8 +171,8 @@ Result<uint64_t> ParseChunkHeaderPayloadLength(ByteSpan header) {
   }
   const uint64_t length = LoadLE<uint64_t>(h + kOffPayloadLength);
   if (length > kMaxChunkPayloadBytes) {
-    return Status::Corrupt("chunk payload length " + std::to_string(length) + " exceeds the cap of " +
-                           std::to_string(kMaxChunkPayloadBytes));
+    return Status::Corrupt("chunk payload length " + std::to_string(length) +
+                           " exceeds the cap of " + std::to_string(kMaxChunkPayloadBytes));
   }
   return length;
 }

@@ -66,10 +66,10 @@ struct PartitionRecord {
 
 // The END chunk's summary of the whole delta.
 struct DeltaSummary {
-  Digest128 target_layout;      // WeightStore::LayoutId of the target
-  uint32_t data_chunks = 0;     // data chunks before the END chunk (sequence 0..n-1)
-  uint64_t records = 0;         // partition records in those chunks
-  uint64_t tensor_bytes = 0;    // size of all tensor data of the target (for statistics)
+  Digest128 target_layout;    // WeightStore::LayoutId of the target
+  uint32_t data_chunks = 0;   // data chunks before the END chunk (sequence 0..n-1)
+  uint64_t records = 0;       // partition records in those chunks
+  uint64_t tensor_bytes = 0;  // size of all tensor data of the target (for statistics)
   uint64_t changed_elements = 0;
 };
 

@@ -103,7 +103,8 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
 
   std::vector<PartitionRef> changed;
   for (const PartitionRef& p : PartitionTensors(target.tensors, partition_bytes)) {
-    const uint64_t index = p.element_offset / PartitionElements(target.tensors[p.tensor].dtype, partition_bytes);
+    const uint64_t index =
+        p.element_offset / PartitionElements(target.tensors[p.tensor].dtype, partition_bytes);
     if (base.partition_hashes[p.tensor][index] != target.partition_hashes[p.tensor][index]) {
       changed.push_back(p);
     }

@@ -74,9 +74,9 @@ Status Decompress(EntropyCoder coder, ByteSpan stored, MutableByteSpan out) {
           out.size() > static_cast<size_t>(LZ4_MAX_INPUT_SIZE)) {
         return Status::Corrupt("lz4 block too large");
       }
-      const int n = LZ4_decompress_safe(reinterpret_cast<const char*>(stored.data()),
-                                        reinterpret_cast<char*>(out.data()),
-                                        static_cast<int>(stored.size()), static_cast<int>(out.size()));
+      const int n = LZ4_decompress_safe(
+          reinterpret_cast<const char*>(stored.data()), reinterpret_cast<char*>(out.data()),
+          static_cast<int>(stored.size()), static_cast<int>(out.size()));
       if (n < 0 || static_cast<size_t>(n) != out.size()) {
         return Status::Corrupt("lz4 block is malformed or has the wrong size");
       }
@@ -125,14 +125,16 @@ Status DecompressSections(EntropyCoder coder, ByteSpan payload, MutableByteSpan 
       return Status::Corrupt(where + "raw length " + std::to_string(raw_length) +
                              " overflows the record's raw size " + std::to_string(out.size()));
     }
-    if (!r.GetBytes(stored_length, stored)) return Status::Corrupt(where + "stored bytes run past the payload");
-    RETURN_IF_ERROR(Decompress(static_cast<EntropyCoder>(mode), stored, out.subspan(filled, raw_length))
-                        .WithContext(where));
+    if (!r.GetBytes(stored_length, stored))
+      return Status::Corrupt(where + "stored bytes run past the payload");
+    RETURN_IF_ERROR(
+        Decompress(static_cast<EntropyCoder>(mode), stored, out.subspan(filled, raw_length))
+            .WithContext(where));
     filled += raw_length;
   }
   if (filled != out.size()) {
-    return Status::Corrupt("sections hold " + std::to_string(filled) + " raw bytes, record declares " +
-                           std::to_string(out.size()));
+    return Status::Corrupt("sections hold " + std::to_string(filled) +
+                           " raw bytes, record declares " + std::to_string(out.size()));
   }
   return Status::Ok();
 }

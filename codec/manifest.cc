@@ -59,8 +59,8 @@ std::vector<std::byte> Manifest::Serialize() const {
 }
 
 Result<Manifest> Manifest::Parse(ByteSpan bytes) {
-  if (bytes.size() < 8 || LoadLE<uint64_t>(bytes.data() + bytes.size() - 8) !=
-                              Hash64(bytes.first(bytes.size() - 8))) {
+  if (bytes.size() < 8 ||
+      LoadLE<uint64_t>(bytes.data() + bytes.size() - 8) != Hash64(bytes.first(bytes.size() - 8))) {
     return Status::Corrupt("manifest checksum mismatch");
   }
   ByteReader r(bytes.first(bytes.size() - 8));
@@ -97,7 +97,8 @@ Result<Manifest> Manifest::Parse(ByteSpan bytes) {
       return Status::Corrupt("manifest: tensors out of order at " + info.name);
     }
     const uint64_t partitions = PartitionCount(info, m.partition_bytes);
-    if (partitions > r.remaining() / 8) return Status::Corrupt("manifest: truncated hashes of " + info.name);
+    if (partitions > r.remaining() / 8)
+      return Status::Corrupt("manifest: truncated hashes of " + info.name);
     std::vector<uint64_t> hashes(partitions);
     for (auto& p : hashes) (void)r.Get(p);
     m.tensors.push_back(std::move(info));

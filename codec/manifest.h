@@ -19,7 +19,7 @@ namespace deltacast::codec {
 
 struct Manifest {
   uint64_t partition_bytes = kDefaultPartitionBytes;
-  std::vector<TensorInfo> tensors;                     // sorted by name
+  std::vector<TensorInfo> tensors;                      // sorted by name
   std::vector<std::vector<uint64_t>> partition_hashes;  // [tensor][partition]
 
   // xxh3-128 over the partition size, every tensor's name, dtype and shape, and

@@ -25,7 +25,8 @@ std::vector<PartitionRef> PartitionTensors(const std::vector<TensorInfo>& tensor
   std::vector<PartitionRef> out;
   for (uint32_t t = 0; t < tensors.size(); ++t) {
     const uint64_t count = PartitionCount(tensors[t], partition_bytes);
-    for (uint64_t i = 0; i < count; ++i) out.push_back(PartitionAt(tensors[t], t, i, partition_bytes));
+    for (uint64_t i = 0; i < count; ++i)
+      out.push_back(PartitionAt(tensors[t], t, i, partition_bytes));
   }
   return out;
 }

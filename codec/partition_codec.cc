@@ -18,7 +18,8 @@ constexpr uint64_t kMaxVarint32Bytes = 5;
 // Splits n words of `element_size` bytes into element_size planes: plane b holds
 // byte b of every word. Grouping bytes of equal significance is what lets a
 // general-purpose compressor see that high bytes of XOR words are nearly all zero.
-void AppendPlanes(const std::byte* words, size_t n, uint32_t element_size, std::vector<std::byte>& out) {
+void AppendPlanes(const std::byte* words, size_t n, uint32_t element_size,
+                  std::vector<std::byte>& out) {
   const size_t at = out.size();
   out.resize(at + n * element_size);
   std::byte* dst = out.data() + at;
@@ -87,11 +88,12 @@ EncodedPartition Finish(Encoding encoding, uint64_t change_count, ByteSpan raw, 
   out.entropy = options.entropy;
   std::vector<ByteSpan> sections;
   if (gap_bytes > 0) {
-    sections.push_back(raw.first(change_count));  // lead bytes
+    sections.push_back(raw.first(change_count));                              // lead bytes
     sections.push_back(raw.subspan(change_count, gap_bytes - change_count));  // continuations
   }
   const size_t plane = (raw.size() - gap_bytes) / element_size;
-  for (uint32_t b = 0; b < element_size; ++b) sections.push_back(raw.subspan(gap_bytes + b * plane, plane));
+  for (uint32_t b = 0; b < element_size; ++b)
+    sections.push_back(raw.subspan(gap_bytes + b * plane, plane));
   CompressSections(options.entropy, options.zstd_level, sections, out.payload);
   return out;
 }
@@ -105,11 +107,12 @@ bool XorLooksUnstructured(const SparseChanges& changes) {
   return high * 4 > changes.size();
 }
 
-Status ParseSparse(ByteSpan raw, uint64_t element_count, uint64_t change_count, uint32_t element_size,
-                   SparseChanges& out, std::vector<std::byte>& words) {
+Status ParseSparse(ByteSpan raw, uint64_t element_count, uint64_t change_count,
+                   uint32_t element_size, SparseChanges& out, std::vector<std::byte>& words) {
   ByteReader r(raw);
   ByteSpan lead;
-  if (!r.GetBytes(change_count, lead)) return Status::Corrupt("sparse payload: lead bytes are truncated");
+  if (!r.GetBytes(change_count, lead))
+    return Status::Corrupt("sparse payload: lead bytes are truncated");
   out.element_size = element_size;
   out.clear();
   out.positions.reserve(change_count);
@@ -119,7 +122,8 @@ Status ParseSparse(ByteSpan raw, uint64_t element_count, uint64_t change_count, 
     uint64_t gap = byte & 0x7f;
     for (int shift = 7; byte & 0x80; shift += 7) {
       if (shift > 28 || !r.Get(byte)) {
-        return Status::Corrupt("sparse payload: gap " + std::to_string(i) + " is truncated or too long");
+        return Status::Corrupt("sparse payload: gap " + std::to_string(i) +
+                               " is truncated or too long");
       }
       gap |= uint64_t{byte & 0x7fu} << shift;
     }
@@ -152,7 +156,8 @@ void XorAt(MutableByteSpan data, const SparseChanges& changes, size_t from, size
 }
 
 // XORs the changes in, verifies the target hash, and undoes them on mismatch.
-Status ApplySparseVerified(MutableByteSpan data, const SparseChanges& changes, uint64_t target_hash) {
+Status ApplySparseVerified(MutableByteSpan data, const SparseChanges& changes,
+                           uint64_t target_hash) {
   XorAt(data, changes, 0, changes.size() / 2);
   // Fault-injection tests stop here to leave a torn partition behind.
   CrashPoint("apply.mid_partition");
@@ -166,11 +171,16 @@ Status ApplySparseVerified(MutableByteSpan data, const SparseChanges& changes, u
 
 std::string_view EncodingName(Encoding encoding) {
   switch (encoding) {
-    case Encoding::kSparseXor: return "sparse-xor";
-    case Encoding::kDenseXor: return "dense-xor";
-    case Encoding::kOverwrite: return "overwrite";
-    case Encoding::kLiteral: return "literal";
-    case Encoding::kContextXor: return "context-xor";
+    case Encoding::kSparseXor:
+      return "sparse-xor";
+    case Encoding::kDenseXor:
+      return "dense-xor";
+    case Encoding::kOverwrite:
+      return "overwrite";
+    case Encoding::kLiteral:
+      return "literal";
+    case Encoding::kContextXor:
+      return "context-xor";
   }
   return "unknown";
 }
@@ -236,7 +246,8 @@ Result<EncodedPartition> EncodePartitionAs(Encoding encoding, DType dtype, ByteS
 }
 
 std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, ByteSpan target,
-                                                const EncodeOptions& options, CodecScratch& scratch) {
+                                                const EncodeOptions& options,
+                                                CodecScratch& scratch) {
   const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
   FindChanges(base, target, e, scratch.changes);
   const SparseChanges& changes = scratch.changes;
@@ -248,8 +259,10 @@ std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, Byte
   const bool unstructured = XorLooksUnstructured(changes);
   if (options.try_every_encoding || dense) candidates.push_back(Encoding::kDenseXor);
   if (options.try_every_encoding || unstructured) candidates.push_back(Encoding::kOverwrite);
-  if (options.try_every_encoding || (dense && unstructured)) candidates.push_back(Encoding::kLiteral);
-  if ((options.mode == CodecMode::kContext || options.try_every_encoding) && ContextModeSupports(dtype)) {
+  if (options.try_every_encoding || (dense && unstructured))
+    candidates.push_back(Encoding::kLiteral);
+  if ((options.mode == CodecMode::kContext || options.try_every_encoding) &&
+      ContextModeSupports(dtype)) {
     candidates.push_back(Encoding::kContextXor);
   }
 
@@ -262,7 +275,8 @@ std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, Byte
   return best;
 }
 
-Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data, CodecScratch& scratch) {
+Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data,
+                             CodecScratch& scratch) {
   const uint32_t e = static_cast<uint32_t>(ElementSize(record.dtype));
   const uint64_t count = data.size() / e;
   if (record.change_count > count) {
@@ -275,7 +289,8 @@ Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data, C
                              std::string(DTypeName(record.dtype)));
     }
     if (record.raw_size != 0) return Status::Corrupt("context-xor record must declare raw size 0");
-    RETURN_IF_ERROR(ContextDecode(record.dtype, record.payload, data, record.change_count, scratch.changes));
+    RETURN_IF_ERROR(
+        ContextDecode(record.dtype, record.payload, data, record.change_count, scratch.changes));
     return ApplySparseVerified(data, scratch.changes, record.target_hash);
   }
 
@@ -290,17 +305,20 @@ Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data, C
 
   switch (record.encoding) {
     case Encoding::kSparseXor: {
-      RETURN_IF_ERROR(ParseSparse(raw, count, record.change_count, e, scratch.changes, scratch.bytes));
+      RETURN_IF_ERROR(
+          ParseSparse(raw, count, record.change_count, e, scratch.changes, scratch.bytes));
       scratch.changes.xors.swap(scratch.bytes);
       for (size_t i = 0; i < scratch.changes.size(); ++i) {
         bool zero = true;
         for (uint32_t k = 0; k < e; ++k) zero &= scratch.changes.xors[i * e + k] == std::byte{0};
-        if (zero) return Status::Corrupt("sparse-xor payload lists an element with a zero XOR word");
+        if (zero)
+          return Status::Corrupt("sparse-xor payload lists an element with a zero XOR word");
       }
       return ApplySparseVerified(data, scratch.changes, record.target_hash);
     }
     case Encoding::kOverwrite: {
-      RETURN_IF_ERROR(ParseSparse(raw, count, record.change_count, e, scratch.changes, scratch.bytes));
+      RETURN_IF_ERROR(
+          ParseSparse(raw, count, record.change_count, e, scratch.changes, scratch.bytes));
       // Turn new words into XOR words against the current (base) bytes, so the same
       // verified, undoable apply serves both encodings.
       scratch.changes.xors.resize(scratch.bytes.size());

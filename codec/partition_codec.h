@@ -59,7 +59,8 @@ struct CodecScratch {
 // Encodes the change base -> target of one partition of `dtype` elements with the
 // smallest encoding the options allow. nullopt when the partition is unchanged.
 std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, ByteSpan target,
-                                                const EncodeOptions& options, CodecScratch& scratch);
+                                                const EncodeOptions& options,
+                                                CodecScratch& scratch);
 
 // Encodes with one given encoding; `changes` must be FindChanges(base, target).
 // Unsupported for kContextXor on dtypes the context coder does not model.

@@ -20,7 +20,9 @@ Digest128 FromCanonical(XXH128_hash_t h) {
 }
 }  // namespace
 
-Digest128 Hash128(ByteSpan data) { return FromCanonical(XXH3_128bits_dispatch(data.data(), data.size())); }
+Digest128 Hash128(ByteSpan data) {
+  return FromCanonical(XXH3_128bits_dispatch(data.data(), data.size()));
+}
 
 bool Digest128::IsZero() const {
   for (uint8_t b : bytes) {
@@ -67,7 +69,9 @@ Hasher128::~Hasher128() = default;
 Hasher128::Hasher128(Hasher128&&) noexcept = default;
 Hasher128& Hasher128::operator=(Hasher128&&) noexcept = default;
 
-void Hasher128::Update(ByteSpan data) { XXH3_128bits_update_dispatch(&state_->xxh, data.data(), data.size()); }
+void Hasher128::Update(ByteSpan data) {
+  XXH3_128bits_update_dispatch(&state_->xxh, data.data(), data.size());
+}
 
 void Hasher128::UpdateString(std::string_view s) {
   UpdateValue<uint64_t>(s.size());

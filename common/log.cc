@@ -26,10 +26,18 @@ std::string JsonEscape(std::string_view s) {
   out.reserve(s.size() + 2);
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -59,9 +67,9 @@ void Write(spdlog::level::level_enum level, std::string_view message) {
 }  // namespace
 
 void SetLevel(Level level) {
-  static constexpr spdlog::level::level_enum kMap[] = {
-      spdlog::level::debug, spdlog::level::info, spdlog::level::warn, spdlog::level::err,
-      spdlog::level::off};
+  static constexpr spdlog::level::level_enum kMap[] = {spdlog::level::debug, spdlog::level::info,
+                                                       spdlog::level::warn, spdlog::level::err,
+                                                       spdlog::level::off};
   Logger().set_level(kMap[static_cast<int>(level)]);
 }
 

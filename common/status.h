@@ -17,18 +17,18 @@ namespace deltacast {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument,    // the caller passed something unusable (bad flag, bad config)
-  kNotFound,           // a named file, tensor or node does not exist
-  kCorrupt,            // data from disk or the network failed validation
-  kVersionMismatch,    // a delta does not apply to this store's version
-  kFailedPrecondition, // the store or system is in the wrong state for this call
-  kIoError,            // the operating system refused a read, write, mmap or fsync
-  kUnsupported,        // valid, but this build or backend cannot do it
-  kResourceExhausted,  // a size or memory cap would be exceeded
-  kUnavailable,        // a peer or service cannot be reached right now
+  kInvalidArgument,     // the caller passed something unusable (bad flag, bad config)
+  kNotFound,            // a named file, tensor or node does not exist
+  kCorrupt,             // data from disk or the network failed validation
+  kVersionMismatch,     // a delta does not apply to this store's version
+  kFailedPrecondition,  // the store or system is in the wrong state for this call
+  kIoError,             // the operating system refused a read, write, mmap or fsync
+  kUnsupported,         // valid, but this build or backend cannot do it
+  kResourceExhausted,   // a size or memory cap would be exceeded
+  kUnavailable,         // a peer or service cannot be reached right now
   kTimeout,
   kAborted,
-  kInternal,           // a bug in deltacast
+  kInternal,  // a bug in deltacast
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -39,10 +39,14 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status Corrupt(std::string m) { return {StatusCode::kCorrupt, std::move(m)}; }
-  static Status VersionMismatch(std::string m) { return {StatusCode::kVersionMismatch, std::move(m)}; }
+  static Status VersionMismatch(std::string m) {
+    return {StatusCode::kVersionMismatch, std::move(m)};
+  }
   static Status FailedPrecondition(std::string m) {
     return {StatusCode::kFailedPrecondition, std::move(m)};
   }
@@ -75,7 +79,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : data_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : data_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : data_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(data_).ok() && "Result built from an OK status");
   }
@@ -105,10 +109,10 @@ class [[nodiscard]] Result {
 #define DELTACAST_CONCAT(a, b) DELTACAST_CONCAT_INNER(a, b)
 
 // Returns the Status of `expr` from the enclosing function when it is not OK.
-#define RETURN_IF_ERROR(expr)                        \
-  do {                                               \
-    ::deltacast::Status _dc_status = (expr);         \
-    if (!_dc_status.ok()) return _dc_status;         \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::deltacast::Status _dc_status = (expr); \
+    if (!_dc_status.ok()) return _dc_status; \
   } while (false)
 
 // `ASSIGN_OR_RETURN(auto x, MakeX());` binds the value or returns the error.

@@ -28,16 +28,20 @@ namespace {
 std::string ClusterToml() {
   const int port = 40000 + static_cast<int>(::getpid() % 10000) * 2;
   return "[cluster]\nname = \"embed\"\n[tree]\nconnect_timeout = \"10s\"\n"
-         "[[node]]\nid = \"trainer\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(port) +
+         "[[node]]\nid = \"trainer\"\nhost = \"127.0.0.1\"\nport = " +
+         std::to_string(port) +
          "\nrole = \"source\"\n"
-         "[[node]]\nid = \"worker\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(port + 1) + "\n";
+         "[[node]]\nid = \"worker\"\nhost = \"127.0.0.1\"\nport = " +
+         std::to_string(port + 1) + "\n";
 }
 
 using Buffers = std::vector<std::vector<std::byte>>;
 
-std::unique_ptr<dc::apply::WeightStore> Over(const std::vector<dc::codec::TensorInfo>& tensors, Buffers& buffers) {
+std::unique_ptr<dc::apply::WeightStore> Over(const std::vector<dc::codec::TensorInfo>& tensors,
+                                             Buffers& buffers) {
   std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> spans;
-  for (size_t i = 0; i < tensors.size(); ++i) spans.emplace_back(tensors[i], dc::MutableByteSpan(buffers[i]));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    spans.emplace_back(tensors[i], dc::MutableByteSpan(buffers[i]));
   auto store = dc::apply::HostStore::Borrow(std::move(spans));
   if (!store.ok()) {
     std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
@@ -47,8 +51,8 @@ std::unique_ptr<dc::apply::WeightStore> Over(const std::vector<dc::codec::Tensor
 }
 
 dc::codec::Manifest ManifestOf(const dc::apply::WeightStore& s) {
-  return dc::codec::ComputeManifest(s.tensors(), [&](size_t i) { return s.TensorData(i); },
-                                    dc::codec::kDefaultPartitionBytes, 0);
+  return dc::codec::ComputeManifest(
+      s.tensors(), [&](size_t i) { return s.TensorData(i); }, dc::codec::kDefaultPartitionBytes, 0);
 }
 
 }  // namespace
@@ -80,7 +84,8 @@ int main() {
 
   // Rollout worker: its own buffers hold step k; the agent patches them in place.
   Buffers worker_weights = step_k;
-  auto replica = dc::apply::Replica::ForStore(Over(tensors, worker_weights), dc::codec::kDefaultPartitionBytes, 0);
+  auto replica = dc::apply::Replica::ForStore(Over(tensors, worker_weights),
+                                              dc::codec::kDefaultPartitionBytes, 0);
   dc::agent::NodeAgentOptions worker_options;
   worker_options.config = *config;
   worker_options.node_id = "worker";
@@ -92,7 +97,8 @@ int main() {
   };
   auto worker = dc::agent::NodeAgent::Start(std::move(worker_options), std::move(*replica),
                                             std::move(*dc::transport::MakeTcpTransport()));
-  if (!worker.ok()) return std::fprintf(stderr, "worker: %s\n", worker.status().ToString().c_str()), 1;
+  if (!worker.ok())
+    return std::fprintf(stderr, "worker: %s\n", worker.status().ToString().c_str()), 1;
 
   // Trainer: publishes step k -> step k+1 from its own buffers.
   auto base = Over(tensors, step_k);
@@ -103,12 +109,14 @@ int main() {
   auto report = dc::agent::Publish(options, *base, ManifestOf(*base), *target, ManifestOf(*target),
                                    std::move(*dc::transport::MakeTcpTransport()));
   (*worker)->Stop();
-  if (!report.ok()) return std::fprintf(stderr, "publish: %s\n", report.status().ToString().c_str()), 1;
+  if (!report.ok())
+    return std::fprintf(stderr, "publish: %s\n", report.status().ToString().c_str()), 1;
   std::printf("trainer: refit %s, %llu delta bytes for %llu bytes of weights\n",
               report->committed ? "committed" : ("aborted: " + report->abort_reason).c_str(),
               static_cast<unsigned long long>(report->delta.delta_bytes),
               static_cast<unsigned long long>(report->delta.tensor_bytes));
   const bool identical = worker_weights == step_k1;
-  std::printf("worker weights %s the trainer's step k+1\n", identical ? "are bit-identical to" : "DIFFER from");
+  std::printf("worker weights %s the trainer's step k+1\n",
+              identical ? "are bit-identical to" : "DIFFER from");
   return report->committed && identical ? 0 : 1;
 }

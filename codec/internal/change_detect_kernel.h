@@ -38,8 +38,9 @@ inline uint64_t ElementMask(uint64_t bytes, uint32_t element_size) {
 // Stores the XOR of one element of `a` and `b` at `out`.
 template <uint32_t kSize>
 inline void XorWord(const std::byte* a, const std::byte* b, std::byte* out) {
-  using Word = std::conditional_t<kSize == 1, uint8_t,
-               std::conditional_t<kSize == 2, uint16_t, std::conditional_t<kSize == 4, uint32_t, uint64_t>>>;
+  using Word = std::conditional_t<
+      kSize == 1, uint8_t,
+      std::conditional_t<kSize == 2, uint16_t, std::conditional_t<kSize == 4, uint32_t, uint64_t>>>;
   Word x, y;
   std::memcpy(&x, a, kSize);
   std::memcpy(&y, b, kSize);
@@ -51,8 +52,7 @@ inline void XorWord(const std::byte* a, const std::byte* b, std::byte* out) {
 // the stripe's changes, then a fill through raw pointers. Growing the vectors per
 // change instead costs more than the comparison itself.
 template <uint64_t (*DiffMask)(const std::byte*, const std::byte*), uint32_t kSize>
-inline
-void FindChangesWith(ByteSpan base, ByteSpan target, SparseChanges& out) {
+inline void FindChangesWith(ByteSpan base, ByteSpan target, SparseChanges& out) {
   constexpr size_t kStripeBlocks = 64;
   constexpr int kShift = __builtin_ctz(kSize);
   const std::byte* a = base.data();
@@ -110,12 +110,17 @@ void FindChangesWith(ByteSpan base, ByteSpan target, SparseChanges& out) {
 }
 
 template <uint64_t (*DiffMask)(const std::byte*, const std::byte*)>
-inline void FindChangesDispatch(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out) {
+inline void FindChangesDispatch(ByteSpan base, ByteSpan target, uint32_t element_size,
+                                SparseChanges& out) {
   switch (element_size) {
-    case 1: return FindChangesWith<DiffMask, 1>(base, target, out);
-    case 2: return FindChangesWith<DiffMask, 2>(base, target, out);
-    case 4: return FindChangesWith<DiffMask, 4>(base, target, out);
-    default: return FindChangesWith<DiffMask, 8>(base, target, out);
+    case 1:
+      return FindChangesWith<DiffMask, 1>(base, target, out);
+    case 2:
+      return FindChangesWith<DiffMask, 2>(base, target, out);
+    case 4:
+      return FindChangesWith<DiffMask, 4>(base, target, out);
+    default:
+      return FindChangesWith<DiffMask, 8>(base, target, out);
   }
 }
 

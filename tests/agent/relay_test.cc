@@ -27,12 +27,15 @@ constexpr uint64_t kPartitionBytes = 8 << 10;
 
 std::string ConfigToml(int receivers, int fanout, const std::string& chunk, int window,
                        const std::string& connect_timeout = "5s") {
-  std::string toml = "[cluster]\nname = \"relay-test\"\n\n[tree]\nfanout = " + std::to_string(fanout) +
-                     "\nchunk_size = \"" + chunk + "\"\nwindow = " + std::to_string(window) +
-                     "\nconnect_timeout = \"" + connect_timeout + "\"\ncommit_timeout = \"20s\"\n\n"
-                     "[[node]]\nid = \"src\"\nhost = \"mem\"\nport = 1\nregion = \"r\"\nrole = \"source\"\n";
+  std::string toml =
+      "[cluster]\nname = \"relay-test\"\n\n[tree]\nfanout = " + std::to_string(fanout) +
+      "\nchunk_size = \"" + chunk + "\"\nwindow = " + std::to_string(window) +
+      "\nconnect_timeout = \"" + connect_timeout +
+      "\"\ncommit_timeout = \"20s\"\n\n"
+      "[[node]]\nid = \"src\"\nhost = \"mem\"\nport = 1\nregion = \"r\"\nrole = \"source\"\n";
   for (int i = 1; i <= receivers; ++i) {
-    toml += "\n[[node]]\nid = \"n" + std::to_string(i) + "\"\nhost = \"mem\"\nport = " + std::to_string(1 + i) +
+    toml += "\n[[node]]\nid = \"n" + std::to_string(i) +
+            "\"\nhost = \"mem\"\nport = " + std::to_string(1 + i) +
             "\nregion = \"r\"\nrole = \"receiver\"\n";
   }
   return toml;
@@ -48,7 +51,8 @@ Versions MakeVersions(uint64_t elements_per_tensor, uint32_t seed) {
   Versions v;
   std::mt19937 rng(seed);
   for (int t = 0; t < 3; ++t) {
-    v.tensors.push_back({"layer" + std::to_string(t) + ".weight", DType::kBF16, {elements_per_tensor}});
+    v.tensors.push_back(
+        {"layer" + std::to_string(t) + ".weight", DType::kBF16, {elements_per_tensor}});
     std::vector<std::byte> b(elements_per_tensor * 2);
     for (auto& x : b) x = std::byte(rng());
     auto n = b;
@@ -67,18 +71,21 @@ Versions MakeVersions(uint64_t elements_per_tensor, uint32_t seed) {
 std::unique_ptr<apply::WeightStore> Borrow(const std::vector<TensorInfo>& tensors,
                                            std::vector<std::vector<std::byte>>& buffers) {
   std::vector<std::pair<TensorInfo, MutableByteSpan>> spans;
-  for (size_t i = 0; i < tensors.size(); ++i) spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
   return std::move(*apply::HostStore::Borrow(std::move(spans)));
 }
 
 codec::Manifest ManifestOf(const apply::WeightStore& store) {
-  return codec::ComputeManifest(store.tensors(), [&](size_t i) { return store.TensorData(i); }, kPartitionBytes, 1);
+  return codec::ComputeManifest(
+      store.tensors(), [&](size_t i) { return store.TensorData(i); }, kPartitionBytes, 1);
 }
 
 class RelayTest : public ::testing::Test {
  protected:
-  void StartCluster(const std::string& toml, const Versions& v, int receivers,
-                    const std::function<std::unique_ptr<transport::Transport>(int)>& transport_for = {}) {
+  void StartCluster(
+      const std::string& toml, const Versions& v, int receivers,
+      const std::function<std::unique_ptr<transport::Transport>(int)>& transport_for = {}) {
     auto config = topology::ParseClusterConfig(toml, "relay-test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
@@ -102,15 +109,17 @@ class RelayTest : public ::testing::Test {
     }
   }
 
-  Result<PublishReport> PublishVersions(Versions& v, std::unique_ptr<transport::Transport> transport = nullptr,
-                                        std::function<void(const PublishProgress&)> on_progress = {}) {
+  Result<PublishReport> PublishVersions(
+      Versions& v, std::unique_ptr<transport::Transport> transport = nullptr,
+      std::function<void(const PublishProgress&)> on_progress = {}) {
     source_base_ = Borrow(v.tensors, v.base);
     source_target_ = Borrow(v.tensors, v.target);
     PublishOptions options;
     options.config = config_;
     options.token = kToken;
     options.on_progress = std::move(on_progress);
-    return Publish(options, *source_base_, ManifestOf(*source_base_), *source_target_, ManifestOf(*source_target_),
+    return Publish(options, *source_base_, ManifestOf(*source_base_), *source_target_,
+                   ManifestOf(*source_target_),
                    transport ? std::move(transport) : transport::MakeInprocTransport(network_));
   }
 
@@ -162,7 +171,8 @@ TEST_F(RelayTest, OneNodeAtTheWrongBaseAbortsEverywhere) {
     options.node_id = "n" + std::to_string(i + 1);
     options.token = kToken;
     options.apply_threads = 1;
-    agents_.push_back(std::move(*NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
+    agents_.push_back(std::move(
+        *NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
   }
   auto report = PublishVersions(v);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -191,7 +201,8 @@ TEST_F(RelayTest, WrongTokenIsRefusedAndPublishFailsClearly) {
   options.config = config_;
   options.node_id = "n1";
   options.token = "not-the-token";
-  agents_.push_back(std::move(*NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
+  agents_.push_back(std::move(
+      *NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
   auto report = PublishVersions(v);
   ASSERT_FALSE(report.ok());
   EXPECT_NE(report.status().message().find("n1"), std::string::npos) << report.status().ToString();
@@ -220,7 +231,8 @@ TEST_F(RelayTest, ThrottledChildBoundsItsParentsMemory) {
   const uint64_t peak = agents_[0]->stats().peak_held_bytes;
   EXPECT_GT(peak, 0u);
   EXPECT_LE(peak, (window + 1) * max_message) << "relay held " << peak << " bytes";
-  for (size_t t = 0; t < v.tensors.size(); ++t) EXPECT_EQ(Hash64(stores_[1][t]), Hash64(v.target[t]));
+  for (size_t t = 0; t < v.tensors.size(); ++t)
+    EXPECT_EQ(Hash64(stores_[1][t]), Hash64(v.target[t]));
 }
 
 TEST_F(RelayTest, LeafAppliesEarlyChunksBeforeTheSourceFinishesStreaming) {
@@ -242,7 +254,8 @@ TEST_F(RelayTest, LeafAppliesEarlyChunksBeforeTheSourceFinishesStreaming) {
   std::atomic<Clock::rep> leaf_first{0};
   std::thread watcher([&] {
     while (!done && leaf_first == 0) {
-      if (agents_[leaf]->stats().chunks_received > 0) leaf_first = Clock::now().time_since_epoch().count();
+      if (agents_[leaf]->stats().chunks_received > 0)
+        leaf_first = Clock::now().time_since_epoch().count();
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
@@ -251,11 +264,12 @@ TEST_F(RelayTest, LeafAppliesEarlyChunksBeforeTheSourceFinishesStreaming) {
   // Cap the source's own link so streaming takes a measurable time.
   transport::FaultPlan caps;
   caps.bandwidth_bytes_per_second = 1e6;
-  auto report = PublishVersions(v, transport::WrapWithFaults(transport::MakeInprocTransport(network_), caps),
-                                [&](const PublishProgress& p) {
-                                  last_sent = Clock::now().time_since_epoch().count();
-                                  chunks_sent = p.chunks_sent;
-                                });
+  auto report =
+      PublishVersions(v, transport::WrapWithFaults(transport::MakeInprocTransport(network_), caps),
+                      [&](const PublishProgress& p) {
+                        last_sent = Clock::now().time_since_epoch().count();
+                        chunks_sent = p.chunks_sent;
+                      });
   done = true;
   watcher.join();
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -263,8 +277,9 @@ TEST_F(RelayTest, LeafAppliesEarlyChunksBeforeTheSourceFinishesStreaming) {
   ASSERT_GT(chunks_sent, 10u);
   ASSERT_NE(leaf_first.load(), 0);
   // The leaf, depth >= 2, had applied a chunk before the source handed over its last.
-  EXPECT_LT(leaf_first.load(), last_sent) << "leaf first applied " << (leaf_first - last_sent) / 1000
-                                          << " us after the source's last chunk";
+  EXPECT_LT(leaf_first.load(), last_sent)
+      << "leaf first applied " << (leaf_first - last_sent) / 1000
+      << " us after the source's last chunk";
 }
 
 }  // namespace

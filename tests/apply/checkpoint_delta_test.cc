@@ -348,8 +348,8 @@ TEST_F(CheckpointDeltaTest, InterruptedPatchResumes) {
   EXPECT_TRUE(ReadFiles(Dir("work")) == ReadFiles(Dir("v0")));
 
   // A patch that died after k chunks leaves the delta in flight.
-  ASSERT_NO_FATAL_FAILURE(
-      ApplyThenCrash(Dir("work"), std::vector<Bytes>(chunks.begin(), chunks.begin() + static_cast<ptrdiff_t>(k))));
+  ASSERT_NO_FATAL_FAILURE(ApplyThenCrash(
+      Dir("work"), std::vector<Bytes>(chunks.begin(), chunks.begin() + static_cast<ptrdiff_t>(k))));
   auto inflight = CheckpointState(Dir("work")).ReadInflight();
   ASSERT_TRUE(inflight.ok() && inflight->has_value());
   EXPECT_EQ(**inflight, (InflightDelta{diff.identity.base_version, diff.identity.target_version}));
