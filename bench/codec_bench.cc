@@ -23,29 +23,18 @@
 #include "apply/checkpoint_dir.h"
 #include "apply/delta_applier.h"
 #include "apply/host_store.h"
+#include "bench/bench_util.h"
 #include "codec/change_detect.h"
 #include "codec/delta_encoder.h"
 #include "common/parallel.h"
 
 namespace dc = deltacast;
+using deltacast::bench::Clock;
+using deltacast::bench::CpuSeconds;
+using deltacast::bench::Seconds;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-// CPU seconds this process has used (user + system, all threads). Per-core
-// throughput is bytes over CPU seconds, which other load on the machine does not
-// inflate the way it inflates wall time.
-double CpuSeconds() {
-  rusage usage;
-  getrusage(RUSAGE_SELF, &usage);
-  auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
-  return secs(usage.ru_utime) + secs(usage.ru_stime);
-}
 
 template <typename T>
 T Check(dc::Result<T> r, const char* what) {

@@ -57,6 +57,7 @@
 #include "agent/synth.h"
 #include "apply/host_store.h"
 #include "apply/replica.h"
+#include "bench/bench_util.h"
 #include "bench/realistic_step.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
@@ -71,8 +72,10 @@
 extern char** environ;
 
 namespace dc = deltacast;
+using deltacast::bench::Clock;
+using deltacast::bench::CpuSeconds;
+using deltacast::bench::Seconds;
 using nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -81,19 +84,6 @@ constexpr char kToken[] = "fanout-bench-token";
 // norm-like tensor that follows each.
 constexpr uint64_t kTensorElements = uint64_t{4} << 20;
 constexpr uint64_t kNormElements = 4096;
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-// CPU seconds this process has used (user + system, all threads): every node of
-// the cluster is a thread here, so this is the whole cluster's CPU.
-double CpuSeconds() {
-  rusage usage;
-  getrusage(RUSAGE_SELF, &usage);
-  auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
-  return secs(usage.ru_utime) + secs(usage.ru_stime);
-}
 
 [[noreturn]] void Die(const std::string& what) {
   fmt::print(stderr, "fanout bench: {}\n", what);
