@@ -64,6 +64,7 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
     return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected");
   }
   child->second.connection = std::move(h.connection);
+  child->second.excused = false;
   child->second.serial = serial;
   child->second.credits = 0;
   child->second.inflight_target = hello->inflight_target;
@@ -176,13 +177,14 @@ void Downstream::Pump(Child& child) {
 
 void Downstream::Broadcast(transport::Message message, bool is_chunk, std::function<void()> done) {
   auto fanout = std::make_shared<Fanout>();
-  fanout->remaining = children_.size();
   fanout->done = std::move(done);
-  if (children_.empty()) {
+  for (auto& [id, child] : children_) fanout->remaining += child.excused ? 0 : 1;
+  if (fanout->remaining == 0) {
     if (fanout->done) fanout->done();
     return;
   }
   for (auto& [id, child] : children_) {
+    if (child.excused) continue;
     queued_bytes_ += message->size();
     child.queue.push_back(Pending{message, nullptr, is_chunk, fanout});
     Pump(child);
@@ -205,6 +207,16 @@ void Downstream::Requeue(const std::string& id, std::vector<Outgoing> backlog) {
   Pump(child);
 }
 
+void Downstream::Excuse(const std::string& id) {
+  auto it = children_.find(id);
+  if (it == children_.end()) return;
+  it->second.excused = true;
+  while (!it->second.queue.empty()) {
+    Complete(it->second.queue.front());
+    it->second.queue.pop_front();
+  }
+}
+
 void Downstream::SendTo(const std::string& id, transport::Message message) {
   auto it = children_.find(id);
   if (it != children_.end() && it->second.connection)
@@ -217,8 +229,10 @@ void Downstream::BroadcastChunk(transport::Message message, const Digest128& tar
   fanout->done = std::move(done);
   std::vector<Child*> to;
   for (auto& [id, child] : children_) {
-    if (!(child.inflight_target == target && child.applied_chunks.contains(sequence)))
-      to.push_back(&child);
+    if (child.excused ||
+        (child.inflight_target == target && child.applied_chunks.contains(sequence)))
+      continue;
+    to.push_back(&child);
   }
   fanout->remaining = to.size();
   if (to.empty()) {

@@ -72,6 +72,11 @@ class Downstream {
   // answers). Dropped if the child is not connected.
   void SendTo(const std::string& child, transport::Message message);
 
+  // Stops queueing for `child` until it joins again, completing what was queued:
+  // the refit goes on without it (commit policy `available`) and it is replayed
+  // what it lacks when it is back.
+  void Excuse(const std::string& child);
+
   // Forgets granted credit: at BEGIN every child grants a fresh window.
   void ResetCredits();
   // Drops everything queued (completing it) — after a decision nothing more is owed.
@@ -102,6 +107,7 @@ class Downstream {
     std::set<uint32_t> applied_chunks;  // of that delta, from its last HELLO
     uint64_t serial = 0;
     int64_t credits = 0;
+    bool excused = false;  // nothing is queued for it until it joins again
     std::deque<Pending> queue;
   };
   struct Handshake {

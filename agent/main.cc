@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   CLI::App app{"deltacast: bit-exact weight deltas for LLM refit"};
   app.set_version_flag("--version", std::string(agent::VersionString()));
   app.require_subcommand(1);
+  app.fallthrough();  // global flags (-v, --json-log) may also follow the subcommand
   bool verbose = false, json_log = false;
   app.add_flag("-v,--verbose", verbose, "Debug logging");
   app.add_flag("--json-log", json_log, "Log one JSON object per line (for machines)");

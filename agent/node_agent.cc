@@ -26,6 +26,13 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// Children in either set (an excused child may answer after all).
+size_t Count(const std::set<std::string>& a, const std::set<std::string>& b) {
+  size_t n = a.size();
+  for (const auto& x : b) n += !a.contains(x);
+  return n;
+}
+
 }  // namespace
 
 // All relay state lives on loop_ (one thread); everything that touches the
@@ -106,6 +113,8 @@ class NodeAgent::Impl {
     bool failed_sent = false;
     std::optional<MessageType> pending_decision;  // arrived before we had prepared
     std::set<std::string> prepared_children;
+    std::set<std::string>
+        excused;  // away children the version does not wait for (policy available)
     std::vector<NodeReport> reports;
     bool local_outcome_done = false;
     std::set<std::string> outcome_children;
@@ -189,12 +198,24 @@ class NodeAgent::Impl {
       downstream_.Heartbeat();
     }
     if (refit_ && refit_->phase == Phase::kStreaming && !refit_->failed_sent) {
-      for (const auto& [child, since] : missing_since_) {
-        if (now - since > options_.config.tree.connect_timeout) {
-          SendFailed(Failed{refit_->id, child,
-                            "child '" + child + "' has been away longer than the connect timeout"});
+      for (auto it = missing_since_.begin(); it != missing_since_.end(); ++it) {
+        if (now - it->second <= options_.config.tree.connect_timeout) continue;
+        if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable) {
+          // It does not block the version: it catches up from our spool when it
+          // is back (OnChildJoined replays the refit and its decision).
+          log::Warn(fmt::format(
+              "{}: child {} is away; refit {} goes on without it (commit policy available)",
+              options_.node_id, it->first, refit_->id));
+          refit_->excused.insert(it->first);
+          downstream_.Excuse(it->first);
+          missing_since_.erase(it);
+          MaybePrepared();
           break;
         }
+        SendFailed(
+            Failed{refit_->id, it->first,
+                   "child '" + it->first + "' has been away longer than the connect timeout"});
+        break;
       }
     }
     if (refit_ && (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting) &&
@@ -643,7 +664,9 @@ class NodeAgent::Impl {
                     r.local_error.ok() ? "none" : r.local_error.ToString(),
                     r.prepared_children.size(), self_.children.size(), static_cast<int>(r.phase)));
     if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
-    if (r.prepared_children.size() < self_.children.size() && r.phase == Phase::kStreaming) return;
+    if (Count(r.prepared_children, r.excused) < self_.children.size() &&
+        r.phase == Phase::kStreaming)
+      return;
     r.prepared_sent = true;
     Prepared prepared{r.id, r.reports};
     prepared.nodes.push_back(
@@ -973,7 +996,7 @@ class NodeAgent::Impl {
   void MaybeOutcome() {
     Refit& r = *refit_;
     if (!r.local_outcome_done || r.phase == Phase::kDone) return;
-    if (r.outcome_children.size() < downstream_.expected() &&
+    if (Count(r.outcome_children, r.excused) < downstream_.expected() &&
         !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
       return;
     }

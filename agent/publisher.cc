@@ -98,6 +98,18 @@ class Publication {
     for (const auto& c : children_) {
       if (!joined_.contains(c)) missing += (missing.empty() ? "" : ", ") + c;
     }
+    if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
+        !joined_.empty()) {
+      log::Warn(
+          "children did not join; the refit goes on without them (commit policy available): " +
+          missing);
+      for (const auto& c : children_) {
+        if (joined_.contains(c)) continue;
+        excused_.insert(c);
+        loop_.Post([this, c] { downstream_.Excuse(c); });
+      }
+      return Status::Ok();
+    }
     return Status::Unavailable("children did not join within " +
                                std::to_string(options_.config.tree.connect_timeout.count()) +
                                " ms: " + missing);
@@ -181,7 +193,7 @@ class Publication {
       std::unique_lock lock(mu_);
       if (!encoded.ok() && !failed_) Fail(encoded.ToString());
       const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout, [&] {
-        return failed_ || prepared_.size() == children_.size();
+        return failed_ || Settled(prepared_) == children_.size();
       });
       if (!settled) Fail("not every node was PREPARED within the commit timeout");
       commit = !failed_;
@@ -218,7 +230,7 @@ class Publication {
       std::unique_lock lock(mu_);
       deciding_ = true;
       cv_.wait_for(lock, options_.config.tree.commit_timeout,
-                   [&] { return outcomes_.size() == children_.size(); });
+                   [&] { return Settled(outcomes_) == children_.size(); });
       report.nodes_decided = outcome_nodes_;
     }
     report.committed = commit;
@@ -243,11 +255,20 @@ class Publication {
     }
     std::lock_guard lock(mu_);
     if (refit_id_ == 0 || deciding_) return;
-    for (const auto& [child, since] : missing_since_) {
-      if (Clock::now() - since > options_.config.tree.connect_timeout) {
-        Fail("child '" + child + "' has been away longer than the connect timeout");
+    for (auto it = missing_since_.begin(); it != missing_since_.end(); ++it) {
+      if (Clock::now() - it->second <= options_.config.tree.connect_timeout) continue;
+      if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable) {
+        log::Warn(fmt::format(
+            "child {} is away; the refit goes on without it (commit policy available)", it->first));
+        excused_.insert(it->first);
+        const std::string child = it->first;
+        loop_.Post([this, child] { downstream_.Excuse(child); });
+        missing_since_.erase(it);
+        cv_.notify_all();
         return;
       }
+      Fail("child '" + it->first + "' has been away longer than the connect timeout");
+      return;
     }
   }
 
@@ -378,6 +399,13 @@ class Publication {
     return e;
   }
 
+  // Caller holds mu_: children in `done` or excused.
+  size_t Settled(const std::set<std::string>& done) const {
+    size_t n = done.size();
+    for (const auto& c : excused_) n += !done.contains(c);
+    return n;
+  }
+
   // Caller holds mu_.
   void Fail(const std::string& why) {
     if (failed_) return;
@@ -396,6 +424,7 @@ class Publication {
   Begin begin_;
   std::optional<MessageType> decision_;
   std::map<std::string, Clock::time_point> missing_since_;
+  std::set<std::string> excused_;  // away children the version does not wait for (policy available)
   Clock::time_point next_heartbeat_ = Clock::now();
 
   std::mutex mu_;

@@ -26,12 +26,14 @@ constexpr char kToken[] = "relay-test-token";
 constexpr uint64_t kPartitionBytes = 8 << 10;
 
 std::string ConfigToml(int receivers, int fanout, const std::string& chunk, int window,
-                       const std::string& connect_timeout = "5s") {
+                       const std::string& connect_timeout = "5s",
+                       const std::string& policy = "all") {
   std::string toml =
       "[cluster]\nname = \"relay-test\"\n\n[tree]\nfanout = " + std::to_string(fanout) +
       "\nchunk_size = \"" + chunk + "\"\nwindow = " + std::to_string(window) +
       "\nconnect_timeout = \"" + connect_timeout +
-      "\"\ncommit_timeout = \"20s\"\n\n"
+      "\"\ncommit_timeout = \"20s\"\ncommit_policy = \"" + policy +
+      "\"\n\n"
       "[[node]]\nid = \"src\"\nhost = \"mem\"\nport = 1\nregion = \"r\"\nrole = \"source\"\n";
   for (int i = 1; i <= receivers; ++i) {
     toml += "\n[[node]]\nid = \"n" + std::to_string(i) +
@@ -280,6 +282,56 @@ TEST_F(RelayTest, LeafAppliesEarlyChunksBeforeTheSourceFinishesStreaming) {
   EXPECT_LT(leaf_first.load(), last_sent)
       << "leaf first applied " << (leaf_first - last_sent) / 1000
       << " us after the source's last chunk";
+}
+
+TEST_F(RelayTest, AvailablePolicyCommitsWithoutAnAwayRelayWhichCatchesUpLater) {
+  // Chain src -> n1 -> n2 -> n3, and n2 is down: n1 stops waiting for it after
+  // the connect timeout, the version commits on n1, and n2 and n3 catch up from
+  // n1's spool when n2 comes back.
+  Versions v = MakeVersions(1 << 16, 6);
+  auto config =
+      topology::ParseClusterConfig(ConfigToml(3, 1, "8KiB", 2, "1s", "available"), "t.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  config_ = *config;
+  network_ = std::make_shared<transport::InprocNetwork>();
+  stores_.assign(3, v.base);
+  auto start = [&](int i) {
+    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
+    NodeAgentOptions options;
+    options.config = config_;
+    options.node_id = "n" + std::to_string(i + 1);
+    options.token = kToken;
+    options.apply_threads = 1;
+    options.spool_dir = ::testing::TempDir() + "/relay-available-" + options.node_id;
+    auto agent =
+        NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_));
+    EXPECT_TRUE(agent.ok()) << agent.status().ToString();
+    return std::move(*agent);
+  };
+  agents_.push_back(start(0));
+  agents_.push_back(start(2));
+  auto report = PublishVersions(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  ASSERT_EQ(report->nodes.size(), 1u);
+  EXPECT_EQ(report->nodes[0].node_id, "n1");
+  for (size_t t = 0; t < v.tensors.size(); ++t) {
+    EXPECT_EQ(Hash64(stores_[0][t]), Hash64(v.target[t]));
+    EXPECT_EQ(Hash64(stores_[2][t]), Hash64(v.base[t]))
+        << "n3 cannot have moved without its parent";
+  }
+  agents_.push_back(start(1));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (agents_[2]->stats().refits_committed == 0 || agents_[1]->stats().refits_committed == 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int i : {1, 2}) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.target[t]))
+          << "n" << i + 1 << " did not catch up, tensor " << t;
+    }
+  }
 }
 
 }  // namespace
