@@ -190,6 +190,19 @@ Result<ChunkHeader> PeekChunkHeader(ByteSpan chunk) {
   return out;
 }
 
+Status VerifyChunkChecksums(ByteSpan chunk) {
+  ASSIGN_OR_RETURN(uint64_t length, ParseChunkHeaderPayloadLength(chunk));
+  if (chunk.size() != kChunkHeaderBytes + length) {
+    return Status::Corrupt("chunk is " + std::to_string(chunk.size()) + " bytes, header declares " +
+                           std::to_string(kChunkHeaderBytes + length));
+  }
+  if (LoadLE<uint64_t>(chunk.data() + kOffPayloadHash) !=
+      Hash64(chunk.subspan(kChunkHeaderBytes))) {
+    return Status::Corrupt("chunk payload checksum mismatch");
+  }
+  return Status::Ok();
+}
+
 Result<ChunkView> ParseChunk(ByteSpan chunk) {
   ASSIGN_OR_RETURN(uint64_t length, ParseChunkHeaderPayloadLength(chunk));
   if (chunk.size() != kChunkHeaderBytes + length) {

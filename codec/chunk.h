@@ -118,6 +118,10 @@ struct ChunkHeader {
 // returns its fields: enough for a relay to index a chunk it forwards unparsed.
 Result<ChunkHeader> PeekChunkHeader(ByteSpan chunk);
 
+// Checks a whole chunk's header and payload checksums (and its length) without
+// parsing its records: what a relay verifies before it forwards a chunk.
+Status VerifyChunkChecksums(ByteSpan chunk);
+
 // Validates the 80-byte header alone and returns the payload length that follows,
 // so a stream reader knows how much to read before calling ParseChunk.
 Result<uint64_t> ParseChunkHeaderPayloadLength(ByteSpan header);

@@ -15,20 +15,23 @@ struct Target {
   long count = 1;
 };
 
+// NAME or NAME:N from `variable`; nullptr when unset. Never freed: read once.
+const Target* Parse(const char* variable) {
+  const char* env = std::getenv(variable);
+  if (!env || !*env) return nullptr;
+  auto* t = new Target;
+  std::string spec(env);
+  const auto colon = spec.rfind(':');
+  if (colon != std::string::npos) {
+    t->count = std::max(1L, std::strtol(spec.c_str() + colon + 1, nullptr, 10));
+    spec.resize(colon);
+  }
+  t->name = spec;
+  return t;
+}
+
 const Target* Configured() {
-  static const Target* target = []() -> const Target* {
-    const char* env = std::getenv("DELTACAST_CRASH_AT");
-    if (!env || !*env) return nullptr;
-    auto* t = new Target;
-    std::string spec(env);
-    const auto colon = spec.rfind(':');
-    if (colon != std::string::npos) {
-      t->count = std::max(1L, std::strtol(spec.c_str() + colon + 1, nullptr, 10));
-      spec.resize(colon);
-    }
-    t->name = spec;
-    return t;
-  }();
+  static const Target* target = Parse("DELTACAST_CRASH_AT");
   return target;
 }
 
@@ -42,6 +45,13 @@ void CrashPoint(std::string_view name) {
   // What a crash leaves behind: whatever reached the page cache, nothing else.
   ::kill(::getpid(), SIGKILL);
   ::_exit(137);
+}
+
+bool FaultPoint(std::string_view name) {
+  static const Target* target = Parse("DELTACAST_FAULT_AT");
+  if (!target || name != target->name) return false;
+  static std::atomic<long> passes{0};
+  return ++passes == target->count;
 }
 
 }  // namespace deltacast

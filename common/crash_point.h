@@ -15,4 +15,9 @@ namespace deltacast {
 
 void CrashPoint(std::string_view name);
 
+// The same kind of hook for faults that are not crashes: true exactly once, the
+// N-th time the process passes NAME when DELTACAST_FAULT_AT=NAME[:N]. The caller
+// injects the fault (e.g. corrupts a received chunk).
+bool FaultPoint(std::string_view name);
+
 }  // namespace deltacast

@@ -13,7 +13,7 @@ dc=$1
 shift
 points=("$@")
 ((${#points[@]})) || points=(agent.chunk_received:2 apply.mid_partition:3 agent.applied:2 agent.prepared
-  agent.commit agent.committed)
+  agent.commit agent.committed fault:agent.corrupt_chunk:2)
 work=$(mktemp -d /tmp/deltacast-crash.XXXXXX)
 pids=()
 cleanup() {
@@ -37,9 +37,12 @@ export DELTACAST_TOKEN=crash-$RANDOM
 "$dc" inspect "$work/ref.delta" --json >"$work/ref.json"
 delta_bytes=$(jq '.bytes' "$work/ref.json")
 
-start_agent() {  # node [crash point]
+start_agent() {  # node [crash point | fault:point]
   local node=$1 point=${2:-}
-  if [[ -n $point ]]; then
+  if [[ $point == fault:* ]]; then
+    DELTACAST_FAULT_AT=${point#fault:} "$dc" ${VERBOSE:+-v} agent --config "$work/cluster.toml" --node "$node" \
+      --store "$work/run/$node" --threads 1 >>"$work/run/$node.log" 2>&1 &
+  elif [[ -n $point ]]; then
     DELTACAST_CRASH_AT=$point "$dc" ${VERBOSE:+-v} agent --config "$work/cluster.toml" --node "$node" --store "$work/run/$node" \
       --threads 1 >>"$work/run/$node.log" 2>&1 &
   else
@@ -66,7 +69,9 @@ for victim in ${VICTIMS:-a2 a3}; do
     publisher=$!
     # Wait for the victim to hit its crash point, note what it had journaled, restart it.
     crashed=no
+    [[ $point == fault:* ]] && crashed=fault
     for _ in $(seq 1 300); do
+      [[ $crashed == fault ]] && break
       if ! kill -0 "${pid[$victim]}" 2>/dev/null; then crashed=yes; break; fi
       sleep 0.05
     done
@@ -84,7 +89,10 @@ for victim in ${VICTIMS:-a2 a3}; do
     wait "$publisher"
     status=$?
     verdict=ok
-    [[ $crashed == yes ]] || verdict="did not crash"
+    [[ $crashed != no ]] || verdict="did not crash"
+    if [[ $crashed == fault ]]; then
+      grep -q "failed its checks" "$work/run/$victim.log" || verdict="the damaged chunk was not detected"
+    fi
     [[ $status -eq 0 ]] || verdict="publish exit $status: $(jq -r .abort_reason "$work/run/publish.json" 2>/dev/null)"
     target=$(jq -r .target_version "$work/run/publish.json" 2>/dev/null)
     [[ $verdict != ok ]] || jq -e '.nodes_decided == 3' "$work/run/publish.json" >/dev/null ||
@@ -97,6 +105,9 @@ for victim in ${VICTIMS:-a2 a3}; do
     # Bytes the restarted victim received (its second life's refit line).
     resent=$(grep -h "refit .* committed" "$work/run/$victim.log" | tail -1 | sed -n 's/.*received \([0-9]*\) B.*/\1/p')
     resent=${resent:-0}
+    # A damaged chunk is missed by definition: it and what was in flight behind it
+    # are sent again; the run checks detection and the outcome, not the byte count.
+    [[ $crashed == fault ]] && needed=$resent
     extra=$(awk -v r="$resent" -v n="$needed" -v d="$delta_bytes" 'BEGIN { printf "%.2f", (r - n) * 100 / d }')
     if [[ $verdict == ok ]] && awk -v e="$extra" 'BEGIN { exit !(e <= 1.0) }'; then
       passed=$((passed + 1))
