@@ -1,6 +1,7 @@
 #include "agent/node_agent.h"
 
 #include <fmt/core.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -50,9 +51,13 @@ class NodeAgent::Impl {
         downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents()) {
     const auto* parent = options_.config.FindNode(*self_.parent);
     parent_address_ = parent->host + ":" + std::to_string(parent->port);
+    owns_spool_dir_ = options_.spool_dir.empty();
     if (options_.spool_dir.empty()) {
+      // A store without a directory does not survive a restart, and neither need
+      // its spool: per process, so agents of several processes never share one.
       options_.spool_dir =
-          std::filesystem::temp_directory_path() / ("deltacast-spool-" + options_.node_id);
+          std::filesystem::temp_directory_path() /
+          ("deltacast-spool-" + options_.node_id + "-" + std::to_string(::getpid()));
     }
     journal_ = Journal{replica_->version(), replica_->inflight(), replica_->prepared(),
                        replica_->applied_chunks()};
@@ -89,6 +94,11 @@ class NodeAgent::Impl {
     loop_.Stop();
     apply_loop_.Stop();
     downstream_.CloseAll();
+    refit_.reset();  // closes the spool
+    if (owns_spool_dir_) {
+      std::error_code ec;
+      std::filesystem::remove_all(options_.spool_dir, ec);
+    }
   }
 
   NodeAgentStats stats() const {
@@ -334,7 +344,7 @@ class NodeAgent::Impl {
       case MessageType::kBegin:
         return OnBegin(bytes);
       case MessageType::kChunk:
-        return OnChunk(message);  // NOLINT
+        return OnChunk(message);
       case MessageType::kCommit:
       case MessageType::kAbort:
         return OnDecision(*type, bytes);
@@ -1087,6 +1097,7 @@ class NodeAgent::Impl {
   mutable std::mutex stats_mu_;
   NodeAgentStats stats_;
   std::atomic<bool> stopped_{false};
+  bool owns_spool_dir_ = false;  // a per-process temporary directory, removed on Stop
 
   // Declared last: constructed after, and stopped before, everything they use.
   EventLoop apply_loop_;

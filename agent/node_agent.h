@@ -40,8 +40,10 @@ struct NodeAgentOptions {
   std::string token;         // the cluster's shared secret
   size_t apply_threads = 0;  // 0 = all cores
   CommitCallback on_commit;  // optional
-  // Where a relay spools the chunks it forwards, for replays to children that
-  // rejoin; empty = the system temporary directory.
+  // Where the agent spools the chunks it receives (replays to children that
+  // rejoin, rollback from the records themselves); empty = a per-process
+  // directory under the system temporary directory. Give a checkpoint directory's
+  // agent a path inside it, so the spool survives a restart with the store.
   std::filesystem::path spool_dir;
 };
 
