@@ -26,7 +26,8 @@ namespace {
 // One source and one receiver on loopback; ports picked from the process id so
 // concurrent runs do not collide.
 std::string ClusterToml() {
-  const int port = 40000 + static_cast<int>(::getpid() % 10000) * 2;
+  // Below the ephemeral port range (32768+), so no outgoing connection holds it.
+  const int port = 29600 + static_cast<int>(::getpid() % 1500) * 2;
   return "[cluster]\nname = \"embed\"\n[tree]\nconnect_timeout = \"10s\"\n"
          "[[node]]\nid = \"trainer\"\nhost = \"127.0.0.1\"\nport = " +
          std::to_string(port) +

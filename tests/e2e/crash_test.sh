@@ -23,7 +23,7 @@ cleanup() {
 }
 [[ -n ${KEEP:-} ]] || trap cleanup EXIT
 
-base=$((30000 + (RANDOM % 2000) * 8))
+base=$((23200 + (RANDOM % 400) * 8))  # below the ephemeral port range
 {
   printf '[cluster]\nname = "crash"\n[tree]\nfanout = 1\nchunk_size = "64KiB"\nwindow = 4\n'
   printf 'connect_timeout = "20s"\ncommit_timeout = "60s"\nidle_timeout = "30s"\n'

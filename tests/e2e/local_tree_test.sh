@@ -17,7 +17,7 @@ cleanup() {
 trap cleanup EXIT
 
 # The config's ports 7600-7607 moved to a per-run base, so runs do not collide.
-base=$((20000 + (RANDOM % 2000) * 8))
+base=$((20000 + (RANDOM % 400) * 8))  # below the ephemeral port range
 while IFS= read -r line; do
   if [[ $line =~ ^port\ =\ 760([0-7])$ ]]; then
     echo "port = $((base + BASH_REMATCH[1]))"

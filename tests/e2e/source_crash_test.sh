@@ -18,7 +18,7 @@ cleanup() {
 }
 [[ -n ${KEEP:-} ]] || trap cleanup EXIT
 
-base=$((40000 + (RANDOM % 2000) * 8))
+base=$((26400 + (RANDOM % 400) * 8))  # below the ephemeral port range
 {
   printf '[cluster]\nname = "srccrash"\n[tree]\nfanout = 2\nchunk_size = "32KiB"\nwindow = 2\n'
   printf 'connect_timeout = "20s"\ncommit_timeout = "60s"\n'
