@@ -36,6 +36,8 @@ using nlohmann::json;
 
 namespace {
 
+int g_zstd_level = 1;  // --zstd-level
+
 template <typename T>
 T Check(dc::Result<T> r, const char* what) {
   if (!r.ok()) {
@@ -123,6 +125,7 @@ CodecRun RunCodec(const dc::apply::WeightStore& a, const dc::apply::WeightStore&
   std::vector<std::vector<std::byte>> chunks;
   dc::codec::DeltaEncoderOptions options;
   options.codec.mode = mode;
+  options.codec.zstd_level = g_zstd_level;
   options.threads = threads;
   dc::codec::DeltaStats stats;
   const double cpu0 = CpuSeconds();
@@ -215,6 +218,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--out", out_path, "Also write the JSON here");
   app.add_option("--seed", seed, "Synthesis seed")->capture_default_str();
+  app.add_option("--zstd-level", g_zstd_level, "zstd level of the fast mode (negative: faster)")
+      ->capture_default_str();
   app.add_flag("!--no-peers", peers, "Skip zstd --patch-from and xdelta3");
   CLI11_PARSE(app, argc, argv);
   const uint64_t params = Check(dc::agent::ParseParamCount(params_text), "--params");
