@@ -52,11 +52,16 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   auto hello = ParseHello(message);
   if (!hello.ok()) return Refuse(*h.connection, "malformed HELLO: " + hello.status().message());
   auto child = children_.find(hello->node_id);
+  if (child == children_.end() && adoptable_.contains(hello->node_id)) {
+    child = children_.emplace(hello->node_id, Child{}).first;  // checked below like any other
+    child->second.adopted = true;
+  }
   if (child == children_.end()) {
     return Refuse(*h.connection,
                   "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan");
   }
   if (!ProofMatches(hello->proof, HelloProof(token_, h.nonce, hello->node_id, self_id_))) {
+    if (child->second.adopted && !child->second.connection) children_.erase(child);
     return Refuse(*h.connection,
                   "node '" + hello->node_id + "' failed authentication (wrong cluster token)");
   }
@@ -133,6 +138,17 @@ void Downstream::Lose(const std::string& id, const Status& why) {
   if (child.connection) child.connection->Close();
   child.connection.reset();
   child.credits = 0;
+  if (child.adopted) {
+    // Not ours to wait for: it goes back to its own parent or comes back here.
+    while (!child.queue.empty()) {
+      Complete(child.queue.front());
+      child.queue.pop_front();
+    }
+    children_.erase(id);
+    log::Info(fmt::format("{}: adopted child {} left: {}", self_id_, id, why.ToString()));
+    if (events_.lost) events_.lost(id, why);
+    return;
+  }
   // Queued messages stay queued: the child may rejoin and must get them in order.
   // kAborted is this side shutting down: expected, not worth a warning.
   const std::string line = fmt::format("{}: lost child {}: {}", self_id_, id, why.ToString());
@@ -257,6 +273,17 @@ void Downstream::DropQueued() {
       child.queue.pop_front();
     }
   }
+}
+
+bool Downstream::IsAdopted(const std::string& id) const {
+  auto it = children_.find(id);
+  return it != children_.end() && it->second.adopted;
+}
+
+size_t Downstream::expected() const {
+  size_t n = 0;
+  for (const auto& [id, child] : children_) n += child.adopted ? 0 : 1;
+  return n;
 }
 
 bool Downstream::AllConnected() const {

@@ -43,6 +43,12 @@ class Downstream {
              std::string token, Events events);
   ~Downstream();
 
+  // Nodes that may join as adopted children: grandchildren whose own parent died
+  // (this node is their failover parent). An adopted child is served like any
+  // other while it is connected and forgotten when it leaves.
+  void AllowAdoption(std::set<std::string> ids) { adoptable_ = std::move(ids); }
+  bool IsAdopted(const std::string& id) const;
+
   // Takes a freshly accepted connection and starts the handshake. Must be called on
   // the loop thread.
   void Accept(std::unique_ptr<transport::Connection> connection);
@@ -84,7 +90,8 @@ class Downstream {
 
   bool AllConnected() const;
   std::vector<std::string> Missing() const;
-  size_t expected() const { return children_.size(); }
+  // Planned children (adopted ones are not expected).
+  size_t expected() const;
   // Bytes of messages queued here and not yet handed to a child's transport.
   uint64_t queued_bytes() const { return queued_bytes_; }
   void Heartbeat();
@@ -108,6 +115,7 @@ class Downstream {
     uint64_t serial = 0;
     int64_t credits = 0;
     bool excused = false;  // nothing is queued for it until it joins again
+    bool adopted = false;  // not a planned child: joined because its parent died
     std::deque<Pending> queue;
   };
   struct Handshake {
@@ -130,6 +138,7 @@ class Downstream {
   Events events_;
   std::map<std::string, Child> children_;
   std::map<uint64_t, Handshake> handshakes_;
+  std::set<std::string> adoptable_;
   uint64_t next_serial_ = 1;
   uint64_t queued_bytes_ = 0;
 };

@@ -27,13 +27,6 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Children in either set (an excused child may answer after all).
-size_t Count(const std::set<std::string>& a, const std::set<std::string>& b) {
-  size_t n = a.size();
-  for (const auto& x : b) n += !a.contains(x);
-  return n;
-}
-
 }  // namespace
 
 // All relay state lives on loop_ (one thread); everything that touches the
@@ -49,8 +42,13 @@ class NodeAgent::Impl {
         transport_(std::move(transport)),
         loop_([this] { Tick(); }),
         downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents()) {
-    const auto* parent = options_.config.FindNode(*self_.parent);
-    parent_address_ = parent->host + ":" + std::to_string(parent->port);
+    current_parent_ = *self_.parent;
+    parent_address_ = AddressOf(current_parent_);
+    std::set<std::string> adoptable;
+    for (const auto& node : plan_.nodes) {
+      if (node.failover_parent == options_.node_id) adoptable.insert(node.id);
+    }
+    downstream_.AllowAdoption(std::move(adoptable));
     owns_spool_dir_ = options_.spool_dir.empty();
     if (options_.spool_dir.empty()) {
       // A store without a directory does not survive a restart, and neither need
@@ -181,6 +179,34 @@ class NodeAgent::Impl {
     return e;
   }
 
+  std::string AddressOf(const std::string& id) const {
+    const auto* node = options_.config.FindNode(id);
+    return node->host + ":" + std::to_string(node->port);
+  }
+
+  // Which parent to dial next: the planned one, or (after it has been unreachable
+  // for kFailoverAfter) the failover parent from the plan; back to the planned one
+  // when the failover parent is unreachable too, and between refits (so it is home
+  // for the next version).
+  void ChooseParent(Clock::time_point now) {
+    // Only with commit policy `available`: under `all` a dead relay fails the
+    // refit anyway, and a relay that comes back must find its children at home.
+    if (!self_.failover_parent ||
+        options_.config.tree.commit_policy != topology::CommitPolicy::kAvailable) {
+      return;
+    }
+    const bool on_primary = current_parent_ == *self_.parent;
+    if (on_primary && parent_lost_at_ && now - *parent_lost_at_ > kFailoverAfter) {
+      current_parent_ = *self_.failover_parent;
+      log::Warn(fmt::format("{}: parent {} unreachable; failing over to {}", options_.node_id,
+                            *self_.parent, current_parent_));
+    } else if (!on_primary && parent_lost_at_ && now - *parent_lost_at_ > 2 * kFailoverAfter) {
+      current_parent_ = *self_.parent;
+      parent_lost_at_ = now;
+    }
+    parent_address_ = AddressOf(current_parent_);
+  }
+
   // Apply thread: mirrors the replica's journal for the loop thread.
   void SnapshotJournal() {
     Journal j{replica_->version(), replica_->inflight(), replica_->prepared(),
@@ -193,7 +219,19 @@ class NodeAgent::Impl {
   void Tick() {
     if (stopped_) return;
     const auto now = Clock::now();
+    if (parent_ && joined_ && current_parent_ != *self_.parent && now >= next_primary_try_ &&
+        (!refit_ || refit_->phase == Phase::kDone)) {
+      // Between refits, try to go home to the planned parent.
+      next_primary_try_ = now + std::chrono::seconds(10);
+      log::Info(fmt::format("{}: leaving failover parent {} to rejoin {}", options_.node_id,
+                            current_parent_, *self_.parent));
+      DropParent(Status::Ok());
+      current_parent_ = *self_.parent;
+      parent_address_ = AddressOf(current_parent_);
+      parent_lost_at_ = now;
+    }
     if (!parent_ && !connecting_ && now >= next_connect_) {
+      ChooseParent(now);
       connecting_ = true;
       transport_->Connect(
           parent_address_, [this](Result<std::unique_ptr<transport::Connection>> r) {
@@ -244,6 +282,7 @@ class NodeAgent::Impl {
   void OnParentConnected(Result<std::unique_ptr<transport::Connection>> result) {
     connecting_ = false;
     if (!result.ok()) {
+      if (!parent_lost_at_) parent_lost_at_ = Clock::now();  // unreachable since now
       next_connect_ = Clock::now() + backoff_;
       // Short ceiling: a publisher only listens while it publishes, and its children
       // should join within a tick or two of it starting.
@@ -270,6 +309,7 @@ class NodeAgent::Impl {
     if (parent_) parent_->Close();
     parent_.reset();
     joined_ = false;
+    if (!parent_lost_at_) parent_lost_at_ = Clock::now();
     next_connect_ = Clock::now() + backoff_;
     for (auto it = fetches_.begin(); it != fetches_.end();) {
       // Answer children's forwarded FETCHes: this path is gone; they may ask again.
@@ -313,9 +353,9 @@ class NodeAgent::Impl {
       case MessageType::kChallenge: {
         auto c = ParseChallenge(bytes);
         if (!c.ok()) return ProtocolError(c.status().message());
-        if (c->parent_id != *self_.parent) {
+        if (c->parent_id != current_parent_) {
           return ProtocolError("the node at " + parent_address_ + " is '" + c->parent_id +
-                               "', not my parent '" + *self_.parent + "'");
+                               "', not the parent I dialled, '" + current_parent_ + "'");
         }
         Hello hello;
         hello.node_id = options_.node_id;
@@ -332,7 +372,9 @@ class NodeAgent::Impl {
       }
       case MessageType::kWelcome:
         joined_ = true;
-        log::Info(fmt::format("{}: joined parent {}", options_.node_id, *self_.parent));
+        parent_lost_at_.reset();
+        log::Info(fmt::format("{}: joined parent {}{}", options_.node_id, current_parent_,
+                              current_parent_ == *self_.parent ? "" : " (failover)"));
         return;
       case MessageType::kRefuse: {
         auto r = ParseRefuse(bytes);
@@ -678,6 +720,15 @@ class NodeAgent::Impl {
     SendUp(EncodeFailed(failed));
   }
 
+  // Children the refit still waits for: planned ones neither in `done` nor
+  // excused, and adopted ones connected now that are not in `done`.
+  size_t Missing(const std::set<std::string>& done, const Refit& r) const {
+    size_t missing = 0;
+    for (const auto& c : self_.children) missing += !done.contains(c) && !r.excused.contains(c);
+    for (const auto& c : adopted_) missing += !done.contains(c);
+    return missing;
+  }
+
   void MaybePrepared() {
     Refit& r = *refit_;
     log::Debug(
@@ -686,9 +737,7 @@ class NodeAgent::Impl {
                     r.local_error.ok() ? "none" : r.local_error.ToString(),
                     r.prepared_children.size(), self_.children.size(), static_cast<int>(r.phase)));
     if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
-    if (Count(r.prepared_children, r.excused) < self_.children.size() &&
-        r.phase == Phase::kStreaming)
-      return;
+    if (Missing(r.prepared_children, r) > 0 && r.phase == Phase::kStreaming) return;
     r.prepared_sent = true;
     Prepared prepared{r.id, r.reports};
     prepared.nodes.push_back(
@@ -708,6 +757,11 @@ class NodeAgent::Impl {
   // BEGIN, the spooled chunks it has not applied, and the decision if one was made.
   void OnChildJoined(const std::string& child, const Hello& hello) {
     missing_since_.erase(child);
+    if (downstream_.IsAdopted(child)) {
+      adopted_.insert(child);
+      log::Info(
+          fmt::format("{}: adopted {}, whose parent is unreachable", options_.node_id, child));
+    }
     if (!refit_) return;
     Refit& r = *refit_;
     if (r.resolution) {
@@ -771,6 +825,10 @@ class NodeAgent::Impl {
   // longer than the connect timeout does FAILED go up (Tick).
   void OnChildLost(const std::string& child, const Status& why) {
     (void)why;
+    if (adopted_.erase(child)) {
+      if (refit_) MaybePrepared();
+      return;  // not ours to wait for
+    }
     if (refit_ && refit_->phase == Phase::kStreaming) missing_since_[child] = Clock::now();
   }
 
@@ -1018,7 +1076,7 @@ class NodeAgent::Impl {
   void MaybeOutcome() {
     Refit& r = *refit_;
     if (!r.local_outcome_done || r.phase == Phase::kDone) return;
-    if (Count(r.outcome_children, r.excused) < downstream_.expected() &&
+    if (Missing(r.outcome_children, r) > 0 &&
         !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
       return;
     }
@@ -1068,11 +1126,16 @@ class NodeAgent::Impl {
   topology::PlannedNode self_;
   std::unique_ptr<apply::Replica> replica_;
   std::unique_ptr<transport::Transport> transport_;
-  std::string parent_address_;
+  std::string parent_address_;  // of current_parent_
   std::string listen_address_;
+  static constexpr std::chrono::milliseconds kFailoverAfter{3000};
 
   // Loop-thread state.
   std::unique_ptr<transport::Connection> parent_;
+  std::string current_parent_;  // the planned parent, or its failover parent
+  std::optional<Clock::time_point> parent_lost_at_;
+  Clock::time_point next_primary_try_ = Clock::now();
+  std::set<std::string> adopted_;  // grandchildren attached here because their parent died
   uint64_t parent_serial_ = 0;
   bool connecting_ = false;
   bool joined_ = false;
