@@ -198,6 +198,7 @@ class NodeAgent::Impl {
     const bool on_primary = current_parent_ == *self_.parent;
     if (on_primary && parent_lost_at_ && now - *parent_lost_at_ > kFailoverAfter) {
       current_parent_ = *self_.failover_parent;
+      next_primary_try_ = now + std::chrono::seconds(10);  // stay a while before trying home
       log::Warn(fmt::format("{}: parent {} unreachable; failing over to {}", options_.node_id,
                             *self_.parent, current_parent_));
     } else if (!on_primary && parent_lost_at_ && now - *parent_lost_at_ > 2 * kFailoverAfter) {

@@ -72,6 +72,9 @@ class Publication {
         downstream_(loop_, options.config.Source()->id, std::move(children), options.token,
                     Events()) {}
 
+  // Grandchildren whose parent died may attach here (failover, policy available).
+  void AllowAdoption(std::set<std::string> ids) { downstream_.AllowAdoption(std::move(ids)); }
+
   ~Publication() { Stop(); }
 
   Status Listen(transport::Transport& transport) {
@@ -99,7 +102,7 @@ class Publication {
       if (!joined_.contains(c)) missing += (missing.empty() ? "" : ", ") + c;
     }
     if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
-        !joined_.empty()) {
+        (!joined_.empty() || !adopted_.empty())) {
       log::Warn(
           "children did not join; the refit goes on without them (commit policy available): " +
           missing);
@@ -192,9 +195,8 @@ class Publication {
     {
       std::unique_lock lock(mu_);
       if (!encoded.ok() && !failed_) Fail(encoded.ToString());
-      const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout, [&] {
-        return failed_ || Settled(prepared_) == children_.size();
-      });
+      const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout,
+                                        [&] { return failed_ || Missing(prepared_) == 0; });
       if (!settled) Fail("not every node was PREPARED within the commit timeout");
       commit = !failed_;
       report.abort_reason = failure_;
@@ -230,7 +232,7 @@ class Publication {
       std::unique_lock lock(mu_);
       deciding_ = true;
       cv_.wait_for(lock, options_.config.tree.commit_timeout,
-                   [&] { return Settled(outcomes_) == children_.size(); });
+                   [&] { return Missing(outcomes_) == 0; });
       report.nodes_decided = outcome_nodes_;
     }
     report.committed = commit;
@@ -352,7 +354,12 @@ class Publication {
     Downstream::Events e;
     e.joined = [this](const std::string& child, const Hello& hello) {
       std::lock_guard lock(mu_);
-      joined_.insert(child);
+      if (downstream_.IsAdopted(child)) {
+        adopted_.insert(child);
+        log::Info("adopted " + child + ", whose parent is unreachable");
+      } else {
+        joined_.insert(child);
+      }
       missing_since_.erase(child);
       if (!hello.inflight_target.IsZero() && hello.inflight_target != target_version_) {
         Resolve(child, hello.inflight_target);
@@ -362,6 +369,10 @@ class Publication {
     };
     e.lost = [this](const std::string& child, const Status&) {
       std::lock_guard lock(mu_);
+      if (adopted_.erase(child)) {  // not ours to wait for
+        cv_.notify_all();
+        return;
+      }
       joined_.erase(child);
       // Waited for: it may come back and resume (Tick bounds the wait).
       if (refit_id_ != 0 && !deciding_) missing_since_[child] = Clock::now();
@@ -399,11 +410,13 @@ class Publication {
     return e;
   }
 
-  // Caller holds mu_: children in `done` or excused.
-  size_t Settled(const std::set<std::string>& done) const {
-    size_t n = done.size();
-    for (const auto& c : excused_) n += !done.contains(c);
-    return n;
+  // Caller holds mu_: children the refit still waits for: planned ones neither
+  // in `done` nor excused, and adopted ones connected now that are not in `done`.
+  size_t Missing(const std::set<std::string>& done) const {
+    size_t missing = 0;
+    for (const auto& c : children_) missing += !done.contains(c) && !excused_.contains(c);
+    for (const auto& c : adopted_) missing += !done.contains(c);
+    return missing;
   }
 
   // Caller holds mu_.
@@ -425,6 +438,7 @@ class Publication {
   std::optional<MessageType> decision_;
   std::map<std::string, Clock::time_point> missing_since_;
   std::set<std::string> excused_;  // away children the version does not wait for (policy available)
+  std::set<std::string> adopted_;  // grandchildren attached here because their parent died
   Clock::time_point next_heartbeat_ = Clock::now();
 
   std::mutex mu_;
@@ -454,6 +468,11 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
   ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
   const topology::PlannedNode* source = plan.Find(plan.source);
   Publication publication(options, source->children, base, target, target_manifest.VersionId());
+  std::set<std::string> adoptable;
+  for (const auto& node : plan.nodes) {
+    if (node.failover_parent == plan.source) adoptable.insert(node.id);
+  }
+  publication.AllowAdoption(std::move(adoptable));
   RETURN_IF_ERROR(publication.Listen(*transport));
   RETURN_IF_ERROR(publication.WaitForChildren());
   PublishReport report = publication.Run(base, base_manifest, target, target_manifest);

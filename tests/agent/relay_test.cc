@@ -372,5 +372,40 @@ TEST_F(RelayTest, ChildOfADeadRelayFailsOverToItsGrandparent) {
   }
 }
 
+TEST_F(RelayTest, ChildOfADeadFirstRelayFailsOverToTheSource) {
+  // Chain src -> n1 -> n2 -> n3 with n1 down: n2 attaches to the source and the
+  // version reaches n2 and n3 (commit policy available).
+  Versions v = MakeVersions(1 << 16, 8);
+  auto config =
+      topology::ParseClusterConfig(ConfigToml(3, 1, "8KiB", 2, "6s", "available"), "t.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  config_ = *config;
+  network_ = std::make_shared<transport::InprocNetwork>();
+  stores_.assign(3, v.base);
+  for (int i : {1, 2}) {
+    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
+    NodeAgentOptions options;
+    options.config = config_;
+    options.node_id = "n" + std::to_string(i + 1);
+    options.token = kToken;
+    options.apply_threads = 1;
+    auto agent =
+        NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_));
+    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+    agents_.push_back(std::move(*agent));
+  }
+  auto report = PublishVersions(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  std::set<std::string> prepared;
+  for (const auto& n : report->nodes) prepared.insert(n.node_id);
+  EXPECT_EQ(prepared, (std::set<std::string>{"n2", "n3"}));
+  for (size_t t = 0; t < v.tensors.size(); ++t) {
+    EXPECT_EQ(Hash64(stores_[0][t]), Hash64(v.base[t]));
+    EXPECT_EQ(Hash64(stores_[1][t]), Hash64(v.target[t]));
+    EXPECT_EQ(Hash64(stores_[2][t]), Hash64(v.target[t]));
+  }
+}
+
 }  // namespace
 }  // namespace deltacast::agent
