@@ -35,6 +35,13 @@ void Downstream::Refuse(transport::Connection& connection, const std::string& re
   connection.Close();
 }
 
+std::string Downstream::ChildId(const Child& child) const {
+  for (const auto& [id, c] : children_) {
+    if (&c == &child) return id;
+  }
+  return {};
+}
+
 Downstream::Child* Downstream::BySerial(uint64_t serial, std::string* id) {
   for (auto& [name, child] : children_) {
     if (child.connection && child.serial == serial) {
@@ -138,6 +145,11 @@ void Downstream::Lose(const std::string& id, const Status& why) {
   if (child.connection) child.connection->Close();
   child.connection.reset();
   child.credits = 0;
+  // Whatever the dead link still held is owed to nobody now (a rejoining child is
+  // replayed from the spool), so release it rather than wait for handlers that the
+  // destroyed connection will never run.
+  for (auto& [send, pending] : child.in_flight) Complete(*pending);
+  child.in_flight.clear();
   if (child.adopted) {
     // Not ours to wait for: it goes back to its own parent or comes back here.
     while (!child.queue.empty()) {
@@ -185,8 +197,17 @@ void Downstream::Pump(Child& child) {
     // Released only when the transport is done with the bytes, so this node's
     // memory accounting covers what sits in socket queues too.
     auto shared = std::make_shared<Pending>(std::move(sent));
-    child.connection->Send(shared->message, [this, shared](Status) {
-      loop_.Post([this, shared] { Complete(*shared); });
+    const uint64_t send = next_send_++;
+    child.in_flight[send] = shared;
+    child.connection->Send(shared->message, [this, id = ChildId(child), send](Status) {
+      loop_.Post([this, id, send] {
+        auto it = children_.find(id);
+        if (it == children_.end()) return;
+        auto entry = it->second.in_flight.find(send);
+        if (entry == it->second.in_flight.end()) return;  // completed by Lose
+        Complete(*entry->second);
+        it->second.in_flight.erase(entry);
+      });
     });
   }
 }

@@ -117,6 +117,9 @@ class Downstream {
     bool excused = false;  // nothing is queued for it until it joins again
     bool adopted = false;  // not a planned child: joined because its parent died
     std::deque<Pending> queue;
+    // Handed to the connection, transport not done with it yet. Completed by its
+    // on_sent, or by Lose: a destroyed connection drops pending on_sent handlers.
+    std::map<uint64_t, std::shared_ptr<Pending>> in_flight;
   };
   struct Handshake {
     std::unique_ptr<transport::Connection> connection;
@@ -131,6 +134,7 @@ class Downstream {
   void Complete(Pending& pending);
   void Lose(const std::string& id, const Status& why);
   Child* BySerial(uint64_t serial, std::string* id);
+  std::string ChildId(const Child& child) const;
 
   EventLoop& loop_;
   std::string self_id_;
@@ -140,6 +144,7 @@ class Downstream {
   std::map<uint64_t, Handshake> handshakes_;
   std::set<std::string> adoptable_;
   uint64_t next_serial_ = 1;
+  uint64_t next_send_ = 1;
   uint64_t queued_bytes_ = 0;
 };
 

@@ -574,6 +574,8 @@ class NodeAgent::Impl {
     CrashPoint("agent.apply_flushed");
     if (result.status.ok()) result.status = replica_->RecordApplied(sequence);
     CrashPoint("agent.applied");
+    // So a HELLO after a reconnect lists it, and the parent does not send it again.
+    if (result.status.ok()) SnapshotJournal();
     std::lock_guard lock(stats_mu_);
     ++stats_.chunks_received;
     return result;

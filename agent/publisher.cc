@@ -274,18 +274,17 @@ class Publication {
     }
   }
 
-  // Loop thread: a child that rejoins mid-refit gets BEGIN, the spooled chunks it
-  // has not applied, and the decision if there is one already.
-  void Replay(const std::string& child, const Hello& hello) {
+  // Caller holds mu_: what a child that (re)joined mid-refit still needs: BEGIN,
+  // the spooled chunks it has not applied, and the decision if there is one.
+  // The caller hands it to Downstream::Requeue after releasing mu_.
+  std::vector<Downstream::Outgoing> Backlog(const std::string& child, const Hello& hello) {
     if (hello.active_version == begin_.target_version && hello.inflight_target.IsZero() &&
         decision_ == MessageType::kCommit) {
       // It committed, then lost the link before confirming: COMMIT again makes it
       // gather its subtree's confirmations and answer.
-      downstream_.Requeue(
-          child,
-          {{transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
-            nullptr, false}});
-      return;
+      return {
+          {transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
+           nullptr, false}};
     }
     std::vector<Downstream::Outgoing> backlog;
     backlog.push_back({transport::MakeMessage(EncodeBegin(begin_)), nullptr, false});
@@ -308,14 +307,14 @@ class Publication {
     log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
                           refit_id_, replayed));
     prepared_.erase(child);
-    downstream_.Requeue(child, std::move(backlog));
+    return backlog;
   }
 
-  // Loop thread: a child still holds a delta from an earlier refit in flight. The
-  // decision log says whether that delta committed; if it has no COMMIT for it,
-  // nobody can have committed it (decisions are logged before they are sent), so
-  // it is aborted. Sent ahead of anything else, so the child resolves it first.
-  void Resolve(const std::string& child, const Digest128& target) {
+  // A child still holds a delta from an earlier refit in flight. The decision log
+  // says whether that delta committed; if it has no COMMIT for it, nobody can have
+  // committed it (decisions are logged before they are sent), so it is aborted.
+  // The message goes ahead of anything else, so the child resolves it first.
+  transport::Message Resolution(const std::string& child, const Digest128& target) const {
     auto recorded = RecordedDecision(options_.decision_log, target);
     const bool commit = recorded && recorded->second;
     uint64_t id = recorded ? recorded->first : 0;
@@ -325,9 +324,8 @@ class Publication {
                           commit     ? "it was committed"
                           : recorded ? "it was aborted"
                                      : "no decision recorded: abort"));
-    downstream_.SendTo(child,
-                       transport::MakeMessage(EncodeDecision(
-                           commit ? MessageType::kCommit : MessageType::kAbort, {id, target})));
+    return transport::MakeMessage(
+        EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, {id, target}));
   }
 
   // Loop thread: serves a FETCH from whichever version has the wanted bytes.
@@ -353,19 +351,26 @@ class Publication {
   Downstream::Events Events() {
     Downstream::Events e;
     e.joined = [this](const std::string& child, const Hello& hello) {
-      std::lock_guard lock(mu_);
-      if (downstream_.IsAdopted(child)) {
-        adopted_.insert(child);
-        log::Info("adopted " + child + ", whose parent is unreachable");
-      } else {
-        joined_.insert(child);
+      const bool adopted = downstream_.IsAdopted(child);
+      bool resolve = false;
+      std::optional<std::vector<Downstream::Outgoing>> backlog;
+      {
+        std::lock_guard lock(mu_);
+        if (adopted) {
+          adopted_.insert(child);
+          log::Info("adopted " + child + ", whose parent is unreachable");
+        } else {
+          joined_.insert(child);
+        }
+        missing_since_.erase(child);
+        resolve = !hello.inflight_target.IsZero() && hello.inflight_target != target_version_;
+        if (refit_id_ != 0) backlog = Backlog(child, hello);
+        cv_.notify_all();
       }
-      missing_since_.erase(child);
-      if (!hello.inflight_target.IsZero() && hello.inflight_target != target_version_) {
-        Resolve(child, hello.inflight_target);
-      }
-      if (refit_id_ != 0) Replay(child, hello);
-      cv_.notify_all();
+      // Outside mu_: Downstream may complete queued chunks here, and their callbacks
+      // take mu_.
+      if (resolve) downstream_.SendTo(child, Resolution(child, hello.inflight_target));
+      if (backlog) downstream_.Requeue(child, std::move(*backlog));
     };
     e.lost = [this](const std::string& child, const Status&) {
       std::lock_guard lock(mu_);

@@ -407,5 +407,34 @@ TEST_F(RelayTest, ChildOfADeadFirstRelayFailsOverToTheSource) {
   }
 }
 
+TEST_F(RelayTest, LinksThatResetMidStreamResumeWithOnlyWhatIsMissing) {
+  // Both ends stay up, but the links keep breaking: a relay's own link every few
+  // messages it sends, and the source's links every few it sends. Each time the
+  // child rejoins, says which chunks it has applied, and is sent only the rest.
+  Versions v = MakeVersions(1 << 20, 9);
+  StartCluster(ConfigToml(2, 1, "8KiB", 2), v, 2, [&](int i) {
+    if (i != 0) return transport::MakeInprocTransport(network_);
+    transport::FaultPlan resets;
+    resets.reset_after_messages = 8;
+    return transport::WrapWithFaults(transport::MakeInprocTransport(network_), resets);
+  });
+  transport::FaultPlan source_resets;
+  source_resets.reset_after_messages = 10;
+  auto report = PublishVersions(
+      v, transport::WrapWithFaults(transport::MakeInprocTransport(network_), source_resets));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes_decided, 2u);
+  EXPECT_GT(report->delta.chunks, 10u);
+  for (int i = 0; i < 2; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.target[t])) << "n" << i + 1 << " tensor " << t;
+    }
+  }
+  // Re-sent: at most what was in flight at each break (the window), never the
+  // whole delta again.
+  EXPECT_LT(agents_[0]->stats().chunk_bytes_received, 2 * report->delta.delta_bytes);
+}
+
 }  // namespace
 }  // namespace deltacast::agent
