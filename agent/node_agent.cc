@@ -734,11 +734,6 @@ class NodeAgent::Impl {
 
   void MaybePrepared() {
     Refit& r = *refit_;
-    log::Debug(
-        fmt::format("{}: refit {}: prepared? sent={} local={} error={} children {}/{} phase {}",
-                    options_.node_id, r.id, r.prepared_sent, r.local_prepared,
-                    r.local_error.ok() ? "none" : r.local_error.ToString(),
-                    r.prepared_children.size(), self_.children.size(), static_cast<int>(r.phase)));
     if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
     if (Missing(r.prepared_children, r) > 0 && r.phase == Phase::kStreaming) return;
     r.prepared_sent = true;

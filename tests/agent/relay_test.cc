@@ -86,29 +86,38 @@ codec::Manifest ManifestOf(const apply::WeightStore& store) {
 
 class RelayTest : public ::testing::Test {
  protected:
-  void StartCluster(
-      const std::string& toml, const Versions& v, int receivers,
-      const std::function<std::unique_ptr<transport::Transport>(int)>& transport_for = {}) {
+  void UseConfig(const std::string& toml) {
     auto config = topology::ParseClusterConfig(toml, "relay-test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
     network_ = std::make_shared<transport::InprocNetwork>();
-    stores_.resize(receivers);
-    commits_.resize(receivers);
+  }
+
+  // Starts receiver n<i+1> over stores_[i] (which the caller has filled).
+  void StartAgent(int i, const Versions& v, const std::string& token = kToken,
+                  std::unique_ptr<transport::Transport> transport = nullptr) {
+    if (commits_.size() <= static_cast<size_t>(i)) commits_.resize(i + 1);
+    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
+    ASSERT_TRUE(replica.ok());
+    NodeAgentOptions options;
+    options.config = config_;
+    options.node_id = "n" + std::to_string(i + 1);
+    options.token = token;
+    options.apply_threads = 1;
+    options.on_commit = [this, i](const CommitEvent& e) { commits_[i] = e; };
+    if (!transport) transport = transport::MakeInprocTransport(network_);
+    auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(transport));
+    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+    agents_.push_back(std::move(*agent));
+  }
+
+  void StartCluster(
+      const std::string& toml, const Versions& v, int receivers,
+      const std::function<std::unique_ptr<transport::Transport>(int)>& transport_for = {}) {
+    ASSERT_NO_FATAL_FAILURE(UseConfig(toml));
+    stores_.assign(receivers, v.base);
     for (int i = 0; i < receivers; ++i) {
-      stores_[i] = v.base;
-      auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
-      ASSERT_TRUE(replica.ok());
-      NodeAgentOptions options;
-      options.config = config_;
-      options.node_id = "n" + std::to_string(i + 1);
-      options.token = kToken;
-      options.apply_threads = 1;
-      options.on_commit = [this, i](const CommitEvent& e) { commits_[i] = e; };
-      auto transport = transport_for ? transport_for(i) : transport::MakeInprocTransport(network_);
-      auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(transport));
-      ASSERT_TRUE(agent.ok()) << agent.status().ToString();
-      agents_.push_back(std::move(*agent));
+      ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, kToken, transport_for ? transport_for(i) : nullptr));
     }
   }
 
@@ -162,21 +171,11 @@ TEST_F(RelayTest, SevenNodesCommitBitExact) {
 
 TEST_F(RelayTest, OneNodeAtTheWrongBaseAbortsEverywhere) {
   Versions v = MakeVersions(1 << 16, 2);
-  StartCluster(ConfigToml(5, 2, "32KiB", 2), v, 0);
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(5, 2, "32KiB", 2)));
   // n3 holds something else: its replica cannot apply the delta.
-  network_ = std::make_shared<transport::InprocNetwork>();
   stores_.assign(5, v.base);
   stores_[2][0][10] ^= std::byte{0x40};
-  for (int i = 0; i < 5; ++i) {
-    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
-    NodeAgentOptions options;
-    options.config = config_;
-    options.node_id = "n" + std::to_string(i + 1);
-    options.token = kToken;
-    options.apply_threads = 1;
-    agents_.push_back(std::move(
-        *NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
-  }
+  for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v));
   auto report = PublishVersions(v);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_FALSE(report->committed);
@@ -194,18 +193,9 @@ TEST_F(RelayTest, OneNodeAtTheWrongBaseAbortsEverywhere) {
 
 TEST_F(RelayTest, WrongTokenIsRefusedAndPublishFailsClearly) {
   Versions v = MakeVersions(1 << 12, 3);
-  auto config = topology::ParseClusterConfig(ConfigToml(1, 1, "64KiB", 2, "1s"), "t.toml");
-  ASSERT_TRUE(config.ok());
-  config_ = *config;
-  network_ = std::make_shared<transport::InprocNetwork>();
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(1, 1, "64KiB", 2, "1s")));
   stores_.assign(1, v.base);
-  auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[0]), kPartitionBytes, 1);
-  NodeAgentOptions options;
-  options.config = config_;
-  options.node_id = "n1";
-  options.token = "not-the-token";
-  agents_.push_back(std::move(
-      *NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_))));
+  ASSERT_NO_FATAL_FAILURE(StartAgent(0, v, "not-the-token"));
   auto report = PublishVersions(v);
   ASSERT_FALSE(report.ok());
   EXPECT_NE(report.status().message().find("n1"), std::string::npos) << report.status().ToString();
@@ -290,27 +280,10 @@ TEST_F(RelayTest, AvailablePolicyCommitsWithoutAnAwayRelayWhichCatchesUpLater) {
   // the connect timeout, the version commits on n1, and n2 and n3 catch up from
   // n1's spool when n2 comes back.
   Versions v = MakeVersions(1 << 16, 6);
-  auto config =
-      topology::ParseClusterConfig(ConfigToml(3, 1, "8KiB", 2, "1s", "available"), "t.toml");
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  config_ = *config;
-  network_ = std::make_shared<transport::InprocNetwork>();
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(3, 1, "8KiB", 2, "1s", "available")));
   stores_.assign(3, v.base);
-  auto start = [&](int i) {
-    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
-    NodeAgentOptions options;
-    options.config = config_;
-    options.node_id = "n" + std::to_string(i + 1);
-    options.token = kToken;
-    options.apply_threads = 1;
-    options.spool_dir = ::testing::TempDir() + "/relay-available-" + options.node_id;
-    auto agent =
-        NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_));
-    EXPECT_TRUE(agent.ok()) << agent.status().ToString();
-    return std::move(*agent);
-  };
-  agents_.push_back(start(0));
-  agents_.push_back(start(2));
+  ASSERT_NO_FATAL_FAILURE(StartAgent(0, v));
+  ASSERT_NO_FATAL_FAILURE(StartAgent(2, v));
   auto report = PublishVersions(v);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_TRUE(report->committed) << report->abort_reason;
@@ -321,7 +294,7 @@ TEST_F(RelayTest, AvailablePolicyCommitsWithoutAnAwayRelayWhichCatchesUpLater) {
     EXPECT_EQ(Hash64(stores_[2][t]), Hash64(v.base[t]))
         << "n3 cannot have moved without its parent";
   }
-  agents_.push_back(start(1));
+  ASSERT_NO_FATAL_FAILURE(StartAgent(1, v));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (std::chrono::steady_clock::now() < deadline &&
          (agents_[2]->stats().refits_committed == 0 || agents_[1]->stats().refits_committed == 0)) {
@@ -340,24 +313,9 @@ TEST_F(RelayTest, ChildOfADeadRelayFailsOverToItsGrandparent) {
   // parent in the plan), and the version reaches n3 through n1 while n2 is
   // excused (commit policy available).
   Versions v = MakeVersions(1 << 16, 7);
-  auto config =
-      topology::ParseClusterConfig(ConfigToml(3, 1, "8KiB", 2, "6s", "available"), "t.toml");
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  config_ = *config;
-  network_ = std::make_shared<transport::InprocNetwork>();
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(3, 1, "8KiB", 2, "6s", "available")));
   stores_.assign(3, v.base);
-  for (int i : {0, 2}) {
-    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
-    NodeAgentOptions options;
-    options.config = config_;
-    options.node_id = "n" + std::to_string(i + 1);
-    options.token = kToken;
-    options.apply_threads = 1;
-    auto agent =
-        NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_));
-    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
-    agents_.push_back(std::move(*agent));
-  }
+  for (int i : {0, 2}) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v));
   auto report = PublishVersions(v);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_TRUE(report->committed) << report->abort_reason;
@@ -376,24 +334,9 @@ TEST_F(RelayTest, ChildOfADeadFirstRelayFailsOverToTheSource) {
   // Chain src -> n1 -> n2 -> n3 with n1 down: n2 attaches to the source and the
   // version reaches n2 and n3 (commit policy available).
   Versions v = MakeVersions(1 << 16, 8);
-  auto config =
-      topology::ParseClusterConfig(ConfigToml(3, 1, "8KiB", 2, "6s", "available"), "t.toml");
-  ASSERT_TRUE(config.ok()) << config.status().ToString();
-  config_ = *config;
-  network_ = std::make_shared<transport::InprocNetwork>();
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(3, 1, "8KiB", 2, "6s", "available")));
   stores_.assign(3, v.base);
-  for (int i : {1, 2}) {
-    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
-    NodeAgentOptions options;
-    options.config = config_;
-    options.node_id = "n" + std::to_string(i + 1);
-    options.token = kToken;
-    options.apply_threads = 1;
-    auto agent =
-        NodeAgent::Start(options, std::move(*replica), transport::MakeInprocTransport(network_));
-    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
-    agents_.push_back(std::move(*agent));
-  }
+  for (int i : {1, 2}) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v));
   auto report = PublishVersions(v);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_TRUE(report->committed) << report->abort_reason;

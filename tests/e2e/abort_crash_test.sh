@@ -6,21 +6,10 @@
 # Usage: abort_crash_test.sh DELTACAST_BINARY
 set -uo pipefail
 dc=$1
-work=$(mktemp -d /tmp/deltacast-abort.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-[[ -n ${KEEP:-} ]] || trap cleanup EXIT
-base=$((29000 + (RANDOM % 60) * 8))  # below the ephemeral port range
-{
-  printf '[cluster]\nname = "abort"\n[tree]\nfanout = 1\nchunk_size = "32KiB"\nwindow = 4\n'
-  printf 'connect_timeout = "20s"\ncommit_timeout = "30s"\n'
-  printf '[[node]]\nid = "trainer"\nhost = "127.0.0.1"\nport = %d\nrole = "source"\n' "$base"
-  for i in 1 2 3; do printf '[[node]]\nid = "a%d"\nhost = "127.0.0.1"\nport = %d\n' "$i" $((base + i)); done
-} >"$work/cluster.toml"
+source "$(dirname "$0")/lib.sh"
+start_work abort
+# Ports below the ephemeral range, so no outgoing connection holds one.
+write_chain_config abort $((29000 + (RANDOM % 60) * 8)) 1 32KiB 4 30s
 export DELTACAST_TOKEN=abort-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 1 --change-rate 5% --threads 2 >/dev/null
 "$dc" synth --out "$work/other" --params 4M --steps 1 --seed 99 --threads 2 >/dev/null

@@ -14,22 +14,10 @@ shift
 points=("$@")
 ((${#points[@]})) || points=(agent.chunk_received:2 apply.mid_partition:3 agent.applied:2 agent.prepared
   agent.commit agent.committed fault:agent.corrupt_chunk:2)
-work=$(mktemp -d /tmp/deltacast-crash.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-[[ -n ${KEEP:-} ]] || trap cleanup EXIT
-
-base=$((23200 + (RANDOM % 400) * 8))  # below the ephemeral port range
-{
-  printf '[cluster]\nname = "crash"\n[tree]\nfanout = 1\nchunk_size = "64KiB"\nwindow = 4\n'
-  printf 'connect_timeout = "20s"\ncommit_timeout = "60s"\nidle_timeout = "30s"\n'
-  printf '[[node]]\nid = "trainer"\nhost = "127.0.0.1"\nport = %d\nrole = "source"\n' "$base"
-  for i in 1 2 3; do printf '[[node]]\nid = "a%d"\nhost = "127.0.0.1"\nport = %d\n' "$i" $((base + i)); done
-} >"$work/cluster.toml"
+source "$(dirname "$0")/lib.sh"
+start_work crash
+# Ports below the ephemeral range, so no outgoing connection holds one.
+write_chain_config crash $((23200 + (RANDOM % 400) * 8)) 1 64KiB 4 60s
 export DELTACAST_TOKEN=crash-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 1 --change-rate 5% --threads 2 >/dev/null
 # The publisher chunks deterministically: the same diff tells each chunk's size.

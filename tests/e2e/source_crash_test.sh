@@ -9,22 +9,10 @@
 # Prints one line per scenario and "N passed, M failed".
 set -uo pipefail
 dc=$1
-work=$(mktemp -d /tmp/deltacast-srccrash.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-[[ -n ${KEEP:-} ]] || trap cleanup EXIT
-
-base=$((26400 + (RANDOM % 400) * 8))  # below the ephemeral port range
-{
-  printf '[cluster]\nname = "srccrash"\n[tree]\nfanout = 2\nchunk_size = "32KiB"\nwindow = 2\n'
-  printf 'connect_timeout = "20s"\ncommit_timeout = "60s"\n'
-  printf '[[node]]\nid = "trainer"\nhost = "127.0.0.1"\nport = %d\nrole = "source"\n' "$base"
-  for i in 1 2 3; do printf '[[node]]\nid = "a%d"\nhost = "127.0.0.1"\nport = %d\n' "$i" $((base + i)); done
-} >"$work/cluster.toml"
+source "$(dirname "$0")/lib.sh"
+start_work srccrash
+# Ports below the ephemeral range, so no outgoing connection holds one.
+write_chain_config srccrash $((26400 + (RANDOM % 400) * 8)) 2 32KiB 2 60s
 export DELTACAST_TOKEN=srccrash-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 2 --change-rate 5% --threads 2 >/dev/null
 
