@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/internal/task_thread.h"
 
@@ -428,22 +429,7 @@ void Core::Shutdown() {
   stopped_.store(true, std::memory_order_release);
 }
 
-class InprocTransport final : public Transport {
- public:
-  explicit InprocTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  ~InprocTransport() override { core_->Shutdown(); }
-  const Capabilities& capabilities() const override { return core_->caps; }
-  Result<std::string> Listen(const std::string& address, AcceptHandler on_accept) override {
-    return core_->Listen(address, std::move(on_accept));
-  }
-  void Connect(const std::string& address, ConnectHandler on_done) override {
-    core_->Connect(address, std::move(on_done));
-  }
-  void Shutdown() override { core_->Shutdown(); }
-
- private:
-  const std::shared_ptr<Core> core_;
-};
+using InprocTransport = internal::CoreTransport<Core>;
 
 }  // namespace
 

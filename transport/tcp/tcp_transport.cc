@@ -28,6 +28,7 @@
 
 #include "common/log.h"
 #include "transport/internal/address.h"
+#include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/tcp/frame.h"
 
@@ -1136,22 +1137,7 @@ void Core::Shutdown() {
   shut_down_ = true;
 }
 
-class TcpTransport final : public Transport {
- public:
-  explicit TcpTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  ~TcpTransport() override { core_->Shutdown(); }
-  const Capabilities& capabilities() const override { return core_->caps; }
-  Result<std::string> Listen(const std::string& address, AcceptHandler on_accept) override {
-    return core_->Listen(address, std::move(on_accept));
-  }
-  void Connect(const std::string& address, ConnectHandler on_done) override {
-    core_->Connect(address, std::move(on_done));
-  }
-  void Shutdown() override { core_->Shutdown(); }
-
- private:
-  const std::shared_ptr<Core> core_;
-};
+using TcpTransport = internal::CoreTransport<Core>;
 
 }  // namespace
 
