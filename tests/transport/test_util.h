@@ -194,4 +194,29 @@ inline bool Eventually(const std::function<bool()>& done, milliseconds timeout =
   return true;
 }
 
+// Sends payloads with the given sizes and returns their hashes.
+inline std::vector<uint64_t> SendAll(Connection& connection, const std::vector<size_t>& sizes,
+                              uint64_t seed, SendLog* log) {
+  std::vector<uint64_t> hashes;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto bytes = Payload(seed, i, sizes[i]);
+    hashes.push_back(HashOf(bytes));
+    connection.Send(MakeMessage(std::move(bytes)), log ? log->Handler(i) : SendHandler{});
+  }
+  return hashes;
+}
+
+inline void ExpectReceived(Sink& sink, const std::vector<size_t>& sizes,
+                    const std::vector<uint64_t>& hashes) {
+  ASSERT_TRUE(sink.WaitMessages(sizes.size()))
+      << "got " << sink.message_count() << " of " << sizes.size();
+  auto messages = sink.messages();
+  ASSERT_EQ(messages.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_EQ(messages[i]->size(), sizes[i]) << "message " << i;
+    ASSERT_EQ(HashOf(*messages[i]), hashes[i]) << "message " << i;
+  }
+  EXPECT_EQ(sink.violations(), 0);
+}
+
 }  // namespace deltacast::transport::testutil

@@ -1,11 +1,8 @@
-// One suite, run against every backend: what transport.h promises, checked the same
-// way for tcp (1 and 4 streams per link), inproc, and the fault wrapper with an
-// empty plan. TCP-only wire checks (raw frames over plain sockets) follow at the end.
-#include <arpa/inet.h>
+// The conformance suite's tests (the fixture and backend parameter are in
+// conformance_suite.h); each backend instantiates it in its own test file.
+#include "tests/transport/conformance_suite.h"
+
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -16,108 +13,13 @@
 #include "common/bytes.h"
 #include "tests/transport/test_util.h"
 #include "transport/fault_transport.h"
-#include "transport/inproc/inproc_transport.h"
-#include "transport/internal/address.h"
-#include "transport/tcp/frame.h"
-#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
 namespace deltacast::transport {
-namespace {
 
 using namespace testutil;  // NOLINT(build/namespaces): test helpers
 
-enum class Backend { kTcp, kTcp4Streams, kInproc, kFaultTcp };
-
-std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
-  switch (info.param) {
-    case Backend::kTcp:
-      return "Tcp";
-    case Backend::kTcp4Streams:
-      return "Tcp4Streams";
-    case Backend::kInproc:
-      return "Inproc";
-    case Backend::kFaultTcp:
-      return "FaultEmptyPlanOverTcp";
-  }
-  return "Unknown";
-}
-
-class ConformanceTest : public ::testing::TestWithParam<Backend> {
- protected:
-  std::unique_ptr<Transport> Make(uint64_t max_message_bytes = kDefaultMaxMessageBytes) {
-    TcpOptions tcp;
-    tcp.max_message_bytes = max_message_bytes;
-    switch (GetParam()) {
-      case Backend::kTcp4Streams:
-        tcp.streams_per_link = 4;
-        [[fallthrough]];
-      case Backend::kTcp: {
-        auto t = MakeTcpTransport(tcp);
-        EXPECT_TRUE(t.ok()) << t.status().ToString();
-        return std::move(t).value();
-      }
-      case Backend::kInproc:
-        return MakeInprocTransport(network_, InprocOptions{max_message_bytes});
-      case Backend::kFaultTcp: {
-        auto t = MakeTcpTransport(tcp);
-        EXPECT_TRUE(t.ok()) << t.status().ToString();
-        return WrapWithFaults(std::move(t).value(), FaultPlan{});
-      }
-    }
-    return nullptr;
-  }
-
-  // Listens on `server` and connects `client` to it.
-  struct Link {
-    std::unique_ptr<Connection> client;    // the connecting side
-    std::unique_ptr<Connection> accepted;  // the listening side
-  };
-  Link Connect(Transport& server, Transport& client) {
-    auto address = server.Listen("127.0.0.1:0", accept_.Handler());
-    EXPECT_TRUE(address.ok()) << address.status().ToString();
-    if (!address.ok()) return {};
-    return ConnectTo(*address, client);
-  }
-  Link ConnectTo(const std::string& address, Transport& client) {
-    Link link;
-    auto connection = ConnectBlocking(client, address, kWait);
-    EXPECT_TRUE(connection.ok()) << connection.status().ToString();
-    if (!connection.ok()) return link;
-    link.client = std::move(connection).value();
-    link.accepted = accept_.Pop();
-    EXPECT_NE(link.accepted, nullptr);
-    return link;
-  }
-
-  std::shared_ptr<InprocNetwork> network_ = std::make_shared<InprocNetwork>();
-  AcceptQueue accept_;
-};
-
-// Sends payloads with the given sizes and returns their hashes.
-std::vector<uint64_t> SendAll(Connection& connection, const std::vector<size_t>& sizes,
-                              uint64_t seed, SendLog* log) {
-  std::vector<uint64_t> hashes;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    auto bytes = Payload(seed, i, sizes[i]);
-    hashes.push_back(HashOf(bytes));
-    connection.Send(MakeMessage(std::move(bytes)), log ? log->Handler(i) : SendHandler{});
-  }
-  return hashes;
-}
-
-void ExpectReceived(Sink& sink, const std::vector<size_t>& sizes,
-                    const std::vector<uint64_t>& hashes) {
-  ASSERT_TRUE(sink.WaitMessages(sizes.size()))
-      << "got " << sink.message_count() << " of " << sizes.size();
-  auto messages = sink.messages();
-  ASSERT_EQ(messages.size(), sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    ASSERT_EQ(messages[i]->size(), sizes[i]) << "message " << i;
-    ASSERT_EQ(HashOf(*messages[i]), hashes[i]) << "message " << i;
-  }
-  EXPECT_EQ(sink.violations(), 0);
-}
+namespace {
 
 void ExpectAllOkInOrder(SendLog& log, size_t count) {
   ASSERT_TRUE(log.WaitCount(count));
@@ -129,6 +31,8 @@ void ExpectAllOkInOrder(SendLog& log, size_t count) {
   }
 }
 
+}  // namespace
+
 TEST_P(ConformanceTest, CapabilitiesDescribeTheBackend) {
   auto t = Make(12345678);
   const Capabilities& caps = t->capabilities();
@@ -137,9 +41,9 @@ TEST_P(ConformanceTest, CapabilitiesDescribeTheBackend) {
   EXPECT_EQ(caps.max_message_bytes, 12345678u);
   ASSERT_FALSE(caps.memory_types.empty());
   EXPECT_EQ(caps.memory_types[0], MemoryType::kHost);
-  EXPECT_EQ(caps.streams_per_link, GetParam() == Backend::kTcp4Streams ? 4u : 1u);
-  if (GetParam() == Backend::kFaultTcp) {
-    EXPECT_EQ(caps.backend, "fault(tcp)");
+  EXPECT_EQ(caps.streams_per_link, GetParam().streams_per_link);
+  EXPECT_EQ(caps.backend, GetParam().expected_backend);
+  if (GetParam().is_fault_wrapper) {
     EXPECT_NE(AsFaultTransport(t.get()), nullptr);
   } else {
     EXPECT_EQ(AsFaultTransport(t.get()), nullptr);
@@ -231,7 +135,7 @@ TEST_P(ConformanceTest, ManyConnectionsAtOnce) {
   for (int i = 0; i < kConnections; ++i) sinks.push_back(std::make_unique<Sink>());
   auto server = Make();
   auto client = Make();
-  auto address = server->Listen("127.0.0.1:0", accept_.Handler());
+  auto address = server->Listen(GetParam().listen_address, accept_.Handler());
   ASSERT_TRUE(address.ok()) << address.status().ToString();
   // All connects in flight together.
   std::mutex mu;
@@ -545,7 +449,7 @@ TEST_P(ConformanceTest, ReceiverTransportDiesMidMessage) {
 TEST_P(ConformanceTest, ConnectToAClosedAddressIsUnavailable) {
   auto server = Make();
   auto client = Make();
-  auto address = server->Listen("127.0.0.1:0", accept_.Handler());
+  auto address = server->Listen(GetParam().listen_address, accept_.Handler());
   ASSERT_TRUE(address.ok()) << address.status().ToString();
   server->Shutdown();
   const auto start = Clock::now();
@@ -556,7 +460,7 @@ TEST_P(ConformanceTest, ConnectToAClosedAddressIsUnavailable) {
   // A malformed address is refused as such.
   auto bad = ConnectBlocking(*client, "no-port-here", milliseconds(5000));
   ASSERT_FALSE(bad.ok());
-  if (GetParam() != Backend::kInproc) {
+  if (GetParam().rejects_malformed_address) {
     EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   }
 }
@@ -572,7 +476,7 @@ TEST_P(ConformanceTest, ShutdownWithLiveTrafficJoinsAndSilencesHandlers) {
     if (i == 0) {
       links.push_back(Connect(*server, *client));
     } else {
-      auto address = server->Listen("127.0.0.1:0", accept_.Handler());
+      auto address = server->Listen(GetParam().listen_address, accept_.Handler());
       ASSERT_TRUE(address.ok());
       links.push_back(ConnectTo(*address, *client));
     }
@@ -629,387 +533,4 @@ TEST_P(ConformanceTest, ShutdownWithLiveTrafficJoinsAndSilencesHandlers) {
   links.clear();  // connections outlive their transports
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest,
-                         ::testing::Values(Backend::kTcp, Backend::kTcp4Streams, Backend::kInproc,
-                                           Backend::kFaultTcp),
-                         BackendName);
-
-// ---- TCP wire checks: raw frames over plain POSIX sockets ----
-
-// A blocking client socket to 127.0.0.1:port.
-class RawSocket {
- public:
-  explicit RawSocket(const std::string& address) {
-    auto host_port = ParseHostPort(address);
-    EXPECT_TRUE(host_port.ok());
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(host_port->port);
-    ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-    timeval tv{10, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  }
-  ~RawSocket() { ::close(fd_); }
-  int fd() const { return fd_; }
-  void Write(const std::vector<std::byte>& bytes) {
-    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-  // Reads exactly n bytes; false on EOF or error.
-  bool Read(size_t n, std::vector<std::byte>* out) {
-    out->resize(n);
-    size_t got = 0;
-    while (got < n) {
-      const ssize_t r = ::recv(fd_, out->data() + got, n - got, 0);
-      if (r <= 0) return false;
-      got += static_cast<size_t>(r);
-    }
-    return true;
-  }
-  // True once the peer closed (EOF or reset) within the receive timeout.
-  bool SeesClose() {
-    std::byte b[4096];
-    while (true) {
-      const ssize_t r = ::recv(fd_, b, sizeof(b), 0);
-      if (r == 0) return true;
-      if (r < 0) return errno == ECONNRESET;
-    }
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// Frame bytes written out by hand from the byte table in docs/transport.md, not with
-// EncodeFrameHeader: the spec and the code must agree.
-std::vector<std::byte> Frame(uint8_t type, uint64_t length, uint64_t sequence) {
-  std::vector<std::byte> out(24);
-  std::memcpy(out.data(), "DCTP", 4);    // magic
-  out[4] = std::byte{1};                 // version
-  out[5] = std::byte{type};              // type
-  StoreLE<uint16_t>(out.data() + 6, 0);  // flags
-  StoreLE<uint64_t>(out.data() + 8, length);
-  StoreLE<uint64_t>(out.data() + 16, sequence);
-  return out;
-}
-
-std::vector<std::byte> HelloFrame(uint64_t link_id, uint32_t index, uint32_t count) {
-  std::vector<std::byte> out = Frame(2, 24, 0);
-  out.resize(48);
-  StoreLE<uint64_t>(out.data() + 24, link_id);
-  StoreLE<uint32_t>(out.data() + 32, index);
-  StoreLE<uint32_t>(out.data() + 36, count);
-  StoreLE<uint64_t>(out.data() + 40, 1 << 20);  // max_message_bytes
-  return out;
-}
-
-std::unique_ptr<Transport> MakeTcp(uint64_t max_message_bytes = kDefaultMaxMessageBytes,
-                                   milliseconds connect_timeout = milliseconds(5000)) {
-  TcpOptions options;
-  options.max_message_bytes = max_message_bytes;
-  options.connect_timeout = connect_timeout;
-  auto t = MakeTcpTransport(options);
-  EXPECT_TRUE(t.ok());
-  return std::move(t).value();
-}
-
-// Connects a raw socket as one stream of a link and checks the ack.
-void Handshake(RawSocket& raw, uint64_t link_id, uint32_t index, uint32_t count) {
-  raw.Write(HelloFrame(link_id, index, count));
-}
-void ExpectAck(RawSocket& raw, uint64_t link_id, uint32_t index, uint32_t count) {
-  std::vector<std::byte> ack;
-  ASSERT_TRUE(raw.Read(48, &ack));
-  EXPECT_EQ(AsChars(ByteSpan(ack).first(4)), "DCTP");
-  EXPECT_EQ(static_cast<uint8_t>(ack[5]), 3);  // hello-ack
-  EXPECT_EQ(LoadLE<uint64_t>(ack.data() + 8), 24u);
-  EXPECT_EQ(LoadLE<uint64_t>(ack.data() + 24), link_id);
-  EXPECT_EQ(LoadLE<uint32_t>(ack.data() + 32), index);
-  EXPECT_EQ(LoadLE<uint32_t>(ack.data() + 36), count);
-}
-
-TEST(TcpWireTest, HandWrittenFramesAreDelivered) {
-  AcceptQueue accept;
-  Sink sink;
-  auto server = MakeTcp();
-  auto address = server->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  RawSocket raw(*address);
-  Handshake(raw, 77, 0, 1);
-  ExpectAck(raw, 77, 0, 1);
-  auto connection = accept.Pop();
-  ASSERT_NE(connection, nullptr);
-  sink.Start(*connection);
-  auto bytes = Frame(1, 5, 0);
-  for (char c : std::string("hello")) bytes.push_back(std::byte(c));
-  auto empty = Frame(1, 0, 1);
-  bytes.insert(bytes.end(), empty.begin(), empty.end());
-  raw.Write(bytes);
-  ASSERT_TRUE(sink.WaitMessages(2));
-  EXPECT_EQ(AsChars(*sink.messages()[0]), "hello");
-  EXPECT_TRUE(sink.messages()[1]->empty());
-  // An orderly goodbye after 2 messages closes the link with OK.
-  raw.Write(Frame(4, 0, 2));
-  ASSERT_TRUE(sink.WaitClosed());
-  EXPECT_TRUE(sink.close_status().ok()) << sink.close_status().ToString();
-}
-
-TEST(TcpWireTest, GoodbyeAnnouncingUnsentMessagesBreaksTheLink) {
-  AcceptQueue accept;
-  Sink sink;
-  auto server = MakeTcp();
-  auto address = server->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  RawSocket raw(*address);
-  Handshake(raw, 5, 0, 1);
-  ExpectAck(raw, 5, 0, 1);
-  auto connection = accept.Pop();
-  ASSERT_NE(connection, nullptr);
-  sink.Start(*connection);
-  auto bytes = Frame(1, 1, 0);
-  bytes.push_back(std::byte{'x'});
-  auto goodbye = Frame(4, 0, 3);  // claims three messages, sent one
-  bytes.insert(bytes.end(), goodbye.begin(), goodbye.end());
-  raw.Write(bytes);
-  ASSERT_TRUE(sink.WaitClosed());
-  EXPECT_EQ(sink.close_status().code(), StatusCode::kUnavailable) << sink.close_status().ToString();
-  EXPECT_EQ(sink.message_count(), 1u);
-}
-
-TEST(TcpWireTest, HugeLengthClosesTheLinkBeforeAllocating) {
-  AcceptQueue accept;
-  Sink sink;
-  auto server = MakeTcp(1 << 20);
-  auto address = server->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  RawSocket raw(*address);
-  Handshake(raw, 1, 0, 1);
-  ExpectAck(raw, 1, 0, 1);
-  auto connection = accept.Pop();
-  ASSERT_NE(connection, nullptr);
-  sink.Start(*connection);
-  raw.Write(Frame(1, uint64_t{1} << 50, 0));  // a petabyte: allocating it would abort
-  ASSERT_TRUE(sink.WaitClosed());
-  EXPECT_EQ(sink.close_status().code(), StatusCode::kCorrupt) << sink.close_status().ToString();
-  EXPECT_EQ(sink.message_count(), 0u);
-  EXPECT_TRUE(raw.SeesClose());
-}
-
-TEST(TcpWireTest, MalformedFramesCloseTheLinkWithCorrupt) {
-  struct Case {
-    const char* name;
-    std::vector<std::byte> bytes;
-  };
-  std::vector<Case> cases;
-  auto bad_magic = Frame(1, 1, 0);
-  bad_magic[0] = std::byte{'X'};
-  cases.push_back({"bad magic", bad_magic});
-  auto bad_version = Frame(1, 1, 0);
-  bad_version[4] = std::byte{9};
-  cases.push_back({"bad version", bad_version});
-  cases.push_back({"unknown type", Frame(9, 1, 0)});
-  auto flags = Frame(1, 1, 0);
-  flags[6] = std::byte{1};
-  cases.push_back({"reserved flags", flags});
-  cases.push_back({"sequence gap", Frame(1, 1, 5)});
-  cases.push_back({"hello on a live link", HelloFrame(1, 0, 1)});
-  cases.push_back({"goodbye with payload", Frame(4, 3, 0)});
-  for (auto& c : cases) {
-    SCOPED_TRACE(c.name);
-    AcceptQueue accept;
-    Sink sink;
-    auto server = MakeTcp();
-    auto address = server->Listen("127.0.0.1:0", accept.Handler());
-    ASSERT_TRUE(address.ok());
-    RawSocket raw(*address);
-    Handshake(raw, 2, 0, 1);
-    ExpectAck(raw, 2, 0, 1);
-    auto connection = accept.Pop();
-    ASSERT_NE(connection, nullptr);
-    sink.Start(*connection);
-    c.bytes.resize(c.bytes.size() + 8);  // some payload bytes
-    raw.Write(c.bytes);
-    ASSERT_TRUE(sink.WaitClosed());
-    EXPECT_EQ(sink.close_status().code(), StatusCode::kCorrupt) << sink.close_status().ToString();
-    EXPECT_EQ(sink.message_count(), 0u);
-  }
-}
-
-TEST(TcpWireTest, BadHandshakeIsRefusedWithoutAnAccept) {
-  AcceptQueue accept;
-  auto server = MakeTcp();
-  auto address = server->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  {
-    RawSocket raw(*address);
-    std::vector<std::byte> garbage(48, std::byte{0x5a});
-    raw.Write(garbage);
-    EXPECT_TRUE(raw.SeesClose());
-  }
-  {
-    RawSocket raw(*address);
-    raw.Write(HelloFrame(3, 5, 2));  // index beyond count
-    EXPECT_TRUE(raw.SeesClose());
-  }
-  {
-    RawSocket raw(*address);
-    raw.Write(Frame(1, 0, 0));  // data before hello
-    raw.Write(std::vector<std::byte>(24));
-    EXPECT_TRUE(raw.SeesClose());
-  }
-  EXPECT_EQ(accept.size(), 0u);
-}
-
-TEST(TcpWireTest, StripedStreamsAreReorderedBySequence) {
-  AcceptQueue accept;
-  Sink sink;
-  auto server = MakeTcp();
-  auto address = server->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  RawSocket s0(*address);
-  auto s1 = std::make_unique<RawSocket>(*address);
-  Handshake(*s1, 99, 1, 2);
-  Handshake(s0, 99, 0, 2);
-  ExpectAck(s0, 99, 0, 2);
-  ExpectAck(*s1, 99, 1, 2);
-  auto connection = accept.Pop();
-  ASSERT_NE(connection, nullptr);
-  sink.Start(*connection);
-  auto second = Frame(1, 1, 1);
-  second.push_back(std::byte{'b'});
-  auto first = Frame(1, 1, 0);
-  first.push_back(std::byte{'a'});
-  s1->Write(second);  // sequence 1 arrives first, on stream 1
-  std::this_thread::sleep_for(milliseconds(20));
-  EXPECT_EQ(sink.message_count(), 0u);
-  s0.Write(first);
-  ASSERT_TRUE(sink.WaitMessages(2));
-  EXPECT_EQ(AsChars(*sink.messages()[0]), "a");
-  EXPECT_EQ(AsChars(*sink.messages()[1]), "b");
-  // A stream that ends cleanly between frames leaves the others running...
-  s1.reset();
-  auto third = Frame(1, 1, 2);
-  third.push_back(std::byte{'c'});
-  s0.Write(third);
-  ASSERT_TRUE(sink.WaitMessages(3));
-  EXPECT_EQ(AsChars(*sink.messages()[2]), "c");
-  EXPECT_EQ(sink.close_count(), 0);
-  // ...but a stream cut inside a frame breaks the whole link at once.
-  s0.Write(Frame(1, 100, 3));
-  s0.Write(std::vector<std::byte>(10));
-  ::shutdown(s0.fd(), SHUT_WR);
-  ASSERT_TRUE(sink.WaitClosed());
-  EXPECT_EQ(sink.close_status().code(), StatusCode::kUnavailable) << sink.close_status().ToString();
-  EXPECT_NE(sink.close_status().message().find("middle of a 100-byte message"), std::string::npos)
-      << sink.close_status().ToString();
-}
-
-TEST(TcpWireTest, ConnectTimesOutWhenThePeerNeverAnswers) {
-  // A listening socket that nobody accepts from: TCP connects, the hello is
-  // buffered, the ack never comes.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  socklen_t len = sizeof(sa);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  auto client = MakeTcp(kDefaultMaxMessageBytes, milliseconds(300));
-  const auto start = Clock::now();
-  auto connection =
-      ConnectBlocking(*client, "127.0.0.1:" + std::to_string(ntohs(sa.sin_port)), kWait);
-  ASSERT_FALSE(connection.ok());
-  EXPECT_EQ(connection.status().code(), StatusCode::kTimeout) << connection.status().ToString();
-  EXPECT_LT(Clock::now() - start, milliseconds(3000));
-  ::close(fd);
-}
-
-TEST(TcpWireTest, OptionsAreValidated) {
-  TcpOptions options;
-  options.io_threads = 0;
-  EXPECT_EQ(MakeTcpTransport(options).status().code(), StatusCode::kInvalidArgument);
-  options = {};
-  options.streams_per_link = kMaxStreamsPerLink + 1;
-  EXPECT_EQ(MakeTcpTransport(options).status().code(), StatusCode::kInvalidArgument);
-  options = {};
-  options.max_message_bytes = 0;
-  EXPECT_EQ(MakeTcpTransport(options).status().code(), StatusCode::kInvalidArgument);
-  auto t = MakeTcp();
-  EXPECT_EQ(t->Listen("nonsense", {}).status().code(), StatusCode::kInvalidArgument);
-}
-
-TEST(TcpWireTest, SeveralIoThreadsAndSocketBuffers) {
-  TcpOptions options;
-  options.io_threads = 3;
-  options.streams_per_link = 3;
-  options.socket_buffer_bytes = 256 * 1024;
-  auto server = MakeTcpTransport(options);
-  auto client = MakeTcpTransport(options);
-  ASSERT_TRUE(server.ok() && client.ok());
-  AcceptQueue accept;
-  Sink sink;
-  auto address = (*server)->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  auto connection = ConnectBlocking(**client, *address, kWait);
-  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
-  auto accepted = accept.Pop();
-  ASSERT_NE(accepted, nullptr);
-  sink.Start(*accepted);
-  std::mt19937_64 rng(16);
-  std::vector<size_t> sizes(500);
-  for (auto& s : sizes) s = rng() % (256 * 1024);
-  auto hashes = SendAll(**connection, sizes, 17, nullptr);
-  ExpectReceived(sink, sizes, hashes);
-}
-
-TEST(AddressTest, ParsesHostPortForms) {
-  auto v4 = ParseHostPort("127.0.0.1:5000");
-  ASSERT_TRUE(v4.ok());
-  EXPECT_EQ(v4->host, "127.0.0.1");
-  EXPECT_EQ(v4->port, 5000);
-  auto v6 = ParseHostPort("[::1]:0");
-  ASSERT_TRUE(v6.ok());
-  EXPECT_EQ(v6->host, "::1");
-  EXPECT_EQ(v6->port, 0);
-  auto name = ParseHostPort("relay-3.example:65535");
-  ASSERT_TRUE(name.ok());
-  EXPECT_EQ(name->host, "relay-3.example");
-  for (const char* bad : {"", "host", ":80", "host:", "host:65536", "host:12a", "::1:80", "[::1]80",
-                          "[::1", "host:-1", "host:123456"}) {
-    auto r = ParseHostPort(bad);
-    EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) {
-      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    }
-  }
-  EXPECT_EQ(JoinHostPort("::1", 80), "[::1]:80");
-  EXPECT_EQ(JoinHostPort("10.0.0.1", 80), "10.0.0.1:80");
-}
-
-TEST(InprocTest, NamesAreRegisteredAndReleased) {
-  auto network = std::make_shared<InprocNetwork>();
-  auto a = MakeInprocTransport(network);
-  auto b = MakeInprocTransport(network);
-  AcceptQueue accept;
-  auto named = a->Listen("inproc:relay", accept.Handler());
-  ASSERT_TRUE(named.ok());
-  EXPECT_EQ(*named, "inproc:relay");
-  EXPECT_EQ(b->Listen("inproc:relay", accept.Handler()).status().code(),
-            StatusCode::kFailedPrecondition);
-  auto picked = a->Listen("node:0", accept.Handler());
-  ASSERT_TRUE(picked.ok());
-  EXPECT_NE(*picked, "node:0");
-  EXPECT_EQ(network->ListenerNames().size(), 2u);
-  auto c = ConnectBlocking(*b, "inproc:relay", kWait);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ((*c)->PeerAddress(), "inproc:relay");
-  a->Shutdown();
-  EXPECT_TRUE(network->ListenerNames().empty());
-  EXPECT_EQ(ConnectBlocking(*b, "inproc:relay", kWait).status().code(), StatusCode::kUnavailable);
-}
-
-}  // namespace
 }  // namespace deltacast::transport

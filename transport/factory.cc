@@ -1,0 +1,29 @@
+#include "transport/factory.h"
+
+#include <string>
+
+#include "transport/tcp/tcp_transport.h"
+
+namespace deltacast::transport {
+
+const std::vector<std::string_view>& BackendNames() {
+  static const std::vector<std::string_view> names = {"tcp", "ucx", "ofi"};
+  return names;
+}
+
+Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
+                                                 const TransportOptions& options) {
+  if (backend == "tcp") {
+    if (!options.provider.empty()) {
+      return Status::InvalidArgument("tcp has no providers, got \"" + options.provider + "\"");
+    }
+    TcpOptions tcp;
+    tcp.max_message_bytes = options.max_message_bytes;
+    tcp.connect_timeout = options.connect_timeout;
+    return MakeTcpTransport(tcp);
+  }
+  return Status::InvalidArgument("unknown transport backend \"" + std::string(backend) +
+                                 "\" (known: tcp, ucx, ofi)");
+}
+
+}  // namespace deltacast::transport

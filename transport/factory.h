@@ -1,0 +1,37 @@
+// Makes a backend from the name a cluster config uses ("tcp", "ucx", "ofi"), so
+// that the agents, the benchmarks and the tests pick backends by name.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace deltacast::transport {
+
+// The options every backend understands; each maps them onto its own.
+struct TransportOptions {
+  uint64_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Which of the backend's providers to use; empty = the library's own choice.
+  //   ucx: the UCX transports to enable, e.g. "tcp" or "shm" (UCX_TLS syntax)
+  //   ofi: the libfabric provider, e.g. "tcp;ofi_rxm", "shm", "verbs;ofi_rxm", "efa"
+  //   tcp: must be empty
+  std::string provider;
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+// The backend names MakeTransport accepts, in the order of their listen-port offset
+// (a node listening on several backends uses port + offset, see docs/transport.md).
+const std::vector<std::string_view>& BackendNames();
+
+// kInvalidArgument for an unknown name or a bad option; otherwise what the backend's
+// own Make* returns (e.g. kUnavailable when its library finds no usable device).
+Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
+                                                 const TransportOptions& options);
+
+}  // namespace deltacast::transport
