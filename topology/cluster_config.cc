@@ -25,7 +25,9 @@ constexpr int kMaxWindow = 4096;
 constexpr int kMaxFanout = 65535;
 constexpr size_t kMaxIdLength = 128;
 
-constexpr std::string_view kTopKeys[] = {"cluster", "tree", "region", "node"};
+constexpr std::string_view kTopKeys[] = {"cluster", "tree", "region", "node", "transport", "link"};
+constexpr std::string_view kTransportKeys[] = {"ucx_provider", "ofi_provider"};
+constexpr std::string_view kLinkKeys[] = {"from", "to", "scope", "transports"};
 constexpr std::string_view kClusterKeys[] = {"name", "auth_token_env"};
 constexpr std::string_view kTreeKeys[] = {
     "fanout",          "chunk_size",   "window",         "commit_policy",  "hop_latency",
@@ -133,6 +135,19 @@ class Parser {
       for (const toml::table* t : tables) {
         ASSIGN_OR_RETURN(RegionConfig region, ParseRegion(*t));
         config.regions.push_back(std::move(region));
+      }
+    }
+
+    if (const toml::node* transport = root.get("transport")) {
+      ASSIGN_OR_RETURN(const toml::table* table, AsTable(*transport, "transport", "[transport]"));
+      RETURN_IF_ERROR(ParseTransport(*table, config.transport));
+    }
+
+    if (const toml::node* links = root.get("link")) {
+      ASSIGN_OR_RETURN(std::vector<const toml::table*> tables, AsTableArray(*links, "link"));
+      for (const toml::table* t : tables) {
+        ASSIGN_OR_RETURN(LinkRule rule, ParseLink(*t));
+        config.links.push_back(std::move(rule));
       }
     }
 
@@ -467,27 +482,7 @@ class Parser {
     node.transports = {"tcp"};
     ASSIGN_OR_RETURN(Field transports, Get(t, "transports", where, false));
     if (transports.node != nullptr) {
-      const toml::array* array = transports.node->as_array();
-      if (array == nullptr) return WrongType(transports, "an array of strings");
-      if (array->empty()) return Error(transports.line, transports.name + " must not be empty");
-      node.transports.clear();
-      for (const toml::node& element : *array) {
-        const auto* s = element.as_string();
-        if (s == nullptr) {
-          return Error(transports.line, transports.name + " must hold strings, got " +
-                                            std::string(TypeName(element.type())));
-        }
-        const auto& known = KnownTransports();
-        if (std::find(known.begin(), known.end(), s->get()) == known.end()) {
-          return Error(transports.line, transports.name + ": unknown transport " +
-                                            Quoted(s->get()) + " (known: tcp, ucx, ofi, inproc)");
-        }
-        if (std::find(node.transports.begin(), node.transports.end(), s->get()) !=
-            node.transports.end()) {
-          return Error(transports.line, transports.name + " lists " + Quoted(s->get()) + " twice");
-        }
-        node.transports.push_back(s->get());
-      }
+      ASSIGN_OR_RETURN(node.transports, TransportList(transports));
     }
 
     ASSIGN_OR_RETURN(Field parent, Get(t, "parent", where, false));
@@ -497,6 +492,75 @@ class Parser {
       node.parent_line = parent.line;
     }
     return node;
+  }
+
+  // A non-empty array of distinct known transport names.
+  Result<std::vector<std::string>> TransportList(const Field& f) const {
+    const toml::array* array = f.node->as_array();
+    if (array == nullptr) return WrongType(f, "an array of strings");
+    if (array->empty()) return Error(f.line, f.name + " must not be empty");
+    std::vector<std::string> list;
+    for (const toml::node& element : *array) {
+      const auto* s = element.as_string();
+      if (s == nullptr) {
+        return Error(f.line,
+                     f.name + " must hold strings, got " + std::string(TypeName(element.type())));
+      }
+      const auto& known = KnownTransports();
+      if (std::find(known.begin(), known.end(), s->get()) == known.end()) {
+        return Error(f.line, f.name + ": unknown transport " + Quoted(s->get()) +
+                                 " (known: tcp, ucx, ofi, inproc)");
+      }
+      if (std::find(list.begin(), list.end(), s->get()) != list.end()) {
+        return Error(f.line, f.name + " lists " + Quoted(s->get()) + " twice");
+      }
+      list.push_back(s->get());
+    }
+    return list;
+  }
+
+  Status ParseTransport(const toml::table& t, TransportSettings& settings) const {
+    constexpr std::string_view kWhere = "[transport]";
+    RETURN_IF_ERROR(CheckKeys(t, kWhere, kTransportKeys));
+    ASSIGN_OR_RETURN(Field ucx, Get(t, "ucx_provider", kWhere, false));
+    if (ucx.node != nullptr) {
+      ASSIGN_OR_RETURN(settings.ucx_provider, String(ucx));
+    }
+    ASSIGN_OR_RETURN(Field ofi, Get(t, "ofi_provider", kWhere, false));
+    if (ofi.node != nullptr) {
+      ASSIGN_OR_RETURN(settings.ofi_provider, String(ofi));
+    }
+    return Status::Ok();
+  }
+
+  Result<LinkRule> ParseLink(const toml::table& t) const {
+    constexpr std::string_view kWhere = "[[link]]";
+    LinkRule rule;
+    rule.line = LineOf(t);
+    RETURN_IF_ERROR(CheckKeys(t, kWhere, kLinkKeys));
+    for (auto [key, out] : {std::pair{"from", &rule.from}, std::pair{"to", &rule.to}}) {
+      ASSIGN_OR_RETURN(Field f, Get(t, key, kWhere, false));
+      if (f.node != nullptr) {
+        ASSIGN_OR_RETURN(*out, String(f));
+      }
+    }
+    ASSIGN_OR_RETURN(Field scope, Get(t, "scope", kWhere, false));
+    if (scope.node != nullptr) {
+      ASSIGN_OR_RETURN(std::string s, String(scope));
+      if (s == "any") {
+        rule.scope = LinkScope::kAny;
+      } else if (s == "intra-region") {
+        rule.scope = LinkScope::kIntraRegion;
+      } else if (s == "cross-region") {
+        rule.scope = LinkScope::kCrossRegion;
+      } else {
+        return Error(scope.line, "[[link]] scope = " + Quoted(s) +
+                                     ": must be \"any\", \"intra-region\" or \"cross-region\"");
+      }
+    }
+    ASSIGN_OR_RETURN(Field transports, Get(t, "transports", kWhere, true));
+    ASSIGN_OR_RETURN(rule.transports, TransportList(transports));
+    return rule;
   }
 
   std::string source_;
@@ -569,7 +633,75 @@ Status ValidateParents(const ClusterConfig& config) {
   return unreachable;
 }
 
+// A [[link]] side: "*", a node id, or "region:NAME" of a declared or used region.
+bool SelectorMatches(std::string_view selector, const NodeConfig& node) {
+  if (selector == "*") return true;
+  if (selector.starts_with("region:")) return selector.substr(7) == node.region;
+  return selector == node.id;
+}
+
+Status ValidateLinks(const ClusterConfig& config,
+                     const std::map<std::string_view, const RegionConfig*>& regions) {
+  for (const LinkRule& rule : config.links) {
+    for (const std::string& selector : {rule.from, rule.to}) {
+      if (selector == "*") continue;
+      if (selector.starts_with("region:")) {
+        const std::string_view region = std::string_view(selector).substr(7);
+        const bool known = regions.contains(region) ||
+                           std::any_of(config.nodes.begin(), config.nodes.end(),
+                                       [&](const NodeConfig& n) { return n.region == region; });
+        if (!known) {
+          return ConfigError(config, rule.line,
+                             "[[link]] " + Quoted(selector) + " names no region of any node");
+        }
+      } else if (config.FindNode(selector) == nullptr) {
+        return ConfigError(
+            config, rule.line,
+            "[[link]] " + Quoted(selector) + " is not a node id (or \"region:NAME\", or \"*\")");
+      }
+    }
+    if (rule.transports.empty()) {
+      return ConfigError(config, rule.line, "[[link]] transports must not be empty");
+    }
+    for (const std::string& t : rule.transports) {
+      const auto& known = KnownTransports();
+      if (std::find(known.begin(), known.end(), t) == known.end()) {
+        return ConfigError(config, rule.line, "[[link]] unknown transport " + Quoted(t));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+uint16_t TransportPortOffset(std::string_view transport) {
+  if (transport == "ucx") return 1;
+  if (transport == "ofi") return 2;
+  return 0;  // tcp, inproc
+}
+
+std::vector<std::string> HopTransports(const ClusterConfig& config, const NodeConfig& parent,
+                                       const NodeConfig& child) {
+  const std::vector<std::string>* wanted = &child.transports;
+  const bool cross_region = parent.region != child.region;
+  for (const LinkRule& rule : config.links) {
+    if (rule.scope == LinkScope::kIntraRegion && cross_region) continue;
+    if (rule.scope == LinkScope::kCrossRegion && !cross_region) continue;
+    if (!SelectorMatches(rule.from, parent) || !SelectorMatches(rule.to, child)) continue;
+    wanted = &rule.transports;
+    break;
+  }
+  std::vector<std::string> hop;
+  for (const std::string& t : *wanted) {
+    const bool both =
+        std::find(parent.transports.begin(), parent.transports.end(), t) !=
+            parent.transports.end() &&
+        std::find(child.transports.begin(), child.transports.end(), t) != child.transports.end();
+    if (both) hop.push_back(t);
+  }
+  return hop;
+}
 
 std::string_view RoleName(Role role) {
   switch (role) {
@@ -646,7 +778,7 @@ Status ValidateClusterConfig(const ClusterConfig& config) {
 
   if (config.nodes.empty()) return ConfigError(config, 0, "no [[node]] entries");
   std::map<std::string_view, const NodeConfig*> ids;
-  std::map<std::string, const NodeConfig*> addresses;
+  std::map<std::string, std::string> listeners;  // host:port -> which node and transport
   const NodeConfig* source = nullptr;
   for (const NodeConfig& n : config.nodes) {
     if (!IsValidId(n.id)) {
@@ -661,13 +793,24 @@ Status ValidateClusterConfig(const ClusterConfig& config) {
     if (n.host.empty()) return ConfigError(config, n.line, NodeName(n) + ": host is empty");
     if (n.port == 0) return ConfigError(config, n.line, NodeName(n) + ": port 0 is not allowed");
     // Host names are case-insensitive; "localhost" vs "127.0.0.1" is beyond a config
-    // check and surfaces as a bind error instead.
-    const std::string address = LowerAscii(n.host) + ":" + std::to_string(n.port);
-    if (auto [it, inserted] = addresses.emplace(address, &n); !inserted) {
-      return ConfigError(config, n.line,
-                         NodeName(n) + ": host:port " + n.host + ":" + std::to_string(n.port) +
-                             " is already used by " + NodeName(*it->second) + " (line " +
-                             std::to_string(it->second->line) + ")");
+    // check and surfaces as a bind error instead. Each transport listens on its own
+    // port (port + offset), and no two listeners may share one.
+    for (const std::string& t : n.transports) {
+      const uint32_t port = uint32_t{n.port} + TransportPortOffset(t);
+      if (port > 65535) {
+        return ConfigError(config, n.line,
+                           NodeName(n) + ": port " + std::to_string(n.port) + " + " +
+                               std::to_string(TransportPortOffset(t)) + " for its " + t +
+                               " listener is above 65535");
+      }
+      const std::string address = LowerAscii(n.host) + ":" + std::to_string(port);
+      const std::string what = NodeName(n) + " (" + t + ")";
+      if (auto [it, inserted] = listeners.emplace(address, what); !inserted) {
+        return ConfigError(config, n.line,
+                           what + ": host:port " + n.host + ":" + std::to_string(port) +
+                               " is already used by " + it->second +
+                               " (a node listens on port + 1 for ucx, port + 2 for ofi)");
+      }
     }
     if (!(n.uplink_bps > 0) || !std::isfinite(n.uplink_bps)) {
       return ConfigError(config, n.line, NodeName(n) + ": uplink must be greater than zero");
@@ -733,6 +876,7 @@ Status ValidateClusterConfig(const ClusterConfig& config) {
                              " is not used by any [[node]] (a misspelled region name?)");
     }
   }
+  RETURN_IF_ERROR(ValidateLinks(config, regions));
   return ValidateParents(config);
 }
 

@@ -15,7 +15,17 @@
 //               a declared region that no node uses is an error too, for the same reason.
 //   [[node]]    id, host, port, role ("source" | "receiver") are required; region
 //               (default: the source's region), uplink (default [tree] default_uplink),
-//               transports (default ["tcp"]), parent (a manual override of the planner).
+//               transports (default ["tcp"]: the backends it listens on and prefers, in
+//               order), parent (a manual override of the planner).
+//   [transport] optional; ucx_provider (the UCX transports to use, UCX_TLS syntax, e.g.
+//               "tcp" or "shm"; default "": UCX's own choice), ofi_provider (the libfabric
+//               provider, e.g. "verbs;ofi_rxm", "efa", "tcp;ofi_rxm", "shm"; default "").
+//   [[link]]    per-hop overrides of the transports, first match wins: from (the parent
+//               side) and to (the child side), each a node id, "region:NAME" or "*"
+//               (default); scope ("any" default, "intra-region", "cross-region");
+//               transports (required, preference order). Example: ucx inside regions,
+//               tcp across them: [[link]] scope = "cross-region", transports = ["tcp"].
+// A node listens on each of its transports at port + TransportPortOffset(transport).
 // Units are those of topology/units.h.
 //
 // Every validation failure is kInvalidArgument with a message that starts with
@@ -62,6 +72,23 @@ struct NodeConfig {
   int parent_line = 0;                  // line of its `parent` key; 0 if none
 };
 
+enum class LinkScope { kAny, kIntraRegion, kCrossRegion };
+
+// A [[link]] rule: which transports hops matching it may use.
+struct LinkRule {
+  std::string from = "*";  // parent side: a node id, "region:NAME" or "*"
+  std::string to = "*";    // child side, same forms
+  LinkScope scope = LinkScope::kAny;
+  std::vector<std::string> transports;  // preference order
+  int line = 0;
+};
+
+// Backend settings shared by every node ([transport]).
+struct TransportSettings {
+  std::string ucx_provider;  // "" = UCX's own choice
+  std::string ofi_provider;  // "" = libfabric's first reliable-datagram provider
+};
+
 struct RegionConfig {
   std::string name;
   double wan_bps = 0;  // bandwidth of the WAN link into this region, bits per second
@@ -87,6 +114,8 @@ struct ClusterConfig {
   TreeConfig tree;
   std::vector<RegionConfig> regions;  // in file order
   std::vector<NodeConfig> nodes;      // in file order
+  std::vector<LinkRule> links;        // in file order (first match wins)
+  TransportSettings transport;
   std::filesystem::path source_file;  // for messages; the name given to ParseClusterConfig
 
   // nullptr when no node has that id. The pointer lives as long as `nodes` is unchanged.
@@ -98,6 +127,16 @@ struct ClusterConfig {
 
 // Transport names a node may list: "tcp", "ucx", "ofi", "inproc".
 const std::vector<std::string_view>& KnownTransports();
+
+// How far above the node's port a backend listens: tcp 0, ucx 1, ofi 2 (inproc 0), so
+// one node can listen on several backends with one configured port.
+uint16_t TransportPortOffset(std::string_view transport);
+
+// The transports the hop parent -> child may use, in preference order: the first
+// [[link]] rule matching the hop (else the child's own list), keeping those both
+// nodes list. Empty when they share none (PlanTree rejects such a plan).
+std::vector<std::string> HopTransports(const ClusterConfig& config, const NodeConfig& parent,
+                                       const NodeConfig& child);
 
 // Reads and validates a config file. kNotFound / kIoError if it cannot be read.
 Result<ClusterConfig> LoadClusterConfig(const std::filesystem::path& path);

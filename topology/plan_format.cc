@@ -52,6 +52,16 @@ std::vector<RegionSummary> SummarizeRegions(const TreePlan& plan, const ClusterC
   return out;
 }
 
+// "ucx (then tcp)": the transport a hop uses and what it falls back to.
+std::string JoinFallbacks(const std::vector<std::string>& transports) {
+  if (transports.empty()) return "-";
+  std::string out = transports[0];
+  for (size_t i = 1; i < transports.size(); ++i) {
+    out += (i == 1 ? " (then " : ", then ") + transports[i];
+  }
+  return transports.size() > 1 ? out + ")" : out;
+}
+
 void AppendNode(const TreePlan& plan, const ClusterConfig& config, uint64_t delta_bytes,
                 const std::map<std::string_view, const PlannedNode*>& by_id, const PlannedNode& n,
                 std::string& out) {
@@ -69,7 +79,9 @@ void AppendNode(const TreePlan& plan, const ClusterConfig& config, uint64_t delt
       if (r != nullptr) out += " +" + FormatDuration(r->wan_latency);
     }
     if (n.manual_parent) out += " (manual)";
+    out += " via " + JoinFallbacks(n.transports);
     out += "  failover " + n.failover_parent.value_or("-");
+    if (n.failover_parent) out += " via " + JoinFallbacks(n.failover_transports);
   }
   out += "  children " + Join(n.children);
   if (n.parent) out += "  done " + FormatSeconds(plan.PredictSecondsTo(n, delta_bytes));
@@ -130,7 +142,7 @@ std::string FormatPlanText(const TreePlan& plan, const ClusterConfig& config,
 // only), chunk_size, window, hop_latency_ms, commit_policy, delta_bytes,
 // predicted_seconds, slowest_node, regions[{name, nodes, source_region, wan_bps,
 // wan_latency_ms, gateways}], nodes[{id, region, host, port, role, uplink_bps, parent,
-// children, failover_parent, depth, crosses_wan, manual_parent, link_bps,
+// children, failover_parent, transports, failover_transports, depth, crosses_wan, manual_parent, link_bps,
 // link_latency_ms, path_bps, predicted_seconds}] in breadth-first order. Absent
 // parents and unmodelled WAN figures are null.
 std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
@@ -181,6 +193,8 @@ std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
     j["parent"] = optional_string(n.parent);
     j["children"] = n.children;
     j["failover_parent"] = optional_string(n.failover_parent);
+    j["transports"] = n.transports;
+    j["failover_transports"] = n.failover_transports;
     j["depth"] = n.depth;
     j["crosses_wan"] = n.crosses_wan;
     j["manual_parent"] = n.manual_parent;

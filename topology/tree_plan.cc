@@ -9,6 +9,19 @@
 namespace deltacast::topology {
 namespace {
 
+Status NoCommonTransport(const ClusterConfig& config, const NodeConfig& parent,
+                         const NodeConfig& child, std::string_view edge) {
+  auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& t : v) out += (out.empty() ? "" : ", ") + t;
+    return "[" + out + "]";
+  };
+  return Status::InvalidArgument(
+      config.source_file.string() + ": the " + std::string(edge) + "edge " + parent.id + " -> " +
+      child.id + " has no transport both ends list (after [[link]] rules): " + parent.id +
+      " lists " + list(parent.transports) + ", " + child.id + " lists " + list(child.transports));
+}
+
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 // Faster uplinks first so they relay; ids break ties so the order is the same on
@@ -145,6 +158,15 @@ Result<TreePlan> Build(const Layout& layout, int fanout) {
       const PlannedNode& pp = plan.nodes[position[parent_of[i]]];
       p.parent = parent.id;
       p.failover_parent = pp.parent;
+      p.transports = HopTransports(config, parent, n);
+      if (p.transports.empty()) return NoCommonTransport(config, parent, n, "");
+      if (pp.parent) {
+        const NodeConfig& grandparent = *config.FindNode(*pp.parent);
+        p.failover_transports = HopTransports(config, grandparent, n);
+        if (p.failover_transports.empty()) {
+          return NoCommonTransport(config, grandparent, n, "failover ");
+        }
+      }
       p.depth = pp.depth + 1;
       p.crosses_wan = parent.region != n.region;
       p.link_bps = parent.uplink_bps / static_cast<double>(children_of[parent_of[i]].size());

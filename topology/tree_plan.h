@@ -58,6 +58,10 @@ struct PlannedNode {
   std::optional<std::string> parent;  // nullopt only for the source
   std::vector<std::string> children;  // uplink descending, then id
   std::optional<std::string> failover_parent;
+  // Transports of the edge from the parent / from the failover parent, preference
+  // order (HopTransports); the first is the one used unless it fails to connect.
+  std::vector<std::string> transports;
+  std::vector<std::string> failover_transports;
   int depth = 0;               // edges from the source
   bool crosses_wan = false;    // the edge from its parent enters another region
   bool manual_parent = false;  // the parent came from the config, not the planner
@@ -89,7 +93,8 @@ struct TreePlan {
 };
 
 // Plans the tree for a config (validating it first: kInvalidArgument as
-// ValidateClusterConfig gives). Uses the config's fanout, or picks one for "auto".
+// ValidateClusterConfig gives; also kInvalidArgument when a planned or failover edge
+// joins two nodes that share no transport). Uses the config's fanout, or picks one for "auto".
 Result<TreePlan> PlanTree(const ClusterConfig& config);
 
 // The same with the fanout forced to `fanout` (>= 1), whatever the config says; for
