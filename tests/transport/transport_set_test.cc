@@ -1,0 +1,96 @@
+// TransportSet: listening on every member at port + offset, dialing by scheme, and
+// falling back along a preference list when a backend does not connect.
+#include "transport/transport_set.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "tests/transport/test_util.h"
+#include "transport/internal/address.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace deltacast::transport {
+namespace {
+
+using namespace testutil;  // NOLINT(build/namespaces): test helpers
+
+std::unique_ptr<Transport> Tcp() { return std::move(MakeTcpTransport()).value(); }
+
+// Two tcp transports posing as backends "tcp" (offset 0) and "fast" (offset 1).
+std::unique_ptr<TransportSet> TwoBackends() {
+  std::vector<TransportSet::Member> members;
+  members.push_back({"fast", Tcp(), 1});
+  members.push_back({"tcp", Tcp(), 0});
+  return std::make_unique<TransportSet>(std::move(members));
+}
+
+struct Dialed {
+  Result<std::unique_ptr<Connection>> connection = Status::Internal("not called");
+  std::string backend;
+};
+
+Dialed DialFirst(TransportSet& set, uint16_t port, std::vector<std::string> backends) {
+  std::promise<Dialed> done;
+  set.ConnectFirst("127.0.0.1", port, std::move(backends),
+                   [&](Result<std::unique_ptr<Connection>> r, const std::string& backend) {
+                     done.set_value(Dialed{std::move(r), backend});
+                   });
+  auto future = done.get_future();
+  EXPECT_EQ(future.wait_for(kWait), std::future_status::ready);
+  return future.get();
+}
+
+TEST(TransportSetTest, ListensOnEveryMemberAtItsOffset) {
+  auto server = TwoBackends();
+  AcceptQueue accepted;
+  auto address = server->Listen("127.0.0.1:0", accepted.Handler());
+  ASSERT_TRUE(address.ok()) << address.status().ToString();
+  const uint16_t base = ParseHostPort(*address)->port;
+  EXPECT_EQ(server->capabilities().backend, "set(fast,tcp)");
+  EXPECT_EQ(server->Names(), (std::vector<std::string>{"fast", "tcp"}));
+
+  auto client = TwoBackends();
+  Dialed fast = DialFirst(*client, base, {"fast", "tcp"});
+  ASSERT_TRUE(fast.connection.ok()) << fast.connection.status().ToString();
+  EXPECT_EQ(fast.backend, "fast");
+  EXPECT_EQ(ParseHostPort((*fast.connection)->PeerAddress())->port, base + 1);
+  ASSERT_NE(accepted.Pop(), nullptr);
+
+  // Plain addresses go to the first member; "name://" to that member as given.
+  auto plain = ConnectBlocking(*client, "127.0.0.1:" + std::to_string(base + 1), kWait);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  auto named = ConnectBlocking(*client, "tcp://127.0.0.1:" + std::to_string(base), kWait);
+  ASSERT_TRUE(named.ok()) << named.status().ToString();
+  EXPECT_NE(accepted.Pop(), nullptr);
+  EXPECT_NE(accepted.Pop(), nullptr);
+  auto unknown = ConnectBlocking(*client, "ofi://127.0.0.1:1", kWait);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TransportSetTest, FallsBackWhenThePreferredBackendDoesNotConnect) {
+  // The server speaks only plain tcp: the client's "fast" dial (port + 1) is refused.
+  auto server = Tcp();
+  AcceptQueue accepted;
+  auto address = server->Listen("127.0.0.1:0", accepted.Handler());
+  ASSERT_TRUE(address.ok());
+  const uint16_t base = ParseHostPort(*address)->port;
+  auto client = TwoBackends();
+  Dialed dialed = DialFirst(*client, base, {"ucx", "fast", "tcp"});
+  ASSERT_TRUE(dialed.connection.ok()) << dialed.connection.status().ToString();
+  EXPECT_EQ(dialed.backend, "tcp");
+  EXPECT_NE(accepted.Pop(), nullptr);
+
+  // Nothing listening at all: one error naming every backend tried.
+  server->Shutdown();
+  Dialed none = DialFirst(*client, base, {"fast", "tcp"});
+  ASSERT_FALSE(none.connection.ok());
+  EXPECT_EQ(none.connection.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(none.connection.status().message().find("fast 127.0.0.1:"), std::string::npos);
+  EXPECT_NE(none.connection.status().message().find("; tcp 127.0.0.1:"), std::string::npos);
+  EXPECT_TRUE(none.backend.empty());
+}
+
+}  // namespace
+}  // namespace deltacast::transport

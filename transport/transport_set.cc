@@ -1,0 +1,140 @@
+#include "transport/transport_set.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/log.h"
+#include "transport/internal/address.h"
+
+namespace deltacast::transport {
+namespace {
+
+// One ConnectFirst call: the backends left to try and the errors so far.
+struct Attempt {
+  std::string host;
+  uint16_t base_port = 0;
+  std::vector<std::string> backends;
+  size_t next = 0;
+  std::string errors;
+  TransportSet::ConnectFirstHandler on_done;
+};
+
+}  // namespace
+
+TransportSet::TransportSet(std::vector<Member> members) : members_(std::move(members)) {
+  caps_.backend = "set(";
+  caps_.memory_types = {MemoryType::kHost};
+  caps_.max_message_bytes = UINT64_MAX;
+  for (const Member& m : members_) {
+    caps_.backend += (&m == &members_.front() ? "" : ",") + m.name;
+    caps_.max_message_bytes =
+        std::min(caps_.max_message_bytes, m.transport->capabilities().max_message_bytes);
+    caps_.ordered = caps_.ordered && m.transport->capabilities().ordered;
+  }
+  caps_.backend += ")";
+}
+
+TransportSet::~TransportSet() { Shutdown(); }
+
+const TransportSet::Member* TransportSet::Find(std::string_view name) const {
+  for (const Member& m : members_) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+bool TransportSet::Has(std::string_view name) const { return Find(name) != nullptr; }
+
+std::vector<std::string> TransportSet::Names() const {
+  std::vector<std::string> names;
+  for (const Member& m : members_) names.push_back(m.name);
+  return names;
+}
+
+Result<std::string> TransportSet::Listen(const std::string& address, AcceptHandler on_accept) {
+  ASSIGN_OR_RETURN(HostPort where, ParseHostPort(address));
+  uint16_t base = where.port;
+  for (const Member& m : members_) {
+    // The handler is shared: accepted links of every backend go to the same place.
+    const uint32_t port = base == 0 ? 0 : uint32_t{base} + m.port_offset;
+    if (port > 65535) return Status::InvalidArgument(m.name + ": listen port above 65535");
+    auto bound =
+        m.transport->Listen(JoinHostPort(where.host, static_cast<uint16_t>(port)), on_accept);
+    if (!bound.ok()) {
+      return Status(bound.status().code(), m.name + " cannot listen on " + where.host + ":" +
+                                               std::to_string(port) + ": " +
+                                               bound.status().message());
+    }
+    if (base == 0) {
+      ASSIGN_OR_RETURN(HostPort got, ParseHostPort(*bound));
+      base = static_cast<uint16_t>(got.port - m.port_offset);
+    }
+  }
+  return JoinHostPort(where.host, base);
+}
+
+void TransportSet::Connect(const std::string& address, ConnectHandler on_done) {
+  const size_t scheme = address.find("://");
+  if (scheme == std::string::npos) return members_.front().transport->Connect(address, on_done);
+  const Member* m = Find(std::string_view(address).substr(0, scheme));
+  if (m == nullptr) {
+    // Never inline: answer through the first member's threads with a connect that
+    // fails as a malformed address does.
+    const std::string name = address.substr(0, scheme);
+    return members_.front().transport->Connect(
+        "", [name, on_done](Result<std::unique_ptr<Connection>>) {
+          on_done(Status::InvalidArgument("no transport \"" + name + "\" in this set"));
+        });
+  }
+  m->transport->Connect(address.substr(scheme + 3), std::move(on_done));
+}
+
+void TransportSet::ConnectFirst(const std::string& host, uint16_t base_port,
+                                std::vector<std::string> backends, ConnectFirstHandler on_done) {
+  auto attempt = std::make_shared<Attempt>();
+  attempt->host = host;
+  attempt->base_port = base_port;
+  attempt->backends = std::move(backends);
+  attempt->on_done = std::move(on_done);
+  // Tries attempt->backends[next...]; each failure moves on to the next.
+  auto step = std::make_shared<std::function<void()>>();
+  *step = [this, attempt, weak = std::weak_ptr(step)] {
+    while (attempt->next < attempt->backends.size()) {
+      const std::string& name = attempt->backends[attempt->next++];
+      const Member* m = Find(name);
+      if (m == nullptr) {
+        attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + ": not enabled here";
+        continue;
+      }
+      const uint32_t port = uint32_t{attempt->base_port} + m->port_offset;
+      const std::string address = JoinHostPort(attempt->host, static_cast<uint16_t>(port));
+      m->transport->Connect(address, [attempt, name, address,
+                                      step = weak.lock()](Result<std::unique_ptr<Connection>> r) {
+        if (r.ok()) return attempt->on_done(std::move(r), name);
+        attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + " " + address + ": " +
+                           r.status().ToString();
+        if (attempt->next < attempt->backends.size()) {
+          log::Warn("transport: " + name + " to " + address + " failed (" + r.status().ToString() +
+                    "); falling back to " + attempt->backends[attempt->next]);
+        }
+        if (step) (*step)();
+      });
+      return;
+    }
+    attempt->on_done(
+        Status::Unavailable("no transport connected to " + attempt->host + ": " +
+                            (attempt->errors.empty() ? "none to try" : attempt->errors)),
+        "");
+  };
+  (*step)();
+}
+
+void TransportSet::Shutdown() {
+  for (Member& m : members_) m.transport->Shutdown();
+}
+
+TransportSet* AsTransportSet(Transport* transport) {
+  return dynamic_cast<TransportSet*>(transport);
+}
+
+}  // namespace deltacast::transport
