@@ -8,12 +8,12 @@
 
 #include "agent/commands.h"
 #include "agent/node_agent.h"
+#include "agent/node_transports.h"
 #include "agent/publisher.h"
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
 #include "topology/plan_format.h"
 #include "topology/tree_plan.h"
-#include "transport/tcp/tcp_transport.h"
 
 namespace deltacast::agent {
 namespace {
@@ -72,7 +72,12 @@ int RunAgent(const AgentArgs& args) {
         args.node, args.store.string(), (*replica)->inflight()->base.ShortHex(),
         (*replica)->inflight()->target.ShortHex()));
   }
-  auto transport = transport::MakeTcpTransport();
+  const topology::NodeConfig* node = config->FindNode(args.node);
+  if (node == nullptr) {
+    return Fail(
+        Status::InvalidArgument("node '" + args.node + "' is not in " + args.config.string()));
+  }
+  auto transport = MakeNodeTransports(*config, *node);
   if (!transport.ok()) return Fail(transport.status());
   NodeAgentOptions options;
   options.config = *config;
@@ -93,7 +98,7 @@ int RunPublish(const PublishArgs& args) {
   if (!config.ok()) return Fail(config.status());
   auto token = topology::ReadAuthToken(*config);
   if (!token.ok()) return Fail(token.status());
-  auto transport = transport::MakeTcpTransport();
+  auto transport = MakeNodeTransports(*config, *config->Source());
   if (!transport.ok()) return Fail(transport.status());
   PublishOptions options;
   options.config = *config;

@@ -2,6 +2,8 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+
 #include "common/log.h"
 
 namespace deltacast::agent {
@@ -75,6 +77,10 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   if (child->second.connection) {
     return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected");
   }
+  if (Status s = CheckTransport(*hello); !s.ok()) {
+    if (child->second.adopted && !child->second.connection) children_.erase(child);
+    return Refuse(*h.connection, s.message());
+  }
   child->second.connection = std::move(h.connection);
   child->second.excused = false;
   child->second.serial = serial;
@@ -82,10 +88,34 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   child->second.inflight_target = hello->inflight_target;
   child->second.applied_chunks = {hello->applied_chunks.begin(), hello->applied_chunks.end()};
   child->second.connection->Send(transport::MakeMessage(EncodeWelcome()));
-  log::Info(fmt::format("{}: child {} joined from {} at version {}", self_id_, hello->node_id,
-                        child->second.connection->PeerAddress(), hello->active_version.ShortHex()));
+  log::Info(fmt::format("{}: child {} joined from {}{} at version {}", self_id_, hello->node_id,
+                        child->second.connection->PeerAddress(),
+                        hello->transport.empty() ? "" : " over " + hello->transport,
+                        hello->active_version.ShortHex()));
   if (events_.joined) events_.joined(hello->node_id, *hello);
   Pump(child->second);
+}
+
+Status Downstream::CheckTransport(const Hello& hello) const {
+  if (transports_.empty() || hello.transport.empty()) return Status::Ok();
+  auto speaks = [&](const std::string& t) {
+    return std::find(transports_.begin(), transports_.end(), t) != transports_.end();
+  };
+  std::string mine;
+  for (const auto& t : transports_) mine += (mine.empty() ? "" : ", ") + t;
+  if (!speaks(hello.transport)) {
+    return Status::FailedPrecondition("node '" + hello.node_id + "' came over " + hello.transport +
+                                      ", which '" + self_id_ + "' does not speak (it speaks " +
+                                      mine + ")");
+  }
+  auto first = std::find_if(hello.transports.begin(), hello.transports.end(), speaks);
+  if (first != hello.transports.end() && *first != hello.transport) {
+    log::Warn(
+        fmt::format("{}: child {} runs over {}, not over {}, which both ends list (it fell "
+                    "back: see its log)",
+                    self_id_, hello.node_id, hello.transport, *first));
+  }
+  return Status::Ok();
 }
 
 void Downstream::OnMessage(uint64_t serial, transport::Message message) {

@@ -49,6 +49,11 @@ class Downstream {
   void AllowAdoption(std::set<std::string> ids) { adoptable_ = std::move(ids); }
   bool IsAdopted(const std::string& id) const;
 
+  // The backends this node listens on. A child whose HELLO names another is
+  // refused; one that fell back from its first choice is logged. Empty: no check
+  // (a single-backend transport).
+  void SetTransports(std::vector<std::string> names) { transports_ = std::move(names); }
+
   // Takes a freshly accepted connection and starts the handshake. Must be called on
   // the loop thread.
   void Accept(std::unique_ptr<transport::Connection> connection);
@@ -129,6 +134,8 @@ class Downstream {
   void OnMessage(uint64_t serial, transport::Message message);
   void OnClosed(uint64_t serial, const Status& status);
   void OnHello(uint64_t serial, ByteSpan message);
+  // Whether the child came over a backend this node speaks; logs a fallback.
+  Status CheckTransport(const Hello& hello) const;
   void Refuse(transport::Connection& connection, const std::string& reason);
   void Pump(Child& child);
   void Complete(Pending& pending);
@@ -143,6 +150,7 @@ class Downstream {
   std::map<std::string, Child> children_;
   std::map<uint64_t, Handshake> handshakes_;
   std::set<std::string> adoptable_;
+  std::vector<std::string> transports_;
   uint64_t next_serial_ = 1;
   uint64_t next_send_ = 1;
   uint64_t queued_bytes_ = 0;

@@ -17,6 +17,7 @@
 #include "common/crash_point.h"
 #include "common/log.h"
 #include "topology/tree_plan.h"
+#include "transport/transport_set.h"
 
 namespace deltacast::agent {
 namespace {
@@ -74,6 +75,9 @@ class NodeAgent::Impl {
         });
     if (!bound.ok()) return bound.status();
     listen_address_ = *bound;
+    if (auto* set = transport::AsTransportSet(transport_.get())) {
+      loop_.Post([this, names = set->Accepting()] { downstream_.SetTransports(names); });
+    }
     log::Info(fmt::format(
         "{}: listening on {}, parent {} at {}, {} children, version {}{}", options_.node_id,
         listen_address_, *self_.parent, parent_address_, self_.children.size(),
@@ -234,12 +238,7 @@ class NodeAgent::Impl {
     if (!parent_ && !connecting_ && now >= next_connect_) {
       ChooseParent(now);
       connecting_ = true;
-      transport_->Connect(
-          parent_address_, [this](Result<std::unique_ptr<transport::Connection>> r) {
-            auto shared =
-                std::make_shared<Result<std::unique_ptr<transport::Connection>>>(std::move(r));
-            loop_.Post([this, shared] { OnParentConnected(std::move(*shared)); });
-          });
+      DialParent();
     }
     if (now >= next_heartbeat_) {
       next_heartbeat_ = now + std::chrono::seconds(1);
@@ -280,7 +279,32 @@ class NodeAgent::Impl {
     }
   }
 
-  void OnParentConnected(Result<std::unique_ptr<transport::Connection>> result) {
+  // The transports of the hop to the parent being dialled, preference order.
+  const std::vector<std::string>& HopTransports() const {
+    return current_parent_ == *self_.parent ? self_.transports : self_.failover_transports;
+  }
+
+  // Dials current_parent_: along the hop's transports when the agent has several
+  // backends (falling back in order), else over its one backend.
+  void DialParent() {
+    auto on_done = [this](Result<std::unique_ptr<transport::Connection>> r,
+                          const std::string& backend) {
+      auto shared = std::make_shared<Result<std::unique_ptr<transport::Connection>>>(std::move(r));
+      loop_.Post([this, shared, backend] { OnParentConnected(std::move(*shared), backend); });
+    };
+    if (auto* set = transport::AsTransportSet(transport_.get())) {
+      const topology::NodeConfig* parent = options_.config.FindNode(current_parent_);
+      set->ConnectFirst(parent->host, parent->port, HopTransports(), on_done);
+      return;
+    }
+    transport_->Connect(parent_address_, [on_done, backend = transport_->capabilities().backend](
+                                             Result<std::unique_ptr<transport::Connection>> r) {
+      on_done(std::move(r), backend);
+    });
+  }
+
+  void OnParentConnected(Result<std::unique_ptr<transport::Connection>> result,
+                         const std::string& backend) {
     connecting_ = false;
     if (!result.ok()) {
       if (!parent_lost_at_) parent_lost_at_ = Clock::now();  // unreachable since now
@@ -292,6 +316,7 @@ class NodeAgent::Impl {
     }
     backoff_ = std::chrono::milliseconds(100);
     parent_ = std::move(*result);
+    parent_backend_ = backend;
     const uint64_t serial = ++parent_serial_;
     last_from_parent_ = Clock::now();
     parent_->Start(
@@ -368,13 +393,16 @@ class NodeAgent::Impl {
           hello.prepared = journal_.prepared;
           hello.applied_chunks.assign(journal_.applied.begin(), journal_.applied.end());
         }
+        hello.transport = parent_backend_;
+        hello.transports = HopTransports();
         parent_->Send(transport::MakeMessage(EncodeHello(hello)));
         return;
       }
       case MessageType::kWelcome:
         joined_ = true;
         parent_lost_at_.reset();
-        log::Info(fmt::format("{}: joined parent {}{}", options_.node_id, current_parent_,
+        log::Info(fmt::format("{}: joined parent {} over {}{}", options_.node_id, current_parent_,
+                              parent_backend_,
                               current_parent_ == *self_.parent ? "" : " (failover)"));
         return;
       case MessageType::kRefuse: {
@@ -1125,6 +1153,7 @@ class NodeAgent::Impl {
   std::unique_ptr<apply::Replica> replica_;
   std::unique_ptr<transport::Transport> transport_;
   std::string parent_address_;  // of current_parent_
+  std::string parent_backend_;  // the backend the parent link runs over
   std::string listen_address_;
   static constexpr std::chrono::milliseconds kFailoverAfter{3000};
 

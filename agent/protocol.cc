@@ -4,6 +4,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace deltacast::agent {
@@ -161,6 +162,11 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
   w.Put<uint8_t>(m.prepared ? 1 : 0);
   w.Put<uint32_t>(static_cast<uint32_t>(m.applied_chunks.size()));
   for (uint32_t s : m.applied_chunks) w.Put<uint32_t>(s);
+  PutString(w, m.transport);
+  w.Put<uint8_t>(static_cast<uint8_t>(std::min<size_t>(m.transports.size(), kMaxHopTransports)));
+  for (size_t i = 0; i < m.transports.size() && i < kMaxHopTransports; ++i) {
+    PutString(w, m.transports[i]);
+  }
   return out;
 }
 
@@ -265,6 +271,14 @@ Result<Hello> ParseHello(ByteSpan message) {
   m.prepared = prepared == 1;
   m.applied_chunks.resize(count);
   for (auto& s : m.applied_chunks) r.Get(s);
+  r.GetString(m.transport, kMaxTransportNameBytes);
+  uint8_t transports = 0;
+  r.Get(transports);
+  if (transports > kMaxHopTransports) {
+    return Status::Corrupt("HELLO lists " + std::to_string(transports) + " transports");
+  }
+  m.transports.resize(transports);
+  for (auto& t : m.transports) r.GetString(t, kMaxTransportNameBytes);
   RETURN_IF_ERROR(r.Close());
   return m;
 }

@@ -44,6 +44,8 @@ enum class MessageType : uint8_t {
 };
 inline constexpr uint8_t kMaxMessageType = 16;
 inline constexpr uint32_t kMaxAppliedInHello = 1u << 20;
+inline constexpr size_t kMaxHopTransports = 8;
+inline constexpr size_t kMaxTransportNameBytes = 32;
 std::string_view MessageTypeName(MessageType type);
 
 struct Challenge {
@@ -61,6 +63,11 @@ struct Hello {
   Digest128 inflight_target;
   bool prepared = false;
   std::vector<uint32_t> applied_chunks;
+  // The backend this link runs over and the child's preference list for the hop
+  // (what both ends list, [[link]] rules applied): the parent refuses a backend it
+  // does not speak and logs a hop that fell back from the first choice.
+  std::string transport;
+  std::vector<std::string> transports;
 };
 struct Refuse {
   std::string reason;

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/parallel.h"
 #include "topology/tree_plan.h"
+#include "transport/transport_set.h"
 
 namespace deltacast::agent {
 namespace {
@@ -88,6 +89,9 @@ class Publication {
           loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
         });
     if (!bound.ok()) return bound.status().WithContext("source cannot listen");
+    if (auto* set = transport::AsTransportSet(&transport)) {
+      loop_.Post([this, names = set->Accepting()] { downstream_.SetTransports(names); });
+    }
     log::Info(fmt::format("source {} listening on {}", me->id, *bound));
     return Status::Ok();
   }

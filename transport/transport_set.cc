@@ -54,22 +54,30 @@ std::vector<std::string> TransportSet::Names() const {
 Result<std::string> TransportSet::Listen(const std::string& address, AcceptHandler on_accept) {
   ASSIGN_OR_RETURN(HostPort where, ParseHostPort(address));
   uint16_t base = where.port;
-  for (const Member& m : members_) {
+  std::string failures;
+  bool any = false;
+  for (Member& m : members_) {
     // The handler is shared: accepted links of every backend go to the same place.
     const uint32_t port = base == 0 ? 0 : uint32_t{base} + m.port_offset;
-    if (port > 65535) return Status::InvalidArgument(m.name + ": listen port above 65535");
-    auto bound =
-        m.transport->Listen(JoinHostPort(where.host, static_cast<uint16_t>(port)), on_accept);
-    if (!bound.ok()) {
-      return Status(bound.status().code(), m.name + " cannot listen on " + where.host + ":" +
-                                               std::to_string(port) + ": " +
-                                               bound.status().message());
+    Result<std::string> bound = Status::InvalidArgument("listen port above 65535");
+    if (port <= 65535) {
+      bound = m.transport->Listen(JoinHostPort(where.host, static_cast<uint16_t>(port)), on_accept);
     }
+    if (!bound.ok()) {
+      m.accepting = false;
+      const std::string why = m.name + " on " + where.host + ":" + std::to_string(port) + ": " +
+                              bound.status().ToString();
+      failures += (failures.empty() ? "" : "; ") + why;
+      log::Warn("transport: cannot listen over " + why + "; peers fall back to another backend");
+      continue;
+    }
+    any = true;
     if (base == 0) {
       ASSIGN_OR_RETURN(HostPort got, ParseHostPort(*bound));
       base = static_cast<uint16_t>(got.port - m.port_offset);
     }
   }
+  if (!any) return Status::Unavailable("no transport can listen: " + failures);
   return JoinHostPort(where.host, base);
 }
 
@@ -127,6 +135,14 @@ void TransportSet::ConnectFirst(const std::string& host, uint16_t base_port,
         "");
   };
   (*step)();
+}
+
+std::vector<std::string> TransportSet::Accepting() const {
+  std::vector<std::string> names;
+  for (const Member& m : members_) {
+    if (m.accepting) names.push_back(m.name);
+  }
+  return names;
 }
 
 void TransportSet::Shutdown() {

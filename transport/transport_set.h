@@ -25,6 +25,7 @@ class TransportSet final : public Transport {
     std::string name;  // "tcp", "ucx", "ofi"
     std::unique_ptr<Transport> transport;
     uint16_t port_offset = 0;  // listens on the node's port + this
+    bool accepting = true;     // false once its Listen failed
   };
   // The connection and the name of the backend it runs over, or every backend's error.
   using ConnectFirstHandler =
@@ -39,7 +40,8 @@ class TransportSet final : public Transport {
 
   // Listens on every member at host:(port + its offset) and returns "host:port". With
   // port 0 the first member picks the port and the others add their offsets to it.
-  // Fails (closing what it opened) if any member cannot listen.
+  // A member that cannot listen is left out of Accepting() with a warning (its peers
+  // fall back to another backend); fails only when no member can listen.
   Result<std::string> Listen(const std::string& address, AcceptHandler on_accept) override;
 
   // "name://host:port" dials member `name` at exactly that address; a plain
@@ -56,6 +58,8 @@ class TransportSet final : public Transport {
 
   bool Has(std::string_view name) const;
   std::vector<std::string> Names() const;
+  // The members peers can reach this node over: those listening (all, before Listen).
+  std::vector<std::string> Accepting() const;
 
  private:
   const Member* Find(std::string_view name) const;

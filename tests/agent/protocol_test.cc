@@ -30,6 +30,25 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   EXPECT_EQ(AsChars(Body(chunk)), "chunk bytes");
 }
 
+TEST(ProtocolTest, HelloCarriesTheHopTransports) {
+  Hello hello;
+  hello.node_id = "child";
+  hello.applied_chunks = {1, 5};
+  hello.transport = "tcp";
+  hello.transports = {"ucx", "tcp"};
+  auto h = ParseHello(EncodeHello(hello));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->applied_chunks, (std::vector<uint32_t>{1, 5}));
+  EXPECT_EQ(h->transport, "tcp");
+  EXPECT_EQ(h->transports, (std::vector<std::string>{"ucx", "tcp"}));
+  // A count above the limit is refused before reading the names.
+  auto bytes = EncodeHello(hello);
+  const size_t count_at = bytes.size() - (2 + 3) - (2 + 3) - 1;
+  ASSERT_EQ(bytes[count_at], std::byte{2});
+  bytes[count_at] = std::byte{200};
+  EXPECT_NE(ParseHello(bytes).status().message().find("200 transports"), std::string::npos);
+}
+
 TEST(ProtocolTest, MalformedMessagesAreRefused) {
   auto good = EncodeCredit({3});
   auto bad_magic = good;

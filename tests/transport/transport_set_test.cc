@@ -92,5 +92,30 @@ TEST(TransportSetTest, FallsBackWhenThePreferredBackendDoesNotConnect) {
   EXPECT_TRUE(none.backend.empty());
 }
 
+TEST(TransportSetTest, AMemberThatCannotListenIsLeftOutAndPeersFallBack) {
+  // Occupy port P, then listen on a set at base P - 1: "fast" (P) cannot bind.
+  AcceptQueue accepted;
+  std::unique_ptr<Transport> squatter;
+  std::unique_ptr<TransportSet> server;
+  uint16_t base = 0;
+  for (int attempt = 0; attempt < 20 && base == 0; ++attempt) {
+    squatter = Tcp();
+    auto taken = squatter->Listen("127.0.0.1:0", [](std::unique_ptr<Connection>) {});
+    ASSERT_TRUE(taken.ok());
+    const uint16_t p = ParseHostPort(*taken)->port;
+    server = TwoBackends();
+    auto address = server->Listen("127.0.0.1:" + std::to_string(p - 1), accepted.Handler());
+    if (address.ok()) base = p - 1;  // else p - 1 was busy too: try another port
+  }
+  ASSERT_NE(base, 0);
+  EXPECT_EQ(server->Accepting(), (std::vector<std::string>{"tcp"}));
+  EXPECT_EQ(server->Names(), (std::vector<std::string>{"fast", "tcp"}));
+  // What the server still accepts on works.
+  auto client = TwoBackends();
+  Dialed dialed = DialFirst(*client, base, {"tcp"});
+  ASSERT_TRUE(dialed.connection.ok()) << dialed.connection.status().ToString();
+  EXPECT_NE(accepted.Pop(), nullptr);
+}
+
 }  // namespace
 }  // namespace deltacast::transport

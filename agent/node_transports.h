@@ -1,0 +1,23 @@
+// The transports an agent (or the publisher) runs on: one backend per name in its
+// node's `transports` list, gathered in a TransportSet so that each hop dials the
+// first backend both ends list and falls back along the list.
+//
+// Thread safety: a plain function; thread-safe.
+#pragma once
+
+#include <memory>
+
+#include "common/status.h"
+#include "topology/cluster_config.h"
+#include "transport/transport.h"
+
+namespace deltacast::agent {
+
+// Makes every backend `node` lists, with the config's [transport] providers. A backend
+// that cannot start here (e.g. UCX finds no usable device) is left out with a warning
+// naming why, as long as one remains; with none left, the error lists every reason.
+// "inproc" is refused: it only exists inside a test process.
+Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
+    const topology::ClusterConfig& config, const topology::NodeConfig& node);
+
+}  // namespace deltacast::agent
