@@ -66,8 +66,8 @@
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
 #include "topology/units.h"
+#include "transport/factory.h"
 #include "transport/fault_transport.h"
-#include "transport/tcp/tcp_transport.h"
 
 extern char** environ;
 
@@ -126,6 +126,8 @@ struct BenchOptions {
   uint64_t relay_bytes = 0;
   uint64_t relay_chunk_bytes = 0;
   int iperf_seconds = 3;
+  std::string transport = "tcp";
+  std::string provider;
 };
 
 // ---- versions --------------------------------------------------------------
@@ -280,6 +282,8 @@ struct ClusterParams {
   int window = 8;
   size_t encode_threads = 0;
   size_t apply_threads = 1;
+  std::string transport = "tcp";  // a transport/factory.h backend name
+  std::string provider;           // its provider ("" = the library's choice)
 };
 
 struct RunResult {
@@ -328,11 +332,13 @@ std::string ConfigToml(int receivers, int fanout, int base_port, const ClusterPa
   return toml;
 }
 
-// The transport of one node: TCP, each connection paced per the uplink model.
-std::unique_ptr<dc::transport::Transport> NodeTransport(UplinkModel model,
-                                                        double link_bytes_per_second,
+// The transport of one node (--transport), each connection paced per the uplink model.
+std::unique_ptr<dc::transport::Transport> NodeTransport(const ClusterParams& p, UplinkModel model,
                                                         size_t children) {
-  auto tcp = Check(dc::transport::MakeTcpTransport(), "tcp transport");
+  dc::transport::TransportOptions options;
+  options.provider = p.provider;
+  auto tcp = Check(dc::transport::MakeTransport(p.transport, options), "transport");
+  const double link_bytes_per_second = p.link_bytes_per_second;
   if (model == UplinkModel::kUncapped) return tcp;
   dc::transport::FaultPlan plan;
   plan.bandwidth_bytes_per_second = link_bytes_per_second;
@@ -395,9 +401,8 @@ bool StartReceivers(const dc::topology::ClusterConfig& config, const dc::topolog
     options.token = kToken;
     options.apply_threads = p.apply_threads;
     options.spool_dir = SpoolRoot() / node.id;
-    auto agent = dc::agent::NodeAgent::Start(
-        std::move(options), std::move(replicas[i]),
-        NodeTransport(s.model, p.link_bytes_per_second, node.children.size()));
+    auto agent = dc::agent::NodeAgent::Start(std::move(options), std::move(replicas[i]),
+                                             NodeTransport(p, s.model, node.children.size()));
     if (!agent.ok()) {
       fmt::print(stderr, "fanout bench: {} cannot start ({}); retrying on other ports\n", node.id,
                  agent.status().ToString());
@@ -497,7 +502,7 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     const auto t0 = Clock::now();
     auto published =
         dc::agent::Publish(options, *base.store, base.manifest, *target.store, target.manifest,
-                           NodeTransport(s.model, p.link_bytes_per_second, source_children));
+                           NodeTransport(p, s.model, source_children));
     const double wall = Seconds(t0);
     const double cpu = CpuSeconds() - cpu0;
     if (!published.ok()) {
@@ -786,6 +791,8 @@ json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937&
   p.window = o.window;
   p.encode_threads = o.encode_threads;
   p.apply_threads = o.apply_threads;
+  p.transport = o.transport;
+  p.provider = o.provider;
   const Checkpoint base = StepCheckpoint(model, 0, p.partition_bytes);
   const Checkpoint target =
       StepCheckpoint(model, dc::bench::CalibrateLr(o.summary_rate), p.partition_bytes);
@@ -897,6 +904,8 @@ json RelayThroughput(const BenchOptions& o, std::mt19937& rng) {
   p.window = o.window;
   p.encode_threads = o.encode_threads;
   p.apply_threads = o.apply_threads;
+  p.transport = o.transport;
+  p.provider = o.provider;
   fmt::print(stderr, "relay throughput: {} B full checkpoint over source -> n01 -> n02, uncapped\n",
              o.relay_bytes);
   const Checkpoint target = RandomCheckpoint(o.relay_bytes, o.seed + 7, p.partition_bytes);
@@ -994,6 +1003,8 @@ ClusterParams FanoutParams(const BenchOptions& o) {
   p.window = o.window;
   p.encode_threads = o.encode_threads;
   p.apply_threads = o.apply_threads;
+  p.transport = o.transport;
+  p.provider = o.provider;
   return p;
 }
 
@@ -1009,8 +1020,10 @@ json DocHeader(const BenchOptions& o, const std::string& link_text) {
       {"window", o.window},
       {"summary_rate", o.summary_rate},
       {"repeats", o.repeats},
-      {"transport",
-       "TCP on 127.0.0.1, one transport per node, each wrapped by WrapWithFaults with a "
+      {"transport", o.transport},
+      {"provider", o.provider},
+      {"transport_setup",
+       "loopback 127.0.0.1, one transport per node, each wrapped by WrapWithFaults with a "
        "bandwidth cap"},
       {"uplink_models",
        {{"shared",
@@ -1123,6 +1136,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--iperf-seconds", o.iperf_seconds, "Length of the iperf3 run")
       ->capture_default_str();
+  app.add_option("--transport", o.transport, "Backend of every link: tcp, ucx or ofi")
+      ->capture_default_str();
+  app.add_option("--provider", o.provider,
+                 "The backend's provider (ucx: e.g. tcp or shm; ofi: e.g. \"tcp;ofi_rxm\" or shm)");
   app.add_option("--out", out_path, "Also write the JSON here");
   app.add_flag("-v,--verbose", verbose, "Log the agents (info level)");
   CLI11_PARSE(app, argc, argv);
