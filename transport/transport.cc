@@ -50,6 +50,32 @@ std::string JoinHostPort(std::string_view host, uint16_t port) {
   return out + ":" + std::to_string(port);
 }
 
+std::string_view MemoryTypeName(MemoryType type) {
+  switch (type) {
+    case MemoryType::kHost:
+      return "host";
+    case MemoryType::kCudaDevice:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+Status Connection::SendRegion(const MemoryRegion& region, SendHandler on_sent) {
+  if (region.type != MemoryType::kHost) {
+    // No backend built here moves device memory; one that can overrides this.
+    return Status::Unsupported(std::string(MemoryTypeName(region.type)) +
+                               " memory cannot be sent directly over this connection's backend "
+                               "(not in its capabilities().memory_types); stage it through host "
+                               "memory");
+  }
+  if (region.data == nullptr && region.size > 0) {
+    return Status::InvalidArgument("host region with no data");
+  }
+  const auto* bytes = static_cast<const std::byte*>(region.data);
+  Send(MakeMessage(std::vector<std::byte>(bytes, bytes + region.size)), std::move(on_sent));
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Connection>> ConnectBlocking(Transport& transport,
                                                     const std::string& address,
                                                     std::chrono::milliseconds timeout) {

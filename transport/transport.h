@@ -49,6 +49,18 @@ inline constexpr uint64_t kDefaultMaxMessageBytes = (uint64_t{1} << 30) + (uint6
 
 enum class MemoryType : uint8_t { kHost = 0, kCudaDevice = 1 };
 
+std::string_view MemoryTypeName(MemoryType type);
+
+// Bytes somewhere in memory that the caller keeps alive and unchanged until the
+// send's on_sent runs: how a GPU store hands device buffers to a backend that can
+// move them directly (GPUDirect), and host memory to any backend.
+struct MemoryRegion {
+  MemoryType type = MemoryType::kHost;
+  const void* data = nullptr;
+  size_t size = 0;
+  int device = 0;  // CUDA device ordinal for kCudaDevice
+};
+
 // What a backend can do; query it before relying on a feature.
 struct Capabilities {
   std::string backend;                   // "tcp", "inproc", "fault(tcp)"
@@ -91,6 +103,12 @@ class Connection {
   // issued after the link closed complete with an error after on_closed.
   // After the transport shut down, Send drops the message and on_sent never runs.
   virtual void Send(Message message, SendHandler on_sent = {}) = 0;
+
+  // Sends the bytes of `region` as one message, like Send. Host memory is copied into
+  // a Message (backends may override to send in place). Memory of a type the backend
+  // does not list in capabilities().memory_types is refused at once with kUnsupported
+  // (on_sent then never runs): the caller stages it through host memory instead.
+  virtual Status SendRegion(const MemoryRegion& region, SendHandler on_sent = {});
 
   // Bytes queued by Send that were not yet handed to the OS (or the peer), i.e.
   // whose on_sent has not run. The relay's backpressure signal.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -47,6 +48,33 @@ TEST_P(ConformanceTest, CapabilitiesDescribeTheBackend) {
     EXPECT_NE(AsFaultTransport(t.get()), nullptr);
   } else {
     EXPECT_EQ(AsFaultTransport(t.get()), nullptr);
+  }
+}
+
+TEST_P(ConformanceTest, RegionsOfHostMemorySendAndDeviceMemoryIsRefusedByCapability) {
+  Sink sink;
+  auto server = Make();
+  auto client = Make();
+  auto link = Connect(*server, *client);
+  ASSERT_TRUE(link.client && link.accepted);
+  sink.Start(*link.accepted);
+  const auto bytes = Payload(21, 0, 5000);
+  SendLog log;
+  ASSERT_TRUE(
+      link.client->SendRegion({MemoryType::kHost, bytes.data(), bytes.size()}, log.Handler(0))
+          .ok());
+  ExpectReceived(sink, {5000}, {HashOf(bytes)});
+  ExpectAllOkInOrder(log, 1);
+  const auto& types = client->capabilities().memory_types;
+  if (std::find(types.begin(), types.end(), MemoryType::kCudaDevice) == types.end()) {
+    int device_buffer = 0;  // never dereferenced: refused by type
+    const Status refused = link.client->SendRegion(
+        {MemoryType::kCudaDevice, &device_buffer, sizeof device_buffer}, log.Handler(1));
+    EXPECT_EQ(refused.code(), StatusCode::kUnsupported) << refused.ToString();
+    EXPECT_NE(refused.message().find("stage it through host"), std::string::npos);
+    std::this_thread::sleep_for(milliseconds(20));
+    EXPECT_EQ(log.count(), 1u);        // its on_sent never runs
+    EXPECT_EQ(sink.close_count(), 0);  // and the link stays up
   }
 }
 
