@@ -153,6 +153,7 @@ void Downstream::OnMessage(uint64_t serial, transport::Message message) {
     case MessageType::kCommitted:
     case MessageType::kAborted:
     case MessageType::kFetch:
+    case MessageType::kFetchManifest:
       if (events_.message) events_.message(id, *type, bytes);
       return;
     default: {

@@ -120,6 +120,10 @@ std::string_view MessageTypeName(MessageType type) {
       return "FETCH";
     case MessageType::kPartition:
       return "PARTITION";
+    case MessageType::kFetchManifest:
+      return "FETCH_MANIFEST";
+    case MessageType::kManifest:
+      return "MANIFEST";
   }
   return "UNKNOWN";
 }
@@ -385,13 +389,52 @@ std::vector<std::byte> EncodeFetch(const Fetch& m) {
   return out;
 }
 
-std::vector<std::byte> EncodePartition(uint64_t request_id, bool found, ByteSpan bytes) {
-  auto out = Header(MessageType::kPartition);
+namespace {
+
+// PARTITION and MANIFEST: request id, found flag, length-prefixed bytes.
+std::vector<std::byte> EncodeFound(MessageType type, uint64_t request_id, bool found,
+                                   ByteSpan bytes) {
+  auto out = Header(type);
   ByteWriter w(out);
   w.Put<uint64_t>(request_id);
   w.Put<uint8_t>(found ? 1 : 0);
   w.Put<uint64_t>(bytes.size());
   w.PutBytes(bytes);
+  return out;
+}
+
+Result<PartitionData> ParseFound(ByteSpan message, MessageType type) {
+  BodyReader r(message, type);
+  RETURN_IF_ERROR(r.Open());
+  PartitionData m;
+  uint8_t found = 0;
+  uint64_t length = 0;
+  r.Get(m.request_id);
+  r.Get(found);
+  r.Get(length);
+  const std::string name(MessageTypeName(type));
+  if (found > 1) return Status::Corrupt(name + " found flag is " + std::to_string(found));
+  m.found = found == 1;
+  if (!r.GetSpan(length, m.bytes)) return Status::Corrupt(name + " bytes run past the message");
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+}  // namespace
+
+std::vector<std::byte> EncodePartition(uint64_t request_id, bool found, ByteSpan bytes) {
+  return EncodeFound(MessageType::kPartition, request_id, found, bytes);
+}
+
+std::vector<std::byte> EncodeManifest(uint64_t request_id, bool found, ByteSpan manifest) {
+  return EncodeFound(MessageType::kManifest, request_id, found, manifest);
+}
+
+std::vector<std::byte> EncodeFetchManifest(const FetchManifest& m) {
+  auto out = Header(MessageType::kFetchManifest);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.request_id);
+  PutDigest(w, m.version);
   return out;
 }
 
@@ -409,17 +452,19 @@ Result<Fetch> ParseFetch(ByteSpan message) {
 }
 
 Result<PartitionData> ParsePartition(ByteSpan message) {
-  BodyReader r(message, MessageType::kPartition);
+  return ParseFound(message, MessageType::kPartition);
+}
+
+Result<PartitionData> ParseManifest(ByteSpan message) {
+  return ParseFound(message, MessageType::kManifest);
+}
+
+Result<FetchManifest> ParseFetchManifest(ByteSpan message) {
+  BodyReader r(message, MessageType::kFetchManifest);
   RETURN_IF_ERROR(r.Open());
-  PartitionData m;
-  uint8_t found = 0;
-  uint64_t length = 0;
+  FetchManifest m;
   r.Get(m.request_id);
-  r.Get(found);
-  r.Get(length);
-  if (found > 1) return Status::Corrupt("PARTITION found flag is " + std::to_string(found));
-  m.found = found == 1;
-  if (!r.GetSpan(length, m.bytes)) return Status::Corrupt("PARTITION bytes run past the message");
+  r.GetDigest(m.version);
   RETURN_IF_ERROR(r.Close());
   return m;
 }

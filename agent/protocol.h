@@ -41,8 +41,10 @@ enum class MessageType : uint8_t {
   kHeartbeat = 14,  // either way: the link is alive
   kFetch = 15,      // up: send me this partition's bytes at this hash (repair)
   kPartition = 16,  // down: the answer to a FETCH
+  kFetchManifest = 17,  // up: send me the manifest of this version (catch-up)
+  kManifest = 18,       // down: the answer to a FETCH_MANIFEST
 };
-inline constexpr uint8_t kMaxMessageType = 16;
+inline constexpr uint8_t kMaxMessageType = 18;
 inline constexpr uint32_t kMaxAppliedInHello = 1u << 20;
 inline constexpr size_t kMaxHopTransports = 8;
 inline constexpr size_t kMaxTransportNameBytes = 32;
@@ -113,6 +115,10 @@ struct PartitionData {
   bool found = false;  // false: nobody up the tree has it
   ByteSpan bytes;      // view into the message
 };
+struct FetchManifest {
+  uint64_t request_id = 0;
+  Digest128 version;
+};
 struct Outcome {  // COMMITTED and ABORTED
   uint64_t refit_id = 0;
   uint32_t nodes = 0;  // nodes of the sender's subtree that completed the decision
@@ -134,6 +140,9 @@ std::vector<std::byte> EncodeOutcome(MessageType type, const Outcome& m);
 std::vector<std::byte> EncodeHeartbeat();
 std::vector<std::byte> EncodeFetch(const Fetch& m);
 std::vector<std::byte> EncodePartition(uint64_t request_id, bool found, ByteSpan bytes);
+std::vector<std::byte> EncodeFetchManifest(const FetchManifest& m);
+// A MANIFEST: the serialized codec::Manifest, or found = false.
+std::vector<std::byte> EncodeManifest(uint64_t request_id, bool found, ByteSpan manifest);
 
 // Validates the header; returns the type. Corrupt for bad magic, version, type or
 // reserved bits.
@@ -153,6 +162,8 @@ Result<Decision> ParseDecision(ByteSpan message);  // COMMIT or ABORT
 Result<Outcome> ParseOutcome(ByteSpan message);    // COMMITTED or ABORTED
 Result<Fetch> ParseFetch(ByteSpan message);
 Result<PartitionData> ParsePartition(ByteSpan message);
+Result<FetchManifest> ParseFetchManifest(ByteSpan message);
+Result<PartitionData> ParseManifest(ByteSpan message);  // same shape as PARTITION
 
 // HMAC-SHA256(token, nonce || child id || parent id): proves the child knows the
 // cluster token without sending it, bound to this link's nonce and both ends.

@@ -152,6 +152,15 @@ Status CheckpointState::ClearInflight() {
   return FsyncDirectory(dir_);
 }
 
+Status CheckpointState::ClearMarks() {
+  for (std::string_view name : {kPreparedFile, kAppliedFile}) {
+    std::error_code ec;
+    std::filesystem::remove(dir_ / name, ec);
+    if (ec) return Status::IoError("remove " + (dir_ / name).string() + ": " + ec.message());
+  }
+  return FsyncDirectory(dir_);
+}
+
 Status CheckpointState::AppendApplied(uint32_t sequence) {
   RETURN_IF_ERROR(EnsureDir());
   std::string line = WithChecksum("applied " + std::to_string(sequence));

@@ -41,6 +41,9 @@ class CheckpointState {
   Status WriteInflight(const InflightDelta& inflight);
   // Removes the in-flight record with its applied and prepared marks.
   Status ClearInflight();
+  // Removes the applied and prepared marks, keeping the in-flight record (before it
+  // is replaced by another: the marks belong to the old one).
+  Status ClearMarks();
 
   // Sequence numbers of the in-flight delta's chunks whose partitions are applied
   // and flushed; appended (and fsynced) one per chunk, so a restart resumes after

@@ -1,5 +1,8 @@
 #include "apply/replica.h"
 
+#include <algorithm>
+
+#include "codec/partition.h"
 #include "common/parallel.h"
 
 namespace deltacast::apply {
@@ -82,6 +85,58 @@ Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity&
   auto applier = std::make_unique<DeltaApplier>(*store_, std::move(current), identity, options);
   for (uint32_t sequence : applied_) applier->MarkApplied(sequence);
   return applier;
+}
+
+Result<CatchUp> Replica::BeginCatchUp(const codec::Manifest& target, ApplyOptions options) {
+  if (target.partition_bytes != manifest_.partition_bytes) {
+    return Status::InvalidArgument(
+        "the catch-up target uses partitions of " + std::to_string(target.partition_bytes) +
+        " bytes, this replica " + std::to_string(manifest_.partition_bytes));
+  }
+  if (target.tensors != store_->tensors() ||
+      target.partition_hashes.size() != target.tensors.size()) {
+    return Status::InvalidArgument(
+        "the catch-up target's tensor table differs from this store's: it cannot be reached by "
+        "overwriting partitions");
+  }
+  const Digest128 to = target.VersionId();
+  codec::Manifest current = manifest_;
+  if (inflight_) {
+    // The bytes are a mix of the delta in flight: hash them as they are.
+    const WeightStore& s = *store_;
+    current = codec::ComputeManifest(
+        s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes,
+        threads_);
+  }
+  const InflightDelta delta{inflight_ ? inflight_->base : version_, to};
+  if (!(inflight_ && *inflight_ == delta)) {
+    if (state_) {
+      // The old delta's marks go first; then the in-flight record is replaced in one
+      // atomic write, so a crash leaves one record or the other, never none.
+      if (inflight_) RETURN_IF_ERROR(state_->ClearMarks());
+      RETURN_IF_ERROR(state_->WriteInflight(delta));
+    }
+    ForgetInflight();
+    inflight_ = delta;
+  }
+  CatchUp out;
+  for (size_t t = 0; t < target.tensors.size(); ++t) {
+    const codec::TensorInfo& info = target.tensors[t];
+    const uint64_t per = codec::PartitionElements(info.dtype, manifest_.partition_bytes);
+    const uint64_t e = ElementSize(info.dtype);
+    for (size_t p = 0; p < target.partition_hashes[t].size(); ++p) {
+      if (current.partition_hashes[t][p] == target.partition_hashes[t][p]) continue;
+      const uint64_t offset = p * per;
+      out.partitions.push_back({{info.name, offset},
+                                std::min(per, info.ElementCount() - offset) * e,
+                                target.partition_hashes[t][p]});
+    }
+  }
+  if (options.threads == 0) options.threads = threads_;
+  out.applier = std::make_unique<DeltaApplier>(
+      *store_, std::move(current),
+      codec::DeltaIdentity{delta.base, delta.target, manifest_.partition_bytes}, options);
+  return out;
 }
 
 Status Replica::RecordApplied(uint32_t sequence) {

@@ -25,6 +25,19 @@
 
 namespace deltacast::apply {
 
+// A partition a catch-up must overwrite: its coordinates and the target's hash.
+struct CatchUpPartition {
+  PartitionKey key;
+  uint64_t byte_length = 0;
+  uint64_t target_hash = 0;
+};
+
+// A catch-up in progress: the applier writes the target's bytes (WriteVerified).
+struct CatchUp {
+  std::unique_ptr<DeltaApplier> applier;
+  std::vector<CatchUpPartition> partitions;  // those whose bytes differ from the target
+};
+
 class Replica {
  public:
   // Opens checkpoint directory `dir` read-write. Its manifest comes from the cache
@@ -60,6 +73,17 @@ class Replica {
   // the applier.
   Result<std::unique_ptr<DeltaApplier>> Begin(const codec::DeltaIdentity& identity,
                                               ApplyOptions options);
+
+  // Starts (or resumes) bringing the store to `target`, the manifest of a version
+  // committed elsewhere that this replica missed (it was down for one or more
+  // refits), whatever it holds now: its active version, or the mix of a delta left
+  // in flight, which this replaces. Journals a delta in flight to the target (so a
+  // restart resumes the catch-up) and returns the partitions to overwrite with the
+  // target's bytes (CatchUp::applier->WriteVerified); then call CommitFromStore.
+  // kInvalidArgument (nothing written) if the target's tensors or partition size
+  // differ from the store's. A catch-up is never rolled back: its target is already
+  // committed.
+  Result<CatchUp> BeginCatchUp(const codec::Manifest& target, ApplyOptions options);
 
   // Makes `target` (what DeltaApplier::Finish returned) the active version:
   // caches its manifest, flips the active version atomically and durably, and

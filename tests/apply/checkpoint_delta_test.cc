@@ -561,3 +561,85 @@ TEST_F(CheckpointDeltaTest, ContextModeRoundTripsBitExactly) {
 
 }  // namespace
 }  // namespace deltacast::apply
+
+namespace deltacast::apply {
+namespace {
+
+// Writes `parts` of the catch-up with the bytes `target` has there.
+void WriteParts(CatchUp& catch_up, const WeightStore& target,
+                const std::vector<CatchUpPartition>& parts) {
+  for (const CatchUpPartition& p : parts) {
+    const auto index = target.FindTensor(p.key.tensor);
+    ASSERT_TRUE(index.has_value());
+    const uint64_t e = ElementSize(target.tensors()[*index].dtype);
+    const ByteSpan bytes =
+        target.TensorData(*index).subspan(p.key.element_offset * e, p.byte_length);
+    ASSERT_TRUE(catch_up.applier->WriteVerified(p.key, bytes, p.target_hash).ok());
+  }
+}
+
+TEST_F(CheckpointDeltaTest, CatchUpReachesAMissedVersionFromAMixAndResumesAfterACrash) {
+  // "work" was at v0 and died mid-way through v0 -> v1; the cluster has since
+  // committed v2. It catches up to v2 by overwriting the partitions that differ.
+  const fs::path delta = Dir("v0-v1.delta");
+  Diff(delta, Options());
+  const std::vector<Bytes> chunks = ReadChunks(delta);
+  CopyCheckpoint(Dir("v0"), Dir("work"));
+  ASSERT_NO_FATAL_FAILURE(ApplyThenCrash(Dir("work"), {chunks[0]}));
+  auto v2 = Replica::OpenCheckpointDir(Dir("v2"), kPartitionBytes, 1);
+  ASSERT_TRUE(v2.ok());
+  const codec::Manifest target = (*v2)->manifest();
+
+  size_t total = 0;
+  {
+    auto work = Replica::OpenCheckpointDir(Dir("work"), kPartitionBytes, 1);
+    ASSERT_TRUE(work.ok());
+    ASSERT_TRUE((*work)->inflight().has_value());
+    auto catch_up = (*work)->BeginCatchUp(target, ApplyOptions{1});
+    ASSERT_TRUE(catch_up.ok()) << catch_up.status().ToString();
+    total = catch_up->partitions.size();
+    ASSERT_GE(total, 2u);
+    // Half written, then the process dies.
+    const std::vector<CatchUpPartition> half(catch_up->partitions.begin(),
+                                             catch_up->partitions.begin() + total / 2);
+    ASSERT_NO_FATAL_FAILURE(WriteParts(*catch_up, (*v2)->store(), half));
+  }
+  auto work = Replica::OpenCheckpointDir(Dir("work"), kPartitionBytes, 1);
+  ASSERT_TRUE(work.ok());
+  ASSERT_TRUE((*work)->inflight().has_value());
+  EXPECT_EQ((*work)->inflight()->target, target.VersionId());
+  EXPECT_TRUE((*work)->applied_chunks().empty());  // the old delta's marks are gone
+  auto resumed = (*work)->BeginCatchUp(target, ApplyOptions{1});
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ(resumed->partitions.size(), total - total / 2);
+  // Not there yet: committing now is refused and changes nothing.
+  EXPECT_EQ((*work)->CommitFromStore().code(), StatusCode::kFailedPrecondition);
+  // Bytes that do not hash to what the target says are refused, nothing written.
+  const CatchUpPartition& first = resumed->partitions.front();
+  const std::vector<std::byte> wrong(first.byte_length, std::byte{1});
+  EXPECT_EQ(resumed->applier->WriteVerified(first.key, wrong, first.target_hash).code(),
+            StatusCode::kCorrupt);
+  ASSERT_NO_FATAL_FAILURE(WriteParts(*resumed, (*v2)->store(), resumed->partitions));
+  ASSERT_TRUE((*work)->CommitFromStore().ok());
+  EXPECT_EQ((*work)->version(), target.VersionId());
+  EXPECT_FALSE((*work)->inflight().has_value());
+  EXPECT_TRUE(ReadFiles(Dir("work")) == ReadFiles(Dir("v2")));
+}
+
+TEST_F(CheckpointDeltaTest, CatchUpToADifferentLayoutIsRefusedAndWritesNothing) {
+  CopyCheckpoint(Dir("v0"), Dir("work"));
+  const auto before = ReadFiles(Dir("work"));
+  auto work = Replica::OpenCheckpointDir(Dir("work"), kPartitionBytes, 1);
+  ASSERT_TRUE(work.ok());
+  codec::Manifest other = (*work)->manifest();
+  other.tensors.back().name += ".renamed";
+  auto refused = (*work)->BeginCatchUp(other, ApplyOptions{1});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("tensor table differs"));
+  EXPECT_FALSE((*work)->inflight().has_value());
+  EXPECT_TRUE(ReadFiles(Dir("work")) == before);
+}
+
+}  // namespace
+}  // namespace deltacast::apply
