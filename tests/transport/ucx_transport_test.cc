@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,6 +86,39 @@ TEST(UcxOptions, ListenRejectsMalformedAndReturnsTheBoundPort) {
   ASSERT_TRUE(bound.ok()) << bound.status().ToString();
   EXPECT_EQ(bound->rfind("127.0.0.1:", 0), 0u) << *bound;
   EXPECT_NE(*bound, "127.0.0.1:0");
+}
+
+double CpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+// The progress threads spin only briefly, then block on the worker's fd: an idle
+// pair of transports with a live link must not burn a core.
+TEST(UcxIdle, AnIdleLinkUsesNoCpu) {
+  for (const std::string tls : {"tcp", "shm"}) {
+    auto server = MakeOrDie(tls);
+    auto client = MakeOrDie(tls);
+    ASSERT_TRUE(server && client);
+    AcceptQueue accepted;
+    auto address = server->Listen("127.0.0.1:0", accepted.Handler());
+    ASSERT_TRUE(address.ok());
+    auto connection = ConnectBlocking(*client, *address, kWait);
+    ASSERT_TRUE(connection.ok()) << connection.status().ToString();
+    auto peer = accepted.Pop();
+    ASSERT_NE(peer, nullptr);
+    Sink sink;
+    sink.Start(*peer);
+    (*connection)->Send(MakeMessage(Payload(1, 0, 1000)));
+    ASSERT_TRUE(sink.WaitMessages(1));
+    std::this_thread::sleep_for(milliseconds(100));
+    const double before = CpuSeconds();
+    std::this_thread::sleep_for(milliseconds(1000));
+    const double used = CpuSeconds() - before;
+    EXPECT_LT(used, 0.05) << tls << ": " << used << " s of CPU in 1 s of idleness";
+  }
 }
 
 // The child side of PeerKilledMidTransfer: connects, then sends 4 MiB messages
