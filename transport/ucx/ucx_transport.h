@@ -57,9 +57,10 @@ namespace deltacast::transport {
 struct UcxOptions {
   // Largest message received or sent (see transport.h).
   uint64_t max_message_bytes = kDefaultMaxMessageBytes;
-  // Which UCX transports carry data (UCX_TLS syntax). "tcp"; "shm" (shared memory
-  // and CMA; link setup still uses the TCP connection manager); "" = UCX's own
-  // choice; anything else is passed to UCX as is (e.g. "posix,cma").
+  // Which UCX transports carry data (UCX_TLS syntax). "tcp"; "shm" (UCX_TLS
+  // "sm,tcp" with rendezvous over the shared-memory AM lane: messages and data go
+  // over sysv/posix shared memory, tcp only sets the endpoint up); "" = UCX's own
+  // choice; anything else is passed to UCX as is (e.g. "posix,tcp").
   std::string tls;
   // UCX_NET_DEVICES for the network transports, e.g. "lo" or "eth0"; "" = all.
   std::string net_devices;
