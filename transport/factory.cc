@@ -3,6 +3,7 @@
 #include <string>
 
 #include "transport/tcp/tcp_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace deltacast::transport {
 
@@ -21,6 +22,13 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     tcp.max_message_bytes = options.max_message_bytes;
     tcp.connect_timeout = options.connect_timeout;
     return MakeTcpTransport(tcp);
+  }
+  if (backend == "ucx") {
+    UcxOptions ucx;
+    ucx.max_message_bytes = options.max_message_bytes;
+    ucx.tls = options.provider;  // "tcp", "shm", "" or a UCX_TLS list
+    ucx.connect_timeout = options.connect_timeout;
+    return MakeUcxTransport(ucx);
   }
   return Status::InvalidArgument("unknown transport backend \"" + std::string(backend) +
                                  "\" (known: tcp, ucx, ofi)");
