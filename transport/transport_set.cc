@@ -118,13 +118,16 @@ void TransportSet::ConnectFirst(const std::string& host, uint16_t base_port,
       const std::string address = JoinHostPort(attempt->host, static_cast<uint16_t>(port));
       m->transport->Connect(address, [attempt, name, address,
                                       step = weak.lock()](Result<std::unique_ptr<Connection>> r) {
-        if (r.ok()) return attempt->on_done(std::move(r), name);
+        if (r.ok()) {
+          // A fallback is worth a line; retries that all fail are the caller's to report.
+          if (!attempt->errors.empty()) {
+            log::Warn("transport: connected to " + address + " over " + name +
+                      " after falling back: " + attempt->errors);
+          }
+          return attempt->on_done(std::move(r), name);
+        }
         attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + " " + address + ": " +
                            r.status().ToString();
-        if (attempt->next < attempt->backends.size()) {
-          log::Warn("transport: " + name + " to " + address + " failed (" + r.status().ToString() +
-                    "); falling back to " + attempt->backends[attempt->next]);
-        }
         if (step) (*step)();
       });
       return;
