@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -23,6 +24,10 @@ namespace deltacast::agent {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Partitions a catching-up node has requested at once: enough to keep a long path
+// busy, few enough that the replies (each a partition) stay small in memory.
+constexpr size_t kCatchUpWindow = 16;
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -167,8 +172,28 @@ class NodeAgent::Impl {
     uint64_t child_request = 0;
     apply::PartitionKey key;
     uint64_t refit_id = 0;
-    uint64_t hash = 0;  // what the bytes must hash to (rollback)
+    uint64_t hash = 0;  // what the bytes must hash to (rollback, catch-up)
     bool for_rollback = false;
+    bool for_catch_up = false;
+    uint64_t byte_length = 0;  // catch-up: to ask again after a reconnect
+  };
+
+  // This node missed versions the cluster committed (it was down for one or more
+  // refits, or died mid-delta and the delta committed without it): it is brought to
+  // the committed version `to` by overwriting each partition that differs with the
+  // bytes of `to`, fetched up the tree like a repair. Loop thread.
+  struct CatchUpState {
+    Digest128 to;
+    uint64_t refit_id = 0;          // the refit it unblocks
+    bool resolving = false;         // ends a Resolve (else a deferred BEGIN follows)
+    uint64_t manifest_request = 0;  // outstanding FETCH_MANIFEST; 0: none
+    bool have_manifest = false;
+    std::deque<apply::CatchUpPartition> queue;  // not yet asked for
+    size_t outstanding = 0;
+    size_t total = 0;
+    size_t written = 0;
+    uint64_t bytes = 0;
+    Clock::time_point start;
   };
 
   Downstream::Events DownstreamEvents() {
@@ -338,6 +363,11 @@ class NodeAgent::Impl {
     if (!parent_lost_at_) parent_lost_at_ = Clock::now();
     next_connect_ = Clock::now() + backoff_;
     for (auto it = fetches_.begin(); it != fetches_.end();) {
+      if (it->second.for_catch_up && catch_up_) {
+        // Asked again on the next link.
+        catch_up_->queue.push_front({it->second.key, it->second.byte_length, it->second.hash});
+        --catch_up_->outstanding;
+      }
       // Answer children's forwarded FETCHes: this path is gone; they may ask again.
       if (!it->second.child.empty()) {
         downstream_.SendTo(it->second.child, transport::MakeMessage(EncodePartition(
@@ -345,6 +375,12 @@ class NodeAgent::Impl {
       }
       it = fetches_.erase(it);
     }
+    for (const auto& [request, asker] : manifest_fetches_) {
+      downstream_.SendTo(asker.first,
+                         transport::MakeMessage(EncodeManifest(asker.second, false, {})));
+    }
+    manifest_fetches_.clear();
+    if (catch_up_) catch_up_->manifest_request = 0;
     if (refit_ && refit_->phase == Phase::kStreaming) {
       // The delta stays in flight and journaled: when the parent (or its
       // replacement) is back, the refit resumes with only what is missing; a
@@ -401,6 +437,7 @@ class NodeAgent::Impl {
       case MessageType::kWelcome:
         joined_ = true;
         parent_lost_at_.reset();
+        if (catch_up_) loop_.Post([this] { PumpCatchUp(); });
         log::Info(fmt::format("{}: joined parent {} over {}{}", options_.node_id, current_parent_,
                               parent_backend_,
                               current_parent_ == *self_.parent ? "" : " (failover)"));
@@ -421,6 +458,8 @@ class NodeAgent::Impl {
         return OnDecision(*type, bytes);
       case MessageType::kPartition:
         return OnPartition(bytes);
+      case MessageType::kManifest:
+        return OnManifest(bytes);
       case MessageType::kHeartbeat:
         return;
       default:
@@ -454,6 +493,12 @@ class NodeAgent::Impl {
       // The previous delta is still being committed or rolled back (a source that
       // restarted resolves it right before beginning the next): begin after it.
       deferred_begin_.assign(bytes.begin(), bytes.end());
+      return;
+    }
+    if (catch_up_ || Behind(*begin)) {
+      // First reach the base everybody else holds; the BEGIN runs after.
+      deferred_begin_.assign(bytes.begin(), bytes.end());
+      if (!catch_up_) StartCatchUp(begin->base_version, begin->refit_id, /*resolving=*/false);
       return;
     }
     refit_.emplace();
@@ -682,6 +727,7 @@ class NodeAgent::Impl {
       return;
     }
     if (fetch.for_rollback) return OnBaseBytes(fetch, *p);
+    if (fetch.for_catch_up) return OnCatchUpBytes(fetch, *p);
     if (!refit_) return;
     refit_->repair_bytes += p->bytes.size();
     if (!p->found)
@@ -735,6 +781,187 @@ class NodeAgent::Impl {
         SendUp(EncodeFetch(up));
       });
     });
+  }
+
+  // A child's FETCH_MANIFEST goes up to the source, the only node that knows which
+  // versions the cluster committed (it serves only a node of its lineage).
+  void OnChildFetchManifest(const std::string& child, ByteSpan bytes) {
+    auto f = ParseFetchManifest(bytes);
+    if (!f.ok()) return;
+    if (!parent_ || !joined_) {
+      downstream_.SendTo(child, transport::MakeMessage(EncodeManifest(f->request_id, false, {})));
+      return;
+    }
+    const uint64_t request = next_fetch_++;
+    manifest_fetches_[request] = {child, f->request_id};
+    FetchManifest up = *f;
+    up.request_id = request;
+    SendUp(EncodeFetchManifest(up));
+  }
+
+  // ---- catch-up: reaching a committed version this node missed ----------------
+
+  // Whether this node holds neither the refit's base nor its target, nor the refit
+  // itself in flight: it missed a version the cluster committed.
+  bool Behind(const Begin& b) const {
+    if (catch_up_failed_refit_ == b.refit_id) return false;  // tried: let BEGIN report it
+    if (journal_.inflight) {
+      return !(journal_.inflight->base == b.base_version &&
+               journal_.inflight->target == b.target_version);
+    }
+    return journal_.version != b.base_version && journal_.version != b.target_version;
+  }
+
+  void StartCatchUp(const Digest128& to, uint64_t refit_id, bool resolving) {
+    catch_up_.emplace();
+    catch_up_->to = to;
+    catch_up_->refit_id = refit_id;
+    catch_up_->resolving = resolving;
+    catch_up_->start = Clock::now();
+    log::Warn(fmt::format(
+        "{}: holds {}{} but the cluster committed {}: catching up by fetching the partitions "
+        "that differ",
+        options_.node_id, journal_.version.ShortHex(),
+        journal_.inflight
+            ? " (with a delta to " + journal_.inflight->target.ShortHex() + " left in flight)"
+            : "",
+        to.ShortHex()));
+    PumpCatchUp();
+  }
+
+  // Asks for the manifest, then keeps kCatchUpWindow partitions requested.
+  void PumpCatchUp() {
+    if (!catch_up_ || !parent_ || !joined_) return;
+    CatchUpState& c = *catch_up_;
+    if (!c.have_manifest) {
+      if (c.manifest_request == 0) {
+        c.manifest_request = next_fetch_++;
+        SendUp(EncodeFetchManifest({c.manifest_request, c.to, journal_.version}));
+      }
+      return;
+    }
+    while (c.outstanding < kCatchUpWindow && !c.queue.empty()) {
+      const apply::CatchUpPartition part = c.queue.front();
+      c.queue.pop_front();
+      const uint64_t request = next_fetch_++;
+      PendingFetch fetch;
+      fetch.key = part.key;
+      fetch.hash = part.target_hash;
+      fetch.byte_length = part.byte_length;
+      fetch.for_catch_up = true;
+      fetches_[request] = fetch;
+      ++c.outstanding;
+      SendUp(EncodeFetch(
+          {request, part.key.tensor, part.key.element_offset, part.byte_length, part.target_hash}));
+    }
+  }
+
+  void OnManifest(ByteSpan bytes) {
+    auto m = ParseManifest(bytes);
+    if (!m.ok()) return ProtocolError(m.status().message());
+    if (auto it = manifest_fetches_.find(m->request_id); it != manifest_fetches_.end()) {
+      // A relay passing the answer down.
+      downstream_.SendTo(it->second.first, transport::MakeMessage(EncodeManifest(
+                                               it->second.second, m->found, m->bytes)));
+      manifest_fetches_.erase(it);
+      return;
+    }
+    if (!catch_up_ || m->request_id != catch_up_->manifest_request) return;
+    catch_up_->manifest_request = 0;
+    const Digest128 to = catch_up_->to;
+    if (!m->found) {
+      return FinishCatchUp(Status::Unavailable(
+          "the source does not serve version " + to.ShortHex() + " to a node at " +
+          journal_.version.ShortHex() +
+          " (not a version this cluster committed, or no source is publishing)"));
+    }
+    auto manifest = codec::Manifest::Parse(m->bytes);
+    if (!manifest.ok() || manifest->VersionId() != to) {
+      return FinishCatchUp(Status::Corrupt(
+          "the parent answered with a manifest that is not version " + to.ShortHex() +
+          (manifest.ok() ? " (it is " + manifest->VersionId().ShortHex() + ")"
+                         : ": " + manifest.status().message())));
+    }
+    catch_up_->have_manifest = true;
+    apply_loop_.Post([this, target = std::move(*manifest)] {
+      auto begun = replica_->BeginCatchUp(target, apply::ApplyOptions{options_.apply_threads});
+      std::vector<apply::CatchUpPartition> parts;
+      if (begun.ok()) {
+        catch_up_applier_ = std::move(begun->applier);
+        parts = std::move(begun->partitions);
+      }
+      SnapshotJournal();
+      loop_.Post([this, status = begun.status(), parts] {
+        if (!catch_up_) return;
+        if (!status.ok()) return FinishCatchUp(status);
+        catch_up_->total = parts.size();
+        catch_up_->queue.assign(parts.begin(), parts.end());
+        log::Info(fmt::format("{}: {} partitions differ from {}", options_.node_id, parts.size(),
+                              catch_up_->to.ShortHex()));
+        if (parts.empty()) return CommitCatchUp();
+        PumpCatchUp();
+      });
+    });
+  }
+
+  void OnCatchUpBytes(const PendingFetch& fetch, const PartitionData& data) {
+    if (!catch_up_) return;
+    --catch_up_->outstanding;
+    if (!data.found) {
+      return FinishCatchUp(Status::Unavailable(
+          fmt::format("no node up the tree has partition '{}' at element {} of version {}",
+                      fetch.key.tensor, fetch.key.element_offset, catch_up_->to.ShortHex())));
+    }
+    catch_up_->bytes += data.bytes.size();
+    auto owned = std::make_shared<std::vector<std::byte>>(data.bytes.begin(), data.bytes.end());
+    apply_loop_.Post([this, owned, fetch] {
+      // Verified against the hash the manifest gives before a byte is written.
+      Status written = catch_up_applier_
+                           ? catch_up_applier_->WriteVerified(fetch.key, *owned, fetch.hash)
+                           : Status::Internal("no catch-up in progress");
+      loop_.Post([this, written] {
+        if (!catch_up_) return;
+        if (!written.ok()) return FinishCatchUp(written.WithContext("catch-up"));
+        if (++catch_up_->written == catch_up_->total) CommitCatchUp();
+      });
+    });
+    PumpCatchUp();
+  }
+
+  // Every differing partition written: the store must now hash to the target.
+  void CommitCatchUp() {
+    apply_loop_.Post([this] {
+      Status status = replica_->CommitFromStore();
+      catch_up_applier_.reset();
+      SnapshotJournal();
+      loop_.Post([this, status] { FinishCatchUp(status); });
+    });
+  }
+
+  void FinishCatchUp(const Status& status) {
+    if (!catch_up_) return;
+    const CatchUpState c = std::move(*catch_up_);
+    catch_up_.reset();
+    std::erase_if(fetches_, [](const auto& entry) { return entry.second.for_catch_up; });
+    if (status.ok()) {
+      log::Info(fmt::format("{}: caught up to {}: {} partitions, {:.2f} MiB fetched in {:.2f} s",
+                            options_.node_id, c.to.ShortHex(), c.written,
+                            double(c.bytes) / (1 << 20), SecondsSince(c.start)));
+      std::lock_guard lock(stats_mu_);
+      stats_.partitions_caught_up += c.written;
+      stats_.catch_up_bytes += c.bytes;
+    } else {
+      log::Error(fmt::format("{}: catch-up to {} failed: {}", options_.node_id, c.to.ShortHex(),
+                             status.ToString()));
+      catch_up_failed_refit_ = c.refit_id;
+      apply_loop_.Post([this] { catch_up_applier_.reset(); });
+    }
+    if (c.resolving) return OnLocalOutcome(c.refit_id, status, journal_.version);
+    if (!deferred_begin_.empty()) {
+      const std::vector<std::byte> begin = std::move(deferred_begin_);
+      deferred_begin_.clear();
+      loop_.Post([this, begin] { OnBegin(begin); });
+    }
   }
 
   void LocalFailure(uint64_t id, const Status& status) {
@@ -860,6 +1087,7 @@ class NodeAgent::Impl {
 
   void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes) {
     if (type == MessageType::kFetch) return OnChildFetch(child, bytes);
+    if (type == MessageType::kFetchManifest) return OnChildFetchManifest(child, bytes);
     if (!refit_) return;
     Refit& r = *refit_;
     switch (type) {
@@ -952,6 +1180,12 @@ class NodeAgent::Impl {
     downstream_.DropQueued();
     downstream_.Broadcast(transport::MakeMessage(EncodeDecision(type, d)), false);
     const uint64_t id = d.refit_id;
+    if (type == MessageType::kCommit && !journal_.prepared) {
+      // It committed without us: reach it by fetching what differs.
+      refit_->phase = Phase::kCommitting;
+      if (!catch_up_) StartCatchUp(d.target_version, id, /*resolving=*/true);
+      return;
+    }
     if (type == MessageType::kCommit) {
       refit_->phase = Phase::kCommitting;
       apply_loop_.Post([this, id] {
@@ -1175,6 +1409,11 @@ class NodeAgent::Impl {
   std::vector<std::byte> deferred_begin_;  // a BEGIN that arrived while resolving
   Journal journal_;
   std::map<uint64_t, PendingFetch> fetches_;
+  // FETCH_MANIFESTs passed up for children: our request -> (child, its request).
+  std::map<uint64_t, std::pair<std::string, uint64_t>> manifest_fetches_;
+  std::optional<CatchUpState> catch_up_;
+  std::unique_ptr<apply::DeltaApplier> catch_up_applier_;  // apply thread
+  uint64_t catch_up_failed_refit_ = 0;  // its BEGIN then runs (and fails) as usual
   uint64_t next_fetch_ = 1;
   size_t base_fetches_outstanding_ = 0;
   Status rollback_error_;  // apply thread

@@ -54,6 +54,8 @@ struct NodeAgentStats {
   uint64_t chunk_bytes_received = 0;  // CHUNK payload bytes, replays included
   uint64_t peak_held_bytes = 0;       // most chunk bytes held at once (received, not yet released)
   uint64_t partitions_repaired = 0;
+  uint64_t partitions_caught_up = 0;  // overwritten to reach a version this node missed
+  uint64_t catch_up_bytes = 0;
   Digest128 version;
 };
 

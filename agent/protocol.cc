@@ -435,6 +435,7 @@ std::vector<std::byte> EncodeFetchManifest(const FetchManifest& m) {
   ByteWriter w(out);
   w.Put<uint64_t>(m.request_id);
   PutDigest(w, m.version);
+  PutDigest(w, m.from);
   return out;
 }
 
@@ -465,6 +466,7 @@ Result<FetchManifest> ParseFetchManifest(ByteSpan message) {
   FetchManifest m;
   r.Get(m.request_id);
   r.GetDigest(m.version);
+  r.GetDigest(m.from);
   RETURN_IF_ERROR(r.Close());
   return m;
 }

@@ -117,7 +117,8 @@ struct PartitionData {
 };
 struct FetchManifest {
   uint64_t request_id = 0;
-  Digest128 version;
+  Digest128 version;  // the manifest wanted
+  Digest128 from;     // the asker's active version: the source serves only its own lineage
 };
 struct Outcome {  // COMMITTED and ABORTED
   uint64_t refit_id = 0;

@@ -57,6 +57,22 @@ std::optional<std::pair<uint64_t, bool>> RecordedDecision(const std::filesystem:
   return found;
 }
 
+// Whether `version` is in the cluster's history: the current base, or a base or a
+// committed target of a refit in the decision log.
+bool InLineage(const std::filesystem::path& log, const Digest128& base, const Digest128& version) {
+  if (version == base) return true;
+  auto bytes = ReadFile(log, uint64_t{64} << 20);
+  if (!bytes.ok()) return false;
+  std::istringstream lines{std::string(AsChars(*bytes))};
+  std::string word, from, to, decision;
+  uint64_t id = 0;
+  const std::string hex = version.ToHex();
+  while (lines >> word >> id >> from >> to >> decision) {
+    if (word == "refit" && (from == hex || (to == hex && decision == "COMMIT"))) return true;
+  }
+  return false;
+}
+
 // The source's side of one refit. State shared between the encoding (calling)
 // thread and the loop thread is guarded by mu_.
 class Publication {
@@ -75,6 +91,11 @@ class Publication {
 
   // Grandchildren whose parent died may attach here (failover, policy available).
   void AllowAdoption(std::set<std::string> ids) { downstream_.AllowAdoption(std::move(ids)); }
+
+  // The manifests a catching-up node may ask for (FETCH_MANIFEST). Call before Listen.
+  void ServeManifests(const codec::Manifest& base, const codec::Manifest& target) {
+    manifests_ = {{base.VersionId(), base.Serialize()}, {target.VersionId(), target.Serialize()}};
+  }
 
   ~Publication() { Stop(); }
 
@@ -332,6 +353,28 @@ class Publication {
         EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, {id, target}));
   }
 
+  // Loop thread: the manifest of the base or the target, for a node catching up
+  // from a version of this cluster's lineage (a node holding anything else keeps
+  // it: it fails the refit instead of being overwritten).
+  void ServeManifest(const std::string& child, ByteSpan bytes) {
+    auto f = ParseFetchManifest(bytes);
+    if (!f.ok()) return;
+    if (!InLineage(options_.decision_log, manifests_.front().first, f->from)) {
+      log::Warn(fmt::format("{} asks to catch up from {}, which this cluster never committed",
+                            child, f->from.ShortHex()));
+      downstream_.SendTo(child, transport::MakeMessage(EncodeManifest(f->request_id, false, {})));
+      return;
+    }
+    for (const auto& [version, serialized] : manifests_) {
+      if (version == f->version) {
+        downstream_.SendTo(child,
+                           transport::MakeMessage(EncodeManifest(f->request_id, true, serialized)));
+        return;
+      }
+    }
+    downstream_.SendTo(child, transport::MakeMessage(EncodeManifest(f->request_id, false, {})));
+  }
+
   // Loop thread: serves a FETCH from whichever version has the wanted bytes.
   void ServeFetch(const std::string& child, ByteSpan bytes) {
     auto f = ParseFetch(bytes);
@@ -390,6 +433,7 @@ class Publication {
     };
     e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
       if (type == MessageType::kFetch) return ServeFetch(child, bytes);
+      if (type == MessageType::kFetchManifest) return ServeManifest(child, bytes);
       std::lock_guard lock(mu_);
       switch (type) {
         case MessageType::kPrepared: {
@@ -442,6 +486,7 @@ class Publication {
   const apply::WeightStore& target_;
   const Digest128 target_version_;  // what this publication brings
   transport::Transport* transport_ = nullptr;
+  std::vector<std::pair<Digest128, std::vector<std::byte>>> manifests_;  // set before Listen
   std::unique_ptr<Spool> spool_;
   Begin begin_;
   std::optional<MessageType> decision_;
@@ -482,6 +527,7 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
     if (node.failover_parent == plan.source) adoptable.insert(node.id);
   }
   publication.AllowAdoption(std::move(adoptable));
+  publication.ServeManifests(base_manifest, target_manifest);
   RETURN_IF_ERROR(publication.Listen(*transport));
   RETURN_IF_ERROR(publication.WaitForChildren());
   PublishReport report = publication.Run(base, base_manifest, target, target_manifest);
