@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "transport/ofi/ofi_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace deltacast::transport {
@@ -21,6 +22,13 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     tcp.max_message_bytes = options.max_message_bytes;
     tcp.connect_timeout = options.connect_timeout;
     return MakeTcpTransport(tcp);
+  }
+  if (backend == "ofi") {
+    OfiOptions ofi;
+    ofi.max_message_bytes = options.max_message_bytes;
+    ofi.provider = options.provider;
+    ofi.connect_timeout = options.connect_timeout;
+    return MakeOfiTransport(ofi);
   }
   return Status::InvalidArgument("unknown transport backend \"" + std::string(backend) +
                                  "\" (known: tcp, ucx, ofi)");
