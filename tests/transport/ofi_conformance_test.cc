@@ -12,6 +12,9 @@ std::unique_ptr<Transport> Ofi(const MakeArgs& args, const std::string& provider
   OfiOptions options;
   options.max_message_bytes = args.max_message_bytes;
   options.provider = provider;
+  // A closed address is silence on RDM (rxm retries refused connections), reported
+  // as kUnavailable after connect_timeout; the suite wants that under 4 s.
+  options.connect_timeout = std::chrono::milliseconds(1500);
   auto transport = MakeOfiTransport(options);
   EXPECT_TRUE(transport.ok()) << transport.status().ToString();
   return transport.ok() ? std::move(transport).value() : nullptr;

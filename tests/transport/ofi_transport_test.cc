@@ -106,8 +106,7 @@ TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
   ASSERT_TRUE(sink.WaitClosed(milliseconds(5000)));
   EXPECT_LT(Clock::now() - killed_at, milliseconds(3000));
   EXPECT_FALSE(sink.close_status().ok());
-  EXPECT_EQ(sink.close_status().code(), StatusCode::kUnavailable)
-      << sink.close_status().ToString();
+  EXPECT_EQ(sink.close_status().code(), StatusCode::kUnavailable) << sink.close_status().ToString();
   ASSERT_TRUE(log.WaitCount(1, milliseconds(5000)));
   const auto start = Clock::now();
   (*server)->Shutdown();
@@ -116,8 +115,7 @@ TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
 
 INSTANTIATE_TEST_SUITE_P(Providers, OfiPeerKilled, ::testing::Values("tcp;ofi_rxm", "shm"),
                          [](const auto& info) {
-                           return info.param == "shm" ? std::string("Shm")
-                                                      : std::string("TcpRxm");
+                           return info.param == "shm" ? std::string("Shm") : std::string("TcpRxm");
                          });
 
 }  // namespace

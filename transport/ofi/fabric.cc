@@ -69,8 +69,8 @@ Result<InfoPtr> GetRdmInfo(const std::string& provider, const char* node, const 
   hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
   if (!provider.empty()) hints->fabric_attr->prov_name = strdup(provider.c_str());
   fi_info* info = nullptr;
-  const int rc = fi_getinfo(FI_VERSION(1, 17), node, service, source ? FI_SOURCE : 0,
-                            hints.get(), &info);
+  const int rc =
+      fi_getinfo(FI_VERSION(1, 17), node, service, source ? FI_SOURCE : 0, hints.get(), &info);
   if (rc != 0) {
     Status status = OfiStatus(rc, "fi_getinfo(provider \"" + provider + "\")");
     if (rc == -FI_ENODATA) {
@@ -118,8 +118,7 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Open(Fabric& fabric, const char* nod
   InfoPtr own;
   const fi_info* info = &fabric.info();
   if (node || service) {
-    auto bound =
-        GetRdmInfo(fabric.provider_name(), node, service, /*source=*/true);
+    auto bound = GetRdmInfo(fabric.provider_name(), node, service, /*source=*/true);
     if (!bound.ok()) return bound.status();
     own = std::move(bound).value();
     info = own.get();

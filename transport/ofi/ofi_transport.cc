@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -55,6 +56,22 @@ constexpr auto kShutdownFlush = milliseconds(200);
 
 struct EndpointState;
 
+// shm peers inside this process (tests; a node with two transports): shm maps a
+// peer's region by name and touches it on send and during progress, so closing an
+// endpoint while another transport of the process still sends to it crashes in
+// the provider. Names of this process's endpoints are tracked here: closing takes
+// the lock exclusively, sends and CQ reads of shm transports share it, and a
+// send to a local name that is gone fails like a refused connection.
+struct LocalNames {
+  std::shared_mutex mu;
+  std::unordered_set<std::string> live;
+  std::unordered_set<std::string> ever;
+};
+LocalNames& Local() {
+  static LocalNames* names = new LocalNames();  // never destroyed: used at exit
+  return *names;
+}
+
 enum class OpKind : uint8_t { kControlRecv, kControlSend, kDataSend, kDataRecv };
 
 // One posted libfabric operation; its address is the operation context.
@@ -67,15 +84,16 @@ struct Op {
   uint32_t connect_id = 0;  // a CONNECT's pending connect
   uint64_t seq = 0;
   uint64_t tag = 0;
-  std::vector<std::byte> control;   // control message bytes (send or receive buffer)
-  Message message;                  // kDataSend: the bytes being sent
+  std::vector<std::byte> control;  // control message bytes (send or receive buffer)
+  Message message;                 // kDataSend: the bytes being sent
   std::unique_ptr<std::vector<std::byte>> receive;  // kDataRecv: the buffer being filled
 };
 
 struct EndpointState {
   std::unique_ptr<Endpoint> endpoint;
-  AcceptHandler on_accept;  // set for listeners
+  AcceptHandler on_accept;                               // set for listeners
   std::unordered_map<std::string, fi_addr_t> addresses;  // peer name (raw bytes) -> AV entry
+  std::unordered_map<fi_addr_t, std::string> names;      // the reverse
   std::vector<Op*> control_recvs;
 };
 
@@ -184,6 +202,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Posting: ops that meet -FI_EAGAIN wait in blocked_ (in order) and are retried.
   void Submit(Op* op);
+  void Unblock(Op* op);
   int PostOp(Op* op);
   void SendControl(EndpointState* endpoint, fi_addr_t peer, const ControlHeader& header,
                    uint32_t link_id, std::span<const std::byte> payload = {},
@@ -223,6 +242,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::unique_ptr<Fabric> fabric_;
   std::shared_ptr<BufferPool> pool_;
   int wake_fd_ = -1;
+  const bool named_;  // FI_ADDR_STR endpoints (shm): see LocalNames
 
   std::mutex mu_;  // guards the command queue and the flags next to it
   std::deque<std::function<void()>> commands_;
@@ -240,8 +260,17 @@ class Core : public std::enable_shared_from_this<Core> {
   EndpointState* client_endpoint_ = nullptr;
   std::unordered_map<uint32_t, std::shared_ptr<Link>> links_;
   std::unordered_map<uint32_t, PendingConnect> connects_;
-  std::unordered_set<Op*> ops_;  // every op posted or blocked, owned here
-  std::deque<Op*> blocked_;
+  struct Abandoned {
+    EndpointState* endpoint;
+    fi_addr_t peer;
+    Clock::time_point since;
+  };
+  std::unordered_map<uint32_t, Abandoned> abandoned_;  // connects that failed, by id
+  std::unordered_set<Op*> ops_;                        // every op posted or blocked, owned here
+  // Ops that met -FI_EAGAIN, per (endpoint, peer): order matters only per peer,
+  // and a peer that cannot take sends (rxm reconnecting, a dead shm name) must not
+  // hold up the others.
+  std::map<std::pair<EndpointState*, fi_addr_t>, std::deque<Op*>> blocked_;
   uint32_t next_id_;
   Clock::time_point next_tick_;
 };
@@ -307,6 +336,7 @@ Core::Core(const OfiOptions& options, std::unique_ptr<Fabric> fabric)
     : options_(options),
       fabric_(std::move(fabric)),
       pool_(std::make_shared<BufferPool>()),
+      named_(fabric_->info().addr_format == FI_ADDR_STR),
       next_id_(static_cast<uint32_t>(std::random_device{}() | 1)) {
   caps.backend = "ofi";
   caps.ordered = true;
@@ -411,9 +441,11 @@ void Core::WaitForWork(int idle_waits) {
     if (!commands_.empty()) return;
     sleeping_ = true;
   }
-  const auto until_tick = std::chrono::duration_cast<std::chrono::microseconds>(
-      next_tick_ - Clock::now());
+  const auto until_tick =
+      std::chrono::duration_cast<std::chrono::microseconds>(next_tick_ - Clock::now());
   auto timeout = std::max(std::chrono::microseconds(0), until_tick);
+  // Blocked posts clear as the provider progresses: look again within 1 ms.
+  if (!blocked_.empty()) timeout = std::min(timeout, std::chrono::microseconds(1000));
   pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {fabric_->wait_fd(), POLLIN, 0}};
   nfds_t nfds = 1;
   bool wait = true;
@@ -448,7 +480,12 @@ int Core::DrainCompletions() {
   int handled = 0;
   fi_cq_tagged_entry entries[32];
   while (true) {
-    const ssize_t n = fi_cq_read(fabric_->cq(), entries, 32);
+    ssize_t n;
+    {
+      std::shared_lock<std::shared_mutex> lock;
+      if (named_) lock = std::shared_lock(Local().mu);
+      n = fi_cq_read(fabric_->cq(), entries, 32);
+    }
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) {
         OnCompletion(static_cast<Op*>(entries[i].op_context), entries[i].len);
@@ -479,9 +516,15 @@ void Core::TickTimers() {
     if (now >= pending.deadline) expired.push_back(id);
   }
   for (uint32_t id : expired) {
-    FailConnect(id, Status::Timeout("no answer from " + connects_[id].address + " within " +
-                                    std::to_string(options_.connect_timeout.count()) + " ms"));
+    // Unavailable, not Timeout: RDM providers retry a refused connection silently
+    // (rxm does), so a closed address and a dead host both look like silence.
+    FailConnect(id, Status::Unavailable("no ofi listener answered at " + connects_[id].address +
+                                        " within " +
+                                        std::to_string(options_.connect_timeout.count()) + " ms"));
   }
+  std::erase_if(abandoned_, [&](const auto& entry) {
+    return now - entry.second.since > options_.connect_timeout + options_.peer_timeout;
+  });
   std::vector<std::shared_ptr<Link>> links;
   for (auto& [id, link] : links_) links.push_back(link);
   for (auto& link : links) {
@@ -507,8 +550,8 @@ void Core::ShutdownOnThread() {
   std::vector<std::shared_ptr<Link>> links;
   for (auto& [id, link] : links_) links.push_back(link);
   for (auto& link : links) {
-    EndLink(*link, Status::Aborted("transport shut down"),
-            Status::Aborted("transport shut down"), ControlType::kAbort);
+    EndLink(*link, Status::Aborted("transport shut down"), Status::Aborted("transport shut down"),
+            ControlType::kAbort);
   }
   std::vector<uint32_t> connects;
   for (auto& [id, pending] : connects_) connects.push_back(id);
@@ -531,7 +574,17 @@ void Core::Teardown() {
     if (DrainCompletions() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   links_.clear();
-  endpoints_.clear();  // closes every endpoint: nothing completes after this
+  {
+    std::unique_lock<std::shared_mutex> lock;
+    if (named_) {
+      lock = std::unique_lock(Local().mu);
+      for (auto& endpoint : endpoints_) {
+        const auto& name = endpoint->endpoint->name();
+        Local().live.erase(std::string(reinterpret_cast<const char*>(name.data()), name.size()));
+      }
+    }
+    endpoints_.clear();  // closes every endpoint: nothing completes after this
+  }
   for (Op* op : ops_) delete op;
   ops_.clear();
   blocked_.clear();
@@ -547,6 +600,12 @@ Result<EndpointState*> Core::AddEndpoint(const char* node, const char* service) 
   auto state = std::make_unique<EndpointState>();
   state->endpoint = std::move(endpoint).value();
   EndpointState* raw = state.get();
+  if (named_) {
+    const auto& name = raw->endpoint->name();
+    std::unique_lock lock(Local().mu);
+    Local().live.emplace(reinterpret_cast<const char*>(name.data()), name.size());
+    Local().ever.emplace(reinterpret_cast<const char*>(name.data()), name.size());
+  }
   endpoints_.push_back(std::move(state));
   for (size_t i = 0; i < kControlRecvsPerEndpoint; ++i) {
     Op* op = new Op();
@@ -575,6 +634,7 @@ Result<fi_addr_t> Core::AddressOf(EndpointState* endpoint, const std::vector<std
   const int rc = fi_av_insert(endpoint->endpoint->av(), name.data(), 1, &addr, 0, nullptr);
   if (rc != 1) return OfiStatus(rc < 0 ? rc : -FI_EADDRNOTAVAIL, "fi_av_insert");
   endpoint->addresses.emplace(key, addr);
+  endpoint->names.emplace(addr, key);
   return addr;
 }
 
@@ -662,7 +722,26 @@ void Core::FailConnect(uint32_t connect_id, Status status) {
   auto it = connects_.find(connect_id);
   if (it == connects_.end()) return;
   ConnectHandler on_done = std::move(it->second.on_done);
+  abandoned_[connect_id] = {it->second.endpoint, it->second.peer, Clock::now()};
   connects_.erase(it);
+  // A CONNECT the provider never took would be retried forever: drop it.
+  std::vector<Op*> stale;
+  for (Op* op : ops_) {
+    if (op->connect_id == connect_id) op->connect_id = 0;
+  }
+  for (auto& [key, queue] : blocked_) {
+    for (Op* op : queue) {
+      if (op->kind == OpKind::kControlSend && op->connect_id == 0 && op->link_id == 0 &&
+          DecodeControl(op->control)->type == ControlType::kConnect) {
+        stale.push_back(op);
+      }
+    }
+  }
+  for (Op* op : stale) {
+    Unblock(op);
+    ops_.erase(op);
+    delete op;
+  }
   on_done(std::move(status));
 }
 
@@ -670,6 +749,17 @@ void Core::FailConnect(uint32_t connect_id, Status status) {
 // Posting operations.
 
 int Core::PostOp(Op* op) {
+  std::shared_lock<std::shared_mutex> lock;
+  if (named_) {
+    lock = std::shared_lock(Local().mu);
+    if (op->kind == OpKind::kControlSend || op->kind == OpKind::kDataSend) {
+      auto name = op->endpoint->names.find(op->peer);
+      if (name != op->endpoint->names.end() && Local().ever.count(name->second) &&
+          !Local().live.count(name->second)) {
+        return -FI_ECONNREFUSED;
+      }
+    }
+  }
   fid_ep* ep = op->endpoint->endpoint->ep();
   switch (op->kind) {
     case OpKind::kControlRecv:
@@ -679,8 +769,8 @@ int Core::PostOp(Op* op) {
       return static_cast<int>(
           fi_send(ep, op->control.data(), op->control.size(), nullptr, op->peer, op));
     case OpKind::kDataSend:
-      return static_cast<int>(fi_tsend(ep, op->message->data(), op->message->size(), nullptr,
-                                       op->peer, op->tag, op));
+      return static_cast<int>(
+          fi_tsend(ep, op->message->data(), op->message->size(), nullptr, op->peer, op->tag, op));
     case OpKind::kDataRecv:
       return static_cast<int>(fi_trecv(ep, op->receive->data(), op->receive->size(), nullptr,
                                        FI_ADDR_UNSPEC, op->tag, 0, op));
@@ -690,7 +780,9 @@ int Core::PostOp(Op* op) {
 
 void Core::Submit(Op* op) {
   ops_.insert(op);
-  if (blocked_.empty()) {
+  const auto key = std::make_pair(op->endpoint, op->peer);
+  auto it = blocked_.find(key);
+  if (it == blocked_.end()) {
     const int rc = PostOp(op);
     if (rc == 0) return;
     if (rc != -FI_EAGAIN) {
@@ -701,30 +793,46 @@ void Core::Submit(Op* op) {
       return;
     }
   }
-  blocked_.push_back(op);  // keeps posting order behind earlier blocked ops
+  blocked_[key].push_back(op);  // keeps posting order behind earlier blocked ops
 }
 
 bool Core::RetryBlocked() {
   bool any = false;
-  while (!blocked_.empty()) {
-    Op* op = blocked_.front();
-    const int rc = PostOp(op);
-    if (rc == -FI_EAGAIN) break;
-    blocked_.pop_front();
-    any = true;
-    if (rc != 0) {
-      fi_cq_err_entry error{};
-      error.op_context = op;
-      error.err = -rc;
-      OnError(op, error);
+  for (auto it = blocked_.begin(); it != blocked_.end();) {
+    auto& queue = it->second;
+    while (!queue.empty()) {
+      Op* op = queue.front();
+      const int rc = PostOp(op);
+      if (rc == -FI_EAGAIN) break;
+      queue.pop_front();
+      any = true;
+      if (rc != 0) {
+        fi_cq_err_entry error{};
+        error.op_context = op;
+        error.err = -rc;
+        OnError(op, error);
+        break;  // OnError may have changed blocked_
+      }
     }
+    if (queue.empty()) {
+      it = blocked_.erase(it);
+    } else {
+      ++it;
+    }
+    if (any) break;  // restart next round: OnError/handlers may have edited the map
   }
   return any;
 }
 
+void Core::Unblock(Op* op) {
+  auto it = blocked_.find({op->endpoint, op->peer});
+  if (it == blocked_.end()) return;
+  std::erase(it->second, op);
+  if (it->second.empty()) blocked_.erase(it);
+}
+
 void Core::SendControl(EndpointState* endpoint, fi_addr_t peer, const ControlHeader& header,
-                       uint32_t link_id, std::span<const std::byte> payload,
-                       uint32_t connect_id) {
+                       uint32_t link_id, std::span<const std::byte> payload, uint32_t connect_id) {
   Op* op = new Op();
   op->kind = OpKind::kControlSend;
   op->endpoint = endpoint;
@@ -771,9 +879,10 @@ void Core::OnCompletion(Op* op, size_t len) {
         if (it != link->incoming.end()) {
           link->last_heard = Clock::now();
           if (len != it->second.size) {
-            EndLink(*link, Status::Corrupt("message " + std::to_string(op->seq) + " arrived with " +
-                                           std::to_string(len) + " bytes, announced " +
-                                           std::to_string(it->second.size)),
+            EndLink(*link,
+                    Status::Corrupt("message " + std::to_string(op->seq) + " arrived with " +
+                                    std::to_string(len) + " bytes, announced " +
+                                    std::to_string(it->second.size)),
                     Status::Unavailable("link broke"), ControlType::kAbort);
             break;
           }
@@ -801,15 +910,15 @@ void Core::OnError(Op* op, const fi_cq_err_entry& error) {
     }
     if (Link* link = FindLink(op->link_id); link && !link->ended) {
       const bool truncated = error.err == FI_ETRUNC;
-      Status final = truncated ? Status::Corrupt("peer sent more than it announced: " +
-                                                 status.message())
-                               : Status::Unavailable("link to " + link->peer_address +
-                                                     " broke: " + status.message());
+      Status final = truncated
+                         ? Status::Corrupt("peer sent more than it announced: " + status.message())
+                         : Status::Unavailable("link to " + link->peer_address +
+                                               " broke: " + status.message());
       EndLink(*link, final, Status::Unavailable(final.message()), ControlType::kAbort);
     }
   }
   ops_.erase(op);
-  std::erase(blocked_, op);
+  Unblock(op);
   delete op;
 }
 
@@ -884,7 +993,16 @@ void Core::OnConnect(EndpointState* endpoint, const ControlHeader& header,
 
 void Core::OnAccept(const ControlHeader& header) {
   auto it = connects_.find(header.dst_id);
-  if (it == connects_.end()) return;  // timed out or unknown
+  if (it == connects_.end()) {
+    // A connect we gave up on reached its listener late: break that link.
+    auto gave_up = abandoned_.find(header.dst_id);
+    if (gave_up != abandoned_.end()) {
+      ControlHeader abort{ControlType::kAbort, header.src_id, header.dst_id, 0, 0};
+      SendControl(gave_up->second.endpoint, gave_up->second.peer, abort, 0);
+      abandoned_.erase(gave_up);
+    }
+    return;
+  }
   PendingConnect pending = std::move(it->second);
   connects_.erase(it);
   auto link = std::make_shared<Link>();
@@ -985,9 +1103,9 @@ void Core::OnRts(Link& link, uint64_t seq, uint64_t size) {
                    ControlType::kAbort);
   }
   if (seq < link.next_grant || seq - link.next_grant > kMaxSeqAhead || link.incoming.count(seq)) {
-    return EndLink(link, Status::Corrupt("peer announced message " + std::to_string(seq) +
-                                         " out of sequence"),
-                   Status::Unavailable("link closed: protocol error"), ControlType::kAbort);
+    return EndLink(
+        link, Status::Corrupt("peer announced message " + std::to_string(seq) + " out of sequence"),
+        Status::Unavailable("link closed: protocol error"), ControlType::kAbort);
   }
   link.incoming[seq].size = size;
   Grant(link);
