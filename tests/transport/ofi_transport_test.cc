@@ -5,7 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
 
 #include "tests/transport/test_util.h"
 #include "transport/factory.h"
@@ -116,6 +120,110 @@ TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
 INSTANTIATE_TEST_SUITE_P(Providers, OfiPeerKilled, ::testing::Values("tcp;ofi_rxm", "shm"),
                          [](const auto& info) {
                            return info.param == "shm" ? std::string("Shm") : std::string("TcpRxm");
+                         });
+
+}  // namespace
+}  // namespace deltacast::transport
+
+namespace deltacast::transport {
+namespace {
+
+// Measurements for docs/transport.md, not checks: run with
+// --gtest_also_run_disabled_tests --gtest_filter='*OfiProbe*'.
+class OfiProbe : public ::testing::TestWithParam<std::string> {
+ protected:
+  struct Pair {
+    std::unique_ptr<Transport> server, client;
+    std::unique_ptr<Connection> accepted, connected;
+  };
+  Pair MakePair() {
+    OfiOptions options;
+    options.provider = GetParam();
+    Pair p;
+    p.server = std::move(MakeOfiTransport(options)).value();
+    p.client = std::move(MakeOfiTransport(options)).value();
+    auto address =
+        p.server->Listen(GetParam() == "shm" ? "probe:0" : "127.0.0.1:0", accept_.Handler());
+    p.connected = std::move(ConnectBlocking(*p.client, *address, kWait)).value();
+    p.accepted = accept_.Pop();
+    return p;
+  }
+  AcceptQueue accept_;
+};
+
+TEST_P(OfiProbe, DISABLED_OneWayThroughput) {
+  for (size_t size : {size_t{1} << 20, size_t{4} << 20, size_t{16} << 20}) {
+    Pair p = MakePair();
+    std::atomic<uint64_t> received{0};
+    p.accepted->Start([&](Message m) { received += m->size(); }, [](Status) {});
+    p.connected->Start([](Message) {}, [](Status) {});
+    const int count = static_cast<int>((uint64_t{2} << 30) / size);
+    auto message = MakeMessage(Payload(1, 0, size));
+    const auto start = Clock::now();
+    std::atomic<int> in_flight{0};
+    for (int i = 0; i < count; ++i) {
+      while (in_flight >= 8) std::this_thread::yield();
+      ++in_flight;
+      p.connected->Send(message, [&](Status) { --in_flight; });
+    }
+    ASSERT_TRUE(Eventually([&] { return received == uint64_t(count) * size; }, milliseconds(60000)));
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::printf("%s %zu MiB x %d: %.0f MB/s\n", GetParam().c_str(), size >> 20, count,
+                count * double(size) / seconds / 1e6);
+  }
+}
+
+TEST_P(OfiProbe, DISABLED_PingPongLatency) {
+  Pair p = MakePair();
+  Connection* accepted = p.accepted.get();
+  p.accepted->Start([accepted](Message m) { accepted->Send(m); }, [](Status) {});
+  std::mutex mu;
+  std::condition_variable cv;
+  int got = 0;
+  p.connected->Start(
+      [&](Message) {
+        std::lock_guard lock(mu);
+        ++got;
+        cv.notify_all();
+      },
+      [](Status) {});
+  auto message = MakeMessage(Payload(2, 0, 64));
+  for (int pause_ms : {0, 5}) {
+    const int rounds = pause_ms ? 100 : 2000;
+    double total = 0;
+    for (int i = 0; i < rounds; ++i) {
+      if (pause_ms) std::this_thread::sleep_for(milliseconds(pause_ms));  // let both sides idle
+      const auto start = Clock::now();
+      std::unique_lock lock(mu);
+      const int want = got + 1;
+      p.connected->Send(message);
+      cv.wait(lock, [&] { return got >= want; });
+      total += std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    }
+    std::printf("%s 64 B round trip (idle %d ms before each): %.1f us\n", GetParam().c_str(),
+                pause_ms, total / rounds);
+  }
+}
+
+TEST_P(OfiProbe, DISABLED_IdleCpu) {
+  Pair p = MakePair();
+  p.accepted->Start([](Message) {}, [](Status) {});
+  p.connected->Start([](Message) {}, [](Status) {});
+  const auto cpu = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+  };
+  const double before = cpu();
+  std::this_thread::sleep_for(milliseconds(3000));
+  std::printf("%s idle: %.1f%% of one core for two transports\n", GetParam().c_str(),
+              (cpu() - before) / 3.0 * 100);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, OfiProbe, ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& info) {
+                           return info.param == "shm" ? std::string("Shm")
+                                                      : std::string("TcpRxm");
                          });
 
 }  // namespace
