@@ -1257,6 +1257,8 @@ Result<std::unique_ptr<Transport>> MakeOfiTransport(const OfiOptions& options) {
   }
   auto fabric = ofi::Fabric::Open(options.provider);
   if (!fabric.ok()) return fabric.status();
+  log::Debug("ofi: provider " + (*fabric)->provider_name() + ", idle progress " +
+             ((*fabric)->wait_fd() >= 0 ? "blocks on the CQ wait fd" : "backs off (no wait fd)"));
   static std::once_flag logged;
   std::call_once(logged, [&] {
     auto hmem = ofi::GetRdmInfo((*fabric)->provider_name(), nullptr, nullptr, false, FI_HMEM);
