@@ -166,7 +166,8 @@ TEST_P(OfiProbe, DISABLED_OneWayThroughput) {
       ++in_flight;
       p.connected->Send(message, [&](Status) { --in_flight; });
     }
-    ASSERT_TRUE(Eventually([&] { return received == uint64_t(count) * size; }, milliseconds(60000)));
+    ASSERT_TRUE(
+        Eventually([&] { return received == uint64_t(count) * size; }, milliseconds(60000)));
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     std::printf("%s %zu MiB x %d: %.0f MB/s\n", GetParam().c_str(), size >> 20, count,
                 count * double(size) / seconds / 1e6);
@@ -222,8 +223,7 @@ TEST_P(OfiProbe, DISABLED_IdleCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Providers, OfiProbe, ::testing::Values("tcp;ofi_rxm", "shm"),
                          [](const auto& info) {
-                           return info.param == "shm" ? std::string("Shm")
-                                                      : std::string("TcpRxm");
+                           return info.param == "shm" ? std::string("Shm") : std::string("TcpRxm");
                          });
 
 }  // namespace

@@ -42,8 +42,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr size_t kControlRecvsPerEndpoint = 64;
-// Messages of one link announced (RTS) and not yet done: bounds what a receiver
-// that has not started holds for that link.
+// Messages of one link announced (RTS or inline kData) and not yet answered
+// (CTS): bounds what a receiver that has not started holds for that link.
 constexpr size_t kMaxAnnouncedPerLink = 64;
 // Bytes of posted receives per link; a single larger message is still granted alone.
 constexpr uint64_t kGrantBudgetBytes = uint64_t{256} << 20;
@@ -55,22 +55,6 @@ constexpr auto kSpinTime = std::chrono::microseconds(50);
 constexpr auto kShutdownFlush = milliseconds(200);
 
 struct EndpointState;
-
-// shm peers inside this process (tests; a node with two transports): shm maps a
-// peer's region by name and touches it on send and during progress, so closing an
-// endpoint while another transport of the process still sends to it crashes in
-// the provider. Names of this process's endpoints are tracked here: closing takes
-// the lock exclusively, sends and CQ reads of shm transports share it, and a
-// send to a local name that is gone fails like a refused connection.
-struct LocalNames {
-  std::shared_mutex mu;
-  std::unordered_set<std::string> live;
-  std::unordered_set<std::string> ever;
-};
-LocalNames& Local() {
-  static LocalNames* names = new LocalNames();  // never destroyed: used at exit
-  return *names;
-}
 
 enum class OpKind : uint8_t { kControlRecv, kControlSend, kDataSend, kDataRecv };
 
@@ -97,6 +81,30 @@ struct EndpointState {
   std::vector<Op*> control_recvs;
 };
 
+// shm peers inside this process (tests; a node with two transports): shm maps a
+// peer's region by name and touches it on send and during progress, so closing an
+// endpoint while another transport of the process still sends to it crashes in
+// the provider. Names of this process's endpoints are tracked here: closing takes
+// the lock exclusively, sends and CQ reads of shm transports share it, and a
+// send to a local name that is gone fails like a refused connection.
+// Everything of a torn-down transport that libfabric may still point into.
+struct Resources {
+  std::unique_ptr<Fabric> fabric;  // destroyed last
+  std::vector<std::unique_ptr<EndpointState>> endpoints;
+  std::vector<std::unique_ptr<Op>> ops;
+};
+struct LocalNames {
+  std::shared_mutex mu;
+  std::unordered_set<std::string> live;
+  std::unordered_set<std::string> ever;
+  int live_cores = 0;                // shm transports of this process not torn down
+  std::vector<Resources> graveyard;  // torn down while others were live
+};
+LocalNames& Local() {
+  static LocalNames* names = new LocalNames();  // never destroyed: used at exit
+  return *names;
+}
+
 struct PendingSend {
   uint64_t seq = 0;
   Message message;
@@ -110,8 +118,8 @@ struct PendingSend {
 struct Incoming {
   uint64_t size = 0;
   bool granted = false;
-  bool complete = false;
-  Op* op = nullptr;  // the posted receive while granted and not complete
+  bool complete = false;  // inline messages arrive complete
+  Op* op = nullptr;       // the posted receive while granted and not complete
   std::unique_ptr<std::vector<std::byte>> bytes;
 };
 
@@ -131,10 +139,11 @@ struct Link {
 
   std::deque<PendingSend> sends;  // by seq, front = oldest whose on_sent has not run
   uint64_t next_send_seq = 0;
-  size_t announced = 0;
-  uint64_t sent_ok = 0;  // messages whose on_sent ran OK
+  size_t unanswered = 0;  // RTS/kData sent, CTS not yet received
+  uint64_t sent_ok = 0;   // messages whose on_sent ran OK
 
   std::map<uint64_t, Incoming> incoming;
+  uint64_t announced_by_peer = 0;  // 1 + highest seq the peer announced
   uint64_t next_grant = 0;
   uint64_t next_deliver = 0;
   uint64_t granted_bytes = 0;
@@ -220,7 +229,9 @@ class Core : public std::enable_shared_from_this<Core> {
   void Announce(Link& link);
   void OnCts(Link& link, uint64_t seq);
   void FinishSends(Link& link);
-  void OnRts(Link& link, uint64_t seq, uint64_t size);
+  // A message announced (RTS) or, with `inline_bytes`, arrived whole (kData).
+  void OnRts(Link& link, uint64_t seq, uint64_t size,
+             std::optional<std::span<const std::byte>> inline_bytes);
   void Grant(Link& link);
   void Deliver(Link& link);
   void MaybeEndAfterPeer(Link& link);
@@ -344,6 +355,10 @@ Core::Core(const OfiOptions& options, std::unique_ptr<Fabric> fabric)
   caps.max_message_bytes = options.max_message_bytes;
   caps.streams_per_link = 1;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (named_) {
+    std::unique_lock lock(Local().mu);
+    ++Local().live_cores;
+  }
 }
 
 Core::~Core() {
@@ -529,7 +544,8 @@ void Core::TickTimers() {
   for (auto& [id, link] : links_) links.push_back(link);
   for (auto& link : links) {
     if (link->ended) continue;
-    if (now - link->last_heard > options_.peer_timeout) {
+    // A peer that said GOODBYE/ABORT is silent on purpose.
+    if (!link->peer_ended && now - link->last_heard > options_.peer_timeout) {
       EndLink(*link,
               Status::Unavailable("no word from peer " + link->peer_address + " for " +
                                   std::to_string(options_.peer_timeout.count()) + " ms"),
@@ -574,21 +590,23 @@ void Core::Teardown() {
     if (DrainCompletions() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   links_.clear();
-  {
-    std::unique_lock<std::shared_mutex> lock;
-    if (named_) {
-      lock = std::unique_lock(Local().mu);
-      for (auto& endpoint : endpoints_) {
-        const auto& name = endpoint->endpoint->name();
-        Local().live.erase(std::string(reinterpret_cast<const char*>(name.data()), name.size()));
-      }
-    }
-    endpoints_.clear();  // closes every endpoint: nothing completes after this
-  }
-  for (Op* op : ops_) delete op;
-  ops_.clear();
   blocked_.clear();
-  fabric_.reset();
+  Resources resources{std::move(fabric_), std::move(endpoints_), {}};
+  for (Op* op : ops_) resources.ops.emplace_back(op);
+  ops_.clear();
+  if (!named_) return;  // destroying `resources` closes everything: no completion after this
+  // shm: another transport of this process may still hold a mapping of these
+  // regions and touch it in its own progress; keep them until the last one is done.
+  std::vector<Resources> bury;
+  {
+    std::unique_lock lock(Local().mu);
+    for (auto& endpoint : resources.endpoints) {
+      const auto& name = endpoint->endpoint->name();
+      Local().live.erase(std::string(reinterpret_cast<const char*>(name.data()), name.size()));
+    }
+    Local().graveyard.push_back(std::move(resources));
+    if (--Local().live_cores == 0) bury.swap(Local().graveyard);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -862,7 +880,8 @@ void Core::OnCompletion(Op* op, size_t len) {
       Submit(op);  // repost the same buffer
       return;
     case OpKind::kControlSend:
-      break;
+      if (!op->message) break;
+      [[fallthrough]];  // an inline message: handed over now
     case OpKind::kDataSend:
       if (Link* link = FindLink(op->link_id); link && !link->ended) {
         for (PendingSend& send : link->sends) {
@@ -951,7 +970,9 @@ void Core::OnControl(Op* op, size_t len) {
   link->last_heard = Clock::now();
   switch (header->type) {
     case ControlType::kRts:
-      return OnRts(*link, header->seq, header->value);
+      return OnRts(*link, header->seq, header->value, std::nullopt);
+    case ControlType::kData:
+      return OnRts(*link, header->seq, header->value, bytes.subspan(kHeaderBytes));
     case ControlType::kCts:
       return OnCts(*link, header->seq);
     case ControlType::kGoodbye:
@@ -962,8 +983,8 @@ void Core::OnControl(Op* op, size_t len) {
           header->type == ControlType::kGoodbye
               ? Status::Ok()
               : Status::Unavailable("peer " + link->peer_address + " aborted the link");
-      // Only granted messages can have been sent OK.
-      link->peer_count = std::min(header->value, link->next_grant);
+      // Only announced messages can have been sent OK.
+      link->peer_count = std::min(header->value, link->announced_by_peer);
       return MaybeEndAfterPeer(*link);
     default:
       return;
@@ -1048,23 +1069,34 @@ void Core::SendOnLink(const std::shared_ptr<Link>& link, Message message, SendHa
 
 void Core::Announce(Link& link) {
   for (PendingSend& send : link.sends) {
-    if (link.announced >= kMaxAnnouncedPerLink) return;
+    if (link.unanswered >= kMaxAnnouncedPerLink) return;
     if (send.announced || send.done) continue;
     send.announced = true;
-    ++link.announced;
-    SendControl(link, ControlType::kRts, send.seq, send.bytes);
+    ++link.unanswered;
+    if (send.bytes > kInlineBytes) {
+      SendControl(link, ControlType::kRts, send.seq, send.bytes);
+      continue;
+    }
+    // Small: the bytes go along; on_sent runs when this send completes.
+    Op* op = new Op();
+    op->kind = OpKind::kControlSend;
+    op->endpoint = link.endpoint;
+    op->peer = link.peer;
+    op->link_id = link.id;
+    op->seq = send.seq;
+    op->message = send.message;
+    op->control = EncodeControl({ControlType::kData, link.remote_id, link.id, send.seq, send.bytes},
+                                *send.message);
+    link.last_said = Clock::now();
+    Submit(op);
   }
 }
 
 void Core::OnCts(Link& link, uint64_t seq) {
+  if (link.unanswered > 0) --link.unanswered;
   for (PendingSend& send : link.sends) {
     if (send.seq != seq || send.done || !send.announced) continue;
-    if (send.bytes == 0) {
-      send.done = true;
-      FinishSends(link);
-      Announce(link);
-      return;
-    }
+    if (send.bytes <= kInlineBytes) break;  // went inline: the CTS only frees the window
     Op* op = new Op();
     op->kind = OpKind::kDataSend;
     op->endpoint = link.endpoint;
@@ -1076,6 +1108,7 @@ void Core::OnCts(Link& link, uint64_t seq) {
     Submit(op);
     return;
   }
+  Announce(link);
 }
 
 void Core::FinishSends(Link& link) {
@@ -1083,7 +1116,6 @@ void Core::FinishSends(Link& link) {
     PendingSend send = std::move(link.sends.front());
     link.sends.pop_front();
     link.queued_bytes -= send.bytes;
-    if (send.announced) --link.announced;
     if (send.status.ok()) ++link.sent_ok;
     if (send.on_sent) RunHandler(link, [&] { send.on_sent(send.status); });
   }
@@ -1093,7 +1125,8 @@ void Core::FinishSends(Link& link) {
 // ---------------------------------------------------------------------------
 // Links: receiving.
 
-void Core::OnRts(Link& link, uint64_t seq, uint64_t size) {
+void Core::OnRts(Link& link, uint64_t seq, uint64_t size,
+                 std::optional<std::span<const std::byte>> inline_bytes) {
   if (size > options_.max_message_bytes) {
     return EndLink(link,
                    Status::Corrupt("peer announced a message of " + std::to_string(size) +
@@ -1107,23 +1140,42 @@ void Core::OnRts(Link& link, uint64_t seq, uint64_t size) {
         link, Status::Corrupt("peer announced message " + std::to_string(seq) + " out of sequence"),
         Status::Unavailable("link closed: protocol error"), ControlType::kAbort);
   }
-  link.incoming[seq].size = size;
+  if (inline_bytes && inline_bytes->size() != size) {
+    return EndLink(link,
+                   Status::Corrupt("inline message " + std::to_string(seq) + " carries " +
+                                   std::to_string(inline_bytes->size()) + " bytes, announced " +
+                                   std::to_string(size)),
+                   Status::Unavailable("link closed: protocol error"), ControlType::kAbort);
+  }
+  Incoming& in = link.incoming[seq];
+  in.size = size;
+  link.announced_by_peer = std::max(link.announced_by_peer, seq + 1);
+  if (inline_bytes) {
+    in.complete = true;
+    in.bytes = pool_->Acquire(size);
+    std::memcpy(in.bytes->data(), inline_bytes->data(), size);
+  }
   Grant(link);
+  Deliver(link);
 }
 
 void Core::Grant(Link& link) {
-  if (!link.started || link.ended || link.peer_ended) return;
-  bool completed_empty = false;
+  if (!link.started || link.ended) return;
+  bool completed_now = false;
   while (true) {
+    // After the peer's GOODBYE/ABORT only messages it sent OK will come.
+    if (link.peer_ended && link.next_grant >= link.peer_count) break;
     auto it = link.incoming.find(link.next_grant);
     if (it == link.incoming.end()) break;
     Incoming& in = it->second;
     if (link.granted_bytes > 0 && link.granted_bytes + in.size > kGrantBudgetBytes) break;
     in.granted = true;
     link.granted_bytes += in.size;
-    if (in.size == 0) {
+    if (in.complete) {
+      completed_now = true;  // inline: nothing to receive, just answer
+    } else if (in.size == 0) {
       in.complete = true;
-      completed_empty = true;
+      completed_now = true;
       in.bytes = std::make_unique<std::vector<std::byte>>();
     } else {
       Op* op = new Op();
@@ -1140,14 +1192,15 @@ void Core::Grant(Link& link) {
     SendControl(link, ControlType::kCts, link.next_grant);
     ++link.next_grant;
   }
-  if (completed_empty) Deliver(link);
+  if (completed_now) Deliver(link);
 }
 
 void Core::Deliver(Link& link) {
   if (!link.started) return;
   while (!link.ended) {
     auto it = link.incoming.begin();
-    if (it == link.incoming.end() || it->first != link.next_deliver || !it->second.complete) {
+    if (it == link.incoming.end() || it->first != link.next_deliver || !it->second.complete ||
+        !it->second.granted) {
       break;
     }
     Message message = pool_->Wrap(std::move(it->second.bytes));

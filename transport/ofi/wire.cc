@@ -43,7 +43,7 @@ std::optional<ControlHeader> DecodeControl(std::span<const std::byte> bytes) {
     return std::nullopt;
   }
   const uint8_t type = Get<uint8_t>(&bytes[5]);
-  if (type < 1 || type > 7) return std::nullopt;
+  if (type < 1 || type > 8) return std::nullopt;
   ControlHeader header;
   header.type = static_cast<ControlType>(type);
   header.dst_id = Get<uint32_t>(&bytes[8]);

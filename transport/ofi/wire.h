@@ -1,7 +1,7 @@
 // The control messages of the ofi backend (docs/transport.md, "ofi"): a fixed
 // 32-byte little-endian header, then a payload only for CONNECT (the sender's
-// endpoint name). Payload bytes never travel in control messages: each message's
-// bytes go as one tagged send once the receiver granted it (CTS).
+// endpoint name) and kData (a small message's bytes). A larger message's bytes go
+// as one tagged send once the receiver granted it (CTS).
 //
 // Thread safety: free functions and plain structs, thread-safe.
 #pragma once
@@ -18,9 +18,13 @@ namespace deltacast::transport::ofi {
 inline constexpr uint32_t kWireMagic = 0x464f4344;  // "DCOF" in memory order
 inline constexpr uint8_t kWireVersion = 1;
 inline constexpr size_t kHeaderBytes = 32;
-// Control receive buffers hold a header plus the longest endpoint name we accept.
+// Messages up to this size travel inside a kData control message (one hop
+// instead of RTS, CTS and a tagged send).
+inline constexpr size_t kInlineBytes = 4096;
+// Control receive buffers hold a header plus an inline message or the longest
+// endpoint name we accept (shorter).
 inline constexpr size_t kMaxNameBytes = 480;
-inline constexpr size_t kControlBufferBytes = kHeaderBytes + kMaxNameBytes;
+inline constexpr size_t kControlBufferBytes = kHeaderBytes + kInlineBytes;
 
 enum class ControlType : uint8_t {
   kConnect = 1,    // src_id = connector's link id; payload = connector's endpoint name
@@ -30,6 +34,8 @@ enum class ControlType : uint8_t {
   kGoodbye = 5,    // orderly close; `value` = messages whose on_sent ran OK
   kAbort = 6,      // broken link; `value` as for kGoodbye
   kKeepalive = 7,  // liveness only
+  kData = 8,       // message `seq` of `value` <= kInlineBytes bytes, which follow;
+                   // the receiver answers kCts once it took it (frees the window)
 };
 
 struct ControlHeader {
