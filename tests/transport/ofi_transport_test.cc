@@ -121,6 +121,75 @@ TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
   EXPECT_LT(Clock::now() - start, milliseconds(2000));
 }
 
+class OfiLink : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<Transport> Make(milliseconds peer_timeout = milliseconds(10000)) {
+    OfiOptions options;
+    options.provider = GetParam();
+    options.peer_timeout = peer_timeout;
+    auto transport = MakeOfiTransport(options);
+    EXPECT_TRUE(transport.ok()) << transport.status().ToString();
+    return transport.ok() ? std::move(transport).value() : nullptr;
+  }
+  std::string ListenAddress() const { return GetParam() == "shm" ? "dc-link:0" : "127.0.0.1:0"; }
+  AcceptQueue accept_;
+};
+
+// Keepalives hold an idle link open well past peer_timeout.
+TEST_P(OfiLink, IdleLinkOutlivesPeerTimeout) {
+  auto server = Make(milliseconds(300));
+  auto client = Make(milliseconds(300));
+  auto address = server->Listen(ListenAddress(), accept_.Handler());
+  ASSERT_TRUE(address.ok()) << address.status().ToString();
+  auto connection = ConnectBlocking(*client, *address, kWait);
+  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
+  auto accepted = accept_.Pop();
+  ASSERT_NE(accepted, nullptr);
+  Sink server_sink, client_sink;
+  server_sink.Start(*accepted);
+  client_sink.Start(**connection);
+  std::this_thread::sleep_for(milliseconds(1500));
+  (*connection)->Send(MakeMessage(Payload(31, 0, 100000)));
+  ASSERT_TRUE(server_sink.WaitMessages(1));
+  EXPECT_EQ(server_sink.close_count(), 0);
+  EXPECT_EQ(client_sink.close_count(), 0);
+}
+
+// Small messages are handed over (on_sent OK) before the receiver starts; after
+// the sender's orderly close the receiver still gets every one, then OK.
+TEST_P(OfiLink, SmallMessagesSentBeforeStartSurviveTheSendersClose) {
+  auto server = Make();
+  auto client = Make();
+  auto address = server->Listen(ListenAddress(), accept_.Handler());
+  ASSERT_TRUE(address.ok()) << address.status().ToString();
+  auto connection = ConnectBlocking(*client, *address, kWait);
+  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
+  auto accepted = accept_.Pop();
+  ASSERT_NE(accepted, nullptr);
+  SendLog log;
+  std::vector<size_t> sizes = {0, 1, 100, 4096, 17};
+  std::vector<uint64_t> hashes;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto bytes = Payload(32, i, sizes[i]);
+    hashes.push_back(HashOf(bytes));
+    (*connection)->Send(MakeMessage(std::move(bytes)), log.Handler(i));
+  }
+  ASSERT_TRUE(log.WaitCount(sizes.size()));
+  for (const Status& status : log.statuses()) EXPECT_TRUE(status.ok()) << status.ToString();
+  (*connection)->Close();
+  std::this_thread::sleep_for(milliseconds(50));
+  Sink sink;
+  sink.Start(*accepted);
+  ExpectReceived(sink, sizes, hashes);
+  ASSERT_TRUE(sink.WaitClosed());
+  EXPECT_TRUE(sink.close_status().ok()) << sink.close_status().ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, OfiLink, ::testing::Values("tcp;ofi_rxm", "shm"),
+                         [](const auto& info) {
+                           return info.param == "shm" ? std::string("Shm") : std::string("TcpRxm");
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Providers, OfiPeerKilled, ::testing::Values("tcp;ofi_rxm", "shm"),
                          [](const auto& info) {
                            return info.param == "shm" ? std::string("Shm") : std::string("TcpRxm");

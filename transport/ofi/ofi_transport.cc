@@ -551,7 +551,7 @@ void Core::TickTimers() {
                                   std::to_string(options_.peer_timeout.count()) + " ms"),
               Status::Unavailable("peer " + link->peer_address + " timed out"),
               ControlType::kAbort);
-    } else if (now - link->last_said > keepalive_every) {
+    } else if (!link->peer_ended && now - link->last_said > keepalive_every) {
       SendControl(*link, ControlType::kKeepalive);
     }
   }
@@ -927,7 +927,10 @@ void Core::OnError(Op* op, const fi_cq_err_entry& error) {
     if (op->connect_id != 0) {
       FailConnect(op->connect_id, Status::Unavailable("connecting: " + status.message()));
     }
-    if (Link* link = FindLink(op->link_id); link && !link->ended) {
+    Link* link = FindLink(op->link_id);
+    // A peer that said GOODBYE/ABORT may be gone: failing to answer it is expected.
+    if (link && link->peer_ended && op->kind == OpKind::kControlSend) link = nullptr;
+    if (link && !link->ended) {
       const bool truncated = error.err == FI_ETRUNC;
       Status final = truncated
                          ? Status::Corrupt("peer sent more than it announced: " + status.message())
@@ -1189,7 +1192,8 @@ void Core::Grant(Link& link) {
       in.op = op;
       Submit(op);  // the receive is posted before the CTS leaves
     }
-    SendControl(link, ControlType::kCts, link.next_grant);
+    // After GOODBYE/ABORT only inline messages are granted here: nobody waits.
+    if (!link.peer_ended) SendControl(link, ControlType::kCts, link.next_grant);
     ++link.next_grant;
   }
   if (completed_now) Deliver(link);
@@ -1208,7 +1212,9 @@ void Core::Deliver(Link& link) {
     link.incoming.erase(it);
     ++link.next_deliver;
     if (link.peer_ended && link.next_deliver > link.peer_count) continue;  // not sent OK: drop
-    RunHandler(link, [&] { link.on_message(std::move(message)); });
+    RunHandler(link, [&] {
+      if (link.on_message) link.on_message(std::move(message));
+    });
   }
   MaybeEndAfterPeer(link);
   Grant(link);
