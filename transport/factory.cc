@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "transport/ofi/ofi_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -29,6 +30,13 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     ucx.tls = options.provider;  // "tcp", "shm", "" or a UCX_TLS list
     ucx.connect_timeout = options.connect_timeout;
     return MakeUcxTransport(ucx);
+  }
+  if (backend == "ofi") {
+    OfiOptions ofi;
+    ofi.max_message_bytes = options.max_message_bytes;
+    ofi.provider = options.provider;
+    ofi.connect_timeout = options.connect_timeout;
+    return MakeOfiTransport(ofi);
   }
   return Status::InvalidArgument("unknown transport backend \"" + std::string(backend) +
                                  "\" (known: tcp, ucx, ofi)");

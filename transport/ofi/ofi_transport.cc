@@ -1,0 +1,37 @@
+// MakeOfiTransport: validates options, opens the fabric, starts the core.
+#include "transport/ofi/ofi_transport.h"
+
+#include <mutex>
+
+#include "common/log.h"
+#include "transport/internal/core_transport.h"
+#include "transport/ofi/core.h"
+
+namespace deltacast::transport {
+
+Result<std::unique_ptr<Transport>> MakeOfiTransport(const OfiOptions& options) {
+  if (options.max_message_bytes == 0) {
+    return Status::InvalidArgument("ofi: max_message_bytes must be positive");
+  }
+  if (options.connect_timeout <= std::chrono::milliseconds(0) ||
+      options.peer_timeout < std::chrono::milliseconds(20)) {
+    return Status::InvalidArgument("ofi: connect_timeout must be positive, peer_timeout >= 20 ms");
+  }
+  auto fabric = ofi::Fabric::Open(options.provider);
+  if (!fabric.ok()) return fabric.status();
+  log::Debug("ofi: provider " + (*fabric)->provider_name() + ", idle progress " +
+             ((*fabric)->wait_fd() >= 0 ? "blocks on the CQ wait fd" : "backs off (no wait fd)"));
+  static std::once_flag logged;
+  std::call_once(logged, [&] {
+    auto hmem = ofi::GetRdmInfo((*fabric)->provider_name(), nullptr, nullptr, false, FI_HMEM);
+    log::Info("ofi: provider " + (*fabric)->provider_name() +
+              (hmem.ok() ? " reports FI_HMEM" : " has no FI_HMEM") +
+              "; CUDA device memory is not supported by this backend here (host memory only)");
+  });
+  auto core = std::make_shared<ofi::Core>(options, std::move(fabric).value());
+  core->StartThread();
+  return std::unique_ptr<Transport>(
+      std::make_unique<internal::CoreTransport<ofi::Core>>(std::move(core)));
+}
+
+}  // namespace deltacast::transport
