@@ -111,6 +111,8 @@ int RunPublish(const PublishArgs& args) {
       args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
   options.decision_log = state / "decisions.log";
   options.spool_dir = state / "spool";
+  options.history_dir = state / "history";
+  options.keep_deltas = args.keep_deltas;
   const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
   if (tty) {
     options.on_progress = [](const PublishProgress& p) {

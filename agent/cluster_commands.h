@@ -31,6 +31,7 @@ struct PublishArgs {
   // The source's own state (decision log, spool); default: .deltacast-source
   // beside NEW, which successive checkpoints of one trainer share.
   std::filesystem::path state_dir;
+  size_t keep_deltas = 4;  // committed deltas kept for nodes that catch up
   codec::EncodeOptions codec;
   size_t threads = 0;
   bool json = false;

@@ -154,6 +154,8 @@ void Downstream::OnMessage(uint64_t serial, transport::Message message) {
     case MessageType::kAborted:
     case MessageType::kFetch:
     case MessageType::kFetchManifest:
+    case MessageType::kFetchChain:
+    case MessageType::kFetchDeltaChunk:
       if (events_.message) events_.message(id, *type, bytes);
       return;
     default: {

@@ -174,7 +174,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   pu->add_option("--threads", publish.threads, "Encode threads (0 = all cores)");
   pu->add_option("--state-dir", publish.state_dir,
-                 "The source's decision log and spool (default: .deltacast-source beside NEW)");
+                 "The source's decision log, spool and kept deltas (default: .deltacast-source "
+                 "beside NEW)");
+  pu->add_option("--keep-deltas", publish.keep_deltas,
+                 "Committed deltas kept so nodes that missed versions catch up by the chain "
+                 "(0: none; they then fetch every partition that differs)")
+      ->capture_default_str();
   pu->add_flag("--json", publish.json, "Report as JSON");
   pu->add_flag("!--no-progress", publish.progress, "No progress line");
   pu->callback([&] {

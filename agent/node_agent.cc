@@ -184,8 +184,21 @@ class NodeAgent::Impl {
   // bytes of `to`, fetched up the tree like a repair. Loop thread.
   struct CatchUpState {
     Digest128 to;
-    uint64_t refit_id = 0;          // the refit it unblocks
-    bool resolving = false;         // ends a Resolve (else a deferred BEGIN follows)
+    uint64_t refit_id = 0;   // the refit it unblocks
+    bool resolving = false;  // ends a Resolve (else a deferred BEGIN follows)
+    // First choice: the chain of deltas the source kept, applied in order.
+    uint64_t chain_request = 0;  // outstanding FETCH_CHAIN; 0: none
+    bool chain_answered = false;
+    bool chain_mode = false;
+    std::vector<ChainLink> links;
+    size_t link = 0;                              // the delta being applied
+    uint32_t next_sequence = 0;                   // of links[link], not yet asked for
+    std::set<uint32_t> missing;                   // asked for on a link that dropped
+    std::map<uint64_t, uint32_t> pending_chunks;  // request -> sequence
+    uint32_t chunks_done = 0;                     // applied, journaled or END
+    std::optional<codec::DeltaSummary> end;       // links[link]'s END
+    uint32_t deltas = 0;                          // links applied
+    // Otherwise: every partition that differs from the target's manifest.
     uint64_t manifest_request = 0;  // outstanding FETCH_MANIFEST; 0: none
     bool have_manifest = false;
     std::deque<apply::CatchUpPartition> queue;  // not yet asked for
@@ -375,12 +388,20 @@ class NodeAgent::Impl {
       }
       it = fetches_.erase(it);
     }
-    for (const auto& [request, asker] : manifest_fetches_) {
-      downstream_.SendTo(asker.first,
-                         transport::MakeMessage(EncodeManifest(asker.second, false, {})));
+    for (const auto& [request, asker] : routed_) {
+      downstream_.SendTo(asker.child,
+                         transport::MakeMessage(NotFoundReply(asker.type, asker.child_request)));
     }
-    manifest_fetches_.clear();
-    if (catch_up_) catch_up_->manifest_request = 0;
+    routed_.clear();
+    if (catch_up_) {
+      // Asked again on the next link.
+      CatchUpState& c = *catch_up_;
+      c.manifest_request = 0;
+      c.chain_request = 0;
+      for (const auto& [request, sequence] : c.pending_chunks) c.missing.insert(sequence);
+      c.pending_chunks.clear();
+      if (c.chain_mode) c.outstanding = 0;
+    }
     if (refit_ && refit_->phase == Phase::kStreaming) {
       // The delta stays in flight and journaled: when the parent (or its
       // replacement) is back, the refit resumes with only what is missing; a
@@ -459,7 +480,9 @@ class NodeAgent::Impl {
       case MessageType::kPartition:
         return OnPartition(bytes);
       case MessageType::kManifest:
-        return OnManifest(bytes);
+      case MessageType::kChain:
+      case MessageType::kDeltaChunk:
+        return OnReply(*type, message);
       case MessageType::kHeartbeat:
         return;
       default:
@@ -783,20 +806,48 @@ class NodeAgent::Impl {
     });
   }
 
-  // A child's FETCH_MANIFEST goes up to the source, the only node that knows which
-  // versions the cluster committed (it serves only a node of its lineage).
-  void OnChildFetchManifest(const std::string& child, ByteSpan bytes) {
-    auto f = ParseFetchManifest(bytes);
-    if (!f.ok()) return;
+  // ---- requests routed to the source ------------------------------------------
+
+  // A child's FETCH_MANIFEST / FETCH_CHAIN / FETCH_DELTA_CHUNK goes up to the
+  // source, the only node that knows the cluster's history; renumbered on the way.
+  void RouteUp(const std::string& child, MessageType type, ByteSpan bytes) {
+    const uint64_t child_request = RequestIdOf(bytes);
     if (!parent_ || !joined_) {
-      downstream_.SendTo(child, transport::MakeMessage(EncodeManifest(f->request_id, false, {})));
+      downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
       return;
     }
     const uint64_t request = next_fetch_++;
-    manifest_fetches_[request] = {child, f->request_id};
-    FetchManifest up = *f;
-    up.request_id = request;
-    SendUp(EncodeFetchManifest(up));
+    routed_[request] = Routed{child, child_request, type};
+    SendUp(WithRequestId(bytes, request));
+  }
+
+  static std::vector<std::byte> NotFoundReply(MessageType request_type, uint64_t request_id) {
+    switch (request_type) {
+      case MessageType::kFetchChain: {
+        Chain none;
+        none.request_id = request_id;
+        return EncodeChain(none);
+      }
+      case MessageType::kFetchDeltaChunk:
+        return EncodeDeltaChunk(request_id, false, {});
+      default:
+        return EncodeManifest(request_id, false, {});
+    }
+  }
+
+  // MANIFEST / CHAIN / DELTA_CHUNK from the parent: passed down if routed for a
+  // child, else an answer to this node's own catch-up.
+  void OnReply(MessageType type, const transport::Message& message) {
+    const ByteSpan bytes(*message);
+    if (auto it = routed_.find(RequestIdOf(bytes)); it != routed_.end()) {
+      downstream_.SendTo(it->second.child,
+                         transport::MakeMessage(WithRequestId(bytes, it->second.child_request)));
+      routed_.erase(it);
+      return;
+    }
+    if (type == MessageType::kManifest) return OnManifest(bytes);
+    if (type == MessageType::kChain) return OnChain(bytes);
+    return OnDeltaChunk(message);
   }
 
   // ---- catch-up: reaching a committed version this node missed ----------------
@@ -819,8 +870,8 @@ class NodeAgent::Impl {
     catch_up_->resolving = resolving;
     catch_up_->start = Clock::now();
     log::Warn(fmt::format(
-        "{}: holds {}{} but the cluster committed {}: catching up by fetching the partitions "
-        "that differ",
+        "{}: holds {}{} but the cluster committed {}: catching up (by the deltas the source "
+        "kept, else by the partitions that differ)",
         options_.node_id, journal_.version.ShortHex(),
         journal_.inflight
             ? " (with a delta to " + journal_.inflight->target.ShortHex() + " left in flight)"
@@ -829,10 +880,19 @@ class NodeAgent::Impl {
     PumpCatchUp();
   }
 
-  // Asks for the manifest, then keeps kCatchUpWindow partitions requested.
+  // Asks for the chain; then keeps kCatchUpWindow chunks of it, or (without a
+  // chain) the manifest and then kCatchUpWindow partitions, requested.
   void PumpCatchUp() {
     if (!catch_up_ || !parent_ || !joined_) return;
     CatchUpState& c = *catch_up_;
+    if (!c.chain_answered) {
+      if (c.chain_request == 0) {
+        c.chain_request = next_fetch_++;
+        SendUp(EncodeFetchChain({c.chain_request, journal_.version, c.to}));
+      }
+      return;
+    }
+    if (c.chain_mode) return PumpChain();
     if (!c.have_manifest) {
       if (c.manifest_request == 0) {
         c.manifest_request = next_fetch_++;
@@ -856,16 +916,186 @@ class NodeAgent::Impl {
     }
   }
 
+  void OnChain(ByteSpan bytes) {
+    auto chain = ParseChain(bytes);
+    if (!chain.ok()) return ProtocolError(chain.status().message());
+    if (!catch_up_ || chain->request_id != catch_up_->chain_request) return;
+    CatchUpState& c = *catch_up_;
+    c.chain_request = 0;
+    c.chain_answered = true;
+    // A delta left in flight is resumed only if it is the chain's first.
+    const bool usable =
+        chain->found && !chain->links.empty() && chain->links.front().base == journal_.version &&
+        chain->links.back().target == c.to &&
+        (!journal_.inflight || (journal_.inflight->base == chain->links.front().base &&
+                                journal_.inflight->target == chain->links.front().target));
+    if (!usable) {
+      log::Info(
+          fmt::format("{}: no chain of kept deltas from {} to {}: fetching the partitions "
+                      "that differ",
+                      options_.node_id, journal_.version.ShortHex(), c.to.ShortHex()));
+      return PumpCatchUp();
+    }
+    c.chain_mode = true;
+    c.links = chain->links;
+    log::Info(fmt::format("{}: catching up by a chain of {} kept deltas", options_.node_id,
+                          c.links.size()));
+    StartLink(0);
+  }
+
+  // Begins (or resumes) applying delta `i` of the chain.
+  void StartLink(size_t i) {
+    CatchUpState& c = *catch_up_;
+    c.link = i;
+    c.next_sequence = 0;
+    c.missing.clear();
+    c.pending_chunks.clear();
+    c.outstanding = 0;
+    c.chunks_done = 0;
+    c.end.reset();
+    const ChainLink link = c.links[i];
+    apply_loop_.Post([this, link] {
+      auto applier = replica_->Begin({link.base, link.target, link.partition_bytes},
+                                     apply::ApplyOptions{options_.apply_threads});
+      std::set<uint32_t> journaled;
+      if (applier.ok()) {
+        catch_up_applier_ = std::move(*applier);
+        journaled = replica_->applied_chunks();
+      }
+      SnapshotJournal();
+      loop_.Post([this, status = applier.status(), journaled] {
+        if (!catch_up_ || !catch_up_->chain_mode) return;
+        if (!status.ok()) return FallBackToPartitions(status);
+        // Chunks applied before a restart are not fetched again.
+        CatchUpState& c = *catch_up_;
+        for (uint32_t s = 0; s < c.links[c.link].chunks; ++s) {
+          if (!journaled.contains(s)) c.missing.insert(s);
+        }
+        c.chunks_done = static_cast<uint32_t>(c.links[c.link].chunks - c.missing.size());
+        c.next_sequence = c.links[c.link].chunks;
+        PumpChain();
+      });
+    });
+  }
+
+  void PumpChain() {
+    if (!parent_ || !joined_) return;  // asked for on the next link (WELCOME)
+    CatchUpState& c = *catch_up_;
+    const ChainLink& link = c.links[c.link];
+    while (c.outstanding < kCatchUpWindow && !c.missing.empty()) {
+      const uint32_t sequence = *c.missing.begin();
+      c.missing.erase(c.missing.begin());
+      const uint64_t request = next_fetch_++;
+      c.pending_chunks[request] = sequence;
+      ++c.outstanding;
+      SendUp(EncodeFetchDeltaChunk({request, link.target, sequence}));
+    }
+  }
+
+  void OnDeltaChunk(const transport::Message& message) {
+    auto reply = ParseDeltaChunk(*message);
+    if (!reply.ok()) return ProtocolError(reply.status().message());
+    if (!catch_up_ || !catch_up_->chain_mode) return;
+    CatchUpState& c = *catch_up_;
+    auto it = c.pending_chunks.find(reply->request_id);
+    if (it == c.pending_chunks.end()) return;
+    const uint32_t sequence = it->second;
+    c.pending_chunks.erase(it);
+    --c.outstanding;
+    const ChainLink link = c.links[c.link];
+    if (!reply->found) {
+      return FallBackToPartitions(
+          Status::Unavailable(fmt::format("the source no longer keeps chunk {} of the delta to {}",
+                                          sequence, link.target.ShortHex())));
+    }
+    // A chunk is checked before it is used: whole, of this delta, the one asked for.
+    const ByteSpan chunk_message = reply->bytes;
+    auto type = PeekType(chunk_message);
+    Status intact = type.ok() && *type == MessageType::kChunk
+                        ? codec::VerifyChunkChecksums(Body(chunk_message))
+                        : Status::Corrupt("a DELTA_CHUNK that holds no CHUNK");
+    auto header = intact.ok() ? codec::PeekChunkHeader(Body(chunk_message))
+                              : Result<codec::ChunkHeader>(intact);
+    if (!header.ok() || header->sequence != sequence ||
+        header->identity.target_version != link.target ||
+        header->identity.base_version != link.base) {
+      return FallBackToPartitions(Status::Corrupt(fmt::format(
+          "chunk {} of the kept delta to {} failed its checks{}", sequence, link.target.ShortHex(),
+          header.ok() ? "" : ": " + header.status().message())));
+    }
+    c.bytes += chunk_message.size();
+    auto owned =
+        std::make_shared<std::vector<std::byte>>(chunk_message.begin(), chunk_message.end());
+    apply_loop_.Post([this, owned, sequence] {
+      std::optional<codec::DeltaSummary> end;
+      Status status;
+      auto chunk = codec::ParseChunk(Body(*owned));
+      if (!chunk.ok() || !catch_up_applier_) {
+        status =
+            chunk.ok() ? Status::Internal("no delta of the chain in progress") : chunk.status();
+      } else if (chunk->kind == codec::ChunkKind::kEnd) {
+        end = chunk->summary;
+      } else {
+        status = catch_up_applier_->ApplyChunk(*chunk);
+        if (status.ok()) status = catch_up_applier_->FlushApplied();
+        if (status.ok()) status = replica_->RecordApplied(sequence);
+        if (status.ok()) SnapshotJournal();
+      }
+      loop_.Post([this, status, end] { OnChainChunkApplied(status, end); });
+    });
+    PumpChain();
+  }
+
+  void OnChainChunkApplied(const Status& status, const std::optional<codec::DeltaSummary>& end) {
+    if (!catch_up_ || !catch_up_->chain_mode) return;
+    if (!status.ok()) return FallBackToPartitions(status);
+    CatchUpState& c = *catch_up_;
+    ++c.chunks_done;
+    if (end) c.end = end;
+    if (c.chunks_done == c.links[c.link].chunks && c.end) FinishLink();
+  }
+
+  // Every chunk of the delta applied: verify it whole, make it active, go on.
+  void FinishLink() {
+    const codec::DeltaSummary summary = *catch_up_->end;
+    apply_loop_.Post([this, summary] {
+      Status status;
+      auto target = catch_up_applier_ ? catch_up_applier_->Finish(summary)
+                                      : Result<codec::Manifest>(Status::Internal("no delta"));
+      status = target.status();
+      if (target.ok()) status = replica_->Commit(*target);
+      catch_up_applier_.reset();
+      SnapshotJournal();
+      loop_.Post([this, status] {
+        if (!catch_up_ || !catch_up_->chain_mode) return;
+        if (!status.ok()) return FallBackToPartitions(status);
+        CatchUpState& c = *catch_up_;
+        ++c.deltas;
+        if (c.link + 1 < c.links.size()) return StartLink(c.link + 1);
+        FinishCatchUp(Status::Ok());
+      });
+    });
+  }
+
+  // The chain cannot finish (a delta no longer kept, a torn partition, a damaged
+  // chunk): overwrite what differs instead, from wherever the store stands now.
+  void FallBackToPartitions(const Status& why) {
+    CatchUpState& c = *catch_up_;
+    log::Warn(
+        fmt::format("{}: catch-up by the chain of deltas stopped ({}); fetching the "
+                    "partitions that differ instead",
+                    options_.node_id, why.ToString()));
+    c.chain_mode = false;
+    c.pending_chunks.clear();
+    c.missing.clear();
+    c.outstanding = 0;
+    apply_loop_.Post([this] { catch_up_applier_.reset(); });
+    PumpCatchUp();
+  }
+
   void OnManifest(ByteSpan bytes) {
     auto m = ParseManifest(bytes);
     if (!m.ok()) return ProtocolError(m.status().message());
-    if (auto it = manifest_fetches_.find(m->request_id); it != manifest_fetches_.end()) {
-      // A relay passing the answer down.
-      downstream_.SendTo(it->second.first, transport::MakeMessage(EncodeManifest(
-                                               it->second.second, m->found, m->bytes)));
-      manifest_fetches_.erase(it);
-      return;
-    }
     if (!catch_up_ || m->request_id != catch_up_->manifest_request) return;
     catch_up_->manifest_request = 0;
     const Digest128 to = catch_up_->to;
@@ -944,11 +1174,13 @@ class NodeAgent::Impl {
     catch_up_.reset();
     std::erase_if(fetches_, [](const auto& entry) { return entry.second.for_catch_up; });
     if (status.ok()) {
-      log::Info(fmt::format("{}: caught up to {}: {} partitions, {:.2f} MiB fetched in {:.2f} s",
-                            options_.node_id, c.to.ShortHex(), c.written,
-                            double(c.bytes) / (1 << 20), SecondsSince(c.start)));
+      log::Info(fmt::format(
+          "{}: caught up to {}: {} kept deltas and {} partitions, {:.2f} MiB fetched in {:.2f} s",
+          options_.node_id, c.to.ShortHex(), c.deltas, c.written, double(c.bytes) / (1 << 20),
+          SecondsSince(c.start)));
       std::lock_guard lock(stats_mu_);
       stats_.partitions_caught_up += c.written;
+      stats_.deltas_caught_up += c.deltas;
       stats_.catch_up_bytes += c.bytes;
     } else {
       log::Error(fmt::format("{}: catch-up to {} failed: {}", options_.node_id, c.to.ShortHex(),
@@ -1087,7 +1319,10 @@ class NodeAgent::Impl {
 
   void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes) {
     if (type == MessageType::kFetch) return OnChildFetch(child, bytes);
-    if (type == MessageType::kFetchManifest) return OnChildFetchManifest(child, bytes);
+    if (type == MessageType::kFetchManifest || type == MessageType::kFetchChain ||
+        type == MessageType::kFetchDeltaChunk) {
+      return RouteUp(child, type, bytes);
+    }
     if (!refit_) return;
     Refit& r = *refit_;
     switch (type) {
@@ -1183,7 +1418,10 @@ class NodeAgent::Impl {
     if (type == MessageType::kCommit && !journal_.prepared) {
       // It committed without us: reach it by fetching what differs.
       refit_->phase = Phase::kCommitting;
-      if (!catch_up_) StartCatchUp(d.target_version, id, /*resolving=*/true);
+      if (!catch_up_) return StartCatchUp(d.target_version, id, /*resolving=*/true);
+      // Already catching up (to this version or past it): report when it is done.
+      catch_up_->refit_id = id;
+      catch_up_->resolving = true;
       return;
     }
     if (type == MessageType::kCommit) {
@@ -1409,8 +1647,13 @@ class NodeAgent::Impl {
   std::vector<std::byte> deferred_begin_;  // a BEGIN that arrived while resolving
   Journal journal_;
   std::map<uint64_t, PendingFetch> fetches_;
-  // FETCH_MANIFESTs passed up for children: our request -> (child, its request).
-  std::map<uint64_t, std::pair<std::string, uint64_t>> manifest_fetches_;
+  // Requests passed up for children: our request id -> who asked.
+  struct Routed {
+    std::string child;
+    uint64_t child_request = 0;
+    MessageType type = MessageType::kFetchManifest;
+  };
+  std::map<uint64_t, Routed> routed_;
   std::optional<CatchUpState> catch_up_;
   std::unique_ptr<apply::DeltaApplier> catch_up_applier_;  // apply thread
   uint64_t catch_up_failed_refit_ = 0;  // its BEGIN then runs (and fails) as usual

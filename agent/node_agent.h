@@ -55,6 +55,7 @@ struct NodeAgentStats {
   uint64_t peak_held_bytes = 0;       // most chunk bytes held at once (received, not yet released)
   uint64_t partitions_repaired = 0;
   uint64_t partitions_caught_up = 0;  // overwritten to reach a version this node missed
+  uint64_t deltas_caught_up = 0;      // kept deltas applied to reach such a version
   uint64_t catch_up_bytes = 0;
   Digest128 version;
 };

@@ -124,6 +124,14 @@ std::string_view MessageTypeName(MessageType type) {
       return "FETCH_MANIFEST";
     case MessageType::kManifest:
       return "MANIFEST";
+    case MessageType::kFetchChain:
+      return "FETCH_CHAIN";
+    case MessageType::kChain:
+      return "CHAIN";
+    case MessageType::kFetchDeltaChunk:
+      return "FETCH_DELTA_CHUNK";
+    case MessageType::kDeltaChunk:
+      return "DELTA_CHUNK";
   }
   return "UNKNOWN";
 }
@@ -430,6 +438,57 @@ std::vector<std::byte> EncodeManifest(uint64_t request_id, bool found, ByteSpan 
   return EncodeFound(MessageType::kManifest, request_id, found, manifest);
 }
 
+std::vector<std::byte> EncodeDeltaChunk(uint64_t request_id, bool found, ByteSpan chunk_message) {
+  return EncodeFound(MessageType::kDeltaChunk, request_id, found, chunk_message);
+}
+
+std::vector<std::byte> EncodeFetchChain(const FetchChain& m) {
+  auto out = Header(MessageType::kFetchChain);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.request_id);
+  PutDigest(w, m.from);
+  PutDigest(w, m.to);
+  return out;
+}
+
+std::vector<std::byte> EncodeChain(const Chain& m) {
+  auto out = Header(MessageType::kChain);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.request_id);
+  w.Put<uint8_t>(m.found ? 1 : 0);
+  const size_t n = std::min(m.links.size(), kMaxChainLinks);
+  w.Put<uint8_t>(static_cast<uint8_t>(n));
+  for (size_t i = 0; i < n; ++i) {
+    PutDigest(w, m.links[i].base);
+    PutDigest(w, m.links[i].target);
+    w.Put<uint64_t>(m.links[i].partition_bytes);
+    w.Put<uint32_t>(m.links[i].chunks);
+  }
+  return out;
+}
+
+std::vector<std::byte> EncodeFetchDeltaChunk(const FetchDeltaChunk& m) {
+  auto out = Header(MessageType::kFetchDeltaChunk);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.request_id);
+  PutDigest(w, m.target);
+  w.Put<uint32_t>(m.sequence);
+  return out;
+}
+
+uint64_t RequestIdOf(ByteSpan message) {
+  if (message.size() < kMessageHeaderBytes + 8) return 0;
+  return LoadLE<uint64_t>(message.data() + kMessageHeaderBytes);
+}
+
+std::vector<std::byte> WithRequestId(ByteSpan message, uint64_t request_id) {
+  std::vector<std::byte> out(message.begin(), message.end());
+  if (out.size() >= kMessageHeaderBytes + 8) {
+    StoreLE<uint64_t>(out.data() + kMessageHeaderBytes, request_id);
+  }
+  return out;
+}
+
 std::vector<std::byte> EncodeFetchManifest(const FetchManifest& m) {
   auto out = Header(MessageType::kFetchManifest);
   ByteWriter w(out);
@@ -458,6 +517,55 @@ Result<PartitionData> ParsePartition(ByteSpan message) {
 
 Result<PartitionData> ParseManifest(ByteSpan message) {
   return ParseFound(message, MessageType::kManifest);
+}
+
+Result<PartitionData> ParseDeltaChunk(ByteSpan message) {
+  return ParseFound(message, MessageType::kDeltaChunk);
+}
+
+Result<FetchChain> ParseFetchChain(ByteSpan message) {
+  BodyReader r(message, MessageType::kFetchChain);
+  RETURN_IF_ERROR(r.Open());
+  FetchChain m;
+  r.Get(m.request_id);
+  r.GetDigest(m.from);
+  r.GetDigest(m.to);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<Chain> ParseChain(ByteSpan message) {
+  BodyReader r(message, MessageType::kChain);
+  RETURN_IF_ERROR(r.Open());
+  Chain m;
+  uint8_t found = 0, count = 0;
+  r.Get(m.request_id);
+  r.Get(found);
+  r.Get(count);
+  if (found > 1) return Status::Corrupt("CHAIN found flag is " + std::to_string(found));
+  if (count > kMaxChainLinks)
+    return Status::Corrupt("CHAIN lists " + std::to_string(count) + " deltas");
+  m.found = found == 1;
+  m.links.resize(count);
+  for (auto& link : m.links) {
+    r.GetDigest(link.base);
+    r.GetDigest(link.target);
+    r.Get(link.partition_bytes);
+    r.Get(link.chunks);
+  }
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+Result<FetchDeltaChunk> ParseFetchDeltaChunk(ByteSpan message) {
+  BodyReader r(message, MessageType::kFetchDeltaChunk);
+  RETURN_IF_ERROR(r.Open());
+  FetchDeltaChunk m;
+  r.Get(m.request_id);
+  r.GetDigest(m.target);
+  r.Get(m.sequence);
+  RETURN_IF_ERROR(r.Close());
+  return m;
 }
 
 Result<FetchManifest> ParseFetchManifest(ByteSpan message) {

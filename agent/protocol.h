@@ -41,10 +41,15 @@ enum class MessageType : uint8_t {
   kHeartbeat = 14,  // either way: the link is alive
   kFetch = 15,      // up: send me this partition's bytes at this hash (repair)
   kPartition = 16,  // down: the answer to a FETCH
-  kFetchManifest = 17,  // up: send me the manifest of this version (catch-up)
-  kManifest = 18,       // down: the answer to a FETCH_MANIFEST
+  kFetchManifest = 17,    // up: send me the manifest of this version (catch-up)
+  kManifest = 18,         // down: the answer to a FETCH_MANIFEST
+  kFetchChain = 19,       // up: which retained deltas lead from my version to this one?
+  kChain = 20,            // down: the answer to a FETCH_CHAIN
+  kFetchDeltaChunk = 21,  // up: send me chunk N of the retained delta to this target
+  kDeltaChunk = 22,       // down: the answer to a FETCH_DELTA_CHUNK (a CHUNK message)
 };
-inline constexpr uint8_t kMaxMessageType = 18;
+inline constexpr uint8_t kMaxMessageType = 22;
+inline constexpr size_t kMaxChainLinks = 64;
 inline constexpr uint32_t kMaxAppliedInHello = 1u << 20;
 inline constexpr size_t kMaxHopTransports = 8;
 inline constexpr size_t kMaxTransportNameBytes = 32;
@@ -120,6 +125,28 @@ struct FetchManifest {
   Digest128 version;  // the manifest wanted
   Digest128 from;     // the asker's active version: the source serves only its own lineage
 };
+struct FetchChain {
+  uint64_t request_id = 0;
+  Digest128 from;  // the asker's active version
+  Digest128 to;    // the committed version it must reach
+};
+// One retained delta of a chain.
+struct ChainLink {
+  Digest128 base;
+  Digest128 target;
+  uint64_t partition_bytes = 0;
+  uint32_t chunks = 0;  // data chunks and the END chunk: sequences 0 .. chunks - 1
+};
+struct Chain {
+  uint64_t request_id = 0;
+  bool found = false;
+  std::vector<ChainLink> links;  // oldest first
+};
+struct FetchDeltaChunk {
+  uint64_t request_id = 0;
+  Digest128 target;
+  uint32_t sequence = 0;
+};
 struct Outcome {  // COMMITTED and ABORTED
   uint64_t refit_id = 0;
   uint32_t nodes = 0;  // nodes of the sender's subtree that completed the decision
@@ -144,6 +171,16 @@ std::vector<std::byte> EncodePartition(uint64_t request_id, bool found, ByteSpan
 std::vector<std::byte> EncodeFetchManifest(const FetchManifest& m);
 // A MANIFEST: the serialized codec::Manifest, or found = false.
 std::vector<std::byte> EncodeManifest(uint64_t request_id, bool found, ByteSpan manifest);
+std::vector<std::byte> EncodeFetchChain(const FetchChain& m);
+std::vector<std::byte> EncodeChain(const Chain& m);
+std::vector<std::byte> EncodeFetchDeltaChunk(const FetchDeltaChunk& m);
+// A DELTA_CHUNK: a whole CHUNK message (header included), or found = false.
+std::vector<std::byte> EncodeDeltaChunk(uint64_t request_id, bool found, ByteSpan chunk_message);
+// Every request routed up the tree (FETCH_MANIFEST, FETCH_CHAIN, FETCH_DELTA_CHUNK)
+// and its answer carry the request id as the first 8 body bytes: a relay renumbers
+// them in place.
+uint64_t RequestIdOf(ByteSpan message);
+std::vector<std::byte> WithRequestId(ByteSpan message, uint64_t request_id);
 
 // Validates the header; returns the type. Corrupt for bad magic, version, type or
 // reserved bits.
@@ -165,6 +202,10 @@ Result<Fetch> ParseFetch(ByteSpan message);
 Result<PartitionData> ParsePartition(ByteSpan message);
 Result<FetchManifest> ParseFetchManifest(ByteSpan message);
 Result<PartitionData> ParseManifest(ByteSpan message);  // same shape as PARTITION
+Result<FetchChain> ParseFetchChain(ByteSpan message);
+Result<Chain> ParseChain(ByteSpan message);
+Result<FetchDeltaChunk> ParseFetchDeltaChunk(ByteSpan message);
+Result<PartitionData> ParseDeltaChunk(ByteSpan message);  // same shape as PARTITION
 
 // HMAC-SHA256(token, nonce || child id || parent id): proves the child knows the
 // cluster token without sending it, bound to this link's nonce and both ends.

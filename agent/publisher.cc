@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "agent/delta_history.h"
 #include "agent/downstream.h"
 #include "agent/event_loop.h"
 #include "agent/spool.h"
@@ -87,7 +88,11 @@ class Publication {
         target_version_(target_version),
         loop_([this] { Tick(); }),
         downstream_(loop_, options.config.Source()->id, std::move(children), options.token,
-                    Events()) {}
+                    Events()) {
+    if (!options.history_dir.empty() && options.keep_deltas > 0) {
+      history_ = std::make_unique<DeltaHistory>(options.history_dir, options.keep_deltas);
+    }
+  }
 
   // Grandchildren whose parent died may attach here (failover, policy available).
   void AllowAdoption(std::set<std::string> ids) { downstream_.AllowAdoption(std::move(ids)); }
@@ -247,6 +252,10 @@ class Publication {
       std::lock_guard lock(mu_);
       decision_ = commit ? MessageType::kCommit : MessageType::kAbort;
     }
+    if (commit) {
+      committed_link_ =
+          ChainLink{report.base_version, report.target_version, target_manifest.partition_bytes, 0};
+    }
     loop_.Post([this, d, commit] {
       if (!commit) downstream_.DropQueued();
       downstream_.Broadcast(transport::MakeMessage(EncodeDecision(
@@ -266,7 +275,7 @@ class Publication {
   }
 
   void Stop() {
-    if (spool_) spool_->Discard();
+    if (spool_) RetainOrDiscardSpool();
     if (transport_) transport_->Shutdown();
     loop_.Stop();
     downstream_.CloseAll();
@@ -353,6 +362,44 @@ class Publication {
         EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, {id, target}));
   }
 
+  // A committed delta whose every chunk was spooled joins the history; anything
+  // else is deleted.
+  void RetainOrDiscardSpool() {
+    const std::vector<uint32_t> sequences = spool_->sequences();
+    const bool whole = !sequences.empty() && sequences.back() + 1 == sequences.size();
+    if (!history_ || !committed_link_ || !whole) {
+      spool_->Discard();
+      spool_.reset();
+      return;
+    }
+    ChainLink link = *committed_link_;
+    link.chunks = static_cast<uint32_t>(sequences.size());
+    Status kept = history_->Add(std::move(spool_), link);
+    if (!kept.ok()) log::Warn("delta not kept for catch-up: " + kept.ToString());
+  }
+
+  // Loop thread: which retained deltas lead a catching-up node to `to`.
+  void ServeChain(const std::string& child, ByteSpan bytes) {
+    auto f = ParseFetchChain(bytes);
+    if (!f.ok()) return;
+    Chain reply;
+    reply.request_id = f->request_id;
+    if (history_) reply.links = history_->Chain(f->from, f->to);
+    reply.found = !reply.links.empty();
+    downstream_.SendTo(child, transport::MakeMessage(EncodeChain(reply)));
+  }
+
+  // Loop thread: one chunk of a retained delta, read from its spool file.
+  void ServeDeltaChunk(const std::string& child, ByteSpan bytes) {
+    auto f = ParseFetchDeltaChunk(bytes);
+    if (!f.ok()) return;
+    auto message = history_ ? history_->Read(f->target, f->sequence)
+                            : Result<transport::Message>(Status::NotFound("no history"));
+    downstream_.SendTo(
+        child, transport::MakeMessage(EncodeDeltaChunk(
+                   f->request_id, message.ok(), message.ok() ? ByteSpan(**message) : ByteSpan())));
+  }
+
   // Loop thread: the manifest of the base or the target, for a node catching up
   // from a version of this cluster's lineage (a node holding anything else keeps
   // it: it fails the refit instead of being overwritten).
@@ -434,6 +481,8 @@ class Publication {
     e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
       if (type == MessageType::kFetch) return ServeFetch(child, bytes);
       if (type == MessageType::kFetchManifest) return ServeManifest(child, bytes);
+      if (type == MessageType::kFetchChain) return ServeChain(child, bytes);
+      if (type == MessageType::kFetchDeltaChunk) return ServeDeltaChunk(child, bytes);
       std::lock_guard lock(mu_);
       switch (type) {
         case MessageType::kPrepared: {
@@ -488,6 +537,8 @@ class Publication {
   transport::Transport* transport_ = nullptr;
   std::vector<std::pair<Digest128, std::vector<std::byte>>> manifests_;  // set before Listen
   std::unique_ptr<Spool> spool_;
+  std::unique_ptr<DeltaHistory> history_;    // null: no deltas kept
+  std::optional<ChainLink> committed_link_;  // set once the decision is COMMIT
   Begin begin_;
   std::optional<MessageType> decision_;
   std::map<std::string, Clock::time_point> missing_since_;

@@ -41,6 +41,11 @@ struct PublishOptions {
   // Where the chunks are spooled for replays to children that rejoin; empty = the
   // system temporary directory.
   std::filesystem::path spool_dir;
+  // Where the last `keep_deltas` committed deltas are kept, so a node that missed
+  // several versions catches up by the chain of deltas (else by every partition that
+  // differs); empty or 0 = none kept.
+  std::filesystem::path history_dir;
+  size_t keep_deltas = 4;
   std::function<void(const PublishProgress&)> on_progress;
 };
 

@@ -30,6 +30,14 @@ Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
   return spool;
 }
 
+Result<std::unique_ptr<Spool>> Spool::OpenFile(const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + file.string());
+  auto spool = std::unique_ptr<Spool>(new Spool(fd, file));
+  spool->Recover();
+  return spool;
+}
+
 void Spool::Recover() {
   // Keep every whole, valid message from the start; a crash may have cut the last.
   for (;;) {

@@ -28,6 +28,10 @@ class Spool {
   // is removed by Discard, not by the destructor: it outlives a crash on purpose.
   static Result<std::unique_ptr<Spool>> Open(const std::filesystem::path& dir,
                                              const Digest128& target);
+  // Opens one spool file as it is (the source's retained deltas), touching nothing
+  // else.
+  static Result<std::unique_ptr<Spool>> OpenFile(const std::filesystem::path& file);
+  const std::filesystem::path& path() const { return path_; }
   // Makes everything appended so far durable (fdatasync; nothing if nothing new).
   Status Sync();
   // Deletes the file (the delta was decided and nobody needs a replay of it).

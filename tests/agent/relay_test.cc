@@ -133,6 +133,8 @@ class RelayTest : public ::testing::Test {
     options.token = kToken;
     options.on_progress = std::move(on_progress);
     options.decision_log = decision_log_;
+    options.history_dir = history_dir_;
+    options.keep_deltas = keep_deltas_;
     return Publish(options, *source_base_, ManifestOf(*source_base_), *source_target_,
                    ManifestOf(*source_target_),
                    transport ? std::move(transport) : transport::MakeInprocTransport(network_));
@@ -149,6 +151,8 @@ class RelayTest : public ::testing::Test {
   std::vector<std::unique_ptr<NodeAgent>> agents_;
   std::unique_ptr<apply::WeightStore> source_base_, source_target_;
   std::filesystem::path decision_log_;  // empty: none (the source knows only its base)
+  std::filesystem::path history_dir_;   // empty: no deltas kept
+  size_t keep_deltas_ = 0;
 };
 
 TEST_F(RelayTest, SevenNodesCommitBitExact) {
@@ -324,47 +328,74 @@ Versions NextStep(const Versions& v, uint32_t seed) {
   return next;
 }
 
-TEST_F(RelayTest, RelayTwoVersionsBehindCatchesUpAndItsSubtreeCommits) {
-  // Chain src -> n1 -> n2 -> n3 (policy available). n2 and n3 are down for two
-  // refits (v0 -> v1 -> v2). Then n2 returns at v0 and n3 at v1. n1 replays the
-  // last refit (v1 -> v2) from its spool: n2 cannot catch up yet (no source is
-  // publishing to vouch for v0), while n3 applies it but never hears it committed.
-  // In the refit v2 -> v3 both first reach v2 (n2 by fetching the partitions that
-  // differ, the source vouching for v0 from its decision log; n3 finds it holds
-  // them all), then apply the delta.
-  std::vector<Versions> steps = {MakeVersions(1 << 15, 9)};
-  steps.push_back(NextStep(steps[0], 10));
-  steps.push_back(NextStep(steps[1], 11));
-  const std::string scratch = ::testing::TempDir() + "/relay-catch-up-" + std::to_string(getpid());
-  std::filesystem::create_directories(scratch);
-  decision_log_ = scratch + "/decisions.log";
-  ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(3, 1, "8KiB", 2, "1s", "available")));
-  stores_ = {steps[0].base, steps[0].base, steps[0].target};  // n3 is one behind, n2 two
-  ASSERT_NO_FATAL_FAILURE(StartAgent(0, steps[0]));
-  for (int k = 0; k < 2; ++k) {
-    auto report = PublishVersions(steps[k]);
-    ASSERT_TRUE(report.ok()) << report.status().ToString();
-    ASSERT_TRUE(report->committed) << report->abort_reason;
-  }
-  ASSERT_NO_FATAL_FAILURE(StartAgent(1, steps[0]));
-  ASSERT_NO_FATAL_FAILURE(StartAgent(2, steps[0]));
-  auto report = PublishVersions(steps[2]);
-  std::filesystem::remove_all(scratch);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
-  EXPECT_TRUE(report->committed) << report->abort_reason;
-  EXPECT_EQ(report->nodes_decided, 3u);
-  for (int i = 0; i < 3; ++i) {
-    for (size_t t = 0; t < steps[2].tensors.size(); ++t) {
-      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(steps[2].target[t]))
-          << "n" << i + 1 << " tensor " << t;
+// Chain src -> n1 -> n2 -> n3 (policy available). n2 and n3 are down for two refits
+// (v0 -> v1 -> v2). Then n2 returns at v0 and n3 at v1. n1 replays the last refit
+// (v1 -> v2) from its spool: n2 cannot catch up yet (no source is publishing to
+// vouch for v0), while n3 applies it but never hears it committed. In the refit
+// v2 -> v3 both first reach v2, then apply the delta: n2 by the two deltas the
+// source kept (keep_deltas >= 2) or else by fetching every partition that differs
+// (the source vouching for v0 from its decision log); n3 finds it holds v2 already.
+// Returns n2's stats.
+class CatchUpTest : public RelayTest {
+ protected:
+  NodeAgentStats TwoVersionsBehind(size_t keep_deltas) {
+    std::vector<Versions> steps = {MakeVersions(1 << 15, 9)};
+    steps.push_back(NextStep(steps[0], 10));
+    steps.push_back(NextStep(steps[1], 11));
+    const std::string scratch = ::testing::TempDir() + "/relay-catch-up-" +
+                                std::to_string(getpid()) + "-" + std::to_string(keep_deltas);
+    std::filesystem::remove_all(scratch);
+    std::filesystem::create_directories(scratch);
+    decision_log_ = scratch + "/decisions.log";
+    history_dir_ = scratch + "/history";
+    keep_deltas_ = keep_deltas;
+    EXPECT_NO_FATAL_FAILURE(UseConfig(ConfigToml(3, 1, "8KiB", 2, "1s", "available")));
+    stores_ = {steps[0].base, steps[0].base, steps[0].target};  // n3 is one behind, n2 two
+    EXPECT_NO_FATAL_FAILURE(StartAgent(0, steps[0]));
+    for (int k = 0; k < 2; ++k) {
+      auto report = PublishVersions(steps[k]);
+      EXPECT_TRUE(report.ok() && report->committed);
     }
-    EXPECT_EQ(agents_[i]->stats().version, report->target_version);
+    EXPECT_NO_FATAL_FAILURE(StartAgent(1, steps[0]));
+    EXPECT_NO_FATAL_FAILURE(StartAgent(2, steps[0]));
+    auto report = PublishVersions(steps[2]);
+    std::filesystem::remove_all(scratch);
+    EXPECT_TRUE(report.ok()) << report.status().ToString();
+    if (!report.ok()) return {};
+    EXPECT_TRUE(report->committed) << report->abort_reason;
+    EXPECT_EQ(report->nodes_decided, 3u);
+    for (int i = 0; i < 3; ++i) {
+      for (size_t t = 0; t < steps[2].tensors.size(); ++t) {
+        EXPECT_EQ(Hash64(stores_[i][t]), Hash64(steps[2].target[t]))
+            << "n" << i + 1 << " tensor " << t;
+      }
+      EXPECT_EQ(agents_[i]->stats().version, report->target_version);
+    }
+    EXPECT_EQ(agents_[0]->stats().partitions_caught_up, 0u);  // n1 never fell behind
+    EXPECT_EQ(agents_[0]->stats().deltas_caught_up, 0u);
+    return agents_[1]->stats();
   }
-  // n1 never fell behind; n2 overwrote only partitions that differ.
-  EXPECT_EQ(agents_[0]->stats().partitions_caught_up, 0u);
-  EXPECT_GT(agents_[1]->stats().partitions_caught_up, 0u);
-  const uint64_t tensor_bytes = 3 * (uint64_t{1} << 15) * 2;
-  EXPECT_LE(agents_[1]->stats().catch_up_bytes, tensor_bytes);
+};
+
+TEST_F(CatchUpTest, RelayTwoVersionsBehindCatchesUpByTheChainOfKeptDeltas) {
+  const NodeAgentStats n2 = TwoVersionsBehind(/*keep_deltas=*/4);
+  EXPECT_EQ(n2.deltas_caught_up, 2u);
+  EXPECT_EQ(n2.partitions_caught_up, 0u);
+  // Two deltas of ~3% changes: far less than the tensors.
+  EXPECT_LT(n2.catch_up_bytes, 3 * (uint64_t{1} << 15) * 2 / 2);
+}
+
+TEST_F(CatchUpTest, WithoutKeptDeltasItFetchesThePartitionsThatDiffer) {
+  const NodeAgentStats n2 = TwoVersionsBehind(/*keep_deltas=*/0);
+  EXPECT_EQ(n2.deltas_caught_up, 0u);
+  EXPECT_GT(n2.partitions_caught_up, 0u);
+  EXPECT_LE(n2.catch_up_bytes, 3 * (uint64_t{1} << 15) * 2);
+}
+
+TEST_F(CatchUpTest, OneKeptDeltaIsNotAChainFromTwoVersionsBackSoPartitionsAreUsed) {
+  const NodeAgentStats n2 = TwoVersionsBehind(/*keep_deltas=*/1);
+  EXPECT_EQ(n2.deltas_caught_up, 0u);
+  EXPECT_GT(n2.partitions_caught_up, 0u);
 }
 
 TEST_F(RelayTest, ChildOfADeadRelayFailsOverToItsGrandparent) {
