@@ -458,6 +458,10 @@ class NodeAgent::Impl {
       case MessageType::kWelcome:
         joined_ = true;
         parent_lost_at_.reset();
+        {
+          std::lock_guard lock(stats_mu_);
+          ++stats_.parent_joins;
+        }
         if (catch_up_) loop_.Post([this] { PumpCatchUp(); });
         log::Info(fmt::format("{}: joined parent {} over {}{}", options_.node_id, current_parent_,
                               parent_backend_,

@@ -24,6 +24,7 @@ struct Counters {
   std::atomic<uint64_t> dropped{0};
   std::atomic<uint64_t> delayed{0};
   std::atomic<uint64_t> resets{0};
+  std::atomic<uint64_t> stalled{0};
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> failed_sends{0};
   std::atomic<uint64_t> failed_connects{0};
@@ -61,6 +62,8 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
         plan_(core_->plan),
         peer_(inner->PeerAddress()),
         inner_(std::move(inner)),
+        stalls_(plan_.stall_after_messages >= 0 &&
+                (plan_.stall_links < 0 || number < static_cast<uint64_t>(plan_.stall_links))),
         rng_(plan_.seed ^ (number * 0x9e3779b97f4a7c15ull)) {}
 
   void Start(MessageHandler on_message, CloseHandler on_closed) {
@@ -100,6 +103,14 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
       return;  // the inner connection reports the error
     }
     const uint64_t size = message->size();
+    if (stalls_ && index >= static_cast<uint64_t>(plan_.stall_after_messages)) {
+      // Held until the link closes; later messages queue behind it.
+      core_->counters.stalled.fetch_add(1, std::memory_order_relaxed);
+      last_release_ = Clock::time_point::max();
+      waiting_bytes_ += size;
+      waiting_.push_back(Held{index, std::move(message), std::move(on_sent), last_release_, false});
+      return;
+    }
     const bool drop = plan_.drop_probability > 0 && Uniform() < plan_.drop_probability;
     const Clock::time_point now = Clock::now();
     Clock::time_point release = now;
@@ -327,6 +338,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
 
   mutable std::mutex mu_;
   std::unique_ptr<Connection> inner_;  // null once the wrapping Connection is destroyed
+  const bool stalls_;                  // stall_after_messages applies to this link
   std::mt19937_64 rng_;
   bool started_ = false;
   MessageHandler on_message_;
@@ -428,6 +440,7 @@ class FaultTransportImpl final : public FaultTransport {
     s.dropped = c.dropped.load();
     s.delayed = c.delayed.load();
     s.resets = c.resets.load();
+    s.stalled = c.stalled.load();
     s.bytes = c.bytes.load();
     s.failed_sends = c.failed_sends.load();
     s.failed_connects = c.failed_connects.load();

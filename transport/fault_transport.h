@@ -34,6 +34,13 @@ struct FaultPlan {
   // ran), the link is aborted: the peer receives exactly those messages and then
   // sees the link break; locally on_closed gets kUnavailable. -1 = never.
   int64_t reset_after_messages = -1;
+  // After this many messages on each connection, the link stalls: it stays open but
+  // every later message is held forever (on_sent runs only when the link closes),
+  // like a peer or path that hangs without failing. -1 = never.
+  int64_t stall_after_messages = -1;
+  // Only the first this-many links of the wrapper (in the order they were made)
+  // stall; -1 = all.
+  int64_t stall_links = -1;
   // The Send with this 0-based index on each connection fails: on_sent gets
   // kUnavailable, nothing is sent, the link stays open. -1 = never.
   int64_t fail_nth_send = -1;
@@ -51,6 +58,7 @@ struct FaultStats {
   uint64_t dropped = 0;          // messages discarded by drop_probability
   uint64_t delayed = 0;          // messages held by delay or the bandwidth cap
   uint64_t resets = 0;           // links aborted by reset_after_messages
+  uint64_t stalled = 0;          // messages held forever by stall_after_messages
   uint64_t bytes = 0;            // payload bytes handed to the inner connection
   uint64_t failed_sends = 0;     // by fail_nth_send
   uint64_t failed_connects = 0;  // by fail_nth_connect

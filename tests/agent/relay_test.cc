@@ -29,12 +29,12 @@ constexpr char kToken[] = "relay-test-token";
 constexpr uint64_t kPartitionBytes = 8 << 10;
 
 std::string ConfigToml(int receivers, int fanout, const std::string& chunk, int window,
-                       const std::string& connect_timeout = "5s",
-                       const std::string& policy = "all") {
+                       const std::string& connect_timeout = "5s", const std::string& policy = "all",
+                       const std::string& idle_timeout = "30s") {
   std::string toml =
       "[cluster]\nname = \"relay-test\"\n\n[tree]\nfanout = " + std::to_string(fanout) +
       "\nchunk_size = \"" + chunk + "\"\nwindow = " + std::to_string(window) +
-      "\nconnect_timeout = \"" + connect_timeout +
+      "\nconnect_timeout = \"" + connect_timeout + "\"\nidle_timeout = \"" + idle_timeout +
       "\"\ncommit_timeout = \"20s\"\ncommit_policy = \"" + policy +
       "\"\n\n"
       "[[node]]\nid = \"src\"\nhost = \"mem\"\nport = 1\nregion = \"r\"\nrole = \"source\"\n";
@@ -466,6 +466,31 @@ TEST_F(RelayTest, LinksThatResetMidStreamResumeWithOnlyWhatIsMissing) {
   }
   // Re-sent: at most what was in flight at each break (the window), never the
   // whole delta again.
+  EXPECT_LT(agents_[0]->stats().chunk_bytes_received, 2 * report->delta.delta_bytes);
+}
+
+TEST_F(RelayTest, StalledLinksAreDroppedAfterTheIdleTimeoutAndResumeWithWhatIsMissing) {
+  // The source's first two links to n1 hang (open, silent) after 12 messages: no
+  // chunk, no heartbeat. Each time n1 notices the silence after the idle timeout,
+  // drops the link and rejoins, and is sent only what it lacks.
+  Versions v = MakeVersions(1 << 20, 12);
+  StartCluster(ConfigToml(2, 1, "8KiB", 2, "5s", "all", "1s"), v, 2);
+  transport::FaultPlan stall;
+  stall.stall_after_messages = 12;
+  stall.stall_links = 2;
+  auto report = PublishVersions(
+      v, transport::WrapWithFaults(transport::MakeInprocTransport(network_), stall));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes_decided, 2u);
+  EXPECT_GT(report->delta.chunks, 24u);  // more than two links' worth
+  for (int i = 0; i < 2; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.target[t])) << "n" << i + 1 << " tensor " << t;
+    }
+  }
+  EXPECT_GE(agents_[0]->stats().parent_joins, 3u);  // it did stall, more than once
+  EXPECT_EQ(agents_[1]->stats().parent_joins, 1u);  // n1 -> n2 never stalled
   EXPECT_LT(agents_[0]->stats().chunk_bytes_received, 2 * report->delta.delta_bytes);
 }
 

@@ -151,6 +151,41 @@ TEST_F(FaultTest, ResetAfterMessagesOverTcp) {
   EXPECT_EQ(fault_->stats().resets, 1u);
 }
 
+TEST_F(FaultTest, StallHoldsEverythingAfterNUntilTheLinkCloses) {
+  FaultPlan plan;
+  plan.stall_after_messages = 3;
+  Connect(plan);
+  SendN(6, 1000);
+  ASSERT_TRUE(server_sink_.WaitMessages(3));
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(ReceivedIndices(), (std::vector<uint64_t>{0, 1, 2}));  // and nothing more
+  EXPECT_EQ(log_.count(), 3u);  // the held sends have not completed
+  EXPECT_EQ(client_conn_->QueuedBytes(), 3000u);
+  EXPECT_EQ(server_sink_.close_count(), 0);  // the link looks alive
+  EXPECT_EQ(fault_->stats().stalled, 3u);
+  client_conn_->Close();
+  ASSERT_TRUE(log_.WaitCount(6));
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(log_.statuses()[i].code(), StatusCode::kAborted);
+}
+
+TEST_F(FaultTest, OnlyTheFirstStallLinksStall) {
+  FaultPlan plan;
+  plan.stall_after_messages = 0;
+  plan.stall_links = 1;
+  Connect(plan);  // link 0: stalls at once
+  SendN(2);
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(server_sink_.message_count(), 0u);
+  auto second = ConnectBlocking(*client_, address_, kWait);  // link 1: does not
+  ASSERT_TRUE(second.ok());
+  auto accepted = accept_.Pop();
+  ASSERT_NE(accepted, nullptr);
+  Sink sink;
+  sink.Start(*accepted);
+  (*second)->Send(MakeMessage(Payload(2, 0, 10)));
+  EXPECT_TRUE(sink.WaitMessages(1));
+}
+
 TEST_F(FaultTest, FailNthSendFailsOnlyThatSend) {
   FaultPlan plan;
   plan.fail_nth_send = 3;
