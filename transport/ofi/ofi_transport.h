@@ -64,6 +64,13 @@
 
 namespace deltacast::transport {
 
+// When the backend registers the buffers it hands libfabric (fi_mr_reg) and
+// passes their descriptors.
+enum class OfiRegistration {
+  kAuto,    // only when the provider requires it (FI_MR_LOCAL: verbs;ofi_rxm, efa)
+  kAlways,  // also when it does not (tests the registration path on tcp/shm)
+};
+
 struct OfiOptions {
   // Largest message sent or received. A peer announcing a larger one has its link
   // closed with kCorrupt before anything is allocated.
@@ -77,10 +84,43 @@ struct OfiOptions {
   // A link that hears nothing from its peer for this long breaks (kUnavailable).
   // Keepalives go out every peer_timeout / 4 on idle links.
   std::chrono::milliseconds peer_timeout{10000};
+  OfiRegistration register_memory = OfiRegistration::kAuto;
+  // Bound on the bytes of caller Messages the send-side registration cache keeps
+  // registered (pinned, on verbs/efa) while they may be sent again; 0 registers
+  // every send on its own. Received (pooled) buffers are not counted here.
+  uint64_t mr_cache_bytes = uint64_t{512} << 20;
+};
+
+// Counters of one ofi transport (for tests and diagnostics).
+struct OfiStats {
+  bool registers_memory = false;      // descriptors are passed (FI_MR_LOCAL or kAlways)
+  bool provider_requires_mr = false;  // the domain's mr_mode has FI_MR_LOCAL
+  uint64_t registrations = 0;         // fi_mr_reg calls, all purposes
+  // The send-side cache (transport/ofi/mr_cache.h).
+  uint64_t send_cache_hits = 0;
+  uint64_t send_cache_misses = 0;
+  uint64_t send_cache_evictions = 0;  // dropped for space
+  uint64_t send_cache_released = 0;   // dropped once only the cache held the Message
+  uint64_t send_cache_entries = 0;
+  uint64_t send_cache_bytes = 0;
+  // Sends of Messages this transport received (a relay forwarding), which use
+  // the registration of their pooled receive buffer.
+  uint64_t forwarded_sends = 0;
+};
+
+// What MakeOfiTransport returns; reach it with AsOfiTransport to read stats().
+class OfiTransport : public Transport {
+ public:
+  // Safe at any time, also after Shutdown.
+  virtual OfiStats stats() const = 0;
 };
 
 // kInvalidArgument for bad options or a provider libfabric does not offer here
 // (the message names it).
 Result<std::unique_ptr<Transport>> MakeOfiTransport(const OfiOptions& options = {});
+
+// `transport` as an OfiTransport, or null if it is not one.
+OfiTransport* AsOfiTransport(Transport* transport);
+const OfiTransport* AsOfiTransport(const Transport* transport);
 
 }  // namespace deltacast::transport
