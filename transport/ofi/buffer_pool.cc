@@ -31,6 +31,7 @@ Result<PooledBuffer> BufferPool::AcquireRegistered(size_t size) {
     auto mr = register_(buffer.bytes->data(), buffer.bytes->size());
     if (!mr.ok()) return mr.status();
     buffer.mr = std::move(mr).value();
+    registrations_.fetch_add(1, std::memory_order_relaxed);
   }
   return buffer;
 }

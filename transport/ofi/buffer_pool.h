@@ -69,6 +69,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
   uint64_t cached_bytes() const;
   uint64_t forwarded_sends() const { return forwarded_sends_.load(std::memory_order_relaxed); }
+  uint64_t registrations() const { return registrations_.load(std::memory_order_relaxed); }
 
  private:
   static constexpr size_t kMinPooledBytes = 64 * 1024;
@@ -88,6 +89,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::vector<PooledBuffer> retired_;                // MR to close on the progress thread
   uint64_t cached_bytes_ = 0;
   std::atomic<uint64_t> forwarded_sends_{0};
+  std::atomic<uint64_t> registrations_{0};
 };
 
 }  // namespace deltacast::transport::ofi

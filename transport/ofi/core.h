@@ -279,6 +279,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const bool mr_required_;
   const bool register_;
   std::atomic<uint64_t> registrations_{0};
+  std::atomic<uint64_t> control_registrations_{0};
   std::unique_ptr<MrCache> mr_cache_;        // progress thread; cleared (MRs closed) at teardown
   std::vector<ControlBuffer> control_free_;  // progress thread
 

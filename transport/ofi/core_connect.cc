@@ -43,6 +43,7 @@ Result<EndpointState*> Core::AddEndpoint(const char* node, const char* service) 
                       "registering control receive buffers: " + mr.status().message());
       }
       op->control_mr = std::move(mr).value();
+      control_registrations_.fetch_add(1, std::memory_order_relaxed);
       op->desc = op->control_mr.desc();
     }
     ops_.insert(op);

@@ -62,6 +62,8 @@ OfiStats Core::Stats() const {
   stats.registers_memory = register_;
   stats.provider_requires_mr = mr_required_;
   stats.registrations = registrations_.load(std::memory_order_relaxed);
+  stats.control_registrations = control_registrations_.load(std::memory_order_relaxed);
+  stats.receive_registrations = pool_->registrations();
   const MrCacheStats cache = mr_cache_->stats();
   stats.send_cache_hits = cache.hits;
   stats.send_cache_misses = cache.misses;
@@ -463,6 +465,7 @@ void Core::FillControl(Op* op, std::vector<std::byte> encoded) {
       return;
     }
     buffer.mr = std::move(mr).value();
+    control_registrations_.fetch_add(1, std::memory_order_relaxed);
   }
   // Within capacity: the registered storage stays where it is.
   buffer.bytes.resize(encoded.size());

@@ -93,9 +93,11 @@ struct OfiOptions {
 
 // Counters of one ofi transport (for tests and diagnostics).
 struct OfiStats {
-  bool registers_memory = false;      // descriptors are passed (FI_MR_LOCAL or kAlways)
-  bool provider_requires_mr = false;  // the domain's mr_mode has FI_MR_LOCAL
-  uint64_t registrations = 0;         // fi_mr_reg calls, all purposes
+  bool registers_memory = false;       // descriptors are passed (FI_MR_LOCAL or kAlways)
+  bool provider_requires_mr = false;   // the domain's mr_mode has FI_MR_LOCAL
+  uint64_t registrations = 0;          // fi_mr_reg calls, all purposes, of which
+  uint64_t control_registrations = 0;  // control buffers (receive: 64 per endpoint)
+  uint64_t receive_registrations = 0;  // pooled receive buffers (sends: send_cache_misses)
   // The send-side cache (transport/ofi/mr_cache.h).
   uint64_t send_cache_hits = 0;
   uint64_t send_cache_misses = 0;
