@@ -25,12 +25,31 @@
 // measurable gain at these sizes (rxm and shm move large tagged messages by
 // rendezvous with their own RMA read / process_vm_readv anyway), while RMA costs
 // a registration with remote keys per receive buffer and a FIN per message. So
-// tagged. Registration: neither provider needs FI_MR_LOCAL (mr_mode is empty for
-// tcp;ofi_rxm, FI_MR_VIRT_ADDR for shm) and fi_getinfo is asked without it, so
-// only providers that register internally match (rxm does so over verbs) and
-// this backend registers nothing: no send-side cache or bounce copy is needed.
-// For comparison, fi_pingpong (one message at a time) gives tcp;ofi_rxm
+// tagged. For comparison, fi_pingpong (one message at a time) gives tcp;ofi_rxm
 // 440/214/736 MB/s and shm 13205/1664/3938 MB/s.
+//
+// Registration: fi_getinfo is asked with FI_MR_LOCAL (plus FI_MR_VIRT_ADDR,
+// FI_MR_ALLOCATED, FI_MR_PROV_KEY, which cost nothing here), so providers that
+// need the application to register local buffers (verbs;ofi_rxm, efa) match.
+// When the domain's mr_mode has FI_MR_LOCAL, or OfiOptions::register_memory is
+// kAlways, every buffer handed to libfabric goes with a descriptor: control
+// buffers are registered once (64 receive buffers per endpoint at setup; send
+// buffers as first needed, then recycled, up to 256 spare); receive buffers
+// from the pool are registered once and keep their MR while posted, while the
+// application holds their Message and while pooled (buffer_pool.h); a caller's
+// Message is registered through the send-side MrCache (mr_cache.h: keyed by
+// address and length, the entry holding the Message so the memory cannot be
+// freed under it, LRU under mr_cache_bytes), except a Message this transport
+// received and forwards, which uses its pooled buffer's MR. A failed
+// registration breaks the link where the provider requires registration, else
+// the buffer goes without a descriptor. Here neither provider requires it
+// (mr_mode is empty for tcp;ofi_rxm, FI_MR_VIRT_ADDR for shm), so kAuto
+// registers nothing; fi_mr_reg works on both (the kAlways conformance runs).
+// One recurring Message, 8 in flight, MB/s for 1/4/16 MiB, two runs each on a
+// busy 2-core machine: tcp;ofi_rxm kAuto 3899/3222/2993 and 4653/3168/3213,
+// kAlways 3879/3533/3580 and 2387/2866/2488; shm kAuto 7055/7437/6010 and
+// 11007/4651/4736, kAlways 12337/9739/6577 and 8055/7333/4362: no difference
+// beyond the noise (a cache hit is a map lookup).
 //
 // Progress: one thread per transport owns every libfabric call. It spins on the
 // completion queue for ~50 us after work, then blocks in poll() on the CQ's wait
