@@ -1,5 +1,7 @@
 // The conformance suite over the ofi backend, once per libfabric provider:
-// tcp;ofi_rxm on loopback and shm (named endpoints, see docs/transport.md "ofi").
+// tcp;ofi_rxm on loopback and shm (named endpoints, see docs/transport.md "ofi"),
+// and both again with OfiRegistration::kAlways: every buffer registered and its
+// descriptor passed, as verbs;ofi_rxm and efa require (neither provider here does).
 #include <gtest/gtest.h>
 
 #include "tests/transport/conformance_suite.h"
@@ -8,8 +10,10 @@
 namespace deltacast::transport {
 namespace {
 
-std::unique_ptr<Transport> Ofi(const MakeArgs& args, const std::string& provider) {
+std::unique_ptr<Transport> Ofi(const MakeArgs& args, const std::string& provider,
+                               OfiRegistration registration = OfiRegistration::kAuto) {
   OfiOptions options;
+  options.register_memory = registration;
   options.max_message_bytes = args.max_message_bytes;
   options.provider = provider;
   // A closed address is silence on RDM (rxm retries refused connections), reported
@@ -35,7 +39,23 @@ BackendParam ShmParam() {
           .listen_address = "dc-test:0"};
 }
 
-INSTANTIATE_TEST_SUITE_P(Ofi, ConformanceTest, ::testing::Values(TcpRxmParam(), ShmParam()),
+BackendParam TcpRxmRegisteredParam() {
+  BackendParam param = TcpRxmParam();
+  param.name = "OfiTcpRxmRegistered";
+  param.make = [](const MakeArgs& a) { return Ofi(a, "tcp;ofi_rxm", OfiRegistration::kAlways); };
+  return param;
+}
+
+BackendParam ShmRegisteredParam() {
+  BackendParam param = ShmParam();
+  param.name = "OfiShmRegistered";
+  param.make = [](const MakeArgs& a) { return Ofi(a, "shm", OfiRegistration::kAlways); };
+  return param;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ofi, ConformanceTest,
+                         ::testing::Values(TcpRxmParam(), ShmParam(), TcpRxmRegisteredParam(),
+                                           ShmRegisteredParam()),
                          BackendParamName);
 
 }  // namespace

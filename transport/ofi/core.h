@@ -32,6 +32,7 @@
 #include "transport/internal/handler_gate.h"
 #include "transport/ofi/buffer_pool.h"
 #include "transport/ofi/fabric.h"
+#include "transport/ofi/mr_cache.h"
 #include "transport/ofi/ofi_transport.h"
 #include "transport/ofi/wire.h"
 
@@ -52,6 +53,8 @@ inline constexpr uint64_t kMaxSeqAhead = uint64_t{1} << 20;
 inline constexpr auto kSpinTime = std::chrono::microseconds(50);
 // How long Shutdown waits for its ABORT messages to leave.
 inline constexpr auto kShutdownFlush = milliseconds(200);
+// Registered control send buffers kept for reuse (each kControlBufferBytes).
+inline constexpr size_t kMaxFreeControlBuffers = 256;
 
 struct EndpointState;
 
@@ -69,7 +72,19 @@ struct Op {
   uint64_t tag = 0;
   std::vector<std::byte> control;  // control message bytes (send or receive buffer)
   Message message;                 // kDataSend: the bytes being sent
-  std::unique_ptr<std::vector<std::byte>> receive;  // kDataRecv: the buffer being filled
+  PooledBuffer receive;            // kDataRecv: the buffer being filled (and its MR)
+  // Registration (only when the core registers memory): the descriptor passed
+  // with the buffer, and what keeps it valid until the op is gone.
+  void* desc = nullptr;
+  MemoryRegion control_mr;                           // covers `control`'s capacity
+  std::shared_ptr<const Registration> registration;  // kDataSend from the MrCache
+  int post_error = 0;  // a registration failed: the post fails with this (FI_E*)
+};
+
+// A registered control send buffer waiting for reuse.
+struct ControlBuffer {
+  std::vector<std::byte> bytes;  // capacity kControlBufferBytes; first: freed after the MR
+  MemoryRegion mr;
 };
 
 struct EndpointState {
@@ -116,7 +131,7 @@ struct Incoming {
   bool granted = false;
   bool complete = false;  // inline messages arrive complete
   Op* op = nullptr;       // the posted receive while granted and not complete
-  std::unique_ptr<std::vector<std::byte>> bytes;
+  PooledBuffer bytes;
 };
 
 // One logical link. Fields below the atomics are touched only on the progress thread.
@@ -177,6 +192,7 @@ class Core : public std::enable_shared_from_this<Core> {
   Result<std::string> Listen(const std::string& address, AcceptHandler on_accept);
   void Connect(const std::string& address, ConnectHandler on_done);
   void Shutdown();
+  OfiStats Stats() const;
 
   // Queues `fn` for the progress thread; false (fn dropped) once shut down.
   bool Post(std::function<void()> fn);
@@ -196,6 +212,7 @@ class Core : public std::enable_shared_from_this<Core> {
   bool RetryBlocked();
   void TickTimers();
   void WaitForWork(int idle_waits);
+  bool FailDeferred();
   void ShutdownOnThread();
   void Teardown();
 
@@ -209,6 +226,13 @@ class Core : public std::enable_shared_from_this<Core> {
   void Submit(Op* op);
   void Unblock(Op* op);
   int PostOp(Op* op);
+  // Registration: puts encoded control bytes into a registered buffer when the
+  // core registers memory; finds or makes the registration of a data send; frees
+  // an op, recycling its control buffer and releasing its cache entry.
+  void FillControl(Op* op, std::vector<std::byte> encoded);
+  void AttachSendRegistration(Op* op);
+  void FreeOp(Op* op);
+  Result<MemoryRegion> Register(const void* data, size_t size);
   void SendControl(EndpointState* endpoint, fi_addr_t peer, const ControlHeader& header,
                    uint32_t link_id, std::span<const std::byte> payload = {},
                    uint32_t connect_id = 0);
@@ -250,6 +274,14 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<BufferPool> pool_;
   int wake_fd_ = -1;
   const bool named_;  // FI_ADDR_STR endpoints (shm): see LocalNames
+  // Descriptors are passed with every buffer: the provider needs FI_MR_LOCAL, or
+  // OfiRegistration::kAlways.
+  const bool mr_required_;
+  const bool register_;
+  std::atomic<uint64_t> registrations_{0};
+  std::atomic<uint64_t> control_registrations_{0};
+  std::unique_ptr<MrCache> mr_cache_;        // progress thread; cleared (MRs closed) at teardown
+  std::vector<ControlBuffer> control_free_;  // progress thread
 
   std::mutex mu_;  // guards the command queue and the flags next to it
   std::deque<std::function<void()>> commands_;
@@ -278,6 +310,8 @@ class Core : public std::enable_shared_from_this<Core> {
   // and a peer that cannot take sends (rxm reconnecting, a dead shm name) must not
   // hold up the others.
   std::map<std::pair<EndpointState*, fi_addr_t>, std::deque<Op*>> blocked_;
+  // Ops whose registration failed: they fail from the loop, never inside Submit.
+  std::vector<Op*> failed_;
   uint32_t next_id_;
   Clock::time_point next_tick_;
 };

@@ -34,6 +34,18 @@ Result<EndpointState*> Core::AddEndpoint(const char* node, const char* service) 
     op->kind = OpKind::kControlRecv;
     op->endpoint = raw;
     op->control.resize(kControlBufferBytes);
+    if (register_) {
+      // Registered once: the same buffer is reposted after every message.
+      auto mr = Register(op->control.data(), op->control.size());
+      if (!mr.ok()) {
+        delete op;
+        return Status(mr.status().code(),
+                      "registering control receive buffers: " + mr.status().message());
+      }
+      op->control_mr = std::move(mr).value();
+      control_registrations_.fetch_add(1, std::memory_order_relaxed);
+      op->desc = op->control_mr.desc();
+    }
     ops_.insert(op);
     Submit(op);
   }
@@ -162,7 +174,7 @@ void Core::FailConnect(uint32_t connect_id, Status status) {
   for (Op* op : stale) {
     Unblock(op);
     ops_.erase(op);
-    delete op;
+    FreeOp(op);
   }
   on_done(std::move(status));
 }

@@ -55,8 +55,9 @@ void Core::Announce(Link& link) {
     op->link_id = link.id;
     op->seq = send.seq;
     op->message = send.message;
-    op->control = EncodeControl({ControlType::kData, link.remote_id, link.id, send.seq, send.bytes},
-                                *send.message);
+    FillControl(op,
+                EncodeControl({ControlType::kData, link.remote_id, link.id, send.seq, send.bytes},
+                              *send.message));
     link.last_said = Clock::now();
     Submit(op);
   }
@@ -75,6 +76,7 @@ void Core::OnCts(Link& link, uint64_t seq) {
     op->seq = seq;
     op->tag = DataTag(link.remote_id, seq);
     op->message = send.message;
+    AttachSendRegistration(op);
     Submit(op);
     return;
   }
@@ -123,7 +125,7 @@ void Core::OnRts(Link& link, uint64_t seq, uint64_t size,
   if (inline_bytes) {
     in.complete = true;
     in.bytes = pool_->Acquire(size);
-    std::memcpy(in.bytes->data(), inline_bytes->data(), size);
+    std::memcpy(in.bytes.bytes->data(), inline_bytes->data(), size);
   }
   Grant(link);
   Deliver(link);
@@ -146,8 +148,21 @@ void Core::Grant(Link& link) {
     } else if (in.size == 0) {
       in.complete = true;
       completed_now = true;
-      in.bytes = std::make_unique<std::vector<std::byte>>();
+      in.bytes.bytes = std::make_unique<std::vector<std::byte>>();
     } else {
+      PooledBuffer buffer;
+      if (register_) {
+        auto registered = pool_->AcquireRegistered(in.size);
+        if (!registered.ok() && mr_required_) {
+          return EndLink(link,
+                         Status::ResourceExhausted("registering a receive buffer: " +
+                                                   registered.status().message()),
+                         Status::Unavailable("link broke: out of registered memory"),
+                         ControlType::kAbort);
+        }
+        if (registered.ok()) buffer = std::move(registered).value();
+      }
+      if (!buffer.bytes) buffer = pool_->Acquire(in.size);
       Op* op = new Op();
       op->kind = OpKind::kDataRecv;
       op->endpoint = link.endpoint;
@@ -155,7 +170,8 @@ void Core::Grant(Link& link) {
       op->link_id = link.id;
       op->seq = link.next_grant;
       op->tag = DataTag(link.id, link.next_grant);
-      op->receive = pool_->Acquire(in.size);
+      op->receive = std::move(buffer);
+      op->desc = op->receive.mr.desc();
       in.op = op;
       Submit(op);  // the receive is posted before the CTS leaves
     }

@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <random>
 
 #include "common/log.h"
@@ -26,6 +27,8 @@ Core::Core(const OfiOptions& options, std::unique_ptr<Fabric> fabric)
       fabric_(std::move(fabric)),
       pool_(std::make_shared<BufferPool>()),
       named_(fabric_->info().addr_format == FI_ADDR_STR),
+      mr_required_(fabric_->needs_local_mr()),
+      register_(mr_required_ || options.register_memory == OfiRegistration::kAlways),
       next_id_(static_cast<uint32_t>(std::random_device{}() | 1)) {
   caps.backend = "ofi";
   caps.ordered = true;
@@ -33,6 +36,9 @@ Core::Core(const OfiOptions& options, std::unique_ptr<Fabric> fabric)
   caps.max_message_bytes = options.max_message_bytes;
   caps.streams_per_link = 1;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  auto register_fn = [this](const void* data, size_t size) { return Register(data, size); };
+  mr_cache_ = std::make_unique<MrCache>(options.mr_cache_bytes, register_fn);
+  if (register_) pool_->EnableRegistration(register_fn);
   if (named_) {
     std::unique_lock lock(Local().mu);
     ++Local().live_cores;
@@ -43,6 +49,30 @@ Core::~Core() {
   // Only the thread itself can be here with the thread still joinable.
   if (thread_.joinable()) thread_.detach();
   if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+Result<MemoryRegion> Core::Register(const void* data, size_t size) {
+  auto mr = fabric_->Register(data, size);
+  if (mr.ok()) registrations_.fetch_add(1, std::memory_order_relaxed);
+  return mr;
+}
+
+OfiStats Core::Stats() const {
+  OfiStats stats;
+  stats.registers_memory = register_;
+  stats.provider_requires_mr = mr_required_;
+  stats.registrations = registrations_.load(std::memory_order_relaxed);
+  stats.control_registrations = control_registrations_.load(std::memory_order_relaxed);
+  stats.receive_registrations = pool_->registrations();
+  const MrCacheStats cache = mr_cache_->stats();
+  stats.send_cache_hits = cache.hits;
+  stats.send_cache_misses = cache.misses;
+  stats.send_cache_evictions = cache.evictions;
+  stats.send_cache_released = cache.released;
+  stats.send_cache_entries = cache.entries;
+  stats.send_cache_bytes = cache.cached_bytes;
+  stats.forwarded_sends = pool_->forwarded_sends();
+  return stats;
 }
 
 void Core::StartThread() {
@@ -115,6 +145,7 @@ void Core::Loop() {
     if (stopping_) break;
     work |= DrainCompletions() > 0;
     work |= RetryBlocked();
+    work |= FailDeferred();
     const auto now = Clock::now();
     if (now >= next_tick_) TickTimers();
     if (work) {
@@ -200,8 +231,25 @@ int Core::DrainCompletions() {
   return handled;
 }
 
+bool Core::FailDeferred() {
+  if (failed_.empty()) return false;
+  std::vector<Op*> failed;
+  failed.swap(failed_);
+  for (Op* op : failed) {
+    fi_cq_err_entry error{};
+    error.op_context = op;
+    error.err = op->post_error;
+    OnError(op, error);
+  }
+  return true;
+}
+
 void Core::TickTimers() {
   const auto now = Clock::now();
+  // Registrations of Messages nobody else holds any more, and MRs of buffers the
+  // pool let go, are closed here (this thread owns the domain).
+  mr_cache_->ReleaseUnused();
+  pool_->CloseRetired();
   const auto keepalive_every = options_.peer_timeout / 4;
   next_tick_ = now + std::clamp(keepalive_every / 2, milliseconds(5), milliseconds(100));
   std::vector<uint32_t> expired;
@@ -265,10 +313,18 @@ void Core::Teardown() {
   };
   while (control_sends_left() && Clock::now() < deadline) {
     RetryBlocked();
+    FailDeferred();
     if (DrainCompletions() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   links_.clear();
   blocked_.clear();
+  failed_.clear();  // owned by ops_
+  // MRs close before the domain: the cache's and the spare control buffers' now
+  // (ops keep theirs until they are destroyed with `resources`, before the
+  // fabric), the pool's including those of Messages the application still holds.
+  mr_cache_->Clear();
+  control_free_.clear();
+  pool_->CloseRegistrations();
   Resources resources{std::move(fabric_), std::move(endpoints_), {}};
   for (Op* op : ops_) resources.ops.emplace_back(op);
   ops_.clear();
@@ -291,6 +347,7 @@ void Core::Teardown() {
 // Posting operations.
 
 int Core::PostOp(Op* op) {
+  if (op->post_error != 0) return -op->post_error;
   std::shared_lock<std::shared_mutex> lock;
   if (named_) {
     lock = std::shared_lock(Local().mu);
@@ -306,22 +363,26 @@ int Core::PostOp(Op* op) {
   switch (op->kind) {
     case OpKind::kControlRecv:
       return static_cast<int>(
-          fi_recv(ep, op->control.data(), op->control.size(), nullptr, FI_ADDR_UNSPEC, op));
+          fi_recv(ep, op->control.data(), op->control.size(), op->desc, FI_ADDR_UNSPEC, op));
     case OpKind::kControlSend:
       return static_cast<int>(
-          fi_send(ep, op->control.data(), op->control.size(), nullptr, op->peer, op));
+          fi_send(ep, op->control.data(), op->control.size(), op->desc, op->peer, op));
     case OpKind::kDataSend:
       return static_cast<int>(
-          fi_tsend(ep, op->message->data(), op->message->size(), nullptr, op->peer, op->tag, op));
+          fi_tsend(ep, op->message->data(), op->message->size(), op->desc, op->peer, op->tag, op));
     case OpKind::kDataRecv:
-      return static_cast<int>(fi_trecv(ep, op->receive->data(), op->receive->size(), nullptr,
-                                       FI_ADDR_UNSPEC, op->tag, 0, op));
+      return static_cast<int>(fi_trecv(ep, op->receive.bytes->data(), op->receive.bytes->size(),
+                                       op->desc, FI_ADDR_UNSPEC, op->tag, 0, op));
   }
   return -FI_EINVAL;
 }
 
 void Core::Submit(Op* op) {
   ops_.insert(op);
+  if (op->post_error != 0) {
+    failed_.push_back(op);  // fails from the loop: callers need not expect it inline
+    return;
+  }
   const auto key = std::make_pair(op->endpoint, op->peer);
   auto it = blocked_.find(key);
   if (it == blocked_.end()) {
@@ -381,8 +442,71 @@ void Core::SendControl(EndpointState* endpoint, fi_addr_t peer, const ControlHea
   op->peer = peer;
   op->link_id = link_id;
   op->connect_id = connect_id;
-  op->control = EncodeControl(header, payload);
+  FillControl(op, EncodeControl(header, payload));
   Submit(op);
+}
+
+void Core::FillControl(Op* op, std::vector<std::byte> encoded) {
+  if (!register_) {
+    op->control = std::move(encoded);
+    return;
+  }
+  ControlBuffer buffer;
+  if (!control_free_.empty() && control_free_.back().bytes.capacity() >= encoded.size()) {
+    buffer = std::move(control_free_.back());
+    control_free_.pop_back();
+  } else {
+    buffer.bytes.resize(std::max(kControlBufferBytes, encoded.size()));
+    auto mr = Register(buffer.bytes.data(), buffer.bytes.size());
+    if (!mr.ok()) {
+      log::Warn("ofi: registering a control buffer: " + mr.status().ToString());
+      op->control = std::move(encoded);
+      if (mr_required_) op->post_error = FI_ENOMEM;
+      return;
+    }
+    buffer.mr = std::move(mr).value();
+    control_registrations_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Within capacity: the registered storage stays where it is.
+  buffer.bytes.resize(encoded.size());
+  std::memcpy(buffer.bytes.data(), encoded.data(), encoded.size());
+  op->control = std::move(buffer.bytes);
+  op->control_mr = std::move(buffer.mr);
+  op->desc = op->control_mr.desc();
+}
+
+void Core::AttachSendRegistration(Op* op) {
+  if (!register_) return;
+  // A Message this transport received (a relay forwarding it): its pooled buffer
+  // is registered already.
+  if (void* desc = pool_->DescOf(op->message->data(), op->message->size())) {
+    op->desc = desc;
+    return;
+  }
+  auto registration = mr_cache_->Get(op->message);
+  if (registration.ok()) {
+    op->registration = std::move(registration).value();
+    op->desc = op->registration->mr.desc();
+    return;
+  }
+  log::Warn("ofi: registering a message to send: " + registration.status().ToString());
+  if (mr_required_) op->post_error = FI_ENOMEM;  // else sent without a descriptor
+}
+
+void Core::FreeOp(Op* op) {
+  if (op->kind == OpKind::kControlSend && op->control_mr && !stopping_ &&
+      control_free_.size() < kMaxFreeControlBuffers) {
+    control_free_.push_back({std::move(op->control), std::move(op->control_mr)});
+  }
+  if (!op->registration) {
+    delete op;
+    return;
+  }
+  const std::byte* data = op->message->data();
+  const size_t size = op->message->size();
+  delete op;
+  // A Message sent and dropped by its caller is held by the cache alone now.
+  mr_cache_->Release(data, size);
 }
 
 void Core::SendControl(Link& link, ControlType type, uint64_t seq, uint64_t value) {
@@ -438,7 +562,7 @@ void Core::OnCompletion(Op* op, size_t len) {
       break;
   }
   ops_.erase(op);
-  delete op;
+  FreeOp(op);
 }
 
 void Core::OnError(Op* op, const fi_cq_err_entry& error) {
@@ -465,7 +589,7 @@ void Core::OnError(Op* op, const fi_cq_err_entry& error) {
   }
   ops_.erase(op);
   Unblock(op);
-  delete op;
+  FreeOp(op);
 }
 
 Link* Core::FindLink(uint32_t id) {

@@ -58,10 +58,12 @@ Result<InfoPtr> GetRdmInfo(const std::string& provider, const char* node, const 
   hints->ep_attr->type = FI_EP_RDM;
   // Every operation context we pass is an OpContext, which starts with fi_context2.
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
-  // No FI_MR_LOCAL: this backend hands libfabric unregistered buffers, so only
-  // providers (or rxm over them) that register internally match. It never uses
-  // remote keys, so the RMA-related modes cost nothing to accept.
-  hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  // FI_MR_LOCAL: when the provider says so, every buffer handed to a data
+  // transfer is registered and its descriptor passed (ofi_transport.h,
+  // "Registration"). The others cost nothing: the backend registers only
+  // allocated memory and never hands out remote keys. Not FI_MR_ENDPOINT (MRs
+  // would have to be bound to each endpoint) nor FI_MR_RAW/FI_MR_MMU_NOTIFY.
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   // Control messages of a link must arrive in send order.
   hints->tx_attr->msg_order = FI_ORDER_SAS;
   hints->rx_attr->msg_order = FI_ORDER_SAS;
@@ -105,6 +107,14 @@ Result<std::unique_ptr<Fabric>> Fabric::Open(const std::string& provider) {
     if (rc != 0) return OfiStatus(rc, "fi_cq_open");
   }
   return f;
+}
+
+Result<MemoryRegion> Fabric::Register(const void* data, size_t size) {
+  fid_mr* mr = nullptr;
+  const int rc = fi_mr_reg(domain_, data, size, FI_SEND | FI_RECV, 0, next_key_++, 0, &mr, nullptr);
+  if (rc != 0) return OfiStatus(rc, "fi_mr_reg of " + std::to_string(size) + " bytes");
+  registrations_.fetch_add(1, std::memory_order_relaxed);
+  return MemoryRegion(mr);
 }
 
 Fabric::~Fabric() {

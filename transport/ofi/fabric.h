@@ -11,10 +11,12 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -34,6 +36,37 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 Result<InfoPtr> GetRdmInfo(const std::string& provider, const char* node, const char* service,
                            bool source, uint64_t extra_caps = 0);
 
+// One registered memory region (fi_mr_reg), closed on destruction. Move-only.
+// The memory it covers must outlive it, and it must be destroyed before the
+// domain it was registered with (Fabric), on the thread that owns the domain.
+class MemoryRegion {
+ public:
+  MemoryRegion() = default;
+  explicit MemoryRegion(fid_mr* mr) : mr_(mr) {}
+  ~MemoryRegion() { Reset(); }
+  MemoryRegion(MemoryRegion&& other) noexcept : mr_(std::exchange(other.mr_, nullptr)) {}
+  MemoryRegion& operator=(MemoryRegion&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      mr_ = std::exchange(other.mr_, nullptr);
+    }
+    return *this;
+  }
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  explicit operator bool() const { return mr_ != nullptr; }
+  // The descriptor data transfers over this memory pass (null when empty).
+  void* desc() const { return mr_ ? fi_mr_desc(mr_) : nullptr; }
+  void Reset() {
+    if (mr_) fi_close(&mr_->fid);
+    mr_ = nullptr;
+  }
+
+ private:
+  fid_mr* mr_ = nullptr;
+};
+
 class Fabric {
  public:
   // kInvalidArgument naming `provider` when libfabric has no such RDM provider.
@@ -51,6 +84,11 @@ class Fabric {
   // Local buffers must be registered (FI_MR_LOCAL) and their descriptors passed.
   bool needs_local_mr() const { return (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0; }
   std::string provider_name() const { return info_->fabric_attr->prov_name; }
+  // Registers [data, data + size) for local sends and receives (FI_SEND | FI_RECV)
+  // with this domain; a failure is returned as Status and leaves nothing behind.
+  // Counted in registrations().
+  Result<MemoryRegion> Register(const void* data, size_t size);
+  uint64_t registrations() const { return registrations_.load(std::memory_order_relaxed); }
 
  private:
   Fabric() = default;
@@ -59,6 +97,8 @@ class Fabric {
   fid_domain* domain_ = nullptr;
   fid_cq* cq_ = nullptr;
   int wait_fd_ = -1;
+  uint64_t next_key_ = 1;                   // unique requested keys (ignored under FI_MR_PROV_KEY)
+  std::atomic<uint64_t> registrations_{0};  // read by stats from any thread
 };
 
 class Endpoint {

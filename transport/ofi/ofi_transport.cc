@@ -4,10 +4,38 @@
 #include <mutex>
 
 #include "common/log.h"
-#include "transport/internal/core_transport.h"
 #include "transport/ofi/core.h"
 
 namespace deltacast::transport {
+namespace {
+
+// CoreTransport's forwarding plus stats().
+class OfiTransportImpl final : public OfiTransport {
+ public:
+  explicit OfiTransportImpl(std::shared_ptr<ofi::Core> core) : core_(std::move(core)) {}
+  ~OfiTransportImpl() override { core_->Shutdown(); }
+  const Capabilities& capabilities() const override { return core_->caps; }
+  Result<std::string> Listen(const std::string& address, AcceptHandler on_accept) override {
+    return core_->Listen(address, std::move(on_accept));
+  }
+  void Connect(const std::string& address, ConnectHandler on_done) override {
+    core_->Connect(address, std::move(on_done));
+  }
+  void Shutdown() override { core_->Shutdown(); }
+  OfiStats stats() const override { return core_->Stats(); }
+
+ private:
+  const std::shared_ptr<ofi::Core> core_;
+};
+
+}  // namespace
+
+OfiTransport* AsOfiTransport(Transport* transport) {
+  return dynamic_cast<OfiTransport*>(transport);
+}
+const OfiTransport* AsOfiTransport(const Transport* transport) {
+  return dynamic_cast<const OfiTransport*>(transport);
+}
 
 Result<std::unique_ptr<Transport>> MakeOfiTransport(const OfiOptions& options) {
   if (options.max_message_bytes == 0) {
@@ -20,7 +48,8 @@ Result<std::unique_ptr<Transport>> MakeOfiTransport(const OfiOptions& options) {
   auto fabric = ofi::Fabric::Open(options.provider);
   if (!fabric.ok()) return fabric.status();
   log::Debug("ofi: provider " + (*fabric)->provider_name() + ", idle progress " +
-             ((*fabric)->wait_fd() >= 0 ? "blocks on the CQ wait fd" : "backs off (no wait fd)"));
+             ((*fabric)->wait_fd() >= 0 ? "blocks on the CQ wait fd" : "backs off (no wait fd)") +
+             ((*fabric)->needs_local_mr() ? ", requires local memory registration" : ""));
   static std::once_flag logged;
   std::call_once(logged, [&] {
     auto hmem = ofi::GetRdmInfo((*fabric)->provider_name(), nullptr, nullptr, false, FI_HMEM);
@@ -30,8 +59,7 @@ Result<std::unique_ptr<Transport>> MakeOfiTransport(const OfiOptions& options) {
   });
   auto core = std::make_shared<ofi::Core>(options, std::move(fabric).value());
   core->StartThread();
-  return std::unique_ptr<Transport>(
-      std::make_unique<internal::CoreTransport<ofi::Core>>(std::move(core)));
+  return std::unique_ptr<Transport>(std::make_unique<OfiTransportImpl>(std::move(core)));
 }
 
 }  // namespace deltacast::transport

@@ -25,12 +25,31 @@
 // measurable gain at these sizes (rxm and shm move large tagged messages by
 // rendezvous with their own RMA read / process_vm_readv anyway), while RMA costs
 // a registration with remote keys per receive buffer and a FIN per message. So
-// tagged. Registration: neither provider needs FI_MR_LOCAL (mr_mode is empty for
-// tcp;ofi_rxm, FI_MR_VIRT_ADDR for shm) and fi_getinfo is asked without it, so
-// only providers that register internally match (rxm does so over verbs) and
-// this backend registers nothing: no send-side cache or bounce copy is needed.
-// For comparison, fi_pingpong (one message at a time) gives tcp;ofi_rxm
+// tagged. For comparison, fi_pingpong (one message at a time) gives tcp;ofi_rxm
 // 440/214/736 MB/s and shm 13205/1664/3938 MB/s.
+//
+// Registration: fi_getinfo is asked with FI_MR_LOCAL (plus FI_MR_VIRT_ADDR,
+// FI_MR_ALLOCATED, FI_MR_PROV_KEY, which cost nothing here), so providers that
+// need the application to register local buffers (verbs;ofi_rxm, efa) match.
+// When the domain's mr_mode has FI_MR_LOCAL, or OfiOptions::register_memory is
+// kAlways, every buffer handed to libfabric goes with a descriptor: control
+// buffers are registered once (64 receive buffers per endpoint at setup; send
+// buffers as first needed, then recycled, up to 256 spare); receive buffers
+// from the pool are registered once and keep their MR while posted, while the
+// application holds their Message and while pooled (buffer_pool.h); a caller's
+// Message is registered through the send-side MrCache (mr_cache.h: keyed by
+// address and length, the entry holding the Message so the memory cannot be
+// freed under it, LRU under mr_cache_bytes), except a Message this transport
+// received and forwards, which uses its pooled buffer's MR. A failed
+// registration breaks the link where the provider requires registration, else
+// the buffer goes without a descriptor. Here neither provider requires it
+// (mr_mode is empty for tcp;ofi_rxm, FI_MR_VIRT_ADDR for shm), so kAuto
+// registers nothing; fi_mr_reg works on both (the kAlways conformance runs).
+// One recurring Message, 8 in flight, MB/s for 1/4/16 MiB, two runs each on a
+// busy 2-core machine: tcp;ofi_rxm kAuto 3899/3222/2993 and 4653/3168/3213,
+// kAlways 3879/3533/3580 and 2387/2866/2488; shm kAuto 7055/7437/6010 and
+// 11007/4651/4736, kAlways 12337/9739/6577 and 8055/7333/4362: no difference
+// beyond the noise (a cache hit is a map lookup).
 //
 // Progress: one thread per transport owns every libfabric call. It spins on the
 // completion queue for ~50 us after work, then blocks in poll() on the CQ's wait
@@ -64,6 +83,13 @@
 
 namespace deltacast::transport {
 
+// When the backend registers the buffers it hands libfabric (fi_mr_reg) and
+// passes their descriptors.
+enum class OfiRegistration {
+  kAuto,    // only when the provider requires it (FI_MR_LOCAL: verbs;ofi_rxm, efa)
+  kAlways,  // also when it does not (tests the registration path on tcp/shm)
+};
+
 struct OfiOptions {
   // Largest message sent or received. A peer announcing a larger one has its link
   // closed with kCorrupt before anything is allocated.
@@ -77,10 +103,45 @@ struct OfiOptions {
   // A link that hears nothing from its peer for this long breaks (kUnavailable).
   // Keepalives go out every peer_timeout / 4 on idle links.
   std::chrono::milliseconds peer_timeout{10000};
+  OfiRegistration register_memory = OfiRegistration::kAuto;
+  // Bound on the bytes of caller Messages the send-side registration cache keeps
+  // registered (pinned, on verbs/efa) while they may be sent again; 0 registers
+  // every send on its own. Received (pooled) buffers are not counted here.
+  uint64_t mr_cache_bytes = uint64_t{512} << 20;
+};
+
+// Counters of one ofi transport (for tests and diagnostics).
+struct OfiStats {
+  bool registers_memory = false;       // descriptors are passed (FI_MR_LOCAL or kAlways)
+  bool provider_requires_mr = false;   // the domain's mr_mode has FI_MR_LOCAL
+  uint64_t registrations = 0;          // fi_mr_reg calls, all purposes, of which
+  uint64_t control_registrations = 0;  // control buffers (receive: 64 per endpoint)
+  uint64_t receive_registrations = 0;  // pooled receive buffers (sends: send_cache_misses)
+  // The send-side cache (transport/ofi/mr_cache.h).
+  uint64_t send_cache_hits = 0;
+  uint64_t send_cache_misses = 0;
+  uint64_t send_cache_evictions = 0;  // dropped for space
+  uint64_t send_cache_released = 0;   // dropped once only the cache held the Message
+  uint64_t send_cache_entries = 0;
+  uint64_t send_cache_bytes = 0;
+  // Sends of Messages this transport received (a relay forwarding), which use
+  // the registration of their pooled receive buffer.
+  uint64_t forwarded_sends = 0;
+};
+
+// What MakeOfiTransport returns; reach it with AsOfiTransport to read stats().
+class OfiTransport : public Transport {
+ public:
+  // Safe at any time, also after Shutdown.
+  virtual OfiStats stats() const = 0;
 };
 
 // kInvalidArgument for bad options or a provider libfabric does not offer here
 // (the message names it).
 Result<std::unique_ptr<Transport>> MakeOfiTransport(const OfiOptions& options = {});
+
+// `transport` as an OfiTransport, or null if it is not one.
+OfiTransport* AsOfiTransport(Transport* transport);
+const OfiTransport* AsOfiTransport(const Transport* transport);
 
 }  // namespace deltacast::transport
