@@ -290,7 +290,23 @@ class Publication {
       downstream_.Heartbeat();
     }
     std::lock_guard lock(mu_);
-    if (refit_id_ == 0 || deciding_) return;
+    if (refit_id_ == 0) return;
+    if (deciding_) {
+      // A child that lost its link after the decision usually rejoins at once and
+      // confirms; one away longer than the connect timeout learns it when it is back.
+      for (auto it = away_after_decision_.begin(); it != away_after_decision_.end();) {
+        if (Clock::now() - it->second <= options_.config.tree.connect_timeout) {
+          ++it;
+          continue;
+        }
+        log::Warn(
+            fmt::format("child {} is away; it learns the decision when it is back", it->first));
+        outcomes_.insert(it->first);
+        it = away_after_decision_.erase(it);
+        cv_.notify_all();
+      }
+      return;
+    }
     for (auto it = missing_since_.begin(); it != missing_since_.end(); ++it) {
       if (Clock::now() - it->second <= options_.config.tree.connect_timeout) continue;
       if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable) {
@@ -457,6 +473,7 @@ class Publication {
           joined_.insert(child);
         }
         missing_since_.erase(child);
+        away_after_decision_.erase(child);
         resolve = !hello.inflight_target.IsZero() && hello.inflight_target != target_version_;
         if (refit_id_ != 0) backlog = Backlog(child, hello);
         cv_.notify_all();
@@ -475,7 +492,7 @@ class Publication {
       joined_.erase(child);
       // Waited for: it may come back and resume (Tick bounds the wait).
       if (refit_id_ != 0 && !deciding_) missing_since_[child] = Clock::now();
-      if (deciding_) outcomes_.insert(child);  // it will learn the outcome when it returns
+      if (deciding_ && !outcomes_.contains(child)) away_after_decision_[child] = Clock::now();
       cv_.notify_all();
     };
     e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
@@ -537,7 +554,9 @@ class Publication {
   transport::Transport* transport_ = nullptr;
   std::vector<std::pair<Digest128, std::vector<std::byte>>> manifests_;  // set before Listen
   std::unique_ptr<Spool> spool_;
-  std::unique_ptr<DeltaHistory> history_;    // null: no deltas kept
+  std::unique_ptr<DeltaHistory> history_;  // null: no deltas kept
+  // Children whose link dropped after the decision, before they confirmed it.
+  std::map<std::string, Clock::time_point> away_after_decision_;
   std::optional<ChainLink> committed_link_;  // set once the decision is COMMIT
   Begin begin_;
   std::optional<MessageType> decision_;
