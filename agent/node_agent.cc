@@ -596,11 +596,15 @@ class NodeAgent::Impl {
       stats_.chunk_bytes_received += message->size() - kMessageHeaderBytes;
     }
     CrashPoint("agent.chunk_received");
+    bool spooled = true;
     if (r.spool) {
       // Into the page cache here, so forwarding waits for no disk; the apply
       // thread makes it durable before the chunk's partitions are touched.
-      Status spooled = r.spool->Append(header->sequence, *message);
-      if (!spooled.ok()) LocalFailure(r.id, spooled.WithContext("spool"));
+      Status appended = r.spool->Append(header->sequence, *message);
+      if (!appended.ok()) {
+        spooled = false;
+        LocalFailure(r.id, appended.WithContext("spool"));
+      }
     }
     HoldChunk(message->size());
     // Released once applied here AND handed to every child: only then does this
@@ -616,6 +620,7 @@ class NodeAgent::Impl {
       if (refit_ && refit_->id == id) SendUp(EncodeCredit({1}));
     };
     downstream_.BroadcastChunk(message, header->identity.target_version, header->sequence, release);
+    if (!spooled) return release();  // never applied unless it can be undone from the spool
     const uint32_t sequence = header->sequence;
     apply_loop_.Post([this, message, id, sequence, release, spool = r.spool] {
       const auto t0 = Clock::now();
@@ -1514,6 +1519,7 @@ class NodeAgent::Impl {
       const std::shared_ptr<Spool>& spool) {
     std::vector<apply::DeltaApplier::NeedsBase> needs;
     if (!replica_->inflight()) return needs;  // nothing applied: nothing to undo
+    RETURN_IF_ERROR(replica_->BeginRollback());
     if (apply_.applier)
       (void)apply_.applier->Rollback();  // best effort: the records below finish the job
     if (!spool) return Status::FailedPrecondition("no spool to roll back from");

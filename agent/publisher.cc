@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 #include <openssl/rand.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -155,9 +156,12 @@ class Publication {
     report.target_version = target_manifest.VersionId();
     uint64_t refit_id = 0;
     RAND_bytes(reinterpret_cast<unsigned char*>(&refit_id), sizeof refit_id);
-    const auto spool_dir = options_.spool_dir.empty()
-                               ? std::filesystem::temp_directory_path() / "deltacast-source-spool"
-                               : options_.spool_dir;
+    // Per process by default: Spool::Open clears other deltas' spools in its folder.
+    if (options_.spool_dir.empty()) {
+      own_spool_dir_ = std::filesystem::temp_directory_path() /
+                       ("deltacast-source-spool-" + std::to_string(::getpid()));
+    }
+    const auto spool_dir = own_spool_dir_.empty() ? options_.spool_dir : own_spool_dir_;
     auto spool = Spool::Open(spool_dir, report.target_version);
     if (spool.ok()) {
       spool_ = std::move(*spool);
@@ -276,6 +280,10 @@ class Publication {
 
   void Stop() {
     if (spool_) RetainOrDiscardSpool();
+    if (!own_spool_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(own_spool_dir_, ec);
+    }
     if (transport_) transport_->Shutdown();
     loop_.Stop();
     downstream_.CloseAll();
@@ -554,6 +562,7 @@ class Publication {
   transport::Transport* transport_ = nullptr;
   std::vector<std::pair<Digest128, std::vector<std::byte>>> manifests_;  // set before Listen
   std::unique_ptr<Spool> spool_;
+  std::filesystem::path own_spool_dir_;    // the default spool folder, removed at Stop
   std::unique_ptr<DeltaHistory> history_;  // null: no deltas kept
   // Children whose link dropped after the decision, before they confirmed it.
   std::map<std::string, Clock::time_point> away_after_decision_;

@@ -38,8 +38,8 @@ struct PublishOptions {
   // The decision of every refit is appended here and fsynced before it is sent;
   // empty = not recorded.
   std::filesystem::path decision_log;
-  // Where the chunks are spooled for replays to children that rejoin; empty = the
-  // system temporary directory.
+  // Where the chunks are spooled for replays to children that rejoin; empty = a
+  // per-process folder under the system temporary directory.
   std::filesystem::path spool_dir;
   // Where the last `keep_deltas` committed deltas are kept, so a node that missed
   // several versions catches up by the chain of deltas (else by every partition that

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "codec/partition.h"
+#include "common/log.h"
 #include "common/parallel.h"
 
 namespace deltacast::apply {
@@ -164,7 +165,7 @@ Status Replica::Commit(const codec::Manifest& target) {
     return Status::FailedPrecondition("commit of a version that is not the delta in flight");
   }
   if (state_) {
-    RETURN_IF_ERROR(state_->SaveManifest(*dir_store_, target));
+    SaveManifestCache(target);
     RETURN_IF_ERROR(state_->WriteActive(inflight_->target));
     RETURN_IF_ERROR(state_->ClearInflight());
   }
@@ -187,9 +188,25 @@ Status Replica::CommitFromStore() {
   return Commit(manifest);
 }
 
+Status Replica::BeginRollback() {
+  if (!inflight_) return Status::Ok();
+  if (state_) RETURN_IF_ERROR(state_->ClearMarks());
+  applied_.clear();
+  prepared_ = false;
+  return Status::Ok();
+}
+
 Status Replica::Abort(DeltaApplier& applier) {
+  RETURN_IF_ERROR(BeginRollback());
   RETURN_IF_ERROR(applier.Rollback());
   return FinishAbort();
+}
+
+void Replica::SaveManifestCache(const codec::Manifest& manifest) {
+  // Only a cache (re-hashing rebuilds it): a full disk must not fail a commit or a
+  // rollback. A stale cache is never used: it is checked against the files' stamps.
+  Status saved = state_->SaveManifest(*dir_store_, manifest);
+  if (!saved.ok()) log::Warn("manifest cache not written: " + saved.ToString());
 }
 
 Status Replica::FinishAbort() {
@@ -204,8 +221,9 @@ Status Replica::FinishAbort() {
                                       inflight_->base.ShortHex());
   }
   if (state_) {
-    RETURN_IF_ERROR(state_->SaveManifest(*dir_store_, manifest));
+    // Clearing only removes files, so it works on a full disk, and frees room.
     RETURN_IF_ERROR(state_->ClearInflight());
+    SaveManifestCache(manifest);
   }
   manifest_ = std::move(manifest);
   version_ = manifest_.VersionId();

@@ -90,6 +90,11 @@ class Replica {
   // clears the in-flight record.
   Status Commit(const codec::Manifest& target);
 
+  // Marks the delta in flight as being rolled back: from now on none of its chunks
+  // counts as applied (a rollback that stops half-way must not leave reverted
+  // partitions listed as at target) and it is no longer PREPARED.
+  Status BeginRollback();
+
   // Rolls `applier`'s partitions back to the base (its in-memory undo) and clears
   // the in-flight record; the active version stays the base.
   Status Abort(DeltaApplier& applier);
@@ -107,6 +112,7 @@ class Replica {
           codec::Manifest manifest, std::optional<InflightDelta> inflight, size_t threads);
 
   void ForgetInflight();
+  void SaveManifestCache(const codec::Manifest& manifest);
 
   std::unique_ptr<WeightStore> store_;
   CheckpointDirStore* dir_store_ = nullptr;  // store_ itself when it is a directory
