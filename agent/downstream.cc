@@ -143,6 +143,7 @@ void Downstream::OnMessage(uint64_t serial, transport::Message message) {
         Refuse(*child->connection, credit.status().message());
         return Lose(id, credit.status());
       }
+      if (credit->refit_id != refit_id_) return;  // room for another refit
       child->credits += credit->chunks;
       return Pump(*child);
     }
@@ -316,7 +317,12 @@ void Downstream::BroadcastChunk(transport::Message message, const Digest128& tar
   }
 }
 
-void Downstream::ResetCredits() {
+void Downstream::ResetCredits(uint64_t refit_id) {
+  // What is still queued belongs to an earlier refit (a replay a child has not
+  // finished): it would wait forever for credit that now counts for this one.
+  // The child catches up from the new BEGIN instead.
+  if (refit_id != refit_id_) DropQueued();
+  refit_id_ = refit_id;
   for (auto& [id, child] : children_) child.credits = 0;
 }
 

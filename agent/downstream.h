@@ -88,8 +88,10 @@ class Downstream {
   // what it lacks when it is back.
   void Excuse(const std::string& child);
 
-  // Forgets granted credit: at BEGIN every child grants a fresh window.
-  void ResetCredits();
+  // Forgets granted credit: at BEGIN of `refit_id` every child grants a fresh
+  // window; credit for any other refit is ignored from now on, and whatever is
+  // still queued for an earlier refit is dropped (completing its callbacks).
+  void ResetCredits(uint64_t refit_id);
   // Drops everything queued (completing it) — after a decision nothing more is owed.
   void DropQueued();
 
@@ -151,6 +153,7 @@ class Downstream {
   std::map<uint64_t, Handshake> handshakes_;
   std::set<std::string> adoptable_;
   std::vector<std::string> transports_;
+  uint64_t refit_id_ = 0;  // the refit credit counts for
   uint64_t next_serial_ = 1;
   uint64_t next_send_ = 1;
   uint64_t queued_bytes_ = 0;

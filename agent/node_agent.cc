@@ -283,15 +283,19 @@ class NodeAgent::Impl {
       if (parent_ && joined_) parent_->Send(transport::MakeMessage(EncodeHeartbeat()));
       downstream_.Heartbeat();
     }
-    if (refit_ && refit_->phase == Phase::kStreaming && !refit_->failed_sent) {
+    if (refit_ && refit_->phase == Phase::kStreaming) {
       for (auto it = missing_since_.begin(); it != missing_since_.end(); ++it) {
         if (now - it->second <= options_.config.tree.connect_timeout) continue;
-        if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable) {
+        // Once the refit failed here, chunks queued for an absent child only hold
+        // our parent's credit (and the next refit behind them): let it go too.
+        if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable ||
+            refit_->failed_sent) {
           // It does not block the version: it catches up from our spool when it
           // is back (OnChildJoined replays the refit and its decision).
           log::Warn(fmt::format(
-              "{}: child {} is away; refit {} goes on without it (commit policy available)",
-              options_.node_id, it->first, refit_->id));
+              "{}: child {} is away; refit {} goes on without it ({})", options_.node_id, it->first,
+              refit_->id,
+              refit_->failed_sent ? "the refit failed here anyway" : "commit policy available"));
           refit_->excused.insert(it->first);
           downstream_.Excuse(it->first);
           missing_since_.erase(it);
@@ -503,7 +507,7 @@ class NodeAgent::Impl {
     if (refit_ && refit_->id == begin->refit_id &&
         !(refit_->phase == Phase::kDone && !committed_last_)) {
       // A replay after a reconnect: what follows is what we lack.
-      SendUp(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window)}));
+      SendUp(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), refit_->id}));
       if (refit_->phase == Phase::kStreaming) {
         refit_->prepared_sent = false;
       } else {
@@ -540,7 +544,7 @@ class NodeAgent::Impl {
     }
     log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
-    downstream_.ResetCredits();
+    downstream_.ResetCredits(begin->refit_id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)), false);
     missing_since_.clear();
     for (const auto& child : downstream_.Missing()) missing_since_[child] = Clock::now();
@@ -566,7 +570,7 @@ class NodeAgent::Impl {
         if (!status.ok()) LocalFailure(id, status);
       });
     });
-    SendUp(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window)}));
+    SendUp(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), begin->refit_id}));
   }
 
   void OnChunk(const transport::Message& received) {
@@ -617,7 +621,7 @@ class NodeAgent::Impl {
       ReleaseChunk(size);
       // Credit is owed whatever the phase: a replay to a node that already finished
       // this refit still has a decision queued behind its chunks.
-      if (refit_ && refit_->id == id) SendUp(EncodeCredit({1}));
+      if (refit_ && refit_->id == id) SendUp(EncodeCredit({1, id}));
     };
     downstream_.BroadcastChunk(message, header->identity.target_version, header->sequence, release);
     if (!spooled) return release();  // never applied unless it can be undone from the spool
@@ -861,6 +865,12 @@ class NodeAgent::Impl {
 
   // ---- catch-up: reaching a committed version this node missed ----------------
 
+  // The last version this store committed: with a delta in flight its base (the
+  // bytes are a mix, and so is the version a restarted replica computes from them).
+  Digest128 CommittedVersion() const {
+    return journal_.inflight ? journal_.inflight->base : journal_.version;
+  }
+
   // Whether this node holds neither the refit's base nor its target, nor the refit
   // itself in flight: it missed a version the cluster committed.
   bool Behind(const Begin& b) const {
@@ -881,7 +891,7 @@ class NodeAgent::Impl {
     log::Warn(fmt::format(
         "{}: holds {}{} but the cluster committed {}: catching up (by the deltas the source "
         "kept, else by the partitions that differ)",
-        options_.node_id, journal_.version.ShortHex(),
+        options_.node_id, CommittedVersion().ShortHex(),
         journal_.inflight
             ? " (with a delta to " + journal_.inflight->target.ShortHex() + " left in flight)"
             : "",
@@ -897,7 +907,7 @@ class NodeAgent::Impl {
     if (!c.chain_answered) {
       if (c.chain_request == 0) {
         c.chain_request = next_fetch_++;
-        SendUp(EncodeFetchChain({c.chain_request, journal_.version, c.to}));
+        SendUp(EncodeFetchChain({c.chain_request, CommittedVersion(), c.to}));
       }
       return;
     }
@@ -905,7 +915,7 @@ class NodeAgent::Impl {
     if (!c.have_manifest) {
       if (c.manifest_request == 0) {
         c.manifest_request = next_fetch_++;
-        SendUp(EncodeFetchManifest({c.manifest_request, c.to, journal_.version}));
+        SendUp(EncodeFetchManifest({c.manifest_request, c.to, CommittedVersion()}));
       }
       return;
     }
@@ -934,7 +944,7 @@ class NodeAgent::Impl {
     c.chain_answered = true;
     // A delta left in flight is resumed only if it is the chain's first.
     const bool usable =
-        chain->found && !chain->links.empty() && chain->links.front().base == journal_.version &&
+        chain->found && !chain->links.empty() && chain->links.front().base == CommittedVersion() &&
         chain->links.back().target == c.to &&
         (!journal_.inflight || (journal_.inflight->base == chain->links.front().base &&
                                 journal_.inflight->target == chain->links.front().target));
@@ -942,7 +952,7 @@ class NodeAgent::Impl {
       log::Info(
           fmt::format("{}: no chain of kept deltas from {} to {}: fetching the partitions "
                       "that differ",
-                      options_.node_id, journal_.version.ShortHex(), c.to.ShortHex()));
+                      options_.node_id, CommittedVersion().ShortHex(), c.to.ShortHex()));
       return PumpCatchUp();
     }
     c.chain_mode = true;
@@ -1049,6 +1059,7 @@ class NodeAgent::Impl {
         if (status.ok()) status = catch_up_applier_->FlushApplied();
         if (status.ok()) status = replica_->RecordApplied(sequence);
         if (status.ok()) SnapshotJournal();
+        CrashPoint("agent.catch_up_chunk");
       }
       loop_.Post([this, status, end] { OnChainChunkApplied(status, end); });
     });
@@ -1111,7 +1122,7 @@ class NodeAgent::Impl {
     if (!m->found) {
       return FinishCatchUp(Status::Unavailable(
           "the source does not serve version " + to.ShortHex() + " to a node at " +
-          journal_.version.ShortHex() +
+          CommittedVersion().ShortHex() +
           " (not a version this cluster committed, or no source is publishing)"));
     }
     auto manifest = codec::Manifest::Parse(m->bytes);
@@ -1158,6 +1169,7 @@ class NodeAgent::Impl {
       Status written = catch_up_applier_
                            ? catch_up_applier_->WriteVerified(fetch.key, *owned, fetch.hash)
                            : Status::Internal("no catch-up in progress");
+      CrashPoint("agent.catch_up_partition");
       loop_.Post([this, written] {
         if (!catch_up_) return;
         if (!written.ok()) return FinishCatchUp(written.WithContext("catch-up"));

@@ -54,7 +54,7 @@ struct NodeAgentStats {
   uint64_t chunk_bytes_received = 0;  // CHUNK payload bytes, replays included
   uint64_t peak_held_bytes = 0;       // most chunk bytes held at once (received, not yet released)
   uint64_t partitions_repaired = 0;
-  uint64_t parent_joins = 0;  // times it joined a parent (1 + reconnects)
+  uint64_t parent_joins = 0;          // times it joined a parent (1 + reconnects)
   uint64_t partitions_caught_up = 0;  // overwritten to reach a version this node missed
   uint64_t deltas_caught_up = 0;      // kept deltas applied to reach such a version
   uint64_t catch_up_bytes = 0;

@@ -210,7 +210,9 @@ std::vector<std::byte> EncodeChunk(ByteSpan chunk) {
 
 std::vector<std::byte> EncodeCredit(const Credit& m) {
   auto out = Header(MessageType::kCredit);
-  ByteWriter(out).Put<uint32_t>(m.chunks);
+  ByteWriter w(out);
+  w.Put<uint32_t>(m.chunks);
+  w.Put<uint64_t>(m.refit_id);
   return out;
 }
 
@@ -321,6 +323,7 @@ Result<Credit> ParseCredit(ByteSpan message) {
   RETURN_IF_ERROR(r.Open());
   Credit m;
   r.Get(m.chunks);
+  r.Get(m.refit_id);
   RETURN_IF_ERROR(r.Close());
   return m;
 }

@@ -87,6 +87,10 @@ struct Begin {
 };
 struct Credit {
   uint32_t chunks = 0;
+  // The refit the room is for: a parent ignores credit for another (a chunk of an
+  // old refit released after the next began must not let the new one's chunks in
+  // before the child has begun it).
+  uint64_t refit_id = 0;
 };
 // One node's figures, carried up in PREPARED so the source can report them.
 struct NodeReport {

@@ -59,20 +59,23 @@ std::optional<std::pair<uint64_t, bool>> RecordedDecision(const std::filesystem:
   return found;
 }
 
-// Whether `version` is in the cluster's history: the current base, or a base or a
-// committed target of a refit in the decision log.
+// Whether `version` is one this cluster committed: the base of its first committed
+// refit (where the cluster started) or the target of any committed refit, per the
+// decision log; with nothing committed yet, only the current base. A base the
+// trainer published from that never committed (an aborted target) is not.
 bool InLineage(const std::filesystem::path& log, const Digest128& base, const Digest128& version) {
-  if (version == base) return true;
   auto bytes = ReadFile(log, uint64_t{64} << 20);
-  if (!bytes.ok()) return false;
-  std::istringstream lines{std::string(AsChars(*bytes))};
+  std::istringstream lines{bytes.ok() ? std::string(AsChars(*bytes)) : std::string()};
   std::string word, from, to, decision;
   uint64_t id = 0;
   const std::string hex = version.ToHex();
+  bool committed_any = false;
   while (lines >> word >> id >> from >> to >> decision) {
-    if (word == "refit" && (from == hex || (to == hex && decision == "COMMIT"))) return true;
+    if (word != "refit" || decision != "COMMIT") continue;
+    if ((!committed_any && from == hex) || to == hex) return true;
+    committed_any = true;
   }
-  return false;
+  return !committed_any && version == base;
 }
 
 // The source's side of one refit. State shared between the encoding (calling)
@@ -179,7 +182,7 @@ class Publication {
     }
     report.refit_id = refit_id_;
     loop_.Post([this, begin] {
-      downstream_.ResetCredits();
+      downstream_.ResetCredits(begin.refit_id);
       downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)), false);
     });
     log::Info(fmt::format("refit {}: {} -> {} to {} children", refit_id_,
@@ -430,9 +433,13 @@ class Publication {
   void ServeManifest(const std::string& child, ByteSpan bytes) {
     auto f = ParseFetchManifest(bytes);
     if (!f.ok()) return;
-    if (!InLineage(options_.decision_log, manifests_.front().first, f->from)) {
-      log::Warn(fmt::format("{} asks to catch up from {}, which this cluster never committed",
-                            child, f->from.ShortHex()));
+    const Digest128& base = manifests_.front().first;
+    if (!InLineage(options_.decision_log, base, f->from) ||
+        !InLineage(options_.decision_log, base, f->version)) {
+      log::Warn(
+          fmt::format("{} asks to catch up from {} to {}: not both versions this cluster "
+                      "committed",
+                      child, f->from.ShortHex(), f->version.ShortHex()));
       downstream_.SendTo(child, transport::MakeMessage(EncodeManifest(f->request_id, false, {})));
       return;
     }

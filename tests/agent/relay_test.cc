@@ -16,6 +16,7 @@
 #include "codec/manifest.h"
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
+#include "transport/factory.h"
 #include "transport/fault_transport.h"
 #include "transport/inproc/inproc_transport.h"
 
@@ -30,17 +31,20 @@ constexpr uint64_t kPartitionBytes = 8 << 10;
 
 std::string ConfigToml(int receivers, int fanout, const std::string& chunk, int window,
                        const std::string& connect_timeout = "5s", const std::string& policy = "all",
-                       const std::string& idle_timeout = "30s") {
+                       const std::string& idle_timeout = "30s", const std::string& host = "mem",
+                       int base_port = 1) {
   std::string toml =
       "[cluster]\nname = \"relay-test\"\n\n[tree]\nfanout = " + std::to_string(fanout) +
       "\nchunk_size = \"" + chunk + "\"\nwindow = " + std::to_string(window) +
       "\nconnect_timeout = \"" + connect_timeout + "\"\nidle_timeout = \"" + idle_timeout +
       "\"\ncommit_timeout = \"20s\"\ncommit_policy = \"" + policy +
       "\"\n\n"
-      "[[node]]\nid = \"src\"\nhost = \"mem\"\nport = 1\nregion = \"r\"\nrole = \"source\"\n";
+      "[[node]]\nid = \"src\"\nhost = \"" +
+      host + "\"\nport = " + std::to_string(base_port) + "\nregion = \"r\"\nrole = \"source\"\n";
   for (int i = 1; i <= receivers; ++i) {
-    toml += "\n[[node]]\nid = \"n" + std::to_string(i) +
-            "\"\nhost = \"mem\"\nport = " + std::to_string(1 + i) +
+    // Three ports apart: room for the ucx and ofi listeners of a node.
+    toml += "\n[[node]]\nid = \"n" + std::to_string(i) + "\"\nhost = \"" + host +
+            "\"\nport = " + std::to_string(base_port + 3 * i) +
             "\nregion = \"r\"\nrole = \"receiver\"\n";
   }
   return toml;
@@ -493,6 +497,69 @@ TEST_F(RelayTest, StalledLinksAreDroppedAfterTheIdleTimeoutAndResumeWithWhatIsMi
   EXPECT_EQ(agents_[1]->stats().parent_joins, 1u);  // n1 -> n2 never stalled
   EXPECT_LT(agents_[0]->stats().chunk_bytes_received, 2 * report->delta.delta_bytes);
 }
+
+// The relay engine over each real backend on loopback: a relay killed mid-transfer
+// (its transport shut down, so its links break) is failed over as on TCP.
+struct BackendCase {
+  std::string backend;
+  std::string provider;
+};
+
+void PrintTo(const BackendCase& c, std::ostream* os) { *os << c.backend << ":" << c.provider; }
+
+class BackendFailoverTest : public RelayTest, public ::testing::WithParamInterface<BackendCase> {
+ protected:
+  std::unique_ptr<transport::Transport> Make(double bytes_per_second = 0) {
+    transport::TransportOptions options;
+    options.provider = GetParam().provider;
+    options.connect_timeout = std::chrono::milliseconds(2000);
+    auto t = transport::MakeTransport(GetParam().backend, options);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok() || bytes_per_second == 0) return t.ok() ? std::move(*t) : nullptr;
+    transport::FaultPlan slow;
+    slow.bandwidth_bytes_per_second = bytes_per_second;
+    return transport::WrapWithFaults(std::move(*t), slow);
+  }
+};
+
+TEST_P(BackendFailoverTest, RelayKilledMidTransferIsFailedOverAndTheVersionCommits) {
+  // Chain src -> n1 -> n2 -> n3, policy available; the source's link is paced so
+  // that n2 can be stopped while chunks still flow. n3 then attaches to n1.
+  Versions v = MakeVersions(1 << 19, 13);
+  // A fresh port range per run (below the ephemeral range): an earlier backend's
+  // closed sockets may still hold the last one.
+  const int base = 20000 + static_cast<int>(std::random_device{}() % 2000) * 4;
+  ASSERT_NO_FATAL_FAILURE(
+      UseConfig(ConfigToml(3, 1, "16KiB", 2, "6s", "available", "30s", "127.0.0.1", base)));
+  stores_.assign(3, v.base);
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, kToken, Make()));
+  std::thread killer([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline && agents_[2]->stats().chunks_received < 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    agents_[1]->Stop();
+  });
+  auto report = PublishVersions(v, Make(/*bytes_per_second=*/256 << 10));
+  killer.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  std::set<std::string> prepared;
+  for (const auto& n : report->nodes) prepared.insert(n.node_id);
+  EXPECT_EQ(prepared, (std::set<std::string>{"n1", "n3"}));
+  for (size_t t = 0; t < v.tensors.size(); ++t) {
+    EXPECT_EQ(Hash64(stores_[0][t]), Hash64(v.target[t])) << "n1 tensor " << t;
+    EXPECT_EQ(Hash64(stores_[2][t]), Hash64(v.target[t])) << "n3 tensor " << t;
+  }
+  EXPECT_GE(agents_[2]->stats().parent_joins, 2u);  // n2, then n1
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendFailoverTest,
+                         ::testing::Values(BackendCase{"tcp", ""}, BackendCase{"ucx", "tcp"},
+                                           BackendCase{"ofi", "tcp;ofi_rxm"}),
+                         [](const ::testing::TestParamInfo<BackendCase>& info) {
+                           return info.param.backend;
+                         });
 
 }  // namespace
 }  // namespace deltacast::agent

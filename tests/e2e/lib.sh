@@ -2,8 +2,9 @@
 #
 # start_work NAME: a scratch directory $work, removed with every process in
 #   $pids on exit (KEEP=1 keeps it for a look).
-# write_chain_config NAME PORT_BASE FANOUT CHUNK WINDOW COMMIT_TIMEOUT: a source
-#   "trainer" and agents a1..a3 on loopback, written to $work/cluster.toml.
+# write_chain_config NAME PORT_BASE FANOUT CHUNK WINDOW COMMIT_TIMEOUT [POLICY
+#   [CONNECT_TIMEOUT]]: a source "trainer" and agents a1..a3 on loopback, written to
+#   $work/cluster.toml.
 
 start_work() {
   work=$(mktemp -d "/tmp/deltacast-$1.XXXXXX")
@@ -18,11 +19,14 @@ cleanup() {
 }
 
 write_chain_config() {
-  local name=$1 base=$2 fanout=$3 chunk=$4 window=$5 commit_timeout=$6
+  local name=$1 base=$2 fanout=$3 chunk=$4 window=$5 commit_timeout=$6 policy=${7:-all}
+  local connect_timeout=${8:-20s}
   {
     printf '[cluster]\nname = "%s"\n[tree]\nfanout = %d\nchunk_size = "%s"\nwindow = %d\n' \
       "$name" "$fanout" "$chunk" "$window"
-    printf 'connect_timeout = "20s"\ncommit_timeout = "%s"\nidle_timeout = "30s"\n' "$commit_timeout"
+    printf 'connect_timeout = "%s"\ncommit_timeout = "%s"\nidle_timeout = "30s"\n' \
+      "$connect_timeout" "$commit_timeout"
+    printf 'commit_policy = "%s"\n' "$policy"
     printf '[[node]]\nid = "trainer"\nhost = "127.0.0.1"\nport = %d\nrole = "source"\n' "$base"
     for i in 1 2 3; do printf '[[node]]\nid = "a%d"\nhost = "127.0.0.1"\nport = %d\n' "$i" $((base + i)); done
   } >"$work/cluster.toml"
