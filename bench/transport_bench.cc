@@ -4,16 +4,17 @@
 //
 // Every point runs the receiver in a forked child process (as the peer tools do: two
 // processes, each with its own progress thread), over a fresh connection:
-//   throughput: the sender keeps --window messages queued (the next Send is issued
-//               from an on_sent handler); the receiver answers one message once it
-//               has all of them; bytes / (first Send -> that answer).
+//   throughput: the sender keeps --window-bytes queued (32 MiB: the relay's default
+//               credit window, 8 chunks of 4 MiB), i.e. max(1, window / size)
+//               messages, the next Send issued from an on_sent handler; the receiver
+//               answers once it has all of them; bytes / (first Send -> that answer).
 //   latency:    ping-pong of one message of the size; one-way = round trip / 2.
 // Peer tools run with the same size. ucx_perftest's "MB/s" is MiB/s; fi_pingpong's
 // MB/sec is 10^6 B/s and its usec/xfer is one way. fi_pingpong is a ping-pong
 // (one message in flight), so it is compared with our ping-pong, not our window.
 //
 // Usage: deltacast_bench_transport [--backends tcp,ucx:tcp,ucx:shm,ofi:tcp;ofi_rxm,ofi:shm]
-//        [--sizes 1MiB,4MiB,16MiB] [--bytes 256MiB] [--window 8] [--out FILE]
+//        [--sizes 1MiB,4MiB,16MiB] [--bytes 256MiB] [--window-bytes 32MiB] [--out FILE]
 #include <fmt/core.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -361,7 +362,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> backends = {"tcp", "ucx:tcp", "ucx:shm", "ofi:tcp;ofi_rxm", "ofi:shm"};
   std::vector<std::string> size_texts = {"1MiB", "4MiB", "16MiB"};
   std::string bytes_text = "256MiB";
-  int window = 8;
+  std::string window_text = "32MiB";
   int latency_iterations = 30;
   bool peers = true;
   std::string out_path;
@@ -370,13 +371,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sizes", size_texts, "Message sizes")->delimiter(',')->capture_default_str();
   app.add_option("--bytes", bytes_text, "Bytes per throughput point")->capture_default_str();
-  app.add_option("--window", window, "Messages queued in the throughput run")
+  app.add_option("--window-bytes", window_text, "Bytes queued in the throughput run")
       ->capture_default_str();
   app.add_option("--latency-iterations", latency_iterations, "Ping-pong rounds")
       ->capture_default_str();
   app.add_flag("!--no-peers", peers, "Skip the peer tools");
   app.add_option("--out", out_path, "Also write the JSON here");
   CLI11_PARSE(app, argc, argv);
+  auto window_bytes = dc::topology::ParseSize(window_text);
+  if (!window_bytes.ok()) {
+    fmt::print(stderr, "--window-bytes: {}\n", window_bytes.status().ToString());
+    return 2;
+  }
   auto total = dc::topology::ParseSize(bytes_text);
   if (!total.ok()) {
     fmt::print(stderr, "--bytes: {}\n", total.status().ToString());
@@ -398,6 +404,7 @@ int main(int argc, char** argv) {
     const BackendSpec spec = ParseSpec(text);
     for (uint64_t size : sizes) {
       const uint64_t count = std::max<uint64_t>(8, *total / size);
+      const int window = static_cast<int>(std::max<uint64_t>(1, *window_bytes / size));
       const Point bw = Throughput(spec, size, count, window);
       const Point lat = Latency(spec, size, latency_iterations);
       json r = {{"backend", spec.name},
@@ -445,11 +452,13 @@ int main(int argc, char** argv) {
   gethostname(host, sizeof host - 1);
   const json doc = {
       {"benchmark", "transport"},
+      {"window_bytes", *window_bytes},
       {"host", host},
       {"cores", std::thread::hardware_concurrency()},
       {"method",
        "receiver in a forked child, fresh connection per point; throughput = bytes / time from "
-       "the first send to the receiver's answer after the last message, window messages queued; "
+       "the first send to the receiver's answer after the last message, window_bytes / size "
+       "messages queued (at least 1); "
        "latency = ping-pong round trip / 2; ratios = ours / peer tool on the same provider "
        "(latency_ratio > 1 means slower)"},
       {"results", results}};
