@@ -192,7 +192,6 @@ class NodeAgent::Impl {
     bool chain_mode = false;
     std::vector<ChainLink> links;
     size_t link = 0;                              // the delta being applied
-    uint32_t next_sequence = 0;                   // of links[link], not yet asked for
     std::set<uint32_t> missing;                   // asked for on a link that dropped
     std::map<uint64_t, uint32_t> pending_chunks;  // request -> sequence
     uint32_t chunks_done = 0;                     // applied, journaled or END
@@ -966,7 +965,6 @@ class NodeAgent::Impl {
   void StartLink(size_t i) {
     CatchUpState& c = *catch_up_;
     c.link = i;
-    c.next_sequence = 0;
     c.missing.clear();
     c.pending_chunks.clear();
     c.outstanding = 0;
@@ -991,7 +989,6 @@ class NodeAgent::Impl {
           if (!journaled.contains(s)) c.missing.insert(s);
         }
         c.chunks_done = static_cast<uint32_t>(c.links[c.link].chunks - c.missing.size());
-        c.next_sequence = c.links[c.link].chunks;
         PumpChain();
       });
     });
