@@ -28,6 +28,7 @@
 
 #include "common/log.h"
 #include "transport/internal/address.h"
+#include "transport/internal/buffer_pool.h"
 #include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/tcp/frame.h"
@@ -48,6 +49,8 @@ constexpr uint64_t kReorderBudgetBytes = uint64_t{256} << 20;
 constexpr uint64_t kMaxReorderDistance = uint64_t{1} << 20;
 // Accepted links still waiting for some of their streams.
 constexpr size_t kMaxPendingLinks = 1024;
+// Capacity of received buffers kept for reuse per transport.
+constexpr uint64_t kReceivePoolBytes = uint64_t{256} << 20;
 
 // The one place Boost.Asio errors become Status.
 Status StatusFromError(const ErrorCode& ec, std::string_view what) {
@@ -148,6 +151,9 @@ class Core : public std::enable_shared_from_this<Core> {
 
   const TcpOptions options;
   Capabilities caps;
+  // Received messages are read into recycled buffers: no allocation, zero-fill or
+  // page faults per message once the pool is warm.
+  const std::shared_ptr<BufferPool> receive_pool = std::make_shared<BufferPool>(kReceivePoolBytes);
   asio::io_context io;  // first member to be built, last to go
   Strand control;
 
@@ -437,7 +443,7 @@ class Link : public std::enable_shared_from_this<Link> {
     Stream& stream = *streams_[index];
     try {
       // Read straight into the buffer the message will live in.
-      stream.body = std::make_shared<std::vector<std::byte>>(stream.body_length);
+      stream.body = core_->receive_pool->AcquireShared(stream.body_length);
     } catch (const std::bad_alloc&) {
       Fail(Status::ResourceExhausted("cannot allocate a " + std::to_string(stream.body_length) +
                                      "-byte message from " + peer_));

@@ -31,7 +31,7 @@
 #include "transport/internal/address.h"
 #include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
-#include "transport/ucx/buffer_pool.h"
+#include "transport/internal/buffer_pool.h"
 #include "transport/ucx/ucx_worker.h"
 #include "transport/ucx/wire.h"
 

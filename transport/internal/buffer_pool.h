@@ -1,6 +1,7 @@
-// BufferPool: recycles receive buffers so that the hot path neither allocates nor
-// page-faults fresh memory for every message, and so that buffers UCX has
-// registered (its registration cache keys on address ranges) are reused.
+// BufferPool: recycles receive buffers so that the hot path neither allocates,
+// zero-fills nor page-faults fresh memory for every message (tcp, ucx), and so that
+// buffers UCX has registered (its registration cache keys on address ranges) are
+// reused.
 //
 // A received message is handed to the application as a Message whose deleter gives
 // the vector back to the pool when the last reference drops; the deleter holds the
@@ -18,7 +19,7 @@
 
 #include "transport/transport.h"
 
-namespace deltacast::transport::ucx {
+namespace deltacast::transport {
 
 using Buffer = std::unique_ptr<std::vector<std::byte>>;
 
@@ -36,6 +37,9 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // Turns a filled buffer into a Message that returns to this pool when released.
   Message Wrap(Buffer buffer);
 
+  // Acquire(size) already wrapped: fill it, then hand it out as a Message.
+  std::shared_ptr<std::vector<std::byte>> AcquireShared(size_t size);
+
   uint64_t idle_bytes() const;
 
  private:
@@ -45,4 +49,4 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   uint64_t idle_bytes_ = 0;
 };
 
-}  // namespace deltacast::transport::ucx
+}  // namespace deltacast::transport

@@ -1,8 +1,8 @@
-#include "transport/ucx/buffer_pool.h"
+#include "transport/internal/buffer_pool.h"
 
 #include <utility>
 
-namespace deltacast::transport::ucx {
+namespace deltacast::transport {
 
 Buffer BufferPool::Acquire(size_t size) {
   {
@@ -38,9 +38,19 @@ Message BufferPool::Wrap(Buffer buffer) {
   });
 }
 
+std::shared_ptr<std::vector<std::byte>> BufferPool::AcquireShared(size_t size) {
+  std::weak_ptr<BufferPool> pool = weak_from_this();
+  return std::shared_ptr<std::vector<std::byte>>(Acquire(size).release(),
+                                                 [pool](std::vector<std::byte>* raw) {
+                                                   Buffer owned(raw);
+                                                   if (auto p = pool.lock())
+                                                     p->Release(std::move(owned));
+                                                 });
+}
+
 uint64_t BufferPool::idle_bytes() const {
   std::lock_guard lock(mu_);
   return idle_bytes_;
 }
 
-}  // namespace deltacast::transport::ucx
+}  // namespace deltacast::transport
