@@ -185,6 +185,40 @@ TEST_P(OfiLink, SmallMessagesSentBeforeStartSurviveTheSendersClose) {
   EXPECT_TRUE(sink.close_status().ok()) << sink.close_status().ToString();
 }
 
+// Agents listen on and connect to the "host:port" of the cluster config: over
+// shm both sides map it to the same endpoint name, so they meet; another port
+// is another name.
+TEST(OfiShmAddresses, HostPortListenAndConnectMeet) {
+  OfiOptions options;
+  options.provider = "shm";
+  options.connect_timeout = milliseconds(300);
+  auto server = MakeOfiTransport(options);
+  auto client = MakeOfiTransport(options);
+  ASSERT_TRUE(server.ok() && client.ok());
+  const int port = 20000 + static_cast<int>(getpid() % 20000);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  AcceptQueue accept;
+  auto bound = (*server)->Listen(address, accept.Handler());
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  // The port is taken now, as for tcp.
+  EXPECT_FALSE((*server)->Listen(address, accept.Handler()).ok());
+  for (const std::string& target : {address, *bound}) {
+    auto connection = ConnectBlocking(**client, target, kWait);
+    ASSERT_TRUE(connection.ok()) << target << ": " << connection.status().ToString();
+    auto accepted = accept.Pop();
+    ASSERT_NE(accepted, nullptr) << target;
+    Sink sink;
+    sink.Start(*accepted);
+    (*connection)->Start([](Message) {}, [](Status) {});
+    const std::vector<size_t> sizes = {10, 100000};
+    const auto hashes = SendAll(**connection, sizes, 41, nullptr);
+    ExpectReceived(sink, sizes, hashes);
+  }
+  auto other = ConnectBlocking(**client, "127.0.0.1:" + std::to_string(port + 1), kWait);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kUnavailable) << other.status().ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, OfiLink, ::testing::Values("tcp;ofi_rxm", "shm"),
                          [](const auto& info) {
                            return info.param == "shm" ? std::string("Shm") : std::string("TcpRxm");

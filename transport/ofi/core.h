@@ -219,7 +219,8 @@ class Core : public std::enable_shared_from_this<Core> {
   Result<std::string> ListenOnThread(const std::string& address, AcceptHandler on_accept);
   void ConnectOnThread(const std::string& address, ConnectHandler on_done);
   Result<EndpointState*> ClientEndpoint();
-  Result<EndpointState*> AddEndpoint(const char* node, const char* service);
+  Result<EndpointState*> AddEndpoint(const char* node, const char* service,
+                                     bool exact_name = false);
   Result<fi_addr_t> AddressOf(EndpointState* endpoint, const std::vector<std::byte>& name);
 
   // Posting: ops that meet -FI_EAGAIN wait in blocked_ (in order) and are retried.

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <future>
+#include <optional>
 
 #include "common/log.h"
 #include "transport/internal/address.h"
@@ -16,8 +17,28 @@ namespace deltacast::transport::ofi {
 // ---------------------------------------------------------------------------
 // Endpoints, Listen, Connect.
 
-Result<EndpointState*> Core::AddEndpoint(const char* node, const char* service) {
-  auto endpoint = Endpoint::Open(*fabric_, node, service);
+namespace {
+
+// shm endpoint names: a "host:port" with a non-zero port (what agents listen on
+// and connect to, from the cluster config) stands for a name derived from host
+// and port, the same on both sides; any other string is a name as given.
+std::optional<std::string> ShmNameOfHostPort(const std::string& address) {
+  if (address.find("://") != std::string::npos) return std::nullopt;
+  auto host_port = ParseHostPort(address);
+  if (!host_port.ok() || host_port->port == 0 || host_port->host.empty()) return std::nullopt;
+  std::string name = "deltacast-hp-";
+  for (char c : host_port->host) {
+    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                       c == '.' || c == '-';
+    name += plain ? c : '_';
+  }
+  return name + "-" + std::to_string(host_port->port);
+}
+
+}  // namespace
+
+Result<EndpointState*> Core::AddEndpoint(const char* node, const char* service, bool exact_name) {
+  auto endpoint = Endpoint::Open(*fabric_, node, service, exact_name);
   if (!endpoint.ok()) return endpoint.status();
   auto state = std::make_unique<EndpointState>();
   state->endpoint = std::move(endpoint).value();
@@ -89,14 +110,25 @@ Result<std::string> Core::ListenOnThread(const std::string& address, AcceptHandl
   Result<EndpointState*> endpoint = Status::Internal("unset");
   if (fabric_->info().addr_format == FI_ADDR_STR) {
     // Named endpoints (shm): the address is the name; "" or a ":0" suffix picks one.
-    std::string name = address;
+    const auto mapped = ShmNameOfHostPort(address);
+    std::string name = mapped.value_or(address);
+    if (mapped) {
+      // A config address is one listener, as a port is for tcp.
+      std::shared_lock lock(Local().mu);
+      for (const auto& live : Local().live) {
+        if (std::string_view(live.c_str()) == name) {
+          return Status::FailedPrecondition("listening on \"" + address + "\": shm name " + name +
+                                            " is in use in this process");
+        }
+      }
+    }
     if (name.empty() || name.ends_with(":0")) {
       static std::atomic<uint64_t> counter{0};
       name = (name.empty() ? std::string("deltacast") : name.substr(0, name.size() - 2)) + "-" +
              std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
              std::to_string(NewId());
     }
-    endpoint = AddEndpoint(name.c_str(), nullptr);
+    endpoint = AddEndpoint(name.c_str(), nullptr, /*exact_name=*/mapped.has_value());
   } else {
     auto host_port = ParseHostPort(address);
     if (!host_port.ok()) return host_port.status();
@@ -126,8 +158,14 @@ void Core::ConnectOnThread(const std::string& address, ConnectHandler on_done) {
   if (!endpoint.ok()) return on_done(endpoint.status());
   fi_addr_t peer = FI_ADDR_UNSPEC;
   if ((*endpoint)->endpoint->addr_format() == FI_ADDR_STR) {
+    // What Listen returns for a name; a "host:port" maps as in Listen.
     std::vector<std::byte> name(address.size() + 1);
     std::memcpy(name.data(), address.c_str(), address.size() + 1);
+    if (auto mapped = ShmNameOfHostPort(address)) {
+      // The listener's endpoint has exactly this name (ListenOnThread).
+      name.assign(mapped->size() + 1, std::byte{0});
+      std::memcpy(name.data(), mapped->data(), mapped->size());
+    }
     auto addr = AddressOf(*endpoint, name);
     if (!addr.ok()) return on_done(Status::Unavailable(addr.status().message()));
     peer = *addr;

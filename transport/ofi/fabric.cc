@@ -124,13 +124,19 @@ Fabric::~Fabric() {
 }
 
 Result<std::unique_ptr<Endpoint>> Endpoint::Open(Fabric& fabric, const char* node,
-                                                 const char* service) {
+                                                 const char* service, bool exact_name) {
   InfoPtr own;
   const fi_info* info = &fabric.info();
   if (node || service) {
     auto bound = GetRdmInfo(fabric.provider_name(), node, service, /*source=*/true);
     if (!bound.ok()) return bound.status();
     own = std::move(bound).value();
+    if (exact_name && node && own->addr_format == FI_ADDR_STR) {
+      // shm names an endpoint as given unless the name has its fi_shm:// prefix.
+      free(own->src_addr);
+      own->src_addr = strdup(node);
+      own->src_addrlen = std::strlen(node) + 1;
+    }
     info = own.get();
   }
   std::unique_ptr<Endpoint> e(new Endpoint());

@@ -104,9 +104,11 @@ class Fabric {
 class Endpoint {
  public:
   // Opens an enabled endpoint with its own address vector, bound to node:service
-  // when given (FI_SOURCE), else wherever the provider puts it.
+  // when given (FI_SOURCE), else wherever the provider puts it. exact_name
+  // (FI_ADDR_STR providers): the endpoint's name is `node` itself; shm otherwise
+  // decorates it (fi_shm://NODE:uid:index, the index unknowable to a peer).
   static Result<std::unique_ptr<Endpoint>> Open(Fabric& fabric, const char* node,
-                                                const char* service);
+                                                const char* service, bool exact_name = false);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
