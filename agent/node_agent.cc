@@ -175,7 +175,7 @@ class NodeAgent::Impl {
     uint64_t hash = 0;  // what the bytes must hash to (rollback, catch-up)
     bool for_rollback = false;
     bool for_catch_up = false;
-    uint64_t byte_length = 0;  // catch-up: to ask again after a reconnect
+    uint64_t byte_length = 0;  // to ask again after a reconnect (catch-up, rollback)
   };
 
   // This node missed versions the cluster committed (it was down for one or more
@@ -379,6 +379,8 @@ class NodeAgent::Impl {
     if (!parent_lost_at_) parent_lost_at_ = Clock::now();
     next_connect_ = Clock::now() + backoff_;
     for (auto it = fetches_.begin(); it != fetches_.end();) {
+      // A rollback waiting for base bytes asks again on the next link.
+      if (it->second.for_rollback) lost_base_fetches_.push_back(it->second);
       if (it->second.for_catch_up && catch_up_) {
         // Asked again on the next link.
         catch_up_->queue.push_front({it->second.key, it->second.byte_length, it->second.hash});
@@ -466,6 +468,7 @@ class NodeAgent::Impl {
           ++stats_.parent_joins;
         }
         if (catch_up_) loop_.Post([this] { PumpCatchUp(); });
+        if (!lost_base_fetches_.empty()) loop_.Post([this] { RefetchBaseBytes(); });
         log::Info(fmt::format("{}: joined parent {} over {}{}", options_.node_id, current_parent_,
                               parent_backend_,
                               current_parent_ == *self_.parent ? "" : " (failover)"));
@@ -573,7 +576,12 @@ class NodeAgent::Impl {
   }
 
   void OnChunk(const transport::Message& received) {
-    if (!refit_ || refit_->phase == Phase::kAborting) return ProtocolError("CHUNK outside a refit");
+    if (refit_ && refit_->phase == Phase::kAborting) {
+      // A replay of the refit this node is rolling back (it rejoined): not needed,
+      // but its credit keeps the parent's queue, and the decision behind it, moving.
+      return SendUp(EncodeCredit({1, refit_->id}));
+    }
+    if (!refit_) return ProtocolError("CHUNK outside a refit");
     Refit& r = *refit_;
     transport::Message message = received;
     if (FaultPoint("agent.corrupt_chunk")) {  // fault-injection tests: a bit flipped in transit
@@ -1514,10 +1522,18 @@ class NodeAgent::Impl {
       loop_.Post([this, id, needs = *needs] {
         for (const auto& n : needs) {
           const uint64_t request = next_fetch_++;
-          fetches_[request] = PendingFetch{"", 0, n.key, id, n.base_hash, true};
+          PendingFetch fetch{"", 0, n.key, id, n.base_hash, true};
+          fetch.byte_length = n.byte_length;
+          fetches_[request] = fetch;
           ++base_fetches_outstanding_;
           SendUp(EncodeFetch(
               {request, n.key.tensor, n.key.element_offset, n.byte_length, n.base_hash}));
+        }
+        // Fault-injection tests: the parent link breaks while base bytes are awaited.
+        if (FaultPoint("agent.rollback_link_lost")) {
+          log::Warn(
+              fmt::format("{}: fault injection: link lost during a rollback", options_.node_id));
+          DropParent(Status::Unavailable("fault injection: link lost during a rollback"));
         }
       });
     });
@@ -1573,6 +1589,20 @@ class NodeAgent::Impl {
         FinishRollback(fetch.refit_id, result);
       }
     });
+  }
+
+  // After a reconnect: the base bytes a rollback was still waiting for.
+  void RefetchBaseBytes() {
+    if (!parent_ || !joined_) return;
+    log::Info(fmt::format("{}: asking again for {} partitions' base bytes for the rollback",
+                          options_.node_id, lost_base_fetches_.size()));
+    for (const PendingFetch& fetch : lost_base_fetches_) {
+      const uint64_t request = next_fetch_++;
+      fetches_[request] = fetch;
+      SendUp(EncodeFetch(
+          {request, fetch.key.tensor, fetch.key.element_offset, fetch.byte_length, fetch.hash}));
+    }
+    lost_base_fetches_.clear();
   }
 
   void OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version) {
@@ -1678,7 +1708,8 @@ class NodeAgent::Impl {
   uint64_t catch_up_failed_refit_ = 0;  // its BEGIN then runs (and fails) as usual
   uint64_t next_fetch_ = 1;
   size_t base_fetches_outstanding_ = 0;
-  Status rollback_error_;  // apply thread
+  std::vector<PendingFetch> lost_base_fetches_;  // a rollback's, from a link that dropped
+  Status rollback_error_;                        // apply thread
   uint64_t held_bytes_ = 0;
   uint64_t refetches_ = 0;                                  // damaged chunks fetched again
   std::map<std::string, Clock::time_point> missing_since_;  // children absent during a refit
