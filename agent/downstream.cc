@@ -321,7 +321,14 @@ void Downstream::ResetCredits(uint64_t refit_id) {
   // What is still queued belongs to an earlier refit (a replay a child has not
   // finished): it would wait forever for credit that now counts for this one.
   // The child catches up from the new BEGIN instead.
-  if (refit_id != refit_id_) DropQueued();
+  if (refit_id != refit_id_) {
+    DropQueued();
+    // A child excused from the last refit while connected (it failed there) takes
+    // part in this one; an absent one is excused again if it stays away.
+    for (auto& [id, child] : children_) {
+      if (child.connection) child.excused = false;
+    }
+  }
   refit_id_ = refit_id;
   for (auto& [id, child] : children_) child.credits = 0;
 }

@@ -1367,6 +1367,19 @@ class NodeAgent::Impl {
       case MessageType::kFailed: {
         auto f = ParseFailed(bytes);
         if (!f.ok() || f->refit_id != r.id) return;
+        if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
+            f->node_id == child && r.phase == Phase::kStreaming) {
+          // Like an absent child: the version goes on without it (and its subtree),
+          // which catches up at a later refit. Its own log says why it failed.
+          log::Warn(
+              fmt::format("{}: child {} cannot reach the target ({}); refit {} goes on "
+                          "without it (commit policy available)",
+                          options_.node_id, child, f->reason, r.id));
+          r.excused.insert(child);
+          downstream_.Excuse(child);
+          missing_since_.erase(child);
+          return MaybePrepared();
+        }
         return SendFailed(*f);
       }
       case MessageType::kCommitted:

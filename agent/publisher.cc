@@ -526,7 +526,20 @@ class Publication {
         }
         case MessageType::kFailed: {
           auto f = ParseFailed(bytes);
-          if (f.ok() && f->refit_id == refit_id_) Fail("node '" + f->node_id + "': " + f->reason);
+          if (!f.ok() || f->refit_id != refit_id_) break;
+          if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
+              f->node_id == child && !deciding_) {
+            // Like an absent child (commit policy available): the version goes on
+            // without it and its subtree; they catch up at a later refit.
+            log::Warn(
+                fmt::format("child {} cannot reach the target ({}); the refit goes on "
+                            "without it (commit policy available)",
+                            child, f->reason));
+            excused_.insert(child);
+            loop_.Post([this, child] { downstream_.Excuse(child); });
+            break;
+          }
+          Fail("node '" + f->node_id + "': " + f->reason);
           break;
         }
         case MessageType::kCommitted:

@@ -203,6 +203,31 @@ TEST_F(RelayTest, OneNodeAtTheWrongBaseAbortsEverywhere) {
   }
 }
 
+TEST_F(RelayTest, UnderPolicyAvailableAFailingNodeIsLeftOutAndTheRestCommit) {
+  // As above, but with commit policy available: n3 (a leaf under n1) reports that
+  // it cannot reach the target, n1 goes on without it, the version commits on the
+  // other four, and n3 keeps what it holds.
+  Versions v = MakeVersions(1 << 16, 2);
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(5, 2, "32KiB", 2, "5s", "available")));
+  stores_.assign(5, v.base);
+  stores_[2][0][10] ^= std::byte{0x40};
+  for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v));
+  auto report = PublishVersions(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  std::set<std::string> prepared;
+  for (const auto& n : report->nodes) prepared.insert(n.node_id);
+  EXPECT_EQ(prepared, (std::set<std::string>{"n1", "n2", "n4", "n5"}));
+  for (int i = 0; i < 5; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      std::vector<std::byte> expected = i == 2 ? v.base[t] : v.target[t];
+      if (i == 2 && t == 0) expected[10] ^= std::byte{0x40};
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(expected)) << "node n" << i + 1 << " tensor " << t;
+    }
+  }
+  EXPECT_EQ(agents_[2]->stats().refits_committed, 0u);
+}
+
 TEST_F(RelayTest, WrongTokenIsRefusedAndPublishFailsClearly) {
   Versions v = MakeVersions(1 << 12, 3);
   ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(1, 1, "64KiB", 2, "1s")));
