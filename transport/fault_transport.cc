@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "transport/internal/handler_gate.h"
+#include "transport/internal/link_connection.h"
 #include "transport/internal/task_thread.h"
 
 namespace deltacast::transport {
@@ -362,28 +363,9 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   uint64_t close_barrier_ = 0;  // Sends below this index complete before on_closed
 };
 
-class FaultConnection final : public Connection {
- public:
-  explicit FaultConnection(std::shared_ptr<FaultLink> link) : link_(std::move(link)) {}
-  ~FaultConnection() override { link_->Detach(); }
-  void Start(MessageHandler on_message, CloseHandler on_closed) override {
-    link_->Start(std::move(on_message), std::move(on_closed));
-  }
-  void Send(Message message, SendHandler on_sent) override {
-    link_->Send(std::move(message), std::move(on_sent));
-  }
-  uint64_t QueuedBytes() const override { return link_->QueuedBytes(); }
-  void Close() override { link_->Close(/*abortive=*/false); }
-  void Abort() override { link_->Close(/*abortive=*/true); }
-  std::string PeerAddress() const override { return link_->peer(); }
-
- private:
-  const std::shared_ptr<FaultLink> link_;
-};
-
 std::unique_ptr<Connection> FaultCore::Wrap(std::unique_ptr<Connection> connection) {
   const uint64_t number = links.fetch_add(1, std::memory_order_relaxed);
-  return std::make_unique<FaultConnection>(
+  return std::make_unique<internal::LinkConnection<FaultLink>>(
       std::make_shared<FaultLink>(shared_from_this(), std::move(connection), number));
 }
 

@@ -31,6 +31,7 @@
 #include "transport/internal/buffer_pool.h"
 #include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
+#include "transport/internal/link_connection.h"
 #include "transport/tcp/frame.h"
 
 namespace deltacast::transport {
@@ -229,7 +230,11 @@ class Link : public std::enable_shared_from_this<Link> {
 
   uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
   const std::string& peer() const { return peer_; }
-  HandlerGate& gate() { return gate_; }
+  // The facade is going: close, and return once no user handler can run.
+  void Detach() {
+    Close(/*abortive=*/false);
+    gate_.Close();
+  }
 
  private:
   enum class CloseMode { kGoodbye, kSilent };
@@ -583,28 +588,6 @@ class Link : public std::enable_shared_from_this<Link> {
   size_t finished_streams_ = 0;            // streams past their goodbye or a clean EOF
 };
 
-class TcpConnection final : public Connection {
- public:
-  explicit TcpConnection(std::shared_ptr<Link> link) : link_(std::move(link)) {}
-  ~TcpConnection() override {
-    link_->Close(/*abortive=*/false);
-    link_->gate().Close();
-  }
-  void Start(MessageHandler on_message, CloseHandler on_closed) override {
-    link_->Start(std::move(on_message), std::move(on_closed));
-  }
-  void Send(Message message, SendHandler on_sent) override {
-    link_->Send(std::move(message), std::move(on_sent));
-  }
-  uint64_t QueuedBytes() const override { return link_->QueuedBytes(); }
-  void Close() override { link_->Close(/*abortive=*/false); }
-  void Abort() override { link_->Close(/*abortive=*/true); }
-  std::string PeerAddress() const override { return link_->peer(); }
-
- private:
-  const std::shared_ptr<Link> link_;
-};
-
 struct Listener {
   explicit Listener(asio::io_context& io) : acceptor(io), retry(io) {}
   tcp::acceptor acceptor;
@@ -818,7 +801,8 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
       Finish(Status::Aborted("transport shut down"));
       return;
     }
-    Finish(std::unique_ptr<Connection>(std::make_unique<TcpConnection>(std::move(link))));
+    Finish(std::unique_ptr<Connection>(
+        std::make_unique<internal::LinkConnection<Link>>(std::move(link))));
   }
 
   void Finish(Result<std::unique_ptr<Connection>> result) {
@@ -1070,7 +1054,7 @@ void Core::CompleteAccept(const std::shared_ptr<PendingLink>& pending) {
     link->CloseForShutdown();
     return;
   }
-  auto connection = std::make_unique<TcpConnection>(std::move(link));
+  auto connection = std::make_unique<internal::LinkConnection<Link>>(std::move(link));
   if (!stopped() && pending->listener->on_accept)
     pending->listener->on_accept(std::move(connection));
 }

@@ -29,9 +29,10 @@
 
 #include "common/log.h"
 #include "transport/internal/address.h"
+#include "transport/internal/buffer_pool.h"
 #include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
-#include "transport/internal/buffer_pool.h"
+#include "transport/internal/link_connection.h"
 #include "transport/ucx/ucx_worker.h"
 #include "transport/ucx/wire.h"
 
@@ -208,7 +209,11 @@ class Link : public std::enable_shared_from_this<Link> {
   }
   uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
   const std::string& peer() const { return peer_; }
-  HandlerGate& gate() { return gate_; }
+  // The facade is going: close, and return once no user handler can run.
+  void Detach() {
+    Close(/*abortive=*/false);
+    gate_.Close();
+  }
 
   // Progress thread.
   void SetEp(ucp_ep_h ep) { ep_ = ep; }
@@ -301,28 +306,6 @@ class Link : public std::enable_shared_from_this<Link> {
   // UCX complete the sender's request as if delivered, so wait until the endpoint
   // is closed (the sender then sees the link break instead).
   std::vector<void*> dropped_descs_;
-};
-
-class UcxConnection final : public Connection {
- public:
-  explicit UcxConnection(std::shared_ptr<Link> link) : link_(std::move(link)) {}
-  ~UcxConnection() override {
-    link_->Close(/*abortive=*/false);
-    link_->gate().Close();
-  }
-  void Start(MessageHandler on_message, CloseHandler on_closed) override {
-    link_->Start(std::move(on_message), std::move(on_closed));
-  }
-  void Send(Message message, SendHandler on_sent) override {
-    link_->Send(std::move(message), std::move(on_sent));
-  }
-  uint64_t QueuedBytes() const override { return link_->QueuedBytes(); }
-  void Close() override { link_->Close(/*abortive=*/false); }
-  void Abort() override { link_->Close(/*abortive=*/true); }
-  std::string PeerAddress() const override { return link_->peer(); }
-
- private:
-  const std::shared_ptr<Link> link_;
 };
 
 // ---- request callbacks (inside ucp_worker_progress: no user code here) ----
@@ -628,15 +611,15 @@ void Link::OnControl(const AmHeader& header) {
       deadline_ = Clock::time_point::max();
       SendControl(AmType::kHelloAck, core_->options.max_message_bytes);
       if (!core_->stopped() && listener_ != nullptr && listener_->on_accept) {
-        listener_->on_accept(std::make_unique<UcxConnection>(shared_from_this()));
+        listener_->on_accept(std::make_unique<internal::LinkConnection<Link>>(shared_from_this()));
       }
       return;
     case AmType::kHelloAck:
       if (state_ != State::kConnecting) return;
       state_ = State::kOpen;
       deadline_ = Clock::time_point::max();
-      FinishConnect(
-          std::unique_ptr<Connection>(std::make_unique<UcxConnection>(shared_from_this())));
+      FinishConnect(std::unique_ptr<Connection>(
+          std::make_unique<internal::LinkConnection<Link>>(shared_from_this())));
       return;
     case AmType::kGoodbye:
     case AmType::kAbort:

@@ -1,0 +1,35 @@
+// The Connection facade backends share: it forwards every call to the backend's
+// Link, which holds the state and may outlive the facade (handlers, pending I/O).
+// Link must provide Start, Send, QueuedBytes, Close(bool abortive), peer(), and
+// Detach(): close the link and return once none of its user handlers can run.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "transport/transport.h"
+
+namespace deltacast::transport::internal {
+
+template <typename Link>
+class LinkConnection final : public Connection {
+ public:
+  explicit LinkConnection(std::shared_ptr<Link> link) : link_(std::move(link)) {}
+  ~LinkConnection() override { link_->Detach(); }
+  void Start(MessageHandler on_message, CloseHandler on_closed) override {
+    link_->Start(std::move(on_message), std::move(on_closed));
+  }
+  void Send(Message message, SendHandler on_sent) override {
+    link_->Send(std::move(message), std::move(on_sent));
+  }
+  uint64_t QueuedBytes() const override { return link_->QueuedBytes(); }
+  void Close() override { link_->Close(/*abortive=*/false); }
+  void Abort() override { link_->Close(/*abortive=*/true); }
+  std::string PeerAddress() const override { return link_->peer(); }
+
+ private:
+  const std::shared_ptr<Link> link_;
+};
+
+}  // namespace deltacast::transport::internal
