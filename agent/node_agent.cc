@@ -872,12 +872,6 @@ class NodeAgent::Impl {
 
   // ---- catch-up: reaching a committed version this node missed ----------------
 
-  // The last version this store committed: with a delta in flight its base (the
-  // bytes are a mix, and so is the version a restarted replica computes from them).
-  Digest128 CommittedVersion() const {
-    return journal_.inflight ? journal_.inflight->base : journal_.version;
-  }
-
   // Whether this node holds neither the refit's base nor its target, nor the refit
   // itself in flight: it missed a version the cluster committed.
   bool Behind(const Begin& b) const {
@@ -898,7 +892,7 @@ class NodeAgent::Impl {
     log::Warn(fmt::format(
         "{}: holds {}{} but the cluster committed {}: catching up (by the deltas the source "
         "kept, else by the partitions that differ)",
-        options_.node_id, CommittedVersion().ShortHex(),
+        options_.node_id, journal_.version.ShortHex(),
         journal_.inflight
             ? " (with a delta to " + journal_.inflight->target.ShortHex() + " left in flight)"
             : "",
@@ -914,7 +908,7 @@ class NodeAgent::Impl {
     if (!c.chain_answered) {
       if (c.chain_request == 0) {
         c.chain_request = next_fetch_++;
-        SendUp(EncodeFetchChain({c.chain_request, CommittedVersion(), c.to}));
+        SendUp(EncodeFetchChain({c.chain_request, journal_.version, c.to}));
       }
       return;
     }
@@ -922,7 +916,7 @@ class NodeAgent::Impl {
     if (!c.have_manifest) {
       if (c.manifest_request == 0) {
         c.manifest_request = next_fetch_++;
-        SendUp(EncodeFetchManifest({c.manifest_request, c.to, CommittedVersion()}));
+        SendUp(EncodeFetchManifest({c.manifest_request, c.to, journal_.version}));
       }
       return;
     }
@@ -951,7 +945,7 @@ class NodeAgent::Impl {
     c.chain_answered = true;
     // A delta left in flight is resumed only if it is the chain's first.
     const bool usable =
-        chain->found && !chain->links.empty() && chain->links.front().base == CommittedVersion() &&
+        chain->found && !chain->links.empty() && chain->links.front().base == journal_.version &&
         chain->links.back().target == c.to &&
         (!journal_.inflight || (journal_.inflight->base == chain->links.front().base &&
                                 journal_.inflight->target == chain->links.front().target));
@@ -959,7 +953,7 @@ class NodeAgent::Impl {
       log::Info(
           fmt::format("{}: no chain of kept deltas from {} to {}: fetching the partitions "
                       "that differ",
-                      options_.node_id, CommittedVersion().ShortHex(), c.to.ShortHex()));
+                      options_.node_id, journal_.version.ShortHex(), c.to.ShortHex()));
       return PumpCatchUp();
     }
     c.chain_mode = true;
@@ -1127,7 +1121,7 @@ class NodeAgent::Impl {
     if (!m->found) {
       return FinishCatchUp(Status::Unavailable(
           "the source does not serve version " + to.ShortHex() + " to a node at " +
-          CommittedVersion().ShortHex() +
+          journal_.version.ShortHex() +
           " (not a version this cluster committed, or no source is publishing)"));
     }
     auto manifest = codec::Manifest::Parse(m->bytes);

@@ -13,7 +13,7 @@ Replica::Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_sto
     : store_(std::move(store)),
       dir_store_(dir_store),
       manifest_(std::move(manifest)),
-      version_(manifest_.VersionId()),
+      version_(inflight ? inflight->base : manifest_.VersionId()),
       inflight_(inflight),
       threads_(threads) {
   if (dir_store_) state_.emplace(dir_store_->dir());

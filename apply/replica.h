@@ -53,6 +53,8 @@ class Replica {
   const WeightStore& store() const { return *store_; }
   // The manifest of the store's current bytes when no delta is in flight.
   const codec::Manifest& manifest() const { return manifest_; }
+  // The last version the store committed: with a delta in flight, its base (the
+  // bytes are then a mix of base and target partitions).
   Digest128 version() const { return version_; }
   const std::optional<InflightDelta>& inflight() const { return inflight_; }
   // Chunks of the in-flight delta already applied and flushed (journaled), and
