@@ -44,17 +44,35 @@ Status RecordDecision(const std::filesystem::path& path, const std::string& line
   return AppendLineDurably(path, line);
 }
 
+// One line of the decision log: "refit ID BASE TARGET COMMIT|ABORT" (hex versions).
+struct LoggedDecision {
+  uint64_t refit_id = 0;
+  std::string base, target;
+  bool commit = false;
+};
+
+// Every decision in the log, oldest first; none if it cannot be read.
+std::vector<LoggedDecision> ReadDecisions(const std::filesystem::path& log) {
+  std::vector<LoggedDecision> out;
+  auto bytes = ReadFile(log, uint64_t{64} << 20);
+  if (!bytes.ok()) return out;
+  std::istringstream lines{std::string(AsChars(*bytes))};
+  std::string word, decision;
+  LoggedDecision d;
+  while (lines >> word >> d.refit_id >> d.base >> d.target >> decision) {
+    if (word != "refit") continue;
+    d.commit = decision == "COMMIT";
+    out.push_back(d);
+  }
+  return out;
+}
+
 // The decision recorded for the delta to `target`, if any: (refit id, COMMIT?).
 std::optional<std::pair<uint64_t, bool>> RecordedDecision(const std::filesystem::path& log,
                                                           const Digest128& target) {
-  auto bytes = ReadFile(log, uint64_t{64} << 20);
-  if (!bytes.ok()) return std::nullopt;
   std::optional<std::pair<uint64_t, bool>> found;
-  std::istringstream lines{std::string(AsChars(*bytes))};
-  std::string word, base, to, decision;
-  uint64_t id = 0;
-  while (lines >> word >> id >> base >> to >> decision) {
-    if (word == "refit" && to == target.ToHex()) found = std::pair{id, decision == "COMMIT"};
+  for (const LoggedDecision& d : ReadDecisions(log)) {
+    if (d.target == target.ToHex()) found = std::pair{d.refit_id, d.commit};
   }
   return found;
 }
@@ -63,16 +81,13 @@ std::optional<std::pair<uint64_t, bool>> RecordedDecision(const std::filesystem:
 // refit (where the cluster started) or the target of any committed refit, per the
 // decision log; with nothing committed yet, only the current base. A base the
 // trainer published from that never committed (an aborted target) is not.
-bool InLineage(const std::filesystem::path& log, const Digest128& base, const Digest128& version) {
-  auto bytes = ReadFile(log, uint64_t{64} << 20);
-  std::istringstream lines{bytes.ok() ? std::string(AsChars(*bytes)) : std::string()};
-  std::string word, from, to, decision;
-  uint64_t id = 0;
+bool InLineage(const std::vector<LoggedDecision>& decisions, const Digest128& base,
+               const Digest128& version) {
   const std::string hex = version.ToHex();
   bool committed_any = false;
-  while (lines >> word >> id >> from >> to >> decision) {
-    if (word != "refit" || decision != "COMMIT") continue;
-    if ((!committed_any && from == hex) || to == hex) return true;
+  for (const LoggedDecision& d : decisions) {
+    if (!d.commit) continue;
+    if ((!committed_any && d.base == hex) || d.target == hex) return true;
     committed_any = true;
   }
   return !committed_any && version == base;
@@ -434,8 +449,8 @@ class Publication {
     auto f = ParseFetchManifest(bytes);
     if (!f.ok()) return;
     const Digest128& base = manifests_.front().first;
-    if (!InLineage(options_.decision_log, base, f->from) ||
-        !InLineage(options_.decision_log, base, f->version)) {
+    const std::vector<LoggedDecision> decisions = ReadDecisions(options_.decision_log);
+    if (!InLineage(decisions, base, f->from) || !InLineage(decisions, base, f->version)) {
       log::Warn(
           fmt::format("{} asks to catch up from {} to {}: not both versions this cluster "
                       "committed",
