@@ -286,6 +286,17 @@ struct ClusterParams {
   std::string provider;           // its provider ("" = the library's choice)
 };
 
+// The parameters every scenario takes from the command line as they are.
+ClusterParams CommonParams(const BenchOptions& o) {
+  ClusterParams p;
+  p.window = o.window;
+  p.encode_threads = o.encode_threads;
+  p.apply_threads = o.apply_threads;
+  p.transport = o.transport;
+  p.provider = o.provider;
+  return p;
+}
+
 struct RunResult {
   Scenario scenario;
   double change_rate = 0;
@@ -784,15 +795,10 @@ json Summaries(const std::vector<RunResult>& runs, const BenchOptions& o) {
 // ~40 ms, less than 31 hops of processing on 2 shared cores; so the largest N is
 // also run on slower links with small chunks, a scaled copy of that regime.
 json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937& rng) {
-  ClusterParams p;
+  ClusterParams p = CommonParams(o);
   p.link_bytes_per_second = o.link_bound_bytes_per_second;
   p.chunk_bytes = o.link_bound_chunk_bytes;
   p.partition_bytes = o.link_bound_partition_bytes;
-  p.window = o.window;
-  p.encode_threads = o.encode_threads;
-  p.apply_threads = o.apply_threads;
-  p.transport = o.transport;
-  p.provider = o.provider;
   const Checkpoint base = StepCheckpoint(model, 0, p.partition_bytes);
   const Checkpoint target =
       StepCheckpoint(model, dc::bench::CalibrateLr(o.summary_rate), p.partition_bytes);
@@ -897,15 +903,10 @@ double EncoderOnlyBytesPerSecond(const Checkpoint& base, const Checkpoint& targe
 }
 
 json RelayThroughput(const BenchOptions& o, std::mt19937& rng) {
-  ClusterParams p;
+  ClusterParams p = CommonParams(o);
   p.link_bytes_per_second = 0;
   p.chunk_bytes = o.relay_chunk_bytes;
   p.partition_bytes = std::min<uint64_t>(o.relay_chunk_bytes, dc::codec::kDefaultPartitionBytes);
-  p.window = o.window;
-  p.encode_threads = o.encode_threads;
-  p.apply_threads = o.apply_threads;
-  p.transport = o.transport;
-  p.provider = o.provider;
   fmt::print(stderr, "relay throughput: {} B full checkpoint over source -> n01 -> n02, uncapped\n",
              o.relay_bytes);
   const Checkpoint target = RandomCheckpoint(o.relay_bytes, o.seed + 7, p.partition_bytes);
@@ -996,15 +997,10 @@ void RunRate(const BenchOptions& o, const ClusterParams& p, const SyntheticModel
 }
 
 ClusterParams FanoutParams(const BenchOptions& o) {
-  ClusterParams p;
+  ClusterParams p = CommonParams(o);
   p.link_bytes_per_second = o.link_bytes_per_second;
   p.chunk_bytes = o.chunk_bytes;
   p.partition_bytes = o.partition_bytes;
-  p.window = o.window;
-  p.encode_threads = o.encode_threads;
-  p.apply_threads = o.apply_threads;
-  p.transport = o.transport;
-  p.provider = o.provider;
   return p;
 }
 
