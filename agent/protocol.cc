@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace deltacast::agent {
 namespace {
@@ -83,6 +84,23 @@ class BodyReader {
   ByteReader r_;
   bool ok_ = true;
 };
+
+// Opens a message of `type`, reads its fields into a T with read(r, m) (which may
+// return an error of its own: a count or a flag out of range), and rejects
+// truncation and trailing bytes.
+template <typename T, typename ReadFields>
+Result<T> ParseBody(ByteSpan message, MessageType type, ReadFields read) {
+  BodyReader r(message, type);
+  RETURN_IF_ERROR(r.Open());
+  T m;
+  if constexpr (std::is_void_v<std::invoke_result_t<ReadFields&, BodyReader&, T&>>) {
+    read(r, m);
+  } else {
+    RETURN_IF_ERROR(read(r, m));
+  }
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
 
 }  // namespace
 
@@ -256,108 +274,89 @@ std::vector<std::byte> EncodeOutcome(MessageType type, const Outcome& m) {
 }
 
 Result<Challenge> ParseChallenge(ByteSpan message) {
-  BodyReader r(message, MessageType::kChallenge);
-  RETURN_IF_ERROR(r.Open());
-  Challenge m;
-  r.GetArray(m.nonce);
-  r.GetString(m.parent_id, kMaxNodeIdBytes);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Challenge>(message, MessageType::kChallenge, [&](BodyReader& r, Challenge& m) {
+    r.GetArray(m.nonce);
+    r.GetString(m.parent_id, kMaxNodeIdBytes);
+  });
 }
 
 Result<Hello> ParseHello(ByteSpan message) {
-  BodyReader r(message, MessageType::kHello);
-  RETURN_IF_ERROR(r.Open());
-  Hello m;
-  r.GetString(m.node_id, kMaxNodeIdBytes);
-  r.GetArray(m.proof);
-  r.GetDigest(m.active_version);
-  r.GetDigest(m.inflight_base);
-  r.GetDigest(m.inflight_target);
-  uint8_t prepared = 0;
-  uint32_t count = 0;
-  r.Get(prepared);
-  r.Get(count);
-  if (prepared > 1) return Status::Corrupt("HELLO prepared flag is " + std::to_string(prepared));
-  if (count > kMaxAppliedInHello || count > message.size() / 4) {
-    return Status::Corrupt("HELLO lists " + std::to_string(count) + " applied chunks");
-  }
-  m.prepared = prepared == 1;
-  m.applied_chunks.resize(count);
-  for (auto& s : m.applied_chunks) r.Get(s);
-  r.GetString(m.transport, kMaxTransportNameBytes);
-  uint8_t transports = 0;
-  r.Get(transports);
-  if (transports > kMaxHopTransports) {
-    return Status::Corrupt("HELLO lists " + std::to_string(transports) + " transports");
-  }
-  m.transports.resize(transports);
-  for (auto& t : m.transports) r.GetString(t, kMaxTransportNameBytes);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Hello>(message, MessageType::kHello, [&](BodyReader& r, Hello& m) {
+    r.GetString(m.node_id, kMaxNodeIdBytes);
+    r.GetArray(m.proof);
+    r.GetDigest(m.active_version);
+    r.GetDigest(m.inflight_base);
+    r.GetDigest(m.inflight_target);
+    uint8_t prepared = 0;
+    uint32_t count = 0;
+    r.Get(prepared);
+    r.Get(count);
+    if (prepared > 1) return Status::Corrupt("HELLO prepared flag is " + std::to_string(prepared));
+    if (count > kMaxAppliedInHello || count > message.size() / 4) {
+      return Status::Corrupt("HELLO lists " + std::to_string(count) + " applied chunks");
+    }
+    m.prepared = prepared == 1;
+    m.applied_chunks.resize(count);
+    for (auto& s : m.applied_chunks) r.Get(s);
+    r.GetString(m.transport, kMaxTransportNameBytes);
+    uint8_t transports = 0;
+    r.Get(transports);
+    if (transports > kMaxHopTransports) {
+      return Status::Corrupt("HELLO lists " + std::to_string(transports) + " transports");
+    }
+    m.transports.resize(transports);
+    for (auto& t : m.transports) r.GetString(t, kMaxTransportNameBytes);
+    return Status::Ok();
+  });
 }
 
 Result<Refuse> ParseRefuse(ByteSpan message) {
-  BodyReader r(message, MessageType::kRefuse);
-  RETURN_IF_ERROR(r.Open());
-  Refuse m;
-  r.GetString(m.reason, kMaxReasonBytes);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Refuse>(message, MessageType::kRefuse, [&](BodyReader& r, Refuse& m) {
+    r.GetString(m.reason, kMaxReasonBytes);
+  });
 }
 
 Result<Begin> ParseBegin(ByteSpan message) {
-  BodyReader r(message, MessageType::kBegin);
-  RETURN_IF_ERROR(r.Open());
-  Begin m;
-  r.Get(m.refit_id);
-  r.GetDigest(m.base_version);
-  r.GetDigest(m.target_version);
-  r.Get(m.partition_bytes);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Begin>(message, MessageType::kBegin, [&](BodyReader& r, Begin& m) {
+    r.Get(m.refit_id);
+    r.GetDigest(m.base_version);
+    r.GetDigest(m.target_version);
+    r.Get(m.partition_bytes);
+  });
 }
 
 Result<Credit> ParseCredit(ByteSpan message) {
-  BodyReader r(message, MessageType::kCredit);
-  RETURN_IF_ERROR(r.Open());
-  Credit m;
-  r.Get(m.chunks);
-  r.Get(m.refit_id);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Credit>(message, MessageType::kCredit, [&](BodyReader& r, Credit& m) {
+    r.Get(m.chunks);
+    r.Get(m.refit_id);
+  });
 }
 
 Result<Prepared> ParsePrepared(ByteSpan message) {
-  BodyReader r(message, MessageType::kPrepared);
-  RETURN_IF_ERROR(r.Open());
-  Prepared m;
-  uint32_t count = 0;
-  r.Get(m.refit_id);
-  r.Get(count);
-  // Each report takes at least 26 bytes; refuse counts the message cannot hold.
-  if (count > message.size() / 26)
-    return Status::Corrupt("PREPARED message claims " + std::to_string(count) + " nodes");
-  m.nodes.resize(count);
-  for (auto& n : m.nodes) {
-    r.GetString(n.node_id, kMaxNodeIdBytes);
-    r.Get(n.chunk_bytes);
-    r.Get(n.apply_seconds);
-    r.Get(n.partitions_applied);
-  }
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Prepared>(message, MessageType::kPrepared, [&](BodyReader& r, Prepared& m) {
+    uint32_t count = 0;
+    r.Get(m.refit_id);
+    r.Get(count);
+    // Each report takes at least 26 bytes; refuse counts the message cannot hold.
+    if (count > message.size() / 26)
+      return Status::Corrupt("PREPARED message claims " + std::to_string(count) + " nodes");
+    m.nodes.resize(count);
+    for (auto& n : m.nodes) {
+      r.GetString(n.node_id, kMaxNodeIdBytes);
+      r.Get(n.chunk_bytes);
+      r.Get(n.apply_seconds);
+      r.Get(n.partitions_applied);
+    }
+    return Status::Ok();
+  });
 }
 
 Result<Failed> ParseFailed(ByteSpan message) {
-  BodyReader r(message, MessageType::kFailed);
-  RETURN_IF_ERROR(r.Open());
-  Failed m;
-  r.Get(m.refit_id);
-  r.GetString(m.node_id, kMaxNodeIdBytes);
-  r.GetString(m.reason, kMaxReasonBytes);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Failed>(message, MessageType::kFailed, [&](BodyReader& r, Failed& m) {
+    r.Get(m.refit_id);
+    r.GetString(m.node_id, kMaxNodeIdBytes);
+    r.GetString(m.reason, kMaxReasonBytes);
+  });
 }
 
 Result<Decision> ParseDecision(ByteSpan message) {
@@ -365,13 +364,10 @@ Result<Decision> ParseDecision(ByteSpan message) {
   if (type != MessageType::kCommit && type != MessageType::kAbort) {
     return Status::Corrupt("expected COMMIT or ABORT, got " + std::string(MessageTypeName(type)));
   }
-  BodyReader r(message, type);
-  RETURN_IF_ERROR(r.Open());
-  Decision m;
-  r.Get(m.refit_id);
-  r.GetDigest(m.target_version);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Decision>(message, type, [&](BodyReader& r, Decision& m) {
+    r.Get(m.refit_id);
+    r.GetDigest(m.target_version);
+  });
 }
 
 Result<Outcome> ParseOutcome(ByteSpan message) {
@@ -380,13 +376,10 @@ Result<Outcome> ParseOutcome(ByteSpan message) {
     return Status::Corrupt("expected COMMITTED or ABORTED, got " +
                            std::string(MessageTypeName(type)));
   }
-  BodyReader r(message, type);
-  RETURN_IF_ERROR(r.Open());
-  Outcome m;
-  r.Get(m.refit_id);
-  r.Get(m.nodes);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Outcome>(message, type, [&](BodyReader& r, Outcome& m) {
+    r.Get(m.refit_id);
+    r.Get(m.nodes);
+  });
 }
 
 std::vector<std::byte> EncodeFetch(const Fetch& m) {
@@ -415,20 +408,18 @@ std::vector<std::byte> EncodeFound(MessageType type, uint64_t request_id, bool f
 }
 
 Result<PartitionData> ParseFound(ByteSpan message, MessageType type) {
-  BodyReader r(message, type);
-  RETURN_IF_ERROR(r.Open());
-  PartitionData m;
-  uint8_t found = 0;
-  uint64_t length = 0;
-  r.Get(m.request_id);
-  r.Get(found);
-  r.Get(length);
-  const std::string name(MessageTypeName(type));
-  if (found > 1) return Status::Corrupt(name + " found flag is " + std::to_string(found));
-  m.found = found == 1;
-  if (!r.GetSpan(length, m.bytes)) return Status::Corrupt(name + " bytes run past the message");
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<PartitionData>(message, type, [&](BodyReader& r, PartitionData& m) {
+    uint8_t found = 0;
+    uint64_t length = 0;
+    r.Get(m.request_id);
+    r.Get(found);
+    r.Get(length);
+    const std::string name(MessageTypeName(type));
+    if (found > 1) return Status::Corrupt(name + " found flag is " + std::to_string(found));
+    m.found = found == 1;
+    if (!r.GetSpan(length, m.bytes)) return Status::Corrupt(name + " bytes run past the message");
+    return Status::Ok();
+  });
 }
 
 }  // namespace
@@ -502,16 +493,13 @@ std::vector<std::byte> EncodeFetchManifest(const FetchManifest& m) {
 }
 
 Result<Fetch> ParseFetch(ByteSpan message) {
-  BodyReader r(message, MessageType::kFetch);
-  RETURN_IF_ERROR(r.Open());
-  Fetch m;
-  r.Get(m.request_id);
-  r.GetString(m.tensor, kMaxTensorNameInFetch);
-  r.Get(m.element_offset);
-  r.Get(m.byte_length);
-  r.Get(m.hash);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Fetch>(message, MessageType::kFetch, [&](BodyReader& r, Fetch& m) {
+    r.Get(m.request_id);
+    r.GetString(m.tensor, kMaxTensorNameInFetch);
+    r.Get(m.element_offset);
+    r.Get(m.byte_length);
+    r.Get(m.hash);
+  });
 }
 
 Result<PartitionData> ParsePartition(ByteSpan message) {
@@ -527,59 +515,51 @@ Result<PartitionData> ParseDeltaChunk(ByteSpan message) {
 }
 
 Result<FetchChain> ParseFetchChain(ByteSpan message) {
-  BodyReader r(message, MessageType::kFetchChain);
-  RETURN_IF_ERROR(r.Open());
-  FetchChain m;
-  r.Get(m.request_id);
-  r.GetDigest(m.from);
-  r.GetDigest(m.to);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<FetchChain>(message, MessageType::kFetchChain,
+                               [&](BodyReader& r, FetchChain& m) {
+                                 r.Get(m.request_id);
+                                 r.GetDigest(m.from);
+                                 r.GetDigest(m.to);
+                               });
 }
 
 Result<Chain> ParseChain(ByteSpan message) {
-  BodyReader r(message, MessageType::kChain);
-  RETURN_IF_ERROR(r.Open());
-  Chain m;
-  uint8_t found = 0, count = 0;
-  r.Get(m.request_id);
-  r.Get(found);
-  r.Get(count);
-  if (found > 1) return Status::Corrupt("CHAIN found flag is " + std::to_string(found));
-  if (count > kMaxChainLinks)
-    return Status::Corrupt("CHAIN lists " + std::to_string(count) + " deltas");
-  m.found = found == 1;
-  m.links.resize(count);
-  for (auto& link : m.links) {
-    r.GetDigest(link.base);
-    r.GetDigest(link.target);
-    r.Get(link.partition_bytes);
-    r.Get(link.chunks);
-  }
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<Chain>(message, MessageType::kChain, [&](BodyReader& r, Chain& m) {
+    uint8_t found = 0, count = 0;
+    r.Get(m.request_id);
+    r.Get(found);
+    r.Get(count);
+    if (found > 1) return Status::Corrupt("CHAIN found flag is " + std::to_string(found));
+    if (count > kMaxChainLinks)
+      return Status::Corrupt("CHAIN lists " + std::to_string(count) + " deltas");
+    m.found = found == 1;
+    m.links.resize(count);
+    for (auto& link : m.links) {
+      r.GetDigest(link.base);
+      r.GetDigest(link.target);
+      r.Get(link.partition_bytes);
+      r.Get(link.chunks);
+    }
+    return Status::Ok();
+  });
 }
 
 Result<FetchDeltaChunk> ParseFetchDeltaChunk(ByteSpan message) {
-  BodyReader r(message, MessageType::kFetchDeltaChunk);
-  RETURN_IF_ERROR(r.Open());
-  FetchDeltaChunk m;
-  r.Get(m.request_id);
-  r.GetDigest(m.target);
-  r.Get(m.sequence);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<FetchDeltaChunk>(message, MessageType::kFetchDeltaChunk,
+                                    [&](BodyReader& r, FetchDeltaChunk& m) {
+                                      r.Get(m.request_id);
+                                      r.GetDigest(m.target);
+                                      r.Get(m.sequence);
+                                    });
 }
 
 Result<FetchManifest> ParseFetchManifest(ByteSpan message) {
-  BodyReader r(message, MessageType::kFetchManifest);
-  RETURN_IF_ERROR(r.Open());
-  FetchManifest m;
-  r.Get(m.request_id);
-  r.GetDigest(m.version);
-  r.GetDigest(m.from);
-  RETURN_IF_ERROR(r.Close());
-  return m;
+  return ParseBody<FetchManifest>(message, MessageType::kFetchManifest,
+                                  [&](BodyReader& r, FetchManifest& m) {
+                                    r.Get(m.request_id);
+                                    r.GetDigest(m.version);
+                                    r.GetDigest(m.from);
+                                  });
 }
 
 std::array<uint8_t, kProofBytes> HelloProof(std::string_view token,
