@@ -48,25 +48,12 @@ class ConformanceTest : public ::testing::TestWithParam<BackendParam> {
   }
 
   // Listens on `server` and connects `client` to it.
-  struct Link {
-    std::unique_ptr<Connection> client;    // the connecting side
-    std::unique_ptr<Connection> accepted;  // the listening side
-  };
+  using Link = testutil::LinkEnds;
   Link Connect(Transport& server, Transport& client) {
-    auto address = server.Listen(GetParam().listen_address, accept_.Handler());
-    EXPECT_TRUE(address.ok()) << address.status().ToString();
-    if (!address.ok()) return {};
-    return ConnectTo(*address, client);
+    return testutil::ListenAndConnect(server, client, GetParam().listen_address, accept_);
   }
   Link ConnectTo(const std::string& address, Transport& client) {
-    Link link;
-    auto connection = ConnectBlocking(client, address, testutil::kWait);
-    EXPECT_TRUE(connection.ok()) << connection.status().ToString();
-    if (!connection.ok()) return link;
-    link.client = std::move(connection).value();
-    link.accepted = accept_.Pop();
-    EXPECT_NE(link.accepted, nullptr);
-    return link;
+    return testutil::ConnectTo(address, client, accept_);
   }
 
   std::shared_ptr<InprocNetwork> network_ = std::make_shared<InprocNetwork>();

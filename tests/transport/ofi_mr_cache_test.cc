@@ -146,18 +146,14 @@ TEST_P(OfiRegistered, RecurringMessagesAreRegisteredOnceAndForwardsUseThePool) {
   auto server = Make(OfiRegistration::kAlways);
   auto client = Make(OfiRegistration::kAlways);
   ASSERT_TRUE(server && client);
-  auto address = server->Listen(ListenAddress(), accept_.Handler());
-  ASSERT_TRUE(address.ok()) << address.status().ToString();
-  auto connection = ConnectBlocking(*client, *address, kWait);
-  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
-  auto accepted = accept_.Pop();
-  ASSERT_NE(accepted, nullptr);
+  auto [connection, accepted] = ListenAndConnect(*server, *client, ListenAddress(), accept_);
+  ASSERT_TRUE(connection && accepted);
   // The server echoes every message back: the Message it forwards is its own
   // pooled (registered) receive buffer.
   Connection* echo = accepted.get();
   accepted->Start([echo](Message m) { echo->Send(std::move(m)); }, [](Status) {});
   Sink back;
-  back.Start(**connection);
+  back.Start(*connection);
   std::vector<Message> messages;
   std::vector<uint64_t> hashes;
   for (int i = 0; i < 8; ++i) {
@@ -165,7 +161,7 @@ TEST_P(OfiRegistered, RecurringMessagesAreRegisteredOnceAndForwardsUseThePool) {
     hashes.push_back(HashOf(bytes));
     messages.push_back(MakeMessage(std::move(bytes)));
   }
-  for (int i = 0; i < 100; ++i) (*connection)->Send(messages[i % 8]);
+  for (int i = 0; i < 100; ++i) connection->Send(messages[i % 8]);
   ASSERT_TRUE(back.WaitMessages(100));
   auto received = back.messages();
   for (int i = 0; i < 100; ++i) EXPECT_EQ(HashOf(*received[i]), hashes[i % 8]) << i;
@@ -186,17 +182,13 @@ TEST_P(OfiRegistered, ReceiveBuffersAreRegisteredOnceAndRecycled) {
   auto server = Make(OfiRegistration::kAlways);
   auto client = Make(OfiRegistration::kAlways);
   ASSERT_TRUE(server && client);
-  auto address = server->Listen(ListenAddress(), accept_.Handler());
-  ASSERT_TRUE(address.ok()) << address.status().ToString();
-  auto connection = ConnectBlocking(*client, *address, kWait);
-  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
-  auto accepted = accept_.Pop();
-  ASSERT_NE(accepted, nullptr);
+  auto [connection, accepted] = ListenAndConnect(*server, *client, ListenAddress(), accept_);
+  ASSERT_TRUE(connection && accepted);
   std::atomic<int> received{0};
   accepted->Start([&](Message) { ++received; }, [](Status) {});  // drops each one
-  (*connection)->Start([](Message) {}, [](Status) {});
+  connection->Start([](Message) {}, [](Status) {});
   for (int i = 0; i < 20; ++i) {
-    (*connection)->Send(MakeMessage(Payload(46, i, 256 * 1024)));
+    connection->Send(MakeMessage(Payload(46, i, 256 * 1024)));
     ASSERT_TRUE(Eventually([&] { return received == i + 1; }));
   }
   const OfiStats stats = AsOfiTransport(server.get())->stats();
@@ -210,17 +202,13 @@ TEST_P(OfiRegistered, SentAndDroppedMessagesLeaveTheCache) {
   auto server = Make(OfiRegistration::kAlways);
   auto client = Make(OfiRegistration::kAlways);
   ASSERT_TRUE(server && client);
-  auto address = server->Listen(ListenAddress(), accept_.Handler());
-  ASSERT_TRUE(address.ok()) << address.status().ToString();
-  auto connection = ConnectBlocking(*client, *address, kWait);
-  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
-  auto accepted = accept_.Pop();
-  ASSERT_NE(accepted, nullptr);
+  auto [connection, accepted] = ListenAndConnect(*server, *client, ListenAddress(), accept_);
+  ASSERT_TRUE(connection && accepted);
   Sink sink;
   sink.Start(*accepted);
   SendLog log;
   for (int i = 0; i < 10; ++i)
-    (*connection)->Send(MakeMessage(Payload(45, i, 1 << 20)), log.Handler(i));
+    connection->Send(MakeMessage(Payload(45, i, 1 << 20)), log.Handler(i));
   ASSERT_TRUE(log.WaitCount(10));
   ASSERT_TRUE(sink.WaitMessages(10));
   // Nobody holds those Messages any more: their registrations go (at the latest

@@ -139,17 +139,13 @@ class OfiLink : public ::testing::TestWithParam<std::string> {
 TEST_P(OfiLink, IdleLinkOutlivesPeerTimeout) {
   auto server = Make(milliseconds(300));
   auto client = Make(milliseconds(300));
-  auto address = server->Listen(ListenAddress(), accept_.Handler());
-  ASSERT_TRUE(address.ok()) << address.status().ToString();
-  auto connection = ConnectBlocking(*client, *address, kWait);
-  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
-  auto accepted = accept_.Pop();
-  ASSERT_NE(accepted, nullptr);
+  auto [connection, accepted] = ListenAndConnect(*server, *client, ListenAddress(), accept_);
+  ASSERT_TRUE(connection && accepted);
   Sink server_sink, client_sink;
   server_sink.Start(*accepted);
-  client_sink.Start(**connection);
+  client_sink.Start(*connection);
   std::this_thread::sleep_for(milliseconds(1500));
-  (*connection)->Send(MakeMessage(Payload(31, 0, 100000)));
+  connection->Send(MakeMessage(Payload(31, 0, 100000)));
   ASSERT_TRUE(server_sink.WaitMessages(1));
   EXPECT_EQ(server_sink.close_count(), 0);
   EXPECT_EQ(client_sink.close_count(), 0);
@@ -160,23 +156,19 @@ TEST_P(OfiLink, IdleLinkOutlivesPeerTimeout) {
 TEST_P(OfiLink, SmallMessagesSentBeforeStartSurviveTheSendersClose) {
   auto server = Make();
   auto client = Make();
-  auto address = server->Listen(ListenAddress(), accept_.Handler());
-  ASSERT_TRUE(address.ok()) << address.status().ToString();
-  auto connection = ConnectBlocking(*client, *address, kWait);
-  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
-  auto accepted = accept_.Pop();
-  ASSERT_NE(accepted, nullptr);
+  auto [connection, accepted] = ListenAndConnect(*server, *client, ListenAddress(), accept_);
+  ASSERT_TRUE(connection && accepted);
   SendLog log;
   std::vector<size_t> sizes = {0, 1, 100, 4096, 17};
   std::vector<uint64_t> hashes;
   for (size_t i = 0; i < sizes.size(); ++i) {
     auto bytes = Payload(32, i, sizes[i]);
     hashes.push_back(HashOf(bytes));
-    (*connection)->Send(MakeMessage(std::move(bytes)), log.Handler(i));
+    connection->Send(MakeMessage(std::move(bytes)), log.Handler(i));
   }
   ASSERT_TRUE(log.WaitCount(sizes.size()));
   for (const Status& status : log.statuses()) EXPECT_TRUE(status.ok()) << status.ToString();
-  (*connection)->Close();
+  connection->Close();
   std::this_thread::sleep_for(milliseconds(50));
   Sink sink;
   sink.Start(*accepted);

@@ -196,7 +196,7 @@ inline bool Eventually(const std::function<bool()>& done, milliseconds timeout =
 
 // Sends payloads with the given sizes and returns their hashes.
 inline std::vector<uint64_t> SendAll(Connection& connection, const std::vector<size_t>& sizes,
-                              uint64_t seed, SendLog* log) {
+                                     uint64_t seed, SendLog* log) {
   std::vector<uint64_t> hashes;
   for (size_t i = 0; i < sizes.size(); ++i) {
     auto bytes = Payload(seed, i, sizes[i]);
@@ -207,7 +207,7 @@ inline std::vector<uint64_t> SendAll(Connection& connection, const std::vector<s
 }
 
 inline void ExpectReceived(Sink& sink, const std::vector<size_t>& sizes,
-                    const std::vector<uint64_t>& hashes) {
+                           const std::vector<uint64_t>& hashes) {
   ASSERT_TRUE(sink.WaitMessages(sizes.size()))
       << "got " << sink.message_count() << " of " << sizes.size();
   auto messages = sink.messages();
@@ -217,6 +217,34 @@ inline void ExpectReceived(Sink& sink, const std::vector<size_t>& sizes,
     ASSERT_EQ(HashOf(*messages[i]), hashes[i]) << "message " << i;
   }
   EXPECT_EQ(sink.violations(), 0);
+}
+
+// The two ends of a link: `client` dialled, `accepted` handed to the listener.
+struct LinkEnds {
+  std::unique_ptr<Connection> client;
+  std::unique_ptr<Connection> accepted;
+};
+
+// Connects `client` to `address`, where a listener feeds `accept`. On failure
+// records a test failure and returns what it has (ends may be null).
+inline LinkEnds ConnectTo(const std::string& address, Transport& client, AcceptQueue& accept) {
+  LinkEnds link;
+  auto connection = ConnectBlocking(client, address, kWait);
+  EXPECT_TRUE(connection.ok()) << connection.status().ToString();
+  if (!connection.ok()) return link;
+  link.client = std::move(connection).value();
+  link.accepted = accept.Pop();
+  EXPECT_NE(link.accepted, nullptr);
+  return link;
+}
+
+// `server` listens on `listen_address` and `client` connects to it.
+inline LinkEnds ListenAndConnect(Transport& server, Transport& client,
+                                 const std::string& listen_address, AcceptQueue& accept) {
+  auto address = server.Listen(listen_address, accept.Handler());
+  EXPECT_TRUE(address.ok()) << address.status().ToString();
+  if (!address.ok()) return {};
+  return ConnectTo(*address, client, accept);
 }
 
 }  // namespace deltacast::transport::testutil
