@@ -317,7 +317,7 @@ void Downstream::BroadcastChunk(transport::Message message, const Digest128& tar
   }
 }
 
-void Downstream::ResetCredits(uint64_t refit_id) {
+void Downstream::BeginRefit(uint64_t refit_id) {
   // What is still queued belongs to an earlier refit (a replay a child has not
   // finished): it would wait forever for credit that now counts for this one.
   // The child catches up from the new BEGIN instead.

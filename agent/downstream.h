@@ -88,10 +88,11 @@ class Downstream {
   // what it lacks when it is back.
   void Excuse(const std::string& child);
 
-  // Forgets granted credit: at BEGIN of `refit_id` every child grants a fresh
-  // window; credit for any other refit is ignored from now on, and whatever is
-  // still queued for an earlier refit is dropped (completing its callbacks).
-  void ResetCredits(uint64_t refit_id);
+  // A refit begins (call before broadcasting its BEGIN): every child grants a
+  // fresh window of credit, and credit for any other refit is ignored from now on;
+  // whatever is still queued for an earlier refit is dropped (completing its
+  // callbacks); a connected child excused from the last refit takes part again.
+  void BeginRefit(uint64_t refit_id);
   // Drops everything queued (completing it) — after a decision nothing more is owed.
   void DropQueued();
 

@@ -546,7 +546,7 @@ class NodeAgent::Impl {
     }
     log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
-    downstream_.ResetCredits(begin->refit_id);
+    downstream_.BeginRefit(begin->refit_id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)), false);
     missing_since_.clear();
     for (const auto& child : downstream_.Missing()) missing_since_[child] = Clock::now();

@@ -197,7 +197,7 @@ class Publication {
     }
     report.refit_id = refit_id_;
     loop_.Post([this, begin] {
-      downstream_.ResetCredits(begin.refit_id);
+      downstream_.BeginRefit(begin.refit_id);
       downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)), false);
     });
     log::Info(fmt::format("refit {}: {} -> {} to {} children", refit_id_,
