@@ -7,19 +7,16 @@
 #include "transport/internal/address.h"
 
 namespace deltacast::transport {
-namespace {
 
 // One ConnectFirst call: the backends left to try and the errors so far.
-struct Attempt {
+struct TransportSet::Attempt {
   std::string host;
   uint16_t base_port = 0;
   std::vector<std::string> backends;
   size_t next = 0;
   std::string errors;
-  TransportSet::ConnectFirstHandler on_done;
+  ConnectFirstHandler on_done;
 };
-
-}  // namespace
 
 TransportSet::TransportSet(std::vector<Member> members) : members_(std::move(members)) {
   caps_.backend = "set(";
@@ -104,40 +101,41 @@ void TransportSet::ConnectFirst(const std::string& host, uint16_t base_port,
   attempt->base_port = base_port;
   attempt->backends = std::move(backends);
   attempt->on_done = std::move(on_done);
-  // Tries attempt->backends[next...]; each failure moves on to the next.
-  auto step = std::make_shared<std::function<void()>>();
-  *step = [this, attempt, weak = std::weak_ptr(step)] {
-    while (attempt->next < attempt->backends.size()) {
-      const std::string& name = attempt->backends[attempt->next++];
-      const Member* m = Find(name);
-      if (m == nullptr) {
-        attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + ": not enabled here";
-        continue;
-      }
-      const uint32_t port = uint32_t{attempt->base_port} + m->port_offset;
-      const std::string address = JoinHostPort(attempt->host, static_cast<uint16_t>(port));
-      m->transport->Connect(address, [attempt, name, address,
-                                      step = weak.lock()](Result<std::unique_ptr<Connection>> r) {
-        if (r.ok()) {
-          // A fallback is worth a line; retries that all fail are the caller's to report.
-          if (!attempt->errors.empty()) {
-            log::Warn("transport: connected to " + address + " over " + name +
-                      " after falling back: " + attempt->errors);
-          }
-          return attempt->on_done(std::move(r), name);
-        }
-        attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + " " + address + ": " +
-                           r.status().ToString();
-        if (step) (*step)();
-      });
-      return;
+  TryNext(attempt);
+}
+
+// Dials attempt->backends[next...] until one connects; each failure moves on.
+void TransportSet::TryNext(const std::shared_ptr<Attempt>& attempt) {
+  while (attempt->next < attempt->backends.size()) {
+    const std::string& name = attempt->backends[attempt->next++];
+    const Member* m = Find(name);
+    if (m == nullptr) {
+      attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + ": not enabled here";
+      continue;
     }
-    attempt->on_done(
-        Status::Unavailable("no transport connected to " + attempt->host + ": " +
-                            (attempt->errors.empty() ? "none to try" : attempt->errors)),
-        "");
-  };
-  (*step)();
+    const uint32_t port = uint32_t{attempt->base_port} + m->port_offset;
+    const std::string address = JoinHostPort(attempt->host, static_cast<uint16_t>(port));
+    // The set outlives the call: after Shutdown no member's handler runs.
+    m->transport->Connect(address,
+                          [this, attempt, name, address](Result<std::unique_ptr<Connection>> r) {
+                            if (r.ok()) {
+                              // A fallback is worth a line; retries that all fail are the caller's
+                              // to report.
+                              if (!attempt->errors.empty()) {
+                                log::Warn("transport: connected to " + address + " over " + name +
+                                          " after falling back: " + attempt->errors);
+                              }
+                              return attempt->on_done(std::move(r), name);
+                            }
+                            attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + " " +
+                                               address + ": " + r.status().ToString();
+                            TryNext(attempt);
+                          });
+    return;
+  }
+  attempt->on_done(Status::Unavailable("no transport connected to " + attempt->host + ": " +
+                                       (attempt->errors.empty() ? "none to try" : attempt->errors)),
+                   "");
 }
 
 std::vector<std::string> TransportSet::Accepting() const {

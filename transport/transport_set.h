@@ -62,6 +62,8 @@ class TransportSet final : public Transport {
   std::vector<std::string> Accepting() const;
 
  private:
+  struct Attempt;
+  void TryNext(const std::shared_ptr<Attempt>& attempt);
   const Member* Find(std::string_view name) const;
 
   std::vector<Member> members_;
