@@ -49,6 +49,12 @@ Result<std::unique_ptr<Replica>> Replica::ForStore(std::unique_ptr<WeightStore> 
       new Replica(std::move(store), nullptr, std::move(manifest), std::nullopt, threads));
 }
 
+codec::Manifest Replica::HashStore() const {
+  const WeightStore& s = *store_;
+  return codec::ComputeManifest(
+      s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
+}
+
 Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity& identity,
                                                      ApplyOptions options) {
   const InflightDelta delta{identity.base_version, identity.target_version};
@@ -75,10 +81,7 @@ Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity&
     // replayed) are at target only in the bytes, so hash the bytes as they are.
     // Every record of the delta that is replayed sets its partition's target hash,
     // and the partitions it does not name are equal in base and target.
-    const WeightStore& s = *store_;
-    current = codec::ComputeManifest(
-        s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes,
-        threads_);
+    current = HashStore();
   } else if (state_) {
     RETURN_IF_ERROR(state_->WriteInflight(delta));
   }
@@ -104,10 +107,7 @@ Result<CatchUp> Replica::BeginCatchUp(const codec::Manifest& target, ApplyOption
   codec::Manifest current = manifest_;
   if (inflight_) {
     // The bytes are a mix of the delta in flight: hash them as they are.
-    const WeightStore& s = *store_;
-    current = codec::ComputeManifest(
-        s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes,
-        threads_);
+    current = HashStore();
   }
   const InflightDelta delta{inflight_ ? inflight_->base : version_, to};
   if (!(inflight_ && *inflight_ == delta)) {
@@ -177,9 +177,7 @@ Status Replica::Commit(const codec::Manifest& target) {
 
 Status Replica::CommitFromStore() {
   if (!inflight_) return Status::FailedPrecondition("no delta in flight");
-  const WeightStore& s = *store_;
-  codec::Manifest manifest = codec::ComputeManifest(
-      s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
+  codec::Manifest manifest = HashStore();
   if (manifest.VersionId() != inflight_->target) {
     return Status::FailedPrecondition("the store is at " + manifest.VersionId().ShortHex() +
                                       ", not the target " + inflight_->target.ShortHex() +
@@ -212,9 +210,7 @@ void Replica::SaveManifestCache(const codec::Manifest& manifest) {
 Status Replica::FinishAbort() {
   // Re-hash rather than trust bookkeeping: aborts are rare, and a replica opened
   // mid-delta never had a manifest of its base bytes.
-  const WeightStore& s = *store_;
-  codec::Manifest manifest = codec::ComputeManifest(
-      s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
+  codec::Manifest manifest = HashStore();
   if (inflight_ && manifest.VersionId() != inflight_->base) {
     return Status::FailedPrecondition("rollback incomplete: the store is at " +
                                       manifest.VersionId().ShortHex() + ", not the base " +

@@ -114,6 +114,8 @@ class Replica {
           codec::Manifest manifest, std::optional<InflightDelta> inflight, size_t threads);
 
   void ForgetInflight();
+  // The manifest of the store's bytes as they are (hashing every partition).
+  codec::Manifest HashStore() const;
   void SaveManifestCache(const codec::Manifest& manifest);
 
   std::unique_ptr<WeightStore> store_;
