@@ -11,8 +11,10 @@
 
 namespace deltacast::transport::internal {
 
-template <typename Core>
-class CoreTransport final : public Transport {
+// `Base` is Transport, or a backend's own interface derived from it (which then
+// adds what the facade lacks, e.g. counters).
+template <typename Core, typename Base = Transport>
+class CoreTransport : public Base {
  public:
   explicit CoreTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
   ~CoreTransport() override { core_->Shutdown(); }
@@ -24,6 +26,9 @@ class CoreTransport final : public Transport {
     core_->Connect(address, std::move(on_done));
   }
   void Shutdown() override { core_->Shutdown(); }
+
+ protected:
+  const Core& core() const { return *core_; }
 
  private:
   const std::shared_ptr<Core> core_;

@@ -4,28 +4,17 @@
 #include <mutex>
 
 #include "common/log.h"
+#include "transport/internal/core_transport.h"
 #include "transport/ofi/core.h"
 
 namespace deltacast::transport {
 namespace {
 
-// CoreTransport's forwarding plus stats().
-class OfiTransportImpl final : public OfiTransport {
+// The shared facade plus stats().
+class OfiTransportImpl final : public internal::CoreTransport<ofi::Core, OfiTransport> {
  public:
-  explicit OfiTransportImpl(std::shared_ptr<ofi::Core> core) : core_(std::move(core)) {}
-  ~OfiTransportImpl() override { core_->Shutdown(); }
-  const Capabilities& capabilities() const override { return core_->caps; }
-  Result<std::string> Listen(const std::string& address, AcceptHandler on_accept) override {
-    return core_->Listen(address, std::move(on_accept));
-  }
-  void Connect(const std::string& address, ConnectHandler on_done) override {
-    core_->Connect(address, std::move(on_done));
-  }
-  void Shutdown() override { core_->Shutdown(); }
-  OfiStats stats() const override { return core_->Stats(); }
-
- private:
-  const std::shared_ptr<ofi::Core> core_;
+  using CoreTransport::CoreTransport;
+  OfiStats stats() const override { return core().Stats(); }
 };
 
 }  // namespace
