@@ -96,6 +96,14 @@ TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
           static_cast<char*>(nullptr));
     _exit(127);
   }
+  struct Reaper {  // never leave the child behind, whatever fails
+    pid_t pid;
+    ~Reaper() {
+      if (pid <= 0) return;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
   auto connection = accepted.Pop();
   ASSERT_NE(connection, nullptr);
   Sink sink;
@@ -106,6 +114,7 @@ TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
   kill(child, SIGKILL);
   int wstatus = 0;
   waitpid(child, &wstatus, 0);
+  reaper.pid = -1;
   const auto killed_at = Clock::now();
   ASSERT_TRUE(sink.WaitClosed(milliseconds(5000)));
   const auto detected = Clock::now() - killed_at;
