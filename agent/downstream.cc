@@ -85,8 +85,12 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   child->second.excused = false;
   child->second.serial = serial;
   child->second.credits = 0;
-  child->second.inflight_target = hello->inflight_target;
-  child->second.applied_chunks = {hello->applied_chunks.begin(), hello->applied_chunks.end()};
+  ChunkBook& book = child->second.chunks;
+  book = ChunkBook{
+      hello->inflight_target, {hello->applied_chunks.begin(), hello->applied_chunks.end()}, {}};
+  for (const Pending& p : child->second.queue) {
+    if (p.chunk) book.Note(*p.chunk);
+  }
   child->second.connection->Send(transport::MakeMessage(EncodeWelcome()));
   log::Info(fmt::format("{}: child {} joined from {}{} at version {}", self_id_, hello->node_id,
                         child->second.connection->PeerAddress(),
@@ -184,12 +188,15 @@ void Downstream::Lose(const std::string& id, const Status& why) {
   // destroyed connection will never run.
   for (auto& [send, pending] : child.in_flight) Complete(*pending);
   child.in_flight.clear();
+  // What the dead link carried may not have arrived: only what is still queued
+  // is sure to reach the child (its next HELLO says what it applied).
+  child.chunks.carried.clear();
+  for (const Pending& p : child.queue) {
+    if (p.chunk) child.chunks.Note(*p.chunk);
+  }
   if (child.adopted) {
     // Not ours to wait for: it goes back to its own parent or comes back here.
-    while (!child.queue.empty()) {
-      Complete(child.queue.front());
-      child.queue.pop_front();
-    }
+    DropUnsent(child);
     children_.erase(id);
     log::Info(fmt::format("{}: adopted child {} left: {}", self_id_, id, why.ToString()));
     if (events_.lost) events_.lost(id, why);
@@ -208,10 +215,26 @@ void Downstream::Complete(Pending& pending) {
     pending.fanout->done();
 }
 
+void Downstream::DropUnsent(Child& child) {
+  while (!child.queue.empty()) {
+    Pending& front = child.queue.front();
+    if (front.chunk) child.chunks.Unnote(*front.chunk);
+    Complete(front);
+    child.queue.pop_front();
+  }
+}
+
+void Downstream::NoteSent(Child& child, const transport::Message& message) {
+  auto type = PeekType(ByteSpan(*message));
+  if (!type.ok() || (*type != MessageType::kCommit && *type != MessageType::kAbort)) return;
+  auto decision = ParseDecision(ByteSpan(*message));
+  if (decision.ok() && decision->target_version == child.chunks.target) child.chunks = {};
+}
+
 void Downstream::Pump(Child& child) {
   while (child.connection && !child.queue.empty()) {
     Pending& front = child.queue.front();
-    if (front.is_chunk) {
+    if (front.chunk) {
       if (child.credits <= 0) return;
       --child.credits;
     }
@@ -230,6 +253,7 @@ void Downstream::Pump(Child& child) {
     }
     // Released only when the transport is done with the bytes, so this node's
     // memory accounting covers what sits in socket queues too.
+    if (!sent.chunk) NoteSent(child, sent.message);
     auto shared = std::make_shared<Pending>(std::move(sent));
     const uint64_t send = next_send_++;
     child.in_flight[send] = shared;
@@ -246,7 +270,7 @@ void Downstream::Pump(Child& child) {
   }
 }
 
-void Downstream::Broadcast(transport::Message message, bool is_chunk, std::function<void()> done) {
+void Downstream::Broadcast(transport::Message message, std::function<void()> done) {
   auto fanout = std::make_shared<Fanout>();
   fanout->done = std::move(done);
   for (auto& [id, child] : children_) fanout->remaining += child.excused ? 0 : 1;
@@ -257,7 +281,7 @@ void Downstream::Broadcast(transport::Message message, bool is_chunk, std::funct
   for (auto& [id, child] : children_) {
     if (child.excused) continue;
     queued_bytes_ += message->size();
-    child.queue.push_back(Pending{message, nullptr, is_chunk, fanout});
+    child.queue.push_back(Pending{message, nullptr, std::nullopt, fanout});
     Pump(child);
   }
 }
@@ -266,14 +290,11 @@ void Downstream::Requeue(const std::string& id, std::vector<Outgoing> backlog) {
   auto it = children_.find(id);
   if (it == children_.end()) return;
   Child& child = it->second;
-  while (!child.queue.empty()) {
-    Complete(child.queue.front());
-    child.queue.pop_front();
-  }
+  DropUnsent(child);
   for (auto& out : backlog) {
     if (out.message) queued_bytes_ += out.message->size();
-    child.queue.push_back(
-        Pending{std::move(out.message), std::move(out.load), out.is_chunk, nullptr});
+    if (out.chunk) child.chunks.Note(*out.chunk);
+    child.queue.push_back(Pending{std::move(out.message), std::move(out.load), out.chunk, nullptr});
   }
   Pump(child);
 }
@@ -282,27 +303,23 @@ void Downstream::Excuse(const std::string& id) {
   auto it = children_.find(id);
   if (it == children_.end()) return;
   it->second.excused = true;
-  while (!it->second.queue.empty()) {
-    Complete(it->second.queue.front());
-    it->second.queue.pop_front();
-  }
+  DropUnsent(it->second);
 }
 
 void Downstream::SendTo(const std::string& id, transport::Message message) {
   auto it = children_.find(id);
-  if (it != children_.end() && it->second.connection)
-    it->second.connection->Send(std::move(message));
+  if (it == children_.end() || !it->second.connection) return;
+  NoteSent(it->second, message);
+  it->second.connection->Send(std::move(message));
 }
 
-void Downstream::BroadcastChunk(transport::Message message, const Digest128& target,
-                                uint32_t sequence, std::function<void()> done) {
+void Downstream::BroadcastChunk(transport::Message message, const ChunkRef& chunk,
+                                std::function<void()> done) {
   auto fanout = std::make_shared<Fanout>();
   fanout->done = std::move(done);
   std::vector<Child*> to;
   for (auto& [id, child] : children_) {
-    if (child.excused ||
-        (child.inflight_target == target && child.applied_chunks.contains(sequence)))
-      continue;
+    if (child.excused || child.chunks.Has(chunk)) continue;
     to.push_back(&child);
   }
   fanout->remaining = to.size();
@@ -312,7 +329,8 @@ void Downstream::BroadcastChunk(transport::Message message, const Digest128& tar
   }
   for (Child* child : to) {
     queued_bytes_ += message->size();
-    child->queue.push_back(Pending{message, nullptr, true, fanout});
+    child->chunks.Note(chunk);
+    child->queue.push_back(Pending{message, nullptr, chunk, fanout});
     Pump(*child);
   }
 }
@@ -334,12 +352,7 @@ void Downstream::BeginRefit(uint64_t refit_id) {
 }
 
 void Downstream::DropQueued() {
-  for (auto& [id, child] : children_) {
-    while (!child.queue.empty()) {
-      Complete(child.queue.front());
-      child.queue.pop_front();
-    }
-  }
+  for (auto& [id, child] : children_) DropUnsent(child);
 }
 
 bool Downstream::IsAdopted(const std::string& id) const {

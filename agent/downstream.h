@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -58,22 +59,35 @@ class Downstream {
   // the loop thread.
   void Accept(std::unique_ptr<transport::Connection> connection);
 
-  // Queues `message` for every expected child. A chunk waits for that child's
-  // credit. `done` runs once every child was handed the message or is gone.
-  void Broadcast(transport::Message message, bool is_chunk, std::function<void()> done = {});
+  // Queues the control message `message` (not a CHUNK) for every expected child.
+  // `done` runs once every child was handed the message or is gone.
+  void Broadcast(transport::Message message, std::function<void()> done = {});
 
-  // Like Broadcast for CHUNK number `sequence` of the delta to `target`, but
-  // skips children whose HELLO said they already applied it (a re-published delta
-  // after a crash: they are sent only what they lack).
-  void BroadcastChunk(transport::Message message, const Digest128& target, uint32_t sequence,
+  // Which chunk of which delta a CHUNK message carries.
+  struct ChunkRef {
+    Digest128 target;
+    uint32_t sequence = 0;
+  };
+
+  // Like Broadcast for a CHUNK, but skips every child that already has it: its
+  // HELLO said it applied that chunk, or this link already carries it (queued or
+  // sent). So a child is sent each chunk it lacks once per link, whether it comes
+  // from a replay or from the parent's stream (docs/recovery.md).
+  void BroadcastChunk(transport::Message message, const ChunkRef& chunk,
                       std::function<void()> done = {});
 
   // One message for a child's queue: either the bytes, or a loader that reads them
-  // (from a spool) only when the message is about to be sent.
+  // (from a spool) only when the message is about to be sent. `chunk` is set for
+  // CHUNK messages.
   struct Outgoing {
     transport::Message message;
     std::function<Result<transport::Message>()> load;
-    bool is_chunk = false;
+    std::optional<ChunkRef> chunk;
+
+    static Outgoing Control(transport::Message m) { return {std::move(m), nullptr, std::nullopt}; }
+    static Outgoing Chunk(std::function<Result<transport::Message>()> load, ChunkRef chunk) {
+      return {nullptr, std::move(load), chunk};
+    }
   };
   // Replaces everything queued for `child` (completing it) with `backlog`: what a
   // child that rejoined mid-refit still needs, in order.
@@ -113,13 +127,31 @@ class Downstream {
   struct Pending {
     transport::Message message;
     std::function<Result<transport::Message>()> load;  // when message is null
-    bool is_chunk = false;
+    std::optional<ChunkRef> chunk;                     // set for CHUNK messages
     std::shared_ptr<Fanout> fanout;
+  };
+  // The chunks of one delta a child has: what its HELLO said it applied, and what
+  // its current link carries (queued or handed to the transport). Forgotten when
+  // the child is sent a decision for that delta (it commits or rolls back, so what
+  // it applied no longer counts) and replaced by its next HELLO.
+  struct ChunkBook {
+    Digest128 target;
+    std::set<uint32_t> applied;  // from its HELLO
+    std::set<uint32_t> carried;  // queued for it or sent on this link
+    bool Has(const ChunkRef& c) const {
+      return c.target == target && (applied.contains(c.sequence) || carried.contains(c.sequence));
+    }
+    void Note(const ChunkRef& c) {
+      if (c.target != target) *this = ChunkBook{c.target, {}, {}};
+      carried.insert(c.sequence);
+    }
+    void Unnote(const ChunkRef& c) {
+      if (c.target == target) carried.erase(c.sequence);
+    }
   };
   struct Child {
     std::unique_ptr<transport::Connection> connection;
-    Digest128 inflight_target;          // from its last HELLO
-    std::set<uint32_t> applied_chunks;  // of that delta, from its last HELLO
+    ChunkBook chunks;
     uint64_t serial = 0;
     int64_t credits = 0;
     bool excused = false;  // nothing is queued for it until it joins again
@@ -142,6 +174,10 @@ class Downstream {
   void Refuse(transport::Connection& connection, const std::string& reason);
   void Pump(Child& child);
   void Complete(Pending& pending);
+  // Completes everything queued for `child` that was never sent.
+  void DropUnsent(Child& child);
+  // A decision for the delta `chunks` describes ends what the child's HELLO said.
+  void NoteSent(Child& child, const transport::Message& message);
   void Lose(const std::string& id, const Status& why);
   Child* BySerial(uint64_t serial, std::string* id);
   std::string ChildId(const Child& child) const;

@@ -135,11 +135,16 @@ class NodeAgent::Impl {
     std::vector<NodeReport> reports;
     bool local_outcome_done = false;
     std::set<std::string> outcome_children;
+    // After the decision: children away, each waited for until its deadline, then
+    // left to learn the decision when it is back (not_waited).
+    std::map<std::string, Clock::time_point> away_until;
+    std::set<std::string> not_waited;
     uint32_t outcome_nodes = 0;
     Clock::time_point start = Clock::now();
     Clock::time_point decided;
     double apply_seconds = 0;
     uint64_t chunk_bytes = 0;
+    uint64_t resent_bytes = 0;  // of chunk_bytes: chunks this node had already
     uint64_t chunks = 0;
     uint64_t partitions_applied = 0;
     uint64_t repair_bytes = 0;  // literal partition bytes fetched for torn partitions
@@ -307,6 +312,9 @@ class NodeAgent::Impl {
         break;
       }
     }
+    if (refit_ && (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting)) {
+      GiveUpOnAwayChildren(now);
+    }
     if (refit_ && (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting) &&
         refit_->local_outcome_done && now - refit_->decided > options_.config.tree.commit_timeout) {
       log::Warn(fmt::format("{}: refit {}: children {} did not confirm the decision in time",
@@ -455,6 +463,9 @@ class NodeAgent::Impl {
           hello.prepared = journal_.prepared;
           hello.applied_chunks.assign(journal_.applied.begin(), journal_.applied.end());
         }
+        claimed_ = {hello.inflight_target,
+                    journal_.inflight ? journal_.applied : std::set<uint32_t>{}};
+        received_on_link_.clear();
         hello.transport = parent_backend_;
         hello.transports = HopTransports();
         parent_->Send(transport::MakeMessage(EncodeHello(hello)));
@@ -522,6 +533,16 @@ class NodeAgent::Impl {
       }
       return;
     }
+    if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming &&
+        refit_->local_outcome_done) {
+      // Decided and done here; only confirmations from below are outstanding. The
+      // parent has moved on (it begins a refit only after the last one ended), so
+      // waiting longer would only hold this one up: report what we have.
+      log::Info(fmt::format("{}: refit {} begins; reporting refit {} without {} confirmations",
+                            options_.node_id, begin->refit_id, refit_->id,
+                            Missing(refit_->outcome_children, *refit_)));
+      ReportOutcome();
+    }
     if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
       // The previous delta is still being committed or rolled back (a source that
       // restarted resolves it right before beginning the next): begin after it.
@@ -537,6 +558,7 @@ class NodeAgent::Impl {
     refit_.emplace();
     refit_->id = begin->refit_id;
     refit_->begin = *begin;
+    received_on_link_.clear();
     refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
     auto spool = Spool::Open(options_.spool_dir, begin->target_version);
     if (spool.ok()) {
@@ -547,7 +569,7 @@ class NodeAgent::Impl {
     log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
     downstream_.BeginRefit(begin->refit_id);
-    downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)), false);
+    downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
     missing_since_.clear();
     for (const auto& child : downstream_.Missing()) missing_since_[child] = Clock::now();
     const uint64_t id = refit_->id;
@@ -601,10 +623,20 @@ class NodeAgent::Impl {
       return DropParent(Status::Corrupt("damaged chunk"));
     }
     ++r.chunks;
-    r.chunk_bytes += message->size() - kMessageHeaderBytes;
+    const uint64_t payload = message->size() - kMessageHeaderBytes;
+    r.chunk_bytes += payload;
+    const bool had_it = (header->identity.target_version == claimed_.target &&
+                         claimed_.applied.contains(header->sequence)) ||
+                        !received_on_link_.insert(header->sequence).second;
+    if (had_it) {
+      r.resent_bytes += payload;
+      log::Warn(fmt::format("{}: chunk {} of refit {} sent again, though this node had it",
+                            options_.node_id, header->sequence, r.id));
+    }
     {
       std::lock_guard lock(stats_mu_);
-      stats_.chunk_bytes_received += message->size() - kMessageHeaderBytes;
+      stats_.chunk_bytes_received += payload;
+      if (had_it) stats_.chunk_bytes_resent += payload;
     }
     CrashPoint("agent.chunk_received");
     bool spooled = true;
@@ -630,7 +662,8 @@ class NodeAgent::Impl {
       // this refit still has a decision queued behind its chunks.
       if (refit_ && refit_->id == id) SendUp(EncodeCredit({1, id}));
     };
-    downstream_.BroadcastChunk(message, header->identity.target_version, header->sequence, release);
+    downstream_.BroadcastChunk(message, {header->identity.target_version, header->sequence},
+                               release);
     if (!spooled) return release();  // never applied unless it can be undone from the spool
     const uint32_t sequence = header->sequence;
     apply_loop_.Post([this, message, id, sequence, release, spool = r.spool] {
@@ -1234,7 +1267,9 @@ class NodeAgent::Impl {
   // excused, and adopted ones connected now that are not in `done`.
   size_t Missing(const std::set<std::string>& done, const Refit& r) const {
     size_t missing = 0;
-    for (const auto& c : self_.children) missing += !done.contains(c) && !r.excused.contains(c);
+    for (const auto& c : self_.children) {
+      missing += !done.contains(c) && !r.excused.contains(c) && !r.not_waited.contains(c);
+    }
     for (const auto& c : adopted_) missing += !done.contains(c);
     return missing;
   }
@@ -1269,16 +1304,16 @@ class NodeAgent::Impl {
     }
     if (!refit_) return;
     Refit& r = *refit_;
+    r.away_until.erase(child);
     if (r.resolution) {
       if (hello.inflight_target == r.identity.target_version) {
         const MessageType decision =
             r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_)
                 ? MessageType::kCommit
                 : MessageType::kAbort;
-        downstream_.Requeue(
-            child,
-            {{transport::MakeMessage(EncodeDecision(decision, {r.id, r.identity.target_version})),
-              nullptr, false}});
+        downstream_.Requeue(child,
+                            {Downstream::Outgoing::Control(transport::MakeMessage(
+                                EncodeDecision(decision, {r.id, r.identity.target_version})))});
       }
       return;
     }
@@ -1287,38 +1322,37 @@ class NodeAgent::Impl {
         (r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_))) {
       // It committed, then lost the link before confirming: COMMIT again makes it
       // gather its subtree's confirmations and answer.
-      downstream_.Requeue(child, {{transport::MakeMessage(EncodeDecision(
-                                       MessageType::kCommit, {r.id, r.identity.target_version})),
-                                   nullptr, false}});
+      downstream_.Requeue(
+          child, {Downstream::Outgoing::Control(transport::MakeMessage(
+                     EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version})))});
       return;
     }
     if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;  // nothing to undo
     std::vector<Downstream::Outgoing> backlog;
-    backlog.push_back({transport::MakeMessage(EncodeBegin(r.begin)), nullptr, false});
+    backlog.push_back(Downstream::Outgoing::Control(transport::MakeMessage(EncodeBegin(r.begin))));
     const std::set<uint32_t> applied(hello.applied_chunks.begin(), hello.applied_chunks.end());
     uint64_t replayed = 0;
     if (r.spool) {
       for (uint32_t sequence : r.spool->sequences()) {
         if (same_delta && applied.contains(sequence)) continue;
         Spool* spool = r.spool.get();
-        backlog.push_back({nullptr, [spool, sequence] { return spool->Read(sequence); }, true});
+        backlog.push_back(
+            Downstream::Outgoing::Chunk([spool, sequence] { return spool->Read(sequence); },
+                                        {r.identity.target_version, sequence}));
         ++replayed;
       }
     }
     if (r.phase == Phase::kCommitting || r.phase == Phase::kDone) {
       if (r.phase == Phase::kDone && !committed_last_) {
-        backlog.push_back({transport::MakeMessage(EncodeDecision(
-                               MessageType::kAbort, {r.id, r.identity.target_version})),
-                           nullptr, false});
+        backlog.push_back(Downstream::Outgoing::Control(transport::MakeMessage(
+            EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version}))));
       } else {
-        backlog.push_back({transport::MakeMessage(EncodeDecision(
-                               MessageType::kCommit, {r.id, r.identity.target_version})),
-                           nullptr, false});
+        backlog.push_back(Downstream::Outgoing::Control(transport::MakeMessage(
+            EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version}))));
       }
     } else if (r.phase == Phase::kAborting) {
-      backlog.push_back({transport::MakeMessage(EncodeDecision(MessageType::kAbort,
-                                                               {r.id, r.identity.target_version})),
-                         nullptr, false});
+      backlog.push_back(Downstream::Outgoing::Control(transport::MakeMessage(
+          EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version}))));
     }
     log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks",
                           options_.node_id, child, r.id, replayed));
@@ -1334,7 +1368,41 @@ class NodeAgent::Impl {
       if (refit_) MaybePrepared();
       return;  // not ours to wait for
     }
-    if (refit_ && refit_->phase == Phase::kStreaming) missing_since_[child] = Clock::now();
+    if (!refit_) return;
+    if (refit_->phase == Phase::kStreaming) missing_since_[child] = Clock::now();
+    if ((refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting) &&
+        !refit_->outcome_children.contains(child)) {
+      // Like the source: waited for up to the connect timeout to rejoin and confirm.
+      refit_->away_until[child] = Clock::now() + options_.config.tree.connect_timeout;
+    }
+  }
+
+  // After a decision: planned children that are not connected are waited for
+  // until `grace` from now, then learn the decision when they are back.
+  void AwaitAbsentChildren(std::chrono::milliseconds grace) {
+    Refit& r = *refit_;
+    for (const auto& child : downstream_.Missing()) {
+      if (!r.excused.contains(child) && !r.outcome_children.contains(child))
+        r.away_until[child] = Clock::now() + grace;
+    }
+  }
+
+  void GiveUpOnAwayChildren(Clock::time_point now) {
+    Refit& r = *refit_;
+    bool gave_up = false;
+    for (auto it = r.away_until.begin(); it != r.away_until.end();) {
+      if (now < it->second) {
+        ++it;
+        continue;
+      }
+      log::Warn(
+          fmt::format("{}: child {} is away; it learns the decision of refit {} when it is back",
+                      options_.node_id, it->first, r.id));
+      r.not_waited.insert(it->first);
+      it = r.away_until.erase(it);
+      gave_up = true;
+    }
+    if (gave_up) MaybeOutcome();
   }
 
   void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes) {
@@ -1409,8 +1477,15 @@ class NodeAgent::Impl {
         refit_->phase = Phase::kCommitting;
         refit_->decided = Clock::now();
         refit_->local_outcome_done = true;
-        downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, *d)),
-                              false);
+        {
+          std::lock_guard lock(stats_mu_);
+          stats_.version = journal_.version;
+        }
+        downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, *d)));
+        // Our children's links died with our previous life: one that is not back
+        // within the time a child keeps trying us has failed over (and confirmed
+        // there) or is down, and learns the decision when it is back.
+        AwaitAbsentChildren(kFailoverAfter);
         MaybeOutcome();
         return;
       }
@@ -1446,7 +1521,8 @@ class NodeAgent::Impl {
     refit_->decided = Clock::now();
     refit_->resolution = true;
     downstream_.DropQueued();
-    downstream_.Broadcast(transport::MakeMessage(EncodeDecision(type, d)), false);
+    downstream_.Broadcast(transport::MakeMessage(EncodeDecision(type, d)));
+    AwaitAbsentChildren(options_.config.tree.connect_timeout);
     const uint64_t id = d.refit_id;
     if (type == MessageType::kCommit && !journal_.prepared) {
       // It committed without us: reach it by fetching what differs.
@@ -1481,9 +1557,9 @@ class NodeAgent::Impl {
     if (type == MessageType::kCommit) {
       r.phase = Phase::kCommitting;
       r.decided = Clock::now();
-      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(
-                                MessageType::kCommit, {r.id, r.identity.target_version})),
-                            false);
+      downstream_.Broadcast(transport::MakeMessage(
+          EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version})));
+      AwaitAbsentChildren(options_.config.tree.connect_timeout);
       const uint64_t id = r.id;
       apply_loop_.Post([this, id] {
         CrashPoint("agent.commit");
@@ -1511,9 +1587,9 @@ class NodeAgent::Impl {
     r.phase = Phase::kAborting;
     r.decided = Clock::now();
     downstream_.DropQueued();
-    downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kAbort,
-                                                                {r.id, r.identity.target_version})),
-                          false);
+    downstream_.Broadcast(transport::MakeMessage(
+        EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})));
+    AwaitAbsentChildren(options_.config.tree.connect_timeout);
     RollBack(r.id, r.spool);
   }
 
@@ -1620,6 +1696,7 @@ class NodeAgent::Impl {
                              status.ToString()));
     }
     refit_->local_outcome_done = true;
+    claimed_ = {};  // committed or rolled back: what it had applied of the delta is moot
     {
       std::lock_guard lock(stats_mu_);
       stats_.version = version;
@@ -1657,12 +1734,12 @@ class NodeAgent::Impl {
       loop_.Post([this, begin] { OnBegin(begin); });
     }
     log::Info(fmt::format(
-        "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, refetched {}, "
-        "repair {} B, {} partitions applied, apply {:.2f} s, total {:.2f} s, peak held {:.2f} MiB, "
-        "{} children",
+        "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "
+        "refetched {}, repair {} B, {} partitions applied, apply {:.2f} s, total {:.2f} s, peak "
+        "held {:.2f} MiB, {} children",
         options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(),
-        r.chunk_bytes, double(r.chunk_bytes) / (1 << 20), r.chunks, refetches_, r.repair_bytes,
-        r.partitions_applied, r.apply_seconds, SecondsSince(r.start),
+        r.chunk_bytes, double(r.chunk_bytes) / (1 << 20), r.chunks, r.resent_bytes, refetches_,
+        r.repair_bytes, r.partitions_applied, r.apply_seconds, SecondsSince(r.start),
         double(s.peak_held_bytes) / (1 << 20), self_.children.size()));
   }
 
@@ -1720,6 +1797,15 @@ class NodeAgent::Impl {
   uint64_t held_bytes_ = 0;
   uint64_t refetches_ = 0;                                  // damaged chunks fetched again
   std::map<std::string, Clock::time_point> missing_since_;  // children absent during a refit
+  // What the last HELLO said this node had applied, so chunks a parent sends
+  // anyway are counted (stats_.chunk_bytes_resent), and what the current parent
+  // link has carried in this refit.
+  struct Claimed {
+    Digest128 target;
+    std::set<uint32_t> applied;
+  };
+  Claimed claimed_;
+  std::set<uint32_t> received_on_link_;
 
   ApplyState apply_;  // apply-thread state
 

@@ -52,6 +52,10 @@ struct NodeAgentStats {
   uint64_t refits_aborted = 0;
   uint64_t chunks_received = 0;
   uint64_t chunk_bytes_received = 0;  // CHUNK payload bytes, replays included
+  // CHUNK bytes this node already had when they came: listed as applied in its
+  // HELLO, or received before on the same parent link during the same refit.
+  // Sent for nothing; a correct parent never does it.
+  uint64_t chunk_bytes_resent = 0;
   uint64_t peak_held_bytes = 0;       // most chunk bytes held at once (received, not yet released)
   uint64_t partitions_repaired = 0;
   uint64_t parent_joins = 0;          // times it joined a parent (1 + reconnects)

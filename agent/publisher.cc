@@ -198,7 +198,7 @@ class Publication {
     report.refit_id = refit_id_;
     loop_.Post([this, begin] {
       downstream_.BeginRefit(begin.refit_id);
-      downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)), false);
+      downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)));
     });
     log::Info(fmt::format("refit {}: {} -> {} to {} children", refit_id_,
                           report.base_version.ShortHex(), report.target_version.ShortHex(),
@@ -228,7 +228,7 @@ class Publication {
           }
           loop_.Post([this, message, sequence = header->sequence,
                       target = header->identity.target_version] {
-            downstream_.BroadcastChunk(message, target, sequence, [this] {
+            downstream_.BroadcastChunk(message, {target, sequence}, [this] {
               std::lock_guard lock(mu_);
               --held_;
               cv_.notify_all();
@@ -280,9 +280,8 @@ class Publication {
     }
     loop_.Post([this, d, commit] {
       if (!commit) downstream_.DropQueued();
-      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(
-                                commit ? MessageType::kCommit : MessageType::kAbort, d)),
-                            false);
+      downstream_.Broadcast(transport::MakeMessage(
+          EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, d)));
     });
     {
       std::unique_lock lock(mu_);
@@ -358,12 +357,11 @@ class Publication {
         decision_ == MessageType::kCommit) {
       // It committed, then lost the link before confirming: COMMIT again makes it
       // gather its subtree's confirmations and answer.
-      return {
-          {transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
-           nullptr, false}};
+      return {Downstream::Outgoing::Control(
+          transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})))};
     }
     std::vector<Downstream::Outgoing> backlog;
-    backlog.push_back({transport::MakeMessage(EncodeBegin(begin_)), nullptr, false});
+    backlog.push_back(Downstream::Outgoing::Control(transport::MakeMessage(EncodeBegin(begin_))));
     const bool same_delta = hello.inflight_target == begin_.target_version;
     const std::set<uint32_t> applied(hello.applied_chunks.begin(), hello.applied_chunks.end());
     size_t replayed = 0;
@@ -371,14 +369,15 @@ class Publication {
       for (uint32_t sequence : spool_->sequences()) {
         if (same_delta && applied.contains(sequence)) continue;
         Spool* spool = spool_.get();
-        backlog.push_back({nullptr, [spool, sequence] { return spool->Read(sequence); }, true});
+        backlog.push_back(
+            Downstream::Outgoing::Chunk([spool, sequence] { return spool->Read(sequence); },
+                                        {begin_.target_version, sequence}));
         ++replayed;
       }
     }
     if (decision_) {
-      backlog.push_back(
-          {transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version})),
-           nullptr, false});
+      backlog.push_back(Downstream::Outgoing::Control(
+          transport::MakeMessage(EncodeDecision(*decision_, {refit_id_, begin_.target_version}))));
     }
     log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
                           refit_id_, replayed));

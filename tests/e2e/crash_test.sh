@@ -7,6 +7,8 @@
 # yet applied.
 #
 # Usage: crash_test.sh DELTACAST_BINARY [POINT ...]   (default: every point)
+# Environment: VICTIMS (default "a2 a3"), CHUNK (chunk size, default 64KiB), POLICY,
+# CONNECT_TIMEOUT.
 # Prints one line per run and a summary line "N passed, M failed".
 set -uo pipefail
 dc=$1
@@ -17,11 +19,11 @@ points=("$@")
 source "$(dirname "$0")/lib.sh"
 start_work crash
 # Ports below the ephemeral range, so no outgoing connection holds one.
-write_chain_config crash $((23200 + (RANDOM % 400) * 8)) 1 64KiB 4 60s
+write_chain_config crash $((23200 + (RANDOM % 400) * 8)) 1 "${CHUNK:-64KiB}" 4 60s "${POLICY:-all}" "${CONNECT_TIMEOUT:-20s}"
 export DELTACAST_TOKEN=crash-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 1 --change-rate 5% --threads 2 >/dev/null
 # The publisher chunks deterministically: the same diff tells each chunk's size.
-"$dc" diff --base "$work/steps/step0" --new "$work/steps/step1" --out "$work/ref.delta" --chunk-size 64KiB >/dev/null
+"$dc" diff --base "$work/steps/step0" --new "$work/steps/step1" --out "$work/ref.delta" --chunk-size "${CHUNK:-64KiB}" >/dev/null
 "$dc" inspect "$work/ref.delta" --json >"$work/ref.json"
 delta_bytes=$(jq '.bytes' "$work/ref.json")
 
@@ -89,6 +91,12 @@ for victim in ${VICTIMS:-a2 a3}; do
       "$dc" verify "$work/run/$n" "$work/steps/step1" >/dev/null || verdict="$n differs from the target"
       grep -q "^active $target " "$work/run/$n/.deltacast/active" 2>/dev/null || verdict="$n did not make the target active"
       [[ ! -e $work/run/$n/.deltacast/inflight ]] || verdict="$n still has the delta in flight"
+    done
+    # No node may be sent a chunk it already had (listed in its HELLO, or already
+    # carried by the same link): each counts such bytes in its refit line.
+    for n in a1 a2 a3; do
+      dup=$(grep -h "refit .* committed" "$work/run/$n.log" | tail -1 | sed -n 's/.*resent \([0-9]*\) B.*/\1/p')
+      [[ ${dup:-0} -eq 0 ]] || verdict="$n was sent $dup B it already had"
     done
     # Bytes the restarted victim received (its second life's refit line).
     resent=$(grep -h "refit .* committed" "$work/run/$victim.log" | tail -1 | sed -n 's/.*received \([0-9]*\) B.*/\1/p')
