@@ -125,7 +125,8 @@ class NodeAgent::Impl {
     Phase phase = Phase::kStreaming;
     Status local_error;  // why this node cannot reach the target
     bool local_prepared = false;
-    bool resolution = false;  // resolving an earlier refit's delta; there is no BEGIN
+    bool end_received = false;  // the END chunk came: every chunk the parent sends came
+    bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
     bool prepared_sent = false;
     bool failed_sent = false;
     std::optional<MessageType> pending_decision;  // arrived before we had prepared
@@ -623,6 +624,7 @@ class NodeAgent::Impl {
       return DropParent(Status::Corrupt("damaged chunk"));
     }
     ++r.chunks;
+    if (header->kind == codec::ChunkKind::kEnd) r.end_received = true;
     const uint64_t payload = message->size() - kMessageHeaderBytes;
     r.chunk_bytes += payload;
     const bool had_it = (header->identity.target_version == claimed_.target &&
@@ -1500,11 +1502,37 @@ class NodeAgent::Impl {
     Refit& r = *refit_;
     if (r.phase != Phase::kStreaming) return;  // a duplicate
     if (type == MessageType::kCommit && !r.prepared_sent) {
-      // Replayed right behind the chunks we lacked: decide once we have caught up.
-      r.pending_decision = type;
-      return;
+      // Replayed right behind the chunks we lacked: decide once they are applied.
+      if (r.end_received) {
+        r.pending_decision = type;
+        return;
+      }
+      // Every chunk the parent sends comes before its decision, and the END did
+      // not: the parent resolved a delta it does not hold whole (it was down
+      // while the refit committed). Reach the target the way Resolve does.
+      return CommitByCatchingUp(*d);
     }
     Decide(type);
+  }
+
+  // The delta of the current refit committed, but this node cannot finish it from
+  // the chunks its parent has: it tells its children and catches up to the target
+  // (by the kept deltas, else by the partitions that differ).
+  void CommitByCatchingUp(const Decision& d) {
+    Refit& r = *refit_;
+    log::Warn(fmt::format(
+        "{}: refit {} committed, but not every chunk of it reached this node; catching up",
+        options_.node_id, r.id));
+    r.phase = Phase::kCommitting;
+    r.decided = Clock::now();
+    r.resolution = true;  // a child that rejoins is sent the decision, not the delta
+    downstream_.DropQueued();
+    downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, d)));
+    AwaitAbsentChildren(options_.config.tree.connect_timeout);
+    apply_loop_.Post([this] { apply_ = ApplyState{}; });  // the catch-up resumes the delta
+    if (!catch_up_) return StartCatchUp(d.target_version, r.id, /*resolving=*/true);
+    catch_up_->refit_id = r.id;
+    catch_up_->resolving = true;
   }
 
   // The outcome of a delta this node had in flight from an earlier refit (it
@@ -1707,6 +1735,8 @@ class NodeAgent::Impl {
   void MaybeOutcome() {
     Refit& r = *refit_;
     if (!r.local_outcome_done || r.phase == Phase::kDone) return;
+    // The next refit's BEGIN is waiting: the parent has moved on (see OnBegin).
+    if (!deferred_begin_.empty()) return ReportOutcome();
     if (Missing(r.outcome_children, r) > 0 &&
         !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
       return;

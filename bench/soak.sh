@@ -112,6 +112,9 @@ for n in "${nodes[@]}"; do kill "${pid[$n]}" 2>/dev/null; done
 wait 2>/dev/null
 echo "soak: a clean publish takes ${span} s here; delta ${delta_bytes} B" >&2
 
+# Progress lines go to the terminal (fd 3); the shell's notes about the processes
+# it killed go to a file.
+exec 3>&2 2>>"$work/soak.stderr"
 points=(agent.chunk_received agent.apply_flushed agent.applied apply.mid_partition agent.prepared agent.commit
   agent.committed agent.abort)
 totals_runs=0 totals_ok=0 torn=0 lost=0 hung=0 never=0 resent_total=0 extra_total=0 needed_total=0 extra_max=0
@@ -164,7 +167,7 @@ for ((r = 0; r < runs; r++)); do
   if awk -v e="$(elapsed "$t0")" -v h="$hang" 'BEGIN { exit !(e > h) }'; then
     verdict="hung: publish 1 took $(elapsed "$t0") s"
   fi
-  while ! jq -e '.committed == true' "$work/run/attempt$attempt.json" >/dev/null 2>&1 && ((attempt < 5)); do
+  while ! json_holds "$work/run/attempt$attempt.json" '.committed == true' >/dev/null 2>&1 && ((attempt < 5)); do
     attempt=$((attempt + 1))
     sleep 0.5  # let rollbacks settle, then note what each node holds
     for n in "${nodes[@]}"; do needed[$n]=$(needed_by "$n"); done
@@ -175,14 +178,19 @@ for ((r = 0; r < runs; r++)); do
       [[ $verdict == ok ]] && verdict="hung: publish $attempt took $(elapsed "$t0") s"
     fi
   done
-  committed=$(jq -r 'select(.committed == true) | .refit_id' "$work/run/attempt$attempt.json" 2>/dev/null)
+  # The refit id as written (a u64: jq would round it to a double).
+  committed=""
+  json_holds "$work/run/attempt$attempt.json" '.committed == true' &&
+    committed=$(grep -o '"refit_id": *[0-9]*' "$work/run/attempt$attempt.json" | grep -o '[0-9]*$')
   if [[ -z $committed ]]; then
     verdict="never committed: $(jq -r .abort_reason "$work/run/attempt$attempt.json" 2>/dev/null)"
     never=$((never + 1))
   fi
-  # Never torn: after the faulty step each store is exactly at the base or the target.
+  # Never torn: after the faulty step a store with nothing in flight is exactly at
+  # the base or the target (one still recovering finishes at the clean step).
   sleep 0.3
   for n in "${nodes[@]}"; do
+    [[ -e $work/run/$n/.deltacast/inflight ]] && continue
     "$dc" verify "$work/run/$n" "$work/steps/step1" >/dev/null 2>&1 ||
       "$dc" verify "$work/run/$n" "$work/steps/step0" >/dev/null 2>&1 || { verdict="$n torn"; torn=$((torn + 1)); }
   done
@@ -204,17 +212,22 @@ for ((r = 0; r < runs; r++)); do
   t0=$(date +%s.%N)
   publish 1 2 clean
   wait "$publisher"
-  if ! jq -e '.committed == true and .nodes_decided == 5' "$work/run/clean.json" >/dev/null 2>&1; then
+  if ! json_holds "$work/run/clean.json" '.committed == true and .nodes_decided == 5' >/dev/null 2>&1; then
     [[ $verdict == ok ]] && verdict="clean step: $(jq -r '"committed=\(.committed) decided=\(.nodes_decided) \(.abort_reason)"' "$work/run/clean.json" 2>/dev/null)"
     lost=$((lost + 1))
   elif awk -v e="$(elapsed "$t0")" -v h="$hang" 'BEGIN { exit !(e > h) }'; then
     [[ $verdict == ok ]] && verdict="hung: the clean step took $(elapsed "$t0") s"
   fi
   for n in "${nodes[@]}"; do
-    "$dc" verify "$work/run/$n" "$work/steps/step2" >/dev/null 2>&1 || {
+    "$dc" verify "$work/run/$n" "$work/steps/step2" >/dev/null 2>&1 && continue
+    if "$dc" verify "$work/run/$n" "$work/steps/step1" >/dev/null 2>&1 ||
+      "$dc" verify "$work/run/$n" "$work/steps/step0" >/dev/null 2>&1; then
       [[ $verdict == ok ]] && verdict="$n not at the clean step"
       lost=$((lost + 1))
-    }
+    else
+      [[ $verdict == ok ]] && verdict="$n torn after the clean step"
+      torn=$((torn + 1))
+    fi
   done
   [[ $verdict == hung* ]] && hung=$((hung + 1))
   totals_runs=$((totals_runs + 1))
@@ -225,7 +238,7 @@ for ((r = 0; r < runs; r++)); do
   pct=$(awk -v e="$run_extra" -v d="$delta_bytes" 'BEGIN { printf "%.2f", e * 100 / d }')
   awk -v p="$pct" -v m="$extra_max" 'BEGIN { exit !(p > m) }' && extra_max=$pct
   printf 'run %3d %-62s publishes=%d resent=%d extra=%s B (%s%% of the delta)  %s\n' \
-    "$r" "$desc" "$attempt" "$run_resent" "$run_extra" "$pct" "$verdict" >&2
+    "$r" "$desc" "$attempt" "$run_resent" "$run_extra" "$pct" "$verdict" >&3
   for n in "${nodes[@]}"; do kill -9 "${pid[$n]}" 2>/dev/null; done
   wait 2>/dev/null
   [[ -z ${KEEP_FAILED:-} || $verdict == ok ]] || cp -r "$work/run" "$work/failed-run-$r"

@@ -38,7 +38,7 @@ wait "$publisher"
 sleep 1  # let the restarted a2 finish its rollback
 verdict=ok
 [[ $crashed == yes ]] || verdict="a2 did not crash"
-jq -e '.committed == false' "$work/run/publish.json" >/dev/null || verdict="the refit did not abort"
+json_holds "$work/run/publish.json" '.committed == false' >/dev/null || verdict="the refit did not abort"
 for n in a1 a2; do
   for _ in $(seq 1 100); do [[ -e $work/run/$n/.deltacast/inflight ]] || break; sleep 0.1; done
   "$dc" verify "$work/run/$n" "$work/steps/step0" >/dev/null || verdict="$n is not back at the base"

@@ -29,7 +29,7 @@ agent a1
 agent a3
 publish 0 1
 publish 1 2
-check "step 2 did not commit without a2" jq -e '.committed == true' "$work/run/publish2.json"
+check "step 2 did not commit without a2" json_holds "$work/run/publish2.json" '.committed == true'
 agent a2 agent.catch_up_chunk:3
 victim=${pids[-1]}
 publish 2 3
@@ -37,7 +37,7 @@ for _ in $(seq 1 100); do kill -0 "$victim" 2>/dev/null || break; sleep 0.05; do
 check "a2 was not killed during its catch-up" bash -c "! kill -0 $victim"
 agent a2
 publish 3 4
-check "step 4 did not commit on all three" jq -e '.committed == true and .nodes_decided == 3' "$work/run/publish4.json"
+check "step 4 did not commit on all three" json_holds "$work/run/publish4.json" '.committed == true and .nodes_decided == 3'
 for n in a1 a2 a3; do check "$n differs from step 4" "$dc" verify "$work/run/$n" "$work/steps/step4"; done
 check "a2 did not resume its chain of kept deltas" grep -q "caught up to .*: 3 kept deltas and 0 partitions" "$work/run/a2.log"
 if ((${#failures[@]} == 0)); then

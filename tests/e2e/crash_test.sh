@@ -85,7 +85,7 @@ for victim in ${VICTIMS:-a2 a3}; do
     fi
     [[ $status -eq 0 ]] || verdict="publish exit $status: $(jq -r .abort_reason "$work/run/publish.json" 2>/dev/null)"
     target=$(jq -r .target_version "$work/run/publish.json" 2>/dev/null)
-    [[ $verdict != ok ]] || jq -e '.nodes_decided == 3' "$work/run/publish.json" >/dev/null ||
+    [[ $verdict != ok ]] || json_holds "$work/run/publish.json" '.nodes_decided == 3' >/dev/null ||
       verdict="only $(jq .nodes_decided "$work/run/publish.json") nodes confirmed the commit"
     for n in a1 a2 a3; do
       "$dc" verify "$work/run/$n" "$work/steps/step1" >/dev/null || verdict="$n differs from the target"

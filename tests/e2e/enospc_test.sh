@@ -42,7 +42,7 @@ publish() {
 failures=()
 check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
 publish 1
-check "the first refit did not abort" jq -e '.committed == false' "$work/run/publish1.json"
+check "the first refit did not abort" json_holds "$work/run/publish1.json" '.committed == false'
 check "the abort reason does not name the full disk" grep -q "No space left on device" "$work/run/publish1.json"
 check "a3 did not log the full disk" grep -q "No space left on device" "$work/run/a3.log"
 sleep 1  # rollbacks finish after the outcome
@@ -54,7 +54,7 @@ done
 # Room made: the same publish commits.
 mount -o remount,size=$((store_bytes * 2)) "$work/small"
 publish 2
-check "the second refit did not commit" jq -e '.committed == true and .nodes_decided == 3' "$work/run/publish2.json"
+check "the second refit did not commit" json_holds "$work/run/publish2.json" '.committed == true and .nodes_decided == 3'
 for n in a1 a2 a3; do check "$n differs from the target" "$dc" verify "$work/run/$n" "$work/steps/step1"; done
 if ((${#failures[@]} == 0)); then
   echo "enospc: a full disk under a3's journal aborts the refit cleanly; with room it commits"

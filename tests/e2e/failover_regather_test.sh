@@ -46,17 +46,17 @@ failures=()
 check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
 check "a2 was not killed after it committed" test "$crashed" = yes
 check "a3 did not fail over to a1" grep -q "failing over to a1" "$work/run/a3.log"
-check "the first refit did not commit" jq -e '.committed == true' "$work/run/first.json"
+check "the first refit did not commit" json_holds "$work/run/first.json" '.committed == true'
 # Without the fix a2 waits until a3 comes home from a1 (10 s after failing over)
 # or its commit timeout; with it, a3's failover time plus a2's rejoin grace (3 s).
 check "the first publish took ${first_seconds} s: a2 waited for a child that confirmed elsewhere" \
   awk -v s="$first_seconds" 'BEGIN { exit !(s < 10.5) }'
 check "a2 did not stop waiting for a3" grep -q "child a3 is away; it learns the decision" "$work/run/a2.log"
 check "a2 waited its commit timeout for confirmations" bash -c "! grep -q 'did not confirm the decision in time' '$work/run/a2.log'"
-check "the first refit was not confirmed by every node" jq -e '.nodes_decided == 3' "$work/run/first.json"
+check "the first refit was not confirmed by every node" json_holds "$work/run/first.json" '.nodes_decided == 3'
 check "the next step did not commit everywhere ($(jq -r .abort_reason "$work/run/second.json" 2>/dev/null))" \
-  jq -e '.committed == true and .nodes_decided == 3' "$work/run/second.json"
-check "the next step took longer than 15 s" jq -e '.seconds < 15' "$work/run/second.json"
+  json_holds "$work/run/second.json" '.committed == true and .nodes_decided == 3'
+check "the next step took longer than 15 s" json_holds "$work/run/second.json" '.seconds < 15'
 for n in a1 a2 a3; do check "$n is not at step 2" "$dc" verify "$work/run/$n" "$work/steps/step2"; done
 if ((${#failures[@]} == 0)); then
   echo "failover-regather: first publish ${first_seconds} s, next step $(jq .seconds "$work/run/second.json") s"

@@ -6,6 +6,10 @@
 #   [CONNECT_TIMEOUT]]: a source "trainer" and agents a1..a3 on loopback, written to
 #   $work/cluster.toml.
 
+# json_holds FILE FILTER: whether FILE holds JSON for which FILTER is true. Unlike a
+#   bare `jq -e` (jq 1.6 exits 0 on empty input), a missing or empty FILE fails.
+json_holds() { [[ -s $1 ]] && jq -e "$2" "$1" >/dev/null 2>&1; }
+
 start_work() {
   work=$(mktemp -d "/tmp/deltacast-$1.XXXXXX")
   pids=()

@@ -7,6 +7,7 @@
 set -euo pipefail
 dc=$1
 src=$2
+source "$(dirname "$0")/lib.sh"  # json_holds
 work=$(mktemp -d /tmp/deltacast-e2e.XXXXXX)
 pids=()
 cleanup() {
@@ -51,7 +52,7 @@ start_agents
 for k in 1 2 3; do
   "$dc" publish --config "$work/cluster.toml" --base "$work/steps/step$((k - 1))" --new "$work/steps/step$k" \
     --json >"$work/publish$k.json"
-  jq -e '.committed == true and .nodes_decided == 7 and (.nodes | length) == 7' "$work/publish$k.json" >/dev/null
+  json_holds "$work/publish$k.json" '.committed == true and .nodes_decided == 7 and (.nodes | length) == 7' >/dev/null
   for i in 1 2 3 4 5 6 7; do
     "$dc" verify "$work/stores/a$i" "$work/steps/step$k" >/dev/null || {
       echo "FAIL: a$i differs from step$k after publish" >&2

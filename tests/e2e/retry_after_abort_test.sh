@@ -45,7 +45,7 @@ for victim in "${victims[@]}"; do
   check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
   publish first  # the victim dies and stays away: aborts after the connect timeout
   check "the victim was not killed at its 10th journaled chunk" bash -c "! kill -0 ${pid[$victim]} 2>/dev/null"
-  check "the first refit did not abort" jq -e '.committed == false' "$work/run/first.json"
+  check "the first refit did not abort" json_holds "$work/run/first.json" '.committed == false'
   "$dc" agent --config "$work/cluster.toml" --node "$victim" --store "$work/run/$victim" --threads 1 \
     >>"$work/run/$victim.log" 2>&1 &
   pid[$victim]=$!
@@ -54,7 +54,7 @@ for victim in "${victims[@]}"; do
   check "$victim did not roll back after it returned" "$dc" verify "$work/run/$victim" "$work/steps/step0"
   publish second
   check "the retry did not commit ($(jq -r .abort_reason "$work/run/second.json" 2>/dev/null))" \
-    jq -e '.committed == true and .nodes_decided == 3' "$work/run/second.json"
+    json_holds "$work/run/second.json" '.committed == true and .nodes_decided == 3'
   target=$(jq -r .target_version "$work/run/second.json" 2>/dev/null)
   for n in a1 a2 a3; do
     check "$n differs from the target" "$dc" verify "$work/run/$n" "$work/steps/step1"

@@ -36,7 +36,7 @@ wait "$publisher"
 failures=()
 check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
 check "a2 was not killed as its rollback started" test "$crashed" = yes
-check "the refit did not abort" jq -e '.committed == false' "$work/run/publish.json"
+check "the refit did not abort" json_holds "$work/run/publish.json" '.committed == false'
 for _ in $(seq 1 100); do [[ -e $work/run/a2/.deltacast/inflight ]] || break; sleep 0.1; done
 check "a2 never needed base bytes" grep -q "fault injection: link lost during a rollback" "$work/run/a2.log"
 check "a2 did not ask again for the base bytes" grep -q "asking again for .* base bytes" "$work/run/a2.log"

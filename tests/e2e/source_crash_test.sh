@@ -29,7 +29,7 @@ publish() {  # base new [crash point]
 check() {  # step name -> verdict on stdout
   local step=$1 verdict=ok target
   target=$(jq -r .target_version "$work/run/publish.json" 2>/dev/null)
-  jq -e '.committed and .nodes_decided == 3' "$work/run/publish.json" >/dev/null || verdict="final publish did not commit everywhere"
+  json_holds "$work/run/publish.json" '.committed and .nodes_decided == 3' >/dev/null || verdict="final publish did not commit everywhere"
   for n in a1 a2 a3; do
     "$dc" verify "$work/run/$n" "$work/steps/$step" >/dev/null || verdict="$n differs from $step"
     grep -q "^active $target " "$work/run/$n/.deltacast/active" 2>/dev/null || verdict="$n did not make $step active"
@@ -64,7 +64,7 @@ for scenario in "${scenarios[@]}"; do
     publish "$work/steps/$to" "$work/steps/$final" 2>/dev/null || true
     # A node that had not learnt the old outcome could not be at step1 yet; the
     # trainer then retries from the version the cluster resolved to.
-    if ! jq -e .committed "$work/run/publish.json" >/dev/null 2>&1; then
+    if ! json_holds "$work/run/publish.json" .committed >/dev/null 2>&1; then
       publish "$work/steps/$from" "$work/steps/$final"
     fi
   fi

@@ -62,7 +62,7 @@ done
   --no-progress --state-dir "$work/run/source" >"$work/run/publish.json" 2>"$work/run/publish.log"
 failures=()
 check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
-check "the refit did not commit on all 3" jq -e '.committed == true and .nodes_decided == 3' "$work/run/publish.json"
+check "the refit did not commit on all 3" json_holds "$work/run/publish.json" '.committed == true and .nodes_decided == 3'
 for n in a1 a2 a3; do check "$n differs from step1" "$dc" verify "$work/run/$n" "$work/steps/step1"; done
 check "plan does not show trainer -> a1 via ucx" grep -q "<- trainer .* via ucx (then tcp)" "$work/plan.txt"
 check "plan does not show a2 via tcp" grep -q "a2 .*<- trainer .* via tcp " "$work/plan.txt"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# A subtree left mid-delta by a dead relay commits that delta when the relay
+# resolves it. Chain trainer -> a1 -> a2 -> a3, policy `available`, connect timeout
+# shorter than the failover time. a1 is killed (SIGKILL) after journaling its 3rd
+# chunk: a2 and a3 hold part of the delta, the trainer excuses a1 and commits
+# without its subtree, and a2 cannot reach the trainer before that publish ends.
+# a1 is restarted, and the next step is published: the trainer tells a1 the
+# delta committed, a1 catches up and passes COMMIT down, and a2 and a3, which
+# never got the rest of the delta, must catch up too instead of waiting for
+# chunks that will not come. The step must commit everywhere well within the
+# commit timeout.
+# Usage: resolve_subtree_test.sh DELTACAST_BINARY
+set -uo pipefail
+dc=$1
+source "$(dirname "$0")/lib.sh"
+start_work resolve
+write_chain_config resolve $((25400 + (RANDOM % 100) * 8)) 1 16KiB 4 30s available 2s
+export DELTACAST_TOKEN=resolve-$RANDOM
+"$dc" synth --out "$work/steps" --params 4M --steps 2 --change-rate 5% --threads 2 >/dev/null
+mkdir -p "$work/run"
+for n in a1 a2 a3; do cp -r "$work/steps/step0" "$work/run/$n"; done
+agent() {  # node [env assignment]
+  env ${2:-} "$dc" agent --config "$work/cluster.toml" --node "$1" --store "$work/run/$1" --threads 1 \
+    >>"$work/run/$1.log" 2>&1 &
+  pids+=($!)
+}
+publish() {  # step-from step-to output
+  "$dc" publish --config "$work/cluster.toml" --base "$work/steps/step$1" --new "$work/steps/step$2" --json \
+    --no-progress --state-dir "$work/run/source" >"$work/run/$3.json" 2>>"$work/run/publish.log"
+}
+agent a1 DELTACAST_CRASH_AT=agent.applied:3
+victim=${pids[-1]}
+agent a2
+agent a3
+publish 0 1 first
+crashed=yes
+kill -0 "$victim" 2>/dev/null && crashed=no
+agent a1
+sleep 1
+publish 1 2 second
+failures=()
+check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
+check "a1 was not killed at its 3rd journaled chunk" test "$crashed" = yes
+check "the first step did not commit without a1's subtree" json_holds "$work/run/first.json" '.committed == true'
+check "a2 did not hold part of the delta" grep -q "in flight" "$work/run/a2.log"
+check "the next step did not commit everywhere ($(jq -r .abort_reason "$work/run/second.json" 2>/dev/null))" \
+  json_holds "$work/run/second.json" '.committed == true and .nodes_decided == 3'
+check "the next step took $(jq .seconds "$work/run/second.json" 2>/dev/null) s: a relay waited for its subtree" \
+  json_holds "$work/run/second.json" '.seconds < 15'
+for n in a1 a2 a3; do
+  check "$n is not at step 2" "$dc" verify "$work/run/$n" "$work/steps/step2"
+  check "$n waited for the confirmations of a resolved delta" \
+    bash -c "! grep -q 'did not confirm the decision in time' '$work/run/$n.log'"
+done
+if ((${#failures[@]} == 0)); then
+  echo "resolve-subtree: the next step took $(jq .seconds "$work/run/second.json") s"
+  echo "resolve-subtree: 1 passed, 0 failed"
+else
+  printf 'resolve-subtree: FAIL: %s\n' "${failures[@]}"
+  [[ -n ${KEEP:-} ]] && echo "logs in $work"
+  exit 1
+fi
