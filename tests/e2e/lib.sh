@@ -1,7 +1,7 @@
 # Shared setup of the multi-process fault tests (sourced, not run).
 #
-# start_work NAME: a scratch directory $work, removed with every process in
-#   $pids on exit (KEEP=1 keeps it for a look).
+# start_work NAME: a scratch directory $work, removed on exit (KEEP=1 keeps it for
+#   a look); every process in $pids is killed on exit either way.
 # write_chain_config NAME PORT_BASE FANOUT CHUNK WINDOW COMMIT_TIMEOUT [POLICY
 #   [CONNECT_TIMEOUT]]: a source "trainer" and agents a1..a3 on loopback, written to
 #   $work/cluster.toml.
@@ -13,13 +13,14 @@ json_holds() { [[ -s $1 ]] && jq -e "$2" "$1" >/dev/null 2>&1; }
 start_work() {
   work=$(mktemp -d "/tmp/deltacast-$1.XXXXXX")
   pids=()
-  [[ -n ${KEEP:-} ]] || trap cleanup EXIT
+  trap cleanup EXIT
 }
 
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  pkill -9 -P $$ 2>/dev/null || true  # and any other process this script started
   wait 2>/dev/null || true
-  rm -rf "$work"
+  if [[ -n ${KEEP:-} ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 
 write_chain_config() {

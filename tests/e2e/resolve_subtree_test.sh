@@ -2,7 +2,7 @@
 # A subtree left mid-delta by a dead relay commits that delta when the relay
 # resolves it. Chain trainer -> a1 -> a2 -> a3, policy `available`, connect timeout
 # shorter than the failover time. a1 is killed (SIGKILL) after journaling its 3rd
-# chunk: a2 and a3 hold part of the delta, the trainer excuses a1 and commits
+# chunk: a2 and a3 hold part of the delta, the trainer excuses a1 after 1.5 s and commits
 # without its subtree, and a2 cannot reach the trainer before that publish ends.
 # a1 is restarted, and the next step is published: the trainer tells a1 the
 # delta committed, a1 catches up and passes COMMIT down, and a2 and a3, which
@@ -14,7 +14,7 @@ set -uo pipefail
 dc=$1
 source "$(dirname "$0")/lib.sh"
 start_work resolve
-write_chain_config resolve $((25400 + (RANDOM % 100) * 8)) 1 16KiB 4 30s available 2s
+write_chain_config resolve $((25400 + (RANDOM % 100) * 8)) 1 16KiB 4 30s available 1500ms
 export DELTACAST_TOKEN=resolve-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 2 --change-rate 5% --threads 2 >/dev/null
 mkdir -p "$work/run"
@@ -32,6 +32,10 @@ agent a1 DELTACAST_CRASH_AT=agent.applied:3
 victim=${pids[-1]}
 agent a2
 agent a3
+# Every agent up before the trainer listens, so each joins within its retry interval.
+for n in a1 a2 a3; do
+  for _ in $(seq 1 100); do grep -q "listening on" "$work/run/$n.log" 2>/dev/null && break; sleep 0.05; done
+done
 publish 0 1 first
 crashed=yes
 kill -0 "$victim" 2>/dev/null && crashed=no
