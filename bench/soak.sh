@@ -27,7 +27,7 @@
 #
 # Prints one line per run on stderr and a JSON summary on stdout.
 # Usage: bench/soak.sh [RUNS] [SEED] [--params 20M] [--chunk 16KiB] [--hang 20]
-#   (needs build/bin/deltacast; ~5-10 s a run)
+#   (needs build/bin/deltacast, or the binary in $DELTACAST; ~5-10 s a run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 runs=30
@@ -46,7 +46,7 @@ while (($#)); do
 done
 ((${#positional[@]} > 0)) && runs=${positional[0]}
 ((${#positional[@]} > 1)) && seed=${positional[1]}
-dc=$PWD/build/bin/deltacast
+dc=${DELTACAST:-$PWD/build/bin/deltacast}
 source tests/e2e/lib.sh
 start_work soak
 RANDOM=$seed
