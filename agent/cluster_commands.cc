@@ -7,11 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/commands.h"
-#include "agent/node_agent.h"
-#include "agent/node_transports.h"
-#include "agent/publisher.h"
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
+#include "relay/node_agent.h"
+#include "relay/node_transports.h"
+#include "relay/publisher.h"
 #include "topology/plan_format.h"
 #include "topology/tree_plan.h"
 
@@ -77,15 +77,16 @@ int RunAgent(const AgentArgs& args) {
     return Fail(
         Status::InvalidArgument("node '" + args.node + "' is not in " + args.config.string()));
   }
-  auto transport = MakeNodeTransports(*config, *node);
+  auto transport = relay::MakeNodeTransports(*config, *node);
   if (!transport.ok()) return Fail(transport.status());
-  NodeAgentOptions options;
+  relay::NodeAgentOptions options;
   options.config = *config;
   options.node_id = args.node;
   options.token = *token;
   options.apply_threads = args.threads;
   options.spool_dir = args.store / apply::kStateDirName / "spool";
-  auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(*transport));
+  auto agent =
+      relay::NodeAgent::Start(std::move(options), std::move(*replica), std::move(*transport));
   if (!agent.ok()) return Fail(agent.status());
   const int signal = signals.Wait();
   log::Info(fmt::format("{}: stopping on signal {}", args.node, signal));
@@ -98,9 +99,9 @@ int RunPublish(const PublishArgs& args) {
   if (!config.ok()) return Fail(config.status());
   auto token = topology::ReadAuthToken(*config);
   if (!token.ok()) return Fail(token.status());
-  auto transport = MakeNodeTransports(*config, *config->Source());
+  auto transport = relay::MakeNodeTransports(*config, *config->Source());
   if (!transport.ok()) return Fail(transport.status());
-  PublishOptions options;
+  relay::PublishOptions options;
   options.config = *config;
   options.token = *token;
   options.codec = args.codec;
@@ -115,12 +116,12 @@ int RunPublish(const PublishArgs& args) {
   options.keep_deltas = args.keep_deltas;
   const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
   if (tty) {
-    options.on_progress = [](const PublishProgress& p) {
+    options.on_progress = [](const relay::PublishProgress& p) {
       fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
                  double(p.bytes_sent) / (1 << 20));
     };
   }
-  auto report = PublishCheckpoints(options, args.base, args.target, std::move(*transport));
+  auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(*transport));
   if (tty) fmt::print(stderr, "\n");
   if (!report.ok()) return Fail(report.status());
   const auto& r = *report;

@@ -52,8 +52,8 @@
 #include <thread>
 #include <vector>
 
-#include "agent/node_agent.h"
-#include "agent/publisher.h"
+#include "relay/node_agent.h"
+#include "relay/publisher.h"
 #include "agent/synth.h"
 #include "apply/host_store.h"
 #include "apply/replica.h"
@@ -370,7 +370,7 @@ std::filesystem::path SpoolRoot() {
 size_t ReceiverIndex(const std::string& id) { return std::stoul(id.substr(1)) - 1; }
 
 struct Cluster {
-  std::vector<std::unique_ptr<dc::agent::NodeAgent>> agents;  // [i]: receiver n(i+1)
+  std::vector<std::unique_ptr<dc::relay::NodeAgent>> agents;  // [i]: receiver n(i+1)
   // Each agent's store, owned by its replica inside the agent: valid while the
   // agent lives. Read only once the refit committed (the agent is idle then).
   std::vector<const dc::apply::WeightStore*> stores;
@@ -406,13 +406,13 @@ bool StartReceivers(const dc::topology::ClusterConfig& config, const dc::topolog
   for (size_t k = 1; k < plan.nodes.size(); ++k) {
     const auto& node = plan.nodes[k];
     const size_t i = ReceiverIndex(node.id);
-    dc::agent::NodeAgentOptions options;
+    dc::relay::NodeAgentOptions options;
     options.config = config;
     options.node_id = node.id;
     options.token = kToken;
     options.apply_threads = p.apply_threads;
     options.spool_dir = SpoolRoot() / node.id;
-    auto agent = dc::agent::NodeAgent::Start(std::move(options), std::move(replicas[i]),
+    auto agent = dc::relay::NodeAgent::Start(std::move(options), std::move(replicas[i]),
                                              NodeTransport(p, s.model, node.children.size()));
     if (!agent.ok()) {
       fmt::print(stderr, "fanout bench: {} cannot start ({}); retrying on other ports\n", node.id,
@@ -447,7 +447,7 @@ int WaitForStats(const Cluster& cluster, const dc::Digest128& target) {
 
 // Every receiver committed the target and holds exactly its bytes; dies otherwise.
 // Returns how many agents' stats lagged the commit (see WaitForStats).
-int VerifyBitExact(const Cluster& cluster, const dc::agent::PublishReport& report,
+int VerifyBitExact(const Cluster& cluster, const dc::relay::PublishReport& report,
                    const Checkpoint& target, const std::string& what) {
   if (!report.committed) Die(what + ": refit did not commit: " + report.abort_reason);
   if (report.nodes_decided != cluster.agents.size()) {
@@ -503,7 +503,7 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     Cluster cluster;
     if (!StartReceivers(config, plan, s, p, base, cluster)) continue;
 
-    dc::agent::PublishOptions options;
+    dc::relay::PublishOptions options;
     options.config = config;
     options.token = kToken;
     options.encode_threads = p.encode_threads;
@@ -512,7 +512,7 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
     auto published =
-        dc::agent::Publish(options, *base.store, base.manifest, *target.store, target.manifest,
+        dc::relay::Publish(options, *base.store, base.manifest, *target.store, target.manifest,
                            NodeTransport(p, s.model, source_children));
     const double wall = Seconds(t0);
     const double cpu = CpuSeconds() - cpu0;
@@ -521,7 +521,7 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
       if (published.status().message().find("cannot listen") != std::string::npos) continue;
       Die(what + ": publish failed: " + published.status().ToString());
     }
-    const dc::agent::PublishReport& report = *published;
+    const dc::relay::PublishReport& report = *published;
     const int lagged = VerifyBitExact(cluster, report, target, what);
 
     RunResult r;

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "agent/node_agent.h"
-#include "agent/publisher.h"
+#include "relay/node_agent.h"
+#include "relay/publisher.h"
 #include "apply/host_store.h"
 #include "bench/bench_util.h"
 #include "codec/manifest.h"
@@ -117,9 +117,9 @@ int main(int argc, char** argv) {
   auto config = Check(dc::topology::ParseClusterConfig(ClusterToml(), "refit-latency.toml"),
                       "config");
   std::vector<Buffers> stores(kReceivers, versions[0]);
-  std::vector<std::unique_ptr<dc::agent::NodeAgent>> agents;
+  std::vector<std::unique_ptr<dc::relay::NodeAgent>> agents;
   for (int i = 0; i < kReceivers; ++i) {
-    dc::agent::NodeAgentOptions options;
+    dc::relay::NodeAgentOptions options;
     options.config = config;
     options.node_id = "a" + std::to_string(i + 1);
     options.token = kToken;
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
     auto replica = Check(dc::apply::Replica::ForStore(Over(tensors, stores[i]),
                                                       dc::codec::kDefaultPartitionBytes, 1),
                          "replica");
-    agents.push_back(Check(dc::agent::NodeAgent::Start(std::move(options), std::move(replica),
+    agents.push_back(Check(dc::relay::NodeAgent::Start(std::move(options), std::move(replica),
                                                        Check(dc::transport::MakeTcpTransport(),
                                                              "tcp")),
                            "agent"));
@@ -142,16 +142,16 @@ int main(int argc, char** argv) {
     auto target = Over(tensors, versions[s + 1]);
     const auto base_manifest = ManifestOf(*base);
     const auto target_manifest = ManifestOf(*target);
-    dc::agent::PublishOptions options;
+    dc::relay::PublishOptions options;
     options.config = config;
     options.token = kToken;
     options.encode_threads = 1;
     double first = -1;
     const auto call = Clock::now();
-    options.on_progress = [&](const dc::agent::PublishProgress& p) {
+    options.on_progress = [&](const dc::relay::PublishProgress& p) {
       if (p.chunks_sent == 1) first = Seconds(call);
     };
-    auto report = Check(dc::agent::Publish(options, *base, base_manifest, *target, target_manifest,
+    auto report = Check(dc::relay::Publish(options, *base, base_manifest, *target, target_manifest,
                                            Check(dc::transport::MakeTcpTransport(), "tcp")),
                         "publish");
     const double seconds = Seconds(call);

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "agent/node_agent.h"
-#include "agent/publisher.h"
+#include "relay/node_agent.h"
+#include "relay/publisher.h"
 #include "apply/host_store.h"
 #include "codec/manifest.h"
 #include "topology/cluster_config.h"
@@ -87,16 +87,16 @@ int main() {
   Buffers worker_weights = step_k;
   auto replica = dc::apply::Replica::ForStore(Over(tensors, worker_weights),
                                               dc::codec::kDefaultPartitionBytes, 0);
-  dc::agent::NodeAgentOptions worker_options;
+  dc::relay::NodeAgentOptions worker_options;
   worker_options.config = *config;
   worker_options.node_id = "worker";
   worker_options.token = token;
-  worker_options.on_commit = [](const dc::agent::CommitEvent& e) {
+  worker_options.on_commit = [](const dc::relay::CommitEvent& e) {
     std::printf("worker: version %s committed; reload:", e.version.ShortHex().c_str());
     for (const auto& name : e.changed_tensors) std::printf(" %s", name.c_str());
     std::printf("\n");
   };
-  auto worker = dc::agent::NodeAgent::Start(std::move(worker_options), std::move(*replica),
+  auto worker = dc::relay::NodeAgent::Start(std::move(worker_options), std::move(*replica),
                                             std::move(*dc::transport::MakeTcpTransport()));
   if (!worker.ok())
     return std::fprintf(stderr, "worker: %s\n", worker.status().ToString().c_str()), 1;
@@ -104,10 +104,10 @@ int main() {
   // Trainer: publishes step k -> step k+1 from its own buffers.
   auto base = Over(tensors, step_k);
   auto target = Over(tensors, step_k1);
-  dc::agent::PublishOptions options;
+  dc::relay::PublishOptions options;
   options.config = *config;
   options.token = token;
-  auto report = dc::agent::Publish(options, *base, ManifestOf(*base), *target, ManifestOf(*target),
+  auto report = dc::relay::Publish(options, *base, ManifestOf(*base), *target, ManifestOf(*target),
                                    std::move(*dc::transport::MakeTcpTransport()));
   (*worker)->Stop();
   if (!report.ok())

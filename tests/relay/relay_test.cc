@@ -10,8 +10,8 @@
 #include <set>
 #include <thread>
 
-#include "agent/node_agent.h"
-#include "agent/publisher.h"
+#include "relay/node_agent.h"
+#include "relay/publisher.h"
 #include "apply/host_store.h"
 #include "codec/manifest.h"
 #include "topology/cluster_config.h"
@@ -20,7 +20,7 @@
 #include "transport/fault_transport.h"
 #include "transport/inproc/inproc_transport.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 namespace {
 
 using codec::TensorInfo;
@@ -587,4 +587,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, BackendFailoverTest,
                          });
 
 }  // namespace
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

@@ -1,8 +1,8 @@
-#include "agent/protocol.h"
+#include "relay/protocol.h"
 
 #include <gtest/gtest.h>
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 namespace {
 
 TEST(ProtocolTest, MessagesRoundTrip) {
@@ -89,4 +89,4 @@ TEST(ProtocolTest, ProofBindsTokenNonceAndBothEnds) {
 }
 
 }  // namespace
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

@@ -18,7 +18,7 @@
 #include "common/status.h"
 #include "transport/transport.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 class Spool {
  public:
@@ -67,4 +67,4 @@ class Spool {
   bool dirty_ = false;
 };
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

@@ -11,7 +11,7 @@
 #include "topology/cluster_config.h"
 #include "transport/transport.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 // Makes every backend `node` lists, with the config's [transport] providers. A backend
 // that cannot start here (e.g. UCX finds no usable device) is left out with a warning
@@ -20,4 +20,4 @@ namespace deltacast::agent {
 Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
     const topology::ClusterConfig& config, const topology::NodeConfig& node);
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "agent/event_loop.h"
-#include "agent/protocol.h"
+#include "relay/event_loop.h"
+#include "relay/protocol.h"
 #include "transport/transport.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 class Downstream {
  public:
@@ -196,4 +196,4 @@ class Downstream {
   uint64_t queued_bytes_ = 0;
 };
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

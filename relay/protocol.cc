@@ -1,4 +1,4 @@
-#include "agent/protocol.h"
+#include "relay/protocol.h"
 
 #include <openssl/crypto.h>
 #include <openssl/hmac.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 namespace {
 
 constexpr size_t kMaxTensorNameInFetch = 1024;
@@ -587,4 +587,4 @@ std::array<uint8_t, kNonceBytes> RandomNonce() {
   return nonce;
 }
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

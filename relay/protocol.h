@@ -14,7 +14,7 @@
 #include "common/hash.h"
 #include "common/status.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
 inline constexpr uint8_t kProtocolVersion = 1;
@@ -220,4 +220,4 @@ bool ProofMatches(const std::array<uint8_t, kProofBytes>& a,
                   const std::array<uint8_t, kProofBytes>& b);
 std::array<uint8_t, kNonceBytes> RandomNonce();
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

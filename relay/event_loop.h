@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 class EventLoop {
  public:
@@ -46,4 +46,4 @@ class EventLoop {
   std::thread thread_;
 };
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

@@ -1,6 +1,6 @@
 // DeltaHistory: the source's kept deltas (add, prune to K, chains, reading chunks
 // back, surviving a restart) and the catch-up messages of the relay protocol.
-#include "agent/delta_history.h"
+#include "relay/delta_history.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,12 +8,12 @@
 #include <filesystem>
 #include <random>
 
-#include "agent/protocol.h"
+#include "relay/protocol.h"
 #include "codec/chunk.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 namespace {
 
 namespace fs = std::filesystem;
@@ -164,4 +164,4 @@ TEST(CatchUpProtocolTest, RequestsAndAnswersRoundTripAndAreRenumbered) {
 }
 
 }  // namespace
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

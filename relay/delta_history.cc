@@ -1,11 +1,11 @@
-#include "agent/delta_history.h"
+#include "relay/delta_history.h"
 
 #include <sstream>
 #include <string>
 
 #include "common/file_util.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 DeltaHistory::DeltaHistory(std::filesystem::path dir, size_t keep)
     : dir_(std::move(dir)), keep_(keep) {
@@ -106,4 +106,4 @@ size_t DeltaHistory::size() const {
   return links_.size();
 }
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

@@ -1,15 +1,15 @@
-#include "agent/spool.h"
+#include "relay/spool.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 
-#include "agent/protocol.h"
+#include "relay/protocol.h"
 #include "codec/chunk.h"
 #include "common/file_util.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
                                            const Digest128& target) {
@@ -124,4 +124,4 @@ uint64_t Spool::bytes() const {
   return end_;
 }
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

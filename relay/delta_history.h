@@ -17,13 +17,13 @@
 #include <mutex>
 #include <vector>
 
-#include "agent/protocol.h"
-#include "agent/spool.h"
+#include "relay/protocol.h"
+#include "relay/spool.h"
 #include "common/hash.h"
 #include "common/status.h"
 #include "transport/transport.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 class DeltaHistory {
  public:
@@ -54,4 +54,4 @@ class DeltaHistory {
   mutable std::map<std::string, std::unique_ptr<Spool>> open_;  // target hex -> spool
 };
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

@@ -1,4 +1,4 @@
-#include "agent/node_agent.h"
+#include "relay/node_agent.h"
 
 #include <fmt/core.h>
 #include <unistd.h>
@@ -10,17 +10,17 @@
 #include <optional>
 #include <set>
 
-#include "agent/downstream.h"
-#include "agent/event_loop.h"
-#include "agent/protocol.h"
-#include "agent/spool.h"
+#include "relay/downstream.h"
+#include "relay/event_loop.h"
+#include "relay/protocol.h"
+#include "relay/spool.h"
 #include "codec/chunk.h"
 #include "common/crash_point.h"
 #include "common/log.h"
 #include "topology/tree_plan.h"
 #include "transport/transport_set.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -1875,4 +1875,4 @@ void NodeAgent::Stop() {
 NodeAgentStats NodeAgent::stats() const { return impl_->stats(); }
 const std::string& NodeAgent::listen_address() const { return impl_->listen_address(); }
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

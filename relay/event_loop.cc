@@ -1,6 +1,6 @@
-#include "agent/event_loop.h"
+#include "relay/event_loop.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 EventLoop::EventLoop(std::function<void()> tick, std::chrono::milliseconds period)
     : tick_(std::move(tick)), period_(period) {}
@@ -52,4 +52,4 @@ void EventLoop::Run() {
   }
 }
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

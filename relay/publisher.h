@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "agent/protocol.h"
+#include "relay/protocol.h"
 #include "apply/weight_store.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 #include "topology/cluster_config.h"
 #include "transport/transport.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 struct PublishProgress {
   uint64_t chunks_sent = 0;
@@ -81,4 +81,4 @@ Result<PublishReport> PublishCheckpoints(const PublishOptions& options,
                                          const std::filesystem::path& new_dir,
                                          std::unique_ptr<transport::Transport> transport);
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

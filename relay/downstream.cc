@@ -1,4 +1,4 @@
-#include "agent/downstream.h"
+#include "relay/downstream.h"
 
 #include <fmt/core.h>
 
@@ -6,7 +6,7 @@
 
 #include "common/log.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 Downstream::Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children,
                        std::string token, Events events)
     : loop_(loop),
@@ -397,4 +397,4 @@ void Downstream::CloseAll() {
   handshakes_.clear();
 }
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

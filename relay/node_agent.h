@@ -25,7 +25,7 @@
 #include "topology/cluster_config.h"
 #include "transport/transport.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 struct CommitEvent {
   uint64_t refit_id = 0;
@@ -86,4 +86,4 @@ class NodeAgent {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

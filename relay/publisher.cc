@@ -1,4 +1,4 @@
-#include "agent/publisher.h"
+#include "relay/publisher.h"
 
 #include <fmt/core.h>
 #include <openssl/rand.h>
@@ -12,10 +12,10 @@
 #include <set>
 #include <sstream>
 
-#include "agent/delta_history.h"
-#include "agent/downstream.h"
-#include "agent/event_loop.h"
-#include "agent/spool.h"
+#include "relay/delta_history.h"
+#include "relay/downstream.h"
+#include "relay/event_loop.h"
+#include "relay/spool.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
 #include "codec/chunk.h"
@@ -26,7 +26,7 @@
 #include "topology/tree_plan.h"
 #include "transport/transport_set.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -669,4 +669,4 @@ Result<PublishReport> PublishCheckpoints(const PublishOptions& options,
   return Publish(options, **base, base_manifest, **target, target_manifest, std::move(transport));
 }
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay

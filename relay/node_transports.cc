@@ -1,4 +1,4 @@
-#include "agent/node_transports.h"
+#include "relay/node_transports.h"
 
 #include <fmt/core.h>
 
@@ -10,7 +10,7 @@
 #include "transport/factory.h"
 #include "transport/transport_set.h"
 
-namespace deltacast::agent {
+namespace deltacast::relay {
 
 Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
     const topology::ClusterConfig& config, const topology::NodeConfig& node) {
@@ -40,4 +40,4 @@ Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
       std::make_unique<transport::TransportSet>(std::move(members)));
 }
 
-}  // namespace deltacast::agent
+}  // namespace deltacast::relay
