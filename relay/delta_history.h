@@ -17,10 +17,10 @@
 #include <mutex>
 #include <vector>
 
-#include "relay/protocol.h"
-#include "relay/spool.h"
 #include "common/hash.h"
 #include "common/status.h"
+#include "relay/protocol.h"
+#include "relay/spool.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay {

@@ -56,7 +56,7 @@ struct NodeAgentStats {
   // HELLO, or received before on the same parent link during the same refit.
   // Sent for nothing; a correct parent never does it.
   uint64_t chunk_bytes_resent = 0;
-  uint64_t peak_held_bytes = 0;       // most chunk bytes held at once (received, not yet released)
+  uint64_t peak_held_bytes = 0;  // most chunk bytes held at once (received, not yet released)
   uint64_t partitions_repaired = 0;
   uint64_t parent_joins = 0;          // times it joined a parent (1 + reconnects)
   uint64_t partitions_caught_up = 0;  // overwritten to reach a version this node missed

@@ -12,10 +12,6 @@
 #include <set>
 #include <sstream>
 
-#include "relay/delta_history.h"
-#include "relay/downstream.h"
-#include "relay/event_loop.h"
-#include "relay/spool.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
 #include "codec/chunk.h"
@@ -23,6 +19,10 @@
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/parallel.h"
+#include "relay/delta_history.h"
+#include "relay/downstream.h"
+#include "relay/event_loop.h"
+#include "relay/spool.h"
 #include "topology/tree_plan.h"
 #include "transport/transport_set.h"
 

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "relay/protocol.h"
 #include "apply/weight_store.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
+#include "relay/protocol.h"
 #include "topology/cluster_config.h"
 #include "transport/transport.h"
 

@@ -5,9 +5,9 @@
 
 #include <cerrno>
 
-#include "relay/protocol.h"
 #include "codec/chunk.h"
 #include "common/file_util.h"
+#include "relay/protocol.h"
 
 namespace deltacast::relay {
 

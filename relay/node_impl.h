@@ -1,0 +1,165 @@
+// NodeAgent::Impl (private to relay/): one relay node's refit state machine, and the
+// parts it wires together. The parts own their state: ParentLink (the link to the
+// parent and rejoining), Downstream (links to children), RefitChildren (what the
+// children did in this refit), UpRequests (requests up the tree: repair bytes,
+// routed catch-up requests), CatchUp, Rollback, NodeStore (the replica on the
+// apply thread). What stays here is the refit as this node sees it: receive,
+// forward, apply, prepare (node_refit.cc), and decisions and outcome
+// (node_outcome.cc); node_agent.cc routes messages and ticks.
+//
+// Thread safety: all of it runs on loop_, but stats() (any thread, under stats_mu_).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "relay/catch_up.h"
+#include "relay/downstream.h"
+#include "relay/event_loop.h"
+#include "relay/node_agent.h"
+#include "relay/node_store.h"
+#include "relay/parent_link.h"
+#include "relay/protocol.h"
+#include "relay/refit_children.h"
+#include "relay/rollback.h"
+#include "relay/spool.h"
+#include "relay/up_requests.h"
+#include "topology/tree_plan.h"
+
+namespace deltacast::relay {
+
+class NodeAgent::Impl {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
+       std::unique_ptr<transport::Transport> transport, topology::TreePlan plan);
+  ~Impl();  // Stop()
+  Status Listen();
+  void Stop();
+  NodeAgentStats stats() const;
+  const std::string& listen_address() const { return listen_address_; }
+
+ private:
+  enum class Phase { kStreaming, kCommitting, kAborting, kDone };
+
+  // One refit as this node sees it. Its children's part is in children_.
+  struct Refit {
+    uint64_t id = 0;
+    Begin begin;
+    codec::DeltaIdentity identity;
+    Phase phase = Phase::kStreaming;
+    Status local_error;  // why this node cannot reach the target
+    bool local_prepared = false;
+    bool end_received = false;  // the END chunk came: every chunk the parent sends came
+    bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
+    bool prepared_sent = false;
+    bool failed_sent = false;
+    std::optional<MessageType> pending_decision;  // arrived before we had prepared
+    bool local_outcome_done = false;
+    Clock::time_point start = Clock::now();
+    Clock::time_point decided;
+    double apply_seconds = 0;
+    uint64_t chunk_bytes = 0;
+    uint64_t resent_bytes = 0;  // of chunk_bytes: chunks this node had already
+    uint64_t chunks = 0;
+    uint64_t partitions_applied = 0;
+    uint64_t repair_bytes = 0;  // literal partition bytes fetched for torn partitions
+    // Every chunk received, durably before it is applied: for replays to children
+    // that rejoin, and so this node can roll the delta back from its own records.
+    std::shared_ptr<Spool> spool;
+  };
+
+  // What the last HELLO said this node had applied, so chunks a parent sends
+  // anyway are counted (stats_.chunk_bytes_resent).
+  struct Claimed {
+    Digest128 target;
+    std::set<uint32_t> applied;
+  };
+
+  // node_agent.cc: wiring.
+  Downstream::Events DownstreamEvents();
+  ParentLink::Events ParentEvents();
+  void Tick();
+  Hello MakeHello();
+  void OnParentJoined();
+  void OnParentLost(const Status& why);
+  void OnParentMessage(MessageType type, const transport::Message& message);
+  void OnChildLost(const std::string& child);
+  void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes);
+  void OnChildFetch(const std::string& child, ByteSpan bytes);
+  void OnCatchUpFinished(const CatchUp::Result& result);
+  void RunDeferredBegin();
+  void HoldChunk(size_t bytes);
+  void ReleaseChunk(size_t bytes) { held_bytes_ -= bytes; }
+
+  // node_refit.cc: receive, forward, apply, prepare.
+  void OnBegin(ByteSpan bytes);
+  bool Behind(const Begin& b) const;
+  void OnChunk(const transport::Message& received);
+  void OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result);
+  void RequestRepairs(const NodeStore::ApplyResult& result);
+  void OnRepairBytes(uint64_t id, const Fetch& fetch, const PartitionData& data);
+  void LocalFailure(uint64_t id, const Status& status);
+  void SendFailed(const Failed& failed);
+  void MaybePrepared();
+  void OnChildPrepared(const std::string& child, ByteSpan bytes);
+  void OnChildFailed(const std::string& child, ByteSpan bytes);
+  void OnChildJoined(const std::string& child, const Hello& hello);
+  void TimeAbsentChildren(Clock::time_point now);
+
+  // node_outcome.cc: decisions and outcome.
+  void OnDecision(MessageType type, ByteSpan bytes);
+  void Resolve(MessageType type, const Decision& d);
+  void CommitByCatchingUp(const Decision& d);
+  void Decide(MessageType type);
+  void StartAbort();
+  void OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version);
+  void OnChildConfirmed(const std::string& child, ByteSpan bytes);
+  void GiveUpOnAwayChildren(Clock::time_point now);
+  void MaybeOutcome();
+  void ReportOutcome();
+
+  NodeAgentOptions options_;
+  topology::TreePlan plan_;
+  topology::PlannedNode self_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::string listen_address_;
+
+  // Loop-thread state.
+  std::optional<Refit> refit_;
+  bool committed_last_ = false;
+  std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
+  uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
+  NodeStore::Journal journal_;             // the replica's journal, mirrored
+  Claimed claimed_;
+  std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
+  Clock::time_point next_heartbeat_ = Clock::now();
+  uint64_t held_bytes_ = 0;
+  uint64_t refetches_ = 0;  // damaged chunks fetched again
+
+  mutable std::mutex stats_mu_;
+  NodeAgentStats stats_;
+  std::atomic<bool> stopped_{false};
+  bool owns_spool_dir_ = false;  // a per-process temporary directory, removed on Stop
+
+  // The parts. Declared after the state they use and before the loop, which is
+  // stopped first and destroyed last.
+  EventLoop loop_;
+  NodeStore store_;
+  Downstream downstream_;
+  ParentLink parent_;
+  RefitChildren children_;
+  UpRequests requests_;
+  CatchUp catch_up_;
+  Rollback rollback_;
+};
+
+}  // namespace deltacast::relay

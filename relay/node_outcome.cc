@@ -1,0 +1,226 @@
+// A relay node's refit, decision half: COMMIT or ABORT from the parent (passed down
+// first), the local commit or rollback, the outcome of a delta left in flight by an
+// earlier refit, and the confirmations gathered from the subtree before this node
+// reports COMMITTED or ABORTED up (docs/protocol.md, docs/recovery.md).
+#include <fmt/core.h>
+
+#include "common/log.h"
+#include "relay/node_impl.h"
+
+namespace deltacast::relay {
+
+void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
+  auto d = ParseDecision(bytes);
+  if (!d.ok()) return parent_.ProtocolError(d.status().message());
+  if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
+    if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
+      // A repeated COMMIT: confirm again.
+      parent_.Send(
+          EncodeOutcome(MessageType::kCommitted, {d->refit_id, 1 + children_.confirmed_nodes()}));
+      return;
+    }
+    if (!refit_ || refit_->id != d->refit_id) {
+      // We committed before a restart and never confirmed: our subtree's
+      // confirmations were lost with us, so gather them again.
+      refit_.emplace();
+      refit_->id = d->refit_id;
+      refit_->identity.target_version = d->target_version;
+      refit_->phase = Phase::kCommitting;
+      refit_->decided = Clock::now();
+      refit_->local_outcome_done = true;
+      {
+        std::lock_guard lock(stats_mu_);
+        stats_.version = journal_.version;
+      }
+      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, *d)));
+      // Our children's links died with our previous life: one that is not back
+      // within the time a child keeps trying us has failed over (and confirmed
+      // there) or is down, and learns the decision when it is back.
+      children_.BeginRefit(Clock::now());
+      children_.Decided(Clock::now(), ParentLink::kFailoverAfter,
+                        options_.config.tree.connect_timeout);
+      MaybeOutcome();
+      return;
+    }
+  }
+  if (!refit_ || refit_->id != d->refit_id) {
+    if (journal_.inflight && journal_.inflight->target == d->target_version)
+      return Resolve(type, *d);
+    log::Debug(fmt::format("{}: ignoring {} of refit {}, which is not ours", options_.node_id,
+                           MessageTypeName(type), d->refit_id));
+    return;
+  }
+  Refit& r = *refit_;
+  if (r.phase != Phase::kStreaming) return;  // a duplicate
+  if (type == MessageType::kCommit && !r.prepared_sent) {
+    // Replayed right behind the chunks we lacked: decide once they are applied.
+    if (r.end_received) {
+      r.pending_decision = type;
+      return;
+    }
+    // Every chunk the parent sends comes before its decision, and the END did not:
+    // the parent resolved a delta it does not hold whole (it was down while the
+    // refit committed). Reach the target the way Resolve does.
+    return CommitByCatchingUp(*d);
+  }
+  Decide(type);
+}
+
+// The delta of the current refit committed, but this node cannot finish it from
+// the chunks its parent has: it tells its children and catches up to the target
+// (by the kept deltas, else by the partitions that differ).
+void NodeAgent::Impl::CommitByCatchingUp(const Decision& d) {
+  Refit& r = *refit_;
+  log::Warn(fmt::format(
+      "{}: refit {} committed, but not every chunk of it reached this node; catching up",
+      options_.node_id, r.id));
+  r.phase = Phase::kCommitting;
+  r.decided = Clock::now();
+  r.resolution = true;  // a child that rejoins is sent the decision, not the delta
+  downstream_.DropQueued();
+  downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, d)));
+  children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
+                    options_.config.tree.connect_timeout);
+  store_.DropRefit();  // the catch-up resumes the delta
+  if (!catch_up_.active()) return catch_up_.Start(d.target_version, r.id, /*resolving=*/true);
+  catch_up_.Resolves(r.id);
+}
+
+// The outcome of a delta this node had in flight from an earlier refit (it
+// restarted, or the source died before deciding): commit it if the source
+// committed it, else roll it back (presumed abort). Children in the same state
+// learn it from us. A BEGIN that arrives meanwhile waits (OnBegin).
+void NodeAgent::Impl::Resolve(MessageType type, const Decision& d) {
+  log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
+                        journal_.inflight->base.ShortHex(), d.target_version.ShortHex(),
+                        MessageTypeName(type)));
+  refit_.emplace();
+  refit_->id = d.refit_id;
+  refit_->identity = {journal_.inflight->base, d.target_version, 0};
+  refit_->decided = Clock::now();
+  refit_->resolution = true;
+  downstream_.DropQueued();
+  downstream_.Broadcast(transport::MakeMessage(EncodeDecision(type, d)));
+  children_.BeginRefit(Clock::now());
+  children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
+                    options_.config.tree.connect_timeout);
+  const uint64_t id = d.refit_id;
+  if (type == MessageType::kCommit && !journal_.prepared) {
+    // It committed without us: reach it by fetching what differs.
+    refit_->phase = Phase::kCommitting;
+    if (!catch_up_.active()) return catch_up_.Start(d.target_version, id, /*resolving=*/true);
+    // Already catching up (to this version or past it): report when it is done.
+    catch_up_.Resolves(id);
+    return;
+  }
+  if (type == MessageType::kCommit) {
+    refit_->phase = Phase::kCommitting;
+    store_.CommitPrepared(
+        [this, id](const Status& s, const Digest128& v) { OnLocalOutcome(id, s, v); });
+    return;
+  }
+  refit_->phase = Phase::kAborting;
+  auto spool = Spool::Open(options_.spool_dir, d.target_version);
+  rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
+}
+
+void NodeAgent::Impl::Decide(MessageType type) {
+  if (type != MessageType::kCommit) return StartAbort();
+  Refit& r = *refit_;
+  r.phase = Phase::kCommitting;
+  r.decided = Clock::now();
+  downstream_.Broadcast(transport::MakeMessage(
+      EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version})));
+  children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
+                    options_.config.tree.connect_timeout);
+  const uint64_t id = r.id;
+  store_.Commit(id, [this, id](const Status& s, const Digest128& v) { OnLocalOutcome(id, s, v); });
+}
+
+void NodeAgent::Impl::StartAbort() {
+  Refit& r = *refit_;
+  if (r.phase == Phase::kAborting) return;
+  r.phase = Phase::kAborting;
+  r.decided = Clock::now();
+  downstream_.DropQueued();
+  downstream_.Broadcast(transport::MakeMessage(
+      EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})));
+  children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
+                    options_.config.tree.connect_timeout);
+  rollback_.Start(r.id, r.spool);
+}
+
+void NodeAgent::Impl::OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version) {
+  if (!refit_ || refit_->id != id) return;
+  if (!status.ok()) {
+    log::Error(fmt::format("{}: refit {}: {} failed locally: {}", options_.node_id, id,
+                           refit_->phase == Phase::kCommitting ? "commit" : "rollback",
+                           status.ToString()));
+  }
+  refit_->local_outcome_done = true;
+  claimed_ = {};  // committed or rolled back: what it had applied of the delta is moot
+  {
+    std::lock_guard lock(stats_mu_);
+    stats_.version = version;
+  }
+  MaybeOutcome();
+}
+
+void NodeAgent::Impl::OnChildConfirmed(const std::string& child, ByteSpan bytes) {
+  if (!refit_) return;
+  auto o = ParseOutcome(bytes);
+  if (!o.ok() || o->refit_id != refit_->id) return;
+  children_.Confirmed(child, o->nodes);
+  MaybeOutcome();
+}
+
+void NodeAgent::Impl::GiveUpOnAwayChildren(Clock::time_point now) {
+  const auto gone = children_.GiveUpOnAway(now);
+  for (const auto& child : gone) {
+    log::Warn(
+        fmt::format("{}: child {} is away; it learns the decision of refit {} when it is back",
+                    options_.node_id, child, refit_->id));
+  }
+  if (!gone.empty()) MaybeOutcome();
+}
+
+void NodeAgent::Impl::MaybeOutcome() {
+  Refit& r = *refit_;
+  if (!r.local_outcome_done || r.phase == Phase::kDone) return;
+  // The next refit's BEGIN is waiting: the parent has moved on (see OnBegin).
+  if (!deferred_begin_.empty()) return ReportOutcome();
+  if (children_.AwaitingConfirmation() > 0 &&
+      !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
+    return;
+  }
+  ReportOutcome();
+}
+
+void NodeAgent::Impl::ReportOutcome() {
+  Refit& r = *refit_;
+  if (r.phase == Phase::kDone) return;
+  const bool committed = r.phase == Phase::kCommitting;
+  committed_last_ = committed;
+  r.phase = Phase::kDone;
+  children_.EndRefit();
+  // Counted before the parent hears it, so stats() agrees with what the source reports.
+  const NodeAgentStats s = [&] {
+    std::lock_guard lock(stats_mu_);
+    (committed ? stats_.refits_committed : stats_.refits_aborted)++;
+    return stats_;
+  }();
+  parent_.Send(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted,
+                             {r.id, 1 + children_.confirmed_nodes()}));
+  RunDeferredBegin();
+  log::Info(fmt::format(
+      "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "
+      "refetched {}, repair {} B, {} partitions applied, apply {:.2f} s, total {:.2f} s, peak "
+      "held {:.2f} MiB, {} children",
+      options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(),
+      r.chunk_bytes, double(r.chunk_bytes) / (1 << 20), r.chunks, r.resent_bytes, refetches_,
+      r.repair_bytes, r.partitions_applied, r.apply_seconds,
+      std::chrono::duration<double>(Clock::now() - r.start).count(),
+      double(s.peak_held_bytes) / (1 << 20), self_.children.size()));
+}
+
+}  // namespace deltacast::relay

@@ -1,0 +1,342 @@
+// A relay node's refit, streaming half: BEGIN, each CHUNK verified, forwarded to the
+// children (the very buffer), spooled and applied; torn partitions repaired;
+// PREPARED once this node and its whole subtree verified the target; children that
+// (re)join mid-refit replayed what they lack. The decision half is node_outcome.cc.
+#include <fmt/core.h>
+
+#include "codec/chunk.h"
+#include "common/crash_point.h"
+#include "common/log.h"
+#include "relay/node_impl.h"
+#include "relay/replay.h"
+
+namespace deltacast::relay {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
+  auto begin = ParseBegin(bytes);
+  if (!begin.ok()) return parent_.ProtocolError(begin.status().message());
+  if (refit_ && refit_->id == begin->refit_id &&
+      !(refit_->phase == Phase::kDone && !committed_last_)) {
+    // A replay after a reconnect: what follows is what we lack.
+    parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), refit_->id}));
+    if (refit_->phase == Phase::kStreaming) {
+      refit_->prepared_sent = false;
+    } else {
+      // We committed this refit (with our whole subtree) before our parent
+      // restarted: more than prepared; say so, and confirm when it commits.
+      Prepared prepared{refit_->id, children_.reports()};
+      prepared.nodes.push_back({options_.node_id, refit_->chunk_bytes, SecondsSince(refit_->start),
+                                refit_->partitions_applied});
+      parent_.Send(EncodePrepared(prepared));
+    }
+    return;
+  }
+  if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming &&
+      refit_->local_outcome_done) {
+    // Decided and done here; only confirmations from below are outstanding. The
+    // parent has moved on (it begins a refit only after the last one ended), so
+    // waiting longer would only hold this one up: report what we have.
+    log::Info(fmt::format("{}: refit {} begins; reporting refit {} without {} confirmations",
+                          options_.node_id, begin->refit_id, refit_->id,
+                          children_.AwaitingConfirmation()));
+    ReportOutcome();
+  }
+  if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
+    // The previous delta is still being committed or rolled back (a source that
+    // restarted resolves it right before beginning the next): begin after it.
+    deferred_begin_.assign(bytes.begin(), bytes.end());
+    return;
+  }
+  if (catch_up_.active() || Behind(*begin)) {
+    // First reach the base everybody else holds; the BEGIN runs after.
+    deferred_begin_.assign(bytes.begin(), bytes.end());
+    if (!catch_up_.active())
+      catch_up_.Start(begin->base_version, begin->refit_id, /*resolving=*/false);
+    return;
+  }
+  refit_.emplace();
+  refit_->id = begin->refit_id;
+  refit_->begin = *begin;
+  refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
+  received_on_link_.clear();
+  auto spool = Spool::Open(options_.spool_dir, begin->target_version);
+  if (spool.ok()) {
+    refit_->spool = std::move(*spool);
+  } else {
+    LocalFailure(refit_->id, spool.status().WithContext("spool"));
+  }
+  log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
+                        begin->base_version.ShortHex(), begin->target_version.ShortHex()));
+  downstream_.BeginRefit(begin->refit_id);
+  downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
+  children_.BeginRefit(Clock::now());
+  const uint64_t id = refit_->id;
+  store_.BeginRefit(id, refit_->identity, [this, id](const Status& status) {
+    if (!status.ok()) LocalFailure(id, status);
+  });
+  parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), begin->refit_id}));
+}
+
+// Whether this node holds neither the refit's base nor its target, nor the refit
+// itself in flight: it missed a version the cluster committed.
+bool NodeAgent::Impl::Behind(const Begin& b) const {
+  if (catch_up_failed_refit_ == b.refit_id) return false;  // tried: let BEGIN report it
+  if (journal_.inflight) {
+    return !(journal_.inflight->base == b.base_version &&
+             journal_.inflight->target == b.target_version);
+  }
+  return journal_.version != b.base_version && journal_.version != b.target_version;
+}
+
+void NodeAgent::Impl::OnChunk(const transport::Message& received) {
+  if (refit_ && refit_->phase == Phase::kAborting) {
+    // A replay of the refit this node is rolling back (it rejoined): not needed,
+    // but its credit keeps the parent's queue, and the decision behind it, moving.
+    return parent_.Send(EncodeCredit({1, refit_->id}));
+  }
+  if (!refit_) return parent_.ProtocolError("CHUNK outside a refit");
+  Refit& r = *refit_;
+  transport::Message message = received;
+  if (FaultPoint("agent.corrupt_chunk")) {  // fault-injection tests: a bit flipped in transit
+    auto copy = std::make_shared<std::vector<std::byte>>(*received);
+    (*copy)[copy->size() - 1] ^= std::byte{0x10};
+    message = copy;
+  }
+  // Verified before it is forwarded, spooled or applied: a damaged chunk is fetched
+  // again (reconnecting makes the parent replay what we lack), never used.
+  Status intact = codec::VerifyChunkChecksums(Body(*message));
+  auto header = codec::PeekChunkHeader(Body(*message));
+  if (!intact.ok() || !header.ok()) {
+    log::Warn(fmt::format("{}: a chunk from {} failed its checks ({}); fetching it again",
+                          options_.node_id, parent_.current(),
+                          (intact.ok() ? header.status() : intact).ToString()));
+    ++refetches_;
+    return parent_.Drop(Status::Corrupt("damaged chunk"));
+  }
+  ++r.chunks;
+  if (header->kind == codec::ChunkKind::kEnd) r.end_received = true;
+  const uint64_t payload = message->size() - kMessageHeaderBytes;
+  r.chunk_bytes += payload;
+  const bool had_it = (header->identity.target_version == claimed_.target &&
+                       claimed_.applied.contains(header->sequence)) ||
+                      !received_on_link_.insert(header->sequence).second;
+  if (had_it) {
+    r.resent_bytes += payload;
+    log::Warn(fmt::format("{}: chunk {} of refit {} sent again, though this node had it",
+                          options_.node_id, header->sequence, r.id));
+  }
+  {
+    std::lock_guard lock(stats_mu_);
+    stats_.chunk_bytes_received += payload;
+    if (had_it) stats_.chunk_bytes_resent += payload;
+  }
+  CrashPoint("agent.chunk_received");
+  bool spooled = true;
+  if (r.spool) {
+    // Into the page cache here, so forwarding waits for no disk; the apply thread
+    // makes it durable before the chunk's partitions are touched.
+    Status appended = r.spool->Append(header->sequence, *message);
+    if (!appended.ok()) {
+      spooled = false;
+      LocalFailure(r.id, appended.WithContext("spool"));
+    }
+  }
+  HoldChunk(message->size());
+  // Released once applied here AND handed to every child: only then does this node
+  // have room for another, so only then does the parent get credit.
+  auto pending = std::make_shared<int>(2);
+  const uint64_t id = r.id;
+  const size_t size = message->size();
+  auto release = [this, pending, id, size] {
+    if (--*pending > 0) return;
+    ReleaseChunk(size);
+    // Credit is owed whatever the phase: a replay to a node that already finished
+    // this refit still has a decision queued behind its chunks.
+    if (refit_ && refit_->id == id) parent_.Send(EncodeCredit({1, id}));
+  };
+  downstream_.BroadcastChunk(message, {header->identity.target_version, header->sequence}, release);
+  if (!spooled) return release();  // never applied unless it can be undone from the spool
+  store_.ApplyChunk(id, header->sequence, message, r.spool,
+                    [this, id, release](const NodeStore::ApplyResult& result) {
+                      release();
+                      OnChunkApplied(id, result);
+                    });
+}
+
+void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result) {
+  if (result.chunk_applied || result.repaired) {
+    std::lock_guard lock(stats_mu_);
+    stats_.chunks_received += result.chunk_applied;
+    stats_.partitions_repaired += result.repaired;
+  }
+  if (!refit_ || refit_->id != id) return;
+  refit_->apply_seconds += result.seconds;
+  if (!result.status.ok()) return LocalFailure(id, result.status);
+  if (!result.torn.empty()) return RequestRepairs(result);
+  if (result.end && refit_->local_error.ok()) {
+    refit_->local_prepared = true;
+    refit_->partitions_applied = result.applied;
+    MaybePrepared();
+  }
+}
+
+// ---- repair: torn partitions get literal target bytes from up the tree ----------
+
+void NodeAgent::Impl::RequestRepairs(const NodeStore::ApplyResult& result) {
+  const uint64_t id = refit_->id;
+  for (const Fetch& fetch : result.torn) {
+    log::Warn(fmt::format("{}: partition '{}' at element {} is torn; fetching its target bytes",
+                          options_.node_id, fetch.tensor, fetch.element_offset));
+    // A link that drops loses the request: the rejoin replays END, which finds the
+    // partition still torn and asks again.
+    requests_.FetchPartition(
+        fetch, [this, id, fetch](const PartitionData& data) { OnRepairBytes(id, fetch, data); });
+  }
+}
+
+void NodeAgent::Impl::OnRepairBytes(uint64_t id, const Fetch& fetch, const PartitionData& data) {
+  if (!refit_ || refit_->id != id) return;
+  refit_->repair_bytes += data.bytes.size();
+  if (!data.found) {
+    return LocalFailure(id, Status::Unavailable("no node up the tree has the bytes to repair '" +
+                                                fetch.tensor + "'"));
+  }
+  auto owned = std::make_shared<std::vector<std::byte>>(data.bytes.begin(), data.bytes.end());
+  store_.Repair(id, {fetch.tensor, fetch.element_offset}, owned,
+                [this, id](const NodeStore::ApplyResult& result) { OnChunkApplied(id, result); });
+}
+
+// ---- prepare ------------------------------------------------------------------------
+
+void NodeAgent::Impl::LocalFailure(uint64_t id, const Status& status) {
+  if (!refit_ || refit_->id != id || !refit_->local_error.ok()) return;
+  refit_->local_error = status;
+  log::Error(fmt::format("{}: refit {} cannot reach the target: {}", options_.node_id, id,
+                         status.ToString()));
+  SendFailed(Failed{id, options_.node_id, status.ToString()});
+}
+
+void NodeAgent::Impl::SendFailed(const Failed& failed) {
+  if (!refit_ || refit_->failed_sent) return;
+  refit_->failed_sent = true;
+  parent_.Send(EncodeFailed(failed));
+}
+
+void NodeAgent::Impl::MaybePrepared() {
+  Refit& r = *refit_;
+  if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
+  if (children_.AwaitingPrepared() > 0 && r.phase == Phase::kStreaming) return;
+  r.prepared_sent = true;
+  Prepared prepared{r.id, children_.reports()};
+  prepared.nodes.push_back(
+      {options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied});
+  parent_.Send(EncodePrepared(prepared));
+  CrashPoint("agent.prepared");
+  if (r.pending_decision) {
+    const MessageType decision = *r.pending_decision;
+    r.pending_decision.reset();
+    Decide(decision);
+  }
+}
+
+void NodeAgent::Impl::OnChildPrepared(const std::string& child, ByteSpan bytes) {
+  if (!refit_) return;
+  auto p = ParsePrepared(bytes);
+  if (!p.ok() || p->refit_id != refit_->id) return;
+  children_.Prepared(child, p->nodes);
+  MaybePrepared();
+}
+
+void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
+  if (!refit_) return;
+  Refit& r = *refit_;
+  auto f = ParseFailed(bytes);
+  if (!f.ok() || f->refit_id != r.id) return;
+  if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
+      f->node_id == child && r.phase == Phase::kStreaming) {
+    // Like an absent child: the version goes on without it (and its subtree), which
+    // catches up at a later refit. Its own log says why it failed.
+    log::Warn(
+        fmt::format("{}: child {} cannot reach the target ({}); refit {} goes on "
+                    "without it (commit policy available)",
+                    options_.node_id, child, f->reason, r.id));
+    children_.Excuse(child);
+    downstream_.Excuse(child);
+    return MaybePrepared();
+  }
+  SendFailed(*f);
+}
+
+// Streaming: a child away longer than the connect timeout fails the refit here
+// (policy `all`), or is left out of it (policy `available`, or once the refit
+// failed here anyway: chunks queued for it would only hold our parent's credit).
+void NodeAgent::Impl::TimeAbsentChildren(Clock::time_point now) {
+  Refit& r = *refit_;
+  for (const auto& child : children_.AwayLongerThan(now, options_.config.tree.connect_timeout)) {
+    if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable || r.failed_sent) {
+      // It does not block the version: it catches up from our spool when it is
+      // back (OnChildJoined replays the refit and its decision).
+      log::Warn(fmt::format(
+          "{}: child {} is away; refit {} goes on without it ({})", options_.node_id, child, r.id,
+          r.failed_sent ? "the refit failed here anyway" : "commit policy available"));
+      children_.Excuse(child);
+      downstream_.Excuse(child);
+      MaybePrepared();
+      continue;
+    }
+    SendFailed(
+        Failed{r.id, child, "child '" + child + "' has been away longer than the connect timeout"});
+  }
+}
+
+// ---- children that (re)join ------------------------------------------------------
+
+// A child (re)joined. If it missed part of the current refit, queue for it: BEGIN,
+// the spooled chunks it has not applied, and the decision if one was made.
+void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello) {
+  const bool adopted = downstream_.IsAdopted(child);
+  children_.Joined(child, adopted, Clock::now());
+  if (adopted) {
+    log::Info(fmt::format("{}: adopted {}, whose parent is unreachable", options_.node_id, child));
+  }
+  if (!refit_) return;
+  Refit& r = *refit_;
+  const bool committed =
+      r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_);
+  if (r.resolution) {
+    if (hello.inflight_target == r.identity.target_version) {
+      downstream_.Requeue(child,
+                          {Downstream::Outgoing::Control(transport::MakeMessage(
+                              EncodeDecision(committed ? MessageType::kCommit : MessageType::kAbort,
+                                             {r.id, r.identity.target_version})))});
+    }
+    return;
+  }
+  const bool same_delta = hello.inflight_target == r.identity.target_version;
+  if (!same_delta && hello.active_version == r.identity.target_version && committed) {
+    // It committed, then lost the link before confirming: COMMIT again makes it
+    // gather its subtree's confirmations and answer.
+    downstream_.Requeue(child, {Downstream::Outgoing::Control(transport::MakeMessage(EncodeDecision(
+                                   MessageType::kCommit, {r.id, r.identity.target_version})))});
+    return;
+  }
+  if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;  // nothing to undo
+  std::optional<MessageType> decision;
+  if (committed) decision = MessageType::kCommit;
+  if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_))
+    decision = MessageType::kAbort;
+  Replay replay = ReplayFor(hello, r.begin, r.spool.get(), decision);
+  log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks",
+                        options_.node_id, child, r.id, replay.chunks));
+  children_.Rejoined(child);
+  downstream_.Requeue(child, std::move(replay.messages));
+}
+
+}  // namespace deltacast::relay

@@ -1,0 +1,202 @@
+#include "relay/parent_link.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "transport/transport_set.h"
+
+namespace deltacast::relay {
+
+ParentLink::ParentLink(EventLoop& loop, const topology::ClusterConfig& config,
+                       const topology::PlannedNode& self, std::string token,
+                       transport::Transport& transport, Events events)
+    : loop_(loop),
+      config_(config),
+      self_(self),
+      token_(std::move(token)),
+      transport_(transport),
+      events_(std::move(events)),
+      current_(*self.parent),
+      address_(AddressOf(current_)) {}
+
+ParentLink::~ParentLink() { Close(); }
+
+std::string ParentLink::AddressOf(const std::string& id) const {
+  const auto* node = config_.FindNode(id);
+  return node->host + ":" + std::to_string(node->port);
+}
+
+const std::vector<std::string>& ParentLink::HopTransports() const {
+  return on_failover() ? self_.failover_transports : self_.transports;
+}
+
+void ParentLink::Close() {
+  if (link_) link_->Close();
+  link_.reset();
+  joined_ = false;
+}
+
+// Which parent to dial next: the planned one, or (after it has been unreachable
+// for kFailoverAfter) the failover parent from the plan; back to the planned one
+// when the failover parent is unreachable too.
+void ParentLink::ChooseParent(Clock::time_point now) {
+  // Only with commit policy `available`: under `all` a dead relay fails the refit
+  // anyway, and a relay that comes back must find its children at home.
+  if (!self_.failover_parent || config_.tree.commit_policy != topology::CommitPolicy::kAvailable) {
+    return;
+  }
+  if (!on_failover() && lost_at_ && now - *lost_at_ > kFailoverAfter) {
+    current_ = *self_.failover_parent;
+    next_primary_try_ = now + std::chrono::seconds(10);  // stay a while before trying home
+    log::Warn(fmt::format("{}: parent {} unreachable; failing over to {}", self_.id, *self_.parent,
+                          current_));
+  } else if (on_failover() && lost_at_ && now - *lost_at_ > 2 * kFailoverAfter) {
+    current_ = *self_.parent;
+    lost_at_ = now;
+  }
+  address_ = AddressOf(current_);
+}
+
+void ParentLink::Tick(Clock::time_point now, bool between_refits) {
+  if (link_ && joined_ && on_failover() && now >= next_primary_try_ && between_refits) {
+    next_primary_try_ = now + std::chrono::seconds(10);
+    log::Info(fmt::format("{}: leaving failover parent {} to rejoin {}", self_.id, current_,
+                          *self_.parent));
+    Drop(Status::Ok());
+    current_ = *self_.parent;
+    address_ = AddressOf(current_);
+    lost_at_ = now;
+  }
+  if (!link_ && !connecting_ && now >= next_connect_) {
+    ChooseParent(now);
+    connecting_ = true;
+    Dial();
+  }
+  if (now >= next_heartbeat_) {
+    next_heartbeat_ = now + std::chrono::seconds(1);
+    if (link_ && joined_) link_->Send(transport::MakeMessage(EncodeHeartbeat()));
+  }
+  if (link_ && now - last_heard_ > config_.tree.idle_timeout) {
+    log::Warn(fmt::format("{}: parent {} silent for {} ms; reconnecting", self_.id, current_,
+                          config_.tree.idle_timeout.count()));
+    Drop(Status::Timeout("parent idle"));
+  }
+}
+
+// Dials current_: along the hop's transports when the node has several backends
+// (falling back in order), else over its one backend.
+void ParentLink::Dial() {
+  auto on_done = [this](Result<std::unique_ptr<transport::Connection>> r,
+                        const std::string& backend) {
+    auto shared = std::make_shared<Result<std::unique_ptr<transport::Connection>>>(std::move(r));
+    loop_.Post([this, shared, backend] { OnConnected(std::move(*shared), backend); });
+  };
+  if (auto* set = transport::AsTransportSet(&transport_)) {
+    const topology::NodeConfig* parent = config_.FindNode(current_);
+    set->ConnectFirst(parent->host, parent->port, HopTransports(), on_done);
+    return;
+  }
+  transport_.Connect(address_, [on_done, backend = transport_.capabilities().backend](
+                                   Result<std::unique_ptr<transport::Connection>> r) {
+    on_done(std::move(r), backend);
+  });
+}
+
+void ParentLink::OnConnected(Result<std::unique_ptr<transport::Connection>> result,
+                             const std::string& backend) {
+  connecting_ = false;
+  if (!result.ok()) {
+    if (!lost_at_) lost_at_ = Clock::now();  // unreachable since now
+    next_connect_ = Clock::now() + backoff_;
+    // Short ceiling: a one-shot publisher only listens while it publishes, and its
+    // children should join within a tick or two of it starting.
+    backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(500));
+    return;
+  }
+  backoff_ = std::chrono::milliseconds(100);
+  link_ = std::move(*result);
+  backend_ = backend;
+  const uint64_t serial = ++serial_;
+  last_heard_ = Clock::now();
+  link_->Start(
+      [this, serial](transport::Message m) {
+        loop_.Post([this, serial, m] { OnMessage(serial, m); });
+      },
+      [this, serial](Status s) {
+        loop_.Post([this, serial, s] {
+          if (serial == serial_ && link_)
+            Drop(s.ok() ? Status::Unavailable("parent closed the link") : s);
+        });
+      });
+}
+
+void ParentLink::Drop(const Status& why) {
+  const bool had_link = link_ != nullptr;
+  Close();
+  if (!lost_at_) lost_at_ = Clock::now();
+  next_connect_ = Clock::now() + backoff_;
+  if (had_link && events_.lost) events_.lost(why);
+}
+
+void ParentLink::Send(std::vector<std::byte> bytes) {
+  if (link_ && joined_) link_->Send(transport::MakeMessage(std::move(bytes)));
+}
+
+void ParentLink::ProtocolError(const std::string& what) {
+  log::Error(fmt::format("{}: protocol error from parent {}: {}; closing the link", self_.id,
+                         current_, what));
+  if (link_) link_->Send(transport::MakeMessage(EncodeRefuse({what})));
+  Drop(Status::Corrupt(what));
+}
+
+void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {
+  if (serial != serial_ || !link_) return;
+  last_heard_ = Clock::now();
+  const ByteSpan bytes(*message);
+  auto type = PeekType(bytes);
+  if (!type.ok()) return ProtocolError(type.status().message());
+  if (!joined_ && *type != MessageType::kChallenge && *type != MessageType::kWelcome &&
+      *type != MessageType::kRefuse) {
+    return ProtocolError(std::string(MessageTypeName(*type)) + " before the handshake finished");
+  }
+  switch (*type) {
+    case MessageType::kChallenge: {
+      auto c = ParseChallenge(bytes);
+      if (!c.ok()) return ProtocolError(c.status().message());
+      if (c->parent_id != current_) {
+        return ProtocolError("the node at " + address_ + " is '" + c->parent_id +
+                             "', not the parent I dialled, '" + current_ + "'");
+      }
+      Hello hello = events_.hello();
+      hello.node_id = self_.id;
+      hello.proof = HelloProof(token_, c->nonce, self_.id, c->parent_id);
+      hello.transport = backend_;
+      hello.transports = HopTransports();
+      link_->Send(transport::MakeMessage(EncodeHello(hello)));
+      return;
+    }
+    case MessageType::kWelcome:
+      joined_ = true;
+      lost_at_.reset();
+      log::Info(fmt::format("{}: joined parent {} over {}{}", self_.id, current_, backend_,
+                            on_failover() ? " (failover)" : ""));
+      if (events_.joined) events_.joined();
+      return;
+    case MessageType::kRefuse: {
+      auto r = ParseRefuse(bytes);
+      log::Error(fmt::format("{}: parent {} refused us: {}", self_.id, current_,
+                             r.ok() ? r->reason : r.status().message()));
+      backoff_ = std::chrono::milliseconds(2000);
+      return Drop(Status::Unavailable("refused"));
+    }
+    case MessageType::kHeartbeat:
+      return;
+    default:
+      if (events_.message) events_.message(*type, message);
+      return;
+  }
+}
+
+}  // namespace deltacast::relay

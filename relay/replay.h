@@ -1,0 +1,27 @@
+// What a child that (re)joins in the middle of a refit is sent, by the source or a
+// relay: the refit's BEGIN, every spooled chunk its HELLO does not list as applied
+// (all of them if it holds another delta), and the decision if one was made.
+//
+// Thread safety: a free function; the spool must outlive the messages' loaders.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "relay/downstream.h"
+#include "relay/protocol.h"
+#include "relay/spool.h"
+
+namespace deltacast::relay {
+
+struct Replay {
+  std::vector<Downstream::Outgoing> messages;
+  size_t chunks = 0;  // of messages: the chunks replayed
+};
+
+// `spool` may be null (nothing to replay); `decision` is the refit's decision, if
+// made (COMMIT or ABORT of refit `begin.refit_id`).
+Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
+                 std::optional<MessageType> decision);
+
+}  // namespace deltacast::relay
