@@ -62,10 +62,12 @@
 // Liveness: Close sends GOODBYE, Abort and Shutdown send ABORT (each with how
 // many messages were sent OK, so the peer delivers exactly those first); an idle
 // link sends KEEPALIVE every peer_timeout/4; a link that hears nothing for
-// peer_timeout, or whose send fails in the completion queue (fi_cq_readerr),
-// breaks with kUnavailable. rxm retries refused or reset connections silently, so
-// a killed peer is found by peer_timeout on both providers, and a Connect to a
-// closed address fails with kUnavailable after connect_timeout.
+// peer_timeout, or one of whose transfers fails in the completion queue
+// (fi_cq_readerr; also FI_ECANCELED, which tcp;ofi_rxm reports for a rendezvous
+// cut by a dropped connection), breaks with kUnavailable. rxm retries refused or
+// reset connections silently, so a killed peer is found by peer_timeout on both
+// providers unless a transfer was under way, and a Connect to a closed address
+// fails with kUnavailable after connect_timeout.
 //
 // Device memory: memory_types is {kHost}. CUDA buffers are not supported: this
 // libfabric build has no CUDA HMEM interface (FI_HMEM is queried and logged once).
