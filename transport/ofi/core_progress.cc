@@ -410,11 +410,15 @@ bool Core::RetryBlocked() {
       queue.pop_front();
       any = true;
       if (rc != 0) {
+        // OnError edits blocked_ (its Unblock erases an emptied entry, EndLink may
+        // queue an ABORT here): settle this entry first, touch neither it nor
+        // `queue` after, and restart next round.
+        if (queue.empty()) blocked_.erase(it);
         fi_cq_err_entry error{};
         error.op_context = op;
         error.err = -rc;
         OnError(op, error);
-        break;  // OnError may have changed blocked_
+        return true;
       }
     }
     if (queue.empty()) {
