@@ -105,6 +105,11 @@ struct OfiOptions {
   // A link that hears nothing from its peer for this long breaks (kUnavailable).
   // Keepalives go out every peer_timeout / 4 on idle links.
   std::chrono::milliseconds peer_timeout{10000};
+  // Network interface whose address a Connect's endpoint binds, e.g. "lo"; peers
+  // answer to that endpoint's name. "" = the provider's choice (tcp: the first
+  // non-loopback interface). Listeners bind what Listen names; providers without
+  // IP addresses (shm) ignore it. A name with no address is kInvalidArgument.
+  std::string net_device;
   OfiRegistration register_memory = OfiRegistration::kAuto;
   // Bound on the bytes of caller Messages the send-side registration cache keeps
   // registered (pinned, on verbs/efa) while they may be sent again; 0 registers
