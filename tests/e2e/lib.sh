@@ -6,6 +6,11 @@
 #   [CONNECT_TIMEOUT]]: a source "trainer" and agents a1..a3 on loopback, written to
 #   $work/cluster.toml.
 
+# Agents build their ucx/ofi transports from the cluster config, which names no
+# network interface: keep their network providers on loopback (UCX's tcp transport
+# otherwise also opens eth0, libfabric's tcp binds outgoing endpoints there).
+export UCX_NET_DEVICES=lo FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
+
 start_work() {
   work=$(mktemp -d "/tmp/deltacast-$1.XXXXXX")
   pids=()

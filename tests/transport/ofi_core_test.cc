@@ -30,6 +30,7 @@ size_t CancelDataReceives(ofi::Core& core) {
 TEST(OfiCore, ReceiveTheProviderCancelsBreaksItsLink) {
   OfiOptions options;
   options.provider = "tcp;ofi_rxm";
+  options.net_device = "lo";
   options.peer_timeout = milliseconds(10000);
   auto fabric = ofi::Fabric::Open(options.provider);
   ASSERT_TRUE(fabric.ok()) << fabric.status().ToString();
