@@ -129,7 +129,8 @@ void Core::OnRts(Link& link, uint64_t seq, uint64_t size,
   if (inline_bytes) {
     in.complete = true;
     in.bytes = pool_->Acquire(size);
-    std::memcpy(in.bytes.bytes->data(), inline_bytes->data(), size);
+    // An empty message has no data pointer; memcpy must not see null (UBSan).
+    if (size > 0) std::memcpy(in.bytes.bytes->data(), inline_bytes->data(), size);
   }
   Grant(link);
   Deliver(link);
