@@ -62,6 +62,7 @@ BackendSpec ParseSpec(const std::string& text) {
 std::unique_ptr<dc::transport::Transport> Make(const BackendSpec& spec) {
   dc::transport::TransportOptions options;
   options.provider = spec.provider;
+  options.net_device = "lo";  // a loopback benchmark: nothing leaves lo
   auto t = dc::transport::MakeTransport(spec.name, options);
   if (!t.ok()) {
     fmt::print(stderr, "transport bench: {}: {}\n", spec.Label(), t.status().ToString());
@@ -313,12 +314,17 @@ json PeerFiPingpong(const std::string& provider, uint64_t size) {
   const int port = PeerPort();
   const std::string prov = provider.empty() ? "tcp;ofi_rxm" : provider;
   const std::string args = fmt::format("-p \"{}\" -e rdm -S {} -I 50", prov, size);
-  const std::string out = RunPair(fmt::format("fi_pingpong {} -B {}", args, port),
-                                  fmt::format("fi_pingpong {} -P {} 127.0.0.1", args, port));
+  // Loopback only, as our own transports (net_device "lo"): tcp's RDM endpoints
+  // otherwise bind the first external interface.
+  const std::string env = "FI_TCP_IFACE=lo";
+  const std::string out =
+      RunPair(fmt::format("{} fi_pingpong {} -B {}", env, args, port),
+              fmt::format("{} fi_pingpong {} -P {} 127.0.0.1", env, args, port));
   // "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec": the data row follows.
   std::regex row(R"((\S+)\s+(\d+)\s+=?(\d+)\s+(\S+)\s+([\d.]+)s\s+([\d.]+)\s+([\d.]+))");
   std::smatch m;
-  json j = {{"tool", "fi_pingpong"}, {"command", "fi_pingpong " + args + " [-P port 127.0.0.1]"}};
+  json j = {{"tool", "fi_pingpong"},
+            {"command", env + " fi_pingpong " + args + " [-P port 127.0.0.1]"}};
   if (!std::regex_search(out, m, row)) {
     j["ok"] = false;
     j["output_tail"] = out.substr(out.size() > 300 ? out.size() - 300 : 0);

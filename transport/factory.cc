@@ -29,6 +29,7 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     ucx.max_message_bytes = options.max_message_bytes;
     ucx.tls = options.provider;  // "tcp", "shm", "" or a UCX_TLS list
     ucx.connect_timeout = options.connect_timeout;
+    ucx.net_devices = options.net_device;
     return MakeUcxTransport(ucx);
   }
   if (backend == "ofi") {
@@ -36,6 +37,7 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     ofi.max_message_bytes = options.max_message_bytes;
     ofi.provider = options.provider;
     ofi.connect_timeout = options.connect_timeout;
+    ofi.net_device = options.net_device;
     return MakeOfiTransport(ofi);
   }
   return Status::InvalidArgument("unknown transport backend \"" + std::string(backend) +

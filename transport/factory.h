@@ -23,6 +23,11 @@ struct TransportOptions {
   //   tcp: must be empty
   std::string provider;
   std::chrono::milliseconds connect_timeout{5000};
+  // Network interface the network providers use, e.g. "lo"; "" = the library's
+  // choice. ucx: UcxOptions::net_devices; ofi: OfiOptions::net_device (what a
+  // Connect's endpoint binds); tcp: unused (sockets bind what Listen names and
+  // Connect's source follows the route).
+  std::string net_device;
 };
 
 // The backend names MakeTransport accepts, in the order of their listen-port offset

@@ -10,6 +10,11 @@
 #   bare `jq -e` (jq 1.6 exits 0 on empty input), a missing or empty FILE fails.
 json_holds() { [[ -s $1 ]] && jq -e "$2" "$1" >/dev/null 2>&1; }
 
+# Agents build their ucx/ofi transports from the cluster config, which names no
+# network interface: keep their network providers on loopback (UCX's tcp transport
+# otherwise also opens eth0, libfabric's tcp binds outgoing endpoints there).
+export UCX_NET_DEVICES=lo FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
+
 start_work() {
   work=$(mktemp -d "/tmp/deltacast-$1.XXXXXX")
   pids=()

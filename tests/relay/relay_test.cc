@@ -537,6 +537,7 @@ class BackendFailoverTest : public RelayTest, public ::testing::WithParamInterfa
   std::unique_ptr<transport::Transport> Make(double bytes_per_second = 0) {
     transport::TransportOptions options;
     options.provider = GetParam().provider;
+    options.net_device = "lo";  // loopback only
     options.connect_timeout = std::chrono::milliseconds(2000);
     auto t = transport::MakeTransport(GetParam().backend, options);
     EXPECT_TRUE(t.ok()) << t.status().ToString();

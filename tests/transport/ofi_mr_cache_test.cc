@@ -133,6 +133,7 @@ class OfiRegistered : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Transport> Make(OfiRegistration registration) {
     OfiOptions options;
     options.provider = GetParam();
+    options.net_device = "lo";
     options.register_memory = registration;
     auto transport = MakeOfiTransport(options);
     EXPECT_TRUE(transport.ok()) << transport.status().ToString();

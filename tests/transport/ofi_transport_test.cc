@@ -41,6 +41,7 @@ TEST(OfiOptions, BadValuesAreRefused) {
 TEST(OfiOptions, FactoryMapsProvider) {
   TransportOptions options;
   options.provider = "shm";
+  options.net_device = "lo";
   auto transport = MakeTransport("ofi", options);
   ASSERT_TRUE(transport.ok()) << transport.status().ToString();
   EXPECT_EQ((*transport)->capabilities().backend, "ofi");
@@ -50,6 +51,26 @@ TEST(OfiOptions, FactoryMapsProvider) {
   EXPECT_NE(bad.status().message().find("bogus"), std::string::npos);
 }
 
+// net_device binds the endpoint a Connect uses: the listener sees the peer at the
+// named interface's address, not at the provider's pick (tcp: an external
+// interface, even to reach 127.0.0.1). Every test here passes "lo".
+TEST(OfiOptions, NetDeviceBindsTheConnectingEndpoint) {
+  OfiOptions options;
+  options.net_device = "lo";
+  auto server = MakeOfiTransport(options);
+  auto client = MakeOfiTransport(options);
+  ASSERT_TRUE(server.ok() && client.ok());
+  AcceptQueue accept;
+  auto [connection, accepted] = ListenAndConnect(**server, **client, "127.0.0.1:0", accept);
+  ASSERT_TRUE(connection && accepted);
+  EXPECT_TRUE(accepted->PeerAddress().starts_with("127.0.0.1:")) << accepted->PeerAddress();
+  options.net_device = "no-such-if0";
+  auto bad = MakeOfiTransport(options);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("no-such-if0"), std::string::npos);
+}
+
 // Not a test on its own: the body of the child process of OfiPeerKilled.
 TEST(OfiChild, StreamsUntilKilled) {
   const char* address = getenv("DELTACAST_OFI_CHILD_ADDRESS");
@@ -57,6 +78,7 @@ TEST(OfiChild, StreamsUntilKilled) {
   if (!address || !provider) GTEST_SKIP() << "runs only as OfiPeerKilled's child";
   OfiOptions options;
   options.provider = provider;
+  options.net_device = "lo";
   auto client = MakeOfiTransport(options);
   if (!client.ok()) _exit(2);
   auto link = ConnectBlocking(**client, address, milliseconds(5000));
@@ -77,6 +99,7 @@ class OfiPeerKilled : public ::testing::TestWithParam<std::string> {};
 TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
   OfiOptions options;
   options.provider = GetParam();
+  options.net_device = "lo";
   options.peer_timeout = milliseconds(1000);
   auto server = MakeOfiTransport(options);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -135,6 +158,7 @@ class OfiLink : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Transport> Make(milliseconds peer_timeout = milliseconds(10000)) {
     OfiOptions options;
     options.provider = GetParam();
+    options.net_device = "lo";
     options.peer_timeout = peer_timeout;
     auto transport = MakeOfiTransport(options);
     EXPECT_TRUE(transport.ok()) << transport.status().ToString();
@@ -192,6 +216,7 @@ TEST_P(OfiLink, SmallMessagesSentBeforeStartSurviveTheSendersClose) {
 TEST(OfiShmAddresses, HostPortListenAndConnectMeet) {
   OfiOptions options;
   options.provider = "shm";
+  options.net_device = "lo";
   options.connect_timeout = milliseconds(300);
   auto server = MakeOfiTransport(options);
   auto client = MakeOfiTransport(options);
@@ -247,6 +272,7 @@ class OfiProbe : public ::testing::TestWithParam<std::string> {
   Pair MakePair(OfiRegistration registration = OfiRegistration::kAuto) {
     OfiOptions options;
     options.provider = GetParam();
+    options.net_device = "lo";
     options.register_memory = registration;
     Pair p;
     p.server = std::move(MakeOfiTransport(options)).value();

@@ -67,6 +67,7 @@ TEST(UcxOptions, ProviderNamesMapToUcxTls) {
 TEST(UcxOptions, FactoryMakesTheBackend) {
   TransportOptions options;
   options.provider = "tcp";
+  options.net_device = "lo";
   options.max_message_bytes = 1 << 20;
   auto transport = MakeTransport("ucx", options);
   ASSERT_TRUE(transport.ok()) << transport.status().ToString();

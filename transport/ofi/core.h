@@ -205,6 +205,12 @@ class Core : public std::enable_shared_from_this<Core> {
                   Status precheck);
   void CloseLink(const std::shared_ptr<Link>& link, bool abort);
 
+  // Tests only (progress thread): asks the provider to cancel every data receive
+  // this core has outstanding, links untouched, as tcp;ofi_rxm does by itself
+  // when a peer's connection drops under a rendezvous read (FI_ECANCELED).
+  // Returns how many receives it asked about.
+  size_t CancelDataReceivesForTest();
+
  private:
   void Loop();
   bool RunCommands();

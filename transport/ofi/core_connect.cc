@@ -75,7 +75,15 @@ Result<EndpointState*> Core::AddEndpoint(const char* node, const char* service, 
 
 Result<EndpointState*> Core::ClientEndpoint() {
   if (client_endpoint_) return client_endpoint_;
-  auto endpoint = AddEndpoint(nullptr, nullptr);
+  // Peers answer to this endpoint's name: without net_device the provider picks
+  // its address (tcp: the first non-loopback interface, even to reach 127.0.0.1).
+  Result<EndpointState*> endpoint = Status::Internal("unset");
+  if (!named_ && !options_.net_device.empty()) {
+    ASSIGN_OR_RETURN(std::string node, InterfaceAddress(options_.net_device));
+    endpoint = AddEndpoint(node.c_str(), "0");
+  } else {
+    endpoint = AddEndpoint(nullptr, nullptr);
+  }
   if (!endpoint.ok()) return endpoint.status();
   client_endpoint_ = *endpoint;
   return client_endpoint_;

@@ -45,6 +45,9 @@ void Core::Announce(Link& link) {
     ++link.unanswered;
     if (send.bytes > kInlineBytes) {
       SendControl(link, ControlType::kRts, send.seq, send.bytes);
+      // A post that fails at once ends the link inside Submit, and EndLink takes
+      // link.sends (this loop's deque) and destroys it: stop iterating.
+      if (link.ended) return;
       continue;
     }
     // Small: the bytes go along; on_sent runs when this send completes.
@@ -60,6 +63,7 @@ void Core::Announce(Link& link) {
                               *send.message));
     link.last_said = Clock::now();
     Submit(op);
+    if (link.ended) return;  // as above
   }
 }
 
@@ -125,7 +129,8 @@ void Core::OnRts(Link& link, uint64_t seq, uint64_t size,
   if (inline_bytes) {
     in.complete = true;
     in.bytes = pool_->Acquire(size);
-    std::memcpy(in.bytes.bytes->data(), inline_bytes->data(), size);
+    // An empty message has no data pointer; memcpy must not see null (UBSan).
+    if (size > 0) std::memcpy(in.bytes.bytes->data(), inline_bytes->data(), size);
   }
   Grant(link);
   Deliver(link);
@@ -174,6 +179,9 @@ void Core::Grant(Link& link) {
       op->desc = op->receive.mr.desc();
       in.op = op;
       Submit(op);  // the receive is posted before the CTS leaves
+      // A post that fails at once ends the link (EndLink clears link.incoming,
+      // `in` included): no CTS then.
+      if (link.ended) return;
     }
     // After GOODBYE/ABORT only inline messages are granted here: nobody waits.
     if (!link.peer_ended) SendControl(link, ControlType::kCts, link.next_grant);

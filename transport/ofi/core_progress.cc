@@ -410,11 +410,15 @@ bool Core::RetryBlocked() {
       queue.pop_front();
       any = true;
       if (rc != 0) {
+        // OnError edits blocked_ (its Unblock erases an emptied entry, EndLink may
+        // queue an ABORT here): settle this entry first, touch neither it nor
+        // `queue` after, and restart next round.
+        if (queue.empty()) blocked_.erase(it);
         fi_cq_err_entry error{};
         error.op_context = op;
         error.err = -rc;
         OnError(op, error);
-        break;  // OnError may have changed blocked_
+        return true;
       }
     }
     if (queue.empty()) {
@@ -567,11 +571,19 @@ void Core::OnCompletion(Op* op, size_t len) {
 
 void Core::OnError(Op* op, const fi_cq_err_entry& error) {
   const Status status = OfiStatus(-error.err, "ofi operation failed");
+  // FI_ECANCELED is not always our own fi_cancel: when a peer's connection drops,
+  // tcp;ofi_rxm flushes what it had in flight on it (a rendezvous read into one
+  // of our posted receives, a send) with FI_ECANCELED. Our cancels (EndLink) only
+  // hit ops whose link_id is already 0, and never control receives. So a cancel
+  // of an op that still belongs to a live link breaks that link like any other
+  // error; were it skipped, the link would keep its Incoming::op pointing at the
+  // op freed below, and the EndLink that peer_timeout brings later would write
+  // through it (and fi_cancel it): a use-after-free.
   if (op->kind == OpKind::kControlRecv) {
-    if (!stopping_ && error.err != FI_ECANCELED) Submit(op);
+    if (!stopping_) Submit(op);
     return;
   }
-  if (!stopping_ && error.err != FI_ECANCELED) {
+  if (!stopping_) {
     if (op->connect_id != 0) {
       FailConnect(op->connect_id, Status::Unavailable("connecting: " + status.message()));
     }
@@ -590,6 +602,16 @@ void Core::OnError(Op* op, const fi_cq_err_entry& error) {
   ops_.erase(op);
   Unblock(op);
   FreeOp(op);
+}
+
+size_t Core::CancelDataReceivesForTest() {
+  size_t count = 0;
+  for (Op* op : ops_) {
+    if (op->kind != OpKind::kDataRecv) continue;
+    fi_cancel(&op->endpoint->endpoint->ep()->fid, op);
+    ++count;
+  }
+  return count;
 }
 
 Link* Core::FindLink(uint32_t id) {

@@ -1,10 +1,13 @@
 #include "transport/ofi/fabric.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "transport/internal/address.h"
@@ -48,6 +51,29 @@ Status OfiStatus(int rc, std::string_view what) {
     default:
       return Status::IoError(std::move(message));
   }
+}
+
+Result<std::string> InterfaceAddress(const std::string& device) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return Status::IoError("getifaddrs: " + std::string(strerror(errno)));
+  std::string v4, v6;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || device != it->ifa_name) continue;
+    const int family = it->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    std::string& slot = family == AF_INET ? v4 : v6;
+    if (!slot.empty()) continue;
+    char host[NI_MAXHOST];
+    const socklen_t length = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (getnameinfo(it->ifa_addr, length, host, sizeof host, nullptr, 0, NI_NUMERICHOST) == 0) {
+      slot = host;
+    }
+  }
+  freeifaddrs(list);
+  if (!v4.empty()) return v4;
+  if (!v6.empty()) return v6;
+  return Status::InvalidArgument("ofi: no network interface \"" + device +
+                                 "\" with an address here");
 }
 
 Result<InfoPtr> GetRdmInfo(const std::string& provider, const char* node, const char* service,

@@ -36,6 +36,10 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 Result<InfoPtr> GetRdmInfo(const std::string& provider, const char* node, const char* service,
                            bool source, uint64_t extra_caps = 0);
 
+// The numeric address of network interface `device` (its IPv4 one if it has one,
+// else IPv6), e.g. "127.0.0.1" for "lo"; kInvalidArgument when there is none.
+Result<std::string> InterfaceAddress(const std::string& device);
+
 // One registered memory region (fi_mr_reg), closed on destruction. Move-only.
 // The memory it covers must outlive it, and it must be destroyed before the
 // domain it was registered with (Fabric), on the thread that owns the domain.

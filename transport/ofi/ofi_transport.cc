@@ -34,6 +34,10 @@ Result<std::unique_ptr<Transport>> MakeOfiTransport(const OfiOptions& options) {
       options.peer_timeout < std::chrono::milliseconds(20)) {
     return Status::InvalidArgument("ofi: connect_timeout must be positive, peer_timeout >= 20 ms");
   }
+  if (!options.net_device.empty()) {
+    auto address = ofi::InterfaceAddress(options.net_device);
+    if (!address.ok()) return address.status();
+  }
   auto fabric = ofi::Fabric::Open(options.provider);
   if (!fabric.ok()) return fabric.status();
   log::Debug("ofi: provider " + (*fabric)->provider_name() + ", idle progress " +

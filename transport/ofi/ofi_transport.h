@@ -62,10 +62,12 @@
 // Liveness: Close sends GOODBYE, Abort and Shutdown send ABORT (each with how
 // many messages were sent OK, so the peer delivers exactly those first); an idle
 // link sends KEEPALIVE every peer_timeout/4; a link that hears nothing for
-// peer_timeout, or whose send fails in the completion queue (fi_cq_readerr),
-// breaks with kUnavailable. rxm retries refused or reset connections silently, so
-// a killed peer is found by peer_timeout on both providers, and a Connect to a
-// closed address fails with kUnavailable after connect_timeout.
+// peer_timeout, or one of whose transfers fails in the completion queue
+// (fi_cq_readerr; also FI_ECANCELED, which tcp;ofi_rxm reports for a rendezvous
+// cut by a dropped connection), breaks with kUnavailable. rxm retries refused or
+// reset connections silently, so a killed peer is found by peer_timeout on both
+// providers unless a transfer was under way, and a Connect to a closed address
+// fails with kUnavailable after connect_timeout.
 //
 // Device memory: memory_types is {kHost}. CUDA buffers are not supported: this
 // libfabric build has no CUDA HMEM interface (FI_HMEM is queried and logged once).
@@ -103,6 +105,11 @@ struct OfiOptions {
   // A link that hears nothing from its peer for this long breaks (kUnavailable).
   // Keepalives go out every peer_timeout / 4 on idle links.
   std::chrono::milliseconds peer_timeout{10000};
+  // Network interface whose address a Connect's endpoint binds, e.g. "lo"; peers
+  // answer to that endpoint's name. "" = the provider's choice (tcp: the first
+  // non-loopback interface). Listeners bind what Listen names; providers without
+  // IP addresses (shm) ignore it. A name with no address is kInvalidArgument.
+  std::string net_device;
   OfiRegistration register_memory = OfiRegistration::kAuto;
   // Bound on the bytes of caller Messages the send-side registration cache keeps
   // registered (pinned, on verbs/efa) while they may be sent again; 0 registers

@@ -62,7 +62,8 @@ struct UcxOptions {
   // over sysv/posix shared memory, tcp only sets the endpoint up); "" = UCX's own
   // choice; anything else is passed to UCX as is (e.g. "posix,tcp").
   std::string tls;
-  // UCX_NET_DEVICES for the network transports, e.g. "lo" or "eth0"; "" = all.
+  // UCX_NET_DEVICES for the network transports, e.g. "lo" or "eth0"; "" = UCX's
+  // own setting (UCX_NET_DEVICES from the environment, else all).
   std::string net_devices;
   // Bound on Connect (until the server answered the hello), and on how long an
   // accepted endpoint may take to say hello.

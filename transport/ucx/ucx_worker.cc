@@ -36,8 +36,10 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxWorkerConfig& conf
   }
   std::unique_ptr<ucp_config_t, ConfigDeleter> ucp_config(raw_config);
   RETURN_IF_ERROR(Modify(ucp_config.get(), "TLS", config.tls.empty() ? "all" : config.tls));
-  RETURN_IF_ERROR(Modify(ucp_config.get(), "NET_DEVICES",
-                         config.net_devices.empty() ? "all" : config.net_devices));
+  // Unset: UCX_NET_DEVICES from the environment applies (UCX's default: all).
+  if (!config.net_devices.empty()) {
+    RETURN_IF_ERROR(Modify(ucp_config.get(), "NET_DEVICES", config.net_devices));
+  }
   // Shared memory has no error detection of its own: keepalive makes a dead peer
   // show up within a couple of seconds instead of the default 20 s.
   RETURN_IF_ERROR(Modify(ucp_config.get(), "KEEPALIVE_INTERVAL", "1s"));

@@ -21,7 +21,7 @@ namespace deltacast::transport::ucx {
 
 struct UcxWorkerConfig {
   std::string tls;          // UCX_TLS value; empty = UCX's default ("all")
-  std::string net_devices;  // UCX_NET_DEVICES value; empty = all
+  std::string net_devices;  // UCX_NET_DEVICES value; empty = the environment's, else all
   // Further UCP settings (name without the UCX_ prefix, value).
   std::vector<std::pair<std::string, std::string>> settings;
 };
