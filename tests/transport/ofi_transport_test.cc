@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <mutex>
 
 #include "tests/transport/test_util.h"
@@ -18,6 +19,17 @@ namespace deltacast::transport {
 namespace {
 
 using namespace testutil;  // NOLINT(build/namespaces): test helpers
+
+// libfabric's shm provider names a process's region after its pid ("PID:0:0" in
+// /dev/shm) and removes it at exit; a killed child cannot, so the test does (else
+// every run leaves 16 MiB behind, and a later process with the same pid fails).
+void RemoveShmRegionsOf(pid_t pid) {
+  const std::string prefix = std::to_string(pid) + ":";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (entry.path().filename().string().starts_with(prefix)) std::filesystem::remove(entry, ec);
+  }
+}
 
 TEST(OfiOptions, UnknownProviderIsRefusedByName) {
   OfiOptions options;
@@ -119,12 +131,13 @@ TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
           static_cast<char*>(nullptr));
     _exit(127);
   }
-  struct Reaper {  // never leave the child behind, whatever fails
+  struct Reaper {  // never leave the child behind, whatever fails, nor its shm region
     pid_t pid;
     ~Reaper() {
       if (pid <= 0) return;
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
+      RemoveShmRegionsOf(pid);
     }
   } reaper{child};
   auto connection = accepted.Pop();
@@ -137,6 +150,7 @@ TEST_P(OfiPeerKilled, SurvivorSeesTheLinkBreakInBoundedTime) {
   kill(child, SIGKILL);
   int wstatus = 0;
   waitpid(child, &wstatus, 0);
+  RemoveShmRegionsOf(child);
   reaper.pid = -1;
   const auto killed_at = Clock::now();
   ASSERT_TRUE(sink.WaitClosed(milliseconds(5000)));
