@@ -1,7 +1,6 @@
-// Publisher: the source of the relay tree. It encodes the delta between two
-// versions while streaming it (the first chunk is on the wire long before the last
-// partition is compared), waits until every node reports PREPARED, records its
-// decision durably, and drives the tree-wide two-phase commit (docs/protocol.md).
+// One-shot publishing: the options and report of a refit, and Publish, which starts
+// a Source, publishes one version and stops it (its children re-dial at the next
+// call). A trainer that publishes every step keeps a Source instead (source.h).
 //
 // This is the public embedding API for trainers: pass the two versions as
 // WeightStores (apply::HostStore::Borrow over your own buffers works).
@@ -56,18 +55,21 @@ struct PublishReport {
   Digest128 base_version;
   Digest128 target_version;
   codec::DeltaStats delta;
-  double seconds = 0;              // listen to last outcome
+  double seconds = 0;              // BEGIN to the last outcome
   double first_chunk_seconds = 0;  // BEGIN to the first chunk handed to the children
-  double stream_seconds = 0;       // BEGIN to the END chunk handed to the children
-  double prepare_seconds = 0;      // BEGIN to every node PREPARED
-  std::vector<NodeReport> nodes;   // one per receiver that prepared
-  uint32_t nodes_decided = 0;      // receivers that confirmed the decision
+  // The publish call to that first chunk: with a one-shot Publish this includes
+  // listening and the children's joining.
+  double call_to_first_chunk_seconds = 0;
+  double stream_seconds = 0;      // BEGIN to the END chunk handed to the children
+  double prepare_seconds = 0;     // BEGIN to every node PREPARED
+  std::vector<NodeReport> nodes;  // one per receiver that prepared
+  uint32_t nodes_decided = 0;     // receivers that confirmed the decision
 };
 
-// Publishes `base` -> `target` as the config's source node. Fails (without a
-// report) if it cannot listen or its children do not all join within the
-// connect timeout; otherwise returns a report saying whether the version
-// committed everywhere.
+// Publishes `base` -> `target` as the config's source node: Source::Start, one
+// Source::Publish, Source::Stop. Fails (without a report) if it cannot listen or its
+// children do not all join within the connect timeout; otherwise returns a report
+// saying whether the version committed everywhere.
 Result<PublishReport> Publish(const PublishOptions& options, const apply::WeightStore& base,
                               const codec::Manifest& base_manifest,
                               const apply::WeightStore& target,

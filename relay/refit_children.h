@@ -68,6 +68,7 @@ class RefitChildren {
   std::vector<std::string> GiveUpOnAway(Clock::time_point now);
 
   bool AllPlannedConnected() const { return connected_.size() == planned_.size(); }
+  bool AnyConnected() const { return !connected_.empty() || !adopted_.empty(); }
   std::vector<std::string> AbsentPlanned() const;
   bool IsAdopted(const std::string& child) const { return adopted_.contains(child); }
   const std::vector<std::string>& planned() const { return planned_; }

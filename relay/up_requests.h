@@ -37,7 +37,8 @@ class UpRequests {
   // Asks the parent for partition bytes (`fetch.request_id` is assigned here).
   // `on_answer` runs with the PARTITION; if the link drops first, `on_lost` does
   // instead (if set). Returns the request id.
-  uint64_t FetchPartition(Fetch fetch, PartitionHandler on_answer, std::function<void()> on_lost = {});
+  uint64_t FetchPartition(Fetch fetch, PartitionHandler on_answer,
+                          std::function<void()> on_lost = {});
   // A child's FETCH this node cannot serve: asked up; the answer goes to the child.
   void ForwardFetch(const std::string& child, Fetch fetch);
   // A child's FETCH_MANIFEST / FETCH_CHAIN / FETCH_DELTA_CHUNK: routed up, or

@@ -1,0 +1,616 @@
+#include "relay/source.h"
+
+#include <fmt/core.h>
+#include <openssl/rand.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+
+#include "codec/chunk.h"
+#include "common/crash_point.h"
+#include "common/log.h"
+#include "relay/decision_log.h"
+#include "relay/delta_history.h"
+#include "relay/downstream.h"
+#include "relay/event_loop.h"
+#include "relay/refit_children.h"
+#include "relay/replay.h"
+#include "relay/spool.h"
+#include "topology/tree_plan.h"
+#include "transport/transport_set.h"
+
+namespace deltacast::relay {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+uint64_t RandomId() {
+  uint64_t id = 0;
+  while (id == 0) RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id);
+  return id;
+}
+
+}  // namespace
+
+// State shared between the publishing (calling) thread and the loop thread is
+// guarded by mu_; links and queues (Downstream) are the loop thread's.
+class Source::Impl {
+ public:
+  Impl(PublishOptions options, std::unique_ptr<transport::Transport> transport,
+       topology::TreePlan plan)
+      : options_(std::move(options)),
+        plan_(std::move(plan)),
+        transport_(std::move(transport)),
+        children_(plan_.Find(plan_.source)->children),
+        loop_([this] { Tick(); }),
+        downstream_(loop_, plan_.source, plan_.Find(plan_.source)->children, options_.token,
+                    Events()) {
+    std::set<std::string> adoptable;
+    for (const auto& node : plan_.nodes) {
+      if (node.failover_parent == plan_.source) adoptable.insert(node.id);
+    }
+    downstream_.AllowAdoption(std::move(adoptable));
+    if (!options_.history_dir.empty() && options_.keep_deltas > 0) {
+      history_ = std::make_unique<DeltaHistory>(options_.history_dir, options_.keep_deltas);
+    }
+    // Per process by default: Spool::Open clears other deltas' spools in its folder.
+    spool_dir_ = options_.spool_dir;
+    if (spool_dir_.empty()) {
+      spool_dir_ = own_spool_dir_ = std::filesystem::temp_directory_path() /
+                                    ("deltacast-source-spool-" + std::to_string(::getpid()));
+    }
+    loop_.Start();
+  }
+  ~Impl() { Stop(); }
+
+  Status Listen() {
+    const auto* me = options_.config.Source();
+    auto bound = transport_->Listen(
+        me->host + ":" + std::to_string(me->port),
+        [this](std::unique_ptr<transport::Connection> c) {
+          auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
+          loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
+        });
+    if (!bound.ok()) return bound.status().WithContext("source cannot listen");
+    listen_address_ = *bound;
+    if (auto* set = transport::AsTransportSet(transport_.get())) {
+      loop_.Post([this, names = set->Accepting()] { downstream_.SetTransports(names); });
+    }
+    log::Info(fmt::format("source {} listening on {}", me->id, *bound));
+    return Status::Ok();
+  }
+
+  Result<PublishReport> Publish(const apply::WeightStore& base,
+                                const codec::Manifest& base_manifest,
+                                const apply::WeightStore& target,
+                                const codec::Manifest& target_manifest);
+
+  void Stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    transport_->Shutdown();
+    loop_.Stop();
+    downstream_.CloseAll();
+    RetireLastRefit();
+    if (!own_spool_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(own_spool_dir_, ec);
+    }
+  }
+
+  const std::string& listen_address() const { return listen_address_; }
+
+ private:
+  // One refit: set up by Publish, kept after it (for the children that rejoin)
+  // until the next one begins.
+  struct Refit {
+    Begin begin;
+    std::unique_ptr<Spool> spool;
+    std::optional<MessageType> decision;
+    std::optional<ChainLink> committed_link;  // set once the decision is COMMIT
+    bool failed = false;
+    std::string failure;
+    size_t held = 0;  // chunks handed to the children and not yet released by all
+    // Valid only while Publish runs (the caller's stores and manifests).
+    const apply::WeightStore* base = nullptr;
+    const apply::WeightStore* target = nullptr;
+    std::vector<std::pair<Digest128, std::vector<std::byte>>> manifests;
+  };
+
+  Status WaitForChildren(std::unique_lock<std::mutex>& lock);
+  void Fail(const std::string& why);  // caller holds mu_
+  void Tick();
+  void RetireLastRefit();
+  Downstream::Events Events();
+  void OnJoined(const std::string& child, const Hello& hello);
+  void OnMessage(const std::string& child, MessageType type, ByteSpan bytes);
+  std::optional<std::vector<Downstream::Outgoing>> Backlog(const std::string& child,
+                                                           const Hello& hello);
+  transport::Message Resolution(const std::string& child, const Digest128& target) const;
+  void ServeFetch(const std::string& child, ByteSpan bytes);
+  void ServeManifest(const std::string& child, ByteSpan bytes);
+  void ServeChain(const std::string& child, ByteSpan bytes);
+  void ServeDeltaChunk(const std::string& child, ByteSpan bytes);
+
+  const PublishOptions options_;
+  const topology::TreePlan plan_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::string listen_address_;
+  std::filesystem::path spool_dir_;
+  std::filesystem::path own_spool_dir_;    // the default spool folder, removed at Stop
+  std::unique_ptr<DeltaHistory> history_;  // null: no deltas kept (loop thread and Publish)
+  bool stopped_ = false;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  RefitChildren children_;      // guarded by mu_
+  std::optional<Refit> refit_;  // guarded by mu_: the current or last refit
+  Clock::time_point next_heartbeat_ = Clock::now();
+
+  EventLoop loop_;
+  Downstream downstream_;
+};
+
+Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
+                                            const codec::Manifest& base_manifest,
+                                            const apply::WeightStore& target,
+                                            const codec::Manifest& target_manifest) {
+  PublishReport report;
+  report.base_version = base_manifest.VersionId();
+  report.target_version = target_manifest.VersionId();
+  report.refit_id = RandomId();
+  const auto call = Clock::now();
+  RetireLastRefit();
+  auto spool = Spool::Open(spool_dir_, report.target_version);
+  if (!spool.ok()) {
+    log::Warn("no spool (" + spool.status().ToString() +
+              "); children that rejoin cannot be replayed to");
+  }
+  const Begin begin{report.refit_id, report.base_version, report.target_version,
+                    target_manifest.partition_bytes};
+  {
+    std::unique_lock lock(mu_);
+    refit_.emplace();
+    refit_->begin = begin;
+    if (spool.ok()) refit_->spool = std::move(*spool);
+    refit_->base = &base;
+    refit_->target = &target;
+    refit_->manifests = {{base_manifest.VersionId(), base_manifest.Serialize()},
+                         {target_manifest.VersionId(), target_manifest.Serialize()}};
+    children_.BeginRefit(Clock::now());
+    Status joined = WaitForChildren(lock);
+    if (!joined.ok()) {
+      if (refit_->spool) refit_->spool->Discard();
+      refit_.reset();
+      children_.EndRefit();
+      return joined;
+    }
+  }
+  const auto start = Clock::now();
+  loop_.Post([this, begin] {
+    downstream_.BeginRefit(begin.refit_id);
+    downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)));
+  });
+  log::Info(fmt::format("refit {}: {} -> {} to {} children", report.refit_id,
+                        report.base_version.ShortHex(), report.target_version.ShortHex(),
+                        children_.planned().size()));
+
+  codec::DeltaEncoderOptions encoder;
+  encoder.codec = options_.codec;
+  encoder.chunk_bytes = options_.config.tree.chunk_size;
+  encoder.threads = options_.encode_threads;
+  PublishProgress progress;
+  progress.tensor_bytes = target_manifest.TotalBytes();
+  const size_t window = static_cast<size_t>(options_.config.tree.window);
+  Spool* spooled = refit_->spool.get();
+  Status encoded = codec::EncodeDelta(
+      base_manifest, target_manifest, [&](size_t i) { return base.TensorData(i); },
+      [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
+      [&](std::vector<std::byte>&& chunk) -> Status {
+        auto message = transport::MakeMessage(EncodeChunk(chunk));
+        auto header = codec::PeekChunkHeader(chunk);
+        if (!header.ok()) return header.status();
+        if (spooled) (void)spooled->Append(header->sequence, *message);
+        {
+          // Hold at most `window` chunks: the slowest child's credit paces encoding.
+          std::unique_lock lock(mu_);
+          cv_.wait(lock, [&] { return refit_->held < window || refit_->failed; });
+          if (refit_->failed) return Status::Aborted(refit_->failure);
+          ++refit_->held;
+        }
+        loop_.Post([this, message,
+                    ref = Downstream::ChunkRef{header->identity.target_version, header->sequence}] {
+          downstream_.BroadcastChunk(message, ref, [this] {
+            std::lock_guard lock(mu_);
+            --refit_->held;
+            cv_.notify_all();
+          });
+        });
+        CrashPoint("source.chunk_sent");
+        if (progress.chunks_sent++ == 0) {
+          report.first_chunk_seconds = SecondsSince(start);
+          report.call_to_first_chunk_seconds = SecondsSince(call);
+        }
+        progress.bytes_sent += message->size();
+        if (options_.on_progress) options_.on_progress(progress);
+        return Status::Ok();
+      },
+      &report.delta);
+  report.stream_seconds = SecondsSince(start);
+
+  bool commit = false;
+  {
+    std::unique_lock lock(mu_);
+    if (!encoded.ok() && !refit_->failed) Fail(encoded.ToString());
+    const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout, [&] {
+      return refit_->failed || children_.AwaitingPrepared() == 0;
+    });
+    if (!settled) Fail("not every node was PREPARED within the commit timeout");
+    commit = !refit_->failed;
+    report.abort_reason = refit_->failure;
+    report.nodes = children_.reports();
+  }
+  report.prepare_seconds = SecondsSince(start);
+  CrashPoint("source.before_decision");
+  Status recorded = RecordDecision(
+      options_.decision_log,
+      {report.refit_id, report.base_version.ToHex(), report.target_version.ToHex(), commit});
+  if (!recorded.ok()) {
+    // Without a durable decision the source must not commit anything.
+    commit = false;
+    report.abort_reason = recorded.ToString();
+  }
+  CrashPoint("source.decided");
+  log::Info(fmt::format("refit {}: decision {}{}", report.refit_id, commit ? "COMMIT" : "ABORT",
+                        commit ? "" : " (" + report.abort_reason + ")"));
+  const Decision d{report.refit_id, report.target_version};
+  {
+    std::lock_guard lock(mu_);
+    refit_->decision = commit ? MessageType::kCommit : MessageType::kAbort;
+    if (commit) {
+      refit_->committed_link =
+          ChainLink{report.base_version, report.target_version, target_manifest.partition_bytes, 0};
+    }
+    children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
+                      options_.config.tree.connect_timeout);
+  }
+  loop_.Post([this, d, commit] {
+    if (!commit) downstream_.DropQueued();
+    downstream_.Broadcast(transport::MakeMessage(
+        EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, d)));
+  });
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, options_.config.tree.commit_timeout,
+                 [&] { return children_.AwaitingConfirmation() == 0; });
+    report.nodes_decided = children_.confirmed_nodes();
+    children_.EndRefit();
+    // The caller's stores need not outlive this call.
+    refit_->base = refit_->target = nullptr;
+    refit_->manifests.clear();
+  }
+  report.committed = commit;
+  report.seconds = SecondsSince(start);
+  return report;
+}
+
+// Caller holds mu_ (through `lock`).
+Status Source::Impl::WaitForChildren(std::unique_lock<std::mutex>& lock) {
+  const bool all = cv_.wait_for(lock, options_.config.tree.connect_timeout,
+                                [&] { return children_.AllPlannedConnected(); });
+  if (all) return Status::Ok();
+  std::string missing;
+  for (const auto& c : children_.AbsentPlanned()) missing += (missing.empty() ? "" : ", ") + c;
+  if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
+      children_.AnyConnected()) {
+    log::Warn("children did not join; the refit goes on without them (commit policy available): " +
+              missing);
+    for (const auto& c : children_.AbsentPlanned()) {
+      children_.Excuse(c);
+      loop_.Post([this, c] { downstream_.Excuse(c); });
+    }
+    return Status::Ok();
+  }
+  return Status::Unavailable("children did not join within " +
+                             std::to_string(options_.config.tree.connect_timeout.count()) +
+                             " ms: " + missing);
+}
+
+// Caller holds mu_.
+void Source::Impl::Fail(const std::string& why) {
+  if (refit_->failed) return;
+  refit_->failed = true;
+  refit_->failure = why;
+  cv_.notify_all();
+}
+
+// The last refit's spool: a committed delta whose every chunk was spooled joins the
+// history (for nodes that catch up by the chain); anything else is deleted.
+void Source::Impl::RetireLastRefit() {
+  std::unique_ptr<Spool> spool;
+  std::optional<ChainLink> link;
+  {
+    std::lock_guard lock(mu_);
+    if (!refit_) return;
+    spool = std::move(refit_->spool);
+    link = refit_->committed_link;
+    refit_.reset();
+  }
+  if (!spool) return;
+  const std::vector<uint32_t> sequences = spool->sequences();
+  const bool whole = !sequences.empty() && sequences.back() + 1 == sequences.size();
+  if (!history_ || !link || !whole) {
+    spool->Discard();
+    return;
+  }
+  link->chunks = static_cast<uint32_t>(sequences.size());
+  Status kept = history_->Add(std::move(spool), *link);
+  if (!kept.ok()) log::Warn("delta not kept for catch-up: " + kept.ToString());
+}
+
+// Loop thread: heartbeats; a child away longer than the connect timeout fails the
+// refit (policy `all`) or is left out of it (`available`); after the decision, an
+// absent child is waited for only up to the connect timeout.
+void Source::Impl::Tick() {
+  if (Clock::now() >= next_heartbeat_) {
+    next_heartbeat_ = Clock::now() + std::chrono::seconds(1);
+    downstream_.Heartbeat();
+  }
+  std::lock_guard lock(mu_);
+  if (!refit_) return;
+  if (children_.deciding()) {
+    for (const auto& child : children_.GiveUpOnAway(Clock::now())) {
+      log::Warn(fmt::format("child {} is away; it learns the decision when it is back", child));
+      cv_.notify_all();
+    }
+    return;
+  }
+  for (const auto& child :
+       children_.AwayLongerThan(Clock::now(), options_.config.tree.connect_timeout)) {
+    if (options_.config.tree.commit_policy != topology::CommitPolicy::kAvailable) {
+      return Fail("child '" + child + "' has been away longer than the connect timeout");
+    }
+    log::Warn(fmt::format(
+        "child {} is away; the refit goes on without it (commit policy available)", child));
+    children_.Excuse(child);
+    // Not under mu_: Downstream completes queued chunks, whose callbacks take mu_.
+    loop_.Post([this, child] { downstream_.Excuse(child); });
+    cv_.notify_all();
+  }
+}
+
+Downstream::Events Source::Impl::Events() {
+  Downstream::Events e;
+  e.joined = [this](const std::string& child, const Hello& hello) { OnJoined(child, hello); };
+  e.lost = [this](const std::string& child, const Status&) {
+    std::lock_guard lock(mu_);
+    children_.Lost(child, Clock::now());
+    cv_.notify_all();
+  };
+  e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
+    OnMessage(child, type, bytes);
+  };
+  return e;
+}
+
+void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
+  const bool adopted = downstream_.IsAdopted(child);
+  std::optional<transport::Message> resolution;
+  std::optional<std::vector<Downstream::Outgoing>> backlog;
+  {
+    std::lock_guard lock(mu_);
+    if (adopted) log::Info("adopted " + child + ", whose parent is unreachable");
+    children_.Joined(child, adopted, Clock::now());
+    const bool other_delta = !hello.inflight_target.IsZero() &&
+                             (!refit_ || hello.inflight_target != refit_->begin.target_version);
+    if (other_delta) resolution = Resolution(child, hello.inflight_target);
+    if (refit_) backlog = Backlog(child, hello);
+    cv_.notify_all();
+  }
+  // Outside mu_: Downstream may complete queued chunks here, and their callbacks
+  // take mu_.
+  if (resolution) downstream_.SendTo(child, *resolution);
+  if (backlog) downstream_.Requeue(child, std::move(*backlog));
+}
+
+// Caller holds mu_: what a child that (re)joined during or after the refit still
+// needs: BEGIN, the spooled chunks it lacks, and the decision if there is one.
+std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std::string& child,
+                                                                       const Hello& hello) {
+  const Begin& begin = refit_->begin;
+  if (hello.active_version == begin.target_version && hello.inflight_target.IsZero() &&
+      refit_->decision == MessageType::kCommit) {
+    // It committed, then lost the link before confirming: COMMIT again makes it
+    // gather its subtree's confirmations and answer.
+    return std::vector<Downstream::Outgoing>{Downstream::Outgoing::Control(transport::MakeMessage(
+        EncodeDecision(MessageType::kCommit, {begin.refit_id, begin.target_version})))};
+  }
+  // An aborted delta it does not hold: nothing to undo.
+  if (refit_->decision == MessageType::kAbort && hello.inflight_target != begin.target_version)
+    return std::nullopt;
+  Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision);
+  log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
+                        begin.refit_id, replay.chunks));
+  children_.Rejoined(child);
+  return std::move(replay.messages);
+}
+
+// A child still holds a delta from an earlier refit in flight. The decision log
+// says whether that delta committed; if it has no COMMIT for it, nobody can have
+// committed it (decisions are logged before they are sent), so it is aborted. The
+// message goes ahead of anything else, so the child resolves it first.
+transport::Message Source::Impl::Resolution(const std::string& child,
+                                            const Digest128& target) const {
+  auto recorded = RecordedDecision(options_.decision_log, target);
+  const bool commit = recorded && recorded->commit;
+  const uint64_t id = recorded ? recorded->refit_id : RandomId();
+  log::Info(fmt::format("child {} holds delta to {} from an earlier refit: {}", child,
+                        target.ShortHex(),
+                        commit     ? "it was committed"
+                        : recorded ? "it was aborted"
+                                   : "no decision recorded: abort"));
+  return transport::MakeMessage(
+      EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, {id, target}));
+}
+
+void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpan bytes) {
+  switch (type) {
+    case MessageType::kFetch:
+      return ServeFetch(child, bytes);
+    case MessageType::kFetchManifest:
+      return ServeManifest(child, bytes);
+    case MessageType::kFetchChain:
+      return ServeChain(child, bytes);
+    case MessageType::kFetchDeltaChunk:
+      return ServeDeltaChunk(child, bytes);
+    default:
+      break;
+  }
+  std::lock_guard lock(mu_);
+  if (!refit_) return;
+  const uint64_t refit_id = refit_->begin.refit_id;
+  switch (type) {
+    case MessageType::kPrepared: {
+      auto p = ParsePrepared(bytes);
+      if (p.ok() && p->refit_id == refit_id) children_.Prepared(child, p->nodes);
+      break;
+    }
+    case MessageType::kFailed: {
+      auto f = ParseFailed(bytes);
+      if (!f.ok() || f->refit_id != refit_id) break;
+      if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
+          f->node_id == child && children_.streaming()) {
+        // Like an absent child (commit policy available): the version goes on
+        // without it and its subtree; they catch up at a later refit.
+        log::Warn(
+            fmt::format("child {} cannot reach the target ({}); the refit goes on "
+                        "without it (commit policy available)",
+                        child, f->reason));
+        children_.Excuse(child);
+        loop_.Post([this, child] { downstream_.Excuse(child); });
+        break;
+      }
+      Fail("node '" + f->node_id + "': " + f->reason);
+      break;
+    }
+    case MessageType::kCommitted:
+    case MessageType::kAborted: {
+      auto o = ParseOutcome(bytes);
+      if (o.ok() && o->refit_id == refit_id) children_.Confirmed(child, o->nodes);
+      break;
+    }
+    default:
+      break;
+  }
+  cv_.notify_all();
+}
+
+// ---- what the source serves ---------------------------------------------------
+
+// Loop thread: a FETCH answered from whichever version has the wanted bytes.
+void Source::Impl::ServeFetch(const std::string& child, ByteSpan bytes) {
+  auto f = ParseFetch(bytes);
+  if (!f.ok()) return;
+  std::lock_guard lock(mu_);
+  for (const apply::WeightStore* store :
+       {refit_ ? refit_->target : nullptr, refit_ ? refit_->base : nullptr}) {
+    if (!store) continue;
+    const auto index = store->FindTensor(f->tensor);
+    if (!index) continue;
+    const ByteSpan tensor = store->TensorData(*index);
+    const uint64_t e = ElementSize(store->tensors()[*index].dtype);
+    // Checked without overflow: the offset and length come from the network.
+    if (f->element_offset > tensor.size() / e ||
+        f->byte_length > tensor.size() - f->element_offset * e) {
+      continue;
+    }
+    const ByteSpan part = tensor.subspan(f->element_offset * e, f->byte_length);
+    if (Hash64(part) == f->hash) {
+      downstream_.SendTo(child, transport::MakeMessage(EncodePartition(f->request_id, true, part)));
+      return;
+    }
+  }
+  downstream_.SendTo(child, transport::MakeMessage(EncodePartition(f->request_id, false, {})));
+}
+
+// Loop thread: the manifest of the base or the target, for a node catching up from
+// a version of this cluster's lineage (a node holding anything else keeps it: it
+// fails the refit instead of being overwritten).
+void Source::Impl::ServeManifest(const std::string& child, ByteSpan bytes) {
+  auto f = ParseFetchManifest(bytes);
+  if (!f.ok()) return;
+  std::lock_guard lock(mu_);
+  if (refit_ && !refit_->manifests.empty()) {
+    const Digest128& base = refit_->manifests.front().first;
+    const std::vector<LoggedDecision> decisions = ReadDecisions(options_.decision_log);
+    if (InLineage(decisions, base, f->from) && InLineage(decisions, base, f->version)) {
+      for (const auto& [version, serialized] : refit_->manifests) {
+        if (version != f->version) continue;
+        downstream_.SendTo(child,
+                           transport::MakeMessage(EncodeManifest(f->request_id, true, serialized)));
+        return;
+      }
+    } else {
+      log::Warn(
+          fmt::format("{} asks to catch up from {} to {}: not both versions this cluster "
+                      "committed",
+                      child, f->from.ShortHex(), f->version.ShortHex()));
+    }
+  }
+  downstream_.SendTo(child, transport::MakeMessage(EncodeManifest(f->request_id, false, {})));
+}
+
+// Loop thread: which retained deltas lead a catching-up node to `to`.
+void Source::Impl::ServeChain(const std::string& child, ByteSpan bytes) {
+  auto f = ParseFetchChain(bytes);
+  if (!f.ok()) return;
+  Chain reply;
+  reply.request_id = f->request_id;
+  if (history_) reply.links = history_->Chain(f->from, f->to);
+  reply.found = !reply.links.empty();
+  downstream_.SendTo(child, transport::MakeMessage(EncodeChain(reply)));
+}
+
+// Loop thread: one chunk of a retained delta, read from its spool file.
+void Source::Impl::ServeDeltaChunk(const std::string& child, ByteSpan bytes) {
+  auto f = ParseFetchDeltaChunk(bytes);
+  if (!f.ok()) return;
+  auto message = history_ ? history_->Read(f->target, f->sequence)
+                          : Result<transport::Message>(Status::NotFound("no history"));
+  downstream_.SendTo(
+      child, transport::MakeMessage(EncodeDeltaChunk(
+                 f->request_id, message.ok(), message.ok() ? ByteSpan(**message) : ByteSpan())));
+}
+
+// ---- the public object ------------------------------------------------------------
+
+Result<std::unique_ptr<Source>> Source::Start(PublishOptions options,
+                                              std::unique_ptr<transport::Transport> transport) {
+  ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(transport), std::move(plan));
+  RETURN_IF_ERROR(impl->Listen());
+  return std::unique_ptr<Source>(new Source(std::move(impl)));
+}
+
+Source::Source(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Source::~Source() { Stop(); }
+void Source::Stop() {
+  if (impl_) impl_->Stop();
+}
+const std::string& Source::listen_address() const { return impl_->listen_address(); }
+
+Result<PublishReport> Source::Publish(const apply::WeightStore& base,
+                                      const codec::Manifest& base_manifest,
+                                      const apply::WeightStore& target,
+                                      const codec::Manifest& target_manifest) {
+  return impl_->Publish(base, base_manifest, target, target_manifest);
+}
+
+}  // namespace deltacast::relay

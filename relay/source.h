@@ -1,0 +1,53 @@
+// Source: the root of the relay tree, long-lived. It listens once; its children
+// join, authenticate and stay joined between refits (a child that joins late or
+// rejoins is replayed what it lacks). Each Publish is one refit: it encodes the
+// delta between two versions while streaming it (the first chunk is on the wire long
+// before the last partition is compared), waits until every node reports PREPARED,
+// records its decision durably and drives the tree-wide two-phase commit
+// (docs/protocol.md). Between refits it keeps the last refit's spool, so a child
+// that rejoins is told the outcome; it serves partition bytes and manifests only
+// during a Publish (the caller's stores need to live only that long).
+//
+// Thread safety: Publish blocks the calling thread, one at a time; on_progress runs
+// on it. Start, Publish and Stop from one thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "apply/weight_store.h"
+#include "codec/manifest.h"
+#include "relay/publisher.h"
+#include "transport/transport.h"
+
+namespace deltacast::relay {
+
+class Source {
+ public:
+  // Listens on the config's source address and waits for nothing: children join as
+  // they come. Fails if the address cannot be bound.
+  static Result<std::unique_ptr<Source>> Start(PublishOptions options,
+                                               std::unique_ptr<transport::Transport> transport);
+  ~Source();  // Stop()
+
+  // Publishes `base` -> `target` as the next version. Waits up to the connect
+  // timeout for the children that are not joined yet (policy `available`: goes on
+  // without them if any node is there); fails without a report if they do not come
+  // (policy `all`). Otherwise returns a report saying whether the version committed.
+  Result<PublishReport> Publish(const apply::WeightStore& base,
+                                const codec::Manifest& base_manifest,
+                                const apply::WeightStore& target,
+                                const codec::Manifest& target_manifest);
+
+  // Closes every link; the last committed delta joins the kept history. Idempotent.
+  void Stop();
+  const std::string& listen_address() const;
+
+  class Impl;
+
+ private:
+  explicit Source(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deltacast::relay
