@@ -178,7 +178,7 @@ class NodeAgent::Impl {
     uint64_t child_request = 0;
     apply::PartitionKey key;
     uint64_t refit_id = 0;
-    uint64_t hash = 0;  // what the bytes must hash to (rollback, catch-up)
+    PartitionHash hash{};  // what the bytes must hash to (rollback, catch-up)
     bool for_rollback = false;
     bool for_catch_up = false;
     uint64_t byte_length = 0;  // to ask again after a reconnect (catch-up, rollback)
@@ -690,10 +690,11 @@ class NodeAgent::Impl {
   struct ApplyResult {
     Status status;
     bool end = false;
+    bool refused = false;  // failed the applier's check before write: fetch it again
     uint64_t applied = 0;
     double seconds = 0;
     std::vector<apply::PartitionKey> torn;  // END only: partitions to repair
-    std::vector<uint64_t> torn_hashes;
+    std::vector<PartitionHash> torn_hashes;
     std::vector<uint64_t> torn_lengths;
   };
 
@@ -714,12 +715,15 @@ class NodeAgent::Impl {
       return result;
     }
     if (chunk->kind == codec::ChunkKind::kEnd) {
-      result.end = true;
       apply_.summary = chunk->summary;
+      // A refused chunk is fetched again, and this END replayed behind it.
+      if (apply_.applier->HasRefusedChunks()) return result;
+      result.end = true;
       return FinishRefit();
     }
     if (replica_->applied_chunks().contains(sequence)) return result;  // journaled before a restart
     result.status = apply_.applier->ApplyChunk(*chunk);
+    result.refused = !result.status.ok() && apply_.applier->WasRefused(sequence);
     for (const auto& record : chunk->records) apply_.changed_tensors.emplace(record.tensor_name);
     if (result.status.ok()) result.status = apply_.applier->FlushApplied();
     CrashPoint("agent.apply_flushed");
@@ -769,6 +773,13 @@ class NodeAgent::Impl {
   void OnChunkApplied(uint64_t id, const ApplyResult& result) {
     if (!refit_ || refit_->id != id) return;
     refit_->apply_seconds += result.seconds;
+    if (result.refused) {
+      // Well-formed but wrong records: treated like a damaged chunk, never applied.
+      log::Warn(fmt::format("{}: {}; fetching the chunk again", options_.node_id,
+                            result.status.ToString()));
+      ++refetches_;
+      return DropParent(Status::Corrupt("refused chunk"));
+    }
     if (!result.status.ok()) return LocalFailure(id, result.status);
     if (!result.torn.empty()) return RequestRepairs(result);
     if (result.end && refit_->local_error.ok()) {
@@ -842,7 +853,7 @@ class NodeAgent::Impl {
         const uint64_t e = ElementSize(replica_->store().tensors()[*index].dtype);
         if (fetch.element_offset * e + fetch.byte_length <= tensor.size()) {
           const ByteSpan part = tensor.subspan(fetch.element_offset * e, fetch.byte_length);
-          if (Hash64(part) == fetch.hash) found.emplace(part.begin(), part.end());
+          if (HashPartition(part) == fetch.hash) found.emplace(part.begin(), part.end());
         }
       }
       loop_.Post([this, child, fetch, found = std::move(found)] {

@@ -478,7 +478,7 @@ class Publication {
       const uint64_t e = ElementSize(store->tensors()[*index].dtype);
       if (f->element_offset * e + f->byte_length > tensor.size()) continue;
       const ByteSpan part = tensor.subspan(f->element_offset * e, f->byte_length);
-      if (Hash64(part) == f->hash) {
+      if (HashPartition(part) == f->hash) {
         downstream_.SendTo(child,
                            transport::MakeMessage(EncodePartition(f->request_id, true, part)));
         return;

@@ -14,6 +14,7 @@
 #include "codec/entropy.h"
 #include "common/bytes.h"
 #include "common/dtype.h"
+#include "common/partition_hash.h"
 #include "common/status.h"
 
 namespace deltacast::codec {
@@ -49,11 +50,29 @@ struct EncodedPartition {
   std::vector<std::byte> payload;
 };
 
+// A record decoded against its partition's base bytes: what applying it will write,
+// held aside so it can be checked before anything is written.
+struct DecodedRecord {
+  // Dense-XOR and literal records: the whole target partition, in `whole`. The
+  // others: `changes`, as XOR words against the base (an overwrite's new words are
+  // turned into XOR words with the old ones).
+  bool whole_partition = false;
+  SparseChanges changes;
+  std::vector<std::byte> whole;
+
+  // Heap bytes held, for callers that keep many.
+  size_t MemoryBytes() const {
+    return changes.positions.capacity() * sizeof(uint32_t) + changes.xors.capacity() +
+           whole.capacity();
+  }
+};
+
 // Reused buffers so steady-state encoding and decoding do not allocate.
 struct CodecScratch {
   SparseChanges changes;
   std::vector<std::byte> raw;
   std::vector<std::byte> bytes;
+  DecodedRecord decoded;  // ApplyEncodedPartition's
 };
 
 // Encodes the change base -> target of one partition of `dtype` elements with the
@@ -81,13 +100,32 @@ struct RecordCoding {
   uint64_t change_count = 0;
   uint64_t raw_size = 0;
   ByteSpan payload;
-  uint64_t target_hash = 0;
+  PartitionHash base_hash;
+  PartitionHash target_hash;
 };
 
-// Applies `record` to `data`, which must hold the partition at its base version.
-// Success: `data` holds the target and hashes (xxh3-64) to record.target_hash.
-// Failure (malformed payload, or a result with the wrong hash): `data` is exactly as
-// it was. Does not check the base hash; the caller does.
+// Check before write. Decodes `record` against `base` (the partition's bytes at the
+// base version; read, never written: overwrite and context-XOR records need them)
+// into `out`, then checks that the record takes record.base_hash to
+// record.target_hash, using H(base ^ mask) = H(base) ^ H(mask)
+// (docs/wire-format.md, "Partition hash"): for XOR encodings from the mask alone, in
+// O(changed words) for the sparse ones; for overwrite with the old values at the
+// written positions; for literal by hashing the new bytes. kCorrupt on a malformed
+// payload or a record that fails the check (`out` is then unspecified).
+Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRecord& out,
+                            CodecScratch& scratch);
+
+// Writes `decoded` (from DecodeAndCheckRecord against these same bytes) into `data`
+// and verifies that the stored result hashes to `target_hash`. On a mismatch `data`
+// is exactly as it was (XOR is undone; a whole partition is verified before it is
+// copied in) and the result is kCorrupt.
+Status ApplyDecodedRecord(const DecodedRecord& decoded, MutableByteSpan data,
+                          const PartitionHash& target_hash);
+
+// DecodeAndCheckRecord then ApplyDecodedRecord, with scratch.decoded. `data` must
+// hold the partition at its base version (the caller checks its hash). Success:
+// `data` holds the target and hashes to record.target_hash. Failure: `data` is
+// exactly as it was.
 Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data,
                              CodecScratch& scratch);
 
