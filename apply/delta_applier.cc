@@ -73,11 +73,15 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     targets[i] = tensor.subspan(located[i].byte_offset, located[i].byte_length);
   }
 
-  // Check before write: classify every record by its partition's current hash, and
-  // decode and check the ones at base. Nothing is written in this pass.
-  enum class Action : char { kSkip, kTorn, kApply };
+  // Check before write: decode and check every record before any byte of the chunk
+  // is written. Records checked from the mask alone (XOR, literal) do not read the
+  // store here; their partitions are hashed just before they are written, so those
+  // bytes are still in cache for the write and the verification after it. Overwrite
+  // and context-XOR records decode against the base bytes, so their partitions are
+  // hashed first and only the ones at base are decoded.
+  enum class Action : char { kUnknown, kSkip, kTorn, kApply };
   const size_t threads = options_.threads ? options_.threads : DefaultThreadCount();
-  std::vector<Action> action(located.size(), Action::kSkip);
+  std::vector<Action> action(located.size(), Action::kUnknown);
   std::vector<Status> errors(located.size());
   std::vector<char> held(located.size(), 0);
   std::atomic<size_t> held_bytes{0};
@@ -86,16 +90,20 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     return "tensor '" + std::string(chunk.records[i].tensor_name) + "' partition at element " +
            std::to_string(chunk.records[i].element_offset);
   };
+  auto classify = [&](size_t i) {
+    const codec::PartitionRecord& record = chunk.records[i];
+    const PartitionHash current = HashPartition(targets[i]);
+    action[i] = current == record.target_hash ? Action::kSkip
+                : current == record.base_hash ? Action::kApply
+                                              : Action::kTorn;
+  };
   ParallelFor(located.size(), threads, [&](size_t i) {
     thread_local codec::CodecScratch scratch;
     const codec::PartitionRecord& record = chunk.records[i];
-    const PartitionHash current = HashPartition(targets[i]);
-    if (current == record.target_hash) return;
-    if (current != record.base_hash) {
-      action[i] = Action::kTorn;
-      return;
+    if (codec::RecordNeedsBase(record.encoding)) {
+      classify(i);
+      if (action[i] != Action::kApply) return;
     }
-    action[i] = Action::kApply;
     errors[i] = codec::DecodeAndCheckRecord(record.Coding(), targets[i], decoded_[i], scratch)
                     .WithContext(context(i));
     // What does not fit the budget is decoded again when written.
@@ -122,6 +130,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   ParallelFor(located.size(), threads, [&](size_t i) {
     thread_local codec::CodecScratch scratch;
     const codec::PartitionRecord& record = chunk.records[i];
+    if (action[i] == Action::kUnknown) classify(i);
     if (action[i] == Action::kSkip) {
       ++skipped;
       return;

@@ -285,7 +285,7 @@ Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRe
                             CodecScratch& scratch) {
   const uint32_t e = static_cast<uint32_t>(ElementSize(record.dtype));
   const uint64_t count = base.size() / e;
-  out.whole_partition = false;
+  out.form = DecodedRecord::Form::kChanges;
   out.changes.clear();
   out.changes.element_size = e;
   if (record.change_count > count) {
@@ -348,16 +348,14 @@ Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRe
         return Status::Corrupt("record declares raw size " + std::to_string(record.raw_size) +
                                " for a partition of " + std::to_string(base.size()) + " bytes");
       }
-      // The target is built beside the live bytes and copied in only once it verifies.
-      out.whole_partition = true;
       out.whole.resize(base.size());
       JoinPlanes(raw.data(), count, e, out.whole.data());
       if (record.encoding == Encoding::kLiteral) {
+        out.form = DecodedRecord::Form::kWholeTarget;
         return CheckLeadsToTarget(record, HashPartition(out.whole));
       }
-      RETURN_IF_ERROR(CheckLeadsToTarget(record, record.base_hash ^ HashPiece(out.whole, 0)));
-      for (size_t i = 0; i < base.size(); ++i) out.whole[i] ^= base[i];
-      return Status::Ok();
+      out.form = DecodedRecord::Form::kDenseMask;
+      return CheckLeadsToTarget(record, record.base_hash ^ HashPiece(out.whole, 0));
     }
     case Encoding::kContextXor:
       break;
@@ -365,10 +363,24 @@ Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRe
   return Status::Corrupt("unknown encoding " + std::to_string(static_cast<int>(record.encoding)));
 }
 
-Status ApplyDecodedRecord(const DecodedRecord& decoded, MutableByteSpan data,
+bool RecordNeedsBase(Encoding encoding) {
+  return encoding == Encoding::kOverwrite || encoding == Encoding::kContextXor;
+}
+
+Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
                           const PartitionHash& target_hash) {
-  if (!decoded.whole_partition) return ApplySparseVerified(data, decoded.changes, target_hash);
-  if (decoded.whole.size() != data.size() || HashPartition(decoded.whole) != target_hash) {
+  using Form = DecodedRecord::Form;
+  if (decoded.form == Form::kChanges)
+    return ApplySparseVerified(data, decoded.changes, target_hash);
+  if (decoded.whole.size() != data.size()) {
+    return Status::Corrupt("decoded record is for a partition of another size; left at base");
+  }
+  // The target is built beside the live bytes and copied in only once it verifies.
+  if (decoded.form == Form::kDenseMask) {
+    for (size_t i = 0; i < data.size(); ++i) decoded.whole[i] ^= data[i];
+    decoded.form = Form::kWholeTarget;
+  }
+  if (HashPartition(decoded.whole) != target_hash) {
     return Status::Corrupt("partition does not hash to its target after apply; left at base");
   }
   std::memcpy(data.data(), decoded.whole.data(), data.size());

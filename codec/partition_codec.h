@@ -50,13 +50,16 @@ struct EncodedPartition {
   std::vector<std::byte> payload;
 };
 
-// A record decoded against its partition's base bytes: what applying it will write,
-// held aside so it can be checked before anything is written.
+// A decoded record: what applying it will write, held aside so it can be checked
+// before anything is written.
 struct DecodedRecord {
-  // Dense-XOR and literal records: the whole target partition, in `whole`. The
-  // others: `changes`, as XOR words against the base (an overwrite's new words are
-  // turned into XOR words with the old ones).
-  bool whole_partition = false;
+  enum class Form : uint8_t {
+    kChanges,      // `changes`: XOR words against the base (sparse-XOR, context-XOR, and
+                   // overwrite, whose new words become XOR words with the old ones)
+    kDenseMask,    // `whole`: the XOR of every byte (dense-XOR)
+    kWholeTarget,  // `whole`: the target bytes (literal)
+  };
+  Form form = Form::kChanges;
   SparseChanges changes;
   std::vector<std::byte> whole;
 
@@ -104,22 +107,24 @@ struct RecordCoding {
   PartitionHash target_hash;
 };
 
-// Check before write. Decodes `record` against `base` (the partition's bytes at the
-// base version; read, never written: overwrite and context-XOR records need them)
-// into `out`, then checks that the record takes record.base_hash to
-// record.target_hash, using H(base ^ mask) = H(base) ^ H(mask)
-// (docs/wire-format.md, "Partition hash"): for XOR encodings from the mask alone, in
-// O(changed words) for the sparse ones; for overwrite with the old values at the
-// written positions; for literal by hashing the new bytes. kCorrupt on a malformed
-// payload or a record that fails the check (`out` is then unspecified).
+// Check before write. Decodes `record` into `out` and checks that it takes
+// record.base_hash to record.target_hash, using H(base ^ mask) = H(base) ^ H(mask)
+// (docs/wire-format.md, "Partition hash"): for XOR encodings from the mask alone
+// (O(changed words) for sparse-XOR), for overwrite with the old values at the
+// written positions, for literal by hashing the new bytes. `base` (the partition's
+// bytes at the base version, read and never written) is read only by overwrite and
+// context-XOR records (RecordNeedsBase); the others take its size alone. kCorrupt on
+// a malformed payload or a record that fails the check (`out` is then unspecified).
 Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRecord& out,
                             CodecScratch& scratch);
+bool RecordNeedsBase(Encoding encoding);
 
-// Writes `decoded` (from DecodeAndCheckRecord against these same bytes) into `data`
-// and verifies that the stored result hashes to `target_hash`. On a mismatch `data`
-// is exactly as it was (XOR is undone; a whole partition is verified before it is
-// copied in) and the result is kCorrupt.
-Status ApplyDecodedRecord(const DecodedRecord& decoded, MutableByteSpan data,
+// Writes `decoded` (from DecodeAndCheckRecord; for overwrite and context-XOR against
+// these same bytes) into `data`, which must be at the base version, and verifies that
+// the stored result hashes to `target_hash`. On a mismatch `data` is exactly as it was
+// (XOR is undone; a whole partition is built aside, in `decoded`, and copied in only
+// once verified) and the result is kCorrupt. A dense mask is consumed.
+Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
                           const PartitionHash& target_hash);
 
 // DecodeAndCheckRecord then ApplyDecodedRecord, with scratch.decoded. `data` must

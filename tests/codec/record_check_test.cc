@@ -85,7 +85,14 @@ Case Make(DType dtype, Encoding encoding, EntropyCoder entropy, size_t elements,
 
 // The hash the decoded record predicts for the result, computed as the check does.
 PartitionHash Predicted(const DecodedRecord& d, const PartitionHash& base_hash) {
-  if (d.whole_partition) return HashPartition(d.whole);
+  switch (d.form) {
+    case DecodedRecord::Form::kWholeTarget:
+      return HashPartition(d.whole);
+    case DecodedRecord::Form::kDenseMask:
+      return base_hash ^ HashPiece(d.whole, 0);
+    case DecodedRecord::Form::kChanges:
+      break;
+  }
   return base_hash ^
          HashSparseMask(d.changes.positions, d.changes.xors.data(), d.changes.element_size);
 }
@@ -111,7 +118,7 @@ TEST(RecordCheckTest, MaskCheckAgreesWithApplyingAndRehashing) {
           EXPECT_TRUE(data == c.target);
           EXPECT_EQ(HashPartition(data), predicted);
           EXPECT_EQ(predicted, c.coding.target_hash);
-          if (decoded.whole_partition) continue;
+          if (decoded.form != DecodedRecord::Form::kChanges) continue;
           // A wrong mask predicts exactly the hash its bytes would have, which is not
           // the target: what the check refuses.
           DecodedRecord wrong = decoded;
