@@ -8,12 +8,13 @@
 // torn (a crash mid-apply, or outside interference) and is reported for repair,
 // never patched: XOR is never replayed blindly.
 //
-// Check before write: before any byte of a chunk is written, every record whose
-// partition is at its base is decoded and checked to take the base hash to the
-// target hash (codec::DecodeAndCheckRecord: from the mask alone for XOR records,
-// with the old values at the written positions for overwrite). One record that
-// fails refuses the whole chunk, like a damaged one: nothing of it is written and
-// it does not count as received, so the caller fetches it again (WasRefused).
+// Check before write: before any byte of a chunk is written, its records are decoded
+// and checked to take the base hash to the target hash (codec::DecodeAndCheckRecord:
+// XOR and literal records from the record alone, whatever their partition holds;
+// overwrite and context-XOR records, which decode against the old bytes, when their
+// partition is at base). One record that fails refuses the whole chunk, like a
+// damaged one: nothing of it is written and it does not count as received, so the
+// caller fetches it again (WasRefused).
 //
 // Thread safety: one thread calls ApplyChunk at a time; the applier runs its own
 // worker threads within each call.
