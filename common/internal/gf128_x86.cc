@@ -23,7 +23,7 @@ namespace {
 
 // How far ahead of the loads to prefetch: the hardware prefetcher alone leaves the
 // loop waiting on memory for part of every group when the data comes from DRAM.
-constexpr int kPrefetchBytes = 4096;
+constexpr int kPrefetchBytes = 2048;
 
 DC_PCLMUL inline __m128i Load(Gf128 v) {
   return _mm_set_epi64x(static_cast<long long>(v.hi), static_cast<long long>(v.lo));
