@@ -201,8 +201,7 @@ int RunManifest(const ManifestArgs& args) {
       json entry = {{"name", info.name}, {"dtype", DTypeName(info.dtype)}, {"shape", info.shape}};
       if (args.partitions) {
         json hashes = json::array();
-        for (uint64_t h : manifest->partition_hashes[t])
-          hashes.push_back(fmt::format("{:016x}", h));
+        for (const PartitionHash& h : manifest->partition_hashes[t]) hashes.push_back(h.ToHex());
         entry["partition_hashes"] = hashes;
       }
       tensors.push_back(entry);
@@ -224,8 +223,8 @@ int RunManifest(const ManifestArgs& args) {
   if (args.partitions) {
     for (size_t t = 0; t < manifest->tensors.size(); ++t) {
       for (size_t p = 0; p < manifest->partition_hashes[t].size(); ++p) {
-        fmt::print("{} [{}] {:016x}\n", manifest->tensors[t].name, p,
-                   manifest->partition_hashes[t][p]);
+        fmt::print("{} [{}] {}\n", manifest->tensors[t].name, p,
+                   manifest->partition_hashes[t][p].ToHex());
       }
     }
   }

@@ -11,7 +11,12 @@
 namespace deltacast::apply {
 namespace {
 
-constexpr uint32_t kCacheMagic = 0x43434344;  // "DCCC"
+// The manifest cache: magic, u16 format version, u16 reserved, the file stamps,
+// the serialized manifest, and an xxh3-64 of everything before it. Format 1 had no
+// version field and held xxh3-64 partition hashes; it started with kCacheMagicV1.
+constexpr uint32_t kCacheMagic = 0x4D434344;    // "DCCM"
+constexpr uint32_t kCacheMagicV1 = 0x43434344;  // "DCCC"
+constexpr uint16_t kCacheVersion = 2;
 constexpr std::string_view kManifestFile = "manifest.bin";
 constexpr std::string_view kInflightFile = "inflight";
 constexpr std::string_view kActiveFile = "active";
@@ -39,6 +44,8 @@ Result<std::vector<std::byte>> StampBlock(const CheckpointDirStore& store) {
   std::vector<std::byte> out;
   ByteWriter w(out);
   w.Put<uint32_t>(kCacheMagic);
+  w.Put<uint16_t>(kCacheVersion);
+  w.Put<uint16_t>(0);
   w.Put<uint32_t>(static_cast<uint32_t>(store.layout().files.size()));
   for (const auto& file : store.layout().files) {
     ASSIGN_OR_RETURN(FileStamp s, Stamp(store.dir() / file.name));
@@ -91,16 +98,27 @@ Result<codec::Manifest> CheckpointState::LoadOrComputeManifest(const CheckpointD
                                                                size_t threads) {
   ASSIGN_OR_RETURN(std::vector<std::byte> stamps, StampBlock(store));
   auto cached = ReadFile(dir_ / kManifestFile, uint64_t{1} << 30);
-  if (cached.ok() && cached->size() > stamps.size() + 8) {
+  if (cached.ok() && cached->size() >= 8) {
     const ByteSpan all(*cached);
-    const bool intact =
-        LoadLE<uint64_t>(all.data() + all.size() - 8) == Hash64(all.first(all.size() - 8));
-    if (intact && std::equal(stamps.begin(), stamps.end(), all.begin())) {
+    const uint32_t magic = LoadLE<uint32_t>(all.data());
+    const uint16_t version = magic == kCacheMagic ? LoadLE<uint16_t>(all.data() + 4) : 0;
+    if (magic == kCacheMagicV1 || (magic == kCacheMagic && version != kCacheVersion)) {
+      // Never read as this format: its hashes are of another kind.
+      log::Info("the manifest cache of " + store.dir().string() + " is format " +
+                std::to_string(magic == kCacheMagicV1 ? 1 : version) + ", this build uses " +
+                std::to_string(kCacheVersion) + "; hashing the checkpoint again");
+    } else if (all.size() > stamps.size() + 8 &&
+               LoadLE<uint64_t>(all.data() + all.size() - 8) == Hash64(all.first(all.size() - 8)) &&
+               std::equal(stamps.begin(), stamps.end(), all.begin())) {
       auto manifest =
           codec::Manifest::Parse(all.subspan(stamps.size(), all.size() - stamps.size() - 8));
       if (manifest.ok() && manifest->partition_bytes == partition_bytes &&
           manifest->tensors == store.tensors()) {
         return manifest;
+      }
+      if (manifest.status().code() == StatusCode::kVersionMismatch) {
+        log::Info("the manifest cached for " + store.dir().string() + " is of another format (" +
+                  manifest.status().message() + "); hashing the checkpoint again");
       }
     }
   }

@@ -6,6 +6,11 @@
 #include "common/parallel.h"
 
 namespace deltacast::apply {
+namespace {
+// Decoded records held between the check and the write of one chunk; the rest are
+// decoded a second time when written (a chunk of many dense records, say).
+constexpr size_t kMaxHeldDecodedBytes = size_t{256} << 20;
+}  // namespace
 
 DeltaApplier::DeltaApplier(WeightStore& store, codec::Manifest base_manifest,
                            const codec::DeltaIdentity& identity, ApplyOptions options)
@@ -68,43 +73,90 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     targets[i] = tensor.subspan(located[i].byte_offset, located[i].byte_length);
   }
 
-  std::atomic<uint64_t> applied{0}, skipped{0}, changed{0};
+  // Check before write: decode and check every record before any byte of the chunk
+  // is written. Records checked from the mask alone (XOR, literal) do not read the
+  // store here; their partitions are hashed just before they are written, so those
+  // bytes are still in cache for the write and the verification after it. Overwrite
+  // and context-XOR records decode against the base bytes, so their partitions are
+  // hashed first and only the ones at base are decoded.
+  enum class Action : char { kUnknown, kSkip, kTorn, kApply };
+  const size_t threads = options_.threads ? options_.threads : DefaultThreadCount();
+  std::vector<Action> action(located.size(), Action::kUnknown);
   std::vector<Status> errors(located.size());
+  std::vector<char> held(located.size(), 0);
+  std::atomic<size_t> held_bytes{0};
+  decoded_.resize(std::max(decoded_.size(), located.size()));
+  auto context = [&](size_t i) {
+    return "tensor '" + std::string(chunk.records[i].tensor_name) + "' partition at element " +
+           std::to_string(chunk.records[i].element_offset);
+  };
+  auto classify = [&](size_t i) {
+    const codec::PartitionRecord& record = chunk.records[i];
+    const PartitionHash current = HashPartition(targets[i]);
+    action[i] = current == record.target_hash ? Action::kSkip
+                : current == record.base_hash ? Action::kApply
+                                              : Action::kTorn;
+  };
+  ParallelFor(located.size(), threads, [&](size_t i) {
+    thread_local codec::CodecScratch scratch;
+    const codec::PartitionRecord& record = chunk.records[i];
+    if (codec::RecordNeedsBase(record.encoding)) {
+      classify(i);
+      if (action[i] != Action::kApply) return;
+    }
+    errors[i] = codec::DecodeAndCheckRecord(record.Coding(), targets[i], decoded_[i], scratch)
+                    .WithContext(context(i));
+    // What does not fit the budget is decoded again when written.
+    const size_t bytes = decoded_[i].MemoryBytes();
+    if (held_bytes.fetch_add(bytes) + bytes <= kMaxHeldDecodedBytes) {
+      held[i] = 1;
+    } else {
+      held_bytes -= bytes;
+      decoded_[i] = codec::DecodedRecord{};
+    }
+  });
+  for (size_t i = 0; i < located.size(); ++i) {
+    if (errors[i].ok()) continue;
+    std::lock_guard lock(mu_);
+    refused_.insert(chunk.sequence);
+    report_.refused_chunks++;
+    return errors[i].WithContext("chunk " + std::to_string(chunk.sequence) +
+                                 " refused, nothing written");
+  }
+
+  std::atomic<uint64_t> applied{0}, skipped{0}, changed{0};
   std::vector<char> torn(located.size(), 0), patched(located.size(), 0);
   std::vector<Undo> undo(options_.keep_undo ? located.size() : 0);
-  ParallelFor(
-      located.size(), options_.threads ? options_.threads : DefaultThreadCount(), [&](size_t i) {
-        thread_local codec::CodecScratch scratch;
-        const codec::PartitionRecord& record = chunk.records[i];
-        const uint64_t current = Hash64(targets[i]);
-        if (current == record.target_hash) {
-          ++skipped;
-          return;
-        }
-        if (current != record.base_hash) {
-          torn[i] = 1;
-          return;
-        }
-        const bool whole = record.encoding == codec::Encoding::kDenseXor ||
-                           record.encoding == codec::Encoding::kLiteral;
-        if (options_.keep_undo && whole)
-          undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
-        errors[i] =
-            codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch)
-                .WithContext("tensor '" + std::string(record.tensor_name) +
-                             "' partition at element " + std::to_string(record.element_offset));
-        if (errors[i].ok()) {
-          if (options_.keep_undo) {
-            undo[i].where = located[i];
-            undo[i].base_hash = record.base_hash;
-            undo[i].target_hash = record.target_hash;
-            if (!whole) undo[i].xors = scratch.changes;
-          }
-          patched[i] = 1;
-          ++applied;
-          changed += record.change_count;
-        }
-      });
+  ParallelFor(located.size(), threads, [&](size_t i) {
+    thread_local codec::CodecScratch scratch;
+    const codec::PartitionRecord& record = chunk.records[i];
+    if (action[i] == Action::kUnknown) classify(i);
+    if (action[i] == Action::kSkip) {
+      ++skipped;
+      return;
+    }
+    if (action[i] == Action::kTorn) {
+      torn[i] = 1;
+      return;
+    }
+    const bool whole = record.encoding == codec::Encoding::kDenseXor ||
+                       record.encoding == codec::Encoding::kLiteral;
+    if (options_.keep_undo && whole) undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
+    errors[i] = (held[i] ? codec::ApplyDecodedRecord(decoded_[i], targets[i], record.target_hash)
+                         : codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch))
+                    .WithContext(context(i));
+    if (errors[i].ok()) {
+      if (options_.keep_undo) {
+        undo[i].where = located[i];
+        undo[i].base_hash = record.base_hash;
+        undo[i].target_hash = record.target_hash;
+        if (!whole) undo[i].xors = held[i] ? decoded_[i].changes : scratch.decoded.changes;
+      }
+      patched[i] = 1;
+      ++applied;
+      changed += record.change_count;
+    }
+  });
 
   std::lock_guard lock(mu_);
   Status first_error;
@@ -122,6 +174,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     if (!errors[i].ok() && first_error.ok()) first_error = errors[i];
   }
   sequences_seen_.insert(chunk.sequence);
+  refused_.erase(chunk.sequence);
   report_.chunks++;
   report_.records += chunk.records.size();
   report_.applied += applied;
@@ -183,7 +236,7 @@ Status DeltaApplier::Rollback() {
   for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
     ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(it->where.tensor));
     MutableByteSpan bytes = tensor.subspan(it->where.byte_offset, it->where.byte_length);
-    const uint64_t current = Hash64(bytes);
+    const PartitionHash current = HashPartition(bytes);
     if (current == it->base_hash) continue;
     if (current != it->target_hash) {
       return Status::FailedPrecondition("cannot roll back partition of tensor " +
@@ -199,7 +252,7 @@ Status DeltaApplier::Rollback() {
         for (uint32_t k = 0; k < e; ++k) dst[k] ^= it->xors.xors[i * e + k];
       }
     }
-    if (Hash64(bytes) != it->base_hash) {
+    if (HashPartition(bytes) != it->base_hash) {
       return Status::Internal("rollback of tensor " + store_.tensors()[it->where.tensor].name +
                               " did not restore its base hash");
     }
@@ -228,13 +281,15 @@ Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk,
     ASSIGN_OR_RETURN(Located where, Locate(record));
     ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(where.tensor));
     MutableByteSpan bytes = tensor.subspan(where.byte_offset, where.byte_length);
-    const uint64_t current = Hash64(bytes);
+    const PartitionHash current = HashPartition(bytes);
     if (current == record.base_hash) continue;
     const bool self_inverse = record.encoding == codec::Encoding::kSparseXor ||
                               record.encoding == codec::Encoding::kDenseXor;
     if (current == record.target_hash && self_inverse) {
+      // Applying an XOR record to the target gives the base.
       codec::RecordCoding back = record.Coding();
-      back.target_hash = record.base_hash;  // applying an XOR record to the target gives the base
+      back.base_hash = record.target_hash;
+      back.target_hash = record.base_hash;
       if (codec::ApplyEncodedPartition(back, bytes, scratch).ok()) {
         RETURN_IF_ERROR(store_.Flush(where.tensor, where.byte_offset, where.byte_length));
         std::lock_guard lock(mu_);
@@ -249,7 +304,7 @@ Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk,
 }
 
 Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes,
-                                   uint64_t expected_hash) {
+                                   const PartitionHash& expected_hash) {
   const auto index = store_.FindTensor(key.tensor);
   if (!index) return Status::NotFound("no tensor '" + key.tensor + "'");
   const codec::TensorInfo& info = store_.tensors()[*index];
@@ -260,7 +315,7 @@ Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes,
                                    std::to_string(key.element_offset));
   }
   const uint64_t length = std::min(per, info.ElementCount() - key.element_offset) * e;
-  if (bytes.size() != length || Hash64(bytes) != expected_hash) {
+  if (bytes.size() != length || HashPartition(bytes) != expected_hash) {
     return Status::Corrupt("bytes for '" + key.tensor + "' at element " +
                            std::to_string(key.element_offset) +
                            " do not hash to what was asked for");
@@ -274,10 +329,20 @@ Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes,
   return Status::Ok();
 }
 
-uint64_t DeltaApplier::TornTargetHash(const PartitionKey& key) const {
+PartitionHash DeltaApplier::TornTargetHash(const PartitionKey& key) const {
   std::lock_guard lock(mu_);
   auto it = torn_.find(key);
-  return it == torn_.end() ? 0 : it->second;
+  return it == torn_.end() ? PartitionHash{} : it->second;
+}
+
+bool DeltaApplier::WasRefused(uint32_t sequence) const {
+  std::lock_guard lock(mu_);
+  return refused_.contains(sequence);
+}
+
+bool DeltaApplier::HasRefusedChunks() const {
+  std::lock_guard lock(mu_);
+  return !refused_.empty();
 }
 
 Status DeltaApplier::Repair(const PartitionKey& key, ByteSpan literal) {
@@ -292,7 +357,7 @@ Status DeltaApplier::Repair(const PartitionKey& key, ByteSpan literal) {
   const uint64_t per = codec::PartitionElements(info.dtype, identity_.partition_bytes);
   const uint64_t e = ElementSize(info.dtype);
   const uint64_t length = std::min(per, info.ElementCount() - key.element_offset) * e;
-  if (literal.size() != length || Hash64(literal) != it->second) {
+  if (literal.size() != length || HashPartition(literal) != it->second) {
     return Status::Corrupt("repair bytes for '" + key.tensor + "' at element " +
                            std::to_string(key.element_offset) + " do not hash to the target");
   }

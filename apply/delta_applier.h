@@ -8,6 +8,14 @@
 // torn (a crash mid-apply, or outside interference) and is reported for repair,
 // never patched: XOR is never replayed blindly.
 //
+// Check before write: before any byte of a chunk is written, its records are decoded
+// and checked to take the base hash to the target hash (codec::DecodeAndCheckRecord:
+// XOR and literal records from the record alone, whatever their partition holds;
+// overwrite and context-XOR records, which decode against the old bytes, when their
+// partition is at base). One record that fails refuses the whole chunk, like a
+// damaged one: nothing of it is written and it does not count as received, so the
+// caller fetches it again (WasRefused).
+//
 // Thread safety: one thread calls ApplyChunk at a time; the applier runs its own
 // worker threads within each call.
 #pragma once
@@ -47,6 +55,7 @@ struct ApplyReport {
   uint64_t already_at_target = 0;  // skipped
   uint64_t changed_elements = 0;
   uint64_t chunk_bytes = 0;
+  uint64_t refused_chunks = 0;     // failed the check before write (nothing written)
   std::vector<PartitionKey> torn;  // neither base nor target: need literal repair
   double seconds = 0;
 };
@@ -59,12 +68,20 @@ class DeltaApplier {
                const codec::DeltaIdentity& identity, ApplyOptions options = {});
 
   // Validates `chunk` completely (identity, every record against the store's tensor
-  // table and partitioning, no partition named twice) before touching any byte,
-  // then applies its records.
-  // A validation error leaves the store unchanged. A record whose payload turns out
-  // malformed or whose result fails the target hash leaves its partition at base and
-  // fails the call after the chunk's other records are done.
+  // table and partitioning, no partition named twice) and checks every record that
+  // will be applied (above) before touching any byte, then applies its records.
+  // A validation error leaves the store unchanged. A record whose payload is
+  // malformed or that does not take its base hash to its target hash refuses the
+  // chunk: kCorrupt, the store unchanged, WasRefused(sequence) true until the chunk
+  // applies. A record whose stored result still fails the target hash (the store
+  // changed under the applier) leaves its partition at base and fails the call
+  // after the chunk's other records are done.
   Status ApplyChunk(const codec::ChunkView& chunk);
+
+  // Whether chunk `sequence` was refused by the check before write and has not been
+  // applied since: fetch it again (and do not Finish without it).
+  bool WasRefused(uint32_t sequence) const;
+  bool HasRefusedChunks() const;
 
   // Called with the END chunk's summary once every data chunk was applied: checks
   // that all data chunks and records arrived and no partition is torn, flushes the
@@ -83,8 +100,8 @@ class DeltaApplier {
 
   // Partitions found torn so far, in canonical order.
   std::vector<PartitionKey> torn() const;
-  // The target hash the delta gives for torn partition `key` (0 if not torn).
-  uint64_t TornTargetHash(const PartitionKey& key) const;
+  // The target hash the delta gives for torn partition `key` (zero if not torn).
+  PartitionHash TornTargetHash(const PartitionKey& key) const;
   const codec::DeltaIdentity& identity() const { return identity_; }
 
   // Repairs torn partition `key` with literal target bytes: `literal` must hash to
@@ -103,7 +120,7 @@ class DeltaApplier {
   // fetched (they hash to base_hash).
   struct NeedsBase {
     PartitionKey key;
-    uint64_t base_hash = 0;
+    PartitionHash base_hash;
     uint64_t byte_length = 0;
   };
   // Rolls the partitions `chunk` names back to their base bytes using the records
@@ -116,7 +133,7 @@ class DeltaApplier {
 
   // Writes `bytes` over partition `key` if they hash to `expected_hash`
   // (kCorrupt otherwise, nothing written), and flushes it.
-  Status WriteVerified(const PartitionKey& key, ByteSpan bytes, uint64_t expected_hash);
+  Status WriteVerified(const PartitionKey& key, ByteSpan bytes, const PartitionHash& expected_hash);
 
   const ApplyReport& report() const { return report_; }
 
@@ -135,11 +152,15 @@ class DeltaApplier {
   ApplyOptions options_;
   ApplyReport report_;
   std::set<uint32_t> sequences_seen_;
-  std::map<PartitionKey, uint64_t> torn_;  // -> target hash
+  std::set<uint32_t> refused_;                  // refused by the check, not applied since
+  std::map<PartitionKey, PartitionHash> torn_;  // -> target hash
+  // Records decoded and checked, held from the check to the write of one chunk
+  // (reused between chunks so steady state does not allocate).
+  std::vector<codec::DecodedRecord> decoded_;
   struct Undo {
     Located where;
-    uint64_t base_hash = 0;
-    uint64_t target_hash = 0;
+    PartitionHash base_hash;
+    PartitionHash target_hash;
     codec::SparseChanges xors;         // XOR words applied, or
     std::vector<std::byte> old_bytes;  // the bytes before (dense and literal records)
   };

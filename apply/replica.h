@@ -29,7 +29,7 @@ namespace deltacast::apply {
 struct CatchUpPartition {
   PartitionKey key;
   uint64_t byte_length = 0;
-  uint64_t target_hash = 0;
+  PartitionHash target_hash;
 };
 
 // A catch-up in progress: the applier writes the target's bytes (WriteVerified).

@@ -40,6 +40,8 @@ std::vector<std::byte> Assemble(ChunkKind kind, const DeltaIdentity& identity, u
   return out;
 }
 
+bool GetHash(ByteReader& r, PartitionHash& h) { return r.Get(h.lo) && r.Get(h.hi); }
+
 Status ParseRecord(ByteReader& r, uint64_t partition_bytes, size_t index, PartitionRecord& rec) {
   auto bad = [&](const std::string& what) {
     return Status::Corrupt("record " + std::to_string(index) + ": " + what);
@@ -55,7 +57,7 @@ Status ParseRecord(ByteReader& r, uint64_t partition_bytes, size_t index, Partit
   uint8_t dtype, encoding, entropy, reserved;
   if (!r.Get(dtype) || !r.Get(encoding) || !r.Get(entropy) || !r.Get(reserved) ||
       !r.Get(rec.element_offset) || !r.Get(rec.element_count) || !r.Get(rec.change_count) ||
-      !r.Get(rec.base_hash) || !r.Get(rec.target_hash) || !r.Get(rec.raw_size)) {
+      !GetHash(r, rec.base_hash) || !GetHash(r, rec.target_hash) || !r.Get(rec.raw_size)) {
     return bad("truncated record header for tensor '" + std::string(rec.tensor_name) + "'");
   }
   uint64_t payload_size;
@@ -102,8 +104,8 @@ ChunkBuilder::ChunkBuilder(const DeltaIdentity& identity, uint32_t sequence)
     : identity_(identity), sequence_(sequence) {}
 
 void ChunkBuilder::Add(std::string_view tensor_name, DType dtype, uint64_t element_offset,
-                       uint64_t element_count, uint64_t base_hash, uint64_t target_hash,
-                       const EncodedPartition& encoded) {
+                       uint64_t element_count, const PartitionHash& base_hash,
+                       const PartitionHash& target_hash, const EncodedPartition& encoded) {
   ByteWriter w(payload_);
   w.Put<uint16_t>(static_cast<uint16_t>(tensor_name.size()));
   w.PutString(tensor_name);
@@ -114,8 +116,10 @@ void ChunkBuilder::Add(std::string_view tensor_name, DType dtype, uint64_t eleme
   w.Put<uint64_t>(element_offset);
   w.Put<uint64_t>(element_count);
   w.Put<uint64_t>(encoded.change_count);
-  w.Put<uint64_t>(base_hash);
-  w.Put<uint64_t>(target_hash);
+  w.Put<uint64_t>(base_hash.lo);
+  w.Put<uint64_t>(base_hash.hi);
+  w.Put<uint64_t>(target_hash.lo);
+  w.Put<uint64_t>(target_hash.hi);
   w.Put<uint64_t>(encoded.raw_size);
   w.Put<uint64_t>(encoded.payload.size());
   w.PutBytes(encoded.payload);

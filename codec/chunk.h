@@ -18,14 +18,16 @@
 #include "common/bytes.h"
 #include "common/dtype.h"
 #include "common/hash.h"
+#include "common/partition_hash.h"
 #include "common/status.h"
 
 namespace deltacast::codec {
 
 inline constexpr uint32_t kChunkMagic = 0x4B434344;  // "DCCK" in file byte order
-inline constexpr uint16_t kWireFormatVersion = 1;
+// 2: 16-byte partition hashes in records (common/partition_hash.h); 1 had xxh3-64.
+inline constexpr uint16_t kWireFormatVersion = 2;
 inline constexpr size_t kChunkHeaderBytes = 80;
-inline constexpr size_t kRecordFixedBytes = 2 + 4 + 7 * 8;  // excluding name and payload
+inline constexpr size_t kRecordFixedBytes = 2 + 4 + 5 * 8 + 2 * 16;  // excluding name and payload
 inline constexpr size_t kMaxTensorNameBytes = 1024;
 // Decoders refuse larger chunks before allocating. A chunk holds at least one whole
 // partition, so this also caps the partition size.
@@ -54,13 +56,13 @@ struct PartitionRecord {
   uint64_t element_offset = 0;
   uint64_t element_count = 0;
   uint64_t change_count = 0;
-  uint64_t base_hash = 0;    // xxh3-64 of the partition's bytes at the base version
-  uint64_t target_hash = 0;  // ... and at the target version
+  PartitionHash base_hash;    // the partition's hash at the base version
+  PartitionHash target_hash;  // ... and at the target version
   uint64_t raw_size = 0;
   ByteSpan payload;
 
   RecordCoding Coding() const {
-    return {dtype, encoding, entropy, change_count, raw_size, payload, target_hash};
+    return {dtype, encoding, entropy, change_count, raw_size, payload, base_hash, target_hash};
   }
 };
 
@@ -89,7 +91,7 @@ class ChunkBuilder {
 
   // Appends a record; `payload` is copied.
   void Add(std::string_view tensor_name, DType dtype, uint64_t element_offset,
-           uint64_t element_count, uint64_t base_hash, uint64_t target_hash,
+           uint64_t element_count, const PartitionHash& base_hash, const PartitionHash& target_hash,
            const EncodedPartition& encoded);
   size_t record_count() const { return record_count_; }
   // Bytes the chunk will have if finished now.

@@ -7,13 +7,14 @@
 namespace deltacast::codec {
 namespace {
 constexpr uint32_t kManifestMagic = 0x464D4344;  // "DCMF"
-constexpr uint16_t kManifestVersion = 1;
+// 2: 16-byte partition hashes (common/partition_hash.h); 1 had xxh3-64.
+constexpr uint16_t kManifestVersion = 2;
 constexpr size_t kMaxDims = 16;
 }  // namespace
 
 Digest128 Manifest::VersionId() const {
   Hasher128 h;
-  h.UpdateString("deltacast-version-v1");
+  h.UpdateString("deltacast-version-v2");
   h.UpdateValue<uint64_t>(partition_bytes);
   h.UpdateValue<uint64_t>(tensors.size());
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -21,7 +22,10 @@ Digest128 Manifest::VersionId() const {
     h.UpdateValue<uint8_t>(static_cast<uint8_t>(tensors[t].dtype));
     h.UpdateValue<uint64_t>(tensors[t].shape.size());
     for (uint64_t d : tensors[t].shape) h.UpdateValue<uint64_t>(d);
-    for (uint64_t p : partition_hashes[t]) h.UpdateValue<uint64_t>(p);
+    for (const PartitionHash& p : partition_hashes[t]) {
+      h.UpdateValue<uint64_t>(p.lo);
+      h.UpdateValue<uint64_t>(p.hi);
+    }
   }
   return h.Finish();
 }
@@ -52,7 +56,10 @@ std::vector<std::byte> Manifest::Serialize() const {
     w.Put<uint8_t>(static_cast<uint8_t>(tensors[t].dtype));
     w.Put<uint8_t>(static_cast<uint8_t>(tensors[t].shape.size()));
     for (uint64_t d : tensors[t].shape) w.Put<uint64_t>(d);
-    for (uint64_t p : partition_hashes[t]) w.Put<uint64_t>(p);
+    for (const PartitionHash& p : partition_hashes[t]) {
+      w.Put<uint64_t>(p.lo);
+      w.Put<uint64_t>(p.hi);
+    }
   }
   w.Put<uint64_t>(Hash64(out));
   return out;
@@ -69,9 +76,13 @@ Result<Manifest> Manifest::Parse(ByteSpan bytes) {
   uint64_t tensor_count;
   Manifest m;
   if (!r.Get(magic) || magic != kManifestMagic) return Status::Corrupt("manifest: bad magic");
-  if (!r.Get(version) || version != kManifestVersion || !r.Get(reserved) || reserved != 0) {
-    return Status::Corrupt("manifest: unsupported version");
+  if (!r.Get(version) || !r.Get(reserved)) return Status::Corrupt("manifest: truncated header");
+  if (version != kManifestVersion) {
+    return Status::VersionMismatch("manifest format version " + std::to_string(version) +
+                                   " (this build reads version " +
+                                   std::to_string(kManifestVersion) + ")");
   }
+  if (reserved != 0) return Status::Corrupt("manifest: reserved field is not zero");
   if (!r.Get(m.partition_bytes) || m.partition_bytes == 0 || !r.Get(tensor_count) ||
       tensor_count > r.remaining()) {
     return Status::Corrupt("manifest: truncated header");
@@ -97,10 +108,10 @@ Result<Manifest> Manifest::Parse(ByteSpan bytes) {
       return Status::Corrupt("manifest: tensors out of order at " + info.name);
     }
     const uint64_t partitions = PartitionCount(info, m.partition_bytes);
-    if (partitions > r.remaining() / 8)
+    if (partitions > r.remaining() / PartitionHash::kBytes)
       return Status::Corrupt("manifest: truncated hashes of " + info.name);
-    std::vector<uint64_t> hashes(partitions);
-    for (auto& p : hashes) (void)r.Get(p);
+    std::vector<PartitionHash> hashes(partitions);
+    for (auto& p : hashes) (void)r.Get(p.lo), (void)r.Get(p.hi);
     m.tensors.push_back(std::move(info));
     m.partition_hashes.push_back(std::move(hashes));
   }
@@ -124,7 +135,7 @@ Manifest ComputeManifest(const std::vector<TensorInfo>& tensors,
     const uint64_t e = ElementSize(tensors[p.tensor].dtype);
     const ByteSpan bytes = tensor_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
     const uint64_t per = PartitionElements(tensors[p.tensor].dtype, partition_bytes);
-    m.partition_hashes[p.tensor][p.element_offset / per] = Hash64(bytes);
+    m.partition_hashes[p.tensor][p.element_offset / per] = HashPartition(bytes);
   });
   return m;
 }

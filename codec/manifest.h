@@ -1,5 +1,6 @@
-// Manifest: the tensor table of a checkpoint and the xxh3-64 hash of every
-// partition, from which its version id is derived. Two stores with the same version
+// Manifest: the tensor table of a checkpoint and the hash of every partition
+// (common/partition_hash.h: composable, so it does not depend on who held which
+// bytes), from which its version id is derived. Two stores with the same version
 // id hold the same tensor bytes; a delta names the version ids it goes between.
 //
 // Thread safety: a Manifest is a value; ComputeManifest runs its own threads.
@@ -13,14 +14,15 @@
 #include "codec/tensor.h"
 #include "common/bytes.h"
 #include "common/hash.h"
+#include "common/partition_hash.h"
 #include "common/status.h"
 
 namespace deltacast::codec {
 
 struct Manifest {
   uint64_t partition_bytes = kDefaultPartitionBytes;
-  std::vector<TensorInfo> tensors;                      // sorted by name
-  std::vector<std::vector<uint64_t>> partition_hashes;  // [tensor][partition]
+  std::vector<TensorInfo> tensors;                           // sorted by name
+  std::vector<std::vector<PartitionHash>> partition_hashes;  // [tensor][partition]
 
   // xxh3-128 over the partition size, every tensor's name, dtype and shape, and
   // every partition hash, in canonical order.
@@ -28,7 +30,10 @@ struct Manifest {
   uint64_t TotalBytes() const;
   uint64_t PartitionTotal() const;
 
-  // A compact binary form for the manifest cache (docs/wire-format.md, "Manifest").
+  // A compact binary form for the manifest cache and MANIFEST messages
+  // (docs/wire-format.md, "Manifest"). Parse refuses other format versions with
+  // kVersionMismatch (a cache written by an older build: hash the store again) and
+  // anything malformed with kCorrupt.
   std::vector<std::byte> Serialize() const;
   static Result<Manifest> Parse(ByteSpan bytes);
 };

@@ -7,7 +7,6 @@
 #include "codec/change_detect.h"
 #include "codec/context_coder.h"
 #include "common/crash_point.h"
-#include "common/hash.h"
 
 namespace deltacast::codec {
 namespace {
@@ -157,14 +156,21 @@ void XorAt(MutableByteSpan data, const SparseChanges& changes, size_t from, size
 
 // XORs the changes in, verifies the target hash, and undoes them on mismatch.
 Status ApplySparseVerified(MutableByteSpan data, const SparseChanges& changes,
-                           uint64_t target_hash) {
+                           const PartitionHash& target_hash) {
   XorAt(data, changes, 0, changes.size() / 2);
   // Fault-injection tests stop here to leave a torn partition behind.
   CrashPoint("apply.mid_partition");
   XorAt(data, changes, changes.size() / 2, changes.size());
-  if (Hash64(data) == target_hash) return Status::Ok();
+  if (HashPartition(data) == target_hash) return Status::Ok();
   XorAt(data, changes, 0, changes.size());  // XOR is self-inverse: this restores the base bytes
   return Status::Corrupt("partition does not hash to its target after apply; left at base");
+}
+
+Status CheckLeadsToTarget(const RecordCoding& record, const PartitionHash& reached) {
+  if (reached == record.target_hash) return Status::Ok();
+  return Status::Corrupt("the record's result does not hash to its target: it takes base hash " +
+                         record.base_hash.ShortHex() + " to " + reached.ShortHex() + ", not to " +
+                         record.target_hash.ShortHex() + "; refused before writing");
 }
 
 }  // namespace
@@ -275,14 +281,22 @@ std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, Byte
   return best;
 }
 
-Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data,
-                             CodecScratch& scratch) {
+Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRecord& out,
+                            CodecScratch& scratch) {
   const uint32_t e = static_cast<uint32_t>(ElementSize(record.dtype));
-  const uint64_t count = data.size() / e;
+  const uint64_t count = base.size() / e;
+  out.form = DecodedRecord::Form::kChanges;
+  out.changes.clear();
+  out.changes.element_size = e;
   if (record.change_count > count) {
     return Status::Corrupt("record declares " + std::to_string(record.change_count) +
                            " changes in a partition of " + std::to_string(count) + " elements");
   }
+  auto check_mask = [&] {
+    return CheckLeadsToTarget(
+        record,
+        record.base_hash ^ HashSparseMask(out.changes.positions, out.changes.xors.data(), e));
+  };
   if (record.encoding == Encoding::kContextXor) {
     if (!ContextModeSupports(record.dtype)) {
       return Status::Corrupt("context-xor record for unsupported dtype " +
@@ -290,8 +304,8 @@ Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data,
     }
     if (record.raw_size != 0) return Status::Corrupt("context-xor record must declare raw size 0");
     RETURN_IF_ERROR(
-        ContextDecode(record.dtype, record.payload, data, record.change_count, scratch.changes));
-    return ApplySparseVerified(data, scratch.changes, record.target_hash);
+        ContextDecode(record.dtype, record.payload, base, record.change_count, out.changes));
+    return check_mask();
   }
 
   const uint64_t max_raw = MaxRawSize(record.encoding, count, e, record.change_count);
@@ -305,53 +319,78 @@ Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data,
 
   switch (record.encoding) {
     case Encoding::kSparseXor: {
-      RETURN_IF_ERROR(
-          ParseSparse(raw, count, record.change_count, e, scratch.changes, scratch.bytes));
-      scratch.changes.xors.swap(scratch.bytes);
-      for (size_t i = 0; i < scratch.changes.size(); ++i) {
+      RETURN_IF_ERROR(ParseSparse(raw, count, record.change_count, e, out.changes, scratch.bytes));
+      out.changes.xors.swap(scratch.bytes);
+      for (size_t i = 0; i < out.changes.size(); ++i) {
         bool zero = true;
-        for (uint32_t k = 0; k < e; ++k) zero &= scratch.changes.xors[i * e + k] == std::byte{0};
+        for (uint32_t k = 0; k < e; ++k) zero &= out.changes.xors[i * e + k] == std::byte{0};
         if (zero)
           return Status::Corrupt("sparse-xor payload lists an element with a zero XOR word");
       }
-      return ApplySparseVerified(data, scratch.changes, record.target_hash);
+      return check_mask();
     }
     case Encoding::kOverwrite: {
-      RETURN_IF_ERROR(
-          ParseSparse(raw, count, record.change_count, e, scratch.changes, scratch.bytes));
-      // Turn new words into XOR words against the current (base) bytes, so the same
-      // verified, undoable apply serves both encodings.
-      scratch.changes.xors.resize(scratch.bytes.size());
-      for (size_t i = 0; i < scratch.changes.size(); ++i) {
-        const std::byte* old = data.data() + size_t{scratch.changes.positions[i]} * e;
+      RETURN_IF_ERROR(ParseSparse(raw, count, record.change_count, e, out.changes, scratch.bytes));
+      // New words become XOR words against the base, so the same mask check and the
+      // same verified, undoable apply serve both encodings.
+      out.changes.xors.resize(scratch.bytes.size());
+      for (size_t i = 0; i < out.changes.size(); ++i) {
+        const std::byte* old = base.data() + size_t{out.changes.positions[i]} * e;
         for (uint32_t k = 0; k < e; ++k) {
-          scratch.changes.xors[i * e + k] = scratch.bytes[i * e + k] ^ old[k];
+          out.changes.xors[i * e + k] = scratch.bytes[i * e + k] ^ old[k];
         }
       }
-      return ApplySparseVerified(data, scratch.changes, record.target_hash);
+      return check_mask();
     }
     case Encoding::kDenseXor:
     case Encoding::kLiteral: {
-      if (record.raw_size != data.size()) {
+      if (record.raw_size != base.size()) {
         return Status::Corrupt("record declares raw size " + std::to_string(record.raw_size) +
-                               " for a partition of " + std::to_string(data.size()) + " bytes");
+                               " for a partition of " + std::to_string(base.size()) + " bytes");
       }
-      // Build the target beside the live bytes and copy it in only once it verifies.
-      scratch.bytes.resize(data.size());
-      JoinPlanes(raw.data(), count, e, scratch.bytes.data());
-      if (record.encoding == Encoding::kDenseXor) {
-        for (size_t i = 0; i < data.size(); ++i) scratch.bytes[i] ^= data[i];
+      out.whole.resize(base.size());
+      JoinPlanes(raw.data(), count, e, out.whole.data());
+      if (record.encoding == Encoding::kLiteral) {
+        out.form = DecodedRecord::Form::kWholeTarget;
+        return CheckLeadsToTarget(record, HashPartition(out.whole));
       }
-      if (Hash64(scratch.bytes) != record.target_hash) {
-        return Status::Corrupt("partition does not hash to its target after apply; left at base");
-      }
-      std::memcpy(data.data(), scratch.bytes.data(), data.size());
-      return Status::Ok();
+      out.form = DecodedRecord::Form::kDenseMask;
+      return CheckLeadsToTarget(record, record.base_hash ^ HashPiece(out.whole, 0));
     }
     case Encoding::kContextXor:
       break;
   }
   return Status::Corrupt("unknown encoding " + std::to_string(static_cast<int>(record.encoding)));
+}
+
+bool RecordNeedsBase(Encoding encoding) {
+  return encoding == Encoding::kOverwrite || encoding == Encoding::kContextXor;
+}
+
+Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
+                          const PartitionHash& target_hash) {
+  using Form = DecodedRecord::Form;
+  if (decoded.form == Form::kChanges)
+    return ApplySparseVerified(data, decoded.changes, target_hash);
+  if (decoded.whole.size() != data.size()) {
+    return Status::Corrupt("decoded record is for a partition of another size; left at base");
+  }
+  // The target is built beside the live bytes and copied in only once it verifies.
+  if (decoded.form == Form::kDenseMask) {
+    for (size_t i = 0; i < data.size(); ++i) decoded.whole[i] ^= data[i];
+    decoded.form = Form::kWholeTarget;
+  }
+  if (HashPartition(decoded.whole) != target_hash) {
+    return Status::Corrupt("partition does not hash to its target after apply; left at base");
+  }
+  std::memcpy(data.data(), decoded.whole.data(), data.size());
+  return Status::Ok();
+}
+
+Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data,
+                             CodecScratch& scratch) {
+  RETURN_IF_ERROR(DecodeAndCheckRecord(record, data, scratch.decoded, scratch));
+  return ApplyDecodedRecord(scratch.decoded, data, record.target_hash);
 }
 
 }  // namespace deltacast::codec

@@ -14,6 +14,7 @@
 #include "codec/entropy.h"
 #include "common/bytes.h"
 #include "common/dtype.h"
+#include "common/partition_hash.h"
 #include "common/status.h"
 
 namespace deltacast::codec {
@@ -49,11 +50,32 @@ struct EncodedPartition {
   std::vector<std::byte> payload;
 };
 
+// A decoded record: what applying it will write, held aside so it can be checked
+// before anything is written.
+struct DecodedRecord {
+  enum class Form : uint8_t {
+    kChanges,      // `changes`: XOR words against the base (sparse-XOR, context-XOR, and
+                   // overwrite, whose new words become XOR words with the old ones)
+    kDenseMask,    // `whole`: the XOR of every byte (dense-XOR)
+    kWholeTarget,  // `whole`: the target bytes (literal)
+  };
+  Form form = Form::kChanges;
+  SparseChanges changes;
+  std::vector<std::byte> whole;
+
+  // Heap bytes held, for callers that keep many.
+  size_t MemoryBytes() const {
+    return changes.positions.capacity() * sizeof(uint32_t) + changes.xors.capacity() +
+           whole.capacity();
+  }
+};
+
 // Reused buffers so steady-state encoding and decoding do not allocate.
 struct CodecScratch {
   SparseChanges changes;
   std::vector<std::byte> raw;
   std::vector<std::byte> bytes;
+  DecodedRecord decoded;  // ApplyEncodedPartition's
 };
 
 // Encodes the change base -> target of one partition of `dtype` elements with the
@@ -81,13 +103,34 @@ struct RecordCoding {
   uint64_t change_count = 0;
   uint64_t raw_size = 0;
   ByteSpan payload;
-  uint64_t target_hash = 0;
+  PartitionHash base_hash;
+  PartitionHash target_hash;
 };
 
-// Applies `record` to `data`, which must hold the partition at its base version.
-// Success: `data` holds the target and hashes (xxh3-64) to record.target_hash.
-// Failure (malformed payload, or a result with the wrong hash): `data` is exactly as
-// it was. Does not check the base hash; the caller does.
+// Check before write. Decodes `record` into `out` and checks that it takes
+// record.base_hash to record.target_hash, using H(base ^ mask) = H(base) ^ H(mask)
+// (docs/wire-format.md, "Partition hash"): for XOR encodings from the mask alone
+// (O(changed words) for sparse-XOR), for overwrite with the old values at the
+// written positions, for literal by hashing the new bytes. `base` (the partition's
+// bytes at the base version, read and never written) is read only by overwrite and
+// context-XOR records (RecordNeedsBase); the others take its size alone. kCorrupt on
+// a malformed payload or a record that fails the check (`out` is then unspecified).
+Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRecord& out,
+                            CodecScratch& scratch);
+bool RecordNeedsBase(Encoding encoding);
+
+// Writes `decoded` (from DecodeAndCheckRecord; for overwrite and context-XOR against
+// these same bytes) into `data`, which must be at the base version, and verifies that
+// the stored result hashes to `target_hash`. On a mismatch `data` is exactly as it was
+// (XOR is undone; a whole partition is built aside, in `decoded`, and copied in only
+// once verified) and the result is kCorrupt. A dense mask is consumed.
+Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
+                          const PartitionHash& target_hash);
+
+// DecodeAndCheckRecord then ApplyDecodedRecord, with scratch.decoded. `data` must
+// hold the partition at its base version (the caller checks its hash). Success:
+// `data` holds the target and hashes to record.target_hash. Failure: `data` is
+// exactly as it was.
 Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data,
                              CodecScratch& scratch);
 

@@ -1,4 +1,5 @@
-// Content hashes: xxh3-64 for partitions, xxh3-128 for version ids.
+// Content hashes: xxh3-64 checksums of chunks and files, xxh3-128 for version ids.
+// Partition hashes are the composable hash of common/partition_hash.h.
 //
 // xxh3 is not cryptographic: it detects corruption and identifies versions; the
 // relay's auth token (not these hashes) is what keeps out a peer that lies on purpose.

@@ -178,6 +178,16 @@ void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& 
   }
   if (!refit_ || refit_->id != id) return;
   refit_->apply_seconds += result.seconds;
+  if (result.refused) {
+    // Well-formed but wrong records: treated like a damaged chunk, never applied.
+    // The spooled copy goes too, so this node neither replays it to its children
+    // nor keeps it over the copy fetched again.
+    log::Warn(fmt::format("{}: {}; fetching the chunk again", options_.node_id,
+                          result.status.ToString()));
+    if (refit_->spool) refit_->spool->Forget(result.sequence);
+    ++refetches_;
+    return parent_.Drop(Status::Corrupt("refused chunk"));
+  }
   if (!result.status.ok()) return LocalFailure(id, result.status);
   if (!result.torn.empty()) return RequestRepairs(result);
   if (result.end && refit_->local_error.ok()) {

@@ -86,6 +86,7 @@ void NodeStore::ApplyChunk(uint64_t id, uint32_t sequence, transport::Message me
     } else {
       result.status = synced;
     }
+    result.sequence = sequence;
     result.seconds = SecondsSince(t0);
     Reply([done, result] { done(result); });
   });
@@ -110,10 +111,13 @@ NodeStore::ApplyResult NodeStore::ApplyOne(uint64_t id, uint32_t sequence,
   }
   if (chunk->kind == codec::ChunkKind::kEnd) {
     refit_->summary = chunk->summary;
+    // A refused chunk is fetched again, and this END replayed behind it.
+    if (refit_->applier->HasRefusedChunks()) return result;
     return FinishRefit();
   }
   if (replica_->applied_chunks().contains(sequence)) return result;  // journaled before a restart
   result.status = refit_->applier->ApplyChunk(*chunk);
+  result.refused = !result.status.ok() && refit_->applier->WasRefused(sequence);
   for (const auto& record : chunk->records) refit_->changed_tensors.emplace(record.tensor_name);
   if (result.status.ok()) result.status = refit_->applier->FlushApplied();
   CrashPoint("agent.apply_flushed");
@@ -235,7 +239,7 @@ void NodeStore::Revert(
 }
 
 void NodeStore::WriteBase(apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
-                          uint64_t hash, Done done) {
+                          PartitionHash hash, Done done) {
   apply_loop_.Post([this, key, bytes, hash, done] {
     Status status = refit_->applier ? refit_->applier->WriteVerified(key, *bytes, hash)
                                     : Status::Internal("rollback without an applier");
@@ -319,7 +323,7 @@ void NodeStore::BeginCatchUp(
 }
 
 void NodeStore::WriteCatchUp(apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
-                             uint64_t hash, Done done) {
+                             PartitionHash hash, Done done) {
   apply_loop_.Post([this, key, bytes, hash, done] {
     // Verified against the hash the manifest gives before a byte is written.
     Status written = catch_up_applier_ ? catch_up_applier_->WriteVerified(key, *bytes, hash)
@@ -356,7 +360,7 @@ void NodeStore::FindPartition(Fetch fetch,
       if (fetch.element_offset <= tensor.size() / e &&
           fetch.byte_length <= tensor.size() - fetch.element_offset * e) {
         const ByteSpan part = tensor.subspan(fetch.element_offset * e, fetch.byte_length);
-        if (Hash64(part) == fetch.hash) found.emplace(part.begin(), part.end());
+        if (HashPartition(part) == fetch.hash) found.emplace(part.begin(), part.end());
       }
     }
     Reply([done, found = std::move(found)] { done(found); });

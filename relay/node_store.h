@@ -42,7 +42,11 @@ class NodeStore {
   // What applying one chunk of the refit (or a repair) left behind.
   struct ApplyResult {
     Status status;
-    bool end = false;            // the END chunk: the delta was verified (or torn, below)
+    uint32_t sequence = 0;
+    bool end = false;  // the END chunk: the delta was verified (or torn, below)
+    // The chunk failed the applier's check before write (well-formed, wrong records):
+    // nothing of it was written; it is fetched again like a damaged one.
+    bool refused = false;
     bool chunk_applied = false;  // a data chunk went through the applier
     bool repaired = false;       // a torn partition was written
     uint64_t applied = 0;        // partitions applied, once verified
@@ -92,7 +96,7 @@ class NodeStore {
   void Revert(std::shared_ptr<Spool> spool,
               std::function<void(Result<std::vector<apply::DeltaApplier::NeedsBase>>)> done);
   void WriteBase(apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
-                 uint64_t hash, Done done);
+                 PartitionHash hash, Done done);
   // Clears the in-flight record once the whole store hashes to the base, unless
   // `prior` (a revert or base write that failed) says otherwise.
   void FinishRollback(Status prior, Outcome done);
@@ -110,7 +114,7 @@ class NodeStore {
   void BeginCatchUp(codec::Manifest target,
                     std::function<void(const Status&, std::vector<apply::CatchUpPartition>)> done);
   void WriteCatchUp(apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
-                    uint64_t hash, Done done);
+                    PartitionHash hash, Done done);
   void CommitCatchUp(Done done);
   void DropCatchUp();
 

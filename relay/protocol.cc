@@ -389,7 +389,8 @@ std::vector<std::byte> EncodeFetch(const Fetch& m) {
   PutString(w, m.tensor);
   w.Put<uint64_t>(m.element_offset);
   w.Put<uint64_t>(m.byte_length);
-  w.Put<uint64_t>(m.hash);
+  w.Put<uint64_t>(m.hash.lo);
+  w.Put<uint64_t>(m.hash.hi);
   return out;
 }
 
@@ -498,7 +499,8 @@ Result<Fetch> ParseFetch(ByteSpan message) {
     r.GetString(m.tensor, kMaxTensorNameInFetch);
     r.Get(m.element_offset);
     r.Get(m.byte_length);
-    r.Get(m.hash);
+    r.Get(m.hash.lo);
+    r.Get(m.hash.hi);
   });
 }
 

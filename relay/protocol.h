@@ -12,12 +12,14 @@
 
 #include "common/bytes.h"
 #include "common/hash.h"
+#include "common/partition_hash.h"
 #include "common/status.h"
 
 namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
-inline constexpr uint8_t kProtocolVersion = 1;
+// 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
+inline constexpr uint8_t kProtocolVersion = 2;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;  // HMAC-SHA256
@@ -117,7 +119,7 @@ struct Fetch {
   std::string tensor;
   uint64_t element_offset = 0;
   uint64_t byte_length = 0;
-  uint64_t hash = 0;  // the bytes wanted hash to this (XXH3-64)
+  PartitionHash hash;  // the bytes wanted hash to this (docs/wire-format.md)
 };
 struct PartitionData {
   uint64_t request_id = 0;

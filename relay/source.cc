@@ -532,7 +532,7 @@ void Source::Impl::ServeFetch(const std::string& child, ByteSpan bytes) {
       continue;
     }
     const ByteSpan part = tensor.subspan(f->element_offset * e, f->byte_length);
-    if (Hash64(part) == f->hash) {
+    if (HashPartition(part) == f->hash) {
       downstream_.SendTo(child, transport::MakeMessage(EncodePartition(f->request_id, true, part)));
       return;
     }

@@ -100,6 +100,11 @@ Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
   return Status::Ok();
 }
 
+void Spool::Forget(uint32_t sequence) {
+  std::lock_guard lock(mu_);
+  index_.erase(sequence);
+}
+
 Result<transport::Message> Spool::Read(uint32_t sequence) const {
   Entry entry;
   {

@@ -45,6 +45,9 @@ class Spool {
   // With `durable`, the bytes are on disk when it returns (a receiver spools a
   // chunk durably before applying it, so it can always undo what it applied).
   Status Append(uint32_t sequence, ByteSpan message, bool durable = false);
+  // Forgets the copy spooled under `sequence` (a chunk refused as wrong: the copy
+  // fetched again replaces it; after a restart the later copy in the file wins).
+  void Forget(uint32_t sequence);
   // The message spooled under `sequence`, read back from the file.
   Result<transport::Message> Read(uint32_t sequence) const;
   // Every spooled sequence, ascending.

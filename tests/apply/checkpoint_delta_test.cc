@@ -641,5 +641,73 @@ TEST_F(CheckpointDeltaTest, CatchUpToADifferentLayoutIsRefusedAndWritesNothing) 
   EXPECT_TRUE(ReadFiles(Dir("work")) == before);
 }
 
+// The manifest cache of an older build (format 1: xxh3-64 partition hashes) or of an
+// unknown format is never read: the checkpoint is hashed again and the cache
+// rewritten. A poisoned hash in each stale cache shows it was not used; the same
+// poison in a current-format cache whose stamps match is used, as a cache should be.
+TEST_F(CheckpointDeltaTest, ManifestCacheOfAnotherFormatIsHashedAgainNeverRead) {
+  const fs::path dir = Dir("v0");
+  const fs::path cache = dir / kStateDirName / "manifest.bin";
+  codec::Manifest fresh;
+  {
+    auto replica = Replica::OpenCheckpointDir(dir, kPartitionBytes, 1);
+    ASSERT_TRUE(replica.ok()) << replica.status().ToString();
+    fresh = (*replica)->manifest();
+  }
+  auto written = ReadFile(cache);
+  ASSERT_TRUE(written.ok());
+  const Bytes current = *written;
+  ASSERT_EQ(LoadLE<uint32_t>(current.data()), 0x4D434344u);  // "DCCM"
+  ASSERT_EQ(LoadLE<uint16_t>(current.data() + 4), 2u);
+  // The embedded manifest starts with "DCMF"; its checksum sits before the cache's.
+  size_t manifest_at = 8;
+  while (manifest_at + 4 <= current.size() &&
+         LoadLE<uint32_t>(current.data() + manifest_at) != 0x464D4344u) {
+    ++manifest_at;
+  }
+  ASSERT_LT(manifest_at, current.size());
+  auto reseal = [](Bytes& b, size_t manifest) {
+    StoreLE<uint64_t>(b.data() + b.size() - 16,
+                      Hash64(ByteSpan(b).subspan(manifest, b.size() - 16 - manifest)));
+    StoreLE<uint64_t>(b.data() + b.size() - 8, Hash64(ByteSpan(b).first(b.size() - 8)));
+  };
+  auto poisoned = [&](const Bytes& from, size_t manifest) {
+    Bytes b = from;
+    b[b.size() - 17] ^= std::byte{1};  // the last partition hash
+    reseal(b, manifest);
+    return b;
+  };
+  auto reopen = [&]() {
+    auto replica = Replica::OpenCheckpointDir(dir, kPartitionBytes, 1);
+    EXPECT_TRUE(replica.ok()) << replica.status().ToString();
+    return replica.ok() ? (*replica)->manifest() : codec::Manifest{};
+  };
+
+  // Format 1's layout: "DCCC", then the file stamps with no version field.
+  Bytes v1(current.begin() + 4, current.end());
+  StoreLE<uint32_t>(v1.data(), 0x43434344u);
+  Bytes unknown = current;
+  StoreLE<uint16_t>(unknown.data() + 4, 3);
+  Bytes old_manifest = current;
+  StoreLE<uint16_t>(old_manifest.data() + manifest_at + 4, 1);
+  const std::vector<std::pair<std::string, Bytes>> stale = {
+      {"format 1", poisoned(v1, manifest_at - 4)},
+      {"format 3", poisoned(unknown, manifest_at)},
+      {"manifest format 1", poisoned(old_manifest, manifest_at)}};
+  for (const auto& [what, bytes] : stale) {
+    SCOPED_TRACE(what);
+    ASSERT_TRUE(WriteFileAtomic(cache, bytes).ok());
+    const codec::Manifest m = reopen();
+    EXPECT_EQ(m.partition_hashes, fresh.partition_hashes);
+    EXPECT_EQ(m.VersionId(), fresh.VersionId());
+    auto rewritten = ReadFile(cache);
+    ASSERT_TRUE(rewritten.ok());
+    EXPECT_TRUE(*rewritten == current) << "the cache was not rewritten in the current format";
+  }
+  // Control: the same poison in a current cache is trusted.
+  ASSERT_TRUE(WriteFileAtomic(cache, poisoned(current, manifest_at)).ok());
+  EXPECT_NE(reopen().partition_hashes, fresh.partition_hashes);
+}
+
 }  // namespace
 }  // namespace deltacast::apply

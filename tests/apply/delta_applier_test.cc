@@ -17,6 +17,7 @@
 #include "codec/manifest.h"
 #include "codec/partition.h"
 #include "common/hash.h"
+#include "common/partition_hash.h"
 
 namespace deltacast::apply {
 namespace {
@@ -300,11 +301,14 @@ TEST_F(DeltaApplierTest, ChunkNamingAPartitionTwiceIsRefused) {
   }
 }
 
-// A record whose payload fails the target hash is undone; the chunk's other records
-// are applied and the call fails, and Finish refuses to call that the target.
+// A record whose result would fail its target hash is caught before anything is
+// written (check before write): the whole chunk is refused, like a damaged one, so
+// the chunk's other records are not applied either, and Finish refuses to call the
+// store at the target. (Before the check existed the bad record was undone after
+// the fact and the others stayed applied.)
 TEST_F(DeltaApplierTest, RecordFailingItsTargetHashStaysAtBase) {
   codec::PartitionRecord bad = RecordFor("b.head", 0);
-  bad.target_hash ^= 1;
+  bad.target_hash.lo ^= 1;
   const Bytes chunk = ChunkOf({RecordFor("a.emb", 0), bad});
   auto view = codec::ParseChunk(chunk);
   ASSERT_TRUE(view.ok());
@@ -313,16 +317,131 @@ TEST_F(DeltaApplierTest, RecordFailingItsTargetHashStaysAtBase) {
   const Status s = applier.ApplyChunk(*view);
   EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
   EXPECT_THAT(s.message(), HasSubstr("'b.head' partition at element 0"));
-  const ByteSpan head = store->TensorData(1);
-  EXPECT_TRUE(std::equal(head.begin(), head.end(), base_[1].begin()));
-  const ByteSpan emb = store->TensorData(0).first(256);
-  EXPECT_TRUE(std::equal(emb.begin(), emb.end(), target_[0].begin()));
+  EXPECT_TRUE(Snapshot(*store) == base_) << "a refused chunk wrote something";
+  EXPECT_TRUE(applier.WasRefused(0));
+  EXPECT_EQ(applier.report().refused_chunks, 1u);
   codec::DeltaSummary one = summary_;
   one.data_chunks = 1;
   auto manifest = applier.Finish(one);
   ASSERT_FALSE(manifest.ok());
-  EXPECT_EQ(manifest.status().code(), StatusCode::kCorrupt);
-  EXPECT_THAT(manifest.status().message(), HasSubstr("not at the target version"));
+  EXPECT_THAT(manifest.status().message(), HasSubstr("received 0 of 1"));
+}
+
+// A peer that sends well-formed but wrong records: one bit flipped anywhere in the
+// records of a valid chunk, its checksums recomputed so only the records' meaning is
+// wrong. The chunk is refused (or, for a flipped base hash, its partition reported
+// torn) before any store byte changes; the same chunk unflipped then applies.
+TEST_F(DeltaApplierTest, OneBitFlippedInAResealedChunkIsRefusedBeforeAnyWrite) {
+  // Every encoding, stored without an entropy stage so each payload bit means a bit
+  // of a word, a gap or a section length.
+  struct Pick {
+    size_t tensor;
+    uint64_t element_offset;
+    codec::Encoding encoding;
+  };
+  const Pick picks[] = {{0, 0, codec::Encoding::kSparseXor},
+                        {0, 128, codec::Encoding::kContextXor},
+                        {0, 256, codec::Encoding::kOverwrite},
+                        {1, 0, codec::Encoding::kDenseXor},
+                        {2, 256, codec::Encoding::kLiteral}};
+  codec::ChunkBuilder builder(identity_, 0);
+  codec::CodecScratch scratch;
+  for (const Pick& p : picks) {
+    const codec::TensorInfo& info = tensors_[p.tensor];
+    const uint64_t e = ElementSize(info.dtype);
+    const uint64_t per = codec::PartitionElements(info.dtype, kPartitionBytes);
+    const uint64_t count = std::min(per, info.ElementCount() - p.element_offset);
+    const ByteSpan a = ByteSpan(base_[p.tensor]).subspan(p.element_offset * e, count * e);
+    const ByteSpan b = ByteSpan(target_[p.tensor]).subspan(p.element_offset * e, count * e);
+    codec::SparseChanges changes;
+    codec::FindChanges(a, b, static_cast<uint32_t>(e), changes);
+    codec::EncodeOptions options;
+    options.entropy = codec::EntropyCoder::kNone;
+    auto encoded =
+        codec::EncodePartitionAs(p.encoding, info.dtype, a, b, changes, options, scratch);
+    ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+    builder.Add(info.name, info.dtype, p.element_offset, count, HashPartition(a), HashPartition(b),
+                *encoded);
+  }
+  const Bytes good = builder.Finish();
+  auto good_view = codec::ParseChunk(good);
+  ASSERT_TRUE(good_view.ok()) << good_view.status().ToString();
+  // Where each record's payload and target hash lie in the chunk.
+  std::vector<std::pair<size_t, size_t>> must_refuse;  // [from, to) byte ranges
+  for (const auto& r : good_view->records) {
+    const size_t payload = static_cast<size_t>(r.payload.data() - good.data());
+    must_refuse.push_back({payload - 32, payload - 16});  // target hash
+    must_refuse.push_back({payload, payload + r.payload.size()});
+    // XOR records are checked from the mask and both hashes, before the store is
+    // read: a wrong base hash is refused too. (Literal, overwrite and context-XOR
+    // records see the partition as torn.)
+    if (r.encoding == codec::Encoding::kSparseXor || r.encoding == codec::Encoding::kDenseXor) {
+      must_refuse.push_back({payload - 48, payload - 32});
+    }
+  }
+  auto in_must_refuse = [&](size_t at) {
+    for (const auto& [from, to] : must_refuse) {
+      if (at >= from && at < to) return true;
+    }
+    return false;
+  };
+  size_t refused = 0, torn = 0, invalid = 0, unparsed = 0, equivalent = 0;
+  for (size_t bit = 8 * codec::kChunkHeaderBytes; bit < 8 * good.size(); ++bit) {
+    Bytes chunk = good;
+    chunk[bit / 8] ^= std::byte(static_cast<uint8_t>(1u << (bit % 8)));
+    // Reseal: payload hash at 64, header hash (of bytes 0..71) at 72.
+    StoreLE<uint64_t>(chunk.data() + 64, Hash64(ByteSpan(chunk).subspan(codec::kChunkHeaderBytes)));
+    StoreLE<uint64_t>(chunk.data() + 72, Hash64(ByteSpan(chunk.data(), 72)));
+    auto view = codec::ParseChunk(chunk);
+    if (!view.ok()) {
+      ++unparsed;
+      continue;
+    }
+    auto store = MakeStore(base_);
+    DeltaApplier applier(*store, base_manifest_, identity_, {1 + bit % 2});
+    const Status s = applier.ApplyChunk(*view);
+    // Whatever the flip, no partition is left at anything but its base or target.
+    for (const Pick& p : picks) {
+      const codec::TensorInfo& info = tensors_[p.tensor];
+      const uint64_t e = ElementSize(info.dtype);
+      const uint64_t per = codec::PartitionElements(info.dtype, kPartitionBytes);
+      const uint64_t n = std::min(per, info.ElementCount() - p.element_offset) * e;
+      const ByteSpan now = store->TensorData(p.tensor).subspan(p.element_offset * e, n);
+      const auto at = static_cast<ptrdiff_t>(p.element_offset * e);
+      ASSERT_TRUE(std::equal(now.begin(), now.end(), target_[p.tensor].begin() + at) ||
+                  std::equal(now.begin(), now.end(), base_[p.tensor].begin() + at))
+          << "bit " << bit << " left a partition at neither version: " << s.ToString();
+    }
+    if (applier.WasRefused(0)) {
+      ++refused;
+      EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+      ASSERT_TRUE(Snapshot(*store) == base_) << "bit " << bit << ": a refused chunk wrote";
+    } else if (!s.ok()) {
+      ++invalid;  // a header field that names another partition, dtype or tensor
+      ASSERT_TRUE(Snapshot(*store) == base_) << "bit " << bit << ": an invalid chunk wrote";
+    } else if (!applier.torn().empty()) {
+      ++torn;  // a flipped base hash: that partition is reported, the others apply
+      ASSERT_EQ(applier.torn().size(), 1u);
+    } else {
+      ++equivalent;  // the flip kept the meaning: the chunk applied, all at target
+    }
+    if (in_must_refuse(bit / 8)) {
+      ASSERT_TRUE(applier.WasRefused(0)) << "bit " << bit;
+    }
+  }
+  EXPECT_GT(refused, 1000u);
+  // The base-hash bits of the other three records, and offsets moved to another
+  // partition of the tensor.
+  EXPECT_GE(torn, 3u * 128);
+  EXPECT_GT(invalid + unparsed, 0u);
+  // The entropy-coder byte of records whose sections are all stored, and the change
+  // count of dense and literal records (statistics only): a few dozen bits at most.
+  EXPECT_LE(equivalent, 64u);
+  // The chunk as sent applies.
+  auto store = MakeStore(base_);
+  DeltaApplier applier(*store, base_manifest_, identity_, {2});
+  ASSERT_TRUE(applier.ApplyChunk(*good_view).ok());
+  EXPECT_EQ(applier.report().applied, 5u);
 }
 
 TEST_F(DeltaApplierTest, TornPartitionIsReportedNeverPatchedThenRepaired) {

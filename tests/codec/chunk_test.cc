@@ -94,13 +94,24 @@ size_t FieldOffset(const Bytes& chunk, size_t index, Field field) {
           return fixed + 2;
         case Field::kReserved:
           return fixed + 3;
-        default:
+        case Field::kElementOffset:
+        case Field::kElementCount:
+        case Field::kChangeCount:
+        case Field::kBaseHash:  // 16 bytes; the hashes' low halves are what tests set
           return fixed + 4 +
                  8 * (static_cast<size_t>(field) - static_cast<size_t>(Field::kElementOffset));
+        case Field::kTargetHash:
+          return fixed + 4 + 3 * 8 + 16;
+        case Field::kRawSize:
+          return fixed + 4 + 3 * 8 + 32;
+        case Field::kPayloadSize:
+          return fixed + 4 + 4 * 8 + 32;
+        case Field::kPayload:
+          return fixed + 4 + 5 * 8 + 32;
       }
     }
-    const uint64_t payload = LoadLE<uint64_t>(chunk.data() + fixed + 4 + 6 * 8);
-    at = fixed + 4 + 7 * 8 + payload;
+    const uint64_t payload = LoadLE<uint64_t>(chunk.data() + fixed + 4 + 4 * 8 + 32);
+    at = fixed + 4 + 5 * 8 + 32 + payload;
   }
 }
 
@@ -181,9 +192,10 @@ class ChunkTest : public ::testing::Test {
       options.entropy = p.entropy;
       auto encoded = EncodePartitionAs(p.encoding, info.dtype, a, b, changes, options, scratch);
       ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
-      builder.Add(info.name, info.dtype, p.element_offset, count, Hash64(a), Hash64(b), *encoded);
-      expected_.push_back(
-          {info.name, info.dtype, p.element_offset, count, Hash64(a), Hash64(b), *encoded});
+      builder.Add(info.name, info.dtype, p.element_offset, count, HashPartition(a),
+                  HashPartition(b), *encoded);
+      expected_.push_back({info.name, info.dtype, p.element_offset, count, HashPartition(a),
+                           HashPartition(b), *encoded});
     }
     EXPECT_EQ(builder.record_count(), plan.size());
     const size_t announced = builder.size_bytes();
@@ -231,7 +243,8 @@ class ChunkTest : public ::testing::Test {
   struct ExpectedRecord {
     std::string name;
     DType dtype;
-    uint64_t element_offset, element_count, base_hash, target_hash;
+    uint64_t element_offset, element_count;
+    PartitionHash base_hash, target_hash;
     EncodedPartition encoded;
   };
 
@@ -310,7 +323,8 @@ TEST_F(ChunkTest, HeaderChecksumMismatch) {
 }
 
 TEST_F(ChunkTest, UnsupportedVersion) {
-  for (uint16_t version : {0, 2, 0xFFFF}) {
+  // 1 is the format with xxh3-64 partition hashes: never misread as this one.
+  for (uint16_t version : {0, 1, 3, 0xFFFF}) {
     Bytes chunk = chunk_;
     Put<uint16_t>(chunk, kOffVersion, version);
     Reseal(chunk);

@@ -201,9 +201,9 @@ TEST_F(DeltaEncoderTest, RecordsRebuildTheTargetFromTheBase) {
         const uint64_t e = ElementSize(r.dtype);
         MutableByteSpan part =
             MutableByteSpan(rebuilt[t]).subspan(r.element_offset * e, r.element_count * e);
-        ASSERT_EQ(Hash64(part), r.base_hash);
+        ASSERT_EQ(HashPartition(part), r.base_hash);
         ASSERT_TRUE(ApplyEncodedPartition(r.Coding(), part, scratch).ok());
-        ASSERT_EQ(Hash64(part), r.target_hash);
+        ASSERT_EQ(HashPartition(part), r.target_hash);
       }
     }
     for (size_t t = 0; t < tensors_.size(); ++t) {
@@ -376,7 +376,7 @@ TEST_F(DeltaEncoderTest, SinkErrorStopsEncodingAndIsReturned) {
 TEST_F(DeltaEncoderTest, BytesThatChangeWhileEncodingAreReported) {
   // The target manifest says partition 0 of emb changed, but the bytes read are the base's.
   Manifest lying = base_manifest_;
-  lying.partition_hashes[0][0] ^= 1;
+  lying.partition_hashes[0][0].lo ^= 1;
   std::vector<Bytes> chunks;
   const Status s = EncodeDelta(base_manifest_, lying, DataOf(base_), DataOf(base_), layout_,
                                DeltaEncoderOptions{}, [&](std::vector<std::byte>&& c) {

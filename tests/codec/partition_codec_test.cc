@@ -114,10 +114,11 @@ SparseChanges NaiveChanges(ByteSpan base, ByteSpan target, uint32_t e) {
   return out;
 }
 
-RecordCoding CodingOf(DType dtype, const EncodedPartition& encoded, uint64_t target_hash) {
+RecordCoding CodingOf(DType dtype, const EncodedPartition& encoded, const PartitionHash& base_hash,
+                      const PartitionHash& target_hash) {
   return {
       dtype,           encoded.encoding, encoded.entropy, encoded.change_count, encoded.raw_size,
-      encoded.payload, target_hash};
+      encoded.payload, base_hash,        target_hash};
 }
 
 // Applies `encoded` to a copy of `base` and expects exactly `target`, compared by
@@ -126,10 +127,11 @@ void ExpectRoundTrip(DType dtype, const Bytes& base, const Bytes& target,
                      const EncodedPartition& encoded) {
   Bytes data = base;
   CodecScratch scratch;
-  const Status s = ApplyEncodedPartition(CodingOf(dtype, encoded, Hash64(target)), data, scratch);
+  const Status s = ApplyEncodedPartition(
+      CodingOf(dtype, encoded, HashPartition(base), HashPartition(target)), data, scratch);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(data == target) << "bytes differ from the target";
-  EXPECT_EQ(Hash64(data), Hash64(target));
+  EXPECT_EQ(HashPartition(data), HashPartition(target));
 }
 
 // Applies `coding` to a copy of `data` and expects a failure that leaves every
@@ -445,14 +447,14 @@ class MalformedPartitionTest : public ::testing::Test {
   }
 
   RecordCoding Coding(const EncodedPartition& encoded) const {
-    return CodingOf(kDType, encoded, Hash64(target_));
+    return CodingOf(kDType, encoded, HashPartition(base_), HashPartition(target_));
   }
 
   // A sparse-xor record written from hand-made changes, which EncodePartitionAs
   // serializes without checking them: how a malformed record reaches the wire.
   // The payload lives in crafted_ until the next call.
   RecordCoding CraftSparse(const std::vector<uint32_t>& positions,
-                           const std::vector<uint16_t>& words, uint64_t target_hash,
+                           const std::vector<uint16_t>& words, const PartitionHash& target_hash,
                            EntropyCoder entropy = EntropyCoder::kNone) {
     SparseChanges changes;
     changes.element_size = kE;
@@ -467,7 +469,7 @@ class MalformedPartitionTest : public ::testing::Test {
         EncodePartitionAs(Encoding::kSparseXor, kDType, base_, base_, changes, options, scratch_);
     EXPECT_TRUE(encoded.ok()) << encoded.status().ToString();
     crafted_ = encoded.ok() ? *encoded : EncodedPartition{};
-    return CodingOf(kDType, crafted_, target_hash);
+    return CodingOf(kDType, crafted_, HashPartition(base_), target_hash);
   }
 
   Bytes base_, target_;
@@ -595,7 +597,7 @@ TEST_F(MalformedPartitionTest, ChangeCountTooBigIsRefused) {
 }
 
 TEST_F(MalformedPartitionTest, SparseGapPastTheEndIsRefused) {
-  const uint64_t any = Hash64(target_);
+  const PartitionHash any = HashPartition(target_);
   for (EntropyCoder entropy : kAllEntropy) {
     SCOPED_TRACE(EntropyName(entropy));
     ExpectRefused(CraftSparse({kElements}, {1}, any, entropy), base_, "beyond the partition");
@@ -609,8 +611,8 @@ TEST_F(MalformedPartitionTest, SparseGapPastTheEndIsRefused) {
   expected[2 * 150 + 1] ^= std::byte{1};
   expected[2 * 200] ^= std::byte{1};
   Bytes data = base_;
-  const Status s =
-      ApplyEncodedPartition(CraftSparse({150, 200}, {0x0100, 1}, Hash64(expected)), data, scratch_);
+  const Status s = ApplyEncodedPartition(
+      CraftSparse({150, 200}, {0x0100, 1}, HashPartition(expected)), data, scratch_);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(data == expected);
 }
@@ -629,9 +631,10 @@ TEST_F(MalformedPartitionTest, RecordForALongerPartitionIsRefused) {
 
 TEST_F(MalformedPartitionTest, ZeroXorWordIsRefused) {
   for (EntropyCoder entropy : kAllEntropy) {
-    ExpectRefused(CraftSparse({5, 6}, {0x0101, 0}, Hash64(base_), entropy), base_, "zero XOR word");
+    ExpectRefused(CraftSparse({5, 6}, {0x0101, 0}, HashPartition(base_), entropy), base_,
+                  "zero XOR word");
     // Even when the claimed target is the base itself (an all-zero change).
-    ExpectRefused(CraftSparse({5}, {0}, Hash64(base_), entropy), base_, "zero XOR word");
+    ExpectRefused(CraftSparse({5}, {0}, HashPartition(base_), entropy), base_, "zero XOR word");
   }
 }
 
@@ -641,7 +644,7 @@ TEST_F(MalformedPartitionTest, TargetHashMismatchLeavesTheBaseBytes) {
       SCOPED_TRACE(std::string(EncodingName(encoding)) + " " + EntropyName(entropy));
       const EncodedPartition encoded = Encode(encoding, entropy);
       RecordCoding coding = Coding(encoded);
-      coding.target_hash ^= 1;
+      coding.target_hash.lo ^= 1;
       ExpectRefused(coding, base_, "does not hash to its target");
     }
   }
@@ -674,8 +677,8 @@ TEST_F(MalformedPartitionTest, UnknownEntropyCoderIsRefused) {
 
 TEST_F(MalformedPartitionTest, UnknownEncodingOrContextMisuseIsRefused) {
   for (uint8_t bad : {0, 6, 255}) {
-    RecordCoding unknown{kDType,         static_cast<Encoding>(bad), EntropyCoder::kNone, 1, 0, {},
-                         Hash64(target_)};
+    RecordCoding unknown{kDType, static_cast<Encoding>(bad), EntropyCoder::kNone,   1, 0,
+                         {},     HashPartition(base_),       HashPartition(target_)};
     ExpectRefused(unknown, base_);
   }
 

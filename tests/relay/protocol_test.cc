@@ -78,6 +78,22 @@ TEST(ProtocolTest, MalformedMessagesAreRefused) {
   EXPECT_EQ(ParsePrepared(prepared).status().code(), StatusCode::kCorrupt);
 }
 
+TEST(ProtocolTest, FetchCarriesTheSixteenBytePartitionHashAndVersionOneIsRefused) {
+  Fetch fetch{5, "layer0.weight", 4096, 8192, HashPartition(AsBytes("partition bytes"))};
+  const auto bytes = EncodeFetch(fetch);
+  auto f = ParseFetch(bytes);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->tensor, "layer0.weight");
+  EXPECT_EQ(f->byte_length, 8192u);
+  EXPECT_EQ(f->hash, fetch.hash);
+  // request id, name, offset, length, then the hash's 16 bytes: nothing after.
+  EXPECT_EQ(bytes.size(), kMessageHeaderBytes + 8 + 2 + 13 + 8 + 8 + 16);
+  // A peer of protocol version 1 (8-byte hashes) is refused, never misread.
+  auto old = bytes;
+  old[4] = std::byte{1};
+  EXPECT_NE(PeekType(old).status().message().find("version 1"), std::string::npos);
+}
+
 TEST(ProtocolTest, ProofBindsTokenNonceAndBothEnds) {
   auto nonce = RandomNonce();
   auto proof = HelloProof("secret", nonce, "child", "parent");

@@ -11,8 +11,10 @@
 #include <thread>
 
 #include "relay/node_agent.h"
+#include "relay/protocol.h"
 #include "relay/publisher.h"
 #include "apply/host_store.h"
+#include "codec/chunk.h"
 #include "codec/manifest.h"
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
@@ -89,6 +91,84 @@ codec::Manifest ManifestOf(const apply::WeightStore& store) {
   return codec::ComputeManifest(
       store.tensors(), [&](size_t i) { return store.TensorData(i); }, kPartitionBytes, 1);
 }
+
+// Wraps a transport so that the `nth` data CHUNK it sends (over all its links) has
+// one bit of its first record's target hash flipped and its checksums recomputed:
+// well-formed, checksums intact, but wrong, as from a peer that lies or a bug.
+class WrongRecordTransport : public transport::Transport {
+ public:
+  WrongRecordTransport(std::unique_ptr<transport::Transport> inner, int nth)
+      : inner_(std::move(inner)), state_(std::make_shared<State>()) {
+    state_->nth = nth;
+  }
+  const transport::Capabilities& capabilities() const override { return inner_->capabilities(); }
+  Result<std::string> Listen(const std::string& address,
+                             transport::AcceptHandler on_accept) override {
+    return inner_->Listen(address, [state = state_, on_accept](auto connection) {
+      on_accept(std::make_unique<Link>(std::move(connection), state));
+    });
+  }
+  void Connect(const std::string& address, transport::ConnectHandler on_done) override {
+    inner_->Connect(address, [state = state_, on_done](auto connection) {
+      if (!connection.ok()) return on_done(std::move(connection));
+      on_done(std::unique_ptr<transport::Connection>(
+          std::make_unique<Link>(std::move(*connection), state)));
+    });
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+  int tampered() const { return state_->tampered; }
+
+ private:
+  struct State {
+    std::atomic<int> data_chunks{0};
+    std::atomic<int> tampered{0};
+    int nth = 0;
+  };
+  class Link : public transport::Connection {
+   public:
+    Link(std::unique_ptr<transport::Connection> inner, std::shared_ptr<State> state)
+        : inner_(std::move(inner)), state_(std::move(state)) {}
+    void Start(transport::MessageHandler on_message, transport::CloseHandler on_closed) override {
+      inner_->Start(std::move(on_message), std::move(on_closed));
+    }
+    void Send(transport::Message message, transport::SendHandler on_sent) override {
+      inner_->Send(MaybeTamper(std::move(message)), std::move(on_sent));
+    }
+    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
+    void Close() override { inner_->Close(); }
+    void Abort() override { inner_->Abort(); }
+    std::string PeerAddress() const override { return inner_->PeerAddress(); }
+
+   private:
+    transport::Message MaybeTamper(transport::Message message) {
+      auto type = PeekType(*message);
+      if (!type.ok() || *type != MessageType::kChunk) return message;
+      const size_t c = kMessageHeaderBytes;  // the chunk inside the message
+      if (message->size() < c + codec::kChunkHeaderBytes + 2 ||
+          static_cast<uint8_t>((*message)[c + 6]) != 1) {  // not a data chunk
+        return message;
+      }
+      if (++state_->data_chunks != state_->nth) return message;
+      auto copy = std::make_shared<std::vector<std::byte>>(*message);
+      std::byte* chunk = copy->data() + c;
+      const size_t name = LoadLE<uint16_t>(chunk + codec::kChunkHeaderBytes);
+      // name length, name, dtype/encoding/entropy/reserved, offset, count, changes,
+      // base hash: then the target hash.
+      chunk[codec::kChunkHeaderBytes + 2 + name + 4 + 3 * 8 + 16] ^= std::byte{1};
+      const size_t size = copy->size() - c;
+      StoreLE<uint64_t>(chunk + 64, Hash64(ByteSpan(chunk + codec::kChunkHeaderBytes,
+                                                    size - codec::kChunkHeaderBytes)));
+      StoreLE<uint64_t>(chunk + 72, Hash64(ByteSpan(chunk, 72)));
+      ++state_->tampered;
+      return copy;
+    }
+    std::unique_ptr<transport::Connection> inner_;
+    std::shared_ptr<State> state_;
+  };
+
+  std::unique_ptr<transport::Transport> inner_;
+  std::shared_ptr<State> state_;
+};
 
 class RelayTest : public ::testing::Test {
  protected:
@@ -466,6 +546,46 @@ TEST_F(RelayTest, ChildOfADeadFirstRelayFailsOverToTheSource) {
     EXPECT_EQ(Hash64(stores_[0][t]), Hash64(v.base[t]));
     EXPECT_EQ(Hash64(stores_[1][t]), Hash64(v.target[t]));
     EXPECT_EQ(Hash64(stores_[2][t]), Hash64(v.target[t]));
+  }
+}
+
+// A chunk whose records are well-formed but wrong (checksums recomputed) is refused
+// by the leaf's check before write like a damaged chunk: nothing of it is applied,
+// the leaf reconnects, the source replays what it lacks, and the refit commits
+// bit-exactly.
+TEST_F(RelayTest, WrongRecordsAreRefusedBeforeWritingAndFetchedAgain) {
+  Versions v = MakeVersions(1 << 18, 12);
+  StartCluster(ConfigToml(1, 1, "8KiB", 2), v, 1);
+  auto source = std::make_unique<WrongRecordTransport>(transport::MakeInprocTransport(network_), 3);
+  WrongRecordTransport* wrong = source.get();
+  auto report = PublishVersions(v, std::move(source));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(wrong->tampered(), 1);
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  for (size_t t = 0; t < v.tensors.size(); ++t) {
+    EXPECT_EQ(Hash64(stores_[0][t]), Hash64(v.target[t])) << "tensor " << t;
+  }
+  EXPECT_GE(agents_[0]->stats().parent_joins, 2u);  // it dropped the link to fetch again
+}
+
+TEST_F(RelayTest, WrongRecordsThroughRelaysAreRefusedAllTheWayDownAndFetchedAgain) {
+  // Chain src -> n1 -> n2 -> n3: a relay forwards a chunk before it applies it, so
+  // the wrong copy reaches the whole chain. Every node refuses it; n1 drops its
+  // spooled copy and fetches the chunk again, and the others get the good copy from
+  // their parents' spools or streams.
+  Versions v = MakeVersions(1 << 18, 13);
+  StartCluster(ConfigToml(3, 1, "8KiB", 2), v, 3);
+  auto source = std::make_unique<WrongRecordTransport>(transport::MakeInprocTransport(network_), 3);
+  WrongRecordTransport* wrong = source.get();
+  auto report = PublishVersions(v, std::move(source));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(wrong->tampered(), 1);
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes_decided, 3u);
+  for (int i = 0; i < 3; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.target[t])) << "n" << i + 1 << " tensor " << t;
+    }
   }
 }
 
