@@ -40,4 +40,18 @@ struct PublishArgs {
 // Exit status 0 when the version committed everywhere, 1 otherwise.
 int RunPublish(const PublishArgs& args);
 
+struct ServeArgs {
+  std::filesystem::path config;
+  std::filesystem::path state_dir;  // the source's decision log, spool and kept deltas
+  size_t keep_deltas = 4;
+  codec::EncodeOptions codec;
+  size_t threads = 0;
+  bool json = false;
+};
+// A long-running source: its children join once and stay. Reads checkpoint
+// directories from stdin, one per line: the first is the version the cluster holds,
+// each later one is published from the last committed one, and its report printed.
+// Exit status 0 at end of input when every publish committed, 1 otherwise.
+int RunServe(const ServeArgs& args);
+
 }  // namespace deltacast::agent

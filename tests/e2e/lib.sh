@@ -22,10 +22,11 @@ start_work() {
 }
 
 cleanup() {
+  exec 3>&2 2>/dev/null  # no "Killed" notes from the shell for the processes below
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   pkill -9 -P $$ 2>/dev/null || true  # and any other process this script started
   wait 2>/dev/null || true
-  if [[ -n ${KEEP:-} ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+  if [[ -n ${KEEP:-} ]]; then echo "kept $work" >&3; else rm -rf "$work"; fi
 }
 
 write_chain_config() {
