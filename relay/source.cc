@@ -113,6 +113,7 @@ class Source::Impl {
   struct Refit {
     Begin begin;
     std::unique_ptr<Spool> spool;
+    bool begun = false;  // its BEGIN is on its way to the children
     std::optional<MessageType> decision;
     std::optional<ChainLink> committed_link;  // set once the decision is COMMIT
     bool failed = false;
@@ -194,6 +195,10 @@ Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
     }
   }
   const auto start = Clock::now();
+  {
+    std::lock_guard lock(mu_);
+    refit_->begun = true;
+  }
   loop_.Post([this, begin] {
     downstream_.BeginRefit(begin.refit_id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)));
@@ -411,7 +416,7 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
     const bool other_delta = !hello.inflight_target.IsZero() &&
                              (!refit_ || hello.inflight_target != refit_->begin.target_version);
     if (other_delta) resolution = Resolution(child, hello.inflight_target);
-    if (refit_) backlog = Backlog(child, hello);
+    if (refit_ && refit_->begun) backlog = Backlog(child, hello);
     cv_.notify_all();
   }
   // Outside mu_: Downstream may complete queued chunks here, and their callbacks
