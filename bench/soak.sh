@@ -198,11 +198,13 @@ for ((r = 0; r < runs; r++)); do
   run_resent=0 run_extra=0 run_needed=0
   if [[ -n $committed ]]; then
     for n in "${nodes[@]}"; do
-      line=$(grep -h "refit $committed committed" "$work/run/$n.log" | tail -1)
-      [[ -n $line ]] || continue  # excused (policy available): it catches up below
-      received=$(sed -n 's/.*received \([0-9]*\) B.*/\1/p' <<<"$line")
-      resent=$(sed -n 's/.* resent \([0-9]*\) B.*/\1/p' <<<"$line")
-      run_resent=$((run_resent + ${resent:-0}))
+      # One line per life of the node that finished this refit (a relay that
+      # committed, died and re-gathered its confirmations logs it twice).
+      lines=$(grep -h "refit $committed committed" "$work/run/$n.log")
+      [[ -n $lines ]] || continue  # excused (policy available): it catches up below
+      received=$(sed -n 's/.*received \([0-9]*\) B.*/\1/p' <<<"$lines" | awk '{ s += $1 } END { print s + 0 }')
+      resent=$(sed -n 's/.* resent \([0-9]*\) B.*/\1/p' <<<"$lines" | awk '{ s += $1 } END { print s + 0 }')
+      run_resent=$((run_resent + resent))
       run_extra=$((run_extra + received - needed[$n]))
       run_needed=$((run_needed + needed[$n]))
     done
