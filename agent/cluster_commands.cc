@@ -165,21 +165,32 @@ void PrintReport(const relay::PublishReport& r, bool as_json) {
   std::fflush(stdout);
 }
 
+// What the source needs from its config: the config, the token, its transports.
+struct SourceSetup {
+  topology::ClusterConfig config;
+  std::string token;
+  std::unique_ptr<transport::Transport> transport;
+};
+Result<SourceSetup> SetUpSource(const std::filesystem::path& config_path) {
+  SourceSetup s;
+  ASSIGN_OR_RETURN(s.config, topology::LoadClusterConfig(config_path));
+  ASSIGN_OR_RETURN(s.token, topology::ReadAuthToken(s.config));
+  ASSIGN_OR_RETURN(s.transport, relay::MakeNodeTransports(s.config, *s.config.Source()));
+  return s;
+}
+
 }  // namespace
 
 int RunPublish(const PublishArgs& args) {
-  auto config = topology::LoadClusterConfig(args.config);
-  if (!config.ok()) return Fail(config.status());
-  auto token = topology::ReadAuthToken(*config);
-  if (!token.ok()) return Fail(token.status());
-  auto transport = relay::MakeNodeTransports(*config, *config->Source());
-  if (!transport.ok()) return Fail(transport.status());
+  auto setup = SetUpSource(args.config);
+  if (!setup.ok()) return Fail(setup.status());
+  auto& [config, token, transport] = *setup;
   std::filesystem::path target = std::filesystem::absolute(args.target).lexically_normal();
   if (!target.has_filename()) target = target.parent_path();  // "step1/"
   const std::filesystem::path state =
       args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
   relay::PublishOptions options =
-      SourceOptions(*config, *token, args.codec, args.threads, state, args.keep_deltas);
+      SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
   const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
   if (tty) {
     options.on_progress = [](const relay::PublishProgress& p) {
@@ -187,7 +198,7 @@ int RunPublish(const PublishArgs& args) {
                  double(p.bytes_sent) / (1 << 20));
     };
   }
-  auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(*transport));
+  auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(transport));
   if (tty) fmt::print(stderr, "\n");
   if (!report.ok()) return Fail(report.status());
   PrintReport(*report, args.json);
@@ -195,15 +206,12 @@ int RunPublish(const PublishArgs& args) {
 }
 
 int RunServe(const ServeArgs& args) {
-  auto config = topology::LoadClusterConfig(args.config);
-  if (!config.ok()) return Fail(config.status());
-  auto token = topology::ReadAuthToken(*config);
-  if (!token.ok()) return Fail(token.status());
-  auto transport = relay::MakeNodeTransports(*config, *config->Source());
-  if (!transport.ok()) return Fail(transport.status());
+  auto setup = SetUpSource(args.config);
+  if (!setup.ok()) return Fail(setup.status());
+  auto& [config, token, transport] = *setup;
   auto source = relay::Source::Start(
-      SourceOptions(*config, *token, args.codec, args.threads, args.state_dir, args.keep_deltas),
-      std::move(*transport));
+      SourceOptions(config, token, args.codec, args.threads, args.state_dir, args.keep_deltas),
+      std::move(transport));
   if (!source.ok()) return Fail(source.status());
   // The first line names the version the cluster holds; each later one is published
   // from the version before it (the last one that committed).
