@@ -220,6 +220,15 @@ int RunServe(const ServeArgs& args) {
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
+    // "DIR" or "DIR fast|context": this version's codec mode.
+    codec::EncodeOptions codec = args.codec;
+    if (const auto space = line.rfind(' '); space != std::string::npos) {
+      const std::string mode = line.substr(space + 1);
+      if (mode == "fast" || mode == "context") {
+        codec.mode = mode == "fast" ? codec::CodecMode::kFast : codec::CodecMode::kContext;
+        line.resize(space);
+      }
+    }
     auto next = relay::OpenCheckpointVersion(line, args.threads);
     if (!next.ok()) {
       fmt::print(stderr, "deltacast serve: {}: {}\n", line, next.status().ToString());
@@ -238,7 +247,7 @@ int RunServe(const ServeArgs& args) {
       continue;
     }
     auto report =
-        (*source)->Publish(*current->store, current->manifest, *next->store, next->manifest);
+        (*source)->Publish(*current->store, current->manifest, *next->store, next->manifest, codec);
     if (!report.ok()) {
       fmt::print(stderr, "deltacast serve: {}: {}\n", line, report.status().ToString());
       all_committed = false;

@@ -49,8 +49,9 @@ struct ServeArgs {
   bool json = false;
 };
 // A long-running source: its children join once and stay. Reads checkpoint
-// directories from stdin, one per line: the first is the version the cluster holds,
-// each later one is published from the last committed one, and its report printed.
+// directories from stdin, one per line ("DIR" or "DIR fast|context"): the first is
+// the version the cluster holds, each later one is published from the last committed
+// one, and its report printed.
 // Exit status 0 at end of input when every publish committed, 1 otherwise.
 int RunServe(const ServeArgs& args);
 

@@ -90,7 +90,8 @@ class Source::Impl {
   Result<PublishReport> Publish(const apply::WeightStore& base,
                                 const codec::Manifest& base_manifest,
                                 const apply::WeightStore& target,
-                                const codec::Manifest& target_manifest);
+                                const codec::Manifest& target_manifest,
+                                const codec::EncodeOptions& codec);
 
   void Stop() {
     if (stopped_) return;
@@ -106,6 +107,7 @@ class Source::Impl {
   }
 
   const std::string& listen_address() const { return listen_address_; }
+  const codec::EncodeOptions& codec() const { return options_.codec; }
 
  private:
   // One refit: set up by Publish, kept after it (for the children that rejoin)
@@ -162,7 +164,8 @@ class Source::Impl {
 Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
                                             const codec::Manifest& base_manifest,
                                             const apply::WeightStore& target,
-                                            const codec::Manifest& target_manifest) {
+                                            const codec::Manifest& target_manifest,
+                                            const codec::EncodeOptions& codec) {
   PublishReport report;
   report.base_version = base_manifest.VersionId();
   report.target_version = target_manifest.VersionId();
@@ -208,7 +211,7 @@ Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
                         children_.planned().size()));
 
   codec::DeltaEncoderOptions encoder;
-  encoder.codec = options_.codec;
+  encoder.codec = codec;
   encoder.chunk_bytes = options_.config.tree.chunk_size;
   encoder.threads = options_.encode_threads;
   PublishProgress progress;
@@ -615,7 +618,15 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
                                       const codec::Manifest& base_manifest,
                                       const apply::WeightStore& target,
                                       const codec::Manifest& target_manifest) {
-  return impl_->Publish(base, base_manifest, target, target_manifest);
+  return impl_->Publish(base, base_manifest, target, target_manifest, impl_->codec());
+}
+
+Result<PublishReport> Source::Publish(const apply::WeightStore& base,
+                                      const codec::Manifest& base_manifest,
+                                      const apply::WeightStore& target,
+                                      const codec::Manifest& target_manifest,
+                                      const codec::EncodeOptions& codec) {
+  return impl_->Publish(base, base_manifest, target, target_manifest, codec);
 }
 
 }  // namespace deltacast::relay

@@ -38,6 +38,12 @@ class Source {
                                 const codec::Manifest& base_manifest,
                                 const apply::WeightStore& target,
                                 const codec::Manifest& target_manifest);
+  // The same with this refit's codec options instead of the Source's.
+  Result<PublishReport> Publish(const apply::WeightStore& base,
+                                const codec::Manifest& base_manifest,
+                                const apply::WeightStore& target,
+                                const codec::Manifest& target_manifest,
+                                const codec::EncodeOptions& codec);
 
   // Closes every link; the last committed delta joins the kept history. Idempotent.
   void Stop();
