@@ -832,8 +832,10 @@ bool Core::Post(std::function<void()> fn) {
     std::lock_guard lock(post_mu_);
     if (!accepting_posts_) return false;
     posted_.push_back(std::move(fn));
+    // Under the lock: Teardown destroys the worker once it has stopped posts, and
+    // the loop may reach it the moment this command is queued.
+    ucx_->Wake();
   }
-  ucx_->Wake();
   return true;
 }
 
