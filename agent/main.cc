@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
 
   // synth
   agent::SynthOptions synth;
-  std::string synth_params = "500M", synth_rate = "3%";
+  std::string synth_params = "500M", synth_rate = "3%", synth_shards;
   bool synth_json = false;
   auto* s = app.add_subcommand(
       "synth", "Generate a synthetic Llama-shaped BF16 checkpoint and training steps");
@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
   s->add_option("--lr", synth.lr, "Learning rate (overrides --change-rate)");
   s->add_option("--seed", synth.seed, "Random seed")->capture_default_str();
   s->add_option("--threads", synth.threads, "Threads (0 = all cores)");
+  s->add_option("--experts", synth.experts, "Mixture-of-experts MLPs with this many experts");
+  s->add_option("--shards", synth_shards,
+                "Also write every step's training shards to DIR/stepK.shards/: tp=,pp=,dp=,ep= "
+                "(Megatron names, one file per rank) or fsdp=W (FSDP2)");
   s->add_flag("--json", synth_json, "Report as JSON");
   s->callback([&] {
     auto params = agent::ParseParamCount(synth_params);
@@ -62,6 +66,11 @@ int main(int argc, char** argv) {
     if (!rate.ok()) throw CLI::ValidationError("--change-rate", rate.status().message());
     synth.params = *params;
     synth.change_rate = *rate;
+    if (!synth_shards.empty()) {
+      auto shards = agent::ParseShardSpec(synth_shards);
+      if (!shards.ok()) throw CLI::ValidationError("--shards", shards.status().message());
+      synth.shards = *shards;
+    }
     status = agent::RunSynth(synth, synth_json);
   });
 
