@@ -89,8 +89,9 @@ Status ParseRecord(ByteReader& r, uint64_t partition_bytes, size_t index, Partit
     return bad("raw size " + std::to_string(rec.raw_size) + " exceeds the bound " +
                std::to_string(max_raw) + " for " + std::string(EncodingName(rec.encoding)));
   }
-  if (rec.encoding == Encoding::kContextXor && rec.entropy != EntropyCoder::kNone) {
-    return bad("context-xor records take no entropy stage");
+  if ((rec.encoding == Encoding::kContextXor || rec.encoding == Encoding::kPieces) &&
+      rec.entropy != EntropyCoder::kNone) {
+    return bad(std::string(EncodingName(rec.encoding)) + " records take no entropy stage");
   }
   if (!r.GetBytes(payload_size, rec.payload)) {
     return bad("payload of " + std::to_string(payload_size) + " bytes runs past the chunk");
@@ -190,8 +191,25 @@ Result<ChunkHeader> PeekChunkHeader(ByteSpan chunk) {
   std::memcpy(out.identity.target_version.bytes.data(), h + kOffTarget, 16);
   out.identity.partition_bytes = LoadLE<uint64_t>(h + kOffPartitionBytes);
   out.sequence = LoadLE<uint32_t>(h + kOffSequence);
+  out.record_count = LoadLE<uint32_t>(h + kOffRecordCount);
   out.payload_length = length;
   return out;
+}
+
+Status RestampChunk(MutableByteSpan chunk, const DeltaIdentity& identity, uint32_t sequence) {
+  ASSIGN_OR_RETURN(ChunkHeader header, PeekChunkHeader(chunk));
+  if (header.kind != ChunkKind::kData) return Status::Corrupt("only data chunks are restamped");
+  if (header.identity.partition_bytes != identity.partition_bytes) {
+    return Status::InvalidArgument("chunk of partition size " +
+                                   std::to_string(header.identity.partition_bytes) +
+                                   " for a delta of " + std::to_string(identity.partition_bytes));
+  }
+  std::byte* h = chunk.data();
+  std::memcpy(h + kOffBase, identity.base_version.bytes.data(), 16);
+  std::memcpy(h + kOffTarget, identity.target_version.bytes.data(), 16);
+  StoreLE<uint32_t>(h + kOffSequence, sequence);
+  StoreLE<uint64_t>(h + kOffHeaderHash, Hash64(ByteSpan(h, kOffHeaderHash)));
+  return Status::Ok();
 }
 
 Status VerifyChunkChecksums(ByteSpan chunk) {

@@ -114,11 +114,19 @@ struct ChunkHeader {
   ChunkKind kind = ChunkKind::kData;
   DeltaIdentity identity;
   uint32_t sequence = 0;
+  uint32_t record_count = 0;
   uint64_t payload_length = 0;
 };
 // Validates the 80-byte header alone (as ParseChunkHeaderPayloadLength does) and
 // returns its fields: enough for a relay to index a chunk it forwards unparsed.
 Result<ChunkHeader> PeekChunkHeader(ByteSpan chunk);
+
+// Gives a data chunk built without its delta's identity (a producer's, made before
+// the target version id exists) its identity and sequence, in place: header fields
+// and header hash only; the payload, and so its hash, is untouched. kCorrupt for a
+// chunk whose header does not validate or that is not a data chunk;
+// kInvalidArgument for another partition size.
+Status RestampChunk(MutableByteSpan chunk, const DeltaIdentity& identity, uint32_t sequence);
 
 // Checks a whole chunk's header and payload checksums (and its length) without
 // parsing its records: what a relay verifies before it forwards a chunk.
