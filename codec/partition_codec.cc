@@ -363,26 +363,34 @@ EncodedPartition EncodeChanges(Encoding encoding, DType dtype, const SparseChang
   return Finish(encoding, changes.size(), raw, gap_bytes, e, options);
 }
 
+void AppendPiecesPayload(std::span<const PieceView> pieces, std::vector<std::byte>& out) {
+  size_t bytes = 4;
+  for (const PieceView& p : pieces) bytes += kPieceHeaderBytes + p.payload.size();
+  out.reserve(out.size() + bytes);
+  ByteWriter w(out);
+  w.Put<uint32_t>(static_cast<uint32_t>(pieces.size()));
+  for (const PieceView& p : pieces) {
+    w.Put<uint8_t>(static_cast<uint8_t>(p.encoding));
+    w.Put<uint8_t>(static_cast<uint8_t>(p.entropy));
+    w.Put<uint16_t>(0);
+    w.Put<uint64_t>(p.change_count);
+    w.Put<uint64_t>(p.raw_size);
+    w.Put<uint64_t>(p.payload.size());
+    w.PutBytes(p.payload);
+  }
+}
+
 EncodedPartition CombinePieces(std::span<const EncodedPartition* const> pieces) {
   EncodedPartition out;
   out.encoding = Encoding::kPieces;
   out.entropy = EntropyCoder::kNone;
-  size_t bytes = 4;
-  for (const EncodedPartition* p : pieces) bytes += kPieceHeaderBytes + p->payload.size();
-  out.payload.reserve(bytes);
-  ByteWriter w(out.payload);
-  w.Put<uint32_t>(static_cast<uint32_t>(pieces.size()));
+  std::vector<PieceView> views;
   for (const EncodedPartition* p : pieces) {
-    w.Put<uint8_t>(static_cast<uint8_t>(p->encoding));
-    w.Put<uint8_t>(static_cast<uint8_t>(p->entropy));
-    w.Put<uint16_t>(0);
-    w.Put<uint64_t>(p->change_count);
-    w.Put<uint64_t>(p->raw_size);
-    w.Put<uint64_t>(p->payload.size());
-    w.PutBytes(p->payload);
+    views.push_back({p->encoding, p->entropy, p->change_count, p->raw_size, p->payload});
     out.change_count += p->change_count;
     out.raw_size += p->raw_size;
   }
+  AppendPiecesPayload(views, out.payload);
   return out;
 }
 

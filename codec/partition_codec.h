@@ -106,10 +106,21 @@ EncodedPartition EncodeChanges(Encoding encoding, DType dtype, const SparseChang
                                const std::byte* new_words, const EncodeOptions& options,
                                CodecScratch& scratch);
 
+// An encoded partition or piece whose payload lies elsewhere (in a message).
+struct PieceView {
+  Encoding encoding = Encoding::kSparseXor;
+  EntropyCoder entropy = EntropyCoder::kNone;
+  uint64_t change_count = 0;
+  uint64_t raw_size = 0;
+  ByteSpan payload;
+};
+
 // One kPieces record from the pieces several producers encoded of one partition
 // (each kSparseXor or kOverwrite, over disjoint positions; docs/wire-format.md,
 // "Pieces"). The piece payloads are copied once, never re-encoded.
 EncodedPartition CombinePieces(std::span<const EncodedPartition* const> pieces);
+// Appends the payload of a pieces record made of `pieces` to `out`.
+void AppendPiecesPayload(std::span<const PieceView> pieces, std::vector<std::byte>& out);
 
 // The largest raw size a well-formed record with these counts can declare; decoders
 // refuse anything larger before allocating.

@@ -1,6 +1,10 @@
 #include "relay/merge.h"
 
+#include <cstring>
+
 #include "codec/partition.h"
+#include "relay/producer_protocol.h"
+#include "relay/protocol.h"
 
 namespace deltacast::relay {
 namespace {
@@ -118,7 +122,7 @@ Result<codec::Manifest> CombineTargetManifest(const codec::Manifest& base,
 }
 
 DeltaMerger::DeltaMerger(const codec::Manifest& base, const codec::Manifest& target,
-                         uint64_t chunk_bytes, codec::ChunkSink sink)
+                         uint64_t chunk_bytes, ChunkMessageSink sink)
     : base_(base),
       target_(target),
       identity_{base.VersionId(), target.VersionId(), target.partition_bytes},
@@ -133,38 +137,38 @@ void DeltaMerger::ExpectPieces(std::span<const ShareReport* const> shares) {
   }
 }
 
-Status DeltaMerger::Emit(std::vector<std::byte>&& chunk, uint32_t records) {
-  RETURN_IF_ERROR(codec::RestampChunk(chunk, identity_, sequence_));
-  delta_bytes_ += chunk.size();
+// `message` is a CHUNK message whose chunk's sequence is not set yet.
+Status DeltaMerger::Emit(std::vector<std::byte>&& message, uint32_t records) {
+  WriteMessageHeader(MessageType::kChunk, message.data());
+  RETURN_IF_ERROR(codec::RestampChunk(MutableByteSpan(message).subspan(kMessageHeaderBytes),
+                                      identity_, sequence_));
+  delta_bytes_ += message.size() - kMessageHeaderBytes;
   records_ += records;
   ++sequence_;
-  return sink_(std::move(chunk));
+  return sink_(transport::MakeMessage(std::move(message)));
 }
 
-Status DeltaMerger::AddChunk(std::vector<std::byte>&& chunk) {
+Status DeltaMerger::AddChunk(ByteSpan chunk) {
   ASSIGN_OR_RETURN(codec::ChunkHeader header, codec::PeekChunkHeader(chunk));
-  return Emit(std::move(chunk), header.record_count);
+  if (chunk.size() != codec::kChunkHeaderBytes + header.payload_length) {
+    return Status::Corrupt("a producer's chunk of " + std::to_string(chunk.size()) +
+                           " bytes declares a payload of " + std::to_string(header.payload_length));
+  }
+  std::vector<std::byte> message(kMessageHeaderBytes + chunk.size());
+  std::memcpy(message.data() + kMessageHeaderBytes, chunk.data(), chunk.size());
+  return Emit(std::move(message), header.record_count);
 }
 
-Status DeltaMerger::AddRecord(uint32_t tensor, uint64_t partition,
-                              const codec::EncodedPartition& encoded) {
-  const codec::TensorInfo& t = target_.tensors[tensor];
-  const auto p = codec::PartitionAt(t, tensor, partition, target_.partition_bytes);
-  // Sequence 0 until it is emitted: producer chunks may be numbered meanwhile.
-  if (!builder_) builder_.emplace(identity_, 0);
-  builder_->Add(t.name, t.dtype, p.element_offset, p.element_count,
-                base_.partition_hashes[tensor][partition],
-                target_.partition_hashes[tensor][partition], encoded);
-  by_encoding_[static_cast<size_t>(encoded.encoding)]++;
-  piece_changes_ += encoded.change_count;
-  if (builder_->size_bytes() < chunk_bytes_) return Status::Ok();
+Status DeltaMerger::FlushOwn() {
+  if (!builder_ || builder_->record_count() == 0) return Status::Ok();
   const uint32_t records = static_cast<uint32_t>(builder_->record_count());
-  std::vector<std::byte> chunk = builder_->Finish();
+  std::vector<std::byte> message = builder_->Finish();
   builder_.reset();
-  return Emit(std::move(chunk), records);
+  return Emit(std::move(message), records);
 }
 
-Status DeltaMerger::AddPiece(uint32_t tensor, uint64_t partition, codec::EncodedPartition&& piece) {
+Status DeltaMerger::AddPiece(uint32_t tensor, uint64_t partition, const codec::PieceView& piece,
+                             std::shared_ptr<const void> keep) {
   auto it = waiting_.find({tensor, partition});
   if (it == waiting_.end() || it->second.pieces.size() >= it->second.expected) {
     return Status::InvalidArgument("a piece of partition " + std::to_string(partition) +
@@ -173,19 +177,32 @@ Status DeltaMerger::AddPiece(uint32_t tensor, uint64_t partition, codec::Encoded
   }
   Waiting& w = it->second;
   pending_bytes_ += piece.payload.size();
-  w.pieces.push_back(std::move(piece));
+  w.pieces.push_back(piece);
+  w.keep.push_back(std::move(keep));
   if (w.pieces.size() < w.expected) return Status::Ok();
-  Status s;
+
+  const codec::TensorInfo& t = target_.tensors[tensor];
+  const auto p = codec::PartitionAt(t, tensor, partition, target_.partition_bytes);
+  // Sequence 0 until it is emitted (producer chunks may be numbered meanwhile), with
+  // room for the CHUNK message header in front.
+  if (!builder_) builder_.emplace(identity_, 0, kMessageHeaderBytes);
+  const PartitionHash& bh = base_.partition_hashes[tensor][partition];
+  const PartitionHash& th = target_.partition_hashes[tensor][partition];
+  uint64_t changes = 0;
+  for (const auto& v : w.pieces) changes += v.change_count;
   if (w.pieces.size() == 1) {
-    s = AddRecord(tensor, partition, w.pieces.front());  // positions are partition-relative
+    // One producer changed it: its piece, with partition positions, is the record.
+    builder_->AddView(t.name, t.dtype, p.element_offset, p.element_count, bh, th, w.pieces[0]);
+    by_encoding_[static_cast<size_t>(w.pieces[0].encoding)]++;
   } else {
-    std::vector<const codec::EncodedPartition*> parts;
-    for (const auto& p : w.pieces) parts.push_back(&p);
-    s = AddRecord(tensor, partition, codec::CombinePieces(parts));
+    builder_->AddPieces(t.name, t.dtype, p.element_offset, p.element_count, bh, th, w.pieces);
+    by_encoding_[static_cast<size_t>(codec::Encoding::kPieces)]++;
   }
-  for (const auto& p : w.pieces) pending_bytes_ -= p.payload.size();
+  piece_changes_ += changes;
+  for (const auto& v : w.pieces) pending_bytes_ -= v.payload.size();
   waiting_.erase(it);
-  return s;
+  if (builder_->size_bytes() >= chunk_bytes_) return FlushOwn();
+  return Status::Ok();
 }
 
 Status DeltaMerger::Finish(uint64_t changed_elements, codec::DeltaStats* stats) {
@@ -196,17 +213,12 @@ Status DeltaMerger::Finish(uint64_t changed_elements, codec::DeltaStats* stats) 
         PartitionName(target_.tensors[key.first], key.second) + " (" +
         std::to_string(w.pieces.size()) + " of " + std::to_string(w.expected) + ")");
   }
-  if (builder_ && builder_->record_count() > 0) {
-    const uint32_t records = static_cast<uint32_t>(builder_->record_count());
-    std::vector<std::byte> chunk = builder_->Finish();
-    builder_.reset();
-    RETURN_IF_ERROR(Emit(std::move(chunk), records));
-  }
+  RETURN_IF_ERROR(FlushOwn());
   codec::DeltaSummary summary{Digest128{}, sequence_, records_, target_.TotalBytes(),
                               changed_elements + piece_changes_};
   std::vector<std::byte> end = codec::BuildEndChunk(identity_, sequence_, summary);
   const uint64_t end_bytes = end.size();
-  RETURN_IF_ERROR(sink_(std::move(end)));
+  RETURN_IF_ERROR(sink_(transport::MakeMessage(EncodeChunk(end))));
   if (stats) {
     stats->tensor_bytes = target_.TotalBytes();
     stats->partitions = target_.PartitionTotal();

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 #include "relay/shard_encoder.h"
+#include "transport/transport.h"
 
 namespace deltacast::relay {
 
@@ -51,22 +54,28 @@ Result<codec::Manifest> CombineBaseManifest(const std::vector<codec::TensorInfo>
 Result<codec::Manifest> CombineTargetManifest(const codec::Manifest& base,
                                               std::span<const ShareReport* const> shares);
 
+// Receives each finished chunk of the merged delta as a whole CHUNK message (ready
+// for the children: relay/protocol.h), in sequence order.
+using ChunkMessageSink = std::function<Status(transport::Message chunk_message)>;
+
 class DeltaMerger {
  public:
-  // `base` and `target` must outlive the merger. `sink` receives each finished
-  // chunk of the merged delta, in sequence order.
+  // `base` and `target` must outlive the merger.
   DeltaMerger(const codec::Manifest& base, const codec::Manifest& target, uint64_t chunk_bytes,
-              codec::ChunkSink sink);
+              ChunkMessageSink sink);
 
   // How many pieces each partition waits for: one per share that changed it and
   // covers it in part.
   void ExpectPieces(std::span<const ShareReport* const> shares);
 
-  // A producer's data chunk (identity not yet stamped): stamped and handed on.
-  Status AddChunk(std::vector<std::byte>&& chunk);
-  // A producer's piece of a partition. When it is the last one the partition waits
-  // for, the partition's record is added to the merger's own chunk.
-  Status AddPiece(uint32_t tensor, uint64_t partition, codec::EncodedPartition&& piece);
+  // A producer's data chunk (identity not yet stamped): copied once into a CHUNK
+  // message, stamped there and handed on.
+  Status AddChunk(ByteSpan chunk);
+  // A producer's piece of a partition; its payload stays where it is (`keep` holds
+  // it alive) until the partition's record is written. When it is the last piece
+  // the partition waits for, the record is added to the merger's own chunk.
+  Status AddPiece(uint32_t tensor, uint64_t partition, const codec::PieceView& piece,
+                  std::shared_ptr<const void> keep);
 
   // Flushes the merger's last chunk and sends END. kFailedPrecondition if a
   // partition still waits for pieces. `changed_elements` is the producers' count
@@ -77,17 +86,18 @@ class DeltaMerger {
   const codec::DeltaIdentity& identity() const { return identity_; }
 
  private:
-  Status Emit(std::vector<std::byte>&& chunk, uint32_t records);
-  Status AddRecord(uint32_t tensor, uint64_t partition, const codec::EncodedPartition& encoded);
+  Status Emit(std::vector<std::byte>&& message, uint32_t records);
+  Status FlushOwn();
 
   const codec::Manifest& base_;
   const codec::Manifest& target_;
   const codec::DeltaIdentity identity_;
   const uint64_t chunk_bytes_;
-  codec::ChunkSink sink_;
+  ChunkMessageSink sink_;
   struct Waiting {
     uint32_t expected = 0;
-    std::vector<codec::EncodedPartition> pieces;
+    std::vector<codec::PieceView> pieces;
+    std::vector<std::shared_ptr<const void>> keep;
   };
   std::map<std::pair<uint32_t, uint64_t>, Waiting> waiting_;
   uint64_t pending_bytes_ = 0;

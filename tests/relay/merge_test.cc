@@ -14,6 +14,7 @@
 #include "apply/delta_applier.h"
 #include "apply/host_store.h"
 #include "codec/manifest.h"
+#include "relay/protocol.h"
 #include "relay/shard_encoder.h"
 #include "relay/shard_input.h"
 
@@ -127,8 +128,9 @@ void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
 
   std::vector<std::vector<std::byte>> delta;
   DeltaMerger merger(*base_manifest, *target_manifest, options.chunk_bytes,
-                     [&](std::vector<std::byte>&& c) {
-                       delta.push_back(std::move(c));
+                     [&](transport::Message m) {
+                       const ByteSpan chunk = Body(ByteSpan(*m));
+                       delta.emplace_back(chunk.begin(), chunk.end());
                        return Status::Ok();
                      });
   merger.ExpectPieces(reports);
@@ -138,13 +140,15 @@ void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
     bool any = false;
     for (auto& r : rs) {
       if (i < r->encoded.chunks.size()) {
-        ASSERT_TRUE(merger.AddChunk(std::move(r->encoded.chunks[i])).ok());
+        ASSERT_TRUE(merger.AddChunk(r->encoded.chunks[i]).ok());
         any = true;
       }
       if (i < r->encoded.pieces.size()) {
         auto& p = r->encoded.pieces[i];
         ++pieces;
-        ASSERT_TRUE(merger.AddPiece(p.tensor, p.partition, std::move(p.encoded)).ok());
+        const codec::PieceView view{p.encoded.encoding, p.encoded.entropy, p.encoded.change_count,
+                                    p.encoded.raw_size, p.encoded.payload};
+        ASSERT_TRUE(merger.AddPiece(p.tensor, p.partition, view, nullptr).ok());
         any = true;
       }
     }
