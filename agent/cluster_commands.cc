@@ -94,19 +94,16 @@ int RunAgent(const AgentArgs& args) {
   return kExitOk;
 }
 
-int RunPublish(const PublishArgs& args) {
-  auto config = topology::LoadClusterConfig(args.config);
-  if (!config.ok()) return Fail(config.status());
-  auto token = topology::ReadAuthToken(*config);
-  if (!token.ok()) return Fail(token.status());
-  auto transport = relay::MakeNodeTransports(*config, *config->Source());
-  if (!transport.ok()) return Fail(transport.status());
+relay::PublishOptions MakePublishOptions(const PublishArgs& args,
+                                         const topology::ClusterConfig& config,
+                                         const std::string& token,
+                                         const std::filesystem::path& new_version) {
   relay::PublishOptions options;
-  options.config = *config;
-  options.token = *token;
+  options.config = config;
+  options.token = token;
   options.codec = args.codec;
   options.encode_threads = args.threads;
-  std::filesystem::path target = std::filesystem::absolute(args.target).lexically_normal();
+  std::filesystem::path target = std::filesystem::absolute(new_version).lexically_normal();
   if (!target.has_filename()) target = target.parent_path();  // "step1/"
   const std::filesystem::path state =
       args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
@@ -121,12 +118,12 @@ int RunPublish(const PublishArgs& args) {
                  double(p.bytes_sent) / (1 << 20));
     };
   }
-  auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(*transport));
-  if (tty) fmt::print(stderr, "\n");
-  if (!report.ok()) return Fail(report.status());
-  const auto& r = *report;
+  return options;
+}
+
+int ReportPublish(const relay::PublishReport& r, bool json_out, const std::string& extra_json) {
   const double full = double(r.delta.tensor_bytes);
-  if (args.json) {
+  if (json_out) {
     json nodes = json::array();
     for (const auto& n : r.nodes) {
       nodes.push_back({{"node", n.node_id},
@@ -134,22 +131,23 @@ int RunPublish(const PublishArgs& args) {
                        {"apply_seconds", n.apply_seconds},
                        {"partitions_applied", n.partitions_applied}});
     }
-    fmt::print("{}\n", json{{"committed", r.committed},
-                            {"abort_reason", r.abort_reason},
-                            {"refit_id", r.refit_id},
-                            {"base_version", r.base_version.ToHex()},
-                            {"target_version", r.target_version.ToHex()},
-                            {"delta_bytes", r.delta.delta_bytes},
-                            {"checkpoint_bytes", r.delta.tensor_bytes},
-                            {"chunks", r.delta.chunks},
-                            {"seconds", r.seconds},
-                            {"first_chunk_seconds", r.first_chunk_seconds},
-                            {"stream_seconds", r.stream_seconds},
-                            {"prepare_seconds", r.prepare_seconds},
-                            {"effective_gbps", full / r.seconds / 1e9},
-                            {"nodes_decided", r.nodes_decided},
-                            {"nodes", nodes}}
-                           .dump(2));
+    json out{{"committed", r.committed},
+             {"abort_reason", r.abort_reason},
+             {"refit_id", r.refit_id},
+             {"base_version", r.base_version.ToHex()},
+             {"target_version", r.target_version.ToHex()},
+             {"delta_bytes", r.delta.delta_bytes},
+             {"checkpoint_bytes", r.delta.tensor_bytes},
+             {"chunks", r.delta.chunks},
+             {"seconds", r.seconds},
+             {"first_chunk_seconds", r.first_chunk_seconds},
+             {"stream_seconds", r.stream_seconds},
+             {"prepare_seconds", r.prepare_seconds},
+             {"effective_gbps", full / r.seconds / 1e9},
+             {"nodes_decided", r.nodes_decided},
+             {"nodes", nodes}};
+    if (!extra_json.empty()) out.update(json::parse(extra_json));
+    fmt::print("{}\n", out.dump(2));
   } else {
     fmt::print("refit {} {}: {} -> {}\n", r.refit_id, r.committed ? "COMMITTED" : "ABORTED",
                r.base_version.ShortHex(), r.target_version.ShortHex());
@@ -170,6 +168,21 @@ int RunPublish(const PublishArgs& args) {
     }
   }
   return r.committed ? kExitOk : kExitFailure;
+}
+
+int RunPublish(const PublishArgs& args) {
+  auto config = topology::LoadClusterConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  auto token = topology::ReadAuthToken(*config);
+  if (!token.ok()) return Fail(token.status());
+  auto transport = relay::MakeNodeTransports(*config, *config->Source());
+  if (!transport.ok()) return Fail(transport.status());
+  relay::PublishOptions options = MakePublishOptions(args, *config, *token, args.target);
+  const bool tty = options.on_progress != nullptr;
+  auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(*transport));
+  if (tty) fmt::print(stderr, "\n");
+  if (!report.ok()) return Fail(report.status());
+  return ReportPublish(*report, args.json, "");
 }
 
 }  // namespace deltacast::agent

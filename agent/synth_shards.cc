@@ -41,9 +41,9 @@ class Sharder {
       if (s_.tp * s_.pp * s_.dp * s_.ep != 1) return bad("fsdp=W takes no other axis");
       return Status::Ok();
     }
-    if (m_.layers % s_.pp != 0) {
-      return bad(std::to_string(m_.layers) +
-                 " layers do not divide into pp=" + std::to_string(s_.pp) + " stages");
+    if (m_.layers < s_.pp) {
+      return bad(std::to_string(m_.layers) + " layers cannot fill pp=" + std::to_string(s_.pp) +
+                 " stages");
     }
     const uint64_t fused = (m_.heads + 2 * m_.kv_heads) * m_.head_dim;
     if (fused % s_.tp != 0 || m_.hidden % s_.tp != 0 || m_.intermediate % s_.tp != 0 ||
@@ -73,11 +73,13 @@ class Sharder {
       for (const auto& t : store_.tensors()) out.push_back(Fsdp2(t, r.dp));
       return out;
     }
-    const uint64_t per_stage = m_.layers / s_.pp;
+    // Uneven stages when the layers do not divide (as Megatron's explicit first /
+    // last stage sizes allow); the layout says where each stage starts.
+    const uint64_t first = StageStart(r.pp), per_stage = StageStart(r.pp + 1) - first;
     if (r.pp == 0)
       out.push_back(Vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight", r.tp));
     for (uint64_t ll = 0; ll < per_stage; ++ll) {
-      const uint64_t l = r.pp * per_stage + ll;
+      const uint64_t l = first + ll;
       const std::string m = "decoder.layers." + std::to_string(ll) + ".";
       const std::string c = "model.layers." + std::to_string(l) + ".";
       out.push_back(Qkv(m + "self_attention.linear_qkv.weight", c, r.tp));
@@ -131,6 +133,7 @@ class Sharder {
     }
     s += "\n[rank]\ntp = " + std::to_string(r.tp) + "\npp = " + std::to_string(r.pp) +
          "\ndp = " + std::to_string(r.dp) + "\nep = " + std::to_string(r.ep) + "\n";
+    if (s_.fsdp == 0) s += "layer_offset = " + std::to_string(StageStart(r.pp)) + "\n";
     auto rule = [&](const std::string& local, const std::string& kind,
                     std::vector<std::string> canonical, const std::string& extra = "") {
       s += "\n[[tensor]]\nlocal = \"" + local + "\"\nkind = \"" + kind + "\"\ncanonical = [";
@@ -173,6 +176,8 @@ class Sharder {
 
  private:
   static constexpr uint64_t kE = 2;  // BF16
+
+  uint64_t StageStart(uint64_t stage) const { return stage * m_.layers / s_.pp; }
 
   LocalDef Plain(const std::string& local, const std::string& canonical,
                  std::vector<uint64_t> shape) const {
