@@ -133,7 +133,8 @@ dc::relay::ShareEncodeOptions OneCore() {
 }
 
 // The peak RSS of a child that loads and encodes rank `r` of `job` alone.
-json ForkedProducerMemory(const fs::path& job, uint64_t r, const dc::codec::Manifest& base) {
+json ForkedProducerMemory(const fs::path& job, uint64_t r,
+                          const dc::codec::Manifest& base_manifest_for_child) {
   int fds[2];
   if (pipe(fds) != 0) return {};
   const pid_t pid = fork();
@@ -141,15 +142,33 @@ json ForkedProducerMemory(const fs::path& job, uint64_t r, const dc::codec::Mani
     close(fds[0]);
     rusage before{};
     getrusage(RUSAGE_SELF, &before);
-    auto rank = LoadRank(job, r);
-    const auto cov = dc::relay::ShareCoverage(rank->placement.map, kPartitionBytes);
-    auto share = dc::relay::EncodeShare(rank->Input(), cov, WholeBaseHashes(cov, base), OneCore());
+    // The shard files mapped, as `deltacast produce` holds them: the previous shard
+    // is the producer's baseline, the new one stands for the trainer's weights.
+    const std::string stem = dc::agent::RankFileStem(r);
+    auto base = Check(
+        dc::relay::ShardFile::Open(dc::agent::ShardDirOf(job / "step0") / (stem + ".safetensors")),
+        "open base shard");
+    auto target = Check(
+        dc::relay::ShardFile::Open(dc::agent::ShardDirOf(job / "step1") / (stem + ".safetensors")),
+        "open new shard");
+    auto placement =
+        Check(dc::relay::LoadRankPlacement(dc::agent::ShardDirOf(job / "step1") / (stem + ".toml"),
+                                           target->tensors()),
+              "placement");
+    dc::relay::ShareInput input{&placement.map, [&](uint32_t i) { return base->TensorData(i); },
+                                [&](uint32_t i) { return target->TensorData(i); }};
+    uint64_t shard_bytes = 0;
+    for (size_t i = 0; i < target->tensors().size(); ++i)
+      shard_bytes += target->TensorData(i).size();
+    const auto cov = dc::relay::ShareCoverage(placement.map, kPartitionBytes);
+    auto share = dc::relay::EncodeShare(input, cov, WholeBaseHashes(cov, base_manifest_for_child),
+                                        OneCore());
     uint64_t held = 0;
     if (share.ok()) {
       for (const auto& c : share->chunks) held += c.size();
       for (const auto& p : share->pieces) held += p.encoded.payload.size();
     }
-    const uint64_t values[3] = {rank->Bytes(), held, static_cast<uint64_t>(before.ru_maxrss)};
+    const uint64_t values[3] = {shard_bytes, held, static_cast<uint64_t>(before.ru_maxrss)};
     (void)!write(fds[1], values, sizeof values);
     _exit(share.ok() ? 0 : 1);
   }
@@ -350,16 +369,19 @@ int main(int argc, char** argv) {
     dc::codec::DeltaStats stats;
     Check(merger.Finish(changed, &stats), "merge");
     const double merge_cpu = Cpu() - mcpu;
-    // A memcpy of the same bytes, for scale.
-    std::vector<std::byte> sink(merged_bytes);
+    // One copy of the same bytes, as the root makes it: each message into a buffer
+    // of its own (fresh memory, as the merger's CHUNK messages are).
     const double copy_cpu_start = Cpu();
-    size_t at = 0;
-    for (const auto& m : merged) {
-      std::memcpy(sink.data() + at, m->data(), m->size());
-      at += m->size();
+    {
+      std::vector<std::vector<std::byte>> copies;
+      for (const auto& m : merged) {
+        std::vector<std::byte> v;
+        v.reserve(m->size());
+        v.insert(v.end(), m->begin(), m->end());
+        copies.push_back(std::move(v));
+      }
     }
     const double copy_cpu = Cpu() - copy_cpu_start;
-
     // Bit-exact: the merged delta takes the canonical base to the canonical target.
     auto replica = Check(dc::apply::HostStore::CopyOf(*base_store), "copy base");
     dc::apply::DeltaApplier applier(*replica, base_manifest, merger.identity());

@@ -106,6 +106,8 @@ class ChunkBuilder {
                  uint64_t element_count, const PartitionHash& base_hash,
                  const PartitionHash& target_hash, std::span<const PieceView> pieces);
   size_t record_count() const { return record_count_; }
+  // Room for a chunk of `bytes` without growing (and copying) the buffer on the way.
+  void Reserve(size_t bytes) { buffer_.reserve(headroom_ + bytes); }
   // Bytes the chunk will have if finished now.
   size_t size_bytes() const { return buffer_.size() - headroom_; }
   // The finished chunk (after `headroom` bytes); the builder is then empty.

@@ -517,6 +517,26 @@ bool RecordNeedsBase(Encoding encoding) {
          encoding == Encoding::kPieces;
 }
 
+bool RecordIsSelfInverse(Encoding encoding, ByteSpan payload) {
+  if (encoding == Encoding::kSparseXor || encoding == Encoding::kDenseXor) return true;
+  if (encoding != Encoding::kPieces) return false;
+  ByteReader r(payload);
+  uint32_t pieces = 0;
+  if (!r.Get(pieces)) return false;
+  for (uint32_t i = 0; i < pieces; ++i) {
+    uint8_t enc = 0, entropy = 0;
+    uint16_t reserved = 0;
+    uint64_t changes = 0, raw = 0, size = 0;
+    ByteSpan body;
+    if (!r.Get(enc) || !r.Get(entropy) || !r.Get(reserved) || !r.Get(changes) || !r.Get(raw) ||
+        !r.Get(size) || !r.GetBytes(size, body) ||
+        enc != static_cast<uint8_t>(Encoding::kSparseXor)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
                           const PartitionHash& target_hash) {
   using Form = DecodedRecord::Form;

@@ -150,6 +150,9 @@ struct RecordCoding {
 Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRecord& out,
                             CodecScratch& scratch);
 bool RecordNeedsBase(Encoding encoding);
+// Whether applying the record to its target gives its base back (XOR records:
+// sparse-XOR, dense-XOR, and pieces records whose pieces are all sparse-XOR).
+bool RecordIsSelfInverse(Encoding encoding, ByteSpan payload);
 
 // Writes `decoded` (from DecodeAndCheckRecord; for overwrite and context-XOR against
 // these same bytes) into `data`, which must be at the base version, and verifies that

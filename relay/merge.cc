@@ -154,8 +154,11 @@ Status DeltaMerger::AddChunk(ByteSpan chunk) {
     return Status::Corrupt("a producer's chunk of " + std::to_string(chunk.size()) +
                            " bytes declares a payload of " + std::to_string(header.payload_length));
   }
-  std::vector<std::byte> message(kMessageHeaderBytes + chunk.size());
-  std::memcpy(message.data() + kMessageHeaderBytes, chunk.data(), chunk.size());
+  // One pass over the bytes: no zero fill before the copy.
+  std::vector<std::byte> message;
+  message.reserve(kMessageHeaderBytes + chunk.size());
+  message.resize(kMessageHeaderBytes);
+  message.insert(message.end(), chunk.begin(), chunk.end());
   return Emit(std::move(message), header.record_count);
 }
 
@@ -185,7 +188,10 @@ Status DeltaMerger::AddPiece(uint32_t tensor, uint64_t partition, const codec::P
   const auto p = codec::PartitionAt(t, tensor, partition, target_.partition_bytes);
   // Sequence 0 until it is emitted (producer chunks may be numbered meanwhile), with
   // room for the CHUNK message header in front.
-  if (!builder_) builder_.emplace(identity_, 0, kMessageHeaderBytes);
+  if (!builder_) {
+    builder_.emplace(identity_, 0, kMessageHeaderBytes);
+    builder_->Reserve(chunk_bytes_ + (chunk_bytes_ >> 2));
+  }
   const PartitionHash& bh = base_.partition_hashes[tensor][partition];
   const PartitionHash& th = target_.partition_hashes[tensor][partition];
   uint64_t changes = 0;

@@ -130,7 +130,10 @@ class Encoder {
   void AddRecord(const Unit& u, const layout::TensorSpec& t, const PartitionHash& base_hash,
                  const PartitionHash& mask, const codec::EncodedPartition& encoded, Output& out,
                  std::optional<codec::ChunkBuilder>& builder) {
-    if (!builder) builder.emplace(codec::DeltaIdentity{{}, {}, o_.partition_bytes}, 0);
+    if (!builder) {
+      builder.emplace(codec::DeltaIdentity{{}, {}, o_.partition_bytes}, 0);
+      builder->Reserve(o_.chunk_bytes + (o_.chunk_bytes >> 2));
+    }
     builder->Add(t.name, t.dtype, u.begin, u.share.length, base_hash, base_hash ^ mask, encoded);
     out.stats.records++;
     out.stats.changed_elements += encoded.change_count;
