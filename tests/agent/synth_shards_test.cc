@@ -105,6 +105,14 @@ TEST(SynthShards, MegatronTensorPipelineAndDataParallel) {
   EXPECT_TRUE(fs::equivalent(s / "rank-00000.safetensors", s / "rank-00002.safetensors"));
 }
 
+TEST(SynthShards, UnevenPipelineStages) {
+  TempDir dir;
+  auto report = Synthesize(Small(dir.path(), "pp=2"));  // 3 layers: stages of 1 and 2
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->layers, 3);
+  CheckStep(dir.path() / "step1", 2);
+}
+
 TEST(SynthShards, ExpertParallelMoe) {
   TempDir dir;
   auto report = Synthesize(Small(dir.path(), "ep=2,tp=2", 4));

@@ -167,6 +167,25 @@ TEST(PlacementIota, PaddedVocabularyIsClipped) {
   CheckIota(j);
 }
 
+TEST(PlacementIota, GatheredResidualHasOneHolder) {
+  Job j;
+  j.gathered = true;
+  j.tp = 2;
+  j.pp = 2;
+  j.dp = 2;
+  CheckIota(j);
+  // The holder's map marks it residual: it is never a projection of bits.
+  const auto canonical = testing::CanonicalTensors(j);
+  Expanded e = ExpandAll(j, canonical);
+  bool found = false;
+  for (const auto& m : e.maps) {
+    for (const auto& t : m.locals()) {
+      if (t.spec.name == "gathered.rope.scale" && t.role == Role::kGathered) found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(PlacementIota, TiedEmbeddingsHaveOneOwner) {
   Job j;
   j.tied = true;

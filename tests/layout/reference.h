@@ -22,8 +22,9 @@ struct Job {
   bool tied = false;                     // no lm_head: output_layer is a copy of the embedding
   uint64_t pad = 8;                      // vocab_pad_multiple
   uint64_t tp = 1, pp = 1, dp = 1, ep = 1;
-  bool fsdp2 = false;  // HF names, every tensor chunked on dim 0 over dp (no tp)
-  bool flat = false;   // HF names, flattened into one buffer owned in dp ranges
+  bool gathered = false;  // a many-to-one tensor the trainer gathers for rank tp=0 pp=0
+  bool fsdp2 = false;     // HF names, every tensor chunked on dim 0 over dp (no tp)
+  bool flat = false;      // HF names, flattened into one buffer owned in dp ranges
   uint64_t flat_align = 4;
 };
 
@@ -75,6 +76,7 @@ inline std::vector<Tensor> CanonicalTensors(const Job& j) {
   }
   add("model.norm.weight", {h});
   if (!j.tied) add("lm_head.weight", {j.vocab, h});
+  if (j.gathered) add("model.rope.scale", {j.head_dim, 3});
   std::sort(specs.begin(), specs.end(),
             [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
   std::vector<Tensor> out;
@@ -97,6 +99,9 @@ class Reference {
     std::vector<Tensor> out;
     if (j_.fsdp2 || j_.flat) return DataParallelShard(r);
     const uint64_t per_stage = j_.layers / j_.pp;
+    if (j_.gathered && r.tp == 0 && r.pp == 0) {
+      out.push_back(Copy("gathered.rope.scale", "model.rope.scale"));
+    }
     if (r.pp == 0)
       out.push_back(Vocab("embedding.word_embeddings.weight", "model.embed_tokens.weight", r));
     for (uint64_t ll = 0; ll < per_stage; ++ll) {
@@ -191,6 +196,7 @@ class Reference {
       rule("output_layer.weight", "column", {"lm_head.weight"}, "pad = \"vocab\"\n");
     }
     rule("decoder.final_layernorm.weight", "replicated", {"model.norm.weight"});
+    if (j_.gathered) rule("gathered.rope.scale", "gathered", {"model.rope.scale"});
     rule(ml + "self_attention.linear_qkv.weight", "qkv",
          {cl + "self_attn.q_proj.weight", cl + "self_attn.k_proj.weight",
           cl + "self_attn.v_proj.weight"});
