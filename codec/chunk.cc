@@ -115,9 +115,8 @@ ChunkBuilder::ChunkBuilder(const DeltaIdentity& identity, uint32_t sequence, siz
 void ChunkBuilder::PutRecordHeader(std::string_view tensor_name, DType dtype, Encoding encoding,
                                    EntropyCoder entropy, uint64_t element_offset,
                                    uint64_t element_count, uint64_t change_count,
-                                   const PartitionHash& base_hash,
-                                   const PartitionHash& target_hash, uint64_t raw_size,
-                                   uint64_t payload_size) {
+                                   const PartitionHash& base_hash, const PartitionHash& target_hash,
+                                   uint64_t raw_size, uint64_t payload_size) {
   ByteWriter w(buffer_);
   w.Put<uint16_t>(static_cast<uint16_t>(tensor_name.size()));
   w.PutString(tensor_name);

@@ -45,8 +45,7 @@ class Source {
   // Produces a delta's chunks (data chunks 0..n-1, then END, all naming the
   // manifests' versions) into the sink, and its statistics; a non-OK status from
   // the sink must stop it and be returned.
-  using DeltaStream =
-      std::function<Status(const ChunkMessageSink& sink, codec::DeltaStats* stats)>;
+  using DeltaStream = std::function<Status(const ChunkMessageSink& sink, codec::DeltaStats* stats)>;
 
   // Publishes a delta that someone else encodes (the root of many producers,
   // relay/root.h), as Publish does otherwise: children, spool, two-phase commit. A

@@ -185,6 +185,26 @@ void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
   }
 }
 
+TEST(ProducerMerge, SharesThatMissOrDoubleAPartitionAreRefusedByName) {
+  const std::vector<codec::TensorInfo> table = {{"w", DType::kBF16, {64}}};  // 128 B
+  ShareReport a{"rank-00000", {{0, 0, 40, 64}}, {}, {}};
+  ShareReport b{"rank-00001", {{0, 0, 20, 64}}, {}, {}};
+  const ShareReport* gap[] = {&a, &b};
+  Status s = CheckShares(table, 1 << 10, gap);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("tensor 'w' partition 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("a gap"), std::string::npos);
+  EXPECT_NE(s.message().find("rank-00001 (20)"), std::string::npos);
+  b.coverage[0].covered = 30;
+  const ShareReport* overlap[] = {&a, &b};
+  s = CheckShares(table, 1 << 10, overlap);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("an overlap"), std::string::npos) << s.message();
+  b.coverage[0].covered = 24;
+  const ShareReport* exact[] = {&a, &b};
+  EXPECT_TRUE(CheckShares(table, 1 << 10, exact).ok());
+}
+
 TEST(ProducerMerge, LlamaGqaTensorPipelineDataParallel) { RunJob("tp=2,pp=2,dp=2", 0, 5'000'000); }
 TEST(ProducerMerge, MoeWithExpertParallel) { RunJob("ep=2,tp=2", 4, 3'000'000); }
 TEST(ProducerMerge, Fsdp2) { RunJob("fsdp=3", 0, 3'000'000); }

@@ -223,11 +223,11 @@ TEST_F(RootTest, TensorTimesPipelineProducersPublishTwoSteps) {
   EXPECT_TRUE(first->publish.committed) << first->publish.abort_reason;
   EXPECT_TRUE(first->base_from_producers);
   auto step1 = Canonical(1);
-  EXPECT_EQ(first->publish.target_version,
-            codec::ComputeManifest(
-                step1->tensors(), [&](size_t i) { return step1->TensorData(i); }, kPartitionBytes,
-                1)
-                .VersionId());
+  EXPECT_EQ(
+      first->publish.target_version,
+      codec::ComputeManifest(
+          step1->tensors(), [&](size_t i) { return step1->TensorData(i); }, kPartitionBytes, 1)
+          .VersionId());
   ExpectReceiversAt(1);
   // The next refit starts from the committed target: no base hashing.
   auto second = Refit(1);
