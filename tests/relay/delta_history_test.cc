@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <random>
 
+#include "relay/protocol.h"
 #include "codec/chunk.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
-#include "relay/protocol.h"
 
 namespace deltacast::relay {
 namespace {

@@ -10,12 +10,12 @@
 #include <set>
 #include <thread>
 
-#include "apply/host_store.h"
-#include "codec/chunk.h"
-#include "codec/manifest.h"
 #include "relay/node_agent.h"
 #include "relay/protocol.h"
 #include "relay/publisher.h"
+#include "apply/host_store.h"
+#include "codec/chunk.h"
+#include "codec/manifest.h"
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
 #include "transport/factory.h"
