@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "agent/commands.h"
 #include "apply/checkpoint_state.h"
@@ -12,6 +14,7 @@
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
 #include "relay/publisher.h"
+#include "relay/source.h"
 #include "topology/plan_format.h"
 #include "topology/tree_plan.h"
 
@@ -94,36 +97,29 @@ int RunAgent(const AgentArgs& args) {
   return kExitOk;
 }
 
-relay::PublishOptions MakePublishOptions(const PublishArgs& args,
-                                         const topology::ClusterConfig& config,
-                                         const std::string& token,
-                                         const std::filesystem::path& new_version) {
+namespace {
+
+// The source's options from the command line; its state (decision log, spool, kept
+// deltas) under `state`.
+relay::PublishOptions SourceOptions(const topology::ClusterConfig& config, std::string token,
+                                    const codec::EncodeOptions& codec, size_t threads,
+                                    const std::filesystem::path& state, size_t keep_deltas) {
   relay::PublishOptions options;
   options.config = config;
-  options.token = token;
-  options.codec = args.codec;
-  options.encode_threads = args.threads;
-  std::filesystem::path target = std::filesystem::absolute(new_version).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();  // "step1/"
-  const std::filesystem::path state =
-      args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
+  options.token = std::move(token);
+  options.codec = codec;
+  options.encode_threads = threads;
   options.decision_log = state / "decisions.log";
   options.spool_dir = state / "spool";
   options.history_dir = state / "history";
-  options.keep_deltas = args.keep_deltas;
-  const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
-  if (tty) {
-    options.on_progress = [](const relay::PublishProgress& p) {
-      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
-                 double(p.bytes_sent) / (1 << 20));
-    };
-  }
+  options.keep_deltas = keep_deltas;
   return options;
 }
 
-int ReportPublish(const relay::PublishReport& r, bool json_out, const std::string& extra_json) {
+// `extra` (JSON only): more keys for the report (the producers' figures).
+void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra = json::object()) {
   const double full = double(r.delta.tensor_bytes);
-  if (json_out) {
+  if (as_json) {
     json nodes = json::array();
     for (const auto& n : r.nodes) {
       nodes.push_back({{"node", n.node_id},
@@ -141,48 +137,154 @@ int ReportPublish(const relay::PublishReport& r, bool json_out, const std::strin
              {"chunks", r.delta.chunks},
              {"seconds", r.seconds},
              {"first_chunk_seconds", r.first_chunk_seconds},
+             {"call_to_first_chunk_seconds", r.call_to_first_chunk_seconds},
              {"stream_seconds", r.stream_seconds},
              {"prepare_seconds", r.prepare_seconds},
              {"effective_gbps", full / r.seconds / 1e9},
              {"nodes_decided", r.nodes_decided},
              {"nodes", nodes}};
-    if (!extra_json.empty()) out.update(json::parse(extra_json));
+    out.update(extra);
     fmt::print("{}\n", out.dump(2));
-  } else {
-    fmt::print("refit {} {}: {} -> {}\n", r.refit_id, r.committed ? "COMMITTED" : "ABORTED",
-               r.base_version.ShortHex(), r.target_version.ShortHex());
-    if (!r.committed) fmt::print("  reason: {}\n", r.abort_reason);
-    fmt::print("  delta {:.2f} MiB for a {:.2f} MiB checkpoint ({:.2f}%), {} chunks\n",
-               double(r.delta.delta_bytes) / (1 << 20), full / (1 << 20),
-               100.0 * double(r.delta.delta_bytes) / std::max(full, 1.0), r.delta.chunks);
-    fmt::print(
-        "  first chunk out after {:.3f} s, stream {:.2f} s, all prepared {:.2f} s, done {:.2f} s "
-        "(effective {:.2f} GB/s of checkpoint)\n",
-        r.first_chunk_seconds, r.stream_seconds, r.prepare_seconds, r.seconds,
-        full / r.seconds / 1e9);
-    fmt::print("  {} nodes confirmed the decision\n", r.nodes_decided);
-    for (const auto& n : r.nodes) {
-      fmt::print("    {:<16} received {:>9.2f} MiB, {:>5} partitions, prepared after {:.2f} s\n",
-                 n.node_id, double(n.chunk_bytes) / (1 << 20), n.partitions_applied,
-                 n.apply_seconds);
-    }
+    std::fflush(stdout);
+    return;
   }
-  return r.committed ? kExitOk : kExitFailure;
+  fmt::print("refit {} {}: {} -> {}\n", r.refit_id, r.committed ? "COMMITTED" : "ABORTED",
+             r.base_version.ShortHex(), r.target_version.ShortHex());
+  if (!r.committed) fmt::print("  reason: {}\n", r.abort_reason);
+  fmt::print("  delta {:.2f} MiB for a {:.2f} MiB checkpoint ({:.2f}%), {} chunks\n",
+             double(r.delta.delta_bytes) / (1 << 20), full / (1 << 20),
+             100.0 * double(r.delta.delta_bytes) / std::max(full, 1.0), r.delta.chunks);
+  fmt::print(
+      "  first chunk out after {:.3f} s, stream {:.2f} s, all prepared {:.2f} s, done {:.2f} s "
+      "(effective {:.2f} GB/s of checkpoint)\n",
+      r.first_chunk_seconds, r.stream_seconds, r.prepare_seconds, r.seconds,
+      full / r.seconds / 1e9);
+  fmt::print("  {} nodes confirmed the decision\n", r.nodes_decided);
+  for (const auto& n : r.nodes) {
+    fmt::print("    {:<16} received {:>9.2f} MiB, {:>5} partitions, prepared after {:.2f} s\n",
+               n.node_id, double(n.chunk_bytes) / (1 << 20), n.partitions_applied, n.apply_seconds);
+  }
+  std::fflush(stdout);
 }
 
+// What the source needs from its config: the config, the token, its transports.
+struct SourceSetup {
+  topology::ClusterConfig config;
+  std::string token;
+  std::unique_ptr<transport::Transport> transport;
+};
+Result<SourceSetup> SetUpSource(const std::filesystem::path& config_path) {
+  SourceSetup s;
+  ASSIGN_OR_RETURN(s.config, topology::LoadClusterConfig(config_path));
+  ASSIGN_OR_RETURN(s.token, topology::ReadAuthToken(s.config));
+  ASSIGN_OR_RETURN(s.transport, relay::MakeNodeTransports(s.config, *s.config.Source()));
+  return s;
+}
+
+}  // namespace
+
 int RunPublish(const PublishArgs& args) {
-  auto config = topology::LoadClusterConfig(args.config);
-  if (!config.ok()) return Fail(config.status());
-  auto token = topology::ReadAuthToken(*config);
-  if (!token.ok()) return Fail(token.status());
-  auto transport = relay::MakeNodeTransports(*config, *config->Source());
-  if (!transport.ok()) return Fail(transport.status());
-  relay::PublishOptions options = MakePublishOptions(args, *config, *token, args.target);
-  const bool tty = options.on_progress != nullptr;
-  auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(*transport));
+  auto setup = SetUpSource(args.config);
+  if (!setup.ok()) return Fail(setup.status());
+  auto& [config, token, transport] = *setup;
+  std::filesystem::path target = std::filesystem::absolute(args.target).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "step1/"
+  const std::filesystem::path state =
+      args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
+  relay::PublishOptions options =
+      SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+  const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
+  if (tty) {
+    options.on_progress = [](const relay::PublishProgress& p) {
+      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
+                 double(p.bytes_sent) / (1 << 20));
+    };
+  }
+  auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(transport));
   if (tty) fmt::print(stderr, "\n");
   if (!report.ok()) return Fail(report.status());
-  return ReportPublish(*report, args.json, "");
+  PrintReport(*report, args.json);
+  return report->committed ? kExitOk : kExitFailure;
+}
+
+relay::PublishOptions MakePublishOptions(const PublishArgs& args,
+                                         const topology::ClusterConfig& config,
+                                         const std::string& token,
+                                         const std::filesystem::path& new_version) {
+  std::filesystem::path target = std::filesystem::absolute(new_version).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();
+  const std::filesystem::path state =
+      args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
+  relay::PublishOptions options =
+      SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+  if (args.progress && !args.json && ::isatty(STDERR_FILENO)) {
+    options.on_progress = [](const relay::PublishProgress& p) {
+      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
+                 double(p.bytes_sent) / (1 << 20));
+    };
+  }
+  return options;
+}
+
+int ReportPublish(const relay::PublishReport& report, bool as_json, const std::string& extra_json) {
+  PrintReport(report, as_json, extra_json.empty() ? json::object() : json::parse(extra_json));
+  return report.committed ? kExitOk : kExitFailure;
+}
+
+int RunServe(const ServeArgs& args) {
+  auto setup = SetUpSource(args.config);
+  if (!setup.ok()) return Fail(setup.status());
+  auto& [config, token, transport] = *setup;
+  auto source = relay::Source::Start(
+      SourceOptions(config, token, args.codec, args.threads, args.state_dir, args.keep_deltas),
+      std::move(transport));
+  if (!source.ok()) return Fail(source.status());
+  // The first line names the version the cluster holds; each later one is published
+  // from the version before it (the last one that committed).
+  std::optional<relay::CheckpointVersion> current;
+  bool all_committed = true;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    // "DIR" or "DIR fast|context": this version's codec mode.
+    codec::EncodeOptions codec = args.codec;
+    if (const auto space = line.rfind(' '); space != std::string::npos) {
+      const std::string mode = line.substr(space + 1);
+      if (mode == "fast" || mode == "context") {
+        codec.mode = mode == "fast" ? codec::CodecMode::kFast : codec::CodecMode::kContext;
+        line.resize(space);
+      }
+    }
+    auto next = relay::OpenCheckpointVersion(line, args.threads);
+    if (!next.ok()) {
+      fmt::print(stderr, "deltacast serve: {}: {}\n", line, next.status().ToString());
+      all_committed = false;
+      continue;
+    }
+    if (!current) {
+      log::Info(fmt::format("serve: the cluster is at {} ({})",
+                            next->manifest.VersionId().ShortHex(), line));
+      current = std::move(*next);
+      continue;
+    }
+    if (Status same = relay::SameFileLayout(*current, *next); !same.ok()) {
+      fmt::print(stderr, "deltacast serve: {}: {}\n", line, same.ToString());
+      all_committed = false;
+      continue;
+    }
+    auto report =
+        (*source)->Publish(*current->store, current->manifest, *next->store, next->manifest, codec);
+    if (!report.ok()) {
+      fmt::print(stderr, "deltacast serve: {}: {}\n", line, report.status().ToString());
+      all_committed = false;
+      continue;
+    }
+    PrintReport(*report, args.json);
+    all_committed = all_committed && report->committed;
+    if (report->committed) current = std::move(*next);
+  }
+  (*source)->Stop();
+  return all_committed ? kExitOk : kExitFailure;
 }
 
 }  // namespace deltacast::agent

@@ -42,14 +42,30 @@ struct PublishArgs {
 // Exit status 0 when the version committed everywhere, 1 otherwise.
 int RunPublish(const PublishArgs& args);
 
-// What RunPublish and the producers' publish share: the source's options (its state
-// beside `new_version` unless --state-dir), and printing the report (text, or JSON
-// with `extra_json`'s keys added), whose exit status it returns.
+// What RunPublish and the producers' publish (agent/produce_commands.h) share: the
+// source's options (its state beside `new_version` unless --state-dir), and printing
+// the report (text, or JSON with `extra_json`'s keys added), whose exit status it
+// returns.
 deltacast::relay::PublishOptions MakePublishOptions(const PublishArgs& args,
                                                     const topology::ClusterConfig& config,
                                                     const std::string& token,
                                                     const std::filesystem::path& new_version);
 int ReportPublish(const deltacast::relay::PublishReport& report, bool json,
                   const std::string& extra_json);
+
+struct ServeArgs {
+  std::filesystem::path config;
+  std::filesystem::path state_dir;  // the source's decision log, spool and kept deltas
+  size_t keep_deltas = 4;
+  codec::EncodeOptions codec;
+  size_t threads = 0;
+  bool json = false;
+};
+// A long-running source: its children join once and stay. Reads checkpoint
+// directories from stdin, one per line ("DIR" or "DIR fast|context"): the first is
+// the version the cluster holds, each later one is published from the last committed
+// one, and its report printed.
+// Exit status 0 at end of input when every publish committed, 1 otherwise.
+int RunServe(const ServeArgs& args);
 
 }  // namespace deltacast::agent

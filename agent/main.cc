@@ -253,6 +253,29 @@ int main(int argc, char** argv) {
     status = agent::RunProduce(produce);
   });
 
+  // serve
+  agent::ServeArgs serve;
+  std::string serve_mode = "fast";
+  auto* sv = app.add_subcommand(
+      "serve",
+      "A long-running source: children join once; reads checkpoint directories from stdin, "
+      "one per line (the first is what the cluster holds), publishing each as the next version");
+  sv->add_option("--config", serve.config, "Cluster config (TOML)")->required();
+  sv->add_option("--state-dir", serve.state_dir, "The source's decision log, spool and kept deltas")
+      ->required();
+  sv->add_option("--mode", serve_mode, "fast | context")
+      ->check(CLI::IsMember({"fast", "context"}))
+      ->capture_default_str();
+  sv->add_option("--threads", serve.threads, "Encode threads (0 = all cores)");
+  sv->add_option("--keep-deltas", serve.keep_deltas, "Committed deltas kept for catch-up")
+      ->capture_default_str();
+  sv->add_flag("--json", serve.json, "Reports as JSON (one object per publish)");
+  sv->callback([&] {
+    serve.codec.mode =
+        serve_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
+    status = agent::RunServe(serve);
+  });
+
   app.parse_complete_callback([&] {
     dc::log::SetLevel(verbose ? dc::log::Level::kDebug : dc::log::Level::kInfo);
     dc::log::SetJson(json_log);

@@ -27,6 +27,7 @@
 #
 # Prints one line per run on stderr and a JSON summary on stdout.
 # Usage: bench/soak.sh [RUNS] [SEED] [--params 20M] [--chunk 16KiB] [--hang 20]
+#   (VICTIMS="trainer n2" narrows who is killed; KEEP_FAILED=1 keeps failed runs' logs)
 #   (needs build/bin/deltacast, or the binary in $DELTACAST; ~5-10 s a run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -123,7 +124,7 @@ for ((r = 0; r < runs; r++)); do
   write_config "$policy"
   rm -rf "$work/run" && mkdir -p "$work/run"
   # Victims: relays twice as often as the source or a leaf.
-  pick=(trainer n1 n1 n2 n2 n3 n4 n5)
+  read -r -a pick <<<"${VICTIMS:-trainer n1 n1 n2 n2 n3 n4 n5}"
   victim=${pick[$((RANDOM % ${#pick[@]}))]}
   second=""
   ((RANDOM % 4 == 0)) && second=${pick[$((RANDOM % ${#pick[@]}))]}
@@ -168,8 +169,21 @@ for ((r = 0; r < runs; r++)); do
     verdict="hung: publish 1 took $(elapsed "$t0") s"
   fi
   while ! json_holds "$work/run/attempt$attempt.json" '.committed == true' >/dev/null 2>&1 && ((attempt < 5)); do
+    # After an ABORT every live node rolls back: let that finish before noting what
+    # each holds (a node still rolling back would seem to need less than the delta).
+    # After a source crash nodes keep the delta until the next publish resolves it.
+    if json_holds "$work/run/attempt$attempt.json" '.committed == false'; then
+      for _ in $(seq 1 100); do
+        busy=0
+        for n in "${nodes[@]}"; do
+          kill -0 "${pid[$n]}" 2>/dev/null && [[ -e $work/run/$n/.deltacast/inflight ]] && busy=1
+        done
+        ((busy)) || break
+        sleep 0.1
+      done
+    fi
     attempt=$((attempt + 1))
-    sleep 0.5  # let rollbacks settle, then note what each node holds
+    sleep 0.5  # then note what each node holds
     for n in "${nodes[@]}"; do needed[$n]=$(needed_by "$n"); done
     t0=$(date +%s.%N)
     publish 0 1 "attempt$attempt"
@@ -198,11 +212,13 @@ for ((r = 0; r < runs; r++)); do
   run_resent=0 run_extra=0 run_needed=0
   if [[ -n $committed ]]; then
     for n in "${nodes[@]}"; do
-      line=$(grep -h "refit $committed committed" "$work/run/$n.log" | tail -1)
-      [[ -n $line ]] || continue  # excused (policy available): it catches up below
-      received=$(sed -n 's/.*received \([0-9]*\) B.*/\1/p' <<<"$line")
-      resent=$(sed -n 's/.* resent \([0-9]*\) B.*/\1/p' <<<"$line")
-      run_resent=$((run_resent + ${resent:-0}))
+      # One line per life of the node that finished this refit (a relay that
+      # committed, died and re-gathered its confirmations logs it twice).
+      lines=$(grep -h "refit $committed committed" "$work/run/$n.log")
+      [[ -n $lines ]] || continue  # excused (policy available): it catches up below
+      received=$(sed -n 's/.*received \([0-9]*\) B.*/\1/p' <<<"$lines" | awk '{ s += $1 } END { print s + 0 }')
+      resent=$(sed -n 's/.* resent \([0-9]*\) B.*/\1/p' <<<"$lines" | awk '{ s += $1 } END { print s + 0 }')
+      run_resent=$((run_resent + resent))
       run_extra=$((run_extra + received - needed[$n]))
       run_needed=$((run_needed + needed[$n]))
     done

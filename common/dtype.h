@@ -1,8 +1,4 @@
-// Element types of checkpoint tensors, named as safetensors names them.
-//
-// deltacast never reinterprets element bits: the dtype only sets the element width
-// (so partitions and XOR words are element-aligned) and, in context mode, which bit
-// fields of a float act as context.
+// Helpers over the element types of deltacast/dtype.h: widths, names, wire values.
 #pragma once
 
 #include <cstddef>
@@ -10,25 +6,9 @@
 #include <optional>
 #include <string_view>
 
-namespace deltacast {
+#include "deltacast/dtype.h"
 
-enum class DType : uint8_t {
-  kBool = 1,
-  kU8 = 2,
-  kI8 = 3,
-  kF8E4M3 = 4,
-  kF8E5M2 = 5,
-  kI16 = 6,
-  kU16 = 7,
-  kF16 = 8,
-  kBF16 = 9,
-  kI32 = 10,
-  kU32 = 11,
-  kF32 = 12,
-  kI64 = 13,
-  kU64 = 14,
-  kF64 = 15,
-};
+namespace deltacast {
 
 // Bytes per element: 1, 2, 4 or 8.
 size_t ElementSize(DType dtype);

@@ -345,6 +345,10 @@ void Downstream::BeginRefit(uint64_t refit_id) {
     // part in this one; an absent one is excused again if it stays away.
     for (auto& [id, child] : children_) {
       if (child.connection) child.excused = false;
+      // What a link carried belongs to its refit: a new refit of the same delta
+      // sends again what the child may need in it (its END at least, which
+      // prepares it; data chunks it journaled it skips by itself).
+      child.chunks.carried.clear();
     }
   }
   refit_id_ = refit_id;

@@ -131,9 +131,10 @@ class Downstream {
     std::shared_ptr<Fanout> fanout;
   };
   // The chunks of one delta a child has: what its HELLO said it applied, and what
-  // its current link carries (queued or handed to the transport). Forgotten when
-  // the child is sent a decision for that delta (it commits or rolls back, so what
-  // it applied no longer counts) and replaced by its next HELLO.
+  // its current link carries in this refit (queued or handed to the transport).
+  // Forgotten when the child is sent a decision for that delta (it commits or rolls
+  // back, so what it applied no longer counts) and replaced by its next HELLO; what
+  // the link carried is forgotten when a new refit begins.
   struct ChunkBook {
     Digest128 target;
     std::set<uint32_t> applied;  // from its HELLO

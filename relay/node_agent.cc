@@ -43,6 +43,7 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
                          ("deltacast-spool-" + options_.node_id + "-" + std::to_string(::getpid()));
   }
   journal_ = store_.journal();
+  stats_.version = journal_.version;
   store_.Start();
   loop_.Start();
 }

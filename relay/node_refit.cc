@@ -121,7 +121,12 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
     return parent_.Drop(Status::Corrupt("damaged chunk"));
   }
   ++r.chunks;
-  if (header->kind == codec::ChunkKind::kEnd) r.end_received = true;
+  // Timeline marks (scripts/bench-regions reads them): the first chunk and the END.
+  if (r.chunks == 1) log::Info(fmt::format("{}: refit {}: first chunk", options_.node_id, r.id));
+  if (header->kind == codec::ChunkKind::kEnd) {
+    r.end_received = true;
+    log::Info(fmt::format("{}: refit {}: END received", options_.node_id, r.id));
+  }
   const uint64_t payload = message->size() - kMessageHeaderBytes;
   r.chunk_bytes += payload;
   const bool had_it = (header->identity.target_version == claimed_.target &&
@@ -248,6 +253,8 @@ void NodeAgent::Impl::MaybePrepared() {
   prepared.nodes.push_back(
       {options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied});
   parent_.Send(EncodePrepared(prepared));
+  log::Info(fmt::format("{}: refit {}: prepared with {} nodes below", options_.node_id, r.id,
+                        prepared.nodes.size() - 1));
   CrashPoint("agent.prepared");
   if (r.pending_decision) {
     const MessageType decision = *r.pending_decision;

@@ -21,8 +21,6 @@ ParentLink::ParentLink(EventLoop& loop, const topology::ClusterConfig& config,
       current_(*self.parent),
       address_(AddressOf(current_)) {}
 
-ParentLink::~ParentLink() { Close(); }
-
 std::string ParentLink::AddressOf(const std::string& id) const {
   const auto* node = config_.FindNode(id);
   return node->host + ":" + std::to_string(node->port);
@@ -36,6 +34,11 @@ void ParentLink::Close() {
   if (link_) link_->Close();
   link_.reset();
   joined_ = false;
+}
+
+ParentLink::~ParentLink() {
+  Close();
+  refusing_.clear();
 }
 
 // Which parent to dial next: the planned one, or (after it has been unreachable
@@ -135,6 +138,10 @@ void ParentLink::OnConnected(Result<std::unique_ptr<transport::Connection>> resu
 void ParentLink::Drop(const Status& why) {
   const bool had_link = link_ != nullptr;
   Close();
+  Lost(had_link, why);
+}
+
+void ParentLink::Lost(bool had_link, const Status& why) {
   if (!lost_at_) lost_at_ = Clock::now();
   next_connect_ = Clock::now() + backoff_;
   if (had_link && events_.lost) events_.lost(why);
@@ -147,8 +154,19 @@ void ParentLink::Send(std::vector<std::byte> bytes) {
 void ParentLink::ProtocolError(const std::string& what) {
   log::Error(fmt::format("{}: protocol error from parent {}: {}; closing the link", self_.id,
                          current_, what));
-  if (link_) link_->Send(transport::MakeMessage(EncodeRefuse({what})));
-  Drop(Status::Corrupt(what));
+  if (!link_) return;
+  // Closed once the REFUSE is out, so the other end learns why (closing at once
+  // would abort the queued send). Kept here until then; its other handlers are
+  // ignored (the serial moves on) and it is destroyed on this thread.
+  transport::Connection* refusing = link_.get();
+  refusing_.push_back(std::move(link_));
+  refusing->Send(transport::MakeMessage(EncodeRefuse({what})), [this, refusing](Status) {
+    loop_.Post([this, refusing] {
+      std::erase_if(refusing_, [&](const auto& c) { return c.get() == refusing; });
+    });
+  });
+  Close();
+  Lost(/*had_link=*/true, Status::Corrupt(what));
 }
 
 void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {

@@ -77,6 +77,8 @@ class ParentLink {
   void OnConnected(Result<std::unique_ptr<transport::Connection>> result,
                    const std::string& backend);
   void OnMessage(uint64_t serial, const transport::Message& message);
+  // After the link closed: when to dial again, and the owner's lost event.
+  void Lost(bool had_link, const Status& why);
   const std::vector<std::string>& HopTransports() const;
   std::string AddressOf(const std::string& id) const;
 
@@ -88,6 +90,7 @@ class ParentLink {
   Events events_;
 
   std::unique_ptr<transport::Connection> link_;
+  std::vector<std::unique_ptr<transport::Connection>> refusing_;  // closed once REFUSE is out
   std::string current_;                       // the planned parent, or its failover parent
   std::string address_;                       // of current_
   std::string backend_;                       // the backend the link runs over

@@ -24,25 +24,35 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
   return report;
 }
 
+Result<CheckpointVersion> OpenCheckpointVersion(const std::filesystem::path& dir,
+                                                size_t threads) {
+  using Access = apply::CheckpointDirStore::Access;
+  CheckpointVersion v;
+  ASSIGN_OR_RETURN(v.store, apply::CheckpointDirStore::Open(dir, Access::kReadOnly));
+  ASSIGN_OR_RETURN(v.manifest,
+                   apply::CheckpointState(dir).LoadOrComputeManifest(
+                       *v.store, codec::kDefaultPartitionBytes,
+                       threads ? threads : DefaultThreadCount()));
+  return v;
+}
+
+Status SameFileLayout(const CheckpointVersion& base, const CheckpointVersion& target) {
+  if (base.store->LayoutId() == target.store->LayoutId()) return Status::Ok();
+  return Status::Unsupported(
+      "the checkpoints differ in file layout; a delta carries tensor bytes only");
+}
+
 Result<PublishReport> PublishCheckpoints(const PublishOptions& options,
                                          const std::filesystem::path& base_dir,
                                          const std::filesystem::path& new_dir,
                                          std::unique_ptr<transport::Transport> transport) {
-  using Access = apply::CheckpointDirStore::Access;
-  auto base = apply::CheckpointDirStore::Open(base_dir, Access::kReadOnly);
+  auto base = OpenCheckpointVersion(base_dir, options.encode_threads);
   if (!base.ok()) return base.status().WithContext("base checkpoint");
-  auto target = apply::CheckpointDirStore::Open(new_dir, Access::kReadOnly);
+  auto target = OpenCheckpointVersion(new_dir, options.encode_threads);
   if (!target.ok()) return target.status().WithContext("new checkpoint");
-  if ((*base)->LayoutId() != (*target)->LayoutId()) {
-    return Status::Unsupported(
-        "the checkpoints differ in file layout; a delta carries tensor bytes only");
-  }
-  const size_t threads = options.encode_threads ? options.encode_threads : DefaultThreadCount();
-  ASSIGN_OR_RETURN(auto base_manifest, apply::CheckpointState(base_dir).LoadOrComputeManifest(
-                                           **base, codec::kDefaultPartitionBytes, threads));
-  ASSIGN_OR_RETURN(auto target_manifest, apply::CheckpointState(new_dir).LoadOrComputeManifest(
-                                             **target, codec::kDefaultPartitionBytes, threads));
-  return Publish(options, **base, base_manifest, **target, target_manifest, std::move(transport));
+  RETURN_IF_ERROR(SameFileLayout(*base, *target));
+  return Publish(options, *base->store, base->manifest, *target->store, target->manifest,
+                 std::move(transport));
 }
 
 }  // namespace deltacast::relay

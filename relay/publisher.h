@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "apply/checkpoint_dir.h"
 #include "apply/weight_store.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
@@ -76,8 +77,18 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
                               const codec::Manifest& target_manifest,
                               std::unique_ptr<transport::Transport> transport);
 
-// The same for two checkpoint directories with identical layouts (manifests come
-// from their .deltacast/ caches).
+// A checkpoint directory opened read-only, with its manifest (from its .deltacast/
+// cache when the files are unchanged, else hashed on `threads` threads, 0 = all).
+struct CheckpointVersion {
+  std::unique_ptr<apply::CheckpointDirStore> store;
+  codec::Manifest manifest;
+};
+Result<CheckpointVersion> OpenCheckpointVersion(const std::filesystem::path& dir, size_t threads);
+// kUnsupported unless both hold the same files laid out the same way (a delta
+// carries tensor bytes, not file headers).
+Status SameFileLayout(const CheckpointVersion& base, const CheckpointVersion& target);
+
+// Publish for two checkpoint directories with identical layouts.
 Result<PublishReport> PublishCheckpoints(const PublishOptions& options,
                                          const std::filesystem::path& base_dir,
                                          const std::filesystem::path& new_dir,

@@ -114,6 +114,7 @@ class Source::Impl {
   struct Refit {
     Begin begin;
     std::unique_ptr<Spool> spool;
+    bool begun = false;  // its BEGIN is on its way to the children
     std::optional<MessageType> decision;
     std::optional<ChainLink> committed_link;  // set once the decision is COMMIT
     bool failed = false;
@@ -196,6 +197,10 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     }
   }
   const auto start = Clock::now();
+  {
+    std::lock_guard lock(mu_);
+    refit_->begun = true;
+  }
   loop_.Post([this, begin] {
     downstream_.BeginRefit(begin.refit_id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)));
@@ -406,7 +411,7 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
     const bool other_delta = !hello.inflight_target.IsZero() &&
                              (!refit_ || hello.inflight_target != refit_->begin.target_version);
     if (other_delta) resolution = Resolution(child, hello.inflight_target);
-    if (refit_) backlog = Backlog(child, hello);
+    if (refit_ && refit_->begun) backlog = Backlog(child, hello);
     cv_.notify_all();
   }
   // Outside mu_: Downstream may complete queued chunks here, and their callbacks
@@ -605,8 +610,16 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
                                       const codec::Manifest& base_manifest,
                                       const apply::WeightStore& target,
                                       const codec::Manifest& target_manifest) {
+  return Publish(base, base_manifest, target, target_manifest, impl_->options().codec);
+}
+
+Result<PublishReport> Source::Publish(const apply::WeightStore& base,
+                                      const codec::Manifest& base_manifest,
+                                      const apply::WeightStore& target,
+                                      const codec::Manifest& target_manifest,
+                                      const codec::EncodeOptions& codec) {
   codec::DeltaEncoderOptions encoder;
-  encoder.codec = impl_->options().codec;
+  encoder.codec = codec;
   encoder.chunk_bytes = impl_->options().config.tree.chunk_size;
   encoder.threads = impl_->options().encode_threads;
   return impl_->PublishStream(

@@ -39,6 +39,12 @@ class Source {
                                 const codec::Manifest& base_manifest,
                                 const apply::WeightStore& target,
                                 const codec::Manifest& target_manifest);
+  // The same with this refit's codec options instead of the Source's.
+  Result<PublishReport> Publish(const apply::WeightStore& base,
+                                const codec::Manifest& base_manifest,
+                                const apply::WeightStore& target,
+                                const codec::Manifest& target_manifest,
+                                const codec::EncodeOptions& codec);
 
   // Receives each CHUNK message of a delta, header included, in sequence order.
   using ChunkMessageSink = std::function<Status(transport::Message chunk_message)>;

@@ -16,21 +16,12 @@ export DELTACAST_TOKEN=regather-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 2 --change-rate 3% --threads 2 >/dev/null
 mkdir -p "$work/run"
 for n in a1 a2 a3; do cp -r "$work/steps/step0" "$work/run/$n"; done
-agent() {  # node [env assignment]
-  env ${2:-} "$dc" agent --config "$work/cluster.toml" --node "$1" --store "$work/run/$1" --threads 1 \
-    >>"$work/run/$1.log" 2>&1 &
-  pids+=($!)
-}
-publish() {  # step-from step-to output
-  "$dc" publish --config "$work/cluster.toml" --base "$work/steps/step$1" --new "$work/steps/step$2" --json \
-    --no-progress --state-dir "$work/run/source" >"$work/run/$3.json" 2>>"$work/run/publish.log"
-}
-agent a1
-agent a2 DELTACAST_CRASH_AT=agent.committed
+run_agent a1
+run_agent a2 DELTACAST_CRASH_AT=agent.committed
 victim=${pids[-1]}
-agent a3
+run_agent a3
 start=$(date +%s.%N)
-publish 0 1 first &
+publish_step 0 1 first &
 publisher=$!
 pids+=($publisher)
 for _ in $(seq 1 200); do kill -0 "$victim" 2>/dev/null || break; sleep 0.05; done
@@ -38,10 +29,10 @@ crashed=yes
 kill -0 "$victim" 2>/dev/null && crashed=no
 for _ in $(seq 1 200); do grep -q "failing over to a1" "$work/run/a3.log" && break; sleep 0.05; done
 sleep 0.5  # a3 joins a1 and confirms there
-agent a2
+run_agent a2
 wait "$publisher"
 first_seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
-publish 1 2 second
+publish_step 1 2 second
 failures=()
 check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
 check "a2 was not killed after it committed" test "$crashed" = yes

@@ -5,6 +5,10 @@
 # write_chain_config NAME PORT_BASE FANOUT CHUNK WINDOW COMMIT_TIMEOUT [POLICY
 #   [CONNECT_TIMEOUT]]: a source "trainer" and agents a1..a3 on loopback, written to
 #   $work/cluster.toml.
+# run_agent NODE [ENV=VALUE]: starts agent NODE of $work/cluster.toml in the
+#   background on $work/run/NODE (log $work/run/NODE.log), added to $pids.
+# publish_step FROM TO NAME: publishes $work/steps/stepFROM -> stepTO with the state
+#   in $work/run/source; the report in $work/run/NAME.json.
 
 # json_holds FILE FILTER: whether FILE holds JSON for which FILTER is true. Unlike a
 #   bare `jq -e` (jq 1.6 exits 0 on empty input), a missing or empty FILE fails.
@@ -22,10 +26,11 @@ start_work() {
 }
 
 cleanup() {
+  exec 3>&2 2>/dev/null  # no "Killed" notes from the shell for the processes below
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   pkill -9 -P $$ 2>/dev/null || true  # and any other process this script started
   wait 2>/dev/null || true
-  if [[ -n ${KEEP:-} ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+  if [[ -n ${KEEP:-} ]]; then echo "kept $work" >&3; else rm -rf "$work"; fi
 }
 
 write_chain_config() {
@@ -40,4 +45,15 @@ write_chain_config() {
     printf '[[node]]\nid = "trainer"\nhost = "127.0.0.1"\nport = %d\nrole = "source"\n' "$base"
     for i in 1 2 3; do printf '[[node]]\nid = "a%d"\nhost = "127.0.0.1"\nport = %d\n' "$i" $((base + i)); done
   } >"$work/cluster.toml"
+}
+
+run_agent() {
+  env ${2:-} "$dc" agent --config "$work/cluster.toml" --node "$1" --store "$work/run/$1" --threads 1 \
+    >>"$work/run/$1.log" 2>&1 &
+  pids+=($!)
+}
+
+publish_step() {
+  "$dc" publish --config "$work/cluster.toml" --base "$work/steps/step$1" --new "$work/steps/step$2" --json \
+    --no-progress --state-dir "$work/run/source" >"$work/run/$3.json" 2>>"$work/run/publish.log"
 }

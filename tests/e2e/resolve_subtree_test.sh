@@ -19,29 +19,20 @@ export DELTACAST_TOKEN=resolve-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 2 --change-rate 5% --threads 2 >/dev/null
 mkdir -p "$work/run"
 for n in a1 a2 a3; do cp -r "$work/steps/step0" "$work/run/$n"; done
-agent() {  # node [env assignment]
-  env ${2:-} "$dc" agent --config "$work/cluster.toml" --node "$1" --store "$work/run/$1" --threads 1 \
-    >>"$work/run/$1.log" 2>&1 &
-  pids+=($!)
-}
-publish() {  # step-from step-to output
-  "$dc" publish --config "$work/cluster.toml" --base "$work/steps/step$1" --new "$work/steps/step$2" --json \
-    --no-progress --state-dir "$work/run/source" >"$work/run/$3.json" 2>>"$work/run/publish.log"
-}
-agent a1 DELTACAST_CRASH_AT=agent.applied:3
+run_agent a1 DELTACAST_CRASH_AT=agent.applied:3
 victim=${pids[-1]}
-agent a2
-agent a3
+run_agent a2
+run_agent a3
 # Every agent up before the trainer listens, so each joins within its retry interval.
 for n in a1 a2 a3; do
   for _ in $(seq 1 100); do grep -q "listening on" "$work/run/$n.log" 2>/dev/null && break; sleep 0.05; done
 done
-publish 0 1 first
+publish_step 0 1 first
 crashed=yes
 kill -0 "$victim" 2>/dev/null && crashed=no
-agent a1
+run_agent a1
 sleep 1
-publish 1 2 second
+publish_step 1 2 second
 failures=()
 check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
 check "a1 was not killed at its 3rd journaled chunk" test "$crashed" = yes

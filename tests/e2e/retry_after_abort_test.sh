@@ -18,10 +18,6 @@ write_chain_config retry $((27400 + (RANDOM % 150) * 8)) 1 16KiB 4 30s all 2s
 export DELTACAST_TOKEN=retry-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 1 --change-rate 5% --threads 2 >/dev/null
 
-publish() {  # output name
-  "$dc" publish --config "$work/cluster.toml" --base "$work/steps/step0" --new "$work/steps/step1" --json \
-    --no-progress --state-dir "$work/run/source" >"$work/run/$1.json" 2>>"$work/run/publish.log"
-}
 wait_settled() {  # node: until nothing is in flight (rolled back) or 10 s
   for _ in $(seq 1 100); do [[ -e $work/run/$1/.deltacast/inflight ]] || return 0; sleep 0.1; done
 }
@@ -43,7 +39,7 @@ for victim in "${victims[@]}"; do
   pids=("${pid[@]}")
   failures=()
   check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
-  publish first  # the victim dies and stays away: aborts after the connect timeout
+  publish_step 0 1 first  # the victim dies and stays away: aborts after the connect timeout
   check "the victim was not killed at its 10th journaled chunk" bash -c "! kill -0 ${pid[$victim]} 2>/dev/null"
   check "the first refit did not abort" json_holds "$work/run/first.json" '.committed == false'
   "$dc" agent --config "$work/cluster.toml" --node "$victim" --store "$work/run/$victim" --threads 1 \
@@ -52,7 +48,7 @@ for victim in "${victims[@]}"; do
   pids=("${pid[@]}")
   wait_settled "$victim"
   check "$victim did not roll back after it returned" "$dc" verify "$work/run/$victim" "$work/steps/step0"
-  publish second
+  publish_step 0 1 second
   check "the retry did not commit ($(jq -r .abort_reason "$work/run/second.json" 2>/dev/null))" \
     json_holds "$work/run/second.json" '.committed == true and .nodes_decided == 3'
   target=$(jq -r .target_version "$work/run/second.json" 2>/dev/null)

@@ -41,8 +41,10 @@ check() {  # step name -> verdict on stdout
 passed=0
 failed=0
 # scenario: crash point, then which delta the trainer publishes next and where it must end
+# (source.before_decision then the same delta: every node prepared it, and the relay
+# a1 had already passed its END down; the new refit must pass END down again.)
 scenarios=("source.chunk_sent:3 step0 step1 step1" "source.before_decision step0 step1 step2"
-  "source.decided step0 step1 step2")
+  "source.decided step0 step1 step2" "source.before_decision step0 step1 step1")
 [[ -z ${ONLY:-} ]] || scenarios=("${scenarios[$ONLY]}")
 for scenario in "${scenarios[@]}"; do
   read -r point from to final <<<"$scenario"

@@ -1,0 +1,25 @@
+// What the public API's implementation shares: the config's internals and the
+// conversions between public and internal types. Not installed.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "apply/host_store.h"
+#include "deltacast/config.h"
+#include "deltacast/tensor.h"
+#include "topology/cluster_config.h"
+
+namespace deltacast {
+
+struct Config::Impl {
+  topology::ClusterConfig cluster;
+};
+
+namespace api {
+
+// A store over the caller's tensors (borrowed, written in place).
+Result<std::unique_ptr<apply::WeightStore>> BorrowTensors(const std::vector<TensorView>& tensors);
+
+}  // namespace api
+}  // namespace deltacast

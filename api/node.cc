@@ -1,0 +1,86 @@
+#include "deltacast/node.h"
+
+#include "api/internal.h"
+#include "apply/checkpoint_state.h"
+#include "relay/node_agent.h"
+#include "relay/node_transports.h"
+
+namespace deltacast {
+namespace {
+
+Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeOptions options,
+                                                     std::unique_ptr<apply::Replica> replica) {
+  const topology::ClusterConfig& cluster = config.impl().cluster;
+  const topology::NodeConfig* node = cluster.FindNode(options.node_id);
+  if (!node) {
+    return Status::InvalidArgument("node '" + options.node_id + "' is not in " +
+                                   cluster.source_file.string());
+  }
+  auto transport = relay::MakeNodeTransports(cluster, *node);
+  if (!transport.ok()) return transport.status();
+  relay::NodeAgentOptions agent;
+  agent.config = cluster;
+  agent.node_id = options.node_id;
+  agent.token = options.token;
+  agent.apply_threads = options.apply_threads;
+  agent.spool_dir = options.spool_dir;
+  if (options.on_commit) {
+    agent.on_commit = [on_commit = std::move(options.on_commit)](const relay::CommitEvent& e) {
+      on_commit({e.refit_id, e.version.ToHex(), e.changed_tensors});
+    };
+  }
+  return relay::NodeAgent::Start(std::move(agent), std::move(replica), std::move(*transport));
+}
+
+}  // namespace
+
+struct Node::Impl {
+  std::unique_ptr<relay::NodeAgent> agent;
+};
+
+Result<std::unique_ptr<Node>> Node::Start(const Config& config, NodeOptions options,
+                                          std::vector<TensorView> weights) {
+  auto store = api::BorrowTensors(weights);
+  if (!store.ok()) return store.status().WithContext("weights");
+  auto replica = apply::Replica::ForStore(std::move(*store), codec::kDefaultPartitionBytes,
+                                          options.apply_threads);
+  if (!replica.ok()) return replica.status();
+  auto agent = StartAgent(config, std::move(options), std::move(*replica));
+  if (!agent.ok()) return agent.status();
+  return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
+}
+
+Result<std::unique_ptr<Node>> Node::StartOnCheckpoint(const Config& config, NodeOptions options,
+                                                      const std::filesystem::path& dir) {
+  auto replica =
+      apply::Replica::OpenCheckpointDir(dir, codec::kDefaultPartitionBytes, options.apply_threads);
+  if (!replica.ok()) return replica.status().WithContext("checkpoint " + dir.string());
+  if (options.spool_dir.empty()) options.spool_dir = dir / apply::kStateDirName / "spool";
+  auto agent = StartAgent(config, std::move(options), std::move(*replica));
+  if (!agent.ok()) return agent.status();
+  return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
+}
+
+Node::Node(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Node::~Node() { Stop(); }
+void Node::Stop() {
+  if (impl_) impl_->agent->Stop();
+}
+std::string Node::listen_address() const { return impl_->agent->listen_address(); }
+
+NodeStats Node::stats() const {
+  const relay::NodeAgentStats s = impl_->agent->stats();
+  NodeStats out;
+  out.refits_committed = s.refits_committed;
+  out.refits_aborted = s.refits_aborted;
+  out.chunk_bytes_received = s.chunk_bytes_received;
+  out.chunk_bytes_resent = s.chunk_bytes_resent;
+  out.parent_joins = s.parent_joins;
+  out.partitions_repaired = s.partitions_repaired;
+  out.partitions_caught_up = s.partitions_caught_up;
+  out.deltas_caught_up = s.deltas_caught_up;
+  out.version = s.version.ToHex();
+  return out;
+}
+
+}  // namespace deltacast

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""The report of scripts/bench-regions: reads its work folder (publish reports, tc and
+CPU snapshots, agents' logs, bytes per parameter of synthetic steps), writes
+bench/results/regions.json with `measured` (this run) and `projection` (the paper's
+table, every cell computed from measured ratios and labelled as projection), and two
+PNG plots (gnuplot, else matplotlib). Standard library only, plus the plotter."""
+import argparse
+import datetime
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+# The paper (NeMo-DCR): 1T parameters at 3 % change through a relay tree in 150 s,
+# against 87.5 min for the full BF16 checkpoint; 12-40 x over 30B-1T at 3 % and 5 %.
+PAPER_1T_FULL_SECONDS = 87.5 * 60
+PAPER_1T_DELTA_SECONDS = 150.0
+PAPER_SPEEDUP_RANGE = (12, 40)
+# The WAN rate that 87.5 min implies for 2 TB (1T BF16 parameters), as one stream.
+PAPER_WAN_BPS = 2e12 * 8 / PAPER_1T_FULL_SECONDS
+MODELS = [("30B", 30e9), ("70B", 70e9), ("235B", 235e9), ("671B", 671e9), ("1T", 1e12)]
+
+LOG_LINE = re.compile(r"^(\S+) \w+ (\S+): refit (\d+)[: ](.*)$")
+
+
+def stamp(text):
+    return datetime.datetime.fromisoformat(text).timestamp()
+
+
+def read_float(path):
+    with open(path) as f:
+        return float(f.read().strip())
+
+
+def snapshot(path):
+    wan, cpu = {}, {}
+    for line in open(path):
+        parts = line.split()
+        if parts[0] == "wan" and len(parts) == 4 and parts[3]:
+            wan[(int(parts[1]), parts[2])] = int(parts[3])
+        elif parts[0] == "cpu" and len(parts) == 3:
+            cpu[parts[1]] = float(parts[2])
+    return wan, cpu
+
+
+def refit_id(work, name):
+    path = os.path.join(work, name + ".refit")  # written as printed: a u64 jq would round
+    return open(path).read().strip() or None if os.path.exists(path) else None
+
+
+def timeline(work, refit, start):
+    """Per node: seconds after the publish call of its first chunk, END, PREPARED and
+    commit, from the agents' logs."""
+    marks = {}
+    for path in glob.glob(os.path.join(work, "logs", "*.log")):
+        for line in open(path, errors="replace"):
+            m = LOG_LINE.match(line.strip())
+            if not m or m.group(3) != refit:
+                continue
+            t, node, rest = stamp(m.group(1)) - start, m.group(2), m.group(4).strip()
+            entry = marks.setdefault(node, {})
+            if rest.startswith("first chunk"):
+                entry.setdefault("first_chunk", t)
+            elif rest.startswith("END received"):
+                entry.setdefault("last_chunk", t)
+            elif rest.startswith("prepared"):
+                entry.setdefault("prepared", t)
+            elif rest.startswith("committed"):
+                entry["committed"] = t
+    return marks
+
+
+def measure_publish(work, name, wan_links, nodes_by_region, slowest_wan_bps):
+    report = json.load(open(os.path.join(work, name + ".json")))
+    start = read_float(os.path.join(work, name + ".start"))
+    end = read_float(os.path.join(work, name + ".end"))
+    before_wan, before_cpu = snapshot(os.path.join(work, name + ".before"))
+    after_wan, after_cpu = snapshot(os.path.join(work, name + ".after"))
+    rid = refit_id(work, name)
+    marks = timeline(work, rid, start) if rid else {}
+    wan_bytes = {}
+    for k, region in wan_links.items():
+        into = after_wan.get((k, "into"), 0) - before_wan.get((k, "into"), 0)
+        out = after_wan.get((k, "out"), 0) - before_wan.get((k, "out"), 0)
+        wan_bytes[region] = {"into_region": into, "out_of_region": out}
+    regions = {}
+    for region, nodes in nodes_by_region.items():
+        times = [marks[n] for n in nodes if n in marks]
+        def latest(key):
+            vals = [t[key] for t in times if key in t]
+            return max(vals) if vals else None
+        def earliest(key):
+            vals = [t[key] for t in times if key in t]
+            return min(vals) if vals else None
+        regions[region] = {"first_chunk": earliest("first_chunk"), "last_chunk": latest("last_chunk"),
+                           "prepared": latest("prepared"), "committed": latest("committed")}
+    delta = report.get("delta_bytes", 0)
+    wall = end - start
+    exact_path = os.path.join(work, name + ".exact")
+    out = {
+        "committed": report.get("committed"),
+        "abort_reason": report.get("abort_reason", ""),
+        "nodes_decided": report.get("nodes_decided"),
+        "delta_bytes": delta,
+        "checkpoint_bytes": report.get("checkpoint_bytes"),
+        "refit_seconds": wall,
+        "source_seconds": report.get("seconds"),
+        "first_chunk_seconds": report.get("call_to_first_chunk_seconds"),
+        "pipeline_efficiency": wall / (delta * 8 / slowest_wan_bps) if delta else None,
+        "wan_bytes": wan_bytes,
+        "region_times": regions,
+        "cpu_seconds": {n: round(after_cpu.get(n, 0) - before_cpu.get(n, 0), 3) for n in after_cpu},
+    }
+    if os.path.exists(exact_path):
+        out["bit_exact"] = read_float(exact_path) == 1
+    return out
+
+
+def plot(results_dir, measured, projection, run_params):
+    gnuplot = shutil.which("gnuplot")
+    size_png = os.path.join(results_dir, "regions_refit_vs_size.png")
+    timeline_png = os.path.join(results_dir, "regions_timeline.png")
+    data = os.path.join(results_dir, ".regions_plot.dat")
+    with open(data, "w") as f:
+        f.write("# params full_s fast3 context3 fast5 context5 (projection, paper WAN rate)\n")
+        for row in projection["rows_paper_rate"]:
+            f.write(f"{row['params']} {row['full_seconds']} {row['fast_3_seconds']} "
+                    f"{row['context_3_seconds']} {row['fast_5_seconds']} {row['context_5_seconds']}\n")
+        f.write("\n\n")
+        m = measured["runs"]
+        f.write(f"{run_params} {m['full']['refit_seconds']} {m['fast']['refit_seconds']} "
+                f"{m['context']['refit_seconds']}\n")
+        f.write("\n\n")
+        regions = list(m["fast"]["region_times"].items())
+        region_block = "".join(
+            f"{i} \"{region}\" {t['first_chunk'] or 0} {t['last_chunk'] or 0} "
+            f"{t['prepared'] or 0} {t['committed'] or 0}\n" for i, (region, t) in enumerate(regions))
+        f.write(region_block + "\n\n")
+        for row in projection["rows_run_rate"]:
+            f.write(f"{row['params']} {row['full_deltacast_literal_seconds']} "
+                    f"{row['fast_3_seconds']} {row['context_3_seconds']}\n")
+    if gnuplot:
+        script = f"""
+set terminal pngcairo size 900,560 noenhanced
+set output '{size_png}'
+set logscale xy
+set xlabel 'parameters'
+set ylabel 'refit time (s)'
+set key top left font ',9'
+set title 'Refit time against model size (lines: projections; points: measured here)'
+plot '{data}' index 0 using 1:2 with linespoints title 'full checkpoint (projection)', \\
+     '' index 0 using 1:3 with linespoints title 'delta 3% fast (projection)', \\
+     '' index 0 using 1:4 with linespoints title 'delta 3% context (projection)', \\
+     '' index 0 using 1:5 with linespoints title 'delta 5% fast (projection)', \\
+     '' index 1 using 1:2 with points pt 7 ps 2 title 'full, measured here', \\
+     '' index 1 using 1:3 with points pt 9 ps 2 title 'delta fast, measured here', \\
+     '' index 1 using 1:4 with points pt 5 ps 2 title 'delta context, measured here', \\
+     '' index 3 using 1:2 with lines dt 2 title 'full (literal records), this run WAN (projection)', \\
+     '' index 3 using 1:3 with lines dt 2 title 'delta 3% fast, this run WAN (projection)'
+set output '{timeline_png}'
+unset logscale
+set xlabel 'seconds after the publish call'
+set ylabel ''
+set ytics ({', '.join(f'"{r}" {i}' for i, (r, _) in enumerate(regions))})
+set yrange [-1:{len(regions)}]
+set title 'One delta refit (fast mode) by region: first chunk, last chunk, prepared, committed'
+plot '{data}' index 2 using 3:1 with points pt 7 ps 2 title 'first chunk', \\
+     '' index 2 using 4:1 with points pt 5 ps 2 title 'last chunk', \\
+     '' index 2 using 5:1 with points pt 9 ps 2 title 'prepared', \\
+     '' index 2 using 6:1 with points pt 13 ps 2 title 'committed'
+"""
+        subprocess.run([gnuplot], input=script, text=True, check=True)
+        os.remove(data)
+        return [size_png, timeline_png]
+    print("regions_report: no gnuplot; plots skipped", file=sys.stderr)
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for flag in ("--work", "--out", "--params", "--rate", "--wan-mbit", "--wan-ms", "--intra-mbit",
+                 "--per-region", "--gateway"):
+        ap.add_argument(flag, required=True)
+    a = ap.parse_args()
+    wan_mbit = [float(x) for x in a.wan_mbit.split(",")]
+    wan_ms = [float(x) for x in a.wan_ms.split(",")]
+    regions = ["train", "euw", "aps", "usw"]
+    plan = json.load(open(os.path.join(a.work, "plan.json")))
+    nodes_by_region = {}
+    for n in plan["nodes"]:
+        if n["role"] != "source":
+            nodes_by_region.setdefault(n["region"], []).append(n["id"])
+    slowest_bps = min(wan_mbit) * 1e6
+    runs = {name: measure_publish(a.work, name, dict(enumerate(regions)), nodes_by_region,
+                                  slowest_bps)
+            for name in ("full", "fast", "context", "fault", "after_fault")}
+    killed = read_float(os.path.join(a.work, "fault.killed")) if os.path.exists(
+        os.path.join(a.work, "fault.killed")) else None
+    fault_start = read_float(os.path.join(a.work, "fault.start"))
+    caught = None
+    for line in open(os.path.join(a.work, "logs", a.gateway + ".log"), errors="replace"):
+        m = re.match(r"^(\S+) \w+ \S+: caught up to .* in ([0-9.]+) s", line)
+        if m:
+            caught = float(m.group(2))
+    params = float(a.params.rstrip("MBG")) * {"M": 1e6, "B": 1e9, "G": 1e9}.get(a.params[-1], 1)
+    bpp = {}
+    for line in open(os.path.join(a.work, "bytes_per_param.txt")):
+        r, mode, size = line.split()
+        bpp[(int(r), mode)] = int(size) / 50e6
+    eff = runs["fast"]["pipeline_efficiency"]
+    eff_context = runs["context"]["pipeline_efficiency"]
+    eff_full = runs["full"]["pipeline_efficiency"]
+    # Refit time against wire time at the slowest WAN, over this run's three clean
+    # publishes: T = fixed + stream * wire. `fixed` is what latency costs (round
+    # trips of the handshake, PREPARED and COMMIT across the WAN, process work);
+    # `stream` how close to the wire the pipeline streams (1.0: at the wire's rate).
+    points = [(runs[n]["delta_bytes"] * 8 / slowest_bps, runs[n]["refit_seconds"])
+              for n in ("full", "fast", "context")]
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    stream = (sum((x - mx) * (y - my) for x, y in points) /
+              max(sum((x - mx) ** 2 for x, _ in points), 1e-12))
+    fixed = max(my - stream * mx, 0.0)
+    full_bpp = runs["full"]["delta_bytes"] / params  # literal records of this checkpoint
+
+    def rows(wan_bps, label, models=MODELS):
+        out = []
+        for name, n in models:
+            raw = 2 * n * 8 / wan_bps  # the paper's baseline: the BF16 checkpoint as is
+            row = {"model": name, "params": n, "wan_gbps": wan_bps / 1e9, "label": label,
+                   "full_seconds": raw,
+                   "full_deltacast_literal_seconds": fixed + stream * full_bpp * n * 8 / wan_bps}
+            for r in (3, 5):
+                for mode in ("fast", "context"):
+                    t = fixed + stream * bpp[(r, mode)] * n * 8 / wan_bps
+                    row[f"{mode}_{r}_seconds"] = t
+                    row[f"{mode}_{r}_speedup"] = raw / t
+            out.append(row)
+        return out
+
+    projection = {
+        "label": "projection: refit = fixed + stream x (measured bytes per parameter x model size"
+                 " / WAN rate), fixed and stream fitted to this run's publishes; full = the raw"
+                 " BF16 checkpoint over the same WAN (the paper's baseline); not measured at"
+                 " these sizes",
+        "paper_wan_gbps_inferred": PAPER_WAN_BPS / 1e9,
+        "paper_wan_rate_reason": "87.5 min for the 1T BF16 checkpoint (2 TB) is 2e12 B * 8 / 5250 s",
+        "bytes_per_param": {f"{r}%_{m}": v for (r, m), v in sorted(bpp.items())},
+        "full_literal_bytes_per_param": full_bpp,
+        "fit": {"fixed_seconds": fixed, "stream_factor": stream, "points": points},
+        "paper": {"1T_3%_relay_tree_seconds": PAPER_1T_DELTA_SECONDS,
+                  "1T_full_seconds": PAPER_1T_FULL_SECONDS,
+                  "speedup_range_30B_1T": list(PAPER_SPEEDUP_RANGE)},
+        "rows_paper_rate": rows(PAPER_WAN_BPS, "projection at the paper's WAN rate"),
+        "rows_run_rate": rows(slowest_bps, "projection at this run's slowest WAN rate",
+                              [("this run", params)] + MODELS),
+    }
+    measured = {
+        "config": {"params": params, "rate": a.rate, "wan_mbit": wan_mbit, "wan_one_way_ms": wan_ms,
+                   "intra_mbit": float(a.intra_mbit), "nodes_per_region": int(a.per_region),
+                   "regions": regions},
+        "tree": {n["id"]: n["parent"] for n in plan["nodes"]},
+        "runs": runs,
+        "speedup_fast_over_full": runs["full"]["refit_seconds"] / runs["fast"]["refit_seconds"],
+        "speedup_context_over_full": runs["full"]["refit_seconds"] / runs["context"]["refit_seconds"],
+        "fault": {
+            "gateway": a.gateway,
+            "killed_after_seconds": (killed - fault_start) if killed else None,
+            "refit_committed_without_it": runs["fault"]["committed"],
+            "refit_seconds": runs["fault"]["refit_seconds"],
+            "next_refit_seconds": runs["after_fault"]["refit_seconds"],
+            "gateway_catch_up_seconds": caught,
+            "cost_seconds_vs_a_clean_fast_refit":
+                runs["after_fault"]["refit_seconds"] - runs["fast"]["refit_seconds"],
+        },
+    }
+    bit_exact = all(runs[n].get("bit_exact", False) for n in ("full", "fast", "context", "after_fault"))
+    result = {"benchmark": "regions", "bit_exact": bit_exact, "measured": measured,
+              "projection": projection}
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2)
+    plots = plot(os.path.dirname(os.path.abspath(a.out)), measured, projection, params)
+    print(f"regions: bit_exact={bit_exact}; full {runs['full']['refit_seconds']:.2f} s, fast "
+          f"{runs['fast']['refit_seconds']:.2f} s, context {runs['context']['refit_seconds']:.2f} s; "
+          f"pipeline efficiency fast {eff:.2f}, context {eff_context:.2f}, full {eff_full:.2f}; "
+          f"fit {fixed:.2f} s + {stream:.2f} x wire; plots {', '.join(plots) or 'none'}; {a.out}")
+    print("\nprojection at the paper's WAN rate "
+          f"({PAPER_WAN_BPS / 1e9:.2f} Gbit/s; every cell a projection):")
+    print(f"{'model':>6} {'full':>10} {'3% fast':>10} {'3% ctx':>10} {'5% fast':>10} {'5% ctx':>10}"
+          f" {'x 3% fast':>9} {'x 5% fast':>9}")
+    for row in projection["rows_paper_rate"]:
+        print(f"{row['model']:>6} {row['full_seconds']:>9.0f}s {row['fast_3_seconds']:>9.1f}s "
+              f"{row['context_3_seconds']:>9.1f}s {row['fast_5_seconds']:>9.1f}s "
+              f"{row['context_5_seconds']:>9.1f}s {row['fast_3_speedup']:>8.1f}x "
+              f"{row['fast_5_speedup']:>8.1f}x")
+    print("(full: the raw BF16 checkpoint at that rate; speedups against it)")
+    print(f"paper: 1T at 3 %: {PAPER_1T_DELTA_SECONDS:.0f} s vs {PAPER_1T_FULL_SECONDS:.0f} s full; "
+          f"{PAPER_SPEEDUP_RANGE[0]}-{PAPER_SPEEDUP_RANGE[1]} x over 30B-1T")
+    return 0 if bit_exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

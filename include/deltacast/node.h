@@ -1,0 +1,78 @@
+// Node: a receiver of the relay tree (a rollout worker). It joins its parent from
+// the config's plan, forwards every chunk to its own children, patches its weights
+// in place, verifies them, and commits each version when the whole tree does;
+// nothing is left torn by a crash or an abort. Weights are either the caller's own
+// tensors in host memory (version state in memory) or a safetensors checkpoint
+// directory (version state journaled under DIR/.deltacast/, so it survives a restart).
+//
+// Thread safety: Start and Stop from one thread; stats() and version() from any.
+// on_commit runs on the node's apply thread: the weights are at the new version
+// when it is called; keep it short.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deltacast/config.h"
+#include "deltacast/status.h"
+#include "deltacast/tensor.h"
+
+namespace deltacast {
+
+struct CommitEvent {
+  uint64_t refit_id = 0;
+  std::string version;                       // now active, hex
+  std::vector<std::string> changed_tensors;  // canonical names, sorted
+};
+
+struct NodeOptions {
+  std::string node_id;                                // this node's id in the config
+  std::string token;                                  // the cluster's shared secret
+  size_t apply_threads = 0;                           // 0 = all cores
+  std::function<void(const CommitEvent&)> on_commit;  // optional
+  // Where received chunks are spooled (replays to children, rollback). Empty: inside
+  // the checkpoint directory, or a per-process folder for host tensors.
+  std::filesystem::path spool_dir;
+};
+
+struct NodeStats {
+  uint64_t refits_committed = 0;
+  uint64_t refits_aborted = 0;
+  uint64_t chunk_bytes_received = 0;
+  uint64_t chunk_bytes_resent = 0;  // received though this node had them (0 when all is well)
+  uint64_t parent_joins = 0;
+  uint64_t partitions_repaired = 0;
+  uint64_t partitions_caught_up = 0;
+  uint64_t deltas_caught_up = 0;
+  std::string version;  // active, hex
+};
+
+class Node {
+ public:
+  // A node over the caller's tensors: they must hold the cluster's current version,
+  // and stay alive, unmoved, until Stop returns.
+  static Result<std::unique_ptr<Node>> Start(const Config& config, NodeOptions options,
+                                             std::vector<TensorView> weights);
+  // A node over a safetensors checkpoint directory, patched in place.
+  static Result<std::unique_ptr<Node>> StartOnCheckpoint(const Config& config, NodeOptions options,
+                                                         const std::filesystem::path& dir);
+  ~Node();  // Stop()
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  void Stop();  // closes every link, joins the node's threads; idempotent
+  NodeStats stats() const;
+  std::string listen_address() const;
+
+  struct Impl;
+
+ private:
+  explicit Node(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deltacast

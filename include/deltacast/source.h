@@ -1,0 +1,84 @@
+// Source: the trainer's end of deltacast, the root of the relay tree. Start it once;
+// the receivers join it and stay joined. Each Publish makes the next version:
+// it encodes the changes between the two versions while streaming them, waits until
+// every node verified the target, records its decision durably and commits it on
+// every node at once (two-phase commit), or aborts it everywhere.
+//
+// Thread safety: Publish blocks the calling thread, one call at a time. Start,
+// Publish and Stop from the thread that owns the Source.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "deltacast/config.h"
+#include "deltacast/status.h"
+#include "deltacast/tensor.h"
+
+namespace deltacast {
+
+struct SourceOptions {
+  std::string token;  // the cluster's shared secret (Config::TokenFromEnvironment)
+  // The decision log, spool and kept deltas; keep it across restarts of the trainer
+  // (a restarted source resolves what it may have decided). Empty: a per-process
+  // folder, removed at Stop (no decisions survive the process).
+  std::filesystem::path state_dir;
+  size_t keep_deltas = 4;     // committed deltas kept, so a node that missed some catches up
+  bool context_mode = false;  // the context coder: ~0.6x the bytes, ~5x the encode CPU
+  size_t encode_threads = 0;  // 0 = all cores
+};
+
+struct NodeReport {
+  std::string node;
+  uint64_t delta_bytes = 0;  // what it received
+  double prepared_seconds = 0;
+  uint64_t partitions_applied = 0;
+};
+
+struct PublishReport {
+  bool committed = false;
+  std::string abort_reason;  // why, when not committed
+  uint64_t refit_id = 0;
+  std::string base_version, target_version;  // version ids, hex
+  uint64_t delta_bytes = 0;
+  uint64_t checkpoint_bytes = 0;
+  uint64_t chunks = 0;
+  double seconds = 0;                      // BEGIN to the last confirmation
+  double call_to_first_chunk_seconds = 0;  // the Publish call to the first chunk sent
+  uint32_t nodes_decided = 0;              // receivers that confirmed the decision
+  std::vector<NodeReport> nodes;           // one per receiver that prepared
+};
+
+class Source {
+ public:
+  // Listens on the config's source address. Fails if it cannot.
+  static Result<std::unique_ptr<Source>> Start(const Config& config, SourceOptions options);
+  ~Source();  // Stop()
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
+
+  // Publishes `target` as the next version; the receivers hold `base`. Both must
+  // list the same tensors (names, dtypes, shapes); the bytes are only read, and
+  // need to live only until the call returns. Fails without a report (kInvalidArgument)
+  // on mismatched tensors, or if the receivers do not join within the connect timeout;
+  // otherwise the report says whether the version committed.
+  Result<PublishReport> Publish(const std::vector<TensorView>& base,
+                                const std::vector<TensorView>& target);
+  // The same for two safetensors checkpoint directories laid out alike.
+  Result<PublishReport> PublishCheckpoints(const std::filesystem::path& base_dir,
+                                           const std::filesystem::path& new_dir);
+
+  void Stop();  // idempotent
+  std::string listen_address() const;
+
+  struct Impl;
+
+ private:
+  explicit Source(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deltacast

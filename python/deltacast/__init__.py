@@ -1,0 +1,130 @@
+"""deltacast: move LLM weight updates from a trainer to many rollout workers, bit for bit.
+
+The trainer keeps a :class:`Source` over its tensors and calls :meth:`Source.publish`
+after each step; every rollout worker runs a :class:`Node` over its model's tensors,
+which are patched in place when a version commits everywhere. Tensors cross by
+DLPack (torch tensors, numpy arrays): their bytes are used where they are, never
+copied into Python objects.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
+
+from ._deltacast import (  # noqa: F401
+    Config,
+    Error,
+    NodeReport,
+    NodeStats,
+    PublishReport,
+    _Node,
+    _Source,
+    set_log_level,
+)
+from ._toml import dumps as _toml_dumps
+
+__all__ = ["Config", "Error", "Node", "NodeReport", "NodeStats", "PublishReport", "Source",
+           "config", "set_log_level"]
+
+Tensors = Union[Mapping[str, Any], Sequence[Tuple[str, Any]]]
+
+
+def config(source: Union[str, os.PathLike, Mapping[str, Any]]) -> Config:
+    """A cluster config from a TOML file path or from a dict shaped like the TOML file."""
+    if isinstance(source, Mapping):
+        return Config.parse(_toml_dumps(source), "<dict>")
+    return Config.load(os.fspath(source))
+
+
+def _token(cfg: Config, token: Optional[str]) -> str:
+    return token if token is not None else cfg.token_from_environment()
+
+
+class Source:
+    """The trainer's end: the root of the relay tree, over named tensors.
+
+    ``tensors`` (a state_dict, or (name, tensor) pairs) must hold the version every
+    node holds when the Source starts; deltacast keeps a copy of the last committed
+    version, so :meth:`publish` sends what changed since. Host tensors only, each
+    contiguous; keep them alive and in place while the Source runs.
+    """
+
+    def __init__(self, cfg: Config, tensors: Tensors, *, token: Optional[str] = None,
+                 state_dir: Union[str, os.PathLike] = "", keep_deltas: int = 4,
+                 context_mode: bool = False, encode_threads: int = 0) -> None:
+        self._source = _Source(cfg, tensors, _token(cfg, token), os.fspath(state_dir),
+                               keep_deltas, context_mode, encode_threads)
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+    def publish(self) -> PublishReport:
+        """Publishes the tensors' current bytes as the next version; blocks until it
+        committed or aborted everywhere (the GIL is released meanwhile). Do not change
+        the tensors until it returns. Raises :class:`Error` if it could not run
+        (receivers missing, tensors that are not the model's)."""
+        return self._source.publish()
+
+    def publish_async(self) -> "concurrent.futures.Future[PublishReport]":
+        """:meth:`publish` on a background thread; the future holds the report."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        return self._pool.submit(self._source.publish)
+
+    def publish_checkpoints(self, base: Union[str, os.PathLike],
+                            new: Union[str, os.PathLike]) -> PublishReport:
+        """Publishes checkpoint directory ``new`` to nodes holding ``base``."""
+        return self._source.publish_checkpoints(os.fspath(base), os.fspath(new))
+
+    @property
+    def address(self) -> str:
+        return self._source.address
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._source.stop()
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Node:
+    """A receiver (rollout worker) over named tensors patched in place, or over a
+    safetensors checkpoint directory (pass its path).
+
+    ``on_commit(version, changed_tensor_names)`` is called on deltacast's dispatcher
+    thread after each version commits here (the tensors already hold it), so a worker
+    can reset caches. Host tensors only, each contiguous; the Node holds a reference
+    to each, so they stay alive while it runs.
+    """
+
+    def __init__(self, cfg: Config, node_id: str, tensors: Union[Tensors, str, os.PathLike], *,
+                 token: Optional[str] = None,
+                 on_commit: Optional[Callable[[str, list], None]] = None,
+                 apply_threads: int = 0) -> None:
+        if isinstance(tensors, os.PathLike):
+            tensors = os.fspath(tensors)
+        self._node = _Node(cfg, node_id, _token(cfg, token), tensors, on_commit, apply_threads)
+
+    def stats(self) -> NodeStats:
+        return self._node.stats()
+
+    @property
+    def version(self) -> str:
+        return self._node.stats().version
+
+    @property
+    def address(self) -> str:
+        return self._node.address
+
+    def stop(self) -> None:
+        self._node.stop()
+
+    def __enter__(self) -> "Node":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

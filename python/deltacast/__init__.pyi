@@ -1,0 +1,82 @@
+"""Type stubs for deltacast (the public API of include/deltacast/, in Python)."""
+import concurrent.futures
+import os
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+
+Tensors = Union[Mapping[str, Any], Sequence[Tuple[str, Any]]]
+PathLike = Union[str, os.PathLike]
+
+class Error(RuntimeError):
+    """Any failure: the message is the Status ("INVALID_ARGUMENT: ..."); ``code`` its name."""
+    code: str
+
+class Config:
+    @staticmethod
+    def load(path: PathLike) -> "Config": ...
+    @staticmethod
+    def parse(toml: str, name: str = "config") -> "Config": ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def receivers(self) -> List[str]: ...
+    def token_from_environment(self) -> str: ...
+    def describe_plan(self) -> str: ...
+
+def config(source: Union[PathLike, Mapping[str, Any]]) -> Config: ...
+def set_log_level(level: str) -> None:
+    """"debug", "info", "warn", "error" or "off"."""
+
+class NodeReport:
+    node: str
+    delta_bytes: int
+    prepared_seconds: float
+    partitions_applied: int
+
+class PublishReport:
+    committed: bool
+    abort_reason: str
+    refit_id: int
+    base_version: str
+    target_version: str
+    delta_bytes: int
+    checkpoint_bytes: int
+    chunks: int
+    seconds: float
+    call_to_first_chunk_seconds: float
+    nodes_decided: int
+    nodes: List[NodeReport]
+
+class NodeStats:
+    refits_committed: int
+    refits_aborted: int
+    chunk_bytes_received: int
+    chunk_bytes_resent: int
+    parent_joins: int
+    version: str
+
+class Source:
+    def __init__(self, cfg: Config, tensors: Tensors, *, token: Optional[str] = None,
+                 state_dir: PathLike = "", keep_deltas: int = 4, context_mode: bool = False,
+                 encode_threads: int = 0) -> None: ...
+    def publish(self) -> PublishReport: ...
+    def publish_async(self) -> "concurrent.futures.Future[PublishReport]": ...
+    def publish_checkpoints(self, base: PathLike, new: PathLike) -> PublishReport: ...
+    @property
+    def address(self) -> str: ...
+    def stop(self) -> None: ...
+    def __enter__(self) -> "Source": ...
+    def __exit__(self, *exc: object) -> None: ...
+
+class Node:
+    def __init__(self, cfg: Config, node_id: str, tensors: Union[Tensors, PathLike], *,
+                 token: Optional[str] = None,
+                 on_commit: Optional[Callable[[str, List[str]], None]] = None,
+                 apply_threads: int = 0) -> None: ...
+    def stats(self) -> NodeStats: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    def stop(self) -> None: ...
+    def __enter__(self) -> "Node": ...
+    def __exit__(self, *exc: object) -> None: ...

@@ -1,0 +1,272 @@
+// deltacast._deltacast: the Python binding of the public API (include/deltacast/).
+// Tensors cross by DLPack, in place; the GIL is released while bytes move; the
+// engine's callbacks reach Python on one dispatcher thread. The Python package
+// (python/deltacast/__init__.py) adds conveniences on top.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "borrowed_tensor.h"
+#include "deltacast/deltacast.h"
+#include "dispatcher.h"
+
+namespace py = pybind11;
+
+namespace deltacast::python {
+namespace {
+
+// Raised for every failure; the message is the Status's ("INVALID_ARGUMENT: ...").
+PyObject* g_error = nullptr;
+
+[[noreturn]] void Raise(const Status& status) {
+  py::object error = py::reinterpret_borrow<py::object>(g_error)(status.ToString());
+  error.attr("code") = std::string(StatusCodeName(status.code()));
+  PyErr_SetObject(g_error, error.ptr());
+  throw py::error_already_set();
+}
+
+template <typename T>
+T Take(Result<T> result) {
+  if (!result.ok()) Raise(result.status());
+  return std::move(*result);
+}
+
+// Named tensors from a mapping (a state_dict) or a sequence of (name, tensor), in
+// the order given.
+std::vector<std::unique_ptr<BorrowedTensor>> BorrowAll(py::handle tensors) {
+  py::object items = py::hasattr(tensors, "items") ? tensors.attr("items")()
+                                                   : py::reinterpret_borrow<py::object>(tensors);
+  std::vector<std::unique_ptr<BorrowedTensor>> out;
+  for (py::handle item : items) {
+    auto pair = item.cast<py::tuple>();
+    if (pair.size() != 2) Raise(Status::InvalidArgument("tensors: expected (name, tensor) pairs"));
+    out.push_back(Take(BorrowedTensor::Borrow(pair[0].cast<std::string>(), pair[1])));
+  }
+  if (out.empty()) Raise(Status::InvalidArgument("tensors: none given"));
+  return out;
+}
+
+std::vector<TensorView> Views(const std::vector<std::unique_ptr<BorrowedTensor>>& tensors) {
+  std::vector<TensorView> views;
+  views.reserve(tensors.size());
+  for (const auto& t : tensors) views.push_back(t->view());
+  return views;
+}
+
+// The trainer's end over live tensors: it keeps a copy of the version the fleet
+// holds, so publish() sends what changed in the tensors since the last commit.
+class PySource {
+ public:
+  PySource(const Config& config, py::handle tensors, SourceOptions options)
+      : live_(BorrowAll(tensors)) {
+    for (const auto& t : live_) {
+      const TensorView& v = t->view();
+      held_bytes_.emplace_back(v.bytes.begin(), v.bytes.end());
+      held_.push_back({v.spec, held_bytes_.back()});
+    }
+    Result<std::unique_ptr<Source>> source = Status::Internal("not started");
+    {
+      py::gil_scoped_release released;
+      source = Source::Start(config, std::move(options));
+    }
+    source_ = Take(std::move(source));
+  }
+  ~PySource() {
+    py::gil_scoped_release released;
+    if (source_) source_->Stop();
+  }
+
+  // Publishes the tensors' current bytes as the next version. The caller must not
+  // change them until this returns.
+  PublishReport Publish() {
+    Result<PublishReport> report = Status::Internal("not run");
+    {
+      py::gil_scoped_release released;
+      const std::vector<TensorView> live = Views(live_);
+      report = source_->Publish(held_, live);
+      if (report.ok() && report->committed) {
+        for (size_t i = 0; i < live.size(); ++i) {
+          std::memcpy(held_[i].bytes.data(), live[i].bytes.data(), live[i].bytes.size());
+        }
+      }
+    }
+    return Take(std::move(report));
+  }
+
+  PublishReport PublishCheckpoints(const std::filesystem::path& base,
+                                   const std::filesystem::path& target) {
+    Result<PublishReport> report = Status::Internal("not run");
+    {
+      py::gil_scoped_release released;
+      report = source_->PublishCheckpoints(base, target);
+    }
+    return Take(std::move(report));
+  }
+
+  void Stop() {
+    py::gil_scoped_release released;
+    if (source_) source_->Stop();
+  }
+  std::string address() const { return source_->listen_address(); }
+
+ private:
+  std::vector<std::unique_ptr<BorrowedTensor>> live_;
+  std::vector<std::vector<std::byte>> held_bytes_;  // the last committed version
+  std::vector<TensorView> held_;
+  std::unique_ptr<Source> source_;
+};
+
+// A receiver over live tensors (patched in place) or a checkpoint directory.
+class PyNode {
+ public:
+  PyNode(const Config& config, NodeOptions options, py::object tensors, py::object on_commit)
+      : on_commit_(std::move(on_commit)) {
+    if (!on_commit_.is_none()) {
+      options.on_commit = [this](const CommitEvent& e) {
+        dispatcher_.Post([this, e] { on_commit_(e.version, e.changed_tensors); });
+      };
+    }
+    Result<std::unique_ptr<Node>> node = Status::Internal("not started");
+    if (py::isinstance<py::str>(tensors) || py::hasattr(tensors, "__fspath__")) {
+      const std::filesystem::path dir = tensors.cast<std::filesystem::path>();
+      py::gil_scoped_release released;
+      node = Node::StartOnCheckpoint(config, std::move(options), dir);
+    } else {
+      tensors_ = BorrowAll(tensors);
+      py::gil_scoped_release released;
+      node = Node::Start(config, std::move(options), Views(tensors_));
+    }
+    node_ = Take(std::move(node));
+  }
+  ~PyNode() { Stop(); }
+
+  void Stop() {
+    py::gil_scoped_release released;
+    if (node_) node_->Stop();
+    dispatcher_.Stop();  // after the node: no callback is queued any more
+  }
+  NodeStats stats() const { return node_->stats(); }
+  std::string address() const { return node_->listen_address(); }
+
+ private:
+  py::object on_commit_;
+  Dispatcher dispatcher_;
+  std::vector<std::unique_ptr<BorrowedTensor>> tensors_;  // held until the node is gone
+  std::unique_ptr<Node> node_;
+};
+
+}  // namespace
+}  // namespace deltacast::python
+
+PYBIND11_MODULE(_deltacast, m) {
+  using namespace deltacast;
+  using namespace deltacast::python;
+  m.doc() = "deltacast: LLM weight updates to many inference nodes, bit for bit";
+  static py::exception<std::runtime_error> error(m, "Error");
+  g_error = error.ptr();
+
+  py::class_<Config>(m, "Config", "A cluster config (TOML): nodes, addresses, tree tuning.")
+      .def_static(
+          "load", [](const std::filesystem::path& path) { return Take(Config::Load(path)); },
+          py::arg("path"), "Loads and validates a config file.")
+      .def_static(
+          "parse",
+          [](const std::string& toml, const std::string& name) {
+            return Take(Config::Parse(toml, name));
+          },
+          py::arg("toml"), py::arg("name") = "config", "Parses TOML text.")
+      .def_property_readonly("source", &Config::source)
+      .def_property_readonly("receivers", &Config::receivers)
+      .def("token_from_environment",
+           [](const Config& c) { return Take(c.TokenFromEnvironment()); })
+      .def("describe_plan", [](const Config& c) { return Take(c.DescribePlan()); });
+
+  py::class_<NodeReport>(m, "NodeReport")
+      .def_readonly("node", &NodeReport::node)
+      .def_readonly("delta_bytes", &NodeReport::delta_bytes)
+      .def_readonly("prepared_seconds", &NodeReport::prepared_seconds)
+      .def_readonly("partitions_applied", &NodeReport::partitions_applied)
+      .def("__repr__", [](const NodeReport& n) {
+        return "<NodeReport " + n.node + " " + std::to_string(n.delta_bytes) + " B>";
+      });
+
+  py::class_<PublishReport>(m, "PublishReport", "What one publish did.")
+      .def_readonly("committed", &PublishReport::committed)
+      .def_readonly("abort_reason", &PublishReport::abort_reason)
+      .def_readonly("refit_id", &PublishReport::refit_id)
+      .def_readonly("base_version", &PublishReport::base_version)
+      .def_readonly("target_version", &PublishReport::target_version)
+      .def_readonly("delta_bytes", &PublishReport::delta_bytes)
+      .def_readonly("checkpoint_bytes", &PublishReport::checkpoint_bytes)
+      .def_readonly("chunks", &PublishReport::chunks)
+      .def_readonly("seconds", &PublishReport::seconds)
+      .def_readonly("call_to_first_chunk_seconds", &PublishReport::call_to_first_chunk_seconds)
+      .def_readonly("nodes_decided", &PublishReport::nodes_decided)
+      .def_readonly("nodes", &PublishReport::nodes)
+      .def("__repr__", [](const PublishReport& r) {
+        return std::string("<PublishReport ") + (r.committed ? "committed " : "aborted ") +
+               r.target_version.substr(0, 12) + ", " + std::to_string(r.delta_bytes) + " B>";
+      });
+
+  py::class_<NodeStats>(m, "NodeStats")
+      .def_readonly("refits_committed", &NodeStats::refits_committed)
+      .def_readonly("refits_aborted", &NodeStats::refits_aborted)
+      .def_readonly("chunk_bytes_received", &NodeStats::chunk_bytes_received)
+      .def_readonly("chunk_bytes_resent", &NodeStats::chunk_bytes_resent)
+      .def_readonly("parent_joins", &NodeStats::parent_joins)
+      .def_readonly("version", &NodeStats::version);
+
+  py::class_<PySource>(m, "_Source")
+      .def(py::init([](const Config& config, py::handle tensors, const std::string& token,
+                       const std::string& state_dir, size_t keep_deltas, bool context_mode,
+                       size_t encode_threads) {
+             SourceOptions o;
+             o.token = token;
+             o.state_dir = state_dir;
+             o.keep_deltas = keep_deltas;
+             o.context_mode = context_mode;
+             o.encode_threads = encode_threads;
+             return std::make_unique<PySource>(config, tensors, std::move(o));
+           }),
+           py::arg("config"), py::arg("tensors"), py::arg("token"), py::arg("state_dir") = "",
+           py::arg("keep_deltas") = 4, py::arg("context_mode") = false,
+           py::arg("encode_threads") = 0)
+      .def("publish", &PySource::Publish)
+      .def("publish_checkpoints", &PySource::PublishCheckpoints, py::arg("base"), py::arg("new"))
+      .def("stop", &PySource::Stop)
+      .def_property_readonly("address", &PySource::address);
+
+  py::class_<PyNode>(m, "_Node")
+      .def(py::init([](const Config& config, const std::string& node_id, const std::string& token,
+                       py::object tensors, py::object on_commit, size_t apply_threads) {
+             NodeOptions o;
+             o.node_id = node_id;
+             o.token = token;
+             o.apply_threads = apply_threads;
+             return std::make_unique<PyNode>(config, std::move(o), std::move(tensors),
+                                             std::move(on_commit));
+           }),
+           py::arg("config"), py::arg("node_id"), py::arg("token"), py::arg("tensors"),
+           py::arg("on_commit") = py::none(), py::arg("apply_threads") = 0)
+      .def("stats", &PyNode::stats)
+      .def("stop", &PyNode::Stop)
+      .def_property_readonly("address", &PyNode::address);
+
+  m.def(
+      "set_log_level",
+      [](const std::string& level) {
+        static const std::pair<const char*, LogLevel> kLevels[] = {
+            {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo}, {"warn", LogLevel::kWarn},
+            {"error", LogLevel::kError}, {"off", LogLevel::kOff}};
+        for (const auto& [name, l] : kLevels) {
+          if (level == name) return SetLogLevel(l);
+        }
+        Raise(Status::InvalidArgument("log level '" + level + "': debug, info, warn, error or off"));
+      },
+      py::arg("level"));
+}

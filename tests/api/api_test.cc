@@ -1,0 +1,120 @@
+// The public API (include/deltacast/) through libdeltacast.so alone: this binary
+// links nothing else of deltacast, so it also checks that what embedders need is
+// exported.
+#include <deltacast/deltacast.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <random>
+
+namespace {
+
+std::string Toml(int base_port) {
+  return "[cluster]\nname = \"api\"\n[tree]\nconnect_timeout = \"3s\"\n"
+         "[[node]]\nid = \"trainer\"\nhost = \"127.0.0.1\"\nport = " +
+         std::to_string(base_port) +
+         "\nrole = \"source\"\n[[node]]\nid = \"w1\"\nhost = \"127.0.0.1\"\nport = " +
+         std::to_string(base_port + 3) +
+         "\n[[node]]\nid = \"w2\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(base_port + 6) +
+         "\n";
+}
+
+int BasePort() { return 28200 + static_cast<int>(::getpid() % 300) * 10; }
+
+struct Model {
+  std::vector<deltacast::TensorSpec> specs = {{"a.weight", deltacast::DType::kBF16, {256, 256}},
+                                              {"b.bias", deltacast::DType::kF32, {256}}};
+  std::vector<std::vector<std::byte>> bytes;
+  explicit Model(uint32_t seed) {
+    std::mt19937 rng(seed);
+    for (const auto& s : specs) {
+      bytes.emplace_back(s.ByteSize());
+      for (auto& b : bytes.back()) b = std::byte(rng());
+    }
+  }
+  std::vector<deltacast::TensorView> Views() {
+    std::vector<deltacast::TensorView> v;
+    for (size_t i = 0; i < specs.size(); ++i) v.push_back({specs[i], bytes[i]});
+    return v;
+  }
+};
+
+TEST(ApiConfig, ABadConfigNamesTheFileAndLine) {
+  auto config =
+      deltacast::Config::Parse("[cluster]\nname = \"x\"\n[tree]\nfanout = -3\n", "bad.toml");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), deltacast::StatusCode::kInvalidArgument);
+  EXPECT_NE(config.status().message().find("bad.toml:"), std::string::npos)
+      << config.status().ToString();
+}
+
+TEST(ApiConfig, ListsTheNodesAndDescribesThePlan) {
+  auto config = deltacast::Config::Parse(Toml(BasePort()), "api.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->source(), "trainer");
+  EXPECT_EQ(config->receivers(), (std::vector<std::string>{"w1", "w2"}));
+  auto plan = config->DescribePlan();
+  ASSERT_TRUE(plan.ok());
+  EXPECT_NE(plan->find("w2"), std::string::npos);
+}
+
+TEST(ApiNode, AnUnknownNodeIsRefusedByName) {
+  auto config = deltacast::Config::Parse(Toml(BasePort()), "api.toml");
+  ASSERT_TRUE(config.ok());
+  Model m(1);
+  deltacast::NodeOptions options;
+  options.node_id = "w9";
+  options.token = "t";
+  auto node = deltacast::Node::Start(*config, options, m.Views());
+  ASSERT_FALSE(node.ok());
+  EXPECT_NE(node.status().message().find("w9"), std::string::npos) << node.status().ToString();
+}
+
+TEST(ApiSource, PublishesToTwoNodesBitExactAndRefusesAnotherModel) {
+  deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
+  auto config = deltacast::Config::Parse(Toml(BasePort() + 1), "api.toml");
+  ASSERT_TRUE(config.ok());
+  Model trainer(2);
+  Model w1 = trainer, w2 = trainer;
+  std::vector<std::vector<std::string>> changed(2);
+  std::vector<std::unique_ptr<deltacast::Node>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    deltacast::NodeOptions options;
+    options.node_id = "w" + std::to_string(i + 1);
+    options.token = "api-token";
+    options.apply_threads = 1;
+    options.on_commit = [&changed, i](const deltacast::CommitEvent& e) {
+      changed[i] = e.changed_tensors;
+    };
+    auto node = deltacast::Node::Start(*config, options, (i == 0 ? w1 : w2).Views());
+    ASSERT_TRUE(node.ok()) << node.status().ToString();
+    nodes.push_back(std::move(*node));
+  }
+  deltacast::SourceOptions options;
+  options.token = "api-token";
+  auto source = deltacast::Source::Start(*config, options);
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  Model previous = trainer;
+  for (size_t i = 0; i < trainer.bytes[0].size(); i += 64) trainer.bytes[0][i] ^= std::byte{1};
+  auto report = (*source)->Publish(previous.Views(), trainer.Views());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes_decided, 2u);
+  EXPECT_EQ(w1.bytes, trainer.bytes);
+  EXPECT_EQ(w2.bytes, trainer.bytes);
+  EXPECT_EQ(changed[0], std::vector<std::string>{"a.weight"});
+  EXPECT_EQ(nodes[0]->stats().version, report->target_version);
+
+  // A target with another tensor table is not a version of this model.
+  Model other(3);
+  other.specs[1].shape = {128};
+  other.bytes[1].resize(other.specs[1].ByteSize());
+  auto refused = (*source)->Publish(trainer.Views(), other.Views());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), deltacast::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("b.bias"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_EQ(w1.bytes, trainer.bytes) << "a refused publish changed a node";
+}
+
+}  // namespace
