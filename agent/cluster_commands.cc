@@ -116,7 +116,8 @@ relay::PublishOptions SourceOptions(const topology::ClusterConfig& config, std::
   return options;
 }
 
-void PrintReport(const relay::PublishReport& r, bool as_json) {
+// `extra` (JSON only): more keys for the report (the producers' figures).
+void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra = json::object()) {
   const double full = double(r.delta.tensor_bytes);
   if (as_json) {
     json nodes = json::array();
@@ -126,23 +127,24 @@ void PrintReport(const relay::PublishReport& r, bool as_json) {
                        {"apply_seconds", n.apply_seconds},
                        {"partitions_applied", n.partitions_applied}});
     }
-    fmt::print("{}\n", json{{"committed", r.committed},
-                            {"abort_reason", r.abort_reason},
-                            {"refit_id", r.refit_id},
-                            {"base_version", r.base_version.ToHex()},
-                            {"target_version", r.target_version.ToHex()},
-                            {"delta_bytes", r.delta.delta_bytes},
-                            {"checkpoint_bytes", r.delta.tensor_bytes},
-                            {"chunks", r.delta.chunks},
-                            {"seconds", r.seconds},
-                            {"first_chunk_seconds", r.first_chunk_seconds},
-                            {"call_to_first_chunk_seconds", r.call_to_first_chunk_seconds},
-                            {"stream_seconds", r.stream_seconds},
-                            {"prepare_seconds", r.prepare_seconds},
-                            {"effective_gbps", full / r.seconds / 1e9},
-                            {"nodes_decided", r.nodes_decided},
-                            {"nodes", nodes}}
-                           .dump(2));
+    json out{{"committed", r.committed},
+             {"abort_reason", r.abort_reason},
+             {"refit_id", r.refit_id},
+             {"base_version", r.base_version.ToHex()},
+             {"target_version", r.target_version.ToHex()},
+             {"delta_bytes", r.delta.delta_bytes},
+             {"checkpoint_bytes", r.delta.tensor_bytes},
+             {"chunks", r.delta.chunks},
+             {"seconds", r.seconds},
+             {"first_chunk_seconds", r.first_chunk_seconds},
+             {"call_to_first_chunk_seconds", r.call_to_first_chunk_seconds},
+             {"stream_seconds", r.stream_seconds},
+             {"prepare_seconds", r.prepare_seconds},
+             {"effective_gbps", full / r.seconds / 1e9},
+             {"nodes_decided", r.nodes_decided},
+             {"nodes", nodes}};
+    out.update(extra);
+    fmt::print("{}\n", out.dump(2));
     std::fflush(stdout);
     return;
   }
@@ -203,6 +205,30 @@ int RunPublish(const PublishArgs& args) {
   if (!report.ok()) return Fail(report.status());
   PrintReport(*report, args.json);
   return report->committed ? kExitOk : kExitFailure;
+}
+
+relay::PublishOptions MakePublishOptions(const PublishArgs& args,
+                                         const topology::ClusterConfig& config,
+                                         const std::string& token,
+                                         const std::filesystem::path& new_version) {
+  std::filesystem::path target = std::filesystem::absolute(new_version).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();
+  const std::filesystem::path state =
+      args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
+  relay::PublishOptions options =
+      SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+  if (args.progress && !args.json && ::isatty(STDERR_FILENO)) {
+    options.on_progress = [](const relay::PublishProgress& p) {
+      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
+                 double(p.bytes_sent) / (1 << 20));
+    };
+  }
+  return options;
+}
+
+int ReportPublish(const relay::PublishReport& report, bool as_json, const std::string& extra_json) {
+  PrintReport(report, as_json, extra_json.empty() ? json::object() : json::parse(extra_json));
+  return report.committed ? kExitOk : kExitFailure;
 }
 
 int RunServe(const ServeArgs& args) {

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "codec/partition_codec.h"
+#include "relay/publisher.h"
+#include "topology/cluster_config.h"
 
 namespace deltacast::agent {
 
@@ -39,6 +41,17 @@ struct PublishArgs {
 };
 // Exit status 0 when the version committed everywhere, 1 otherwise.
 int RunPublish(const PublishArgs& args);
+
+// What RunPublish and the producers' publish (agent/produce_commands.h) share: the
+// source's options (its state beside `new_version` unless --state-dir), and printing
+// the report (text, or JSON with `extra_json`'s keys added), whose exit status it
+// returns.
+deltacast::relay::PublishOptions MakePublishOptions(const PublishArgs& args,
+                                                    const topology::ClusterConfig& config,
+                                                    const std::string& token,
+                                                    const std::filesystem::path& new_version);
+int ReportPublish(const deltacast::relay::PublishReport& report, bool json,
+                  const std::string& extra_json);
 
 struct ServeArgs {
   std::filesystem::path config;

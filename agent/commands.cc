@@ -161,6 +161,8 @@ int RunSynth(const SynthOptions& options, bool json_out) {
                             {"hidden", report->hidden},
                             {"vocab", report->vocab},
                             {"shards", report->shards},
+                            {"shard_ranks", report->shard_ranks},
+                            {"experts", report->experts},
                             {"bytes_per_checkpoint", report->bytes_per_checkpoint},
                             {"lr", report->lr},
                             {"steps", steps},

@@ -6,6 +6,7 @@
 
 #include "agent/cluster_commands.h"
 #include "agent/commands.h"
+#include "agent/produce_commands.h"
 #include "agent/version.h"
 #include "common/log.h"
 
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
 
   // synth
   agent::SynthOptions synth;
-  std::string synth_params = "500M", synth_rate = "3%";
+  std::string synth_params = "500M", synth_rate = "3%", synth_shards;
   bool synth_json = false;
   auto* s = app.add_subcommand(
       "synth", "Generate a synthetic Llama-shaped BF16 checkpoint and training steps");
@@ -54,6 +55,10 @@ int main(int argc, char** argv) {
   s->add_option("--lr", synth.lr, "Learning rate (overrides --change-rate)");
   s->add_option("--seed", synth.seed, "Random seed")->capture_default_str();
   s->add_option("--threads", synth.threads, "Threads (0 = all cores)");
+  s->add_option("--experts", synth.experts, "Mixture-of-experts MLPs with this many experts");
+  s->add_option("--shards", synth_shards,
+                "Also write every step's training shards to DIR/stepK.shards/: tp=,pp=,dp=,ep= "
+                "(Megatron names, one file per rank) or fsdp=W (FSDP2)");
   s->add_flag("--json", synth_json, "Report as JSON");
   s->callback([&] {
     auto params = agent::ParseParamCount(synth_params);
@@ -62,6 +67,11 @@ int main(int argc, char** argv) {
     if (!rate.ok()) throw CLI::ValidationError("--change-rate", rate.status().message());
     synth.params = *params;
     synth.change_rate = *rate;
+    if (!synth_shards.empty()) {
+      auto shards = agent::ParseShardSpec(synth_shards);
+      if (!shards.ok()) throw CLI::ValidationError("--shards", shards.status().message());
+      synth.shards = *shards;
+    }
     status = agent::RunSynth(synth, synth_json);
   });
 
@@ -162,13 +172,25 @@ int main(int argc, char** argv) {
 
   // publish
   agent::PublishArgs publish;
+  agent::ProducersArgs producers;
   std::string publish_mode = "fast";
-  auto* pu = app.add_subcommand("publish",
-                                "Stream the delta OLD -> NEW down the relay tree and commit it");
+  auto* pu = app.add_subcommand(
+      "publish",
+      "Stream the delta OLD -> NEW down the relay tree and commit it (from two checkpoints, or "
+      "from producers' shards)");
   pu->add_option("--config", publish.config, "Cluster config (TOML)")->required();
-  pu->add_option("--base", publish.base, "Base checkpoint directory (what the nodes have)")
-      ->required();
-  pu->add_option("--new", publish.target, "New checkpoint directory")->required();
+  pu->add_option("--base", publish.base,
+                 "Base checkpoint directory (what the nodes have); with --producers, optional: "
+                 "its manifest spares the producers hashing their base");
+  pu->add_option("--new", publish.target, "New checkpoint directory");
+  pu->add_option("--producers", producers.producers,
+                 "Be the root of this many producers (deltacast produce) instead of encoding");
+  pu->add_option("--base-shards", producers.base_shards,
+                 "Training shards of the base step (DIR/stepK.shards): run one local producer "
+                 "per rank");
+  pu->add_option("--new-shards", producers.new_shards, "Training shards of the new step");
+  pu->add_option("--listen-producers", producers.listen,
+                 "Where producers dial (default: the source's host, port + 1000)");
   pu->add_option("--mode", publish_mode, "fast | context")
       ->check(CLI::IsMember({"fast", "context"}))
       ->capture_default_str();
@@ -185,7 +207,50 @@ int main(int argc, char** argv) {
   pu->callback([&] {
     publish.codec.mode =
         publish_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
+    const bool shards = !producers.base_shards.empty() || !producers.new_shards.empty();
+    if (shards && (producers.base_shards.empty() || producers.new_shards.empty())) {
+      throw CLI::ValidationError("--base-shards", "needs --new-shards too (and the other way)");
+    }
+    if (shards && producers.producers > 0) {
+      throw CLI::ValidationError("--producers", "runs remote producers; --base-shards local ones");
+    }
+    if (shards || producers.producers > 0) {
+      if (!publish.target.empty()) {
+        throw CLI::ValidationError("--new", "producers hold the new version; drop --new");
+      }
+      status = agent::RunPublishFromProducers(publish, producers);
+      return;
+    }
+    if (publish.base.empty() || publish.target.empty()) {
+      throw CLI::ValidationError("--base",
+                                 "--base and --new are required (or --producers N, or "
+                                 "--base-shards and --new-shards)");
+    }
     status = agent::RunPublish(publish);
+  });
+
+  // produce
+  agent::ProduceArgs produce;
+  std::string produce_mode = "fast";
+  auto* pr = app.add_subcommand(
+      "produce", "Be one producer: encode a training rank's shard change for the root");
+  pr->add_option("--config", produce.config, "Cluster config (TOML)")->required();
+  pr->add_option("--layout", produce.layout, "The rank's layout description (TOML)")->required();
+  pr->add_option("--rank", produce.rank, "The rank (names the producer: rank-RRRRR)")->required();
+  pr->add_option("--base", produce.base, "The rank's shard at the base step (safetensors)")
+      ->required();
+  pr->add_option("--new", produce.target, "The rank's shard at the new step")->required();
+  pr->add_option("--root", produce.root,
+                 "The root's producer address (default: the source's host, port + 1000)");
+  pr->add_option("--mode", produce_mode, "fast | context")
+      ->check(CLI::IsMember({"fast", "context"}))
+      ->capture_default_str();
+  pr->add_option("--threads", produce.threads, "Encode threads (0 = all cores)");
+  pr->add_flag("--json", produce.json, "Report as JSON");
+  pr->callback([&] {
+    produce.codec.mode =
+        produce_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
+    status = agent::RunProduce(produce);
   });
 
   // serve

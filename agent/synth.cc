@@ -245,10 +245,12 @@ struct ModelShape {
   uint64_t kv_heads = 0;
   uint64_t head_dim = 0;
   int layers = 0;
+  uint64_t experts = 0;  // 0: a dense MLP
 
   uint64_t KvDim() const { return kv_heads * head_dim; }
   uint64_t PerLayer() const {
-    return 2 * hidden * hidden + 2 * hidden * KvDim() + 3 * hidden * intermediate + 2 * hidden;
+    return 2 * hidden * hidden + 2 * hidden * KvDim() + 3 * hidden * intermediate + 2 * hidden +
+           experts * hidden;
   }
   uint64_t Params() const { return 2 * vocab * hidden + hidden + layers * PerLayer(); }
 };
@@ -333,9 +335,21 @@ std::vector<SynthTensor> BuildTensors(const ModelShape& s) {
     add(p + "self_attn.k_proj.weight", {s.KvDim(), h}, kLinearInit);
     add(p + "self_attn.v_proj.weight", {s.KvDim(), h}, kLinearInit);
     add(p + "self_attn.o_proj.weight", {h, h}, kLinearInit);
-    add(p + "mlp.gate_proj.weight", {s.intermediate, h}, kLinearInit);
-    add(p + "mlp.up_proj.weight", {s.intermediate, h}, kLinearInit);
-    add(p + "mlp.down_proj.weight", {h, s.intermediate}, kLinearInit);
+    if (s.experts == 0) {
+      add(p + "mlp.gate_proj.weight", {s.intermediate, h}, kLinearInit);
+      add(p + "mlp.up_proj.weight", {s.intermediate, h}, kLinearInit);
+      add(p + "mlp.down_proj.weight", {h, s.intermediate}, kLinearInit);
+    } else {
+      // The dense MLP's parameters spread over the experts, plus a router.
+      const uint64_t ffn = s.intermediate / s.experts;
+      add(p + "mlp.gate.weight", {s.experts, h}, kLinearInit);
+      for (uint64_t e = 0; e < s.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "gate_proj.weight", {ffn, h}, kLinearInit);
+        add(x + "up_proj.weight", {ffn, h}, kLinearInit);
+        add(x + "down_proj.weight", {h, ffn}, kLinearInit);
+      }
+    }
     add(p + "input_layernorm.weight", {h}, kNormInit);
     add(p + "post_attention_layernorm.weight", {h}, kNormInit);
   }
@@ -390,9 +404,10 @@ struct Plan {
   uint64_t total_bytes = 0;
 };
 
-Plan MakePlan(uint64_t params, uint64_t max_shard_bytes) {
+Plan MakePlan(uint64_t params, uint64_t max_shard_bytes, uint64_t experts) {
   Plan plan;
   plan.shape = ChooseShape(params);
+  plan.shape.experts = experts;
   plan.canonical = BuildTensors(plan.shape);
   for (const auto& t : plan.canonical) plan.total_bytes += t.info.ByteSize();
   if (max_shard_bytes == 0) max_shard_bytes = AutoShardBytes(plan.total_bytes);
@@ -653,6 +668,10 @@ Status ValidateOptions(const SynthOptions& o) {
     return Status::InvalidArgument("synth: learning rate " + std::to_string(o.lr) +
                                    " is outside [0, 1) (0 = calibrate from the change rate)");
   }
+  if (o.experts == 1 || o.experts > 64) {
+    return Status::InvalidArgument("synth: experts " + std::to_string(o.experts) +
+                                   " is outside [2, 64] (0 = a dense MLP)");
+  }
   if (o.lr == 0 &&
       !(o.change_rate >= kMinSynthChangeRate && o.change_rate <= kMaxSynthChangeRate)) {
     return Status::InvalidArgument("synth: change rate " + std::to_string(o.change_rate) +
@@ -776,7 +795,12 @@ Result<double> ParseRate(std::string_view text) {
 
 Result<SynthReport> Synthesize(const SynthOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
-  const Plan plan = MakePlan(options.params, options.max_shard_bytes);
+  const Plan plan = MakePlan(options.params, options.max_shard_bytes, options.experts);
+  if (plan.shape.experts > 0 && plan.shape.intermediate % plan.shape.experts != 0) {
+    return Status::InvalidArgument("synth: " + std::to_string(plan.shape.experts) +
+                                   " experts do not divide the intermediate size " +
+                                   std::to_string(plan.shape.intermediate));
+  }
   const int steps = options.steps;
   std::vector<fs::path> step_dirs;
   for (int k = 0; k <= steps; ++k)
@@ -790,6 +814,10 @@ Result<SynthReport> Synthesize(const SynthOptions& options) {
   report.hidden = plan.shape.hidden;
   report.intermediate = plan.shape.intermediate;
   report.vocab = plan.shape.vocab;
+  report.heads = plan.shape.heads;
+  report.kv_heads = plan.shape.kv_heads;
+  report.head_dim = plan.shape.head_dim;
+  report.experts = plan.shape.experts;
   report.shards = static_cast<int>(plan.shard_names.size());
   report.lr =
       options.lr > 0 ? options.lr : CalibrateLearningRate(plan, options.seed, options.change_rate);
@@ -844,6 +872,19 @@ Result<SynthReport> Synthesize(const SynthOptions& options) {
     const uint64_t size = fs::file_size(step_dirs.front() / name, ec);
     if (ec) return Status::IoError("synth: cannot stat " + name + ": " + ec.message());
     report.bytes_per_checkpoint += size;
+  }
+  if (options.shards.requested) {
+    ShardModel model;
+    model.hidden = plan.shape.hidden;
+    model.heads = plan.shape.heads;
+    model.kv_heads = plan.shape.kv_heads;
+    model.head_dim = plan.shape.head_dim;
+    model.layers = static_cast<uint64_t>(plan.shape.layers);
+    model.intermediate = plan.shape.intermediate;
+    model.vocab = plan.shape.vocab;
+    model.experts = plan.shape.experts;
+    for (const auto& dir : step_dirs) RETURN_IF_ERROR(WriteShards(dir, model, options.shards));
+    report.shard_ranks = static_cast<int>(options.shards.Ranks());
   }
   for (const auto& s : report.step_stats) {
     report.measured_change_rate.push_back(static_cast<double>(s.changed) /

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/synth_shards.h"
 #include "codec/tensor.h"
 #include "common/status.h"
 
@@ -38,6 +39,11 @@ struct SynthOptions {
   uint64_t seed = 1;
   size_t threads = 0;            // 0 = all cores
   uint64_t max_shard_bytes = 0;  // 0 = automatic (always at least 2 files)
+  // > 0: a mixture-of-experts MLP in every layer (a router and this many experts,
+  // each with intermediate / experts rows), as in Qwen-MoE / OLMoE checkpoints.
+  uint64_t experts = 0;
+  // Also write the training job's shards for every step (synth_shards.h).
+  ShardSpec shards;
 };
 
 // Accepted ranges, checked by Synthesize before it writes anything.
@@ -70,7 +76,12 @@ struct SynthReport {
   uint64_t hidden = 0;
   uint64_t intermediate = 0;
   uint64_t vocab = 0;
+  uint64_t heads = 0;
+  uint64_t kv_heads = 0;
+  uint64_t head_dim = 0;
+  uint64_t experts = 0;
   int shards = 0;
+  int shard_ranks = 0;  // training-job ranks written per step (0: none)
 };
 
 // Rounds to BF16 the way torch's .to(torch.bfloat16) does: to nearest, ties to

@@ -283,8 +283,7 @@ Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk,
     MutableByteSpan bytes = tensor.subspan(where.byte_offset, where.byte_length);
     const PartitionHash current = HashPartition(bytes);
     if (current == record.base_hash) continue;
-    const bool self_inverse = record.encoding == codec::Encoding::kSparseXor ||
-                              record.encoding == codec::Encoding::kDenseXor;
+    const bool self_inverse = codec::RecordIsSelfInverse(record.encoding, record.payload);
     if (current == record.target_hash && self_inverse) {
       // Applying an XOR record to the target gives the base.
       codec::RecordCoding back = record.Coding();

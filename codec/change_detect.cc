@@ -1,6 +1,8 @@
 #include "codec/change_detect.h"
 
 #include <cassert>
+#include <cstdlib>
+#include <string_view>
 
 #include "codec/internal/change_detect_kernel.h"
 
@@ -8,6 +10,7 @@ namespace deltacast::codec {
 namespace internal {
 #if defined(__x86_64__)
 void FindChangesAvx2(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out);
+bool FindChangesAvx512(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out);
 #endif
 }  // namespace internal
 
@@ -28,6 +31,29 @@ bool HasAvx2() {
 #endif
 }
 
+// DELTACAST_CHANGE_DETECT=avx2|portable lowers the kernel (tests, benchmarks).
+bool HasAvx512() {
+#if defined(__x86_64__)
+  static const bool has = [] {
+    const char* lower = std::getenv("DELTACAST_CHANGE_DETECT");
+    if (lower != nullptr && *lower != '\0') return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vbmi2");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool PortableOnly() {
+  static const bool portable = [] {
+    const char* lower = std::getenv("DELTACAST_CHANGE_DETECT");
+    return lower != nullptr && std::string_view(lower) == "portable";
+  }();
+  return portable;
+}
+
 }  // namespace
 
 void FindChanges(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out) {
@@ -35,7 +61,10 @@ void FindChanges(ByteSpan base, ByteSpan target, uint32_t element_size, SparseCh
   out.element_size = element_size;
   out.clear();
 #if defined(__x86_64__)
-  if (HasAvx2()) return internal::FindChangesAvx2(base, target, element_size, out);
+  if (HasAvx512() && internal::FindChangesAvx512(base, target, element_size, out)) return;
+  if (HasAvx2() && !PortableOnly()) {
+    return internal::FindChangesAvx2(base, target, element_size, out);
+  }
 #endif
   internal::FindChangesDispatch<DiffMaskScalar>(base, target, element_size, out);
 }

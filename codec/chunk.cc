@@ -20,10 +20,9 @@ constexpr size_t kOffPayloadHash = 64;
 constexpr size_t kOffHeaderHash = 72;
 constexpr size_t kEndPayloadBytes = 16 + 4 + 4 + 8 + 8 + 8;
 
-std::vector<std::byte> Assemble(ChunkKind kind, const DeltaIdentity& identity, uint32_t sequence,
-                                uint32_t record_count, ByteSpan payload) {
-  std::vector<std::byte> out(kChunkHeaderBytes + payload.size());
-  std::byte* h = out.data();
+// Writes the header of a chunk whose payload follows it at h + kChunkHeaderBytes.
+void WriteHeader(std::byte* h, ChunkKind kind, const DeltaIdentity& identity, uint32_t sequence,
+                 uint32_t record_count, ByteSpan payload) {
   StoreLE<uint32_t>(h + kOffMagic, kChunkMagic);
   StoreLE<uint16_t>(h + kOffVersion, kWireFormatVersion);
   h[kOffKind] = std::byte(static_cast<uint8_t>(kind));
@@ -36,7 +35,14 @@ std::vector<std::byte> Assemble(ChunkKind kind, const DeltaIdentity& identity, u
   StoreLE<uint64_t>(h + kOffPayloadLength, payload.size());
   StoreLE<uint64_t>(h + kOffPayloadHash, Hash64(payload));
   StoreLE<uint64_t>(h + kOffHeaderHash, Hash64(ByteSpan(h, kOffHeaderHash)));
-  std::memcpy(h + kChunkHeaderBytes, payload.data(), payload.size());
+}
+
+std::vector<std::byte> Assemble(ChunkKind kind, const DeltaIdentity& identity, uint32_t sequence,
+                                uint32_t record_count, ByteSpan payload) {
+  std::vector<std::byte> out(kChunkHeaderBytes + payload.size());
+  std::memcpy(out.data() + kChunkHeaderBytes, payload.data(), payload.size());
+  WriteHeader(out.data(), kind, identity, sequence, record_count,
+              ByteSpan(out).subspan(kChunkHeaderBytes));
   return out;
 }
 
@@ -89,8 +95,9 @@ Status ParseRecord(ByteReader& r, uint64_t partition_bytes, size_t index, Partit
     return bad("raw size " + std::to_string(rec.raw_size) + " exceeds the bound " +
                std::to_string(max_raw) + " for " + std::string(EncodingName(rec.encoding)));
   }
-  if (rec.encoding == Encoding::kContextXor && rec.entropy != EntropyCoder::kNone) {
-    return bad("context-xor records take no entropy stage");
+  if ((rec.encoding == Encoding::kContextXor || rec.encoding == Encoding::kPieces) &&
+      rec.entropy != EntropyCoder::kNone) {
+    return bad(std::string(EncodingName(rec.encoding)) + " records take no entropy stage");
   }
   if (!r.GetBytes(payload_size, rec.payload)) {
     return bad("payload of " + std::to_string(payload_size) + " bytes runs past the chunk");
@@ -100,35 +107,72 @@ Status ParseRecord(ByteReader& r, uint64_t partition_bytes, size_t index, Partit
 
 }  // namespace
 
-ChunkBuilder::ChunkBuilder(const DeltaIdentity& identity, uint32_t sequence)
-    : identity_(identity), sequence_(sequence) {}
+ChunkBuilder::ChunkBuilder(const DeltaIdentity& identity, uint32_t sequence, size_t headroom)
+    : identity_(identity), sequence_(sequence), headroom_(headroom) {
+  buffer_.resize(headroom_ + kChunkHeaderBytes);
+}
 
-void ChunkBuilder::Add(std::string_view tensor_name, DType dtype, uint64_t element_offset,
-                       uint64_t element_count, const PartitionHash& base_hash,
-                       const PartitionHash& target_hash, const EncodedPartition& encoded) {
-  ByteWriter w(payload_);
+void ChunkBuilder::PutRecordHeader(std::string_view tensor_name, DType dtype, Encoding encoding,
+                                   EntropyCoder entropy, uint64_t element_offset,
+                                   uint64_t element_count, uint64_t change_count,
+                                   const PartitionHash& base_hash, const PartitionHash& target_hash,
+                                   uint64_t raw_size, uint64_t payload_size) {
+  ByteWriter w(buffer_);
   w.Put<uint16_t>(static_cast<uint16_t>(tensor_name.size()));
   w.PutString(tensor_name);
   w.Put<uint8_t>(static_cast<uint8_t>(dtype));
-  w.Put<uint8_t>(static_cast<uint8_t>(encoded.encoding));
-  w.Put<uint8_t>(static_cast<uint8_t>(encoded.entropy));
+  w.Put<uint8_t>(static_cast<uint8_t>(encoding));
+  w.Put<uint8_t>(static_cast<uint8_t>(entropy));
   w.Put<uint8_t>(0);
   w.Put<uint64_t>(element_offset);
   w.Put<uint64_t>(element_count);
-  w.Put<uint64_t>(encoded.change_count);
+  w.Put<uint64_t>(change_count);
   w.Put<uint64_t>(base_hash.lo);
   w.Put<uint64_t>(base_hash.hi);
   w.Put<uint64_t>(target_hash.lo);
   w.Put<uint64_t>(target_hash.hi);
-  w.Put<uint64_t>(encoded.raw_size);
-  w.Put<uint64_t>(encoded.payload.size());
-  w.PutBytes(encoded.payload);
+  w.Put<uint64_t>(raw_size);
+  w.Put<uint64_t>(payload_size);
   ++record_count_;
 }
 
+void ChunkBuilder::Add(std::string_view tensor_name, DType dtype, uint64_t element_offset,
+                       uint64_t element_count, const PartitionHash& base_hash,
+                       const PartitionHash& target_hash, const EncodedPartition& encoded) {
+  AddView(tensor_name, dtype, element_offset, element_count, base_hash, target_hash,
+          PieceView{encoded.encoding, encoded.entropy, encoded.change_count, encoded.raw_size,
+                    encoded.payload});
+}
+
+void ChunkBuilder::AddView(std::string_view tensor_name, DType dtype, uint64_t element_offset,
+                           uint64_t element_count, const PartitionHash& base_hash,
+                           const PartitionHash& target_hash, const PieceView& record) {
+  PutRecordHeader(tensor_name, dtype, record.encoding, record.entropy, element_offset,
+                  element_count, record.change_count, base_hash, target_hash, record.raw_size,
+                  record.payload.size());
+  buffer_.insert(buffer_.end(), record.payload.begin(), record.payload.end());
+}
+
+void ChunkBuilder::AddPieces(std::string_view tensor_name, DType dtype, uint64_t element_offset,
+                             uint64_t element_count, const PartitionHash& base_hash,
+                             const PartitionHash& target_hash, std::span<const PieceView> pieces) {
+  uint64_t changes = 0, raw = 0, payload = 4;
+  for (const PieceView& p : pieces) {
+    changes += p.change_count;
+    raw += p.raw_size;
+    payload += kPieceHeaderBytes + p.payload.size();
+  }
+  PutRecordHeader(tensor_name, dtype, Encoding::kPieces, EntropyCoder::kNone, element_offset,
+                  element_count, changes, base_hash, target_hash, raw, payload);
+  AppendPiecesPayload(pieces, buffer_);
+}
+
 std::vector<std::byte> ChunkBuilder::Finish() {
-  auto out = Assemble(ChunkKind::kData, identity_, sequence_, record_count_, payload_);
-  payload_.clear();
+  std::byte* h = buffer_.data() + headroom_;
+  WriteHeader(h, ChunkKind::kData, identity_, sequence_, record_count_,
+              ByteSpan(buffer_).subspan(headroom_ + kChunkHeaderBytes));
+  std::vector<std::byte> out = std::move(buffer_);
+  buffer_.assign(headroom_ + kChunkHeaderBytes, std::byte{0});
   record_count_ = 0;
   return out;
 }
@@ -190,8 +234,25 @@ Result<ChunkHeader> PeekChunkHeader(ByteSpan chunk) {
   std::memcpy(out.identity.target_version.bytes.data(), h + kOffTarget, 16);
   out.identity.partition_bytes = LoadLE<uint64_t>(h + kOffPartitionBytes);
   out.sequence = LoadLE<uint32_t>(h + kOffSequence);
+  out.record_count = LoadLE<uint32_t>(h + kOffRecordCount);
   out.payload_length = length;
   return out;
+}
+
+Status RestampChunk(MutableByteSpan chunk, const DeltaIdentity& identity, uint32_t sequence) {
+  ASSIGN_OR_RETURN(ChunkHeader header, PeekChunkHeader(chunk));
+  if (header.kind != ChunkKind::kData) return Status::Corrupt("only data chunks are restamped");
+  if (header.identity.partition_bytes != identity.partition_bytes) {
+    return Status::InvalidArgument("chunk of partition size " +
+                                   std::to_string(header.identity.partition_bytes) +
+                                   " for a delta of " + std::to_string(identity.partition_bytes));
+  }
+  std::byte* h = chunk.data();
+  std::memcpy(h + kOffBase, identity.base_version.bytes.data(), 16);
+  std::memcpy(h + kOffTarget, identity.target_version.bytes.data(), 16);
+  StoreLE<uint32_t>(h + kOffSequence, sequence);
+  StoreLE<uint64_t>(h + kOffHeaderHash, Hash64(ByteSpan(h, kOffHeaderHash)));
+  return Status::Ok();
 }
 
 Status VerifyChunkChecksums(ByteSpan chunk) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -87,23 +88,42 @@ struct ChunkView {
 // Accumulates records into one data chunk.
 class ChunkBuilder {
  public:
-  ChunkBuilder(const DeltaIdentity& identity, uint32_t sequence);
+  // `headroom` bytes are left free before the chunk in what Finish returns, so a
+  // caller can put a message header there without copying the chunk.
+  ChunkBuilder(const DeltaIdentity& identity, uint32_t sequence, size_t headroom = 0);
 
   // Appends a record; `payload` is copied.
   void Add(std::string_view tensor_name, DType dtype, uint64_t element_offset,
            uint64_t element_count, const PartitionHash& base_hash, const PartitionHash& target_hash,
            const EncodedPartition& encoded);
+  // The same from a view of an encoding (a producer's piece, as it arrived).
+  void AddView(std::string_view tensor_name, DType dtype, uint64_t element_offset,
+               uint64_t element_count, const PartitionHash& base_hash,
+               const PartitionHash& target_hash, const PieceView& record);
+  // Appends one pieces record made of `pieces` (CombinePieces, written in place:
+  // each piece's payload is copied once).
+  void AddPieces(std::string_view tensor_name, DType dtype, uint64_t element_offset,
+                 uint64_t element_count, const PartitionHash& base_hash,
+                 const PartitionHash& target_hash, std::span<const PieceView> pieces);
   size_t record_count() const { return record_count_; }
+  // Room for a chunk of `bytes` without growing (and copying) the buffer on the way.
+  void Reserve(size_t bytes) { buffer_.reserve(headroom_ + bytes); }
   // Bytes the chunk will have if finished now.
-  size_t size_bytes() const { return kChunkHeaderBytes + payload_.size(); }
-  // The finished chunk (header + payload); the builder is then empty.
+  size_t size_bytes() const { return buffer_.size() - headroom_; }
+  // The finished chunk (after `headroom` bytes); the builder is then empty.
   std::vector<std::byte> Finish();
 
  private:
+  void PutRecordHeader(std::string_view tensor_name, DType dtype, Encoding encoding,
+                       EntropyCoder entropy, uint64_t element_offset, uint64_t element_count,
+                       uint64_t change_count, const PartitionHash& base_hash,
+                       const PartitionHash& target_hash, uint64_t raw_size, uint64_t payload_size);
+
   DeltaIdentity identity_;
   uint32_t sequence_;
+  size_t headroom_;
   uint32_t record_count_ = 0;
-  std::vector<std::byte> payload_;
+  std::vector<std::byte> buffer_;  // headroom, header space, records
 };
 
 std::vector<std::byte> BuildEndChunk(const DeltaIdentity& identity, uint32_t sequence,
@@ -114,11 +134,19 @@ struct ChunkHeader {
   ChunkKind kind = ChunkKind::kData;
   DeltaIdentity identity;
   uint32_t sequence = 0;
+  uint32_t record_count = 0;
   uint64_t payload_length = 0;
 };
 // Validates the 80-byte header alone (as ParseChunkHeaderPayloadLength does) and
 // returns its fields: enough for a relay to index a chunk it forwards unparsed.
 Result<ChunkHeader> PeekChunkHeader(ByteSpan chunk);
+
+// Gives a data chunk built without its delta's identity (a producer's, made before
+// the target version id exists) its identity and sequence, in place: header fields
+// and header hash only; the payload, and so its hash, is untouched. kCorrupt for a
+// chunk whose header does not validate or that is not a data chunk;
+// kInvalidArgument for another partition size.
+Status RestampChunk(MutableByteSpan chunk, const DeltaIdentity& identity, uint32_t sequence);
 
 // Checks a whole chunk's header and payload checksums (and its length) without
 // parsing its records: what a relay verifies before it forwards a chunk.

@@ -173,6 +173,98 @@ Status CheckLeadsToTarget(const RecordCoding& record, const PartitionHash& reach
                          record.target_hash.ShortHex() + "; refused before writing");
 }
 
+// Decodes a kPieces payload into one list of XOR changes over the partition:
+// every piece parsed like the record it would be on its own, overwrite words turned
+// into XOR words against `base`, the union checked to hold each position once.
+Status DecodePieces(const RecordCoding& record, ByteSpan base, uint64_t count, uint32_t e,
+                    SparseChanges& out, CodecScratch& scratch) {
+  ByteReader r(record.payload);
+  uint32_t pieces = 0;
+  if (!r.Get(pieces) || pieces < 2 || pieces > kMaxPieces) {
+    return Status::Corrupt("pieces record: piece count " + std::to_string(pieces) +
+                           " is outside 2.." + std::to_string(kMaxPieces));
+  }
+  out.clear();
+  out.element_size = e;
+  out.positions.reserve(record.change_count);
+  out.xors.reserve(record.change_count * e);
+  thread_local SparseChanges piece;
+  thread_local std::vector<std::byte> raw, words;
+  uint64_t changes = 0, raw_total = 0;
+  bool sorted = true;
+  for (uint32_t i = 0; i < pieces; ++i) {
+    uint8_t encoding = 0, entropy = 0;
+    uint16_t reserved = 0;
+    uint64_t piece_changes = 0, raw_size = 0, payload_size = 0;
+    ByteSpan payload;
+    if (!r.Get(encoding) || !r.Get(entropy) || !r.Get(reserved) || !r.Get(piece_changes) ||
+        !r.Get(raw_size) || !r.Get(payload_size) || !r.GetBytes(payload_size, payload)) {
+      return Status::Corrupt("pieces record: piece " + std::to_string(i) + " is truncated");
+    }
+    const auto enc = static_cast<Encoding>(encoding);
+    if ((enc != Encoding::kSparseXor && enc != Encoding::kOverwrite) || reserved != 0 ||
+        entropy > static_cast<uint8_t>(EntropyCoder::kLz4)) {
+      return Status::Corrupt("pieces record: piece " + std::to_string(i) + " has encoding " +
+                             std::to_string(encoding) + ", entropy " + std::to_string(entropy) +
+                             " (a piece is sparse-xor or overwrite)");
+    }
+    if (piece_changes == 0 || piece_changes > record.change_count - changes ||
+        raw_size > MaxRawSize(enc, count, e, piece_changes)) {
+      return Status::Corrupt("pieces record: piece " + std::to_string(i) +
+                             " declares more changes or raw bytes than the record allows");
+    }
+    changes += piece_changes;
+    raw_total += raw_size;
+    raw.resize(raw_size);
+    RETURN_IF_ERROR(DecompressSections(static_cast<EntropyCoder>(entropy), payload, raw));
+    RETURN_IF_ERROR(ParseSparse(raw, count, piece_changes, e, piece, words));
+    for (size_t k = 0; k < piece.size(); ++k) {
+      const uint32_t pos = piece.positions[k];
+      if (!out.positions.empty() && pos <= out.positions.back()) sorted = false;
+      out.positions.push_back(pos);
+      const std::byte* w = words.data() + k * e;
+      bool zero = true;
+      for (uint32_t b = 0; b < e; ++b) {
+        const std::byte x = enc == Encoding::kOverwrite ? w[b] ^ base[size_t{pos} * e + b] : w[b];
+        zero &= x == std::byte{0};
+        out.xors.push_back(x);
+      }
+      if (zero && enc == Encoding::kSparseXor) {
+        return Status::Corrupt("pieces record: a sparse-xor piece lists a zero XOR word");
+      }
+    }
+  }
+  if (r.remaining() != 0 || changes != record.change_count || raw_total != record.raw_size) {
+    return Status::Corrupt(
+        "pieces record: pieces add up to " + std::to_string(changes) + " changes and " +
+        std::to_string(raw_total) + " raw bytes, the record declares " +
+        std::to_string(record.change_count) + " and " + std::to_string(record.raw_size) +
+        (r.remaining() ? " (trailing bytes)" : ""));
+  }
+  if (!sorted) {
+    // Pieces from different producers interleave (a row split): one sort by position.
+    std::vector<uint32_t> order(out.positions.size());
+    for (uint32_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::sort(order.begin(), order.end(),
+              [&](uint32_t a, uint32_t b) { return out.positions[a] < out.positions[b]; });
+    SparseChanges& s = scratch.changes;
+    s.element_size = e;
+    s.positions.resize(order.size());
+    s.xors.resize(out.xors.size());
+    for (size_t k = 0; k < order.size(); ++k) {
+      s.positions[k] = out.positions[order[k]];
+      std::memcpy(s.xors.data() + k * e, out.xors.data() + size_t{order[k]} * e, e);
+      if (k > 0 && s.positions[k] == s.positions[k - 1]) {
+        return Status::Corrupt("pieces record: two pieces change element " +
+                               std::to_string(s.positions[k]) + " of the partition");
+      }
+    }
+    out.positions.swap(s.positions);
+    out.xors.swap(s.xors);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string_view EncodingName(Encoding encoding) {
@@ -187,6 +279,8 @@ std::string_view EncodingName(Encoding encoding) {
       return "literal";
     case Encoding::kContextXor:
       return "context-xor";
+    case Encoding::kPieces:
+      return "pieces";
   }
   return "unknown";
 }
@@ -202,6 +296,9 @@ uint64_t MaxRawSize(Encoding encoding, uint64_t element_count, uint32_t element_
       return element_count * element_size;
     case Encoding::kContextXor:
       return 0;  // no entropy stage: raw size must be 0, payload size is the coder's own
+    case Encoding::kPieces:
+      // The pieces' raw sizes added up: each is sparse-XOR or overwrite.
+      return change_count * (kMaxVarint32Bytes + element_size);
   }
   return 0;
 }
@@ -234,6 +331,8 @@ Result<EncodedPartition> EncodePartitionAs(Encoding encoding, DType dtype, ByteS
     case Encoding::kLiteral:
       AppendPlanes(target.data(), count, e, raw);
       break;
+    case Encoding::kPieces:
+      return Status::InvalidArgument("pieces records are combined from pieces (CombinePieces)");
     case Encoding::kContextXor: {
       if (!ContextModeSupports(dtype)) {
         return Status::Unsupported("context mode does not model " + std::string(DTypeName(dtype)));
@@ -249,6 +348,50 @@ Result<EncodedPartition> EncodePartitionAs(Encoding encoding, DType dtype, ByteS
     }
   }
   return Finish(encoding, changes.size(), raw, gap_bytes, e, options);
+}
+
+EncodedPartition EncodeChanges(Encoding encoding, DType dtype, const SparseChanges& changes,
+                               const std::byte* new_words, const EncodeOptions& options,
+                               CodecScratch& scratch) {
+  const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
+  std::vector<std::byte>& raw = scratch.raw;
+  raw.clear();
+  AppendGaps(changes.positions, raw);
+  const size_t gap_bytes = raw.size();
+  const std::byte* words = encoding == Encoding::kOverwrite ? new_words : changes.xors.data();
+  AppendPlanes(words, changes.size(), e, raw);
+  return Finish(encoding, changes.size(), raw, gap_bytes, e, options);
+}
+
+void AppendPiecesPayload(std::span<const PieceView> pieces, std::vector<std::byte>& out) {
+  size_t bytes = 4;
+  for (const PieceView& p : pieces) bytes += kPieceHeaderBytes + p.payload.size();
+  out.reserve(out.size() + bytes);
+  ByteWriter w(out);
+  w.Put<uint32_t>(static_cast<uint32_t>(pieces.size()));
+  for (const PieceView& p : pieces) {
+    w.Put<uint8_t>(static_cast<uint8_t>(p.encoding));
+    w.Put<uint8_t>(static_cast<uint8_t>(p.entropy));
+    w.Put<uint16_t>(0);
+    w.Put<uint64_t>(p.change_count);
+    w.Put<uint64_t>(p.raw_size);
+    w.Put<uint64_t>(p.payload.size());
+    w.PutBytes(p.payload);
+  }
+}
+
+EncodedPartition CombinePieces(std::span<const EncodedPartition* const> pieces) {
+  EncodedPartition out;
+  out.encoding = Encoding::kPieces;
+  out.entropy = EntropyCoder::kNone;
+  std::vector<PieceView> views;
+  for (const EncodedPartition* p : pieces) {
+    views.push_back({p->encoding, p->entropy, p->change_count, p->raw_size, p->payload});
+    out.change_count += p->change_count;
+    out.raw_size += p->raw_size;
+  }
+  AppendPiecesPayload(views, out.payload);
+  return out;
 }
 
 std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, ByteSpan target,
@@ -308,6 +451,10 @@ Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRe
     return check_mask();
   }
 
+  if (record.encoding == Encoding::kPieces) {
+    RETURN_IF_ERROR(DecodePieces(record, base, count, e, out.changes, scratch));
+    return check_mask();
+  }
   const uint64_t max_raw = MaxRawSize(record.encoding, count, e, record.change_count);
   if (record.raw_size > max_raw) {
     return Status::Corrupt("record declares raw size " + std::to_string(record.raw_size) +
@@ -358,13 +505,36 @@ Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRe
       return CheckLeadsToTarget(record, record.base_hash ^ HashPiece(out.whole, 0));
     }
     case Encoding::kContextXor:
+    case Encoding::kPieces:
       break;
   }
   return Status::Corrupt("unknown encoding " + std::to_string(static_cast<int>(record.encoding)));
 }
 
 bool RecordNeedsBase(Encoding encoding) {
-  return encoding == Encoding::kOverwrite || encoding == Encoding::kContextXor;
+  // Pieces may hold overwrite pieces, which decode against the old bytes.
+  return encoding == Encoding::kOverwrite || encoding == Encoding::kContextXor ||
+         encoding == Encoding::kPieces;
+}
+
+bool RecordIsSelfInverse(Encoding encoding, ByteSpan payload) {
+  if (encoding == Encoding::kSparseXor || encoding == Encoding::kDenseXor) return true;
+  if (encoding != Encoding::kPieces) return false;
+  ByteReader r(payload);
+  uint32_t pieces = 0;
+  if (!r.Get(pieces)) return false;
+  for (uint32_t i = 0; i < pieces; ++i) {
+    uint8_t enc = 0, entropy = 0;
+    uint16_t reserved = 0;
+    uint64_t changes = 0, raw = 0, size = 0;
+    ByteSpan body;
+    if (!r.Get(enc) || !r.Get(entropy) || !r.Get(reserved) || !r.Get(changes) || !r.Get(raw) ||
+        !r.Get(size) || !r.GetBytes(size, body) ||
+        enc != static_cast<uint8_t>(Encoding::kSparseXor)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -25,8 +26,15 @@ enum class Encoding : uint8_t {
   kOverwrite = 3,   // gaps + new words, byte-planed (for changes XOR cannot serve)
   kLiteral = 4,     // the whole target partition, byte-planed
   kContextXor = 5,  // context-modelled changes (codec/context_coder.h); no entropy stage
+  kPieces = 6,      // disjoint pieces of one partition (each sparse-XOR or overwrite),
+                    // encoded by the producers that hold them; no entropy stage of its own
 };
-inline constexpr uint8_t kMaxEncoding = 5;
+inline constexpr uint8_t kMaxEncoding = 6;
+// A pieces payload: u32 piece count, then per piece this header (encoding u8,
+// entropy u8, reserved u16, change count u64, raw size u64, payload size u64) and
+// its payload.
+inline constexpr size_t kPieceHeaderBytes = 28;
+inline constexpr uint32_t kMaxPieces = 1u << 16;
 std::string_view EncodingName(Encoding encoding);
 
 enum class CodecMode {
@@ -90,6 +98,30 @@ Result<EncodedPartition> EncodePartitionAs(Encoding encoding, DType dtype, ByteS
                                            ByteSpan target, const SparseChanges& changes,
                                            const EncodeOptions& options, CodecScratch& scratch);
 
+// Encodes known changes without the partition's bytes (a producer's piece of a
+// partition, or a partition assembled from several local runs): kSparseXor from
+// changes.xors, or kOverwrite from `new_words` (changes.size() words). Positions are
+// relative to the partition, strictly increasing.
+EncodedPartition EncodeChanges(Encoding encoding, DType dtype, const SparseChanges& changes,
+                               const std::byte* new_words, const EncodeOptions& options,
+                               CodecScratch& scratch);
+
+// An encoded partition or piece whose payload lies elsewhere (in a message).
+struct PieceView {
+  Encoding encoding = Encoding::kSparseXor;
+  EntropyCoder entropy = EntropyCoder::kNone;
+  uint64_t change_count = 0;
+  uint64_t raw_size = 0;
+  ByteSpan payload;
+};
+
+// One kPieces record from the pieces several producers encoded of one partition
+// (each kSparseXor or kOverwrite, over disjoint positions; docs/wire-format.md,
+// "Pieces"). The piece payloads are copied once, never re-encoded.
+EncodedPartition CombinePieces(std::span<const EncodedPartition* const> pieces);
+// Appends the payload of a pieces record made of `pieces` to `out`.
+void AppendPiecesPayload(std::span<const PieceView> pieces, std::vector<std::byte>& out);
+
 // The largest raw size a well-formed record with these counts can declare; decoders
 // refuse anything larger before allocating.
 uint64_t MaxRawSize(Encoding encoding, uint64_t element_count, uint32_t element_size,
@@ -118,6 +150,9 @@ struct RecordCoding {
 Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRecord& out,
                             CodecScratch& scratch);
 bool RecordNeedsBase(Encoding encoding);
+// Whether applying the record to its target gives its base back (XOR records:
+// sparse-XOR, dense-XOR, and pieces records whose pieces are all sparse-XOR).
+bool RecordIsSelfInverse(Encoding encoding, ByteSpan payload);
 
 // Writes `decoded` (from DecodeAndCheckRecord; for overwrite and context-XOR against
 // these same bytes) into `data`, which must be at the base version, and verifies that

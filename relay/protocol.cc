@@ -150,6 +150,22 @@ std::string_view MessageTypeName(MessageType type) {
       return "FETCH_DELTA_CHUNK";
     case MessageType::kDeltaChunk:
       return "DELTA_CHUNK";
+    case MessageType::kProduce:
+      return "PRODUCE";
+    case MessageType::kCoverage:
+      return "COVERAGE";
+    case MessageType::kBaseHashes:
+      return "BASE_HASHES";
+    case MessageType::kProduced:
+      return "PRODUCED";
+    case MessageType::kPull:
+      return "PULL";
+    case MessageType::kShardChunk:
+      return "SHARD_CHUNK";
+    case MessageType::kPieces:
+      return "PIECES";
+    case MessageType::kProduceEnd:
+      return "PRODUCE_END";
   }
   return "UNKNOWN";
 }

@@ -49,8 +49,18 @@ enum class MessageType : uint8_t {
   kChain = 20,            // down: the answer to a FETCH_CHAIN
   kFetchDeltaChunk = 21,  // up: send me chunk N of the retained delta to this target
   kDeltaChunk = 22,       // down: the answer to a FETCH_DELTA_CHUNK (a CHUNK message)
+  // Between the root and its producers (relay/producer_protocol.h; docs/protocol.md,
+  // "Producers"). Producers join with the same CHALLENGE / HELLO / WELCOME.
+  kProduce = 23,     // root -> producer: a refit begins; report your share
+  kCoverage = 24,    // producer -> root: the partitions I cover (and my base pieces)
+  kBaseHashes = 25,  // root -> producer: base hashes of the partitions you cover whole
+  kProduced = 26,    // producer -> root: my share is encoded; my mask contributions
+  kPull = 27,        // root -> producer: room for this many more of your messages
+  kShardChunk = 28,  // producer -> root: a data chunk of whole-partition records
+  kPieces = 29,      // producer -> root: pieces of partitions others cover too
+  kProduceEnd = 30,  // root -> producer: the refit is over (committed or not)
 };
-inline constexpr uint8_t kMaxMessageType = 22;
+inline constexpr uint8_t kMaxMessageType = 30;
 inline constexpr size_t kMaxChainLinks = 64;
 inline constexpr uint32_t kMaxAppliedInHello = 1u << 20;
 inline constexpr size_t kMaxHopTransports = 8;

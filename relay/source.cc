@@ -87,11 +87,10 @@ class Source::Impl {
     return Status::Ok();
   }
 
-  Result<PublishReport> Publish(const apply::WeightStore& base,
-                                const codec::Manifest& base_manifest,
-                                const apply::WeightStore& target,
-                                const codec::Manifest& target_manifest,
-                                const codec::EncodeOptions& codec);
+  Result<PublishReport> PublishStream(const codec::Manifest& base_manifest,
+                                      const codec::Manifest& target_manifest,
+                                      const DeltaStream& stream, const apply::WeightStore* base,
+                                      const apply::WeightStore* target);
 
   void Stop() {
     if (stopped_) return;
@@ -107,7 +106,7 @@ class Source::Impl {
   }
 
   const std::string& listen_address() const { return listen_address_; }
-  const codec::EncodeOptions& codec() const { return options_.codec; }
+  const PublishOptions& options() const { return options_; }
 
  private:
   // One refit: set up by Publish, kept after it (for the children that rejoin)
@@ -161,11 +160,11 @@ class Source::Impl {
   Downstream downstream_;
 };
 
-Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
-                                            const codec::Manifest& base_manifest,
-                                            const apply::WeightStore& target,
-                                            const codec::Manifest& target_manifest,
-                                            const codec::EncodeOptions& codec) {
+Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_manifest,
+                                                  const codec::Manifest& target_manifest,
+                                                  const DeltaStream& stream,
+                                                  const apply::WeightStore* base,
+                                                  const apply::WeightStore* target) {
   PublishReport report;
   report.base_version = base_manifest.VersionId();
   report.target_version = target_manifest.VersionId();
@@ -184,8 +183,8 @@ Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
     refit_.emplace();
     refit_->begin = begin;
     if (spool.ok()) refit_->spool = std::move(*spool);
-    refit_->base = &base;
-    refit_->target = &target;
+    refit_->base = base;
+    refit_->target = target;
     refit_->manifests = {{base_manifest.VersionId(), base_manifest.Serialize()},
                          {target_manifest.VersionId(), target_manifest.Serialize()}};
     children_.BeginRefit(Clock::now());
@@ -210,20 +209,13 @@ Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
                         report.base_version.ShortHex(), report.target_version.ShortHex(),
                         children_.planned().size()));
 
-  codec::DeltaEncoderOptions encoder;
-  encoder.codec = codec;
-  encoder.chunk_bytes = options_.config.tree.chunk_size;
-  encoder.threads = options_.encode_threads;
   PublishProgress progress;
   progress.tensor_bytes = target_manifest.TotalBytes();
   const size_t window = static_cast<size_t>(options_.config.tree.window);
   Spool* spooled = refit_->spool.get();
-  Status encoded = codec::EncodeDelta(
-      base_manifest, target_manifest, [&](size_t i) { return base.TensorData(i); },
-      [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
-      [&](std::vector<std::byte>&& chunk) -> Status {
-        auto message = transport::MakeMessage(EncodeChunk(chunk));
-        auto header = codec::PeekChunkHeader(chunk);
+  Status encoded = stream(
+      [&](transport::Message message) -> Status {
+        auto header = codec::PeekChunkHeader(Body(ByteSpan(*message)));
         if (!header.ok()) return header.status();
         if (spooled) (void)spooled->Append(header->sequence, *message);
         {
@@ -618,7 +610,7 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
                                       const codec::Manifest& base_manifest,
                                       const apply::WeightStore& target,
                                       const codec::Manifest& target_manifest) {
-  return impl_->Publish(base, base_manifest, target, target_manifest, impl_->codec());
+  return Publish(base, base_manifest, target, target_manifest, impl_->options().codec);
 }
 
 Result<PublishReport> Source::Publish(const apply::WeightStore& base,
@@ -626,7 +618,30 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
                                       const apply::WeightStore& target,
                                       const codec::Manifest& target_manifest,
                                       const codec::EncodeOptions& codec) {
-  return impl_->Publish(base, base_manifest, target, target_manifest, codec);
+  codec::DeltaEncoderOptions encoder;
+  encoder.codec = codec;
+  encoder.chunk_bytes = impl_->options().config.tree.chunk_size;
+  encoder.threads = impl_->options().encode_threads;
+  return impl_->PublishStream(
+      base_manifest, target_manifest,
+      [&](const ChunkMessageSink& sink, codec::DeltaStats* stats) {
+        return codec::EncodeDelta(
+            base_manifest, target_manifest, [&](size_t i) { return base.TensorData(i); },
+            [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
+            [&](std::vector<std::byte>&& chunk) {
+              return sink(transport::MakeMessage(EncodeChunk(chunk)));
+            },
+            stats);
+      },
+      &base, &target);
+}
+
+Result<PublishReport> Source::PublishStream(const codec::Manifest& base_manifest,
+                                            const codec::Manifest& target_manifest,
+                                            const DeltaStream& stream,
+                                            const apply::WeightStore* base,
+                                            const apply::WeightStore* target) {
+  return impl_->PublishStream(base_manifest, target_manifest, stream, base, target);
 }
 
 }  // namespace deltacast::relay

@@ -12,6 +12,7 @@
 // on it. Start, Publish and Stop from one thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,23 @@ class Source {
                                 const apply::WeightStore& target,
                                 const codec::Manifest& target_manifest,
                                 const codec::EncodeOptions& codec);
+
+  // Receives each CHUNK message of a delta, header included, in sequence order.
+  using ChunkMessageSink = std::function<Status(transport::Message chunk_message)>;
+  // Produces a delta's chunks (data chunks 0..n-1, then END, all naming the
+  // manifests' versions) into the sink, and its statistics; a non-OK status from
+  // the sink must stop it and be returned.
+  using DeltaStream = std::function<Status(const ChunkMessageSink& sink, codec::DeltaStats* stats)>;
+
+  // Publishes a delta that someone else encodes (the root of many producers,
+  // relay/root.h), as Publish does otherwise: children, spool, two-phase commit. A
+  // failing stream aborts the refit. `base` and `target` (optional) serve repair
+  // FETCHes during the refit; without them the source answers "not found".
+  Result<PublishReport> PublishStream(const codec::Manifest& base_manifest,
+                                      const codec::Manifest& target_manifest,
+                                      const DeltaStream& stream,
+                                      const apply::WeightStore* base = nullptr,
+                                      const apply::WeightStore* target = nullptr);
 
   // Closes every link; the last committed delta joins the kept history. Idempotent.
   void Stop();

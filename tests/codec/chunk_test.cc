@@ -441,7 +441,8 @@ TEST_F(ChunkTest, UnknownDtypeEncodingOrEntropy) {
   ExpectFieldRefused<uint8_t>(0, Field::kDType, 0, "unknown dtype 0");
   ExpectFieldRefused<uint8_t>(2, Field::kDType, 16, "record 2: unknown dtype 16");
   ExpectFieldRefused<uint8_t>(0, Field::kEncoding, 0, "unknown encoding 0");
-  ExpectFieldRefused<uint8_t>(3, Field::kEncoding, kMaxEncoding + 1, "unknown encoding 6");
+  ExpectFieldRefused<uint8_t>(3, Field::kEncoding, kMaxEncoding + 1,
+                              "unknown encoding " + std::to_string(kMaxEncoding + 1));
   ExpectFieldRefused<uint8_t>(4, Field::kEntropy, 3, "record 4: unknown entropy coder 3");
   ExpectFieldRefused<uint8_t>(0, Field::kEntropy, 0xFF, "unknown entropy coder 255");
 }

@@ -1,0 +1,233 @@
+#include "agent/produce_commands.h"
+
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "agent/commands.h"
+#include "agent/synth_shards.h"
+#include "apply/checkpoint_dir.h"
+#include "apply/checkpoint_state.h"
+#include "common/log.h"
+#include "relay/node_transports.h"
+#include "relay/producer.h"
+#include "relay/root.h"
+#include "relay/shard_input.h"
+#include "transport/factory.h"
+
+namespace deltacast::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+int Fail(const Status& status) {
+  fmt::print(stderr, "deltacast: {}\n", status.ToString());
+  return kExitFailure;
+}
+
+std::string DefaultProducerAddress(const topology::ClusterConfig& config) {
+  const auto* source = config.Source();
+  return source->host + ":" + std::to_string(source->port + kProducerPortOffset);
+}
+
+// One rank's shard pair and its placement, from files.
+struct LocalShare {
+  std::unique_ptr<relay::ShardFile> base, target;
+  relay::RankPlacement placement;
+  relay::ShareInput Input() const {
+    return {&placement.map, [this](uint32_t i) { return base->TensorData(i); },
+            [this](uint32_t i) { return target->TensorData(i); }};
+  }
+};
+
+Result<std::unique_ptr<LocalShare>> LoadShare(const fs::path& layout, const fs::path& base,
+                                              const fs::path& target) {
+  auto share = std::make_unique<LocalShare>();
+  auto b = relay::ShardFile::Open(base);
+  if (!b.ok()) return b.status().WithContext("base shard");
+  auto t = relay::ShardFile::Open(target);
+  if (!t.ok()) return t.status().WithContext("new shard");
+  if ((*b)->tensors() != (*t)->tensors()) {
+    return Status::InvalidArgument("shards " + base.string() + " and " + target.string() +
+                                   " hold different tensors: a delta carries tensor bytes only");
+  }
+  share->base = std::move(*b);
+  share->target = std::move(*t);
+  ASSIGN_OR_RETURN(share->placement, relay::LoadRankPlacement(layout, share->target->tensors()));
+  return share;
+}
+
+Result<std::unique_ptr<transport::Transport>> ProducerTransport() {
+  return transport::MakeTransport("tcp", transport::TransportOptions{});
+}
+
+json ProduceJson(const relay::ProduceReport& r) {
+  return {{"refit_id", r.refit_id},
+          {"committed", r.committed},
+          {"reason", r.reason},
+          {"partitions", r.partitions},
+          {"hashed_base", r.hashed_base},
+          {"local_bytes", r.stats.local_bytes},
+          {"changed_elements", r.stats.changed_elements},
+          {"records", r.stats.records},
+          {"chunk_bytes", r.stats.chunk_bytes},
+          {"piece_bytes", r.stats.piece_bytes},
+          {"messages", r.messages},
+          {"sent_bytes", r.sent_bytes},
+          {"hash_seconds", r.hash_seconds},
+          {"encode_seconds", r.encode_seconds},
+          {"seconds", r.seconds}};
+}
+
+}  // namespace
+
+int RunProduce(const ProduceArgs& args) {
+  auto config = topology::LoadClusterConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  auto token = topology::ReadAuthToken(*config);
+  if (!token.ok()) return Fail(token.status());
+  auto share = LoadShare(args.layout, args.base, args.target);
+  if (!share.ok()) return Fail(share.status());
+  auto transport = ProducerTransport();
+  if (!transport.ok()) return Fail(transport.status());
+  relay::ProducerOptions options;
+  options.id = RankFileStem(args.rank);
+  options.root_address = args.root.empty() ? DefaultProducerAddress(*config) : args.root;
+  options.root_id = config->Source()->id;
+  options.token = *token;
+  options.codec = args.codec;
+  options.threads = args.threads;
+  options.connect_timeout = config->tree.connect_timeout * 3;
+  options.refit_timeout = config->tree.commit_timeout * 2;
+  auto producer = relay::Producer::Connect(std::move(options), std::move(*transport));
+  if (!producer.ok()) return Fail(producer.status());
+  auto report = (*producer)->Serve((*share)->Input());
+  if (!report.ok()) return Fail(report.status());
+  if (args.json) {
+    fmt::print("{}\n", ProduceJson(*report).dump(2));
+  } else {
+    fmt::print(
+        "producer {}: refit {} {}; {} partitions, {:.1f} MiB compared in {:.2f} s, {} changed "
+        "elements, {:.2f} MiB sent\n",
+        RankFileStem(args.rank), report->refit_id, report->committed ? "COMMITTED" : "ABORTED",
+        report->partitions, double(report->stats.local_bytes) / (1 << 20), report->encode_seconds,
+        report->stats.changed_elements, double(report->sent_bytes) / (1 << 20));
+  }
+  return report->committed ? kExitOk : kExitFailure;
+}
+
+int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
+  auto config = topology::LoadClusterConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  auto token = topology::ReadAuthToken(*config);
+  if (!token.ok()) return Fail(token.status());
+  const bool local = !p.new_shards.empty();
+  // The local producers, one per rank file of the shard directories.
+  std::vector<std::unique_ptr<LocalShare>> shares;
+  if (local) {
+    for (uint64_t r = 0; fs::exists(p.new_shards / (RankFileStem(r) + ".toml")); ++r) {
+      const std::string stem = RankFileStem(r);
+      auto share =
+          LoadShare(p.new_shards / (stem + ".toml"), p.base_shards / (stem + ".safetensors"),
+                    p.new_shards / (stem + ".safetensors"));
+      if (!share.ok()) return Fail(share.status().WithContext("rank " + std::to_string(r)));
+      shares.push_back(std::move(*share));
+    }
+    if (shares.empty()) {
+      return Fail(Status::NotFound("no rank-00000.toml in " + p.new_shards.string()));
+    }
+  }
+  auto tree = relay::MakeNodeTransports(*config, *config->Source());
+  if (!tree.ok()) return Fail(tree.status());
+  auto producer_transport = ProducerTransport();
+  if (!producer_transport.ok()) return Fail(producer_transport.status());
+  relay::RootOptions options;
+  options.publish = MakePublishOptions(args, *config, *token, local ? p.new_shards : args.config);
+  options.producers = local ? shares.size() : p.producers;
+  options.producer_address = !p.listen.empty() ? p.listen
+                             : local           ? "127.0.0.1:0"
+                                               : DefaultProducerAddress(*config);
+  options.join_timeout = config->tree.connect_timeout * 3;
+  options.produce_timeout = config->tree.commit_timeout;
+  const bool tty = options.publish.on_progress != nullptr;
+  auto root =
+      relay::Root::Start(std::move(options), std::move(*tree), std::move(*producer_transport));
+  if (!root.ok()) return Fail(root.status());
+
+  std::optional<codec::Manifest> base;
+  if (!args.base.empty()) {
+    auto store =
+        apply::CheckpointDirStore::Open(args.base, apply::CheckpointDirStore::Access::kReadOnly);
+    if (!store.ok()) return Fail(store.status().WithContext("base checkpoint"));
+    auto m = apply::CheckpointState(args.base).LoadOrComputeManifest(
+        **store, codec::kDefaultPartitionBytes, args.threads ? args.threads : 1);
+    if (!m.ok()) return Fail(m.status());
+    base = std::move(*m);
+  }
+  std::vector<std::thread> threads;
+  std::vector<Status> served(shares.size());
+  const size_t per_producer_threads =
+      std::max<size_t>(1, (args.threads ? args.threads : std::thread::hardware_concurrency()) /
+                              std::max<size_t>(1, shares.size()));
+  for (size_t r = 0; r < shares.size(); ++r) {
+    threads.emplace_back([&, r] {
+      relay::ProducerOptions o;
+      o.id = RankFileStem(r);
+      o.root_address = (*root)->producer_address();
+      o.root_id = config->Source()->id;
+      o.token = *token;
+      o.codec = args.codec;
+      o.threads = per_producer_threads;
+      o.refit_timeout = config->tree.commit_timeout * 2;
+      auto t = ProducerTransport();
+      if (!t.ok()) {
+        served[r] = t.status();
+        return;
+      }
+      auto producer = relay::Producer::Connect(std::move(o), std::move(*t));
+      if (!producer.ok()) {
+        served[r] = producer.status();
+        return;
+      }
+      auto report = (*producer)->Serve(shares[r]->Input());
+      served[r] = report.ok() ? Status::Ok() : report.status();
+    });
+  }
+  auto report = (*root)->Publish(base ? &*base : nullptr);
+  for (auto& t : threads) t.join();
+  (*root)->Stop();
+  if (tty) fmt::print(stderr, "\n");
+  for (size_t r = 0; r < served.size(); ++r) {
+    if (!served[r].ok())
+      log::Warn("local producer " + RankFileStem(r) + ": " + served[r].ToString());
+  }
+  if (!report.ok()) return Fail(report.status());
+  json producers = json::array();
+  for (const auto& s : report->producers) {
+    producers.push_back({{"id", s.id},
+                         {"partitions", s.partitions},
+                         {"whole_changes", s.whole_changes},
+                         {"piece_changes", s.piece_changes},
+                         {"local_bytes", s.local_bytes},
+                         {"encode_seconds", s.encode_seconds}});
+  }
+  json extra{{"producers", producers},
+             {"base_from_producers", report->base_from_producers},
+             {"coverage_seconds", report->coverage_seconds},
+             {"produce_seconds", report->produce_seconds},
+             {"merge_cpu_seconds", report->merge_cpu_seconds},
+             {"merged_bytes", report->merged_bytes}};
+  if (!args.json) {
+    fmt::print(
+        "{} producers; target known after {:.3f} s (coverage {:.3f} s); root merge {:.3f} "
+        "CPU s for {:.2f} MiB\n",
+        report->producers.size(), report->produce_seconds, report->coverage_seconds,
+        report->merge_cpu_seconds, double(report->merged_bytes) / (1 << 20));
+  }
+  return ReportPublish(report->publish, args.json, extra.dump());
+}
+
+}  // namespace deltacast::agent

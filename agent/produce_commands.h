@@ -1,0 +1,40 @@
+// The many-producer subcommands (docs/producers.md):
+//   deltacast produce  one producer: a training rank's shard pair through its layout
+//   deltacast publish --producers N | --base-shards OLD --new-shards NEW: the root
+//     waiting for N producers, or running one local producer per rank of two shard
+//     directories (`deltacast synth --shards` writes them).
+// Producers dial the root at the source's host, port + kProducerPortOffset, unless
+// --root / --listen-producers say otherwise.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "agent/cluster_commands.h"
+
+namespace deltacast::agent {
+
+inline constexpr uint16_t kProducerPortOffset = 1000;
+
+struct ProduceArgs {
+  std::filesystem::path config, layout, base, target;
+  uint64_t rank = 0;
+  std::string root;  // "host:port"; empty: the source's host, port + kProducerPortOffset
+  codec::EncodeOptions codec;
+  size_t threads = 0;
+  bool json = false;
+};
+// Exit status 0 when the refit committed.
+int RunProduce(const ProduceArgs& args);
+
+struct ProducersArgs {
+  size_t producers = 0;                           // wait for this many remote producers
+  std::filesystem::path base_shards, new_shards;  // or run local ones over these
+  std::string listen;                             // where producers dial; empty: the default above
+};
+// The root: `publish` with producers. With `args.base` set, the base version's
+// manifest comes from that canonical checkpoint; otherwise producers hash theirs.
+int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& producers);
+
+}  // namespace deltacast::agent

@@ -1,0 +1,87 @@
+#include "layout/internal/coverage.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "layout/placement.h"
+
+namespace deltacast::layout::internal {
+namespace {
+
+struct Interval {
+  uint64_t begin = 0, end = 0;
+  uint32_t map = 0;
+  int line = 0;
+};
+
+// Every row of every run, per canonical tensor, sorted by start.
+Result<std::vector<std::vector<Interval>>> Rows(std::span<const PlacementMap* const> maps) {
+  std::vector<std::vector<Interval>> rows(maps.front()->canonical().size());
+  uint64_t total = 0;
+  for (uint32_t m = 0; m < maps.size(); ++m) {
+    for (const Run& r : maps[m]->runs()) {
+      total += r.count;
+      if (total > kMaxCheckedRows) {
+        return Status::ResourceExhausted("more than " + std::to_string(kMaxCheckedRows) +
+                                         " rows to check; check fewer ranks at a time");
+      }
+      for (uint64_t i = 0; i < r.count; ++i) {
+        const uint64_t b = r.dst + i * r.dst_stride;
+        rows[r.canonical].push_back({b, b + r.len, m, r.line});
+      }
+    }
+  }
+  for (auto& v : rows) {
+    std::sort(v.begin(), v.end(),
+              [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+  }
+  return rows;
+}
+
+std::string Who(const PlacementMap& map, int line) {
+  return map.name() + (line > 0 ? " rule at line " + std::to_string(line) : "");
+}
+
+}  // namespace
+
+Status CheckOverlaps(std::span<const PlacementMap* const> maps) {
+  ASSIGN_OR_RETURN(auto rows, Rows(maps));
+  const auto& canonical = maps.front()->canonical();
+  for (size_t c = 0; c < rows.size(); ++c) {
+    const Interval* widest = nullptr;
+    for (const Interval& iv : rows[c]) {
+      if (widest != nullptr && iv.begin < widest->end) {
+        return Status::InvalidArgument("canonical tensor '" + canonical[c].name + "': element " +
+                                       std::to_string(iv.begin) + " is covered twice, by " +
+                                       Who(*maps[widest->map], widest->line) + " and by " +
+                                       Who(*maps[iv.map], iv.line));
+      }
+      if (widest == nullptr || iv.end > widest->end) widest = &iv;
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckGaps(std::span<const PlacementMap* const> maps) {
+  ASSIGN_OR_RETURN(auto rows, Rows(maps));
+  const auto& canonical = maps.front()->canonical();
+  for (size_t c = 0; c < rows.size(); ++c) {
+    uint64_t covered = 0;
+    const uint64_t n = canonical[c].Elements();
+    auto gap = [&](uint64_t a, uint64_t b) {
+      return Status::InvalidArgument("canonical tensor '" + canonical[c].name + "': elements [" +
+                                     std::to_string(a) + ", " + std::to_string(b) + ") of " +
+                                     std::to_string(n) +
+                                     " are covered by no rank (no rule maps them)");
+    };
+    for (const Interval& iv : rows[c]) {
+      if (iv.begin > covered) return gap(covered, iv.begin);
+      covered = std::max(covered, iv.end);
+    }
+    if (covered < n) return gap(covered, n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace deltacast::layout::internal

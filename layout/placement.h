@@ -1,0 +1,120 @@
+// Placement maps: for one rank, where each element of each local (shard) tensor
+// sits in canonical coordinates, as strided runs (runs.h), and back.
+//
+// - Shard -> canonical (producers): ToCanonical maps one changed local element;
+//   a producer walks a tensor's runs directly.
+// - Canonical -> shard (receiver-side load plans): ShardPieces lists which local
+//   elements hold a canonical range.
+//
+// ExpandPlacement checks what one rank can check: every local tensor matches a rule
+// or is reported unmatched (residual: never a guessed map), names resolve in the
+// canonical table, shapes and dtypes agree with what the rule implies, and no
+// canonical element is mapped twice by this rank. CheckCoverage checks a whole
+// mesh: every canonical element covered exactly once.
+//
+// Thread safety: a PlacementMap is immutable once built; const use from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "layout/description.h"
+#include "layout/runs.h"
+
+namespace deltacast::layout {
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<uint64_t> shape;
+
+  uint64_t Elements() const {
+    uint64_t n = 1;
+    for (uint64_t d : shape) n *= d;
+    return n;
+  }
+  bool operator==(const TensorSpec&) const = default;
+};
+
+// What happens to a local tensor.
+enum class Role : uint8_t {
+  kProjected,  // its runs carry bits to canonical coordinates
+  kResidual,   // its runs carry values through a transform (value != bits)
+  kGathered,   // a whole canonical tensor gathered for this rank: residual
+  kReplica,    // another replica scans it
+  kTied,       // a copy of a tensor another rule owns
+  kFlat,       // a flat-buffer slice: runs per parameter it owns a part of
+  kUnmatched,  // no rule covers it: not projected (fails closed)
+};
+std::string_view RoleName(Role role);
+
+struct LocalTensor {
+  TensorSpec spec;
+  Role role = Role::kUnmatched;
+  int line = 0;  // the rule (or [[flat]]) that matched; 0 if none
+};
+
+struct CanonicalPosition {
+  uint32_t canonical = 0;
+  uint64_t element = 0;
+};
+
+class PlacementMap {
+ public:
+  PlacementMap() = default;
+
+  const std::vector<TensorSpec>& canonical() const { return canonical_; }
+  const std::vector<LocalTensor>& locals() const { return locals_; }
+  // Sorted by (local, src).
+  const std::vector<Run>& runs() const { return runs_; }
+  // Runs of one local tensor.
+  std::span<const Run> RunsOf(uint32_t local) const;
+  // "FILE (tp=0 pp=1 dp=0 ep=0)", for messages.
+  const std::string& name() const { return name_; }
+
+  std::optional<CanonicalPosition> ToCanonical(uint32_t local, uint64_t index) const;
+  // The runs that put bytes in canonical tensor `canonical`'s elements [begin, end),
+  // clipped to that range, in destination order.
+  std::vector<Run> ShardPieces(uint32_t canonical, uint64_t begin, uint64_t end) const;
+  // Canonical tensors this rank covers any element of, ascending.
+  std::vector<uint32_t> CoveredCanonical() const;
+  // Elements of canonical tensor `canonical` this rank covers.
+  uint64_t CoveredElements(uint32_t canonical) const;
+
+ private:
+  friend Result<PlacementMap> ExpandPlacement(const LayoutDescription&, std::vector<TensorSpec>,
+                                              std::vector<TensorSpec>);
+  friend Result<PlacementMap> MapWhole(std::vector<TensorSpec>, std::vector<std::string>);
+  void Index();
+
+  std::string name_;
+  std::vector<TensorSpec> canonical_;  // sorted by name
+  std::vector<LocalTensor> locals_;    // in the shard's order
+  std::vector<Run> runs_;
+  std::vector<size_t> local_begin_;     // runs_ of local t: [local_begin_[t], local_begin_[t + 1])
+  std::vector<uint32_t> by_canonical_;  // run indices sorted by (canonical, dst)
+};
+
+// Expands `description` for its rank. `canonical` is the canonical tensor table
+// (any order; the map keeps it sorted by name), `local` the rank's shard tensors
+// (names, dtypes and shapes from its header). Errors name the rule (FILE:LINE) and
+// the tensor.
+Result<PlacementMap> ExpandPlacement(const LayoutDescription& description,
+                                     std::vector<TensorSpec> canonical,
+                                     std::vector<TensorSpec> local);
+
+// The map of a producer that holds canonical tensors as they are (a whole
+// checkpoint, or a set of its tensors): identity runs for `names` (all when empty).
+Result<PlacementMap> MapWhole(std::vector<TensorSpec> canonical, std::vector<std::string> names);
+
+// Checks that `maps` (every rank of a mesh, all over the same canonical table)
+// cover every canonical element exactly once. kInvalidArgument naming the tensor,
+// the element range and the ranks (FILE:LINE of their rules) for a gap or overlap.
+Status CheckCoverage(std::span<const PlacementMap* const> maps);
+
+}  // namespace deltacast::layout

@@ -1,0 +1,353 @@
+#include "relay/producer_protocol.h"
+
+#include <cstring>
+
+namespace deltacast::relay {
+namespace {
+
+std::vector<std::byte> Header(MessageType type) {
+  std::vector<std::byte> out(kMessageHeaderBytes);
+  WriteMessageHeader(type, out.data());
+  return out;
+}
+
+void PutHash(ByteWriter& w, const PartitionHash& h) {
+  w.Put<uint64_t>(h.lo);
+  w.Put<uint64_t>(h.hi);
+}
+
+// Field-by-field reading of one message type; any short read or count past the
+// end makes Close fail, naming the type.
+class Reader {
+ public:
+  Reader(ByteSpan message, MessageType type) : type_(type), r_(message) {}
+  Status Open() {
+    ASSIGN_OR_RETURN(MessageType got, PeekType(r_.rest()));
+    if (got != type_) {
+      return Status::Corrupt("expected " + std::string(MessageTypeName(type_)) + ", got " +
+                             std::string(MessageTypeName(got)));
+    }
+    ByteSpan header;
+    (void)r_.GetBytes(kMessageHeaderBytes, header);
+    return Status::Ok();
+  }
+  template <typename T>
+  bool Get(T& v) {
+    return ok_ = ok_ && r_.Get(v);
+  }
+  bool GetHash(PartitionHash& h) { return Get(h.lo) && Get(h.hi); }
+  bool GetSpan(uint64_t n, ByteSpan& out) { return ok_ = ok_ && r_.GetBytes(n, out); }
+  // A count of items of at least `item_bytes` each: refused when they cannot fit.
+  bool GetCount(uint64_t& n, uint64_t item_bytes) {
+    ok_ = ok_ && r_.Get(n) && (item_bytes == 0 || n <= r_.remaining() / item_bytes);
+    if (!ok_) n = 0;
+    return ok_;
+  }
+  bool GetString(std::string& s, size_t max) {
+    uint16_t n = 0;
+    ByteSpan b;
+    ok_ = ok_ && r_.Get(n) && n <= max && r_.GetBytes(n, b);
+    if (ok_) s.assign(AsChars(b));
+    return ok_;
+  }
+  bool Fail() { return ok_ = false; }
+  ByteSpan Rest() {
+    ByteSpan b;
+    (void)r_.GetBytes(r_.remaining(), b);
+    return b;
+  }
+  Status Close() const {
+    if (!ok_) {
+      return Status::Corrupt(std::string(MessageTypeName(type_)) +
+                             " message is truncated or has a field out of range");
+    }
+    if (r_.remaining() != 0) {
+      return Status::Corrupt(std::string(MessageTypeName(type_)) + " message has " +
+                             std::to_string(r_.remaining()) + " trailing bytes");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  MessageType type_;
+  ByteReader r_;
+  bool ok_ = true;
+};
+
+constexpr size_t kShareBytes = 4 + 8 + 8 + 8;
+constexpr size_t kChangeBytes = 4 + 8 + 1 + 16;
+
+}  // namespace
+
+void WriteMessageHeader(MessageType type, std::byte* out) {
+  StoreLE<uint32_t>(out, kProtocolMagic);
+  out[4] = std::byte{kProtocolVersion};
+  out[5] = std::byte{static_cast<uint8_t>(type)};
+  out[6] = out[7] = std::byte{0};
+}
+
+std::vector<std::byte> EncodeProduce(const Produce& m) {
+  auto out = Header(MessageType::kProduce);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint64_t>(m.partition_bytes);
+  w.Put<uint64_t>(m.chunk_bytes);
+  w.Put<uint8_t>(m.hash_base ? 1 : 0);
+  return out;
+}
+
+Result<Produce> ParseProduce(ByteSpan message) {
+  Reader r(message, MessageType::kProduce);
+  RETURN_IF_ERROR(r.Open());
+  Produce m;
+  uint8_t flags = 0;
+  r.Get(m.refit_id) && r.Get(m.partition_bytes) && r.Get(m.chunk_bytes) && r.Get(flags);
+  if (flags > 1 || m.partition_bytes == 0) r.Fail();
+  m.hash_base = flags == 1;
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+std::vector<std::byte> EncodeCoverage(const Coverage& m) {
+  auto out = Header(MessageType::kCoverage);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint64_t>(m.tensors.size());
+  for (const auto& t : m.tensors) {
+    w.Put<uint16_t>(static_cast<uint16_t>(t.name.size()));
+    w.PutString(t.name);
+    w.Put<uint8_t>(static_cast<uint8_t>(t.dtype));
+    w.Put<uint8_t>(static_cast<uint8_t>(t.shape.size()));
+    for (uint64_t d : t.shape) w.Put<uint64_t>(d);
+  }
+  w.Put<uint64_t>(m.shares.size());
+  w.Put<uint8_t>(m.base_pieces.empty() ? 0 : 1);
+  for (size_t i = 0; i < m.shares.size(); ++i) {
+    const PartitionShare& s = m.shares[i];
+    w.Put<uint32_t>(s.tensor);
+    w.Put<uint64_t>(s.partition);
+    w.Put<uint64_t>(s.covered);
+    w.Put<uint64_t>(s.length);
+    if (!m.base_pieces.empty()) PutHash(w, m.base_pieces[i]);
+  }
+  return out;
+}
+
+Result<Coverage> ParseCoverage(ByteSpan message) {
+  Reader r(message, MessageType::kCoverage);
+  RETURN_IF_ERROR(r.Open());
+  Coverage m;
+  uint64_t tensors = 0;
+  r.Get(m.refit_id) && r.GetCount(tensors, 4);
+  for (uint64_t i = 0; i < tensors; ++i) {
+    codec::TensorInfo t;
+    uint8_t dtype = 0, rank = 0;
+    if (!r.GetString(t.name, 1024) || !r.Get(dtype) || !r.Get(rank) || rank > 16) {
+      r.Fail();
+      break;
+    }
+    auto d = DTypeFromWire(dtype);
+    if (!d) {
+      r.Fail();
+      break;
+    }
+    t.dtype = *d;
+    t.shape.resize(rank);
+    for (auto& dim : t.shape) r.Get(dim);
+    m.tensors.push_back(std::move(t));
+  }
+  uint64_t shares = 0;
+  uint8_t with_base = 0;
+  r.GetCount(shares, kShareBytes) && r.Get(with_base);
+  if (with_base > 1) r.Fail();
+  for (uint64_t i = 0; i < shares; ++i) {
+    PartitionShare s;
+    if (!r.Get(s.tensor) || !r.Get(s.partition) || !r.Get(s.covered) || !r.Get(s.length)) break;
+    if (s.tensor >= m.tensors.size() || s.covered == 0 || s.covered > s.length) {
+      r.Fail();
+      break;
+    }
+    m.shares.push_back(s);
+    if (with_base) {
+      PartitionHash h;
+      r.GetHash(h);
+      m.base_pieces.push_back(h);
+    }
+  }
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+std::vector<std::byte> EncodeBaseHashes(const BaseHashes& m) {
+  auto out = Header(MessageType::kBaseHashes);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint64_t>(m.hashes.size());
+  for (const auto& h : m.hashes) PutHash(w, h);
+  return out;
+}
+
+Result<BaseHashes> ParseBaseHashes(ByteSpan message) {
+  Reader r(message, MessageType::kBaseHashes);
+  RETURN_IF_ERROR(r.Open());
+  BaseHashes m;
+  uint64_t n = 0;
+  r.Get(m.refit_id) && r.GetCount(n, 16);
+  m.hashes.resize(n);
+  for (auto& h : m.hashes) r.GetHash(h);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+std::vector<std::byte> EncodeProduced(const Produced& m) {
+  auto out = Header(MessageType::kProduced);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint32_t>(m.chunks);
+  w.Put<uint32_t>(m.pieces);
+  w.Put<uint32_t>(m.piece_messages);
+  w.Put<uint64_t>(m.changed_elements);
+  w.Put<uint64_t>(m.local_bytes);
+  w.Put<double>(m.seconds);
+  w.Put<uint64_t>(m.changes.size());
+  for (const auto& c : m.changes) {
+    w.Put<uint32_t>(c.tensor);
+    w.Put<uint64_t>(c.partition);
+    w.Put<uint8_t>(c.whole ? 1 : 0);
+    PutHash(w, c.mask);
+  }
+  return out;
+}
+
+Result<Produced> ParseProduced(ByteSpan message) {
+  Reader r(message, MessageType::kProduced);
+  RETURN_IF_ERROR(r.Open());
+  Produced m;
+  uint64_t n = 0;
+  r.Get(m.refit_id) && r.Get(m.chunks) && r.Get(m.pieces) && r.Get(m.piece_messages) &&
+      r.Get(m.changed_elements) && r.Get(m.local_bytes) && r.Get(m.seconds) &&
+      r.GetCount(n, kChangeBytes);
+  for (uint64_t i = 0; i < n; ++i) {
+    ShareChange c;
+    uint8_t whole = 0;
+    if (!r.Get(c.tensor) || !r.Get(c.partition) || !r.Get(whole) || !r.GetHash(c.mask)) break;
+    if (whole > 1) {
+      r.Fail();
+      break;
+    }
+    c.whole = whole == 1;
+    m.changes.push_back(c);
+  }
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+std::vector<std::byte> EncodePull(const Pull& m) {
+  auto out = Header(MessageType::kPull);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint32_t>(m.messages);
+  return out;
+}
+
+Result<Pull> ParsePull(ByteSpan message) {
+  Reader r(message, MessageType::kPull);
+  RETURN_IF_ERROR(r.Open());
+  Pull m;
+  r.Get(m.refit_id) && r.Get(m.messages);
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+std::vector<std::byte> EncodeShardChunk(uint64_t refit_id, ByteSpan chunk) {
+  auto out = Header(MessageType::kShardChunk);
+  out.reserve(out.size() + 8 + chunk.size());
+  ByteWriter w(out);
+  w.Put<uint64_t>(refit_id);
+  w.PutBytes(chunk);
+  return out;
+}
+
+Result<std::pair<uint64_t, ByteSpan>> ParseShardChunk(ByteSpan message) {
+  Reader r(message, MessageType::kShardChunk);
+  RETURN_IF_ERROR(r.Open());
+  uint64_t refit_id = 0;
+  r.Get(refit_id);
+  ByteSpan chunk = r.Rest();
+  RETURN_IF_ERROR(r.Close());
+  return std::pair{refit_id, chunk};
+}
+
+std::vector<std::byte> EncodePieces(uint64_t refit_id, std::span<const SharePiece> pieces) {
+  auto out = Header(MessageType::kPieces);
+  ByteWriter w(out);
+  w.Put<uint64_t>(refit_id);
+  w.Put<uint32_t>(static_cast<uint32_t>(pieces.size()));
+  for (const SharePiece& p : pieces) {
+    w.Put<uint32_t>(p.tensor);
+    w.Put<uint64_t>(p.partition);
+    w.Put<uint8_t>(static_cast<uint8_t>(p.encoded.encoding));
+    w.Put<uint8_t>(static_cast<uint8_t>(p.encoded.entropy));
+    w.Put<uint64_t>(p.encoded.change_count);
+    w.Put<uint64_t>(p.encoded.raw_size);
+    w.Put<uint64_t>(p.encoded.payload.size());
+    w.PutBytes(p.encoded.payload);
+  }
+  return out;
+}
+
+Result<std::pair<uint64_t, std::vector<PieceMessageEntry>>> ParsePieces(ByteSpan message) {
+  Reader r(message, MessageType::kPieces);
+  RETURN_IF_ERROR(r.Open());
+  uint64_t refit_id = 0;
+  uint32_t n = 0;
+  r.Get(refit_id) && r.Get(n);
+  std::vector<PieceMessageEntry> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    PieceMessageEntry e;
+    uint8_t encoding = 0, entropy = 0;
+    uint64_t size = 0;
+    if (!r.Get(e.tensor) || !r.Get(e.partition) || !r.Get(encoding) || !r.Get(entropy) ||
+        !r.Get(e.piece.change_count) || !r.Get(e.piece.raw_size) || !r.Get(size) ||
+        !r.GetSpan(size, e.piece.payload)) {
+      break;
+    }
+    // A piece is what a partition's own record could be: sparse-XOR or overwrite.
+    if ((encoding != static_cast<uint8_t>(codec::Encoding::kSparseXor) &&
+         encoding != static_cast<uint8_t>(codec::Encoding::kOverwrite)) ||
+        entropy > static_cast<uint8_t>(codec::EntropyCoder::kLz4) || e.piece.change_count == 0) {
+      r.Fail();
+      break;
+    }
+    e.piece.encoding = static_cast<codec::Encoding>(encoding);
+    e.piece.entropy = static_cast<codec::EntropyCoder>(entropy);
+    out.push_back(e);
+  }
+  RETURN_IF_ERROR(r.Close());
+  return std::pair{refit_id, std::move(out)};
+}
+
+std::vector<std::byte> EncodeProduceEnd(const ProduceEnd& m) {
+  auto out = Header(MessageType::kProduceEnd);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint8_t>(m.committed ? 1 : 0);
+  const std::string reason = m.reason.substr(0, kMaxReasonBytes);
+  w.Put<uint16_t>(static_cast<uint16_t>(reason.size()));
+  w.PutString(reason);
+  return out;
+}
+
+Result<ProduceEnd> ParseProduceEnd(ByteSpan message) {
+  Reader r(message, MessageType::kProduceEnd);
+  RETURN_IF_ERROR(r.Open());
+  ProduceEnd m;
+  uint8_t committed = 0;
+  r.Get(m.refit_id) && r.Get(committed) && r.GetString(m.reason, kMaxReasonBytes);
+  if (committed > 1) r.Fail();
+  m.committed = committed == 1;
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+}  // namespace deltacast::relay

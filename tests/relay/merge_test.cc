@@ -1,0 +1,215 @@
+// The producer data path without a network: each rank of a synthetic training job
+// encodes its own shard pair (relay/shard_encoder.h), the root combines their hash
+// pieces into manifests and their chunks and pieces into one delta
+// (relay/merge.h), and that delta takes the canonical step to the next one byte for
+// byte. The manifests must equal the ones hashed from the canonical checkpoints:
+// version ids do not depend on who held which bytes.
+#include "relay/merge.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "agent/synth.h"
+#include "apply/checkpoint_dir.h"
+#include "apply/delta_applier.h"
+#include "apply/host_store.h"
+#include "codec/manifest.h"
+#include "relay/protocol.h"
+#include "relay/shard_encoder.h"
+#include "relay/shard_input.h"
+
+namespace deltacast::relay {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "merge_test.XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+struct Rank {
+  std::unique_ptr<ShardFile> base, target;
+  RankPlacement placement;
+  ShareInput input;
+  ShareReport report;
+  EncodedShare encoded;
+};
+
+constexpr uint64_t kPartitionBytes = 64 << 10;  // small: many shared partitions
+
+codec::Manifest Hashed(const apply::WeightStore& s) {
+  return codec::ComputeManifest(
+      s.tensors(), [&](size_t i) { return s.TensorData(i); }, kPartitionBytes, 2);
+}
+
+void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
+            codec::CodecMode mode = codec::CodecMode::kFast) {
+  TempDir dir;
+  agent::SynthOptions o;
+  o.out_dir = dir.path();
+  o.params = params;
+  o.steps = 1;
+  o.seed = 11;
+  o.threads = 2;
+  o.experts = experts;
+  o.shards = *agent::ParseShardSpec(shards);
+  auto synth = agent::Synthesize(o);
+  ASSERT_TRUE(synth.ok()) << synth.status().ToString();
+  const uint64_t ranks = static_cast<uint64_t>(synth->shard_ranks);
+
+  std::vector<std::unique_ptr<Rank>> rs;
+  for (uint64_t r = 0; r < ranks; ++r) {
+    auto rank = std::make_unique<Rank>();
+    const std::string stem = agent::RankFileStem(r);
+    auto base = ShardFile::Open(agent::ShardDirOf(dir.path() / "step0") / (stem + ".safetensors"));
+    auto target =
+        ShardFile::Open(agent::ShardDirOf(dir.path() / "step1") / (stem + ".safetensors"));
+    ASSERT_TRUE(base.ok() && target.ok());
+    rank->base = std::move(*base);
+    rank->target = std::move(*target);
+    auto p = LoadRankPlacement(agent::ShardDirOf(dir.path() / "step1") / (stem + ".toml"),
+                               rank->target->tensors());
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    rank->placement = std::move(*p);
+    Rank* raw = rank.get();
+    rank->input = {&raw->placement.map, [raw](uint32_t i) { return raw->base->TensorData(i); },
+                   [raw](uint32_t i) { return raw->target->TensorData(i); }};
+    rank->report.producer = stem;
+    rank->report.coverage = ShareCoverage(rank->placement.map, kPartitionBytes);
+    rank->report.base_pieces = HashShare(rank->input, rank->report.coverage, kPartitionBytes, 1);
+    rs.push_back(std::move(rank));
+  }
+  std::vector<const ShareReport*> reports;
+  for (auto& r : rs) reports.push_back(&r->report);
+  const auto& canonical = rs[0]->placement.canonical;
+  Status covered = CheckShares(canonical, kPartitionBytes, reports);
+  ASSERT_TRUE(covered.ok()) << covered.ToString();
+  auto base_manifest = CombineBaseManifest(canonical, kPartitionBytes, reports);
+  ASSERT_TRUE(base_manifest.ok()) << base_manifest.status().ToString();
+
+  using Access = apply::CheckpointDirStore::Access;
+  auto step0 = apply::CheckpointDirStore::Open(dir.path() / "step0", Access::kReadOnly);
+  auto step1 = apply::CheckpointDirStore::Open(dir.path() / "step1", Access::kReadOnly);
+  ASSERT_TRUE(step0.ok() && step1.ok());
+  const codec::Manifest want_base = Hashed(**step0), want_target = Hashed(**step1);
+  EXPECT_EQ(base_manifest->VersionId(), want_base.VersionId());
+
+  ShareEncodeOptions options;
+  options.partition_bytes = kPartitionBytes;
+  options.chunk_bytes = 256 << 10;
+  options.threads = 2;
+  options.codec.mode = mode;
+  for (auto& r : rs) {
+    std::vector<PartitionHash> base_hashes;
+    for (const auto& c : r->report.coverage) {
+      base_hashes.push_back(c.Whole() ? base_manifest->partition_hashes[c.tensor][c.partition]
+                                      : PartitionHash{});
+    }
+    auto encoded = EncodeShare(r->input, r->report.coverage, base_hashes, options);
+    ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+    r->encoded = std::move(*encoded);
+    r->report.changes = r->encoded.changes;
+  }
+  auto target_manifest = CombineTargetManifest(*base_manifest, reports);
+  ASSERT_TRUE(target_manifest.ok());
+  EXPECT_EQ(target_manifest->VersionId(), want_target.VersionId());
+
+  std::vector<std::vector<std::byte>> delta;
+  DeltaMerger merger(*base_manifest, *target_manifest, options.chunk_bytes,
+                     [&](transport::Message m) {
+                       const ByteSpan chunk = Body(ByteSpan(*m));
+                       delta.emplace_back(chunk.begin(), chunk.end());
+                       return Status::Ok();
+                     });
+  merger.ExpectPieces(reports);
+  uint64_t changed = 0, pieces = 0;
+  // Interleave the producers, as their streams arrive at the root.
+  for (size_t i = 0;; ++i) {
+    bool any = false;
+    for (auto& r : rs) {
+      if (i < r->encoded.chunks.size()) {
+        ASSERT_TRUE(merger.AddChunk(r->encoded.chunks[i]).ok());
+        any = true;
+      }
+      if (i < r->encoded.pieces.size()) {
+        auto& p = r->encoded.pieces[i];
+        ++pieces;
+        const codec::PieceView view{p.encoded.encoding, p.encoded.entropy, p.encoded.change_count,
+                                    p.encoded.raw_size, p.encoded.payload};
+        ASSERT_TRUE(merger.AddPiece(p.tensor, p.partition, view, nullptr).ok());
+        any = true;
+      }
+    }
+    if (!any) break;
+  }
+  for (auto& r : rs) changed += r->encoded.stats.changed_elements;
+  codec::DeltaStats stats;
+  ASSERT_TRUE(merger.Finish(changed, &stats).ok());
+  if (ranks > 1) {
+    EXPECT_GT(pieces, 0u);
+    // Partitions several ranks changed arrive as one pieces record.
+    EXPECT_GT(stats.records_by_encoding[static_cast<size_t>(codec::Encoding::kPieces)], 0u);
+  }
+
+  // A receiver at step0 applies the merged delta.
+  auto store = apply::HostStore::CopyOf(**step0);
+  ASSERT_TRUE(store.ok());
+  apply::DeltaApplier applier(**store, want_base, merger.identity());
+  for (size_t i = 0; i + 1 < delta.size(); ++i) {
+    auto view = codec::ParseChunk(delta[i]);
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    Status s = applier.ApplyChunk(*view);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  auto end = codec::ParseChunk(delta.back());
+  ASSERT_TRUE(end.ok());
+  auto reached = applier.Finish(end->summary);
+  ASSERT_TRUE(reached.ok()) << reached.status().ToString();
+  EXPECT_EQ(reached->VersionId(), want_target.VersionId());
+  for (size_t t = 0; t < (*step1)->tensors().size(); ++t) {
+    const ByteSpan want = (*step1)->TensorData(t), got = (*store)->TensorData(t);
+    ASSERT_TRUE(std::equal(want.begin(), want.end(), got.begin(), got.end()))
+        << (*step1)->tensors()[t].name;
+  }
+}
+
+TEST(ProducerMerge, SharesThatMissOrDoubleAPartitionAreRefusedByName) {
+  const std::vector<codec::TensorInfo> table = {{"w", DType::kBF16, {64}}};  // 128 B
+  ShareReport a{"rank-00000", {{0, 0, 40, 64}}, {}, {}};
+  ShareReport b{"rank-00001", {{0, 0, 20, 64}}, {}, {}};
+  const ShareReport* gap[] = {&a, &b};
+  Status s = CheckShares(table, 1 << 10, gap);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("tensor 'w' partition 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("a gap"), std::string::npos);
+  EXPECT_NE(s.message().find("rank-00001 (20)"), std::string::npos);
+  b.coverage[0].covered = 30;
+  const ShareReport* overlap[] = {&a, &b};
+  s = CheckShares(table, 1 << 10, overlap);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("an overlap"), std::string::npos) << s.message();
+  b.coverage[0].covered = 24;
+  const ShareReport* exact[] = {&a, &b};
+  EXPECT_TRUE(CheckShares(table, 1 << 10, exact).ok());
+}
+
+TEST(ProducerMerge, LlamaGqaTensorPipelineDataParallel) { RunJob("tp=2,pp=2,dp=2", 0, 5'000'000); }
+TEST(ProducerMerge, MoeWithExpertParallel) { RunJob("ep=2,tp=2", 4, 3'000'000); }
+TEST(ProducerMerge, Fsdp2) { RunJob("fsdp=3", 0, 3'000'000); }
+TEST(ProducerMerge, OneProducerHoldingEverything) { RunJob("tp=1", 0, 3'000'000); }
+TEST(ProducerMerge, ContextMode) { RunJob("tp=2", 0, 3'000'000, codec::CodecMode::kContext); }
+
+}  // namespace
+}  // namespace deltacast::relay

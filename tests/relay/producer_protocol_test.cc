@@ -1,0 +1,92 @@
+// The root <-> producer messages round-trip, and every parser refuses truncation,
+// trailing bytes and fields out of range.
+#include "relay/producer_protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace deltacast::relay {
+namespace {
+
+void ExpectRefusesDamage(const std::vector<std::byte>& good,
+                         const std::function<Status(ByteSpan)>& parse) {
+  ASSERT_TRUE(parse(good).ok()) << parse(good).ToString();
+  for (size_t cut = 0; cut < good.size(); ++cut) {
+    EXPECT_FALSE(parse(ByteSpan(good).first(cut)).ok()) << "truncated at " << cut;
+  }
+  auto longer = good;
+  longer.push_back(std::byte{0});
+  EXPECT_EQ(parse(longer).code(), StatusCode::kCorrupt);
+}
+
+TEST(ProducerProtocol, ProduceAndPull) {
+  auto m = EncodeProduce({7, 4 << 20, 1 << 20, true});
+  auto p = ParseProduce(m);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->refit_id, 7u);
+  EXPECT_TRUE(p->hash_base);
+  ExpectRefusesDamage(m, [](ByteSpan b) { return ParseProduce(b).status(); });
+  m.back() = std::byte{2};  // flags beyond bit 0
+  EXPECT_FALSE(ParseProduce(m).ok());
+  auto pull = EncodePull({7, 3});
+  EXPECT_EQ(ParsePull(pull)->messages, 3u);
+  ExpectRefusesDamage(pull, [](ByteSpan b) { return ParsePull(b).status(); });
+  EXPECT_FALSE(ParsePull(EncodeProduce({7, 1, 1, false})).ok());  // another type
+}
+
+TEST(ProducerProtocol, CoverageWithBasePieces) {
+  Coverage c;
+  c.refit_id = 9;
+  c.tensors = {{"a.weight", DType::kBF16, {4, 8}}, {"b", DType::kF32, {3}}};
+  c.shares = {{0, 0, 16, 32}, {1, 0, 3, 3}};
+  c.base_pieces = {PartitionHash{1, 2}, PartitionHash{3, 4}};
+  auto m = EncodeCoverage(c);
+  auto p = ParseCoverage(m);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->tensors, c.tensors);
+  ASSERT_EQ(p->shares.size(), 2u);
+  EXPECT_EQ(p->shares[0].covered, 16u);
+  EXPECT_EQ(p->base_pieces, c.base_pieces);
+  ExpectRefusesDamage(m, [](ByteSpan b) { return ParseCoverage(b).status(); });
+  c.shares[1].tensor = 5;  // names no tensor of the table
+  EXPECT_FALSE(ParseCoverage(EncodeCoverage(c)).ok());
+}
+
+TEST(ProducerProtocol, ProducedBaseHashesPiecesEnd) {
+  Produced p;
+  p.refit_id = 1;
+  p.chunks = 2;
+  p.pieces = 1;
+  p.piece_messages = 1;
+  p.changes = {{0, 3, PartitionHash{5, 6}, true}};
+  auto m = EncodeProduced(p);
+  ASSERT_TRUE(ParseProduced(m).ok());
+  EXPECT_EQ(ParseProduced(m)->changes[0].mask, (PartitionHash{5, 6}));
+  ExpectRefusesDamage(m, [](ByteSpan b) { return ParseProduced(b).status(); });
+
+  auto h = EncodeBaseHashes({1, {PartitionHash{1, 1}, PartitionHash{}}});
+  EXPECT_EQ(ParseBaseHashes(h)->hashes.size(), 2u);
+  ExpectRefusesDamage(h, [](ByteSpan b) { return ParseBaseHashes(b).status(); });
+
+  SharePiece piece;
+  piece.tensor = 2;
+  piece.partition = 4;
+  piece.encoded.encoding = codec::Encoding::kSparseXor;
+  piece.encoded.change_count = 3;
+  piece.encoded.raw_size = 9;
+  piece.encoded.payload = {std::byte{1}, std::byte{2}};
+  auto pieces = EncodePieces(1, std::span<const SharePiece>(&piece, 1));
+  auto parsed = ParsePieces(pieces);
+  ASSERT_TRUE(parsed.ok());
+  ASSERT_EQ(parsed->second.size(), 1u);
+  EXPECT_EQ(parsed->second[0].piece.payload.size(), 2u);
+  ExpectRefusesDamage(pieces, [](ByteSpan b) { return ParsePieces(b).status(); });
+  piece.encoded.encoding = codec::Encoding::kDenseXor;  // a piece is sparse or overwrite
+  EXPECT_FALSE(ParsePieces(EncodePieces(1, std::span<const SharePiece>(&piece, 1))).ok());
+
+  auto end = EncodeProduceEnd({1, false, "a producer died"});
+  EXPECT_EQ(ParseProduceEnd(end)->reason, "a producer died");
+  ExpectRefusesDamage(end, [](ByteSpan b) { return ParseProduceEnd(b).status(); });
+}
+
+}  // namespace
+}  // namespace deltacast::relay
