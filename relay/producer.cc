@@ -235,14 +235,16 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
   uint64_t credit = 0;
   while (true) {
     while (credit > 0 && sent < stream.size()) {
+      if (sent + 1 == stream.size()) {
+        // Before the last message: whatever the share's size, the root is left
+        // with part of it (after the first, a one-message share would be whole).
+        CrashPoint("producer.streaming");
+        if (die("streaming")) return Status::Aborted("died while streaming");
+      }
       report.sent_bytes += stream[sent].size();
       Send(std::move(stream[sent++]));
       --credit;
       ++report.messages;
-      if (sent == 1) {
-        CrashPoint("producer.streaming");
-        if (die("streaming")) return Status::Aborted("died while streaming");
-      }
     }
     ASSIGN_OR_RETURN(transport::Message m, Next(options_.refit_timeout));
     ASSIGN_OR_RETURN(MessageType type, PeekType(ByteSpan(*m)));

@@ -35,7 +35,7 @@ struct ProducerOptions {
   std::chrono::milliseconds refit_timeout{300'000};
   // Fault injection for tests: at this point of a refit the producer drops its link
   // as if it died ("coverage": after COVERAGE, "encoded": before PRODUCED,
-  // "streaming": after its first streamed message) and Serve returns kAborted.
+  // "streaming": before its last streamed message) and Serve returns kAborted.
   std::string die_at;
 };
 
