@@ -28,11 +28,6 @@ int Fail(const Status& status) {
   return kExitFailure;
 }
 
-std::string DefaultProducerAddress(const topology::ClusterConfig& config) {
-  const auto* source = config.Source();
-  return source->host + ":" + std::to_string(source->port + kProducerPortOffset);
-}
-
 // One rank's shard pair and its placement, from files.
 struct LocalShare {
   std::unique_ptr<relay::ShardFile> base, target;
@@ -95,7 +90,7 @@ int RunProduce(const ProduceArgs& args) {
   if (!transport.ok()) return Fail(transport.status());
   relay::ProducerOptions options;
   options.id = RankFileStem(args.rank);
-  options.root_address = args.root.empty() ? DefaultProducerAddress(*config) : args.root;
+  options.root_address = args.root.empty() ? relay::DefaultProducerAddress(*config) : args.root;
   options.root_id = config->Source()->id;
   options.token = *token;
   options.codec = args.codec;
@@ -149,7 +144,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
   options.producers = local ? shares.size() : p.producers;
   options.producer_address = !p.listen.empty() ? p.listen
                              : local           ? "127.0.0.1:0"
-                                               : DefaultProducerAddress(*config);
+                                               : relay::DefaultProducerAddress(*config);
   options.join_timeout = config->tree.connect_timeout * 3;
   options.produce_timeout = config->tree.commit_timeout;
   const bool tty = options.publish.on_progress != nullptr;

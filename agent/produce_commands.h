@@ -3,7 +3,7 @@
 //   deltacast publish --producers N | --base-shards OLD --new-shards NEW: the root
 //     waiting for N producers, or running one local producer per rank of two shard
 //     directories (`deltacast synth --shards` writes them).
-// Producers dial the root at the source's host, port + kProducerPortOffset, unless
+// Producers dial the root at the source's host, port + relay::kProducerPortOffset, unless
 // --root / --listen-producers say otherwise.
 #pragma once
 
@@ -15,12 +15,10 @@
 
 namespace deltacast::agent {
 
-inline constexpr uint16_t kProducerPortOffset = 1000;
-
 struct ProduceArgs {
   std::filesystem::path config, layout, base, target;
   uint64_t rank = 0;
-  std::string root;  // "host:port"; empty: the source's host, port + kProducerPortOffset
+  std::string root;  // "host:port"; empty: the source's host, port + relay::kProducerPortOffset
   codec::EncodeOptions codec;
   size_t threads = 0;
   bool json = false;

@@ -2,12 +2,16 @@
 // conversions between public and internal types. Not installed.
 #pragma once
 
+#include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "apply/host_store.h"
 #include "deltacast/config.h"
+#include "deltacast/source.h"
 #include "deltacast/tensor.h"
+#include "relay/publisher.h"
 #include "topology/cluster_config.h"
 
 namespace deltacast {
@@ -20,6 +24,14 @@ namespace api {
 
 // A store over the caller's tensors (borrowed, written in place).
 Result<std::unique_ptr<apply::WeightStore>> BorrowTensors(const std::vector<TensorView>& tensors);
+
+PublishReport ToPublic(const relay::PublishReport& report);
+
+// The tree side of a source or root: the config, the token, and the state folder's
+// decision log, spool and kept deltas.
+relay::PublishOptions TreePublishOptions(const topology::ClusterConfig& cluster, std::string token,
+                                         const std::filesystem::path& state_dir,
+                                         size_t keep_deltas);
 
 }  // namespace api
 }  // namespace deltacast

@@ -6,7 +6,8 @@
 #include "relay/source.h"
 
 namespace deltacast {
-namespace {
+
+namespace api {
 
 PublishReport ToPublic(const relay::PublishReport& r) {
   PublishReport out;
@@ -26,6 +27,25 @@ PublishReport ToPublic(const relay::PublishReport& r) {
   }
   return out;
 }
+
+relay::PublishOptions TreePublishOptions(const topology::ClusterConfig& cluster, std::string token,
+                                         const std::filesystem::path& state_dir,
+                                         size_t keep_deltas) {
+  relay::PublishOptions publish;
+  publish.config = cluster;
+  publish.token = std::move(token);
+  if (!state_dir.empty()) {
+    publish.decision_log = state_dir / "decisions.log";
+    publish.spool_dir = state_dir / "spool";
+    publish.history_dir = state_dir / "history";
+  }
+  publish.keep_deltas = keep_deltas;
+  return publish;
+}
+
+}  // namespace api
+
+namespace {
 
 // The tensor tables must match exactly: a delta carries bytes, not a new model.
 Status SameTensors(const apply::WeightStore& base, const apply::WeightStore& target) {
@@ -53,17 +73,10 @@ struct Source::Impl {
 
 Result<std::unique_ptr<Source>> Source::Start(const Config& config, SourceOptions options) {
   const topology::ClusterConfig& cluster = config.impl().cluster;
-  relay::PublishOptions publish;
-  publish.config = cluster;
-  publish.token = options.token;
+  relay::PublishOptions publish =
+      api::TreePublishOptions(cluster, options.token, options.state_dir, options.keep_deltas);
   publish.codec.mode = options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
   publish.encode_threads = options.encode_threads;
-  if (!options.state_dir.empty()) {
-    publish.decision_log = options.state_dir / "decisions.log";
-    publish.spool_dir = options.state_dir / "spool";
-    publish.history_dir = options.state_dir / "history";
-  }
-  publish.keep_deltas = options.keep_deltas;
   auto transport = relay::MakeNodeTransports(cluster, *cluster.Source());
   if (!transport.ok()) return transport.status();
   auto source = relay::Source::Start(std::move(publish), std::move(*transport));
@@ -94,7 +107,7 @@ Result<PublishReport> Source::Publish(const std::vector<TensorView>& base,
   auto report = impl_->source->Publish(**base_store, manifest_of(**base_store), **target_store,
                                        manifest_of(**target_store));
   if (!report.ok()) return report.status();
-  return ToPublic(*report);
+  return api::ToPublic(*report);
 }
 
 Result<PublishReport> Source::PublishCheckpoints(const std::filesystem::path& base_dir,
@@ -107,7 +120,7 @@ Result<PublishReport> Source::PublishCheckpoints(const std::filesystem::path& ba
   auto report =
       impl_->source->Publish(*base->store, base->manifest, *target->store, target->manifest);
   if (!report.ok()) return report.status();
-  return ToPublic(*report);
+  return api::ToPublic(*report);
 }
 
 }  // namespace deltacast

@@ -103,7 +103,9 @@ void ProducerHub::OnClosed(uint64_t serial, const Status& status) {
   }
   for (auto it = producers_.begin(); it != producers_.end(); ++it) {
     if (it->second.serial != serial) continue;
-    log::Warn(fmt::format("root {}: lost producer {}: {}", root_id_, it->first, status.ToString()));
+    const std::string line = fmt::format("root {}: producer {} left: {}", root_id_, it->first,
+                                         status.ok() ? "closed its link" : status.ToString());
+    status.ok() ? log::Info(line) : log::Warn(line);
     events_.push_back(
         {it->first, nullptr, status.ok() ? Status::Unavailable("closed the link") : status});
     doomed = std::move(it->second.connection);

@@ -11,6 +11,12 @@
 #include "relay/producer_protocol.h"
 
 namespace deltacast::relay {
+
+std::string DefaultProducerAddress(const topology::ClusterConfig& config) {
+  const auto* source = config.Source();
+  return source->host + ":" + std::to_string(source->port + kProducerPortOffset);
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -34,6 +34,11 @@
 
 namespace deltacast::relay {
 
+// Unless told otherwise, producers dial the root at the source's host, its port +
+// kProducerPortOffset.
+inline constexpr uint16_t kProducerPortOffset = 1000;
+std::string DefaultProducerAddress(const topology::ClusterConfig& config);
+
 struct RootOptions {
   PublishOptions publish;        // the tree side, as for a Source
   std::string producer_address;  // where producers dial ("host:port", port 0: any)

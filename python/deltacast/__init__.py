@@ -1,7 +1,8 @@
 """deltacast: move LLM weight updates from a trainer to many rollout workers, bit for bit.
 
 The trainer keeps a :class:`Source` over its tensors and calls :meth:`Source.publish`
-after each step; every rollout worker runs a :class:`Node` over its model's tensors,
+after each step (or, with many trainer ranks, each rank keeps a :class:`Producer`
+over the tensors it owns and one process runs the :class:`Root`); every rollout worker runs a :class:`Node` over its model's tensors,
 which are patched in place when a version commits everywhere. Tensors cross by
 DLPack (torch tensors, numpy arrays): their bytes are used where they are, never
 copied into Python objects.
@@ -17,15 +18,18 @@ from ._deltacast import (  # noqa: F401
     Error,
     NodeReport,
     NodeStats,
+    ProduceReport,
     PublishReport,
     _Node,
+    _Producer,
+    _Root,
     _Source,
     set_log_level,
 )
 from ._toml import dumps as _toml_dumps
 
-__all__ = ["Config", "Error", "Node", "NodeReport", "NodeStats", "PublishReport", "Source",
-           "config", "set_log_level"]
+__all__ = ["Config", "Error", "Node", "NodeReport", "NodeStats", "ProduceReport", "Producer",
+           "PublishReport", "Root", "Source", "config", "set_log_level"]
 
 Tensors = Union[Mapping[str, Any], Sequence[Tuple[str, Any]]]
 
@@ -85,6 +89,75 @@ class Source:
         self._source.stop()
 
     def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Producer:
+    """One trainer rank's end when many ranks make each version: it owns ``tensors``
+    (a part of the model: its shard of the parameters, named as in the model) and
+    encodes their changes itself, with no other rank's bytes.
+
+    ``model`` lists every tensor of the model (a state_dict or (name, tensor) pairs;
+    only names, dtypes and shapes are read). Like :class:`Source`, it keeps a copy of
+    its tensors as the fleet holds them, so :meth:`serve` sends what changed since
+    the last commit. Connects to the :class:`Root` at ``root`` ("host:port"; default:
+    the config's source host, its port + 1000).
+    """
+
+    def __init__(self, cfg: Config, producer_id: str, tensors: Tensors, *, model: Tensors,
+                 token: Optional[str] = None, root: str = "", context_mode: bool = False,
+                 encode_threads: int = 0) -> None:
+        self._producer = _Producer(cfg, producer_id, tensors, model, _token(cfg, token), root,
+                                   context_mode, encode_threads)
+
+    def serve(self) -> ProduceReport:
+        """Serves the root's next refit with the tensors' current bytes; blocks until
+        the version committed or aborted (the GIL is released meanwhile). Do not change
+        the tensors until it returns."""
+        return self._producer.serve()
+
+    def close(self) -> None:
+        self._producer.close()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Root:
+    """The source of the relay tree when ``producers`` Producers make each version:
+    :meth:`publish` waits for them, merges their streams into one delta and commits
+    it everywhere. It never holds the model's tensors."""
+
+    def __init__(self, cfg: Config, *, producers: int, token: Optional[str] = None,
+                 producer_address: str = "", state_dir: Union[str, os.PathLike] = "",
+                 keep_deltas: int = 4) -> None:
+        self._root = _Root(cfg, producers, _token(cfg, token), producer_address,
+                           os.fspath(state_dir), keep_deltas)
+
+    def publish(self) -> PublishReport:
+        """One version from the producers' tensors. Raises :class:`Error` if it could
+        not start (a producer missing, shares that do not cover the model); a producer
+        lost mid-refit aborts it (``committed`` False, the reason names it)."""
+        return self._root.publish()
+
+    @property
+    def producer_address(self) -> str:
+        return self._root.producer_address
+
+    @property
+    def address(self) -> str:
+        return self._root.address
+
+    def stop(self) -> None:
+        self._root.stop()
+
+    def __enter__(self) -> "Root":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "binding_util.h"
 #include "borrowed_tensor.h"
 #include "deltacast/deltacast.h"
 #include "dispatcher.h"
@@ -19,44 +20,6 @@ namespace py = pybind11;
 
 namespace deltacast::python {
 namespace {
-
-// Raised for every failure; the message is the Status's ("INVALID_ARGUMENT: ...").
-PyObject* g_error = nullptr;
-
-[[noreturn]] void Raise(const Status& status) {
-  py::object error = py::reinterpret_borrow<py::object>(g_error)(status.ToString());
-  error.attr("code") = std::string(StatusCodeName(status.code()));
-  PyErr_SetObject(g_error, error.ptr());
-  throw py::error_already_set();
-}
-
-template <typename T>
-T Take(Result<T> result) {
-  if (!result.ok()) Raise(result.status());
-  return std::move(*result);
-}
-
-// Named tensors from a mapping (a state_dict) or a sequence of (name, tensor), in
-// the order given.
-std::vector<std::unique_ptr<BorrowedTensor>> BorrowAll(py::handle tensors) {
-  py::object items = py::hasattr(tensors, "items") ? tensors.attr("items")()
-                                                   : py::reinterpret_borrow<py::object>(tensors);
-  std::vector<std::unique_ptr<BorrowedTensor>> out;
-  for (py::handle item : items) {
-    auto pair = item.cast<py::tuple>();
-    if (pair.size() != 2) Raise(Status::InvalidArgument("tensors: expected (name, tensor) pairs"));
-    out.push_back(Take(BorrowedTensor::Borrow(pair[0].cast<std::string>(), pair[1])));
-  }
-  if (out.empty()) Raise(Status::InvalidArgument("tensors: none given"));
-  return out;
-}
-
-std::vector<TensorView> Views(const std::vector<std::unique_ptr<BorrowedTensor>>& tensors) {
-  std::vector<TensorView> views;
-  views.reserve(tensors.size());
-  for (const auto& t : tensors) views.push_back(t->view());
-  return views;
-}
 
 // The trainer's end over live tensors: it keeps a copy of the version the fleet
 // holds, so publish() sends what changed in the tensors since the last commit.
@@ -168,7 +131,7 @@ PYBIND11_MODULE(_deltacast, m) {
   using namespace deltacast::python;
   m.doc() = "deltacast: LLM weight updates to many inference nodes, bit for bit";
   static py::exception<std::runtime_error> error(m, "Error");
-  g_error = error.ptr();
+  SetErrorType(error.ptr());
 
   py::class_<Config>(m, "Config", "A cluster config (TOML): nodes, addresses, tree tuning.")
       .def_static(
@@ -182,8 +145,7 @@ PYBIND11_MODULE(_deltacast, m) {
           py::arg("toml"), py::arg("name") = "config", "Parses TOML text.")
       .def_property_readonly("source", &Config::source)
       .def_property_readonly("receivers", &Config::receivers)
-      .def("token_from_environment",
-           [](const Config& c) { return Take(c.TokenFromEnvironment()); })
+      .def("token_from_environment", [](const Config& c) { return Take(c.TokenFromEnvironment()); })
       .def("describe_plan", [](const Config& c) { return Take(c.DescribePlan()); });
 
   py::class_<NodeReport>(m, "NodeReport")
@@ -257,16 +219,21 @@ PYBIND11_MODULE(_deltacast, m) {
       .def("stop", &PyNode::Stop)
       .def_property_readonly("address", &PyNode::address);
 
+  BindProducers(m);
+
   m.def(
       "set_log_level",
       [](const std::string& level) {
-        static const std::pair<const char*, LogLevel> kLevels[] = {
-            {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo}, {"warn", LogLevel::kWarn},
-            {"error", LogLevel::kError}, {"off", LogLevel::kOff}};
+        static const std::pair<const char*, LogLevel> kLevels[] = {{"debug", LogLevel::kDebug},
+                                                                   {"info", LogLevel::kInfo},
+                                                                   {"warn", LogLevel::kWarn},
+                                                                   {"error", LogLevel::kError},
+                                                                   {"off", LogLevel::kOff}};
         for (const auto& [name, l] : kLevels) {
           if (level == name) return SetLogLevel(l);
         }
-        Raise(Status::InvalidArgument("log level '" + level + "': debug, info, warn, error or off"));
+        Raise(
+            Status::InvalidArgument("log level '" + level + "': debug, info, warn, error or off"));
       },
       py::arg("level"));
 }

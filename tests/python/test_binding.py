@@ -1,5 +1,7 @@
 """The Python binding in one process: a Source and two Nodes over torch tensors on
-loopback, bit-exact after every publish, callbacks on commit, and misuse refused."""
+loopback, bit-exact after every publish, callbacks on commit, a Root with two
+Producers, and misuse refused."""
+import concurrent.futures
 import os
 import threading
 import unittest
@@ -94,6 +96,35 @@ class BindingTest(unittest.TestCase):
             report = source.publish()
             self.assertTrue(report.committed, report.abort_reason)
         self.assertEqual(node.version, report.target_version)
+        node.stop()
+
+    def test_two_producers_make_one_version_through_the_root(self):
+        cfg = cluster(port() + 3, receivers=("w1",))
+        trainer = model(4)
+        held = {k: v.clone() for k, v in trainer.items()}
+        names = sorted(trainer)
+        halves = [{k: trainer[k] for k in names[0::2]}, {k: trainer[k] for k in names[1::2]}]
+        with self.assertRaisesRegex(deltacast.Error, "'stray' is not in the model"):
+            deltacast.Producer(cfg, "p0", {"stray": torch.zeros(4)}, model=trainer, token="t")
+        node = deltacast.Node(cfg, "w1", held, token="t", apply_threads=1)
+        with deltacast.Root(cfg, producers=2, token="t", producer_address="127.0.0.1:0") as root:
+            producers = [deltacast.Producer(cfg, f"p{i}", halves[i], model=trainer, token="t",
+                                            root=root.producer_address, encode_threads=1)
+                         for i in range(2)]
+            for step in range(2):
+                for k, v in trainer.items():
+                    v.view(torch.int16)[step::97] += 1  # flip some bits of every tensor
+                pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+                served = [pool.submit(p.serve) for p in producers]
+                report = root.publish()
+                self.assertTrue(report.committed, report.abort_reason)
+                self.assertTrue(all(f.result().committed for f in served))
+                pool.shutdown()
+                for k in trainer:
+                    self.assertTrue(torch.equal(held[k].view(torch.uint8),
+                                                trainer[k].view(torch.uint8)), (k, step))
+            for p in producers:
+                p.close()
         node.stop()
 
     def test_config_errors_name_the_problem(self):
