@@ -27,6 +27,7 @@
 #include "relay/node_store.h"
 #include "relay/parent_link.h"
 #include "relay/protocol.h"
+#include "relay/signing.h"
 #include "relay/up_requests.h"
 
 namespace deltacast::relay {
@@ -50,6 +51,10 @@ class CatchUp {
 
   bool active() const { return state_.has_value(); }
   const Digest128& to() const { return state_->to; }
+  // The source's key: chunks of kept deltas must carry its signature (null: none
+  // checked). `key` must outlive this object.
+  void SetVerifyKey(const VerifyKey* key) { verify_key_ = key; }
+
   // Starts reaching `to` for refit `refit_id`.
   void Start(const Digest128& to, uint64_t refit_id, bool resolving);
   // A catch-up already running now ends (also) refit `refit_id`'s resolution.
@@ -111,6 +116,7 @@ class CatchUp {
   std::function<void(const Result&)> finished_;
   std::optional<State> state_;
   uint64_t generation_ = 0;  // completions of an earlier catch-up are ignored
+  const VerifyKey* verify_key_ = nullptr;
 };
 
 }  // namespace deltacast::relay

@@ -21,7 +21,8 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
       store_(
           std::move(replica), options_.apply_threads, loop_,
           [this](const NodeStore::Journal& j) { journal_ = j; }, options_.on_commit),
-      downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents()),
+      downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
+                  Downstream::LimitsFrom(options_.config.limits)),
       parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()),
       children_(self_.children),
       requests_(parent_, downstream_),
@@ -35,6 +36,8 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
     if (node.failover_parent == options_.node_id) adoptable.insert(node.id);
   }
   downstream_.AllowAdoption(std::move(adoptable));
+  downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
+  catch_up_.SetVerifyKey(options_.verify_key.get());
   owns_spool_dir_ = options_.spool_dir.empty();
   if (options_.spool_dir.empty()) {
     // A store without a directory does not survive a restart, and neither need its
@@ -256,6 +259,7 @@ void NodeAgent::Impl::RunDeferredBegin() {
 void NodeAgent::Impl::Tick() {
   if (stopped_) return;
   const auto now = Clock::now();
+  downstream_.Tick(now);
   parent_.Tick(now, !refit_ || refit_->phase == Phase::kDone);
   if (now >= next_heartbeat_) {
     next_heartbeat_ = now + std::chrono::seconds(1);

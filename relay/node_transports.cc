@@ -19,6 +19,13 @@ Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
   for (const std::string& name : node.transports) {
     transport::TransportOptions options;
     options.connect_timeout = config.tree.connect_timeout;
+    const topology::LimitsConfig& limits = config.limits;
+    options.handshake_max_message_bytes = limits.handshake_max_message;
+    options.max_pending_handshakes = static_cast<size_t>(limits.max_pending_handshakes);
+    options.max_handshakes_per_address = static_cast<size_t>(limits.max_handshakes_per_address);
+    options.max_links_per_address = static_cast<size_t>(limits.max_connections_per_address);
+    options.receive_pool_bytes = limits.receive_pool;
+    options.receive_pool_idle = limits.receive_pool_idle;
     if (name == "ucx") options.provider = config.transport.ucx_provider;
     if (name == "ofi") options.provider = config.transport.ofi_provider;
     auto made = name == "inproc" ? Result<std::unique_ptr<transport::Transport>>(

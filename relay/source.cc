@@ -51,7 +51,8 @@ class Source::Impl {
         children_(plan_.Find(plan_.source)->children),
         loop_([this] { Tick(); }),
         downstream_(loop_, plan_.source, plan_.Find(plan_.source)->children, options_.token,
-                    Events()) {
+                    Events(), Downstream::LimitsFrom(options_.config.limits)) {
+    downstream_.RequireTls(TlsRequiredFor(options_.config, plan_.source));
     std::set<std::string> adoptable;
     for (const auto& node : plan_.nodes) {
       if (node.failover_parent == plan_.source) adoptable.insert(node.id);
@@ -114,6 +115,7 @@ class Source::Impl {
     Begin begin;
     std::unique_ptr<Spool> spool;
     std::optional<MessageType> decision;
+    transport::Message decision_message;      // as signed and sent
     std::optional<ChainLink> committed_link;  // set once the decision is COMMIT
     bool failed = false;
     std::string failure;
@@ -173,8 +175,10 @@ Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
     log::Warn("no spool (" + spool.status().ToString() +
               "); children that rejoin cannot be replayed to");
   }
-  const Begin begin{report.refit_id, report.base_version, report.target_version,
-                    target_manifest.partition_bytes};
+  Begin begin{report.refit_id, report.base_version, report.target_version,
+              target_manifest.partition_bytes};
+  begin.manifest_digest = Sha256(target_manifest.Serialize());
+  if (options_.signing_key) SignBegin(*options_.signing_key, begin);
   {
     std::unique_lock lock(mu_);
     refit_.emplace();
@@ -214,7 +218,7 @@ Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
       base_manifest, target_manifest, [&](size_t i) { return base.TensorData(i); },
       [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
       [&](std::vector<std::byte>&& chunk) -> Status {
-        auto message = transport::MakeMessage(EncodeChunk(chunk));
+        auto message = transport::MakeMessage(EncodeSignedChunk(options_.signing_key.get(), chunk));
         auto header = codec::PeekChunkHeader(chunk);
         if (!header.ok()) return header.status();
         if (spooled) (void)spooled->Append(header->sequence, *message);
@@ -270,10 +274,14 @@ Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
   CrashPoint("source.decided");
   log::Info(fmt::format("refit {}: decision {}{}", report.refit_id, commit ? "COMMIT" : "ABORT",
                         commit ? "" : " (" + report.abort_reason + ")"));
-  const Decision d{report.refit_id, report.target_version};
+  Decision d{report.refit_id, report.target_version};
+  const MessageType decision = commit ? MessageType::kCommit : MessageType::kAbort;
+  if (options_.signing_key) SignDecision(*options_.signing_key, decision, d);
+  auto decision_message = transport::MakeMessage(EncodeDecision(decision, d));
   {
     std::lock_guard lock(mu_);
-    refit_->decision = commit ? MessageType::kCommit : MessageType::kAbort;
+    refit_->decision = decision;
+    refit_->decision_message = decision_message;
     if (commit) {
       refit_->committed_link =
           ChainLink{report.base_version, report.target_version, target_manifest.partition_bytes, 0};
@@ -281,10 +289,9 @@ Result<PublishReport> Source::Impl::Publish(const apply::WeightStore& base,
     children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
                       options_.config.tree.connect_timeout);
   }
-  loop_.Post([this, d, commit] {
+  loop_.Post([this, decision_message, commit] {
     if (!commit) downstream_.DropQueued();
-    downstream_.Broadcast(transport::MakeMessage(
-        EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, d)));
+    downstream_.Broadcast(decision_message);
   });
   {
     std::unique_lock lock(mu_);
@@ -359,6 +366,7 @@ void Source::Impl::RetireLastRefit() {
 // refit (policy `all`) or is left out of it (`available`); after the decision, an
 // absent child is waited for only up to the connect timeout.
 void Source::Impl::Tick() {
+  downstream_.Tick(Clock::now());
   if (Clock::now() >= next_heartbeat_) {
     next_heartbeat_ = Clock::now() + std::chrono::seconds(1);
     downstream_.Heartbeat();
@@ -429,13 +437,13 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
       refit_->decision == MessageType::kCommit) {
     // It committed, then lost the link before confirming: COMMIT again makes it
     // gather its subtree's confirmations and answer.
-    return std::vector<Downstream::Outgoing>{Downstream::Outgoing::Control(transport::MakeMessage(
-        EncodeDecision(MessageType::kCommit, {begin.refit_id, begin.target_version})))};
+    return std::vector<Downstream::Outgoing>{
+        Downstream::Outgoing::Control(refit_->decision_message)};
   }
   // An aborted delta it does not hold: nothing to undo.
   if (refit_->decision == MessageType::kAbort && hello.inflight_target != begin.target_version)
     return std::nullopt;
-  Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision);
+  Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision_message);
   log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
                         begin.refit_id, replay.chunks));
   children_.Rejoined(child);
@@ -456,8 +464,10 @@ transport::Message Source::Impl::Resolution(const std::string& child,
                         commit     ? "it was committed"
                         : recorded ? "it was aborted"
                                    : "no decision recorded: abort"));
-  return transport::MakeMessage(
-      EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, {id, target}));
+  const MessageType type = commit ? MessageType::kCommit : MessageType::kAbort;
+  Decision d{id, target};
+  if (options_.signing_key) SignDecision(*options_.signing_key, type, d);
+  return transport::MakeMessage(EncodeDecision(type, d));
 }
 
 void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpan bytes) {

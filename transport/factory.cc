@@ -22,6 +22,12 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     TcpOptions tcp;
     tcp.max_message_bytes = options.max_message_bytes;
     tcp.connect_timeout = options.connect_timeout;
+    tcp.handshake_max_message_bytes = options.handshake_max_message_bytes;
+    tcp.max_pending_handshakes = options.max_pending_handshakes;
+    tcp.max_handshakes_per_address = options.max_handshakes_per_address;
+    tcp.max_links_per_address = options.max_links_per_address;
+    tcp.receive_pool_bytes = options.receive_pool_bytes;
+    tcp.receive_pool_idle = options.receive_pool_idle;
     return MakeTcpTransport(tcp);
   }
   if (backend == "ucx") {

@@ -50,8 +50,6 @@ constexpr uint64_t kReorderBudgetBytes = uint64_t{256} << 20;
 constexpr uint64_t kMaxReorderDistance = uint64_t{1} << 20;
 // Accepted links still waiting for some of their streams.
 constexpr size_t kMaxPendingLinks = 1024;
-// Capacity of received buffers kept for reuse per transport.
-constexpr uint64_t kReceivePoolBytes = uint64_t{256} << 20;
 
 // The one place Boost.Asio errors become Status.
 Status StatusFromError(const ErrorCode& ec, std::string_view what) {
@@ -154,14 +152,34 @@ class Core : public std::enable_shared_from_this<Core> {
   Capabilities caps;
   // Received messages are read into recycled buffers: no allocation, zero-fill or
   // page faults per message once the pool is warm.
-  const std::shared_ptr<BufferPool> receive_pool = std::make_shared<BufferPool>(kReceivePoolBytes);
+  const std::shared_ptr<BufferPool> receive_pool =
+      std::make_shared<BufferPool>(options.receive_pool_bytes, options.receive_pool_idle);
   asio::io_context io;  // first member to be built, last to go
   Strand control;
+  asio::steady_timer trim_timer{io};  // gives idle receive buffers back (control strand)
+
+  // Peers with accepted sockets still in the handshake, by IP (control strand).
+  std::map<std::string, size_t> pending_by_host;
+  size_t pending_sockets = 0;
+  void PendingDone(const std::string& host, size_t sockets = 1) {
+    auto it = pending_by_host.find(host);
+    if (it == pending_by_host.end()) return;
+    it->second -= std::min(it->second, sockets);
+    pending_sockets -= std::min(pending_sockets, sockets);
+    if (it->second == 0) pending_by_host.erase(it);
+  }
+  size_t LinksFrom(const std::string& host) const {
+    std::lock_guard lock(mu_);
+    auto it = links_by_host_.find(host);
+    return it == links_by_host_.end() ? 0 : it->second;
+  }
+  void TrimPoolLater();
 
   std::vector<std::shared_ptr<Listener>> listeners;
   std::set<std::shared_ptr<ConnectOp>> connects;
   std::set<std::shared_ptr<AcceptedStream>> handshakes;
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<PendingLink>> pending_links;
+  uint64_t refused_quietly_ = 0;  // sockets refused by the caps (control strand)
 
  private:
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
@@ -171,6 +189,7 @@ class Core : public std::enable_shared_from_this<Core> {
   bool closing_ = false;
   std::atomic<bool> stopped_{false};
   std::unordered_map<const Link*, std::weak_ptr<Link>> links_;
+  std::map<std::string, size_t> links_by_host_;  // accepted links, by peer IP
   std::mt19937_64 rng_{std::random_device{}()};
   std::mutex shutdown_mu_;
   bool shut_down_ = false;
@@ -180,10 +199,35 @@ class Core : public std::enable_shared_from_this<Core> {
 // below the atomics is touched only on strand_.
 class Link : public std::enable_shared_from_this<Link> {
  public:
-  Link(std::shared_ptr<Core> core, std::vector<tcp::socket> sockets, std::string peer)
-      : core_(std::move(core)), strand_(asio::make_strand(core_->io)), peer_(std::move(peer)) {
+  // `inbound_host`: the peer's IP for an accepted link (counted against
+  // max_links_per_address), empty for one this side connected.
+  Link(std::shared_ptr<Core> core, std::vector<tcp::socket> sockets, std::string peer,
+       std::string inbound_host = {})
+      : core_(std::move(core)),
+        strand_(asio::make_strand(core_->io)),
+        peer_(std::move(peer)),
+        inbound_host_(std::move(inbound_host)) {
     for (auto& socket : sockets) streams_.push_back(std::make_unique<Stream>(std::move(socket)));
   }
+
+  // Lifts the pre-authentication frame limit and reads the frames it held back.
+  void Authenticated() {
+    core_->Post(strand_, [self = shared_from_this()] {
+      if (self->authenticated_) return;
+      self->authenticated_ = true;
+      for (size_t i = 0; i < self->streams_.size() && !self->closed_; ++i) {
+        Stream& stream = *self->streams_[i];
+        if (!stream.held_for_auth) continue;
+        stream.held_for_auth = false;
+        if (self->ShouldPause(stream)) {
+          stream.paused = true;
+        } else {
+          self->ReadBody(i);
+        }
+      }
+    });
+  }
+  const std::string& inbound_host() const { return inbound_host_; }
 
   void Start(MessageHandler on_message, CloseHandler on_closed) {
     core_->Post(strand_, [self = shared_from_this(), on_message = std::move(on_message),
@@ -243,7 +287,8 @@ class Link : public std::enable_shared_from_this<Link> {
     explicit Stream(tcp::socket s) : socket(std::move(s)) {}
     tcp::socket socket;
     bool writing = false;
-    bool paused = false;  // header read, body held back by the reorder budget
+    bool paused = false;         // header read, body held back by the reorder budget
+    bool held_for_auth = false;  // header read, body larger than the pre-auth limit
     std::array<std::byte, kFrameHeaderSize> read_header{};
     std::array<std::byte, kFrameHeaderSize> write_header{};
     uint64_t body_sequence = 0;
@@ -383,9 +428,15 @@ class Link : public std::enable_shared_from_this<Link> {
         }
         stream.body_sequence = header->sequence;
         stream.body_length = header->length;
+        const uint64_t pre_auth = core_->options.handshake_max_message_bytes;
         if (header->length == 0) {
           stream.body = std::make_shared<std::vector<std::byte>>();
           Received(index);
+        } else if (!authenticated_ && pre_auth > 0 && header->length > pre_auth) {
+          // Nothing is allocated for a peer that has proved nothing: the body waits
+          // in its socket until Authenticated() (the application drops the link if
+          // the handshake never completes).
+          stream.held_for_auth = true;
         } else if (ShouldPause(stream)) {
           stream.paused = true;
         } else {
@@ -566,6 +617,7 @@ class Link : public std::enable_shared_from_this<Link> {
   const Strand strand_;
   std::vector<std::unique_ptr<Stream>> streams_;
   const std::string peer_;
+  const std::string inbound_host_;
   HandlerGate gate_;
   std::atomic<uint64_t> queued_bytes_{0};
   std::atomic<bool> closing_{false};  // set by Close from any thread: stop delivering
@@ -577,6 +629,7 @@ class Link : public std::enable_shared_from_this<Link> {
   bool started_ = false;
   bool closed_ = false;
   bool close_notified_ = false;
+  bool authenticated_ = false;
   Status close_status_;
   Status send_abort_status_;
   MessageHandler on_message_;
@@ -602,6 +655,7 @@ struct AcceptedStream {
   asio::steady_timer timer;
   std::array<std::byte, kFrameHeaderSize + kHelloSize> hello{};
   std::shared_ptr<Listener> listener;
+  std::string host;  // the peer's IP: what the per-address caps count
   std::string peer;
 };
 
@@ -842,6 +896,7 @@ Core::Core(const TcpOptions& opts) : options(opts), control(asio::make_strand(io
 }
 
 void Core::StartThreads() {
+  asio::post(control, [self = shared_from_this()] { self->TrimPoolLater(); });
   for (size_t i = 0; i < options.io_threads; ++i) {
     // The thread keeps the core alive: it may be detached by a Shutdown called from
     // one of its own handlers.
@@ -854,12 +909,28 @@ bool Core::Register(const std::shared_ptr<Link>& link) {
   std::lock_guard lock(mu_);
   if (closing_) return false;
   links_.emplace(link.get(), link);
+  if (!link->inbound_host().empty()) ++links_by_host_[link->inbound_host()];
   return true;
 }
 
 void Core::Unregister(const Link* link) {
   std::lock_guard lock(mu_);
-  links_.erase(link);
+  if (links_.erase(link) == 0) return;
+  if (!link->inbound_host().empty()) {
+    auto it = links_by_host_.find(link->inbound_host());
+    if (it != links_by_host_.end() && --it->second == 0) links_by_host_.erase(it);
+  }
+}
+
+void Core::TrimPoolLater() {
+  const auto period = std::max(std::chrono::milliseconds(100), options.receive_pool_idle / 2);
+  trim_timer.expires_after(period);
+  trim_timer.async_wait(
+      asio::bind_executor(control, [self = shared_from_this()](const ErrorCode& ec) {
+        if (ec || self->closing()) return;
+        self->receive_pool->Trim();
+        self->TrimPoolLater();
+      }));
 }
 
 Result<std::string> Core::Listen(const std::string& address, AcceptHandler on_accept) {
@@ -929,11 +1000,42 @@ void Core::AcceptNext(const std::shared_ptr<Listener>& listener) {
 
 void Core::BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket socket) {
   if (!ConfigureSocket(socket, options).ok()) return;  // dropping the socket closes it
+  ErrorCode ec;
+  const auto remote = socket.remote_endpoint(ec);
+  if (ec) return;  // already gone
+  const std::string host = remote.address().to_string();
+  // Caps before anything else: a socket over them costs this side nothing more
+  // than the accept, and one address cannot use up the slots others need.
+  const size_t from_host = pending_by_host.count(host) ? pending_by_host[host] : 0;
+  std::string over;
+  if (pending_sockets >= options.max_pending_handshakes) {
+    over = std::to_string(pending_sockets) + " sockets in the handshake (max_pending_handshakes)";
+  } else if (from_host >= options.max_handshakes_per_address) {
+    over = std::to_string(from_host) +
+           " sockets in the handshake from this address (max_handshakes_per_address)";
+  } else if (options.max_links_per_address > 0 &&
+             LinksFrom(host) + from_host >= options.max_links_per_address) {
+    over = std::to_string(LinksFrom(host) + from_host) +
+           " links from this address (max_links_per_address)";
+  }
+  if (!over.empty()) {
+    // Rate-limited by nature (one line per refused socket would let a flood fill the
+    // log): the first refusal of a burst is logged, the rest counted.
+    if (refused_quietly_++ % 1000 == 0) {
+      log::Warn("transport: refusing a connection from " + EndpointString(remote) + ": " + over +
+                (refused_quietly_ > 1 ? " (" + std::to_string(refused_quietly_) + " refused so far)"
+                                      : ""));
+    }
+    ErrorCode ignored;
+    socket.close(ignored);
+    return;
+  }
+  ++pending_by_host[host];
+  ++pending_sockets;
   auto stream = std::make_shared<AcceptedStream>(io, std::move(socket));
   stream->listener = listener;
-  ErrorCode ec;
-  const auto remote = stream->socket.remote_endpoint(ec);
-  stream->peer = ec ? "unknown peer" : EndpointString(remote);
+  stream->host = host;
+  stream->peer = EndpointString(remote);
   handshakes.insert(stream);
   stream->timer.expires_after(options.connect_timeout);
   stream->timer.async_wait(
@@ -949,6 +1051,7 @@ void Core::BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket
 
 void Core::DropHandshake(const std::shared_ptr<AcceptedStream>& stream, std::string_view why) {
   if (handshakes.erase(stream) == 0) return;
+  PendingDone(stream->host);
   if (!why.empty()) {
     log::Warn("transport: refusing connection from " + stream->peer + ": " + std::string(why));
   }
@@ -979,9 +1082,7 @@ void Core::OnHello(const std::shared_ptr<AcceptedStream>& stream, const ErrorCod
     DropHandshake(stream, hello.status().ToString());
     return;
   }
-  ErrorCode ignored;
-  const auto remote = stream->socket.remote_endpoint(ignored);
-  auto key = std::make_pair(remote.address().to_string(), hello->link_id);
+  auto key = std::make_pair(stream->host, hello->link_id);
   auto it = pending_links.find(key);
   if (it == pending_links.end()) {
     if (pending_links.size() >= kMaxPendingLinks) {
@@ -1021,6 +1122,7 @@ void Core::DropPendingLink(const std::shared_ptr<PendingLink>& pending, std::str
   pending_links.erase(it);
   if (!why.empty()) log::Warn("transport: dropping half-open link: " + std::string(why));
   pending->timer.cancel();
+  PendingDone(pending->key.first, pending->arrived);
   for (auto& socket : pending->sockets) {
     ErrorCode ignored;
     if (socket) socket->close(ignored);
@@ -1048,8 +1150,10 @@ void Core::SendAcks(const std::shared_ptr<PendingLink>& pending) {
 void Core::CompleteAccept(const std::shared_ptr<PendingLink>& pending) {
   std::vector<tcp::socket> sockets;
   for (auto& socket : pending->sockets) sockets.push_back(std::move(*socket));
+  PendingDone(pending->key.first, pending->arrived);
   if (pending->failed || closing()) return;  // dropping the sockets closes them
-  auto link = std::make_shared<Link>(shared_from_this(), std::move(sockets), pending->peer);
+  auto link = std::make_shared<Link>(shared_from_this(), std::move(sockets), pending->peer,
+                                     pending->key.first);
   if (!Register(link)) {
     link->CloseForShutdown();
     return;
@@ -1069,6 +1173,7 @@ void Core::Connect(const std::string& address, ConnectHandler on_done) {
 
 void Core::CloseControlState() {
   ErrorCode ignored;
+  trim_timer.cancel();
   for (auto& listener : listeners) {
     listener->acceptor.close(ignored);
     listener->retry.cancel();
@@ -1149,6 +1254,13 @@ Result<std::unique_ptr<Transport>> MakeTcpTransport(const TcpOptions& options) {
   }
   if (options.socket_buffer_bytes < 0) {
     return Status::InvalidArgument("tcp transport: socket_buffer_bytes must not be negative");
+  }
+  if (options.max_pending_handshakes < 1 || options.max_handshakes_per_address < 1) {
+    return Status::InvalidArgument(
+        "tcp transport: max_pending_handshakes and max_handshakes_per_address must be >= 1");
+  }
+  if (options.receive_pool_idle.count() <= 0) {
+    return Status::InvalidArgument("tcp transport: receive_pool_idle must be positive");
   }
   auto core = std::make_shared<Core>(options);
   core->StartThreads();

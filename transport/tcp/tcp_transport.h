@@ -33,6 +33,21 @@ struct TcpOptions {
   uint64_t max_message_bytes = kDefaultMaxMessageBytes;
   // SO_SNDBUF / SO_RCVBUF for every socket; 0 leaves the kernel's autotuning.
   int socket_buffer_bytes = 0;
+
+  // Limits on peers that have proved nothing yet (topology::LimitsConfig).
+  // Until Connection::Authenticated() is called, a data frame larger than this waits
+  // unread, its body never allocated (the sender backs up); 0 = no such limit.
+  uint64_t handshake_max_message_bytes = uint64_t{128} << 10;
+  // Accepted sockets still in the transport handshake, overall and per peer IP;
+  // sockets beyond are closed at once. (Sockets, not links: a link of N streams
+  // takes N.) The relay caps unauthenticated links more tightly above this.
+  size_t max_pending_handshakes = 512;
+  size_t max_handshakes_per_address = 128;
+  // Accepted links (and sockets in the handshake) per peer IP; 0 = no limit.
+  size_t max_links_per_address = 256;
+  // Received buffers kept for reuse, and how long an unused one is kept.
+  uint64_t receive_pool_bytes = uint64_t{256} << 20;
+  std::chrono::milliseconds receive_pool_idle{2000};
 };
 
 // kInvalidArgument for options out of range.

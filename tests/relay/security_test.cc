@@ -1,0 +1,299 @@
+// Attacks on the relay tree, in one process over tcp on loopback: the findings of
+// issue 17 replayed as scenarios. Each test would pass for the attacker without
+// the defence it names.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "relay/node_agent.h"
+#include "relay/publisher.h"
+#include "relay/signing.h"
+#include "tests/relay/security_util.h"
+#include "topology/cluster_config.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace deltacast::relay {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Borrow;
+using testing::Impostor;
+using testing::ManifestOf;
+using testing::Versions;
+
+constexpr char kToken[] = "security-test-token";
+
+// A chain src -> n1 -> n2 on loopback tcp.
+std::string ChainToml(const std::vector<uint16_t>& ports, const std::string& extra = "") {
+  std::string toml =
+      "[cluster]\nname = \"security-test\"\n[tree]\nfanout = 1\nchunk_size = \"16KiB\"\n"
+      "window = 4\nconnect_timeout = \"5s\"\nidle_timeout = \"30s\"\ncommit_timeout = "
+      "\"10s\"\n" +
+      extra + "\n[[node]]\nid = \"src\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(ports[0]) +
+      "\nrole = \"source\"\n";
+  for (size_t i = 1; i < ports.size(); ++i) {
+    toml += "[[node]]\nid = \"n" + std::to_string(i) +
+            "\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(ports[i]) + "\n";
+  }
+  return toml;
+}
+
+std::unique_ptr<transport::Transport> Tcp() { return std::move(*transport::MakeTcpTransport()); }
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ports_ = testing::FreePorts(3);
+    v_ = testing::MakeVersions(1 << 15, 7);
+  }
+  void TearDown() override {
+    for (auto& a : agents_) a->Stop();
+  }
+  void UseConfig(const std::string& toml) {
+    auto config = topology::ParseClusterConfig(toml, "security-test.toml");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    config_ = *config;
+  }
+  void StartAgents(int n, std::shared_ptr<const VerifyKey> verify_key = nullptr) {
+    stores_.assign(n, v_.base);
+    for (int i = 0; i < n; ++i) {
+      auto replica =
+          apply::Replica::ForStore(Borrow(v_.tensors, stores_[i]), testing::kPartitionBytes, 1);
+      ASSERT_TRUE(replica.ok());
+      NodeAgentOptions options;
+      options.config = config_;
+      options.node_id = "n" + std::to_string(i + 1);
+      options.token = kToken;
+      options.apply_threads = 1;
+      options.verify_key = verify_key;
+      auto agent = NodeAgent::Start(std::move(options), std::move(*replica), Tcp());
+      ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+      agents_.push_back(std::move(*agent));
+    }
+  }
+  Result<PublishReport> PublishReal(std::shared_ptr<const SigningKey> key = nullptr) {
+    auto base = Borrow(v_.tensors, v_.base);
+    auto target = Borrow(v_.tensors, v_.target);
+    PublishOptions options;
+    options.config = config_;
+    options.token = kToken;
+    options.encode_threads = 1;
+    options.signing_key = key;
+    return Publish(options, *base, ManifestOf(v_.tensors, v_.base), *target,
+                   ManifestOf(v_.tensors, v_.target), Tcp());
+  }
+  std::string SourceAddress() const { return "127.0.0.1:" + std::to_string(ports_[0]); }
+  // A forged version: the base with a few bytes of layer0 overwritten.
+  std::vector<std::vector<std::byte>> Forged() const {
+    auto forged = v_.base;
+    for (int i = 0; i < 64; ++i) forged[0][4096 + i] = std::byte{0x5a};
+    return forged;
+  }
+  Begin ForgedBegin(const std::vector<std::vector<std::byte>>& forged) const {
+    return Begin{0x1234, ManifestOf(v_.tensors, v_.base).VersionId(),
+                 ManifestOf(v_.tensors, forged).VersionId(), testing::kPartitionBytes};
+  }
+  bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (done()) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return done();
+  }
+
+  std::vector<uint16_t> ports_;
+  Versions v_;
+  topology::ClusterConfig config_;
+  std::vector<std::vector<std::vector<std::byte>>> stores_;
+  std::vector<std::unique_ptr<NodeAgent>> agents_;
+};
+
+// Finding 1: a process without the token bound the source's port between two
+// refits and sent WELCOME, a forged delta and COMMIT; both nodes below committed it.
+TEST_F(SecurityTest, ProcessWithoutTheTokenOnTheSourcesPortIsRefusedByTheChild) {
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_)));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(2));
+  const auto forged = Forged();
+  {
+    Impostor impostor(Tcp(), SourceAddress(), "src", "not-the-token", ForgedBegin(forged),
+                      testing::DeltaChunks(v_, forged));
+    // n1 dials, answers the CHALLENGE (it cannot tell yet), and refuses the WELCOME.
+    ASSERT_TRUE(WaitFor([&] { return impostor.refused >= 2; }, 15s))
+        << "hellos " << impostor.hellos << ", refused " << impostor.refused;
+    EXPECT_EQ(impostor.prepared, 0);
+    EXPECT_EQ(agents_[0]->stats().parent_joins, 0u);
+    EXPECT_EQ(agents_[0]->stats().chunks_received, 0u);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(agents_[i]->stats().refits_committed, 0u);
+      EXPECT_EQ(stores_[i], v_.base) << "node n" << i + 1 << " changed";
+    }
+  }
+  // The real source, once back, is joined and commits as usual.
+  auto report = PublishReal();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(stores_[i], v_.target) << "node n" << i + 1;
+}
+
+// With the token, a process on the source's address passes the handshake; what it
+// says must still carry the source's signature. Unsigned, or signed with another
+// key, its version and its COMMIT are refused, and nothing is applied.
+TEST_F(SecurityTest, ImpostorWithTheTokenCannotInjectAVersionIntoASignedCluster) {
+  auto source_key = std::make_shared<const SigningKey>(*SigningKey::Generate());
+  auto verify = std::make_shared<const VerifyKey>(source_key->Public());
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_)));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(2, verify));
+  const auto forged = Forged();
+  const SigningKey other = *SigningKey::Generate();
+  for (const SigningKey* key : {static_cast<const SigningKey*>(nullptr), &other}) {
+    Begin begin = ForgedBegin(forged);
+    if (key) SignBegin(*key, begin);
+    std::vector<std::vector<std::byte>> chunks;
+    for (const auto& c : testing::DeltaChunks(v_, forged)) {
+      chunks.push_back(EncodeSignedChunk(key, ChunkOf(c)));
+    }
+    Impostor impostor(Tcp(), SourceAddress(), "src", kToken, begin, std::move(chunks));
+    ASSERT_TRUE(WaitFor([&] { return impostor.refused >= 1; }, 15s))
+        << "hellos " << impostor.hellos << ", refused " << impostor.refused;
+    EXPECT_EQ(impostor.prepared, 0);
+    EXPECT_EQ(impostor.committed, 0);
+    EXPECT_EQ(agents_[0]->stats().chunks_received, 0u);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(agents_[i]->stats().refits_committed, 0u);
+      EXPECT_EQ(stores_[i], v_.base) << "node n" << i + 1 << " changed";
+    }
+  }
+  // A source that signs is followed as usual.
+  auto report = PublishReal(source_key);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(stores_[i], v_.target) << "node n" << i + 1;
+}
+
+// Without signing, the same impostor (it has the token) would have its version
+// applied: shows that the test above tests the signatures, not something else.
+TEST_F(SecurityTest, WithoutSigningAnImpostorWithTheTokenIsFollowed) {
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_)));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(2));
+  const auto forged = Forged();
+  Impostor impostor(Tcp(), SourceAddress(), "src", kToken, ForgedBegin(forged),
+                    testing::DeltaChunks(v_, forged));
+  ASSERT_TRUE(WaitFor([&] { return agents_[1]->stats().refits_committed == 1; }, 15s));
+  EXPECT_EQ(stores_[0], forged);
+  EXPECT_EQ(stores_[1], forged);
+}
+
+// Finding 2: a FETCH whose offset and length wrap around 2^64 crashed the serving
+// node. Offsets are checked without overflow (offset * element size would wrap to
+// the tensor's first bytes here), lengths are capped to a partition, and the node
+// keeps serving.
+TEST_F(SecurityTest, FetchesWhoseOffsetOrLengthWrapAreRefusedAndTheNodeKeepsServing) {
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_)));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(1));
+  auto client = Tcp();
+  testing::ChildPeer child(*client, "127.0.0.1:" + std::to_string(ports_[1]), "n2", "n1", kToken);
+  ASSERT_TRUE(child.joined());
+  const std::string tensor = v_.tensors[0].name;
+  const uint64_t elements = v_.tensors[0].ElementCount();
+  const auto first16 = HashPartition(ByteSpan(v_.base[0]).first(16));
+  struct Case {
+    uint64_t offset, length;
+    bool found;
+  };
+  const Case cases[] = {
+      {uint64_t{1} << 63, 16, false},  // 2^63 BF16 elements = 2^64 bytes: wraps to byte 0
+      {(uint64_t{1} << 63) + 1, 16, false},
+      {elements - 1, kMaxFetchBytes, false},  // runs past the end
+      {elements, 0, false},
+      {~uint64_t{0}, 16, false},
+      {0, 16, true},  // the node still answers
+  };
+  uint64_t id = 1;
+  for (const Case& c : cases) {
+    child.Send(EncodeFetch({id, tensor, c.offset, c.length, first16}));
+    auto answer = child.Next(MessageType::kPartition);
+    ASSERT_TRUE(answer.has_value()) << "no answer to offset " << c.offset;
+    auto p = ParsePartition(**answer);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(p->request_id, id);
+    EXPECT_EQ(p->found, c.found) << "offset " << c.offset << " length " << c.length;
+    if (c.found) {
+      EXPECT_EQ(std::vector<std::byte>(p->bytes.begin(), p->bytes.end()),
+                std::vector<std::byte>(v_.base[0].begin(), v_.base[0].begin() + 16));
+    }
+    ++id;
+  }
+  // A length beyond any partition does not even parse; the link stays up.
+  child.Send(EncodeFetch({id, tensor, 0, ~uint64_t{0}, first16}));
+  child.Send(EncodeFetch({id + 1, tensor, 0, 16, first16}));
+  auto answer = child.Next(MessageType::kPartition);
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(ParsePartition(**answer)->request_id, id + 1);
+  EXPECT_FALSE(child.closed());
+}
+
+// A signed chunk changed in transit (or by a relay) no longer verifies; nor does a
+// signature made for one message type stand for another.
+TEST(SigningTest, SignaturesCoverTheirMessageAndNothingElse) {
+  const SigningKey key = *SigningKey::Generate();
+  const VerifyKey verify = key.Public();
+  Begin begin{7, Hash128(AsBytes("a")), Hash128(AsBytes("b")), 4096};
+  begin.manifest_digest = Sha256(AsBytes("manifest"));
+  SignBegin(key, begin);
+  EXPECT_TRUE(VerifyBegin(verify, begin).ok());
+  auto parsed = ParseBegin(EncodeBegin(begin));
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_TRUE(VerifyBegin(verify, *parsed).ok()) << "the signature travels in BEGIN";
+  for (int field = 0; field < 4; ++field) {
+    Begin changed = begin;
+    if (field == 0) changed.refit_id ^= 1;
+    if (field == 1) changed.target_version.bytes[0] ^= 1;
+    if (field == 2) changed.partition_bytes *= 2;
+    if (field == 3) changed.manifest_digest[5] ^= 1;
+    EXPECT_EQ(VerifyBegin(verify, changed).code(), StatusCode::kPermissionDenied) << field;
+  }
+  Decision commit{7, begin.target_version};
+  SignDecision(key, MessageType::kCommit, commit);
+  EXPECT_TRUE(VerifyDecision(verify, MessageType::kCommit, commit).ok());
+  EXPECT_FALSE(VerifyDecision(verify, MessageType::kAbort, commit).ok());
+  Decision other = commit;
+  other.refit_id = 8;
+  EXPECT_FALSE(VerifyDecision(verify, MessageType::kCommit, other).ok());
+
+  auto chunk = EncodeSignedChunk(&key, AsBytes("some chunk bytes"));
+  EXPECT_TRUE(VerifyChunkMessage(verify, chunk).ok());
+  chunk[kMessageHeaderBytes + 3] ^= std::byte{1};
+  EXPECT_FALSE(VerifyChunkMessage(verify, chunk).ok());
+  EXPECT_FALSE(VerifyChunkMessage(verify, EncodeChunk(AsBytes("some chunk bytes"))).ok());
+  // Another key's signature is not the source's.
+  const SigningKey stranger = *SigningKey::Generate();
+  EXPECT_FALSE(VerifyChunkMessage(verify, EncodeSignedChunk(&stranger, AsBytes("x"))).ok());
+}
+
+TEST(SigningTest, KeysRoundTripThroughPemFiles) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("deltacast-signing-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const SigningKey key = *SigningKey::Generate();
+  ASSERT_TRUE(key.Write(dir / "signing.key").ok());
+  ASSERT_TRUE(key.Public().Write(dir / "verify.pub").ok());
+  EXPECT_EQ(std::filesystem::status(dir / "signing.key").permissions() &
+                std::filesystem::perms::others_read,
+            std::filesystem::perms::none);
+  auto loaded = SigningKey::Load(dir / "signing.key");
+  auto verify = VerifyKey::Load(dir / "verify.pub");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  ASSERT_TRUE(verify.ok()) << verify.status().ToString();
+  EXPECT_TRUE(verify->Verify(AsBytes("m"), loaded->Sign(AsBytes("m"))));
+  // A private key is not a public key, and garbage is neither.
+  EXPECT_EQ(VerifyKey::Load(dir / "signing.key").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(VerifyKey::Load(dir / "missing.pub").ok());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deltacast::relay
