@@ -14,6 +14,7 @@
 #include "relay/publisher.h"
 #include "topology/plan_format.h"
 #include "topology/tree_plan.h"
+#include "transport/tcp/tls_certs.h"
 
 namespace deltacast::agent {
 namespace {
@@ -57,6 +58,79 @@ int RunPlan(const PlanArgs& args) {
   return kExitOk;
 }
 
+namespace {
+
+// The config's keys for signed versions: the verify key on every node, the signing
+// key on the source. Null when [security] names none.
+Result<std::shared_ptr<const relay::VerifyKey>> LoadVerifyKey(const topology::ClusterConfig& c) {
+  if (c.security.verify_key.empty()) return std::shared_ptr<const relay::VerifyKey>();
+  auto key = relay::VerifyKey::Load(c.security.verify_key);
+  if (!key.ok()) return key.status().WithContext("[security] verify_key");
+  return std::make_shared<const relay::VerifyKey>(std::move(*key));
+}
+
+Result<std::shared_ptr<const relay::SigningKey>> LoadSigningKey(const topology::ClusterConfig& c) {
+  if (c.security.verify_key.empty()) return std::shared_ptr<const relay::SigningKey>();
+  if (c.security.signing_key.empty()) {
+    return Status::FailedPrecondition(
+        c.source_file.string() +
+        ": [security] names verify_key, so every node checks the source's signatures, but no "
+        "signing_key: the source cannot sign");
+  }
+  auto key = relay::SigningKey::Load(c.security.signing_key);
+  if (!key.ok()) return key.status().WithContext("[security] signing_key");
+  ASSIGN_OR_RETURN(auto verify, LoadVerifyKey(c));
+  const auto probe = AsBytes("deltacast key check");
+  if (!verify->Verify(probe, key->Sign(probe))) {
+    return Status::FailedPrecondition("[security] signing_key " + c.security.signing_key.string() +
+                                      " is not the private half of verify_key " +
+                                      c.security.verify_key.string());
+  }
+  return std::make_shared<const relay::SigningKey>(std::move(*key));
+}
+
+// `path` as the config should name it: relative to the config's directory.
+std::string ConfigRelative(const std::filesystem::path& path, const std::filesystem::path& config) {
+  const auto base = std::filesystem::absolute(config).parent_path();
+  const auto full = std::filesystem::absolute(path).lexically_normal();
+  const auto relative = full.lexically_relative(base);
+  return relative.empty() || *relative.begin() == ".." ? full.string() : relative.string();
+}
+
+}  // namespace
+
+int RunCerts(const CertsArgs& args) {
+  auto config = topology::LoadClusterConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  std::vector<std::string> ids;
+  for (const auto& n : config->nodes) ids.push_back(n.id);
+  auto files = transport::WriteClusterCertificates(args.out, ids, args.days);
+  if (!files.ok()) return Fail(files.status());
+  const auto signing = args.out / "signing.key", verify = args.out / "signing.pub";
+  if (std::filesystem::exists(signing) && std::filesystem::exists(verify)) {
+    files->kept.push_back(signing);
+  } else {
+    auto key = relay::SigningKey::Generate();
+    if (!key.ok()) return Fail(key.status());
+    if (Status s = key->Write(signing); !s.ok()) return Fail(s);
+    if (Status s = key->Public().Write(verify); !s.ok()) return Fail(s);
+    files->written.push_back(signing);
+    files->written.push_back(verify);
+  }
+  fmt::print("wrote {} files, kept {} in {}\n", files->written.size(), files->kept.size(),
+             args.out.string());
+  fmt::print(
+      "give each node its NODE.key (and only its own), every node ca.crt, its NODE.crt and "
+      "signing.pub; signing.key stays on the trainer, ca.key off the cluster.\n"
+      "add to {}:\n\n[security]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n"
+      "signing_key = \"{}\"   # read by the source only\nverify_key = \"{}\"\n",
+      args.config.string(), ConfigRelative(args.out / "ca.crt", args.config),
+      ConfigRelative(args.out / "{node}.crt", args.config),
+      ConfigRelative(args.out / "{node}.key", args.config), ConfigRelative(signing, args.config),
+      ConfigRelative(verify, args.config));
+  return kExitOk;
+}
+
 int RunAgent(const AgentArgs& args) {
   SignalWaiter signals;
   auto config = topology::LoadClusterConfig(args.config);
@@ -79,10 +153,13 @@ int RunAgent(const AgentArgs& args) {
   }
   auto transport = relay::MakeNodeTransports(*config, *node);
   if (!transport.ok()) return Fail(transport.status());
+  auto verify_key = LoadVerifyKey(*config);
+  if (!verify_key.ok()) return Fail(verify_key.status());
   relay::NodeAgentOptions options;
   options.config = *config;
   options.node_id = args.node;
   options.token = *token;
+  options.verify_key = *verify_key;
   options.apply_threads = args.threads;
   options.spool_dir = args.store / apply::kStateDirName / "spool";
   auto agent =
@@ -99,11 +176,14 @@ int RunPublish(const PublishArgs& args) {
   if (!config.ok()) return Fail(config.status());
   auto token = topology::ReadAuthToken(*config);
   if (!token.ok()) return Fail(token.status());
+  auto signing_key = LoadSigningKey(*config);
+  if (!signing_key.ok()) return Fail(signing_key.status());
   auto transport = relay::MakeNodeTransports(*config, *config->Source());
   if (!transport.ok()) return Fail(transport.status());
   relay::PublishOptions options;
   options.config = *config;
   options.token = *token;
+  options.signing_key = *signing_key;
   options.codec = args.codec;
   options.encode_threads = args.threads;
   std::filesystem::path target = std::filesystem::absolute(args.target).lexically_normal();

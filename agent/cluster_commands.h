@@ -40,4 +40,14 @@ struct PublishArgs {
 // Exit status 0 when the version committed everywhere, 1 otherwise.
 int RunPublish(const PublishArgs& args);
 
+struct CertsArgs {
+  std::filesystem::path config;
+  std::filesystem::path out;
+  int days = 825;
+};
+// Writes the cluster CA, a key and certificate per node, and the source's signing
+// key pair into `out` (keeping what is already there), and prints the [security]
+// table that names them.
+int RunCerts(const CertsArgs& args);
+
 }  // namespace deltacast::agent

@@ -56,12 +56,15 @@ void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
   for (const auto& [serial, h] : handshakes_) from_host += h.host == host ? 1 : 0;
   if (handshakes_.size() >= limits_.max_pending || from_host >= limits_.max_pending_per_address) {
     const bool global = handshakes_.size() >= limits_.max_pending;
-    log::Warn(fmt::format("{}: refusing {}: {} handshakes pending{} (limit {}; [limits] {})",
-                          self_id_, log::Escape(connection->PeerAddress()),
-                          global ? handshakes_.size() : from_host,
-                          global ? "" : " from " + log::Escape(host),
-                          global ? limits_.max_pending : limits_.max_pending_per_address,
-                          global ? "max_pending_handshakes" : "max_handshakes_per_address"));
+    // One line per burst, not per connection: a flood must not fill the log.
+    if (refused_over_caps_++ % 100 == 0) {
+      log::Warn(fmt::format(
+          "{}: refusing {}: {} handshakes pending{} (limit {}; [limits] {}; {} refused so far)",
+          self_id_, log::Escape(connection->PeerAddress()), global ? handshakes_.size() : from_host,
+          global ? "" : " from " + log::Escape(host),
+          global ? limits_.max_pending : limits_.max_pending_per_address,
+          global ? "max_pending_handshakes" : "max_handshakes_per_address", refused_over_caps_));
+    }
     connection->Close();
     return;
   }
@@ -162,9 +165,10 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   child->second.connection->Authenticated();
   child->second.connection->Send(transport::MakeMessage(
       EncodeWelcome({ParentProof(token_, h.nonce, hello->nonce, self_id_, hello->node_id)})));
-  log::Info(fmt::format("{}: child {} joined from {}{} at version {}", self_id_, hello->node_id,
+  log::Info(fmt::format("{}: child {} joined from {}{}{} at version {}", self_id_, hello->node_id,
                         child->second.connection->PeerAddress(),
                         hello->transport.empty() ? "" : " over " + hello->transport,
+                        child->second.connection->PeerIdentity().empty() ? "" : " with TLS",
                         hello->active_version.ShortHex()));
   if (events_.joined) events_.joined(hello->node_id, *hello);
   Pump(child->second);

@@ -224,6 +224,7 @@ class Downstream {
   uint64_t next_serial_ = 1;
   uint64_t next_send_ = 1;
   uint64_t queued_bytes_ = 0;
+  uint64_t refused_over_caps_ = 0;  // connections refused by the pending-handshake caps
 };
 
 // The RequireTls predicate for node `self_id`'s children under `config`: whether the

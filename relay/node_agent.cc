@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "relay/node_impl.h"
+#include "relay/node_transports.h"
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
@@ -298,6 +299,7 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(
   if (!self->parent)
     return Status::InvalidArgument("node '" + options.node_id +
                                    "' is the source; run `deltacast publish` there");
+  RETURN_IF_ERROR(CheckHopSecurity(options.config, plan, options.node_id));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(replica), std::move(transport),
                                      std::move(plan));
   RETURN_IF_ERROR(impl->Listen());

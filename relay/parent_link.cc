@@ -97,21 +97,33 @@ void ParentLink::Dial() {
     auto shared = std::make_shared<Result<std::unique_ptr<transport::Connection>>>(std::move(r));
     loop_.Post([this, shared, backend] { OnConnected(std::move(*shared), backend); });
   };
+  const topology::NodeConfig* parent = config_.FindNode(current_);
+  const bool tls = topology::HopUsesTls(config_, *parent, *config_.FindNode(self_.id));
   if (auto* set = transport::AsTransportSet(&transport_)) {
-    const topology::NodeConfig* parent = config_.FindNode(current_);
-    set->ConnectFirst(parent->host, parent->port, HopTransports(), on_done);
+    set->ConnectFirst(parent->host, parent->port, HopTransports(), on_done, tls);
     return;
   }
-  transport_.Connect(address_, [on_done, backend = transport_.capabilities().backend](
-                                   Result<std::unique_ptr<transport::Connection>> r) {
-    on_done(std::move(r), backend);
-  });
+  transport_.Connect(
+      (tls ? "tls://" : "") + address_,
+      [on_done, backend = transport_.capabilities().backend](
+          Result<std::unique_ptr<transport::Connection>> r) { on_done(std::move(r), backend); });
 }
 
 void ParentLink::OnConnected(Result<std::unique_ptr<transport::Connection>> result,
                              const std::string& backend) {
   connecting_ = false;
   if (!result.ok()) {
+    // A parent that is down is expected and retried quietly; a different reason
+    // (a TLS handshake refused, say) is worth a line, once.
+    if (result.status().message() != last_connect_error_) {
+      last_connect_error_ = result.status().message();
+      // (TransportSet folds each backend's status into its message.)
+      if (result.status().code() == StatusCode::kPermissionDenied ||
+          last_connect_error_.find("PERMISSION_DENIED") != std::string::npos) {
+        log::Error(fmt::format("{}: cannot join parent {}: {}", self_.id, current_,
+                               result.status().ToString()));
+      }
+    }
     if (!lost_at_) lost_at_ = Clock::now();  // unreachable since now
     next_connect_ = Clock::now() + backoff_;
     // Short ceiling: a one-shot publisher only listens while it publishes, and its
@@ -120,6 +132,7 @@ void ParentLink::OnConnected(Result<std::unique_ptr<transport::Connection>> resu
     return;
   }
   backoff_ = std::chrono::milliseconds(100);
+  last_connect_error_.clear();
   link_ = std::move(*result);
   backend_ = backend;
   const uint64_t serial = ++serial_;
@@ -226,7 +239,8 @@ void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {
       link_->Authenticated();
       joined_ = true;
       lost_at_.reset();
-      log::Info(fmt::format("{}: joined parent {} over {}{}", self_.id, current_, backend_,
+      log::Info(fmt::format("{}: joined parent {} over {}{}{}", self_.id, current_, backend_,
+                            link_->PeerIdentity().empty() ? "" : " with TLS",
                             on_failover() ? " (failover)" : ""));
       if (events_.joined) events_.joined();
       return;

@@ -102,7 +102,9 @@ class ParentLink {
   Clock::time_point next_heartbeat_ = Clock::now();
   Clock::time_point last_heard_ = Clock::now();
   Clock::time_point connected_at_ = Clock::now();
-  bool challenged_ = false;  // this link's CHALLENGE came (and was answered)
+  bool challenged_ = false;
+  std::string last_connect_error_;  // of the last failed dial, to log each reason once  // this
+                                    // link's CHALLENGE came (and was answered)
   std::array<uint8_t, kNonceBytes> parent_nonce_{};
   std::array<uint8_t, kNonceBytes> child_nonce_{};
   std::chrono::milliseconds backoff_{100};

@@ -16,6 +16,7 @@
 #include "relay/delta_history.h"
 #include "relay/downstream.h"
 #include "relay/event_loop.h"
+#include "relay/node_transports.h"
 #include "relay/refit_children.h"
 #include "relay/replay.h"
 #include "relay/spool.h"
@@ -604,6 +605,7 @@ void Source::Impl::ServeDeltaChunk(const std::string& child, ByteSpan bytes) {
 Result<std::unique_ptr<Source>> Source::Start(PublishOptions options,
                                               std::unique_ptr<transport::Transport> transport) {
   ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
+  RETURN_IF_ERROR(CheckHopSecurity(options.config, plan, plan.source));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(transport), std::move(plan));
   RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<Source>(new Source(std::move(impl)));

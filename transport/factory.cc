@@ -28,6 +28,7 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     tcp.max_links_per_address = options.max_links_per_address;
     tcp.receive_pool_bytes = options.receive_pool_bytes;
     tcp.receive_pool_idle = options.receive_pool_idle;
+    tcp.tls = options.tls;
     return MakeTcpTransport(tcp);
   }
   if (backend == "ucx") {

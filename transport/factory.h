@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
 namespace deltacast::transport {
@@ -37,6 +39,8 @@ struct TransportOptions {
   size_t max_links_per_address = 256;
   uint64_t receive_pool_bytes = uint64_t{256} << 20;
   std::chrono::milliseconds receive_pool_idle{2000};
+  // tcp: TLS certificate files (TcpOptions::tls); other backends refuse them.
+  std::optional<TlsFiles> tls;
 };
 
 // The backend names MakeTransport accepts, in the order of their listen-port offset

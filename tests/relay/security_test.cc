@@ -2,18 +2,23 @@
 // issue 17 replayed as scenarios. Each test would pass for the attacker without
 // the defence it names.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <thread>
 
+#include "common/log.h"
 #include "relay/node_agent.h"
+#include "relay/node_transports.h"
 #include "relay/publisher.h"
 #include "relay/signing.h"
 #include "tests/relay/security_util.h"
+#include "tests/transport/raw_peer.h"
 #include "topology/cluster_config.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/tcp/tls_certs.h"
 
 namespace deltacast::relay {
 namespace {
@@ -69,7 +74,10 @@ class SecurityTest : public ::testing::Test {
       options.token = kToken;
       options.apply_threads = 1;
       options.verify_key = verify_key;
-      auto agent = NodeAgent::Start(std::move(options), std::move(*replica), Tcp());
+      // The agent's own transports, limits from the config, as `deltacast agent` makes them.
+      auto transport = MakeNodeTransports(config_, *config_.FindNode(options.node_id));
+      ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+      auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(*transport));
       ASSERT_TRUE(agent.ok()) << agent.status().ToString();
       agents_.push_back(std::move(*agent));
     }
@@ -234,6 +242,172 @@ TEST_F(SecurityTest, FetchesWhoseOffsetOrLengthWrapAreRefusedAndTheNodeKeepsServ
   ASSERT_TRUE(answer.has_value());
   EXPECT_EQ(ParsePartition(**answer)->request_id, id + 1);
   EXPECT_FALSE(child.closed());
+}
+
+// Finding 4 at the relay: links that pass the transport handshake and never send
+// HELLO hold a slot only until the handshake timeout; one address gets at most
+// max_handshakes_per_address slots, so a legitimate child joins through a flood.
+TEST_F(SecurityTest, SilentLinksAreCappedPerAddressAndDroppedAtTheHandshakeTimeout) {
+  ASSERT_NO_FATAL_FAILURE(
+      UseConfig(ChainToml(ports_,
+                          "[limits]\nhandshake_timeout = \"1500ms\"\nmax_pending_handshakes = 16\n"
+                          "max_handshakes_per_address = 4\n")));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(1));  // n1; the test plays a flood, then n2
+  std::vector<std::unique_ptr<transport::testutil::RawPeer>> flood;
+  for (int i = 0; i < 30; ++i) {
+    flood.push_back(std::make_unique<transport::testutil::RawPeer>(ports_[1], "127.0.0.2"));
+    ASSERT_TRUE(flood.back()->Hello()) << "transport handshake " << i;
+  }
+  int closed_at_once = 0;
+  for (auto& p : flood) closed_at_once += p->ClosedByPeer(100) ? 1 : 0;
+  EXPECT_EQ(closed_at_once, 26) << "4 of 30 silent links keep a slot";
+  // A child from another address joins while the 4 wait.
+  auto client = Tcp();
+  testing::ChildPeer child(*client, "127.0.0.1:" + std::to_string(ports_[1]), "n2", "n1", kToken);
+  EXPECT_TRUE(child.joined());
+  // And the 4 are dropped at the handshake timeout.
+  int closed = 0;
+  for (auto& p : flood) closed += p->ClosedByPeer(3000) ? 1 : 0;
+  EXPECT_EQ(closed, 30);
+}
+
+// Finding 3 at the agent: a frame header announcing 1 GiB before HELLO allocates
+// nothing, and the link goes at the handshake timeout.
+TEST_F(SecurityTest, HugeFramesBeforeHelloAllocateNothingAndAreDropped) {
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_, "[limits]\nhandshake_timeout = \"1s\"\n")));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(1));
+  const uint64_t before = transport::testutil::ResidentBytes();
+  std::vector<std::unique_ptr<transport::testutil::RawPeer>> peers;
+  for (int i = 0; i < 3; ++i) {
+    peers.push_back(std::make_unique<transport::testutil::RawPeer>(ports_[1]));
+    ASSERT_TRUE(peers.back()->Hello());
+    ASSERT_TRUE(peers.back()->AnnounceFrame(uint64_t{1} << 30));
+  }
+  std::this_thread::sleep_for(300ms);
+  EXPECT_LT(transport::testutil::ResidentBytes(), before + (uint64_t{32} << 20));
+  for (auto& p : peers) EXPECT_TRUE(p->ClosedByPeer(3000));
+}
+
+// A thousand sockets that never even say the transport's hello: those beyond the
+// caps are closed at accept, so the agent's descriptors stay bounded (1,000 such
+// sockets held 1,007 descriptors before).
+TEST_F(SecurityTest, AThousandSilentSocketsDoNotExhaustDescriptors) {
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  if (limit.rlim_max < 4096) GTEST_SKIP() << "needs 4096 descriptors";
+  limit.rlim_cur = std::max<rlim_t>(limit.rlim_cur, 4096);
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_, "[limits]\nhandshake_timeout = \"2s\"\n")));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(1));
+  const auto fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator{});
+  };
+  const auto before = fds();
+  std::vector<std::unique_ptr<transport::testutil::RawPeer>> flood;
+  for (int i = 0; i < 1000; ++i) {
+    flood.push_back(std::make_unique<transport::testutil::RawPeer>(ports_[1], "127.0.0.2"));
+  }
+  std::this_thread::sleep_for(300ms);
+  const auto during = fds() - before - 1000;  // the agent's share: the rest are the test's
+  const auto& limits = config_.limits;
+  EXPECT_LE(during, limits.max_handshakes_per_address + 16)
+      << "the agent holds " << during << " descriptors for 1000 silent sockets";
+  auto client = Tcp();
+  testing::ChildPeer child(*client, "127.0.0.1:" + std::to_string(ports_[1]), "n2", "n1", kToken);
+  EXPECT_TRUE(child.joined());
+}
+
+// Finding 5: a node id with a newline was written raw into the log. Peer strings
+// are refused where they must be ids, and escaped wherever they are logged.
+TEST(LogEscapeTest, PeerStringsCannotForgeLogLines) {
+  EXPECT_EQ(log::Escape("n1\n2026-12-01 info forged"), "n1\\x0a2026-12-01 info forged");
+  EXPECT_EQ(log::Escape("a\\b"), "a\\\\b");
+  EXPECT_EQ(log::Escape("\x1b[31mred"), "\\x1b[31mred");
+  EXPECT_EQ(log::Escape("caf\xc3\xa9"), "caf\\xc3\\xa9");
+  EXPECT_EQ(log::Escape("plain-id_1.2"), "plain-id_1.2");
+}
+
+// TLS on the hops the config encrypts: a chain src -> n1 -> n2 where n2 is in
+// another region, so n1 -> n2 runs TLS by default and src -> n1 does not.
+class TlsHopTest : public SecurityTest {
+ protected:
+  void SetUp() override {
+    SecurityTest::SetUp();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("deltacast-tls-hop-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_TRUE(transport::WriteClusterCertificates(dir_, {"src", "n1", "n2", "n3"}).ok());
+    std::string toml =
+        "[cluster]\nname = \"tls-test\"\n[tree]\nfanout = 1\nchunk_size = \"16KiB\"\n"
+        "window = 4\nconnect_timeout = \"5s\"\ncommit_timeout = \"10s\"\n"
+        "[[region]]\nname = \"eu\"\nwan_bandwidth = \"1Gbit\"\nwan_latency = \"1ms\"\n"
+        "[security]\nca = \"" +
+        (dir_ / "ca.crt").string() + "\"\ncert = \"" + (dir_ / "{node}.crt").string() +
+        "\"\nkey = \"" + (dir_ / "{node}.key").string() + "\"\n";
+    toml += "[[node]]\nid = \"src\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(ports_[0]) +
+            "\nrole = \"source\"\nregion = \"us\"\n";
+    toml += "[[node]]\nid = \"n1\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(ports_[1]) +
+            "\nregion = \"us\"\nparent = \"src\"\n";
+    toml += "[[node]]\nid = \"n2\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(ports_[2]) +
+            "\nregion = \"eu\"\nparent = \"n1\"\n";
+    ASSERT_NO_FATAL_FAILURE(UseConfig(toml));
+  }
+  void TearDown() override {
+    SecurityTest::TearDown();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::unique_ptr<transport::Transport> TlsAs(const std::string& id) {
+    transport::TcpOptions options;
+    options.tls = transport::TlsFiles{dir_ / "ca.crt", dir_ / (id + ".crt"), dir_ / (id + ".key")};
+    return std::move(*transport::MakeTcpTransport(options));
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(TlsHopTest, TheCrossRegionHopRunsTlsAndTheVersionCommits) {
+  ASSERT_NO_FATAL_FAILURE(StartAgents(2));
+  auto report = PublishReal();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(stores_[i], v_.target) << "node n" << i + 1;
+}
+
+TEST_F(TlsHopTest, AChildOnAnEncryptedHopMustShowItsOwnCertificate) {
+  ASSERT_NO_FATAL_FAILURE(StartAgents(1));  // n1, whose child n2 is across regions
+  const std::string n1 = "127.0.0.1:" + std::to_string(ports_[1]);
+  {
+    auto plain = Tcp();  // plaintext, token right: refused, TLS is required on this hop
+    testing::ChildPeer child(*plain, n1, "n2", "n1", kToken);
+    EXPECT_FALSE(child.joined());
+  }
+  {
+    auto impostor = TlsAs("n3");  // a cluster certificate, but n3's, claiming to be n2
+    testing::ChildPeer child(*impostor, "tls://" + n1, "n2", "n1", kToken);
+    EXPECT_FALSE(child.joined());
+  }
+  {
+    auto real = TlsAs("n2");
+    testing::ChildPeer child(*real, "tls://" + n1, "n2", "n1", kToken);
+    EXPECT_TRUE(child.joined());
+  }
+}
+
+TEST_F(TlsHopTest, WithoutCertificatesACrossRegionNodeRefusesToStart) {
+  config_.security = {};  // tls = cross-region by default, no files
+  auto replica = apply::Replica::ForStore(Borrow(v_.tensors, v_.base), testing::kPartitionBytes, 1);
+  ASSERT_TRUE(replica.ok());
+  NodeAgentOptions options;
+  options.config = config_;
+  options.node_id = "n2";
+  options.token = kToken;
+  auto agent = NodeAgent::Start(std::move(options), std::move(*replica), Tcp());
+  ASSERT_FALSE(agent.ok());
+  EXPECT_EQ(agent.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(agent.status().message().find("n1 -> n2 must run TLS"), std::string::npos)
+      << agent.status().message();
+  EXPECT_NE(agent.status().message().find("deltacast certs"), std::string::npos);
 }
 
 // A signed chunk changed in transit (or by a relay) no longer verifies; nor does a

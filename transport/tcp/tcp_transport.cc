@@ -32,6 +32,7 @@
 #include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/internal/link_connection.h"
+#include "transport/internal/tcp_stream.h"
 #include "transport/tcp/frame.h"
 
 namespace deltacast::transport {
@@ -41,6 +42,13 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using ErrorCode = boost::system::error_code;
 using Strand = asio::strand<asio::io_context::executor_type>;
+using internal::TcpStream;
+using StreamPtr = std::unique_ptr<TcpStream>;
+
+// A peer that closes a TLS link without close_notify ends it like EOF ends a plain one.
+bool IsEof(const ErrorCode& ec) {
+  return ec == asio::error::eof || ec == asio::ssl::error::stream_truncated;
+}
 
 // Receivers hold at most this many out-of-order bytes (multi-stream links) before
 // pausing the streams that are ahead; the stream carrying the next message never
@@ -48,6 +56,8 @@ using Strand = asio::strand<asio::io_context::executor_type>;
 constexpr uint64_t kReorderBudgetBytes = uint64_t{256} << 20;
 // A data frame further ahead of the next expected sequence than this is corrupt.
 constexpr uint64_t kMaxReorderDistance = uint64_t{1} << 20;
+// How Connect is asked for TLS: "tls://host:port".
+constexpr std::string_view kTlsScheme = "tls://";
 // Accepted links still waiting for some of their streams.
 constexpr size_t kMaxPendingLinks = 1024;
 
@@ -141,8 +151,10 @@ class Core : public std::enable_shared_from_this<Core> {
   // Control strand only: acceptors, handshakes, connects.
   void AcceptNext(const std::shared_ptr<Listener>& listener);
   void BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket socket);
+  void ReadHello(const std::shared_ptr<AcceptedStream>& stream);
   void OnHello(const std::shared_ptr<AcceptedStream>& stream, const ErrorCode& ec);
-  void DropHandshake(const std::shared_ptr<AcceptedStream>& stream, std::string_view why);
+  void DropHandshake(const std::shared_ptr<AcceptedStream>& stream, std::string_view why,
+                     bool quiet = false);
   void DropPendingLink(const std::shared_ptr<PendingLink>& pending, std::string_view why);
   void SendAcks(const std::shared_ptr<PendingLink>& pending);
   void CompleteAccept(const std::shared_ptr<PendingLink>& pending);
@@ -150,6 +162,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   const TcpOptions options;
   Capabilities caps;
+  internal::TlsContexts tls;  // both null without TlsOptions
   // Received messages are read into recycled buffers: no allocation, zero-fill or
   // page faults per message once the pool is warm.
   const std::shared_ptr<BufferPool> receive_pool =
@@ -180,6 +193,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::set<std::shared_ptr<AcceptedStream>> handshakes;
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<PendingLink>> pending_links;
   uint64_t refused_quietly_ = 0;  // sockets refused by the caps (control strand)
+  uint64_t dropped_quietly_ = 0;  // handshakes that timed out or failed TLS
 
  private:
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
@@ -201,12 +215,13 @@ class Link : public std::enable_shared_from_this<Link> {
  public:
   // `inbound_host`: the peer's IP for an accepted link (counted against
   // max_links_per_address), empty for one this side connected.
-  Link(std::shared_ptr<Core> core, std::vector<tcp::socket> sockets, std::string peer,
+  Link(std::shared_ptr<Core> core, std::vector<StreamPtr> sockets, std::string peer,
        std::string inbound_host = {})
       : core_(std::move(core)),
         strand_(asio::make_strand(core_->io)),
         peer_(std::move(peer)),
-        inbound_host_(std::move(inbound_host)) {
+        inbound_host_(std::move(inbound_host)),
+        identity_(sockets.empty() ? "" : sockets[0]->PeerIdentity()) {
     for (auto& socket : sockets) streams_.push_back(std::make_unique<Stream>(std::move(socket)));
   }
 
@@ -228,6 +243,7 @@ class Link : public std::enable_shared_from_this<Link> {
     });
   }
   const std::string& inbound_host() const { return inbound_host_; }
+  const std::string& identity() const { return identity_; }
 
   void Start(MessageHandler on_message, CloseHandler on_closed) {
     core_->Post(strand_, [self = shared_from_this(), on_message = std::move(on_message),
@@ -284,8 +300,8 @@ class Link : public std::enable_shared_from_this<Link> {
   enum class CloseMode { kGoodbye, kSilent };
 
   struct Stream {
-    explicit Stream(tcp::socket s) : socket(std::move(s)) {}
-    tcp::socket socket;
+    explicit Stream(StreamPtr s) : io(std::move(s)) {}
+    StreamPtr io;
     bool writing = false;
     bool paused = false;         // header read, body held back by the reorder budget
     bool held_for_auth = false;  // header read, body larger than the pre-auth limit
@@ -358,7 +374,7 @@ class Link : public std::enable_shared_from_this<Link> {
       // The handler keeps the bytes alive until the write is over, whatever happens
       // to in_flight_ meanwhile.
       asio::async_write(
-          stream.socket, buffers, TransferAll(),
+          *stream.io, buffers, TransferAll(),
           asio::bind_executor(
               strand_, [self = shared_from_this(), i, sequence = out.sequence, keep = out.message](
                            const ErrorCode& ec, size_t) { self->OnWritten(i, sequence, ec); }));
@@ -387,7 +403,7 @@ class Link : public std::enable_shared_from_this<Link> {
 
   void ReadHeader(size_t index) {
     Stream& stream = *streams_[index];
-    asio::async_read(stream.socket, asio::buffer(stream.read_header), TransferAll(),
+    asio::async_read(*stream.io, asio::buffer(stream.read_header), TransferAll(),
                      asio::bind_executor(strand_, [self = shared_from_this(), index](
                                                       const ErrorCode& ec, size_t n) {
                        self->OnHeader(index, ec, n);
@@ -398,11 +414,11 @@ class Link : public std::enable_shared_from_this<Link> {
     if (closed_) return;
     Stream& stream = *streams_[index];
     if (ec) {
-      if (ec == asio::error::eof && transferred == 0) {
+      if (IsEof(ec) && transferred == 0) {
         // A clean end between frames. On a striped link the other streams may still
         // hold messages sent before it: deliver those, break when all have ended.
         StreamFinished();
-      } else if (ec == asio::error::eof) {
+      } else if (IsEof(ec)) {
         Fail(Status::Unavailable("peer " + peer_ + " closed the connection inside a frame header"));
       } else {
         Fail(StatusFromError(ec, "receiving from " + peer_));
@@ -506,7 +522,7 @@ class Link : public std::enable_shared_from_this<Link> {
       return;
     }
     asio::async_read(
-        stream.socket, asio::buffer(stream.body->data(), stream.body->size()), TransferAll(),
+        *stream.io, asio::buffer(stream.body->data(), stream.body->size()), TransferAll(),
         asio::bind_executor(strand_,
                             [self = shared_from_this(), index](const ErrorCode& ec, size_t n) {
                               self->OnBody(index, ec, n);
@@ -517,7 +533,7 @@ class Link : public std::enable_shared_from_this<Link> {
     if (closed_) return;
     if (ec) {
       const Stream& stream = *streams_[index];
-      if (ec == asio::error::eof) {
+      if (IsEof(ec)) {
         Fail(Status::Unavailable("peer " + peer_ + " closed the connection in the middle of a " +
                                  std::to_string(stream.body_length) + "-byte message (" +
                                  std::to_string(transferred) + " bytes received)"));
@@ -573,7 +589,7 @@ class Link : public std::enable_shared_from_this<Link> {
     for (auto& stream : streams_) {
       if (mode == CloseMode::kGoodbye && !stream->writing) TryWriteGoodbye(*stream);
       ErrorCode ignored;
-      stream->socket.close(ignored);  // cancels pending reads and writes
+      stream->io->socket().close(ignored);  // cancels pending reads and writes
       stream->body.reset();
     }
     reorder_.clear();
@@ -599,9 +615,7 @@ class Link : public std::enable_shared_from_this<Link> {
   void TryWriteGoodbye(Stream& stream) {
     std::array<std::byte, kFrameHeaderSize> frame;
     EncodeFrameHeader({FrameType::kGoodbye, 0, next_send_sequence_}, frame);
-    ErrorCode ec;
-    stream.socket.non_blocking(true, ec);
-    if (!ec) stream.socket.write_some(asio::buffer(frame), ec);
+    stream.io->WriteNowNonBlocking(asio::buffer(frame));
   }
 
   void NotifyClosed() {
@@ -618,6 +632,7 @@ class Link : public std::enable_shared_from_this<Link> {
   std::vector<std::unique_ptr<Stream>> streams_;
   const std::string peer_;
   const std::string inbound_host_;
+  const std::string identity_;  // the TLS peer's certificate CN; empty for plaintext
   HandlerGate gate_;
   std::atomic<uint64_t> queued_bytes_{0};
   std::atomic<bool> closing_{false};  // set by Close from any thread: stop delivering
@@ -650,8 +665,10 @@ struct Listener {
 
 // An accepted socket waiting for its hello.
 struct AcceptedStream {
-  AcceptedStream(asio::io_context& io, tcp::socket s) : socket(std::move(s)), timer(io) {}
-  tcp::socket socket;
+  AcceptedStream(asio::io_context& io, tcp::socket s)
+      : io(std::make_unique<TcpStream>(std::move(s))), timer(io) {}
+  StreamPtr io;
+  unsigned char first_byte = 0;  // peeked: TLS or plaintext
   asio::steady_timer timer;
   std::array<std::byte, kFrameHeaderSize + kHelloSize> hello{};
   std::shared_ptr<Listener> listener;
@@ -669,7 +686,7 @@ struct PendingLink {
   uint32_t acks_written = 0;
   bool failed = false;
   std::pair<std::string, uint64_t> key;
-  std::vector<std::optional<tcp::socket>> sockets;
+  std::vector<StreamPtr> sockets;
   std::vector<std::array<std::byte, kFrameHeaderSize + kHelloSize>> acks;
   asio::steady_timer timer;
   std::shared_ptr<Listener> listener;
@@ -693,7 +710,17 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
       Finish(Status::Aborted("transport shut down"));
       return;
     }
-    auto host_port = ParseHostPort(address_);
+    std::string_view target = address_;
+    if (target.starts_with(kTlsScheme)) {
+      target.remove_prefix(kTlsScheme.size());
+      if (!core_->tls.client) {
+        Finish(Status::InvalidArgument("cannot dial " + address_ +
+                                       ": this tcp transport has no TLS certificate"));
+        return;
+      }
+      tls_ = true;
+    }
+    auto host_port = ParseHostPort(std::string(target));
     if (!host_port.ok()) {
       Finish(host_port.status());
       return;
@@ -738,8 +765,8 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
 
  private:
   struct Setup {
-    explicit Setup(asio::io_context& io) : socket(io) {}
-    tcp::socket socket;
+    explicit Setup(asio::io_context& io) : io(std::make_unique<TcpStream>(tcp::socket(io))) {}
+    StreamPtr io;
     std::array<std::byte, kFrameHeaderSize + kHelloSize> out{};
     std::array<std::byte, kFrameHeaderSize + kHelloSize> in{};
   };
@@ -755,7 +782,7 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
 
   void ConnectStream(size_t index) {
     const tcp::endpoint& endpoint = endpoints_[endpoint_index_];
-    tcp::socket& socket = streams_[index]->socket;
+    tcp::socket& socket = streams_[index]->io->socket();
     ErrorCode ec;
     socket.open(endpoint.protocol(), ec);
     if (ec) {
@@ -780,7 +807,7 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
       if (index == 0 && endpoint_index_ + 1 < endpoints_.size()) {
         ++endpoint_index_;
         ErrorCode ignored;
-        streams_[0]->socket.close(ignored);
+        streams_[0]->io->socket().close(ignored);
         ConnectStream(0);
         return;
       }
@@ -790,13 +817,29 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
     if (index == 0) {
       for (size_t i = 1; i < streams_.size(); ++i) ConnectStream(i);
     }
+    if (!tls_) return SendHello(index);
+    streams_[index]->io->StartTls(*core_->tls.client);
+    streams_[index]->io->async_handshake(
+        internal::ssl::stream_base::client,
+        asio::bind_executor(
+            core_->control, [self = shared_from_this(), index](const ErrorCode& ec) {
+              if (self->done_) return;
+              if (ec) {
+                return self->Fail(Status::PermissionDenied("TLS handshake with " + self->address_ +
+                                                           " failed: " + ec.message()));
+              }
+              self->SendHello(index);
+            }));
+  }
+
+  void SendHello(size_t index) {
     Setup& setup = *streams_[index];
     EncodeFrameHeader({FrameType::kHello, kHelloSize, 0},
                       std::span<std::byte, kFrameHeaderSize>(setup.out.data(), kFrameHeaderSize));
     EncodeHello({link_id_, static_cast<uint32_t>(index), static_cast<uint32_t>(streams_.size()),
                  core_->options.max_message_bytes},
                 std::span<std::byte, kHelloSize>(setup.out.data() + kFrameHeaderSize, kHelloSize));
-    asio::async_write(setup.socket, asio::buffer(setup.out),
+    asio::async_write(*setup.io, asio::buffer(setup.out),
                       asio::bind_executor(core_->control, [self = shared_from_this(), index](
                                                               const ErrorCode& ec, size_t) {
                         self->OnHelloWritten(index, ec);
@@ -810,7 +853,7 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
       return;
     }
     Setup& setup = *streams_[index];
-    asio::async_read(setup.socket, asio::buffer(setup.in),
+    asio::async_read(*setup.io, asio::buffer(setup.in),
                      asio::bind_executor(core_->control, [self = shared_from_this(), index](
                                                              const ErrorCode& ec, size_t) {
                        self->OnAck(index, ec);
@@ -844,10 +887,10 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
     }
     if (++acks_ < streams_.size()) return;
 
-    std::vector<tcp::socket> sockets;
-    for (auto& s : streams_) sockets.push_back(std::move(s->socket));
+    std::vector<StreamPtr> sockets;
+    for (auto& s : streams_) sockets.push_back(std::move(s->io));
     ErrorCode ignored;
-    const auto remote = sockets[0].remote_endpoint(ignored);
+    const auto remote = sockets[0]->socket().remote_endpoint(ignored);
     auto link = std::make_shared<Link>(core_, std::move(sockets),
                                        ignored ? address_ : EndpointString(remote));
     if (!core_->Register(link)) {
@@ -865,7 +908,7 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
     resolver_.cancel();
     for (auto& s : streams_) {
       ErrorCode ignored;
-      s->socket.close(ignored);
+      if (s->io) s->io->socket().close(ignored);
     }
     auto self = shared_from_this();  // the set below may hold the last reference
     core_->connects.erase(self);
@@ -884,6 +927,7 @@ class ConnectOp : public std::enable_shared_from_this<ConnectOp> {
   std::vector<std::unique_ptr<Setup>> streams_;
   size_t acks_ = 0;
   bool done_ = false;
+  bool tls_ = false;  // dialled as "tls://host:port"
 };
 
 Core::Core(const TcpOptions& opts) : options(opts), control(asio::make_strand(io)) {
@@ -1040,24 +1084,58 @@ void Core::BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket
   stream->timer.expires_after(options.connect_timeout);
   stream->timer.async_wait(
       asio::bind_executor(control, [self = shared_from_this(), stream](const ErrorCode& ec) {
-        if (!ec) self->DropHandshake(stream, "no hello in time");
+        if (!ec) self->DropHandshake(stream, "no hello in time", /*quiet=*/true);
       }));
-  asio::async_read(stream->socket, asio::buffer(stream->hello),
+  if (!tls.server) return ReadHello(stream);
+  // With TLS configured a listener serves both kinds of link: its first byte says
+  // which (peeked, so a plaintext hello stays whole).
+  stream->io->socket().async_wait(
+      tcp::socket::wait_read,
+      asio::bind_executor(control, [self = shared_from_this(), stream](const ErrorCode& ec) {
+        if (self->handshakes.count(stream) == 0) return;
+        ErrorCode peek_ec;
+        const size_t n = ec ? 0
+                            : stream->io->socket().receive(asio::buffer(&stream->first_byte, 1),
+                                                           tcp::socket::message_peek, peek_ec);
+        if (ec || peek_ec || n == 0) return self->DropHandshake(stream, "");
+        if (stream->first_byte != internal::kTlsHandshakeRecord) return self->ReadHello(stream);
+        stream->io->StartTls(*self->tls.server);
+        stream->io->async_handshake(
+            internal::ssl::stream_base::server,
+            asio::bind_executor(self->control, [self, stream](const ErrorCode& ec) {
+              if (self->handshakes.count(stream) == 0) return;
+              if (ec) {
+                return self->DropHandshake(stream, "TLS handshake failed: " + ec.message(),
+                                           /*quiet=*/true);
+              }
+              self->ReadHello(stream);
+            }));
+      }));
+}
+
+void Core::ReadHello(const std::shared_ptr<AcceptedStream>& stream) {
+  asio::async_read(*stream->io, asio::buffer(stream->hello),
                    asio::bind_executor(
                        control, [self = shared_from_this(), stream](const ErrorCode& ec, size_t) {
                          self->OnHello(stream, ec);
                        }));
 }
 
-void Core::DropHandshake(const std::shared_ptr<AcceptedStream>& stream, std::string_view why) {
+void Core::DropHandshake(const std::shared_ptr<AcceptedStream>& stream, std::string_view why,
+                         bool quiet) {
   if (handshakes.erase(stream) == 0) return;
   PendingDone(stream->host);
-  if (!why.empty()) {
-    log::Warn("transport: refusing connection from " + stream->peer + ": " + std::string(why));
+  // What any peer can cause over and over (timeouts, failed TLS handshakes) is
+  // logged once per hundred, so a flood cannot fill the log.
+  if (!why.empty() && (!quiet || dropped_quietly_++ % 100 == 0)) {
+    log::Warn("transport: refusing connection from " + stream->peer + ": " + std::string(why) +
+              (quiet && dropped_quietly_ > 1
+                   ? " (" + std::to_string(dropped_quietly_) + " such so far)"
+                   : ""));
   }
   ErrorCode ignored;
   stream->timer.cancel();
-  stream->socket.close(ignored);
+  stream->io->socket().close(ignored);
 }
 
 void Core::OnHello(const std::shared_ptr<AcceptedStream>& stream, const ErrorCode& ec) {
@@ -1109,7 +1187,7 @@ void Core::OnHello(const std::shared_ptr<AcceptedStream>& stream, const ErrorCod
   handshakes.erase(stream);
   stream->timer.cancel();
   if (hello->stream_index == 0) pending->peer = stream->peer;
-  pending->sockets[hello->stream_index].emplace(std::move(stream->socket));
+  pending->sockets[hello->stream_index] = std::move(stream->io);
   if (++pending->arrived < pending->stream_count) return;
   pending_links.erase(pending->key);
   pending->timer.cancel();
@@ -1125,7 +1203,7 @@ void Core::DropPendingLink(const std::shared_ptr<PendingLink>& pending, std::str
   PendingDone(pending->key.first, pending->arrived);
   for (auto& socket : pending->sockets) {
     ErrorCode ignored;
-    if (socket) socket->close(ignored);
+    if (socket) socket->socket().close(ignored);
   }
 }
 
@@ -1148,10 +1226,18 @@ void Core::SendAcks(const std::shared_ptr<PendingLink>& pending) {
 }
 
 void Core::CompleteAccept(const std::shared_ptr<PendingLink>& pending) {
-  std::vector<tcp::socket> sockets;
-  for (auto& socket : pending->sockets) sockets.push_back(std::move(*socket));
+  std::vector<StreamPtr> sockets;
+  for (auto& socket : pending->sockets) sockets.push_back(std::move(socket));
   PendingDone(pending->key.first, pending->arrived);
   if (pending->failed || closing()) return;  // dropping the sockets closes them
+  // One link, one peer: every stream is TLS with the same certificate, or none is.
+  for (auto& s : sockets) {
+    if (s->tls() != sockets[0]->tls() || s->PeerIdentity() != sockets[0]->PeerIdentity()) {
+      log::Warn("transport: refusing a link from " + pending->peer +
+                " whose streams authenticate differently");
+      return;
+    }
+  }
   auto link = std::make_shared<Link>(shared_from_this(), std::move(sockets), pending->peer,
                                      pending->key.first);
   if (!Register(link)) {
@@ -1263,6 +1349,10 @@ Result<std::unique_ptr<Transport>> MakeTcpTransport(const TcpOptions& options) {
     return Status::InvalidArgument("tcp transport: receive_pool_idle must be positive");
   }
   auto core = std::make_shared<Core>(options);
+  if (options.tls) {
+    ASSIGN_OR_RETURN(core->tls, internal::MakeTlsContexts(*options.tls));
+    core->caps.backend = "tcp";  // TLS is per link (PeerIdentity), not a capability
+  }
   core->StartThreads();
   return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(std::move(core)));
 }

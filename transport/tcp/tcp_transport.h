@@ -12,12 +12,21 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "common/status.h"
 #include "transport/transport.h"
 
 namespace deltacast::transport {
+
+// TLS 1.3 with mutual certificate authentication (docs/transport.md, "TLS").
+struct TlsFiles {
+  std::filesystem::path ca;    // PEM: the cluster CA that every peer's certificate chains to
+  std::filesystem::path cert;  // PEM: this node's certificate (CN = its node id)
+  std::filesystem::path key;   // PEM: its private key
+};
 
 struct TcpOptions {
   // Threads running the io_context; every handler of this transport runs on one.
@@ -48,6 +57,12 @@ struct TcpOptions {
   // Received buffers kept for reuse, and how long an unused one is kept.
   uint64_t receive_pool_bytes = uint64_t{256} << 20;
   std::chrono::milliseconds receive_pool_idle{2000};
+
+  // With TLS files the transport accepts TLS and plaintext links alike (a TLS
+  // connection is told by its first byte), dials TLS for an address written
+  // "tls://host:port", and reports a TLS peer's certificate CN as
+  // Connection::PeerIdentity(). Without, a "tls://" Connect fails (kInvalidArgument).
+  std::optional<TlsFiles> tls;
 };
 
 // kInvalidArgument for options out of range.
