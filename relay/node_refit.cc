@@ -107,7 +107,11 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
   transport::Message message = received;
   if (FaultPoint("agent.corrupt_chunk")) {  // fault-injection tests: a bit flipped in transit
     auto copy = std::make_shared<std::vector<std::byte>>(*received);
-    (*copy)[copy->size() - 1] ^= std::byte{0x10};
+    // The chunk's last byte, not the signature after it (which is checked only
+    // with a verify key): the chunk's own checksums must catch the damage.
+    if (copy->size() > kMessageHeaderBytes + kSignatureBytes) {
+      (*copy)[copy->size() - kSignatureBytes - 1] ^= std::byte{0x10};
+    }
     message = copy;
   }
   // Verified before it is forwarded, spooled or applied: a damaged chunk is fetched

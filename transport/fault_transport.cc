@@ -315,7 +315,9 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     while (true) {
       auto first = done_.begin();
       if (first != done_.end() && first->first == next_complete_) {
-        auto [on_sent, status] = std::move(first->second);
+        // Named, not a structured binding: clang 15 (the fuzz build) cannot capture those.
+        SendHandler on_sent = std::move(first->second.first);
+        Status status = std::move(first->second.second);
         done_.erase(first);
         ++next_complete_;
         lock.unlock();
