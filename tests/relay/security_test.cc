@@ -394,6 +394,30 @@ TEST_F(TlsHopTest, AChildOnAnEncryptedHopMustShowItsOwnCertificate) {
   }
 }
 
+// The child's side: a parent whose certificate (a valid one of the cluster) names
+// another node is refused before the child says anything.
+TEST_F(TlsHopTest, AParentWithAnotherNodesCertificateIsRefused) {
+  stores_.assign(2, v_.base);
+  auto replica =
+      apply::Replica::ForStore(Borrow(v_.tensors, stores_[1]), testing::kPartitionBytes, 1);
+  ASSERT_TRUE(replica.ok());
+  NodeAgentOptions options;
+  options.config = config_;
+  options.node_id = "n2";
+  options.token = kToken;
+  auto transport = MakeNodeTransports(config_, *config_.FindNode("n2"));
+  ASSERT_TRUE(transport.ok()) << transport.status().ToString();
+  auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(*transport));
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  agents_.push_back(std::move(*agent));
+  Impostor impostor(TlsAs("n3"), "127.0.0.1:" + std::to_string(ports_[1]), "n1", kToken,
+                    ForgedBegin(Forged()), testing::DeltaChunks(v_, Forged()));
+  std::this_thread::sleep_for(1500ms);  // n2 dials every 100-500 ms
+  EXPECT_EQ(impostor.hellos, 0) << "n2 answered a parent that is not n1";
+  EXPECT_EQ(agents_[0]->stats().parent_joins, 0u);
+  EXPECT_EQ(stores_[1], v_.base);
+}
+
 TEST_F(TlsHopTest, WithoutCertificatesACrossRegionNodeRefusesToStart) {
   config_.security = {};  // tls = cross-region by default, no files
   auto replica = apply::Replica::ForStore(Borrow(v_.tensors, v_.base), testing::kPartitionBytes, 1);
