@@ -19,7 +19,12 @@ Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
   std::string failures;
   for (const std::string& name : node.transports) {
     transport::TransportOptions options;
-    options.connect_timeout = config.tree.connect_timeout;
+    // A child may have to try each of its backends in turn before one connects; its
+    // parent waits connect_timeout for it in all, so each try gets a share.
+    options.connect_timeout = std::max<std::chrono::milliseconds>(
+        std::chrono::milliseconds(1000),
+        config.tree.connect_timeout /
+            static_cast<int64_t>(std::max<size_t>(1, node.transports.size())));
     const topology::LimitsConfig& limits = config.limits;
     options.handshake_max_message_bytes = limits.handshake_max_message;
     options.max_pending_handshakes = static_cast<size_t>(limits.max_pending_handshakes);
