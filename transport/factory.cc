@@ -37,6 +37,7 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     ucx.tls = options.provider;  // "tcp", "shm", "" or a UCX_TLS list
     ucx.connect_timeout = options.connect_timeout;
     ucx.net_devices = options.net_device;
+    ucx.handshake_max_message_bytes = options.handshake_max_message_bytes;
     return MakeUcxTransport(ucx);
   }
   if (backend == "ofi") {
@@ -45,6 +46,7 @@ Result<std::unique_ptr<Transport>> MakeTransport(std::string_view backend,
     ofi.provider = options.provider;
     ofi.connect_timeout = options.connect_timeout;
     ofi.net_device = options.net_device;
+    ofi.handshake_max_message_bytes = options.handshake_max_message_bytes;
     return MakeOfiTransport(ofi);
   }
   return Status::InvalidArgument("unknown transport backend \"" + std::string(backend) +
