@@ -212,7 +212,7 @@ void NodeAgent::Impl::RequestRepairs(const NodeStore::ApplyResult& result) {
   const uint64_t id = refit_->id;
   for (const Fetch& fetch : result.torn) {
     log::Warn(fmt::format("{}: partition '{}' at element {} is torn; fetching its target bytes",
-                          options_.node_id, fetch.tensor, fetch.element_offset));
+                          options_.node_id, log::Escape(fetch.tensor), fetch.element_offset));
     // A link that drops loses the request: the rejoin replays END, which finds the
     // partition still torn and asks again.
     requests_.FetchPartition(
@@ -285,7 +285,7 @@ void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
     log::Warn(
         fmt::format("{}: child {} cannot reach the target ({}); refit {} goes on "
                     "without it (commit policy available)",
-                    options_.node_id, child, f->reason, r.id));
+                    options_.node_id, child, log::Escape(f->reason), r.id));
     children_.Excuse(child);
     downstream_.Excuse(child);
     return MaybePrepared();

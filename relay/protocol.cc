@@ -223,7 +223,9 @@ Result<Prepared> ParsePrepared(ByteSpan message) {
       return Status::Corrupt("PREPARED message claims " + std::to_string(count) + " nodes");
     m.nodes.resize(count);
     for (auto& n : m.nodes) {
-      r.GetString(n.node_id, kMaxNodeIdBytes);
+      if (r.GetString(n.node_id, kMaxNodeIdBytes) && !ValidNodeId(n.node_id)) {
+        return Status::Corrupt("PREPARED reports a node id that is not a valid node id");
+      }
       r.Get(n.chunk_bytes);
       r.Get(n.apply_seconds);
       r.Get(n.partitions_applied);
@@ -235,8 +237,11 @@ Result<Prepared> ParsePrepared(ByteSpan message) {
 Result<Failed> ParseFailed(ByteSpan message) {
   return ParseBody<Failed>(message, MessageType::kFailed, [&](BodyReader& r, Failed& m) {
     r.Get(m.refit_id);
-    r.GetString(m.node_id, kMaxNodeIdBytes);
+    if (r.GetString(m.node_id, kMaxNodeIdBytes) && !ValidNodeId(m.node_id)) {
+      return Status::Corrupt("FAILED names a node id that is not a valid node id");
+    }
     r.GetString(m.reason, kMaxReasonBytes);
+    return Status::Ok();
   });
 }
 

@@ -503,12 +503,12 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
         log::Warn(
             fmt::format("child {} cannot reach the target ({}); the refit goes on "
                         "without it (commit policy available)",
-                        child, f->reason));
+                        child, log::Escape(f->reason)));
         children_.Excuse(child);
         loop_.Post([this, child] { downstream_.Excuse(child); });
         break;
       }
-      Fail("node '" + f->node_id + "': " + f->reason);
+      Fail("node '" + f->node_id + "': " + log::Escape(f->reason));
       break;
     }
     case MessageType::kCommitted:
