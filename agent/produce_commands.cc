@@ -60,8 +60,13 @@ Result<std::unique_ptr<LocalShare>> LoadShare(const fs::path& layout, const fs::
   return share;
 }
 
-Result<std::unique_ptr<transport::Transport>> ProducerTransport() {
-  return transport::MakeTransport("tcp", transport::TransportOptions{});
+// Producer links are plain tcp on the trainer's network, under the same [limits]
+// before authentication as the tree's links.
+Result<std::unique_ptr<transport::Transport>> ProducerTransport(
+    const topology::ClusterConfig& config) {
+  transport::TransportOptions options;
+  relay::ApplyLimits(config.limits, options);
+  return transport::MakeTransport("tcp", options);
 }
 
 json ProduceJson(const relay::ProduceReport& r) {
@@ -91,7 +96,7 @@ int RunProduce(const ProduceArgs& args) {
   if (!token.ok()) return Fail(token.status());
   auto share = LoadShare(args.layout, args.base, args.target);
   if (!share.ok()) return Fail(share.status());
-  auto transport = ProducerTransport();
+  auto transport = ProducerTransport(*config);
   if (!transport.ok()) return Fail(transport.status());
   relay::ProducerOptions options;
   options.id = RankFileStem(args.rank);
@@ -142,10 +147,12 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
   }
   auto tree = relay::MakeNodeTransports(*config, *config->Source());
   if (!tree.ok()) return Fail(tree.status());
-  auto producer_transport = ProducerTransport();
+  auto producer_transport = ProducerTransport(*config);
   if (!producer_transport.ok()) return Fail(producer_transport.status());
   relay::RootOptions options;
-  options.publish = MakePublishOptions(args, *config, *token, local ? p.new_shards : args.config);
+  auto publish = MakePublishOptions(args, *config, *token, local ? p.new_shards : args.config);
+  if (!publish.ok()) return Fail(publish.status());
+  options.publish = std::move(*publish);
   options.producers = local ? shares.size() : p.producers;
   options.producer_address = !p.listen.empty() ? p.listen
                              : local           ? "127.0.0.1:0"
@@ -182,7 +189,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
       o.codec = args.codec;
       o.threads = per_producer_threads;
       o.refit_timeout = config->tree.commit_timeout * 2;
-      auto t = ProducerTransport();
+      auto t = ProducerTransport(*config);
       if (!t.ok()) {
         served[r] = t.status();
         return;

@@ -2,6 +2,7 @@
 
 #include "api/internal.h"
 #include "codec/manifest.h"
+#include "relay/configured_keys.h"
 #include "relay/node_transports.h"
 #include "relay/source.h"
 
@@ -56,6 +57,9 @@ Result<std::unique_ptr<Source>> Source::Start(const Config& config, SourceOption
   relay::PublishOptions publish;
   publish.config = cluster;
   publish.token = options.token;
+  auto signing_key = relay::LoadConfiguredSigningKey(cluster);
+  if (!signing_key.ok()) return signing_key.status();
+  publish.signing_key = std::move(*signing_key);
   publish.codec.mode = options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
   publish.encode_threads = options.encode_threads;
   if (!options.state_dir.empty()) {

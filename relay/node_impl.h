@@ -63,6 +63,9 @@ class NodeAgent::Impl {
     bool prepared_sent = false;
     bool failed_sent = false;
     std::optional<MessageType> pending_decision;  // arrived before we had prepared
+    // The decision as the source signed it, once this node has it: what it forwards
+    // to its children and replays to those that rejoin.
+    transport::Message decision_message;
     bool local_outcome_done = false;
     Clock::time_point start = Clock::now();
     Clock::time_point decided;
@@ -117,8 +120,14 @@ class NodeAgent::Impl {
 
   // node_outcome.cc: decisions and outcome.
   void OnDecision(MessageType type, ByteSpan bytes);
-  void Resolve(MessageType type, const Decision& d);
-  void CommitByCatchingUp(const Decision& d);
+  void Resolve(MessageType type, const Decision& d, transport::Message message);
+  void CommitByCatchingUp(const Decision& d, transport::Message message);
+  // The refit's decision for the children: as received, else (unsigned clusters
+  // only) encoded here.
+  transport::Message DecisionFor(MessageType type) const;
+  // Whether `status` of a signature check lets the message through; logs and
+  // drops the parent link when not.
+  bool Trusted(const Status& status, std::string_view what);
   void Decide(MessageType type);
   void StartAbort();
   void OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version);
