@@ -11,6 +11,7 @@
 #include "apply/safetensors.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
+#include "relay/producer_protocol.h"
 #include "relay/protocol.h"
 #include "relay/signing.h"
 #include "transport/tcp/frame.h"
@@ -176,6 +177,38 @@ transports = ["ucx", "tcp"]
   for (size_t i = 0; i < messages.size(); ++i)
     Write("protocol", "m" + std::to_string(i), messages[i]);
   Write("protocol", "chunk", chunk_messages.front());
+
+  // producer_protocol: one of every root <-> producer message.
+  Coverage coverage;
+  coverage.refit_id = 7;
+  coverage.tensors = tensors;
+  coverage.shares = {{0, 0, 64, 128}, {1, 0, 32, 32}};
+  coverage.base_pieces = {PartitionHash{1, 2}, PartitionHash{3, 4}};
+  Produced produced;
+  produced.refit_id = 7;
+  produced.chunks = 1;
+  produced.pieces = 1;
+  produced.piece_messages = 1;
+  produced.changes = {{0, 0, PartitionHash{5, 6}, false}, {1, 0, PartitionHash{7, 8}, true}};
+  SharePiece piece;
+  piece.tensor = 0;
+  piece.partition = 0;
+  piece.encoded.encoding = codec::Encoding::kSparseXor;
+  piece.encoded.change_count = 2;
+  piece.encoded.raw_size = 8;
+  piece.encoded.payload = Bytes("piecebytes");
+  const std::vector<std::vector<std::byte>> producer_messages = {
+      EncodeProduce({7, 256, 4096, true}),
+      EncodeCoverage(coverage),
+      EncodeBaseHashes({7, {PartitionHash{1, 1}, PartitionHash{}}}),
+      EncodeProduced(produced),
+      EncodePull({7, 2}),
+      EncodeShardChunk(7, ChunkOf(chunk_messages.front())),
+      EncodePieces(7, std::span<const SharePiece>(&piece, 1)),
+      EncodeProduceEnd({7, true, "committed"}),
+  };
+  for (size_t i = 0; i < producer_messages.size(); ++i)
+    Write("producer_protocol", "m" + std::to_string(i), producer_messages[i]);
 
   // tcp_frame and tcp_reader: a hello, a data frame, a goodbye.
   std::vector<std::byte> stream(transport::kFrameHeaderSize + transport::kHelloSize);
