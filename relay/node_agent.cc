@@ -253,7 +253,16 @@ void NodeAgent::Impl::RunDeferredBegin() {
   if (deferred_begin_.empty()) return;
   std::vector<std::byte> begin = std::move(deferred_begin_);
   deferred_begin_.clear();
+  std::vector<transport::Message> decisions = std::move(deferred_decisions_);
+  deferred_decisions_.clear();
   loop_.Post([this, begin] { OnBegin(begin); });
+  // After it, as they came (a BEGIN deferred again defers them again).
+  for (auto& d : decisions) {
+    loop_.Post([this, d] {
+      auto type = PeekType(ByteSpan(*d));
+      if (type.ok()) OnParentMessage(*type, d);
+    });
+  }
 }
 
 // ---- the tick -----------------------------------------------------------------

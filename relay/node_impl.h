@@ -147,7 +147,11 @@ class NodeAgent::Impl {
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
-  NodeStore::Journal journal_;             // the replica's journal, mirrored
+  // COMMIT / ABORT of the deferred BEGIN's refit that came while it waited (the
+  // parent may decide before this node began: a catch-up that fails takes a
+  // while); run right after that BEGIN, in order.
+  std::vector<transport::Message> deferred_decisions_;
+  NodeStore::Journal journal_;  // the replica's journal, mirrored
   Claimed claimed_;
   std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
   Clock::time_point next_heartbeat_ = Clock::now();

@@ -66,6 +66,13 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     }
   }
   if (!refit_ || refit_->id != d->refit_id) {
+    if (!deferred_begin_.empty()) {
+      auto waiting = ParseBegin(deferred_begin_);
+      if (waiting.ok() && waiting->refit_id == d->refit_id) {
+        deferred_decisions_.push_back(message);
+        return;
+      }
+    }
     if (journal_.inflight && journal_.inflight->target == d->target_version)
       return Resolve(type, *d, message);
     log::Debug(fmt::format("{}: ignoring {} of refit {}, which is not ours", options_.node_id,
