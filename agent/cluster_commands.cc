@@ -11,12 +11,14 @@
 #include "agent/commands.h"
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
+#include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
 #include "relay/publisher.h"
 #include "relay/source.h"
 #include "topology/plan_format.h"
 #include "topology/tree_plan.h"
+#include "transport/tcp/tls_certs.h"
 
 namespace deltacast::agent {
 namespace {
@@ -60,6 +62,58 @@ int RunPlan(const PlanArgs& args) {
   return kExitOk;
 }
 
+namespace {
+
+// The config's keys for signed versions (relay/signing.h).
+Result<std::shared_ptr<const relay::VerifyKey>> LoadVerifyKey(const topology::ClusterConfig& c) {
+  return relay::LoadConfiguredVerifyKey(c);
+}
+Result<std::shared_ptr<const relay::SigningKey>> LoadSigningKey(const topology::ClusterConfig& c) {
+  return relay::LoadConfiguredSigningKey(c);
+}
+
+// `path` as the config should name it: relative to the config's directory.
+std::string ConfigRelative(const std::filesystem::path& path, const std::filesystem::path& config) {
+  const auto base = std::filesystem::absolute(config).parent_path();
+  const auto full = std::filesystem::absolute(path).lexically_normal();
+  const auto relative = full.lexically_relative(base);
+  return relative.empty() || *relative.begin() == ".." ? full.string() : relative.string();
+}
+
+}  // namespace
+
+int RunCerts(const CertsArgs& args) {
+  auto config = topology::LoadClusterConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  std::vector<std::string> ids;
+  for (const auto& n : config->nodes) ids.push_back(n.id);
+  auto files = transport::WriteClusterCertificates(args.out, ids, args.days);
+  if (!files.ok()) return Fail(files.status());
+  const auto signing = args.out / "signing.key", verify = args.out / "signing.pub";
+  if (std::filesystem::exists(signing) && std::filesystem::exists(verify)) {
+    files->kept.push_back(signing);
+  } else {
+    auto key = relay::SigningKey::Generate();
+    if (!key.ok()) return Fail(key.status());
+    if (Status s = key->Write(signing); !s.ok()) return Fail(s);
+    if (Status s = key->Public().Write(verify); !s.ok()) return Fail(s);
+    files->written.push_back(signing);
+    files->written.push_back(verify);
+  }
+  fmt::print("wrote {} files, kept {} in {}\n", files->written.size(), files->kept.size(),
+             args.out.string());
+  fmt::print(
+      "give each node its NODE.key (and only its own), every node ca.crt, its NODE.crt and "
+      "signing.pub; signing.key stays on the trainer, ca.key off the cluster.\n"
+      "add to {}:\n\n[security]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n"
+      "signing_key = \"{}\"   # read by the source only\nverify_key = \"{}\"\n",
+      args.config.string(), ConfigRelative(args.out / "ca.crt", args.config),
+      ConfigRelative(args.out / "{node}.crt", args.config),
+      ConfigRelative(args.out / "{node}.key", args.config), ConfigRelative(signing, args.config),
+      ConfigRelative(verify, args.config));
+  return kExitOk;
+}
+
 int RunAgent(const AgentArgs& args) {
   SignalWaiter signals;
   auto config = topology::LoadClusterConfig(args.config);
@@ -82,10 +136,13 @@ int RunAgent(const AgentArgs& args) {
   }
   auto transport = relay::MakeNodeTransports(*config, *node);
   if (!transport.ok()) return Fail(transport.status());
+  auto verify_key = LoadVerifyKey(*config);
+  if (!verify_key.ok()) return Fail(verify_key.status());
   relay::NodeAgentOptions options;
   options.config = *config;
   options.node_id = args.node;
   options.token = *token;
+  options.verify_key = *verify_key;
   options.apply_threads = args.threads;
   options.spool_dir = args.store / apply::kStateDirName / "spool";
   auto agent =
@@ -99,14 +156,16 @@ int RunAgent(const AgentArgs& args) {
 
 namespace {
 
-// The source's options from the command line; its state (decision log, spool, kept
-// deltas) under `state`.
-relay::PublishOptions SourceOptions(const topology::ClusterConfig& config, std::string token,
-                                    const codec::EncodeOptions& codec, size_t threads,
-                                    const std::filesystem::path& state, size_t keep_deltas) {
+// The source's options from the command line (and its signing key, when [security]
+// names one); its state (decision log, spool, kept deltas) under `state`.
+Result<relay::PublishOptions> SourceOptions(const topology::ClusterConfig& config,
+                                            std::string token, const codec::EncodeOptions& codec,
+                                            size_t threads, const std::filesystem::path& state,
+                                            size_t keep_deltas) {
   relay::PublishOptions options;
   options.config = config;
   options.token = std::move(token);
+  ASSIGN_OR_RETURN(options.signing_key, LoadSigningKey(config));
   options.codec = codec;
   options.encode_threads = threads;
   options.decision_log = state / "decisions.log";
@@ -191,8 +250,10 @@ int RunPublish(const PublishArgs& args) {
   if (!target.has_filename()) target = target.parent_path();  // "step1/"
   const std::filesystem::path state =
       args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
-  relay::PublishOptions options =
+  auto source_options =
       SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+  if (!source_options.ok()) return Fail(source_options.status());
+  relay::PublishOptions& options = *source_options;
   const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
   if (tty) {
     options.on_progress = [](const relay::PublishProgress& p) {
@@ -207,16 +268,16 @@ int RunPublish(const PublishArgs& args) {
   return report->committed ? kExitOk : kExitFailure;
 }
 
-relay::PublishOptions MakePublishOptions(const PublishArgs& args,
-                                         const topology::ClusterConfig& config,
-                                         const std::string& token,
-                                         const std::filesystem::path& new_version) {
+Result<relay::PublishOptions> MakePublishOptions(const PublishArgs& args,
+                                                 const topology::ClusterConfig& config,
+                                                 const std::string& token,
+                                                 const std::filesystem::path& new_version) {
   std::filesystem::path target = std::filesystem::absolute(new_version).lexically_normal();
   if (!target.has_filename()) target = target.parent_path();
   const std::filesystem::path state =
       args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
-  relay::PublishOptions options =
-      SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+  ASSIGN_OR_RETURN(relay::PublishOptions options,
+                   SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas));
   if (args.progress && !args.json && ::isatty(STDERR_FILENO)) {
     options.on_progress = [](const relay::PublishProgress& p) {
       fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
@@ -235,9 +296,10 @@ int RunServe(const ServeArgs& args) {
   auto setup = SetUpSource(args.config);
   if (!setup.ok()) return Fail(setup.status());
   auto& [config, token, transport] = *setup;
-  auto source = relay::Source::Start(
-      SourceOptions(config, token, args.codec, args.threads, args.state_dir, args.keep_deltas),
-      std::move(transport));
+  auto options =
+      SourceOptions(config, token, args.codec, args.threads, args.state_dir, args.keep_deltas);
+  if (!options.ok()) return Fail(options.status());
+  auto source = relay::Source::Start(std::move(*options), std::move(transport));
   if (!source.ok()) return Fail(source.status());
   // The first line names the version the cluster holds; each later one is published
   // from the version before it (the last one that committed).

@@ -43,13 +43,12 @@ struct PublishArgs {
 int RunPublish(const PublishArgs& args);
 
 // What RunPublish and the producers' publish (agent/produce_commands.h) share: the
-// source's options (its state beside `new_version` unless --state-dir), and printing
-// the report (text, or JSON with `extra_json`'s keys added), whose exit status it
-// returns.
-deltacast::relay::PublishOptions MakePublishOptions(const PublishArgs& args,
-                                                    const topology::ClusterConfig& config,
-                                                    const std::string& token,
-                                                    const std::filesystem::path& new_version);
+// source's options (its state beside `new_version` unless --state-dir; its signing
+// key, which fails to load with an error), and printing the report (text, or JSON
+// with `extra_json`'s keys added), whose exit status it returns.
+Result<deltacast::relay::PublishOptions> MakePublishOptions(
+    const PublishArgs& args, const topology::ClusterConfig& config, const std::string& token,
+    const std::filesystem::path& new_version);
 int ReportPublish(const deltacast::relay::PublishReport& report, bool json,
                   const std::string& extra_json);
 
@@ -67,5 +66,15 @@ struct ServeArgs {
 // one, and its report printed.
 // Exit status 0 at end of input when every publish committed, 1 otherwise.
 int RunServe(const ServeArgs& args);
+
+struct CertsArgs {
+  std::filesystem::path config;
+  std::filesystem::path out;
+  int days = 825;
+};
+// Writes the cluster CA, a key and certificate per node, and the source's signing
+// key pair into `out` (keeping what is already there), and prints the [security]
+// table that names them.
+int RunCerts(const CertsArgs& args);
 
 }  // namespace deltacast::agent

@@ -161,6 +161,16 @@ int main(int argc, char** argv) {
     status = agent::RunPlan(plan);
   });
 
+  // certs
+  agent::CertsArgs certs;
+  auto* ce = app.add_subcommand(
+      "certs", "Write the cluster CA, a TLS certificate per node and the source's signing keys");
+  ce->add_option("--config", certs.config, "Cluster config (TOML): which nodes")->required();
+  ce->add_option("--out", certs.out, "Directory for the files (existing ones are kept)")
+      ->required();
+  ce->add_option("--days", certs.days, "Certificate lifetime in days")->capture_default_str();
+  ce->callback([&] { status = agent::RunCerts(certs); });
+
   // agent
   agent::AgentArgs node;
   auto* ag = app.add_subcommand("agent", "Run a node agent of the relay tree until SIGINT/SIGTERM");

@@ -15,7 +15,6 @@
 #include "relay/producer.h"
 #include "relay/root.h"
 #include "relay/shard_input.h"
-#include "transport/factory.h"
 
 namespace deltacast::agent {
 namespace {
@@ -55,10 +54,8 @@ Result<std::unique_ptr<LocalShare>> LoadShare(const fs::path& layout, const fs::
   return share;
 }
 
-Result<std::unique_ptr<transport::Transport>> ProducerTransport() {
-  return transport::MakeTransport("tcp", transport::TransportOptions{});
-}
-
+// Producer links are plain tcp on the trainer's network, under the same [limits]
+// before authentication as the tree's links.
 json ProduceJson(const relay::ProduceReport& r) {
   return {{"refit_id", r.refit_id},
           {"committed", r.committed},
@@ -86,7 +83,7 @@ int RunProduce(const ProduceArgs& args) {
   if (!token.ok()) return Fail(token.status());
   auto share = LoadShare(args.layout, args.base, args.target);
   if (!share.ok()) return Fail(share.status());
-  auto transport = ProducerTransport();
+  auto transport = relay::MakeProducerTransport(*config);
   if (!transport.ok()) return Fail(transport.status());
   relay::ProducerOptions options;
   options.id = RankFileStem(args.rank);
@@ -137,10 +134,12 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
   }
   auto tree = relay::MakeNodeTransports(*config, *config->Source());
   if (!tree.ok()) return Fail(tree.status());
-  auto producer_transport = ProducerTransport();
+  auto producer_transport = relay::MakeProducerTransport(*config);
   if (!producer_transport.ok()) return Fail(producer_transport.status());
   relay::RootOptions options;
-  options.publish = MakePublishOptions(args, *config, *token, local ? p.new_shards : args.config);
+  auto publish = MakePublishOptions(args, *config, *token, local ? p.new_shards : args.config);
+  if (!publish.ok()) return Fail(publish.status());
+  options.publish = std::move(*publish);
   options.producers = local ? shares.size() : p.producers;
   options.producer_address = !p.listen.empty() ? p.listen
                              : local           ? "127.0.0.1:0"
@@ -177,7 +176,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
       o.codec = args.codec;
       o.threads = per_producer_threads;
       o.refit_timeout = config->tree.commit_timeout * 2;
-      auto t = ProducerTransport();
+      auto t = relay::MakeProducerTransport(*config);
       if (!t.ok()) {
         served[r] = t.status();
         return;

@@ -2,6 +2,7 @@
 
 #include "api/internal.h"
 #include "apply/checkpoint_state.h"
+#include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
 
@@ -22,6 +23,9 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeO
   agent.config = cluster;
   agent.node_id = options.node_id;
   agent.token = options.token;
+  auto verify_key = relay::LoadConfiguredVerifyKey(cluster);
+  if (!verify_key.ok()) return verify_key.status();
+  agent.verify_key = std::move(*verify_key);
   agent.apply_threads = options.apply_threads;
   agent.spool_dir = options.spool_dir;
   if (options.on_commit) {

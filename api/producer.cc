@@ -8,15 +8,9 @@
 #include "relay/node_transports.h"
 #include "relay/producer.h"
 #include "relay/root.h"
-#include "transport/factory.h"
 
 namespace deltacast {
 namespace {
-
-// Producers and the root talk over tcp: they sit in the trainer's own network.
-Result<std::unique_ptr<transport::Transport>> ProducerTransport() {
-  return transport::MakeTransport("tcp", transport::TransportOptions{});
-}
 
 layout::TensorSpec ToLayout(const TensorSpec& t) { return {t.name, t.dtype, t.shape}; }
 
@@ -96,7 +90,7 @@ Result<std::unique_ptr<Producer>> Producer::Connect(const Config& config, Produc
     }
   }
   if (options.id.empty()) return Status::InvalidArgument("a producer needs an id");
-  auto transport = ProducerTransport();
+  auto transport = relay::MakeProducerTransport(cluster);
   if (!transport.ok()) return transport.status();
   relay::ProducerOptions o;
   o.id = options.id;
@@ -156,8 +150,8 @@ Result<std::unique_ptr<Root>> Root::Start(const Config& config, RootOptions opti
   const topology::ClusterConfig& cluster = config.impl().cluster;
   if (options.producers == 0) return Status::InvalidArgument("a root needs at least one producer");
   relay::RootOptions o;
-  o.publish =
-      api::TreePublishOptions(cluster, options.token, options.state_dir, options.keep_deltas);
+  ASSIGN_OR_RETURN(o.publish, api::TreePublishOptions(cluster, options.token, options.state_dir,
+                                                      options.keep_deltas));
   o.producers = options.producers;
   o.producer_address = options.producer_address.empty() ? relay::DefaultProducerAddress(cluster)
                                                         : options.producer_address;
@@ -165,7 +159,7 @@ Result<std::unique_ptr<Root>> Root::Start(const Config& config, RootOptions opti
   o.produce_timeout = cluster.tree.commit_timeout;
   auto tree = relay::MakeNodeTransports(cluster, *cluster.Source());
   if (!tree.ok()) return tree.status();
-  auto producers = ProducerTransport();
+  auto producers = relay::MakeProducerTransport(cluster);
   if (!producers.ok()) return producers.status();
   auto root = relay::Root::Start(std::move(o), std::move(*tree), std::move(*producers));
   if (!root.ok()) return root.status();

@@ -2,6 +2,7 @@
 
 #include "api/internal.h"
 #include "codec/manifest.h"
+#include "relay/configured_keys.h"
 #include "relay/node_transports.h"
 #include "relay/source.h"
 
@@ -28,12 +29,14 @@ PublishReport ToPublic(const relay::PublishReport& r) {
   return out;
 }
 
-relay::PublishOptions TreePublishOptions(const topology::ClusterConfig& cluster, std::string token,
-                                         const std::filesystem::path& state_dir,
-                                         size_t keep_deltas) {
+Result<relay::PublishOptions> TreePublishOptions(const topology::ClusterConfig& cluster,
+                                                 std::string token,
+                                                 const std::filesystem::path& state_dir,
+                                                 size_t keep_deltas) {
   relay::PublishOptions publish;
   publish.config = cluster;
   publish.token = std::move(token);
+  ASSIGN_OR_RETURN(publish.signing_key, relay::LoadConfiguredSigningKey(cluster));
   if (!state_dir.empty()) {
     publish.decision_log = state_dir / "decisions.log";
     publish.spool_dir = state_dir / "spool";
@@ -73,8 +76,9 @@ struct Source::Impl {
 
 Result<std::unique_ptr<Source>> Source::Start(const Config& config, SourceOptions options) {
   const topology::ClusterConfig& cluster = config.impl().cluster;
-  relay::PublishOptions publish =
-      api::TreePublishOptions(cluster, options.token, options.state_dir, options.keep_deltas);
+  ASSIGN_OR_RETURN(
+      relay::PublishOptions publish,
+      api::TreePublishOptions(cluster, options.token, options.state_dir, options.keep_deltas));
   publish.codec.mode = options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
   publish.encode_threads = options.encode_threads;
   auto transport = relay::MakeNodeTransports(cluster, *cluster.Source());

@@ -54,7 +54,15 @@ struct Index {
 
 Result<Index> ReadIndex(const fs::path& path) {
   ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadFile(path, kMaxIndexBytes));
-  const std::string context = path.string();
+  ASSIGN_OR_RETURN(auto weight_map, ParseCheckpointIndex(bytes, path.string()));
+  return Index{std::move(weight_map), Hash64(bytes)};
+}
+
+}  // namespace
+
+Result<std::map<std::string, std::string>> ParseCheckpointIndex(ByteSpan bytes,
+                                                                std::string_view context_name) {
+  const std::string context(context_name);
   auto root = internal::ParseStrictJson(AsChars(bytes));
   if (!root.ok()) return root.status().WithContext(context);
   auto corrupt = [&](const std::string& what) { return Status::Corrupt(context + ": " + what); };
@@ -73,8 +81,7 @@ Result<Index> ReadIndex(const fs::path& path) {
   if (!map.is_object()) return corrupt("\"weight_map\" is not an object");
   if (map.empty()) return corrupt("\"weight_map\" lists no tensors");
 
-  Index index;
-  index.hash = Hash64(bytes);
+  std::map<std::string, std::string> weight_map;
   for (const auto& [tensor, file] : map.items()) {
     Status name_ok = internal::CheckPlainName(tensor, "tensor name");
     if (!name_ok.ok()) return corrupt("weight_map: " + name_ok.message());
@@ -87,10 +94,12 @@ Result<Index> ReadIndex(const fs::path& path) {
     if (!file_ok.ok()) {
       return corrupt("weight_map: tensor " + Quote(tensor) + ": " + file_ok.message());
     }
-    index.weight_map.emplace(tensor, file_name);
+    weight_map.emplace(tensor, file_name);
   }
-  return index;
+  return weight_map;
 }
+
+namespace {
 
 Result<std::vector<std::string>> ListSafetensorsFiles(const fs::path& dir) {
   std::vector<std::string> names;

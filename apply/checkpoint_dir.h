@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,11 @@ struct CheckpointLayout {
 // a malformed index or header, or a tensor name found in two files; kIoError when
 // the OS refuses a read.
 Result<CheckpointLayout> ReadCheckpointLayout(const std::filesystem::path& dir);
+
+// Parses the bytes of a model.safetensors.index.json (rules above) into its weight
+// map, tensor name -> file name; `context` prefixes errors (the file's path).
+Result<std::map<std::string, std::string>> ParseCheckpointIndex(ByteSpan bytes,
+                                                                std::string_view context);
 
 class CheckpointDirStore final : public WeightStore {
  public:

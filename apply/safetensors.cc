@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "apply/internal/input_util.h"
+#include "codec/chunk.h"
 #include "common/file_util.h"
 
 namespace deltacast::apply {
@@ -36,74 +37,122 @@ std::string DumpForMessage(const Json& v) {
   return Quote(v.dump(-1, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace));
 }
 
-// Reads a JSON number that must be a non-negative integer (nlohmann stores those
-// as number_unsigned; negatives are number_integer, 1.0 and 1e3 are number_float).
+// A JSON number as the reference reads a usize: a non-negative integer that fits
+// 64 bits. nlohmann stores those as number_unsigned, "-0" as number_integer 0 (the
+// reference takes it as 0); 1.0 and 1e3 are floats and refused, as there.
 std::optional<uint64_t> AsUint64(const Json& v) {
-  if (!v.is_number_unsigned()) return std::nullopt;
-  return v.get<uint64_t>();
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() == 0) return 0;
+  return std::nullopt;
+}
+
+// The reference's element count and size: the product of the extents folded left to
+// right, each step checked (so [2^40, 2^40, 0] overflows before the 0, as there),
+// then times the dtype's bits, checked too. nullopt on overflow.
+std::optional<uint64_t> ReferenceByteSize(DType dtype, const std::vector<uint64_t>& shape) {
+  uint64_t elements = 1;
+  for (uint64_t d : shape) {
+    if (__builtin_mul_overflow(elements, d, &elements)) return std::nullopt;
+  }
+  uint64_t bits = 0;
+  if (__builtin_mul_overflow(elements, uint64_t{8} * ElementSize(dtype), &bits)) {
+    return std::nullopt;
+  }
+  return bits / 8;
+}
+
+// Dtypes the reference reads that deltacast cannot carry: elements narrower than a
+// byte (partitions and XOR words are whole elements).
+bool SubByteDType(std::string_view name) {
+  return name == "F4" || name == "F6_E2M3" || name == "F6_E3M2";
+}
+
+// The dtype field as serde reads an enum: "NAME", or {"NAME": null}.
+std::optional<std::string> DTypeText(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.size() == 1 && v.begin().value().is_null()) return v.begin().key();
+  return std::nullopt;
 }
 
 Result<SafetensorsEntry> ParseEntry(const std::string& name, const Json& value) {
   auto corrupt = [&](const std::string& what) {
     return Status::Corrupt("tensor " + Quote(name) + ": " + what);
   };
-  if (!value.is_object()) return corrupt("entry is " + DumpForMessage(value) + ", not an object");
-  for (const auto& [key, unused] : value.items()) {
-    if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      return corrupt("unknown field " + Quote(key) +
-                     " (expected exactly dtype, shape and data_offsets)");
+  // The reference reads an entry as a struct: an object (fields it does not know
+  // are ignored; duplicates of those it does were refused while parsing) or an
+  // array of exactly the three fields in order.
+  const Json* dtype = nullptr;
+  const Json* shape = nullptr;
+  const Json* offsets = nullptr;
+  if (value.is_object()) {
+    for (const char* key : {"dtype", "shape", "data_offsets"}) {
+      if (!value.contains(key)) return corrupt(std::string("missing field '") + key + "'");
     }
-  }
-  for (const char* key : {"dtype", "shape", "data_offsets"}) {
-    if (!value.contains(key)) return corrupt(std::string("missing field '") + key + "'");
+    dtype = &value["dtype"];
+    shape = &value["shape"];
+    offsets = &value["data_offsets"];
+  } else if (value.is_array() && value.size() == 3) {
+    dtype = &value[0];
+    shape = &value[1];
+    offsets = &value[2];
+  } else {
+    return corrupt("entry is " + DumpForMessage(value) +
+                   ", not an object (or [dtype, shape, data_offsets])");
   }
   SafetensorsEntry entry;
   entry.info.name = name;
 
-  const Json& dtype = value["dtype"];
-  if (!dtype.is_string()) return corrupt("dtype " + DumpForMessage(dtype) + " is not a string");
-  auto parsed_dtype = ParseDType(dtype.get_ref<const std::string&>());
-  if (!parsed_dtype) return corrupt("unknown dtype " + Quote(dtype.get_ref<const std::string&>()));
+  const auto dtype_name = DTypeText(*dtype);
+  if (!dtype_name) return corrupt("dtype " + DumpForMessage(*dtype) + " is not a dtype name");
+  auto parsed_dtype = ParseDType(*dtype_name);
+  if (!parsed_dtype) {
+    if (SubByteDType(*dtype_name)) {
+      return Status::Unsupported("tensor " + Quote(name) + ": dtype " + Quote(*dtype_name) +
+                                 " packs elements narrower than a byte, which deltacast cannot "
+                                 "carry (valid safetensors, but unsupported)");
+    }
+    return corrupt("unknown dtype " + Quote(*dtype_name));
+  }
   entry.info.dtype = *parsed_dtype;
 
-  const Json& shape = value["shape"];
-  if (!shape.is_array()) return corrupt("shape " + DumpForMessage(shape) + " is not a list");
-  for (const Json& d : shape) {
+  if (!shape->is_array()) return corrupt("shape " + DumpForMessage(*shape) + " is not a list");
+  for (const Json& d : *shape) {
     auto extent = AsUint64(d);
     if (!extent) {
-      return corrupt("shape " + DumpForMessage(shape) + " has " + DumpForMessage(d) +
+      return corrupt("shape " + DumpForMessage(*shape) + " has " + DumpForMessage(d) +
                      ", not a non-negative integer");
     }
     entry.info.shape.push_back(*extent);
   }
-  auto bytes = CheckedByteSize(entry.info.dtype, entry.info.shape);
-  if (!bytes) {
-    return corrupt("shape " + ShapeString(entry.info.shape) + " of " +
-                   std::string(DTypeName(entry.info.dtype)) + " overflows 64 bits of bytes");
-  }
 
-  const Json& offsets = value["data_offsets"];
-  if (!offsets.is_array() || offsets.size() != 2) {
-    return corrupt("data_offsets " + DumpForMessage(offsets) + " is not a [begin, end] pair");
+  if (!offsets->is_array() || offsets->size() != 2) {
+    return corrupt("data_offsets " + DumpForMessage(*offsets) + " is not a [begin, end] pair");
   }
-  auto begin = AsUint64(offsets[0]);
-  auto end = AsUint64(offsets[1]);
+  auto begin = AsUint64((*offsets)[0]);
+  auto end = AsUint64((*offsets)[1]);
   if (!begin || !end) {
-    return corrupt("data_offsets " + DumpForMessage(offsets) + " must hold non-negative integers");
-  }
-  if (*begin > *end) {
-    return corrupt("data_offsets [" + std::to_string(*begin) + ", " + std::to_string(*end) +
-                   "] ends before it begins");
+    return corrupt("data_offsets " + DumpForMessage(*offsets) + " must hold non-negative integers");
   }
   entry.data_begin = *begin;
   entry.data_end = *end;
-  if (*end - *begin != *bytes) {
-    return corrupt("data_offsets [" + std::to_string(*begin) + ", " + std::to_string(*end) +
-                   "] span " + std::to_string(*end - *begin) + " bytes but shape " +
-                   ShapeString(entry.info.shape) + " of " +
-                   std::string(DTypeName(entry.info.dtype)) + " needs " + std::to_string(*bytes));
-  }
   return entry;
+}
+
+// The reference's size rule for an entry at its place in offset order.
+Status CheckEntrySize(const SafetensorsEntry& e) {
+  auto bytes = ReferenceByteSize(e.info.dtype, e.info.shape);
+  if (!bytes) {
+    return Status::Corrupt("tensor " + Quote(e.info.name) + ": shape " + ShapeString(e.info.shape) +
+                           " of " + std::string(DTypeName(e.info.dtype)) + " overflows 64 bits");
+  }
+  if (e.data_end - e.data_begin != *bytes) {
+    return Status::Corrupt(
+        "tensor " + Quote(e.info.name) + ": data_offsets [" + std::to_string(e.data_begin) + ", " +
+        std::to_string(e.data_end) + "] span " + std::to_string(e.data_end - e.data_begin) +
+        " bytes but shape " + ShapeString(e.info.shape) + " of " +
+        std::string(DTypeName(e.info.dtype)) + " needs " + std::to_string(*bytes));
+  }
+  return Status::Ok();
 }
 
 // Appends `s` as a JSON string. Bytes >= 0x80 pass through: names are UTF-8.
@@ -156,16 +205,23 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(ByteSpan prefix, uint64_t file_
     return Status::InvalidArgument("safetensors header needs the first " + std::to_string(needed) +
                                    " bytes of the file; got " + std::to_string(prefix.size()));
   }
-  auto root = internal::ParseStrictJson(AsChars(prefix.subspan(8, needed - 8)));
-  if (!root.ok()) return root.status().WithContext("header");
-  if (!root->is_object()) {
-    return Status::Corrupt("header is " + std::string(root->type_name()) + ", not a JSON object");
+  const std::string_view text = AsChars(prefix.subspan(8, needed - 8));
+  // The reference reads the header as UTF-8 text, then as JSON (serde_json): a byte
+  // order mark is not whitespace there (nlohmann would skip it).
+  if (!internal::ValidUtf8(text)) return Status::Corrupt("header is not valid UTF-8");
+  if (text.starts_with("\xEF\xBB\xBF")) {
+    return Status::Corrupt("header starts with a byte order mark");
   }
+  ASSIGN_OR_RETURN(internal::JsonEntries parsed, internal::ParseSafetensorsJson(text));
 
   SafetensorsHeader header;
   header.data_section_offset = needed;
-  for (const auto& [key, value] : root->items()) {
+  // Entries in file order; a tensor named twice keeps its last entry, as the
+  // reference's map does, but every entry must parse (the reference reads each).
+  std::map<std::string, SafetensorsEntry> by_name;
+  for (const auto& [key, value] : parsed.entries) {
     if (key == kMetadataKey) {
+      if (value.is_null()) continue;  // Option<...>: null is none
       if (!value.is_object()) {
         return Status::Corrupt("__metadata__ is " + DumpForMessage(value) + ", not an object");
       }
@@ -174,25 +230,19 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(ByteSpan prefix, uint64_t file_
           return Status::Corrupt("__metadata__ value for " + Quote(mkey) + " is " +
                                  DumpForMessage(mvalue) + ", not a string");
         }
-        header.metadata.emplace(mkey, mvalue.get<std::string>());
+        header.metadata.insert_or_assign(mkey, mvalue.get<std::string>());
       }
       continue;
     }
-    Status name_ok = internal::CheckPlainName(key, "tensor name");
-    if (!name_ok.ok()) return Status::Corrupt(name_ok.message());
     ASSIGN_OR_RETURN(SafetensorsEntry entry, ParseEntry(key, value));
-    if (entry.data_end > file_size - needed) {
-      return Status::Corrupt("tensor " + Quote(key) + ": data_offsets [" +
-                             std::to_string(entry.data_begin) + ", " +
-                             std::to_string(entry.data_end) + "] run past the " +
-                             std::to_string(file_size - needed) + "-byte data section");
-    }
-    header.entries.push_back(std::move(entry));
+    by_name.insert_or_assign(key, std::move(entry));
   }
+  for (auto& [name, entry] : by_name) header.entries.push_back(std::move(entry));
 
-  // Every byte of the data section belongs to exactly one tensor: walking the
-  // tensors in offset order must step from 0 to the end of the file without a
-  // gap or a step back. Empty tensors sort before a non-empty one at the same offset.
+  // The reference's validation: in (begin, end) order every tensor starts where the
+  // previous ended (no gap, no overlap), does not end before it begins, and spans
+  // exactly its shape's bytes; the last ends at the end of the file. Empty tensors
+  // sort before a non-empty one at the same offset.
   const uint64_t data_bytes = file_size - needed;
   std::sort(header.entries.begin(), header.entries.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
@@ -214,14 +264,31 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(ByteSpan prefix, uint64_t file_
                              ") overlaps tensor " + Quote(previous->info.name) +
                              ", which ends at " + std::to_string(cursor));
     }
+    if (e.data_end < e.data_begin) {
+      return Status::Corrupt("tensor " + Quote(e.info.name) + ": data_offsets " + offsets +
+                             " end before they begin");
+    }
+    RETURN_IF_ERROR(CheckEntrySize(e));
     cursor = e.data_end;
     previous = &e;
   }
   if (cursor != data_bytes) {
-    return Status::Corrupt(std::to_string(data_bytes - cursor) +
-                           " trailing bytes after the last tensor (tensor data ends at " +
-                           std::to_string(cursor) + ", the data section has " +
-                           std::to_string(data_bytes) + " bytes)");
+    return Status::Corrupt(cursor < data_bytes
+                               ? std::to_string(data_bytes - cursor) +
+                                     " trailing bytes after the last tensor (tensor data ends at " +
+                                     std::to_string(cursor) + ", the data section has " +
+                                     std::to_string(data_bytes) + " bytes)"
+                               : "tensor data ends at " + std::to_string(cursor) + ", past the " +
+                                     std::to_string(data_bytes) + "-byte data section");
+  }
+  // Valid safetensors; what deltacast itself cannot carry is refused as unsupported.
+  for (const SafetensorsEntry& e : header.entries) {
+    if (e.info.name.empty() || e.info.name.size() > codec::kMaxTensorNameBytes) {
+      return Status::Unsupported("tensor name " + Quote(e.info.name) + " of " +
+                                 std::to_string(e.info.name.size()) +
+                                 " bytes: deltacast carries names of 1 to " +
+                                 std::to_string(codec::kMaxTensorNameBytes) + " bytes");
+    }
   }
   return header;
 }

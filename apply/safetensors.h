@@ -5,10 +5,15 @@
 // {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the data
 // section), plus an optional "__metadata__" object of string values.
 //
-// The parser trusts nothing: header size cap, well-formed JSON, no duplicate keys,
-// dtype whitelist, shape-product overflow, offsets in bounds, tensors contiguous
-// and non-overlapping, (end - begin) == product(shape) * element size, and no name
-// usable as a path (empty, '/', '\\', "..", NUL or control characters).
+// The parser accepts exactly what the reference implementation (huggingface
+// safetensors, `SafeTensors::read_metadata`) accepts, rule by rule
+// (docs/wire-format.md, "Safetensors input"): header length <= 100,000,000 and
+// within the file, UTF-8, JSON as serde_json reads it (no BOM, depth <= 128), entries
+// as objects (unknown fields ignored) or [dtype, shape, data_offsets] arrays, a
+// tensor named twice keeping its last entry, "__metadata__" null or string values,
+// shape products checked left to right, contiguous offsets covering the data
+// section exactly. Files it accepts that deltacast cannot carry (sub-byte dtypes,
+// empty or over-long names) are kUnsupported, not kCorrupt.
 //
 // Thread safety: free functions are thread-safe; a writer is used by one thread.
 #pragma once
@@ -27,7 +32,8 @@
 namespace deltacast::apply {
 
 // Headers larger than this are refused before any allocation.
-inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+// (the reference's MAX_HEADER_SIZE, in decimal bytes)
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 struct SafetensorsEntry {
   codec::TensorInfo info;

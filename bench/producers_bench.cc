@@ -368,9 +368,9 @@ int main(int argc, char** argv) {
     uint64_t merged_bytes = 0;
     const double mcpu = Cpu();
     dc::relay::DeltaMerger merger(base_manifest, target, kChunkBytes,
-                                  [&](dc::transport::Message m) {
-                                    merged_bytes += m->size();
-                                    merged.push_back(std::move(m));
+                                  [&](std::vector<std::byte> m) {
+                                    merged_bytes += m.size();
+                                    merged.push_back(dc::transport::MakeMessage(std::move(m)));
                                     return dc::Status::Ok();
                                   });
     merger.ExpectPieces(rp);
@@ -404,10 +404,12 @@ int main(int argc, char** argv) {
     auto replica = Check(dc::apply::HostStore::CopyOf(*base_store), "copy base");
     dc::apply::DeltaApplier applier(*replica, base_manifest, merger.identity());
     for (size_t i = 0; i + 1 < merged.size(); ++i) {
-      auto view = Check(dc::codec::ParseChunk(dc::relay::Body(dc::ByteSpan(*merged[i]))), "parse");
+      auto view =
+          Check(dc::codec::ParseChunk(dc::relay::ChunkOf(dc::ByteSpan(*merged[i]))), "parse");
       Check(applier.ApplyChunk(view), "apply");
     }
-    auto end = Check(dc::codec::ParseChunk(dc::relay::Body(dc::ByteSpan(*merged.back()))), "end");
+    auto end =
+        Check(dc::codec::ParseChunk(dc::relay::ChunkOf(dc::ByteSpan(*merged.back()))), "end");
     const auto reached = Check(applier.Finish(end.summary), "finish");
     const bool exact = reached.VersionId() == target_manifest.VersionId() &&
                        target.VersionId() == target_manifest.VersionId();

@@ -12,7 +12,7 @@ struct DTypeInfo {
   size_t size;
 };
 
-constexpr std::array<DTypeInfo, 15> kDTypes = {{
+constexpr std::array<DTypeInfo, 19> kDTypes = {{
     {DType::kBool, "BOOL", 1},
     {DType::kU8, "U8", 1},
     {DType::kI8, "I8", 1},
@@ -28,6 +28,10 @@ constexpr std::array<DTypeInfo, 15> kDTypes = {{
     {DType::kI64, "I64", 8},
     {DType::kU64, "U64", 8},
     {DType::kF64, "F64", 8},
+    {DType::kF8E8M0, "F8_E8M0", 1},
+    {DType::kF8E4M3Fnuz, "F8_E4M3FNUZ", 1},
+    {DType::kF8E5M2Fnuz, "F8_E5M2FNUZ", 1},
+    {DType::kC64, "C64", 8},
 }};
 
 const DTypeInfo& Info(DType dtype) { return kDTypes[static_cast<size_t>(dtype) - 1]; }

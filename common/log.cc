@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <string>
 
 namespace deltacast::log {
@@ -51,9 +52,28 @@ std::string JsonEscape(std::string_view s) {
   return out;
 }
 
-void Write(spdlog::level::level_enum level, std::string_view message) {
+// A line never holds a control character: whatever a caller forgot to Escape
+// cannot break it in two.
+std::string WithoutControls(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void Write(spdlog::level::level_enum level, std::string_view raw) {
   auto& logger = Logger();
   if (!logger.should_log(level)) return;
+  const std::string message = WithoutControls(raw);
   if (g_json.load(std::memory_order_relaxed)) {
     const auto now = std::chrono::system_clock::now().time_since_epoch();
     logger.log(level, "{{\"ts_us\":{},\"level\":\"{}\",\"msg\":\"{}\"}}",
@@ -65,6 +85,24 @@ void Write(spdlog::level::level_enum level, std::string_view message) {
 }
 
 }  // namespace
+
+std::string Escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (u < 0x20 || u >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 void SetLevel(Level level) {
   static constexpr spdlog::level::level_enum kMap[] = {spdlog::level::debug, spdlog::level::info,

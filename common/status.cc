@@ -32,6 +32,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "ABORTED";
     case StatusCode::kInternal:
       return "INTERNAL";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
   }
   return "UNKNOWN";
 }

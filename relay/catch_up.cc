@@ -175,9 +175,10 @@ void CatchUp::OnDeltaChunk(const PartitionData& reply) {
   const ByteSpan chunk_message = reply.bytes;
   auto type = PeekType(chunk_message);
   Status intact = type.ok() && *type == MessageType::kChunk
-                      ? codec::VerifyChunkChecksums(Body(chunk_message))
+                      ? codec::VerifyChunkChecksums(ChunkOf(chunk_message))
                       : Status::Corrupt("a DELTA_CHUNK that holds no CHUNK");
-  auto header = intact.ok() ? codec::PeekChunkHeader(Body(chunk_message))
+  if (intact.ok() && verify_key_) intact = VerifyChunkMessage(*verify_key_, chunk_message);
+  auto header = intact.ok() ? codec::PeekChunkHeader(ChunkOf(chunk_message))
                             : deltacast::Result<codec::ChunkHeader>(intact);
   if (!header.ok() || header->sequence != sequence ||
       header->identity.target_version != link.target ||

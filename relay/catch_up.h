@@ -27,9 +27,39 @@
 #include "relay/node_store.h"
 #include "relay/parent_link.h"
 #include "relay/protocol.h"
+#include "relay/signing.h"
 #include "relay/up_requests.h"
 
 namespace deltacast::relay {
+
+// One catch-up in progress (CatchUp::State). At namespace scope, not nested: clang
+// 15 cannot default-construct a nested struct with member initializers inside the
+// std::optional of its enclosing class.
+struct CatchUpState {
+  Digest128 to;
+  uint64_t refit_id = 0;
+  bool resolving = false;
+  // First choice: the chain of deltas the source kept, applied in order.
+  uint64_t chain_request = 0;  // outstanding FETCH_CHAIN; 0: none
+  bool chain_answered = false;
+  bool chain_mode = false;
+  std::vector<ChainLink> links;
+  size_t link = 0;                              // the delta being applied
+  std::set<uint32_t> missing;                   // chunks not asked for (yet, or again)
+  std::map<uint64_t, uint32_t> pending_chunks;  // request -> sequence
+  uint32_t chunks_done = 0;                     // applied, journaled or END
+  std::optional<codec::DeltaSummary> end;       // links[link]'s END
+  uint32_t deltas = 0;                          // links applied
+  // Otherwise: every partition that differs from the target's manifest.
+  uint64_t manifest_request = 0;  // outstanding FETCH_MANIFEST; 0: none
+  bool have_manifest = false;
+  std::deque<apply::CatchUpPartition> queue;  // not yet asked for
+  size_t outstanding = 0;
+  size_t total = 0;
+  size_t written = 0;
+  uint64_t bytes = 0;
+  std::chrono::steady_clock::time_point start;
+};
 
 class CatchUp {
  public:
@@ -50,6 +80,10 @@ class CatchUp {
 
   bool active() const { return state_.has_value(); }
   const Digest128& to() const { return state_->to; }
+  // The source's key: chunks of kept deltas must carry its signature (null: none
+  // checked). `key` must outlive this object.
+  void SetVerifyKey(const VerifyKey* key) { verify_key_ = key; }
+
   // Starts reaching `to` for refit `refit_id`.
   void Start(const Digest128& to, uint64_t refit_id, bool resolving);
   // A catch-up already running now ends (also) refit `refit_id`'s resolution.
@@ -68,31 +102,7 @@ class CatchUp {
   // enough that the replies stay small in memory.
   static constexpr size_t kWindow = 16;
 
-  struct State {
-    Digest128 to;
-    uint64_t refit_id = 0;
-    bool resolving = false;
-    // First choice: the chain of deltas the source kept, applied in order.
-    uint64_t chain_request = 0;  // outstanding FETCH_CHAIN; 0: none
-    bool chain_answered = false;
-    bool chain_mode = false;
-    std::vector<ChainLink> links;
-    size_t link = 0;                              // the delta being applied
-    std::set<uint32_t> missing;                   // chunks not asked for (yet, or again)
-    std::map<uint64_t, uint32_t> pending_chunks;  // request -> sequence
-    uint32_t chunks_done = 0;                     // applied, journaled or END
-    std::optional<codec::DeltaSummary> end;       // links[link]'s END
-    uint32_t deltas = 0;                          // links applied
-    // Otherwise: every partition that differs from the target's manifest.
-    uint64_t manifest_request = 0;  // outstanding FETCH_MANIFEST; 0: none
-    bool have_manifest = false;
-    std::deque<apply::CatchUpPartition> queue;  // not yet asked for
-    size_t outstanding = 0;
-    size_t total = 0;
-    size_t written = 0;
-    uint64_t bytes = 0;
-    std::chrono::steady_clock::time_point start;
-  };
+  using State = CatchUpState;
 
   void StartLink(size_t i);
   void PumpChain();
@@ -111,6 +121,7 @@ class CatchUp {
   std::function<void(const Result&)> finished_;
   std::optional<State> state_;
   uint64_t generation_ = 0;  // completions of an earlier catch-up are ignored
+  const VerifyKey* verify_key_ = nullptr;
 };
 
 }  // namespace deltacast::relay

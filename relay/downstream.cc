@@ -7,21 +7,58 @@
 #include "common/log.h"
 
 namespace deltacast::relay {
+
+std::function<bool(const std::string& child)> TlsRequiredFor(const topology::ClusterConfig& config,
+                                                             const std::string& self_id) {
+  // The config is copied: the predicate may outlive the caller's.
+  return [config, self_id](const std::string& child) {
+    const topology::NodeConfig* self = config.FindNode(self_id);
+    const topology::NodeConfig* node = config.FindNode(child);
+    return self && node && topology::HopUsesTls(config, *self, *node);
+  };
+}
+
+Downstream::Limits Downstream::LimitsFrom(const topology::LimitsConfig& config) {
+  return HandshakeLimitsFrom(config);
+}
+
 Downstream::Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children,
-                       std::string token, Events events)
+                       std::string token, Events events, Limits limits)
     : loop_(loop),
       self_id_(std::move(self_id)),
       token_(std::move(token)),
-      events_(std::move(events)) {
+      events_(std::move(events)),
+      limits_(limits) {
   for (auto& id : children) children_[id];
 }
 
 Downstream::~Downstream() { CloseAll(); }
 
 void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
+  // Caps first: a peer that has proved nothing gets a slot only while there is one,
+  // and one address cannot take them all (the legitimate children use theirs).
+  const std::string host = HostOf(connection->PeerAddress());
+  size_t from_host = 0;
+  for (const auto& [serial, h] : handshakes_) from_host += h.host == host ? 1 : 0;
+  if (handshakes_.size() >= limits_.max_pending || from_host >= limits_.max_pending_per_address) {
+    const bool global = handshakes_.size() >= limits_.max_pending;
+    // One line per burst, not per connection: a flood must not fill the log.
+    if (refused_over_caps_++ % 100 == 0) {
+      log::Warn(fmt::format(
+          "{}: refusing {}: {} handshakes pending{} (limit {}; [limits] {}; {} refused so far)",
+          self_id_, log::Escape(connection->PeerAddress()), global ? handshakes_.size() : from_host,
+          global ? "" : " from " + log::Escape(host),
+          global ? limits_.max_pending : limits_.max_pending_per_address,
+          global ? "max_pending_handshakes" : "max_handshakes_per_address", refused_over_caps_));
+    }
+    connection->Close();
+    return;
+  }
   const uint64_t serial = next_serial_++;
   Handshake& h = handshakes_[serial];
   h.connection = std::move(connection);
+  h.host = host;
+  h.deadline = std::chrono::steady_clock::now() + limits_.handshake_timeout;
   h.nonce = RandomNonce();
   h.connection->Start(
       [this, serial](transport::Message m) {
@@ -31,8 +68,24 @@ void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
   h.connection->Send(transport::MakeMessage(EncodeChallenge({h.nonce, self_id_})));
 }
 
+void Downstream::Tick(std::chrono::steady_clock::time_point now) {
+  for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+    if (now < it->second.deadline) {
+      ++it;
+      continue;
+    }
+    log::Warn(fmt::format("{}: dropping {}: no valid HELLO within the handshake timeout ({} ms)",
+                          self_id_, log::Escape(it->second.connection->PeerAddress()),
+                          limits_.handshake_timeout.count()));
+    it->second.connection->Close();
+    it = handshakes_.erase(it);
+  }
+}
+
 void Downstream::Refuse(transport::Connection& connection, const std::string& reason) {
-  log::Warn(fmt::format("{}: refusing {}: {}", self_id_, connection.PeerAddress(), reason));
+  // `reason` may quote what the peer sent: escaped, it cannot forge log lines.
+  log::Warn(fmt::format("{}: refusing {}: {}", self_id_, log::Escape(connection.PeerAddress()),
+                        log::Escape(reason)));
   connection.Send(transport::MakeMessage(EncodeRefuse({reason})));
   connection.Close();
 }
@@ -69,10 +122,14 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
     return Refuse(*h.connection,
                   "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan");
   }
-  if (!ProofMatches(hello->proof, HelloProof(token_, h.nonce, hello->node_id, self_id_))) {
+  if (!ProofMatches(hello->proof, ChildProof(token_, h.nonce, hello->node_id, self_id_))) {
     if (child->second.adopted && !child->second.connection) children_.erase(child);
     return Refuse(*h.connection,
                   "node '" + hello->node_id + "' failed authentication (wrong cluster token)");
+  }
+  if (Status s = CheckIdentity(*h.connection, hello->node_id); !s.ok()) {
+    if (child->second.adopted && !child->second.connection) children_.erase(child);
+    return Refuse(*h.connection, s.message());
   }
   if (child->second.connection) {
     return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected");
@@ -91,13 +148,31 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   for (const Pending& p : child->second.queue) {
     if (p.chunk) book.Note(*p.chunk);
   }
-  child->second.connection->Send(transport::MakeMessage(EncodeWelcome()));
-  log::Info(fmt::format("{}: child {} joined from {}{} at version {}", self_id_, hello->node_id,
+  child->second.connection->Authenticated();
+  child->second.connection->Send(transport::MakeMessage(
+      EncodeWelcome({ParentProof(token_, h.nonce, hello->nonce, self_id_, hello->node_id)})));
+  log::Info(fmt::format("{}: child {} joined from {}{}{} at version {}", self_id_, hello->node_id,
                         child->second.connection->PeerAddress(),
                         hello->transport.empty() ? "" : " over " + hello->transport,
+                        child->second.connection->PeerIdentity().empty() ? "" : " with TLS",
                         hello->active_version.ShortHex()));
   if (events_.joined) events_.joined(hello->node_id, *hello);
   Pump(child->second);
+}
+
+Status Downstream::CheckIdentity(const transport::Connection& connection,
+                                 const std::string& id) const {
+  const std::string identity = connection.PeerIdentity();
+  if (!identity.empty() && identity != id) {
+    return Status::PermissionDenied("node '" + id + "' presented the certificate of '" +
+                                    log::Escape(identity) + "'");
+  }
+  if (identity.empty() && tls_required_ && tls_required_(id)) {
+    return Status::PermissionDenied("node '" + id +
+                                    "' must connect over TLS with its certificate ([security] "
+                                    "tls covers this hop); it came without");
+  }
+  return Status::Ok();
 }
 
 Status Downstream::CheckTransport(const Hello& hello) const {

@@ -11,6 +11,7 @@
 // callbacks only post to that loop.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -22,13 +23,18 @@
 #include <vector>
 
 #include "relay/event_loop.h"
+#include "relay/internal/handshake_limits.h"
 #include "relay/protocol.h"
+#include "topology/cluster_config.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay {
 
 class Downstream {
  public:
+  using Limits = HandshakeLimits;
+  static Limits LimitsFrom(const topology::LimitsConfig& config);
+
   struct Events {
     // A child passed the handshake; `hello` says what it holds, so the owner can
     // Requeue what it lacks.
@@ -41,7 +47,7 @@ class Downstream {
 
   // `loop` and this object must outlive every connection handed to Accept.
   Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children,
-             std::string token, Events events);
+             std::string token, Events events, Limits limits = {});
   ~Downstream();
 
   // Nodes that may join as adopted children: grandchildren whose own parent died
@@ -55,9 +61,21 @@ class Downstream {
   // (a single-backend transport).
   void SetTransports(std::vector<std::string> names) { transports_ = std::move(names); }
 
+  // Which children must come over TLS with their own certificate
+  // (transport::Connection::PeerIdentity() equal to their id): the hops the config
+  // encrypts. Empty predicate: none. A child presenting a certificate is always
+  // checked against its id, required or not.
+  void RequireTls(std::function<bool(const std::string& child)> required) {
+    tls_required_ = std::move(required);
+  }
+
   // Takes a freshly accepted connection and starts the handshake. Must be called on
-  // the loop thread.
+  // the loop thread. Beyond the pending-handshake caps it is refused at once.
   void Accept(std::unique_ptr<transport::Connection> connection);
+
+  // Drops handshakes older than the handshake timeout. Call every tick.
+  void Tick(std::chrono::steady_clock::time_point now);
+  size_t pending_handshakes() const { return handshakes_.size(); }
 
   // Queues the control message `message` (not a CHUNK) for every expected child.
   // `done` runs once every child was handed the message or is gone.
@@ -165,11 +183,15 @@ class Downstream {
   struct Handshake {
     std::unique_ptr<transport::Connection> connection;
     std::array<uint8_t, kNonceBytes> nonce{};
+    std::string host;  // the peer's address without its port: the per-address cap
+    std::chrono::steady_clock::time_point deadline;
   };
 
   void OnMessage(uint64_t serial, transport::Message message);
   void OnClosed(uint64_t serial, const Status& status);
   void OnHello(uint64_t serial, ByteSpan message);
+  // Whether the link's TLS identity (if any) is `id`, and TLS where it is required.
+  Status CheckIdentity(const transport::Connection& connection, const std::string& id) const;
   // Whether the child came over a backend this node speaks; logs a fallback.
   Status CheckTransport(const Hello& hello) const;
   void Refuse(transport::Connection& connection, const std::string& reason);
@@ -187,6 +209,8 @@ class Downstream {
   std::string self_id_;
   std::string token_;
   Events events_;
+  Limits limits_;
+  std::function<bool(const std::string&)> tls_required_;
   std::map<std::string, Child> children_;
   std::map<uint64_t, Handshake> handshakes_;
   std::set<std::string> adoptable_;
@@ -195,6 +219,12 @@ class Downstream {
   uint64_t next_serial_ = 1;
   uint64_t next_send_ = 1;
   uint64_t queued_bytes_ = 0;
+  uint64_t refused_over_caps_ = 0;  // connections refused by the pending-handshake caps
 };
+
+// The RequireTls predicate for node `self_id`'s children under `config`: whether the
+// hop self -> child runs TLS ([security] tls).
+std::function<bool(const std::string& child)> TlsRequiredFor(const topology::ClusterConfig& config,
+                                                             const std::string& self_id);
 
 }  // namespace deltacast::relay

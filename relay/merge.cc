@@ -145,7 +145,8 @@ Status DeltaMerger::Emit(std::vector<std::byte>&& message, uint32_t records) {
   delta_bytes_ += message.size() - kMessageHeaderBytes;
   records_ += records;
   ++sequence_;
-  return sink_(transport::MakeMessage(std::move(message)));
+  message.resize(message.size() + kSignatureBytes);  // the signature's place, all zero
+  return sink_(std::move(message));
 }
 
 Status DeltaMerger::AddChunk(ByteSpan chunk) {
@@ -156,7 +157,7 @@ Status DeltaMerger::AddChunk(ByteSpan chunk) {
   }
   // One pass over the bytes: no zero fill before the copy.
   std::vector<std::byte> message;
-  message.reserve(kMessageHeaderBytes + chunk.size());
+  message.reserve(kMessageHeaderBytes + chunk.size() + kSignatureBytes);
   message.resize(kMessageHeaderBytes);
   message.insert(message.end(), chunk.begin(), chunk.end());
   return Emit(std::move(message), header.record_count);
@@ -190,7 +191,7 @@ Status DeltaMerger::AddPiece(uint32_t tensor, uint64_t partition, const codec::P
   // room for the CHUNK message header in front.
   if (!builder_) {
     builder_.emplace(identity_, 0, kMessageHeaderBytes);
-    builder_->Reserve(chunk_bytes_ + (chunk_bytes_ >> 2));
+    builder_->Reserve(chunk_bytes_ + (chunk_bytes_ >> 2) + kSignatureBytes);
   }
   const PartitionHash& bh = base_.partition_hashes[tensor][partition];
   const PartitionHash& th = target_.partition_hashes[tensor][partition];
@@ -224,7 +225,7 @@ Status DeltaMerger::Finish(uint64_t changed_elements, codec::DeltaStats* stats) 
                               changed_elements + piece_changes_};
   std::vector<std::byte> end = codec::BuildEndChunk(identity_, sequence_, summary);
   const uint64_t end_bytes = end.size();
-  RETURN_IF_ERROR(sink_(transport::MakeMessage(EncodeChunk(end))));
+  RETURN_IF_ERROR(sink_(EncodeChunk(end)));
   if (stats) {
     stats->tensor_bytes = target_.TotalBytes();
     stats->partitions = target_.PartitionTotal();

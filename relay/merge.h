@@ -54,9 +54,10 @@ Result<codec::Manifest> CombineBaseManifest(const std::vector<codec::TensorInfo>
 Result<codec::Manifest> CombineTargetManifest(const codec::Manifest& base,
                                               std::span<const ShareReport* const> shares);
 
-// Receives each finished chunk of the merged delta as a whole CHUNK message (ready
-// for the children: relay/protocol.h), in sequence order.
-using ChunkMessageSink = std::function<Status(transport::Message chunk_message)>;
+// Receives each finished chunk of the merged delta as a whole CHUNK message
+// (relay/protocol.h) with an all-zero signature, in sequence order: what
+// Source::PublishStream takes, signs and sends.
+using ChunkMessageSink = std::function<Status(std::vector<std::byte> chunk_message)>;
 
 class DeltaMerger {
  public:

@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "relay/node_impl.h"
+#include "relay/node_transports.h"
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
@@ -21,7 +22,8 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
       store_(
           std::move(replica), options_.apply_threads, loop_,
           [this](const NodeStore::Journal& j) { journal_ = j; }, options_.on_commit),
-      downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents()),
+      downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
+                  Downstream::LimitsFrom(options_.config.limits)),
       parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()),
       children_(self_.children),
       requests_(parent_, downstream_),
@@ -35,6 +37,8 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
     if (node.failover_parent == options_.node_id) adoptable.insert(node.id);
   }
   downstream_.AllowAdoption(std::move(adoptable));
+  downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
+  catch_up_.SetVerifyKey(options_.verify_key.get());
   owns_spool_dir_ = options_.spool_dir.empty();
   if (options_.spool_dir.empty()) {
     // A store without a directory does not survive a restart, and neither need its
@@ -249,7 +253,16 @@ void NodeAgent::Impl::RunDeferredBegin() {
   if (deferred_begin_.empty()) return;
   std::vector<std::byte> begin = std::move(deferred_begin_);
   deferred_begin_.clear();
+  std::vector<transport::Message> decisions = std::move(deferred_decisions_);
+  deferred_decisions_.clear();
   loop_.Post([this, begin] { OnBegin(begin); });
+  // After it, as they came (a BEGIN deferred again defers them again).
+  for (auto& d : decisions) {
+    loop_.Post([this, d] {
+      auto type = PeekType(ByteSpan(*d));
+      if (type.ok()) OnParentMessage(*type, d);
+    });
+  }
 }
 
 // ---- the tick -----------------------------------------------------------------
@@ -257,6 +270,7 @@ void NodeAgent::Impl::RunDeferredBegin() {
 void NodeAgent::Impl::Tick() {
   if (stopped_) return;
   const auto now = Clock::now();
+  downstream_.Tick(now);
   parent_.Tick(now, !refit_ || refit_->phase == Phase::kDone);
   if (now >= next_heartbeat_) {
     next_heartbeat_ = now + std::chrono::seconds(1);
@@ -295,6 +309,7 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(
   if (!self->parent)
     return Status::InvalidArgument("node '" + options.node_id +
                                    "' is the source; run `deltacast publish` there");
+  RETURN_IF_ERROR(CheckHopSecurity(options.config, plan, options.node_id));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(replica), std::move(transport),
                                      std::move(plan));
   RETURN_IF_ERROR(impl->Listen());

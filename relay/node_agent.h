@@ -22,6 +22,7 @@
 #include "apply/replica.h"
 #include "common/hash.h"
 #include "common/status.h"
+#include "relay/signing.h"
 #include "topology/cluster_config.h"
 #include "transport/transport.h"
 
@@ -45,6 +46,10 @@ struct NodeAgentOptions {
   // directory under the system temporary directory. Give a checkpoint directory's
   // agent a path inside it, so the spool survives a restart with the store.
   std::filesystem::path spool_dir;
+  // The source's Ed25519 public key ([security] verify_key): with it, the node
+  // applies and commits only what the source signed (BEGIN, every CHUNK, COMMIT and
+  // ABORT) and refuses the rest; null: nothing is checked.
+  std::shared_ptr<const VerifyKey> verify_key;
 };
 
 struct NodeAgentStats {

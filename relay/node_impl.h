@@ -63,6 +63,9 @@ class NodeAgent::Impl {
     bool prepared_sent = false;
     bool failed_sent = false;
     std::optional<MessageType> pending_decision;  // arrived before we had prepared
+    // The decision as the source signed it, once this node has it: what it forwards
+    // to its children and replays to those that rejoin.
+    transport::Message decision_message;
     bool local_outcome_done = false;
     Clock::time_point start = Clock::now();
     Clock::time_point decided;
@@ -117,8 +120,14 @@ class NodeAgent::Impl {
 
   // node_outcome.cc: decisions and outcome.
   void OnDecision(MessageType type, ByteSpan bytes);
-  void Resolve(MessageType type, const Decision& d);
-  void CommitByCatchingUp(const Decision& d);
+  void Resolve(MessageType type, const Decision& d, transport::Message message);
+  void CommitByCatchingUp(const Decision& d, transport::Message message);
+  // The refit's decision for the children: as received, else (unsigned clusters
+  // only) encoded here.
+  transport::Message DecisionFor(MessageType type) const;
+  // Whether `status` of a signature check lets the message through; logs and
+  // drops the parent link when not.
+  bool Trusted(const Status& status, std::string_view what);
   void Decide(MessageType type);
   void StartAbort();
   void OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version);
@@ -138,7 +147,11 @@ class NodeAgent::Impl {
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
-  NodeStore::Journal journal_;             // the replica's journal, mirrored
+  // COMMIT / ABORT of the deferred BEGIN's refit that came while it waited (the
+  // parent may decide before this node began: a catch-up that fails takes a
+  // while); run right after that BEGIN, in order.
+  std::vector<transport::Message> deferred_decisions_;
+  NodeStore::Journal journal_;  // the replica's journal, mirrored
   Claimed claimed_;
   std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
   Clock::time_point next_heartbeat_ = Clock::now();

@@ -9,9 +9,30 @@
 
 namespace deltacast::relay {
 
+bool NodeAgent::Impl::Trusted(const Status& status, std::string_view what) {
+  if (status.ok()) return true;
+  // The parent forwards what the source signed; anything else came from the parent
+  // itself or from whoever sits on the link: never applied, never committed.
+  log::Error(fmt::format("{}: refusing {} from {}: {}", options_.node_id, what, parent_.current(),
+                         status.message()));
+  parent_.ProtocolError(status.message());
+  return false;
+}
+
+transport::Message NodeAgent::Impl::DecisionFor(MessageType type) const {
+  if (refit_ && refit_->decision_message) return refit_->decision_message;
+  return transport::MakeMessage(
+      EncodeDecision(type, {refit_->id, refit_->identity.target_version}));
+}
+
 void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
   auto d = ParseDecision(bytes);
   if (!d.ok()) return parent_.ProtocolError(d.status().message());
+  if (options_.verify_key &&
+      !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type))) {
+    return;
+  }
+  auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
   if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
       // A repeated COMMIT: confirm again.
@@ -28,11 +49,12 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       refit_->phase = Phase::kCommitting;
       refit_->decided = Clock::now();
       refit_->local_outcome_done = true;
+      refit_->decision_message = message;
       {
         std::lock_guard lock(stats_mu_);
         stats_.version = journal_.version;
       }
-      downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, *d)));
+      downstream_.Broadcast(message);
       // Our children's links died with our previous life: one that is not back
       // within the time a child keeps trying us has failed over (and confirmed
       // there) or is down, and learns the decision when it is back.
@@ -44,14 +66,22 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     }
   }
   if (!refit_ || refit_->id != d->refit_id) {
+    if (!deferred_begin_.empty()) {
+      auto waiting = ParseBegin(deferred_begin_);
+      if (waiting.ok() && waiting->refit_id == d->refit_id) {
+        deferred_decisions_.push_back(message);
+        return;
+      }
+    }
     if (journal_.inflight && journal_.inflight->target == d->target_version)
-      return Resolve(type, *d);
+      return Resolve(type, *d, message);
     log::Debug(fmt::format("{}: ignoring {} of refit {}, which is not ours", options_.node_id,
                            MessageTypeName(type), d->refit_id));
     return;
   }
   Refit& r = *refit_;
   if (r.phase != Phase::kStreaming) return;  // a duplicate
+  r.decision_message = message;
   if (type == MessageType::kCommit && !r.prepared_sent) {
     // Replayed right behind the chunks we lacked: decide once they are applied.
     if (r.end_received) {
@@ -61,7 +91,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // Every chunk the parent sends comes before its decision, and the END did not:
     // the parent resolved a delta it does not hold whole (it was down while the
     // refit committed). Reach the target the way Resolve does.
-    return CommitByCatchingUp(*d);
+    return CommitByCatchingUp(*d, message);
   }
   Decide(type);
 }
@@ -69,8 +99,9 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
 // The delta of the current refit committed, but this node cannot finish it from
 // the chunks its parent has: it tells its children and catches up to the target
 // (by the kept deltas, else by the partitions that differ).
-void NodeAgent::Impl::CommitByCatchingUp(const Decision& d) {
+void NodeAgent::Impl::CommitByCatchingUp(const Decision& d, transport::Message message) {
   Refit& r = *refit_;
+  r.decision_message = message;
   log::Warn(fmt::format(
       "{}: refit {} committed, but not every chunk of it reached this node; catching up",
       options_.node_id, r.id));
@@ -78,7 +109,7 @@ void NodeAgent::Impl::CommitByCatchingUp(const Decision& d) {
   r.decided = Clock::now();
   r.resolution = true;  // a child that rejoins is sent the decision, not the delta
   downstream_.DropQueued();
-  downstream_.Broadcast(transport::MakeMessage(EncodeDecision(MessageType::kCommit, d)));
+  downstream_.Broadcast(message);
   children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
                     options_.config.tree.connect_timeout);
   store_.DropRefit();  // the catch-up resumes the delta
@@ -90,7 +121,7 @@ void NodeAgent::Impl::CommitByCatchingUp(const Decision& d) {
 // restarted, or the source died before deciding): commit it if the source
 // committed it, else roll it back (presumed abort). Children in the same state
 // learn it from us. A BEGIN that arrives meanwhile waits (OnBegin).
-void NodeAgent::Impl::Resolve(MessageType type, const Decision& d) {
+void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Message message) {
   log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
                         journal_.inflight->base.ShortHex(), d.target_version.ShortHex(),
                         MessageTypeName(type)));
@@ -99,8 +130,9 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d) {
   refit_->identity = {journal_.inflight->base, d.target_version, 0};
   refit_->decided = Clock::now();
   refit_->resolution = true;
+  refit_->decision_message = message;
   downstream_.DropQueued();
-  downstream_.Broadcast(transport::MakeMessage(EncodeDecision(type, d)));
+  downstream_.Broadcast(message);
   children_.BeginRefit(Clock::now());
   children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
                     options_.config.tree.connect_timeout);
@@ -129,8 +161,7 @@ void NodeAgent::Impl::Decide(MessageType type) {
   Refit& r = *refit_;
   r.phase = Phase::kCommitting;
   r.decided = Clock::now();
-  downstream_.Broadcast(transport::MakeMessage(
-      EncodeDecision(MessageType::kCommit, {r.id, r.identity.target_version})));
+  downstream_.Broadcast(DecisionFor(MessageType::kCommit));
   children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
                     options_.config.tree.connect_timeout);
   const uint64_t id = r.id;
@@ -143,8 +174,7 @@ void NodeAgent::Impl::StartAbort() {
   r.phase = Phase::kAborting;
   r.decided = Clock::now();
   downstream_.DropQueued();
-  downstream_.Broadcast(transport::MakeMessage(
-      EncodeDecision(MessageType::kAbort, {r.id, r.identity.target_version})));
+  downstream_.Broadcast(DecisionFor(MessageType::kAbort));
   children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
                     options_.config.tree.connect_timeout);
   rollback_.Start(r.id, r.spool);

@@ -22,6 +22,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   auto begin = ParseBegin(bytes);
   if (!begin.ok()) return parent_.ProtocolError(begin.status().message());
+  if (options_.verify_key && !Trusted(VerifyBegin(*options_.verify_key, *begin), "BEGIN")) return;
   if (refit_ && refit_->id == begin->refit_id &&
       !(refit_->phase == Phase::kDone && !committed_last_)) {
     // A replay after a reconnect: what follows is what we lack.
@@ -78,7 +79,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
   children_.BeginRefit(Clock::now());
   const uint64_t id = refit_->id;
-  store_.BeginRefit(id, refit_->identity, [this, id](const Status& status) {
+  store_.BeginRefit(id, refit_->identity, begin->manifest_digest, [this, id](const Status& status) {
     if (!status.ok()) LocalFailure(id, status);
   });
   parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), begin->refit_id}));
@@ -106,13 +107,21 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
   transport::Message message = received;
   if (FaultPoint("agent.corrupt_chunk")) {  // fault-injection tests: a bit flipped in transit
     auto copy = std::make_shared<std::vector<std::byte>>(*received);
-    (*copy)[copy->size() - 1] ^= std::byte{0x10};
+    // The chunk's last byte, not the signature after it (which is checked only
+    // with a verify key): the chunk's own checksums must catch the damage.
+    if (copy->size() > kMessageHeaderBytes + kSignatureBytes) {
+      (*copy)[copy->size() - kSignatureBytes - 1] ^= std::byte{0x10};
+    }
     message = copy;
   }
   // Verified before it is forwarded, spooled or applied: a damaged chunk is fetched
   // again (reconnecting makes the parent replay what we lack), never used.
-  Status intact = codec::VerifyChunkChecksums(Body(*message));
-  auto header = codec::PeekChunkHeader(Body(*message));
+  Status intact = codec::VerifyChunkChecksums(ChunkOf(*message));
+  if (intact.ok() && options_.verify_key) {
+    intact = VerifyChunkMessage(*options_.verify_key, *message);
+    if (!intact.ok()) return (void)Trusted(intact, "a CHUNK");
+  }
+  auto header = codec::PeekChunkHeader(ChunkOf(*message));
   if (!intact.ok() || !header.ok()) {
     log::Warn(fmt::format("{}: a chunk from {} failed its checks ({}); fetching it again",
                           options_.node_id, parent_.current(),
@@ -208,7 +217,7 @@ void NodeAgent::Impl::RequestRepairs(const NodeStore::ApplyResult& result) {
   const uint64_t id = refit_->id;
   for (const Fetch& fetch : result.torn) {
     log::Warn(fmt::format("{}: partition '{}' at element {} is torn; fetching its target bytes",
-                          options_.node_id, fetch.tensor, fetch.element_offset));
+                          options_.node_id, log::Escape(fetch.tensor), fetch.element_offset));
     // A link that drops loses the request: the rejoin replays END, which finds the
     // partition still torn and asks again.
     requests_.FetchPartition(
@@ -283,7 +292,7 @@ void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
     log::Warn(
         fmt::format("{}: child {} cannot reach the target ({}); refit {} goes on "
                     "without it (commit policy available)",
-                    options_.node_id, child, f->reason, r.id));
+                    options_.node_id, child, log::Escape(f->reason), r.id));
     children_.Excuse(child);
     downstream_.Excuse(child);
     return MaybePrepared();
@@ -329,10 +338,8 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
       r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_);
   if (r.resolution) {
     if (hello.inflight_target == r.identity.target_version) {
-      downstream_.Requeue(child,
-                          {Downstream::Outgoing::Control(transport::MakeMessage(
-                              EncodeDecision(committed ? MessageType::kCommit : MessageType::kAbort,
-                                             {r.id, r.identity.target_version})))});
+      downstream_.Requeue(child, {Downstream::Outgoing::Control(DecisionFor(
+                                     committed ? MessageType::kCommit : MessageType::kAbort))});
     }
     return;
   }
@@ -340,15 +347,14 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
   if (!same_delta && hello.active_version == r.identity.target_version && committed) {
     // It committed, then lost the link before confirming: COMMIT again makes it
     // gather its subtree's confirmations and answer.
-    downstream_.Requeue(child, {Downstream::Outgoing::Control(transport::MakeMessage(EncodeDecision(
-                                   MessageType::kCommit, {r.id, r.identity.target_version})))});
+    downstream_.Requeue(child, {Downstream::Outgoing::Control(DecisionFor(MessageType::kCommit))});
     return;
   }
   if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;  // nothing to undo
-  std::optional<MessageType> decision;
-  if (committed) decision = MessageType::kCommit;
+  transport::Message decision;
+  if (committed) decision = DecisionFor(MessageType::kCommit);
   if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_))
-    decision = MessageType::kAbort;
+    decision = DecisionFor(MessageType::kAbort);
   Replay replay = ReplayFor(hello, r.begin, r.spool.get(), decision);
   log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks",
                         options_.node_id, child, r.id, replay.chunks));

@@ -4,6 +4,7 @@
 
 #include "common/crash_point.h"
 #include "relay/node_agent.h"
+#include "relay/signing.h"
 
 namespace deltacast::relay {
 namespace {
@@ -24,6 +25,7 @@ struct NodeStore::RefitState {
   std::optional<codec::DeltaSummary> summary;
   std::optional<codec::Manifest> target;
   std::set<std::string> changed_tensors;
+  std::array<uint8_t, 32> manifest_digest{};  // all zero: not checked
 };
 
 NodeStore::NodeStore(std::unique_ptr<apply::Replica> replica, size_t apply_threads, EventLoop& loop,
@@ -52,10 +54,12 @@ void NodeStore::PostJournal() {
 
 // ---- the refit ---------------------------------------------------------------
 
-void NodeStore::BeginRefit(uint64_t id, const codec::DeltaIdentity& identity, Done done) {
-  apply_loop_.Post([this, id, identity, done] {
+void NodeStore::BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
+                           const std::array<uint8_t, 32>& manifest_digest, Done done) {
+  apply_loop_.Post([this, id, identity, manifest_digest, done] {
     *refit_ = RefitState{};
     refit_->id = id;
+    refit_->manifest_digest = manifest_digest;
     Status status;
     if (!replica_->inflight() && replica_->version() == identity.target_version) {
       // Already there (a node that committed this version before a restart, or an
@@ -99,12 +103,12 @@ NodeStore::ApplyResult NodeStore::ApplyOne(uint64_t id, uint32_t sequence,
   ApplyResult result;
   if (refit_->id != id) return result;
   if (refit_->at_target) {
-    auto header = codec::PeekChunkHeader(Body(*message));
+    auto header = codec::PeekChunkHeader(ChunkOf(*message));
     result.end = header.ok() && header->kind == codec::ChunkKind::kEnd;
     return result;
   }
   if (!refit_->applier) return result;
-  auto chunk = codec::ParseChunk(Body(*message));
+  auto chunk = codec::ParseChunk(ChunkOf(*message));
   if (!chunk.ok()) {
     result.status = chunk.status();
     return result;
@@ -155,6 +159,14 @@ NodeStore::ApplyResult NodeStore::FinishRefit() {
   auto target = applier.Finish(summary);
   result.status = target.status();
   result.applied = applier.report().applied;
+  const std::array<uint8_t, 32> none{};
+  if (target.ok() && refit_->manifest_digest != none &&
+      Sha256(target->Serialize()) != refit_->manifest_digest) {
+    // BEGIN (signed) named the manifest: the partitions hash to the target id, but
+    // the table they make is not the one the source published.
+    result.status = Status::Corrupt("the verified target's manifest is not the one BEGIN names");
+    return result;
+  }
   if (target.ok()) {
     refit_->target = std::move(*target);
     result.status = replica_->RecordPrepared();
@@ -223,7 +235,7 @@ void NodeStore::Revert(
       if (!spool) return Status::FailedPrecondition("no spool to roll back from");
       for (uint32_t sequence : spool->sequences()) {
         ASSIGN_OR_RETURN(transport::Message message, spool->Read(sequence));
-        ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(Body(*message)));
+        ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(ChunkOf(*message)));
         if (chunk.kind != codec::ChunkKind::kData) continue;
         if (!refit_->applier) {
           ASSIGN_OR_RETURN(refit_->applier,
@@ -279,7 +291,7 @@ void NodeStore::ApplyLinkChunk(
   apply_loop_.Post([this, sequence, message, done] {
     std::optional<codec::DeltaSummary> end;
     Status status;
-    auto chunk = codec::ParseChunk(Body(*message));
+    auto chunk = codec::ParseChunk(ChunkOf(*message));
     if (!chunk.ok() || !catch_up_applier_) {
       status = chunk.ok() ? Status::Internal("no delta of the chain in progress") : chunk.status();
     } else if (chunk->kind == codec::ChunkKind::kEnd) {

@@ -71,7 +71,10 @@ class NodeStore {
   // ---- the refit ---------------------------------------------------------
   // Starts (or resumes) applying refit `id`'s delta; a replica already at the
   // target with nothing in flight needs nothing and is prepared at END.
-  void BeginRefit(uint64_t id, const codec::DeltaIdentity& identity, Done done);
+  // `manifest_digest` (all zero: none) is BEGIN's SHA-256 of the target manifest:
+  // END's verification fails unless the derived manifest has it.
+  void BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
+                  const std::array<uint8_t, 32>& manifest_digest, Done done);
   // Applies one chunk of refit `id` after making `spool` durable (a chunk is on disk
   // before it changes a partition). The END chunk verifies the whole delta and
   // journals PREPARED, or returns the torn partitions.

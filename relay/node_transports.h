@@ -9,9 +9,14 @@
 
 #include "common/status.h"
 #include "topology/cluster_config.h"
+#include "topology/tree_plan.h"
+#include "transport/factory.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay {
+
+// The config's [limits] on what an unauthenticated peer may cost, into `options`.
+void ApplyLimits(const topology::LimitsConfig& limits, transport::TransportOptions& options);
 
 // Makes every backend `node` lists, with the config's [transport] providers. A backend
 // that cannot start here (e.g. UCX finds no usable device) is left out with a warning
@@ -19,5 +24,18 @@ namespace deltacast::relay {
 // "inproc" is refused: it only exists inside a test process.
 Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
     const topology::ClusterConfig& config, const topology::NodeConfig& node);
+
+// The link between producers and the root: tcp (both sit in the trainer's own
+// network), under the config's [limits].
+Result<std::unique_ptr<transport::Transport>> MakeProducerTransport(
+    const topology::ClusterConfig& config);
+
+// Whether every hop of `node_id` in `plan` that [security] tls encrypts can be: the
+// config names TLS files, and tcp (the one backend that carries TLS) is among the
+// hop's transports. kFailedPrecondition naming the hop and the way out otherwise.
+// A node checks it before it starts, so a cross-region link is never plaintext by
+// mistake.
+Status CheckHopSecurity(const topology::ClusterConfig& config, const topology::TreePlan& plan,
+                        const std::string& node_id);
 
 }  // namespace deltacast::relay

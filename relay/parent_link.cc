@@ -81,7 +81,11 @@ void ParentLink::Tick(Clock::time_point now, bool between_refits) {
     next_heartbeat_ = now + std::chrono::seconds(1);
     if (link_ && joined_) link_->Send(transport::MakeMessage(EncodeHeartbeat()));
   }
-  if (link_ && now - last_heard_ > config_.tree.idle_timeout) {
+  if (link_ && !joined_ && now - connected_at_ > config_.limits.handshake_timeout) {
+    log::Warn(fmt::format("{}: parent {} did not complete the handshake within {} ms; reconnecting",
+                          self_.id, current_, config_.limits.handshake_timeout.count()));
+    Drop(Status::Timeout("handshake timed out"));
+  } else if (link_ && now - last_heard_ > config_.tree.idle_timeout) {
     log::Warn(fmt::format("{}: parent {} silent for {} ms; reconnecting", self_.id, current_,
                           config_.tree.idle_timeout.count()));
     Drop(Status::Timeout("parent idle"));
@@ -96,21 +100,33 @@ void ParentLink::Dial() {
     auto shared = std::make_shared<Result<std::unique_ptr<transport::Connection>>>(std::move(r));
     loop_.Post([this, shared, backend] { OnConnected(std::move(*shared), backend); });
   };
+  const topology::NodeConfig* parent = config_.FindNode(current_);
+  const bool tls = topology::HopUsesTls(config_, *parent, *config_.FindNode(self_.id));
   if (auto* set = transport::AsTransportSet(&transport_)) {
-    const topology::NodeConfig* parent = config_.FindNode(current_);
-    set->ConnectFirst(parent->host, parent->port, HopTransports(), on_done);
+    set->ConnectFirst(parent->host, parent->port, HopTransports(), on_done, tls);
     return;
   }
-  transport_.Connect(address_, [on_done, backend = transport_.capabilities().backend](
-                                   Result<std::unique_ptr<transport::Connection>> r) {
-    on_done(std::move(r), backend);
-  });
+  transport_.Connect(
+      (tls ? "tls://" : "") + address_,
+      [on_done, backend = transport_.capabilities().backend](
+          Result<std::unique_ptr<transport::Connection>> r) { on_done(std::move(r), backend); });
 }
 
 void ParentLink::OnConnected(Result<std::unique_ptr<transport::Connection>> result,
                              const std::string& backend) {
   connecting_ = false;
   if (!result.ok()) {
+    // A parent that is down is expected and retried quietly; a different reason
+    // (a TLS handshake refused, say) is worth a line, once.
+    if (result.status().message() != last_connect_error_) {
+      last_connect_error_ = result.status().message();
+      // (TransportSet folds each backend's status into its message.)
+      if (result.status().code() == StatusCode::kPermissionDenied ||
+          last_connect_error_.find("PERMISSION_DENIED") != std::string::npos) {
+        log::Error(fmt::format("{}: cannot join parent {}: {}", self_.id, current_,
+                               result.status().ToString()));
+      }
+    }
     if (!lost_at_) lost_at_ = Clock::now();  // unreachable since now
     next_connect_ = Clock::now() + backoff_;
     // Short ceiling: a one-shot publisher only listens while it publishes, and its
@@ -119,10 +135,17 @@ void ParentLink::OnConnected(Result<std::unique_ptr<transport::Connection>> resu
     return;
   }
   backoff_ = std::chrono::milliseconds(100);
+  last_connect_error_.clear();
   link_ = std::move(*result);
   backend_ = backend;
   const uint64_t serial = ++serial_;
-  last_heard_ = Clock::now();
+  last_heard_ = connected_at_ = Clock::now();
+  challenged_ = false;
+  if (Status s = CheckParentIdentity(); !s.ok()) {
+    log::Error(fmt::format("{}: refusing {} as parent: {}", self_.id, address_, s.message()));
+    backoff_ = std::chrono::milliseconds(2000);
+    return Drop(s);
+  }
   link_->Start(
       [this, serial](transport::Message m) {
         loop_.Post([this, serial, m] { OnMessage(serial, m); });
@@ -151,22 +174,41 @@ void ParentLink::Send(std::vector<std::byte> bytes) {
   if (link_ && joined_) link_->Send(transport::MakeMessage(std::move(bytes)));
 }
 
+Status ParentLink::CheckParentIdentity() const {
+  const std::string identity = link_->PeerIdentity();
+  const topology::NodeConfig* me = config_.FindNode(self_.id);
+  const topology::NodeConfig* parent = config_.FindNode(current_);
+  if (!identity.empty() && identity != current_) {
+    return Status::PermissionDenied("its certificate is that of '" + log::Escape(identity) +
+                                    "', not of '" + current_ + "'");
+  }
+  if (identity.empty() && topology::HopUsesTls(config_, *parent, *me)) {
+    return Status::PermissionDenied("the hop " + current_ + " -> " + self_.id +
+                                    " must run TLS ([security] tls), but this link does not");
+  }
+  return Status::Ok();
+}
+
 void ParentLink::ProtocolError(const std::string& what) {
   log::Error(fmt::format("{}: protocol error from parent {}: {}; closing the link", self_.id,
-                         current_, what));
+                         current_, log::Escape(what)));
+  RefuseAndClose(what, Status::Corrupt(what));
+}
+
+void ParentLink::RefuseAndClose(const std::string& reason, const Status& why) {
   if (!link_) return;
   // Closed once the REFUSE is out, so the other end learns why (closing at once
   // would abort the queued send). Kept here until then; its other handlers are
   // ignored (the serial moves on) and it is destroyed on this thread.
   transport::Connection* refusing = link_.get();
   refusing_.push_back(std::move(link_));
-  refusing->Send(transport::MakeMessage(EncodeRefuse({what})), [this, refusing](Status) {
+  refusing->Send(transport::MakeMessage(EncodeRefuse({reason})), [this, refusing](Status) {
     loop_.Post([this, refusing] {
       std::erase_if(refusing_, [&](const auto& c) { return c.get() == refusing; });
     });
   });
   Close();
-  Lost(/*had_link=*/true, Status::Corrupt(what));
+  Lost(/*had_link=*/true, why);
 }
 
 void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {
@@ -187,25 +229,48 @@ void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {
         return ProtocolError("the node at " + address_ + " is '" + c->parent_id +
                              "', not the parent I dialled, '" + current_ + "'");
       }
+      if (challenged_) return ProtocolError("a second CHALLENGE on one link");
+      challenged_ = true;
+      parent_nonce_ = c->nonce;
+      child_nonce_ = RandomNonce();
       Hello hello = events_.hello();
       hello.node_id = self_.id;
-      hello.proof = HelloProof(token_, c->nonce, self_.id, c->parent_id);
+      hello.proof = ChildProof(token_, c->nonce, self_.id, c->parent_id);
+      hello.nonce = child_nonce_;
       hello.transport = backend_;
       hello.transports = HopTransports();
       link_->Send(transport::MakeMessage(EncodeHello(hello)));
       return;
     }
-    case MessageType::kWelcome:
+    case MessageType::kWelcome: {
+      if (joined_ || !challenged_) return ProtocolError("WELCOME out of turn");
+      auto w = ParseWelcome(bytes);
+      if (!w.ok()) return ProtocolError(w.status().message());
+      // The parent must hold the token too: anyone can bind the parent's port while
+      // it is down, and a child that followed it would apply what it sends.
+      if (!ProofMatches(w->proof,
+                        ParentProof(token_, parent_nonce_, child_nonce_, current_, self_.id))) {
+        log::Error(fmt::format(
+            "{}: the node at {} answering as parent '{}' failed authentication (its WELCOME "
+            "does not prove the cluster token); refusing it",
+            self_.id, address_, current_));
+        backoff_ = std::chrono::milliseconds(2000);
+        return RefuseAndClose("wrong token proof",
+                              Status::PermissionDenied("parent failed authentication"));
+      }
+      link_->Authenticated();
       joined_ = true;
       lost_at_.reset();
-      log::Info(fmt::format("{}: joined parent {} over {}{}", self_.id, current_, backend_,
+      log::Info(fmt::format("{}: joined parent {} over {}{}{}", self_.id, current_, backend_,
+                            link_->PeerIdentity().empty() ? "" : " with TLS",
                             on_failover() ? " (failover)" : ""));
       if (events_.joined) events_.joined();
       return;
+    }
     case MessageType::kRefuse: {
       auto r = ParseRefuse(bytes);
       log::Error(fmt::format("{}: parent {} refused us: {}", self_.id, current_,
-                             r.ok() ? r->reason : r.status().message()));
+                             log::Escape(r.ok() ? r->reason : r.status().message())));
       backoff_ = std::chrono::milliseconds(2000);
       return Drop(Status::Unavailable("refused"));
     }

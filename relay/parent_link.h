@@ -1,7 +1,10 @@
 // ParentLink: a relay node's link to its parent. It dials the planned parent (or,
 // with commit policy `available`, after the parent has been unreachable for
 // kFailoverAfter, the failover parent from the plan; back home between refits),
-// answers the parent's CHALLENGE with a HELLO that proves the cluster token, keeps
+// answers the parent's CHALLENGE with a HELLO that proves the cluster token, checks
+// that the parent's WELCOME proves it too (and, over TLS, that the parent's
+// certificate names it), drops a link whose handshake takes longer than
+// [limits] handshake_timeout, keeps
 // the link alive with heartbeats, drops it after `idle_timeout` of silence, and
 // reconnects with backoff. Messages after the handshake go to the owner.
 //
@@ -79,7 +82,11 @@ class ParentLink {
   void OnMessage(uint64_t serial, const transport::Message& message);
   // After the link closed: when to dial again, and the owner's lost event.
   void Lost(bool had_link, const Status& why);
+  // Sends REFUSE, closes the link once it is out, and reports it lost with `why`.
+  void RefuseAndClose(const std::string& reason, const Status& why);
   const std::vector<std::string>& HopTransports() const;
+  // The link's TLS identity (if any) is current_, and TLS is there if the hop needs it.
+  Status CheckParentIdentity() const;
   std::string AddressOf(const std::string& id) const;
 
   EventLoop& loop_;
@@ -99,6 +106,11 @@ class ParentLink {
   Clock::time_point next_connect_ = Clock::now();
   Clock::time_point next_heartbeat_ = Clock::now();
   Clock::time_point last_heard_ = Clock::now();
+  Clock::time_point connected_at_ = Clock::now();
+  bool challenged_ = false;         // this link's CHALLENGE came (and was answered)
+  std::string last_connect_error_;  // of the last failed dial, to log each reason once
+  std::array<uint8_t, kNonceBytes> parent_nonce_{};
+  std::array<uint8_t, kNonceBytes> child_nonce_{};
   std::chrono::milliseconds backoff_{100};
   uint64_t serial_ = 0;
   bool connecting_ = false;

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <future>
 #include <thread>
 
 #include "common/crash_point.h"
@@ -109,19 +110,40 @@ Status Producer::Join() {
   }
   Hello hello;
   hello.node_id = options_.id;
-  hello.proof = HelloProof(options_.token, challenge->nonce, options_.id, options_.root_id);
+  hello.proof = ChildProof(options_.token, challenge->nonce, options_.id, options_.root_id);
+  hello.nonce = RandomNonce();
   hello.transport = transport_->capabilities().backend;
   Send(EncodeHello(hello));
   ASSIGN_OR_RETURN(transport::Message answer, Next(options_.connect_timeout));
   auto type = PeekType(ByteSpan(*answer));
   if (type.ok() && *type == MessageType::kWelcome) {
+    // The root must hold the token too, as a relay parent must (docs/protocol.md,
+    // "Handshake"): whoever took the root's port could otherwise pull every share.
+    auto welcome = ParseWelcome(ByteSpan(*answer));
+    if (!welcome.ok()) return welcome.status().WithContext("root's WELCOME");
+    if (!ProofMatches(welcome->proof, ParentProof(options_.token, challenge->nonce, hello.nonce,
+                                                  options_.root_id, options_.id))) {
+      // Told why before the link closes (closing at once would drop the queued REFUSE);
+      // a root that never takes it costs a second at most.
+      auto sent = std::make_shared<std::promise<void>>();
+      auto done = sent->get_future();
+      link_->Send(transport::MakeMessage(EncodeRefuse({"wrong token proof"})),
+                  [sent](Status) { sent->set_value(); });
+      done.wait_for(std::chrono::seconds(1));
+      return Status::PermissionDenied("the node at " + options_.root_address +
+                                      " answering as root '" + options_.root_id +
+                                      "' failed authentication (its WELCOME does not prove the "
+                                      "cluster token)");
+    }
+    link_->Authenticated();
     log::Info(fmt::format("producer {}: joined root {} at {}", options_.id, options_.root_id,
                           options_.root_address));
     return Status::Ok();
   }
   auto refused = ParseRefuse(ByteSpan(*answer));
-  return Status::FailedPrecondition("root refused producer " + options_.id + ": " +
-                                    (refused.ok() ? refused->reason : "unexpected answer"));
+  return Status::FailedPrecondition(
+      "root refused producer " + options_.id + ": " +
+      log::Escape(refused.ok() ? refused->reason : "unexpected answer"));
 }
 
 Result<transport::Message> Producer::Next(std::chrono::milliseconds timeout) {

@@ -2,14 +2,61 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "common/log.h"
 
 namespace deltacast::relay {
 
-ProducerHub::ProducerHub(std::string root_id, std::string token, size_t capacity)
-    : root_id_(std::move(root_id)), token_(std::move(token)), capacity_(capacity) {}
+ProducerHub::ProducerHub(std::string root_id, std::string token, size_t capacity,
+                         HandshakeLimits limits)
+    : root_id_(std::move(root_id)),
+      token_(std::move(token)),
+      capacity_(capacity),
+      limits_{limits.handshake_timeout, limits.max_pending,
+              std::max(limits.max_pending_per_address, capacity)} {
+  // Started here, not in the initializer list: it reads members declared after it.
+  reaper_ = std::thread([this] { ReapLoop(); });
+}
 
 ProducerHub::~ProducerHub() { Close(); }
+
+void ProducerHub::ReapLoop() {
+  std::unique_lock lock(mu_);
+  while (!closed_) {
+    auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (const auto& [serial, p] : pending_) next = std::min(next, p.deadline);
+    reap_cv_.wait_until(lock, next);
+    if (closed_) break;
+    std::vector<std::unique_ptr<transport::Connection>> expired;
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (now < it->second.deadline) {
+        ++it;
+        continue;
+      }
+      log::Warn(fmt::format(
+          "root {}: dropping producer link from {}: no valid HELLO within the handshake "
+          "timeout ({} ms)",
+          root_id_, log::Escape(it->second.connection->PeerAddress()),
+          limits_.handshake_timeout.count()));
+      expired.push_back(std::move(it->second.connection));
+      it = pending_.erase(it);
+    }
+    // Outside mu_: a connection's destructor waits for its running handlers, which
+    // take mu_.
+    lock.unlock();
+    for (auto& c : expired) c->Close();
+    expired.clear();
+    lock.lock();
+  }
+}
+
+size_t ProducerHub::pending_handshakes() const {
+  std::lock_guard lock(mu_);
+  return pending_.size();
+}
 
 Result<std::string> ProducerHub::Listen(transport::Transport& transport,
                                         const std::string& address) {
@@ -21,20 +68,46 @@ Result<std::string> ProducerHub::Listen(transport::Transport& transport,
 }
 
 void ProducerHub::OnAccept(std::unique_ptr<transport::Connection> connection) {
+  std::unique_ptr<transport::Connection> doomed;  // destroyed after mu_ is released
   std::lock_guard lock(mu_);
-  if (closed_) return;
+  if (closed_) {
+    doomed = std::move(connection);
+    return;
+  }
+  // Caps first, as for the tree's links (relay/downstream.h): a peer that has proved
+  // nothing gets a slot only while there is one.
+  const std::string host = HostOf(connection->PeerAddress());
+  size_t from_host = 0;
+  for (const auto& [serial, p] : pending_) from_host += p.host == host ? 1 : 0;
+  if (pending_.size() >= limits_.max_pending || from_host >= limits_.max_pending_per_address) {
+    if (refused_over_caps_++ % 100 == 0) {  // one line per burst, not per link
+      log::Warn(fmt::format(
+          "root {}: refusing producer link from {}: {} handshakes pending (limits {} in all, {} "
+          "per address; {} refused so far)",
+          root_id_, log::Escape(connection->PeerAddress()), pending_.size(), limits_.max_pending,
+          limits_.max_pending_per_address, refused_over_caps_));
+    }
+    connection->Close();
+    doomed = std::move(connection);
+    return;
+  }
   const uint64_t serial = next_serial_++;
   Pending& p = pending_[serial];
   p.connection = std::move(connection);
   p.nonce = RandomNonce();
+  p.host = host;
+  p.deadline = std::chrono::steady_clock::now() + limits_.handshake_timeout;
   p.connection->Start([this, serial](transport::Message m) { OnMessage(serial, std::move(m)); },
                       [this, serial](Status s) { OnClosed(serial, s); });
   p.connection->Send(transport::MakeMessage(EncodeChallenge({p.nonce, root_id_})));
+  reap_cv_.notify_all();
 }
 
 void ProducerHub::Refuse(uint64_t serial, std::unique_ptr<transport::Connection> c,
                          const std::string& why) {
-  log::Warn(fmt::format("root {}: refusing producer at {}: {}", root_id_, c->PeerAddress(), why));
+  // `why` may quote what the peer sent: escaped, it cannot forge log lines.
+  log::Warn(fmt::format("root {}: refusing producer at {}: {}", root_id_,
+                        log::Escape(c->PeerAddress()), log::Escape(why)));
   c->Send(transport::MakeMessage(EncodeRefuse({why})), [this, serial](Status) {
     std::lock_guard lock(mu_);
     if (auto it = refused_.find(serial); it != refused_.end()) it->second->Close();
@@ -57,7 +130,7 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
     if (!hello.ok()) {
       return Refuse(serial, std::move(doomed), "expected HELLO: " + hello.status().message());
     }
-    if (!ProofMatches(hello->proof, HelloProof(token_, nonce, hello->node_id, root_id_))) {
+    if (!ProofMatches(hello->proof, ChildProof(token_, nonce, hello->node_id, root_id_))) {
       return Refuse(
           serial, std::move(doomed),
           "producer '" + hello->node_id + "' failed authentication (wrong cluster token)");
@@ -71,7 +144,9 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
           serial, std::move(doomed),
           "the root expects " + std::to_string(capacity_) + " producers and has them all");
     }
-    doomed->Send(transport::MakeMessage(EncodeWelcome()));
+    doomed->Authenticated();
+    doomed->Send(transport::MakeMessage(
+        EncodeWelcome({ParentProof(token_, nonce, hello->nonce, root_id_, hello->node_id)})));
     log::Info(fmt::format("root {}: producer {} joined from {}", root_id_, hello->node_id,
                           doomed->PeerAddress()));
     producers_[hello->node_id] = Link{serial, std::move(doomed)};
@@ -171,7 +246,9 @@ void ProducerHub::Close() {
     producers.swap(producers_);
     refused.swap(refused_);
     cv_.notify_all();
+    reap_cv_.notify_all();
   }
+  if (reaper_.joinable()) reaper_.join();
   // Outside mu_: a connection's destructor waits for its running handlers, which
   // take mu_.
   for (auto& [s, p] : pending) p.connection->Close();

@@ -1,11 +1,15 @@
 // ProducerHub: the root's links to its producers. It accepts them on their own
 // listener (the trainer's network, apart from the tree's), authenticates them with
-// the tree's handshake (CHALLENGE with a fresh nonce, HELLO proving the cluster
-// token for this producer id and the root's id, WELCOME; REFUSE for a wrong proof,
-// a second link of a joined id, or more producers than expected), and queues what
-// they say, in arrival order, for the root's refit thread.
+// the tree's handshake and under its limits (docs/protocol.md, "Handshake":
+// CHALLENGE with a fresh nonce, HELLO proving the cluster token for this producer
+// id and the root's id, WELCOME proving it back over the producer's nonce; REFUSE
+// for a wrong proof, a second link of a joined id, or more producers than
+// expected; a link that has not sent a valid HELLO within the handshake timeout is
+// dropped, and beyond the pending-handshake caps a new link is closed at once), and
+// queues what they say, in arrival order, for the root's refit thread.
 //
-// Thread safety: all methods are thread-safe; transport callbacks only queue.
+// Thread safety: all methods are thread-safe; transport callbacks only queue. A
+// thread of its own drops handshakes that time out.
 #pragma once
 
 #include <chrono>
@@ -15,8 +19,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "relay/internal/handshake_limits.h"
 #include "relay/protocol.h"
 #include "transport/transport.h"
 
@@ -24,7 +30,9 @@ namespace deltacast::relay {
 
 class ProducerHub {
  public:
-  ProducerHub(std::string root_id, std::string token, size_t capacity);
+  // The per-address cap is raised to `capacity` when lower: local producers all
+  // dial from one address and may all be in their handshake at once.
+  ProducerHub(std::string root_id, std::string token, size_t capacity, HandshakeLimits limits = {});
   ~ProducerHub();  // Close()
 
   // Listens on `address` of `transport` (which must outlive the hub); returns the
@@ -49,13 +57,20 @@ class ProducerHub {
   // Drops queued events (of an earlier refit).
   void DropEvents();
 
+  // Closes every link and stops the timeout thread. Not from a transport callback.
   void Close();
+
+  size_t pending_handshakes() const;
 
  private:
   struct Pending {
     std::unique_ptr<transport::Connection> connection;
     std::array<uint8_t, kNonceBytes> nonce{};
+    std::string host;  // the peer's address without its port: the per-address cap
+    std::chrono::steady_clock::time_point deadline;
   };
+  // Drops handshakes past their deadline until Close.
+  void ReapLoop();
   void OnAccept(std::unique_ptr<transport::Connection> connection);
   void OnMessage(uint64_t serial, transport::Message message);
   void OnClosed(uint64_t serial, const Status& status);
@@ -65,8 +80,12 @@ class ProducerHub {
   const std::string root_id_;
   const std::string token_;
   const size_t capacity_;
+  const HandshakeLimits limits_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable reap_cv_;
+  std::thread reaper_;
+  uint64_t refused_over_caps_ = 0;
   uint64_t next_serial_ = 1;
   std::map<uint64_t, Pending> pending_;  // handshakes in progress
   // Refused links, kept until their REFUSE is on its way (closing at once could

@@ -1,106 +1,22 @@
 #include "relay/protocol.h"
 
-#include <openssl/crypto.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 
+#include "relay/internal/body_reader.h"
+
 namespace deltacast::relay {
 namespace {
 
+using internal::BodyReader;
+using internal::Header;
+using internal::ParseBody;
+using internal::PutArray;
+using internal::PutDigest;
+using internal::PutString;
+
 constexpr size_t kMaxTensorNameInFetch = 1024;
-
-std::vector<std::byte> Header(MessageType type) {
-  std::vector<std::byte> out;
-  ByteWriter w(out);
-  w.Put<uint32_t>(kProtocolMagic);
-  w.Put<uint8_t>(kProtocolVersion);
-  w.Put<uint8_t>(static_cast<uint8_t>(type));
-  w.Put<uint16_t>(0);
-  return out;
-}
-
-void PutString(ByteWriter& w, std::string_view s) {
-  w.Put<uint16_t>(static_cast<uint16_t>(s.size()));
-  w.PutString(s);
-}
-
-void PutDigest(ByteWriter& w, const Digest128& d) {
-  w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size()));
-}
-
-// Reads a message body of one expected type, field by field, with one error text.
-class BodyReader {
- public:
-  BodyReader(ByteSpan message, MessageType type) : type_(type), r_(message) {}
-
-  Status Open() {
-    ASSIGN_OR_RETURN(MessageType got, PeekType(AsSpan()));
-    if (got != type_) {
-      return Status::Corrupt("expected " + std::string(MessageTypeName(type_)) + ", got " +
-                             std::string(MessageTypeName(got)));
-    }
-    ByteSpan header;
-    (void)r_.GetBytes(kMessageHeaderBytes, header);
-    return Status::Ok();
-  }
-  template <typename T>
-  bool Get(T& v) {
-    return ok_ = ok_ && r_.Get(v);
-  }
-  bool GetString(std::string& s, size_t max) {
-    uint16_t n;
-    ByteSpan b;
-    ok_ = ok_ && r_.Get(n) && n <= max && r_.GetBytes(n, b);
-    if (ok_) s.assign(AsChars(b));
-    return ok_;
-  }
-  template <size_t N>
-  bool GetArray(std::array<uint8_t, N>& a) {
-    ByteSpan b;
-    ok_ = ok_ && r_.GetBytes(N, b);
-    if (ok_) std::memcpy(a.data(), b.data(), N);
-    return ok_;
-  }
-  bool GetDigest(Digest128& d) { return GetArray(d.bytes); }
-  bool GetSpan(uint64_t n, ByteSpan& out) { return ok_ = ok_ && r_.GetBytes(n, out); }
-  Status Close() {
-    if (!ok_)
-      return Status::Corrupt(std::string(MessageTypeName(type_)) +
-                             " message is truncated or has an oversized field");
-    if (r_.remaining() != 0) {
-      return Status::Corrupt(std::string(MessageTypeName(type_)) + " message has " +
-                             std::to_string(r_.remaining()) + " trailing bytes");
-    }
-    return Status::Ok();
-  }
-
- private:
-  ByteSpan AsSpan() const { return r_.rest(); }
-  MessageType type_;
-  ByteReader r_;
-  bool ok_ = true;
-};
-
-// Opens a message of `type`, reads its fields into a T with read(r, m) (which may
-// return an error of its own: a count or a flag out of range), and rejects
-// truncation and trailing bytes.
-template <typename T, typename ReadFields>
-Result<T> ParseBody(ByteSpan message, MessageType type, ReadFields read) {
-  BodyReader r(message, type);
-  RETURN_IF_ERROR(r.Open());
-  T m;
-  if constexpr (std::is_void_v<std::invoke_result_t<ReadFields&, BodyReader&, T&>>) {
-    read(r, m);
-  } else {
-    RETURN_IF_ERROR(read(r, m));
-  }
-  RETURN_IF_ERROR(r.Close());
-  return m;
-}
 
 }  // namespace
 
@@ -189,34 +105,6 @@ Result<MessageType> PeekType(ByteSpan message) {
   return static_cast<MessageType>(type);
 }
 
-std::vector<std::byte> EncodeChallenge(const Challenge& m) {
-  auto out = Header(MessageType::kChallenge);
-  ByteWriter w(out);
-  w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(m.nonce.data()), m.nonce.size()));
-  PutString(w, m.parent_id);
-  return out;
-}
-
-std::vector<std::byte> EncodeHello(const Hello& m) {
-  auto out = Header(MessageType::kHello);
-  ByteWriter w(out);
-  PutString(w, m.node_id);
-  w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(m.proof.data()), m.proof.size()));
-  PutDigest(w, m.active_version);
-  PutDigest(w, m.inflight_base);
-  PutDigest(w, m.inflight_target);
-  w.Put<uint8_t>(m.prepared ? 1 : 0);
-  w.Put<uint32_t>(static_cast<uint32_t>(m.applied_chunks.size()));
-  for (uint32_t s : m.applied_chunks) w.Put<uint32_t>(s);
-  PutString(w, m.transport);
-  w.Put<uint8_t>(static_cast<uint8_t>(std::min<size_t>(m.transports.size(), kMaxHopTransports)));
-  for (size_t i = 0; i < m.transports.size() && i < kMaxHopTransports; ++i) {
-    PutString(w, m.transports[i]);
-  }
-  return out;
-}
-
-std::vector<std::byte> EncodeWelcome() { return Header(MessageType::kWelcome); }
 std::vector<std::byte> EncodeHeartbeat() { return Header(MessageType::kHeartbeat); }
 
 std::vector<std::byte> EncodeRefuse(const Refuse& m) {
@@ -233,13 +121,40 @@ std::vector<std::byte> EncodeBegin(const Begin& m) {
   PutDigest(w, m.base_version);
   PutDigest(w, m.target_version);
   w.Put<uint64_t>(m.partition_bytes);
+  PutArray(w, m.manifest_digest);
+  PutArray(w, m.signature);
   return out;
 }
 
-std::vector<std::byte> EncodeChunk(ByteSpan chunk) {
+std::vector<std::byte> EncodeChunk(ByteSpan chunk, const Signature& signature) {
   auto out = Header(MessageType::kChunk);
+  out.reserve(out.size() + chunk.size() + signature.size());
   out.insert(out.end(), chunk.begin(), chunk.end());
+  ByteWriter w(out);
+  PutArray(w, signature);
   return out;
+}
+
+Result<ChunkParts> SplitChunkMessage(ByteSpan message) {
+  ASSIGN_OR_RETURN(MessageType type, PeekType(message));
+  if (type != MessageType::kChunk) {
+    return Status::Corrupt("expected CHUNK, got " + std::string(MessageTypeName(type)));
+  }
+  if (message.size() < kMessageHeaderBytes + kSignatureBytes) {
+    return Status::Corrupt("CHUNK message of " + std::to_string(message.size()) +
+                           " bytes cannot hold a chunk and a signature");
+  }
+  ChunkParts parts;
+  parts.chunk = ChunkOf(message);
+  std::memcpy(parts.signature.data(), message.data() + message.size() - kSignatureBytes,
+              kSignatureBytes);
+  return parts;
+}
+
+ByteSpan ChunkOf(ByteSpan message) {
+  if (message.size() < kMessageHeaderBytes + kSignatureBytes) return {};
+  return message.subspan(kMessageHeaderBytes,
+                         message.size() - kMessageHeaderBytes - kSignatureBytes);
 }
 
 std::vector<std::byte> EncodeCredit(const Credit& m) {
@@ -278,6 +193,7 @@ std::vector<std::byte> EncodeDecision(MessageType type, const Decision& m) {
   ByteWriter w(out);
   w.Put<uint64_t>(m.refit_id);
   PutDigest(w, m.target_version);
+  PutArray(w, m.signature);
   return out;
 }
 
@@ -287,43 +203,6 @@ std::vector<std::byte> EncodeOutcome(MessageType type, const Outcome& m) {
   w.Put<uint64_t>(m.refit_id);
   w.Put<uint32_t>(m.nodes);
   return out;
-}
-
-Result<Challenge> ParseChallenge(ByteSpan message) {
-  return ParseBody<Challenge>(message, MessageType::kChallenge, [&](BodyReader& r, Challenge& m) {
-    r.GetArray(m.nonce);
-    r.GetString(m.parent_id, kMaxNodeIdBytes);
-  });
-}
-
-Result<Hello> ParseHello(ByteSpan message) {
-  return ParseBody<Hello>(message, MessageType::kHello, [&](BodyReader& r, Hello& m) {
-    r.GetString(m.node_id, kMaxNodeIdBytes);
-    r.GetArray(m.proof);
-    r.GetDigest(m.active_version);
-    r.GetDigest(m.inflight_base);
-    r.GetDigest(m.inflight_target);
-    uint8_t prepared = 0;
-    uint32_t count = 0;
-    r.Get(prepared);
-    r.Get(count);
-    if (prepared > 1) return Status::Corrupt("HELLO prepared flag is " + std::to_string(prepared));
-    if (count > kMaxAppliedInHello || count > message.size() / 4) {
-      return Status::Corrupt("HELLO lists " + std::to_string(count) + " applied chunks");
-    }
-    m.prepared = prepared == 1;
-    m.applied_chunks.resize(count);
-    for (auto& s : m.applied_chunks) r.Get(s);
-    r.GetString(m.transport, kMaxTransportNameBytes);
-    uint8_t transports = 0;
-    r.Get(transports);
-    if (transports > kMaxHopTransports) {
-      return Status::Corrupt("HELLO lists " + std::to_string(transports) + " transports");
-    }
-    m.transports.resize(transports);
-    for (auto& t : m.transports) r.GetString(t, kMaxTransportNameBytes);
-    return Status::Ok();
-  });
 }
 
 Result<Refuse> ParseRefuse(ByteSpan message) {
@@ -338,6 +217,8 @@ Result<Begin> ParseBegin(ByteSpan message) {
     r.GetDigest(m.base_version);
     r.GetDigest(m.target_version);
     r.Get(m.partition_bytes);
+    r.GetArray(m.manifest_digest);
+    r.GetArray(m.signature);
   });
 }
 
@@ -358,7 +239,9 @@ Result<Prepared> ParsePrepared(ByteSpan message) {
       return Status::Corrupt("PREPARED message claims " + std::to_string(count) + " nodes");
     m.nodes.resize(count);
     for (auto& n : m.nodes) {
-      r.GetString(n.node_id, kMaxNodeIdBytes);
+      if (r.GetString(n.node_id, kMaxNodeIdBytes) && !ValidNodeId(n.node_id)) {
+        return Status::Corrupt("PREPARED reports a node id that is not a valid node id");
+      }
       r.Get(n.chunk_bytes);
       r.Get(n.apply_seconds);
       r.Get(n.partitions_applied);
@@ -370,8 +253,11 @@ Result<Prepared> ParsePrepared(ByteSpan message) {
 Result<Failed> ParseFailed(ByteSpan message) {
   return ParseBody<Failed>(message, MessageType::kFailed, [&](BodyReader& r, Failed& m) {
     r.Get(m.refit_id);
-    r.GetString(m.node_id, kMaxNodeIdBytes);
+    if (r.GetString(m.node_id, kMaxNodeIdBytes) && !ValidNodeId(m.node_id)) {
+      return Status::Corrupt("FAILED names a node id that is not a valid node id");
+    }
     r.GetString(m.reason, kMaxReasonBytes);
+    return Status::Ok();
   });
 }
 
@@ -383,6 +269,7 @@ Result<Decision> ParseDecision(ByteSpan message) {
   return ParseBody<Decision>(message, type, [&](BodyReader& r, Decision& m) {
     r.Get(m.refit_id);
     r.GetDigest(m.target_version);
+    r.GetArray(m.signature);
   });
 }
 
@@ -517,6 +404,12 @@ Result<Fetch> ParseFetch(ByteSpan message) {
     r.Get(m.byte_length);
     r.Get(m.hash.lo);
     r.Get(m.hash.hi);
+    // One partition at most: a serving node hashes what is asked for.
+    if (m.byte_length > kMaxFetchBytes) {
+      return Status::Corrupt("FETCH of " + std::to_string(m.byte_length) +
+                             " bytes is larger than any partition");
+    }
+    return Status::Ok();
   });
 }
 
@@ -578,31 +471,6 @@ Result<FetchManifest> ParseFetchManifest(ByteSpan message) {
                                     r.GetDigest(m.version);
                                     r.GetDigest(m.from);
                                   });
-}
-
-std::array<uint8_t, kProofBytes> HelloProof(std::string_view token,
-                                            const std::array<uint8_t, kNonceBytes>& nonce,
-                                            std::string_view child_id, std::string_view parent_id) {
-  std::vector<uint8_t> data(nonce.begin(), nonce.end());
-  data.insert(data.end(), child_id.begin(), child_id.end());
-  data.push_back(0);  // separator: ids cannot contain NUL
-  data.insert(data.end(), parent_id.begin(), parent_id.end());
-  std::array<uint8_t, kProofBytes> out{};
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), data.data(), data.size(),
-       out.data(), &length);
-  return out;
-}
-
-bool ProofMatches(const std::array<uint8_t, kProofBytes>& a,
-                  const std::array<uint8_t, kProofBytes>& b) {
-  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;  // constant time
-}
-
-std::array<uint8_t, kNonceBytes> RandomNonce() {
-  std::array<uint8_t, kNonceBytes> nonce{};
-  RAND_bytes(nonce.data(), static_cast<int>(nonce.size()));
-  return nonce;
 }
 
 }  // namespace deltacast::relay

@@ -18,11 +18,15 @@
 namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
+// 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
+// parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 2;
+inline constexpr uint8_t kProtocolVersion = 3;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
-inline constexpr size_t kProofBytes = 32;  // HMAC-SHA256
+inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
+inline constexpr size_t kSignatureBytes = 64;  // Ed25519 (relay/signing.h); all zero: unsigned
+using Signature = std::array<uint8_t, kSignatureBytes>;
 inline constexpr size_t kMaxNodeIdBytes = 128;
 inline constexpr size_t kMaxReasonBytes = 4096;
 
@@ -63,8 +67,15 @@ enum class MessageType : uint8_t {
 inline constexpr uint8_t kMaxMessageType = 30;
 inline constexpr size_t kMaxChainLinks = 64;
 inline constexpr uint32_t kMaxAppliedInHello = 1u << 20;
+// A HELLO lists applied chunks as runs (first, count), at most this many: it is
+// read before the peer is authenticated, so it must stay small (64 KiB). A child
+// whose applied set is more fragmented lists its first runs only and is sent the
+// rest again, which it skips (those partitions are at the target).
+inline constexpr size_t kMaxAppliedRunsInHello = 8192;
 inline constexpr size_t kMaxHopTransports = 8;
 inline constexpr size_t kMaxTransportNameBytes = 32;
+// The largest partition (codec::kMaxPartitionBytes): a FETCH asks for one at most.
+inline constexpr uint64_t kMaxFetchBytes = uint64_t{256} << 20;
 std::string_view MessageTypeName(MessageType type);
 
 struct Challenge {
@@ -74,6 +85,8 @@ struct Challenge {
 struct Hello {
   std::string node_id;
   std::array<uint8_t, kProofBytes> proof{};
+  // The child's challenge to the parent: WELCOME must carry ParentProof over it.
+  std::array<uint8_t, kNonceBytes> nonce{};
   Digest128 active_version;
   // The delta this node has in flight (all zero: none), whether it already
   // PREPARED it, and which of its chunks it has applied: a parent replays only the
@@ -88,6 +101,9 @@ struct Hello {
   std::string transport;
   std::vector<std::string> transports;
 };
+struct Welcome {
+  std::array<uint8_t, kProofBytes> proof{};  // ParentProof: the parent holds the token too
+};
 struct Refuse {
   std::string reason;
 };
@@ -96,6 +112,10 @@ struct Begin {
   Digest128 base_version;
   Digest128 target_version;
   uint64_t partition_bytes = 0;
+  // SHA-256 of the target manifest's serialization (docs/wire-format.md); all zero:
+  // not given. A node checks the manifest it derives against it.
+  std::array<uint8_t, 32> manifest_digest{};
+  Signature signature{};  // the source's, over the fields above (relay/signing.h)
 };
 struct Credit {
   uint32_t chunks = 0;
@@ -123,6 +143,7 @@ struct Failed {
 struct Decision {  // COMMIT and ABORT
   uint64_t refit_id = 0;
   Digest128 target_version;
+  Signature signature{};  // the source's (relay/signing.h)
 };
 struct Fetch {
   uint64_t request_id = 0;
@@ -171,11 +192,12 @@ struct Outcome {  // COMMITTED and ABORTED
 // Message bytes ready to send.
 std::vector<std::byte> EncodeChallenge(const Challenge& m);
 std::vector<std::byte> EncodeHello(const Hello& m);
-std::vector<std::byte> EncodeWelcome();
+std::vector<std::byte> EncodeWelcome(const Welcome& m);
 std::vector<std::byte> EncodeRefuse(const Refuse& m);
 std::vector<std::byte> EncodeBegin(const Begin& m);
-// A CHUNK message: the header followed by the chunk bytes.
-std::vector<std::byte> EncodeChunk(ByteSpan chunk);
+// A CHUNK message: the header, the codec chunk, then the source's signature over
+// it (all zero: unsigned; relay/signing.h signs).
+std::vector<std::byte> EncodeChunk(ByteSpan chunk, const Signature& signature = {});
 std::vector<std::byte> EncodeCredit(const Credit& m);
 std::vector<std::byte> EncodePrepared(const Prepared& m);
 std::vector<std::byte> EncodeFailed(const Failed& m);
@@ -201,12 +223,23 @@ std::vector<std::byte> WithRequestId(ByteSpan message, uint64_t request_id);
 // Validates the header; returns the type. Corrupt for bad magic, version, type or
 // reserved bits.
 Result<MessageType> PeekType(ByteSpan message);
-// The body after the header (for CHUNK: the codec chunk).
+// The body after the header.
 inline ByteSpan Body(ByteSpan message) { return message.subspan(kMessageHeaderBytes); }
+// A CHUNK message's codec chunk and signature.
+struct ChunkParts {
+  ByteSpan chunk;
+  Signature signature{};
+};
+// Corrupt unless `message` is a CHUNK long enough to hold a signature.
+Result<ChunkParts> SplitChunkMessage(ByteSpan message);
+// The codec chunk of a CHUNK message (empty when it is too short to be one: the
+// chunk parser then refuses it).
+ByteSpan ChunkOf(ByteSpan message);
 
 // Each parser validates the type and every length, and rejects trailing bytes.
 Result<Challenge> ParseChallenge(ByteSpan message);
 Result<Hello> ParseHello(ByteSpan message);
+Result<Welcome> ParseWelcome(ByteSpan message);
 Result<Refuse> ParseRefuse(ByteSpan message);
 Result<Begin> ParseBegin(ByteSpan message);
 Result<Credit> ParseCredit(ByteSpan message);
@@ -223,13 +256,23 @@ Result<Chain> ParseChain(ByteSpan message);
 Result<FetchDeltaChunk> ParseFetchDeltaChunk(ByteSpan message);
 Result<PartitionData> ParseDeltaChunk(ByteSpan message);  // same shape as PARTITION
 
-// HMAC-SHA256(token, nonce || child id || parent id): proves the child knows the
-// cluster token without sending it, bound to this link's nonce and both ends.
-std::array<uint8_t, kProofBytes> HelloProof(std::string_view token,
-                                            const std::array<uint8_t, kNonceBytes>& nonce,
+// The handshake's proofs (docs/protocol.md, "Handshake"), both HMAC-SHA256 under
+// the cluster token, each with its own label so one can never stand in for the
+// other. The child proves the token over the parent's nonce; the parent proves it
+// over the child's nonce (and its own), so neither end trusts a peer that merely
+// took the other's address.
+std::array<uint8_t, kProofBytes> ChildProof(std::string_view token,
+                                            const std::array<uint8_t, kNonceBytes>& parent_nonce,
                                             std::string_view child_id, std::string_view parent_id);
+std::array<uint8_t, kProofBytes> ParentProof(std::string_view token,
+                                             const std::array<uint8_t, kNonceBytes>& parent_nonce,
+                                             const std::array<uint8_t, kNonceBytes>& child_nonce,
+                                             std::string_view parent_id, std::string_view child_id);
 bool ProofMatches(const std::array<uint8_t, kProofBytes>& a,
                   const std::array<uint8_t, kProofBytes>& b);
+// A node id as the config allows it ([A-Za-z0-9._-], 1..kMaxNodeIdBytes): parsers
+// refuse any other in a message, so what a peer names can always be logged as is.
+bool ValidNodeId(std::string_view id);
 std::array<uint8_t, kNonceBytes> RandomNonce();
 
 }  // namespace deltacast::relay

@@ -19,6 +19,7 @@
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 #include "relay/protocol.h"
+#include "relay/signing.h"
 #include "topology/cluster_config.h"
 #include "transport/transport.h"
 
@@ -46,6 +47,10 @@ struct PublishOptions {
   // differs); empty or 0 = none kept.
   std::filesystem::path history_dir;
   size_t keep_deltas = 4;
+  // The source's Ed25519 key ([security] signing_key): BEGIN, every CHUNK and every
+  // decision go out signed, for nodes that check them (NodeAgentOptions::
+  // verify_key). Null: unsigned.
+  std::shared_ptr<const SigningKey> signing_key;
   std::function<void(const PublishProgress&)> on_progress;
 };
 

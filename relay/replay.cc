@@ -5,7 +5,7 @@
 namespace deltacast::relay {
 
 Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
-                 std::optional<MessageType> decision) {
+                 transport::Message decision) {
   Replay replay;
   replay.messages.push_back(
       Downstream::Outgoing::Control(transport::MakeMessage(EncodeBegin(begin))));
@@ -19,10 +19,7 @@ Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
       ++replay.chunks;
     }
   }
-  if (decision) {
-    replay.messages.push_back(Downstream::Outgoing::Control(
-        transport::MakeMessage(EncodeDecision(*decision, {begin.refit_id, begin.target_version}))));
-  }
+  if (decision) replay.messages.push_back(Downstream::Outgoing::Control(std::move(decision)));
   return replay;
 }
 

@@ -19,9 +19,9 @@ struct Replay {
   size_t chunks = 0;  // of messages: the chunks replayed
 };
 
-// `spool` may be null (nothing to replay); `decision` is the refit's decision, if
-// made (COMMIT or ABORT of refit `begin.refit_id`).
-Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
-                 std::optional<MessageType> decision);
+// `spool` may be null (nothing to replay); `decision` is the refit's decision
+// message as the source signed it, if made (COMMIT or ABORT of refit
+// `begin.refit_id`), else null. `begin` is re-encoded with its signature.
+Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool, transport::Message decision);
 
 }  // namespace deltacast::relay

@@ -115,7 +115,9 @@ Result<std::unique_ptr<Root>> Root::Start(
   ASSIGN_OR_RETURN(auto source, Source::Start(options.publish, std::move(tree_transport)));
   std::unique_ptr<Root> root(
       new Root(std::move(options), std::move(source), std::move(producer_transport)));
-  root->hub_ = std::make_unique<ProducerHub>(root_id, token, root->options_.producers);
+  root->hub_ =
+      std::make_unique<ProducerHub>(root_id, token, root->options_.producers,
+                                    HandshakeLimitsFrom(root->options_.publish.config.limits));
   ASSIGN_OR_RETURN(root->producer_address_,
                    root->hub_->Listen(*root->producer_transport_, root->options_.producer_address));
   return root;

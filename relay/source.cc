@@ -16,6 +16,7 @@
 #include "relay/delta_history.h"
 #include "relay/downstream.h"
 #include "relay/event_loop.h"
+#include "relay/node_transports.h"
 #include "relay/refit_children.h"
 #include "relay/replay.h"
 #include "relay/spool.h"
@@ -51,7 +52,8 @@ class Source::Impl {
         children_(plan_.Find(plan_.source)->children),
         loop_([this] { Tick(); }),
         downstream_(loop_, plan_.source, plan_.Find(plan_.source)->children, options_.token,
-                    Events()) {
+                    Events(), Downstream::LimitsFrom(options_.config.limits)) {
+    downstream_.RequireTls(TlsRequiredFor(options_.config, plan_.source));
     std::set<std::string> adoptable;
     for (const auto& node : plan_.nodes) {
       if (node.failover_parent == plan_.source) adoptable.insert(node.id);
@@ -116,6 +118,7 @@ class Source::Impl {
     std::unique_ptr<Spool> spool;
     bool begun = false;  // its BEGIN is on its way to the children
     std::optional<MessageType> decision;
+    transport::Message decision_message;      // as signed and sent
     std::optional<ChainLink> committed_link;  // set once the decision is COMMIT
     bool failed = false;
     std::string failure;
@@ -176,8 +179,10 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     log::Warn("no spool (" + spool.status().ToString() +
               "); children that rejoin cannot be replayed to");
   }
-  const Begin begin{report.refit_id, report.base_version, report.target_version,
-                    target_manifest.partition_bytes};
+  Begin begin{report.refit_id, report.base_version, report.target_version,
+              target_manifest.partition_bytes};
+  begin.manifest_digest = Sha256(target_manifest.Serialize());
+  if (options_.signing_key) SignBegin(*options_.signing_key, begin);
   {
     std::unique_lock lock(mu_);
     refit_.emplace();
@@ -214,9 +219,11 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   const size_t window = static_cast<size_t>(options_.config.tree.window);
   Spool* spooled = refit_->spool.get();
   Status encoded = stream(
-      [&](transport::Message message) -> Status {
-        auto header = codec::PeekChunkHeader(Body(ByteSpan(*message)));
+      [&](std::vector<std::byte> bytes) -> Status {
+        auto header = codec::PeekChunkHeader(ChunkOf(bytes));
         if (!header.ok()) return header.status();
+        if (options_.signing_key) RETURN_IF_ERROR(SignChunkMessage(*options_.signing_key, bytes));
+        auto message = transport::MakeMessage(std::move(bytes));
         if (spooled) (void)spooled->Append(header->sequence, *message);
         {
           // Hold at most `window` chunks: the slowest child's credit paces encoding.
@@ -270,10 +277,14 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   CrashPoint("source.decided");
   log::Info(fmt::format("refit {}: decision {}{}", report.refit_id, commit ? "COMMIT" : "ABORT",
                         commit ? "" : " (" + report.abort_reason + ")"));
-  const Decision d{report.refit_id, report.target_version};
+  Decision d{report.refit_id, report.target_version};
+  const MessageType decision = commit ? MessageType::kCommit : MessageType::kAbort;
+  if (options_.signing_key) SignDecision(*options_.signing_key, decision, d);
+  auto decision_message = transport::MakeMessage(EncodeDecision(decision, d));
   {
     std::lock_guard lock(mu_);
-    refit_->decision = commit ? MessageType::kCommit : MessageType::kAbort;
+    refit_->decision = decision;
+    refit_->decision_message = decision_message;
     if (commit) {
       refit_->committed_link =
           ChainLink{report.base_version, report.target_version, target_manifest.partition_bytes, 0};
@@ -281,10 +292,9 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
                       options_.config.tree.connect_timeout);
   }
-  loop_.Post([this, d, commit] {
+  loop_.Post([this, decision_message, commit] {
     if (!commit) downstream_.DropQueued();
-    downstream_.Broadcast(transport::MakeMessage(
-        EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, d)));
+    downstream_.Broadcast(decision_message);
   });
   {
     std::unique_lock lock(mu_);
@@ -359,6 +369,7 @@ void Source::Impl::RetireLastRefit() {
 // refit (policy `all`) or is left out of it (`available`); after the decision, an
 // absent child is waited for only up to the connect timeout.
 void Source::Impl::Tick() {
+  downstream_.Tick(Clock::now());
   if (Clock::now() >= next_heartbeat_) {
     next_heartbeat_ = Clock::now() + std::chrono::seconds(1);
     downstream_.Heartbeat();
@@ -429,13 +440,13 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
       refit_->decision == MessageType::kCommit) {
     // It committed, then lost the link before confirming: COMMIT again makes it
     // gather its subtree's confirmations and answer.
-    return std::vector<Downstream::Outgoing>{Downstream::Outgoing::Control(transport::MakeMessage(
-        EncodeDecision(MessageType::kCommit, {begin.refit_id, begin.target_version})))};
+    return std::vector<Downstream::Outgoing>{
+        Downstream::Outgoing::Control(refit_->decision_message)};
   }
   // An aborted delta it does not hold: nothing to undo.
   if (refit_->decision == MessageType::kAbort && hello.inflight_target != begin.target_version)
     return std::nullopt;
-  Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision);
+  Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision_message);
   log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
                         begin.refit_id, replay.chunks));
   children_.Rejoined(child);
@@ -456,8 +467,10 @@ transport::Message Source::Impl::Resolution(const std::string& child,
                         commit     ? "it was committed"
                         : recorded ? "it was aborted"
                                    : "no decision recorded: abort"));
-  return transport::MakeMessage(
-      EncodeDecision(commit ? MessageType::kCommit : MessageType::kAbort, {id, target}));
+  const MessageType type = commit ? MessageType::kCommit : MessageType::kAbort;
+  Decision d{id, target};
+  if (options_.signing_key) SignDecision(*options_.signing_key, type, d);
+  return transport::MakeMessage(EncodeDecision(type, d));
 }
 
 void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpan bytes) {
@@ -492,12 +505,12 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
         log::Warn(
             fmt::format("child {} cannot reach the target ({}); the refit goes on "
                         "without it (commit policy available)",
-                        child, f->reason));
+                        child, log::Escape(f->reason)));
         children_.Excuse(child);
         loop_.Post([this, child] { downstream_.Excuse(child); });
         break;
       }
-      Fail("node '" + f->node_id + "': " + f->reason);
+      Fail("node '" + f->node_id + "': " + log::Escape(f->reason));
       break;
     }
     case MessageType::kCommitted:
@@ -594,6 +607,7 @@ void Source::Impl::ServeDeltaChunk(const std::string& child, ByteSpan bytes) {
 Result<std::unique_ptr<Source>> Source::Start(PublishOptions options,
                                               std::unique_ptr<transport::Transport> transport) {
   ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
+  RETURN_IF_ERROR(CheckHopSecurity(options.config, plan, plan.source));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(transport), std::move(plan));
   RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<Source>(new Source(std::move(impl)));
@@ -628,10 +642,7 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
         return codec::EncodeDelta(
             base_manifest, target_manifest, [&](size_t i) { return base.TensorData(i); },
             [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
-            [&](std::vector<std::byte>&& chunk) {
-              return sink(transport::MakeMessage(EncodeChunk(chunk)));
-            },
-            stats);
+            [&](std::vector<std::byte>&& chunk) { return sink(EncodeChunk(chunk)); }, stats);
       },
       &base, &target);
 }

@@ -46,8 +46,11 @@ class Source {
                                 const codec::Manifest& target_manifest,
                                 const codec::EncodeOptions& codec);
 
-  // Receives each CHUNK message of a delta, header included, in sequence order.
-  using ChunkMessageSink = std::function<Status(transport::Message chunk_message)>;
+  // Receives each CHUNK message of a delta in sequence order, whole (relay/protocol.h:
+  // header, codec chunk, all-zero signature) and handed over: the source signs it in
+  // place with its key (relay/signing.h), so every delta it publishes, however it
+  // was encoded, reaches the nodes signed.
+  using ChunkMessageSink = std::function<Status(std::vector<std::byte> chunk_message)>;
   // Produces a delta's chunks (data chunks 0..n-1, then END, all naming the
   // manifests' versions) into the sink, and its statistics; a non-OK status from
   // the sink must stop it and be returned.

@@ -47,9 +47,11 @@ void Spool::Recover() {
       break;
     auto header = codec::PeekChunkHeader(ByteSpan(head).subspan(kMessageHeaderBytes));
     if (!PeekType(head).ok() || !header.ok()) break;
-    const uint64_t length = head.size() + header->payload_length;
+    // header, codec chunk, signature (docs/protocol.md, CHUNK); the payload length
+    // is capped by PeekChunkHeader, so this cannot overflow.
+    const uint64_t length = head.size() + header->payload_length + kSignatureBytes;
     auto message = ReadAt(end_, length);
-    if (!message.ok() || !codec::ParseChunk(Body(**message)).ok()) break;
+    if (!message.ok() || !codec::ParseChunk(ChunkOf(**message)).ok()) break;
     index_[header->sequence] = Entry{end_, length};
     end_ += length;
   }

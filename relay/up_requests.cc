@@ -12,6 +12,12 @@ uint64_t UpRequests::FetchPartition(Fetch fetch, PartitionHandler on_answer,
 
 void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   const uint64_t child_request = fetch.request_id;
+  // Without a parent nobody answers; and a child may not make this node remember
+  // requests without bound: both get "not found" now, and may ask again.
+  if (!parent_.joined() || fetches_.size() + routed_.size() >= kMaxRoutedRequests) {
+    downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
+    return;
+  }
   fetch.request_id = next_id_++;
   fetches_[fetch.request_id] = Pending{child, child_request, nullptr, nullptr};
   parent_.Send(EncodeFetch(fetch));
@@ -19,7 +25,7 @@ void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
 
 void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan bytes) {
   const uint64_t child_request = RequestIdOf(bytes);
-  if (!parent_.joined()) {
+  if (!parent_.joined() || fetches_.size() + routed_.size() >= kMaxRoutedRequests) {
     downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
     return;
   }

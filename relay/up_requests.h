@@ -25,6 +25,10 @@ namespace deltacast::relay {
 
 class UpRequests {
  public:
+  // Requests a node passes up for its children and has not had answered, at most:
+  // beyond, a child's request is answered "not found" at once.
+  static constexpr size_t kMaxRoutedRequests = 4096;
+
   using PartitionHandler = std::function<void(const PartitionData&)>;
 
   // `parent` and `downstream` must outlive this object.

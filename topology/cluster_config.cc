@@ -15,6 +15,7 @@
 #include <toml++/toml.h>
 
 #include "common/file_util.h"
+#include "topology/internal/security_config.h"
 #include "topology/units.h"
 
 namespace deltacast::topology {
@@ -25,7 +26,8 @@ constexpr int kMaxWindow = 4096;
 constexpr int kMaxFanout = 65535;
 constexpr size_t kMaxIdLength = 128;
 
-constexpr std::string_view kTopKeys[] = {"cluster", "tree", "region", "node", "transport", "link"};
+constexpr std::string_view kTopKeys[] = {"cluster",   "tree", "region", "node",
+                                         "transport", "link", "limits", "security"};
 constexpr std::string_view kTransportKeys[] = {"ucx_provider", "ofi_provider"};
 constexpr std::string_view kLinkKeys[] = {"from", "to", "scope", "transports"};
 constexpr std::string_view kClusterKeys[] = {"name", "auth_token_env"};
@@ -142,6 +144,8 @@ class Parser {
       ASSIGN_OR_RETURN(const toml::table* table, AsTable(*transport, "transport", "[transport]"));
       RETURN_IF_ERROR(ParseTransport(*table, config.transport));
     }
+
+    RETURN_IF_ERROR(internal::ParseLimitsAndSecurity(root, source_, config));
 
     if (const toml::node* links = root.get("link")) {
       ASSIGN_OR_RETURN(std::vector<const toml::table*> tables, AsTableArray(*links, "link"));

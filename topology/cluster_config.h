@@ -25,6 +25,15 @@
 //               (default); scope ("any" default, "intra-region", "cross-region");
 //               transports (required, preference order). Example: ucx inside regions,
 //               tcp across them: [[link]] scope = "cross-region", transports = ["tcp"].
+//   [limits]    optional; what a peer may cost a node, before and after it proved who
+//               it is (LimitsConfig below; each key has a safe default).
+//   [security]  optional; TLS files (ca, cert, key; cert and key may contain "{node}",
+//               replaced by the node id), which hops use TLS (tls = "cross-region"
+//               (default), "all" or "none"), and the source's Ed25519 keys that sign
+//               versions (signing_key: the private key, read by the source only;
+//               verify_key: the public key every node checks BEGIN, chunks and
+//               decisions against). Relative paths are relative to the config file.
+//               `deltacast certs --config C --out DIR` writes every file.
 // A node listens on each of its transports at port + TransportPortOffset(transport).
 // Units are those of topology/units.h.
 //
@@ -108,6 +117,47 @@ struct TreeConfig {
   double default_uplink_bps = 10e9;
 };
 
+// [limits]. Before a peer has proved the cluster token (and, over TLS, its
+// certificate) it may cost a node only a pending-handshake slot and a small frame;
+// these bound how many such peers, for how long.
+struct LimitsConfig {
+  // A link that has not completed the relay handshake by then is dropped.
+  std::chrono::milliseconds handshake_timeout{5000};
+  // Links of a node still in the handshake (transport or relay), over all peers
+  // and per peer address; connections beyond are closed at once.
+  int max_pending_handshakes = 64;
+  int max_handshakes_per_address = 8;
+  // Open links per peer address, authenticated or not (a whole cluster on one host
+  // needs room: every local child of a node shares 127.0.0.1).
+  int max_connections_per_address = 64;
+  // Largest frame read before the handshake completes; larger ones wait unread
+  // until the peer is authenticated, so announcing a large frame allocates nothing.
+  uint64_t handshake_max_message = uint64_t{128} << 10;
+  // Received buffers kept for reuse, and how long an unused one is kept.
+  uint64_t receive_pool = uint64_t{256} << 20;
+  std::chrono::milliseconds receive_pool_idle{2000};
+};
+
+// Which hops run TLS (tcp only; RDMA hops rely on the token's mutual proof).
+enum class TlsHops { kNone, kCrossRegion, kAll };
+std::string_view TlsHopsName(TlsHops hops);
+
+// [security]. Empty paths: not configured.
+struct SecurityConfig {
+  TlsHops tls = TlsHops::kCrossRegion;
+  std::filesystem::path ca;           // the cluster CA's certificate (PEM)
+  std::filesystem::path cert;         // a node's certificate; "{node}" = its id
+  std::filesystem::path key;          // a node's private key; "{node}" = its id
+  std::filesystem::path signing_key;  // the source's Ed25519 private key (PEM)
+  std::filesystem::path verify_key;   // its public key (PEM): nodes verify versions with it
+  int line = 0;                       // of [security]; 0 if absent
+
+  bool tls_files() const { return !ca.empty() && !cert.empty() && !key.empty(); }
+  // cert / key with "{node}" replaced.
+  std::filesystem::path CertFor(std::string_view node_id) const;
+  std::filesystem::path KeyFor(std::string_view node_id) const;
+};
+
 struct ClusterConfig {
   std::string name;
   std::string auth_token_env = "DELTACAST_TOKEN";
@@ -116,6 +166,8 @@ struct ClusterConfig {
   std::vector<NodeConfig> nodes;      // in file order
   std::vector<LinkRule> links;        // in file order (first match wins)
   TransportSettings transport;
+  LimitsConfig limits;
+  SecurityConfig security;
   std::filesystem::path source_file;  // for messages; the name given to ParseClusterConfig
 
   // nullptr when no node has that id. The pointer lives as long as `nodes` is unchanged.
@@ -137,6 +189,9 @@ uint16_t TransportPortOffset(std::string_view transport);
 // nodes list. Empty when they share none (PlanTree rejects such a plan).
 std::vector<std::string> HopTransports(const ClusterConfig& config, const NodeConfig& parent,
                                        const NodeConfig& child);
+
+// Whether the hop parent -> child runs TLS under [security] tls.
+bool HopUsesTls(const ClusterConfig& config, const NodeConfig& parent, const NodeConfig& child);
 
 // Reads and validates a config file. kNotFound / kIoError if it cannot be read.
 Result<ClusterConfig> LoadClusterConfig(const std::filesystem::path& path);

@@ -80,8 +80,12 @@ void AppendNode(const TreePlan& plan, const ClusterConfig& config, uint64_t delt
     }
     if (n.manual_parent) out += " (manual)";
     out += " via " + JoinFallbacks(n.transports);
+    if (HopUsesTls(config, *config.FindNode(*n.parent), *nc)) out += " +TLS";
     out += "  failover " + n.failover_parent.value_or("-");
-    if (n.failover_parent) out += " via " + JoinFallbacks(n.failover_transports);
+    if (n.failover_parent) {
+      out += " via " + JoinFallbacks(n.failover_transports);
+      if (HopUsesTls(config, *config.FindNode(*n.failover_parent), *nc)) out += " +TLS";
+    }
   }
   out += "  children " + Join(n.children);
   if (n.parent) out += "  done " + FormatSeconds(plan.PredictSecondsTo(n, delta_bytes));
@@ -142,9 +146,9 @@ std::string FormatPlanText(const TreePlan& plan, const ClusterConfig& config,
 // only), chunk_size, window, hop_latency_ms, commit_policy, delta_bytes,
 // predicted_seconds, slowest_node, regions[{name, nodes, source_region, wan_bps,
 // wan_latency_ms, gateways}], nodes[{id, region, host, port, role, uplink_bps, parent,
-// children, failover_parent, transports, failover_transports, depth, crosses_wan, manual_parent, link_bps,
-// link_latency_ms, path_bps, predicted_seconds}] in breadth-first order. Absent
-// parents and unmodelled WAN figures are null.
+// children, failover_parent, transports, failover_transports, depth, crosses_wan, manual_parent,
+// link_bps, link_latency_ms, path_bps, predicted_seconds}] in breadth-first order. Absent parents
+// and unmodelled WAN figures are null.
 std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
                            uint64_t delta_bytes) {
   using nlohmann::json;
@@ -195,6 +199,7 @@ std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
     j["failover_parent"] = optional_string(n.failover_parent);
     j["transports"] = n.transports;
     j["failover_transports"] = n.failover_transports;
+    j["tls"] = n.parent && HopUsesTls(config, *config.FindNode(*n.parent), *nc);
     j["depth"] = n.depth;
     j["crosses_wan"] = n.crosses_wan;
     j["manual_parent"] = n.manual_parent;

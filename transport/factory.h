@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
 namespace deltacast::transport {
@@ -28,6 +30,17 @@ struct TransportOptions {
   // Connect's endpoint binds); tcp: unused (sockets bind what Listen names and
   // Connect's source follows the route).
   std::string net_device;
+
+  // What a peer that has not authenticated may cost (tcp; topology::LimitsConfig
+  // explains each; ucx and ofi do not enforce them yet).
+  uint64_t handshake_max_message_bytes = uint64_t{128} << 10;
+  size_t max_pending_handshakes = 512;
+  size_t max_handshakes_per_address = 128;
+  size_t max_links_per_address = 256;
+  uint64_t receive_pool_bytes = uint64_t{256} << 20;
+  std::chrono::milliseconds receive_pool_idle{2000};
+  // tcp: TLS certificate files (TcpOptions::tls); other backends refuse them.
+  std::optional<TlsFiles> tls;
 };
 
 // The backend names MakeTransport accepts, in the order of their listen-port offset

@@ -62,6 +62,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
       : core_(std::move(core)),
         plan_(core_->plan),
         peer_(inner->PeerAddress()),
+        identity_(inner->PeerIdentity()),
         inner_(std::move(inner)),
         stalls_(plan_.stall_after_messages >= 0 &&
                 (plan_.stall_links < 0 || number < static_cast<uint64_t>(plan_.stall_links))),
@@ -175,6 +176,11 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   }
 
   const std::string& peer() const { return peer_; }
+  const std::string& identity() const { return identity_; }
+  void Authenticated() {
+    std::lock_guard lock(mu_);
+    if (inner_) inner_->Authenticated();
+  }
 
  private:
   struct Held {
@@ -309,7 +315,9 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     while (true) {
       auto first = done_.begin();
       if (first != done_.end() && first->first == next_complete_) {
-        auto [on_sent, status] = std::move(first->second);
+        // Named, not a structured binding: clang 15 (the fuzz build) cannot capture those.
+        SendHandler on_sent = std::move(first->second.first);
+        Status status = std::move(first->second.second);
         done_.erase(first);
         ++next_complete_;
         lock.unlock();
@@ -335,6 +343,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   const std::shared_ptr<FaultCore> core_;
   const FaultPlan& plan_;
   const std::string peer_;
+  const std::string identity_;
   HandlerGate gate_;
 
   mutable std::mutex mu_;

@@ -127,6 +127,18 @@ class Connection {
 
   // The peer's address ("127.0.0.1:5000", "[::1]:5000", an inproc name).
   virtual std::string PeerAddress() const = 0;
+
+  // Who the transport proved the peer to be: the node id in the certificate of a TLS
+  // link that verified against the cluster CA. Empty when the transport
+  // authenticates nobody (plaintext tcp, ucx, ofi, inproc).
+  virtual std::string PeerIdentity() const { return {}; }
+
+  // The application has authenticated the peer (the relay handshake succeeded).
+  // Before this call a backend may hold a frame larger than its
+  // pre-authentication limit unread (tcp: TcpOptions::handshake_max_message_bytes),
+  // so a peer that has proved nothing cannot make this side allocate for it; after
+  // it, frames up to max_message_bytes are read. Idempotent; never blocks.
+  virtual void Authenticated() {}
 };
 
 // Runs on a transport thread for each new connection, not yet started. The handler

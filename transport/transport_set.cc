@@ -13,6 +13,7 @@ struct TransportSet::Attempt {
   std::string host;
   uint16_t base_port = 0;
   std::vector<std::string> backends;
+  bool tls = false;
   size_t next = 0;
   std::string errors;
   ConnectFirstHandler on_done;
@@ -95,11 +96,13 @@ void TransportSet::Connect(const std::string& address, ConnectHandler on_done) {
 }
 
 void TransportSet::ConnectFirst(const std::string& host, uint16_t base_port,
-                                std::vector<std::string> backends, ConnectFirstHandler on_done) {
+                                std::vector<std::string> backends, ConnectFirstHandler on_done,
+                                bool tls) {
   auto attempt = std::make_shared<Attempt>();
   attempt->host = host;
   attempt->base_port = base_port;
   attempt->backends = std::move(backends);
+  attempt->tls = tls;
   attempt->on_done = std::move(on_done);
   TryNext(attempt);
 }
@@ -113,8 +116,15 @@ void TransportSet::TryNext(const std::shared_ptr<Attempt>& attempt) {
       attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + ": not enabled here";
       continue;
     }
+    if (attempt->tls && name != "tcp") {
+      // Only tcp carries TLS; a hop that must be encrypted never falls back to
+      // another backend in plaintext.
+      attempt->errors += (attempt->errors.empty() ? "" : "; ") + name + ": cannot carry TLS";
+      continue;
+    }
     const uint32_t port = uint32_t{attempt->base_port} + m->port_offset;
-    const std::string address = JoinHostPort(attempt->host, static_cast<uint16_t>(port));
+    const std::string address =
+        (attempt->tls ? "tls://" : "") + JoinHostPort(attempt->host, static_cast<uint16_t>(port));
     // The set outlives the call: after Shutdown no member's handler runs.
     m->transport->Connect(address,
                           [this, attempt, name, address](Result<std::unique_ptr<Connection>> r) {

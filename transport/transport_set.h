@@ -50,9 +50,10 @@ class TransportSet final : public Transport {
 
   // Dials host:(base_port + offset) over each backend of `backends` in order until one
   // connects. Backends not in the set are skipped. on_done runs once, on a backend's
-  // thread (inline only when none of `backends` is in the set).
+  // thread (inline only when none of `backends` is in the set). With `tls`, only tcp
+  // is dialled, over TLS ("tls://host:port"); the others are skipped.
   void ConnectFirst(const std::string& host, uint16_t base_port, std::vector<std::string> backends,
-                    ConnectFirstHandler on_done);
+                    ConnectFirstHandler on_done, bool tls = false);
 
   void Shutdown() override;
 

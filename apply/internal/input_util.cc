@@ -50,6 +50,9 @@ UniqueFd::~UniqueFd() {
 }
 
 Result<Json> ParseStrictJson(std::string_view text) {
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return Status::Corrupt("ill-formed JSON: a NUL byte at offset " + std::to_string(nul));
+  }
   std::vector<OpenObject> open;
   std::string duplicate;  // the first problem seen; the parser cannot be stopped early
   bool too_deep = false;
@@ -95,6 +98,115 @@ Result<Json> ParseStrictJson(std::string_view text) {
   }
   if (!duplicate.empty()) return Status::Corrupt(duplicate);
   return root;
+}
+
+bool ValidUtf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const auto* end = p + text.size();
+  while (p < end) {
+    const unsigned char c = *p;
+    if (c < 0x80) {
+      ++p;
+      continue;
+    }
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (static_cast<size_t>(end - p) <= n) return false;
+    for (size_t i = 1; i <= n; ++i) {
+      if ((p[i] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    p += n + 1;
+  }
+  return true;
+}
+
+Result<JsonEntries> ParseSafetensorsJson(std::string_view text) {
+  // serde_json's recursion limit.
+  constexpr int kMaxDepth = 128;
+  // nlohmann stops at a NUL byte and accepts what came before; in JSON text a NUL
+  // is never valid (serde_json: trailing characters), so padding with NULs is not.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return Status::Corrupt("header: ill-formed JSON: a NUL byte at offset " + std::to_string(nul));
+  }
+  JsonEntries out;
+  std::string problem;  // the first one seen; the parser cannot be stopped early
+  bool too_deep = false;
+  std::string top_key;                     // the top-level key being read
+  std::unordered_set<std::string> fields;  // of the tensor entry object being read
+  bool metadata_seen = false;
+  bool in_entry_object = false;  // reading a tensor entry that is an object
+  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) -> bool {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (depth >= kMaxDepth) too_deep = true;
+        if (event == Json::parse_event_t::object_start && depth == 1) {
+          in_entry_object = top_key != "__metadata__";
+          fields.clear();
+        }
+        return true;
+      case Json::parse_event_t::key: {
+        const auto& key = parsed.get_ref<const std::string&>();
+        if (depth == 1) {
+          top_key = key;
+          if (key == "__metadata__" && std::exchange(metadata_seen, true) && problem.empty()) {
+            problem = "duplicate key '__metadata__' at the top level";
+          }
+        } else if (depth == 2 && in_entry_object &&
+                   (key == "dtype" || key == "shape" || key == "data_offsets") &&
+                   !fields.insert(key).second && problem.empty()) {
+          problem = "duplicate field " + Quote(key) + " in tensor " + Quote(top_key);
+        }
+        return true;
+      }
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+      case Json::parse_event_t::value:
+        // A completed top-level value: kept even if its key comes again.
+        if (depth == 1) {
+          out.entries.emplace_back(top_key, parsed);
+          in_entry_object = false;
+        }
+        return true;
+    }
+    return true;
+  };
+  Json root;
+  try {
+    root = Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/false);
+  } catch (const Json::exception& e) {
+    return Status::Corrupt(std::string("header: ill-formed JSON: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted("out of memory parsing " + std::to_string(text.size()) +
+                                     " bytes of JSON");
+  }
+  if (too_deep) {
+    return Status::Corrupt("header: JSON nested deeper than " + std::to_string(kMaxDepth) +
+                           " levels");
+  }
+  if (!problem.empty()) return Status::Corrupt("header: " + problem);
+  if (!root.is_object()) {
+    return Status::Corrupt("header is " + std::string(root.type_name()) + ", not a JSON object");
+  }
+  return out;
 }
 
 std::optional<uint64_t> CheckedByteSize(DType dtype, const std::vector<uint64_t>& shape) {

@@ -21,6 +21,21 @@ namespace deltacast::apply::internal {
 // (index metadata is free-form, so leave room), and the cap bounds parser work.
 inline constexpr int kMaxJsonDepth = 64;
 
+// Whether `text` is valid UTF-8 (RFC 3629: no overlong forms, surrogates or code
+// points above U+10FFFF), as Rust's str::from_utf8 requires.
+bool ValidUtf8(std::string_view text);
+
+// A safetensors header's top-level entries, in file order, duplicates included.
+struct JsonEntries {
+  std::vector<std::pair<std::string, nlohmann::json>> entries;
+};
+// Parses a safetensors header as the reference does (serde_json into its structs):
+// a JSON object, nested at most 128 deep; "__metadata__" at most once; within a
+// tensor entry object, dtype, shape and data_offsets at most once each (serde's
+// derived structs refuse those duplicates); any other repeated key is allowed (the
+// reference's maps keep the last). kCorrupt saying what failed.
+Result<JsonEntries> ParseSafetensorsJson(std::string_view text);
+
 // Parses `text` as one JSON document. Unlike plain nlohmann::json::parse, which keeps
 // the last of two equal keys, a key repeated in any object at any depth is an error,
 // as is nesting deeper than kMaxJsonDepth. Errors are kCorrupt and say what failed.

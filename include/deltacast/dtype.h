@@ -26,6 +26,11 @@ enum class DType : uint8_t {
   kI64 = 13,
   kU64 = 14,
   kF64 = 15,
+  // Newer safetensors dtypes (the reference accepts them): 1, 1, 1 and 8 bytes.
+  kF8E8M0 = 16,
+  kF8E4M3Fnuz = 17,
+  kF8E5M2Fnuz = 18,
+  kC64 = 19,
 };
 
 }  // namespace deltacast

@@ -29,7 +29,8 @@ enum class StatusCode : int {
   kUnavailable,         // a peer or service cannot be reached right now
   kTimeout,
   kAborted,
-  kInternal,  // a bug in deltacast
+  kInternal,          // a bug in deltacast
+  kPermissionDenied,  // a peer failed authentication, or is not allowed to do this
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -60,6 +61,9 @@ class [[nodiscard]] Status {
   static Status Timeout(std::string m) { return {StatusCode::kTimeout, std::move(m)}; }
   static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status PermissionDenied(std::string m) {
+    return {StatusCode::kPermissionDenied, std::move(m)};
+  }
   // An IoError whose message ends with strerror(errno_value).
   static Status FromErrno(int errno_value, std::string_view what);
 

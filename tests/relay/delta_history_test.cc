@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <random>
 
-#include "relay/protocol.h"
 #include "codec/chunk.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
+#include "relay/protocol.h"
 
 namespace deltacast::relay {
 namespace {
@@ -103,7 +103,7 @@ TEST_F(DeltaHistoryTest, KeepsTheLastKAndChainsThemBackToAVersion) {
   const ChainLink& last = chain.back();
   auto end = history.Read(last.target, last.chunks - 1);
   ASSERT_TRUE(end.ok()) << end.status().ToString();
-  auto parsed = codec::ParseChunk(Body(**end));
+  auto parsed = codec::ParseChunk(ChunkOf(**end));
   ASSERT_TRUE(parsed.ok());
   EXPECT_EQ(parsed->kind, codec::ChunkKind::kEnd);
   EXPECT_EQ(parsed->identity.target_version, v(4));

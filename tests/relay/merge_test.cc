@@ -128,8 +128,8 @@ void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
 
   std::vector<std::vector<std::byte>> delta;
   DeltaMerger merger(*base_manifest, *target_manifest, options.chunk_bytes,
-                     [&](transport::Message m) {
-                       const ByteSpan chunk = Body(ByteSpan(*m));
+                     [&](std::vector<std::byte> m) {
+                       const ByteSpan chunk = ChunkOf(m);
                        delta.emplace_back(chunk.begin(), chunk.end());
                        return Status::Ok();
                      });

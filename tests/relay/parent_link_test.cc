@@ -88,6 +88,15 @@ class ParentLinkTest : public ::testing::Test {
     connection->Send(transport::MakeMessage(EncodeChallenge({*nonce, parent_id})));
     return {std::move(connection), std::move(sink)};
   }
+  // The WELCOME that proves the token back over the nonce of the HELLO `sink` got.
+  static transport::Message WelcomeFor(Sink& sink, const std::array<uint8_t, kNonceBytes>& nonce) {
+    EXPECT_TRUE(sink.WaitMessages(1));
+    auto hello = ParseHello(*sink.messages()[0]);
+    EXPECT_TRUE(hello.ok()) << hello.status().ToString();
+    if (!hello.ok()) return transport::MakeMessage(EncodeWelcome({}));
+    return transport::MakeMessage(
+        EncodeWelcome({ParentProof(kToken, nonce, hello->nonce, "src", "n1")}));
+  }
 
   topology::ClusterConfig config_;
   topology::PlannedNode self_;
@@ -109,9 +118,9 @@ TEST_F(ParentLinkTest, AnswersTheChallengeWithAProofAndDeliversMessagesAfterWelc
   auto hello = ParseHello(*sink->messages()[0]);
   ASSERT_TRUE(hello.ok()) << hello.status().ToString();
   EXPECT_EQ(hello->node_id, "n1");
-  EXPECT_TRUE(ProofMatches(hello->proof, HelloProof(kToken, nonce, "n1", "src")));
+  EXPECT_TRUE(ProofMatches(hello->proof, ChildProof(kToken, nonce, "n1", "src")));
   EXPECT_EQ(hello->applied_chunks, std::vector<uint32_t>{7}) << "what the owner said it holds";
-  connection->Send(transport::MakeMessage(EncodeWelcome()));
+  connection->Send(WelcomeFor(*sink, nonce));
   ASSERT_TRUE(seen_.Wait([](Seen& s) { return s.joined == 1; }));
   connection->Send(transport::MakeMessage(EncodeBegin({1, {}, {}, 4096})));
   ASSERT_TRUE(seen_.Wait([](Seen& s) { return s.messages.size() == 1; }));
@@ -145,15 +154,29 @@ TEST_F(ParentLinkTest, ALostLinkIsReportedAndDialledAgain) {
   {
     auto [connection, sink] = Challenge("src", &nonce);
     ASSERT_TRUE(connection);
-    connection->Send(transport::MakeMessage(EncodeWelcome()));
+    connection->Send(WelcomeFor(*sink, nonce));
     ASSERT_TRUE(seen_.Wait([](Seen& s) { return s.joined == 1; }));
     connection->Close();
   }
   ASSERT_TRUE(seen_.Wait([](Seen& s) { return s.lost == 1; }));
   auto [again, sink] = Challenge("src", &nonce);  // it came back by itself
   ASSERT_TRUE(again);
-  again->Send(transport::MakeMessage(EncodeWelcome()));
+  again->Send(WelcomeFor(*sink, nonce));
   EXPECT_TRUE(seen_.Wait([](Seen& s) { return s.joined == 2; }));
+}
+
+TEST_F(ParentLinkTest, AParentWhoseWelcomeDoesNotProveTheTokenIsRefused) {
+  std::array<uint8_t, kNonceBytes> nonce;
+  auto [connection, sink] = Challenge("src", &nonce);
+  ASSERT_TRUE(connection);
+  ASSERT_TRUE(sink->WaitMessages(1));
+  connection->Send(transport::MakeMessage(EncodeWelcome({})));  // no proof
+  ASSERT_TRUE(sink->WaitMessages(2));
+  auto type = PeekType(*sink->messages()[1]);
+  ASSERT_TRUE(type.ok());
+  EXPECT_EQ(*type, MessageType::kRefuse) << "told why before the link closes";
+  EXPECT_TRUE(sink->WaitClosed());
+  EXPECT_EQ(seen_.joined, 0);
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   EXPECT_EQ(o->nodes, 31u);
   auto chunk = EncodeChunk(AsBytes("chunk bytes"));
   EXPECT_EQ(*PeekType(chunk), MessageType::kChunk);
-  EXPECT_EQ(AsChars(Body(chunk)), "chunk bytes");
+  EXPECT_EQ(AsChars(ChunkOf(chunk)), "chunk bytes");
+  EXPECT_EQ(chunk.size(), kMessageHeaderBytes + 11 + kSignatureBytes);
 }
 
 TEST(ProtocolTest, HelloCarriesTheHopTransports) {
@@ -94,14 +95,91 @@ TEST(ProtocolTest, FetchCarriesTheSixteenBytePartitionHashAndVersionOneIsRefused
   EXPECT_NE(PeekType(old).status().message().find("version 1"), std::string::npos);
 }
 
-TEST(ProtocolTest, ProofBindsTokenNonceAndBothEnds) {
+TEST(ProtocolTest, ProofsBindTokenNoncesAndBothEndsAndNeverStandInForEachOther) {
   auto nonce = RandomNonce();
-  auto proof = HelloProof("secret", nonce, "child", "parent");
-  EXPECT_TRUE(ProofMatches(proof, HelloProof("secret", nonce, "child", "parent")));
-  EXPECT_FALSE(ProofMatches(proof, HelloProof("wrong", nonce, "child", "parent")));
-  EXPECT_FALSE(ProofMatches(proof, HelloProof("secret", RandomNonce(), "child", "parent")));
-  EXPECT_FALSE(ProofMatches(proof, HelloProof("secret", nonce, "other", "parent")));
-  EXPECT_FALSE(ProofMatches(proof, HelloProof("secret", nonce, "child", "other")));
+  auto proof = ChildProof("secret", nonce, "child", "parent");
+  EXPECT_TRUE(ProofMatches(proof, ChildProof("secret", nonce, "child", "parent")));
+  EXPECT_FALSE(ProofMatches(proof, ChildProof("wrong", nonce, "child", "parent")));
+  EXPECT_FALSE(ProofMatches(proof, ChildProof("secret", RandomNonce(), "child", "parent")));
+  EXPECT_FALSE(ProofMatches(proof, ChildProof("secret", nonce, "other", "parent")));
+  EXPECT_FALSE(ProofMatches(proof, ChildProof("secret", nonce, "child", "other")));
+  // The parent proves over both nonces; a child's proof (or a reflected one) is not it.
+  auto child_nonce = RandomNonce();
+  auto parent = ParentProof("secret", nonce, child_nonce, "parent", "child");
+  EXPECT_TRUE(ProofMatches(parent, ParentProof("secret", nonce, child_nonce, "parent", "child")));
+  EXPECT_FALSE(ProofMatches(parent, ParentProof("wrong", nonce, child_nonce, "parent", "child")));
+  EXPECT_FALSE(
+      ProofMatches(parent, ParentProof("secret", nonce, RandomNonce(), "parent", "child")));
+  EXPECT_FALSE(ProofMatches(parent, ParentProof("secret", nonce, child_nonce, "child", "parent")));
+  EXPECT_FALSE(ProofMatches(parent, ChildProof("secret", nonce, "parent", "child")));
+  EXPECT_FALSE(ProofMatches(ChildProof("secret", child_nonce, "parent", "child"),
+                            ParentProof("secret", nonce, child_nonce, "parent", "child")));
+}
+
+TEST(ProtocolTest, WelcomeCarriesTheParentsProof) {
+  Welcome welcome{ParentProof("t", RandomNonce(), RandomNonce(), "p", "c")};
+  auto w = ParseWelcome(EncodeWelcome(welcome));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE(ProofMatches(w->proof, welcome.proof));
+  // A version-2 WELCOME (header only) is refused.
+  auto bare = EncodeWelcome(welcome);
+  bare.resize(kMessageHeaderBytes);
+  EXPECT_EQ(ParseWelcome(bare).status().code(), StatusCode::kCorrupt);
+}
+
+TEST(ProtocolTest, HelloListsAppliedChunksAsRunsAndRefusesMalformedRuns) {
+  Hello hello;
+  hello.node_id = "n1";
+  hello.nonce = RandomNonce();
+  hello.applied_chunks = {9, 1, 2, 3, 7, 8, 3};
+  auto h = ParseHello(EncodeHello(hello));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->applied_chunks, (std::vector<uint32_t>{1, 2, 3, 7, 8, 9}));
+  EXPECT_EQ(h->nonce, hello.nonce);
+  // Three runs of 8 bytes, whatever the number of chunks: 1..3, 7..9.
+  Hello many = hello;
+  many.applied_chunks.clear();
+  for (uint32_t s = 0; s < 100000; ++s) many.applied_chunks.push_back(s);
+  EXPECT_LT(EncodeHello(many).size(), 200u);
+  // A fragmented set is cut at kMaxAppliedRunsInHello runs: the message stays small.
+  Hello fragmented = hello;
+  fragmented.applied_chunks.clear();
+  for (uint32_t s = 0; s < 2 * kMaxAppliedRunsInHello; ++s)
+    fragmented.applied_chunks.push_back(2 * s);
+  const auto bytes = EncodeHello(fragmented);
+  EXPECT_LT(bytes.size(), 8 * kMaxAppliedRunsInHello + 200);
+  auto f = ParseHello(bytes);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->applied_chunks.size(), kMaxAppliedRunsInHello);
+
+  // Runs are located after id, proof, nonce, three digests and the prepared flag.
+  const size_t runs_at = kMessageHeaderBytes + 2 + 2 + kProofBytes + kNonceBytes + 3 * 16 + 1;
+  auto patch = [&](uint32_t first, uint32_t count) {
+    Hello one = hello;
+    one.applied_chunks = {5};
+    auto b = EncodeHello(one);
+    StoreLE<uint32_t>(b.data() + runs_at + 4, first);
+    StoreLE<uint32_t>(b.data() + runs_at + 8, count);
+    return ParseHello(b).status();
+  };
+  EXPECT_TRUE(patch(5, 1).ok());
+  EXPECT_EQ(patch(5, 0).code(), StatusCode::kCorrupt);            // empty run
+  EXPECT_EQ(patch(0xFFFFFFFFu, 2).code(), StatusCode::kCorrupt);  // runs past 2^32
+  EXPECT_NE(patch(0, kMaxAppliedInHello + 1).message().find("more than"), std::string::npos);
+}
+
+TEST(ProtocolTest, PeerStringsThatAreNotIdsAreRefused) {
+  Hello hello;
+  hello.node_id = "n1\n2026-01-01 info forged line";
+  EXPECT_EQ(ParseHello(EncodeHello(hello)).status().code(), StatusCode::kCorrupt);
+  hello.node_id = "n1";
+  hello.transport = "tcp\x1b[31m";
+  EXPECT_EQ(ParseHello(EncodeHello(hello)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(ParseChallenge(EncodeChallenge({RandomNonce(), "p\r"})).status().code(),
+            StatusCode::kCorrupt);
+  EXPECT_TRUE(ValidNodeId("euw-1.a_b"));
+  EXPECT_FALSE(ValidNodeId(""));
+  EXPECT_FALSE(ValidNodeId(std::string(kMaxNodeIdBytes + 1, 'a')));
 }
 
 }  // namespace

@@ -10,12 +10,12 @@
 #include <set>
 #include <thread>
 
-#include "relay/node_agent.h"
-#include "relay/protocol.h"
-#include "relay/publisher.h"
 #include "apply/host_store.h"
 #include "codec/chunk.h"
 #include "codec/manifest.h"
+#include "relay/node_agent.h"
+#include "relay/protocol.h"
+#include "relay/publisher.h"
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
 #include "transport/factory.h"
@@ -138,6 +138,8 @@ class WrongRecordTransport : public transport::Transport {
     void Close() override { inner_->Close(); }
     void Abort() override { inner_->Abort(); }
     std::string PeerAddress() const override { return inner_->PeerAddress(); }
+    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
+    void Authenticated() override { inner_->Authenticated(); }
 
    private:
     transport::Message MaybeTamper(transport::Message message) {
@@ -155,7 +157,7 @@ class WrongRecordTransport : public transport::Transport {
       // name length, name, dtype/encoding/entropy/reserved, offset, count, changes,
       // base hash: then the target hash.
       chunk[codec::kChunkHeaderBytes + 2 + name + 4 + 3 * 8 + 16] ^= std::byte{1};
-      const size_t size = copy->size() - c;
+      const size_t size = copy->size() - c - kSignatureBytes;  // the chunk, not its signature
       StoreLE<uint64_t>(chunk + 64, Hash64(ByteSpan(chunk + codec::kChunkHeaderBytes,
                                                     size - codec::kChunkHeaderBytes)));
       StoreLE<uint64_t>(chunk + 72, Hash64(ByteSpan(chunk, 72)));

@@ -2,7 +2,9 @@
 // a synthetic training job each run a Producer over their own shard files; the Root
 // merges them into one delta for a relay tree of NodeAgents, and every receiver
 // ends byte-identical to the canonical checkpoint. A producer that dies mid-refit
-// aborts the refit cleanly; with it back, the next refit commits.
+// aborts the refit cleanly; with it back, the next refit commits. The tree checks
+// the source's signatures (protocol v3), so the merged stream must arrive signed.
+// Producers join under the tree's mutual token proof and pre-authentication limits.
 #include "relay/root.h"
 
 #include <gtest/gtest.h>
@@ -16,7 +18,10 @@
 #include "apply/replica.h"
 #include "relay/node_agent.h"
 #include "relay/producer.h"
+#include "relay/producer_hub.h"
 #include "relay/shard_input.h"
+#include "relay/signing.h"
+#include "tests/transport/test_util.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
 
@@ -98,6 +103,10 @@ class RootTest : public ::testing::Test {
   }
 
   void StartTree(int receivers) {
+    auto signing = SigningKey::Generate();
+    ASSERT_TRUE(signing.ok()) << signing.status().ToString();
+    auto signing_key = std::make_shared<const SigningKey>(std::move(*signing));
+    auto verify_key = std::make_shared<const VerifyKey>(signing_key->Public());
     auto config = topology::ParseClusterConfig(ConfigToml(receivers), "root-test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
@@ -120,6 +129,7 @@ class RootTest : public ::testing::Test {
       options.config = config_;
       options.node_id = "n" + std::to_string(i + 1);
       options.token = kToken;
+      options.verify_key = verify_key;
       options.apply_threads = 1;
       auto agent = NodeAgent::Start(std::move(options), std::move(*replica),
                                     transport::MakeInprocTransport(network_));
@@ -129,6 +139,7 @@ class RootTest : public ::testing::Test {
     RootOptions options;
     options.publish.config = config_;
     options.publish.token = kToken;
+    options.publish.signing_key = signing_key;
     options.publish.decision_log = dir_.path() / "decisions.log";
     options.producer_address = "producers:1";
     options.producers = ranks_.size();
@@ -305,6 +316,79 @@ TEST_F(RootTest, AProducerWithTheWrongTokenIsRefused) {
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("failed authentication"), std::string::npos)
       << p.status().ToString();
+}
+
+// Anyone can bind the root's producer port while it is down: a producer must not
+// hand its share (and its link) to a root that cannot prove the token.
+TEST(ProducerHandshakeTest, AProducerRefusesARootThatCannotProveTheToken) {
+  auto network = std::make_shared<transport::InprocNetwork>();
+  auto impostor = transport::MakeInprocTransport(network);
+  transport::testutil::AcceptQueue accepted;
+  ASSERT_TRUE(impostor->Listen("fake-root:1", accepted.Handler()).ok());
+  std::thread play([&] {
+    auto c = accepted.Pop();
+    ASSERT_NE(c, nullptr);
+    transport::testutil::Sink sink;
+    sink.Start(*c);
+    c->Send(transport::MakeMessage(EncodeChallenge({RandomNonce(), "trainer"})));
+    ASSERT_TRUE(sink.WaitMessages(1));
+    auto hello = ParseHello(*sink.messages()[0]);
+    ASSERT_TRUE(hello.ok()) << hello.status().ToString();
+    // A proof under another token, over the right nonces: still not the token.
+    Welcome w{ParentProof("not-the-token", {}, hello->nonce, "trainer", hello->node_id)};
+    c->Send(transport::MakeMessage(EncodeWelcome(w)));
+    EXPECT_TRUE(sink.WaitClosed()) << "the producer closes the link";
+    ASSERT_GE(sink.message_count(), 2u);
+    EXPECT_EQ(*PeekType(*sink.messages()[1]), MessageType::kRefuse);
+  });
+  ProducerOptions o;
+  o.id = "rank-00000";
+  o.root_address = "fake-root:1";
+  o.root_id = "trainer";
+  o.token = kToken;
+  o.connect_timeout = std::chrono::seconds(5);
+  auto p = Producer::Connect(std::move(o), transport::MakeInprocTransport(network));
+  play.join();
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kPermissionDenied) << p.status().ToString();
+}
+
+// The producer listener holds unauthenticated links as the tree's listener does:
+// beyond the per-address cap a link is closed at once, and one that never sends
+// its HELLO is dropped at the handshake timeout.
+TEST(ProducerHandshakeTest, SilentLinksAreCappedAndDroppedAtTheHandshakeTimeout) {
+  auto network = std::make_shared<transport::InprocNetwork>();
+  auto listener = transport::MakeInprocTransport(network);
+  auto dialer = transport::MakeInprocTransport(network);
+  HandshakeLimits limits;
+  limits.handshake_timeout = std::chrono::milliseconds(300);
+  limits.max_pending = 16;
+  limits.max_pending_per_address = 2;
+  ProducerHub hub("trainer", kToken, /*capacity=*/1, limits);
+  ASSERT_TRUE(hub.Listen(*listener, "producers:1").ok());
+  std::vector<std::unique_ptr<transport::Connection>> links;
+  std::vector<std::unique_ptr<transport::testutil::Sink>> sinks;
+  for (int i = 0; i < 3; ++i) {
+    auto c = transport::ConnectBlocking(*dialer, "producers:1", std::chrono::seconds(5));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    sinks.push_back(std::make_unique<transport::testutil::Sink>());
+    sinks.back()->Start(**c);
+    links.push_back(std::move(*c));
+    if (i < 2) {
+      ASSERT_TRUE(sinks.back()->WaitMessages(1)) << "link " << i << " was challenged";
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(sinks[2]->WaitClosed(std::chrono::milliseconds(2000))) << "over the cap";
+  EXPECT_EQ(sinks[2]->message_count(), 0u) << "closed without a CHALLENGE";
+  EXPECT_EQ(hub.pending_handshakes(), 2u);
+  EXPECT_TRUE(sinks[0]->WaitClosed(std::chrono::milliseconds(5000)));
+  EXPECT_TRUE(sinks[1]->WaitClosed(std::chrono::milliseconds(5000)));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+  EXPECT_EQ(hub.pending_handshakes(), 0u);
+  EXPECT_TRUE(hub.Joined().empty());
+  hub.Close();
+  for (auto& c : links) c->Close();
 }
 
 }  // namespace

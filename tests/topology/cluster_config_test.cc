@@ -590,5 +590,86 @@ TEST(ClusterConfigTest, ExampleConfigsLoadAndPlan) {
   EXPECT_EQ(three.regions.size(), 2u);
 }
 
+constexpr char kSourceAndReceiver[] =
+    "[cluster]\nname = \"c\"\n[[node]]\nid = \"s\"\nhost = \"h\"\nport = 1\nrole = "
+    "\"source\"\n[[node]]\nid = \"r\"\nhost = \"h\"\nport = 2\n";
+
+TEST(ClusterConfigTest, LimitsHaveSafeDefaultsAndEachKeyIsRead) {
+  auto config = ParseClusterConfig(kSourceAndReceiver, "c.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->limits.handshake_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(config->limits.max_pending_handshakes, 64);
+  EXPECT_EQ(config->limits.max_handshakes_per_address, 8);
+  EXPECT_EQ(config->limits.handshake_max_message, uint64_t{128} << 10);
+  auto set = ParseClusterConfig(std::string(kSourceAndReceiver) +
+                                    "[limits]\nhandshake_timeout = \"2s\"\n"
+                                    "max_pending_handshakes = 10\nmax_handshakes_per_address = 2\n"
+                                    "max_connections_per_address = 5\n"
+                                    "handshake_max_message = \"1MiB\"\nreceive_pool = \"16MiB\"\n"
+                                    "receive_pool_idle = \"500ms\"\n",
+                                "c.toml");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->limits.handshake_timeout, std::chrono::seconds(2));
+  EXPECT_EQ(set->limits.max_pending_handshakes, 10);
+  EXPECT_EQ(set->limits.max_handshakes_per_address, 2);
+  EXPECT_EQ(set->limits.max_connections_per_address, 5);
+  EXPECT_EQ(set->limits.handshake_max_message, uint64_t{1} << 20);
+  EXPECT_EQ(set->limits.receive_pool, uint64_t{16} << 20);
+  EXPECT_EQ(set->limits.receive_pool_idle, std::chrono::milliseconds(500));
+}
+
+TEST(ClusterConfigTest, BadLimitsAreRefusedNamingTheKey) {
+  for (const char* bad : {
+           "[limits]\nhandshake_timeout = \"0s\"\n",
+           "[limits]\nmax_pending_handshakes = 0\n",
+           "[limits]\nhandshake_max_message = \"1KiB\"\n",  // below the largest HELLO
+           "[limits]\nmax_pending_handshakes = 4\nmax_handshakes_per_address = 8\n",
+           "[limits]\nhandshake_tmeout = \"1s\"\n",
+       }) {
+    auto config = ParseClusterConfig(std::string(kSourceAndReceiver) + bad, "c.toml");
+    ASSERT_FALSE(config.ok()) << bad;
+    EXPECT_NE(config.status().message().find("[limits]"), std::string::npos)
+        << config.status().message();
+    EXPECT_NE(config.status().message().find("c.toml:"), std::string::npos);
+  }
+}
+
+TEST(ClusterConfigTest, SecurityPathsAreRelativeToTheConfigAndNameTheNode) {
+  auto config = ParseClusterConfig(std::string(kSourceAndReceiver) +
+                                       "[security]\nca = \"certs/ca.crt\"\n"
+                                       "cert = \"certs/{node}.crt\"\nkey = \"/abs/{node}.key\"\n"
+                                       "verify_key = \"certs/signing.pub\"\n",
+                                   "/etc/deltacast/c.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const SecurityConfig& s = config->security;
+  EXPECT_EQ(s.tls, TlsHops::kCrossRegion);
+  EXPECT_EQ(s.ca, "/etc/deltacast/certs/ca.crt");
+  EXPECT_EQ(s.CertFor("r"), "/etc/deltacast/certs/r.crt");
+  EXPECT_EQ(s.KeyFor("s"), "/abs/s.key");
+  EXPECT_EQ(s.verify_key, "/etc/deltacast/certs/signing.pub");
+  EXPECT_TRUE(s.tls_files());
+  for (const char* bad : {"[security]\nca = \"x\"\n",  // without cert and key
+                          "[security]\ntls = \"some\"\n",
+                          "[security]\nsigning_key = \"k\"\n",  // nodes could not verify
+                          "[security]\ncert = \"\"\n"}) {
+    auto c = ParseClusterConfig(std::string(kSourceAndReceiver) + bad, "c.toml");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find("[security]"), std::string::npos) << c.status().message();
+  }
+}
+
+TEST(ClusterConfigTest, TlsCoversCrossRegionHopsByDefault) {
+  NodeConfig a, b, c;
+  a.region = b.region = "us";
+  c.region = "eu";
+  ClusterConfig config;
+  EXPECT_FALSE(HopUsesTls(config, a, b));
+  EXPECT_TRUE(HopUsesTls(config, a, c));
+  config.security.tls = TlsHops::kAll;
+  EXPECT_TRUE(HopUsesTls(config, a, b));
+  config.security.tls = TlsHops::kNone;
+  EXPECT_FALSE(HopUsesTls(config, a, c));
+}
+
 }  // namespace
 }  // namespace deltacast::topology

@@ -83,6 +83,35 @@ TEST(OfiOptions, NetDeviceBindsTheConnectingEndpoint) {
   EXPECT_NE(bad.status().message().find("no-such-if0"), std::string::npos);
 }
 
+// Before Authenticated() a large message is not granted (nothing allocated; the
+// sender keeps it); small ones arrive. After it, the large one does too.
+TEST(OfiLimits, LargeMessagesWaitForAuthentication) {
+  OfiOptions options;
+  options.net_device = "lo";
+  auto server = MakeOfiTransport(options);
+  auto client = MakeOfiTransport(options);
+  ASSERT_TRUE(server.ok() && client.ok());
+  AcceptQueue accept;
+  auto address = (*server)->Listen("127.0.0.1:0", accept.Handler());
+  ASSERT_TRUE(address.ok());
+  auto connection = ConnectBlocking(**client, *address, kWait);
+  ASSERT_TRUE(connection.ok()) << connection.status().ToString();
+  auto peer = accept.Pop();
+  ASSERT_NE(peer, nullptr);
+  std::atomic<int> small{0}, large{0};
+  peer->Start([&](Message m) { ++(m->size() > (1 << 20) ? large : small); }, [](Status) {});
+  (*connection)->Start([](Message) {}, [](Status) {});
+  (*connection)->Send(MakeMessage(std::vector<std::byte>(100, std::byte{1})));
+  (*connection)->Send(MakeMessage(std::vector<std::byte>(4 << 20, std::byte{2})));
+  for (int i = 0; i < 100 && small == 0; ++i) std::this_thread::sleep_for(milliseconds(10));
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(small, 1);
+  EXPECT_EQ(large, 0) << "a 4 MiB message was granted before authentication";
+  peer->Authenticated();
+  for (int i = 0; i < 300 && large == 0; ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_EQ(large, 1);
+}
+
 // Not a test on its own: the body of the child process of OfiPeerKilled.
 TEST(OfiChild, StreamsUntilKilled) {
   const char* address = getenv("DELTACAST_OFI_CHILD_ADDRESS");

@@ -78,7 +78,10 @@ class Sink {
   // Optional hook run inside on_message (after recording).
   std::function<void(const Message&)> on_message_hook;
 
+  // Marks the link authenticated first: these tests play an application that
+  // trusts its peer, so frames above the pre-authentication limit flow.
   void Start(Connection& connection) {
+    connection.Authenticated();
     connection.Start([this](Message m) { OnMessage(std::move(m)); },
                      [this](Status s) { OnClosed(std::move(s)); });
   }
@@ -233,8 +236,10 @@ inline LinkEnds ConnectTo(const std::string& address, Transport& client, AcceptQ
   EXPECT_TRUE(connection.ok()) << connection.status().ToString();
   if (!connection.ok()) return link;
   link.client = std::move(connection).value();
+  link.client->Authenticated();
   link.accepted = accept.Pop();
   EXPECT_NE(link.accepted, nullptr);
+  if (link.accepted) link.accepted->Authenticated();
   return link;
 }
 

@@ -122,6 +122,42 @@ TEST(UcxIdle, AnIdleLinkUsesNoCpu) {
   }
 }
 
+// Before Authenticated() a large (rendezvous) message is left at the sender: not
+// fetched, nothing allocated; small ones arrive. After it, the large one does too.
+TEST(UcxLimits, LargeMessagesWaitForAuthentication) {
+  for (const std::string tls : {"tcp", "shm"}) {
+    auto server = MakeOrDie(tls);
+    auto client = MakeOrDie(tls);
+    ASSERT_TRUE(server && client);
+    AcceptQueue accepted;
+    auto address = server->Listen("127.0.0.1:0", accepted.Handler());
+    ASSERT_TRUE(address.ok());
+    auto connection = ConnectBlocking(*client, *address, kWait);
+    ASSERT_TRUE(connection.ok()) << connection.status().ToString();
+    auto peer = accepted.Pop();
+    ASSERT_NE(peer, nullptr);
+    std::atomic<int> small{0}, large{0};
+    peer->Start(
+        [&](Message m) {
+          if (m->size() > (1 << 20)) {
+            ++large;
+          } else {
+            ++small;
+          }
+        },
+        [](Status) {});
+    (*connection)->Send(MakeMessage(Payload(1, 0, 1000)));
+    (*connection)->Send(MakeMessage(Payload(2, 0, 4 << 20)));
+    for (int i = 0; i < 100 && small == 0; ++i) std::this_thread::sleep_for(milliseconds(10));
+    std::this_thread::sleep_for(milliseconds(300));
+    EXPECT_EQ(small, 1) << tls;
+    EXPECT_EQ(large, 0) << tls << ": a 4 MiB message was fetched before authentication";
+    peer->Authenticated();
+    for (int i = 0; i < 300 && large == 0; ++i) std::this_thread::sleep_for(milliseconds(10));
+    EXPECT_EQ(large, 1) << tls;
+  }
+}
+
 // The child side of PeerKilledMidTransfer: connects, then sends 4 MiB messages
 // (8 in flight) and reads whatever comes, until it is killed. Skipped unless the
 // parent test started this process.

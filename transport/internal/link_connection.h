@@ -1,7 +1,8 @@
 // The Connection facade backends share: it forwards every call to the backend's
 // Link, which holds the state and may outlive the facade (handlers, pending I/O).
 // Link must provide Start, Send, QueuedBytes, Close(bool abortive), peer(), and
-// Detach(): close the link and return once none of its user handlers can run.
+// Detach(): close the link and return once none of its user handlers can run; and
+// may provide identity() (PeerIdentity) and Authenticated().
 #pragma once
 
 #include <memory>
@@ -27,6 +28,16 @@ class LinkConnection final : public Connection {
   void Close() override { link_->Close(/*abortive=*/false); }
   void Abort() override { link_->Close(/*abortive=*/true); }
   std::string PeerAddress() const override { return link_->peer(); }
+  std::string PeerIdentity() const override {
+    if constexpr (requires { link_->identity(); }) {
+      return link_->identity();
+    } else {
+      return {};
+    }
+  }
+  void Authenticated() override {
+    if constexpr (requires { link_->Authenticated(); }) link_->Authenticated();
+  }
 
  private:
   const std::shared_ptr<Link> link_;

@@ -59,6 +59,9 @@ class OfiConnection final : public Connection {
   }
 
   std::string PeerAddress() const override { return link_->peer_address; }
+  void Authenticated() override {
+    core_->Post([core = core_.get(), link = link_] { core->AuthenticateLink(link); });
+  }
 
  private:
   // Shared: the core must outlive every connection it handed out (they may

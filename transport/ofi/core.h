@@ -145,6 +145,7 @@ struct Link {
   std::atomic<uint64_t> queued_bytes{0};
 
   bool started = false;
+  bool authenticated = false;  // Connection::Authenticated() was called
   MessageHandler on_message;
   CloseHandler on_closed;
 
@@ -204,6 +205,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void SendOnLink(const std::shared_ptr<Link>& link, Message message, SendHandler on_sent,
                   Status precheck);
   void CloseLink(const std::shared_ptr<Link>& link, bool abort);
+  void AuthenticateLink(const std::shared_ptr<Link>& link);
 
   // Tests only (progress thread): asks the provider to cancel every data receive
   // this core has outstanding, links untouched, as tcp;ofi_rxm does by itself

@@ -146,6 +146,12 @@ void Core::Grant(Link& link) {
     if (it == link.incoming.end()) break;
     Incoming& in = it->second;
     if (link.granted_bytes > 0 && link.granted_bytes + in.size > kGrantBudgetBytes) break;
+    // A peer that has proved nothing gets no buffer for a large message: it keeps
+    // the bytes until the application authenticates it.
+    if (!link.authenticated && !in.complete && options_.handshake_max_message_bytes > 0 &&
+        in.size > options_.handshake_max_message_bytes) {
+      break;
+    }
     in.granted = true;
     link.granted_bytes += in.size;
     if (in.complete) {
@@ -229,6 +235,11 @@ void Core::StartLink(const std::shared_ptr<Link>& link, MessageHandler on_messag
   link->on_message = std::move(on_message);
   link->on_closed = std::move(on_closed);
   if (link->ended) return ReportClose(*link);
+  Grant(*link);
+}
+
+void Core::AuthenticateLink(const std::shared_ptr<Link>& link) {
+  link->authenticated = true;
   Grant(*link);
 }
 

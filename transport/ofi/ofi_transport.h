@@ -96,6 +96,10 @@ struct OfiOptions {
   // Largest message sent or received. A peer announcing a larger one has its link
   // closed with kCorrupt before anything is allocated.
   uint64_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Until Connection::Authenticated(), a message announced larger than this is not
+  // granted (no buffer allocated; the sender holds it); 0 = no such limit. Inline
+  // messages are small and always arrive.
+  uint64_t handshake_max_message_bytes = uint64_t{128} << 10;
   // libfabric provider: "tcp;ofi_rxm", "shm", "verbs;ofi_rxm", "efa"; "" = the
   // first FI_EP_RDM provider libfabric offers.
   std::string provider = "tcp;ofi_rxm";

@@ -209,6 +209,13 @@ class Link : public std::enable_shared_from_this<Link> {
   }
   uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
   const std::string& peer() const { return peer_; }
+  // Lifts the pre-authentication limit: rendezvous data held back is fetched now.
+  void Authenticated() {
+    core_->Post([self = shared_from_this()] {
+      self->authenticated_ = true;
+      self->PumpReceive();
+    });
+  }
   // The facade is going: close, and return once no user handler can run.
   void Detach() {
     Close(/*abortive=*/false);
@@ -289,6 +296,7 @@ class Link : public std::enable_shared_from_this<Link> {
   ListenerState* listener_ = nullptr;
   bool started_ = false;
   bool closed_ = false;
+  bool authenticated_ = false;
   bool close_notified_ = false;
   bool ack_sent_ = false;
   bool we_initiated_close_ = false;
@@ -488,7 +496,11 @@ ucs_status_t Link::OnDataArrived(const AmHeader& header, void* data, size_t leng
 void Link::PumpReceive() {
   if (closed_) return;
   if (started_) {
+    const uint64_t pre_auth = core_->options.handshake_max_message_bytes;
     for (auto& [seq, incoming] : recv_) {
+      // A peer that has proved nothing gets nothing allocated for a large message:
+      // its data stays with it until the application authenticates it.
+      if (!authenticated_ && pre_auth > 0 && incoming.length > pre_auth) break;
       if (incoming.desc != nullptr) RequestData(seq, incoming);
       if (closed_) return;
     }

@@ -57,6 +57,10 @@ namespace deltacast::transport {
 struct UcxOptions {
   // Largest message received or sent (see transport.h).
   uint64_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Until Connection::Authenticated(), a rendezvous message larger than this is
+  // left at the sender (not fetched, nothing allocated); 0 = no such limit. Eager
+  // messages are bounded by UCX's eager threshold (a few KiB) and always arrive.
+  uint64_t handshake_max_message_bytes = uint64_t{128} << 10;
   // Which UCX transports carry data (UCX_TLS syntax). "tcp"; "shm" (UCX_TLS
   // "sm,tcp" with rendezvous over the shared-memory AM lane: messages and data go
   // over sysv/posix shared memory, tcp only sets the endpoint up); "" = UCX's own
