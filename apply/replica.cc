@@ -86,6 +86,9 @@ Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity&
     RETURN_IF_ERROR(state_->WriteInflight(delta));
   }
   inflight_ = delta;
+  // The journal says the store is cleanly at the base, or it was just hashed: the
+  // manifest is what the store holds, so partitions at base apply in one pass.
+  options.store_at_manifest = true;
   auto applier = std::make_unique<DeltaApplier>(*store_, std::move(current), identity, options);
   for (uint32_t sequence : applied_) applier->MarkApplied(sequence);
   return applier;
