@@ -302,9 +302,11 @@ Result<codec::Manifest> DeltaApplier::Finish(const codec::DeltaSummary& summary)
                                       std::to_string(sequences_seen_.size()) + " of " +
                                       std::to_string(summary.data_chunks) + " data chunks");
   }
-  for (const Located& p : dirty_)
-    RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
-  dirty_.clear();
+  if (options_.flush_on_finish) {
+    for (const Located& p : dirty_)
+      RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
+    dirty_.clear();
+  }
   if (!torn_.empty()) {
     const PartitionKey& first = torn_.begin()->first;
     return Status::FailedPrecondition(
@@ -369,6 +371,11 @@ Status DeltaApplier::Rollback() {
   undo_.clear();
   dirty_.clear();
   return Status::Ok();
+}
+
+codec::Manifest DeltaApplier::current_manifest() const {
+  std::lock_guard lock(mu_);
+  return manifest_;
 }
 
 std::vector<PartitionKey> DeltaApplier::torn() const {

@@ -58,6 +58,11 @@ struct ApplyOptions {
   // was just hashed): partitions it has at a record's base are patched without a
   // hash before (see the class comment). Without it every partition is hashed first.
   bool store_at_manifest = false;
+  // Finish makes the patched partitions durable (WeightStore::Flush) before it
+  // returns. Off where durability comes from a log of the delta instead (a relay
+  // node's spool: docs/recovery.md, "Durability"), so no page is written back
+  // before PREPARED.
+  bool flush_on_finish = true;
   // Where the records of a chunk run: this pool's ParallelFor, shared by every
   // ApplyChunk in flight (the pool must outlive the applier); null: `threads`
   // threads of the call's own.
@@ -108,8 +113,8 @@ class DeltaApplier {
 
   // Called with the END chunk's summary once every data chunk was applied: checks
   // that all data chunks and records arrived and no partition is torn, flushes the
-  // patched partitions to durable storage, and returns the target manifest (base
-  // manifest with the applied partitions' target hashes), whose version id must be
+  // patched partitions to durable storage (ApplyOptions::flush_on_finish), and returns the target
+  // manifest (base manifest with the applied partitions' target hashes), whose version id must be
   // the delta's target. On error the store keeps what was applied; a later run
   // resumes (at-target partitions are skipped).
   Result<codec::Manifest> Finish(const codec::DeltaSummary& summary);
@@ -120,6 +125,10 @@ class DeltaApplier {
 
   // Makes every partition patched so far durable (WeightStore::Flush). Blocks.
   Status FlushApplied();
+
+  // What the applier knows the store holds now: the manifest it was given, with the
+  // hash of every partition it has patched, repaired or written since.
+  codec::Manifest current_manifest() const;
 
   // Partitions found torn so far, in canonical order.
   std::vector<PartitionKey> torn() const;

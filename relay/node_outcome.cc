@@ -120,7 +120,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d) {
     return;
   }
   refit_->phase = Phase::kAborting;
-  auto spool = Spool::Open(options_.spool_dir, d.target_version);
+  auto spool = Spool::Open(options_.spool_dir, d.target_version, /*remove_others=*/false);
   rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
 }
 
