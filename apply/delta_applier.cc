@@ -48,6 +48,33 @@ void DeltaApplier::ForEach(size_t count, const std::function<void(size_t)>& fn) 
   ParallelFor(count, options_.threads ? options_.threads : DefaultThreadCount(), fn);
 }
 
+namespace {
+bool SelfInverse(codec::Encoding e) {
+  return e == codec::Encoding::kSparseXor || e == codec::Encoding::kDenseXor;
+}
+uint64_t UndoBytes(const codec::PartitionRecord& record, uint64_t byte_length) {
+  const bool whole =
+      record.encoding == codec::Encoding::kDenseXor || record.encoding == codec::Encoding::kLiteral;
+  return whole ? byte_length : record.change_count * (4 + ElementSize(record.dtype));
+}
+}  // namespace
+
+bool DeltaApplier::KeepUndo(const codec::PartitionRecord& record, const Located& where) {
+  if (!options_.keep_undo) return false;
+  if (options_.undo_from_records && SelfInverse(record.encoding)) return false;
+  if (!options_.undo_from_records) return true;
+  const uint64_t bytes = UndoBytes(record, where.byte_length);
+  uint64_t held = undo_bytes_.load();
+  do {
+    if (held + bytes > kMaxUndoBytes) return false;
+  } while (!undo_bytes_.compare_exchange_weak(held, held + bytes));
+  return true;
+}
+
+void DeltaApplier::ReleaseUndo(const codec::PartitionRecord& record, const Located& where) {
+  if (options_.undo_from_records) undo_bytes_ -= UndoBytes(record, where.byte_length);
+}
+
 // Waits until no other ApplyChunk holds any of `partitions`, then holds them all.
 // All or nothing, so two chunks never wait on each other.
 void DeltaApplier::Claim(const std::vector<std::pair<size_t, uint64_t>>& partitions) {
@@ -212,7 +239,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   }
 
   std::atomic<uint64_t> applied{0}, skipped{0}, changed{0};
-  std::vector<char> torn(located.size(), 0), patched(located.size(), 0);
+  std::vector<char> torn(located.size(), 0), patched(located.size(), 0), kept(located.size(), 0);
   std::vector<Undo> undo(options_.keep_undo ? located.size() : 0);
   ForEach(located.size(), [&](size_t i) {
     thread_local codec::CodecScratch scratch;
@@ -229,7 +256,8 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     }
     const bool whole = record.encoding == codec::Encoding::kDenseXor ||
                        record.encoding == codec::Encoding::kLiteral;
-    if (options_.keep_undo && whole) undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
+    const bool keep = KeepUndo(record, located[i]);
+    if (keep && whole) undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
     errors[i] =
         (held[i] ? codec::ApplyDecodedRecord(decoded[i], targets[i], record.target_hash, scratch)
                  : codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch))
@@ -238,6 +266,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
       // Not at base after all (the bytes are exactly as they were): at target, or torn.
       classify(i);
       errors[i] = Status::Ok();
+      if (action[i] != Action::kApply && keep) ReleaseUndo(record, located[i]);
       if (action[i] == Action::kSkip) {
         ++skipped;
         return;
@@ -251,8 +280,10 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
                       "record checked to lead there")
                       .WithContext(context(i));
     }
+    if (!errors[i].ok() && keep) ReleaseUndo(record, located[i]);
     if (errors[i].ok()) {
-      if (options_.keep_undo) {
+      if (keep) {
+        kept[i] = 1;
         undo[i].where = located[i];
         undo[i].base_hash = record.base_hash;
         undo[i].target_hash = record.target_hash;
@@ -272,7 +303,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
       torn_[PartitionKey{std::string(record.tensor_name), record.element_offset}] =
           record.target_hash;
     if (patched[i]) dirty_.push_back(located[i]);
-    if (patched[i] && options_.keep_undo) undo_.push_back(std::move(undo[i]));
+    if (patched[i] && kept[i]) undo_.push_back(std::move(undo[i]));
     if (errors[i].ok() && !torn[i]) {
       manifest_.partition_hashes[located[i].tensor][located[i].partition_index] =
           record.target_hash;

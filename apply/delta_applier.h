@@ -32,6 +32,7 @@
 // relay/node_store.h waits for the chunks in flight first).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -53,6 +54,12 @@ struct ApplyOptions {
   // Keeps what Rollback needs (the XOR words of each patched partition, or its old
   // bytes for dense and literal records) in memory until Finish or Rollback.
   bool keep_undo = false;
+  // With keep_undo: what the delta's own records can restore is not kept (XOR
+  // records are self-inverse and decodable without the base: RevertChunk applies
+  // them again), and the old values of the others (overwrite, literal, context-XOR)
+  // only up to kMaxUndoBytes in all; beyond that their base bytes are fetched. So a
+  // node holding a delta in its spool keeps memory bounded whatever the model size.
+  bool undo_from_records = false;
   // The caller vouches that the manifest given to the applier is the hash of the
   // store's bytes as they are (the journal says the store is cleanly at it, or it
   // was just hashed): partitions it has at a record's base are patched without a
@@ -90,6 +97,9 @@ struct ApplyReport {
 
 class DeltaApplier {
  public:
+  // The most memory of undo kept with ApplyOptions::undo_from_records.
+  static constexpr uint64_t kMaxUndoBytes = uint64_t{256} << 20;
+
   // `base_manifest` is the store's manifest at the delta's base version; its tensor
   // table must match the store's. The store must outlive the applier.
   DeltaApplier(WeightStore& store, codec::Manifest base_manifest,
@@ -178,6 +188,9 @@ class DeltaApplier {
   };
   Result<Located> Locate(const codec::PartitionRecord& record) const;
   void ForEach(size_t count, const std::function<void(size_t)>& fn) const;
+  // Whether to keep the undo of `record` (reserving its bytes of the budget).
+  bool KeepUndo(const codec::PartitionRecord& record, const Located& where);
+  void ReleaseUndo(const codec::PartitionRecord& record, const Located& where);
   void Claim(const std::vector<std::pair<size_t, uint64_t>>& partitions);
   void Release(const std::vector<std::pair<size_t, uint64_t>>& partitions);
 
@@ -205,6 +218,7 @@ class DeltaApplier {
 
   std::vector<Located> dirty_;  // applied partitions not yet flushed
   std::vector<Undo> undo_;
+  std::atomic<uint64_t> undo_bytes_{0};  // reserved under undo_from_records
   bool repaired_ = false;
   mutable std::mutex mu_;
 };

@@ -69,6 +69,10 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
 
 void NodeAgent::Impl::OnJournal(const NodeStore::Journal& journal) {
   journal_ = journal;
+  {
+    std::lock_guard lock(stats_mu_);
+    stats_.store_unflushed = journal_.unflushed.has_value();
+  }
   // A restart found the last commit's writes possibly lost, or a commit was made
   // ahead of the bytes: mend the store before anything else uses it.
   if (journal_.needs_reconcile && !recovery_.active()) recovery_.Start();

@@ -72,6 +72,9 @@ struct NodeAgentStats {
   // came back from the spool).
   uint64_t stores_recovered = 0;
   uint64_t partitions_recovered = 0;
+  // The last commit's writes are not all known to be on disk yet (its write-back
+  // is pending or running, or a restart has yet to reconcile it).
+  bool store_unflushed = false;
   Digest128 version;
 };
 

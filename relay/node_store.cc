@@ -93,6 +93,9 @@ apply::ApplyOptions NodeStore::RefitOptions() const {
   apply::ApplyOptions o;
   o.threads = options_.apply_threads;
   o.keep_undo = true;
+  // The spool holds the records: XOR ones roll back from there, so memory stays
+  // bounded by the credit window and scratch whatever the model size.
+  o.undo_from_records = true;
   // Durable by the spool: nothing is flushed before PREPARED.
   o.flush_on_finish = false;
   o.pool = workers_.get();
