@@ -89,6 +89,11 @@ void NodeAgent::Impl::OnRecovered(const Status& status, uint64_t fetched) {
                     "recovered ({})",
                     options_.node_id, status.ToString()));
   }
+  if (deferred_decision_) {
+    auto [type, bytes] = std::move(*deferred_decision_);
+    deferred_decision_.reset();
+    loop_.Post([this, type, bytes] { OnDecision(type, bytes); });
+  }
   RunDeferredBegin();
 }
 

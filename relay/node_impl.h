@@ -140,8 +140,11 @@ class NodeAgent::Impl {
   std::optional<Refit> refit_;
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
-  uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
-  NodeStore::Journal journal_;             // the replica's journal, mirrored
+  // A decision that waits for the store's recovery (a node confirms a version only
+  // once its bytes are at it): its type and message.
+  std::optional<std::pair<MessageType, std::vector<std::byte>>> deferred_decision_;
+  uint64_t catch_up_failed_refit_ = 0;  // its BEGIN then runs (and fails) as usual
+  NodeStore::Journal journal_;          // the replica's journal, mirrored
   Claimed claimed_;
   std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
   Clock::time_point next_heartbeat_ = Clock::now();

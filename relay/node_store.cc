@@ -75,7 +75,10 @@ void NodeStore::Start() { apply_loop_.Start(); }
 void NodeStore::Stop() {
   apply_loop_.Stop();
   workers_->Stop();
-  write_back_.Abandon();
+  // The apply thread is gone: this thread drives the replica now. A write-back that
+  // ran to the end clears the journal's note; one still waiting is dropped.
+  auto flushed = write_back_.Abandon();
+  if (flushed && flushed->status.ok()) (void)replica_->MarkFlushed(flushed->target);
 }
 
 NodeStore::Journal NodeStore::journal() const {

@@ -2,7 +2,7 @@
 
 namespace deltacast::relay {
 
-WriteBack::~WriteBack() { Abandon(); }
+WriteBack::~WriteBack() { (void)Abandon(); }
 
 void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
                       std::function<void()> done) {
@@ -47,14 +47,18 @@ std::optional<WriteBack::Outcome> WriteBack::Join() {
   return out;
 }
 
-void WriteBack::Abandon() {
-  if (!thread_.joinable()) return;
+std::optional<WriteBack::Outcome> WriteBack::Abandon() {
+  if (!thread_.joinable()) return std::nullopt;
   {
     std::lock_guard lock(mu_);
     if (!started_) abandoned_ = true;
     wake_.notify_all();
   }
   thread_.join();
+  std::lock_guard lock(mu_);
+  std::optional<Outcome> out = std::move(outcome_);
+  outcome_.reset();
+  return out;
 }
 
 }  // namespace deltacast::relay

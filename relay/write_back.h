@@ -48,8 +48,9 @@ class WriteBack {
   // returns its outcome; nullopt if there was none since the last Join.
   std::optional<Outcome> Join();
   // Drops a flush that has not started (the journal still notes the store as
-  // unflushed, so the next start reconciles it); waits for one that has.
-  void Abandon();
+  // unflushed, so the next start reconciles it); waits for one that has and
+  // returns its outcome.
+  std::optional<Outcome> Abandon();
 
  private:
   const std::chrono::milliseconds delay_;
