@@ -146,13 +146,18 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
   }
   CrashPoint("agent.chunk_received");
   HoldChunk(message->size());
-  // Released once applied here AND handed to every child: only then does this node
-  // have room for another, so only then does the parent get credit.
+  // Released once handed to every child AND spooled: then this node needs the
+  // buffer no more (the apply reads the chunk back from the spool if it has not
+  // taken it yet), so it has room for another and the parent gets credit. Applying
+  // is off the tree's critical path: a node that applies slowly does not slow its
+  // subtree, and its memory stays bounded by the window.
+  auto slot = std::make_shared<NodeStore::ChunkSlot>(message, header->kind);
   auto pending = std::make_shared<int>(2);
   const uint64_t id = r.id;
   const size_t size = message->size();
-  auto release = [this, pending, id, size] {
+  auto release = [this, pending, id, size, slot] {
     if (--*pending > 0) return;
+    slot->Drop();
     ReleaseChunk(size);
     // Credit is owed whatever the phase: a replay to a node that already finished
     // this refit still has a decision queued behind its chunks.
@@ -170,13 +175,14 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
       spooled = false;
       LocalFailure(r.id, appended.WithContext("spool"));
     }
+  } else {
+    spooled = false;
   }
   if (!spooled) return release();  // never applied unless it can be undone from the spool
-  store_.ApplyChunk(id, header->sequence, message, r.spool,
-                    [this, id, release](const NodeStore::ApplyResult& result) {
-                      release();
-                      OnChunkApplied(id, result);
-                    });
+  store_.ApplyChunk(
+      id, header->sequence, slot, r.spool,
+      [this, id](const NodeStore::ApplyResult& result) { OnChunkApplied(id, result); });
+  release();
 }
 
 void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result) {

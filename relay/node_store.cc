@@ -1,5 +1,6 @@
 #include "relay/node_store.h"
 
+#include <atomic>
 #include <chrono>
 
 #include "common/crash_point.h"
@@ -169,31 +170,57 @@ void NodeStore::BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
   });
 }
 
-void NodeStore::ApplyChunk(uint64_t id, uint32_t sequence, transport::Message message,
+void NodeStore::ApplyChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
                            std::shared_ptr<Spool> spool,
                            std::function<void(const ApplyResult&)> done) {
-  apply_loop_.Post([this, id, sequence, message, spool, done] {
-    DispatchChunk(id, sequence, message, spool, done);
+  apply_loop_.Post([this, id, sequence, chunk, spool, done] {
+    DispatchChunk(id, sequence, chunk, spool, done);
   });
 }
 
-void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, transport::Message message,
+namespace {
+// The chunk's message: its buffer if the node still holds it, else from the spool.
+Result<transport::Message> MessageOf(const NodeStore::ChunkSlot& chunk, uint32_t sequence,
+                                     Spool* spool) {
+  if (transport::Message m = chunk.Take()) return m;
+  if (!spool) return Status::Internal("a chunk dropped before it was spooled");
+  return spool->Read(sequence);
+}
+}  // namespace
+
+void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
                               std::shared_ptr<Spool> spool,
                               std::function<void(const ApplyResult&)> done) {
-  auto header = codec::PeekChunkHeader(Body(*message));
-  const bool data = header.ok() && header->kind == codec::ChunkKind::kData;
+  const bool data = chunk->kind() == codec::ChunkKind::kData;
   if (data && refit_->id == id && refit_->applier && !refit_->at_target) {
     {
       std::lock_guard lock(chunks_mu_);
       ++chunks_in_flight_;
     }
     apply::DeltaApplier* applier = refit_->applier.get();
-    workers_->Post([this, applier, sequence, message, spool, done] {
+    workers_->Post([this, id, applier, sequence, chunk, spool, done] {
       const auto t0 = Clock::now();
-      ApplyResult result = ApplyData(*applier, sequence, message, spool.get());
+      ApplyResult result = ApplyData(*applier, sequence, *chunk, spool.get());
       result.sequence = sequence;
       result.seconds = SecondsSince(t0);
-      Reply([done, result] { done(result); });
+      if (result.status.ok() && result.chunk_applied && end_waits_for_refused_ == id) {
+        // Maybe the chunk an END was waiting for: the apply thread checks.
+        apply_loop_.Post([this, id, result, done]() mutable {
+          WaitForChunks();
+          if (refit_->id == id && end_waits_for_refused_ == id && refit_->applier &&
+              !refit_->applier->HasRefusedChunks()) {
+            end_waits_for_refused_ = 0;
+            ApplyResult end = FinishRefit();
+            end.sequence = result.sequence;
+            end.seconds = result.seconds;
+            end.chunk_applied = true;
+            result = end;
+          }
+          Reply([done, result] { done(result); });
+        });
+      } else {
+        Reply([done, result] { done(result); });
+      }
       std::lock_guard lock(chunks_mu_);
       if (--chunks_in_flight_ == 0) chunks_done_.notify_all();
     });
@@ -209,15 +236,21 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, transport::Message
     result.status = synced;
   } else if (refit_->id != id) {
   } else if (refit_->at_target) {
-    result.end = header.ok() && header->kind == codec::ChunkKind::kEnd;
+    result.end = chunk->kind() == codec::ChunkKind::kEnd;
   } else if (refit_->applier) {
-    auto chunk = codec::ParseChunk(Body(*message));
-    if (!chunk.ok()) {
-      result.status = chunk.status();
-    } else if (chunk->kind == codec::ChunkKind::kEnd) {
-      refit_->summary = chunk->summary;
+    auto message = MessageOf(*chunk, sequence, spool.get());
+    auto parsed = message.ok() ? codec::ParseChunk(Body(**message))
+                               : Result<codec::ChunkView>(message.status());
+    if (!parsed.ok()) {
+      result.status = parsed.status();
+    } else if (parsed->kind == codec::ChunkKind::kEnd) {
+      refit_->summary = parsed->summary;
       // A refused chunk is fetched again, and this END replayed behind it.
-      if (!refit_->applier->HasRefusedChunks()) result = FinishRefit();
+      if (!refit_->applier->HasRefusedChunks()) {
+        result = FinishRefit();
+      } else {
+        end_waits_for_refused_ = id;
+      }
     }
   }
   result.sequence = sequence;
@@ -228,13 +261,18 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, transport::Message
 // A worker. The chunk is spooled durably before it is applied, and journaled after:
 // a restart re-applies what the journal lists from the spool, by hash.
 NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32_t sequence,
-                                            const transport::Message& message, Spool* spool) {
+                                            const ChunkSlot& slot, Spool* spool) {
   ApplyResult result;
   // Spooled durably first, so the node can always roll back what it applied from
   // the records themselves, and redo it after a machine crash.
   if (spool) result.status = spool->Sync();
   if (!result.status.ok()) return result;
-  auto chunk = codec::ParseChunk(Body(*message));
+  auto message = MessageOf(slot, sequence, spool);
+  if (!message.ok()) {
+    result.status = message.status();
+    return result;
+  }
+  auto chunk = codec::ParseChunk(Body(**message));
   if (!chunk.ok()) {
     result.status = chunk.status();
     return result;

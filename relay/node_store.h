@@ -27,6 +27,7 @@
 // Thread safety: call from the node's loop thread; completions run on it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -54,6 +55,32 @@ struct CommitEvent;
 
 class NodeStore {
  public:
+  // A received chunk on its way to the apply workers. The node keeps its buffer
+  // only while it still forwards it (which credit bounds); once it drops it, the
+  // worker reads the chunk back from the spool. So however far applying lags, the
+  // apply path holds at most the credit window of chunks plus the ones being
+  // applied (one per worker), and a slow apply never holds back the children.
+  class ChunkSlot {
+   public:
+    ChunkSlot(transport::Message message, codec::ChunkKind kind)
+        : message_(std::move(message)), kind_(kind) {}
+    // The buffer, or null once dropped.
+    transport::Message Take() const {
+      std::lock_guard lock(mu_);
+      return message_;
+    }
+    void Drop() {
+      std::lock_guard lock(mu_);
+      message_.reset();
+    }
+    codec::ChunkKind kind() const { return kind_; }
+
+   private:
+    mutable std::mutex mu_;
+    transport::Message message_;
+    const codec::ChunkKind kind_;
+  };
+
   // What the replica's journal says, mirrored for the loop thread (HELLO, catch-up).
   struct Journal {
     Digest128 version;
@@ -112,9 +139,10 @@ class NodeStore {
   void BeginRefit(uint64_t id, const codec::DeltaIdentity& identity, std::shared_ptr<Spool> spool,
                   Done done);
   // Applies one chunk of refit `id` after making `spool` durable (a chunk is on disk
-  // before it changes a partition). The END chunk verifies the whole delta and
-  // journals PREPARED, or returns the torn partitions.
-  void ApplyChunk(uint64_t id, uint32_t sequence, transport::Message message,
+  // before it changes a partition); `chunk` must already be appended to `spool`,
+  // from which it is read back if its buffer was dropped. The END chunk verifies the
+  // whole delta and journals PREPARED, or returns the torn partitions.
+  void ApplyChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
                   std::shared_ptr<Spool> spool, std::function<void(const ApplyResult&)> done);
   // Writes a torn partition's literal target bytes; once none is torn and END came,
   // verifies the delta as ApplyChunk(END) does.
@@ -179,11 +207,11 @@ class NodeStore {
   struct RefitState;
   struct ReconcileState;
   // Apply thread: a data chunk goes to the workers; anything else runs here.
-  void DispatchChunk(uint64_t id, uint32_t sequence, transport::Message message,
+  void DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
                      std::shared_ptr<Spool> spool, std::function<void(const ApplyResult&)> done);
   // A worker: makes the spool durable, applies and journals one data chunk.
-  ApplyResult ApplyData(apply::DeltaApplier& applier, uint32_t sequence,
-                        const transport::Message& message, Spool* spool);
+  ApplyResult ApplyData(apply::DeltaApplier& applier, uint32_t sequence, const ChunkSlot& chunk,
+                        Spool* spool);
   ApplyResult FinishRefit();
   // Apply thread: waits until no data chunk is being applied.
   void WaitForChunks();
@@ -213,6 +241,10 @@ class NodeStore {
   std::mutex chunks_mu_;
   std::condition_variable chunks_done_;
   size_t chunks_in_flight_ = 0;
+  // The refit whose END came while a refused chunk was still to be fetched again
+  // (0: none): its delta is verified once that chunk applies, which may come after
+  // the END on a new link. Read by workers.
+  std::atomic<uint64_t> end_waits_for_refused_{0};
   std::unique_ptr<WorkerPool> workers_;
   // Declared last: stopped before the state it uses goes away.
   EventLoop apply_loop_;

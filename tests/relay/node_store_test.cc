@@ -214,8 +214,12 @@ class NodeStoreTest : public ::testing::Test {
     for (const auto& m : chunks) {
       auto h = codec::PeekChunkHeader(Body(*m));
       EXPECT_TRUE(shared->Append(h->sequence, *m).ok());
-      last = Await<NodeStore::ApplyResult>(
-          [&](auto done) { store_->ApplyChunk(id, h->sequence, m, shared, done); });
+      last = Await<NodeStore::ApplyResult>([&](auto done) {
+        auto slot = std::make_shared<NodeStore::ChunkSlot>(m, h->kind);
+        // As a node that forwarded it already: the apply reads it from the spool.
+        if (h->sequence % 2 == 1) slot->Drop();
+        store_->ApplyChunk(id, h->sequence, slot, shared, done);
+      });
       EXPECT_TRUE(last.status.ok()) << last.status.ToString();
     }
     return last.end && last.torn.empty() && last.status.ok();
