@@ -12,6 +12,11 @@ namespace deltacast::relay {
 void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
   auto d = ParseDecision(bytes);
   if (!d.ok()) return parent_.ProtocolError(d.status().message());
+  if (recovery_.active()) {
+    // The store is being mended to its committed version: confirm nothing before.
+    deferred_decision_.emplace(type, std::vector<std::byte>(bytes.begin(), bytes.end()));
+    return;
+  }
   if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
       // A repeated COMMIT: confirm again.
@@ -120,7 +125,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d) {
     return;
   }
   refit_->phase = Phase::kAborting;
-  auto spool = Spool::Open(options_.spool_dir, d.target_version);
+  auto spool = Spool::Open(options_.spool_dir, d.target_version, /*remove_others=*/false);
   rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
 }
 

@@ -24,10 +24,14 @@ class Spool {
  public:
   // Opens `dir`/delta-<target>.spool, keeping the valid chunks a previous run of
   // this node spooled for the same delta (a relay that restarts must still replay
-  // what it had forwarded); spools of other deltas in `dir` are deleted. The file
-  // is removed by Discard, not by the destructor: it outlives a crash on purpose.
+  // what it had forwarded); with `remove_others`, spools of other deltas in `dir`
+  // are deleted. The file is removed by Discard, not by the destructor: it
+  // outlives a crash on purpose.
   static Result<std::unique_ptr<Spool>> Open(const std::filesystem::path& dir,
-                                             const Digest128& target);
+                                             const Digest128& target, bool remove_others = true);
+  // Deletes every spool in `dir` but `target`'s (a node, once the last commit's
+  // writes are flushed and its spool is no longer needed to recover them).
+  static void RemoveOthers(const std::filesystem::path& dir, const Digest128& target);
   // Opens one spool file as it is (the source's retained deltas), touching nothing
   // else.
   static Result<std::unique_ptr<Spool>> OpenFile(const std::filesystem::path& file);
