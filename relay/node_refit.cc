@@ -72,8 +72,16 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
   received_on_link_.clear();
   // Other deltas' spools stay until the last commit's writes are flushed (the apply
-  // thread removes them): recovering those writes may need them.
-  auto spool = Spool::Open(options_.spool_dir, begin->target_version, /*remove_others=*/false);
+  // thread removes them): recovering those writes may need them. This delta's own
+  // spool is kept only if this node holds some of the delta (in flight: a resume) or
+  // all of it (committed: children may still need it); else what it holds is left
+  // from a refit of the same delta this node rolled back, whose chunk N need not be
+  // this refit's chunk N (a root merges producers' chunks as they come).
+  const bool holds_delta = journal_.inflight ? journal_.inflight->target == begin->target_version
+                                             : journal_.version == begin->target_version;
+  auto spool = holds_delta
+                   ? Spool::Open(options_.spool_dir, begin->target_version, /*remove_others=*/false)
+                   : Spool::OpenEmpty(options_.spool_dir, begin->target_version);
   if (spool.ok()) {
     refit_->spool = std::move(*spool);
   } else {

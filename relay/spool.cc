@@ -39,6 +39,23 @@ Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
   return spool;
 }
 
+Result<std::unique_ptr<Spool>> Spool::OpenEmpty(const std::filesystem::path& dir,
+                                                const Digest128& target) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
+  const auto path = dir / FileName(target);
+  // A new file, not the old one truncated: a Spool still open on the old one (a
+  // rollback finishing) keeps reading what it indexed.
+  std::filesystem::remove(path, ec);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
+  // The chunks fdatasynced into it later must not be lost with its name.
+  RETURN_IF_ERROR(FsyncDirectory(dir));
+  return spool;
+}
+
 Result<std::unique_ptr<Spool>> Spool::OpenFile(const std::filesystem::path& file) {
   const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "open " + file.string());
