@@ -359,4 +359,14 @@ Status CheckpointDirStore::Flush(size_t index, uint64_t offset, uint64_t length)
   return Status::Ok();
 }
 
+Status CheckpointDirStore::FlushAll() {
+  if (access_ == Access::kReadOnly) return Status::Ok();
+  for (size_t f = 0; f < mappings_.size(); ++f) {
+    if (mappings_[f].data() == nullptr) continue;
+    if (::msync(mappings_[f].data(), static_cast<size_t>(mappings_[f].size()), MS_SYNC) != 0)
+      return Status::FromErrno(errno, "msync " + (dir_ / layout_.files[f].name).string());
+  }
+  return Status::Ok();
+}
+
 }  // namespace deltacast::apply

@@ -93,6 +93,9 @@ class CheckpointDirStore final : public WeightStore {
   // msync(MS_SYNC) of the pages holding those bytes; blocks until they are on disk.
   // kInvalidArgument if the range is outside the tensor; nothing to do when read-only.
   Status Flush(size_t index, uint64_t offset, uint64_t length) override;
+  // msync(MS_SYNC) of every file's whole mapping: the kernel writes the dirty pages
+  // only, so a store with few of them is flushed quickly.
+  Status FlushAll() override;
   Digest128 LayoutId() const override { return layout_id_; }
 
  private:

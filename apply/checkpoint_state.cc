@@ -22,6 +22,7 @@ constexpr std::string_view kInflightFile = "inflight";
 constexpr std::string_view kActiveFile = "active";
 constexpr std::string_view kAppliedFile = "applied";
 constexpr std::string_view kPreparedFile = "prepared";
+constexpr std::string_view kUnflushedFile = "unflushed";
 
 // What identifies a file's contents cheaply: if none of these changed, neither did
 // the bytes, as long as writers go through the file system (mmap writes update
@@ -140,24 +141,94 @@ Status CheckpointState::SaveManifest(const CheckpointDirStore& store,
   return WriteFileAtomic(dir_ / kManifestFile, out);
 }
 
-Result<std::optional<InflightDelta>> CheckpointState::ReadInflight() const {
-  ASSIGN_OR_RETURN(auto body, ReadChecked(dir_ / kInflightFile));
+namespace {
+
+// "<tag> <base> <target>" (checksummed): the in-flight and the unflushed records.
+Result<std::optional<InflightDelta>> ReadDeltaRecord(const std::filesystem::path& path,
+                                                     std::string_view tag) {
+  ASSIGN_OR_RETURN(auto body, ReadChecked(path));
   if (!body) return std::optional<InflightDelta>();
-  // "inflight <base> <target>"
-  if (body->size() != 9 + 32 + 1 + 32 || body->substr(0, 9) != "inflight ") {
-    return Status::Corrupt((dir_ / kInflightFile).string() + " is malformed");
+  const size_t at = tag.size() + 1;
+  if (body->size() != at + 32 + 1 + 32 || body->substr(0, at) != std::string(tag) + " ") {
+    return Status::Corrupt(path.string() + " is malformed");
   }
-  auto base = Digest128::FromHex(body->substr(9, 32));
-  auto target = Digest128::FromHex(body->substr(42, 32));
-  if (!base || !target) return Status::Corrupt((dir_ / kInflightFile).string() + " is malformed");
+  auto base = Digest128::FromHex(body->substr(at, 32));
+  auto target = Digest128::FromHex(body->substr(at + 33, 32));
+  if (!base || !target) return Status::Corrupt(path.string() + " is malformed");
   return std::optional<InflightDelta>(InflightDelta{*base, *target});
+}
+
+Status WriteDeltaRecord(const std::filesystem::path& path, std::string_view tag,
+                        const InflightDelta& delta) {
+  const std::string text =
+      WithChecksum(std::string(tag) + " " + delta.base.ToHex() + " " + delta.target.ToHex());
+  return WriteFileAtomic(path, AsBytes(text));
+}
+
+}  // namespace
+
+Result<std::optional<InflightDelta>> CheckpointState::ReadInflight() const {
+  return ReadDeltaRecord(dir_ / kInflightFile, "inflight");
 }
 
 Status CheckpointState::WriteInflight(const InflightDelta& inflight) {
   RETURN_IF_ERROR(EnsureDir());
-  const std::string text =
-      WithChecksum("inflight " + inflight.base.ToHex() + " " + inflight.target.ToHex());
-  return WriteFileAtomic(dir_ / kInflightFile, AsBytes(text));
+  return WriteDeltaRecord(dir_ / kInflightFile, "inflight", inflight);
+}
+
+Result<std::optional<InflightDelta>> CheckpointState::ReadUnflushed() const {
+  return ReadDeltaRecord(dir_ / kUnflushedFile, "unflushed");
+}
+
+Status CheckpointState::WriteUnflushed(const InflightDelta& delta) {
+  RETURN_IF_ERROR(EnsureDir());
+  return WriteDeltaRecord(dir_ / kUnflushedFile, "unflushed", delta);
+}
+
+Status CheckpointState::ClearUnflushed() {
+  std::error_code ec;
+  std::filesystem::remove(dir_ / kUnflushedFile, ec);
+  if (ec)
+    return Status::IoError("remove " + (dir_ / kUnflushedFile).string() + ": " + ec.message());
+  return FsyncDirectory(dir_);
+}
+
+Result<std::optional<codec::Manifest>> CheckpointState::LoadManifestOf(
+    const Digest128& version, uint64_t partition_bytes) const {
+  auto cached = ReadFile(dir_ / kManifestFile, uint64_t{1} << 30);
+  if (!cached.ok()) {
+    if (cached.status().code() == StatusCode::kNotFound) return std::optional<codec::Manifest>();
+    return cached.status();
+  }
+  // Skip the stamp block (StampBlock's layout) to reach the manifest.
+  const ByteSpan all(*cached);
+  if (all.size() < 20 ||
+      LoadLE<uint64_t>(all.data() + all.size() - 8) != Hash64(all.first(all.size() - 8))) {
+    return std::optional<codec::Manifest>();
+  }
+  ByteReader r(all.first(all.size() - 8));
+  uint32_t magic = 0, files = 0;
+  uint16_t format = 0, reserved = 0;
+  if (!r.Get(magic) || !r.Get(format) || !r.Get(reserved) || !r.Get(files) ||
+      magic != kCacheMagic || format != kCacheVersion) {
+    return std::optional<codec::Manifest>();
+  }
+  for (uint32_t f = 0; f < files; ++f) {
+    uint16_t name = 0;
+    ByteSpan skipped;
+    if (!r.Get(name) || !r.GetBytes(name + 8 + 8 + 8, skipped))
+      return std::optional<codec::Manifest>();
+  }
+  uint64_t index_hash = 0;
+  if (!r.Get(index_hash)) return std::optional<codec::Manifest>();
+  ByteSpan rest;
+  if (!r.GetBytes(r.remaining(), rest)) return std::optional<codec::Manifest>();
+  auto manifest = codec::Manifest::Parse(rest);
+  if (!manifest.ok() || manifest->partition_bytes != partition_bytes ||
+      manifest->VersionId() != version) {
+    return std::optional<codec::Manifest>();
+  }
+  return std::optional<codec::Manifest>(std::move(*manifest));
 }
 
 Status CheckpointState::ClearInflight() {

@@ -55,6 +55,21 @@ class CheckpointState {
   Status WritePrepared();
   Result<bool> ReadPrepared() const;
 
+  // The cached manifest if it is the manifest of `version`, whatever the files'
+  // stamps say: after a machine crash they prove nothing either way, and the
+  // version id (checked here) binds every partition hash. nullopt when there is no
+  // such cache. For recovery, which re-hashes the store against it.
+  Result<std::optional<codec::Manifest>> LoadManifestOf(const Digest128& version,
+                                                        uint64_t partition_bytes) const;
+
+  // The committed delta whose writes may not all be on disk yet (its records are
+  // in the node's spool): written before `active` when a commit leaves the store's
+  // write-back for later, removed once every page is flushed. While it exists,
+  // a restart re-hashes the store and mends it from the spool and the tree.
+  Result<std::optional<InflightDelta>> ReadUnflushed() const;
+  Status WriteUnflushed(const InflightDelta& delta);
+  Status ClearUnflushed();
+
   Result<std::optional<Digest128>> ReadActive() const;
   // Durably records `version` as active (write tmp, fsync, rename, fsync dir).
   Status WriteActive(const Digest128& version);

@@ -1,5 +1,6 @@
 #include "apply/delta_applier.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 
@@ -42,6 +43,57 @@ Result<DeltaApplier::Located> DeltaApplier::Locate(const codec::PartitionRecord&
   return Located{*index, record.element_offset / per, record.element_offset * e, expected * e};
 }
 
+void DeltaApplier::ForEach(size_t count, const std::function<void(size_t)>& fn) const {
+  if (options_.pool) return options_.pool->ParallelFor(count, fn);
+  ParallelFor(count, options_.threads ? options_.threads : DefaultThreadCount(), fn);
+}
+
+namespace {
+bool SelfInverse(codec::Encoding e) {
+  return e == codec::Encoding::kSparseXor || e == codec::Encoding::kDenseXor;
+}
+uint64_t UndoBytes(const codec::PartitionRecord& record, uint64_t byte_length) {
+  const bool whole =
+      record.encoding == codec::Encoding::kDenseXor || record.encoding == codec::Encoding::kLiteral;
+  return whole ? byte_length : record.change_count * (4 + ElementSize(record.dtype));
+}
+}  // namespace
+
+bool DeltaApplier::KeepUndo(const codec::PartitionRecord& record, const Located& where) {
+  if (!options_.keep_undo) return false;
+  if (options_.undo_from_records && SelfInverse(record.encoding)) return false;
+  if (!options_.undo_from_records) return true;
+  const uint64_t bytes = UndoBytes(record, where.byte_length);
+  uint64_t held = undo_bytes_.load();
+  do {
+    if (held + bytes > kMaxUndoBytes) return false;
+  } while (!undo_bytes_.compare_exchange_weak(held, held + bytes));
+  return true;
+}
+
+void DeltaApplier::ReleaseUndo(const codec::PartitionRecord& record, const Located& where) {
+  if (options_.undo_from_records) undo_bytes_ -= UndoBytes(record, where.byte_length);
+}
+
+// Waits until no other ApplyChunk holds any of `partitions`, then holds them all.
+// All or nothing, so two chunks never wait on each other.
+void DeltaApplier::Claim(const std::vector<std::pair<size_t, uint64_t>>& partitions) {
+  std::unique_lock lock(mu_);
+  claims_released_.wait(lock, [&] {
+    return std::none_of(partitions.begin(), partitions.end(),
+                        [&](const auto& p) { return claimed_.contains(p); });
+  });
+  claimed_.insert(partitions.begin(), partitions.end());
+}
+
+void DeltaApplier::Release(const std::vector<std::pair<size_t, uint64_t>>& partitions) {
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& p : partitions) claimed_.erase(p);
+  }
+  claims_released_.notify_all();
+}
+
 Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   const auto start = std::chrono::steady_clock::now();
   if (!(chunk.identity == identity_)) {
@@ -56,16 +108,24 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   // Validate everything before the first write.
   std::vector<Located> located;
   located.reserve(chunk.records.size());
-  std::set<std::pair<size_t, uint64_t>> named;  // (tensor, partition index)
+  std::vector<std::pair<size_t, uint64_t>> named;  // (tensor, partition index)
+  named.reserve(chunk.records.size());
   for (const auto& record : chunk.records) {
     ASSIGN_OR_RETURN(Located where, Locate(record));
-    // Records run in parallel; two for one partition would write the same bytes at once.
-    if (!named.insert({where.tensor, where.partition_index}).second) {
-      return Status::Corrupt("chunk " + std::to_string(chunk.sequence) + " names tensor '" +
-                             std::string(record.tensor_name) + "' partition at element " +
-                             std::to_string(record.element_offset) + " twice");
-    }
     located.push_back(where);
+    named.emplace_back(where.tensor, where.partition_index);
+  }
+  {
+    // Records run in parallel; two for one partition would write the same bytes at once.
+    std::vector<std::pair<size_t, uint64_t>> sorted = named;
+    std::sort(sorted.begin(), sorted.end());
+    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    if (dup != sorted.end()) {
+      const size_t i = std::find(named.begin(), named.end(), *dup) - named.begin();
+      return Status::Corrupt("chunk " + std::to_string(chunk.sequence) + " names tensor '" +
+                             std::string(chunk.records[i].tensor_name) + "' partition at element " +
+                             std::to_string(chunk.records[i].element_offset) + " twice");
+    }
   }
   std::vector<MutableByteSpan> targets(located.size());
   for (size_t i = 0; i < located.size(); ++i) {
@@ -73,19 +133,61 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     targets[i] = tensor.subspan(located[i].byte_offset, located[i].byte_length);
   }
 
+  // Chunks of the delta may apply concurrently; one that names a partition another
+  // is writing (a replay of the same chunk, say) waits for it.
+  Claim(named);
+  struct Unclaim {
+    DeltaApplier* self;
+    const std::vector<std::pair<size_t, uint64_t>>& named;
+    ~Unclaim() { self->Release(named); }
+  } unclaim{this, named};
+
+  // What the manifest says each partition holds. With store_at_manifest a
+  // partition at the record's base is written without hashing it first: the
+  // write is verified by hashing the stored result (in the same pass), and a
+  // mismatch is undone and the partition classified by hashing after all.
+  // A partition the manifest has at the record's target was verified there (this
+  // applier wrote it, or the store was just hashed) and is skipped.
+  enum class Action : char { kUnknown, kSkip, kTorn, kApply };
+  std::vector<Action> action(located.size(), Action::kUnknown);
+  std::vector<char> presumed_base(located.size(), 0);
+  if (options_.store_at_manifest) {
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < located.size(); ++i) {
+      const codec::PartitionRecord& record = chunk.records[i];
+      if (torn_.contains(PartitionKey{std::string(record.tensor_name), record.element_offset}))
+        continue;
+      const PartitionHash& known =
+          manifest_.partition_hashes[located[i].tensor][located[i].partition_index];
+      presumed_base[i] = known == record.base_hash;
+      if (known == record.target_hash) action[i] = Action::kSkip;
+    }
+  }
+
   // Check before write: decode and check every record before any byte of the chunk
   // is written. Records checked from the mask alone (XOR, literal) do not read the
-  // store here; their partitions are hashed just before they are written, so those
-  // bytes are still in cache for the write and the verification after it. Overwrite
-  // and context-XOR records decode against the base bytes, so their partitions are
-  // hashed first and only the ones at base are decoded.
-  enum class Action : char { kUnknown, kSkip, kTorn, kApply };
-  const size_t threads = options_.threads ? options_.threads : DefaultThreadCount();
-  std::vector<Action> action(located.size(), Action::kUnknown);
+  // store here. Overwrite and context-XOR records decode against the base bytes, so
+  // a partition not presumed at base is hashed first and decoded only if at base.
   std::vector<Status> errors(located.size());
   std::vector<char> held(located.size(), 0);
   std::atomic<size_t> held_bytes{0};
-  decoded_.resize(std::max(decoded_.size(), located.size()));
+  std::vector<codec::DecodedRecord> decoded;
+  {
+    std::lock_guard lock(mu_);
+    if (!decoded_pool_.empty()) {
+      decoded = std::move(decoded_pool_.back());
+      decoded_pool_.pop_back();
+    }
+  }
+  decoded.resize(std::max(decoded.size(), located.size()));
+  struct ReturnDecoded {
+    DeltaApplier* self;
+    std::vector<codec::DecodedRecord>& decoded;
+    ~ReturnDecoded() {
+      std::lock_guard lock(self->mu_);
+      self->decoded_pool_.push_back(std::move(decoded));
+    }
+  } return_decoded{this, decoded};
   auto context = [&](size_t i) {
     return "tensor '" + std::string(chunk.records[i].tensor_name) + "' partition at element " +
            std::to_string(chunk.records[i].element_offset);
@@ -97,22 +199,34 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
                 : current == record.base_hash ? Action::kApply
                                               : Action::kTorn;
   };
-  ParallelFor(located.size(), threads, [&](size_t i) {
+  ForEach(located.size(), [&](size_t i) {
     thread_local codec::CodecScratch scratch;
     const codec::PartitionRecord& record = chunk.records[i];
-    if (codec::RecordNeedsBase(record.encoding)) {
+    const bool needs_base = codec::RecordNeedsBase(record.encoding);
+    if (needs_base && action[i] == Action::kSkip) return;
+    if (needs_base && !presumed_base[i]) {
       classify(i);
       if (action[i] != Action::kApply) return;
     }
-    errors[i] = codec::DecodeAndCheckRecord(record.Coding(), targets[i], decoded_[i], scratch)
+    errors[i] = codec::DecodeAndCheckRecord(record.Coding(), targets[i], decoded[i], scratch)
                     .WithContext(context(i));
+    if (!errors[i].ok() && needs_base && presumed_base[i]) {
+      // Decoded against bytes presumed at base: refuse only if they really are.
+      classify(i);
+      if (action[i] != Action::kApply) {
+        errors[i] = Status::Ok();
+        return;
+      }
+      errors[i] = codec::DecodeAndCheckRecord(record.Coding(), targets[i], decoded[i], scratch)
+                      .WithContext(context(i));
+    }
     // What does not fit the budget is decoded again when written.
-    const size_t bytes = decoded_[i].MemoryBytes();
+    const size_t bytes = decoded[i].MemoryBytes();
     if (held_bytes.fetch_add(bytes) + bytes <= kMaxHeldDecodedBytes) {
       held[i] = 1;
     } else {
       held_bytes -= bytes;
-      decoded_[i] = codec::DecodedRecord{};
+      decoded[i] = codec::DecodedRecord{};
     }
   });
   for (size_t i = 0; i < located.size(); ++i) {
@@ -125,12 +239,13 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   }
 
   std::atomic<uint64_t> applied{0}, skipped{0}, changed{0};
-  std::vector<char> torn(located.size(), 0), patched(located.size(), 0);
+  std::vector<char> torn(located.size(), 0), patched(located.size(), 0), kept(located.size(), 0);
   std::vector<Undo> undo(options_.keep_undo ? located.size() : 0);
-  ParallelFor(located.size(), threads, [&](size_t i) {
+  ForEach(located.size(), [&](size_t i) {
     thread_local codec::CodecScratch scratch;
     const codec::PartitionRecord& record = chunk.records[i];
-    if (action[i] == Action::kUnknown) classify(i);
+    const bool presumed = action[i] == Action::kUnknown && presumed_base[i];
+    if (action[i] == Action::kUnknown && !presumed) classify(i);
     if (action[i] == Action::kSkip) {
       ++skipped;
       return;
@@ -141,16 +256,38 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     }
     const bool whole = record.encoding == codec::Encoding::kDenseXor ||
                        record.encoding == codec::Encoding::kLiteral;
-    if (options_.keep_undo && whole) undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
-    errors[i] = (held[i] ? codec::ApplyDecodedRecord(decoded_[i], targets[i], record.target_hash)
-                         : codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch))
-                    .WithContext(context(i));
+    const bool keep = KeepUndo(record, located[i]);
+    if (keep && whole) undo[i].old_bytes.assign(targets[i].begin(), targets[i].end());
+    errors[i] =
+        (held[i] ? codec::ApplyDecodedRecord(decoded[i], targets[i], record.target_hash, scratch)
+                 : codec::ApplyEncodedPartition(record.Coding(), targets[i], scratch))
+            .WithContext(context(i));
+    if (!errors[i].ok() && presumed) {
+      // Not at base after all (the bytes are exactly as they were): at target, or torn.
+      classify(i);
+      errors[i] = Status::Ok();
+      if (action[i] != Action::kApply && keep) ReleaseUndo(record, located[i]);
+      if (action[i] == Action::kSkip) {
+        ++skipped;
+        return;
+      }
+      if (action[i] == Action::kTorn) {
+        torn[i] = 1;
+        return;
+      }
+      errors[i] = Status::Internal(
+                      "partition at its base hash did not reach its target with a "
+                      "record checked to lead there")
+                      .WithContext(context(i));
+    }
+    if (!errors[i].ok() && keep) ReleaseUndo(record, located[i]);
     if (errors[i].ok()) {
-      if (options_.keep_undo) {
+      if (keep) {
+        kept[i] = 1;
         undo[i].where = located[i];
         undo[i].base_hash = record.base_hash;
         undo[i].target_hash = record.target_hash;
-        if (!whole) undo[i].xors = held[i] ? decoded_[i].changes : scratch.decoded.changes;
+        if (!whole) undo[i].xors = held[i] ? decoded[i].changes : scratch.decoded.changes;
       }
       patched[i] = 1;
       ++applied;
@@ -166,7 +303,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
       torn_[PartitionKey{std::string(record.tensor_name), record.element_offset}] =
           record.target_hash;
     if (patched[i]) dirty_.push_back(located[i]);
-    if (patched[i] && options_.keep_undo) undo_.push_back(std::move(undo[i]));
+    if (patched[i] && kept[i]) undo_.push_back(std::move(undo[i]));
     if (errors[i].ok() && !torn[i]) {
       manifest_.partition_hashes[located[i].tensor][located[i].partition_index] =
           record.target_hash;
@@ -196,9 +333,11 @@ Result<codec::Manifest> DeltaApplier::Finish(const codec::DeltaSummary& summary)
                                       std::to_string(sequences_seen_.size()) + " of " +
                                       std::to_string(summary.data_chunks) + " data chunks");
   }
-  for (const Located& p : dirty_)
-    RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
-  dirty_.clear();
+  if (options_.flush_on_finish) {
+    for (const Located& p : dirty_)
+      RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
+    dirty_.clear();
+  }
   if (!torn_.empty()) {
     const PartitionKey& first = torn_.begin()->first;
     return Status::FailedPrecondition(
@@ -263,6 +402,11 @@ Status DeltaApplier::Rollback() {
   undo_.clear();
   dirty_.clear();
   return Status::Ok();
+}
+
+codec::Manifest DeltaApplier::current_manifest() const {
+  std::lock_guard lock(mu_);
+  return manifest_;
 }
 
 std::vector<PartitionKey> DeltaApplier::torn() const {

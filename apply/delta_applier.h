@@ -2,11 +2,19 @@
 // in parallel, partition by partition, never leaving a partition between versions
 // on a bad input.
 //
-// Per record: the partition's current bytes are hashed first. At the target hash it
-// is skipped (so re-applying a chunk is a no-op); at the base hash it is patched and
-// verified against the target hash (a mismatch is undone); at any other hash it is
-// torn (a crash mid-apply, or outside interference) and is reported for repair,
-// never patched: XOR is never replayed blindly.
+// Per record: at the target hash a partition is skipped (so re-applying a chunk is a
+// no-op); at the base hash it is patched and verified against the target hash (a
+// mismatch is undone); at any other hash it is torn (a crash mid-apply, or outside
+// interference) and is reported for repair, never patched: XOR is never replayed
+// blindly. Patching writes each window of the partition and hashes the stored bytes
+// while they are in cache (codec::ApplyDecodedRecord), so verifying costs no second
+// pass. Where the caller vouches that the manifest is what the store holds
+// (ApplyOptions::store_at_manifest: the journal says the store is cleanly at the
+// base, or it was just hashed), a partition the manifest has at the record's base is
+// patched without hashing it first: one pass over its memory in all. If the stored
+// result then misses the target the patch is undone (the bytes are exactly as they
+// were) and the partition is classified by hashing after all, so a wrong manifest
+// costs time, never a wrong byte. Otherwise each partition is hashed first.
 //
 // Check before write: before any byte of a chunk is written, its records are decoded
 // and checked to take the base hash to the target hash (codec::DecodeAndCheckRecord:
@@ -16,10 +24,16 @@
 // damaged one: nothing of it is written and it does not count as received, so the
 // caller fetches it again (WasRefused).
 //
-// Thread safety: one thread calls ApplyChunk at a time; the applier runs its own
-// worker threads within each call.
+// Thread safety: ApplyChunk may be called from several threads at once (chunks of
+// one delta apply in parallel); a chunk that names a partition another call is
+// writing waits for it, so each partition sees one record at a time. The applier
+// also runs its own worker threads within each call. Every other method must not
+// run concurrently with ApplyChunk or with each other (the caller serializes them:
+// relay/node_store.h waits for the chunks in flight first).
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -30,6 +44,7 @@
 #include "apply/weight_store.h"
 #include "codec/chunk.h"
 #include "codec/manifest.h"
+#include "common/parallel.h"
 #include "common/status.h"
 
 namespace deltacast::apply {
@@ -39,6 +54,26 @@ struct ApplyOptions {
   // Keeps what Rollback needs (the XOR words of each patched partition, or its old
   // bytes for dense and literal records) in memory until Finish or Rollback.
   bool keep_undo = false;
+  // With keep_undo: what the delta's own records can restore is not kept (XOR
+  // records are self-inverse and decodable without the base: RevertChunk applies
+  // them again), and the old values of the others (overwrite, literal, context-XOR)
+  // only up to kMaxUndoBytes in all; beyond that their base bytes are fetched. So a
+  // node holding a delta in its spool keeps memory bounded whatever the model size.
+  bool undo_from_records = false;
+  // The caller vouches that the manifest given to the applier is the hash of the
+  // store's bytes as they are (the journal says the store is cleanly at it, or it
+  // was just hashed): partitions it has at a record's base are patched without a
+  // hash before (see the class comment). Without it every partition is hashed first.
+  bool store_at_manifest = false;
+  // Finish makes the patched partitions durable (WeightStore::Flush) before it
+  // returns. Off where durability comes from a log of the delta instead (a relay
+  // node's spool: docs/recovery.md, "Durability"), so no page is written back
+  // before PREPARED.
+  bool flush_on_finish = true;
+  // Where the records of a chunk run: this pool's ParallelFor, shared by every
+  // ApplyChunk in flight (the pool must outlive the applier); null: `threads`
+  // threads of the call's own.
+  WorkerPool* pool = nullptr;
 };
 
 // A partition of the store, named in canonical coordinates.
@@ -62,6 +97,9 @@ struct ApplyReport {
 
 class DeltaApplier {
  public:
+  // The most memory of undo kept with ApplyOptions::undo_from_records.
+  static constexpr uint64_t kMaxUndoBytes = uint64_t{256} << 20;
+
   // `base_manifest` is the store's manifest at the delta's base version; its tensor
   // table must match the store's. The store must outlive the applier.
   DeltaApplier(WeightStore& store, codec::Manifest base_manifest,
@@ -85,8 +123,8 @@ class DeltaApplier {
 
   // Called with the END chunk's summary once every data chunk was applied: checks
   // that all data chunks and records arrived and no partition is torn, flushes the
-  // patched partitions to durable storage, and returns the target manifest (base
-  // manifest with the applied partitions' target hashes), whose version id must be
+  // patched partitions to durable storage (ApplyOptions::flush_on_finish), and returns the target
+  // manifest (base manifest with the applied partitions' target hashes), whose version id must be
   // the delta's target. On error the store keeps what was applied; a later run
   // resumes (at-target partitions are skipped).
   Result<codec::Manifest> Finish(const codec::DeltaSummary& summary);
@@ -97,6 +135,10 @@ class DeltaApplier {
 
   // Makes every partition patched so far durable (WeightStore::Flush). Blocks.
   Status FlushApplied();
+
+  // What the applier knows the store holds now: the manifest it was given, with the
+  // hash of every partition it has patched, repaired or written since.
+  codec::Manifest current_manifest() const;
 
   // Partitions found torn so far, in canonical order.
   std::vector<PartitionKey> torn() const;
@@ -145,6 +187,12 @@ class DeltaApplier {
     uint64_t byte_length = 0;
   };
   Result<Located> Locate(const codec::PartitionRecord& record) const;
+  void ForEach(size_t count, const std::function<void(size_t)>& fn) const;
+  // Whether to keep the undo of `record` (reserving its bytes of the budget).
+  bool KeepUndo(const codec::PartitionRecord& record, const Located& where);
+  void ReleaseUndo(const codec::PartitionRecord& record, const Located& where);
+  void Claim(const std::vector<std::pair<size_t, uint64_t>>& partitions);
+  void Release(const std::vector<std::pair<size_t, uint64_t>>& partitions);
 
   WeightStore& store_;
   codec::Manifest manifest_;  // becomes the target manifest as records apply
@@ -154,9 +202,12 @@ class DeltaApplier {
   std::set<uint32_t> sequences_seen_;
   std::set<uint32_t> refused_;                  // refused by the check, not applied since
   std::map<PartitionKey, PartitionHash> torn_;  // -> target hash
-  // Records decoded and checked, held from the check to the write of one chunk
-  // (reused between chunks so steady state does not allocate).
-  std::vector<codec::DecodedRecord> decoded_;
+  // Partitions (tensor, partition index) some ApplyChunk call is working on.
+  std::set<std::pair<size_t, uint64_t>> claimed_;
+  std::condition_variable claims_released_;
+  // Decoded records held from the check to the write of one chunk: one set per
+  // ApplyChunk in flight, reused so steady state does not allocate.
+  std::vector<std::vector<codec::DecodedRecord>> decoded_pool_;
   struct Undo {
     Located where;
     PartitionHash base_hash;
@@ -167,6 +218,7 @@ class DeltaApplier {
 
   std::vector<Located> dirty_;  // applied partitions not yet flushed
   std::vector<Undo> undo_;
+  std::atomic<uint64_t> undo_bytes_{0};  // reserved under undo_from_records
   bool repaired_ = false;
   mutable std::mutex mu_;
 };

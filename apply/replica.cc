@@ -27,14 +27,49 @@ Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesyste
                    CheckpointDirStore::Open(dir, CheckpointDirStore::Access::kReadWrite));
   CheckpointState state(dir);
   ASSIGN_OR_RETURN(std::optional<InflightDelta> inflight, state.ReadInflight());
-  ASSIGN_OR_RETURN(codec::Manifest manifest,
-                   state.LoadOrComputeManifest(*store, partition_bytes, threads));
+  ASSIGN_OR_RETURN(std::optional<InflightDelta> unflushed, state.ReadUnflushed());
+  if (unflushed && inflight) {
+    // A commit was cut short: noted unflushed, then (maybe) the active version, then
+    // the in-flight record cleared.
+    ASSIGN_OR_RETURN(std::optional<Digest128> active, state.ReadActive());
+    if (*unflushed == *inflight && active == inflight->target) {
+      // It got past the active version: it committed. Finish clearing.
+      RETURN_IF_ERROR(state.ClearInflight());
+      inflight.reset();
+    } else {
+      // Not committed: the delta in flight (re-verified by hash on resume) covers
+      // every page the note would.
+      RETURN_IF_ERROR(state.ClearUnflushed());
+      unflushed.reset();
+    }
+  }
+  // With writes possibly lost, the cached manifest of the committed version is what
+  // the store is checked against (Reconcile): it must not be replaced by a hash of
+  // whatever the disk holds now.
+  std::optional<codec::Manifest> committed;
+  if (unflushed) {
+    ASSIGN_OR_RETURN(committed, state.LoadManifestOf(unflushed->target, partition_bytes));
+  }
+  codec::Manifest manifest;
+  if (committed) {
+    manifest = std::move(*committed);
+  } else {
+    ASSIGN_OR_RETURN(manifest, state.LoadOrComputeManifest(*store, partition_bytes, threads));
+  }
   CheckpointDirStore* raw = store.get();
   auto replica = std::unique_ptr<Replica>(
       new Replica(std::move(store), raw, std::move(manifest), inflight, threads));
   if (inflight) {
     ASSIGN_OR_RETURN(replica->applied_, state.ReadApplied());
     ASSIGN_OR_RETURN(replica->prepared_, state.ReadPrepared());
+  }
+  if (unflushed) {
+    // Writes of the last commit may have been lost with the machine: the store is
+    // checked (Reconcile) before it is used. The manifest loaded above may describe
+    // bytes that are not there.
+    replica->unflushed_ = unflushed;
+    replica->needs_reconcile_ = true;
+    replica->version_ = unflushed->target;
   }
   return replica;
 }
@@ -58,6 +93,7 @@ codec::Manifest Replica::HashStore() const {
 Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity& identity,
                                                      ApplyOptions options) {
   const InflightDelta delta{identity.base_version, identity.target_version};
+  RETURN_IF_ERROR(CheckSettled());
   if (inflight_ && !(*inflight_ == delta)) {
     return Status::FailedPrecondition(
         "an unfinished delta " + inflight_->base.ShortHex() + " -> " +
@@ -86,6 +122,9 @@ Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity&
     RETURN_IF_ERROR(state_->WriteInflight(delta));
   }
   inflight_ = delta;
+  // The journal says the store is cleanly at the base, or it was just hashed: the
+  // manifest is what the store holds, so partitions at base apply in one pass.
+  options.store_at_manifest = true;
   auto applier = std::make_unique<DeltaApplier>(*store_, std::move(current), identity, options);
   for (uint32_t sequence : applied_) applier->MarkApplied(sequence);
   return applier;
@@ -103,6 +142,7 @@ Result<CatchUp> Replica::BeginCatchUp(const codec::Manifest& target, ApplyOption
         "the catch-up target's tensor table differs from this store's: it cannot be reached by "
         "overwriting partitions");
   }
+  RETURN_IF_ERROR(CheckSettled());
   const Digest128 to = target.VersionId();
   codec::Manifest current = manifest_;
   if (inflight_) {
@@ -160,18 +200,114 @@ void Replica::ForgetInflight() {
   prepared_ = false;
 }
 
-Status Replica::Commit(const codec::Manifest& target) {
+Status Replica::CheckSettled() const {
+  if (needs_reconcile_) {
+    return Status::FailedPrecondition(
+        "the store's last commit (" + unflushed_->target.ShortHex() +
+        ") may not be on disk and has not been checked since: reconcile it first (its agent "
+        "does on start)");
+  }
+  if (unflushed_) {
+    return Status::FailedPrecondition("the write-back of the last commit (" +
+                                      unflushed_->target.ShortHex() + ") has not finished");
+  }
+  return Status::Ok();
+}
+
+Status Replica::SaveManifestCacheOrFail(const codec::Manifest& manifest) {
+  return state_->SaveManifest(*dir_store_, manifest);
+}
+
+Status Replica::Commit(const codec::Manifest& target, CommitDurability durability) {
   if (!inflight_ || target.VersionId() != inflight_->target) {
     return Status::FailedPrecondition("commit of a version that is not the delta in flight");
   }
+  bool logged = false;
   if (state_) {
-    SaveManifestCache(target);
+    if (durability == CommitDurability::kLogged) {
+      // Recovery re-hashes the store against this manifest, so it must be on disk
+      // before the note that sends recovery looking for it.
+      Status noted = SaveManifestCacheOrFail(target);
+      if (noted.ok()) noted = state_->WriteUnflushed(*inflight_);
+      logged = noted.ok();
+      if (!logged) {
+        log::Warn("cannot note the commit as unflushed (" + noted.ToString() +
+                  "); flushing the store before it instead");
+        RETURN_IF_ERROR(store_->FlushAll());
+      }
+    } else {
+      // Cheap when the applier flushed as it went (the kernel writes dirty pages
+      // only), and it makes sure of writes earlier runs left in the page cache.
+      RETURN_IF_ERROR(store_->FlushAll());
+      SaveManifestCache(target);
+    }
     RETURN_IF_ERROR(state_->WriteActive(inflight_->target));
     RETURN_IF_ERROR(state_->ClearInflight());
   }
+  if (logged) unflushed_ = *inflight_;
   manifest_ = target;
   version_ = inflight_->target;
   ForgetInflight();
+  return Status::Ok();
+}
+
+Status Replica::CommitAhead(const codec::Manifest& target) {
+  if (!inflight_ || target.VersionId() != inflight_->target) {
+    return Status::FailedPrecondition("commit of a version that is not the delta in flight");
+  }
+  if (!state_) return Status::FailedPrecondition("a store without a journal cannot commit ahead");
+  RETURN_IF_ERROR(SaveManifestCacheOrFail(target));
+  RETURN_IF_ERROR(state_->WriteUnflushed(*inflight_));
+  RETURN_IF_ERROR(state_->WriteActive(inflight_->target));
+  RETURN_IF_ERROR(state_->ClearInflight());
+  unflushed_ = *inflight_;
+  needs_reconcile_ = true;
+  version_ = inflight_->target;
+  ForgetInflight();
+  return Status::Ok();
+}
+
+Status Replica::MarkFlushed(const Digest128& target) {
+  if (!unflushed_ || unflushed_->target != target || needs_reconcile_) return Status::Ok();
+  if (state_) RETURN_IF_ERROR(state_->ClearUnflushed());
+  unflushed_.reset();
+  return Status::Ok();
+}
+
+Result<Reconcile> Replica::BeginReconcile(ApplyOptions options) {
+  if (!unflushed_) return Status::FailedPrecondition("no commit to reconcile");
+  ASSIGN_OR_RETURN(std::optional<codec::Manifest> target,
+                   state_->LoadManifestOf(unflushed_->target, manifest_.partition_bytes));
+  if (!target || target->tensors != store_->tensors()) {
+    return Status::FailedPrecondition("the manifest of committed version " +
+                                      unflushed_->target.ShortHex() + " is not cached in " +
+                                      dir_store_->dir().string() +
+                                      ", so the store cannot be checked against it");
+  }
+  if (options.threads == 0) options.threads = threads_;
+  options.store_at_manifest = true;  // just hashed
+  Reconcile out;
+  out.applier = std::make_unique<DeltaApplier>(
+      *store_, HashStore(),
+      codec::DeltaIdentity{unflushed_->base, unflushed_->target, manifest_.partition_bytes},
+      options);
+  out.target = std::move(*target);
+  return out;
+}
+
+Status Replica::FinishReconcile(const codec::Manifest& now) {
+  if (!unflushed_) return Status::Ok();
+  if (now.VersionId() != unflushed_->target) {
+    return Status::FailedPrecondition("the store is at " + now.VersionId().ShortHex() +
+                                      ", not the committed " + unflushed_->target.ShortHex());
+  }
+  RETURN_IF_ERROR(store_->FlushAll());
+  RETURN_IF_ERROR(state_->ClearUnflushed());
+  SaveManifestCache(now);
+  manifest_ = now;
+  version_ = unflushed_->target;
+  unflushed_.reset();
+  needs_reconcile_ = false;
   return Status::Ok();
 }
 
@@ -217,6 +353,8 @@ Status Replica::FinishAbort() {
                                       inflight_->base.ShortHex());
   }
   if (state_) {
+    // The base's bytes are durable before the delta stops being in flight.
+    RETURN_IF_ERROR(store_->FlushAll());
     // Clearing only removes files, so it works on a full disk, and frees room.
     RETURN_IF_ERROR(state_->ClearInflight());
     SaveManifestCache(manifest);

@@ -38,6 +38,27 @@ struct CatchUp {
   std::vector<CatchUpPartition> partitions;  // those whose bytes differ from the target
 };
 
+// How a commit leaves the store's pages (docs/recovery.md, "Durability").
+enum class CommitDurability {
+  // Every write is durable already (the applier flushed it): nothing to note.
+  kFlushed,
+  // Writes may still be only in the page cache: the version is durable through the
+  // delta's chunks in the node's spool and the decision. The journal notes it
+  // (`unflushed`) until MarkFlushed; a restart before that reconciles.
+  kLogged,
+};
+
+// Bringing a store whose writes since its last flush may be lost (a machine crash)
+// back to its committed version: `applier` (a delta from the unflushed delta's
+// base to its target, over a manifest of what the store holds now, hashed) applies
+// the delta's chunks again from the spool (a partition at base is patched, one at
+// target skipped, any other left torn); whatever still differs from `target` is
+// written with bytes fetched by hash (applier->WriteVerified); then FinishReconcile.
+struct Reconcile {
+  std::unique_ptr<DeltaApplier> applier;
+  codec::Manifest target;  // the committed version's manifest
+};
+
 class Replica {
  public:
   // Opens checkpoint directory `dir` read-write. Its manifest comes from the cache
@@ -61,9 +82,18 @@ class Replica {
   // whether it was PREPARED; both survive a restart for a directory.
   const std::set<uint32_t>& applied_chunks() const { return applied_; }
   bool prepared() const { return prepared_; }
+  // The committed delta whose writes may not all be durable (CommitDurability::kLogged
+  // until MarkFlushed), and whether this process has not yet checked the store
+  // against it (it was found at open, or a commit was made ahead of the bytes):
+  // then Reconcile before anything else changes the store.
+  const std::optional<InflightDelta>& unflushed() const { return unflushed_; }
+  bool needs_reconcile() const { return needs_reconcile_; }
 
-  // Journals chunk `sequence` of the in-flight delta as applied. Call only after
-  // its partitions were flushed (DeltaApplier::FlushApplied).
+  // The manifest of the store's bytes as they are, hashing every partition.
+  codec::Manifest HashStoreNow() const { return HashStore(); }
+
+  // Journals chunk `sequence` of the in-flight delta as applied (its writes need not
+  // be flushed where a spool holds the chunk: a resume re-applies it from there).
   Status RecordApplied(uint32_t sequence);
   // Journals the in-flight delta as PREPARED; call before saying so to anyone.
   Status RecordPrepared();
@@ -89,8 +119,28 @@ class Replica {
 
   // Makes `target` (what DeltaApplier::Finish returned) the active version:
   // caches its manifest, flips the active version atomically and durably, and
-  // clears the in-flight record.
-  Status Commit(const codec::Manifest& target);
+  // clears the in-flight record. With kFlushed the store is flushed first (cheap if
+  // the applier flushed as it went). With kLogged the journal first notes the delta as
+  // unflushed (if the manifest cannot be cached, which recovery would need, the
+  // store is flushed instead and nothing is noted).
+  Status Commit(const codec::Manifest& target,
+                CommitDurability durability = CommitDurability::kFlushed);
+  // Commits the delta in flight as kLogged although the store's bytes are not all
+  // at `target` yet (a PREPARED node whose pages were lost in a machine crash: the
+  // version is durable by its spool and the decision): needs_reconcile() is then
+  // true. `target` must be the manifest of the delta's target.
+  Status CommitAhead(const codec::Manifest& target);
+  // The store is flushed up to the commit of `target`: the journal's unflushed note
+  // goes (if it names `target`). Call after WeightStore::FlushAll.
+  Status MarkFlushed(const Digest128& target);
+
+  // Starts reconciling (see Reconcile): needs unflushed(). Hashes every partition.
+  // kFailedPrecondition if the committed version's manifest is not cached.
+  Result<Reconcile> BeginReconcile(ApplyOptions options);
+  // Ends it once `now` (the applier's current manifest) is the committed version:
+  // flushes the store and clears the unflushed note. kFailedPrecondition (nothing
+  // changed) if the store is not there yet.
+  Status FinishReconcile(const codec::Manifest& now);
 
   // Marks the delta in flight as being rolled back: from now on none of its chunks
   // counts as applied (a rollback that stops half-way must not leave reverted
@@ -112,6 +162,10 @@ class Replica {
  private:
   Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_store,
           codec::Manifest manifest, std::optional<InflightDelta> inflight, size_t threads);
+  Status SaveManifestCacheOrFail(const codec::Manifest& manifest);
+  // kFailedPrecondition while the last commit is unflushed or unreconciled: a new
+  // delta must not write over pages whose write-back could still be lost.
+  Status CheckSettled() const;
 
   void ForgetInflight();
   // The manifest of the store's bytes as they are (hashing every partition).
@@ -126,6 +180,8 @@ class Replica {
   std::optional<InflightDelta> inflight_;
   std::set<uint32_t> applied_;
   bool prepared_ = false;
+  std::optional<InflightDelta> unflushed_;
+  bool needs_reconcile_ = false;
   size_t threads_;
 };
 

@@ -13,4 +13,10 @@ std::optional<size_t> WeightStore::FindTensor(std::string_view name) const {
   return static_cast<size_t>(it - all.begin());
 }
 
+Status WeightStore::FlushAll() {
+  for (size_t i = 0; i < tensors().size(); ++i)
+    RETURN_IF_ERROR(Flush(i, 0, tensors()[i].ByteSize()));
+  return Status::Ok();
+}
+
 }  // namespace deltacast::apply

@@ -38,6 +38,10 @@ class WeightStore {
   // durable (msync for mapped files; nothing for volatile memory). Blocks.
   virtual Status Flush(size_t index, uint64_t offset, uint64_t length) = 0;
 
+  // Makes every earlier write to the store durable. Blocks. The default flushes
+  // each tensor; a mapped store syncs each file's mapping once.
+  virtual Status FlushAll();
+
   // Identifies everything about the store's bytes beyond tensor contents (file
   // names, safetensors headers, index file). Two stores with equal layout ids and
   // equal manifests are byte-identical. All-zero for stores without files.

@@ -32,11 +32,26 @@ void AppendPlanes(const std::byte* words, size_t n, uint32_t element_size,
   }
 }
 
-// Inverse of AppendPlanes: n words from element_size planes.
+// Inverse of AppendPlanes: n words from element_size planes. Written per element
+// size so the compiler vectorizes the interleave (it is on every receiver's path).
+template <uint32_t E>
+void JoinPlanesOf(const std::byte* planes, size_t n, std::byte* words) {
+  for (size_t i = 0; i < n; ++i) {
+    for (uint32_t b = 0; b < E; ++b) words[i * E + b] = planes[b * n + i];
+  }
+}
+
 void JoinPlanes(const std::byte* planes, size_t n, uint32_t element_size, std::byte* words) {
-  if (element_size == 1) {
-    std::memcpy(words, planes, n);
-    return;
+  switch (element_size) {
+    case 1:
+      std::memcpy(words, planes, n);
+      return;
+    case 2:
+      return JoinPlanesOf<2>(planes, n, words);
+    case 4:
+      return JoinPlanesOf<4>(planes, n, words);
+    case 8:
+      return JoinPlanesOf<8>(planes, n, words);
   }
   for (uint32_t b = 0; b < element_size; ++b) {
     const std::byte* plane = planes + b * n;
@@ -114,25 +129,32 @@ Status ParseSparse(ByteSpan raw, uint64_t element_count, uint64_t change_count,
     return Status::Corrupt("sparse payload: lead bytes are truncated");
   out.element_size = element_size;
   out.clear();
-  out.positions.reserve(change_count);
+  out.positions.resize(change_count);
+  uint32_t* positions = out.positions.data();
+  const auto* leads = reinterpret_cast<const uint8_t*>(lead.data());
+  // Positions are checked once, at the end: they only grow, a varint adds at most
+  // 2^35 per change, so `next` cannot wrap and the last one bounds them all.
   uint64_t next = 0;
   for (uint64_t i = 0; i < change_count; ++i) {
-    auto byte = static_cast<uint8_t>(lead[i]);
+    uint8_t byte = leads[i];
     uint64_t gap = byte & 0x7f;
-    for (int shift = 7; byte & 0x80; shift += 7) {
-      if (shift > 28 || !r.Get(byte)) {
-        return Status::Corrupt("sparse payload: gap " + std::to_string(i) +
-                               " is truncated or too long");
+    if (byte & 0x80) [[unlikely]] {
+      for (int shift = 7; byte & 0x80; shift += 7) {
+        if (shift > 28 || !r.Get(byte)) {
+          return Status::Corrupt("sparse payload: gap " + std::to_string(i) +
+                                 " is truncated or too long");
+        }
+        gap |= uint64_t{byte & 0x7fu} << shift;
       }
-      gap |= uint64_t{byte & 0x7fu} << shift;
     }
-    if (gap >= element_count - next || next >= element_count) {
-      return Status::Corrupt("sparse payload: change " + std::to_string(i) +
-                             " lies beyond the partition's " + std::to_string(element_count) +
-                             " elements");
-    }
-    out.positions.push_back(static_cast<uint32_t>(next + gap));
-    next += gap + 1;
+    next += gap;
+    positions[i] = static_cast<uint32_t>(next);
+    ++next;
+  }
+  if (next > element_count) {
+    return Status::Corrupt("sparse payload: its changes run to element " +
+                           std::to_string(next - 1) + ", beyond the partition's " +
+                           std::to_string(element_count) + " elements");
   }
   ByteSpan planes;
   if (!r.GetBytes(change_count * element_size, planes) || r.remaining() != 0) {
@@ -144,25 +166,137 @@ Status ParseSparse(ByteSpan raw, uint64_t element_count, uint64_t change_count,
   return Status::Ok();
 }
 
+// Whether any of the n words of `element_size` bytes is zero.
+template <uint32_t E>
+bool AnyZeroWordOf(const std::byte* words, size_t n) {
+  bool zero = false;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t w = 0;
+    std::memcpy(&w, words + i * E, E);
+    zero |= w == 0;
+  }
+  return zero;
+}
+
+bool AnyZeroWord(const std::byte* words, size_t n, uint32_t element_size) {
+  switch (element_size) {
+    case 1:
+      return AnyZeroWordOf<1>(words, n);
+    case 2:
+      return AnyZeroWordOf<2>(words, n);
+    case 4:
+      return AnyZeroWordOf<4>(words, n);
+    case 8:
+      return AnyZeroWordOf<8>(words, n);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    bool zero = true;
+    for (uint32_t k = 0; k < element_size; ++k) zero &= words[i * element_size + k] == std::byte{0};
+    if (zero) return true;
+  }
+  return false;
+}
+
 // XORs changes [from, to) into `data`.
-void XorAt(MutableByteSpan data, const SparseChanges& changes, size_t from, size_t to) {
-  const uint32_t e = changes.element_size;
+template <uint32_t E>
+void XorAtOf(std::byte* data, const uint32_t* positions, const std::byte* xors, size_t from,
+             size_t to) {
   for (size_t i = from; i < to; ++i) {
-    std::byte* dst = data.data() + size_t{changes.positions[i]} * e;
-    const std::byte* x = changes.xors.data() + i * e;
-    for (uint32_t k = 0; k < e; ++k) dst[k] ^= x[k];
+    std::byte* dst = data + size_t{positions[i]} * E;
+    for (uint32_t k = 0; k < E; ++k) dst[k] ^= xors[i * E + k];
   }
 }
 
-// XORs the changes in, verifies the target hash, and undoes them on mismatch.
+void XorAt(MutableByteSpan data, const SparseChanges& changes, size_t from, size_t to) {
+  const uint32_t e = changes.element_size;
+  const uint32_t* p = changes.positions.data();
+  const std::byte* x = changes.xors.data();
+  switch (e) {
+    case 1:
+      return XorAtOf<1>(data.data(), p, x, from, to);
+    case 2:
+      return XorAtOf<2>(data.data(), p, x, from, to);
+    case 4:
+      return XorAtOf<4>(data.data(), p, x, from, to);
+    case 8:
+      return XorAtOf<8>(data.data(), p, x, from, to);
+  }
+  for (size_t i = from; i < to; ++i) {
+    std::byte* dst = data.data() + size_t{p[i]} * e;
+    for (uint32_t k = 0; k < e; ++k) dst[k] ^= x[i * e + k];
+  }
+}
+
+// The apply kernels below write one window of the partition, then hash the stored
+// window at its offset while it is still in L2 (pieces combine by XOR:
+// docs/wire-format.md, "Pieces"), so the partition's memory is read and written once.
+// Hashing after a whole 4 MiB partition was written would read it back from L3 or
+// DRAM (L2 is 2 MiB per core here). A multiple of 8 (no element spans two windows)
+// and of 16 (pieces start on a block boundary).
+constexpr size_t kApplyWindowBytes = size_t{64} << 10;
+
+PartitionHash HashWindow(MutableByteSpan data, size_t at, size_t end) {
+  return HashPiece(ByteSpan(data.data() + at, end - at), at);
+}
+
+// XORs the changes in and hashes the stored bytes in one pass; undoes them on a
+// mismatch.
 Status ApplySparseVerified(MutableByteSpan data, const SparseChanges& changes,
                            const PartitionHash& target_hash) {
-  XorAt(data, changes, 0, changes.size() / 2);
-  // Fault-injection tests stop here to leave a torn partition behind.
-  CrashPoint("apply.mid_partition");
-  XorAt(data, changes, changes.size() / 2, changes.size());
-  if (HashPartition(data) == target_hash) return Status::Ok();
-  XorAt(data, changes, 0, changes.size());  // XOR is self-inverse: this restores the base bytes
+  const uint32_t e = changes.element_size;
+  const size_t n = changes.size();
+  const size_t half = n / 2;
+  PartitionHash h = PartitionLengthTerm(data.size());
+  size_t i = 0;
+  // Fault-injection tests stop half-way through the changes to leave a torn
+  // partition behind.
+  if (n == 0) CrashPoint("apply.mid_partition");
+  for (size_t at = 0; at < data.size(); at += kApplyWindowBytes) {
+    const size_t end = std::min(data.size(), at + kApplyWindowBytes);
+    const size_t first = i;
+    while (i < n && size_t{changes.positions[i]} * e < end) ++i;
+    if (first <= half && half < i) {
+      XorAt(data, changes, first, half);
+      CrashPoint("apply.mid_partition");
+      XorAt(data, changes, half, i);
+    } else {
+      XorAt(data, changes, first, i);
+    }
+    h ^= HashWindow(data, at, end);
+  }
+  if (h == target_hash) return Status::Ok();
+  XorAt(data, changes, 0, n);  // XOR is self-inverse: this restores the base bytes
+  return Status::Corrupt("partition does not hash to its target after apply; left at base");
+}
+
+// XORs a whole-partition mask in (dense-XOR) and hashes the stored bytes in one
+// pass; XORs it again on a mismatch.
+Status ApplyDenseVerified(MutableByteSpan data, ByteSpan mask, const PartitionHash& target_hash) {
+  PartitionHash h = PartitionLengthTerm(data.size());
+  for (size_t at = 0; at < data.size(); at += kApplyWindowBytes) {
+    const size_t end = std::min(data.size(), at + kApplyWindowBytes);
+    for (size_t k = at; k < end; ++k) data[k] ^= mask[k];
+    h ^= HashWindow(data, at, end);
+  }
+  if (h == target_hash) return Status::Ok();
+  for (size_t k = 0; k < data.size(); ++k) data[k] ^= mask[k];
+  return Status::Corrupt("partition does not hash to its target after apply; left at base");
+}
+
+// Copies the target bytes in (literal) and hashes the stored bytes in one pass,
+// keeping the old bytes in `old` to put back on a mismatch.
+Status ApplyWholeVerified(MutableByteSpan data, ByteSpan target, std::vector<std::byte>& old,
+                          const PartitionHash& target_hash) {
+  old.resize(data.size());
+  PartitionHash h = PartitionLengthTerm(data.size());
+  for (size_t at = 0; at < data.size(); at += kApplyWindowBytes) {
+    const size_t end = std::min(data.size(), at + kApplyWindowBytes);
+    std::memcpy(old.data() + at, data.data() + at, end - at);
+    std::memcpy(data.data() + at, target.data() + at, end - at);
+    h ^= HashWindow(data, at, end);
+  }
+  if (h == target_hash) return Status::Ok();
+  std::memcpy(data.data(), old.data(), data.size());
   return Status::Corrupt("partition does not hash to its target after apply; left at base");
 }
 
@@ -468,12 +602,8 @@ Status DecodeAndCheckRecord(const RecordCoding& record, ByteSpan base, DecodedRe
     case Encoding::kSparseXor: {
       RETURN_IF_ERROR(ParseSparse(raw, count, record.change_count, e, out.changes, scratch.bytes));
       out.changes.xors.swap(scratch.bytes);
-      for (size_t i = 0; i < out.changes.size(); ++i) {
-        bool zero = true;
-        for (uint32_t k = 0; k < e; ++k) zero &= out.changes.xors[i * e + k] == std::byte{0};
-        if (zero)
-          return Status::Corrupt("sparse-xor payload lists an element with a zero XOR word");
-      }
+      if (AnyZeroWord(out.changes.xors.data(), out.changes.size(), e))
+        return Status::Corrupt("sparse-xor payload lists an element with a zero XOR word");
       return check_mask();
     }
     case Encoding::kOverwrite: {
@@ -538,29 +668,27 @@ bool RecordIsSelfInverse(Encoding encoding, ByteSpan payload) {
 }
 
 Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
-                          const PartitionHash& target_hash) {
+                          const PartitionHash& target_hash, CodecScratch& scratch) {
   using Form = DecodedRecord::Form;
   if (decoded.form == Form::kChanges)
     return ApplySparseVerified(data, decoded.changes, target_hash);
   if (decoded.whole.size() != data.size()) {
     return Status::Corrupt("decoded record is for a partition of another size; left at base");
   }
-  // The target is built beside the live bytes and copied in only once it verifies.
-  if (decoded.form == Form::kDenseMask) {
-    for (size_t i = 0; i < data.size(); ++i) decoded.whole[i] ^= data[i];
-    decoded.form = Form::kWholeTarget;
-  }
-  if (HashPartition(decoded.whole) != target_hash) {
-    return Status::Corrupt("partition does not hash to its target after apply; left at base");
-  }
-  std::memcpy(data.data(), decoded.whole.data(), data.size());
-  return Status::Ok();
+  if (decoded.form == Form::kDenseMask) return ApplyDenseVerified(data, decoded.whole, target_hash);
+  return ApplyWholeVerified(data, decoded.whole, scratch.bytes, target_hash);
+}
+
+Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
+                          const PartitionHash& target_hash) {
+  CodecScratch scratch;
+  return ApplyDecodedRecord(decoded, data, target_hash, scratch);
 }
 
 Status ApplyEncodedPartition(const RecordCoding& record, MutableByteSpan data,
                              CodecScratch& scratch) {
   RETURN_IF_ERROR(DecodeAndCheckRecord(record, data, scratch.decoded, scratch));
-  return ApplyDecodedRecord(scratch.decoded, data, record.target_hash);
+  return ApplyDecodedRecord(scratch.decoded, data, record.target_hash, scratch);
 }
 
 }  // namespace deltacast::codec

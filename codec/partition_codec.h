@@ -155,10 +155,15 @@ bool RecordNeedsBase(Encoding encoding);
 bool RecordIsSelfInverse(Encoding encoding, ByteSpan payload);
 
 // Writes `decoded` (from DecodeAndCheckRecord; for overwrite and context-XOR against
-// these same bytes) into `data`, which must be at the base version, and verifies that
-// the stored result hashes to `target_hash`. On a mismatch `data` is exactly as it was
-// (XOR is undone; a whole partition is built aside, in `decoded`, and copied in only
-// once verified) and the result is kCorrupt. A dense mask is consumed.
+// these same bytes) into `data`, which should be at the base version, and verifies
+// that the stored result hashes to `target_hash`. One pass: each 64 KiB window is
+// written and then hashed where it lies while still in cache, so verifying costs no
+// second trip to memory. On a mismatch (`data` was not at the base, or changed
+// meanwhile) `data` is exactly as it was (XOR is undone; a literal's old bytes are
+// kept in scratch.bytes and put back) and the result is kCorrupt. `decoded` is not
+// changed. The overload without scratch allocates its own.
+Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
+                          const PartitionHash& target_hash, CodecScratch& scratch);
 Status ApplyDecodedRecord(DecodedRecord& decoded, MutableByteSpan data,
                           const PartitionHash& target_hash);
 

@@ -6,11 +6,33 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/parallel.h"
 #include "relay/node_impl.h"
 #include "relay/node_transports.h"
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
+
+namespace {
+
+// Where the agent spools: the configured folder, else one per process (a store
+// without a directory does not survive a restart, and neither need its spool; per
+// process, so agents of several processes never share one).
+std::filesystem::path SpoolDirOf(const NodeAgentOptions& options) {
+  if (!options.spool_dir.empty()) return options.spool_dir;
+  return std::filesystem::temp_directory_path() /
+         ("deltacast-spool-" + options.node_id + "-" + std::to_string(::getpid()));
+}
+
+NodeStore::Options StoreOptions(const NodeAgentOptions& options) {
+  NodeStore::Options o;
+  o.apply_threads = options.apply_threads ? options.apply_threads : DefaultThreadCount();
+  o.spool_dir = SpoolDirOf(options);
+  o.write_back_delay = options.write_back_delay;
+  return o;
+}
+
+}  // namespace
 
 NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
                       std::unique_ptr<transport::Transport> transport, topology::TreePlan plan)
@@ -20,8 +42,8 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
       transport_(std::move(transport)),
       loop_([this] { Tick(); }),
       store_(
-          std::move(replica), options_.apply_threads, loop_,
-          [this](const NodeStore::Journal& j) { journal_ = j; }, options_.on_commit),
+          std::move(replica), StoreOptions(options_), loop_,
+          [this](const NodeStore::Journal& j) { OnJournal(j); }, options_.on_commit),
       downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
                   Downstream::LimitsFrom(options_.config.limits)),
       parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()),
@@ -31,7 +53,9 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
                 [this](const CatchUp::Result& r) { OnCatchUpFinished(r); }),
       rollback_(
           options_.node_id, parent_, requests_, store_,
-          [this](uint64_t id, const Status& s, const Digest128& v) { OnLocalOutcome(id, s, v); }) {
+          [this](uint64_t id, const Status& s, const Digest128& v) { OnLocalOutcome(id, s, v); }),
+      recovery_(options_.node_id, parent_, requests_, store_,
+                [this](const Status& s, uint64_t fetched) { OnRecovered(s, fetched); }) {
   std::set<std::string> adoptable;
   for (const auto& node : plan_.nodes) {
     if (node.failover_parent == options_.node_id) adoptable.insert(node.id);
@@ -40,16 +64,42 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
   downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
   catch_up_.SetVerifyKey(options_.verify_key.get());
   owns_spool_dir_ = options_.spool_dir.empty();
-  if (options_.spool_dir.empty()) {
-    // A store without a directory does not survive a restart, and neither need its
-    // spool: per process, so agents of several processes never share one.
-    options_.spool_dir = std::filesystem::temp_directory_path() /
-                         ("deltacast-spool-" + options_.node_id + "-" + std::to_string(::getpid()));
-  }
+  options_.spool_dir = SpoolDirOf(options_);
   journal_ = store_.journal();
   stats_.version = journal_.version;
   store_.Start();
   loop_.Start();
+  loop_.Post([this] { OnJournal(journal_); });
+}
+
+void NodeAgent::Impl::OnJournal(const NodeStore::Journal& journal) {
+  journal_ = journal;
+  {
+    std::lock_guard lock(stats_mu_);
+    stats_.store_unflushed = journal_.unflushed.has_value();
+  }
+  // A restart found the last commit's writes possibly lost, or a commit was made
+  // ahead of the bytes: mend the store before anything else uses it.
+  if (journal_.needs_reconcile && !recovery_.active()) recovery_.Start();
+}
+
+void NodeAgent::Impl::OnRecovered(const Status& status, uint64_t fetched) {
+  if (status.ok()) {
+    std::lock_guard lock(stats_mu_);
+    ++stats_.stores_recovered;
+    stats_.partitions_recovered += fetched;
+  } else {
+    log::Error(
+        fmt::format("{}: the store stays unchecked; refits will fail here until it is "
+                    "recovered ({})",
+                    options_.node_id, status.ToString()));
+  }
+  if (deferred_decision_) {
+    auto [type, bytes] = std::move(*deferred_decision_);
+    deferred_decision_.reset();
+    loop_.Post([this, type, bytes] { OnDecision(type, bytes); });
+  }
+  RunDeferredBegin();
 }
 
 NodeAgent::Impl::~Impl() { Stop(); }
@@ -143,6 +193,7 @@ void NodeAgent::Impl::OnParentJoined() {
   }
   if (catch_up_.active()) loop_.Post([this] { catch_up_.Pump(); });
   loop_.Post([this] { rollback_.AskAgain(); });
+  loop_.Post([this] { recovery_.AskAgain(); });
 }
 
 void NodeAgent::Impl::OnParentLost(const Status& why) {
@@ -276,6 +327,7 @@ void NodeAgent::Impl::Tick() {
     next_heartbeat_ = now + std::chrono::seconds(1);
     downstream_.Heartbeat();
   }
+  recovery_.Tick(now);
   if (!refit_) return;
   if (refit_->phase == Phase::kStreaming) TimeAbsentChildren(now);
   if (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -50,6 +51,10 @@ struct NodeAgentOptions {
   // applies and commits only what the source signed (BEGIN, every CHUNK, COMMIT and
   // ABORT) and refuses the rest; null: nothing is checked.
   std::shared_ptr<const VerifyKey> verify_key;
+  // How long after a commit the store's pages are written back (docs/recovery.md,
+  // "Durability"); the next refit starts a pending write-back at once. Tests use a
+  // long delay to leave a commit's pages unflushed, as a machine crash finds them.
+  std::chrono::milliseconds write_back_delay{0};
 };
 
 struct NodeAgentStats {
@@ -67,6 +72,14 @@ struct NodeAgentStats {
   uint64_t partitions_caught_up = 0;  // overwritten to reach a version this node missed
   uint64_t deltas_caught_up = 0;      // kept deltas applied to reach such a version
   uint64_t catch_up_bytes = 0;
+  // Restarts that found the last commit's writes possibly lost and mended the store
+  // (docs/recovery.md, "Durability"), and the partitions fetched for that (the rest
+  // came back from the spool).
+  uint64_t stores_recovered = 0;
+  uint64_t partitions_recovered = 0;
+  // The last commit's writes are not all known to be on disk yet (its write-back
+  // is pending or running, or a restart has yet to reconcile it).
+  bool store_unflushed = false;
   Digest128 version;
 };
 

@@ -2,10 +2,10 @@
 // parts it wires together. The parts own their state: ParentLink (the link to the
 // parent and rejoining), Downstream (links to children), RefitChildren (what the
 // children did in this refit), UpRequests (requests up the tree: repair bytes,
-// routed catch-up requests), CatchUp, Rollback, NodeStore (the replica on the
-// apply thread). What stays here is the refit as this node sees it: receive,
-// forward, apply, prepare (node_refit.cc), and decisions and outcome
-// (node_outcome.cc); node_agent.cc routes messages and ticks.
+// routed catch-up requests), CatchUp, Rollback, StoreRecovery (a store whose last
+// commit's writes may be lost), NodeStore (the replica on the apply thread). What stays here is the
+// refit as this node sees it: receive, forward, apply, prepare (node_refit.cc), and decisions and
+// outcome (node_outcome.cc); node_agent.cc routes messages and ticks.
 //
 // Thread safety: all of it runs on loop_, but stats() (any thread, under stats_mu_).
 #pragma once
@@ -30,6 +30,7 @@
 #include "relay/refit_children.h"
 #include "relay/rollback.h"
 #include "relay/spool.h"
+#include "relay/store_recovery.h"
 #include "relay/up_requests.h"
 #include "topology/tree_plan.h"
 
@@ -99,6 +100,8 @@ class NodeAgent::Impl {
   void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes);
   void OnChildFetch(const std::string& child, ByteSpan bytes);
   void OnCatchUpFinished(const CatchUp::Result& result);
+  void OnJournal(const NodeStore::Journal& journal);
+  void OnRecovered(const Status& status, uint64_t fetched);
   void RunDeferredBegin();
   void HoldChunk(size_t bytes);
   void ReleaseChunk(size_t bytes) { held_bytes_ -= bytes; }
@@ -151,6 +154,9 @@ class NodeAgent::Impl {
   // parent may decide before this node began: a catch-up that fails takes a
   // while); run right after that BEGIN, in order.
   std::vector<transport::Message> deferred_decisions_;
+  // A decision that waits for the store's recovery (a node confirms a version only
+  // once its bytes are at it): its type and message.
+  std::optional<std::pair<MessageType, std::vector<std::byte>>> deferred_decision_;
   NodeStore::Journal journal_;  // the replica's journal, mirrored
   Claimed claimed_;
   std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
@@ -173,6 +179,7 @@ class NodeAgent::Impl {
   UpRequests requests_;
   CatchUp catch_up_;
   Rollback rollback_;
+  StoreRecovery recovery_;
 };
 
 }  // namespace deltacast::relay

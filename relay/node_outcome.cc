@@ -32,6 +32,11 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type))) {
     return;
   }
+  if (recovery_.active()) {
+    // The store is being mended to its committed version: confirm nothing before.
+    deferred_decision_.emplace(type, std::vector<std::byte>(bytes.begin(), bytes.end()));
+    return;
+  }
   auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
   if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
@@ -152,7 +157,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
     return;
   }
   refit_->phase = Phase::kAborting;
-  auto spool = Spool::Open(options_.spool_dir, d.target_version);
+  auto spool = Spool::Open(options_.spool_dir, d.target_version, /*remove_others=*/false);
   rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
 }
 

@@ -1,5 +1,5 @@
 // A relay node's refit, streaming half: BEGIN, each CHUNK verified, forwarded to the
-// children (the very buffer), spooled and applied; torn partitions repaired;
+// children (the very buffer, before anything local), spooled and applied; torn partitions repaired;
 // PREPARED once this node and its whole subtree verified the target; children that
 // (re)join mid-refit replayed what they lack. The decision half is node_outcome.cc.
 #include <fmt/core.h>
@@ -55,6 +55,11 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     deferred_begin_.assign(bytes.begin(), bytes.end());
     return;
   }
+  if (recovery_.active()) {
+    // The store is being brought back to its committed version first.
+    deferred_begin_.assign(bytes.begin(), bytes.end());
+    return;
+  }
   if (catch_up_.active() || Behind(*begin)) {
     // First reach the base everybody else holds; the BEGIN runs after.
     deferred_begin_.assign(bytes.begin(), bytes.end());
@@ -67,7 +72,17 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   refit_->begin = *begin;
   refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
   received_on_link_.clear();
-  auto spool = Spool::Open(options_.spool_dir, begin->target_version);
+  // Other deltas' spools stay until the last commit's writes are flushed (the apply
+  // thread removes them): recovering those writes may need them. This delta's own
+  // spool is kept only if this node holds some of the delta (in flight: a resume) or
+  // all of it (committed: children may still need it); else what it holds is left
+  // from a refit of the same delta this node rolled back, whose chunk N need not be
+  // this refit's chunk N (a root merges producers' chunks as they come).
+  const bool holds_delta = journal_.inflight ? journal_.inflight->target == begin->target_version
+                                             : journal_.version == begin->target_version;
+  auto spool = holds_delta
+                   ? Spool::Open(options_.spool_dir, begin->target_version, /*remove_others=*/false)
+                   : Spool::OpenEmpty(options_.spool_dir, begin->target_version);
   if (spool.ok()) {
     refit_->spool = std::move(*spool);
   } else {
@@ -79,9 +94,10 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
   children_.BeginRefit(Clock::now());
   const uint64_t id = refit_->id;
-  store_.BeginRefit(id, refit_->identity, begin->manifest_digest, [this, id](const Status& status) {
-    if (!status.ok()) LocalFailure(id, status);
-  });
+  store_.BeginRefit(id, refit_->identity, begin->manifest_digest, refit_->spool,
+                    [this, id](const Status& status) {
+                      if (!status.ok()) LocalFailure(id, status);
+                    });
   parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), begin->refit_id}));
 }
 
@@ -152,36 +168,44 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
     if (had_it) stats_.chunk_bytes_resent += payload;
   }
   CrashPoint("agent.chunk_received");
-  bool spooled = true;
-  if (r.spool) {
-    // Into the page cache here, so forwarding waits for no disk; the apply thread
-    // makes it durable before the chunk's partitions are touched.
-    Status appended = r.spool->Append(header->sequence, *message);
-    if (!appended.ok()) {
-      spooled = false;
-      LocalFailure(r.id, appended.WithContext("spool"));
-    }
-  }
   HoldChunk(message->size());
-  // Released once applied here AND handed to every child: only then does this node
-  // have room for another, so only then does the parent get credit.
+  // Released once handed to every child AND spooled: then this node needs the
+  // buffer no more (the apply reads the chunk back from the spool if it has not
+  // taken it yet), so it has room for another and the parent gets credit. Applying
+  // is off the tree's critical path: a node that applies slowly does not slow its
+  // subtree, and its memory stays bounded by the window.
+  auto slot = std::make_shared<NodeStore::ChunkSlot>(message, header->kind);
   auto pending = std::make_shared<int>(2);
   const uint64_t id = r.id;
   const size_t size = message->size();
-  auto release = [this, pending, id, size] {
+  auto release = [this, pending, id, size, slot] {
     if (--*pending > 0) return;
+    slot->Drop();
     ReleaseChunk(size);
     // Credit is owed whatever the phase: a replay to a node that already finished
     // this refit still has a decision queued behind its chunks.
     if (refit_ && refit_->id == id) parent_.Send(EncodeCredit({1, id}));
   };
+  // Forward first: the children need nothing of this node's (spool, fsync, apply)
+  // to use a verified chunk, so none of it adds to the latency of a hop.
   downstream_.BroadcastChunk(message, {header->identity.target_version, header->sequence}, release);
+  bool spooled = true;
+  if (r.spool) {
+    // Into the page cache here; the apply worker makes it durable before the
+    // chunk's partitions are touched.
+    Status appended = r.spool->Append(header->sequence, *message);
+    if (!appended.ok()) {
+      spooled = false;
+      LocalFailure(r.id, appended.WithContext("spool"));
+    }
+  } else {
+    spooled = false;
+  }
   if (!spooled) return release();  // never applied unless it can be undone from the spool
-  store_.ApplyChunk(id, header->sequence, message, r.spool,
-                    [this, id, release](const NodeStore::ApplyResult& result) {
-                      release();
-                      OnChunkApplied(id, result);
-                    });
+  store_.ApplyChunk(
+      id, header->sequence, slot, r.spool,
+      [this, id](const NodeStore::ApplyResult& result) { OnChunkApplied(id, result); });
+  release();
 }
 
 void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result) {

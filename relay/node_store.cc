@@ -1,8 +1,10 @@
 #include "relay/node_store.h"
 
+#include <atomic>
 #include <chrono>
 
 #include "common/crash_point.h"
+#include "common/log.h"
 #include "relay/node_agent.h"
 #include "relay/signing.h"
 
@@ -15,6 +17,28 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// Apply workers run below the event loops' priority: on a busy node the loop that
+// forwards a verified chunk to the children gets the CPU before the apply of the
+// last one (CFS weight of nice 5 is about a third of nice 0's).
+constexpr int kApplyWorkerNice = 5;
+
+// The partitions `chunk` names, as fetches for the bytes `target` gives them.
+void AddDiffering(const apply::WeightStore& store, const codec::Manifest& now,
+                  const codec::Manifest& target, std::vector<Fetch>& out) {
+  for (size_t t = 0; t < target.tensors.size(); ++t) {
+    const codec::TensorInfo& info = target.tensors[t];
+    const uint64_t per = codec::PartitionElements(info.dtype, target.partition_bytes);
+    const uint64_t e = ElementSize(info.dtype);
+    for (size_t p = 0; p < target.partition_hashes[t].size(); ++p) {
+      if (now.partition_hashes[t][p] == target.partition_hashes[t][p]) continue;
+      const uint64_t offset = p * per;
+      out.push_back({0, info.name, offset, std::min(per, info.ElementCount() - offset) * e,
+                     target.partition_hashes[t][p]});
+    }
+  }
+  (void)store;
+}
+
 }  // namespace
 
 // The applier of the refit in progress and what it has seen (apply thread).
@@ -24,27 +48,46 @@ struct NodeStore::RefitState {
   std::unique_ptr<apply::DeltaApplier> applier;
   std::optional<codec::DeltaSummary> summary;
   std::optional<codec::Manifest> target;
-  std::set<std::string> changed_tensors;
+  std::set<std::string> changed_tensors;      // under journal_mu_
   std::array<uint8_t, 32> manifest_digest{};  // all zero: not checked
 };
 
-NodeStore::NodeStore(std::unique_ptr<apply::Replica> replica, size_t apply_threads, EventLoop& loop,
+// A reconcile in progress (apply thread).
+struct NodeStore::ReconcileState {
+  apply::Reconcile reconcile;
+  std::set<apply::PartitionKey> pending;  // partitions that still differ from the target
+};
+
+NodeStore::NodeStore(std::unique_ptr<apply::Replica> replica, Options options, EventLoop& loop,
                      std::function<void(const Journal&)> on_journal,
                      std::function<void(const CommitEvent&)> on_commit)
     : replica_(std::move(replica)),
-      apply_threads_(apply_threads),
+      options_(std::move(options)),
       loop_(loop),
       on_journal_(std::move(on_journal)),
       on_commit_(std::move(on_commit)),
-      refit_(std::make_unique<RefitState>()) {}
+      refit_(std::make_unique<RefitState>()),
+      write_back_(options_.write_back_delay),
+      workers_(std::make_unique<WorkerPool>(std::max<size_t>(1, options_.apply_threads),
+                                            kApplyWorkerNice)) {
+  options_.apply_threads = workers_->size();
+}
 
 NodeStore::~NodeStore() { Stop(); }
 void NodeStore::Start() { apply_loop_.Start(); }
-void NodeStore::Stop() { apply_loop_.Stop(); }
+void NodeStore::Stop() {
+  apply_loop_.Stop();
+  workers_->Stop();
+  // The apply thread is gone: this thread drives the replica now. A write-back that
+  // ran to the end clears the journal's note; one still waiting is dropped.
+  auto flushed = write_back_.Abandon();
+  if (flushed && flushed->status.ok()) (void)replica_->MarkFlushed(flushed->target);
+}
 
 NodeStore::Journal NodeStore::journal() const {
-  return {replica_->version(), replica_->inflight(), replica_->prepared(),
-          replica_->applied_chunks()};
+  std::lock_guard lock(journal_mu_);
+  return {replica_->version(),        replica_->inflight(),  replica_->prepared(),
+          replica_->applied_chunks(), replica_->unflushed(), replica_->needs_reconcile()};
 }
 
 // Apply thread: the loop sees the journal change before the completion that follows.
@@ -52,80 +95,208 @@ void NodeStore::PostJournal() {
   Reply([this, j = journal()] { on_journal_(j); });
 }
 
+apply::ApplyOptions NodeStore::RefitOptions() const {
+  apply::ApplyOptions o;
+  o.threads = options_.apply_threads;
+  o.keep_undo = true;
+  // The spool holds the records: XOR ones roll back from there, so memory stays
+  // bounded by the credit window and scratch whatever the model size.
+  o.undo_from_records = true;
+  // Durable by the spool: nothing is flushed before PREPARED.
+  o.flush_on_finish = false;
+  o.pool = workers_.get();
+  return o;
+}
+
+void NodeStore::WaitForChunks() {
+  std::unique_lock lock(chunks_mu_);
+  chunks_done_.wait(lock, [&] { return chunks_in_flight_ == 0; });
+}
+
+Status NodeStore::Settle() {
+  auto flushed = write_back_.Join();
+  if (!flushed) return Status::Ok();
+  if (!flushed->status.ok()) {
+    log::Error("write-back of version " + flushed->target.ShortHex() +
+               " failed: " + flushed->status.ToString());
+    return flushed->status.WithContext("write-back of the last commit");
+  }
+  std::lock_guard lock(journal_mu_);
+  return replica_->MarkFlushed(flushed->target);
+}
+
 // ---- the refit ---------------------------------------------------------------
 
 void NodeStore::BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
-                           const std::array<uint8_t, 32>& manifest_digest, Done done) {
-  apply_loop_.Post([this, id, identity, manifest_digest, done] {
+                           const std::array<uint8_t, 32>& manifest_digest,
+                           std::shared_ptr<Spool> spool, Done done) {
+  apply_loop_.Post([this, id, identity, manifest_digest, spool, done] {
+    WaitForChunks();
     *refit_ = RefitState{};
     refit_->id = id;
     refit_->manifest_digest = manifest_digest;
-    Status status;
-    if (!replica_->inflight() && replica_->version() == identity.target_version) {
+    Status status = Settle();
+    if (status.ok() && !replica_->inflight() && !replica_->unflushed()) {
+      // The last commit's writes are on disk: its spool is no longer needed.
+      Spool::RemoveOthers(options_.spool_dir, identity.target_version);
+    }
+    if (!status.ok()) {
+      // Reported below; nothing is written over pages whose write-back failed.
+    } else if (!replica_->inflight() && replica_->version() == identity.target_version) {
       // Already there (a node that committed this version before a restart, or an
       // empty delta): trivially prepared once the END arrives.
       refit_->at_target = true;
     } else {
-      auto applier =
-          replica_->Begin(identity, apply::ApplyOptions{apply_threads_, /*keep_undo=*/true});
+      const bool resuming = replica_->inflight().has_value();
+      auto applier = replica_->Begin(identity, RefitOptions());
       status = applier.status();
       if (applier.ok()) refit_->applier = std::move(*applier);
+      if (applier.ok() && resuming && spool) {
+        // The journaled chunks are not sent again, and their writes may have been
+        // lost with the machine: apply them again from the spool, by hash.
+        for (uint32_t sequence : replica_->applied_chunks()) {
+          auto message = spool->Read(sequence);
+          auto chunk = message.ok() ? codec::ParseChunk(ChunkOf(**message))
+                                    : Result<codec::ChunkView>(message.status());
+          Status again = chunk.ok() ? refit_->applier->ApplyChunk(*chunk) : chunk.status();
+          if (!again.ok()) {
+            log::Warn("journaled chunk " + std::to_string(sequence) +
+                      " could not be applied again from the spool: " + again.ToString());
+          }
+          if (chunk.ok()) {
+            for (const auto& r : chunk->records) refit_->changed_tensors.emplace(r.tensor_name);
+          }
+        }
+      }
     }
     PostJournal();
     Reply([done, status] { done(status); });
   });
 }
 
-void NodeStore::ApplyChunk(uint64_t id, uint32_t sequence, transport::Message message,
+void NodeStore::ApplyChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
                            std::shared_ptr<Spool> spool,
                            std::function<void(const ApplyResult&)> done) {
-  apply_loop_.Post([this, id, sequence, message, spool, done] {
-    const auto t0 = Clock::now();
-    // A chunk is on disk in the spool before it changes any partition, so the node
-    // can always roll back what it applied from the records themselves.
-    Status synced = spool ? spool->Sync() : Status::Ok();
-    ApplyResult result;
-    if (synced.ok()) {
-      result = ApplyOne(id, sequence, message);
-    } else {
-      result.status = synced;
-    }
-    result.sequence = sequence;
-    result.seconds = SecondsSince(t0);
-    Reply([done, result] { done(result); });
+  apply_loop_.Post([this, id, sequence, chunk, spool, done] {
+    DispatchChunk(id, sequence, chunk, spool, done);
   });
 }
 
-// Apply thread. Data chunks are flushed and journaled before they count; END
-// verifies everything (torn partitions are returned for repair).
-NodeStore::ApplyResult NodeStore::ApplyOne(uint64_t id, uint32_t sequence,
-                                           const transport::Message& message) {
+namespace {
+// The chunk's message: its buffer if the node still holds it, else from the spool.
+Result<transport::Message> MessageOf(const NodeStore::ChunkSlot& chunk, uint32_t sequence,
+                                     Spool* spool) {
+  if (transport::Message m = chunk.Take()) return m;
+  if (!spool) return Status::Internal("a chunk dropped before it was spooled");
+  return spool->Read(sequence);
+}
+}  // namespace
+
+void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
+                              std::shared_ptr<Spool> spool,
+                              std::function<void(const ApplyResult&)> done) {
+  const bool data = chunk->kind() == codec::ChunkKind::kData;
+  if (data && refit_->id == id && refit_->applier && !refit_->at_target) {
+    {
+      std::lock_guard lock(chunks_mu_);
+      ++chunks_in_flight_;
+    }
+    apply::DeltaApplier* applier = refit_->applier.get();
+    workers_->Post([this, id, applier, sequence, chunk, spool, done] {
+      const auto t0 = Clock::now();
+      ApplyResult result = ApplyData(*applier, sequence, *chunk, spool.get());
+      result.sequence = sequence;
+      result.seconds = SecondsSince(t0);
+      if (result.status.ok() && result.chunk_applied && end_waits_for_refused_ == id) {
+        // Maybe the chunk an END was waiting for: the apply thread checks.
+        apply_loop_.Post([this, id, result, done]() mutable {
+          WaitForChunks();
+          if (refit_->id == id && end_waits_for_refused_ == id && refit_->applier &&
+              !refit_->applier->HasRefusedChunks()) {
+            end_waits_for_refused_ = 0;
+            ApplyResult end = FinishRefit();
+            end.sequence = result.sequence;
+            end.seconds = result.seconds;
+            end.chunk_applied = true;
+            result = end;
+          }
+          Reply([done, result] { done(result); });
+        });
+      } else {
+        Reply([done, result] { done(result); });
+      }
+      std::lock_guard lock(chunks_mu_);
+      if (--chunks_in_flight_ == 0) chunks_done_.notify_all();
+    });
+    return;
+  }
+  // END (or a chunk there is nothing to apply for): after every data chunk before it.
+  WaitForChunks();
+  const auto t0 = Clock::now();
   ApplyResult result;
-  if (refit_->id != id) return result;
-  if (refit_->at_target) {
-    auto header = codec::PeekChunkHeader(ChunkOf(*message));
-    result.end = header.ok() && header->kind == codec::ChunkKind::kEnd;
+  // A chunk is on disk in the spool before it changes any partition.
+  Status synced = spool ? spool->Sync() : Status::Ok();
+  if (!synced.ok()) {
+    result.status = synced;
+  } else if (refit_->id != id) {
+  } else if (refit_->at_target) {
+    result.end = chunk->kind() == codec::ChunkKind::kEnd;
+  } else if (refit_->applier) {
+    auto message = MessageOf(*chunk, sequence, spool.get());
+    auto parsed = message.ok() ? codec::ParseChunk(ChunkOf(**message))
+                               : Result<codec::ChunkView>(message.status());
+    if (!parsed.ok()) {
+      result.status = parsed.status();
+    } else if (parsed->kind == codec::ChunkKind::kEnd) {
+      refit_->summary = parsed->summary;
+      // A refused chunk is fetched again, and this END replayed behind it.
+      if (!refit_->applier->HasRefusedChunks()) {
+        result = FinishRefit();
+      } else {
+        end_waits_for_refused_ = id;
+      }
+    }
+  }
+  result.sequence = sequence;
+  result.seconds = SecondsSince(t0);
+  Reply([done, result] { done(result); });
+}
+
+// A worker. The chunk is spooled durably before it is applied, and journaled after:
+// a restart re-applies what the journal lists from the spool, by hash.
+NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32_t sequence,
+                                            const ChunkSlot& slot, Spool* spool) {
+  ApplyResult result;
+  // Spooled durably first, so the node can always roll back what it applied from
+  // the records themselves, and redo it after a machine crash.
+  if (spool) result.status = spool->Sync();
+  if (!result.status.ok()) return result;
+  auto message = MessageOf(slot, sequence, spool);
+  if (!message.ok()) {
+    result.status = message.status();
     return result;
   }
-  if (!refit_->applier) return result;
-  auto chunk = codec::ParseChunk(ChunkOf(*message));
+  auto chunk = codec::ParseChunk(ChunkOf(**message));
   if (!chunk.ok()) {
     result.status = chunk.status();
     return result;
   }
-  if (chunk->kind == codec::ChunkKind::kEnd) {
-    refit_->summary = chunk->summary;
-    // A refused chunk is fetched again, and this END replayed behind it.
-    if (refit_->applier->HasRefusedChunks()) return result;
-    return FinishRefit();
+  {
+    std::lock_guard lock(journal_mu_);
+    if (replica_->applied_chunks().contains(sequence)) return result;  // journaled already
   }
-  if (replica_->applied_chunks().contains(sequence)) return result;  // journaled before a restart
-  result.status = refit_->applier->ApplyChunk(*chunk);
-  result.refused = !result.status.ok() && refit_->applier->WasRefused(sequence);
-  for (const auto& record : chunk->records) refit_->changed_tensors.emplace(record.tensor_name);
-  if (result.status.ok()) result.status = refit_->applier->FlushApplied();
+  result.status = applier.ApplyChunk(*chunk);
+  result.refused = !result.status.ok() && applier.WasRefused(sequence);
+  {
+    std::lock_guard lock(journal_mu_);
+    for (const auto& record : chunk->records) refit_->changed_tensors.emplace(record.tensor_name);
+  }
+  // (Named for when chunks were flushed here; now: applied, not yet journaled.)
   CrashPoint("agent.apply_flushed");
-  if (result.status.ok()) result.status = replica_->RecordApplied(sequence);
+  if (result.status.ok()) {
+    std::lock_guard lock(journal_mu_);
+    result.status = replica_->RecordApplied(sequence);
+  }
   CrashPoint("agent.applied");
   // So a HELLO after a reconnect lists it, and the parent does not send it again.
   if (result.status.ok()) PostJournal();
@@ -179,6 +350,7 @@ void NodeStore::Repair(uint64_t id, apply::PartitionKey key,
                        std::shared_ptr<std::vector<std::byte>> bytes,
                        std::function<void(const ApplyResult&)> done) {
   apply_loop_.Post([this, id, key, bytes, done] {
+    WaitForChunks();
     if (refit_->id != id || !refit_->applier) return;
     const Status repaired = refit_->applier->Repair(key, *bytes);
     ApplyResult result;
@@ -191,32 +363,148 @@ void NodeStore::Repair(uint64_t id, apply::PartitionKey key,
 
 void NodeStore::Commit(uint64_t id, Outcome done) {
   apply_loop_.Post([this, id, done] {
+    WaitForChunks();
     CrashPoint("agent.commit");
+    // Durable by the spool and the decision: the store's pages are written back
+    // after, off the critical path.
     Status status = refit_->at_target ? Status::Ok()
-                    : refit_->target  ? replica_->Commit(*refit_->target)
-                                      : Status::Internal("commit without a verified target");
+                    : refit_->target
+                        ? replica_->Commit(*refit_->target, apply::CommitDurability::kLogged)
+                        : Status::Internal("commit without a verified target");
     CommitEvent event{
         id, replica_->version(), {refit_->changed_tensors.begin(), refit_->changed_tensors.end()}};
     *refit_ = RefitState{};
     PostJournal();
     CrashPoint("agent.committed");
     if (status.ok() && on_commit_) on_commit_(event);
+    if (status.ok() && replica_->unflushed()) {
+      write_back_.Start(replica_->store(), replica_->unflushed()->target, [this] {
+        apply_loop_.Post([this] {
+          if (Settle().ok()) PostJournal();
+        });
+      });
+    }
     Reply([done, status, version = event.version] { done(status, version); });
   });
 }
 
 void NodeStore::CommitPrepared(Outcome done) {
   apply_loop_.Post([this, done] {
-    Status status = replica_->prepared()
-                        ? replica_->CommitFromStore()
-                        : Status::FailedPrecondition("told to commit a delta it never prepared");
+    WaitForChunks();
+    auto commit = [&]() -> Status {
+      if (!replica_->prepared() || !replica_->inflight()) {
+        return Status::FailedPrecondition("told to commit a delta it never prepared");
+      }
+      const apply::InflightDelta delta = *replica_->inflight();
+      // A process that died keeps its writes in the page cache: the store is there.
+      Status at_target = replica_->CommitFromStore();
+      if (at_target.ok() || at_target.code() != StatusCode::kFailedPrecondition) return at_target;
+      // Writes were lost with the machine. PREPARED means every chunk was spooled
+      // durably and applied: the target is what the spool's records say it is.
+      ASSIGN_OR_RETURN(auto spool, Spool::Open(options_.spool_dir, delta.target,
+                                               /*remove_others=*/false));
+      codec::Manifest target = replica_->HashStoreNow();
+      for (uint32_t sequence : spool->sequences()) {
+        ASSIGN_OR_RETURN(transport::Message message, spool->Read(sequence));
+        ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(ChunkOf(*message)));
+        for (const auto& record : chunk.records) {
+          const auto index = replica_->store().FindTensor(std::string(record.tensor_name));
+          if (!index) continue;
+          const uint64_t per = codec::PartitionElements(replica_->store().tensors()[*index].dtype,
+                                                        target.partition_bytes);
+          if (record.element_offset / per < target.partition_hashes[*index].size())
+            target.partition_hashes[*index][record.element_offset / per] = record.target_hash;
+        }
+      }
+      if (target.VersionId() != delta.target) {
+        return Status::FailedPrecondition(
+            "the store lost writes and its spool does not hold the whole delta to " +
+            delta.target.ShortHex());
+      }
+      log::Warn("the store lost writes of the prepared delta to " + delta.target.ShortHex() +
+                "; committing it from the spool, then reconciling");
+      return replica_->CommitAhead(target);
+    };
+    Status status = commit();
     PostJournal();
     Reply([done, status, version = replica_->version()] { done(status, version); });
   });
 }
 
 void NodeStore::DropRefit() {
-  apply_loop_.Post([this] { *refit_ = RefitState{}; });
+  apply_loop_.Post([this] {
+    WaitForChunks();
+    *refit_ = RefitState{};
+  });
+}
+
+// ---- reconcile ---------------------------------------------------------------
+
+void NodeStore::Reconcile(std::function<void(const Status&, std::vector<Fetch>)> done) {
+  apply_loop_.Post([this, done] {
+    WaitForChunks();
+    std::vector<Fetch> differing;
+    auto run = [&]() -> Status {
+      if (!replica_->needs_reconcile()) return Status::Ok();
+      const apply::InflightDelta delta = *replica_->unflushed();
+      apply::ApplyOptions options;
+      options.threads = options_.apply_threads;
+      options.pool = workers_.get();
+      ASSIGN_OR_RETURN(apply::Reconcile begun, replica_->BeginReconcile(options));
+      reconcile_ = std::make_unique<ReconcileState>(ReconcileState{std::move(begun), {}});
+      apply::DeltaApplier& applier = *reconcile_->reconcile.applier;
+      // What the spool holds of the delta is applied again where the store is at
+      // its base; the rest (torn, or no spool) is fetched by hash.
+      auto spool = Spool::Open(options_.spool_dir, delta.target, /*remove_others=*/false);
+      if (spool.ok()) {
+        for (uint32_t sequence : (*spool)->sequences()) {
+          auto message = (*spool)->Read(sequence);
+          if (!message.ok()) continue;
+          auto chunk = codec::ParseChunk(ChunkOf(**message));
+          if (!chunk.ok() || chunk->kind != codec::ChunkKind::kData) continue;
+          Status again = applier.ApplyChunk(*chunk);
+          if (!again.ok())
+            log::Warn("reconcile: chunk " + std::to_string(sequence) + ": " + again.ToString());
+        }
+      }
+      const codec::Manifest now = applier.current_manifest();
+      AddDiffering(replica_->store(), now, reconcile_->reconcile.target, differing);
+      if (differing.empty()) {
+        RETURN_IF_ERROR(replica_->FinishReconcile(now));
+        reconcile_.reset();
+        return Status::Ok();
+      }
+      for (const Fetch& f : differing) reconcile_->pending.insert({f.tensor, f.element_offset});
+      return Status::Ok();
+    };
+    Status status = run();
+    if (!status.ok()) reconcile_.reset();
+    PostJournal();
+    Reply([done, status, differing] { done(status, differing); });
+  });
+}
+
+void NodeStore::RepairReconciled(apply::PartitionKey key,
+                                 std::shared_ptr<std::vector<std::byte>> bytes, PartitionHash hash,
+                                 std::function<void(const Status&, bool finished)> done) {
+  apply_loop_.Post([this, key, bytes, hash, done] {
+    WaitForChunks();
+    Status status;
+    bool finished = false;
+    if (!reconcile_) {
+      status = Status::FailedPrecondition("no reconcile in progress");
+    } else {
+      status = reconcile_->reconcile.applier->WriteVerified(key, *bytes, hash);
+      if (status.ok()) reconcile_->pending.erase(key);
+      if (status.ok() && reconcile_->pending.empty()) {
+        status = replica_->FinishReconcile(reconcile_->reconcile.applier->current_manifest());
+        finished = status.ok();
+        reconcile_.reset();
+        PostJournal();
+      }
+    }
+    Reply([done, status, finished] { done(status, finished); });
+  });
 }
 
 // ---- rollback ----------------------------------------------------------------
@@ -225,6 +513,7 @@ void NodeStore::Revert(
     std::shared_ptr<Spool> spool,
     std::function<void(Result<std::vector<apply::DeltaApplier::NeedsBase>>)> done) {
   apply_loop_.Post([this, spool, done] {
+    WaitForChunks();
     CrashPoint("agent.abort");
     auto revert = [&]() -> Result<std::vector<apply::DeltaApplier::NeedsBase>> {
       std::vector<apply::DeltaApplier::NeedsBase> needs;
@@ -238,8 +527,9 @@ void NodeStore::Revert(
         ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(ChunkOf(*message)));
         if (chunk.kind != codec::ChunkKind::kData) continue;
         if (!refit_->applier) {
-          ASSIGN_OR_RETURN(refit_->applier,
-                           replica_->Begin(chunk.identity, apply::ApplyOptions{apply_threads_}));
+          ASSIGN_OR_RETURN(
+              refit_->applier,
+              replica_->Begin(chunk.identity, apply::ApplyOptions{options_.apply_threads}));
         }
         RETURN_IF_ERROR(refit_->applier->RevertChunk(chunk, needs));
       }
@@ -253,6 +543,7 @@ void NodeStore::Revert(
 void NodeStore::WriteBase(apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
                           PartitionHash hash, Done done) {
   apply_loop_.Post([this, key, bytes, hash, done] {
+    WaitForChunks();
     Status status = refit_->applier ? refit_->applier->WriteVerified(key, *bytes, hash)
                                     : Status::Internal("rollback without an applier");
     Reply([done, status] { done(status); });
@@ -261,6 +552,7 @@ void NodeStore::WriteBase(apply::PartitionKey key, std::shared_ptr<std::vector<s
 
 void NodeStore::FinishRollback(Status prior, Outcome done) {
   apply_loop_.Post([this, prior, done] {
+    WaitForChunks();
     Status status = prior.ok() ? replica_->FinishAbort() : prior;
     *refit_ = RefitState{};
     PostJournal();
@@ -273,8 +565,11 @@ void NodeStore::FinishRollback(Status prior, Outcome done) {
 void NodeStore::BeginLink(const ChainLink& link,
                           std::function<void(const Status&, std::set<uint32_t>)> done) {
   apply_loop_.Post([this, link, done] {
-    auto applier = replica_->Begin({link.base, link.target, link.partition_bytes},
-                                   apply::ApplyOptions{apply_threads_});
+    WaitForChunks();
+    Status settled = Settle();
+    auto applier = settled.ok() ? replica_->Begin({link.base, link.target, link.partition_bytes},
+                                                  apply::ApplyOptions{options_.apply_threads})
+                                : Result<std::unique_ptr<apply::DeltaApplier>>(settled);
     std::set<uint32_t> journaled;
     if (applier.ok()) {
       catch_up_applier_ = std::move(*applier);
@@ -289,6 +584,7 @@ void NodeStore::ApplyLinkChunk(
     uint32_t sequence, std::shared_ptr<std::vector<std::byte>> message,
     std::function<void(const Status&, std::optional<codec::DeltaSummary>)> done) {
   apply_loop_.Post([this, sequence, message, done] {
+    WaitForChunks();
     std::optional<codec::DeltaSummary> end;
     Status status;
     auto chunk = codec::ParseChunk(ChunkOf(*message));
@@ -309,6 +605,7 @@ void NodeStore::ApplyLinkChunk(
 
 void NodeStore::FinishLink(codec::DeltaSummary summary, Done done) {
   apply_loop_.Post([this, summary, done] {
+    WaitForChunks();
     auto target = catch_up_applier_ ? catch_up_applier_->Finish(summary)
                                     : Result<codec::Manifest>(Status::Internal("no delta"));
     Status status = target.status();
@@ -323,7 +620,11 @@ void NodeStore::BeginCatchUp(
     codec::Manifest target,
     std::function<void(const Status&, std::vector<apply::CatchUpPartition>)> done) {
   apply_loop_.Post([this, target = std::move(target), done] {
-    auto begun = replica_->BeginCatchUp(target, apply::ApplyOptions{apply_threads_});
+    WaitForChunks();
+    Status settled = Settle();
+    auto begun = settled.ok()
+                     ? replica_->BeginCatchUp(target, apply::ApplyOptions{options_.apply_threads})
+                     : Result<apply::CatchUp>(settled);
     std::vector<apply::CatchUpPartition> parts;
     if (begun.ok()) {
       catch_up_applier_ = std::move(begun->applier);
@@ -337,6 +638,7 @@ void NodeStore::BeginCatchUp(
 void NodeStore::WriteCatchUp(apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
                              PartitionHash hash, Done done) {
   apply_loop_.Post([this, key, bytes, hash, done] {
+    WaitForChunks();
     // Verified against the hash the manifest gives before a byte is written.
     Status written = catch_up_applier_ ? catch_up_applier_->WriteVerified(key, *bytes, hash)
                                        : Status::Internal("no catch-up in progress");
@@ -347,6 +649,7 @@ void NodeStore::WriteCatchUp(apply::PartitionKey key, std::shared_ptr<std::vecto
 
 void NodeStore::CommitCatchUp(Done done) {
   apply_loop_.Post([this, done] {
+    WaitForChunks();
     Status status = replica_->CommitFromStore();
     catch_up_applier_.reset();
     PostJournal();
@@ -355,7 +658,10 @@ void NodeStore::CommitCatchUp(Done done) {
 }
 
 void NodeStore::DropCatchUp() {
-  apply_loop_.Post([this] { catch_up_applier_.reset(); });
+  apply_loop_.Post([this] {
+    WaitForChunks();
+    catch_up_applier_.reset();
+  });
 }
 
 // ---- reads for children --------------------------------------------------------
@@ -363,6 +669,7 @@ void NodeStore::DropCatchUp() {
 void NodeStore::FindPartition(Fetch fetch,
                               std::function<void(std::optional<std::vector<std::byte>>)> done) {
   apply_loop_.Post([this, fetch, done] {
+    WaitForChunks();
     const auto index = replica_->store().FindTensor(fetch.tensor);
     std::optional<std::vector<std::byte>> found;
     if (index) {

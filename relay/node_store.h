@@ -1,18 +1,39 @@
-// NodeStore: a relay node's replica, driven on its own apply thread. Every change
-// to the node's weights (begin, apply, finish, repair, commit, roll back, catch up)
-// and every read of them for a child runs there, in the order it was asked for;
-// each completion is posted back to the node's event loop. So applying never
-// blocks the loop that forwards chunks, and the replica has exactly one driver.
+// NodeStore: a relay node's replica, driven from its own apply thread. Every change
+// to the node's weights (begin, apply, finish, repair, commit, roll back, catch up,
+// reconcile) and every read of them for a child is ordered there, in the order it
+// was asked for; each completion is posted back to the node's event loop. So
+// applying never blocks the loop that forwards chunks, and the replica has exactly
+// one driver.
 //
-// Owns: the replica, the apply thread, the applier of the refit in progress and the
-// applier of a catch-up in progress. The node's loop thread keeps a mirror of the
-// replica's journal (Journal), refreshed after every change.
+// Data chunks of the refit are the exception to one-at-a-time: the apply thread
+// hands each to a pool of apply workers (niced below the event loops, so
+// forwarding gets the CPU first), where chunks apply side by side (the applier
+// keeps each partition to one record at a time) and share the workers for their
+// records. Anything else waits for the chunks in flight first, so it sees the
+// effect of every chunk asked for before it.
+//
+// Durability (docs/recovery.md, "Durability"): a chunk is fsynced into the spool
+// before it is applied and journaled as applied after, with no flush of the store;
+// PREPARED flushes nothing either. After a commit the store is written back on a
+// thread of its own (WriteBack) while the journal notes it unflushed; the next
+// refit waits for that write-back before it writes. After a restart that found the
+// note, Reconcile brings the store back to the committed version; a resumed delta
+// re-applies its journaled chunks from the spool (their writes may be lost too).
+//
+// Owns: the replica, the apply thread and workers, the write-back, the applier of
+// the refit in progress, of a catch-up, and of a reconcile. The node's loop thread
+// keeps a mirror of the replica's journal (Journal), refreshed after every change.
 //
 // Thread safety: call from the node's loop thread; completions run on it.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -21,9 +42,11 @@
 #include "apply/replica.h"
 #include "codec/chunk.h"
 #include "codec/manifest.h"
+#include "common/parallel.h"
 #include "relay/event_loop.h"
 #include "relay/protocol.h"
 #include "relay/spool.h"
+#include "relay/write_back.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay {
@@ -32,12 +55,42 @@ struct CommitEvent;
 
 class NodeStore {
  public:
+  // A received chunk on its way to the apply workers. The node keeps its buffer
+  // only while it still forwards it (which credit bounds); once it drops it, the
+  // worker reads the chunk back from the spool. So however far applying lags, the
+  // apply path holds at most the credit window of chunks plus the ones being
+  // applied (one per worker), and a slow apply never holds back the children.
+  class ChunkSlot {
+   public:
+    ChunkSlot(transport::Message message, codec::ChunkKind kind)
+        : message_(std::move(message)), kind_(kind) {}
+    // The buffer, or null once dropped.
+    transport::Message Take() const {
+      std::lock_guard lock(mu_);
+      return message_;
+    }
+    void Drop() {
+      std::lock_guard lock(mu_);
+      message_.reset();
+    }
+    codec::ChunkKind kind() const { return kind_; }
+
+   private:
+    mutable std::mutex mu_;
+    transport::Message message_;
+    const codec::ChunkKind kind_;
+  };
+
   // What the replica's journal says, mirrored for the loop thread (HELLO, catch-up).
   struct Journal {
     Digest128 version;
     std::optional<apply::InflightDelta> inflight;
     bool prepared = false;
     std::set<uint32_t> applied;
+    // The last commit's writes may not all be on disk (its write-back has not
+    // finished); with needs_reconcile they were not checked since a restart.
+    std::optional<apply::InflightDelta> unflushed;
+    bool needs_reconcile = false;
   };
   // What applying one chunk of the refit (or a repair) left behind.
   struct ApplyResult {
@@ -56,29 +109,43 @@ class NodeStore {
   using Done = std::function<void(const Status&)>;
   using Outcome = std::function<void(const Status&, const Digest128& version)>;
 
+  struct Options {
+    size_t apply_threads = 1;  // >= 1
+    // Where the node spools chunks (NodeAgentOptions::spool_dir): read to re-apply
+    // a delta's chunks after a restart.
+    std::filesystem::path spool_dir;
+    // How long after a commit its write-back starts (WriteBack).
+    std::chrono::milliseconds write_back_delay{0};
+  };
   // `loop` is the node's loop: every completion is posted there. `on_journal` gets
   // the mirror after every change; `on_commit` runs on the apply thread after a
   // refit commits.
-  NodeStore(std::unique_ptr<apply::Replica> replica, size_t apply_threads, EventLoop& loop,
+  NodeStore(std::unique_ptr<apply::Replica> replica, Options options, EventLoop& loop,
             std::function<void(const Journal&)> on_journal,
             std::function<void(const CommitEvent&)> on_commit);
   ~NodeStore();  // Stop()
   void Start();
-  // Runs what was asked, then joins the apply thread. Idempotent.
+  // Runs what was asked, then joins the apply thread and workers. A write-back
+  // still running is waited for; one still waiting out its delay is dropped (the
+  // journal keeps noting the store unflushed). Idempotent.
   void Stop();
   Journal journal() const;  // the replica's journal now; call before Start only
 
   // ---- the refit ---------------------------------------------------------
   // Starts (or resumes) applying refit `id`'s delta; a replica already at the
-  // target with nothing in flight needs nothing and is prepared at END.
+  // target with nothing in flight needs nothing and is prepared at END. Waits for
+  // the last commit's write-back first. A resumed delta's journaled chunks are
+  // applied again from `spool` (by hash: what is at target is skipped).
   // `manifest_digest` (all zero: none) is BEGIN's SHA-256 of the target manifest:
   // END's verification fails unless the derived manifest has it.
   void BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
-                  const std::array<uint8_t, 32>& manifest_digest, Done done);
+                  const std::array<uint8_t, 32>& manifest_digest, std::shared_ptr<Spool> spool,
+                  Done done);
   // Applies one chunk of refit `id` after making `spool` durable (a chunk is on disk
-  // before it changes a partition). The END chunk verifies the whole delta and
-  // journals PREPARED, or returns the torn partitions.
-  void ApplyChunk(uint64_t id, uint32_t sequence, transport::Message message,
+  // before it changes a partition); `chunk` must already be appended to `spool`,
+  // from which it is read back if its buffer was dropped. The END chunk verifies the
+  // whole delta and journals PREPARED, or returns the torn partitions.
+  void ApplyChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
                   std::shared_ptr<Spool> spool, std::function<void(const ApplyResult&)> done);
   // Writes a torn partition's literal target bytes; once none is torn and END came,
   // verifies the delta as ApplyChunk(END) does.
@@ -86,9 +153,23 @@ class NodeStore {
               std::function<void(const ApplyResult&)> done);
   // Commits refit `id`'s verified target; then on_commit.
   void Commit(uint64_t id, Outcome done);
-  // Commits a delta left in flight by an earlier run that journaled PREPARED: only
-  // if the store hashes exactly to its target.
+  // Commits a delta left in flight by an earlier run that journaled PREPARED. If the
+  // store hashes to its target, at once; if writes were lost with the machine, the
+  // commit is made ahead of the bytes (the version is durable by the spool) and the
+  // journal then asks for a reconcile.
   void CommitPrepared(Outcome done);
+
+  // ---- reconcile -----------------------------------------------------------
+  // After a restart whose journal noted the last commit unflushed (needs_reconcile):
+  // hashes the store, applies that delta's chunks again from the spool, and returns
+  // the partitions that still differ from the committed version (to fetch by hash:
+  // RepairReconciled). With none left it finishes: the store is flushed and the
+  // note cleared. kFailedPrecondition if the committed manifest is not cached.
+  void Reconcile(std::function<void(const Status&, std::vector<Fetch>)> done);
+  // Writes one partition's bytes (verified against `hash` first); `finished` once
+  // none differs (the reconcile is over).
+  void RepairReconciled(apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
+                        PartitionHash hash, std::function<void(const Status&, bool finished)> done);
   // Forgets the refit in progress (nothing is undone).
   void DropRefit();
 
@@ -127,8 +208,20 @@ class NodeStore {
 
  private:
   struct RefitState;
-  ApplyResult ApplyOne(uint64_t id, uint32_t sequence, const transport::Message& message);
+  struct ReconcileState;
+  // Apply thread: a data chunk goes to the workers; anything else runs here.
+  void DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
+                     std::shared_ptr<Spool> spool, std::function<void(const ApplyResult&)> done);
+  // A worker: makes the spool durable, applies and journals one data chunk.
+  ApplyResult ApplyData(apply::DeltaApplier& applier, uint32_t sequence, const ChunkSlot& chunk,
+                        Spool* spool);
   ApplyResult FinishRefit();
+  // Apply thread: waits until no data chunk is being applied.
+  void WaitForChunks();
+  // Apply thread: waits for the last commit's write-back and clears the journal's
+  // note of it. An error (the flush failed) keeps the note.
+  Status Settle();
+  apply::ApplyOptions RefitOptions() const;
   void PostJournal();
   template <typename F>
   void Reply(F f) {
@@ -136,13 +229,26 @@ class NodeStore {
   }
 
   std::unique_ptr<apply::Replica> replica_;
-  size_t apply_threads_;
+  Options options_;
   EventLoop& loop_;
   std::function<void(const Journal&)> on_journal_;
   std::function<void(const CommitEvent&)> on_commit_;
-  // Apply-thread state.
+  // Apply-thread state (workers read refit_ while their chunks run; it changes only
+  // when none does).
   std::unique_ptr<RefitState> refit_;
   std::unique_ptr<apply::DeltaApplier> catch_up_applier_;
+  std::unique_ptr<ReconcileState> reconcile_;
+  WriteBack write_back_;
+  // The replica's journal and refit_->changed_tensors, which workers update.
+  mutable std::mutex journal_mu_;
+  std::mutex chunks_mu_;
+  std::condition_variable chunks_done_;
+  size_t chunks_in_flight_ = 0;
+  // The refit whose END came while a refused chunk was still to be fetched again
+  // (0: none): its delta is verified once that chunk applies, which may come after
+  // the END on a new link. Read by workers.
+  std::atomic<uint64_t> end_waits_for_refused_{0};
+  std::unique_ptr<WorkerPool> workers_;
   // Declared last: stopped before the state it uses goes away.
   EventLoop apply_loop_;
 };

@@ -11,22 +11,48 @@
 
 namespace deltacast::relay {
 
-Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
-                                           const Digest128& target) {
+namespace {
+std::string FileName(const Digest128& target) { return "delta-" + target.ToHex() + ".spool"; }
+}  // namespace
+
+void Spool::RemoveOthers(const std::filesystem::path& dir, const Digest128& target) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
-  const std::string name = "delta-" + target.ToHex() + ".spool";
+  const std::string name = FileName(target);
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     if (entry.path().extension() == ".spool" && entry.path().filename() != name) {
       std::filesystem::remove(entry.path(), ec);
     }
   }
-  const auto path = dir / name;
+}
+
+Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
+                                           const Digest128& target, bool remove_others) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
+  if (remove_others) RemoveOthers(dir, target);
+  const auto path = dir / FileName(target);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
   auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
   spool->Recover();
+  return spool;
+}
+
+Result<std::unique_ptr<Spool>> Spool::OpenEmpty(const std::filesystem::path& dir,
+                                                const Digest128& target) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
+  const auto path = dir / FileName(target);
+  // A new file, not the old one truncated: a Spool still open on the old one (a
+  // rollback finishing) keeps reading what it indexed.
+  std::filesystem::remove(path, ec);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
+  // The chunks fdatasynced into it later must not be lost with its name.
+  RETURN_IF_ERROR(FsyncDirectory(dir));
   return spool;
 }
 

@@ -24,10 +24,22 @@ class Spool {
  public:
   // Opens `dir`/delta-<target>.spool, keeping the valid chunks a previous run of
   // this node spooled for the same delta (a relay that restarts must still replay
-  // what it had forwarded); spools of other deltas in `dir` are deleted. The file
-  // is removed by Discard, not by the destructor: it outlives a crash on purpose.
+  // what it had forwarded); with `remove_others`, spools of other deltas in `dir`
+  // are deleted. The file is removed by Discard, not by the destructor: it
+  // outlives a crash on purpose.
   static Result<std::unique_ptr<Spool>> Open(const std::filesystem::path& dir,
-                                             const Digest128& target);
+                                             const Digest128& target, bool remove_others = true);
+  // Opens `dir`/delta-<target>.spool empty, dropping whatever an earlier stream of
+  // the same delta left in it (spools of other deltas are kept). For a node that
+  // holds nothing of the delta: a chunk is named by its delta and sequence alone,
+  // and another refit of the same delta may number its chunks differently (a root
+  // merges its producers' chunks in the order they come), so old copies must
+  // neither stand in for this stream's chunks nor roll back what it applies.
+  static Result<std::unique_ptr<Spool>> OpenEmpty(const std::filesystem::path& dir,
+                                                  const Digest128& target);
+  // Deletes every spool in `dir` but `target`'s (a node, once the last commit's
+  // writes are flushed and its spool is no longer needed to recover them).
+  static void RemoveOthers(const std::filesystem::path& dir, const Digest128& target);
   // Opens one spool file as it is (the source's retained deltas), touching nothing
   // else.
   static Result<std::unique_ptr<Spool>> OpenFile(const std::filesystem::path& file);

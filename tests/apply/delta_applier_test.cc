@@ -8,6 +8,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apply/host_store.h"
@@ -17,6 +18,7 @@
 #include "codec/manifest.h"
 #include "codec/partition.h"
 #include "common/hash.h"
+#include "common/parallel.h"
 #include "common/partition_hash.h"
 
 namespace deltacast::apply {
@@ -184,6 +186,96 @@ TEST_F(DeltaApplierTest, ShuffledChunksApplyBitExactly) {
     EXPECT_EQ(applier.report().applied, summary_.records);
     EXPECT_EQ(applier.report().already_at_target, 0u);
     EXPECT_EQ(applier.report().changed_elements, summary_.changed_elements);
+    EXPECT_TRUE(applier.torn().empty());
+  }
+}
+
+// With a manifest the caller vouches for (a store cleanly at the base), partitions
+// at base are written and hashed in one pass; the store itself, hashed afterwards,
+// is at the target.
+TEST_F(DeltaApplierTest, OnePassAtAVouchedManifestIsBitExact) {
+  for (const bool pooled : {false, true}) {
+    SCOPED_TRACE(pooled ? "worker pool" : "own threads");
+    WorkerPool pool(3);
+    auto store = MakeStore(base_);
+    ApplyOptions options;
+    options.threads = 2;
+    options.store_at_manifest = true;
+    if (pooled) options.pool = &pool;
+    DeltaApplier applier(*store, base_manifest_, identity_, options);
+    for (const auto& v : views_) ASSERT_TRUE(applier.ApplyChunk(v).ok());
+    auto manifest = applier.Finish(summary_);
+    ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+    EXPECT_EQ(ManifestOf(*store).VersionId(), identity_.target_version);
+    ExpectAtTarget(*store);
+    EXPECT_EQ(applier.report().applied, summary_.records);
+    EXPECT_EQ(applier.report().already_at_target, 0u);
+  }
+}
+
+// A vouched manifest that is wrong costs time, never a byte: a partition it has at
+// base that is torn is reported torn with its bytes exactly as they were, one that
+// is already at the target is skipped, and everything else reaches the target.
+TEST_F(DeltaApplierTest, OnePassWithAWrongManifestFallsBackToHashing) {
+  auto store = MakeStore(base_);
+  Tear(*store, 0, 600);  // a.emb partition 2 (bytes 512..767): torn
+  {
+    auto span = store->MutableTensorData(0);  // a.emb partition 0 (bytes 0..255): at target
+    ASSERT_TRUE(span.ok());
+    std::memcpy(span->data(), target_[0].data(), 256);
+  }
+  const std::vector<Bytes> before = Snapshot(*store);
+  ApplyOptions options;
+  options.threads = 2;
+  options.store_at_manifest = true;
+  DeltaApplier applier(*store, base_manifest_, identity_, options);
+  for (const auto& v : views_) ASSERT_TRUE(applier.ApplyChunk(v).ok());
+  EXPECT_EQ(applier.torn(), (std::vector<PartitionKey>{{"a.emb", 256}}));
+  const ByteSpan part = store->TensorData(0).subspan(512, 256);
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), before[0].begin() + 512));
+  EXPECT_EQ(applier.report().already_at_target, 1u);
+  EXPECT_EQ(applier.report().applied, summary_.records - 2);
+  ASSERT_TRUE(applier.RepairFrom(*target_store_, {"a.emb", 256}).ok());
+  auto manifest = applier.Finish(summary_);
+  ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+  ExpectAtTarget(*store);
+}
+
+// Chunks of one delta applied from several threads at once, each thread sending
+// every chunk in its own order (so each chunk is also applied several times over,
+// concurrently with itself): every partition is patched exactly once and the store
+// ends at the target.
+TEST_F(DeltaApplierTest, ChunksAppliedConcurrentlyAreBitExact) {
+  for (const bool vouched : {false, true}) {
+    SCOPED_TRACE(vouched ? "vouched manifest" : "hash first");
+    WorkerPool pool(2);
+    auto store = MakeStore(base_);
+    ApplyOptions options;
+    options.store_at_manifest = vouched;
+    options.pool = &pool;
+    DeltaApplier applier(*store, base_manifest_, identity_, options);
+    constexpr int kThreads = 4;
+    std::vector<std::thread> threads;
+    std::vector<Status> failures(kThreads);
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<size_t> order(views_.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::mt19937_64 rng(t);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (size_t i : order) {
+          const Status s = applier.ApplyChunk(views_[i]);
+          if (!s.ok() && failures[t].ok()) failures[t] = s;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& s : failures) ASSERT_TRUE(s.ok()) << s.ToString();
+    auto manifest = applier.Finish(summary_);
+    ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+    ExpectAtTarget(*store);
+    EXPECT_EQ(applier.report().applied, summary_.records);
+    EXPECT_EQ(applier.report().already_at_target, (kThreads - 1) * summary_.records);
     EXPECT_TRUE(applier.torn().empty());
   }
 }

@@ -222,5 +222,59 @@ TEST(RecordCheckTest, EveryBitFlipInAPayloadOrTargetHashIsRefusedBeforeWriting) 
   }
 }
 
+// Applying writes and hashes a partition window by window (64 KiB): partitions of
+// many windows, of a length that is no multiple of a window or of a 16-byte block,
+// end bit-exact at the target for every encoding.
+TEST(RecordCheckTest, OnePassApplyOfPartitionsOfManyWindowsIsBitExact) {
+  std::mt19937_64 rng(7);
+  for (DType dtype : {DType::kU8, DType::kBF16, DType::kF32, DType::kI64}) {
+    const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
+    for (Encoding encoding : EncodingsFor(dtype)) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::string(EncodingName(encoding)));
+      const size_t elements = (size_t{300} << 10) / e + 3;  // ~300 KiB: 5 windows and a bit
+      Case c = Make(dtype, encoding, EntropyCoder::kZstd, elements, elements / 30, rng);
+      Bytes data = c.base;
+      CodecScratch scratch;
+      const Status s = ApplyEncodedPartition(c.coding, data, scratch);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_TRUE(data == c.target);
+      EXPECT_EQ(HashPartition(data), c.coding.target_hash);
+    }
+  }
+}
+
+// A record applied to bytes that are not its base (a store whose manifest was wrong)
+// misses the target when the stored result is hashed, and leaves the bytes exactly
+// as they were: XOR is undone, a literal's old bytes are put back.
+TEST(RecordCheckTest, ApplyThatMissesItsTargetLeavesTheBytesAsTheyWere) {
+  std::mt19937_64 rng(8);
+  for (size_t kib : {1, 200}) {
+    for (Encoding encoding : EncodingsFor(DType::kBF16)) {
+      SCOPED_TRACE(std::string(EncodingName(encoding)) + " " + std::to_string(kib) + " KiB");
+      const size_t elements = kib * 512 + 1;
+      Case c = Make(DType::kBF16, encoding, EntropyCoder::kZstd, elements, elements / 20, rng);
+      CodecScratch scratch;
+      DecodedRecord decoded;
+      ASSERT_TRUE(DecodeAndCheckRecord(c.coding, c.base, decoded, scratch).ok());
+      // Not the base: one element of the first and of the last window differs.
+      Bytes other = c.base;
+      other[0] ^= std::byte{0x40};
+      other[other.size() - 1] ^= std::byte{0x40};
+      // A literal reaches its target from any bytes; ask it for another target.
+      const PartitionHash wanted = encoding == Encoding::kLiteral
+                                       ? c.coding.target_hash ^ PartitionHash { 1, 0 }
+                                       : c.coding.target_hash;
+      Bytes data = other;
+      const Status s = ApplyDecodedRecord(decoded, data, wanted, scratch);
+      EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+      EXPECT_TRUE(data == other);
+      // The decoded record is intact: it still applies to the base.
+      data = c.base;
+      ASSERT_TRUE(ApplyDecodedRecord(decoded, data, c.coding.target_hash, scratch).ok());
+      EXPECT_TRUE(data == c.target);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deltacast::codec

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A subtree left mid-delta by a dead relay commits that delta when the relay
 # resolves it. Chain trainer -> a1 -> a2 -> a3, policy `available`, connect timeout
-# shorter than the failover time. a1 is killed (SIGKILL) after journaling its 3rd
-# chunk: a2 and a3 hold part of the delta, the trainer excuses a1 after 1.5 s and commits
+# shorter than the failover time. a1 is killed (SIGKILL) as its 4th chunk arrives,
+# before it forwards it: a2 and a3 hold part of the delta (3 chunks; a relay forwards
+# a chunk before it applies it, so a crash point in the apply would not bound what
+# they got), the trainer excuses a1 after 1.5 s and commits
 # without its subtree, and a2 cannot reach the trainer before that publish ends.
 # a1 is restarted, and the next step is published: the trainer tells a1 the
 # delta committed, a1 catches up and passes COMMIT down, and a2 and a3, which
@@ -19,7 +21,7 @@ export DELTACAST_TOKEN=resolve-$RANDOM
 "$dc" synth --out "$work/steps" --params 4M --steps 2 --change-rate 5% --threads 2 >/dev/null
 mkdir -p "$work/run"
 for n in a1 a2 a3; do cp -r "$work/steps/step0" "$work/run/$n"; done
-run_agent a1 DELTACAST_CRASH_AT=agent.applied:3
+run_agent a1 DELTACAST_CRASH_AT=agent.chunk_received:4
 victim=${pids[-1]}
 run_agent a2
 run_agent a3
@@ -35,7 +37,7 @@ sleep 1
 publish_step 1 2 second
 failures=()
 check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
-check "a1 was not killed at its 3rd journaled chunk" test "$crashed" = yes
+check "a1 was not killed at its 4th chunk" test "$crashed" = yes
 check "the first step did not commit without a1's subtree" json_holds "$work/run/first.json" '.committed == true'
 check "a2 did not hold part of the delta" grep -q "in flight" "$work/run/a2.log"
 check "the next step did not commit everywhere ($(jq -r .abort_reason "$work/run/second.json" 2>/dev/null))" \
