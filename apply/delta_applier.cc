@@ -49,9 +49,6 @@ void DeltaApplier::ForEach(size_t count, const std::function<void(size_t)>& fn) 
 }
 
 namespace {
-bool SelfInverse(codec::Encoding e) {
-  return e == codec::Encoding::kSparseXor || e == codec::Encoding::kDenseXor;
-}
 uint64_t UndoBytes(const codec::PartitionRecord& record, uint64_t byte_length) {
   const bool whole =
       record.encoding == codec::Encoding::kDenseXor || record.encoding == codec::Encoding::kLiteral;
@@ -61,7 +58,10 @@ uint64_t UndoBytes(const codec::PartitionRecord& record, uint64_t byte_length) {
 
 bool DeltaApplier::KeepUndo(const codec::PartitionRecord& record, const Located& where) {
   if (!options_.keep_undo) return false;
-  if (options_.undo_from_records && SelfInverse(record.encoding)) return false;
+  // An XOR record (or pieces records all XOR) undoes itself from the spool.
+  if (options_.undo_from_records && codec::RecordIsSelfInverse(record.encoding, record.payload)) {
+    return false;
+  }
   if (!options_.undo_from_records) return true;
   const uint64_t bytes = UndoBytes(record, where.byte_length);
   uint64_t held = undo_bytes_.load();
