@@ -2,89 +2,19 @@
 
 #include <cstring>
 
+#include "relay/internal/body_reader.h"
+
 namespace deltacast::relay {
 namespace {
 
-std::vector<std::byte> Header(MessageType type) {
-  std::vector<std::byte> out(kMessageHeaderBytes);
-  WriteMessageHeader(type, out.data());
-  return out;
-}
-
-void PutHash(ByteWriter& w, const PartitionHash& h) {
-  w.Put<uint64_t>(h.lo);
-  w.Put<uint64_t>(h.hi);
-}
-
-// Field-by-field reading of one message type; any short read or count past the
-// end makes Close fail, naming the type.
-class Reader {
- public:
-  Reader(ByteSpan message, MessageType type) : type_(type), r_(message) {}
-  Status Open() {
-    ASSIGN_OR_RETURN(MessageType got, PeekType(r_.rest()));
-    if (got != type_) {
-      return Status::Corrupt("expected " + std::string(MessageTypeName(type_)) + ", got " +
-                             std::string(MessageTypeName(got)));
-    }
-    ByteSpan header;
-    (void)r_.GetBytes(kMessageHeaderBytes, header);
-    return Status::Ok();
-  }
-  template <typename T>
-  bool Get(T& v) {
-    return ok_ = ok_ && r_.Get(v);
-  }
-  bool GetHash(PartitionHash& h) { return Get(h.lo) && Get(h.hi); }
-  bool GetSpan(uint64_t n, ByteSpan& out) { return ok_ = ok_ && r_.GetBytes(n, out); }
-  // A count of items of at least `item_bytes` each: refused when they cannot fit.
-  bool GetCount(uint64_t& n, uint64_t item_bytes) {
-    ok_ = ok_ && r_.Get(n) && (item_bytes == 0 || n <= r_.remaining() / item_bytes);
-    if (!ok_) n = 0;
-    return ok_;
-  }
-  bool GetString(std::string& s, size_t max) {
-    uint16_t n = 0;
-    ByteSpan b;
-    ok_ = ok_ && r_.Get(n) && n <= max && r_.GetBytes(n, b);
-    if (ok_) s.assign(AsChars(b));
-    return ok_;
-  }
-  bool Fail() { return ok_ = false; }
-  ByteSpan Rest() {
-    ByteSpan b;
-    (void)r_.GetBytes(r_.remaining(), b);
-    return b;
-  }
-  Status Close() const {
-    if (!ok_) {
-      return Status::Corrupt(std::string(MessageTypeName(type_)) +
-                             " message is truncated or has a field out of range");
-    }
-    if (r_.remaining() != 0) {
-      return Status::Corrupt(std::string(MessageTypeName(type_)) + " message has " +
-                             std::to_string(r_.remaining()) + " trailing bytes");
-    }
-    return Status::Ok();
-  }
-
- private:
-  MessageType type_;
-  ByteReader r_;
-  bool ok_ = true;
-};
+using internal::Header;
+using internal::PutHash;
+using Reader = internal::BodyReader;
 
 constexpr size_t kShareBytes = 4 + 8 + 8 + 8;
 constexpr size_t kChangeBytes = 4 + 8 + 1 + 16;
 
 }  // namespace
-
-void WriteMessageHeader(MessageType type, std::byte* out) {
-  StoreLE<uint32_t>(out, kProtocolMagic);
-  out[4] = std::byte{kProtocolVersion};
-  out[5] = std::byte{static_cast<uint8_t>(type)};
-  out[6] = out[7] = std::byte{0};
-}
 
 std::vector<std::byte> EncodeProduce(const Produce& m) {
   auto out = Header(MessageType::kProduce);

@@ -86,7 +86,4 @@ Result<std::pair<uint64_t, ByteSpan>> ParseShardChunk(ByteSpan message);
 Result<std::pair<uint64_t, std::vector<PieceMessageEntry>>> ParsePieces(ByteSpan message);
 Result<ProduceEnd> ParseProduceEnd(ByteSpan message);
 
-// Writes the 8-byte message header of `type` at `out`.
-void WriteMessageHeader(MessageType type, std::byte* out);
-
 }  // namespace deltacast::relay

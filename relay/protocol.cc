@@ -86,6 +86,13 @@ std::string_view MessageTypeName(MessageType type) {
   return "UNKNOWN";
 }
 
+void WriteMessageHeader(MessageType type, std::byte* out) {
+  StoreLE<uint32_t>(out, kProtocolMagic);
+  out[4] = std::byte{kProtocolVersion};
+  out[5] = std::byte{static_cast<uint8_t>(type)};
+  out[6] = out[7] = std::byte{0};
+}
+
 Result<MessageType> PeekType(ByteSpan message) {
   if (message.size() < kMessageHeaderBytes)
     return Status::Corrupt("message shorter than its header");

@@ -225,6 +225,8 @@ std::vector<std::byte> WithRequestId(ByteSpan message, uint64_t request_id);
 Result<MessageType> PeekType(ByteSpan message);
 // The body after the header.
 inline ByteSpan Body(ByteSpan message) { return message.subspan(kMessageHeaderBytes); }
+// Writes the message header of `type` at `out` (kMessageHeaderBytes).
+void WriteMessageHeader(MessageType type, std::byte* out);
 // A CHUNK message's codec chunk and signature.
 struct ChunkParts {
   ByteSpan chunk;

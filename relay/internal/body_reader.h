@@ -1,6 +1,6 @@
 // Shared by the relay protocol's encoders and parsers (relay/protocol.cc,
-// relay/handshake.cc): the message header, length-prefixed strings and digests,
-// and a reader that checks every field against the bytes that remain.
+// relay/handshake.cc, relay/producer_protocol.cc): the message header, length-prefixed strings and
+// digests, and a reader that checks every field against the bytes that remain.
 //
 // Thread safety: values and pure functions.
 #pragma once
@@ -17,12 +17,8 @@
 namespace deltacast::relay::internal {
 
 inline std::vector<std::byte> Header(MessageType type) {
-  std::vector<std::byte> out;
-  ByteWriter w(out);
-  w.Put<uint32_t>(kProtocolMagic);
-  w.Put<uint8_t>(kProtocolVersion);
-  w.Put<uint8_t>(static_cast<uint8_t>(type));
-  w.Put<uint16_t>(0);
+  std::vector<std::byte> out(kMessageHeaderBytes);
+  WriteMessageHeader(type, out.data());
   return out;
 }
 
@@ -33,6 +29,11 @@ inline void PutString(ByteWriter& w, std::string_view s) {
 
 inline void PutDigest(ByteWriter& w, const Digest128& d) {
   w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size()));
+}
+
+inline void PutHash(ByteWriter& w, const PartitionHash& h) {
+  w.Put<uint64_t>(h.lo);
+  w.Put<uint64_t>(h.hi);
 }
 
 template <size_t N>
@@ -74,6 +75,21 @@ class BodyReader {
     return ok_;
   }
   bool GetDigest(Digest128& d) { return GetArray(d.bytes); }
+  bool GetHash(PartitionHash& h) { return Get(h.lo) && Get(h.hi); }
+  // A count of items of at least `item_bytes` each: refused when they cannot fit.
+  bool GetCount(uint64_t& n, uint64_t item_bytes) {
+    ok_ = ok_ && r_.Get(n) && (item_bytes == 0 || n <= r_.remaining() / item_bytes);
+    if (!ok_) n = 0;
+    return ok_;
+  }
+  // Marks the message bad (a flag or a value out of range); Close then fails.
+  bool Fail() { return ok_ = false; }
+  // Everything left, e.g. an embedded chunk.
+  ByteSpan Rest() {
+    ByteSpan b;
+    (void)r_.GetBytes(r_.remaining(), b);
+    return b;
+  }
   bool GetSpan(uint64_t n, ByteSpan& out) {
     // A length from the wire may exceed size_t on no platform we build for, but
     // compare before narrowing anyway.
@@ -83,7 +99,7 @@ class BodyReader {
   Status Close() {
     if (!ok_)
       return Status::Corrupt(std::string(MessageTypeName(type_)) +
-                             " message is truncated or has an oversized field");
+                             " message is truncated or has a field out of range");
     if (r_.remaining() != 0) {
       return Status::Corrupt(std::string(MessageTypeName(type_)) + " message has " +
                              std::to_string(r_.remaining()) + " trailing bytes");
