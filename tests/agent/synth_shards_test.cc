@@ -11,27 +11,12 @@
 #include "apply/checkpoint_dir.h"
 #include "layout/values.h"
 #include "relay/shard_input.h"
+#include "tests/temp_dir.h"
 
 namespace deltacast::agent {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "synth_shards_test.XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // Converts every rank's shard of `step` to canonical tensors through its layout and
 // compares them with the step's checkpoint.
@@ -93,7 +78,7 @@ SynthOptions Small(const fs::path& dir, const std::string& shards, uint64_t expe
 }
 
 TEST(SynthShards, MegatronTensorPipelineAndDataParallel) {
-  TempDir dir;
+  test_util::TempDir dir{"synth_shards_test"};
   SynthOptions o = Small(dir.path(), "tp=2,pp=2,dp=2");
   o.params = 5'000'000;  // 4 layers: 2 stages of 2
   auto report = Synthesize(o);
@@ -106,7 +91,7 @@ TEST(SynthShards, MegatronTensorPipelineAndDataParallel) {
 }
 
 TEST(SynthShards, UnevenPipelineStages) {
-  TempDir dir;
+  test_util::TempDir dir{"synth_shards_test"};
   auto report = Synthesize(Small(dir.path(), "pp=2"));  // 3 layers: stages of 1 and 2
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->layers, 3);
@@ -114,14 +99,14 @@ TEST(SynthShards, UnevenPipelineStages) {
 }
 
 TEST(SynthShards, ExpertParallelMoe) {
-  TempDir dir;
+  test_util::TempDir dir{"synth_shards_test"};
   auto report = Synthesize(Small(dir.path(), "ep=2,tp=2", 4));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   CheckStep(dir.path() / "step1", 4);
 }
 
 TEST(SynthShards, Fsdp2) {
-  TempDir dir;
+  test_util::TempDir dir{"synth_shards_test"};
   auto report = Synthesize(Small(dir.path(), "fsdp=3"));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   CheckStep(dir.path() / "step1", 3);
@@ -138,7 +123,7 @@ TEST(SynthShards, SpecParsing) {
 }
 
 TEST(SynthShards, RefusesASplitTheModelCannotTake) {
-  TempDir dir;
+  test_util::TempDir dir{"synth_shards_test"};
   auto report = Synthesize(Small(dir.path(), "ep=2"));  // a dense model has no experts
   ASSERT_FALSE(report.ok());
   EXPECT_NE(report.status().message().find("experts"), std::string::npos);

@@ -15,6 +15,7 @@
 #include "apply/safetensors.h"
 #include "common/file_util.h"
 #include "common/hash.h"
+#include "tests/temp_dir.h"
 
 namespace deltacast::agent {
 namespace {
@@ -22,22 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 
 // A scratch directory removed when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "synth_test.XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 SynthOptions SmallOptions(const fs::path& dir) {
   SynthOptions o;
   o.out_dir = dir;
@@ -149,7 +134,7 @@ TEST(FloatToBf16Test, RoundsToNearestEvenAndKeepsNaN) {
 }
 
 TEST(SynthTest, WritesValidShardedCheckpointsWithIdenticalLayouts) {
-  TempDir tmp;
+  test_util::TempDir tmp{"synth_test"};
   SynthOptions o = SmallOptions(tmp.path());
   auto report = Synthesize(o);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -240,7 +225,7 @@ TEST(SynthTest, WritesValidShardedCheckpointsWithIdenticalLayouts) {
 }
 
 TEST(SynthTest, SameSeedSameBytesOnAnyThreadCount) {
-  TempDir a, b, c;
+  test_util::TempDir a{"synth_test"}, b{"synth_test"}, c{"synth_test"};
   SynthOptions o = SmallOptions(a.path());
   o.threads = 1;
   ASSERT_TRUE(Synthesize(o).ok());
@@ -268,7 +253,7 @@ TEST(SynthTest, SameSeedSameBytesOnAnyThreadCount) {
 }
 
 TEST(SynthTest, OverwritesAnEarlierRunAndDropsItsStaleShards) {
-  TempDir tmp;
+  test_util::TempDir tmp{"synth_test"};
   SynthOptions o = SmallOptions(tmp.path());
   o.max_shard_bytes = 1 << 20;  // many small shards
   auto first = Synthesize(o);
@@ -278,14 +263,14 @@ TEST(SynthTest, OverwritesAnEarlierRunAndDropsItsStaleShards) {
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   ASSERT_GT(first->shards, second->shards);
   EXPECT_EQ(static_cast<int>(ShardFiles(tmp.path() / "step1").size()), second->shards);
-  TempDir fresh;
+  test_util::TempDir fresh{"synth_test"};
   o.out_dir = fresh.path();
   ASSERT_TRUE(Synthesize(o).ok());
   EXPECT_EQ(HashDir(tmp.path() / "step1"), HashDir(fresh.path() / "step1"));
 }
 
 TEST(SynthTest, ValuesDoNotDependOnSharding) {
-  TempDir a, b;
+  test_util::TempDir a{"synth_test"}, b{"synth_test"};
   SynthOptions o = SmallOptions(a.path());
   o.steps = 1;
   ASSERT_TRUE(Synthesize(o).ok());
@@ -297,7 +282,7 @@ TEST(SynthTest, ValuesDoNotDependOnSharding) {
 
 // Measures what the files hold (not what the report says) and checks both.
 void ExpectChangeRate(double target) {
-  TempDir tmp;
+  test_util::TempDir tmp{"synth_test"};
   SynthOptions o = SmallOptions(tmp.path());
   o.params = 4'000'000;
   o.change_rate = target;
@@ -324,7 +309,7 @@ TEST(SynthTest, CalibratedChangeRateThreePercent) { ExpectChangeRate(0.03); }
 TEST(SynthTest, CalibratedChangeRateTenPercent) { ExpectChangeRate(0.10); }
 
 TEST(SynthTest, ExplicitLearningRateIsUsed) {
-  TempDir a, b;
+  test_util::TempDir a{"synth_test"}, b{"synth_test"};
   SynthOptions o = SmallOptions(a.path());
   o.steps = 1;
   o.lr = 1e-6;
@@ -341,7 +326,7 @@ TEST(SynthTest, ExplicitLearningRateIsUsed) {
 // The shape of real BF16 step deltas (TOOLCHAIN-NOTES.md): mostly one-ULP moves,
 // low-bit carry-run XOR values, rare sign flips, and Adam's direction persistence.
 TEST(SynthTest, StepStatisticsLookLikeRealTraining) {
-  TempDir tmp;
+  test_util::TempDir tmp{"synth_test"};
   SynthOptions o = SmallOptions(tmp.path());
   o.params = 4'000'000;
   o.steps = 3;
@@ -364,7 +349,7 @@ TEST(SynthTest, StepStatisticsLookLikeRealTraining) {
 }
 
 TEST(SynthTest, RejectsBadOptionsBeforeWriting) {
-  TempDir tmp;
+  test_util::TempDir tmp{"synth_test"};
   auto expect_invalid = [&](SynthOptions o, const char* what) {
     auto r = Synthesize(o);
     ASSERT_FALSE(r.ok()) << what;
@@ -404,7 +389,7 @@ TEST(SynthTest, RejectsBadOptionsBeforeWriting) {
 }
 
 TEST(SynthTest, UnwritableDirectoryIsAnIoError) {
-  TempDir tmp;
+  test_util::TempDir tmp{"synth_test"};
   // A regular file where the output directory should be.
   const fs::path file = tmp.path() / "file";
   ASSERT_TRUE(WriteFile(file, AsBytes("x")).ok());
@@ -416,7 +401,7 @@ TEST(SynthTest, UnwritableDirectoryIsAnIoError) {
 }
 
 TEST(SynthTest, TinyModelsStillHaveTwoLayersAndTwoFiles) {
-  TempDir tmp;
+  test_util::TempDir tmp{"synth_test"};
   SynthOptions o = SmallOptions(tmp.path());
   o.params = kMinSynthParams;
   o.steps = 1;

@@ -17,27 +17,12 @@
 #include "relay/protocol.h"
 #include "relay/shard_encoder.h"
 #include "relay/shard_input.h"
+#include "tests/temp_dir.h"
 
 namespace deltacast::relay {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "merge_test.XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 struct Rank {
   std::unique_ptr<ShardFile> base, target;
@@ -56,7 +41,7 @@ codec::Manifest Hashed(const apply::WeightStore& s) {
 
 void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
             codec::CodecMode mode = codec::CodecMode::kFast) {
-  TempDir dir;
+  test_util::TempDir dir{"merge_test"};
   agent::SynthOptions o;
   o.out_dir = dir.path();
   o.params = params;

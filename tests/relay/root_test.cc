@@ -21,6 +21,7 @@
 #include "relay/producer_hub.h"
 #include "relay/shard_input.h"
 #include "relay/signing.h"
+#include "tests/temp_dir.h"
 #include "tests/transport/test_util.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
@@ -32,22 +33,6 @@ namespace fs = std::filesystem;
 
 constexpr char kToken[] = "root-test-token";
 constexpr uint64_t kPartitionBytes = 64 << 10;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "root_test.XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::string ConfigToml(int receivers) {
   std::string toml =
@@ -215,7 +200,7 @@ class RootTest : public ::testing::Test {
     for (auto& a : agents_) a->Stop();
   }
 
-  TempDir dir_;
+  test_util::TempDir dir_{"root_test"};
   std::vector<std::unique_ptr<RankFiles>> ranks_;
   topology::ClusterConfig config_;
   std::shared_ptr<transport::InprocNetwork> network_;
