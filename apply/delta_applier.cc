@@ -127,8 +127,9 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
                              std::to_string(chunk.records[i].element_offset) + " twice");
     }
   }
-  std::vector<MutableByteSpan> targets(located.size());
-  for (size_t i = 0; i < located.size(); ++i) {
+  PartitionAccess* access = store_.partition_access();
+  std::vector<MutableByteSpan> targets(access ? 0 : located.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
     ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(located[i].tensor));
     targets[i] = tensor.subspan(located[i].byte_offset, located[i].byte_length);
   }
@@ -141,6 +142,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     const std::vector<std::pair<size_t, uint64_t>>& named;
     ~Unclaim() { self->Release(named); }
   } unclaim{this, named};
+  if (access) return ApplyChunkByParts(*access, chunk, located, start);
 
   // What the manifest says each partition holds. With store_at_manifest a
   // partition at the record's base is written without hashing it first: the
@@ -230,17 +232,13 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     }
   });
   for (size_t i = 0; i < located.size(); ++i) {
-    if (errors[i].ok()) continue;
-    std::lock_guard lock(mu_);
-    refused_.insert(chunk.sequence);
-    report_.refused_chunks++;
-    return errors[i].WithContext("chunk " + std::to_string(chunk.sequence) +
-                                 " refused, nothing written");
+    if (!errors[i].ok()) return Refuse(chunk.sequence, errors[i]);
   }
 
   std::atomic<uint64_t> applied{0}, skipped{0}, changed{0};
-  std::vector<char> torn(located.size(), 0), patched(located.size(), 0), kept(located.size(), 0);
-  std::vector<Undo> undo(options_.keep_undo ? located.size() : 0);
+  ChunkOutcome outcome(located.size(), options_.keep_undo);
+  std::vector<char>&torn = outcome.torn, &patched = outcome.patched, &kept = outcome.kept;
+  std::vector<Undo>& undo = outcome.undo;
   ForEach(located.size(), [&](size_t i) {
     thread_local codec::CodecScratch scratch;
     const codec::PartitionRecord& record = chunk.records[i];
@@ -295,16 +293,34 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     }
   });
 
+  outcome.errors = std::move(errors);
+  outcome.applied = applied;
+  outcome.skipped = skipped;
+  outcome.changed = changed;
+  return Conclude(chunk, located, outcome, start);
+}
+
+Status DeltaApplier::Refuse(uint32_t sequence, const Status& error) {
+  std::lock_guard lock(mu_);
+  refused_.insert(sequence);
+  report_.refused_chunks++;
+  return error.WithContext("chunk " + std::to_string(sequence) + " refused, nothing written");
+}
+
+Status DeltaApplier::Conclude(const codec::ChunkView& chunk, const std::vector<Located>& located,
+                              ChunkOutcome& outcome, std::chrono::steady_clock::time_point start) {
+  const std::vector<Status>& errors = outcome.errors;
   std::lock_guard lock(mu_);
   Status first_error;
   for (size_t i = 0; i < located.size(); ++i) {
+    const bool torn = outcome.torn[i], patched = outcome.patched[i], kept = outcome.kept[i];
     const auto& record = chunk.records[i];
-    if (torn[i])
+    if (torn)
       torn_[PartitionKey{std::string(record.tensor_name), record.element_offset}] =
           record.target_hash;
-    if (patched[i]) dirty_.push_back(located[i]);
-    if (patched[i] && kept[i]) undo_.push_back(std::move(undo[i]));
-    if (errors[i].ok() && !torn[i]) {
+    if (patched) dirty_.push_back(located[i]);
+    if (patched && kept) undo_.push_back(std::move(outcome.undo[i]));
+    if (errors[i].ok() && !torn) {
       manifest_.partition_hashes[located[i].tensor][located[i].partition_index] =
           record.target_hash;
     }
@@ -314,9 +330,9 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   refused_.erase(chunk.sequence);
   report_.chunks++;
   report_.records += chunk.records.size();
-  report_.applied += applied;
-  report_.already_at_target += skipped;
-  report_.changed_elements += changed;
+  report_.applied += outcome.applied;
+  report_.already_at_target += outcome.skipped;
+  report_.changed_elements += outcome.changed;
   report_.chunk_bytes += chunk.size_bytes;
   report_.seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -372,6 +388,7 @@ Status DeltaApplier::Rollback() {
     return Status::FailedPrecondition("rollback needs ApplyOptions::keep_undo");
   if (repaired_)
     return Status::FailedPrecondition("partitions repaired with literal bytes cannot roll back");
+  if (PartitionAccess* access = store_.partition_access()) return RollbackByParts(*access);
   for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
     ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(it->where.tensor));
     MutableByteSpan bytes = tensor.subspan(it->where.byte_offset, it->where.byte_length);
@@ -423,6 +440,10 @@ Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk,
   codec::CodecScratch scratch;
   for (const auto& record : chunk.records) {
     ASSIGN_OR_RETURN(Located where, Locate(record));
+    if (PartitionAccess* access = store_.partition_access()) {
+      RETURN_IF_ERROR(RevertByParts(*access, record, where, needs_base));
+      continue;
+    }
     ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(where.tensor));
     MutableByteSpan bytes = tensor.subspan(where.byte_offset, where.byte_length);
     const PartitionHash current = HashPartition(bytes);
@@ -463,12 +484,19 @@ Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes,
                            std::to_string(key.element_offset) +
                            " do not hash to what was asked for");
   }
-  ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(*index));
-  std::copy(bytes.begin(), bytes.end(),
-            tensor.begin() + static_cast<ptrdiff_t>(key.element_offset * e));
+  RETURN_IF_ERROR(WriteBytes(*index, key.element_offset * e, bytes));
   RETURN_IF_ERROR(store_.Flush(*index, key.element_offset * e, length));
   std::lock_guard lock(mu_);
   manifest_.partition_hashes[*index][key.element_offset / per] = expected_hash;
+  return Status::Ok();
+}
+
+Status DeltaApplier::WriteBytes(size_t tensor, uint64_t offset, ByteSpan bytes) {
+  if (PartitionAccess* access = store_.partition_access()) {
+    return access->WritePartition(tensor, offset, bytes);
+  }
+  ASSIGN_OR_RETURN(MutableByteSpan data, store_.MutableTensorData(tensor));
+  std::copy(bytes.begin(), bytes.end(), data.begin() + static_cast<ptrdiff_t>(offset));
   return Status::Ok();
 }
 
@@ -504,8 +532,7 @@ Status DeltaApplier::Repair(const PartitionKey& key, ByteSpan literal) {
     return Status::Corrupt("repair bytes for '" + key.tensor + "' at element " +
                            std::to_string(key.element_offset) + " do not hash to the target");
   }
-  ASSIGN_OR_RETURN(MutableByteSpan tensor, store_.MutableTensorData(*index));
-  std::copy(literal.begin(), literal.end(), tensor.begin() + key.element_offset * e);
+  RETURN_IF_ERROR(WriteBytes(*index, key.element_offset * e, literal));
   RETURN_IF_ERROR(store_.Flush(*index, key.element_offset * e, length));
   manifest_.partition_hashes[*index][key.element_offset / per] = it->second;
   torn_.erase(it);

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -215,6 +216,33 @@ class DeltaApplier {
     codec::SparseChanges xors;         // XOR words applied, or
     std::vector<std::byte> old_bytes;  // the bytes before (dense and literal records)
   };
+
+  // What one chunk's records came to, gathered by either path and booked by Conclude.
+  struct ChunkOutcome {
+    explicit ChunkOutcome(size_t n, bool keep_undo)
+        : errors(n), torn(n, 0), patched(n, 0), kept(n, 0), undo(keep_undo ? n : 0) {}
+    std::vector<Status> errors;
+    std::vector<char> torn, patched, kept;
+    std::vector<Undo> undo;
+    uint64_t applied = 0, skipped = 0, changed = 0;
+  };
+  Status Conclude(const codec::ChunkView& chunk, const std::vector<Located>& located,
+                  ChunkOutcome& outcome, std::chrono::steady_clock::time_point start);
+  // Refuses chunk `sequence` for `error` of the check before write.
+  Status Refuse(uint32_t sequence, const Status& error);
+
+  // The same work for a store reached through PartitionAccess (GPU memory, a load
+  // plan): delta_applier_parts.cc. Records are decoded and checked on the host and
+  // written in one ApplyPatches call per chunk; hashes are computed where the bytes lie.
+  Status ApplyChunkByParts(PartitionAccess& access, const codec::ChunkView& chunk,
+                           const std::vector<Located>& located,
+                           std::chrono::steady_clock::time_point start);
+  Status RollbackByParts(PartitionAccess& access);  // under mu_
+  // RevertChunk's work for one record; `needs_base` as there.
+  Status RevertByParts(PartitionAccess& access, const codec::PartitionRecord& record,
+                       const Located& where, std::vector<NeedsBase>& needs_base);
+  // Writes `bytes` at byte `offset` of tensor `tensor`, by either path.
+  Status WriteBytes(size_t tensor, uint64_t offset, ByteSpan bytes);
 
   std::vector<Located> dirty_;  // applied partitions not yet flushed
   std::vector<Undo> undo_;

@@ -77,17 +77,13 @@ Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesyste
 Result<std::unique_ptr<Replica>> Replica::ForStore(std::unique_ptr<WeightStore> store,
                                                    uint64_t partition_bytes, size_t threads) {
   threads = threads ? threads : DefaultThreadCount();
-  const WeightStore& s = *store;
-  codec::Manifest manifest = codec::ComputeManifest(
-      s.tensors(), [&](size_t i) { return s.TensorData(i); }, partition_bytes, threads);
+  codec::Manifest manifest = HashWeightStore(*store, partition_bytes, threads);
   return std::unique_ptr<Replica>(
       new Replica(std::move(store), nullptr, std::move(manifest), std::nullopt, threads));
 }
 
 codec::Manifest Replica::HashStore() const {
-  const WeightStore& s = *store_;
-  return codec::ComputeManifest(
-      s.tensors(), [&](size_t i) { return s.TensorData(i); }, manifest_.partition_bytes, threads_);
+  return HashWeightStore(*store_, manifest_.partition_bytes, threads_);
 }
 
 Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity& identity,

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "codec/partition.h"
+
 namespace deltacast::apply {
 
 std::optional<size_t> WeightStore::FindTensor(std::string_view name) const {
@@ -17,6 +19,51 @@ Status WeightStore::FlushAll() {
   for (size_t i = 0; i < tensors().size(); ++i)
     RETURN_IF_ERROR(Flush(i, 0, tensors()[i].ByteSize()));
   return Status::Ok();
+}
+
+codec::Manifest HashWeightStore(const WeightStore& store, uint64_t partition_bytes,
+                                size_t threads) {
+  PartitionAccess* access = store.partition_access();
+  if (access == nullptr) {
+    return codec::ComputeManifest(
+        store.tensors(), [&](size_t i) { return store.TensorData(i); }, partition_bytes, threads);
+  }
+  codec::Manifest m;
+  m.partition_bytes = partition_bytes;
+  m.tensors = store.tensors();
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    const codec::TensorInfo& info = m.tensors[t];
+    const uint64_t e = ElementSize(info.dtype);
+    const uint64_t per = codec::PartitionElements(info.dtype, partition_bytes) * e;
+    const uint64_t bytes = info.ByteSize();
+    auto& hashes = m.partition_hashes.emplace_back();
+    const uint64_t count = codec::PartitionCount(info, partition_bytes);
+    for (uint64_t p = 0; p < count; ++p) {
+      const uint64_t off = p * per;
+      auto h = access->HashPartition(t, off, std::min(per, bytes - off));
+      hashes.push_back(h.ok() ? *h : PartitionHash{});
+    }
+  }
+  return m;
+}
+
+Result<std::vector<std::byte>> ReadStoreBytes(const WeightStore& store, size_t index,
+                                              uint64_t offset, uint64_t length) {
+  if (index >= store.tensors().size()) return Status::InvalidArgument("no such tensor");
+  const uint64_t size = store.tensors()[index].ByteSize();
+  if (offset > size || length > size - offset) {
+    return Status::InvalidArgument("bytes [" + std::to_string(offset) + ", +" +
+                                   std::to_string(length) + ") lie outside tensor '" +
+                                   store.tensors()[index].name + "'");
+  }
+  std::vector<std::byte> out(length);
+  if (PartitionAccess* access = store.partition_access()) {
+    RETURN_IF_ERROR(access->ReadPartition(index, offset, out));
+  } else {
+    const ByteSpan data = store.TensorData(index).subspan(offset, length);
+    std::copy(data.begin(), data.end(), out.begin());
+  }
+  return out;
 }
 
 }  // namespace deltacast::apply

@@ -11,15 +11,50 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
+#include "codec/manifest.h"
 #include "codec/tensor.h"
 #include "common/bytes.h"
 #include "common/hash.h"
+#include "common/partition_hash.h"
 #include "common/status.h"
 
+namespace deltacast::codec {
+struct DecodedRecord;
+}
+
 namespace deltacast::apply {
+
+// Partition-level access to a store whose bytes the host cannot address (GPU
+// memory, or canonical tensors split over several GPUs by a load plan): its
+// TensorData is empty and MutableTensorData kUnsupported, and the applier, the
+// replica and the relay go through these instead. Offsets and lengths are bytes of
+// canonical tensor `index` and name one whole partition.
+class PartitionAccess {
+ public:
+  virtual ~PartitionAccess() = default;
+
+  // The partition hash of the stored bytes (computed where they lie).
+  virtual Result<PartitionHash> HashPartition(size_t index, uint64_t offset, uint64_t length) = 0;
+  virtual Status ReadPartition(size_t index, uint64_t offset, MutableByteSpan out) = 0;
+  virtual Status WritePartition(size_t index, uint64_t offset, ByteSpan bytes) = 0;
+
+  // Writes decoded records (codec::DecodeAndCheckRecord's output: XOR words, a dense
+  // XOR mask, or literal target bytes) into their partitions, all of one chunk at
+  // once, and returns each partition's hash after the write in `after`. A record
+  // whose positions are out of order or repeated refuses the whole call (kCorrupt,
+  // nothing written). The caller compares `after` with the target hashes and undoes.
+  struct Patch {
+    size_t tensor = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    const codec::DecodedRecord* decoded = nullptr;
+  };
+  virtual Status ApplyPatches(std::span<const Patch> patches, std::span<PartitionHash> after) = 0;
+};
 
 class WeightStore {
  public:
@@ -47,8 +82,22 @@ class WeightStore {
   // equal manifests are byte-identical. All-zero for stores without files.
   virtual Digest128 LayoutId() const = 0;
 
+  // Non-null for a store whose bytes are not host-addressable (see PartitionAccess).
+  virtual PartitionAccess* partition_access() const { return nullptr; }
+
   // Index of the tensor called `name`, by binary search over tensors().
   std::optional<size_t> FindTensor(std::string_view name) const;
 };
+
+// The manifest of the store's bytes as they are, by either path: host stores hash
+// their spans on `threads` threads; a PartitionAccess store hashes where the bytes
+// lie (a partition it cannot hash gets a zero hash, which matches no version, so it
+// reads as torn and is repaired).
+codec::Manifest HashWeightStore(const WeightStore& store, uint64_t partition_bytes, size_t threads);
+
+// A copy of bytes [offset, offset + length) of tensor `index`, by either path.
+// kInvalidArgument outside the tensor.
+Result<std::vector<std::byte>> ReadStoreBytes(const WeightStore& store, size_t index,
+                                              uint64_t offset, uint64_t length);
 
 }  // namespace deltacast::apply

@@ -320,7 +320,8 @@ uint64_t PlacementMap::CoveredElements(uint32_t canonical) const {
 }
 
 Result<PlacementMap> ExpandPlacement(const LayoutDescription& d, std::vector<TensorSpec> canonical,
-                                     std::vector<TensorSpec> local) {
+                                     std::vector<TensorSpec> local, PlacementUse use) {
+  const bool load = use == PlacementUse::kLoad;
   PlacementMap map;
   map.name_ = d.source + " (" + d.RankName() + ")";
   std::sort(canonical.begin(), canonical.end(),
@@ -393,7 +394,7 @@ Result<PlacementMap> ExpandPlacement(const LayoutDescription& d, std::vector<Ten
       }
     }
     lt.role = scanned ? RoleFor(*rule) : Role::kReplica;
-    if (scanned) {
+    if (scanned || load) {
       for (Run& r : runs) {
         r.local = li;
         map.runs_.push_back(r);
@@ -435,7 +436,7 @@ Result<PlacementMap> ExpandPlacement(const LayoutDescription& d, std::vector<Ten
       Param p;
       p.offset = (total + f.align - 1) / f.align * f.align;
       p.size = Product(tp.local_shape);
-      if (scanned) p.runs = std::move(tp.runs);
+      if (scanned || load) p.runs = std::move(tp.runs);
       total = p.offset + p.size;
       params.push_back(std::move(p));
     }

@@ -64,6 +64,11 @@ struct CanonicalPosition {
   uint64_t element = 0;
 };
 
+// What a map is for. A producer scans each replicated element once (one replica
+// is picked; the others map nothing). A receiver's load plan must write every
+// copy: replicas keep their runs (their role stays kReplica).
+enum class PlacementUse : uint8_t { kScan, kLoad };
+
 class PlacementMap {
  public:
   PlacementMap() = default;
@@ -88,7 +93,7 @@ class PlacementMap {
 
  private:
   friend Result<PlacementMap> ExpandPlacement(const LayoutDescription&, std::vector<TensorSpec>,
-                                              std::vector<TensorSpec>);
+                                              std::vector<TensorSpec>, PlacementUse);
   friend Result<PlacementMap> MapWhole(std::vector<TensorSpec>, std::vector<std::string>);
   void Index();
 
@@ -106,7 +111,8 @@ class PlacementMap {
 // the tensor.
 Result<PlacementMap> ExpandPlacement(const LayoutDescription& description,
                                      std::vector<TensorSpec> canonical,
-                                     std::vector<TensorSpec> local);
+                                     std::vector<TensorSpec> local,
+                                     PlacementUse use = PlacementUse::kScan);
 
 // The map of a producer that holds canonical tensors as they are (a whole
 // checkpoint, or a set of its tensors): identity runs for `names` (all when empty).

@@ -673,13 +673,15 @@ void NodeStore::FindPartition(Fetch fetch,
     const auto index = replica_->store().FindTensor(fetch.tensor);
     std::optional<std::vector<std::byte>> found;
     if (index) {
-      const ByteSpan tensor = replica_->store().TensorData(*index);
-      const uint64_t e = ElementSize(replica_->store().tensors()[*index].dtype);
+      const apply::WeightStore& store = replica_->store();
+      const uint64_t size = store.tensors()[*index].ByteSize();
+      const uint64_t e = ElementSize(store.tensors()[*index].dtype);
       // Checked without overflow: the offset and length come from the network.
-      if (fetch.element_offset <= tensor.size() / e &&
-          fetch.byte_length <= tensor.size() - fetch.element_offset * e) {
-        const ByteSpan part = tensor.subspan(fetch.element_offset * e, fetch.byte_length);
-        if (HashPartition(part) == fetch.hash) found.emplace(part.begin(), part.end());
+      if (fetch.element_offset <= size / e &&
+          fetch.byte_length <= size - fetch.element_offset * e) {
+        auto part =
+            apply::ReadStoreBytes(store, *index, fetch.element_offset * e, fetch.byte_length);
+        if (part.ok() && HashPartition(*part) == fetch.hash) found = std::move(*part);
       }
     }
     Reply([done, found = std::move(found)] { done(found); });

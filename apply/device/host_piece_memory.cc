@@ -1,0 +1,97 @@
+// The host PieceMemory: the reference implementation of the element code's loops,
+// and the memory of a planned store on a machine without a GPU.
+#include <cstdlib>
+#include <cstring>
+
+#include "apply/device/piece_memory.h"
+
+namespace deltacast::apply::device {
+namespace {
+
+std::string BadEntry(size_t segment, const PatchSegment& s, uint64_t i, const uint32_t* positions) {
+  return "patch segment " + std::to_string(segment) + ": entry " + std::to_string(i) +
+         " (position " + std::to_string(positions[s.first + i]) +
+         ") is out of order, repeated or outside its run; nothing was written";
+}
+
+class HostPieceMemory final : public PieceMemory {
+ public:
+  explicit HostPieceMemory(std::string name) : name_(std::move(name)) {}
+  ~HostPieceMemory() override {
+    for (void* p : owned_) std::free(p);
+  }
+
+  const std::string& name() const override { return name_; }
+
+  Result<std::byte*> Allocate(uint64_t bytes) override {
+    void* p = std::calloc(bytes == 0 ? 1 : bytes, 1);
+    if (p == nullptr) {
+      return Status::ResourceExhausted(name_ + ": cannot allocate " + std::to_string(bytes) +
+                                       " bytes");
+    }
+    owned_.push_back(p);
+    return static_cast<std::byte*>(p);
+  }
+
+  Status Patch(const PatchBatch& batch) override {
+    const uint32_t* positions = batch.positions.data();
+    for (size_t k = 0; k < batch.segments.size(); ++k) {
+      const PatchSegment& s = batch.segments[k];
+      if (s.kind != kSparseXor) continue;
+      if (s.first + s.count > batch.positions.size() ||
+          s.word_offset + s.count * s.element_size > batch.words.size()) {
+        return Status::Corrupt("patch segment " + std::to_string(k) +
+                               " reaches past its payload; nothing was written");
+      }
+      for (uint64_t i = 0; i < s.count; ++i) {
+        if (!SparseEntryValid(s, positions, i))
+          return Status::Corrupt(BadEntry(k, s, i, positions));
+      }
+    }
+    const auto* words = reinterpret_cast<const unsigned char*>(batch.words.data());
+    const auto* dense = reinterpret_cast<const unsigned char*>(batch.dense.data());
+    for (const PatchSegment& s : batch.segments) {
+      if (s.kind == kSparseXor) {
+        for (uint64_t i = 0; i < s.count; ++i) ApplySparseEntry(s, positions, words, i);
+      } else {
+        for (uint64_t r = 0; r < s.run.rows; ++r) {
+          ApplyDenseBytes(s, dense, r, 0, s.run.len * s.element_size);
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Hash(std::span<const HashSegment> segments, std::span<PartitionHash> out) override {
+    for (const HashSegment& h : segments) {
+      if (h.slot >= out.size()) return Status::InvalidArgument("hash slot out of range");
+      const uint64_t e = h.element_size;
+      const StridedRun run{h.run.rows, h.run.len * e, h.run.src_stride * e, h.run.part_dst * e,
+                           h.run.dst_stride * e};
+      out[h.slot] ^=
+          HashStridedRun(reinterpret_cast<const std::byte*>(h.run.base) + h.run.src * e, run);
+    }
+    return Status::Ok();
+  }
+
+  Status Read(const std::byte* src, MutableByteSpan dst) override {
+    std::memcpy(dst.data(), src, dst.size());
+    return Status::Ok();
+  }
+  Status Write(std::byte* dst, ByteSpan src) override {
+    std::memcpy(dst, src.data(), src.size());
+    return Status::Ok();
+  }
+
+ private:
+  std::string name_;
+  std::vector<void*> owned_;
+};
+
+}  // namespace
+
+std::unique_ptr<PieceMemory> NewHostPieceMemory(std::string name) {
+  return std::make_unique<HostPieceMemory>(std::move(name));
+}
+
+}  // namespace deltacast::apply::device

@@ -1,0 +1,87 @@
+// PieceMemory: the memory of one GPU (or of the host) that holds some pieces of a
+// planned store's canonical partitions, and the few operations a store needs on it:
+// patch a batch of segments (one launch per chunk on a GPU), hash placed runs where
+// they lie, and copy bytes in and out. Buffers are either allocated here (owned) or
+// an engine's own parameters registered by address, and never move: CUDA graphs
+// keep their pointers.
+//
+// Implementations: host memory (NewHostPieceMemory; the reference, and what runs on
+// machines without a GPU) and CUDA device memory (NewCudaPieceMemory, built when
+// nvcc is found). Both run the element code of segments.h, so they give the same
+// bytes and hash bits.
+//
+// Thread safety: one caller at a time per memory (a planned store serializes).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "apply/device/segments.h"
+#include "common/bytes.h"
+#include "common/partition_hash.h"
+#include "common/status.h"
+
+namespace deltacast::apply::device {
+
+// The patches of one chunk for one memory: the segment table and the payloads it
+// indexes. Built on the host, copied to the device as is.
+struct PatchBatch {
+  std::vector<PatchSegment> segments;
+  std::vector<uint32_t> positions;
+  std::vector<std::byte> words;
+  std::vector<std::byte> dense;
+  void clear() {
+    segments.clear();
+    positions.clear();
+    words.clear();
+    dense.clear();
+  }
+};
+
+// A placed run to hash, and the slot its contribution is XORed into.
+struct HashSegment {
+  PlacedRun run;
+  uint32_t element_size = 1;
+  uint32_t slot = 0;
+};
+
+class PieceMemory {
+ public:
+  virtual ~PieceMemory() = default;
+
+  // "host", "cuda:0", ...: for messages and logs.
+  virtual const std::string& name() const = 0;
+
+  // A zeroed buffer of `bytes` owned by this memory, freed with it. Its address is
+  // stable.
+  virtual Result<std::byte*> Allocate(uint64_t bytes) = 0;
+
+  // Checks every sparse entry of `batch` (segments.h, SparseEntryValid) and, only if
+  // all are valid, applies every segment. kCorrupt naming the first bad segment,
+  // nothing written, otherwise.
+  virtual Status Patch(const PatchBatch& batch) = 0;
+
+  // XORs the hash contribution of each segment's rows into out[segment.slot].
+  virtual Status Hash(std::span<const HashSegment> segments, std::span<PartitionHash> out) = 0;
+
+  // Copies between this memory and the host.
+  virtual Status Read(const std::byte* src, MutableByteSpan dst) = 0;
+  virtual Status Write(std::byte* dst, ByteSpan src) = 0;
+};
+
+// Host memory: buffers from calloc, the element code run in loops (the hash through
+// the host's fast paths, which agree with segments.h bit for bit).
+std::unique_ptr<PieceMemory> NewHostPieceMemory(std::string name = "host");
+
+// Number of CUDA devices usable here: 0 without a driver or a device, or in a build
+// without CUDA.
+int CudaDeviceCount();
+
+// The memory of CUDA device `device`. kUnavailable without CUDA support, a driver
+// or that device (the message says which).
+Result<std::unique_ptr<PieceMemory>> NewCudaPieceMemory(int device);
+
+}  // namespace deltacast::apply::device

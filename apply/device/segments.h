@@ -1,0 +1,111 @@
+// The element-level work of a device store, written once for the host and the GPU:
+// where a partition's canonical element lies in one memory (a placed run of the load
+// plan), the sparse and dense patches of one segment, and the partition-hash
+// contribution of one row of a run. The host memory (host_piece_memory.cc) loops over
+// these functions; the CUDA kernels (cuda_piece_memory.cu) run one thread per entry
+// or per block of them, so both produce the same bytes and the same hash bits.
+//
+// Plain structs and constexpr functions on integers and raw pointers only (no STL),
+// marked DELTACAST_HD so nvcc compiles them for the device.
+//
+// Thread safety: pure functions; concurrent patches must touch disjoint elements.
+#pragma once
+
+#include <cstdint>
+
+#include "common/gf128.h"
+
+namespace deltacast::apply::device {
+
+// A run of the load plan clipped to one partition, in elements: row r holds
+// partition elements [part_dst + r * dst_stride, + len) and lies at local elements
+// src + r * src_stride of a buffer whose first byte is `base` (a device address on a
+// GPU). Rows do not overlap in the partition.
+struct PlacedRun {
+  unsigned char* base = nullptr;
+  uint64_t part_dst = 0;
+  uint64_t dst_stride = 0;
+  uint64_t len = 0;
+  uint64_t rows = 0;
+  uint64_t src = 0;
+  uint64_t src_stride = 0;
+};
+
+enum SegmentKind : uint32_t {
+  kSparseXor = 0,  // positions + XOR words
+  kDenseXor = 1,   // the partition's XOR mask, whole
+  kLiteral = 2,    // the partition's target bytes, whole
+};
+
+// One record's part in one run. Sparse: entries [first, first + count) of the
+// batch's positions (partition element indices, strictly increasing within the
+// segment) and their words at words + word_offset + i * element_size. Dense and
+// literal: the partition's bytes at dense + dense_offset, in canonical order.
+struct PatchSegment {
+  PlacedRun run;
+  uint32_t kind = kSparseXor;
+  uint32_t element_size = 1;
+  uint64_t first = 0;
+  uint64_t count = 0;
+  uint64_t word_offset = 0;
+  uint64_t dense_offset = 0;
+};
+
+// Where partition element `e` lies in `run`: its local element index, or false if
+// the run does not hold it.
+DELTACAST_HD constexpr bool LocalElement(const PlacedRun& run, uint64_t e, uint64_t* local) {
+  if (e < run.part_dst) return false;
+  const uint64_t d = e - run.part_dst;
+  const uint64_t row = run.rows <= 1 ? 0 : d / run.dst_stride;
+  const uint64_t col = d - row * (run.rows <= 1 ? 0 : run.dst_stride);
+  if (row >= run.rows || col >= run.len) return false;
+  *local = run.src + row * run.src_stride + col;
+  return true;
+}
+
+// Whether entry i of a sparse segment may be applied: its position is greater than
+// the one before it (unique and sorted) and the run holds it. A false anywhere in a
+// segment refuses the whole batch before anything is written.
+DELTACAST_HD constexpr bool SparseEntryValid(const PatchSegment& s, const uint32_t* positions,
+                                             uint64_t i) {
+  const uint64_t at = s.first + i;
+  if (i > 0 && positions[at] <= positions[at - 1]) return false;
+  uint64_t local = 0;
+  return LocalElement(s.run, positions[at], &local);
+}
+
+// XORs entry i's word into its element (checked valid first).
+DELTACAST_HD constexpr void ApplySparseEntry(const PatchSegment& s, const uint32_t* positions,
+                                             const unsigned char* words, uint64_t i) {
+  uint64_t local = 0;
+  LocalElement(s.run, positions[s.first + i], &local);
+  unsigned char* dst = s.run.base + local * s.element_size;
+  const unsigned char* w = words + s.word_offset + i * s.element_size;
+  for (uint32_t k = 0; k < s.element_size; ++k) dst[k] ^= w[k];
+}
+
+// Dense XOR or literal write of bytes [from, to) of row `row` (within the row).
+DELTACAST_HD constexpr void ApplyDenseBytes(const PatchSegment& s, const unsigned char* dense,
+                                            uint64_t row, uint64_t from, uint64_t to) {
+  const uint64_t e = s.element_size;
+  unsigned char* dst = s.run.base + (s.run.src + row * s.run.src_stride) * e;
+  const unsigned char* src = dense + s.dense_offset + (s.run.part_dst + row * s.run.dst_stride) * e;
+  if (s.kind == kDenseXor) {
+    for (uint64_t b = from; b < to; ++b) dst[b] ^= src[b];
+  } else {
+    for (uint64_t b = from; b < to; ++b) dst[b] = src[b];
+  }
+}
+
+// The linear hash contribution of bytes [from, to) of row `row` of `run`, where they
+// lie in the partition. Contributions of disjoint byte ranges combine by XOR, so a
+// device may split rows among threads any way it likes.
+DELTACAST_HD constexpr gf128::Gf128 RowPieceHash(const PlacedRun& run, uint32_t element_size,
+                                                 uint64_t row, uint64_t from, uint64_t to) {
+  const uint64_t e = element_size;
+  const unsigned char* p = run.base + (run.src + row * run.src_stride) * e;
+  const uint64_t offset = (run.part_dst + row * run.dst_stride) * e;
+  return gf128::PieceReference(p + from, to - from, offset + from);
+}
+
+}  // namespace deltacast::apply::device

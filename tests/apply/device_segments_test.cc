@@ -1,0 +1,93 @@
+// The element code shared by the host and the CUDA memories (apply/device/segments.h)
+// against the host's own paths: placement against layout::Project, and the row hash a
+// GPU thread computes against the host's fast strided-run hash, on random runs, odd
+// offsets and every tail length.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "apply/device/segments.h"
+#include "common/partition_hash.h"
+#include "layout/runs.h"
+
+namespace deltacast::apply::device {
+namespace {
+
+PartitionHash Of(gf128::Gf128 g) { return {g.lo, g.hi}; }
+
+TEST(DeviceSegmentsTest, LocalElementAgreesWithTheLayoutsProjection) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    layout::Run r;
+    r.len = 1 + rng() % 9;
+    r.count = 1 + rng() % 6;
+    r.dst_stride = r.len + rng() % 5;
+    r.src_stride = r.len + rng() % 4;
+    r.src = rng() % 7;
+    r.dst = rng() % 11;
+    PlacedRun p{nullptr, r.dst, r.dst_stride, r.len, r.count, r.src, r.src_stride};
+    std::vector<int> seen(r.SrcEnd() + 1, 0);
+    for (uint64_t e = 0; e < r.DstEnd() + 3; ++e) {
+      uint64_t local = 0;
+      if (!LocalElement(p, e, &local)) continue;
+      ASSERT_LT(local, seen.size());
+      auto back = layout::Project(r, local);
+      ASSERT_TRUE(back.has_value());
+      EXPECT_EQ(*back, e);
+      ++seen[local];
+    }
+    uint64_t held = 0;
+    for (int s : seen) held += s;
+    EXPECT_EQ(held, r.Elements());
+  }
+}
+
+TEST(DeviceSegmentsTest, RowHashesGiveTheHostsStridedRunHash) {
+  std::mt19937_64 rng(5);
+  std::vector<unsigned char> buffer(4096);
+  for (auto& b : buffer) b = static_cast<unsigned char>(rng());
+  for (uint32_t element_size : {1u, 2u, 4u, 8u}) {
+    for (int trial = 0; trial < 60; ++trial) {
+      PlacedRun run;
+      run.base = buffer.data();
+      run.len = 1 + rng() % 37;
+      run.rows = 1 + rng() % 5;
+      run.src_stride = run.len + rng() % 9;
+      run.dst_stride = run.len + rng() % 13;
+      run.src = rng() % 17;
+      run.part_dst = rng() % 23;
+      ASSERT_LE((run.src + (run.rows - 1) * run.src_stride + run.len) * element_size,
+                buffer.size());
+      const uint64_t e = element_size;
+      const StridedRun host{run.rows, run.len * e, run.src_stride * e, run.part_dst * e,
+                            run.dst_stride * e};
+      const PartitionHash want =
+          HashStridedRun(reinterpret_cast<const std::byte*>(buffer.data()) + run.src * e, host);
+      // Split each row at a random byte, as threads would.
+      PartitionHash got;
+      for (uint64_t r = 0; r < run.rows; ++r) {
+        const uint64_t bytes = run.len * e, cut = rng() % (bytes + 1);
+        got ^= Of(RowPieceHash(run, element_size, r, 0, cut));
+        got ^= Of(RowPieceHash(run, element_size, r, cut, bytes));
+      }
+      EXPECT_EQ(got, want) << "element size " << element_size << " trial " << trial;
+    }
+  }
+}
+
+TEST(DeviceSegmentsTest, SparseEntriesMustIncreaseAndLieInTheRun) {
+  PlacedRun run{nullptr, 4, 10, 3, 2, 0, 3};  // holds partition elements 4..6 and 14..16
+  PatchSegment s;
+  s.run = run;
+  s.count = 3;
+  const uint32_t good[] = {4, 6, 15};
+  const uint32_t repeated[] = {4, 6, 6};
+  const uint32_t outside[] = {4, 7, 15};
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(SparseEntryValid(s, good, i));
+  EXPECT_FALSE(SparseEntryValid(s, repeated, 2));
+  EXPECT_FALSE(SparseEntryValid(s, outside, 1));
+}
+
+}  // namespace
+}  // namespace deltacast::apply::device

@@ -1,0 +1,323 @@
+// A planned store: canonical tensors held by two "GPUs" (host PieceMemories here;
+// the same code drives CUDA memories) in a Megatron-style TP = 2 layout (fused QKV,
+// fused gate/up, vocabulary-parallel embedding, row-split projections, replicated
+// norms). The shards and the expected bytes come from tests/layout/reference.h, an
+// element-loop reference independent of layout/.
+#include "apply/planned_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "apply/delta_applier.h"
+#include "apply/host_store.h"
+#include "apply/replica.h"
+#include "codec/chunk.h"
+#include "codec/delta_encoder.h"
+#include "codec/manifest.h"
+#include "codec/partition_codec.h"
+#include "common/hash.h"
+#include "tests/layout/reference.h"
+
+namespace deltacast::apply {
+namespace {
+
+using layout::testing::Job;
+using layout::testing::Rank;
+using layout::testing::Reference;
+using Tensors = std::vector<layout::testing::Tensor>;
+
+constexpr uint64_t kPartitionBytes = 512;  // 64 I64 elements: partitions cross split boundaries
+
+ByteSpan BytesOf(const std::vector<int64_t>& v) {
+  return ByteSpan(reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(int64_t));
+}
+
+std::unique_ptr<HostStore> StoreOf(const Tensors& tensors) {
+  std::vector<codec::TensorInfo> infos;
+  for (const auto& t : tensors) infos.push_back({t.spec.name, t.spec.dtype, t.spec.shape});
+  auto store = HostStore::Create(infos);
+  EXPECT_TRUE(store.ok());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto span = (*store)->MutableTensorData(*(*store)->FindTensor(tensors[i].spec.name));
+    std::memcpy(span->data(), tensors[i].values.data(), span->size());
+  }
+  return std::move(*store);
+}
+
+class PlannedStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    job_.tp = 2;
+    job_.layers = 2;
+    base_ = layout::testing::CanonicalTensors(job_);
+    target_ = base_;
+    std::mt19937_64 rng(7);
+    for (auto& t : target_) {
+      // ~3 % of elements change their bits; one norm changes everywhere (a dense record).
+      const bool dense = t.spec.name == "model.norm.weight";
+      for (auto& v : t.values) {
+        if (dense || rng() % 33 == 0) v ^= static_cast<int64_t>(rng() | 1);
+      }
+    }
+    for (const auto& t : base_) canonical_.push_back(t.spec);
+    base_store_ = StoreOf(base_);
+    target_store_ = StoreOf(target_);
+    base_manifest_ = Manifest(*base_store_);
+    target_manifest_ = Manifest(*target_store_);
+    identity_ = {base_manifest_.VersionId(), target_manifest_.VersionId(), kPartitionBytes};
+    codec::DeltaEncoderOptions options;
+    options.chunk_bytes = 2048;
+    options.threads = 1;
+    ASSERT_TRUE(codec::EncodeDelta(
+                    base_manifest_, target_manifest_,
+                    [&](size_t i) { return base_store_->TensorData(i); },
+                    [&](size_t i) { return target_store_->TensorData(i); }, Digest128{}, options,
+                    [&](std::vector<std::byte>&& c) {
+                      chunks_.push_back(std::move(c));
+                      return Status::Ok();
+                    })
+                    .ok());
+    for (const auto& c : chunks_) views_.push_back(*codec::ParseChunk(c));
+    summary_ = views_.back().summary;
+    views_.pop_back();
+    ASSERT_GE(views_.size(), 3u);
+  }
+
+  static codec::Manifest Manifest(const WeightStore& s) {
+    return HashWeightStore(s, kPartitionBytes, 1);
+  }
+
+  // A planned store over two host memories, loaded with `canonical`'s shards.
+  std::unique_ptr<PlannedStore> MakeStore(const Tensors& canonical) {
+    Reference ref(job_, canonical);
+    std::vector<PlannedStore::PartSpec> parts;
+    for (uint64_t tp = 0; tp < job_.tp; ++tp) {
+      PlannedStore::PartSpec part;
+      part.memory = device::NewHostPieceMemory("gpu" + std::to_string(tp));
+      auto d = layout::ParseLayout(ref.LayoutToml(Rank{tp, 0, 0, 0}), "rank.toml");
+      EXPECT_TRUE(d.ok()) << d.status().ToString();
+      part.layout = *d;
+      for (const auto& t : ref.Shard(Rank{tp, 0, 0, 0})) part.locals.push_back(t.spec);
+      parts.push_back(std::move(part));
+    }
+    auto store = PlannedStore::Create(canonical_, std::move(parts));
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    Load(**store, canonical);
+    return std::move(*store);
+  }
+
+  // Writes `canonical`'s shards (padding included) into each part's parameters.
+  void Load(PlannedStore& store, const Tensors& canonical) {
+    Reference ref(job_, canonical);
+    for (uint64_t tp = 0; tp < job_.tp; ++tp) {
+      const auto shard = ref.Shard(Rank{tp, 0, 0, 0});
+      for (size_t l = 0; l < shard.size(); ++l) {
+        std::memcpy(store.local_address(tp, l), shard[l].values.data(),
+                    shard[l].values.size() * sizeof(int64_t));
+      }
+    }
+  }
+
+  // Every parameter of every part equals the reference shard of `canonical`.
+  void ExpectShards(PlannedStore& store, const Tensors& canonical) {
+    Reference ref(job_, canonical);
+    for (uint64_t tp = 0; tp < job_.tp; ++tp) {
+      const auto shard = ref.Shard(Rank{tp, 0, 0, 0});
+      for (size_t l = 0; l < shard.size(); ++l) {
+        std::vector<std::byte> got(shard[l].values.size() * sizeof(int64_t));
+        ASSERT_TRUE(store.ReadLocal(tp, l, got).ok());
+        EXPECT_EQ(Hash128(got), Hash128(BytesOf(shard[l].values)))
+            << "tp " << tp << " " << shard[l].spec.name;
+      }
+    }
+  }
+
+  Job job_;
+  Tensors base_, target_;
+  std::vector<layout::TensorSpec> canonical_;
+  std::unique_ptr<HostStore> base_store_, target_store_;
+  codec::Manifest base_manifest_, target_manifest_;
+  codec::DeltaIdentity identity_;
+  std::vector<std::vector<std::byte>> chunks_;
+  std::vector<codec::ChunkView> views_;
+  codec::DeltaSummary summary_;
+};
+
+TEST_F(PlannedStoreTest, PiecesOnTwoGpusHashToTheCanonicalManifest) {
+  auto store = MakeStore(base_);
+  EXPECT_EQ(Manifest(*store).VersionId(), base_manifest_.VersionId());
+  auto target = MakeStore(target_);
+  EXPECT_EQ(Manifest(*target).VersionId(), target_manifest_.VersionId());
+}
+
+TEST_F(PlannedStoreTest, AppliesADeltaInPlaceOnEveryGpu) {
+  auto planned = MakeStore(base_);
+  PlannedStore* store = planned.get();
+  const std::byte* qkv_address = store->local_address(1, 1);
+  auto replica = Replica::ForStore(std::move(planned), kPartitionBytes, 1);
+  ASSERT_TRUE(replica.ok());
+  ASSERT_EQ((*replica)->version(), base_manifest_.VersionId());
+  ApplyOptions options;
+  options.threads = 2;
+  options.store_at_manifest = true;
+  auto applier = (*replica)->Begin(identity_, options);
+  ASSERT_TRUE(applier.ok()) << applier.status().ToString();
+  for (const auto& v : views_) ASSERT_TRUE((*applier)->ApplyChunk(v).ok());
+  auto done = (*applier)->Finish(summary_);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  ASSERT_TRUE((*replica)->Commit(*done).ok());
+  EXPECT_EQ((*replica)->version(), target_manifest_.VersionId());
+  ExpectShards(*store, target_);
+  EXPECT_EQ(store->local_address(1, 1), qkv_address);  // written in place
+  // Applying again is a no-op (every partition at target).
+  EXPECT_EQ(Manifest(*store).VersionId(), target_manifest_.VersionId());
+}
+
+TEST_F(PlannedStoreTest, RollsBackEveryGpuToTheBase) {
+  auto planned = MakeStore(base_);
+  PlannedStore* store = planned.get();
+  auto replica = Replica::ForStore(std::move(planned), kPartitionBytes, 1);
+  ASSERT_TRUE(replica.ok());
+  ApplyOptions options;
+  options.keep_undo = true;
+  auto applier = (*replica)->Begin(identity_, options);
+  ASSERT_TRUE(applier.ok());
+  for (const auto& v : views_) ASSERT_TRUE((*applier)->ApplyChunk(v).ok());
+  ASSERT_TRUE((*applier)->Rollback().ok());
+  ExpectShards(*store, base_);
+  EXPECT_EQ(Manifest(*store).VersionId(), base_manifest_.VersionId());
+}
+
+TEST_F(PlannedStoreTest, RevertsFromTheRecordsWithoutUndo) {
+  auto store = MakeStore(base_);
+  DeltaApplier applier(*store, base_manifest_, identity_, {});
+  for (const auto& v : views_) ASSERT_TRUE(applier.ApplyChunk(v).ok());
+  std::vector<DeltaApplier::NeedsBase> needs_base;
+  for (const auto& v : views_) ASSERT_TRUE(applier.RevertChunk(v, needs_base).ok());
+  // Records that need their base to decode (overwrite, literal) cannot revert alone.
+  for (const auto& n : needs_base) {
+    const size_t t = *base_store_->FindTensor(n.key.tensor);
+    const uint64_t e = ElementSize(base_store_->tensors()[t].dtype);
+    auto bytes = ReadStoreBytes(*base_store_, t, n.key.element_offset * e, n.byte_length);
+    ASSERT_TRUE(applier.WriteVerified(n.key, *bytes, n.base_hash).ok());
+  }
+  ExpectShards(*store, base_);
+}
+
+TEST_F(PlannedStoreTest, ATornPieceOnOneGpuIsFoundAndRepaired) {
+  auto store = MakeStore(base_);
+  // Behind the store's back, one element of a partition the delta changes (K of
+  // layer 1, in a GPU's fused QKV) flips (a crash mid-write on one GPU):
+  // that canonical partition is at neither version.
+  const std::string k_proj = "model.layers.1.self_attn.k_proj.weight";
+  const auto canonical = static_cast<uint32_t>(*store->FindTensor(k_proj));
+  std::optional<uint64_t> changed;
+  for (const auto& v : views_) {
+    for (const auto& r : v.records) {
+      if (r.tensor_name == k_proj && !changed) changed = r.element_offset;
+    }
+  }
+  ASSERT_TRUE(changed.has_value());
+  size_t gpu = 0;
+  auto pieces = store->plan(gpu).ShardPieces(canonical, *changed, *changed + 64);
+  if (pieces.empty()) pieces = store->plan(++gpu).ShardPieces(canonical, *changed, *changed + 64);
+  ASSERT_FALSE(pieces.empty());
+  EXPECT_EQ(store->plan(gpu).locals()[pieces[0].local].spec.name,
+            "decoder.layers.1.self_attention.linear_qkv.weight");
+  reinterpret_cast<int64_t*>(store->local_address(gpu, pieces[0].local))[pieces[0].src] ^= 0x40;
+  DeltaApplier applier(*store, base_manifest_, identity_, {});
+  for (const auto& v : views_) ASSERT_TRUE(applier.ApplyChunk(v).ok());
+  ASSERT_EQ(applier.torn().size(), 1u);
+  EXPECT_FALSE(applier.Finish(summary_).ok());
+  const PartitionKey key = applier.torn()[0];
+  ASSERT_TRUE(applier.RepairFrom(*target_store_, key).ok());
+  auto done = applier.Finish(summary_);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  ExpectShards(*store, target_);
+}
+
+TEST_F(PlannedStoreTest, AReplicaThatDisagreesReadsAsTorn) {
+  auto store = MakeStore(base_);
+  // input_layernorm is replicated on both GPUs; change GPU 0's copy only.
+  const auto& locals = store->plan(0).locals();
+  size_t norm = 0;
+  while (locals[norm].spec.name != "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight")
+    ++norm;
+  const size_t t = *store->FindTensor("model.layers.0.input_layernorm.weight");
+  const PartitionHash before = *store->HashPartition(t, 0, store->tensors()[t].ByteSize());
+  reinterpret_cast<int64_t*>(store->local_address(0, norm))[0] ^= 1;
+  const PartitionHash after = *store->HashPartition(t, 0, store->tensors()[t].ByteSize());
+  EXPECT_NE(after, before);
+  EXPECT_NE(after, before ^ HashPiece(ByteSpan(reinterpret_cast<const std::byte*>("\x01"), 1), 0));
+}
+
+TEST_F(PlannedStoreTest, PositionsOutOfOrderAreRefusedWithNothingWritten) {
+  auto store = MakeStore(base_);
+  const size_t t = *store->FindTensor("model.layers.0.self_attn.q_proj.weight");
+  codec::DecodedRecord bad;
+  bad.changes.element_size = 8;
+  bad.changes.positions = {9, 3};
+  bad.changes.xors.assign(16, std::byte{0xff});
+  const PartitionAccess::Patch patch{t, 0, kPartitionBytes, &bad};
+  PartitionHash after;
+  const Status s = store->ApplyPatches({&patch, 1}, {&after, 1});
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.ToString();
+  ExpectShards(*store, base_);
+}
+
+TEST_F(PlannedStoreTest, RegisteredBuffersArePatchedWhereTheyAre) {
+  Reference ref(job_, base_);
+  std::vector<PlannedStore::PartSpec> parts;
+  std::vector<std::vector<int64_t>> engine;  // the engine's own parameter buffers
+  std::vector<size_t> first_of_part;
+  for (uint64_t tp = 0; tp < job_.tp; ++tp) {
+    PlannedStore::PartSpec part;
+    part.memory = device::NewHostPieceMemory();
+    part.layout = *layout::ParseLayout(ref.LayoutToml(Rank{tp, 0, 0, 0}), "rank.toml");
+    first_of_part.push_back(engine.size());
+    for (auto& t : ref.Shard(Rank{tp, 0, 0, 0})) {
+      part.locals.push_back(t.spec);
+      engine.push_back(std::move(t.values));
+    }
+    parts.push_back(std::move(part));
+  }
+  for (uint64_t tp = 0; tp < job_.tp; ++tp) {
+    for (size_t l = 0; l < parts[tp].locals.size(); ++l) {
+      parts[tp].addresses.push_back(
+          reinterpret_cast<std::byte*>(engine[first_of_part[tp] + l].data()));
+    }
+  }
+  auto store = PlannedStore::Create(canonical_, std::move(parts));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  DeltaApplier applier(**store, base_manifest_, identity_, {});
+  for (const auto& v : views_) ASSERT_TRUE(applier.ApplyChunk(v).ok());
+  ASSERT_TRUE(applier.Finish(summary_).ok());
+  Reference want(job_, target_);
+  for (uint64_t tp = 0; tp < job_.tp; ++tp) {
+    const auto shard = want.Shard(Rank{tp, 0, 0, 0});
+    for (size_t l = 0; l < shard.size(); ++l)
+      EXPECT_EQ(engine[first_of_part[tp] + l], shard[l].values) << shard[l].spec.name;
+  }
+}
+
+TEST_F(PlannedStoreTest, APlanThatMissesAParameterIsRefused) {
+  Reference ref(job_, base_);
+  std::vector<PlannedStore::PartSpec> parts;
+  for (uint64_t tp = 0; tp < job_.tp; ++tp) {
+    PlannedStore::PartSpec part;
+    part.memory = device::NewHostPieceMemory();
+    part.layout = *layout::ParseLayout(ref.LayoutToml(Rank{tp, 0, 0, 0}), "rank.toml");
+    for (const auto& t : ref.Shard(Rank{tp, 0, 0, 0})) part.locals.push_back(t.spec);
+    if (tp == 1) part.locals.push_back({"engine.extra.bias", DType::kI64, {4}});
+    parts.push_back(std::move(part));
+  }
+  auto store = PlannedStore::Create(canonical_, std::move(parts));
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("engine.extra.bias"), std::string::npos)
+      << store.status().ToString();
+}
+
+}  // namespace
+}  // namespace deltacast::apply
