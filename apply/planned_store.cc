@@ -278,14 +278,30 @@ Status PlannedStore::ApplyPatches(std::span<const Patch> patches, std::span<Part
   return HashPlaced(placed, lengths, after);
 }
 
+Status PlannedStore::CheckLocal(size_t part, size_t local, size_t bytes) const {
+  if (part >= parts_.size() || local >= parts_[part].buffers.size()) {
+    return Status::InvalidArgument("no parameter " + std::to_string(local) + " on part " +
+                                   std::to_string(part));
+  }
+  const layout::TensorSpec& spec = parts_[part].plan.locals()[local].spec;
+  if (bytes != spec.Elements() * ElementSize(spec.dtype)) {
+    return Status::InvalidArgument("'" + spec.name + "' has " +
+                                   std::to_string(spec.Elements() * ElementSize(spec.dtype)) +
+                                   " bytes, not " + std::to_string(bytes));
+  }
+  return Status::Ok();
+}
+
 Status PlannedStore::ReadLocal(size_t part, size_t local, MutableByteSpan out) {
   std::lock_guard lock(mu_);
-  if (part >= parts_.size() || local >= parts_[part].buffers.size())
-    return Status::InvalidArgument("no such part or parameter");
-  const layout::TensorSpec& spec = parts_[part].plan.locals()[local].spec;
-  if (out.size() != spec.Elements() * ElementSize(spec.dtype))
-    return Status::InvalidArgument("'" + spec.name + "' has another size");
+  RETURN_IF_ERROR(CheckLocal(part, local, out.size()));
   return parts_[part].memory->Read(parts_[part].buffers[local], out);
+}
+
+Status PlannedStore::WriteLocal(size_t part, size_t local, ByteSpan bytes) {
+  std::lock_guard lock(mu_);
+  RETURN_IF_ERROR(CheckLocal(part, local, bytes.size()));
+  return parts_[part].memory->Write(parts_[part].buffers[local], bytes);
 }
 
 }  // namespace deltacast::apply

@@ -72,8 +72,10 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
   size_t part_count() const { return parts_.size(); }
   const layout::PlacementMap& plan(size_t part) const { return parts_[part].plan; }
   std::byte* local_address(size_t part, size_t local) const { return parts_[part].buffers[local]; }
-  // Copies local tensor `local` of part `part` to the host.
+  // Copies local tensor `local` of part `part` to the host, or from it (loading an
+  // engine's weights; the caller then hashes the store again).
   Status ReadLocal(size_t part, size_t local, MutableByteSpan out);
+  Status WriteLocal(size_t part, size_t local, ByteSpan bytes);
 
  private:
   struct Part {
@@ -92,6 +94,7 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
 
   PlannedStore(std::vector<codec::TensorInfo> tensors, std::vector<Part> parts)
       : tensors_(std::move(tensors)), parts_(std::move(parts)) {}
+  Status CheckLocal(size_t part, size_t local, size_t bytes) const;
   Result<std::vector<Placed>> Place(size_t index, uint64_t offset, uint64_t length) const;
   // Hashes of `placed` groups (one per partition), combined over their copies.
   Status HashPlaced(const std::vector<std::vector<Placed>>& placed,

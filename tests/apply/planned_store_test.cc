@@ -1,8 +1,11 @@
-// A planned store: canonical tensors held by two "GPUs" (host PieceMemories here;
-// the same code drives CUDA memories) in a Megatron-style TP = 2 layout (fused QKV,
-// fused gate/up, vocabulary-parallel embedding, row-split projections, replicated
-// norms). The shards and the expected bytes come from tests/layout/reference.h, an
-// element-loop reference independent of layout/.
+// A planned store: canonical tensors held by two GPU memories in a Megatron-style
+// TP = 2 layout (fused QKV, fused gate/up, vocabulary-parallel embedding, row-split
+// projections, replicated norms). The shards and the expected bytes come from
+// tests/layout/reference.h, an element-loop reference independent of layout/.
+//
+// Built twice: with host memories (deltacast_apply_tests) and with CUDA memories
+// (deltacast_gpu_tests, label `gpu`: two memories on one device when it has one
+// GPU), which skip when no device is usable. DELTACAST_TEST_MEMORY says which.
 #include "apply/planned_store.h"
 
 #include <gtest/gtest.h>
@@ -29,6 +32,14 @@ using layout::testing::Reference;
 using Tensors = std::vector<layout::testing::Tensor>;
 
 constexpr uint64_t kPartitionBytes = 512;  // 64 I64 elements: partitions cross split boundaries
+constexpr std::string_view kMemory = DELTACAST_TEST_MEMORY;  // "host" or "cuda"
+
+std::unique_ptr<device::PieceMemory> NewMemory(uint64_t gpu) {
+  if (kMemory == "host") return device::NewHostPieceMemory("gpu" + std::to_string(gpu));
+  auto memory = device::NewCudaPieceMemory(static_cast<int>(gpu % device::CudaDeviceCount()));
+  EXPECT_TRUE(memory.ok()) << memory.status().ToString();
+  return memory.ok() ? std::move(*memory) : nullptr;
+}
 
 ByteSpan BytesOf(const std::vector<int64_t>& v) {
   return ByteSpan(reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(int64_t));
@@ -49,6 +60,9 @@ std::unique_ptr<HostStore> StoreOf(const Tensors& tensors) {
 class PlannedStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (kMemory == "cuda" && device::CudaDeviceCount() == 0) {
+      GTEST_SKIP() << "no CUDA device here";
+    }
     job_.tp = 2;
     job_.layers = 2;
     base_ = layout::testing::CanonicalTensors(job_);
@@ -95,7 +109,7 @@ class PlannedStoreTest : public ::testing::Test {
     std::vector<PlannedStore::PartSpec> parts;
     for (uint64_t tp = 0; tp < job_.tp; ++tp) {
       PlannedStore::PartSpec part;
-      part.memory = device::NewHostPieceMemory("gpu" + std::to_string(tp));
+      part.memory = NewMemory(tp);
       auto d = layout::ParseLayout(ref.LayoutToml(Rank{tp, 0, 0, 0}), "rank.toml");
       EXPECT_TRUE(d.ok()) << d.status().ToString();
       part.layout = *d;
@@ -114,10 +128,21 @@ class PlannedStoreTest : public ::testing::Test {
     for (uint64_t tp = 0; tp < job_.tp; ++tp) {
       const auto shard = ref.Shard(Rank{tp, 0, 0, 0});
       for (size_t l = 0; l < shard.size(); ++l) {
-        std::memcpy(store.local_address(tp, l), shard[l].values.data(),
-                    shard[l].values.size() * sizeof(int64_t));
+        ASSERT_TRUE(store.WriteLocal(tp, l, BytesOf(shard[l].values)).ok());
       }
     }
+  }
+
+  // Flips a bit of element `element` of parameter `local` on `part`, behind the
+  // store's back.
+  static void FlipElement(PlannedStore& store, size_t part, size_t local, uint64_t element) {
+    const layout::TensorSpec& spec = store.plan(part).locals()[local].spec;
+    std::vector<int64_t> values(spec.Elements());
+    const MutableByteSpan bytes(reinterpret_cast<std::byte*>(values.data()),
+                                values.size() * sizeof(int64_t));
+    ASSERT_TRUE(store.ReadLocal(part, local, bytes).ok());
+    values[element] ^= 0x40;
+    ASSERT_TRUE(store.WriteLocal(part, local, bytes).ok());
   }
 
   // Every parameter of every part equals the reference shard of `canonical`.
@@ -226,7 +251,7 @@ TEST_F(PlannedStoreTest, ATornPieceOnOneGpuIsFoundAndRepaired) {
   ASSERT_FALSE(pieces.empty());
   EXPECT_EQ(store->plan(gpu).locals()[pieces[0].local].spec.name,
             "decoder.layers.1.self_attention.linear_qkv.weight");
-  reinterpret_cast<int64_t*>(store->local_address(gpu, pieces[0].local))[pieces[0].src] ^= 0x40;
+  FlipElement(*store, gpu, pieces[0].local, pieces[0].src);
   DeltaApplier applier(*store, base_manifest_, identity_, {});
   for (const auto& v : views_) ASSERT_TRUE(applier.ApplyChunk(v).ok());
   ASSERT_EQ(applier.torn().size(), 1u);
@@ -247,7 +272,7 @@ TEST_F(PlannedStoreTest, AReplicaThatDisagreesReadsAsTorn) {
     ++norm;
   const size_t t = *store->FindTensor("model.layers.0.input_layernorm.weight");
   const PartitionHash before = *store->HashPartition(t, 0, store->tensors()[t].ByteSize());
-  reinterpret_cast<int64_t*>(store->local_address(0, norm))[0] ^= 1;
+  FlipElement(*store, 0, norm, 0);
   const PartitionHash after = *store->HashPartition(t, 0, store->tensors()[t].ByteSize());
   EXPECT_NE(after, before);
   EXPECT_NE(after, before ^ HashPiece(ByteSpan(reinterpret_cast<const std::byte*>("\x01"), 1), 0));
@@ -268,6 +293,7 @@ TEST_F(PlannedStoreTest, PositionsOutOfOrderAreRefusedWithNothingWritten) {
 }
 
 TEST_F(PlannedStoreTest, RegisteredBuffersArePatchedWhereTheyAre) {
+  if (kMemory != "host") GTEST_SKIP() << "the engine's buffers here are host vectors";
   Reference ref(job_, base_);
   std::vector<PlannedStore::PartSpec> parts;
   std::vector<std::vector<int64_t>> engine;  // the engine's own parameter buffers
@@ -307,7 +333,7 @@ TEST_F(PlannedStoreTest, APlanThatMissesAParameterIsRefused) {
   std::vector<PlannedStore::PartSpec> parts;
   for (uint64_t tp = 0; tp < job_.tp; ++tp) {
     PlannedStore::PartSpec part;
-    part.memory = device::NewHostPieceMemory();
+    part.memory = NewMemory(tp);
     part.layout = *layout::ParseLayout(ref.LayoutToml(Rank{tp, 0, 0, 0}), "rank.toml");
     for (const auto& t : ref.Shard(Rank{tp, 0, 0, 0})) part.locals.push_back(t.spec);
     if (tp == 1) part.locals.push_back({"engine.extra.bias", DType::kI64, {4}});
@@ -317,6 +343,67 @@ TEST_F(PlannedStoreTest, APlanThatMissesAParameterIsRefused) {
   ASSERT_FALSE(store.ok());
   EXPECT_NE(store.status().message().find("engine.extra.bias"), std::string::npos)
       << store.status().ToString();
+}
+
+// The memory itself checks positions before it writes (on a GPU, in a kernel).
+TEST_F(PlannedStoreTest, MemoryRefusesPositionsOutOfOrderWithNothingWritten) {
+  auto memory = NewMemory(0);
+  ASSERT_NE(memory, nullptr);
+  std::vector<std::byte> bytes(256, std::byte{0x11});
+  auto buffer = memory->Allocate(bytes.size());
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE(memory->Write(*buffer, bytes).ok());
+  device::PatchBatch batch;
+  device::PatchSegment s;
+  s.run = {reinterpret_cast<unsigned char*>(*buffer), 0, 0, 64, 1, 0, 0};
+  s.element_size = 4;
+  s.count = 3;
+  batch.positions = {1, 7, 7};  // repeated
+  batch.words.assign(12, std::byte{0xff});
+  batch.segments.push_back(s);
+  EXPECT_EQ(memory->Patch(batch).code(), StatusCode::kCorrupt);
+  std::vector<std::byte> after(bytes.size());
+  ASSERT_TRUE(memory->Read(*buffer, after).ok());
+  EXPECT_EQ(after, bytes);
+  batch.positions = {1, 7, 9};
+  ASSERT_TRUE(memory->Patch(batch).ok());
+  ASSERT_TRUE(memory->Read(*buffer, after).ok());
+  EXPECT_EQ(after[7 * 4], std::byte{0xee});
+  EXPECT_EQ(after[8 * 4], std::byte{0x11});
+}
+
+// The memory's hash of runs where they lie gives the host's bits: random bytes, every
+// element size, odd offsets and tail lengths.
+TEST_F(PlannedStoreTest, MemoryHashesGiveTheHostsBits) {
+  auto memory = NewMemory(0);
+  ASSERT_NE(memory, nullptr);
+  std::mt19937_64 rng(11);
+  std::vector<std::byte> bytes(1 << 16);
+  for (auto& b : bytes) b = std::byte(static_cast<uint8_t>(rng()));
+  auto buffer = memory->Allocate(bytes.size());
+  ASSERT_TRUE(buffer.ok());
+  ASSERT_TRUE(memory->Write(*buffer, bytes).ok());
+  std::vector<device::HashSegment> segments;
+  std::vector<PartitionHash> want(64);
+  for (uint32_t slot = 0; slot < want.size(); ++slot) {
+    const uint32_t e = 1u << (slot % 4);
+    device::PlacedRun run;
+    run.base = reinterpret_cast<unsigned char*>(*buffer);
+    run.len = 1 + rng() % 700;
+    run.rows = 1 + rng() % 4;
+    run.src_stride = run.len + rng() % 50;
+    run.dst_stride = run.len + rng() % 90;
+    run.src = rng() % 300;
+    run.part_dst = rng() % 77;
+    ASSERT_LE((run.src + (run.rows - 1) * run.src_stride + run.len) * e, bytes.size());
+    segments.push_back({run, e, slot});
+    const StridedRun host{run.rows, run.len * e, run.src_stride * e, run.part_dst * e,
+                          run.dst_stride * e};
+    want[slot] = HashStridedRun(bytes.data() + run.src * e, host);
+  }
+  std::vector<PartitionHash> got(want.size());
+  ASSERT_TRUE(memory->Hash(segments, got).ok());
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace

@@ -1,0 +1,247 @@
+// The CUDA PieceMemory: a GPU's parameters patched and hashed by kernels that run
+// the element code of segments.h, one launch per chunk over its segment table.
+//
+// Staging: a batch (segment table and payloads) is packed into pinned host memory and
+// copied on a copy stream; the kernels run on an apply stream that waits for the
+// copy's event. Positions are checked by a kernel before the apply kernel runs; a
+// violation raises a flag and nothing is written.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "apply/device/piece_memory.h"
+
+namespace deltacast::apply::device {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint64_t kHashPieceBytes = 512;  // bytes of a row one thread hashes
+
+#define DC_CUDA(call)                                                                           \
+  do {                                                                                          \
+    const cudaError_t _err = (call);                                                            \
+    if (_err != cudaSuccess) {                                                                  \
+      return Status::Internal(name_ + ": " #call ": " + std::string(cudaGetErrorString(_err))); \
+    }                                                                                           \
+  } while (false)
+
+__global__ void CheckKernel(const PatchSegment* segments, const uint32_t* positions, int* bad) {
+  const PatchSegment s = segments[blockIdx.x];
+  if (s.kind != kSparseXor) return;
+  for (uint64_t i = threadIdx.x; i < s.count; i += blockDim.x) {
+    if (!SparseEntryValid(s, positions, i)) atomicExch(bad, 1);
+  }
+}
+
+__global__ void ApplyKernel(const PatchSegment* segments, const uint32_t* positions,
+                            const unsigned char* words, const unsigned char* dense) {
+  const PatchSegment s = segments[blockIdx.x];
+  if (s.kind == kSparseXor) {
+    for (uint64_t i = threadIdx.x; i < s.count; i += blockDim.x) {
+      ApplySparseEntry(s, positions, words, i);
+    }
+    return;
+  }
+  const uint64_t row_bytes = s.run.len * s.element_size;
+  const uint64_t total = row_bytes * s.run.rows;
+  for (uint64_t b = threadIdx.x; b < total; b += blockDim.x) {
+    const uint64_t row = b / row_bytes, at = b % row_bytes;
+    ApplyDenseBytes(s, dense, row, at, at + 1);
+  }
+}
+
+__global__ void HashKernel(const HashSegment* segments, unsigned long long* out) {
+  const HashSegment h = segments[blockIdx.x];
+  const uint64_t row_bytes = h.run.len * h.element_size;
+  const uint64_t per_row = (row_bytes + kHashPieceBytes - 1) / kHashPieceBytes;
+  gf128::Gf128 acc;
+  for (uint64_t u = threadIdx.x; u < per_row * h.run.rows; u += blockDim.x) {
+    const uint64_t row = u / per_row, from = (u % per_row) * kHashPieceBytes;
+    const uint64_t to = from + kHashPieceBytes < row_bytes ? from + kHashPieceBytes : row_bytes;
+    acc = gf128::Xor(acc, RowPieceHash(h.run, h.element_size, row, from, to));
+  }
+  // Contributions combine by XOR: the order of the atomics does not change the bits.
+  if (acc.lo != 0) atomicXor(&out[2 * h.slot], static_cast<unsigned long long>(acc.lo));
+  if (acc.hi != 0) atomicXor(&out[2 * h.slot + 1], static_cast<unsigned long long>(acc.hi));
+}
+
+// A device buffer that grows.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t size = 0;
+  cudaError_t Reserve(size_t bytes) {
+    if (bytes <= size) return cudaSuccess;
+    if (ptr != nullptr) cudaFree(ptr);
+    ptr = nullptr;
+    size = 0;
+    const cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err == cudaSuccess) size = bytes;
+    return err;
+  }
+  ~DeviceBuffer() {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+};
+
+class CudaPieceMemory final : public PieceMemory {
+ public:
+  explicit CudaPieceMemory(int device) : device_(device), name_("cuda:" + std::to_string(device)) {}
+  ~CudaPieceMemory() override {
+    cudaSetDevice(device_);
+    for (void* p : owned_) cudaFree(p);
+    if (staging_ != nullptr) cudaFreeHost(staging_);
+    if (copied_ != nullptr) cudaEventDestroy(copied_);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+    if (apply_stream_ != nullptr) cudaStreamDestroy(apply_stream_);
+  }
+
+  Status Init() {
+    DC_CUDA(cudaSetDevice(device_));
+    DC_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    DC_CUDA(cudaStreamCreateWithFlags(&apply_stream_, cudaStreamNonBlocking));
+    DC_CUDA(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+    DC_CUDA(flag_.Reserve(sizeof(int)));
+    return Status::Ok();
+  }
+
+  const std::string& name() const override { return name_; }
+
+  Result<std::byte*> Allocate(uint64_t bytes) override {
+    DC_CUDA(cudaSetDevice(device_));
+    void* p = nullptr;
+    DC_CUDA(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
+    owned_.push_back(p);
+    DC_CUDA(cudaMemset(p, 0, bytes == 0 ? 1 : bytes));
+    return static_cast<std::byte*>(p);
+  }
+
+  Status Patch(const PatchBatch& batch) override {
+    DC_CUDA(cudaSetDevice(device_));
+    if (batch.segments.empty()) return Status::Ok();
+    // One pinned staging area, four sections: segments, positions, words, dense.
+    const size_t sizes[4] = {batch.segments.size() * sizeof(PatchSegment),
+                             batch.positions.size() * sizeof(uint32_t), batch.words.size(),
+                             batch.dense.size()};
+    const void* sources[4] = {batch.segments.data(), batch.positions.data(), batch.words.data(),
+                              batch.dense.data()};
+    size_t offsets[4], total = 0;
+    for (int i = 0; i < 4; ++i) {
+      offsets[i] = total;
+      total += (sizes[i] + 15) / 16 * 16;
+    }
+    RETURN_IF_ERROR(ReserveStaging(total));
+    DC_CUDA(batch_.Reserve(total));
+    for (int i = 0; i < 4; ++i) {
+      if (sizes[i] != 0) std::memcpy(staging_ + offsets[i], sources[i], sizes[i]);
+    }
+    auto* device = static_cast<unsigned char*>(batch_.ptr);
+    DC_CUDA(cudaMemcpyAsync(device, staging_, total, cudaMemcpyHostToDevice, copy_stream_));
+    DC_CUDA(cudaEventRecord(copied_, copy_stream_));
+    DC_CUDA(cudaStreamWaitEvent(apply_stream_, copied_, 0));
+    const auto* segments = reinterpret_cast<const PatchSegment*>(device + offsets[0]);
+    const auto* positions = reinterpret_cast<const uint32_t*>(device + offsets[1]);
+    const auto* words = device + offsets[2];
+    const auto* dense = device + offsets[3];
+    const unsigned blocks = static_cast<unsigned>(batch.segments.size());
+    int* flag = static_cast<int*>(flag_.ptr);
+    DC_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), apply_stream_));
+    CheckKernel<<<blocks, kThreads, 0, apply_stream_>>>(segments, positions, flag);
+    DC_CUDA(cudaGetLastError());
+    int bad = 0;
+    DC_CUDA(cudaMemcpyAsync(&bad, flag, sizeof(int), cudaMemcpyDeviceToHost, apply_stream_));
+    DC_CUDA(cudaStreamSynchronize(apply_stream_));
+    if (bad != 0) {
+      return Status::Corrupt(name_ +
+                             ": a patch's positions are out of order, repeated or outside their "
+                             "run; nothing was written");
+    }
+    ApplyKernel<<<blocks, kThreads, 0, apply_stream_>>>(segments, positions, words, dense);
+    DC_CUDA(cudaGetLastError());
+    DC_CUDA(cudaStreamSynchronize(apply_stream_));
+    return Status::Ok();
+  }
+
+  Status Hash(std::span<const HashSegment> segments, std::span<PartitionHash> out) override {
+    DC_CUDA(cudaSetDevice(device_));
+    if (segments.empty()) return Status::Ok();
+    for (const HashSegment& h : segments) {
+      if (h.slot >= out.size()) return Status::InvalidArgument("hash slot out of range");
+    }
+    const size_t table = segments.size() * sizeof(HashSegment);
+    const size_t results = out.size() * 2 * sizeof(unsigned long long);
+    RETURN_IF_ERROR(ReserveStaging(std::max(table, results)));
+    DC_CUDA(batch_.Reserve(table));
+    DC_CUDA(hashes_.Reserve(results));
+    std::memcpy(staging_, segments.data(), table);
+    DC_CUDA(cudaMemcpyAsync(batch_.ptr, staging_, table, cudaMemcpyHostToDevice, apply_stream_));
+    DC_CUDA(cudaMemsetAsync(hashes_.ptr, 0, results, apply_stream_));
+    HashKernel<<<static_cast<unsigned>(segments.size()), kThreads, 0, apply_stream_>>>(
+        static_cast<const HashSegment*>(batch_.ptr), static_cast<unsigned long long*>(hashes_.ptr));
+    DC_CUDA(cudaGetLastError());
+    DC_CUDA(cudaMemcpyAsync(staging_, hashes_.ptr, results, cudaMemcpyDeviceToHost, apply_stream_));
+    DC_CUDA(cudaStreamSynchronize(apply_stream_));
+    const auto* words = reinterpret_cast<const unsigned long long*>(staging_);
+    for (size_t k = 0; k < out.size(); ++k) out[k] ^= PartitionHash{words[2 * k], words[2 * k + 1]};
+    return Status::Ok();
+  }
+
+  Status Read(const std::byte* src, MutableByteSpan dst) override {
+    DC_CUDA(cudaSetDevice(device_));
+    DC_CUDA(cudaMemcpy(dst.data(), src, dst.size(), cudaMemcpyDeviceToHost));
+    return Status::Ok();
+  }
+  Status Write(std::byte* dst, ByteSpan src) override {
+    DC_CUDA(cudaSetDevice(device_));
+    DC_CUDA(cudaMemcpy(dst, src.data(), src.size(), cudaMemcpyHostToDevice));
+    return Status::Ok();
+  }
+
+ private:
+  Status ReserveStaging(size_t bytes) {
+    if (bytes <= staging_size_) return Status::Ok();
+    if (staging_ != nullptr) DC_CUDA(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    staging_size_ = 0;
+    void* p = nullptr;
+    DC_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    staging_ = static_cast<unsigned char*>(p);
+    staging_size_ = bytes;
+    return Status::Ok();
+  }
+
+  int device_;
+  std::string name_;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaStream_t apply_stream_ = nullptr;
+  cudaEvent_t copied_ = nullptr;
+  unsigned char* staging_ = nullptr;  // pinned: pageable memory would serialize the copies
+  size_t staging_size_ = 0;
+  DeviceBuffer batch_, hashes_, flag_;
+  std::vector<void*> owned_;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear it: no driver or no device is an answer, not an error
+    return 0;
+  }
+  return count;
+}
+
+Result<std::unique_ptr<PieceMemory>> NewCudaPieceMemory(int device) {
+  const int count = CudaDeviceCount();
+  if (device < 0 || device >= count) {
+    return Status::Unavailable("cuda:" + std::to_string(device) + ": " + std::to_string(count) +
+                               " CUDA device(s) usable here");
+  }
+  auto memory = std::make_unique<CudaPieceMemory>(device);
+  RETURN_IF_ERROR(memory->Init());
+  return std::unique_ptr<PieceMemory>(std::move(memory));
+}
+
+}  // namespace deltacast::apply::device
