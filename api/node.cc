@@ -2,9 +2,12 @@
 
 #include "api/internal.h"
 #include "apply/checkpoint_state.h"
+#include "apply/planned_store.h"
+#include "layout/description.h"
 #include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
+#include "relay/shard_input.h"
 
 namespace deltacast {
 namespace {
@@ -36,6 +39,46 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeO
   return relay::NodeAgent::Start(std::move(agent), std::move(replica), std::move(*transport));
 }
 
+// The planned store over `gpus`: one memory per GPU, its plan from its layout.
+Result<std::unique_ptr<apply::WeightStore>> PlanGpus(std::vector<GpuWeights> gpus) {
+  if (gpus.empty()) return Status::InvalidArgument("no GPUs given");
+  std::vector<layout::TensorSpec> canonical;
+  std::vector<apply::PlannedStore::PartSpec> parts;
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    GpuWeights& gpu = gpus[g];
+    const std::string where = "GPU " + std::to_string(g) + " (layout " + gpu.layout.string() + ")";
+    auto description = layout::LoadLayout(gpu.layout);
+    if (!description.ok()) return description.status().WithContext(where);
+    if (g == 0) {
+      auto table = relay::LoadCanonicalTable(gpu.layout.parent_path() / description->canonical);
+      if (!table.ok()) return table.status().WithContext(where);
+      for (const auto& t : *table) canonical.push_back({t.name, t.dtype, t.shape});
+    }
+    apply::PlannedStore::PartSpec part;
+    if (gpu.device < 0) {
+      part.memory = apply::device::NewHostPieceMemory("host" + std::to_string(g));
+    } else {
+      auto memory = apply::device::NewCudaPieceMemory(gpu.device);
+      if (!memory.ok()) return memory.status().WithContext(where);
+      part.memory = std::move(*memory);
+    }
+    part.layout = std::move(*description);
+    for (const TensorView& t : gpu.parameters) {
+      if (t.bytes.size() != t.spec.ByteSize()) {
+        return Status::InvalidArgument(where + ": parameter '" + t.spec.name + "' has " +
+                                       std::to_string(t.bytes.size()) + " bytes, its shape " +
+                                       std::to_string(t.spec.ByteSize()));
+      }
+      part.locals.push_back({t.spec.name, t.spec.dtype, t.spec.shape});
+      part.addresses.push_back(t.bytes.data());
+    }
+    parts.push_back(std::move(part));
+  }
+  auto store = apply::PlannedStore::Create(std::move(canonical), std::move(parts));
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<apply::WeightStore>(std::move(*store));
+}
+
 }  // namespace
 
 struct Node::Impl {
@@ -46,6 +89,18 @@ Result<std::unique_ptr<Node>> Node::Start(const Config& config, NodeOptions opti
                                           std::vector<TensorView> weights) {
   auto store = api::BorrowTensors(weights);
   if (!store.ok()) return store.status().WithContext("weights");
+  auto replica = apply::Replica::ForStore(std::move(*store), codec::kDefaultPartitionBytes,
+                                          options.apply_threads);
+  if (!replica.ok()) return replica.status();
+  auto agent = StartAgent(config, std::move(options), std::move(*replica));
+  if (!agent.ok()) return agent.status();
+  return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
+}
+
+Result<std::unique_ptr<Node>> Node::StartOnGpus(const Config& config, NodeOptions options,
+                                                std::vector<GpuWeights> gpus) {
+  auto store = PlanGpus(std::move(gpus));
+  if (!store.ok()) return store.status();
   auto replica = apply::Replica::ForStore(std::move(*store), codec::kDefaultPartitionBytes,
                                           options.apply_threads);
   if (!replica.ok()) return replica.status();

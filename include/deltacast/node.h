@@ -51,12 +51,32 @@ struct NodeStats {
   std::string version;  // active, hex
 };
 
+// One GPU of an inference engine: its parameters as the engine holds them (the
+// engine's names, dtypes and shapes; `bytes` lies in the memory of CUDA device
+// `device`, or in host memory when device is -1), and the layout file that places
+// them in canonical terms (docs/layout.md: the trainers' format, with the engine's
+// TP rank; its `canonical` table lists the checkpoint's tensors). Fused parameters
+// (qkv_proj, gate_up_proj), vocabulary-parallel embeddings and replicated norms are
+// rules of the layout.
+struct GpuWeights {
+  int device = 0;
+  std::filesystem::path layout;
+  std::vector<TensorView> parameters;
+};
+
 class Node {
  public:
   // A node over the caller's tensors: they must hold the cluster's current version,
   // and stay alive, unmoved, until Stop returns.
   static Result<std::unique_ptr<Node>> Start(const Config& config, NodeOptions options,
                                              std::vector<TensorView> weights);
+  // A node over an engine's GPUs: each GPU's parameters are patched in place by
+  // kernels on that GPU (addresses never change: CUDA graphs stay valid), and a
+  // canonical partition verifies only when every GPU's pieces of it combine to its
+  // hash, so the node prepares when every GPU's part is right. The parameters must
+  // hold the cluster's current version and stay allocated until Stop returns.
+  static Result<std::unique_ptr<Node>> StartOnGpus(const Config& config, NodeOptions options,
+                                                   std::vector<GpuWeights> gpus);
   // A node over a safetensors checkpoint directory, patched in place.
   static Result<std::unique_ptr<Node>> StartOnCheckpoint(const Config& config, NodeOptions options,
                                                          const std::filesystem::path& dir);
