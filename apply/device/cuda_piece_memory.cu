@@ -6,8 +6,11 @@
 // copy's event. Positions are checked by a kernel before the apply kernel runs; a
 // violation raises a flag and nothing is written.
 #include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
 
+#include <algorithm>
 #include <cstring>
+#include <cub/device/device_select.cuh>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,40 @@ __global__ void HashKernel(const HashSegment* segments, unsigned long long* out)
   // Contributions combine by XOR: the order of the atomics does not change the bits.
   if (acc.lo != 0) atomicXor(&out[2 * h.slot], static_cast<unsigned long long>(acc.lo));
   if (acc.hi != 0) atomicXor(&out[2 * h.slot + 1], static_cast<unsigned long long>(acc.hi));
+}
+
+// Whether element i's bits differ between two versions (1, 2, 4 or 8 bytes).
+struct Differs {
+  const unsigned char* base;
+  const unsigned char* target;
+  uint32_t size;
+  __device__ bool operator()(uint64_t i) const {
+    const unsigned char* a = base + i * size;
+    const unsigned char* b = target + i * size;
+    switch (size) {
+      case 1:
+        return *a != *b;
+      case 2:
+        return *reinterpret_cast<const uint16_t*>(a) != *reinterpret_cast<const uint16_t*>(b);
+      case 4:
+        return *reinterpret_cast<const uint32_t*>(a) != *reinterpret_cast<const uint32_t*>(b);
+      default:
+        return *reinterpret_cast<const uint64_t*>(a) != *reinterpret_cast<const uint64_t*>(b);
+    }
+  }
+};
+
+// The XOR words of the selected elements, next to their positions.
+__global__ void GatherXors(Differs d, const uint64_t* positions, const uint64_t* count,
+                           unsigned char* xors) {
+  const uint64_t n = *count;
+  for (uint64_t k = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; k < n;
+       k += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t i = positions[k];
+    for (uint32_t b = 0; b < d.size; ++b) {
+      xors[k * d.size + b] = d.base[i * d.size + b] ^ d.target[i * d.size + b];
+    }
+  }
 }
 
 // A device buffer that grows.
@@ -187,6 +224,53 @@ class CudaPieceMemory final : public PieceMemory {
     return Status::Ok();
   }
 
+  // Compacts changed positions with CUB (a selection over element indices), gathers
+  // their XOR words beside them, and copies only those to the host, a block of
+  // elements at a time so scratch memory stays bounded.
+  Status FindChanges(const std::byte* base, const std::byte* target, uint64_t count,
+                     uint32_t element_size, ChangeList& out) override {
+    DC_CUDA(cudaSetDevice(device_));
+    out.clear();
+    out.element_size = element_size;
+    if (element_size != 1 && element_size != 2 && element_size != 4 && element_size != 8) {
+      return Status::InvalidArgument(name_ + ": element size " + std::to_string(element_size));
+    }
+    constexpr uint64_t kBlock = uint64_t{1} << 24;
+    DC_CUDA(found_.Reserve(kBlock * sizeof(uint64_t) + sizeof(uint64_t)));
+    DC_CUDA(words_.Reserve(kBlock * element_size));
+    auto* positions = static_cast<uint64_t*>(found_.ptr);
+    auto* selected = positions + kBlock;
+    for (uint64_t first = 0; first < count; first += kBlock) {
+      const uint64_t n = std::min(kBlock, count - first);
+      const Differs differs{reinterpret_cast<const unsigned char*>(base),
+                            reinterpret_cast<const unsigned char*>(target), element_size};
+      thrust::counting_iterator<uint64_t> indices(first);
+      size_t temp = 0;
+      DC_CUDA(cub::DeviceSelect::If(nullptr, temp, indices, positions, selected,
+                                    static_cast<int64_t>(n), differs, apply_stream_));
+      DC_CUDA(scratch_.Reserve(temp));
+      DC_CUDA(cub::DeviceSelect::If(scratch_.ptr, temp, indices, positions, selected,
+                                    static_cast<int64_t>(n), differs, apply_stream_));
+      GatherXors<<<256, kThreads, 0, apply_stream_>>>(differs, positions, selected,
+                                                      static_cast<unsigned char*>(words_.ptr));
+      DC_CUDA(cudaGetLastError());
+      uint64_t found = 0;
+      DC_CUDA(
+          cudaMemcpyAsync(&found, selected, sizeof(found), cudaMemcpyDeviceToHost, apply_stream_));
+      DC_CUDA(cudaStreamSynchronize(apply_stream_));
+      if (found == 0) continue;
+      const size_t at = out.positions.size();
+      out.positions.resize(at + found);
+      out.xors.resize((at + found) * element_size);
+      DC_CUDA(cudaMemcpyAsync(out.positions.data() + at, positions, found * sizeof(uint64_t),
+                              cudaMemcpyDeviceToHost, apply_stream_));
+      DC_CUDA(cudaMemcpyAsync(out.xors.data() + at * element_size, words_.ptr, found * element_size,
+                              cudaMemcpyDeviceToHost, apply_stream_));
+      DC_CUDA(cudaStreamSynchronize(apply_stream_));
+    }
+    return Status::Ok();
+  }
+
   Status Read(const std::byte* src, MutableByteSpan dst) override {
     DC_CUDA(cudaSetDevice(device_));
     DC_CUDA(cudaMemcpy(dst.data(), src, dst.size(), cudaMemcpyDeviceToHost));
@@ -219,6 +303,7 @@ class CudaPieceMemory final : public PieceMemory {
   unsigned char* staging_ = nullptr;  // pinned: pageable memory would serialize the copies
   size_t staging_size_ = 0;
   DeviceBuffer batch_, hashes_, flag_;
+  DeviceBuffer found_, words_, scratch_;  // FindChanges' positions, XOR words, CUB temp
   std::vector<void*> owned_;
 };
 

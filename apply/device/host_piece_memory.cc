@@ -1,9 +1,11 @@
 // The host PieceMemory: the reference implementation of the element code's loops,
 // and the memory of a planned store on a machine without a GPU.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "apply/device/piece_memory.h"
+#include "codec/change_detect.h"
 
 namespace deltacast::apply::device {
 namespace {
@@ -70,6 +72,24 @@ class HostPieceMemory final : public PieceMemory {
                            h.run.dst_stride * e};
       out[h.slot] ^=
           HashStridedRun(reinterpret_cast<const std::byte*>(h.run.base) + h.run.src * e, run);
+    }
+    return Status::Ok();
+  }
+
+  Status FindChanges(const std::byte* base, const std::byte* target, uint64_t count,
+                     uint32_t element_size, ChangeList& out) override {
+    out.clear();
+    out.element_size = element_size;
+    // codec::FindChanges numbers elements with 32 bits: compare in blocks below that.
+    constexpr uint64_t kBlock = uint64_t{1} << 30;
+    codec::SparseChanges block;
+    for (uint64_t first = 0; first < count; first += kBlock) {
+      const uint64_t n = std::min(kBlock, count - first);
+      codec::FindChanges(ByteSpan(base + first * element_size, n * element_size),
+                         ByteSpan(target + first * element_size, n * element_size), element_size,
+                         block);
+      for (uint32_t p : block.positions) out.positions.push_back(first + p);
+      out.xors.insert(out.xors.end(), block.xors.begin(), block.xors.end());
     }
     return Status::Ok();
   }

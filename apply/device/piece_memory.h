@@ -48,6 +48,18 @@ struct HashSegment {
   uint32_t slot = 0;
 };
 
+// The elements whose bits differ between two versions of a buffer: their indices
+// (increasing) and XOR words (element_size bytes each, little-endian as stored).
+struct ChangeList {
+  uint32_t element_size = 1;
+  std::vector<uint64_t> positions;
+  std::vector<std::byte> xors;
+  void clear() {
+    positions.clear();
+    xors.clear();
+  }
+};
+
 class PieceMemory {
  public:
   virtual ~PieceMemory() = default;
@@ -66,6 +78,12 @@ class PieceMemory {
 
   // XORs the hash contribution of each segment's rows into out[segment.slot].
   virtual Status Hash(std::span<const HashSegment> segments, std::span<PartitionHash> out) = 0;
+
+  // Compares `count` elements of `element_size` bytes (1, 2, 4 or 8) at `base` and
+  // `target` where they lie and returns the changed ones (a trainer's GPU shard: on a
+  // GPU only the changes cross to the host).
+  virtual Status FindChanges(const std::byte* base, const std::byte* target, uint64_t count,
+                             uint32_t element_size, ChangeList& out) = 0;
 
   // Copies between this memory and the host.
   virtual Status Read(const std::byte* src, MutableByteSpan dst) = 0;

@@ -16,6 +16,7 @@
 #include "apply/delta_applier.h"
 #include "apply/host_store.h"
 #include "apply/replica.h"
+#include "codec/change_detect.h"
 #include "codec/chunk.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
@@ -370,6 +371,36 @@ TEST_F(PlannedStoreTest, MemoryRefusesPositionsOutOfOrderWithNothingWritten) {
   ASSERT_TRUE(memory->Read(*buffer, after).ok());
   EXPECT_EQ(after[7 * 4], std::byte{0xee});
   EXPECT_EQ(after[8 * 4], std::byte{0x11});
+}
+
+// The memory finds a shard's changed elements where they lie (on a GPU by a CUB
+// selection): the same positions and XOR words as the host's change detection.
+TEST_F(PlannedStoreTest, MemoryFindsTheHostsChanges) {
+  auto memory = NewMemory(0);
+  ASSERT_NE(memory, nullptr);
+  std::mt19937_64 rng(13);
+  for (uint32_t e : {1u, 2u, 4u, 8u}) {
+    const uint64_t count = 50'000 + rng() % 1000;
+    std::vector<std::byte> a(count * e), b;
+    for (auto& x : a) x = std::byte(static_cast<uint8_t>(rng()));
+    b = a;
+    for (uint64_t i = 0; i < count; ++i) {
+      if (rng() % 31 == 0) b[i * e + rng() % e] ^= std::byte{0x10};
+    }
+    auto base = memory->Allocate(a.size());
+    auto target = memory->Allocate(b.size());
+    ASSERT_TRUE(base.ok() && target.ok());
+    ASSERT_TRUE(memory->Write(*base, a).ok());
+    ASSERT_TRUE(memory->Write(*target, b).ok());
+    device::ChangeList got;
+    ASSERT_TRUE(memory->FindChanges(*base, *target, count, e, got).ok());
+    codec::SparseChanges want;
+    codec::FindChanges(a, b, e, want);
+    ASSERT_EQ(got.positions.size(), want.positions.size()) << "element size " << e;
+    for (size_t i = 0; i < want.positions.size(); ++i)
+      ASSERT_EQ(got.positions[i], want.positions[i]);
+    EXPECT_EQ(got.xors, want.xors);
+  }
 }
 
 // The memory's hash of runs where they lie gives the host's bits: random bytes, every
