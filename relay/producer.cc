@@ -208,8 +208,9 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
   report.partitions = coverage.shares.size();
   if (produce.hash_base) {
     const auto hash_start = Clock::now();
-    coverage.base_pieces =
-        HashShare(input, coverage.shares, produce.partition_bytes, options_.threads);
+    auto pieces = HashShare(input, coverage.shares, produce.partition_bytes, options_.threads);
+    if (!pieces.ok()) return fail(pieces.status());
+    coverage.base_pieces = std::move(*pieces);
     report.hash_seconds = SecondsSince(hash_start);
     report.hashed_base = true;
   }

@@ -66,9 +66,13 @@ struct Output {
   ShareStats stats;
 };
 
+// A device share's changes, per local tensor (empty for locals without runs).
+using LocalChanges = std::vector<apply::device::ChangeList>;
+
 class Encoder {
  public:
-  Encoder(const ShareInput& in, const ShareEncodeOptions& o) : in_(in), o_(o) {}
+  Encoder(const ShareInput& in, const ShareEncodeOptions& o, const LocalChanges* device)
+      : in_(in), o_(o), device_(device) {}
 
   void Encode(const Unit& u, const PartitionHash& base_hash, Scratch& s, Output& out,
               std::optional<codec::ChunkBuilder>& builder) {
@@ -78,7 +82,8 @@ class Encoder {
     for (const Run& r : u.pieces) residual |= r.value != Value::kBits;
     for (const Run& r : u.pieces) out.stats.local_bytes += r.Elements() * LocalSize(r);
 
-    if (u.share.Whole() && u.pieces.size() == 1 && u.pieces[0].count == 1 && !residual) {
+    if (device_ == nullptr && u.share.Whole() && u.pieces.size() == 1 &&
+        u.pieces[0].count == 1 && !residual) {
       // One contiguous run: the partition's bytes lie as they are, so every
       // encoding is open to it, as in EncodeDelta.
       const Run& r = u.pieces[0];
@@ -108,7 +113,7 @@ class Encoder {
       return;
     }
     const bool dense = s.acc.size() * 4 > u.share.length;
-    if (!residual &&
+    if (!residual && device_ == nullptr &&
         (dense || o_.codec.mode == codec::CodecMode::kContext || o_.codec.try_every_encoding)) {
       // Worth the copy: gathered, the partition can take dense, literal or context
       // encodings, which a list of changes cannot.
@@ -158,6 +163,10 @@ class Encoder {
     s.new_words.clear();
     bool sorted = true;
     for (const Run& r : u.pieces) {
+      if (device_ != nullptr && !residual) {
+        CollectFound(u, r, e, s, sorted);
+        continue;
+      }
       const layout::TensorSpec& local = in_.map->locals()[r.local].spec;
       const uint64_t le = ElementSize(local.dtype);
       const std::byte* a = in_.base(r.local).data();
@@ -194,6 +203,27 @@ class Encoder {
       }
     }
     if (!sorted) SortChanges(s, residual);
+  }
+
+  // Collect for a run of a device share: each row's changes from its local tensor's
+  // list (found on the GPU), by binary search for the row's first element.
+  void CollectFound(const Unit& u, const Run& r, uint32_t e, Scratch& s, bool& sorted) const {
+    const apply::device::ChangeList& found = (*device_)[r.local];
+    for (uint64_t i = 0; i < r.count; ++i) {
+      const uint64_t src = r.src + i * r.src_stride;
+      const uint64_t dst = r.dst + i * r.dst_stride - u.begin;
+      auto it = std::lower_bound(found.positions.begin(), found.positions.end(), src);
+      if (it == found.positions.end() || *it >= src + r.len) continue;
+      if (!s.acc.positions.empty() && dst + (*it - src) <= s.acc.positions.back()) {
+        sorted = false;
+      }
+      for (; it != found.positions.end() && *it < src + r.len; ++it) {
+        const size_t k = it - found.positions.begin();
+        s.acc.positions.push_back(static_cast<uint32_t>(dst + (*it - src)));
+        s.acc.xors.insert(s.acc.xors.end(), found.xors.begin() + k * e,
+                          found.xors.begin() + (k + 1) * e);
+      }
+    }
   }
 
   // Runs that interleave in the partition (rare: two rules into one tensor).
@@ -237,7 +267,72 @@ class Encoder {
 
   const ShareInput& in_;
   const ShareEncodeOptions& o_;
+  const LocalChanges* device_;
 };
+
+// Whether local tensor `local` has a run that transforms values (residual).
+bool HasResidualRun(const layout::PlacementMap& map, uint32_t local) {
+  for (const Run& r : map.RunsOf(local)) {
+    if (r.value != Value::kBits) return true;
+  }
+  return false;
+}
+
+// A device share: the addresses of both versions, and host bytes for the locals whose
+// values are transformed (they are converted on the host, as they are small: norms).
+Status CheckDeviceShare(const ShareInput& in) {
+  if (!in.base_address || !in.target_address) {
+    return Status::InvalidArgument("a device share needs the addresses of both versions");
+  }
+  for (uint32_t i = 0; i < in.map->locals().size(); ++i) {
+    if (HasResidualRun(*in.map, i) && (!in.base || !in.target)) {
+      return Status::InvalidArgument("local tensor '" + in.map->locals()[i].spec.name +
+                                     "' holds a transform of its canonical values: a device "
+                                     "share needs its host bytes (ShareInput::base / target)");
+    }
+  }
+  return Status::Ok();
+}
+
+// The changes of each local tensor of a device share whose runs carry bits, found on
+// the device.
+Result<LocalChanges> FindDeviceChanges(const ShareInput& in) {
+  const auto& locals = in.map->locals();
+  LocalChanges out(locals.size());
+  for (uint32_t i = 0; i < locals.size(); ++i) {
+    if (in.map->RunsOf(i).empty() || HasResidualRun(*in.map, i)) continue;
+    const layout::TensorSpec& spec = locals[i].spec;
+    RETURN_IF_ERROR(in.memory->FindChanges(in.base_address(i), in.target_address(i),
+                                           spec.Elements(),
+                                           static_cast<uint32_t>(ElementSize(spec.dtype)), out[i]));
+  }
+  return out;
+}
+
+// HashShare for a device share's bit runs: one hash call over every unit's runs.
+Result<std::vector<PartitionHash>> HashDeviceShare(const ShareInput& input,
+                                                   const std::vector<Unit>& units) {
+  std::vector<apply::device::HashSegment> segments;
+  for (uint32_t k = 0; k < units.size(); ++k) {
+    const Unit& u = units[k];
+    const uint32_t e = static_cast<uint32_t>(ElementSize(input.map->canonical()[u.share.tensor].dtype));
+    for (const Run& r : u.pieces) {
+      if (r.value != Value::kBits) continue;  // converted and hashed on the host
+      apply::device::PlacedRun run;
+      run.base = reinterpret_cast<unsigned char*>(const_cast<std::byte*>(input.base_address(r.local)));
+      run.part_dst = r.dst - u.begin;
+      run.dst_stride = r.dst_stride;
+      run.len = r.len;
+      run.rows = r.count;
+      run.src = r.src;
+      run.src_stride = r.src_stride;
+      segments.push_back({run, e, k});
+    }
+  }
+  std::vector<PartitionHash> out(units.size());
+  RETURN_IF_ERROR(input.memory->Hash(segments, out).WithContext("hashing the share"));
+  return out;
+}
 
 Status CheckSizes(const ShareInput& in) {
   const auto& locals = in.map->locals();
@@ -263,11 +358,15 @@ std::vector<PartitionShare> ShareCoverage(const layout::PlacementMap& map,
   return out;
 }
 
-std::vector<PartitionHash> HashShare(const ShareInput& input,
+Result<std::vector<PartitionHash>> HashShare(const ShareInput& input,
                                      const std::vector<PartitionShare>& coverage,
                                      uint64_t partition_bytes, size_t threads) {
   const std::vector<Unit> units = Units(*input.map, partition_bytes);
   std::vector<PartitionHash> out(units.size());
+  if (input.memory != nullptr) {
+    RETURN_IF_ERROR(CheckDeviceShare(input));
+    ASSIGN_OR_RETURN(out, HashDeviceShare(input, units));
+  }
   ParallelFor(units.size(), Threads(threads, units.size()), [&](size_t k) {
     const Unit& u = units[k];
     const layout::TensorSpec& t = input.map->canonical()[u.share.tensor];
@@ -277,6 +376,7 @@ std::vector<PartitionHash> HashShare(const ShareInput& input,
     for (const Run& r : u.pieces) {
       const layout::TensorSpec& local = input.map->locals()[r.local].spec;
       const uint64_t le = ElementSize(local.dtype);
+      if (r.value == Value::kBits && input.memory != nullptr) continue;  // hashed there
       const std::byte* a = input.base(r.local).data();
       if (r.value == Value::kBits) {
         sum ^= HashStridedRun(a + r.src * e, StridedRun{r.count, r.len * e, r.src_stride * e,
@@ -290,7 +390,7 @@ std::vector<PartitionHash> HashShare(const ShareInput& input,
         sum ^= HashPiece(row, (r.dst + i * r.dst_stride - u.begin) * e);
       }
     }
-    out[k] = sum;
+    out[k] ^= sum;
   });
   (void)coverage;
   return out;
@@ -308,8 +408,26 @@ Result<EncodedShare> EncodeShare(const ShareInput& input,
                                    " base hashes, but the share covers " +
                                    std::to_string(units.size()));
   }
-  RETURN_IF_ERROR(CheckSizes(input));
-  Encoder encoder(input, options);
+  LocalChanges found;
+  if (input.memory != nullptr) {
+    RETURN_IF_ERROR(CheckDeviceShare(input));
+    for (const Unit& u : units) {
+      // Overwrite records need the new words of every change, which a device list
+      // of XOR words does not carry.
+      const auto bits = std::count_if(u.pieces.begin(), u.pieces.end(),
+                                      [](const Run& r) { return r.value == Value::kBits; });
+      if (bits != 0 && bits != static_cast<long>(u.pieces.size())) {
+        return Status::Unsupported("canonical tensor '" +
+                                   input.map->canonical()[u.share.tensor].name +
+                                   "' mixes transformed and plain runs in one partition: serve "
+                                   "this share from host memory");
+      }
+    }
+    ASSIGN_OR_RETURN(found, FindDeviceChanges(input));
+  } else {
+    RETURN_IF_ERROR(CheckSizes(input));
+  }
+  Encoder encoder(input, options, input.memory != nullptr ? &found : nullptr);
   const size_t threads = Threads(options.threads, units.size());
   std::vector<Output> outputs(threads);
   std::atomic<size_t> next{0};

@@ -21,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "apply/device/piece_memory.h"
 #include "codec/partition_codec.h"
 #include "common/bytes.h"
 #include "common/partition_hash.h"
@@ -31,10 +32,19 @@ namespace deltacast::relay {
 
 // A producer's share: its map and the bytes of its local tensors (index into
 // map.locals()) at the previous and the new version.
+//
+// A share in GPU memory sets `memory` and the two address functions instead of
+// `base` and `target`: it is hashed and compared where it lies (PieceMemory::Hash,
+// FindChanges), only changed positions and XOR words reach the host, and every record
+// is sparse-XOR (the bytes a dense or literal encoding needs stay on the GPU). Value
+// transforms (residual runs) are not supported there.
 struct ShareInput {
   const layout::PlacementMap* map = nullptr;
   std::function<ByteSpan(uint32_t local)> base;
   std::function<ByteSpan(uint32_t local)> target;
+  apply::device::PieceMemory* memory = nullptr;
+  std::function<const std::byte*(uint32_t local)> base_address = {};
+  std::function<const std::byte*(uint32_t local)> target_address = {};
 };
 
 // A canonical partition the share covers some element of.
@@ -53,7 +63,7 @@ std::vector<PartitionShare> ShareCoverage(const layout::PlacementMap& map,
 // The base contribution of the share to each partition of `coverage` (parallel to
 // it): a hash pass over the previous version's share. For a partition covered
 // whole, CombinePieces({contribution}, bytes) is its hash.
-std::vector<PartitionHash> HashShare(const ShareInput& input,
+Result<std::vector<PartitionHash>> HashShare(const ShareInput& input,
                                      const std::vector<PartitionShare>& coverage,
                                      uint64_t partition_bytes, size_t threads);
 
