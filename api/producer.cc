@@ -4,6 +4,7 @@
 #include <map>
 
 #include "api/internal.h"
+#include "apply/device/piece_memory.h"
 #include "layout/placement.h"
 #include "relay/node_transports.h"
 #include "relay/producer.h"
@@ -73,8 +74,15 @@ Result<std::map<std::string, TensorPair>> MatchViews(
 }  // namespace
 
 struct Producer::Impl {
+  Result<ProduceReport> Serve(const std::vector<TensorView>& base,
+                              const std::vector<TensorView>& target,
+                              apply::device::PieceMemory* device);
+
   std::map<std::string, layout::TensorSpec> model;
   std::unique_ptr<relay::Producer> producer;
+  // ServeFromGpu's memory, kept between refits (its scratch buffers too).
+  std::unique_ptr<apply::device::PieceMemory> memory;
+  int memory_device = -2;
   // The placement of the tensors served last (rebuilt when the set changes).
   std::vector<std::string> names;
   layout::PlacementMap map;
@@ -116,20 +124,48 @@ void Producer::Close() {
 
 Result<ProduceReport> Producer::Serve(const std::vector<TensorView>& base,
                                       const std::vector<TensorView>& target) {
-  ASSIGN_OR_RETURN(auto spans, MatchViews(impl_->model, base, target));
-  std::vector<std::string> names;
-  for (const auto& [name, s] : spans) names.push_back(name);  // sorted, as the map's locals
-  if (names != impl_->names) {
+  return impl_->Serve(base, target, nullptr);
+}
+
+Result<ProduceReport> Producer::ServeFromGpu(int device, const std::vector<TensorView>& base,
+                                             const std::vector<TensorView>& target) {
+  if (!impl_->memory || impl_->memory_device != device) {
+    if (device < 0) {
+      impl_->memory = apply::device::NewHostPieceMemory();
+    } else {
+      ASSIGN_OR_RETURN(impl_->memory, apply::device::NewCudaPieceMemory(device));
+    }
+    impl_->memory_device = device;
+  }
+  return impl_->Serve(base, target, impl_->memory.get());
+}
+
+Result<ProduceReport> Producer::Impl::Serve(const std::vector<TensorView>& base,
+                                            const std::vector<TensorView>& target,
+                                            apply::device::PieceMemory* device) {
+  ASSIGN_OR_RETURN(auto spans, MatchViews(model, base, target));
+  std::vector<std::string> served;
+  for (const auto& [name, s] : spans) served.push_back(name);  // sorted, as the map's locals
+  if (served != names) {
     std::vector<layout::TensorSpec> canonical;
-    for (const auto& [name, spec] : impl_->model) canonical.push_back(spec);
-    ASSIGN_OR_RETURN(impl_->map, layout::MapWhole(std::move(canonical), names));
-    impl_->names = names;
+    for (const auto& [name, spec] : model) canonical.push_back(spec);
+    ASSIGN_OR_RETURN(map, layout::MapWhole(std::move(canonical), served));
+    names = served;
   }
   std::vector<TensorPair> by_local;
-  for (const auto& local : impl_->map.locals()) by_local.push_back(spans.at(local.spec.name));
-  relay::ShareInput input{&impl_->map, [&](uint32_t i) { return by_local[i].base; },
+  for (const auto& local : map.locals()) by_local.push_back(spans.at(local.spec.name));
+  relay::ShareInput input{&map, [&](uint32_t i) { return by_local[i].base; },
                           [&](uint32_t i) { return by_local[i].target; }};
-  ASSIGN_OR_RETURN(relay::ProduceReport r, impl_->producer->Serve(input));
+  if (device != nullptr) {
+    // The spans are device addresses: only the addresses are used.
+    input = {&map,
+             {},
+             {},
+             device,
+             [&](uint32_t i) { return by_local[i].base.data(); },
+             [&](uint32_t i) { return by_local[i].target.data(); }};
+  }
+  ASSIGN_OR_RETURN(relay::ProduceReport r, producer->Serve(input));
   ProduceReport out;
   out.committed = r.committed;
   out.reason = r.reason;

@@ -82,8 +82,8 @@ class Encoder {
     for (const Run& r : u.pieces) residual |= r.value != Value::kBits;
     for (const Run& r : u.pieces) out.stats.local_bytes += r.Elements() * LocalSize(r);
 
-    if (device_ == nullptr && u.share.Whole() && u.pieces.size() == 1 &&
-        u.pieces[0].count == 1 && !residual) {
+    if (device_ == nullptr && u.share.Whole() && u.pieces.size() == 1 && u.pieces[0].count == 1 &&
+        !residual) {
       // One contiguous run: the partition's bytes lie as they are, so every
       // encoding is open to it, as in EncodeDelta.
       const Run& r = u.pieces[0];
@@ -315,11 +315,13 @@ Result<std::vector<PartitionHash>> HashDeviceShare(const ShareInput& input,
   std::vector<apply::device::HashSegment> segments;
   for (uint32_t k = 0; k < units.size(); ++k) {
     const Unit& u = units[k];
-    const uint32_t e = static_cast<uint32_t>(ElementSize(input.map->canonical()[u.share.tensor].dtype));
+    const uint32_t e =
+        static_cast<uint32_t>(ElementSize(input.map->canonical()[u.share.tensor].dtype));
     for (const Run& r : u.pieces) {
       if (r.value != Value::kBits) continue;  // converted and hashed on the host
       apply::device::PlacedRun run;
-      run.base = reinterpret_cast<unsigned char*>(const_cast<std::byte*>(input.base_address(r.local)));
+      run.base =
+          reinterpret_cast<unsigned char*>(const_cast<std::byte*>(input.base_address(r.local)));
       run.part_dst = r.dst - u.begin;
       run.dst_stride = r.dst_stride;
       run.len = r.len;
@@ -359,8 +361,8 @@ std::vector<PartitionShare> ShareCoverage(const layout::PlacementMap& map,
 }
 
 Result<std::vector<PartitionHash>> HashShare(const ShareInput& input,
-                                     const std::vector<PartitionShare>& coverage,
-                                     uint64_t partition_bytes, size_t threads) {
+                                             const std::vector<PartitionShare>& coverage,
+                                             uint64_t partition_bytes, size_t threads) {
   const std::vector<Unit> units = Units(*input.map, partition_bytes);
   std::vector<PartitionHash> out(units.size());
   if (input.memory != nullptr) {

@@ -64,8 +64,8 @@ std::vector<PartitionShare> ShareCoverage(const layout::PlacementMap& map,
 // it): a hash pass over the previous version's share. For a partition covered
 // whole, CombinePieces({contribution}, bytes) is its hash.
 Result<std::vector<PartitionHash>> HashShare(const ShareInput& input,
-                                     const std::vector<PartitionShare>& coverage,
-                                     uint64_t partition_bytes, size_t threads);
+                                             const std::vector<PartitionShare>& coverage,
+                                             uint64_t partition_bytes, size_t threads);
 
 struct SharePiece {
   uint32_t tensor = 0;

@@ -66,6 +66,13 @@ class Producer {
   Result<ProduceReport> Serve(const std::vector<TensorView>& base,
                               const std::vector<TensorView>& target);
 
+  // Serve for tensors in the memory of CUDA device `device` (both versions there;
+  // `bytes` are device addresses): they are compared and hashed on the GPU and only
+  // their changed positions and XOR words cross to the host for entropy coding.
+  // device = -1 runs the same path over host memory. kUnavailable without CUDA or
+  // that device.
+  Result<ProduceReport> ServeFromGpu(int device, const std::vector<TensorView>& base,
+                                     const std::vector<TensorView>& target);
   void Close();  // a Serve in progress returns kAborted
 
   struct Impl;

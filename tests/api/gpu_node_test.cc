@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "tests/layout/reference.h"
 
@@ -44,6 +45,49 @@ std::vector<deltacast::TensorView> Views(Tensors& tensors) {
   return v;
 }
 
+// The canonical table file the layouts name.
+void WriteCanonicalTable(const fs::path& path, const Tensors& tensors) {
+  std::ofstream table(path);
+  table << "{\"tensors\": [";
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    table << (i ? ", " : "") << "{\"name\": \"" << tensors[i].spec.name
+          << "\", \"dtype\": \"I64\", \"shape\": [";
+    for (size_t d = 0; d < tensors[i].spec.shape.size(); ++d)
+      table << (d ? ", " : "") << tensors[i].spec.shape[d];
+    table << "]}";
+  }
+  table << "]}\n";
+}
+
+// The engine: each GPU's shard of `canonical` in `engine` (its parameters), one
+// layout file per GPU in `dir`; the "GPUs" are host memory (device -1).
+std::vector<deltacast::GpuWeights> EngineGpus(const fs::path& dir, const Job& job,
+                                              const Tensors& canonical,
+                                              std::vector<Tensors>& engine) {
+  Reference ref(job, canonical);
+  engine.clear();
+  for (uint64_t tp = 0; tp < job.tp; ++tp) engine.push_back(ref.Shard(Rank{tp, 0, 0, 0}));
+  std::vector<deltacast::GpuWeights> gpus;
+  for (uint64_t tp = 0; tp < job.tp; ++tp) {
+    const fs::path layout = dir / ("rank" + std::to_string(tp) + ".toml");
+    std::ofstream(layout) << ref.LayoutToml(Rank{tp, 0, 0, 0});
+    gpus.push_back({-1, layout, Views(engine[tp])});
+  }
+  return gpus;
+}
+
+// Every GPU of the engine holds its shard of `canonical`.
+void ExpectShards(const Job& job, const Tensors& canonical, const std::vector<Tensors>& engine) {
+  Reference want(job, canonical);
+  for (uint64_t tp = 0; tp < job.tp; ++tp) {
+    const Tensors shard = want.Shard(Rank{tp, 0, 0, 0});
+    ASSERT_EQ(shard.size(), engine[tp].size());
+    for (size_t l = 0; l < shard.size(); ++l) {
+      EXPECT_EQ(engine[tp][l].values, shard[l].values) << "GPU " << tp << " " << shard[l].spec.name;
+    }
+  }
+}
+
 TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesAStepBitExact) {
   deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
   const fs::path dir = fs::path(::testing::TempDir()) / ("gpu_node_" + std::to_string(::getpid()));
@@ -53,30 +97,10 @@ TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesAStepBitExact) {
   job.layers = 2;
   job.hidden = 64;
   Tensors trainer = deltacast::layout::testing::CanonicalTensors(job);
-  {
-    std::ofstream table(dir / "canonical.json");
-    table << "{\"tensors\": [";
-    for (size_t i = 0; i < trainer.size(); ++i) {
-      table << (i ? ", " : "") << "{\"name\": \"" << trainer[i].spec.name
-            << "\", \"dtype\": \"I64\", \"shape\": [";
-      for (size_t d = 0; d < trainer[i].spec.shape.size(); ++d)
-        table << (d ? ", " : "") << trainer[i].spec.shape[d];
-      table << "]}";
-    }
-    table << "]}\n";
-  }
+  WriteCanonicalTable(dir / "canonical.json", trainer);
   // The engine's parameters: each GPU's shard of the current version.
-  Reference ref(job, trainer);
   std::vector<Tensors> engine;
-  std::vector<deltacast::GpuWeights> gpus;
-  for (uint64_t tp = 0; tp < job.tp; ++tp) {
-    const fs::path layout = dir / ("rank" + std::to_string(tp) + ".toml");
-    std::ofstream(layout) << ref.LayoutToml(Rank{tp, 0, 0, 0});
-    engine.push_back(ref.Shard(Rank{tp, 0, 0, 0}));
-  }
-  for (uint64_t tp = 0; tp < job.tp; ++tp) {
-    gpus.push_back({-1, dir / ("rank" + std::to_string(tp) + ".toml"), Views(engine[tp])});
-  }
+  const std::vector<deltacast::GpuWeights> gpus = EngineGpus(dir, job, trainer, engine);
   Tensors plain = trainer;
 
   auto config = deltacast::Config::Parse(Toml(BasePort()), "gpus.toml");
@@ -107,16 +131,90 @@ TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesAStepBitExact) {
   ASSERT_TRUE(report->committed) << report->abort_reason;
   EXPECT_EQ((*engine_node)->stats().version, report->target_version);
 
-  Reference want(job, trainer);
-  for (uint64_t tp = 0; tp < job.tp; ++tp) {
-    const Tensors shard = want.Shard(Rank{tp, 0, 0, 0});
-    ASSERT_EQ(shard.size(), engine[tp].size());
-    for (size_t l = 0; l < shard.size(); ++l) {
-      EXPECT_EQ(engine[tp][l].values, shard[l].values) << "GPU " << tp << " " << shard[l].spec.name;
-    }
-  }
+  ExpectShards(job, trainer, engine);
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
   (*source)->Stop();
+  (*engine_node)->Stop();
+  (*plain_node)->Stop();
+  fs::remove_all(dir);
+}
+
+// Both ends on GPUs: two producers (one serving from "GPU" memory through
+// ServeFromGpu, one from host memory) make each version at a root, and the engine's
+// two GPUs receive it. device = -1 runs the GPU path over host memory.
+TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
+  deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
+  const fs::path dir = fs::path(::testing::TempDir()) / ("gpu_prod_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Job job;
+  job.tp = 2;
+  job.layers = 2;
+  Tensors trainer = deltacast::layout::testing::CanonicalTensors(job);
+  WriteCanonicalTable(dir / "canonical.json", trainer);
+  std::vector<Tensors> engine;
+  const std::vector<deltacast::GpuWeights> gpus = EngineGpus(dir, job, trainer, engine);
+  auto config = deltacast::Config::Parse(Toml(BasePort() + 1), "gpus.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  deltacast::NodeOptions options;
+  options.token = "gpu-token";
+  options.apply_threads = 1;
+  options.node_id = "engine";
+  auto engine_node = deltacast::Node::StartOnGpus(*config, options, gpus);
+  ASSERT_TRUE(engine_node.ok()) << engine_node.status().ToString();
+  Tensors plain = trainer;
+  options.node_id = "plain";
+  auto plain_node = deltacast::Node::Start(*config, options, Views(plain));
+  ASSERT_TRUE(plain_node.ok()) << plain_node.status().ToString();
+
+  deltacast::RootOptions root_options;
+  root_options.token = "gpu-token";
+  root_options.producers = 2;
+  root_options.producer_address = "127.0.0.1:0";
+  auto root = deltacast::Root::Start(*config, root_options);
+  ASSERT_TRUE(root.ok()) << root.status().ToString();
+  std::vector<deltacast::TensorSpec> model;
+  for (const auto& t : trainer) model.push_back({t.spec.name, t.spec.dtype, t.spec.shape});
+
+  Tensors previous = trainer;
+  std::mt19937_64 rng(19);
+  for (auto& t : trainer) {
+    for (auto& v : t.values) {
+      if (rng() % 30 == 0) v ^= static_cast<int64_t>(rng() | 1);
+    }
+  }
+  // Producer 0 owns the first half of the tensors (by name), producer 1 the rest.
+  std::vector<deltacast::ProduceReport> produced(2);
+  std::vector<std::thread> producers;
+  for (int p = 0; p < 2; ++p) {
+    producers.emplace_back([&, p] {
+      deltacast::ProducerOptions o;
+      o.token = "gpu-token";
+      o.id = "rank-" + std::to_string(p);
+      o.root_address = (*root)->producer_address();
+      o.encode_threads = 1;
+      auto producer = deltacast::Producer::Connect(*config, o, model);
+      ASSERT_TRUE(producer.ok()) << producer.status().ToString();
+      auto all_base = Views(previous), all_target = Views(trainer);
+      const size_t half = all_base.size() / 2;
+      const size_t from = p == 0 ? 0 : half, to = p == 0 ? half : all_base.size();
+      std::vector<deltacast::TensorView> base(all_base.begin() + from, all_base.begin() + to);
+      std::vector<deltacast::TensorView> target(all_target.begin() + from, all_target.begin() + to);
+      auto report =
+          p == 0 ? (*producer)->ServeFromGpu(-1, base, target) : (*producer)->Serve(base, target);
+      ASSERT_TRUE(report.ok()) << report.status().ToString();
+      produced[p] = *report;
+    });
+  }
+  auto report = (*root)->Publish();
+  for (auto& t : producers) t.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_TRUE(produced[0].committed);
+  EXPECT_GT(produced[0].changed_elements, 0u);
+
+  ExpectShards(job, trainer, engine);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
+  (*root)->Stop();
   (*engine_node)->Stop();
   (*plain_node)->Stop();
   fs::remove_all(dir);

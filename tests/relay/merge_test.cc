@@ -78,7 +78,10 @@ void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
     if (device) {
       rank->memory = apply::device::NewHostPieceMemory();
       // Host bytes stay for the few tensors whose values are transformed (norms).
-      rank->input = {&raw->placement.map, rank->input.base, rank->input.target, raw->memory.get(),
+      rank->input = {&raw->placement.map,
+                     rank->input.base,
+                     rank->input.target,
+                     raw->memory.get(),
                      [raw](uint32_t i) { return raw->base->TensorData(i).data(); },
                      [raw](uint32_t i) { return raw->target->TensorData(i).data(); }};
     }
