@@ -267,12 +267,16 @@ Status PlannedStore::ApplyPatches(std::span<const Patch> patches, std::span<Part
       }
     }
   }
-  for (size_t p = 0; p < batches.size(); ++p) {
-    if (batches[p].segments.empty()) continue;
-    const Status s = parts_[p].memory->Patch(batches[p]);
-    if (!s.ok()) {
-      return Status::Internal(parts_[p].memory->name() +
-                              " refused a patch the host had checked: " + s.message());
+  // Every GPU's patch is queued before any is waited for, so they run together.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t p = 0; p < batches.size(); ++p) {
+      if (batches[p].segments.empty()) continue;
+      device::PieceMemory& memory = *parts_[p].memory;
+      const Status s = pass == 0 ? memory.Patch(batches[p]) : memory.Sync();
+      if (!s.ok()) {
+        return Status::Internal(memory.name() +
+                                " refused a patch the host had checked: " + s.message());
+      }
     }
   }
   return HashPlaced(placed, lengths, after);

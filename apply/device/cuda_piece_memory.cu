@@ -1,10 +1,11 @@
 // The CUDA PieceMemory: a GPU's parameters patched and hashed by kernels that run
 // the element code of segments.h, one launch per chunk over its segment table.
 //
-// Staging: a batch (segment table and payloads) is packed into pinned host memory and
-// copied on a copy stream; the kernels run on an apply stream that waits for the
-// copy's event. Positions are checked by a kernel before the apply kernel runs; a
-// violation raises a flag and nothing is written.
+// Staging: a batch (segment table and payloads) is packed into a slot of a pinned
+// host ring and copied on a copy stream; the kernels run on an apply stream that
+// waits for the copy's event, so the next batch's copy overlaps this one's kernels.
+// Positions are checked by a kernel before the apply kernel runs; a violation raises
+// a flag, the apply kernel then writes nothing, and Sync reports it.
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 
@@ -38,8 +39,12 @@ __global__ void CheckKernel(const PatchSegment* segments, const uint32_t* positi
   }
 }
 
+// Writes nothing once a check kernel has raised the flag (for this batch or one
+// queued before it since the last Sync).
 __global__ void ApplyKernel(const PatchSegment* segments, const uint32_t* positions,
-                            const unsigned char* words, const unsigned char* dense) {
+                            const unsigned char* words, const unsigned char* dense,
+                            const int* flag) {
+  if (*flag != 0) return;
   const PatchSegment s = segments[blockIdx.x];
   if (s.kind == kSparseXor) {
     for (uint64_t i = threadIdx.x; i < s.count; i += blockDim.x) {
@@ -128,8 +133,12 @@ class CudaPieceMemory final : public PieceMemory {
   ~CudaPieceMemory() override {
     cudaSetDevice(device_);
     for (void* p : owned_) cudaFree(p);
-    if (staging_ != nullptr) cudaFreeHost(staging_);
-    if (copied_ != nullptr) cudaEventDestroy(copied_);
+    for (Slot& slot : slots_) {
+      if (slot.pinned != nullptr) cudaFreeHost(slot.pinned);
+      if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
+      if (slot.done != nullptr) cudaEventDestroy(slot.done);
+    }
+    if (hash_pinned_ != nullptr) cudaFreeHost(hash_pinned_);
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (apply_stream_ != nullptr) cudaStreamDestroy(apply_stream_);
   }
@@ -138,8 +147,12 @@ class CudaPieceMemory final : public PieceMemory {
     DC_CUDA(cudaSetDevice(device_));
     DC_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     DC_CUDA(cudaStreamCreateWithFlags(&apply_stream_, cudaStreamNonBlocking));
-    DC_CUDA(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+    for (Slot& slot : slots_) {
+      DC_CUDA(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+      DC_CUDA(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    }
     DC_CUDA(flag_.Reserve(sizeof(int)));
+    DC_CUDA(cudaMemset(flag_.ptr, 0, sizeof(int)));
     return Status::Ok();
   }
 
@@ -157,7 +170,7 @@ class CudaPieceMemory final : public PieceMemory {
   Status Patch(const PatchBatch& batch) override {
     DC_CUDA(cudaSetDevice(device_));
     if (batch.segments.empty()) return Status::Ok();
-    // One pinned staging area, four sections: segments, positions, words, dense.
+    // One staging area, four sections: segments, positions, words, dense.
     const size_t sizes[4] = {batch.segments.size() * sizeof(PatchSegment),
                              batch.positions.size() * sizeof(uint32_t), batch.words.size(),
                              batch.dense.size()};
@@ -168,36 +181,44 @@ class CudaPieceMemory final : public PieceMemory {
       offsets[i] = total;
       total += (sizes[i] + 15) / 16 * 16;
     }
-    RETURN_IF_ERROR(ReserveStaging(total));
-    DC_CUDA(batch_.Reserve(total));
+    // The ring: this slot's last batch must be done with its buffers first.
+    Slot& slot = slots_[next_slot_];
+    next_slot_ = (next_slot_ + 1) % kSlots;
+    if (slot.used) DC_CUDA(cudaEventSynchronize(slot.done));
+    RETURN_IF_ERROR(ReservePinned(slot.pinned, slot.pinned_size, total));
+    DC_CUDA(slot.device.Reserve(total));
     for (int i = 0; i < 4; ++i) {
-      if (sizes[i] != 0) std::memcpy(staging_ + offsets[i], sources[i], sizes[i]);
+      if (sizes[i] != 0) std::memcpy(slot.pinned + offsets[i], sources[i], sizes[i]);
     }
-    auto* device = static_cast<unsigned char*>(batch_.ptr);
-    DC_CUDA(cudaMemcpyAsync(device, staging_, total, cudaMemcpyHostToDevice, copy_stream_));
-    DC_CUDA(cudaEventRecord(copied_, copy_stream_));
-    DC_CUDA(cudaStreamWaitEvent(apply_stream_, copied_, 0));
+    auto* device = static_cast<unsigned char*>(slot.device.ptr);
+    DC_CUDA(cudaMemcpyAsync(device, slot.pinned, total, cudaMemcpyHostToDevice, copy_stream_));
+    DC_CUDA(cudaEventRecord(slot.copied, copy_stream_));
+    DC_CUDA(cudaStreamWaitEvent(apply_stream_, slot.copied, 0));
     const auto* segments = reinterpret_cast<const PatchSegment*>(device + offsets[0]);
     const auto* positions = reinterpret_cast<const uint32_t*>(device + offsets[1]);
     const auto* words = device + offsets[2];
     const auto* dense = device + offsets[3];
     const unsigned blocks = static_cast<unsigned>(batch.segments.size());
     int* flag = static_cast<int*>(flag_.ptr);
-    DC_CUDA(cudaMemsetAsync(flag, 0, sizeof(int), apply_stream_));
     CheckKernel<<<blocks, kThreads, 0, apply_stream_>>>(segments, positions, flag);
     DC_CUDA(cudaGetLastError());
-    int bad = 0;
-    DC_CUDA(cudaMemcpyAsync(&bad, flag, sizeof(int), cudaMemcpyDeviceToHost, apply_stream_));
-    DC_CUDA(cudaStreamSynchronize(apply_stream_));
-    if (bad != 0) {
-      return Status::Corrupt(name_ +
-                             ": a patch's positions are out of order, repeated or outside their "
-                             "run; nothing was written");
-    }
-    ApplyKernel<<<blocks, kThreads, 0, apply_stream_>>>(segments, positions, words, dense);
+    ApplyKernel<<<blocks, kThreads, 0, apply_stream_>>>(segments, positions, words, dense, flag);
     DC_CUDA(cudaGetLastError());
-    DC_CUDA(cudaStreamSynchronize(apply_stream_));
+    DC_CUDA(cudaEventRecord(slot.done, apply_stream_));
+    slot.used = true;
     return Status::Ok();
+  }
+
+  Status Sync() override {
+    DC_CUDA(cudaSetDevice(device_));
+    DC_CUDA(cudaStreamSynchronize(apply_stream_));
+    int bad = 0;
+    DC_CUDA(cudaMemcpy(&bad, flag_.ptr, sizeof(int), cudaMemcpyDeviceToHost));
+    if (bad == 0) return Status::Ok();
+    DC_CUDA(cudaMemset(flag_.ptr, 0, sizeof(int)));
+    return Status::Corrupt(name_ +
+                           ": a patch's positions are out of order, repeated or outside their "
+                           "run; it and the patches queued after it wrote nothing");
   }
 
   Status Hash(std::span<const HashSegment> segments, std::span<PartitionHash> out) override {
@@ -208,18 +229,21 @@ class CudaPieceMemory final : public PieceMemory {
     }
     const size_t table = segments.size() * sizeof(HashSegment);
     const size_t results = out.size() * 2 * sizeof(unsigned long long);
-    RETURN_IF_ERROR(ReserveStaging(std::max(table, results)));
-    DC_CUDA(batch_.Reserve(table));
+    RETURN_IF_ERROR(ReservePinned(hash_pinned_, hash_pinned_size_, std::max(table, results)));
+    DC_CUDA(hash_table_.Reserve(table));
     DC_CUDA(hashes_.Reserve(results));
-    std::memcpy(staging_, segments.data(), table);
-    DC_CUDA(cudaMemcpyAsync(batch_.ptr, staging_, table, cudaMemcpyHostToDevice, apply_stream_));
+    std::memcpy(hash_pinned_, segments.data(), table);
+    DC_CUDA(cudaMemcpyAsync(hash_table_.ptr, hash_pinned_, table, cudaMemcpyHostToDevice,
+                            apply_stream_));
     DC_CUDA(cudaMemsetAsync(hashes_.ptr, 0, results, apply_stream_));
     HashKernel<<<static_cast<unsigned>(segments.size()), kThreads, 0, apply_stream_>>>(
-        static_cast<const HashSegment*>(batch_.ptr), static_cast<unsigned long long*>(hashes_.ptr));
+        static_cast<const HashSegment*>(hash_table_.ptr),
+        static_cast<unsigned long long*>(hashes_.ptr));
     DC_CUDA(cudaGetLastError());
-    DC_CUDA(cudaMemcpyAsync(staging_, hashes_.ptr, results, cudaMemcpyDeviceToHost, apply_stream_));
+    DC_CUDA(
+        cudaMemcpyAsync(hash_pinned_, hashes_.ptr, results, cudaMemcpyDeviceToHost, apply_stream_));
     DC_CUDA(cudaStreamSynchronize(apply_stream_));
-    const auto* words = reinterpret_cast<const unsigned long long*>(staging_);
+    const auto* words = reinterpret_cast<const unsigned long long*>(hash_pinned_);
     for (size_t k = 0; k < out.size(); ++k) out[k] ^= PartitionHash{words[2 * k], words[2 * k + 1]};
     return Status::Ok();
   }
@@ -271,38 +295,54 @@ class CudaPieceMemory final : public PieceMemory {
     return Status::Ok();
   }
 
+  // After the queued patches (the streams do not synchronize with the default one).
   Status Read(const std::byte* src, MutableByteSpan dst) override {
     DC_CUDA(cudaSetDevice(device_));
+    DC_CUDA(cudaStreamSynchronize(apply_stream_));
     DC_CUDA(cudaMemcpy(dst.data(), src, dst.size(), cudaMemcpyDeviceToHost));
     return Status::Ok();
   }
   Status Write(std::byte* dst, ByteSpan src) override {
     DC_CUDA(cudaSetDevice(device_));
+    DC_CUDA(cudaStreamSynchronize(apply_stream_));
     DC_CUDA(cudaMemcpy(dst, src.data(), src.size(), cudaMemcpyHostToDevice));
     return Status::Ok();
   }
 
  private:
-  Status ReserveStaging(size_t bytes) {
-    if (bytes <= staging_size_) return Status::Ok();
-    if (staging_ != nullptr) DC_CUDA(cudaFreeHost(staging_));
-    staging_ = nullptr;
-    staging_size_ = 0;
+  Status ReservePinned(unsigned char*& pinned, size_t& size, size_t bytes) {
+    if (bytes <= size) return Status::Ok();
+    if (pinned != nullptr) DC_CUDA(cudaFreeHost(pinned));
+    pinned = nullptr;
+    size = 0;
     void* p = nullptr;
     DC_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
-    staging_ = static_cast<unsigned char*>(p);
-    staging_size_ = bytes;
+    pinned = static_cast<unsigned char*>(p);
+    size = bytes;
     return Status::Ok();
   }
+
+  // A slot of the staging ring: pinned host bytes (pageable memory would serialize
+  // the copies), their device copy, and events for copied and done.
+  struct Slot {
+    unsigned char* pinned = nullptr;
+    size_t pinned_size = 0;
+    DeviceBuffer device;
+    cudaEvent_t copied = nullptr, done = nullptr;
+    bool used = false;
+  };
+  static constexpr int kSlots = 2;
 
   int device_;
   std::string name_;
   cudaStream_t copy_stream_ = nullptr;
   cudaStream_t apply_stream_ = nullptr;
-  cudaEvent_t copied_ = nullptr;
-  unsigned char* staging_ = nullptr;  // pinned: pageable memory would serialize the copies
-  size_t staging_size_ = 0;
-  DeviceBuffer batch_, hashes_, flag_;
+  Slot slots_[kSlots];
+  int next_slot_ = 0;
+  unsigned char* hash_pinned_ = nullptr;
+  size_t hash_pinned_size_ = 0;
+  DeviceBuffer hash_table_, hashes_;
+  DeviceBuffer flag_;                     // set by a check kernel; sticky until Sync
   DeviceBuffer found_, words_, scratch_;  // FindChanges' positions, XOR words, CUB temp
   std::vector<void*> owned_;
 };

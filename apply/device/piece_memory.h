@@ -72,9 +72,14 @@ class PieceMemory {
   virtual Result<std::byte*> Allocate(uint64_t bytes) = 0;
 
   // Checks every sparse entry of `batch` (segments.h, SparseEntryValid) and, only if
-  // all are valid, applies every segment. kCorrupt naming the first bad segment,
-  // nothing written, otherwise.
+  // all are valid, applies every segment. On a GPU this queues the work and returns:
+  // the batch is staged through a pinned ring (two slots), so the copy of the next
+  // batch overlaps the kernels of this one, and `batch` may be reused at once. A
+  // batch with a bad entry writes nothing and neither do the batches queued after
+  // it; Patch or the next Sync reports it (kCorrupt). The host memory works at once.
   virtual Status Patch(const PatchBatch& batch) = 0;
+  // Waits for every queued patch; kCorrupt if one was refused since the last Sync.
+  virtual Status Sync() = 0;
 
   // XORs the hash contribution of each segment's rows into out[segment.slot].
   virtual Status Hash(std::span<const HashSegment> segments, std::span<PartitionHash> out) = 0;
