@@ -10,4 +10,8 @@ Result<std::unique_ptr<PieceMemory>> NewCudaPieceMemory(int device) {
                              ": this build of deltacast has no CUDA support (nvcc was not found)");
 }
 
+Result<CudaDeviceFacts> MeasureCudaDevice(int device, uint64_t) {
+  return Status::Unavailable("cuda:" + std::to_string(device) + ": built without CUDA");
+}
+
 }  // namespace deltacast::apply::device

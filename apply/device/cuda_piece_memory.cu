@@ -358,6 +358,33 @@ int CudaDeviceCount() {
   return count;
 }
 
+Result<CudaDeviceFacts> MeasureCudaDevice(int device, uint64_t bytes) {
+  const std::string name_ = "cuda:" + std::to_string(device);  // for DC_CUDA
+  if (device < 0 || device >= CudaDeviceCount()) return Status::Unavailable(name_ + ": no device");
+  DC_CUDA(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  DC_CUDA(cudaGetDeviceProperties(&prop, device));
+  DeviceBuffer a, b;
+  DC_CUDA(a.Reserve(bytes));
+  DC_CUDA(b.Reserve(bytes));
+  DC_CUDA(cudaMemset(a.ptr, 1, bytes));
+  cudaEvent_t start, stop;
+  DC_CUDA(cudaEventCreate(&start));
+  DC_CUDA(cudaEventCreate(&stop));
+  DC_CUDA(cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice));  // warm
+  constexpr int kRounds = 10;
+  DC_CUDA(cudaEventRecord(start));
+  for (int i = 0; i < kRounds; ++i)
+    DC_CUDA(cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice));
+  DC_CUDA(cudaEventRecord(stop));
+  DC_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  DC_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return CudaDeviceFacts{prop.name, 2.0 * double(bytes) * kRounds / (double(ms) * 1e-3) / 1e9};
+}
+
 Result<std::unique_ptr<PieceMemory>> NewCudaPieceMemory(int device) {
   const int count = CudaDeviceCount();
   if (device < 0 || device >= count) {

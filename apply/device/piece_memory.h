@@ -107,4 +107,12 @@ int CudaDeviceCount();
 // or that device (the message says which).
 Result<std::unique_ptr<PieceMemory>> NewCudaPieceMemory(int device);
 
+// What a benchmark compares the kernels with: device `device`'s name, and its
+// device-to-device copy bandwidth over `bytes` (read plus write, GB/s).
+struct CudaDeviceFacts {
+  std::string name;
+  double copy_gbps = 0;
+};
+Result<CudaDeviceFacts> MeasureCudaDevice(int device, uint64_t bytes);
+
 }  // namespace deltacast::apply::device
