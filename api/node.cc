@@ -1,8 +1,11 @@
 #include "deltacast/node.h"
 
+#include <algorithm>
+
 #include "api/internal.h"
 #include "apply/checkpoint_state.h"
 #include "apply/planned_store.h"
+#include "common/log.h"
 #include "layout/description.h"
 #include "relay/configured_keys.h"
 #include "relay/node_agent.h"
@@ -12,8 +15,13 @@
 namespace deltacast {
 namespace {
 
+// `on_gpus`: the weights lie in GPU memory. Chunks are entropy-coded, so they are
+// decoded on the host whatever the transport could reach: GPUDirect would not save a
+// copy. What reaches the GPUs goes through each memory's pinned staging ring; the
+// transport's device-memory capability is logged once, so a deployment sees which.
 Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeOptions options,
-                                                     std::unique_ptr<apply::Replica> replica) {
+                                                     std::unique_ptr<apply::Replica> replica,
+                                                     bool on_gpus = false) {
   const topology::ClusterConfig& cluster = config.impl().cluster;
   const topology::NodeConfig* node = cluster.FindNode(options.node_id);
   if (!node) {
@@ -22,6 +30,15 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeO
   }
   auto transport = relay::MakeNodeTransports(cluster, *node);
   if (!transport.ok()) return transport.status();
+  if (on_gpus) {
+    const transport::Capabilities& caps = (*transport)->capabilities();
+    const bool device = std::find(caps.memory_types.begin(), caps.memory_types.end(),
+                                  transport::MemoryType::kCudaDevice) != caps.memory_types.end();
+    log::Info("node " + options.node_id + ": weights on GPUs; transport " + caps.backend +
+              (device ? " can move GPU memory, but chunks are decoded on the host"
+                      : " moves host memory only") +
+              ": chunks land in host memory and patches reach the GPUs through pinned staging");
+  }
   relay::NodeAgentOptions agent;
   agent.config = cluster;
   agent.node_id = options.node_id;
@@ -99,12 +116,14 @@ Result<std::unique_ptr<Node>> Node::Start(const Config& config, NodeOptions opti
 
 Result<std::unique_ptr<Node>> Node::StartOnGpus(const Config& config, NodeOptions options,
                                                 std::vector<GpuWeights> gpus) {
+  const bool cuda =
+      std::any_of(gpus.begin(), gpus.end(), [](const GpuWeights& g) { return g.device >= 0; });
   auto store = PlanGpus(std::move(gpus));
   if (!store.ok()) return store.status();
   auto replica = apply::Replica::ForStore(std::move(*store), codec::kDefaultPartitionBytes,
                                           options.apply_threads);
   if (!replica.ok()) return replica.status();
-  auto agent = StartAgent(config, std::move(options), std::move(*replica));
+  auto agent = StartAgent(config, std::move(options), std::move(*replica), cuda);
   if (!agent.ok()) return agent.status();
   return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
 }
