@@ -172,15 +172,29 @@ class Node:
     thread after each version commits here (the tensors already hold it), so a worker
     can reset caches. Host tensors only, each contiguous; the Node holds a reference
     to each, so they stay alive while it runs.
+
+    An inference engine whose GPUs hold tensor-parallel slices passes ``gpus``
+    instead: one ``(layout, parameters)`` pair per GPU, ``parameters`` being that
+    GPU's own tensors (CUDA tensors, by DLPack, patched in place; their addresses
+    never change) and ``layout`` the layout file that places them in canonical terms
+    (docs/layout.md; its ``canonical`` table names the checkpoint's tensors). A
+    version commits here only when every GPU's part of it verifies.
     """
 
-    def __init__(self, cfg: Config, node_id: str, tensors: Union[Tensors, str, os.PathLike], *,
+    def __init__(self, cfg: Config, node_id: str,
+                 tensors: Union[Tensors, str, os.PathLike, None] = None, *,
+                 gpus: Optional[Sequence[Tuple[Union[str, os.PathLike], Tensors]]] = None,
                  token: Optional[str] = None,
                  on_commit: Optional[Callable[[str, list], None]] = None,
                  apply_threads: int = 0) -> None:
+        if (tensors is None) == (gpus is None):
+            raise ValueError("Node: give tensors (or a checkpoint directory), or gpus")
         if isinstance(tensors, os.PathLike):
             tensors = os.fspath(tensors)
-        self._node = _Node(cfg, node_id, _token(cfg, token), tensors, on_commit, apply_threads)
+        if gpus is not None:
+            gpus = [(os.fspath(layout), parameters) for layout, parameters in gpus]
+        self._node = _Node(cfg, node_id, _token(cfg, token), tensors, on_commit, apply_threads,
+                           gpus)
 
     def stats(self) -> NodeStats:
         return self._node.stats()

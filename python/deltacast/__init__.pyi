@@ -100,7 +100,9 @@ class Root:
     def __exit__(self, *exc: object) -> None: ...
 
 class Node:
-    def __init__(self, cfg: Config, node_id: str, tensors: Union[Tensors, PathLike], *,
+    def __init__(self, cfg: Config, node_id: str,
+                 tensors: Union[Tensors, PathLike, None] = None, *,
+                 gpus: Optional[Sequence[Tuple[PathLike, Tensors]]] = None,
                  token: Optional[str] = None,
                  on_commit: Optional[Callable[[str, List[str]], None]] = None,
                  apply_threads: int = 0) -> None: ...

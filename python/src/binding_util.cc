@@ -16,14 +16,14 @@ void Raise(const Status& status) {
   throw py::error_already_set();
 }
 
-std::vector<std::unique_ptr<BorrowedTensor>> BorrowAll(py::handle tensors) {
+std::vector<std::unique_ptr<BorrowedTensor>> BorrowAll(py::handle tensors, bool allow_cuda) {
   py::object items = py::hasattr(tensors, "items") ? tensors.attr("items")()
                                                    : py::reinterpret_borrow<py::object>(tensors);
   std::vector<std::unique_ptr<BorrowedTensor>> out;
   for (py::handle item : items) {
     auto pair = item.cast<py::tuple>();
     if (pair.size() != 2) Raise(Status::InvalidArgument("tensors: expected (name, tensor) pairs"));
-    out.push_back(Take(BorrowedTensor::Borrow(pair[0].cast<std::string>(), pair[1])));
+    out.push_back(Take(BorrowedTensor::Borrow(pair[0].cast<std::string>(), pair[1], allow_cuda)));
   }
   if (out.empty()) Raise(Status::InvalidArgument("tensors: none given"));
   return out;

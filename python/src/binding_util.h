@@ -30,8 +30,9 @@ T Take(Result<T> result) {
 }
 
 // Named tensors from a mapping (a state_dict) or a sequence of (name, tensor), in
-// the order given.
-std::vector<std::unique_ptr<BorrowedTensor>> BorrowAll(pybind11::handle tensors);
+// the order given. `allow_cuda`: CUDA tensors are taken too (BorrowedTensor::device).
+std::vector<std::unique_ptr<BorrowedTensor>> BorrowAll(pybind11::handle tensors,
+                                                       bool allow_cuda = false);
 
 std::vector<TensorView> Views(const std::vector<std::unique_ptr<BorrowedTensor>>& tensors);
 

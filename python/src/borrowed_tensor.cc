@@ -47,7 +47,8 @@ bool RowMajor(const DLTensor& t) {
 }  // namespace
 
 Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(const std::string& name,
-                                                               pybind11::handle object) {
+                                                               pybind11::handle object,
+                                                               bool allow_cuda) {
   namespace py = pybind11;
   if (!py::hasattr(object, "__dlpack__")) {
     return Status::InvalidArgument("tensor '" + name + "' (a " +
@@ -55,8 +56,7 @@ Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(const std::string
                                    ") has no __dlpack__: pass torch tensors or numpy arrays");
   }
   py::object capsule = object.attr("__dlpack__")();
-  auto* managed =
-      static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
   if (managed == nullptr) {
     PyErr_Clear();
     return Status::InvalidArgument("tensor '" + name + "': __dlpack__ returned no DLPack tensor");
@@ -66,10 +66,14 @@ Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(const std::string
   auto owned = std::unique_ptr<BorrowedTensor>(
       new BorrowedTensor(managed, py::reinterpret_borrow<py::object>(object), {}));
   const DLTensor& t = managed->dl_tensor;
-  if (t.device.device_type != kDLCPU) {
-    return Status::Unsupported("tensor '" + name + "' is not in host memory (DLPack device " +
-                               std::to_string(t.device.device_type) +
-                               "): this build has no device store; move it to the CPU");
+  if (t.device.device_type == kDLCUDA && allow_cuda) {
+    owned->device_ = t.device.device_id;
+  } else if (t.device.device_type != kDLCPU) {
+    return Status::Unsupported(
+        "tensor '" + name + "' is not in host memory (DLPack device " +
+        std::to_string(t.device.device_type) +
+        (allow_cuda ? "): deltacast takes host and CUDA tensors"
+                    : "): pass GPU weights to Node(gpus=...), or move it to the CPU"));
   }
   if (!RowMajor(t)) {
     return Status::InvalidArgument("tensor '" + name +
@@ -79,9 +83,9 @@ Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(const std::string
   }
   const auto dtype = ToDType(t.dtype);
   if (!dtype) {
-    return Status::Unsupported("tensor '" + name + "' has a dtype deltacast does not carry (DLPack code " +
-                               std::to_string(t.dtype.code) + ", " + std::to_string(t.dtype.bits) +
-                               " bits)");
+    return Status::Unsupported(
+        "tensor '" + name + "' has a dtype deltacast does not carry (DLPack code " +
+        std::to_string(t.dtype.code) + ", " + std::to_string(t.dtype.bits) + " bits)");
   }
   TensorView& view = owned->view_;
   view.spec.name = name;

@@ -20,15 +20,19 @@ namespace deltacast::python {
 
 class BorrowedTensor {
  public:
-  // Refuses, naming `name`: an object without __dlpack__, a tensor off the host, a
-  // non-contiguous one, or a dtype deltacast does not carry.
+  // Refuses, naming `name`: an object without __dlpack__, a tensor off the host
+  // (CUDA tensors are taken with `allow_cuda`), a non-contiguous one, or a dtype
+  // deltacast does not carry.
   static Result<std::unique_ptr<BorrowedTensor>> Borrow(const std::string& name,
-                                                        pybind11::handle object);
+                                                        pybind11::handle object,
+                                                        bool allow_cuda = false);
   ~BorrowedTensor();
   BorrowedTensor(const BorrowedTensor&) = delete;
   BorrowedTensor& operator=(const BorrowedTensor&) = delete;
 
   const TensorView& view() const { return view_; }
+  // The CUDA device whose memory the bytes lie in; -1 for host memory.
+  int device() const { return device_; }
 
  private:
   BorrowedTensor(DLManagedTensor* managed, pybind11::object owner, TensorView view)
@@ -36,6 +40,7 @@ class BorrowedTensor {
   DLManagedTensor* managed_;
   pybind11::object owner_;  // the Python tensor, held as long as its bytes are used
   TensorView view_;
+  int device_ = -1;
 };
 
 }  // namespace deltacast::python

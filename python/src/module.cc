@@ -87,7 +87,8 @@ class PySource {
 // A receiver over live tensors (patched in place) or a checkpoint directory.
 class PyNode {
  public:
-  PyNode(const Config& config, NodeOptions options, py::object tensors, py::object on_commit)
+  PyNode(const Config& config, NodeOptions options, py::object tensors, py::object gpus,
+         py::object on_commit)
       : on_commit_(std::move(on_commit)) {
     if (!on_commit_.is_none()) {
       options.on_commit = [this](const CommitEvent& e) {
@@ -95,7 +96,11 @@ class PyNode {
       };
     }
     Result<std::unique_ptr<Node>> node = Status::Internal("not started");
-    if (py::isinstance<py::str>(tensors) || py::hasattr(tensors, "__fspath__")) {
+    if (!gpus.is_none()) {
+      std::vector<GpuWeights> weights = BorrowGpus(gpus);
+      py::gil_scoped_release released;
+      node = Node::StartOnGpus(config, std::move(options), std::move(weights));
+    } else if (py::isinstance<py::str>(tensors) || py::hasattr(tensors, "__fspath__")) {
       const std::filesystem::path dir = tensors.cast<std::filesystem::path>();
       py::gil_scoped_release released;
       node = Node::StartOnCheckpoint(config, std::move(options), dir);
@@ -112,6 +117,33 @@ class PyNode {
     py::gil_scoped_release released;
     if (node_) node_->Stop();
     dispatcher_.Stop();  // after the node: no callback is queued any more
+  }
+
+  // (layout path, tensors) per GPU: the tensors of one GPU all lie on one CUDA
+  // device, or all in host memory (device -1).
+  std::vector<GpuWeights> BorrowGpus(py::handle gpus) {
+    std::vector<GpuWeights> out;
+    for (py::handle item : gpus) {
+      auto pair = item.cast<py::tuple>();
+      if (pair.size() != 2)
+        Raise(Status::InvalidArgument("gpus: expected (layout, tensors) pairs"));
+      GpuWeights gpu;
+      gpu.layout = pair[0].cast<std::filesystem::path>();
+      auto borrowed = BorrowAll(pair[1], /*allow_cuda=*/true);
+      gpu.device = borrowed.front()->device();
+      for (const auto& t : borrowed) {
+        if (t->device() != gpu.device) {
+          Raise(Status::InvalidArgument("gpus[" + std::to_string(out.size()) + "]: tensor '" +
+                                        t->view().spec.name + "' lies on another device than '" +
+                                        borrowed.front()->view().spec.name + "'"));
+        }
+        gpu.parameters.push_back(t->view());
+      }
+      for (auto& t : borrowed) tensors_.push_back(std::move(t));
+      out.push_back(std::move(gpu));
+    }
+    if (out.empty()) Raise(Status::InvalidArgument("gpus: none given"));
+    return out;
   }
   NodeStats stats() const { return node_->stats(); }
   std::string address() const { return node_->listen_address(); }
@@ -205,16 +237,18 @@ PYBIND11_MODULE(_deltacast, m) {
 
   py::class_<PyNode>(m, "_Node")
       .def(py::init([](const Config& config, const std::string& node_id, const std::string& token,
-                       py::object tensors, py::object on_commit, size_t apply_threads) {
+                       py::object tensors, py::object on_commit, size_t apply_threads,
+                       py::object gpus) {
              NodeOptions o;
              o.node_id = node_id;
              o.token = token;
              o.apply_threads = apply_threads;
              return std::make_unique<PyNode>(config, std::move(o), std::move(tensors),
-                                             std::move(on_commit));
+                                             std::move(gpus), std::move(on_commit));
            }),
            py::arg("config"), py::arg("node_id"), py::arg("token"), py::arg("tensors"),
-           py::arg("on_commit") = py::none(), py::arg("apply_threads") = 0)
+           py::arg("on_commit") = py::none(), py::arg("apply_threads") = 0,
+           py::arg("gpus") = py::none())
       .def("stats", &PyNode::stats)
       .def("stop", &PyNode::Stop)
       .def_property_readonly("address", &PyNode::address);

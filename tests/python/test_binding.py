@@ -2,7 +2,9 @@
 loopback, bit-exact after every publish, callbacks on commit, a Root with two
 Producers, and misuse refused."""
 import concurrent.futures
+import json
 import os
+import tempfile
 import threading
 import unittest
 
@@ -70,6 +72,56 @@ class BindingTest(unittest.TestCase):
         self.assertEqual(commits["w1"][0][1], ["layer.0.weight"])
         for node in nodes:
             node.stop()
+
+    def test_an_engine_on_two_gpus_receives_its_slices(self):
+        """Node(gpus=...): each "GPU" holds its tensor-parallel slices under the
+        engine's own names (host tensors here: the same path takes CUDA tensors)."""
+        cfg = cluster(port() + 3, receivers=("engine",))
+        g = torch.Generator().manual_seed(3)
+        trainer = {
+            "lm_head.weight": torch.randn(16, 8, generator=g).to(torch.bfloat16),
+            "model.layers.0.self_attn.o_proj.weight": torch.randn(8, 16, generator=g).to(
+                torch.bfloat16),
+            "model.norm.weight": torch.randn(8, generator=g).to(torch.bfloat16),
+        }
+        dims = "[model]\nhidden = 8\nheads = 2\nkv_heads = 2\nhead_dim = 4\nlayers = 1\n"
+        rules = ('[[tensor]]\nlocal = "head"\nkind = "column"\ncanonical = ["lm_head.weight"]\n'
+                 '[[tensor]]\nlocal = "proj"\nkind = "row"\n'
+                 'canonical = ["model.layers.0.self_attn.o_proj.weight"]\n'
+                 '[[tensor]]\nlocal = "norm"\nkind = "replicated"\n'
+                 'canonical = ["model.norm.weight"]\n')
+
+        def slices(tensors, rank):
+            return {"head": tensors["lm_head.weight"][8 * rank:8 * (rank + 1)].clone(),
+                    "proj": tensors["model.layers.0.self_attn.o_proj.weight"][
+                        :, 8 * rank:8 * (rank + 1)].contiguous(),
+                    "norm": tensors["model.norm.weight"].clone()}
+
+        with tempfile.TemporaryDirectory() as d:
+            table = [{"name": k, "dtype": "BF16", "shape": list(v.shape)}
+                     for k, v in sorted(trainer.items())]
+            with open(os.path.join(d, "canonical.json"), "w") as f:
+                json.dump({"tensors": table}, f)
+            gpus = []
+            for rank in range(2):
+                layout = os.path.join(d, f"rank{rank}.toml")
+                with open(layout, "w") as f:
+                    f.write('[layout]\ncanonical = "canonical.json"\n' + dims +
+                            f"[mesh]\ntp = 2\n[rank]\ntp = {rank}\npp = 0\ndp = 0\nep = 0\n" + rules)
+                gpus.append((layout, slices(trainer, rank)))
+            with deltacast.Node(cfg, "engine", gpus=gpus, token="py-token",
+                                apply_threads=1) as node:
+                with deltacast.Source(cfg, trainer, token="py-token", encode_threads=1) as source:
+                    with torch.no_grad():
+                        for t in trainer.values():
+                            t.view(torch.int16)[..., ::5] ^= 3
+                    report = source.publish()
+                    self.assertTrue(report.committed, report.abort_reason)
+                    self.assertEqual(node.version, report.target_version)
+                for rank, (_, engine) in enumerate(gpus):
+                    for name, want in slices(trainer, rank).items():
+                        self.assertTrue(torch.equal(engine[name].view(torch.int16),
+                                                    want.view(torch.int16)), (rank, name))
 
     def test_misuse_is_refused_with_the_tensor_named(self):
         cfg = cluster(port() + 1)
