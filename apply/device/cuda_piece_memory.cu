@@ -53,6 +53,14 @@ __global__ void ApplyKernel(const PatchSegment* segments, const uint32_t* positi
     return;
   }
   const uint64_t row_bytes = s.run.len * s.element_size;
+  if (DenseWordAligned(s, dense)) {
+    // 8-byte words, consecutive threads on consecutive words: coalesced.
+    const uint64_t words = row_bytes / 8;
+    for (uint64_t w = threadIdx.x; w < words * s.run.rows; w += blockDim.x) {
+      ApplyDenseWord(s, dense, w / words, w % words);
+    }
+    return;
+  }
   const uint64_t total = row_bytes * s.run.rows;
   for (uint64_t b = threadIdx.x; b < total; b += blockDim.x) {
     const uint64_t row = b / row_bytes, at = b % row_bytes;

@@ -56,8 +56,14 @@ class HostPieceMemory final : public PieceMemory {
       if (s.kind == kSparseXor) {
         for (uint64_t i = 0; i < s.count; ++i) ApplySparseEntry(s, positions, words, i);
       } else {
+        const uint64_t row_bytes = s.run.len * s.element_size;
+        const bool words = DenseWordAligned(s, dense);
         for (uint64_t r = 0; r < s.run.rows; ++r) {
-          ApplyDenseBytes(s, dense, r, 0, s.run.len * s.element_size);
+          if (!words) {
+            ApplyDenseBytes(s, dense, r, 0, row_bytes);
+            continue;
+          }
+          for (uint64_t w = 0; w < row_bytes / 8; ++w) ApplyDenseWord(s, dense, r, w);
         }
       }
     }

@@ -97,6 +97,27 @@ DELTACAST_HD constexpr void ApplyDenseBytes(const PatchSegment& s, const unsigne
   }
 }
 
+// Whether a dense segment's rows can be written in aligned 8-byte words (with
+// `dense` as its payload's first byte): every row starts on a word boundary in the
+// buffer and in the payload, and rows are whole words.
+DELTACAST_HD inline bool DenseWordAligned(const PatchSegment& s, const unsigned char* dense) {
+  const uint64_t e = s.element_size;
+  const uint64_t dst = reinterpret_cast<uint64_t>(s.run.base) + s.run.src * e;
+  const uint64_t src = reinterpret_cast<uint64_t>(dense) + s.dense_offset + s.run.part_dst * e;
+  const uint64_t rows = s.run.rows > 1 ? (s.run.src_stride * e) | (s.run.dst_stride * e) : 0;
+  return ((dst | src | rows | (s.run.len * e)) & 7) == 0;
+}
+
+// ApplyDenseBytes for word `w` of row `row` of an aligned segment (DenseWordAligned).
+DELTACAST_HD inline void ApplyDenseWord(const PatchSegment& s, const unsigned char* dense,
+                                        uint64_t row, uint64_t w) {
+  const uint64_t e = s.element_size;
+  auto* dst = reinterpret_cast<uint64_t*>(s.run.base + (s.run.src + row * s.run.src_stride) * e);
+  const auto* src = reinterpret_cast<const uint64_t*>(
+      dense + s.dense_offset + (s.run.part_dst + row * s.run.dst_stride) * e);
+  dst[w] = s.kind == kDenseXor ? dst[w] ^ src[w] : src[w];
+}
+
 // The linear hash contribution of bytes [from, to) of row `row` of `run`, where they
 // lie in the partition. Contributions of disjoint byte ranges combine by XOR, so a
 // device may split rows among threads any way it likes.

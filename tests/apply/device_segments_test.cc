@@ -4,6 +4,7 @@
 // offsets and every tail length.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -87,6 +88,40 @@ TEST(DeviceSegmentsTest, SparseEntriesMustIncreaseAndLieInTheRun) {
   for (uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(SparseEntryValid(s, good, i));
   EXPECT_FALSE(SparseEntryValid(s, repeated, 2));
   EXPECT_FALSE(SparseEntryValid(s, outside, 1));
+}
+
+// The word path a GPU thread takes for aligned dense rows writes what the byte path
+// writes.
+TEST(DeviceSegmentsTest, DenseWordsWriteWhatDenseBytesWrite) {
+  std::mt19937_64 rng(9);
+  alignas(16) unsigned char dense[1024];
+  for (auto& b : dense) b = static_cast<unsigned char>(rng());
+  for (uint32_t kind : {uint32_t{kDenseXor}, uint32_t{kLiteral}}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      alignas(16) unsigned char by_bytes[2048], by_words[2048];
+      for (auto& b : by_bytes) b = static_cast<unsigned char>(rng());
+      std::copy(std::begin(by_bytes), std::end(by_bytes), by_words);
+      PatchSegment s;
+      s.kind = kind;
+      s.element_size = 2;
+      s.run = {nullptr, 4 * (rng() % 8), 0, 4 * (1 + rng() % 8), 1 + rng() % 4, 4 * (rng() % 8), 0};
+      s.run.dst_stride = s.run.len + 4 * (rng() % 4);
+      s.run.src_stride = s.run.len + 4 * (rng() % 4);
+      const uint64_t row_bytes = s.run.len * 2;
+      s.run.base = by_bytes;
+      ASSERT_TRUE(DenseWordAligned(s, dense));
+      for (uint64_t r = 0; r < s.run.rows; ++r) ApplyDenseBytes(s, dense, r, 0, row_bytes);
+      s.run.base = by_words;
+      for (uint64_t r = 0; r < s.run.rows; ++r) {
+        for (uint64_t w = 0; w < row_bytes / 8; ++w) ApplyDenseWord(s, dense, r, w);
+      }
+      EXPECT_TRUE(std::equal(std::begin(by_bytes), std::end(by_bytes), by_words));
+    }
+  }
+  PatchSegment odd;
+  odd.element_size = 2;
+  odd.run = {nullptr, 1, 0, 4, 1, 0, 0};  // starts mid-word in the payload
+  EXPECT_FALSE(DenseWordAligned(odd, dense));
 }
 
 }  // namespace
