@@ -87,9 +87,9 @@ Status DeltaApplier::ApplyChunkByParts(PartitionAccess& access, const codec::Chu
     errors[i] = codec::DecodeAndCheckRecord(record.Coding(), base, decoded[i], scratch)
                     .WithContext(context(i));
   };
-  for (size_t i = 0; i < n; ++i) {
+  ForEach(n, [&](size_t i) {
     if (action[i] == Action::kApply) decode(i);
-  }
+  });
   for (size_t i = 0; i < n; ++i) {
     if (!errors[i].ok() && presumed[i] && codec::RecordNeedsBase(chunk.records[i].encoding)) {
       // Decoded against bytes presumed at base: refuse only if they really are.
