@@ -60,6 +60,7 @@
 extern char** environ;
 
 namespace dc = deltacast;
+using deltacast::bench::Check;
 namespace fs = std::filesystem;
 using dc::bench::Clock;
 using dc::bench::CpuSeconds;
@@ -73,12 +74,6 @@ constexpr char kToken[] = "apply-bench-token";
 [[noreturn]] void Die(const std::string& what) {
   fmt::print(stderr, "apply bench: {}\n", what);
   std::exit(1);
-}
-
-template <typename T>
-T Check(dc::Result<T> r, const std::string& what) {
-  if (!r.ok()) Die(what + ": " + r.status().ToString());
-  return std::move(r).value();
 }
 
 std::string ConfigToml(int port, const std::string& chunk) {

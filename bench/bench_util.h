@@ -1,9 +1,17 @@
-// Small helpers the benchmark programs share: wall and CPU clocks.
+// Small helpers the benchmark programs share: wall and CPU clocks, and leaving on
+// an error.
 #pragma once
 
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "deltacast/status.h"
 
 namespace deltacast::bench {
 
@@ -22,6 +30,19 @@ inline double CpuSeconds() {
   getrusage(RUSAGE_SELF, &usage);
   auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
   return secs(usage.ru_utime) + secs(usage.ru_stime);
+}
+
+// A benchmark stops at the first error: `what: status` on stderr, exit code 1.
+inline void Check(const Status& status, std::string_view what) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(what.size()), what.data(),
+               status.ToString().c_str());
+  std::exit(1);
+}
+template <typename T>
+T Check(Result<T> result, std::string_view what) {
+  Check(result.status(), what);
+  return std::move(result).value();
 }
 
 }  // namespace deltacast::bench

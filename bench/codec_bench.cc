@@ -29,6 +29,7 @@
 #include "common/parallel.h"
 
 namespace dc = deltacast;
+using deltacast::bench::Check;
 using deltacast::bench::Clock;
 using deltacast::bench::CpuSeconds;
 using deltacast::bench::Seconds;
@@ -37,15 +38,6 @@ using nlohmann::json;
 namespace {
 
 int g_zstd_level = 1;  // --zstd-level
-
-template <typename T>
-T Check(dc::Result<T> r, const char* what) {
-  if (!r.ok()) {
-    fmt::print(stderr, "{}: {}\n", what, r.status().ToString());
-    std::exit(1);
-  }
-  return std::move(r).value();
-}
 
 struct Histogram {
   std::unordered_map<uint64_t, uint64_t> counts;

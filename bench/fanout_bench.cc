@@ -52,8 +52,6 @@
 #include <thread>
 #include <vector>
 
-#include "relay/node_agent.h"
-#include "relay/publisher.h"
 #include "agent/synth.h"
 #include "apply/host_store.h"
 #include "apply/replica.h"
@@ -63,6 +61,8 @@
 #include "codec/manifest.h"
 #include "common/log.h"
 #include "common/parallel.h"
+#include "relay/node_agent.h"
+#include "relay/publisher.h"
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
 #include "topology/units.h"
@@ -72,6 +72,7 @@
 extern char** environ;
 
 namespace dc = deltacast;
+using deltacast::bench::Check;
 using deltacast::bench::Clock;
 using deltacast::bench::CpuSeconds;
 using deltacast::bench::Seconds;
@@ -88,12 +89,6 @@ constexpr uint64_t kNormElements = 4096;
 [[noreturn]] void Die(const std::string& what) {
   fmt::print(stderr, "fanout bench: {}\n", what);
   std::exit(1);
-}
-
-template <typename T>
-T Check(dc::Result<T> r, const std::string& what) {
-  if (!r.ok()) Die(what + ": " + r.status().ToString());
-  return std::move(r).value();
 }
 
 // ---- options -------------------------------------------------------------

@@ -41,24 +41,10 @@ using dc::bench::Seconds;
 using dc::layout::testing::Job;
 using dc::layout::testing::Rank;
 using dc::layout::testing::Reference;
+using deltacast::bench::Check;
 using Tensors = std::vector<dc::layout::testing::Tensor>;
 
 namespace {
-
-template <typename T>
-T Check(dc::Result<T> r, const char* what) {
-  if (!r.ok()) {
-    std::cerr << what << ": " << r.status().ToString() << "\n";
-    std::exit(1);
-  }
-  return std::move(*r);
-}
-void Check(const dc::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::cerr << what << ": " << s.ToString() << "\n";
-    std::exit(1);
-  }
-}
 
 dc::ByteSpan BytesOf(const std::vector<int64_t>& v) {
   return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(int64_t)};

@@ -45,6 +45,7 @@
 #include "relay/shard_input.h"
 
 namespace dc = deltacast;
+using deltacast::bench::Check;
 namespace fs = std::filesystem;
 using deltacast::bench::Clock;
 using deltacast::bench::Seconds;
@@ -61,21 +62,6 @@ double Cpu() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
-}
-
-template <typename T>
-T Check(dc::Result<T> r, const char* what) {
-  if (!r.ok()) {
-    fmt::print(stderr, "{}: {}\n", what, r.status().ToString());
-    std::exit(1);
-  }
-  return std::move(r).value();
-}
-void Check(const dc::Status& s, const char* what) {
-  if (!s.ok()) {
-    fmt::print(stderr, "{}: {}\n", what, s.ToString());
-    std::exit(1);
-  }
 }
 
 // One rank's two shard versions, in memory.

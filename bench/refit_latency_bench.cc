@@ -31,20 +31,12 @@
 namespace dc = deltacast;
 using dc::bench::Clock;
 using dc::bench::Seconds;
+using deltacast::bench::Check;
 
 namespace {
 
 constexpr int kReceivers = 7;
 constexpr char kToken[] = "refit-latency-bench";
-
-template <typename T>
-T Check(dc::Result<T> r, const char* what) {
-  if (!r.ok()) {
-    std::cerr << what << ": " << r.status().ToString() << "\n";
-    std::exit(1);
-  }
-  return std::move(*r);
-}
 
 std::string ClusterToml() {
   const int base = 30600 + static_cast<int>(::getpid() % 300) * 10;

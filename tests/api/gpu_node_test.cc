@@ -88,6 +88,39 @@ void ExpectShards(const Job& job, const Tensors& canonical, const std::vector<Te
   }
 }
 
+// ~3 % of the elements change their bits.
+void TrainingStep(Tensors& tensors, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (auto& t : tensors) {
+    for (auto& v : t.values) {
+      if (rng() % 30 == 0) v ^= static_cast<int64_t>(rng() | 1);
+    }
+  }
+}
+
+// The receivers: "engine" on the GPUs, "plain" over host tensors.
+struct Fleet {
+  std::unique_ptr<deltacast::Node> engine, plain;
+  void Start(const deltacast::Config& config, const std::vector<deltacast::GpuWeights>& gpus,
+             Tensors& plain_tensors) {
+    deltacast::NodeOptions options;
+    options.token = "gpu-token";
+    options.apply_threads = 1;
+    options.node_id = "engine";
+    auto e = deltacast::Node::StartOnGpus(config, options, gpus);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine = std::move(*e);
+    options.node_id = "plain";
+    auto p = deltacast::Node::Start(config, options, Views(plain_tensors));
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    plain = std::move(*p);
+  }
+  void Stop() {
+    if (engine) engine->Stop();
+    if (plain) plain->Stop();
+  }
+};
+
 TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesAStepBitExact) {
   deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
   const fs::path dir = fs::path(::testing::TempDir()) / ("gpu_node_" + std::to_string(::getpid()));
@@ -105,37 +138,24 @@ TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesAStepBitExact) {
 
   auto config = deltacast::Config::Parse(Toml(BasePort()), "gpus.toml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
-  deltacast::NodeOptions options;
-  options.token = "gpu-token";
-  options.apply_threads = 1;
-  options.node_id = "engine";
-  auto engine_node = deltacast::Node::StartOnGpus(*config, options, gpus);
-  ASSERT_TRUE(engine_node.ok()) << engine_node.status().ToString();
-  options.node_id = "plain";
-  auto plain_node = deltacast::Node::Start(*config, options, Views(plain));
-  ASSERT_TRUE(plain_node.ok()) << plain_node.status().ToString();
+  Fleet fleet;
+  ASSERT_NO_FATAL_FAILURE(fleet.Start(*config, gpus, plain));
 
   deltacast::SourceOptions source_options;
   source_options.token = "gpu-token";
   auto source = deltacast::Source::Start(*config, source_options);
   ASSERT_TRUE(source.ok()) << source.status().ToString();
   Tensors previous = trainer;
-  std::mt19937_64 rng(17);
-  for (auto& t : trainer) {
-    for (auto& v : t.values) {
-      if (rng() % 30 == 0) v ^= static_cast<int64_t>(rng() | 1);
-    }
-  }
+  TrainingStep(trainer, 17);
   auto report = (*source)->Publish(Views(previous), Views(trainer));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   ASSERT_TRUE(report->committed) << report->abort_reason;
-  EXPECT_EQ((*engine_node)->stats().version, report->target_version);
+  EXPECT_EQ(fleet.engine->stats().version, report->target_version);
 
   ExpectShards(job, trainer, engine);
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
   (*source)->Stop();
-  (*engine_node)->Stop();
-  (*plain_node)->Stop();
+  fleet.Stop();
   fs::remove_all(dir);
 }
 
@@ -155,16 +175,9 @@ TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
   const std::vector<deltacast::GpuWeights> gpus = EngineGpus(dir, job, trainer, engine);
   auto config = deltacast::Config::Parse(Toml(BasePort() + 1), "gpus.toml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
-  deltacast::NodeOptions options;
-  options.token = "gpu-token";
-  options.apply_threads = 1;
-  options.node_id = "engine";
-  auto engine_node = deltacast::Node::StartOnGpus(*config, options, gpus);
-  ASSERT_TRUE(engine_node.ok()) << engine_node.status().ToString();
   Tensors plain = trainer;
-  options.node_id = "plain";
-  auto plain_node = deltacast::Node::Start(*config, options, Views(plain));
-  ASSERT_TRUE(plain_node.ok()) << plain_node.status().ToString();
+  Fleet fleet;
+  ASSERT_NO_FATAL_FAILURE(fleet.Start(*config, gpus, plain));
 
   deltacast::RootOptions root_options;
   root_options.token = "gpu-token";
@@ -176,12 +189,7 @@ TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
   for (const auto& t : trainer) model.push_back({t.spec.name, t.spec.dtype, t.spec.shape});
 
   Tensors previous = trainer;
-  std::mt19937_64 rng(19);
-  for (auto& t : trainer) {
-    for (auto& v : t.values) {
-      if (rng() % 30 == 0) v ^= static_cast<int64_t>(rng() | 1);
-    }
-  }
+  TrainingStep(trainer, 19);
   // Producer 0 owns the first half of the tensors (by name), producer 1 the rest.
   std::vector<deltacast::ProduceReport> produced(2);
   std::vector<std::thread> producers;
@@ -215,8 +223,7 @@ TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
   ExpectShards(job, trainer, engine);
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
   (*root)->Stop();
-  (*engine_node)->Stop();
-  (*plain_node)->Stop();
+  fleet.Stop();
   fs::remove_all(dir);
 }
 
