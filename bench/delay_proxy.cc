@@ -6,6 +6,8 @@
 //
 // Usage: deltacast_delay_proxy --map LISTEN_IP:PORT=TARGET_IP:PORT/DELAY_MS ...
 //   [--stats FILE]  (on SIGTERM/SIGINT, JSON of the bytes forwarded per map)
+#include <utility>  // before Asio (TOOLCHAIN-NOTES)
+
 #include <boost/asio.hpp>
 #include <chrono>
 #include <csignal>
@@ -15,7 +17,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <utility>  // before Asio (TOOLCHAIN-NOTES)
 #include <vector>
 
 namespace asio = boost::asio;
@@ -59,10 +60,7 @@ class Pump : public std::enable_shared_from_this<Pump> {
  public:
   Pump(std::shared_ptr<tcp::socket> from, std::shared_ptr<tcp::socket> to,
        std::chrono::milliseconds delay, uint64_t* counter)
-      : from_(std::move(from)),
-        to_(std::move(to)),
-        delay_(delay),
-        counter_(counter),
+      : from_(std::move(from)), to_(std::move(to)), delay_(delay), counter_(counter),
         timer_(from_->get_executor()) {}
 
   void Start() { Read(); }
@@ -165,9 +163,7 @@ int main(int argc, char** argv) {
     }
     if (maps.empty()) throw std::runtime_error("no --map given");
   } catch (const std::exception& e) {
-    std::fprintf(stderr,
-                 "deltacast_delay_proxy: %s\nusage: %s --map "
-                 "LISTEN_IP:PORT=TARGET_IP:PORT/DELAY_MS ... [--stats FILE]\n",
+    std::fprintf(stderr, "deltacast_delay_proxy: %s\nusage: %s --map LISTEN_IP:PORT=TARGET_IP:PORT/DELAY_MS ... [--stats FILE]\n",
                  e.what(), argv[0]);
     return 2;
   }
@@ -180,8 +176,8 @@ int main(int argc, char** argv) {
     boost::system::error_code ec;
     acceptor->bind(map.listen, ec);
     if (ec) {
-      std::fprintf(stderr, "deltacast_delay_proxy: cannot listen on %s: %s\n", map.text.c_str(),
-                   ec.message().c_str());
+      std::fprintf(stderr, "deltacast_delay_proxy: cannot listen on %s: %s\n",
+                   map.text.c_str(), ec.message().c_str());
       return 1;
     }
     acceptor->listen();
