@@ -267,9 +267,13 @@ class BucketDownlink::Impl {
     Refit& r = *refit_;
     r.in_flight.erase(seq);
     if (r.end_sequence && seq > *r.end_sequence) return Pump();
-    if (!got.ok() && got.status().code() != StatusCode::kCorrupt) {
-      // Not written yet (404), or the server is away: ask again at the next poll.
-      if (got.status().code() != StatusCode::kNotFound) io_.Retried(got.status(), 0);
+    // A 404 is "not written yet", unless the seal lists the chunk: then it is lost.
+    const bool sealed_chunk = r.seal && seq < r.seal->chunks.size();
+    const StatusCode code = got.ok() ? StatusCode::kOk : got.status().code();
+    if (code != StatusCode::kOk && code != StatusCode::kCorrupt &&
+        !(code == StatusCode::kNotFound && sealed_chunk)) {
+      // Not there yet, or the server is away: ask again at the next poll.
+      if (code != StatusCode::kNotFound) io_.Retried(got.status(), 0);
       r.again.insert(seq);
       r.frontier = true;
       return;

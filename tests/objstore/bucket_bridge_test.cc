@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -31,7 +32,7 @@ constexpr char kToken[] = "bucket-test-token";
 constexpr uint64_t kPartitionBytes = 8 << 10;
 constexpr char kBucket[] = "deltacast";
 
-std::string ConfigToml(const std::string& endpoint, const std::string& extra_objstore = "") {
+std::string ConfigToml(const std::string& endpoint, const std::string& policy) {
   return R"([cluster]
 name = "bucket-test"
 
@@ -39,8 +40,10 @@ name = "bucket-test"
 fanout = 2
 chunk_size = "16KiB"
 window = 4
-connect_timeout = "10s"
-commit_timeout = "30s"
+connect_timeout = "2s"
+commit_timeout = "60s"
+commit_policy = ")" +
+         policy + R"("
 
 [security]
 tls = "none"
@@ -96,7 +99,7 @@ endpoint = ")" +
 bucket = "deltacast"
 bridges = ["bucket-eu"]
 poll = "10ms"
-)" + extra_objstore;
+)";
 }
 
 // A chain of versions: each ~3% of BF16 elements away from the one before.
@@ -162,6 +165,23 @@ class BucketBridgeTest : public ::testing::Test {
     }
     if (uplink_) uplink_->Stop();
     if (downlink_) downlink_->Stop();
+    if (restarter_.joinable()) restarter_.join();
+  }
+
+  // Waits until the bucket's head names a refit other than `not_id` whose chunks are
+  // all written (sealed); returns its id (0 on timeout).
+  uint64_t WaitForSealedRefit(uint64_t not_id) {
+    objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto head = s3_->Get(layout.Head());
+      if (head.ok()) {
+        auto id = objstore::ParseHead(AsChars(*head));
+        if (id.ok() && *id != not_id && s3_->Head(layout.Sealed(*id)).ok()) return *id;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return 0;
   }
 
   objstore::S3Options S3() const {
@@ -171,8 +191,8 @@ class BucketBridgeTest : public ::testing::Test {
             .secret_key = "S3RVER"};
   }
 
-  void UseConfig(const std::string& extra = "") {
-    auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), extra), "test.toml");
+  void UseConfig(const std::string& policy = "all") {
+    auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), policy), "test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
   }
@@ -269,6 +289,7 @@ class BucketBridgeTest : public ::testing::Test {
   std::unique_ptr<BucketUplink> uplink_;
   std::unique_ptr<BucketDownlink> downlink_;
   std::unique_ptr<Source> source_;
+  std::thread restarter_;
 };
 
 TEST_F(BucketBridgeTest, RegionThroughTheBucketCommitsBitExact) {
@@ -298,6 +319,128 @@ TEST_F(BucketBridgeTest, RegionThroughTheBucketCommitsBitExact) {
   }
   EXPECT_EQ(downlink_->stats().refits, 2u);
   EXPECT_EQ(uplink_->stats().refits, 2u);
+}
+
+// The S3 server is killed mid-refit and comes back 700 ms later on its folder:
+// writes and reads are retried, the source is held back by credit meanwhile, and
+// the refit commits everywhere.
+TEST_F(BucketBridgeTest, ServerRestartedMidRefitStillCommits) {
+  Versions v = MakeVersions(1 << 20, 2, 2);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  PublishOptions options;
+  options.config = config_;
+  options.token = kToken;
+  std::atomic<bool> restarted{false};
+  options.on_progress = [&](const PublishProgress& p) {
+    if (p.chunks_sent == 4 && !restarted.exchange(true)) {
+      server_.Stop();
+      restarter_ = std::thread([this] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(700));
+        ASSERT_TRUE(server_.Start());
+      });
+    }
+  };
+  auto source = Source::Start(std::move(options), transport::MakeInprocTransport(network_));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  source_ = std::move(*source);
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(restarted);
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 1);
+  EXPECT_GT(uplink_->stats().retries + downlink_->stats().retries, 0u);
+}
+
+// Chunks lost or cut short in the bucket (deleted, truncated behind the server's
+// back) are refused by the downlink, written again by the uplink on its request,
+// and the refit commits bit-exact.
+TEST_F(BucketBridgeTest, MissingAndTruncatedChunksAreWrittenAgain) {
+  Versions v = MakeVersions(1 << 20, 2, 3);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  auto up = BucketUplink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  uplink_ = std::move(*up);
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 0); });
+  // The downlink starts once every chunk is written, and two are damaged first.
+  const uint64_t id = WaitForSealedRefit(0);
+  ASSERT_NE(id, 0u) << "the uplink never sealed the refit";
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  ASSERT_TRUE(s3_->Delete(layout.Chunk(id, 3)).ok());
+  std::filesystem::resize_file(server_.ObjectFile(kBucket, layout.Chunk(id, 5)), 100);
+  ASSERT_FALSE(s3_->Get(layout.Chunk(id, 5)).ok());
+  ASSERT_NO_FATAL_FAILURE(StartDownlink());
+  auto report = publish.get();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 1);
+  EXPECT_GE(uplink_->stats().refetches, 2u);
+  EXPECT_GE(downlink_->stats().bad_objects, 2u);
+}
+
+// A decision object of an earlier refit sits at this refit's key (a writer that
+// lagged, a copy by mistake): the downlink refuses it for naming another refit
+// and waits; the refit commits on its own decision.
+TEST_F(BucketBridgeTest, StaleDecisionObjectIsIgnored) {
+  Versions v = MakeVersions(1 << 19, 3, 4);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto first = PublishStep(v, 0);
+  ASSERT_TRUE(first.ok() && first->committed);
+  downlink_->Stop();
+  downlink_.reset();
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  auto stale = s3_->Get(layout.Decision(first->refit_id));
+  ASSERT_TRUE(stale.ok()) << stale.status().ToString();
+  auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 1); });
+  const uint64_t id = WaitForSealedRefit(first->refit_id);
+  ASSERT_NE(id, 0u);
+  ASSERT_TRUE(s3_->Put(layout.Decision(id), *stale).ok());
+  ASSERT_NO_FATAL_FAILURE(StartDownlink());
+  auto report = publish.get();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 2);
+  EXPECT_GE(downlink_->stats().stale_decisions, 1u);
+}
+
+// A region node that was down for a refit (policy available: it went on without
+// it) is behind at the next one and catches up by the chain kept in the bucket.
+TEST_F(BucketBridgeTest, NodeBehindCatchesUpFromTheBucketChain) {
+  Versions v = MakeVersions(1 << 19, 4, 5);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("available"));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto first = PublishStep(v, 0);
+  ASSERT_TRUE(first.ok() && first->committed);
+  ASSERT_TRUE(WaitForVersion(*agents_[2], first->target_version));
+  agents_[2]->Stop();  // eu2 misses refit 2
+  agents_[2].reset();
+  auto second = PublishStep(v, 1);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(second->committed) << second->abort_reason;
+  EXPECT_EQ(second->nodes.size(), 2u);
+  // Back, at version 1, once refit 3 (from version 2) has begun: its parent replays
+  // it that BEGIN, and it must first reach version 2, which only the bucket keeps.
+  auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 2); });
+  ASSERT_NE(WaitForSealedRefit(second->refit_id), 0u);
+  ASSERT_NO_FATAL_FAILURE(StartAgent(2, v, 1));
+  auto third = publish.get();
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  ASSERT_TRUE(third->committed) << third->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], third->target_version));
+  ExpectAllAt(v, 3);
+  EXPECT_GE(agents_[2]->stats().deltas_caught_up, 1u);
 }
 
 }  // namespace
