@@ -562,6 +562,7 @@ Result<std::unique_ptr<BucketDownlink>> BucketDownlink::Start(
                                    "' is not one of [objstore] bridges");
   }
   ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
+  RETURN_IF_ERROR(topology::CheckBridgePlan(options.config, plan));
   if (!plan.Find(options.node_id)) {
     return Status::InvalidArgument("bucket downlink: no node '" + options.node_id +
                                    "' in the plan");

@@ -6,6 +6,7 @@
 #include "topology/cluster_config.h"
 #include "topology/internal/objstore_config_parse.h"
 #include "topology/internal/section_parser.h"
+#include "topology/tree_plan.h"
 
 namespace deltacast::topology {
 namespace {
@@ -51,6 +52,28 @@ Status ValidateObjectStoreConfig(const ClusterConfig& config) {
     }
     if (!seen.insert(id).second) {
       return Status::InvalidArgument(Where(config, o.line) + "bridges names \"" + id + "\" twice");
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckBridgePlan(const ClusterConfig& config, const TreePlan& plan) {
+  if (!config.objstore) return Status::Ok();
+  for (const std::string& id : config.objstore->bridges) {
+    const PlannedNode* bridge = plan.Find(id);
+    if (!bridge) continue;
+    if (bridge->children.empty()) {
+      return Status::InvalidArgument("bridge " + id +
+                                     " has no children: give its region's gateway parent = \"" +
+                                     id + "\"");
+    }
+    for (const std::string& c : bridge->children) {
+      const PlannedNode* child = plan.Find(c);
+      if (child && child->region != bridge->region) {
+        return Status::InvalidArgument("bridge " + id + " (region " + bridge->region +
+                                       ") has child " + c + " in region " + child->region +
+                                       ": a bridge serves its own region only");
+      }
     }
   }
   return Status::Ok();

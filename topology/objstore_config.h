@@ -28,6 +28,7 @@
 namespace deltacast::topology {
 
 struct ClusterConfig;
+struct TreePlan;
 
 struct ObjectStoreConfig {
   std::string endpoint;
@@ -47,8 +48,14 @@ struct ObjectStoreConfig {
 bool IsBridge(const ClusterConfig& config, std::string_view node_id);
 
 // The checks that need the nodes: bridges name distinct receiver nodes. (That a
-// bridge's children share its region is a property of the plan: CheckBridgePlan
-// in tree_plan.h.) ValidateClusterConfig runs it.
+// bridge's children share its region is a property of the plan: CheckBridgePlan.)
+// ValidateClusterConfig runs it.
 Status ValidateObjectStoreConfig(const ClusterConfig& config);
+
+// kInvalidArgument naming the node unless every planned child of every bridge sits
+// in the bridge's region (its downlink listens on that region's gateway host) and
+// every bridge has a child. The bridges run it before they start; `deltacast plan`
+// prints it.
+Status CheckBridgePlan(const ClusterConfig& config, const TreePlan& plan);
 
 }  // namespace deltacast::topology

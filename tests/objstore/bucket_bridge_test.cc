@@ -21,6 +21,8 @@
 #include "tests/objstore/s3rver.h"
 #include "tests/temp_dir.h"
 #include "topology/cluster_config.h"
+#include "topology/plan_format.h"
+#include "topology/tree_plan.h"
 #include "transport/inproc/inproc_transport.h"
 
 namespace deltacast::relay {
@@ -441,6 +443,69 @@ TEST_F(BucketBridgeTest, NodeBehindCatchesUpFromTheBucketChain) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], third->target_version));
   ExpectAllAt(v, 3);
   EXPECT_GE(agents_[2]->stats().deltas_caught_up, 1u);
+}
+
+// The mixed config: `deltacast plan` shows which region takes the bucket, and a
+// bridge that would serve another region's node is refused.
+TEST(BucketPlan, PlanShowsTheBucketRegion) {
+  auto config = topology::LoadClusterConfig(std::filesystem::path(DELTACAST_SOURCE_DIR) /
+                                            "configs/bucket-region.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto plan = topology::PlanTree(*config);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::string text = topology::FormatPlanText(*plan, *config, 1 << 30);
+  EXPECT_NE(text.find("eu-west: 4 nodes, WAN in 5 Gbit/s +40ms, gateway bucket-eu, through the "
+                      "object store (bridge bucket-eu)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<- trainer 3.274 Gbit/s WAN +40ms (manual) via bucket deltacast at"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("us-east: 3 nodes (source region), through"), std::string::npos) << text;
+  EXPECT_TRUE(topology::CheckBridgePlan(*config, *plan).ok());
+  const std::string json = topology::FormatPlanJson(*plan, *config, 1 << 30);
+  EXPECT_NE(json.find("\"bucket_bridge\": true"), std::string::npos);
+
+  // us-2 hung under the bridge: it is in another region.
+  for (auto& n : config->nodes) {
+    if (n.id == "us-2") n.parent = "bucket-eu";
+  }
+  auto bad = topology::PlanTree(*config);
+  ASSERT_TRUE(bad.ok()) << bad.status().ToString();
+  Status s = topology::CheckBridgePlan(*config, *bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("us-2"), std::string::npos) << s.ToString();
+}
+
+TEST(BucketPlan, BadObjectStoreTablesAreRefused) {
+  const std::string base = R"([cluster]
+name = "c"
+[[node]]
+id = "src"
+host = "127.0.0.1"
+port = 7000
+role = "source"
+[[node]]
+id = "b"
+host = "127.0.0.1"
+port = 7010
+role = "receiver"
+)";
+  auto parse = [&](const std::string& objstore) {
+    return topology::ParseClusterConfig(base + objstore, "t.toml").status();
+  };
+  EXPECT_TRUE(parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n").ok());
+  Status no_scheme = parse("[objstore]\nendpoint = \"h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n");
+  EXPECT_NE(no_scheme.message().find("must start with http://"), std::string::npos) << no_scheme.ToString();
+  Status unknown = parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"zz\"]\n");
+  EXPECT_NE(unknown.message().find("\"zz\", which is not a [[node]]"), std::string::npos)
+      << unknown.ToString();
+  Status source = parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"src\"]\n");
+  EXPECT_NE(source.message().find("the source"), std::string::npos) << source.ToString();
+  Status typo = parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\nbukket = 1\n");
+  EXPECT_NE(typo.message().find("unknown key \"bukket\""), std::string::npos) << typo.ToString();
+  Status missing = parse("[objstore]\nendpoint = \"http://h:1\"\nbridges = [\"b\"]\n");
+  EXPECT_NE(missing.message().find("bucket"), std::string::npos) << missing.ToString();
 }
 
 }  // namespace
