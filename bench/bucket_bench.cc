@@ -86,9 +86,10 @@ std::string ClusterToml(bool bucket, const Ports& p, int src_port, const std::st
   if (bucket) {
     t += Node("bucket-eu", p.bridge(), "eu", "receiver", "src");
     t += Node("eu1", p.eu1(), "eu", "receiver", "bucket-eu");
-    t += fmt::format("[objstore]\nendpoint = \"{}\"\nbucket = \"deltacast\"\nbridges = "
-                     "[\"bucket-eu\"]\npoll = \"10ms\"\n",
-                     endpoint);
+    t += fmt::format(
+        "[objstore]\nendpoint = \"{}\"\nbucket = \"deltacast\"\nbridges = "
+        "[\"bucket-eu\"]\npoll = \"10ms\"\n",
+        endpoint);
   } else {
     t += Node("eu1", p.eu1(), "eu", "receiver", "src");
   }
@@ -131,7 +132,8 @@ Versions MakeVersions(uint64_t elements, int count, int rate_percent) {
 std::unique_ptr<dc::apply::WeightStore> Borrow(const std::vector<dc::codec::TensorInfo>& tensors,
                                                std::vector<std::vector<std::byte>>& buffers) {
   std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> spans;
-  for (size_t i = 0; i < tensors.size(); ++i) spans.emplace_back(tensors[i], dc::MutableByteSpan(buffers[i]));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    spans.emplace_back(tensors[i], dc::MutableByteSpan(buffers[i]));
   return std::move(*dc::apply::HostStore::Borrow(std::move(spans)));
 }
 
@@ -175,7 +177,8 @@ class Proxy {
     json j = json::parse(in, nullptr, false);
     uint64_t total = 0;
     if (j.is_array()) {
-      for (const auto& m : j) total += m.value("bytes_to_target", 0ull) + m.value("bytes_to_client", 0ull);
+      for (const auto& m : j)
+        total += m.value("bytes_to_target", 0ull) + m.value("bytes_to_client", 0ull);
     }
     return total;
   }
@@ -202,15 +205,15 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
   for (int i = 0; i < 3; ++i) {
     dc::relay::NodeAgentOptions o;
     // eu1 reaches the source across the WAN (tree mode): its copy names the proxy.
-    o.config = (!bucket && i == 1) ? Config(ClusterToml(false, p, p.wan_to_src(), chunk, local))
-                                   : config;
+    o.config =
+        (!bucket && i == 1) ? Config(ClusterToml(false, p, p.wan_to_src(), chunk, local)) : config;
     o.node_id = kNodes[i];
     o.token = kToken;
     o.apply_threads = 1;
-    auto replica = Check(dc::apply::Replica::ForStore(Borrow(v.tensors, stores[i]), kPartitionBytes, 1),
-                         "replica");
-    agents.push_back(Check(dc::relay::NodeAgent::Start(std::move(o), std::move(replica), Tcp()),
-                           "agent"));
+    auto replica = Check(
+        dc::apply::Replica::ForStore(Borrow(v.tensors, stores[i]), kPartitionBytes, 1), "replica");
+    agents.push_back(
+        Check(dc::relay::NodeAgent::Start(std::move(o), std::move(replica), Tcp()), "agent"));
   }
   std::unique_ptr<dc::relay::BucketUplink> uplink;
   std::unique_ptr<dc::relay::BucketDownlink> downlink;
@@ -219,7 +222,8 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
     b.config = config;
     b.node_id = "bucket-eu";
     b.token = kToken;
-    b.s3 = {.endpoint = across, .bucket = "deltacast", .access_key = "S3RVER", .secret_key = "S3RVER"};
+    b.s3 = {
+        .endpoint = across, .bucket = "deltacast", .access_key = "S3RVER", .secret_key = "S3RVER"};
     b.prefix = "bench";
     b.poll = config.objstore->poll;
     uplink = Check(dc::relay::BucketUplink::Start(b, Tcp()), "uplink");
@@ -236,15 +240,16 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
   for (int k = 0; k < refits; ++k) {
     auto base = Borrow(v.tensors, v.v[k]);
     auto target = Borrow(v.tensors, v.v[k + 1]);
-    auto report = Check(source->Publish(*base, ManifestOf(*base), *target, ManifestOf(*target)),
-                        "publish");
+    auto report =
+        Check(source->Publish(*base, ManifestOf(*base), *target, ManifestOf(*target)), "publish");
     if (!report.committed) {
       std::cerr << "refit did not commit: " << report.abort_reason << "\n";
       std::exit(1);
     }
     // Commits are reported to the source before every node's callback ran.
     for (int i = 0; i < 3; ++i) {
-      for (int tries = 0; agents[i]->stats().version != report.target_version && tries < 500; ++tries)
+      for (int tries = 0; agents[i]->stats().version != report.target_version && tries < 500;
+           ++tries)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       for (size_t t = 0; t < v.tensors.size(); ++t) {
         if (dc::Hash64(stores[i][t]) != dc::Hash64(v.v[k + 1][t])) {
@@ -272,7 +277,8 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
               {"wan_bytes_per_refit", wan / static_cast<uint64_t>(refits)}};
   if (uplink) {
     const auto s = uplink->stats();
-    out["uplink"] = {{"objects_written", s.objects_written}, {"bytes_written", s.bytes_written},
+    out["uplink"] = {{"objects_written", s.objects_written},
+                     {"bytes_written", s.bytes_written},
                      {"retries", s.retries}};
     const auto d = downlink->stats();
     out["downlink"] = {{"objects_read", d.objects_read}, {"bytes_read", d.bytes_read}};
@@ -306,8 +312,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   {
-    auto client = Check(dc::objstore::S3Client::Create({.endpoint = s3.endpoint(), .bucket = "deltacast",
-                                                        .access_key = "S3RVER", .secret_key = "S3RVER"}),
+    auto client = Check(dc::objstore::S3Client::Create({.endpoint = s3.endpoint(),
+                                                        .bucket = "deltacast",
+                                                        .access_key = "S3RVER",
+                                                        .secret_key = "S3RVER"}),
                         "s3");
     if (dc::Status s = client->CreateBucket(); !s.ok()) {
       std::cerr << s.ToString() << "\n";

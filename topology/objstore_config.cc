@@ -63,9 +63,8 @@ Status CheckBridgePlan(const ClusterConfig& config, const TreePlan& plan) {
     const PlannedNode* bridge = plan.Find(id);
     if (!bridge) continue;
     if (bridge->children.empty()) {
-      return Status::InvalidArgument("bridge " + id +
-                                     " has no children: give its region's gateway parent = \"" +
-                                     id + "\"");
+      return Status::InvalidArgument(
+          "bridge " + id + " has no children: give its region's gateway parent = \"" + id + "\"");
     }
     for (const std::string& c : bridge->children) {
       const PlannedNode* child = plan.Find(c);

@@ -141,7 +141,8 @@ std::string FormatPlanText(const TreePlan& plan, const ClusterConfig& config,
     const ObjectStoreConfig& o = *config.objstore;
     out += "object store: bucket " + o.bucket + " at " + o.endpoint + ", keys under " + o.prefix +
            "/, bridges " + Join(o.bridges) + "\n";
-    if (Status s = CheckBridgePlan(config, plan); !s.ok()) out += "  WARNING: " + s.message() + "\n";
+    if (Status s = CheckBridgePlan(config, plan); !s.ok())
+      out += "  WARNING: " + s.message() + "\n";
   }
   const PlannedNode& slowest = plan.SlowestNode(delta_bytes);
   out += "predicted refit for a " + FormatSize(delta_bytes) +
@@ -163,9 +164,9 @@ std::string FormatPlanText(const TreePlan& plan, const ClusterConfig& config,
 // predicted_seconds, slowest_node, regions[{name, nodes, source_region, wan_bps,
 // wan_latency_ms, gateways, bucket_bridges}], objstore ({endpoint, bucket, prefix, bridges} or
 // null), nodes[{id, region, host, port, role, uplink_bps, parent, children,
-// failover_parent, transports, failover_transports, depth, crosses_wan, manual_parent, bucket_bridge,
-// link_bps, link_latency_ms, path_bps, predicted_seconds}] in breadth-first order. Absent parents
-// and unmodelled WAN figures are null.
+// failover_parent, transports, failover_transports, depth, crosses_wan, manual_parent,
+// bucket_bridge, link_bps, link_latency_ms, path_bps, predicted_seconds}] in breadth-first order.
+// Absent parents and unmodelled WAN figures are null.
 std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
                            uint64_t delta_bytes) {
   using nlohmann::json;
@@ -207,7 +208,9 @@ std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
   out["regions"] = std::move(regions);
   if (config.objstore) {
     const ObjectStoreConfig& o = *config.objstore;
-    out["objstore"] = {{"endpoint", o.endpoint}, {"bucket", o.bucket}, {"prefix", o.prefix},
+    out["objstore"] = {{"endpoint", o.endpoint},
+                       {"bucket", o.bucket},
+                       {"prefix", o.prefix},
                        {"bridges", o.bridges}};
   } else {
     out["objstore"] = nullptr;

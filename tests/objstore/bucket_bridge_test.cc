@@ -16,7 +16,9 @@
 #include "codec/manifest.h"
 #include "objstore/bucket_layout.h"
 #include "relay/node_agent.h"
+#include "relay/protocol.h"
 #include "relay/publisher.h"
+#include "relay/signing.h"
 #include "relay/source.h"
 #include "tests/objstore/s3rver.h"
 #include "tests/temp_dir.h"
@@ -208,6 +210,7 @@ class BucketBridgeTest : public ::testing::Test {
     o.prefix = config_.objstore->prefix;
     o.poll = config_.objstore->poll;
     o.keep_refits = 4;
+    o.verify_key = verify_key_;
     return o;
   }
 
@@ -236,6 +239,7 @@ class BucketBridgeTest : public ::testing::Test {
     options.token = kToken;
     options.apply_threads = 1;
     options.spool_dir = dir_.path() / ("spool-" + std::string(kNodes[i]));
+    options.verify_key = verify_key_;
     auto agent = NodeAgent::Start(std::move(options), std::move(*replica),
                                   transport::MakeInprocTransport(network_));
     ASSERT_TRUE(agent.ok()) << agent.status().ToString();
@@ -249,6 +253,7 @@ class BucketBridgeTest : public ::testing::Test {
     options.decision_log = dir_.path() / "decisions";
     options.history_dir = dir_.path() / "history";
     options.keep_deltas = 4;
+    options.signing_key = signing_key_;
     auto source = Source::Start(std::move(options), transport::MakeInprocTransport(network_));
     ASSERT_TRUE(source.ok()) << source.status().ToString();
     source_ = std::move(*source);
@@ -292,6 +297,9 @@ class BucketBridgeTest : public ::testing::Test {
   std::unique_ptr<BucketDownlink> downlink_;
   std::unique_ptr<Source> source_;
   std::thread restarter_;
+  // A signed cluster: set both before starting anything.
+  std::shared_ptr<const SigningKey> signing_key_;
+  std::shared_ptr<const VerifyKey> verify_key_;
 };
 
 TEST_F(BucketBridgeTest, RegionThroughTheBucketCommitsBitExact) {
@@ -415,6 +423,42 @@ TEST_F(BucketBridgeTest, StaleDecisionObjectIsIgnored) {
   EXPECT_GE(downlink_->stats().stale_decisions, 1u);
 }
 
+// A signed cluster: the downlink sends BEGIN and the decision down only if the
+// source signed them, so a decision object signed by anyone else (naming the right
+// refit and version) is refused, and the refit commits on the source's.
+TEST_F(BucketBridgeTest, SignedClusterRefusesAForgedDecisionObject) {
+  signing_key_ = std::make_shared<const SigningKey>(*SigningKey::Generate());
+  verify_key_ = std::make_shared<const VerifyKey>(signing_key_->Public());
+  Versions v = MakeVersions(1 << 19, 2, 6);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  auto up = BucketUplink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  uplink_ = std::move(*up);
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 0); });
+  const uint64_t id = WaitForSealedRefit(0);
+  ASSERT_NE(id, 0u);
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  auto begin = s3_->Get(layout.Begin(id));
+  ASSERT_TRUE(begin.ok());
+  auto b = ParseBegin(*begin);
+  ASSERT_TRUE(b.ok());
+  // An ABORT for this very refit, signed by another key.
+  const SigningKey forger = *SigningKey::Generate();
+  Decision forged{id, b->target_version};
+  SignDecision(forger, MessageType::kAbort, forged);
+  ASSERT_TRUE(s3_->Put(layout.Decision(id), EncodeDecision(MessageType::kAbort, forged)).ok());
+  ASSERT_NO_FATAL_FAILURE(StartDownlink());
+  auto report = publish.get();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 1);
+  EXPECT_GE(downlink_->stats().bad_objects, 1u);
+  EXPECT_EQ(agents_[1]->stats().refits_aborted, 0u);
+}
+
 // A region node that was down for a refit (policy available: it went on without
 // it) is behind at the next one and catches up by the chain kept in the bucket.
 TEST_F(BucketBridgeTest, NodeBehindCatchesUpFromTheBucketChain) {
@@ -494,15 +538,20 @@ role = "receiver"
   auto parse = [&](const std::string& objstore) {
     return topology::ParseClusterConfig(base + objstore, "t.toml").status();
   };
-  EXPECT_TRUE(parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n").ok());
+  EXPECT_TRUE(
+      parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n").ok());
   Status no_scheme = parse("[objstore]\nendpoint = \"h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n");
-  EXPECT_NE(no_scheme.message().find("must start with http://"), std::string::npos) << no_scheme.ToString();
-  Status unknown = parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"zz\"]\n");
+  EXPECT_NE(no_scheme.message().find("must start with http://"), std::string::npos)
+      << no_scheme.ToString();
+  Status unknown =
+      parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"zz\"]\n");
   EXPECT_NE(unknown.message().find("\"zz\", which is not a [[node]]"), std::string::npos)
       << unknown.ToString();
-  Status source = parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"src\"]\n");
+  Status source =
+      parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"src\"]\n");
   EXPECT_NE(source.message().find("the source"), std::string::npos) << source.ToString();
-  Status typo = parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\nbukket = 1\n");
+  Status typo = parse(
+      "[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\nbukket = 1\n");
   EXPECT_NE(typo.message().find("unknown key \"bukket\""), std::string::npos) << typo.ToString();
   Status missing = parse("[objstore]\nendpoint = \"http://h:1\"\nbridges = [\"b\"]\n");
   EXPECT_NE(missing.message().find("bucket"), std::string::npos) << missing.ToString();
