@@ -56,7 +56,8 @@ T Check(dc::Result<T> r, const char* what) {
 }
 
 struct Ports {
-  int base = 31000 + static_cast<int>(::getpid() % 400) * 10;
+  // Below the ephemeral range (32768+), where s3rver and curl take their ports.
+  int base = 21000 + static_cast<int>(::getpid() % 400) * 20;
   int src() const { return base; }
   int us1() const { return base + 1; }
   int bridge() const { return base + 2; }
@@ -190,7 +191,8 @@ class Proxy {
 
 json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string& chunk,
              const std::string& proxy_binary, dc::test_util::S3rver& s3, const std::string& tmp) {
-  const Ports p;
+  Ports p;
+  if (bucket) p.base += 10;  // the tree mode's listeners may linger a moment
   const std::string s3_port = s3.endpoint().substr(s3.endpoint().rfind(':') + 1);
   Proxy proxy(proxy_binary,
               {fmt::format("127.0.0.1:{}=127.0.0.1:{}/{}", p.wan_to_src(), p.src(), wan_ms),

@@ -41,6 +41,10 @@ struct S3Options {
   std::chrono::milliseconds connect_timeout{5000};
   // The whole request, connecting included.
   std::chrono::milliseconds request_timeout{60000};
+  // A transfer that moves no byte for this long is abandoned (kTimeout): a server
+  // that stalls mid-body (s3rver does while the object is being overwritten) costs
+  // this, not the whole request timeout.
+  std::chrono::milliseconds stall_timeout{1000};
 };
 
 struct ObjectInfo {

@@ -147,7 +147,9 @@ class BucketDownlink::Impl {
 
   void PollHead(Clock::time_point now) {
     polling_head_ = true;
-    next_head_poll_ = now + options_.poll;
+    // Within a refit, head only tells that the source moved on: ask less often.
+    const bool busy = refit_ && !(refit_->decision && refit_->outcome_written);
+    next_head_poll_ = now + (busy ? 5 : 1) * options_.poll;
     io_.Run([this] {
       std::optional<std::vector<std::byte>> begin;
       uint64_t id = 0;

@@ -283,22 +283,38 @@ class BucketUplink::Impl {
     polling_ = true;
     next_poll_ = now + options_.poll;
     const uint64_t id = r.id, gen = r.generation;
-    io_.Run([this, id, gen, want_reports, want_outcome] {
-      Poll poll;
-      if (want_reports) {
-        poll.prepared = io_.GetIfThere(layout_.Prepared(id));
-        poll.failed = io_.GetIfThere(layout_.Failed(id));
+    // The reads run side by side: each crosses the WAN when the bucket sits in
+    // the region, and the region's PREPARED waits on the slowest of them.
+    auto poll = std::make_shared<Poll>();
+    auto left = std::make_shared<std::atomic<int>>(want_reports ? 3 : 1);
+    auto done = [this, gen, poll, left] {
+      if (--*left == 0) loop_.Post([this, gen, poll] { OnPoll(gen, *poll); });
+    };
+    if (want_reports) {
+      io_.Run([this, id, poll, done] {
+        poll->prepared = io_.GetIfThere(layout_.Prepared(id));
+        done();
+      });
+      io_.Run([this, id, poll, done] {
+        poll->failed = io_.GetIfThere(layout_.Failed(id));
+        done();
+      });
+      io_.Run([this, id, poll, done] {
         auto refetch = io_.client().List(layout_.RefetchFolder(id));
         if (refetch.ok()) {
           for (const auto& o : *refetch) {
             auto seq = objstore::BucketLayout::SequenceOf(o.key);
-            if (seq.ok()) poll.refetch.push_back(*seq);
+            if (seq.ok()) poll->refetch.push_back(*seq);
           }
         }
-      }
-      if (want_outcome) poll.outcome = io_.GetIfThere(layout_.Outcome(id));
-      loop_.Post([this, gen, poll = std::move(poll)] { OnPoll(gen, poll); });
-    });
+        done();
+      });
+    } else {
+      io_.Run([this, id, poll, done] {
+        poll->outcome = io_.GetIfThere(layout_.Outcome(id));
+        done();
+      });
+    }
   }
 
   struct Poll {

@@ -479,7 +479,13 @@ TEST_F(BucketBridgeTest, NodeBehindCatchesUpFromTheBucketChain) {
   // Back, at version 1, once refit 3 (from version 2) has begun: its parent replays
   // it that BEGIN, and it must first reach version 2, which only the bucket keeps.
   auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 2); });
-  ASSERT_NE(WaitForSealedRefit(second->refit_id), 0u);
+  const uint64_t third_id = WaitForSealedRefit(second->refit_id);
+  ASSERT_NE(third_id, 0u);
+  // eu1 has begun refit 3 once the region's PREPARED of it is in the bucket.
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  for (int i = 0; i < 3000 && !s3_->Head(layout.Prepared(third_id)).ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   ASSERT_NO_FATAL_FAILURE(StartAgent(2, v, 1));
   auto third = publish.get();
   ASSERT_TRUE(third.ok()) << third.status().ToString();
