@@ -175,14 +175,10 @@ class BucketUplink::Impl {
                           begin->refit_id, begin->base_version.ShortHex(),
                           begin->target_version.ShortHex()));
     const uint64_t id = refit_->id;
-    // `head` only once `begin` is there: a reader that follows head finds BEGIN.
-    io_.Put(
-        layout_.Begin(id), m,
-        [this, id] {
-          io_.Put(layout_.Head(), transport::MakeMessage(ToBytes(objstore::EncodeHead(id))), {},
-                  &loop_);
-        },
-        &loop_);
+    // Side by side (one round trip, not two): a reader that finds `head` before
+    // `begin` takes the 404 as "not yet" and asks again.
+    io_.Put(layout_.Begin(id), m, {}, &loop_);
+    io_.Put(layout_.Head(), transport::MakeMessage(ToBytes(objstore::EncodeHead(id))), {}, &loop_);
     Credit(static_cast<uint32_t>(options_.config.tree.window));
   }
 
@@ -275,12 +271,12 @@ class BucketUplink::Impl {
     if (stopped_) return;
     const auto now = Clock::now();
     parent_.Tick(now, !refit_ || refit_->decided);
-    if (!refit_ || polling_ || now < next_poll_) return;
+    if (!refit_ || polls_in_flight_ >= kPollsInFlight || now < next_poll_) return;
     Refit& r = *refit_;
     const bool want_reports = !r.decided && (!r.prepared_sent || !r.failed_sent);
     const bool want_outcome = r.decision_stored && !r.outcome_sent;
     if (!want_reports && !want_outcome) return;
-    polling_ = true;
+    ++polls_in_flight_;
     next_poll_ = now + options_.poll;
     const uint64_t id = r.id, gen = r.generation;
     // The reads run side by side: each crosses the WAN when the bucket sits in
@@ -323,7 +319,7 @@ class BucketUplink::Impl {
   };
 
   void OnPoll(uint64_t gen, const Poll& poll) {
-    polling_ = false;
+    --polls_in_flight_;
     if (!refit_ || refit_->generation != gen) return;
     Refit& r = *refit_;
     if (poll.prepared && !r.prepared_sent && !r.decided) {
@@ -413,7 +409,11 @@ class BucketUplink::Impl {
   std::vector<objstore::KeptRefit> chain_;
   Digest128 active_;
   uint64_t generation_ = 0;
-  bool polling_ = false;
+  // Polls overlap: a poll's reads take a round trip to the bucket (across the WAN
+  // when it sits in the region), and a new one starts every `poll` regardless, so
+  // what the region wrote is seen about a one-way delay after it landed.
+  static constexpr int kPollsInFlight = 4;
+  int polls_in_flight_ = 0;
   Clock::time_point next_poll_ = Clock::now();
 
   std::atomic<bool> stopped_{false};
