@@ -163,13 +163,13 @@ class BucketBridgeTest : public ::testing::Test {
     network_ = std::make_shared<transport::InprocNetwork>();
   }
   void TearDown() override {
+    if (restarter_.joinable()) restarter_.join();
     source_.reset();
     for (auto& a : agents_) {
       if (a) a->Stop();
     }
     if (uplink_) uplink_->Stop();
     if (downlink_) downlink_->Stop();
-    if (restarter_.joinable()) restarter_.join();
   }
 
   // Waits until the bucket's head names a refit other than `not_id` whose chunks are
@@ -363,6 +363,42 @@ TEST_F(BucketBridgeTest, ServerRestartedMidRefitStillCommits) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
   ExpectAllAt(v, 1);
   EXPECT_GT(uplink_->stats().retries + downlink_->stats().retries, 0u);
+}
+
+// The uplink dies mid-refit and a new one starts: it claims nothing, the source
+// replays the refit to it, the rewrites are idempotent, and the refit commits.
+TEST_F(BucketBridgeTest, UplinkRestartedMidRefitStillCommits) {
+  Versions v = MakeVersions(1 << 20, 2, 7);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  PublishOptions options;
+  options.config = config_;
+  options.token = kToken;
+  std::atomic<bool> restarted{false};
+  options.on_progress = [&](const PublishProgress& p) {
+    if (p.chunks_sent == 4 && !restarted.exchange(true)) {
+      restarter_ = std::thread([this] {
+        uplink_->Stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        auto up = BucketUplink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+        ASSERT_TRUE(up.ok()) << up.status().ToString();
+        uplink_ = std::move(*up);
+      });
+    }
+  };
+  auto source = Source::Start(std::move(options), transport::MakeInprocTransport(network_));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  source_ = std::move(*source);
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(restarted);
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 1);
+  restarter_.join();
+  EXPECT_EQ(uplink_->stats().refits, 1u);  // the new uplink took the refit over
 }
 
 // Chunks lost or cut short in the bucket (deleted, truncated behind the server's
