@@ -46,12 +46,20 @@ constexpr char kToken[] = "bucket-bench";
 constexpr uint64_t kPartitionBytes = 64 << 10;
 const char* const kNodes[] = {"us1", "eu1", "eu2"};
 
+// What must not outlive a failed run: the s3rver process (std::exit skips destructors).
+dc::test_util::S3rver* g_server = nullptr;
+pid_t g_proxy = -1;
+
+[[noreturn]] void Die(const std::string& why) {
+  std::cerr << why << "\n";
+  if (g_server) g_server->Stop();
+  if (g_proxy > 0) ::kill(g_proxy, SIGTERM);
+  std::exit(1);
+}
+
 template <typename T>
 T Check(dc::Result<T> r, const char* what) {
-  if (!r.ok()) {
-    std::cerr << what << ": " << r.status().ToString() << "\n";
-    std::exit(1);
-  }
+  if (!r.ok()) Die(std::string(what) + ": " + r.status().ToString());
   return std::move(*r);
 }
 
@@ -167,10 +175,12 @@ class Proxy {
       ::execv(binary.c_str(), argv.data());
       ::_exit(127);
     }
+    g_proxy = pid_;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   // Bytes forwarded, both directions, all maps.
   uint64_t Stop() {
+    g_proxy = -1;
     ::kill(pid_, SIGTERM);
     int status = 0;
     ::waitpid(pid_, &status, 0);
@@ -244,10 +254,7 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
     auto target = Borrow(v.tensors, v.v[k + 1]);
     auto report =
         Check(source->Publish(*base, ManifestOf(*base), *target, ManifestOf(*target)), "publish");
-    if (!report.committed) {
-      std::cerr << "refit did not commit: " << report.abort_reason << "\n";
-      std::exit(1);
-    }
+    if (!report.committed) Die("refit did not commit: " + report.abort_reason);
     // Commits are reported to the source before every node's callback ran.
     for (int i = 0; i < 3; ++i) {
       for (int tries = 0; agents[i]->stats().version != report.target_version && tries < 500;
@@ -255,8 +262,7 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       for (size_t t = 0; t < v.tensors.size(); ++t) {
         if (dc::Hash64(stores[i][t]) != dc::Hash64(v.v[k + 1][t])) {
-          std::cerr << kNodes[i] << " is not at the target after refit " << k << "\n";
-          std::exit(1);
+          Die(std::string(kNodes[i]) + " is not at the target after refit " + std::to_string(k));
         }
       }
     }
@@ -309,6 +315,7 @@ int main(int argc, char** argv) {
   dc::log::SetLevel(dc::log::Level::kWarn);
   dc::test_util::TempDir tmp("bucket-bench");
   dc::test_util::S3rver s3(tmp.path() / "s3");
+  g_server = &s3;
   if (!s3.Start()) {
     std::cerr << "s3rver did not start\n";
     return 1;
@@ -319,10 +326,7 @@ int main(int argc, char** argv) {
                                                         .access_key = "S3RVER",
                                                         .secret_key = "S3RVER"}),
                         "s3");
-    if (dc::Status s = client->CreateBucket(); !s.ok()) {
-      std::cerr << s.ToString() << "\n";
-      return 1;
-    }
+    if (dc::Status s = client->CreateBucket(); !s.ok()) Die(s.ToString());
   }
   const std::string proxy =
       (std::filesystem::path(argv[0]).parent_path() / "deltacast_delay_proxy").string();

@@ -486,7 +486,7 @@ class BucketDownlink::Impl {
     io_.Run([this, child, f = *f] {
       Chain reply;
       reply.request_id = f.request_id;
-      if (auto text = io_.GetIfThere(layout_.Chain())) {
+      if (auto text = io_.GetRetrying(layout_.Chain())) {
         if (auto chain = objstore::ParseChain(AsChars(*text)); chain.ok()) {
           for (const auto& k : PathOf(*chain, f.from, f.to)) {
             reply.links.push_back({k.base, k.target, k.partition_bytes, k.chunks});
@@ -513,7 +513,7 @@ class BucketDownlink::Impl {
         if (it != kept_by_target_.end()) id = it->second;
       }
       std::optional<std::vector<std::byte>> chunk;
-      if (id) chunk = io_.GetIfThere(layout_.Chunk(*id, f.sequence));
+      if (id) chunk = io_.GetRetrying(layout_.Chunk(*id, f.sequence));
       // The node checks the chunk itself (checksums, signature) and asks again.
       auto reply = transport::MakeMessage(
           EncodeDeltaChunk(f.request_id, chunk.has_value(), chunk ? ByteSpan(*chunk) : ByteSpan()));

@@ -1,11 +1,10 @@
 #include "topology/internal/security_config.h"
 
-#include "topology/internal/section_parser.h"
-
 #include <algorithm>
 #include <span>
 #include <string>
 
+#include "topology/internal/section_parser.h"
 #include "topology/units.h"
 
 namespace deltacast::topology {

@@ -95,6 +95,24 @@ class BucketIo {
     if (got.status().code() != StatusCode::kNotFound) Retried(got.status(), 0);
     return std::nullopt;
   }
+  // Blocking: like GetIfThere, but a failure other than 404 (the server away, a
+  // read that raced an overwrite) is tried again, up to `attempts` times: for
+  // answers a node waits on, where "not there" would fail its request.
+  std::optional<std::vector<std::byte>> GetRetrying(const std::string& key, int attempts = 10) {
+    for (int attempt = 0;; ++attempt) {
+      auto got = client_->Get(key);
+      if (got.ok()) {
+        std::lock_guard lock(mu_);
+        ++stats_.objects_read;
+        stats_.bytes_read += got->size();
+        return std::move(*got);
+      }
+      if (got.status().code() == StatusCode::kNotFound || attempt + 1 >= attempts || stopped_) {
+        return std::nullopt;
+      }
+      Retried(got.status(), attempt);
+    }
+  }
   // Counts a failed request and sleeps a backoff of `attempt` (50 ms doubling to 1 s).
   void Retried(const Status& why, int attempt) {
     uint64_t n = 0;
