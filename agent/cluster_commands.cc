@@ -11,6 +11,7 @@
 #include "agent/commands.h"
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
+#include "relay/bucket_bridge.h"
 #include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
@@ -151,6 +152,39 @@ int RunAgent(const AgentArgs& args) {
   const int signal = signals.Wait();
   log::Info(fmt::format("{}: stopping on signal {}", args.node, signal));
   (*agent)->Stop();
+  return kExitOk;
+}
+
+int RunBucketBridge(const BucketBridgeArgs& args) {
+  SignalWaiter signals;
+  auto config = topology::LoadClusterConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  auto token = topology::ReadAuthToken(*config);
+  if (!token.ok()) return Fail(token.status());
+  auto options = relay::BridgeOptionsFromConfig(*config, args.node, *token);
+  if (!options.ok()) return Fail(options.status());
+  auto verify_key = LoadVerifyKey(*config);
+  if (!verify_key.ok()) return Fail(verify_key.status());
+  options->verify_key = *verify_key;
+  options->spool_dir = args.state;
+  auto transport = relay::MakeNodeTransports(*config, *config->FindNode(args.node));
+  if (!transport.ok()) return Fail(transport.status());
+  const char* half = args.uplink ? "uplink" : "downlink";
+  std::unique_ptr<relay::BucketUplink> up;
+  std::unique_ptr<relay::BucketDownlink> down;
+  if (args.uplink) {
+    auto started = relay::BucketUplink::Start(std::move(*options), std::move(*transport));
+    if (!started.ok()) return Fail(started.status());
+    up = std::move(*started);
+  } else {
+    auto started = relay::BucketDownlink::Start(std::move(*options), std::move(*transport));
+    if (!started.ok()) return Fail(started.status());
+    down = std::move(*started);
+  }
+  const int signal = signals.Wait();
+  log::Info(fmt::format("bucket {} {}: stopping on signal {}", half, args.node, signal));
+  if (up) up->Stop();
+  if (down) down->Stop();
   return kExitOk;
 }
 

@@ -28,6 +28,17 @@ struct AgentArgs {
 // Runs until SIGINT or SIGTERM.
 int RunAgent(const AgentArgs& args);
 
+// One half of a bucket bridge (relay/bucket_bridge.h, docs/object-store.md): the
+// uplink beside the source, or the downlink on the region gateway's host.
+struct BucketBridgeArgs {
+  std::filesystem::path config;
+  std::string node;             // the bridge node
+  std::filesystem::path state;  // its spool; empty: a temporary folder
+  bool uplink = true;
+};
+// Runs until SIGINT or SIGTERM.
+int RunBucketBridge(const BucketBridgeArgs& args);
+
 struct PublishArgs {
   std::filesystem::path config, base, target;
   // The source's own state (decision log, spool); default: .deltacast-source

@@ -180,6 +180,23 @@ int main(int argc, char** argv) {
   ag->add_option("--threads", node.threads, "Apply threads (0 = all cores)");
   ag->callback([&] { status = agent::RunAgent(node); });
 
+  // bucket-uplink, bucket-downlink
+  agent::BucketBridgeArgs up_args, down_args;
+  down_args.uplink = false;
+  for (auto* args : {&up_args, &down_args}) {
+    auto* b = app.add_subcommand(
+        args->uplink ? "bucket-uplink" : "bucket-downlink",
+        args->uplink ? "Run a bucket bridge's source side: join the source as the bridge node "
+                       "and write what it sends into the bucket (until SIGINT/SIGTERM)"
+                     : "Run a bucket bridge's region side: serve the bridge node's children "
+                       "from the bucket (until SIGINT/SIGTERM)");
+    b->add_option("--config", args->config, "Cluster config (TOML) with an [objstore] table")
+        ->required();
+    b->add_option("--node", args->node, "The bridge node's id ([objstore] bridges)")->required();
+    b->add_option("--state", args->state, "Folder for its spool (default: a temporary one)");
+    b->callback([&status, args] { status = agent::RunBucketBridge(*args); });
+  }
+
   // publish
   agent::PublishArgs publish;
   agent::ProducersArgs producers;

@@ -15,6 +15,7 @@
 #include <toml++/toml.h>
 
 #include "common/file_util.h"
+#include "topology/internal/objstore_config_parse.h"
 #include "topology/internal/security_config.h"
 #include "topology/units.h"
 
@@ -27,7 +28,8 @@ constexpr int kMaxFanout = 65535;
 constexpr size_t kMaxIdLength = 128;
 
 constexpr std::string_view kTopKeys[] = {"cluster",   "tree", "region", "node",
-                                         "transport", "link", "limits", "security"};
+                                         "transport", "link", "limits", "security",
+                                         "objstore"};
 constexpr std::string_view kTransportKeys[] = {"ucx_provider", "ofi_provider"};
 constexpr std::string_view kLinkKeys[] = {"from", "to", "scope", "transports"};
 constexpr std::string_view kClusterKeys[] = {"name", "auth_token_env"};
@@ -146,6 +148,7 @@ class Parser {
     }
 
     RETURN_IF_ERROR(internal::ParseLimitsAndSecurity(root, source_, config));
+    RETURN_IF_ERROR(internal::ParseObjectStore(root, source_, config));
 
     if (const toml::node* links = root.get("link")) {
       ASSIGN_OR_RETURN(std::vector<const toml::table*> tables, AsTableArray(*links, "link"));
@@ -881,6 +884,7 @@ Status ValidateClusterConfig(const ClusterConfig& config) {
     }
   }
   RETURN_IF_ERROR(ValidateLinks(config, regions));
+  RETURN_IF_ERROR(ValidateObjectStoreConfig(config));
   return ValidateParents(config);
 }
 

@@ -34,6 +34,8 @@
 //               verify_key: the public key every node checks BEGIN, chunks and
 //               decisions against). Relative paths are relative to the config file.
 //               `deltacast certs --config C --out DIR` writes every file.
+//   [objstore]  optional; the bucket that bridge nodes' hops go through
+//               (topology/objstore_config.h, docs/object-store.md).
 // A node listens on each of its transports at port + TransportPortOffset(transport).
 // Units are those of topology/units.h.
 //
@@ -53,6 +55,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "topology/objstore_config.h"
 
 namespace deltacast::topology {
 
@@ -168,6 +171,7 @@ struct ClusterConfig {
   TransportSettings transport;
   LimitsConfig limits;
   SecurityConfig security;
+  std::optional<ObjectStoreConfig> objstore;  // [objstore] (topology/objstore_config.h)
   std::filesystem::path source_file;  // for messages; the name given to ParseClusterConfig
 
   // nullptr when no node has that id. The pointer lives as long as `nodes` is unchanged.

@@ -79,7 +79,12 @@ void AppendNode(const TreePlan& plan, const ClusterConfig& config, uint64_t delt
       if (r != nullptr) out += " +" + FormatDuration(r->wan_latency);
     }
     if (n.manual_parent) out += " (manual)";
-    out += " via " + JoinFallbacks(n.transports);
+    if (IsBridge(config, n.id)) {
+      // The hop into a bridge node is the bucket (docs/object-store.md).
+      out += " via bucket " + config.objstore->bucket + " at " + config.objstore->endpoint;
+    } else {
+      out += " via " + JoinFallbacks(n.transports);
+    }
     if (HopUsesTls(config, *config.FindNode(*n.parent), *nc)) out += " +TLS";
     out += "  failover " + n.failover_parent.value_or("-");
     if (n.failover_parent) {
@@ -125,7 +130,19 @@ std::string FormatPlanText(const TreePlan& plan, const ClusterConfig& config,
     if (!r.gateways.empty()) {
       out += (r.gateways.size() == 1 ? ", gateway " : ", WAN entries ") + Join(r.gateways);
     }
+    std::vector<std::string> bridges;
+    for (const PlannedNode& n : plan.nodes) {
+      if (n.region == r.name && IsBridge(config, n.id)) bridges.push_back(n.id);
+    }
+    if (!bridges.empty()) out += ", through the object store (bridge " + Join(bridges) + ")";
     out += "\n";
+  }
+  if (config.objstore) {
+    const ObjectStoreConfig& o = *config.objstore;
+    out += "object store: bucket " + o.bucket + " at " + o.endpoint + ", keys under " + o.prefix +
+           "/, bridges " + Join(o.bridges) + "\n";
+    if (Status s = CheckBridgePlan(config, plan); !s.ok())
+      out += "  WARNING: " + s.message() + "\n";
   }
   const PlannedNode& slowest = plan.SlowestNode(delta_bytes);
   out += "predicted refit for a " + FormatSize(delta_bytes) +
@@ -145,10 +162,11 @@ std::string FormatPlanText(const TreePlan& plan, const ClusterConfig& config,
 // Keys: cluster, config, source, fanout, fanout_auto, reference_delta_bytes (auto
 // only), chunk_size, window, hop_latency_ms, commit_policy, delta_bytes,
 // predicted_seconds, slowest_node, regions[{name, nodes, source_region, wan_bps,
-// wan_latency_ms, gateways}], nodes[{id, region, host, port, role, uplink_bps, parent,
-// children, failover_parent, transports, failover_transports, depth, crosses_wan, manual_parent,
-// link_bps, link_latency_ms, path_bps, predicted_seconds}] in breadth-first order. Absent parents
-// and unmodelled WAN figures are null.
+// wan_latency_ms, gateways, bucket_bridges}], objstore ({endpoint, bucket, prefix, bridges} or
+// null), nodes[{id, region, host, port, role, uplink_bps, parent, children,
+// failover_parent, transports, failover_transports, depth, crosses_wan, manual_parent,
+// bucket_bridge, link_bps, link_latency_ms, path_bps, predicted_seconds}] in breadth-first order.
+// Absent parents and unmodelled WAN figures are null.
 std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
                            uint64_t delta_bytes) {
   using nlohmann::json;
@@ -180,9 +198,23 @@ std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
     j["wan_bps"] = r.config ? json(r.config->wan_bps) : json(nullptr);
     j["wan_latency_ms"] = r.config ? json(r.config->wan_latency.count()) : json(nullptr);
     j["gateways"] = r.gateways;
+    json bridges = json::array();
+    for (const PlannedNode& n : plan.nodes) {
+      if (n.region == r.name && IsBridge(config, n.id)) bridges.push_back(n.id);
+    }
+    j["bucket_bridges"] = std::move(bridges);
     regions.push_back(std::move(j));
   }
   out["regions"] = std::move(regions);
+  if (config.objstore) {
+    const ObjectStoreConfig& o = *config.objstore;
+    out["objstore"] = {{"endpoint", o.endpoint},
+                       {"bucket", o.bucket},
+                       {"prefix", o.prefix},
+                       {"bridges", o.bridges}};
+  } else {
+    out["objstore"] = nullptr;
+  }
 
   json nodes = json::array();
   for (const PlannedNode& n : plan.nodes) {
@@ -203,6 +235,7 @@ std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
     j["depth"] = n.depth;
     j["crosses_wan"] = n.crosses_wan;
     j["manual_parent"] = n.manual_parent;
+    j["bucket_bridge"] = IsBridge(config, n.id);
     j["link_bps"] = n.link_bps;
     j["link_latency_ms"] = n.link_latency_s * 1000.0;
     // JSON has no infinity: the source's path is unconstrained.

@@ -1,0 +1,603 @@
+// The object-store path end to end in one process: a source, a tree node in the
+// source's region, and a region whose gateway takes the delta through an S3 bucket
+// (s3rver on loopback) by a bucket bridge, relaying it on to a node below it. The
+// relay links run over the inproc transport; the bucket is real. Every test checks
+// every node's bytes by hash against the target.
+#include "relay/bucket_bridge.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "apply/host_store.h"
+#include "codec/manifest.h"
+#include "objstore/bucket_layout.h"
+#include "relay/node_agent.h"
+#include "relay/protocol.h"
+#include "relay/publisher.h"
+#include "relay/signing.h"
+#include "relay/source.h"
+#include "tests/objstore/s3rver.h"
+#include "tests/temp_dir.h"
+#include "topology/cluster_config.h"
+#include "topology/plan_format.h"
+#include "topology/tree_plan.h"
+#include "transport/inproc/inproc_transport.h"
+
+namespace deltacast::relay {
+namespace {
+
+using codec::TensorInfo;
+
+constexpr char kToken[] = "bucket-test-token";
+constexpr uint64_t kPartitionBytes = 8 << 10;
+constexpr char kBucket[] = "deltacast";
+
+std::string ConfigToml(const std::string& endpoint, const std::string& policy) {
+  return R"([cluster]
+name = "bucket-test"
+
+[tree]
+fanout = 2
+chunk_size = "16KiB"
+window = 4
+connect_timeout = "2s"
+commit_timeout = "60s"
+commit_policy = ")" +
+         policy + R"("
+
+[security]
+tls = "none"
+
+[[region]]
+name = "eu"
+wan_bandwidth = "1Gbit"
+wan_latency = "20ms"
+
+[[node]]
+id = "src"
+host = "mem"
+port = 1
+region = "us"
+role = "source"
+
+[[node]]
+id = "us1"
+host = "mem"
+port = 4
+region = "us"
+role = "receiver"
+parent = "src"
+
+[[node]]
+id = "bucket-eu"
+host = "mem"
+port = 7
+region = "eu"
+role = "receiver"
+parent = "src"
+
+[[node]]
+id = "eu1"
+host = "mem"
+port = 10
+region = "eu"
+role = "receiver"
+parent = "bucket-eu"
+
+[[node]]
+id = "eu2"
+host = "mem"
+port = 13
+region = "eu"
+role = "receiver"
+parent = "eu1"
+
+[objstore]
+endpoint = ")" +
+         endpoint +
+         R"("
+bucket = "deltacast"
+bridges = ["bucket-eu"]
+poll = "10ms"
+)";
+}
+
+// A chain of versions: each ~3% of BF16 elements away from the one before.
+struct Versions {
+  std::vector<TensorInfo> tensors;
+  std::vector<std::vector<std::vector<std::byte>>> v;  // v[k][tensor]
+};
+
+Versions MakeVersions(uint64_t elements, int count, uint32_t seed) {
+  Versions out;
+  std::mt19937 rng(seed);
+  std::vector<std::vector<std::byte>> base;
+  for (int t = 0; t < 3; ++t) {
+    out.tensors.push_back({"layer" + std::to_string(t) + ".weight", DType::kBF16, {elements}});
+    std::vector<std::byte> b(elements * 2);
+    for (auto& x : b) x = std::byte(rng());
+    base.push_back(std::move(b));
+  }
+  out.v.push_back(base);
+  for (int k = 1; k < count; ++k) {
+    auto next = out.v.back();
+    for (auto& t : next) {
+      for (uint64_t i = 0; i < elements; ++i) {
+        if (rng() % 100 < 3) t[2 * i] ^= std::byte{1};
+      }
+    }
+    out.v.push_back(std::move(next));
+  }
+  return out;
+}
+
+std::unique_ptr<apply::WeightStore> Borrow(const std::vector<TensorInfo>& tensors,
+                                           std::vector<std::vector<std::byte>>& buffers) {
+  std::vector<std::pair<TensorInfo, MutableByteSpan>> spans;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
+  return std::move(*apply::HostStore::Borrow(std::move(spans)));
+}
+
+codec::Manifest ManifestOf(const apply::WeightStore& store) {
+  return codec::ComputeManifest(
+      store.tensors(), [&](size_t i) { return store.TensorData(i); }, kPartitionBytes, 1);
+}
+
+class BucketBridgeTest : public ::testing::Test {
+ protected:
+  static constexpr const char* kNodes[] = {"us1", "eu1", "eu2"};
+
+  void SetUp() override {
+    if (!test_util::S3rver::Available()) GTEST_SKIP() << test_util::S3rver::kSkipMessage;
+    ASSERT_TRUE(server_.Start()) << "s3rver did not start";
+    auto c = objstore::S3Client::Create(S3());
+    ASSERT_TRUE(c.ok());
+    s3_ = std::move(*c);
+    Status created = s3_->CreateBucket();
+    ASSERT_TRUE(created.ok()) << created.ToString();
+    network_ = std::make_shared<transport::InprocNetwork>();
+  }
+  void TearDown() override {
+    if (restarter_.joinable()) restarter_.join();
+    source_.reset();
+    for (auto& a : agents_) {
+      if (a) a->Stop();
+    }
+    if (uplink_) uplink_->Stop();
+    if (downlink_) downlink_->Stop();
+  }
+
+  // Waits until the bucket's head names a refit other than `not_id` whose chunks are
+  // all written (sealed); returns its id (0 on timeout).
+  uint64_t WaitForSealedRefit(uint64_t not_id) {
+    objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto head = s3_->Get(layout.Head());
+      if (head.ok()) {
+        auto id = objstore::ParseHead(AsChars(*head));
+        if (id.ok() && *id != not_id && s3_->Head(layout.Sealed(*id)).ok()) return *id;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return 0;
+  }
+
+  objstore::S3Options S3() const {
+    return {.endpoint = server_.endpoint(),
+            .bucket = kBucket,
+            .access_key = "S3RVER",
+            .secret_key = "S3RVER"};
+  }
+
+  void UseConfig(const std::string& policy = "all") {
+    auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), policy), "test.toml");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    config_ = *config;
+  }
+
+  BucketBridgeOptions BridgeOptions() const {
+    BucketBridgeOptions o;
+    o.config = config_;
+    o.node_id = "bucket-eu";
+    o.token = kToken;
+    o.s3 = S3();
+    o.prefix = config_.objstore->prefix;
+    o.poll = config_.objstore->poll;
+    o.keep_refits = 4;
+    o.verify_key = verify_key_;
+    return o;
+  }
+
+  void StartBridge() {
+    auto up = BucketUplink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+    ASSERT_TRUE(up.ok()) << up.status().ToString();
+    uplink_ = std::move(*up);
+    StartDownlink();
+  }
+  void StartDownlink() {
+    auto down = BucketDownlink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+    ASSERT_TRUE(down.ok()) << down.status().ToString();
+    downlink_ = std::move(*down);
+  }
+
+  // Node kNodes[i] over stores_[i], holding version `k`.
+  void StartAgent(int i, const Versions& v, int k) {
+    if (agents_.size() < 3) agents_.resize(3);
+    if (stores_.size() < 3) stores_.resize(3);
+    stores_[i] = v.v[k];
+    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
+    ASSERT_TRUE(replica.ok());
+    NodeAgentOptions options;
+    options.config = config_;
+    options.node_id = kNodes[i];
+    options.token = kToken;
+    options.apply_threads = 1;
+    options.spool_dir = dir_.path() / ("spool-" + std::string(kNodes[i]));
+    options.verify_key = verify_key_;
+    auto agent = NodeAgent::Start(std::move(options), std::move(*replica),
+                                  transport::MakeInprocTransport(network_));
+    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+    agents_[i] = std::move(*agent);
+  }
+
+  void StartSource() {
+    PublishOptions options;
+    options.config = config_;
+    options.token = kToken;
+    options.decision_log = dir_.path() / "decisions";
+    options.history_dir = dir_.path() / "history";
+    options.keep_deltas = 4;
+    options.signing_key = signing_key_;
+    auto source = Source::Start(std::move(options), transport::MakeInprocTransport(network_));
+    ASSERT_TRUE(source.ok()) << source.status().ToString();
+    source_ = std::move(*source);
+  }
+
+  Result<PublishReport> PublishStep(Versions& v, int k) {
+    auto base = Borrow(v.tensors, v.v[k]);
+    auto target = Borrow(v.tensors, v.v[k + 1]);
+    return source_->Publish(*base, ManifestOf(*base), *target, ManifestOf(*target));
+  }
+
+  // Every running node holds version k, byte for byte.
+  void ExpectAllAt(const Versions& v, int k) {
+    for (int i = 0; i < 3; ++i) {
+      if (!agents_[i]) continue;
+      for (size_t t = 0; t < v.tensors.size(); ++t) {
+        EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.v[k][t]))
+            << kNodes[i] << " tensor " << t << " is not at version " << k;
+      }
+    }
+  }
+
+  // The agent's version settles on `version` (commits are reported asynchronously).
+  static bool WaitForVersion(const NodeAgent& agent, const Digest128& version) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (agent.stats().version == version) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  test_util::TempDir dir_{"bucket-bridge"};
+  test_util::S3rver server_{dir_.path() / "s3"};
+  std::unique_ptr<objstore::S3Client> s3_;
+  topology::ClusterConfig config_;
+  std::shared_ptr<transport::InprocNetwork> network_;
+  std::vector<std::vector<std::vector<std::byte>>> stores_;
+  std::vector<std::unique_ptr<NodeAgent>> agents_;
+  std::unique_ptr<BucketUplink> uplink_;
+  std::unique_ptr<BucketDownlink> downlink_;
+  std::unique_ptr<Source> source_;
+  std::thread restarter_;
+  // A signed cluster: set both before starting anything.
+  std::shared_ptr<const SigningKey> signing_key_;
+  std::shared_ptr<const VerifyKey> verify_key_;
+};
+
+TEST_F(BucketBridgeTest, RegionThroughTheBucketCommitsBitExact) {
+  Versions v = MakeVersions(1 << 20, 3, 1);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  for (int k = 0; k < 2; ++k) {
+    auto report = PublishStep(v, k);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    ASSERT_TRUE(report->committed) << report->abort_reason;
+    EXPECT_EQ(report->nodes.size(), 3u);  // us1, and eu1 + eu2 through the bucket
+    EXPECT_GT(report->delta.chunks, 5u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version)) << kNodes[i];
+    }
+    ExpectAllAt(v, k + 1);
+    // The refit's objects: BEGIN, every chunk, the seal and the decision.
+    objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+    auto seal = s3_->Get(layout.Sealed(report->refit_id));
+    ASSERT_TRUE(seal.ok()) << seal.status().ToString();
+    auto parsed = objstore::ParseSeal(AsChars(*seal));
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    EXPECT_EQ(parsed->chunks.size(), report->delta.chunks);  // data chunks and END
+    EXPECT_TRUE(s3_->Head(layout.Decision(report->refit_id)).ok());
+  }
+  EXPECT_EQ(downlink_->stats().refits, 2u);
+  EXPECT_EQ(uplink_->stats().refits, 2u);
+}
+
+// The S3 server is killed mid-refit and comes back 700 ms later on its folder:
+// writes and reads are retried, the source is held back by credit meanwhile, and
+// the refit commits everywhere.
+TEST_F(BucketBridgeTest, ServerRestartedMidRefitStillCommits) {
+  Versions v = MakeVersions(1 << 20, 2, 2);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  PublishOptions options;
+  options.config = config_;
+  options.token = kToken;
+  std::atomic<bool> restarted{false};
+  options.on_progress = [&](const PublishProgress& p) {
+    if (p.chunks_sent == 4 && !restarted.exchange(true)) {
+      server_.Stop();
+      restarter_ = std::thread([this] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(700));
+        ASSERT_TRUE(server_.Start());
+      });
+    }
+  };
+  auto source = Source::Start(std::move(options), transport::MakeInprocTransport(network_));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  source_ = std::move(*source);
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(restarted);
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 1);
+  EXPECT_GT(uplink_->stats().retries + downlink_->stats().retries, 0u);
+}
+
+// The uplink dies mid-refit and a new one starts: it claims nothing, the source
+// replays the refit to it, the rewrites are idempotent, and the refit commits.
+TEST_F(BucketBridgeTest, UplinkRestartedMidRefitStillCommits) {
+  Versions v = MakeVersions(1 << 20, 2, 7);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  PublishOptions options;
+  options.config = config_;
+  options.token = kToken;
+  std::atomic<bool> restarted{false};
+  options.on_progress = [&](const PublishProgress& p) {
+    if (p.chunks_sent == 4 && !restarted.exchange(true)) {
+      restarter_ = std::thread([this] {
+        uplink_->Stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        auto up = BucketUplink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+        ASSERT_TRUE(up.ok()) << up.status().ToString();
+        uplink_ = std::move(*up);
+      });
+    }
+  };
+  auto source = Source::Start(std::move(options), transport::MakeInprocTransport(network_));
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  source_ = std::move(*source);
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(restarted);
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 1);
+  restarter_.join();
+  EXPECT_EQ(uplink_->stats().refits, 1u);  // the new uplink took the refit over
+}
+
+// Chunks lost or cut short in the bucket (deleted, truncated behind the server's
+// back) are refused by the downlink, written again by the uplink on its request,
+// and the refit commits bit-exact.
+TEST_F(BucketBridgeTest, MissingAndTruncatedChunksAreWrittenAgain) {
+  Versions v = MakeVersions(1 << 20, 2, 3);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  auto up = BucketUplink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  uplink_ = std::move(*up);
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 0); });
+  // The downlink starts once every chunk is written, and two are damaged first.
+  const uint64_t id = WaitForSealedRefit(0);
+  ASSERT_NE(id, 0u) << "the uplink never sealed the refit";
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  ASSERT_TRUE(s3_->Delete(layout.Chunk(id, 3)).ok());
+  std::filesystem::resize_file(server_.ObjectFile(kBucket, layout.Chunk(id, 5)), 100);
+  ASSERT_FALSE(s3_->Get(layout.Chunk(id, 5)).ok());
+  ASSERT_NO_FATAL_FAILURE(StartDownlink());
+  auto report = publish.get();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 1);
+  EXPECT_GE(uplink_->stats().refetches, 2u);
+  EXPECT_GE(downlink_->stats().bad_objects, 2u);
+}
+
+// A decision object of an earlier refit sits at this refit's key (a writer that
+// lagged, a copy by mistake): the downlink refuses it for naming another refit
+// and waits; the refit commits on its own decision.
+TEST_F(BucketBridgeTest, StaleDecisionObjectIsIgnored) {
+  Versions v = MakeVersions(1 << 19, 3, 4);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto first = PublishStep(v, 0);
+  ASSERT_TRUE(first.ok() && first->committed);
+  downlink_->Stop();
+  downlink_.reset();
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  auto stale = s3_->Get(layout.Decision(first->refit_id));
+  ASSERT_TRUE(stale.ok()) << stale.status().ToString();
+  auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 1); });
+  const uint64_t id = WaitForSealedRefit(first->refit_id);
+  ASSERT_NE(id, 0u);
+  ASSERT_TRUE(s3_->Put(layout.Decision(id), *stale).ok());
+  ASSERT_NO_FATAL_FAILURE(StartDownlink());
+  auto report = publish.get();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 2);
+  EXPECT_GE(downlink_->stats().stale_decisions, 1u);
+}
+
+// A signed cluster: the downlink sends BEGIN and the decision down only if the
+// source signed them, so a decision object signed by anyone else (naming the right
+// refit and version) is refused, and the refit commits on the source's.
+TEST_F(BucketBridgeTest, SignedClusterRefusesAForgedDecisionObject) {
+  signing_key_ = std::make_shared<const SigningKey>(*SigningKey::Generate());
+  verify_key_ = std::make_shared<const VerifyKey>(signing_key_->Public());
+  Versions v = MakeVersions(1 << 19, 2, 6);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  auto up = BucketUplink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  uplink_ = std::move(*up);
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 0); });
+  const uint64_t id = WaitForSealedRefit(0);
+  ASSERT_NE(id, 0u);
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  auto begin = s3_->Get(layout.Begin(id));
+  ASSERT_TRUE(begin.ok());
+  auto b = ParseBegin(*begin);
+  ASSERT_TRUE(b.ok());
+  // An ABORT for this very refit, signed by another key.
+  const SigningKey forger = *SigningKey::Generate();
+  Decision forged{id, b->target_version};
+  SignDecision(forger, MessageType::kAbort, forged);
+  ASSERT_TRUE(s3_->Put(layout.Decision(id), EncodeDecision(MessageType::kAbort, forged)).ok());
+  ASSERT_NO_FATAL_FAILURE(StartDownlink());
+  auto report = publish.get();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], report->target_version));
+  ExpectAllAt(v, 1);
+  EXPECT_GE(downlink_->stats().bad_objects, 1u);
+  EXPECT_EQ(agents_[1]->stats().refits_aborted, 0u);
+}
+
+// A region node that was down for a refit (policy available: it went on without
+// it) is behind at the next one and catches up by the chain kept in the bucket.
+TEST_F(BucketBridgeTest, NodeBehindCatchesUpFromTheBucketChain) {
+  Versions v = MakeVersions(1 << 19, 4, 5);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("available"));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto first = PublishStep(v, 0);
+  ASSERT_TRUE(first.ok() && first->committed);
+  ASSERT_TRUE(WaitForVersion(*agents_[2], first->target_version));
+  agents_[2]->Stop();  // eu2 misses refit 2
+  agents_[2].reset();
+  auto second = PublishStep(v, 1);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(second->committed) << second->abort_reason;
+  EXPECT_EQ(second->nodes.size(), 2u);
+  // Back, at version 1, once refit 3 (from version 2) has begun: its parent replays
+  // it that BEGIN, and it must first reach version 2, which only the bucket keeps.
+  auto publish = std::async(std::launch::async, [&] { return PublishStep(v, 2); });
+  const uint64_t third_id = WaitForSealedRefit(second->refit_id);
+  ASSERT_NE(third_id, 0u);
+  // eu1 has begun refit 3 once the region's PREPARED of it is in the bucket.
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  for (int i = 0; i < 3000 && !s3_->Head(layout.Prepared(third_id)).ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_NO_FATAL_FAILURE(StartAgent(2, v, 1));
+  auto third = publish.get();
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  ASSERT_TRUE(third->committed) << third->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], third->target_version));
+  ExpectAllAt(v, 3);
+  EXPECT_GE(agents_[2]->stats().deltas_caught_up, 1u);
+}
+
+// The mixed config: `deltacast plan` shows which region takes the bucket, and a
+// bridge that would serve another region's node is refused.
+TEST(BucketPlan, PlanShowsTheBucketRegion) {
+  auto config = topology::LoadClusterConfig(std::filesystem::path(DELTACAST_SOURCE_DIR) /
+                                            "configs/bucket-region.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto plan = topology::PlanTree(*config);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::string text = topology::FormatPlanText(*plan, *config, 1 << 30);
+  EXPECT_NE(text.find("eu-west: 4 nodes, WAN in 5 Gbit/s +40ms, gateway bucket-eu, through the "
+                      "object store (bridge bucket-eu)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<- trainer 3.274 Gbit/s WAN +40ms (manual) via bucket deltacast at"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("us-east: 3 nodes (source region), through"), std::string::npos) << text;
+  EXPECT_TRUE(topology::CheckBridgePlan(*config, *plan).ok());
+  const std::string json = topology::FormatPlanJson(*plan, *config, 1 << 30);
+  EXPECT_NE(json.find("\"bucket_bridge\": true"), std::string::npos);
+
+  // us-2 hung under the bridge: it is in another region.
+  for (auto& n : config->nodes) {
+    if (n.id == "us-2") n.parent = "bucket-eu";
+  }
+  auto bad = topology::PlanTree(*config);
+  ASSERT_TRUE(bad.ok()) << bad.status().ToString();
+  Status s = topology::CheckBridgePlan(*config, *bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("us-2"), std::string::npos) << s.ToString();
+}
+
+TEST(BucketPlan, BadObjectStoreTablesAreRefused) {
+  const std::string base = R"([cluster]
+name = "c"
+[[node]]
+id = "src"
+host = "127.0.0.1"
+port = 7000
+role = "source"
+[[node]]
+id = "b"
+host = "127.0.0.1"
+port = 7010
+role = "receiver"
+)";
+  auto parse = [&](const std::string& objstore) {
+    return topology::ParseClusterConfig(base + objstore, "t.toml").status();
+  };
+  EXPECT_TRUE(
+      parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n").ok());
+  Status no_scheme = parse("[objstore]\nendpoint = \"h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n");
+  EXPECT_NE(no_scheme.message().find("must start with http://"), std::string::npos)
+      << no_scheme.ToString();
+  Status unknown =
+      parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"zz\"]\n");
+  EXPECT_NE(unknown.message().find("\"zz\", which is not a [[node]]"), std::string::npos)
+      << unknown.ToString();
+  Status source =
+      parse("[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"src\"]\n");
+  EXPECT_NE(source.message().find("the source"), std::string::npos) << source.ToString();
+  Status typo = parse(
+      "[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\nbukket = 1\n");
+  EXPECT_NE(typo.message().find("unknown key \"bukket\""), std::string::npos) << typo.ToString();
+  Status missing = parse("[objstore]\nendpoint = \"http://h:1\"\nbridges = [\"b\"]\n");
+  EXPECT_NE(missing.message().find("bucket"), std::string::npos) << missing.ToString();
+}
+
+}  // namespace
+}  // namespace deltacast::relay
