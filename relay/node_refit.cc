@@ -7,6 +7,7 @@
 #include "codec/chunk.h"
 #include "common/crash_point.h"
 #include "common/log.h"
+#include "common/runtime.h"
 #include "relay/node_impl.h"
 #include "relay/replay.h"
 
@@ -14,7 +15,7 @@ namespace deltacast::relay {
 namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return std::chrono::duration<double>(RuntimeClock::now() - t).count();
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "codec/chunk.h"
 #include "common/crash_point.h"
 #include "common/log.h"
+#include "common/runtime.h"
 #include "relay/decision_log.h"
 #include "relay/delta_history.h"
 #include "relay/downstream.h"
@@ -26,7 +27,7 @@
 namespace deltacast::relay {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = RuntimeClock;
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -34,6 +35,10 @@ double SecondsSince(Clock::time_point t) {
 
 uint64_t RandomId() {
   uint64_t id = 0;
+  if (Runtime* sim = SimRuntime()) {
+    while (id == 0) id = sim->Random64();
+    return id;
+  }
   while (id == 0) RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id);
   return id;
 }
@@ -228,7 +233,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
         {
           // Hold at most `window` chunks: the slowest child's credit paces encoding.
           std::unique_lock lock(mu_);
-          cv_.wait(lock, [&] { return refit_->held < window || refit_->failed; });
+          Wait(cv_, lock, [&] { return refit_->held < window || refit_->failed; });
           if (refit_->failed) return Status::Aborted(refit_->failure);
           ++refit_->held;
         }
@@ -256,7 +261,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   {
     std::unique_lock lock(mu_);
     if (!encoded.ok() && !refit_->failed) Fail(encoded.ToString());
-    const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout, [&] {
+    const bool settled = WaitFor(cv_, lock, options_.config.tree.commit_timeout, [&] {
       return refit_->failed || children_.AwaitingPrepared() == 0;
     });
     if (!settled) Fail("not every node was PREPARED within the commit timeout");
@@ -298,8 +303,8 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   });
   {
     std::unique_lock lock(mu_);
-    cv_.wait_for(lock, options_.config.tree.commit_timeout,
-                 [&] { return children_.AwaitingConfirmation() == 0; });
+    WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+            [&] { return children_.AwaitingConfirmation() == 0; });
     report.nodes_decided = children_.confirmed_nodes();
     children_.EndRefit();
     // The caller's stores need not outlive this call.
@@ -313,8 +318,8 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
 
 // Caller holds mu_ (through `lock`).
 Status Source::Impl::WaitForChildren(std::unique_lock<std::mutex>& lock) {
-  const bool all = cv_.wait_for(lock, options_.config.tree.connect_timeout,
-                                [&] { return children_.AllPlannedConnected(); });
+  const bool all = WaitFor(cv_, lock, options_.config.tree.connect_timeout,
+                           [&] { return children_.AllPlannedConnected(); });
   if (all) return Status::Ok();
   std::string missing;
   for (const auto& c : children_.AbsentPlanned()) missing += (missing.empty() ? "" : ", ") + c;
