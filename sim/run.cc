@@ -1,5 +1,6 @@
 #include "sim/run.h"
 
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -116,6 +117,7 @@ class Run {
   Tensors Mutate(const Tensors& base, double rate);
   void CheckBytes(const Node& n, const Digest128& version, const char* when);
   void HealAndRestart();
+  void Sabotage();
   void FinalChecks();
 
   const Scenario s_;
@@ -450,6 +452,25 @@ void Run::Publish(double rate, bool liveness) {
   }
 }
 
+void Run::Sabotage() {
+  const fs::path file = nodes_[1].dir / "model.safetensors";
+  auto header = apply::ReadSafetensorsHeader(file);
+  if (!header.ok()) return;
+  const int fd = ::open(file.c_str(), O_RDWR);
+  if (fd < 0) return;
+  // The last byte of the norm, which no delta changes: no refit rewrites it, so
+  // only the checkers can notice.
+  const off_t at =
+      static_cast<off_t>(header->data_section_offset + header->entries.back().data_end - 1);
+  std::byte b{};
+  if (::pread(fd, &b, 1, at) == 1) {
+    b ^= std::byte{0xff};
+    (void)::pwrite(fd, &b, 1, at);
+  }
+  ::close(fd);
+  q_.Note("sabotage: one byte of n1's store changed behind the engine's back");
+}
+
 void Run::HealAndRestart() {
   faults_on_ = false;
   net_.Heal();
@@ -511,6 +532,7 @@ RunResult Run::Go() {
       ScheduleFaults(p);
       Publish(s_.change_rates[p], false);
     }
+    if (o_.sabotage) Sabotage();
     HealAndRestart();
     Publish(0.01, true);
     q_.RunFor(std::chrono::seconds(2));
