@@ -178,6 +178,23 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   report.target_version = target_manifest.VersionId();
   report.refit_id = RandomId();
   const auto call = Clock::now();
+  // A replay still queued for a slow child reads the last refit's spool, which
+  // RetireLastRefit may delete: drop it first, on the loop (the new BEGIN would drop
+  // it anyway). Found by the simulator: a use after free in that replay's loader.
+  {
+    std::unique_lock lock(mu_);
+    auto dropped = std::make_shared<bool>(false);  // the task may outlive this wait
+    loop_.Post([this, dropped] {
+      downstream_.DropQueued();  // not under mu_: dropped chunks' callbacks take it
+      std::lock_guard done(mu_);
+      *dropped = true;
+      cv_.notify_all();
+    });
+    // Bounded: a stopped loop runs nothing (then nothing reads the spool either).
+    if (!WaitFor(cv_, lock, options_.config.tree.connect_timeout, [&] { return *dropped; })) {
+      log::Warn("the source's loop did not drop the last refit's queued replays");
+    }
+  }
   RetireLastRefit();
   auto spool = Spool::Open(spool_dir_, report.target_version);
   if (!spool.ok()) {
@@ -232,8 +249,13 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
         if (spooled) (void)spooled->Append(header->sequence, *message);
         {
           // Hold at most `window` chunks: the slowest child's credit paces encoding.
+          // Not forever: a chunk no child releases within the commit timeout fails
+          // the refit (the simulator's seed 14094 waited here for good once a relay
+          // excused at the start rejoined mid-refit, its child adopted by the source).
           std::unique_lock lock(mu_);
-          Wait(cv_, lock, [&] { return refit_->held < window || refit_->failed; });
+          const bool room = WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+                                    [&] { return refit_->held < window || refit_->failed; });
+          if (!room) Fail("no chunk was released by the children within the commit timeout");
           if (refit_->failed) return Status::Aborted(refit_->failure);
           ++refit_->held;
         }

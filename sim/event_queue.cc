@@ -59,7 +59,15 @@ bool EventQueue::Step() {
     if (closed_.count(task.queue)) continue;
     if (++tasks_run_ > task_budget_) throw Stuck{"task budget spent (a livelock?)"};
     now_ = task.at;
-    if (now_ > time_limit_) throw Stuck{"simulated time limit passed"};
+    if (now_ > time_limit_) {
+      std::string why = "simulated time limit passed";
+      if (!waits_.empty()) {
+        why += waits_.back() == TimePoint::max()
+                   ? " (the source's Publish waits with no deadline: the chunk window)"
+                   : " (the source's Publish waits)";
+      }
+      throw Stuck{why};
+    }
     Fold(static_cast<uint64_t>((now_ - start_).count()));
     Fold(task.queue);
     task.fn();
@@ -76,10 +84,14 @@ void EventQueue::RunFor(Duration d) {
 
 bool EventQueue::RunUntil(TimePoint deadline, const std::function<bool()>& done) {
   ++blocked_depth_;
+  waits_.push_back(deadline);
   struct Leave {
-    int& depth;
-    ~Leave() { --depth; }
-  } leave{blocked_depth_};
+    EventQueue& q;
+    ~Leave() {
+      --q.blocked_depth_;
+      q.waits_.pop_back();
+    }
+  } leave{*this};
   for (;;) {
     if (kill_blocked_) {
       kill_blocked_ = false;

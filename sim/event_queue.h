@@ -98,6 +98,7 @@ class EventQueue final : public Runtime {
   size_t peak_pending_ = 0;
   TimePoint time_limit_ = TimePoint::max();
   int blocked_depth_ = 0;
+  std::vector<TimePoint> waits_;  // deadlines of the RunUntil calls in progress
   bool kill_blocked_ = false;
 };
 

@@ -82,6 +82,20 @@ TEST(SimSeedsTest, Seed1688AChildAtTheTargetIsNotReplayedTheDelta) {
   }
 }
 
+// Found by the simulator: seeds 14094, 14818 and 14958 left Source::Publish waiting
+// forever for room in its chunk window (the runs spent their simulated time limit),
+// and a run of seeds 15200-17000 in one process crashed in a queued replay's loader
+// reading the last refit's spool after the next Publish had deleted it. Publish now
+// drops queued replays before it retires that spool, and the window wait fails the
+// refit after the commit timeout instead of waiting for good.
+TEST(SimSeedsTest, SeedsThatWaitedForeverForTheChunkWindowCommitNow) {
+  for (uint64_t seed : {14094, 14818, 14958}) {
+    const RunResult r = RunScenario(DrawScenario(seed));
+    EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
+    EXPECT_LT(r.sim_seconds, 300) << "seed " << seed;
+  }
+}
+
 // Found by the simulator (docs/simulation.md): a relay that fails over back to a
 // parent that is replaying to it, after it committed the refit elsewhere, forwards
 // the whole delta again to its children, which hold it. Not fixed yet: this test
