@@ -35,6 +35,11 @@ constexpr uint64_t kChunkBytes = 16 << 10;
 // and how long the next publish may take to commit everywhere.
 constexpr auto kSettle = std::chrono::seconds(8);
 constexpr double kLivenessSeconds = 30;
+// A publish that starts with every process up and no fault acting, and sees none,
+// must finish within this (policy `all` waits 3 s for a late joiner; every timeout of
+// the tree is shorter than this).
+constexpr double kStallSeconds = 10;
+constexpr auto kRecovery = std::chrono::seconds(8);
 
 std::vector<codec::TensorInfo> Table() {
   std::vector<codec::TensorInfo> t;
@@ -137,7 +142,9 @@ class Run {
   std::map<Digest128, Tensors> versions_;
   std::vector<Digest128> lineage_;  // committed versions, in order; [0] the start
   std::map<Digest128, int> index_;
-  std::optional<Digest128> pending_;  // the target being published
+  std::optional<Digest128> pending_;    // the target being published
+  uint64_t injected_ = 0;               // faults injected so far
+  EventQueue::TimePoint quiet_from_{};  // no fault acts on the tree from then on
   RunResult r_;
 };
 
@@ -330,6 +337,9 @@ void Run::Inject(size_t index, const Fault& f) {
   q_.Note(fmt::format("fault {}: {} {}{}", index, FaultName(f.kind), a,
                       f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
   ++r_.faults[static_cast<size_t>(f.kind)];
+  ++injected_;
+  // The tree may take the fault's time plus a rejoin to settle.
+  quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
   switch (f.kind) {
     case FaultKind::kReset:
       return net_.ResetLinks(a, b);
@@ -403,6 +413,9 @@ void Run::Publish(double rate, bool liveness) {
   auto base_store = Borrow(base_bytes);
   auto target_store = Borrow(target_bytes);
   const double t0 = q_.Seconds();
+  const uint64_t injected_before = injected_;
+  bool quiet = q_.Now() >= quiet_from_;
+  for (int i = 1; i <= s_.nodes; ++i) quiet &= !nodes_[i].joined || nodes_[i].agent != nullptr;
   std::optional<Result<relay::PublishReport>> report;
   try {
     report = source_->Publish(*base_store, base_manifest, *target_store, target_manifest);
@@ -420,6 +433,10 @@ void Run::Publish(double rate, bool liveness) {
   if (!report) {
     if (liveness) Fail("liveness: the source died during the liveness publish");
     return;
+  }
+  if (quiet && injected_ == injected_before && q_.Seconds() - t0 > kStallSeconds) {
+    Fail(fmt::format("stall: a publish with every process up and no fault acting took {:.1f} s",
+                     q_.Seconds() - t0));
   }
   if (!report->ok()) {
     q_.Note("publish failed: " + report->status().ToString());
