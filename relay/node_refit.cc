@@ -380,7 +380,7 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
   if (committed) decision = DecisionFor(MessageType::kCommit);
   if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_))
     decision = DecisionFor(MessageType::kAbort);
-  Replay replay = ReplayFor(hello, r.begin, r.spool.get(), decision);
+  Replay replay = ReplayFor(hello, r.begin, r.spool, decision);
   log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks",
                         options_.node_id, child, r.id, replay.chunks));
   children_.Rejoined(child);

@@ -14,10 +14,9 @@ bool IsEnd(Spool& spool, uint32_t sequence) {
   return header.ok() && header->kind == codec::ChunkKind::kEnd;
 }
 
-}  // namespace
-
-Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
-                 transport::Message decision) {
+// `keep` (may be null) owns `spool` for as long as a loader exists.
+Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_ptr<Spool> keep,
+             transport::Message decision) {
   Replay replay;
   replay.messages.push_back(
       Downstream::Outgoing::Control(transport::MakeMessage(EncodeBegin(begin))));
@@ -34,13 +33,27 @@ Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
     for (uint32_t sequence : spool->sequences()) {
       if (same_delta && applied.contains(sequence)) continue;
       if (at_target && !IsEnd(*spool, sequence)) continue;
-      replay.messages.push_back(Downstream::Outgoing::Chunk(
-          [spool, sequence] { return spool->Read(sequence); }, {begin.target_version, sequence}));
+      replay.messages.push_back(
+          Downstream::Outgoing::Chunk([spool, keep, sequence] { return spool->Read(sequence); },
+                                      {begin.target_version, sequence}));
       ++replay.chunks;
     }
   }
   if (decision) replay.messages.push_back(Downstream::Outgoing::Control(std::move(decision)));
   return replay;
+}
+
+}  // namespace
+
+Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
+                 transport::Message decision) {
+  return Build(hello, begin, spool, nullptr, std::move(decision));
+}
+
+Replay ReplayFor(const Hello& hello, const Begin& begin, std::shared_ptr<Spool> spool,
+                 transport::Message decision) {
+  Spool* raw = spool.get();
+  return Build(hello, begin, raw, std::move(spool), std::move(decision));
 }
 
 }  // namespace deltacast::relay
