@@ -127,6 +127,12 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
   };
   std::vector<std::jthread> workers;
   for (size_t t = 0; t < threads; ++t) workers.emplace_back(encode);
+  // Destroyed before `workers` (which join): a sink that throws must not leave them
+  // waiting for room forever.
+  struct CancelOnExit {
+    OrderedResults& results;
+    ~CancelOnExit() { results.Cancel(); }
+  } cancel_on_exit{results};
 
   Status status;
   uint32_t sequence = 0;

@@ -8,12 +8,15 @@
 #include <atomic>
 #include <memory>
 
+#include "common/runtime.h"
+
 namespace deltacast {
 
 size_t DefaultThreadCount() { return std::max(1u, std::thread::hardware_concurrency()); }
 
 void ParallelFor(size_t count, size_t threads, const std::function<void(size_t)>& fn) {
   threads = std::clamp<size_t>(threads, 1, std::max<size_t>(count, 1));
+  if (SimRuntime()) threads = 1;  // no threads in a simulation
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i = next++; i < count; i = next++) fn(i);
@@ -24,8 +27,10 @@ void ParallelFor(size_t count, size_t threads, const std::function<void(size_t)>
   worker();
 }
 
-WorkerPool::WorkerPool(size_t threads, int nice) : nice_(nice) {
+WorkerPool::WorkerPool(size_t threads, int nice) : nice_(nice), inline_(SimRuntime() != nullptr) {
   threads = std::max<size_t>(threads, 1);
+  size_ = threads;
+  if (inline_) return;
   threads_.reserve(threads);
   for (size_t t = 0; t < threads; ++t) threads_.emplace_back([this] { Run(); });
 }
@@ -33,6 +38,10 @@ WorkerPool::WorkerPool(size_t threads, int nice) : nice_(nice) {
 WorkerPool::~WorkerPool() { Stop(); }
 
 void WorkerPool::Post(std::function<void()> task) {
+  if (inline_) {
+    if (!stopping_) task();
+    return;
+  }
   std::lock_guard lock(mu_);
   if (stopping_) return;
   tasks_.push_back(std::move(task));
@@ -69,6 +78,10 @@ void WorkerPool::Run() {
 
 void WorkerPool::ParallelFor(size_t count, const std::function<void(size_t)>& fn) {
   if (count == 0) return;
+  if (inline_) {
+    for (size_t i = 0; i < count; ++i) fn(i);
+    return;
+  }
   // Shared with helpers that may start after this call returned: they then find no
   // item left and never touch `fn`, which lives only as long as this call.
   struct State {

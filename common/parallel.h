@@ -37,7 +37,7 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  size_t size() const { return threads_.size(); }
+  size_t size() const { return size_; }
   // Queues `task`. Tasks posted after Stop are dropped.
   void Post(std::function<void()> task);
   // Runs the tasks already queued, then joins the threads. Idempotent; must not be
@@ -56,6 +56,10 @@ class WorkerPool {
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
   int nice_ = 0;
+  size_t size_ = 0;
+  // Under a simulated runtime (common/runtime.h) the pool has no threads: tasks run
+  // inline, in Post and ParallelFor, one after another.
+  bool inline_ = false;
   std::vector<std::thread> threads_;
 };
 

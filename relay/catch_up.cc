@@ -4,12 +4,13 @@
 
 #include "codec/chunk.h"
 #include "common/log.h"
+#include "common/runtime.h"
 
 namespace deltacast::relay {
 namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return std::chrono::duration<double>(RuntimeClock::now() - t).count();
 }
 
 }  // namespace
@@ -29,7 +30,7 @@ void CatchUp::Start(const Digest128& to, uint64_t refit_id, bool resolving) {
   state_->to = to;
   state_->refit_id = refit_id;
   state_->resolving = resolving;
-  state_->start = std::chrono::steady_clock::now();
+  state_->start = RuntimeClock::now();
   log::Warn(fmt::format(
       "{}: holds {}{} but the cluster committed {}: catching up (by the deltas the source "
       "kept, else by the partitions that differ)",

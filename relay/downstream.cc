@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "common/runtime.h"
 
 namespace deltacast::relay {
 
@@ -58,7 +59,7 @@ void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
   Handshake& h = handshakes_[serial];
   h.connection = std::move(connection);
   h.host = host;
-  h.deadline = std::chrono::steady_clock::now() + limits_.handshake_timeout;
+  h.deadline = RuntimeClock::now() + limits_.handshake_timeout;
   h.nonce = RandomNonce();
   h.connection->Start(
       [this, serial](transport::Message m) {

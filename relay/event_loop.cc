@@ -3,10 +3,20 @@
 namespace deltacast::relay {
 
 EventLoop::EventLoop(std::function<void()> tick, std::chrono::milliseconds period)
-    : tick_(std::move(tick)), period_(period) {}
+    : tick_(std::move(tick)), period_(period), sim_(SimRuntime()) {
+  if (sim_) queue_ = sim_->OpenQueue("loop");
+}
 
 void EventLoop::Start() {
   std::lock_guard lock(mu_);
+  if (sim_) {
+    if (started_ || stopping_) return;
+    started_ = true;
+    for (auto& task : tasks_) sim_->Post(queue_, std::move(task));
+    tasks_.clear();
+    sim_->PostAt(queue_, sim_->Now() + period_, [this] { SimTick(); });
+    return;
+  }
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Run(); });
 }
 
@@ -15,17 +25,27 @@ EventLoop::~EventLoop() { Stop(); }
 void EventLoop::Post(std::function<void()> task) {
   std::lock_guard lock(mu_);
   if (stopping_) return;
+  if (sim_ && started_) return sim_->Post(queue_, std::move(task));
   tasks_.push_back(std::move(task));
   wake_.notify_one();
 }
 
 void EventLoop::Stop() {
+  std::deque<std::function<void()>> dropped;  // destroyed outside mu_
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
     wake_.notify_one();
+    if (sim_) dropped.swap(tasks_);
   }
+  if (sim_) return sim_->CloseQueue(queue_);
   if (thread_.joinable()) thread_.join();
+}
+
+void EventLoop::SimTick() {
+  if (tick_) tick_();
+  std::lock_guard lock(mu_);
+  if (!stopping_) sim_->PostAt(queue_, sim_->Now() + period_, [this] { SimTick(); });
 }
 
 void EventLoop::Run() {

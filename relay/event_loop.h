@@ -2,6 +2,10 @@
 // A node agent and a publisher each own one, and every transport callback only
 // posts to it, so all relay state is touched by that one thread and needs no locks.
 //
+// Under a simulated runtime (common/runtime.h) there is no thread: the loop is a
+// queue of the runtime, ticked at simulated times, and Stop drops what is queued (as
+// the process dying would).
+//
 // Thread safety: Post and Stop are thread-safe; tasks run on the loop thread only.
 #pragma once
 
@@ -11,6 +15,8 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+
+#include "common/runtime.h"
 
 namespace deltacast::relay {
 
@@ -36,6 +42,7 @@ class EventLoop {
 
  private:
   void Run();
+  void SimTick();
 
   std::function<void()> tick_;
   std::chrono::milliseconds period_;
@@ -44,6 +51,10 @@ class EventLoop {
   std::deque<std::function<void()>> tasks_;
   bool stopping_ = false;
   std::thread thread_;
+  // Simulated: the runtime's queue (0: real thread).
+  Runtime* sim_ = nullptr;
+  uint64_t queue_ = 0;
+  bool started_ = false;
 };
 
 }  // namespace deltacast::relay

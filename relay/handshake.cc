@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "common/runtime.h"
 #include "relay/internal/body_reader.h"
 #include "relay/protocol.h"
 
@@ -212,6 +213,10 @@ bool ProofMatches(const std::array<uint8_t, kProofBytes>& a,
 
 std::array<uint8_t, kNonceBytes> RandomNonce() {
   std::array<uint8_t, kNonceBytes> nonce{};
+  if (Runtime* sim = SimRuntime()) {  // a simulation replays from its seed
+    for (auto& b : nonce) b = static_cast<uint8_t>(sim->Random64());
+    return nonce;
+  }
   // A nonce that is not random would let a recorded handshake be replayed: abort
   // rather than go on with a predictable one.
   if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1) std::abort();

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/runtime.h"
 #include "relay/catch_up.h"
 #include "relay/downstream.h"
 #include "relay/event_loop.h"
@@ -38,7 +39,7 @@ namespace deltacast::relay {
 
 class NodeAgent::Impl {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = RuntimeClock;
 
   Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
        std::unique_ptr<transport::Transport> transport, topology::TreePlan plan);

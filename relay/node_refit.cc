@@ -7,6 +7,7 @@
 #include "codec/chunk.h"
 #include "common/crash_point.h"
 #include "common/log.h"
+#include "common/runtime.h"
 #include "relay/node_impl.h"
 #include "relay/replay.h"
 
@@ -14,7 +15,7 @@ namespace deltacast::relay {
 namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return std::chrono::duration<double>(RuntimeClock::now() - t).count();
 }
 
 }  // namespace
@@ -379,7 +380,7 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
   if (committed) decision = DecisionFor(MessageType::kCommit);
   if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_))
     decision = DecisionFor(MessageType::kAbort);
-  Replay replay = ReplayFor(hello, r.begin, r.spool.get(), decision);
+  Replay replay = ReplayFor(hello, r.begin, r.spool, decision);
   log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks",
                         options_.node_id, child, r.id, replay.chunks));
   children_.Rejoined(child);

@@ -5,13 +5,14 @@
 
 #include "common/crash_point.h"
 #include "common/log.h"
+#include "common/runtime.h"
 #include "relay/node_agent.h"
 #include "relay/signing.h"
 
 namespace deltacast::relay {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = RuntimeClock;
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();

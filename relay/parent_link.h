@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/runtime.h"
 #include "relay/event_loop.h"
 #include "relay/protocol.h"
 #include "topology/cluster_config.h"
@@ -35,7 +36,7 @@ namespace deltacast::relay {
 
 class ParentLink {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = RuntimeClock;
   // How long a node keeps trying its planned parent before it dials its failover
   // parent (policy `available`).
   static constexpr std::chrono::milliseconds kFailoverAfter{3000};

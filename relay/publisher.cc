@@ -5,6 +5,7 @@
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
 #include "common/parallel.h"
+#include "common/runtime.h"
 #include "relay/source.h"
 
 namespace deltacast::relay {
@@ -14,10 +15,10 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
                               const apply::WeightStore& target,
                               const codec::Manifest& target_manifest,
                               std::unique_ptr<transport::Transport> transport) {
-  const auto call = std::chrono::steady_clock::now();
+  const auto call = RuntimeClock::now();
   ASSIGN_OR_RETURN(auto source, Source::Start(options, std::move(transport)));
   const double started =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - call).count();
+      std::chrono::duration<double>(RuntimeClock::now() - call).count();
   auto report = source->Publish(base, base_manifest, target, target_manifest);
   source->Stop();
   if (report.ok()) report->call_to_first_chunk_seconds += started;

@@ -21,13 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "common/runtime.h"
 #include "relay/protocol.h"
 
 namespace deltacast::relay {
 
 class RefitChildren {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = RuntimeClock;
 
   explicit RefitChildren(std::vector<std::string> planned);
 

@@ -5,6 +5,7 @@
 // Thread safety: a free function; the spool must outlive the messages' loaders.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -23,5 +24,9 @@ struct Replay {
 // message as the source signed it, if made (COMMIT or ABORT of refit
 // `begin.refit_id`), else null. `begin` is re-encoded with its signature.
 Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool, transport::Message decision);
+// The same, the loaders sharing ownership of `spool`: a node's refit may end (and
+// drop its spool) while a replay is still queued for a child.
+Replay ReplayFor(const Hello& hello, const Begin& begin, std::shared_ptr<Spool> spool,
+                 transport::Message decision);
 
 }  // namespace deltacast::relay

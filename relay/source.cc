@@ -12,6 +12,7 @@
 #include "codec/chunk.h"
 #include "common/crash_point.h"
 #include "common/log.h"
+#include "common/runtime.h"
 #include "relay/decision_log.h"
 #include "relay/delta_history.h"
 #include "relay/downstream.h"
@@ -26,7 +27,7 @@
 namespace deltacast::relay {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = RuntimeClock;
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -34,6 +35,10 @@ double SecondsSince(Clock::time_point t) {
 
 uint64_t RandomId() {
   uint64_t id = 0;
+  if (Runtime* sim = SimRuntime()) {
+    while (id == 0) id = sim->Random64();
+    return id;
+  }
   while (id == 0) RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id);
   return id;
 }
@@ -173,6 +178,23 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   report.target_version = target_manifest.VersionId();
   report.refit_id = RandomId();
   const auto call = Clock::now();
+  // A replay still queued for a slow child reads the last refit's spool, which
+  // RetireLastRefit may delete: drop it first, on the loop (the new BEGIN would drop
+  // it anyway). Found by the simulator: a use after free in that replay's loader.
+  {
+    std::unique_lock lock(mu_);
+    auto dropped = std::make_shared<bool>(false);  // the task may outlive this wait
+    loop_.Post([this, dropped] {
+      downstream_.DropQueued();  // not under mu_: dropped chunks' callbacks take it
+      std::lock_guard done(mu_);
+      *dropped = true;
+      cv_.notify_all();
+    });
+    // Bounded: a stopped loop runs nothing (then nothing reads the spool either).
+    if (!WaitFor(cv_, lock, options_.config.tree.connect_timeout, [&] { return *dropped; })) {
+      log::Warn("the source's loop did not drop the last refit's queued replays");
+    }
+  }
   RetireLastRefit();
   auto spool = Spool::Open(spool_dir_, report.target_version);
   if (!spool.ok()) {
@@ -227,8 +249,13 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
         if (spooled) (void)spooled->Append(header->sequence, *message);
         {
           // Hold at most `window` chunks: the slowest child's credit paces encoding.
+          // Not forever: a chunk no child releases within the commit timeout fails
+          // the refit (the simulator's seed 14094 waited here for good once a relay
+          // excused at the start rejoined mid-refit, its child adopted by the source).
           std::unique_lock lock(mu_);
-          cv_.wait(lock, [&] { return refit_->held < window || refit_->failed; });
+          const bool room = WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+                                    [&] { return refit_->held < window || refit_->failed; });
+          if (!room) Fail("no chunk was released by the children within the commit timeout");
           if (refit_->failed) return Status::Aborted(refit_->failure);
           ++refit_->held;
         }
@@ -256,7 +283,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   {
     std::unique_lock lock(mu_);
     if (!encoded.ok() && !refit_->failed) Fail(encoded.ToString());
-    const bool settled = cv_.wait_for(lock, options_.config.tree.commit_timeout, [&] {
+    const bool settled = WaitFor(cv_, lock, options_.config.tree.commit_timeout, [&] {
       return refit_->failed || children_.AwaitingPrepared() == 0;
     });
     if (!settled) Fail("not every node was PREPARED within the commit timeout");
@@ -298,8 +325,8 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   });
   {
     std::unique_lock lock(mu_);
-    cv_.wait_for(lock, options_.config.tree.commit_timeout,
-                 [&] { return children_.AwaitingConfirmation() == 0; });
+    WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+            [&] { return children_.AwaitingConfirmation() == 0; });
     report.nodes_decided = children_.confirmed_nodes();
     children_.EndRefit();
     // The caller's stores need not outlive this call.
@@ -313,8 +340,8 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
 
 // Caller holds mu_ (through `lock`).
 Status Source::Impl::WaitForChildren(std::unique_lock<std::mutex>& lock) {
-  const bool all = cv_.wait_for(lock, options_.config.tree.connect_timeout,
-                                [&] { return children_.AllPlannedConnected(); });
+  const bool all = WaitFor(cv_, lock, options_.config.tree.connect_timeout,
+                           [&] { return children_.AllPlannedConnected(); });
   if (all) return Status::Ok();
   std::string missing;
   for (const auto& c : children_.AbsentPlanned()) missing += (missing.empty() ? "" : ", ") + c;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/runtime.h"
 #include "relay/node_store.h"
 #include "relay/parent_link.h"
 #include "relay/up_requests.h"
@@ -27,7 +28,7 @@ namespace deltacast::relay {
 
 class StoreRecovery {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = RuntimeClock;
 
   // Everything given must outlive this object. `finished` runs once the store is
   // at its committed version again (or the recovery failed: the status says why),

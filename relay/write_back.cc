@@ -1,8 +1,17 @@
 #include "relay/write_back.h"
 
+#include <utility>
+
 namespace deltacast::relay {
 
-WriteBack::~WriteBack() { (void)Abandon(); }
+WriteBack::WriteBack(std::chrono::milliseconds delay) : delay_(delay), sim_(SimRuntime()) {
+  if (sim_) queue_ = sim_->OpenQueue("write-back");
+}
+
+WriteBack::~WriteBack() {
+  (void)Abandon();
+  if (sim_) sim_->CloseQueue(queue_);
+}
 
 void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
                       std::function<void()> done) {
@@ -13,6 +22,19 @@ void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
     abandoned_ = false;
     started_ = false;
     outcome_.reset();
+  }
+  if (sim_) {
+    sim_flush_ = [this, &store, target, done = std::move(done)] {
+      started_ = true;
+      Status status = store.FlushAll();
+      outcome_ = Outcome{target, std::move(status), 0};
+      if (done) done();
+    };
+    // The timer runs the flush unless Join or Abandon took it first.
+    sim_->PostAt(queue_, sim_->Now() + delay_, [this] {
+      if (auto flush = std::exchange(sim_flush_, nullptr)) flush();
+    });
+    return;
   }
   thread_ = std::thread([this, &store, target, done = std::move(done)] {
     {
@@ -34,6 +56,10 @@ void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
 }
 
 std::optional<WriteBack::Outcome> WriteBack::Join() {
+  if (sim_) {
+    if (auto flush = std::exchange(sim_flush_, nullptr)) flush();
+    return std::exchange(outcome_, std::nullopt);
+  }
   if (!thread_.joinable()) return std::nullopt;
   {
     std::lock_guard lock(mu_);
@@ -48,6 +74,10 @@ std::optional<WriteBack::Outcome> WriteBack::Join() {
 }
 
 std::optional<WriteBack::Outcome> WriteBack::Abandon() {
+  if (sim_) {
+    sim_flush_ = nullptr;
+    return std::exchange(outcome_, std::nullopt);
+  }
   if (!thread_.joinable()) return std::nullopt;
   {
     std::lock_guard lock(mu_);

@@ -8,6 +8,9 @@
 // over a page whose write-back is still running could leave on disk a mix that the
 // journal no longer describes.
 //
+// Under a simulated runtime (common/runtime.h) the flush is a timer of the runtime
+// instead of a thread, and Join runs it inline if it has not run.
+//
 // Thread safety: Start, Join and Abandon from one thread (the node's apply thread);
 // `done` runs on the flushing thread.
 #pragma once
@@ -21,6 +24,7 @@
 
 #include "apply/weight_store.h"
 #include "common/hash.h"
+#include "common/runtime.h"
 #include "common/status.h"
 
 namespace deltacast::relay {
@@ -36,7 +40,7 @@ class WriteBack {
   // Flushes start `delay` after Start (0: at once). A delay lets a burst of refits
   // coalesce pages the kernel has not written yet; tests use a long one to keep a
   // commit's pages unflushed, as a machine crash would find them.
-  explicit WriteBack(std::chrono::milliseconds delay) : delay_(delay) {}
+  explicit WriteBack(std::chrono::milliseconds delay);
   ~WriteBack();  // Abandon()
   WriteBack(const WriteBack&) = delete;
   WriteBack& operator=(const WriteBack&) = delete;
@@ -61,6 +65,10 @@ class WriteBack {
   bool started_ = false;
   std::optional<Outcome> outcome_;
   std::thread thread_;
+  // Simulated: the flush waiting for its timer (or Join), and the runtime's queue.
+  std::function<void()> sim_flush_;
+  Runtime* sim_ = nullptr;
+  uint64_t queue_ = 0;
 };
 
 }  // namespace deltacast::relay

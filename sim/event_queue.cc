@@ -1,0 +1,117 @@
+#include "sim/event_queue.h"
+
+#include <fmt/core.h>
+
+namespace deltacast::sim {
+
+EventQueue::EventQueue(uint64_t seed, Duration max_post_jitter)
+    : rng_(seed),
+      max_jitter_(max_post_jitter),
+      // Not zero: engine code may treat a zero time point as "never".
+      start_(TimePoint(std::chrono::hours(1))),
+      now_(start_) {}
+
+uint64_t EventQueue::OpenQueue(const char* kind) {
+  const uint64_t id = next_queue_++;
+  kinds_[id] = kind;
+  return id;
+}
+
+void EventQueue::CloseQueue(uint64_t queue) {
+  closed_.insert(queue);
+  last_post_.erase(queue);
+}
+
+void EventQueue::Push(uint64_t queue, TimePoint at, std::function<void()> fn) {
+  if (closed_.count(queue)) return;
+  heap_.push(Task{std::max(at, now_), seq_++, queue, std::move(fn)});
+  peak_pending_ = std::max(peak_pending_, heap_.size());
+}
+
+void EventQueue::Post(uint64_t queue, std::function<void()> task) {
+  // A small random delay explores interleavings between queues; a queue's own tasks
+  // keep their order.
+  Duration jitter{0};
+  if (max_jitter_.count() > 0) jitter = Duration(rng_() % (max_jitter_.count() + 1));
+  TimePoint at = now_ + jitter;
+  auto& last = last_post_[queue];
+  at = std::max(at, last);
+  last = at;
+  Push(queue, at, std::move(task));
+}
+
+void EventQueue::PostAt(uint64_t queue, TimePoint at, std::function<void()> task) {
+  Push(queue, at, std::move(task));
+}
+
+void EventQueue::Fold(uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    hash_ ^= (v >> (8 * i)) & 0xff;
+    hash_ *= 1099511628211ull;
+  }
+}
+
+bool EventQueue::Step() {
+  while (!heap_.empty()) {
+    // The heap's top is const: move the task out through a copy of its handle.
+    Task task = std::move(const_cast<Task&>(heap_.top()));
+    heap_.pop();
+    if (closed_.count(task.queue)) continue;
+    if (++tasks_run_ > task_budget_) throw Stuck{"task budget spent (a livelock?)"};
+    now_ = task.at;
+    if (now_ > time_limit_) {
+      std::string why = "simulated time limit passed";
+      if (!waits_.empty()) {
+        why += waits_.back() == TimePoint::max()
+                   ? " (the source's Publish waits with no deadline: the chunk window)"
+                   : " (the source's Publish waits)";
+      }
+      throw Stuck{why};
+    }
+    Fold(static_cast<uint64_t>((now_ - start_).count()));
+    Fold(task.queue);
+    task.fn();
+    return true;
+  }
+  return false;
+}
+
+void EventQueue::RunFor(Duration d) {
+  const TimePoint until = now_ + d;
+  while (!heap_.empty() && heap_.top().at <= until) Step();
+  now_ = std::max(now_, until);
+}
+
+bool EventQueue::RunUntil(TimePoint deadline, const std::function<bool()>& done) {
+  ++blocked_depth_;
+  waits_.push_back(deadline);
+  struct Leave {
+    EventQueue& q;
+    ~Leave() {
+      --q.blocked_depth_;
+      q.waits_.pop_back();
+    }
+  } leave{*this};
+  for (;;) {
+    if (kill_blocked_) {
+      kill_blocked_ = false;
+      throw Killed{};
+    }
+    if (done()) return true;
+    if (heap_.empty() || heap_.top().at > deadline) {
+      if (deadline == TimePoint::max()) throw Stuck{"a blocking wait with nothing left to run"};
+      now_ = std::max(now_, deadline);
+      return done();
+    }
+    Step();
+  }
+}
+
+double EventQueue::Seconds() const { return std::chrono::duration<double>(now_ - start_).count(); }
+
+void EventQueue::Note(const std::string& line) {
+  notes_.push_back(fmt::format("[{:10.6f}] {}", Seconds(), line));
+  for (char c : line) Fold(static_cast<unsigned char>(c));
+}
+
+}  // namespace deltacast::sim

@@ -1,0 +1,199 @@
+// deltacast_sim: runs simulated schedules of the relay tree (docs/simulation.md).
+//
+//   deltacast_sim --seed S [--drop 1,4] [--trace] [--log]   one seed; replays exactly
+//   deltacast_sim --seeds A-B [--json FILE] [--shrink]       a range of seeds
+//                 [--known S,T]   seeds of known, unfixed bugs: they must fail
+//
+// Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sim/run.h"
+#include "sim/scenario.h"
+#include "sim/shrink.h"
+
+namespace {
+
+using namespace deltacast::sim;
+
+int Usage(const std::string& why) {
+  std::fprintf(stderr,
+               "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
+               "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--shrink] "
+               "[--json FILE]\n",
+               why.c_str());
+  return 2;
+}
+
+bool ParseU64(const std::string& s, uint64_t& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  out = std::strtoull(s.c_str(), &end, 10);
+  return end && *end == '\0';
+}
+
+void PrintTrace(const Scenario& s, const RunResult& r) {
+  std::printf("%s\n", s.Describe().c_str());
+  for (const auto& line : r.trace) std::printf("  %s\n", line.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t first = 1, last = 1;
+  bool one = false, trace = false, shrink = false;
+  double intensity = 1.0;
+  RunOptions options;
+  std::string json;
+  std::set<uint64_t> known;  // seeds of known, unfixed bugs: expected to fail
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : std::string(); };
+    if (a == "--seed") {
+      if (!ParseU64(value(), first)) return Usage("--seed needs a number");
+      last = first;
+      one = true;
+    } else if (a == "--seeds") {
+      const std::string v = value();
+      const auto dash = v.find('-');
+      if (dash == std::string::npos || !ParseU64(v.substr(0, dash), first) ||
+          !ParseU64(v.substr(dash + 1), last) || last < first) {
+        return Usage("--seeds needs A-B with A <= B");
+      }
+    } else if (a == "--drop") {
+      std::string v = value();
+      size_t pos = 0;
+      while (pos < v.size()) {
+        const size_t comma = std::min(v.find(',', pos), v.size());
+        uint64_t k = 0;
+        if (!ParseU64(v.substr(pos, comma - pos), k)) return Usage("--drop needs I,J,...");
+        options.drop_faults.insert(k);
+        pos = comma + 1;
+      }
+    } else if (a == "--known") {
+      std::string v = value();
+      size_t pos = 0;
+      while (pos < v.size()) {
+        const size_t comma = std::min(v.find(',', pos), v.size());
+        uint64_t k = 0;
+        if (!ParseU64(v.substr(pos, comma - pos), k)) return Usage("--known needs S,T,...");
+        known.insert(k);
+        pos = comma + 1;
+      }
+    } else if (a == "--intensity") {
+      intensity = std::atof(value().c_str());
+    } else if (a == "--trace") {
+      trace = true;
+    } else if (a == "--log") {
+      options.engine_log = true;
+    } else if (a == "--shrink") {
+      shrink = true;
+    } else if (a == "--json") {
+      json = value();
+    } else {
+      return Usage("unknown argument '" + a + "'");
+    }
+  }
+
+  int failed = 0, known_failed = 0;
+  uint64_t runs = 0, publishes = 0, committed = 0, node_refits = 0, tasks = 0;
+  uint64_t chunk_bytes = 0, resent = 0;
+  double sim_seconds = 0;
+  std::array<uint64_t, kFaultKinds> faults{};
+  NetworkCounts net;
+  std::vector<uint64_t> failing;
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    const Scenario s = DrawScenario(seed, intensity);
+    RunResult r = RunScenario(s, options);
+    ++runs;
+    publishes += r.publishes;
+    committed += r.committed;
+    node_refits += r.node_refits;
+    tasks += r.tasks;
+    sim_seconds += r.sim_seconds;
+    chunk_bytes += r.chunk_bytes;
+    resent += r.resent_bytes;
+    for (int k = 0; k < kFaultKinds; ++k) faults[k] += r.faults[k];
+    net.resets += r.net.resets;
+    net.losses += r.net.losses;
+    net.messages += r.net.messages;
+    if (one || (!r.ok() && !known.count(seed))) {
+      std::printf("seed %llu: %s (trace %016llx, %llu tasks, %.1f s simulated, %d/%d committed)\n",
+                  static_cast<unsigned long long>(seed), r.ok() ? "ok" : "FAILED",
+                  static_cast<unsigned long long>(r.trace_hash),
+                  static_cast<unsigned long long>(r.tasks), r.sim_seconds, r.committed,
+                  r.publishes);
+    }
+    if (known.count(seed)) {
+      // A known bug's seed: it must still fail, or the list is stale.
+      if (r.ok()) {
+        std::printf("seed %llu: listed as a known bug but passes now: take it off --known\n",
+                    static_cast<unsigned long long>(seed));
+        ++failed;
+      } else {
+        std::printf("seed %llu: fails as known (%s)\n", static_cast<unsigned long long>(seed),
+                    r.failures.front().c_str());
+        ++known_failed;
+      }
+      continue;
+    }
+    if (!r.ok()) {
+      ++failed;
+      failing.push_back(seed);
+      for (const auto& f : r.failures) std::printf("  failure: %s\n", f.c_str());
+      if (shrink) {
+        Shrunk sh = ShrinkFaults(s, r);
+        std::string dropped;
+        for (size_t k : sh.dropped) dropped += (dropped.empty() ? "" : ",") + std::to_string(k);
+        std::printf("  shrunk in %d runs: still fails with --drop %s (%zu of %zu faults left)\n",
+                    sh.runs, dropped.empty() ? "(none)" : dropped.c_str(),
+                    s.faults.size() - sh.dropped.size(), s.faults.size());
+        r = sh.result;
+        for (const auto& f : r.failures) std::printf("  failure: %s\n", f.c_str());
+      }
+      PrintTrace(s, r);
+    } else if (trace) {
+      PrintTrace(s, r);
+    }
+    std::fflush(stdout);
+  }
+  std::printf(
+      "%llu runs, %d failed (%d more as known); %llu publishes, %llu committed, %llu node refits; "
+      "%.0f s simulated, "
+      "%llu tasks\nfaults:",
+      static_cast<unsigned long long>(runs), failed, known_failed,
+      static_cast<unsigned long long>(publishes), static_cast<unsigned long long>(committed),
+      static_cast<unsigned long long>(node_refits), sim_seconds,
+      static_cast<unsigned long long>(tasks));
+  for (int k = 0; k < kFaultKinds; ++k) {
+    std::printf(" %s %llu", FaultName(static_cast<FaultKind>(k)),
+                static_cast<unsigned long long>(faults[k]));
+  }
+  std::printf("; segment losses %llu; re-sent %llu of %llu chunk bytes\n",
+              static_cast<unsigned long long>(net.losses), static_cast<unsigned long long>(resent),
+              static_cast<unsigned long long>(chunk_bytes));
+  if (!json.empty()) {
+    std::ofstream out(json);
+    out << fmt::format(
+        "{{\n  \"seeds\": [{}, {}],\n  \"runs\": {},\n  \"failed\": {},\n  \"publishes\": {},\n"
+        "  \"committed\": {},\n  \"node_refits\": {},\n  \"simulated_seconds\": {:.0f},\n"
+        "  \"tasks\": {},\n  \"chunk_bytes\": {},\n  \"resent_bytes\": {},\n"
+        "  \"segment_losses\": {},\n  \"faults\": {{",
+        first, last, runs, failed, publishes, committed, node_refits, sim_seconds, tasks,
+        chunk_bytes, resent, net.losses);
+    for (int k = 0; k < kFaultKinds; ++k) {
+      out << fmt::format("{}\"{}\": {}", k ? ", " : "", FaultName(static_cast<FaultKind>(k)),
+                         faults[k]);
+    }
+    out << "},\n  \"failing_seeds\": [";
+    for (size_t i = 0; i < failing.size(); ++i) out << (i ? ", " : "") << failing[i];
+    out << "]\n}\n";
+  }
+  return failed ? 1 : 0;
+}

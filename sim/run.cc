@@ -1,0 +1,591 @@
+#include "sim/run.h"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <map>
+#include <optional>
+
+#include "apply/checkpoint_state.h"
+#include "apply/host_store.h"
+#include "apply/replica.h"
+#include "apply/safetensors.h"
+#include "codec/manifest.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "relay/decision_log.h"
+#include "relay/node_agent.h"
+#include "relay/source.h"
+#include "topology/cluster_config.h"
+
+namespace deltacast::sim {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<std::byte>;
+using Tensors = std::vector<Bytes>;
+
+constexpr char kToken[] = "sim-token";
+constexpr uint64_t kPartitionBytes = 8 << 10;
+constexpr uint64_t kElements = 1 << 15;  // per BF16 tensor: 64 KiB, 8 partitions
+constexpr int kWindow = 4;
+constexpr uint64_t kChunkBytes = 16 << 10;
+// Once the faults stop and everything is back: how long the tree may take to settle,
+// and how long the next publish may take to commit everywhere.
+constexpr auto kSettle = std::chrono::seconds(8);
+constexpr double kLivenessSeconds = 30;
+// A publish that starts with every process up and no fault acting, and sees none,
+// must finish within this (policy `all` waits 3 s for a late joiner; every timeout of
+// the tree is shorter than this).
+constexpr double kStallSeconds = 10;
+constexpr auto kRecovery = std::chrono::seconds(8);
+
+std::vector<codec::TensorInfo> Table() {
+  std::vector<codec::TensorInfo> t;
+  for (int i = 0; i < 3; ++i)
+    t.push_back({"layer" + std::to_string(i) + ".weight", DType::kBF16, {kElements}});
+  t.push_back({"norm.weight", DType::kF32, {64}});
+  return t;
+}
+
+std::unique_ptr<apply::WeightStore> Borrow(Tensors& buffers) {
+  const auto tensors = Table();
+  std::vector<std::pair<codec::TensorInfo, MutableByteSpan>> spans;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
+  return std::move(*apply::HostStore::Borrow(std::move(spans)));
+}
+
+codec::Manifest ManifestOf(const Tensors& t) {
+  return codec::ComputeManifest(
+      Table(), [&](size_t i) { return ByteSpan(t[i]); }, kPartitionBytes, 1);
+}
+
+std::string ConfigToml(const Scenario& s) {
+  std::string toml = fmt::format(
+      "[cluster]\nname = \"sim\"\n\n[tree]\nfanout = {}\nchunk_size = \"16KiB\"\nwindow = {}\n"
+      "connect_timeout = \"3s\"\nidle_timeout = \"4s\"\ncommit_timeout = \"20s\"\n"
+      "commit_policy = \"{}\"\n\n[[node]]\nid = \"src\"\nhost = \"sim\"\nport = 1\n"
+      "region = \"r\"\nrole = \"source\"\n",
+      s.fanout, kWindow, s.policy_available ? "available" : "all");
+  for (int i = 1; i <= s.nodes; ++i) {
+    toml += fmt::format(
+        "\n[[node]]\nid = \"n{}\"\nhost = \"sim\"\nport = {}\nregion = \"r\"\nrole = "
+        "\"receiver\"\n",
+        i, 1 + 3 * i);
+  }
+  return toml;
+}
+
+std::string Name(int process) { return process == 0 ? "src" : "n" + std::to_string(process); }
+
+class Run {
+ public:
+  Run(const Scenario& s, const RunOptions& o)
+      : s_(s), o_(o), q_(s.seed), net_(q_), driver_(q_.OpenQueue("driver")), work_rng_(s.seed) {}
+
+  RunResult Go();
+
+ private:
+  struct Node {
+    int i = 0;
+    fs::path dir;
+    std::unique_ptr<relay::NodeAgent> agent;
+    bool joined = false;  // started at least once (late joiners start later)
+    int last_commit = 0;  // lineage index of the last version it committed
+    bool restart_pending = false;
+  };
+
+  void Fail(const std::string& why) {
+    q_.Note("CHECK FAILED: " + why);
+    r_.failures.push_back(why);
+  }
+  std::optional<int> IndexOf(const Digest128& v) const {
+    auto it = index_.find(v);
+    if (it == index_.end()) return std::nullopt;
+    return it->second;
+  }
+  bool LoggedCommit(const Digest128& v) const {
+    auto d = relay::RecordedDecision(decision_log_, v);
+    return d && d->commit;
+  }
+
+  void Setup();
+  void StartNode(Node& n);
+  void StopNode(Node& n, const char* why);
+  void StartSource();
+  void OnCommit(int i, const relay::CommitEvent& e);
+  void Inject(size_t index, const Fault& f);
+  void ScheduleFaults(int publish);
+  void Publish(double rate, bool liveness);
+  Tensors Mutate(const Tensors& base, double rate);
+  void CheckBytes(const Node& n, const Digest128& version, const char* when);
+  void HealAndRestart();
+  void Sabotage();
+  void FinalChecks();
+
+  const Scenario s_;
+  const RunOptions o_;
+  EventQueue q_;
+  SimNetwork net_;
+  const uint64_t driver_;
+  std::mt19937_64 work_rng_;
+  fs::path dir_;
+  bool own_dir_ = false;
+  fs::path decision_log_;
+  topology::ClusterConfig config_;
+  std::vector<Node> nodes_;  // [0] unused: node i is nodes_[i]
+  std::unique_ptr<relay::Source> source_;
+  bool source_restart_pending_ = false;
+  bool faults_on_ = true;
+  std::map<Digest128, Tensors> versions_;
+  std::vector<Digest128> lineage_;  // committed versions, in order; [0] the start
+  std::map<Digest128, int> index_;
+  std::optional<Digest128> pending_;    // the target being published
+  uint64_t injected_ = 0;               // faults injected so far
+  EventQueue::TimePoint quiet_from_{};  // no fault acts on the tree from then on
+  RunResult r_;
+};
+
+void Run::Setup() {
+  if (o_.dir.empty()) {
+    static int counter = 0;
+    dir_ = fs::temp_directory_path() /
+           fmt::format("deltacast-sim-{}-{}-{}", ::getpid(), s_.seed, counter++);
+    own_dir_ = true;
+  } else {
+    dir_ = o_.dir;
+  }
+  fs::remove_all(dir_);
+  fs::create_directories(dir_ / "src");
+  decision_log_ = dir_ / "src" / "decisions.log";
+  auto config = topology::ParseClusterConfig(ConfigToml(s_), "sim.toml");
+  if (!config.ok()) throw std::runtime_error(config.status().ToString());
+  config_ = *config;
+
+  Tensors v0;
+  for (const auto& t : Table()) {
+    Bytes b(t.ElementCount() * ElementSize(t.dtype));
+    for (auto& x : b) x = std::byte(work_rng_());
+    v0.push_back(std::move(b));
+  }
+  const Digest128 id0 = ManifestOf(v0).VersionId();
+  versions_[id0] = v0;
+  lineage_.push_back(id0);
+  index_[id0] = 0;
+
+  nodes_.resize(s_.nodes + 1);
+  for (int i = 1; i <= s_.nodes; ++i) {
+    Node& n = nodes_[i];
+    n.i = i;
+    n.dir = dir_ / Name(i);
+    fs::create_directories(n.dir);
+    auto writer = apply::SafetensorsWriter::Create(n.dir / "model.safetensors", Table());
+    if (!writer.ok()) throw std::runtime_error(writer.status().ToString());
+    for (const Bytes& t : v0) (void)(*writer)->Append(t);
+    if (Status st = (*writer)->Finish(); !st.ok()) throw std::runtime_error(st.ToString());
+  }
+}
+
+void Run::StartNode(Node& n) {
+  n.restart_pending = false;
+  if (n.agent) return;
+  auto replica = apply::Replica::OpenCheckpointDir(n.dir, kPartitionBytes, 1);
+  if (!replica.ok()) {
+    Fail(Name(n.i) + " cannot reopen its store: " + replica.status().ToString());
+    return;
+  }
+  const Digest128 v = (*replica)->version();
+  const auto idx = IndexOf(v);
+  if (!idx) {
+    // Maybe the version being published right now, committed before the kill.
+    if (!(pending_ && *pending_ == v && LoggedCommit(v))) {
+      Fail(Name(n.i) + " restarted at version " + v.ShortHex() + ", which was never committed");
+    }
+  } else if (*idx < n.last_commit) {
+    Fail(
+        fmt::format("{} restarted at version #{} after committing #{}: a committed version "
+                    "was lost",
+                    Name(n.i), *idx, n.last_commit));
+  }
+  relay::NodeAgentOptions options;
+  options.config = config_;
+  options.node_id = Name(n.i);
+  options.token = kToken;
+  options.apply_threads = 1;
+  options.spool_dir = n.dir / apply::kStateDirName / "spool";
+  options.write_back_delay = std::chrono::milliseconds(s_.write_back_ms);
+  options.on_commit = [this, i = n.i](const relay::CommitEvent& e) { OnCommit(i, e); };
+  auto agent = relay::NodeAgent::Start(std::move(options), std::move(*replica),
+                                       net_.MakeTransport(Name(n.i)));
+  if (!agent.ok()) {
+    Fail(Name(n.i) + " cannot start: " + agent.status().ToString());
+    return;
+  }
+  n.agent = std::move(*agent);
+  n.joined = true;
+  q_.Note(fmt::format("start {} at version {}", Name(n.i), v.ShortHex()));
+}
+
+void Run::StopNode(Node& n, const char* why) {
+  if (!n.agent) return;
+  const relay::NodeAgentStats st = n.agent->stats();
+  r_.chunk_bytes += st.chunk_bytes_received;
+  r_.resent_bytes += st.chunk_bytes_resent;
+  r_.peak_held_bytes = std::max(r_.peak_held_bytes, st.peak_held_bytes);
+  n.agent->Stop();
+  n.agent.reset();
+  q_.Note(fmt::format("{} {}", why, Name(n.i)));
+}
+
+void Run::StartSource() {
+  source_restart_pending_ = false;
+  if (source_) return;
+  relay::PublishOptions options;
+  options.config = config_;
+  options.token = kToken;
+  options.encode_threads = 1;
+  options.decision_log = decision_log_;
+  options.spool_dir = dir_ / "src" / "spool";
+  options.history_dir = dir_ / "src" / "history";
+  options.keep_deltas = s_.keep_deltas;
+  auto source = relay::Source::Start(std::move(options), net_.MakeTransport("src"));
+  if (!source.ok()) {
+    Fail("source cannot start: " + source.status().ToString());
+    return;
+  }
+  source_ = std::move(*source);
+  q_.Note("start src");
+}
+
+// On the node's apply queue, right after its replica committed.
+void Run::OnCommit(int i, const relay::CommitEvent& e) {
+  Node& n = nodes_[i];
+  ++r_.node_refits;
+  if (!LoggedCommit(e.version)) {
+    Fail(fmt::format("{} committed version {}, for which the source logged no COMMIT", Name(i),
+                     e.version.ShortHex()));
+    return;
+  }
+  int idx = 0;
+  if (auto known = IndexOf(e.version)) {
+    idx = *known;
+  } else if (pending_ && *pending_ == e.version) {
+    idx = static_cast<int>(lineage_.size());
+  } else {
+    Fail(Name(i) + " committed a version outside the lineage: " + e.version.ShortHex());
+    return;
+  }
+  if (idx < n.last_commit) {
+    Fail(fmt::format("{} committed version #{} after #{}: went back", Name(i), idx, n.last_commit));
+  }
+  n.last_commit = idx;
+  q_.Note(fmt::format("{} committed #{} ({})", Name(i), idx, e.version.ShortHex()));
+}
+
+Tensors Run::Mutate(const Tensors& base, double rate) {
+  Tensors t = base;
+  std::uniform_real_distribution<double> u(0, 1);
+  bool any = false;
+  for (size_t k = 0; k + 1 < t.size(); ++k) {  // the BF16 tensors; the norm stays
+    for (uint64_t e = 0; e < kElements; ++e) {
+      if (u(work_rng_) >= rate) continue;
+      any = true;
+      // Mostly the last mantissa bit, sometimes more, rarely the sign.
+      const uint64_t r = work_rng_() % 100;
+      if (r < 85)
+        t[k][2 * e] ^= std::byte{1};
+      else if (r < 99)
+        t[k][2 * e] ^= std::byte(1 + work_rng_() % 15);
+      else
+        t[k][2 * e + 1] ^= std::byte{0x80};
+    }
+  }
+  if (!any) t[0][0] ^= std::byte{1};
+  return t;
+}
+
+void Run::CheckBytes(const Node& n, const Digest128& version, const char* when) {
+  const fs::path file = n.dir / "model.safetensors";
+  auto header = apply::ReadSafetensorsHeader(file);
+  auto bytes = ReadFile(file, uint64_t{1} << 30);
+  if (!header.ok() || !bytes.ok()) {
+    Fail(fmt::format("{} ({}): cannot read its store", Name(n.i), when));
+    return;
+  }
+  const Tensors& want = versions_.at(version);
+  const auto table = Table();
+  for (const auto& entry : header->entries) {
+    size_t t = 0;
+    while (t < table.size() && table[t].name != entry.info.name) ++t;
+    if (t == table.size()) continue;
+    const uint64_t begin = header->data_section_offset + entry.data_begin;
+    const ByteSpan got(bytes->data() + begin, entry.data_end - entry.data_begin);
+    if (got.size() != want[t].size() || Hash64(got) != Hash64(want[t])) {
+      Fail(fmt::format("{} ({}): tensor {} is not bit-exact at version {}", Name(n.i), when,
+                       entry.info.name, version.ShortHex()));
+    }
+  }
+}
+
+void Run::Inject(size_t index, const Fault& f) {
+  if (!faults_on_) return;
+  const std::string a = Name(f.a), b = Name(f.b);
+  const auto secs =
+      std::chrono::duration_cast<EventQueue::Duration>(std::chrono::duration<double>(f.seconds));
+  q_.Note(fmt::format("fault {}: {} {}{}", index, FaultName(f.kind), a,
+                      f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
+  ++r_.faults[static_cast<size_t>(f.kind)];
+  ++injected_;
+  // The tree may take the fault's time plus a rejoin to settle.
+  quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
+  switch (f.kind) {
+    case FaultKind::kReset:
+      return net_.ResetLinks(a, b);
+    case FaultKind::kStall:
+      return net_.StallLinks(a, b, secs);
+    case FaultKind::kPartition:
+      return net_.Partition(a, b, secs);
+    case FaultKind::kLoss:
+      net_.set_loss_probability(0.05);
+      q_.PostAt(driver_, q_.Now() + secs, [this] { net_.set_loss_probability(0); });
+      return;
+    case FaultKind::kKillNode: {
+      Node& n = nodes_[f.a];
+      if (!n.agent) return;
+      StopNode(n, "kill");
+      n.restart_pending = true;
+      q_.PostAt(driver_, q_.Now() + secs, [this, i = f.a] {
+        if (nodes_[i].restart_pending) StartNode(nodes_[i]);
+      });
+      return;
+    }
+    case FaultKind::kKillSource:
+      if (!source_) return;
+      if (q_.blocked()) {
+        q_.KillBlocked();  // Publish unwinds; the source goes there
+      } else {
+        source_.reset();
+        q_.Note("kill src");
+      }
+      source_restart_pending_ = true;
+      q_.PostAt(driver_, q_.Now() + secs, [this] {
+        if (source_restart_pending_) StartSource();
+      });
+      return;
+    case FaultKind::kLateJoin:
+      if (!nodes_[f.a].joined) StartNode(nodes_[f.a]);
+      return;
+  }
+}
+
+// The faults of workload publish `publish`, timed from now (its start).
+void Run::ScheduleFaults(int publish) {
+  for (size_t k = 0; k < s_.faults.size(); ++k) {
+    const Fault f = s_.faults[k];
+    if (f.publish != publish || o_.drop_faults.count(k)) continue;
+    q_.PostAt(driver_,
+              q_.Now() + std::chrono::duration_cast<EventQueue::Duration>(
+                             std::chrono::duration<double>(f.at)),
+              [this, k, f] { Inject(k, f); });
+  }
+}
+
+void Run::Publish(double rate, bool liveness) {
+  // A dead source restarts on its own schedule; wait for it.
+  while (!source_) {
+    if (!source_restart_pending_) StartSource();
+    if (!source_ && !source_restart_pending_) return;  // it cannot start (a failure)
+    if (!source_) q_.RunFor(std::chrono::milliseconds(100));
+  }
+  const Digest128 base = lineage_.back();
+  Tensors base_bytes = versions_.at(base);
+  Tensors target_bytes = Mutate(base_bytes, rate);
+  const codec::Manifest base_manifest = ManifestOf(base_bytes);
+  const codec::Manifest target_manifest = ManifestOf(target_bytes);
+  const Digest128 target = target_manifest.VersionId();
+  versions_[target] = target_bytes;
+  pending_ = target;
+  ++r_.publishes;
+  q_.Note(fmt::format("publish #{} {} -> {} ({:.4f} % changed){}", lineage_.size(), base.ShortHex(),
+                      target.ShortHex(), 100 * rate, liveness ? " [liveness]" : ""));
+  auto base_store = Borrow(base_bytes);
+  auto target_store = Borrow(target_bytes);
+  const double t0 = q_.Seconds();
+  const uint64_t injected_before = injected_;
+  bool quiet = q_.Now() >= quiet_from_;
+  for (int i = 1; i <= s_.nodes; ++i) quiet &= !nodes_[i].joined || nodes_[i].agent != nullptr;
+  std::optional<Result<relay::PublishReport>> report;
+  try {
+    report = source_->Publish(*base_store, base_manifest, *target_store, target_manifest);
+  } catch (const Killed&) {
+    source_.reset();
+    q_.Note("kill src (while publishing)");
+  }
+  const bool committed = LoggedCommit(target);
+  if (committed) {
+    index_[target] = static_cast<int>(lineage_.size());
+    lineage_.push_back(target);
+    ++r_.committed;
+  }
+  pending_.reset();
+  if (!report) {
+    if (liveness) Fail("liveness: the source died during the liveness publish");
+    return;
+  }
+  if (quiet && injected_ == injected_before && q_.Seconds() - t0 > kStallSeconds) {
+    Fail(fmt::format("stall: a publish with every process up and no fault acting took {:.1f} s",
+                     q_.Seconds() - t0));
+  }
+  if (!report->ok()) {
+    q_.Note("publish failed: " + report->status().ToString());
+    if (liveness) Fail("liveness: publish failed: " + report->status().ToString());
+    return;
+  }
+  const relay::PublishReport& rep = **report;
+  q_.Note(fmt::format("publish {} in {:.3f} s, {} nodes decided{}",
+                      rep.committed ? "COMMITTED" : "ABORTED", q_.Seconds() - t0, rep.nodes_decided,
+                      rep.committed ? "" : ": " + rep.abort_reason));
+  if (rep.committed != committed) {
+    Fail(fmt::format("the report says {} but the decision log says {}",
+                     rep.committed ? "committed" : "aborted", committed ? "COMMIT" : "not"));
+  }
+  if (liveness) {
+    if (!rep.committed) Fail("liveness: the publish after the faults aborted: " + rep.abort_reason);
+    if (rep.nodes_decided != static_cast<uint32_t>(s_.nodes)) {
+      Fail(fmt::format("liveness: {} of {} nodes confirmed the decision", rep.nodes_decided,
+                       s_.nodes));
+    }
+    if (q_.Seconds() - t0 > kLivenessSeconds) {
+      Fail(fmt::format("liveness: the publish took {:.1f} s of simulated time", q_.Seconds() - t0));
+    }
+  }
+  if (!rep.committed) return;
+  // Every live node that says it is at the version holds its bytes.
+  for (int i = 1; i <= s_.nodes; ++i) {
+    Node& n = nodes_[i];
+    if (n.agent && n.agent->stats().version == target) CheckBytes(n, target, "after a commit");
+  }
+}
+
+void Run::Sabotage() {
+  const fs::path file = nodes_[1].dir / "model.safetensors";
+  auto header = apply::ReadSafetensorsHeader(file);
+  if (!header.ok()) return;
+  const int fd = ::open(file.c_str(), O_RDWR);
+  if (fd < 0) return;
+  // The last byte of the norm, which no delta changes: no refit rewrites it, so
+  // only the checkers can notice.
+  const off_t at =
+      static_cast<off_t>(header->data_section_offset + header->entries.back().data_end - 1);
+  std::byte b{};
+  if (::pread(fd, &b, 1, at) == 1) {
+    b ^= std::byte{0xff};
+    (void)::pwrite(fd, &b, 1, at);
+  }
+  ::close(fd);
+  q_.Note("sabotage: one byte of n1's store changed behind the engine's back");
+}
+
+void Run::HealAndRestart() {
+  faults_on_ = false;
+  net_.Heal();
+  q_.Note("faults stop; heal and restart everything");
+  if (!source_) StartSource();
+  for (int i = 1; i <= s_.nodes; ++i) {
+    if (!nodes_[i].agent) StartNode(nodes_[i]);
+  }
+  q_.RunFor(kSettle);
+}
+
+void Run::FinalChecks() {
+  const Digest128 last = lineage_.back();
+  for (int i = 1; i <= s_.nodes; ++i) {
+    Node& n = nodes_[i];
+    if (!n.agent) {
+      Fail(Name(i) + " is not running at the end");
+      continue;
+    }
+    const relay::NodeAgentStats st = n.agent->stats();
+    if (st.version != last) {
+      Fail(fmt::format("{} is at {} at the end, not the last committed {}", Name(i),
+                       st.version.ShortHex(), last.ShortHex()));
+    }
+    StopNode(n, "stop");
+    CheckBytes(n, last, "at the end");
+    auto replica = apply::Replica::OpenCheckpointDir(n.dir, kPartitionBytes, 1);
+    if (!replica.ok()) {
+      Fail(Name(i) + " cannot reopen its store at the end: " + replica.status().ToString());
+    } else if ((*replica)->version() != last || (*replica)->inflight()) {
+      Fail(Name(i) + " journal at the end is not at the last version with nothing in flight");
+    }
+  }
+  source_.reset();
+  const uint64_t held_bound = (kWindow + 2) * 2 * kChunkBytes;
+  if (r_.peak_held_bytes > held_bound) {
+    Fail(fmt::format("memory: a node held {} chunk bytes at once (bound {})", r_.peak_held_bytes,
+                     held_bound));
+  }
+  if (r_.chunk_bytes > 0 && r_.resent_bytes * 100 > r_.chunk_bytes) {
+    Fail(fmt::format("{} of {} chunk bytes were re-sent to nodes that had them (> 1 %)",
+                     r_.resent_bytes, r_.chunk_bytes));
+  }
+}
+
+RunResult Run::Go() {
+  log::SetLevel(o_.engine_log ? log::Level::kInfo : log::Level::kOff);
+  Setup();
+  q_.set_time_limit(std::chrono::seconds(120 * s_.publishes + 600));
+  InstallSimRuntime(&q_);
+  try {
+    StartSource();
+    for (int i = 1; i <= s_.nodes; ++i) {
+      if (!s_.late.count(i)) StartNode(nodes_[i]);
+    }
+    for (int p = 0; p < s_.publishes; ++p) {
+      q_.RunFor(std::chrono::duration_cast<EventQueue::Duration>(
+          std::chrono::duration<double>(s_.gaps[p])));
+      ScheduleFaults(p);
+      Publish(s_.change_rates[p], false);
+    }
+    if (o_.sabotage) Sabotage();
+    HealAndRestart();
+    Publish(0.01, true);
+    q_.RunFor(std::chrono::seconds(2));
+    FinalChecks();
+  } catch (const Stuck& stuck) {
+    Fail("liveness: the run is stuck: " + stuck.why);
+  } catch (const Killed&) {
+    Fail("internal: a kill escaped the publish");
+  }
+  // Everything engine-side goes before the runtime.
+  source_.reset();
+  for (auto& n : nodes_) {
+    if (n.agent) {
+      n.agent->Stop();
+      n.agent.reset();
+    }
+  }
+  InstallSimRuntime(nullptr);
+  r_.trace_hash = q_.trace_hash();
+  r_.tasks = q_.tasks_run();
+  r_.sim_seconds = q_.Seconds();
+  r_.net = net_.counts();
+  r_.peak_pending_tasks = q_.peak_pending();
+  r_.trace = q_.notes();
+  if (own_dir_) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  return r_;
+}
+
+}  // namespace
+
+RunResult RunScenario(const Scenario& scenario, const RunOptions& options) {
+  Run run(scenario, options);
+  return run.Go();
+}
+
+}  // namespace deltacast::sim

@@ -1,0 +1,49 @@
+// One simulated run: a source and N nodes in this process on an EventQueue, over a
+// SimNetwork, with their stores, spools, journals and decision log in real files
+// under a temporary directory of the run. The scenario's workload is published
+// under its faults; then the faults stop, everything is healed and restarted, and a
+// last publish must commit everywhere. Checkers run after every publish and at the
+// end (checkers.md lists them).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sim/scenario.h"
+#include "sim/sim_network.h"
+
+namespace deltacast::sim {
+
+struct RunOptions {
+  std::set<size_t> drop_faults;  // indices into Scenario::faults left out (shrinking)
+  bool engine_log = false;       // the engine's own log lines to stderr
+  std::filesystem::path dir;     // where the run's files go; empty: a temporary one
+  // Checker self-test: flips one byte of n1's store file behind the engine's back
+  // once the workload is done; the run must then fail the bit-exact check.
+  bool sabotage = false;
+};
+
+struct RunResult {
+  std::vector<std::string> failures;  // empty: every checker passed
+  bool ok() const { return failures.empty(); }
+  uint64_t trace_hash = 0;
+  uint64_t tasks = 0;
+  double sim_seconds = 0;
+  int publishes = 0;                           // attempted, liveness ones included
+  int committed = 0;                           // versions the source committed
+  int node_refits = 0;                         // versions committed on nodes (each node counted)
+  std::array<uint64_t, kFaultKinds> faults{};  // injected, per kind
+  NetworkCounts net;
+  uint64_t chunk_bytes = 0, resent_bytes = 0;
+  uint64_t peak_held_bytes = 0;
+  size_t peak_pending_tasks = 0;
+  std::vector<std::string> trace;  // readable: the run's own events
+};
+
+RunResult RunScenario(const Scenario& scenario, const RunOptions& options = {});
+
+}  // namespace deltacast::sim

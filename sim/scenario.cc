@@ -1,0 +1,124 @@
+#include "sim/scenario.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace deltacast::sim {
+
+const char* FaultName(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kReset:
+      return "reset";
+    case FaultKind::kStall:
+      return "stall";
+    case FaultKind::kPartition:
+      return "partition";
+    case FaultKind::kLoss:
+      return "loss";
+    case FaultKind::kKillNode:
+      return "kill-node";
+    case FaultKind::kKillSource:
+      return "kill-source";
+    case FaultKind::kLateJoin:
+      return "late-join";
+  }
+  return "?";
+}
+
+Scenario DrawScenario(uint64_t seed, double intensity) {
+  // Its own generator (not the run's): the scenario is fixed before the run draws.
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  auto below = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  Scenario s;
+  s.seed = seed;
+  s.nodes = 2 + below(6);  // 2..7
+  s.fanout = 1 + below(3);
+  s.policy_available = below(2) == 1;
+  s.keep_deltas = below(3) == 0 ? 0 : 4;
+  s.write_back_ms = below(2) ? 0 : 300;
+  s.publishes = 4 + below(7);
+  for (int i = 0; i < s.publishes; ++i) {
+    // 0.01 % .. 30 % of the elements, log-uniform: tiny and huge deltas both.
+    s.change_rates.push_back(std::pow(10.0, uniform(-4, std::log10(0.3))));
+    s.gaps.push_back(below(3) == 0 ? 0 : uniform(0, 3));
+  }
+  // Late joiners: under policy `all` a publish waits for them (and fails after the
+  // connect timeout), under `available` it goes on without them.
+  const int late = below(3) == 0 ? 1 + below(std::max(1, s.nodes / 2)) : 0;
+  // A publish of these models takes 0.1 to 0.5 s of simulated time without faults: a
+  // fault falls in its first half second, so it hits every phase of a refit.
+  auto when = [&](Fault& f) {
+    f.publish = below(s.publishes);
+    f.at = uniform(0, 0.5);
+  };
+  for (int i = 0; i < late; ++i) {
+    const int node = 1 + below(s.nodes);
+    if (!s.late.insert(node).second) continue;
+    Fault f{0, 0, FaultKind::kLateJoin, node, 0, 0};
+    when(f);
+    s.faults.push_back(f);
+  }
+  const int count = static_cast<int>(std::round(intensity * (1 + below(8))));
+  for (int i = 0; i < count; ++i) {
+    Fault f;
+    when(f);
+    f.kind = static_cast<FaultKind>(below(kFaultKinds - 1));  // not kLateJoin
+    f.a = below(s.nodes + 1);
+    f.b = below(s.nodes + 1);
+    if (f.b == f.a) f.b = (f.a + 1) % (s.nodes + 1);
+    switch (f.kind) {
+      case FaultKind::kReset:
+        break;
+      case FaultKind::kStall:
+        f.seconds = uniform(0.05, 8);
+        break;
+      case FaultKind::kPartition:
+        f.seconds = uniform(0.1, 10);
+        break;
+      case FaultKind::kLoss:
+        f.seconds = uniform(0.5, 5);
+        break;
+      case FaultKind::kKillNode:
+        f.a = 1 + below(s.nodes);
+        f.seconds = uniform(0, 1) < 0.3 ? uniform(0, 0.2) : uniform(0.5, 12);
+        break;
+      case FaultKind::kKillSource:
+        f.seconds = uniform(0.05, 6);
+        break;
+      case FaultKind::kLateJoin:
+        break;
+    }
+    s.faults.push_back(f);
+  }
+  std::stable_sort(s.faults.begin(), s.faults.end(), [](const Fault& x, const Fault& y) {
+    return x.publish != y.publish ? x.publish < y.publish : x.at < y.at;
+  });
+  return s;
+}
+
+std::string Scenario::Describe() const {
+  std::string out = fmt::format(
+      "seed {}: {} nodes, fanout {}, policy {}, keep_deltas {}, write-back {} ms, {} publishes, "
+      "{} faults",
+      seed, nodes, fanout, policy_available ? "available" : "all", keep_deltas, write_back_ms,
+      publishes, faults.size());
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const Fault& f = faults[i];
+    out += fmt::format("\n  fault {}: publish {} +{:.3f}s {} {}{}{}", i, f.publish, f.at,
+                       FaultName(f.kind), f.a == 0 ? std::string("src") : "n" + std::to_string(f.a),
+                       (f.kind == FaultKind::kReset || f.kind == FaultKind::kStall ||
+                        f.kind == FaultKind::kPartition)
+                           ? (f.b == 0 ? std::string("-src") : "-n" + std::to_string(f.b))
+                           : std::string(),
+                       f.seconds > 0 ? fmt::format(" for {:.3f}s", f.seconds) : "");
+  }
+  return out;
+}
+
+}  // namespace deltacast::sim

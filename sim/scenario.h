@@ -1,0 +1,52 @@
+// Scenario: everything a simulated run does, drawn from its seed before it starts:
+// the tree, the commit policy, the workload (how many publishes, how much each
+// changes) and the faults with their simulated times. A schedule can be replayed
+// with some of its faults left out (shrinking).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace deltacast::sim {
+
+enum class FaultKind {
+  kReset,       // every link between two processes breaks
+  kStall,       // links between two processes send nothing for a while
+  kPartition,   // two processes cannot reach each other for a while
+  kLoss,        // segment loss (retransmission delays) on every link for a while
+  kKillNode,    // a node's process dies; it restarts later from its disk
+  kKillSource,  // the source's process dies (mid-publish or not); it restarts later
+  kLateJoin,    // a node that was never started starts (a late joiner)
+};
+inline constexpr int kFaultKinds = 7;
+const char* FaultName(FaultKind kind);
+
+struct Fault {
+  int publish = 0;  // during which publish of the workload
+  double at = 0;    // simulated seconds after that publish starts
+  FaultKind kind{};
+  int a = 0, b = 0;    // processes: 0 = source, i = node n<i>
+  double seconds = 0;  // how long it lasts (kill: until the restart)
+};
+
+struct Scenario {
+  uint64_t seed = 0;
+  int nodes = 3;
+  int fanout = 2;
+  bool policy_available = false;
+  size_t keep_deltas = 4;
+  int write_back_ms = 0;
+  int publishes = 6;                 // under faults, before the liveness check
+  std::vector<double> change_rates;  // per publish, fraction of elements changed
+  std::vector<double> gaps;          // simulated seconds before each publish
+  std::set<int> late;                // nodes that start only at their kLateJoin
+  std::vector<Fault> faults;         // by time
+  std::string Describe() const;
+};
+
+// Draws a scenario from `seed`. `intensity` scales the number of faults (0: none).
+Scenario DrawScenario(uint64_t seed, double intensity = 1.0);
+
+}  // namespace deltacast::sim
