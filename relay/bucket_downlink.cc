@@ -134,7 +134,7 @@ class BucketDownlink::Impl {
     const auto now = Clock::now();
     downstream_.Tick(now);
     if (now >= next_heartbeat_) {
-      next_heartbeat_ = now + std::chrono::seconds(1);
+      next_heartbeat_ = now + options_.config.tree.HeartbeatInterval();
       downstream_.Heartbeat();
     }
     // Always following head: the source begins a refit only once the last one

@@ -324,7 +324,7 @@ void NodeAgent::Impl::Tick() {
   downstream_.Tick(now);
   parent_.Tick(now, !refit_ || refit_->phase == Phase::kDone);
   if (now >= next_heartbeat_) {
-    next_heartbeat_ = now + std::chrono::seconds(1);
+    next_heartbeat_ = now + options_.config.tree.HeartbeatInterval();
     downstream_.Heartbeat();
   }
   recovery_.Tick(now);

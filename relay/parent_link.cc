@@ -78,7 +78,7 @@ void ParentLink::Tick(Clock::time_point now, bool between_refits) {
     Dial();
   }
   if (now >= next_heartbeat_) {
-    next_heartbeat_ = now + std::chrono::seconds(1);
+    next_heartbeat_ = now + config_.tree.HeartbeatInterval();
     if (link_ && joined_) link_->Send(transport::MakeMessage(EncodeHeartbeat()));
   }
   if (link_ && !joined_ && now - connected_at_ > config_.limits.handshake_timeout) {

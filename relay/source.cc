@@ -398,7 +398,7 @@ void Source::Impl::RetireLastRefit() {
 void Source::Impl::Tick() {
   downstream_.Tick(Clock::now());
   if (Clock::now() >= next_heartbeat_) {
-    next_heartbeat_ = Clock::now() + std::chrono::seconds(1);
+    next_heartbeat_ = Clock::now() + options_.config.tree.HeartbeatInterval();
     downstream_.Heartbeat();
   }
   std::lock_guard lock(mu_);

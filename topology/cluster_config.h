@@ -46,6 +46,7 @@
 // are thread-safe. ReadAuthToken reads the environment (getenv).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -118,6 +119,12 @@ struct TreeConfig {
   std::chrono::milliseconds idle_timeout{30'000};
   std::chrono::milliseconds commit_timeout{120'000};
   double default_uplink_bps = 10e9;
+
+  // How often an idle link carries a heartbeat: once a second, and at least three
+  // times per idle timeout, so a short timeout never fires on a quiet, live link.
+  std::chrono::milliseconds HeartbeatInterval() const {
+    return std::min(std::chrono::milliseconds(1000), idle_timeout / 3);
+  }
 };
 
 // [limits]. Before a peer has proved the cluster token (and, over TLS, its
@@ -172,7 +179,7 @@ struct ClusterConfig {
   LimitsConfig limits;
   SecurityConfig security;
   std::optional<ObjectStoreConfig> objstore;  // [objstore] (topology/objstore_config.h)
-  std::filesystem::path source_file;  // for messages; the name given to ParseClusterConfig
+  std::filesystem::path source_file;          // for messages; the name given to ParseClusterConfig
 
   // nullptr when no node has that id. The pointer lives as long as `nodes` is unchanged.
   const NodeConfig* FindNode(std::string_view id) const;
