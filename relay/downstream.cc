@@ -144,8 +144,10 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   child->second.serial = serial;
   child->second.credits = 0;
   ChunkBook& book = child->second.chunks;
-  book = ChunkBook{
-      hello->inflight_target, {hello->applied_chunks.begin(), hello->applied_chunks.end()}, {}};
+  book = ChunkBook{hello->inflight_target,
+                   {hello->applied_chunks.begin(), hello->applied_chunks.end()},
+                   {},
+                   hello->active_version};
   for (const Pending& p : child->second.queue) {
     if (p.chunk) book.Note(*p.chunk);
   }
@@ -304,7 +306,9 @@ void Downstream::NoteSent(Child& child, const transport::Message& message) {
   auto type = PeekType(ByteSpan(*message));
   if (!type.ok() || (*type != MessageType::kCommit && *type != MessageType::kAbort)) return;
   auto decision = ParseDecision(ByteSpan(*message));
-  if (decision.ok() && decision->target_version == child.chunks.target) child.chunks = {};
+  if (decision.ok() && decision->target_version == child.chunks.target) {
+    child.chunks = ChunkBook{{}, {}, {}, child.chunks.active};
+  }
 }
 
 void Downstream::Pump(Child& child) {

@@ -85,6 +85,8 @@ class Downstream {
   struct ChunkRef {
     Digest128 target;
     uint32_t sequence = 0;
+    // A data chunk (not the END, which a child at the target still needs to prepare).
+    bool data = true;
   };
 
   // Like Broadcast for a CHUNK, but skips every child that already has it: its
@@ -153,15 +155,21 @@ class Downstream {
   // Forgotten when the child is sent a decision for that delta (it commits or rolls
   // back, so what it applied no longer counts) and replaced by its next HELLO; what
   // the link carried is forgotten when a new refit begins.
+  //
+  // A child whose HELLO said it is at a delta's target already (it committed that
+  // version through another parent) has every data chunk of it: forwarding them
+  // would only make it forward them again to children that have them too.
   struct ChunkBook {
     Digest128 target;
     std::set<uint32_t> applied;  // from its HELLO
     std::set<uint32_t> carried;  // queued for it or sent on this link
+    Digest128 active;            // its active version, from its HELLO
     bool Has(const ChunkRef& c) const {
+      if (c.data && !c.target.IsZero() && c.target == active) return true;
       return c.target == target && (applied.contains(c.sequence) || carried.contains(c.sequence));
     }
     void Note(const ChunkRef& c) {
-      if (c.target != target) *this = ChunkBook{c.target, {}, {}};
+      if (c.target != target) *this = ChunkBook{c.target, {}, {}, active};
       carried.insert(c.sequence);
     }
     void Unnote(const ChunkRef& c) {

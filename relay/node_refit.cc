@@ -189,7 +189,10 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
   };
   // Forward first: the children need nothing of this node's (spool, fsync, apply)
   // to use a verified chunk, so none of it adds to the latency of a hop.
-  downstream_.BroadcastChunk(message, {header->identity.target_version, header->sequence}, release);
+  downstream_.BroadcastChunk(
+      message,
+      {header->identity.target_version, header->sequence, header->kind == codec::ChunkKind::kData},
+      release);
   bool spooled = true;
   if (r.spool) {
     // Into the page cache here; the apply worker makes it durable before the

@@ -260,7 +260,8 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
           ++refit_->held;
         }
         loop_.Post([this, message,
-                    ref = Downstream::ChunkRef{header->identity.target_version, header->sequence}] {
+                    ref = Downstream::ChunkRef{header->identity.target_version, header->sequence,
+                                               header->kind == codec::ChunkKind::kData}] {
           downstream_.BroadcastChunk(message, ref, [this] {
             std::lock_guard lock(mu_);
             --refit_->held;

@@ -105,16 +105,16 @@ TEST(SimSeedsTest, SeedsThatWaitedForeverForTheChunkWindowCommitNow) {
   }
 }
 
-// Found by the simulator (docs/simulation.md): a relay that fails over back to a
-// parent that is replaying to it, after it committed the refit elsewhere, forwards
-// the whole delta again to its children, which hold it. Not fixed yet: this test
-// fails once it is, so the seed then moves to the passing ones.
-TEST(SimKnownBugTest, Seed113ResendsADeltaToANodeThatCommittedIt) {
-  const RunResult r = RunScenario(DrawScenario(113));
-  ASSERT_FALSE(r.ok()) << "seed 113 passes now: the re-send bug is fixed; move it to "
-                          "the passing seeds (scripts/sim --known)";
-  EXPECT_NE(r.failures.front().find("re-sent"), std::string::npos) << r.failures.front();
-  EXPECT_EQ(r.failures.size(), 1u);
+// Found by the simulator (docs/simulation.md, bug 3): a relay that is replayed a
+// refit it cannot apply forwarded its chunks live to a child that had committed that
+// refit through another parent, and the child forwarded them on to its own children.
+// A child whose HELLO says it is at a delta's target is now sent none of its data
+// chunks (only the END, which prepares it).
+TEST(SimSeedsTest, SeedsThatResentADeltaToNodesThatCommittedItPass) {
+  for (uint64_t seed : {113, 10428, 24343, 24545, 28029, 34389, 35754}) {
+    const RunResult r = RunScenario(DrawScenario(seed));
+    EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
+  }
 }
 
 // ---- the simulated network ---------------------------------------------------------
