@@ -241,6 +241,10 @@ TEST_P(UcxPeerDeath, PeerKilledMidTransfer) {
   } joiner{stop, pump};
   ASSERT_TRUE(sink.WaitMessages(3)) << "the child sent nothing";
   for (const auto& message : sink.messages()) ASSERT_EQ(message->size(), 4u << 20);
+  // Ours flow too before the kill (over shm the child's 4 MiB messages can arrive
+  // before the first of our sends completes: CI saw the kill land before any did).
+  ASSERT_TRUE(Eventually([&] { return sent_ok.load() > 0; }, milliseconds(10000)))
+      << "none of our sends completed";
 
   ASSERT_EQ(kill(child, SIGKILL), 0);
   const auto killed = Clock::now();
