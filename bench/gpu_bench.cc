@@ -114,7 +114,7 @@ uint64_t ModelBytes(const Tensors& t) {
 }
 
 std::string ClusterToml() {
-  const int base = 32600 + static_cast<int>(::getpid() % 300) * 10;
+  const int base = 15000 + static_cast<int>(::getpid() % 300) * 10;  // below ephemeral ports
   return "[cluster]\nname = \"gpu-bench\"\n[tree]\nchunk_size = \"1MiB\"\nwindow = 16\n"
          "connect_timeout = \"10s\"\ncommit_timeout = \"120s\"\n"
          "[[node]]\nid = \"trainer\"\nhost = \"127.0.0.1\"\nport = " +
