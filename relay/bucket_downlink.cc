@@ -40,17 +40,12 @@ class BucketDownlink::Impl {
         self_(*plan_.Find(options_.node_id)),
         transport_(std::move(transport)),
         layout_(options_.prefix, options_.node_id),
+        spool_dir_(options_.spool_dir, "downlink", options_.node_id),
         io_(std::move(s3), options_.parallel, stopped_, stats_mu_, stats_),
         loop_([this] { Tick(); }, std::min(options_.poll, std::chrono::milliseconds(100))),
         downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
                     Downstream::LimitsFrom(options_.config.limits)) {
     downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
-    spool_dir_ = options_.spool_dir;
-    if (spool_dir_.empty()) {
-      spool_dir_ = own_spool_dir_ =
-          std::filesystem::temp_directory_path() /
-          ("deltacast-downlink-" + options_.node_id + "-" + std::to_string(::getpid()));
-    }
   }
   ~Impl() { Stop(); }
 
@@ -78,10 +73,7 @@ class BucketDownlink::Impl {
     io_.Stop();
     loop_.Stop();
     downstream_.CloseAll();
-    if (!own_spool_dir_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(own_spool_dir_, ec);
-    }
+    spool_dir_.Release();
   }
 
   BucketBridgeStats stats() const {
@@ -183,10 +175,10 @@ class BucketDownlink::Impl {
     refit_->id = id;
     refit_->generation = ++generation_;
     refit_->begin = *begin;
-    Spool::RemoveOthers(spool_dir_, begin->target_version);
+    Spool::RemoveOthers(spool_dir_.path(), begin->target_version);
     std::error_code ec;
-    std::filesystem::create_directories(spool_dir_, ec);
-    auto spool = Spool::OpenEmpty(spool_dir_, begin->target_version);
+    std::filesystem::create_directories(spool_dir_.path(), ec);
+    auto spool = Spool::OpenEmpty(spool_dir_.path(), begin->target_version);
     if (spool.ok()) refit_->spool = std::move(*spool);
     {
       std::lock_guard lock(stats_mu_);
@@ -535,8 +527,7 @@ class BucketDownlink::Impl {
   std::unique_ptr<transport::Transport> transport_;
   const objstore::BucketLayout layout_;
   std::string listen_address_;
-  std::filesystem::path spool_dir_;
-  std::filesystem::path own_spool_dir_;
+  SpoolDir spool_dir_;
 
   // Loop thread.
   std::optional<Refit> refit_;

@@ -36,16 +36,10 @@ class BucketUplink::Impl {
         self_(*plan_.Find(options_.node_id)),
         transport_(std::move(transport)),
         layout_(options_.prefix, options_.node_id),
+        spool_dir_(options_.spool_dir, "uplink", options_.node_id),
         io_(std::move(s3), options_.parallel, stopped_, stats_mu_, stats_),
         loop_([this] { Tick(); }, std::min(options_.poll, std::chrono::milliseconds(100))),
-        parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()) {
-    spool_dir_ = options_.spool_dir;
-    if (spool_dir_.empty()) {
-      spool_dir_ = own_spool_dir_ =
-          std::filesystem::temp_directory_path() /
-          ("deltacast-uplink-" + options_.node_id + "-" + std::to_string(::getpid()));
-    }
-  }
+        parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()) {}
   ~Impl() { Stop(); }
 
   Status Init() {
@@ -69,10 +63,7 @@ class BucketUplink::Impl {
     io_.Stop();
     loop_.Stop();
     parent_.Close();
-    if (!own_spool_dir_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(own_spool_dir_, ec);
-    }
+    spool_dir_.Release();
   }
 
   BucketBridgeStats stats() const {
@@ -155,10 +146,10 @@ class BucketUplink::Impl {
     refit_->id = begin->refit_id;
     refit_->begin = *begin;
     refit_->generation = ++generation_;
-    Spool::RemoveOthers(spool_dir_, begin->target_version);
+    Spool::RemoveOthers(spool_dir_.path(), begin->target_version);
     std::error_code ec;
-    std::filesystem::create_directories(spool_dir_, ec);
-    auto spool = Spool::OpenEmpty(spool_dir_, begin->target_version);
+    std::filesystem::create_directories(spool_dir_.path(), ec);
+    auto spool = Spool::OpenEmpty(spool_dir_.path(), begin->target_version);
     if (spool.ok()) {
       refit_->spool = std::move(*spool);
     } else {
@@ -401,8 +392,7 @@ class BucketUplink::Impl {
   const topology::PlannedNode self_;
   std::unique_ptr<transport::Transport> transport_;
   const objstore::BucketLayout layout_;
-  std::filesystem::path spool_dir_;
-  std::filesystem::path own_spool_dir_;
+  SpoolDir spool_dir_;
 
   // Loop thread.
   std::optional<Refit> refit_;

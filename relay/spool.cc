@@ -157,4 +157,21 @@ uint64_t Spool::bytes() const {
   return end_;
 }
 
+SpoolDir::SpoolDir(std::filesystem::path configured, std::string_view kind,
+                   std::string_view node_id)
+    : path_(std::move(configured)) {
+  if (!path_.empty()) return;
+  path_ = std::filesystem::temp_directory_path() /
+          ("deltacast-" + std::string(kind) + "-" + std::string(node_id) + "-" +
+           std::to_string(::getpid()));
+  owned_ = true;
+}
+
+void SpoolDir::Release() {
+  if (!owned_) return;
+  owned_ = false;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
 }  // namespace deltacast::relay

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "common/bytes.h"
@@ -80,6 +81,20 @@ class Spool {
   std::map<uint32_t, Entry> index_;
   uint64_t end_ = 0;
   bool dirty_ = false;
+};
+
+// The folder a process spools in: the configured one, else a folder of its own per
+// process and node (a volatile store's spool need not outlive the process, and two
+// processes never share one), which Release removes with everything in it.
+class SpoolDir {
+ public:
+  SpoolDir(std::filesystem::path configured, std::string_view kind, std::string_view node_id);
+  const std::filesystem::path& path() const { return path_; }
+  void Release();  // removes the folder if it is this process's own; idempotent
+
+ private:
+  std::filesystem::path path_;
+  bool owned_ = false;
 };
 
 }  // namespace deltacast::relay
