@@ -64,6 +64,9 @@ class NodeAgent::Impl {
     bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
     bool prepared_sent = false;
     bool failed_sent = false;
+    // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
+    // as the link it went on may have dropped before it arrived.
+    std::optional<Failed> failed;
     std::optional<MessageType> pending_decision;  // arrived before we had prepared
     // The decision as the source signed it, once this node has it: what it forwards
     // to its children and replays to those that rejoin.

@@ -471,9 +471,12 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
     return std::vector<Downstream::Outgoing>{
         Downstream::Outgoing::Control(refit_->decision_message)};
   }
-  // An aborted delta it does not hold: nothing to undo.
-  if (refit_->decision == MessageType::kAbort && hello.inflight_target != begin.target_version)
+  // An aborted delta it does not hold: nothing to undo, and nothing to wait for (it
+  // would never confirm a refit it never began: found by the simulator, seed 1255).
+  if (refit_->decision == MessageType::kAbort && hello.inflight_target != begin.target_version) {
+    children_.Confirmed(child, 1);
     return std::nullopt;
+  }
   Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision_message);
   log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
                         begin.refit_id, replay.chunks));
@@ -664,6 +667,8 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
   encoder.codec = codec;
   encoder.chunk_bytes = impl_->options().config.tree.chunk_size;
   encoder.threads = impl_->options().encode_threads;
+  // Under the simulator every step runs on its one thread, in the order it sets.
+  encoder.on_calling_thread = SimRuntime() != nullptr;
   return impl_->PublishStream(
       base_manifest, target_manifest,
       [&](const ChunkMessageSink& sink, codec::DeltaStats* stats) {
