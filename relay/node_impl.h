@@ -171,7 +171,7 @@ class NodeAgent::Impl {
   mutable std::mutex stats_mu_;
   NodeAgentStats stats_;
   std::atomic<bool> stopped_{false};
-  bool owns_spool_dir_ = false;  // a per-process temporary directory, removed on Stop
+  SpoolDir spool_dir_;  // released on Stop
 
   // The parts. Declared after the state they use and before the loop, which is
   // stopped first and destroyed last.
