@@ -23,6 +23,7 @@
 #include "relay/event_loop.h"
 #include "relay/internal/bucket_io.h"
 #include "relay/internal/poll_backoff.h"
+#include "relay/refit_children.h"
 #include "relay/replay.h"
 #include "relay/spool.h"
 #include "topology/tree_plan.h"
@@ -39,6 +40,7 @@ class BucketDownlink::Impl {
       : options_(std::move(options)),
         plan_(std::move(plan)),
         self_(*plan_.Find(options_.node_id)),
+        children_(self_.children),
         transport_(std::move(transport)),
         layout_(options_.prefix, options_.node_id),
         spool_dir_(options_.spool_dir, "downlink", options_.node_id),
@@ -110,10 +112,8 @@ class BucketDownlink::Impl {
     std::optional<MessageType> decision;
     transport::Message decision_message;
     bool stale_logged = false;
-    std::map<std::string, std::vector<NodeReport>> prepared;  // child -> its subtree
     bool prepared_written = false;
     bool failed_written = false;
-    std::map<std::string, uint32_t> confirmed;  // child -> nodes that completed
     bool outcome_written = false;
     bool polling = false;
     Clock::time_point next_poll = Clock::now();
@@ -121,8 +121,13 @@ class BucketDownlink::Impl {
 
   Downstream::Events DownstreamEvents() {
     Downstream::Events e;
-    e.joined = [this](const std::string& child, const Hello& hello) { OnJoined(child, hello); };
-    e.lost = [](const std::string&, const Status&) {};
+    e.joined = [this](const std::string& child, const Hello& hello) {
+      children_.Joined(child, false, Clock::now());
+      OnJoined(child, hello);
+    };
+    e.lost = [this](const std::string& child, const Status&) {
+      children_.Lost(child, Clock::now());
+    };
     e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
       OnChildMessage(child, type, bytes);
     };
@@ -142,6 +147,8 @@ class BucketDownlink::Impl {
     if (!polling_head_ && now >= next_head_poll_) PollHead(now);
     if (!refit_) return;
     Refit& r = *refit_;
+    if (children_.streaming()) TimeAbsentChildren(now);
+    if (children_.deciding() && !children_.GiveUpOnAway(now).empty()) MaybeOutcome();
     if (r.frontier && !r.probe_seq && now >= r.next_chunk_poll) {
       r.frontier = false;  // a new round of "is it there yet?"
       r.probe = true;
@@ -200,6 +207,7 @@ class BucketDownlink::Impl {
     io_.Count([](BucketBridgeStats& s) { ++s.refits; });
     log::Info(fmt::format("bucket downlink {}: refit {} begins: {} -> {}", options_.node_id, id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
+    children_.BeginRefit(Clock::now());
     downstream_.BeginRefit(id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
     Pump();
@@ -401,6 +409,9 @@ class BucketDownlink::Impl {
                           *type == MessageType::kCommit ? "COMMIT" : "ABORT"));
     if (*type == MessageType::kAbort) downstream_.DropQueued();
     downstream_.Broadcast(r.decision_message);
+    children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
+                      options_.config.tree.connect_timeout);
+    MaybeOutcome();  // every child may be excused
   }
 
   // ---- what the children say ------------------------------------------------------
@@ -415,6 +426,7 @@ class BucketDownlink::Impl {
     if (r.decision == MessageType::kAbort && hello.inflight_target != r.begin.target_version)
       return;
     Replay replay = ReplayFor(hello, r.begin, r.spool.get(), r.decision_message);
+    if (!r.decision) children_.Rejoined(child);  // it prepares again
     log::Info(fmt::format("bucket downlink {}: child {} joined during refit {}: {} chunks queued",
                           options_.node_id, child, r.id, replay.chunks));
     downstream_.Requeue(child, std::move(replay.messages));
@@ -447,46 +459,103 @@ class BucketDownlink::Impl {
     switch (type) {
       case MessageType::kPrepared: {
         auto p = ParsePrepared(bytes);
-        if (!p.ok() || p->refit_id != r.id || r.prepared_written) return;
-        r.prepared[child] = p->nodes;
-        if (r.prepared.size() < self_.children.size()) return;
-        Prepared all{r.id, {}};
-        for (const auto& [c, nodes] : r.prepared)
-          all.nodes.insert(all.nodes.end(), nodes.begin(), nodes.end());
-        r.prepared_written = true;
-        r.control_backoff.Reset(Clock::now());  // the decision is next
-        log::Info(fmt::format("bucket downlink {}: refit {}: prepared ({} nodes)", options_.node_id,
-                              r.id, all.nodes.size()));
-        io_.Put(layout_.Prepared(r.id), transport::MakeMessage(EncodePrepared(all)), {}, &loop_);
-        return;
+        if (!p.ok() || p->refit_id != r.id) return;
+        children_.Prepared(child, p->nodes);
+        return MaybePrepared();
       }
       case MessageType::kFailed: {
         auto f = ParseFailed(bytes);
-        if (!f.ok() || f->refit_id != r.id || r.failed_written) return;
-        r.failed_written = true;
-        r.control_backoff.Reset(Clock::now());  // an ABORT is next
-        io_.Put(layout_.Failed(r.id), transport::MakeMessage({bytes.begin(), bytes.end()}), {},
-                &loop_);
-        return;
+        if (!f.ok() || f->refit_id != r.id) return;
+        if (Available() && f->node_id == child && children_.streaming()) {
+          // As a node does: the version goes on without it and its subtree.
+          log::Warn(fmt::format(
+              "bucket downlink {}: child {} cannot reach the target ({}); refit {} goes on "
+              "without it (commit policy available)",
+              options_.node_id, child, log::Escape(f->reason), r.id));
+          Excuse(child);
+          return MaybePrepared();
+        }
+        return WriteFailed(*f);
       }
       case MessageType::kCommitted:
       case MessageType::kAborted: {
         auto o = ParseOutcome(bytes);
-        if (!o.ok() || o->refit_id != r.id || r.outcome_written || !r.decision) return;
-        r.confirmed[child] = o->nodes;
-        if (r.confirmed.size() < self_.children.size()) return;
-        Outcome all{r.id, 0};
-        for (const auto& [c, n] : r.confirmed) all.nodes += n;
-        r.outcome_written = true;
-        io_.Put(layout_.Outcome(r.id), transport::MakeMessage(EncodeOutcome(type, all)), {},
-                &loop_);
-        io_.EndRefit(r.id);
-        head_backoff_.Reset(Clock::now());  // a next refit may follow at once
-        return;
+        if (!o.ok() || o->refit_id != r.id || !r.decision) return;
+        children_.Confirmed(child, o->nodes);
+        return MaybeOutcome();
       }
       default:
         return;
     }
+  }
+
+  bool Available() const {
+    return options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable;
+  }
+
+  void Excuse(const std::string& child) {
+    children_.Excuse(child);
+    downstream_.Excuse(child);
+  }
+
+  // Streaming: a child away longer than the connect timeout is left out of the
+  // refit (policy `available`) or fails it (policy `all`), as at a node.
+  void TimeAbsentChildren(Clock::time_point now) {
+    Refit& r = *refit_;
+    for (const auto& child : children_.AwayLongerThan(now, options_.config.tree.connect_timeout)) {
+      if (Available() || r.failed_written) {
+        log::Warn(fmt::format("bucket downlink {}: child {} is away; refit {} goes on without it",
+                              options_.node_id, child, r.id));
+        Excuse(child);
+        MaybePrepared();
+        continue;
+      }
+      WriteFailed(Failed{r.id, child,
+                         "child '" + child + "' has been away longer than the connect timeout"});
+    }
+  }
+
+  // One PREPARED for every node below once no child is awaited. If every child was
+  // excused, nothing below takes part: FAILED in the bridge's name, which the
+  // source excuses in turn under policy `available`.
+  void MaybePrepared() {
+    Refit& r = *refit_;
+    if (r.prepared_written || r.failed_written || children_.AwaitingPrepared() > 0) return;
+    if (children_.reports().empty()) {
+      return WriteFailed(Failed{r.id, options_.node_id,
+                                "no node below bridge '" + options_.node_id +
+                                    "' takes part (every child away or failed)"});
+    }
+    Prepared all{r.id, children_.reports()};
+    r.prepared_written = true;
+    r.control_backoff.Reset(Clock::now());  // the decision is next
+    log::Info(fmt::format("bucket downlink {}: refit {}: prepared ({} nodes)", options_.node_id,
+                          r.id, all.nodes.size()));
+    io_.Put(layout_.Prepared(r.id), transport::MakeMessage(EncodePrepared(all)), {}, &loop_);
+  }
+
+  void WriteFailed(const Failed& f) {
+    Refit& r = *refit_;
+    if (r.failed_written || r.prepared_written) return;
+    r.failed_written = true;
+    r.control_backoff.Reset(Clock::now());  // an ABORT is next
+    io_.Put(layout_.Failed(r.id), transport::MakeMessage(EncodeFailed(f)), {}, &loop_);
+  }
+
+  // One COMMITTED / ABORTED for everything below once no child is awaited (an away
+  // one learns the decision when it is back).
+  void MaybeOutcome() {
+    Refit& r = *refit_;
+    if (!r.decision || r.outcome_written || children_.AwaitingConfirmation() > 0) return;
+    const MessageType type =
+        *r.decision == MessageType::kCommit ? MessageType::kCommitted : MessageType::kAborted;
+    r.outcome_written = true;
+    io_.Put(layout_.Outcome(r.id),
+            transport::MakeMessage(EncodeOutcome(type, {r.id, children_.confirmed_nodes()})), {},
+            &loop_);
+    children_.EndRefit();
+    io_.EndRefit(r.id);
+    head_backoff_.Reset(Clock::now());  // a next refit may follow at once
   }
 
   // The kept refits leading from `from` to `to`, from the bucket's chain.
@@ -548,6 +617,7 @@ class BucketDownlink::Impl {
   BucketBridgeOptions options_;
   const topology::TreePlan plan_;
   const topology::PlannedNode self_;
+  RefitChildren children_;  // loop thread
   std::unique_ptr<transport::Transport> transport_;
   const objstore::BucketLayout layout_;
   std::string listen_address_;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <future>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "apply/host_store.h"
@@ -36,7 +37,9 @@ constexpr char kToken[] = "bucket-test-token";
 constexpr uint64_t kPartitionBytes = 8 << 10;
 constexpr char kBucket[] = "deltacast";
 
-std::string ConfigToml(const std::string& endpoint, const std::string& policy) {
+// `eu2_parent`: "eu1" (the bridge serves one gateway) or "bucket-eu" (two children).
+std::string ConfigToml(const std::string& endpoint, const std::string& policy,
+                       const std::string& eu2_parent = "eu1") {
   return R"([cluster]
 name = "bucket-test"
 
@@ -94,7 +97,8 @@ host = "mem"
 port = 13
 region = "eu"
 role = "receiver"
-parent = "eu1"
+parent = ")" +
+         eu2_parent + R"("
 
 [objstore]
 endpoint = ")" +
@@ -195,8 +199,9 @@ class BucketBridgeTest : public ::testing::Test {
             .secret_key = "S3RVER"};
   }
 
-  void UseConfig(const std::string& policy = "all") {
-    auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), policy), "test.toml");
+  void UseConfig(const std::string& policy = "all", const std::string& eu2_parent = "eu1") {
+    auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), policy, eu2_parent),
+                                               "test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
   }
@@ -529,6 +534,52 @@ TEST_F(BucketBridgeTest, NodeBehindCatchesUpFromTheBucketChain) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], third->target_version));
   ExpectAllAt(v, 3);
   EXPECT_GE(agents_[2]->stats().deltas_caught_up, 1u);
+}
+
+// Policy `available`, a bridge with two children: one never comes, and the bridge
+// leaves it out after the connect timeout as a node would (before, the region waited
+// for it until the source's commit timeout). It joins later, behind, and catches up.
+TEST_F(BucketBridgeTest, AwayChildIsExcusedUnderPolicyAvailable) {
+  Versions v = MakeVersions(1 << 19, 3, 6);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("available", "bucket-eu"));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));  // not eu2
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  const auto start = std::chrono::steady_clock::now();
+  auto first = PublishStep(v, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(first->committed) << first->abort_reason;
+  // Well inside the 60 s commit timeout: the 2 s connect timeout and the round trips.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  std::set<std::string> nodes;
+  for (const auto& n : first->nodes) nodes.insert(n.node_id);
+  EXPECT_EQ(nodes, (std::set<std::string>{"us1", "eu1"}));
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], first->target_version));
+  ExpectAllAt(v, 1);
+
+  ASSERT_NO_FATAL_FAILURE(StartAgent(2, v, 0));  // back, two versions behind the next target
+  auto second = PublishStep(v, 1);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(second->committed) << second->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], second->target_version));
+  ExpectAllAt(v, 2);
+}
+
+// Under policy `all` the same away child fails the refit once the connect timeout
+// passed, as at a node, instead of leaving it to the source's commit timeout.
+TEST_F(BucketBridgeTest, AwayChildFailsTheRefitUnderPolicyAll) {
+  Versions v = MakeVersions(1 << 18, 2, 7);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("all", "bucket-eu"));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  const auto start = std::chrono::steady_clock::now();
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->committed);
+  EXPECT_NE(report->abort_reason.find("eu2"), std::string::npos) << report->abort_reason;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  ExpectAllAt(v, 0);
 }
 
 // The mixed config: `deltacast plan` shows which region takes the bucket, and a
