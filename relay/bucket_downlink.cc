@@ -550,11 +550,14 @@ class BucketDownlink::Impl {
     const MessageType type =
         *r.decision == MessageType::kCommit ? MessageType::kCommitted : MessageType::kAborted;
     r.outcome_written = true;
-    io_.Put(layout_.Outcome(r.id),
-            transport::MakeMessage(EncodeOutcome(type, {r.id, children_.confirmed_nodes()})), {},
-            &loop_);
+    // The refit's requests are counted once its last PUT is acknowledged, so before
+    // the uplink can read the outcome and the source report the refit.
+    io_.Run(
+        [this, id = r.id,
+         body = transport::MakeMessage(EncodeOutcome(type, {r.id, children_.confirmed_nodes()}))] {
+          if (io_.PutNow(layout_.Outcome(id), *body)) io_.EndRefit(id);
+        });
     children_.EndRefit();
-    io_.EndRefit(r.id);
     head_backoff_.Reset(Clock::now());  // a next refit may follow at once
   }
 

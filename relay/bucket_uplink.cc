@@ -343,8 +343,8 @@ class BucketUplink::Impl {
       auto o = ParseOutcome(*poll.outcome);
       if (o.ok() && o->refit_id == r.id && type.ok()) {
         r.outcome_sent = true;
+        io_.EndRefit(r.id);  // counted before the source can report the refit
         parent_.Send(*poll.outcome);
-        io_.EndRefit(r.id);
       } else {
         io_.BadObject(layout_.Outcome(r.id),
                       o.ok() ? "names another refit" : o.status().ToString());

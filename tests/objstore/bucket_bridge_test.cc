@@ -16,6 +16,7 @@
 #include "apply/host_store.h"
 #include "codec/manifest.h"
 #include "objstore/bucket_layout.h"
+#include "relay/internal/poll_backoff.h"
 #include "relay/node_agent.h"
 #include "relay/protocol.h"
 #include "relay/publisher.h"
@@ -214,6 +215,7 @@ class BucketBridgeTest : public ::testing::Test {
     o.s3 = S3();
     o.prefix = config_.objstore->prefix;
     o.poll = config_.objstore->poll;
+    o.poll_max = config_.objstore->poll_max;
     o.keep_refits = 4;
     o.verify_key = verify_key_;
     return o;
@@ -438,6 +440,35 @@ TEST_F(BucketBridgeTest, MissingAndTruncatedChunksAreWrittenAgain) {
 // A decision object of an earlier refit sits at this refit's key (a writer that
 // lagged, a copy by mistake): the downlink refuses it for naming another refit
 // and waits; the refit commits on its own decision.
+// Each half counts its refit's requests, and idle bridges back off: the poll is
+// 10 ms, so without backoff the downlink alone would GET `head` ~100 times a second.
+TEST_F(BucketBridgeTest, RequestsAreCountedPerRefitAndIdlePollsBackOff) {
+  Versions v = MakeVersions(1 << 18, 2, 8);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  const auto up = uplink_->stats().last_refit_requests;
+  const auto down = downlink_->stats().last_refit_requests;
+  // BEGIN, head, every chunk, the seal, the decision and the chain.
+  EXPECT_GE(up.put, report->delta.chunks + 5) << up.ToString();
+  EXPECT_GE(down.put, 2u) << down.ToString();  // PREPARED and the outcome
+  EXPECT_GE(down.get, report->delta.chunks + 2) << down.ToString();
+  EXPECT_GT(up.get, 0u) << up.ToString();  // its polls for the region's reports
+
+  // Past the 2 s at the base rate after the refit's end, then 2 s idle.
+  std::this_thread::sleep_for(internal::PollBackoff::kHot + std::chrono::milliseconds(500));
+  const uint64_t before = uplink_->stats().requests.Total() + downlink_->stats().requests.Total();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const uint64_t idle =
+      uplink_->stats().requests.Total() + downlink_->stats().requests.Total() - before;
+  EXPECT_LE(idle, 20u) << "requests in 2 s idle (poll_max 250ms: about 8 GETs of head)";
+  EXPECT_GE(idle, 2u) << "an idle downlink still follows head";
+}
+
 TEST_F(BucketBridgeTest, StaleDecisionObjectIsIgnored) {
   Versions v = MakeVersions(1 << 19, 3, 4);
   ASSERT_NO_FATAL_FAILURE(UseConfig());
