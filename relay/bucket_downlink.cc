@@ -536,7 +536,7 @@ class BucketDownlink::Impl {
 
   void WriteFailed(const Failed& f) {
     Refit& r = *refit_;
-    if (r.failed_written || r.prepared_written) return;
+    if (r.failed_written || r.decision) return;  // after PREPARED too, as a node
     r.failed_written = true;
     r.control_backoff.Reset(Clock::now());  // an ABORT is next
     io_.Put(layout_.Failed(r.id), transport::MakeMessage(EncodeFailed(f)), {}, &loop_);

@@ -263,9 +263,12 @@ class BucketUplink::Impl {
     parent_.Tick(now, !refit_ || refit_->decided);
     if (!refit_ || polls_in_flight_ >= kPollsInFlight || now < next_poll_) return;
     Refit& r = *refit_;
-    const bool want_reports = !r.decided && (!r.prepared_sent || !r.failed_sent);
+    // Once the region prepared it needs no refetch (it has every chunk): only a
+    // late FAILED (as a node forwards one) and the outcome are left to wait for.
+    const bool want_prepared = !r.decided && !r.prepared_sent && !r.failed_sent;
+    const bool want_failed = !r.decided && !r.failed_sent;
     const bool want_outcome = r.decision_stored && !r.outcome_sent;
-    if (!want_reports && !want_outcome) return;
+    if (!want_failed && !want_outcome) return;
     ++polls_in_flight_;
     // While chunks stream, PREPARED cannot come (the region lacks the END) and
     // FAILED or a refetch are rare: those polls back off.
@@ -274,17 +277,13 @@ class BucketUplink::Impl {
     // The reads run side by side: each crosses the WAN when the bucket sits in
     // the region, and the region's PREPARED waits on the slowest of them.
     auto poll = std::make_shared<Poll>();
-    auto left = std::make_shared<std::atomic<int>>(want_reports ? 3 : 1);
+    auto left = std::make_shared<std::atomic<int>>(want_prepared ? 3 : 1);
     auto done = [this, gen, poll, left] {
       if (--*left == 0) loop_.Post([this, gen, poll] { OnPoll(gen, *poll); });
     };
-    if (want_reports) {
+    if (want_prepared) {
       io_.Run([this, id, poll, done] {
         poll->prepared = io_.GetIfThere(layout_.Prepared(id));
-        done();
-      });
-      io_.Run([this, id, poll, done] {
-        poll->failed = io_.GetIfThere(layout_.Failed(id));
         done();
       });
       io_.Run([this, id, poll, done] {
@@ -295,6 +294,12 @@ class BucketUplink::Impl {
             if (seq.ok()) poll->refetch.push_back(*seq);
           }
         }
+        done();
+      });
+    }
+    if (want_failed) {
+      io_.Run([this, id, poll, done] {
+        poll->failed = io_.GetIfThere(layout_.Failed(id));
         done();
       });
     } else {
@@ -318,7 +323,6 @@ class BucketUplink::Impl {
       auto p = ParsePrepared(*poll.prepared);
       if (p.ok() && p->refit_id == r.id) {
         r.prepared_sent = true;
-        backoff_.Reset(Clock::now());
         log::Info(fmt::format("bucket uplink {}: refit {}: the region prepared ({} nodes)",
                               options_.node_id, r.id, p->nodes.size()));
         parent_.Send(*poll.prepared);
