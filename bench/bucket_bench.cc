@@ -372,17 +372,18 @@ int main(int argc, char** argv) {
   const std::string proxy =
       (std::filesystem::path(argv[0]).parent_path() / "deltacast_delay_proxy").string();
   Versions v = MakeVersions(elements, refits + 1, rate);
-  json out = {{"bench", "bucket_vs_tree"},
-              {"model_bytes", elements * 2 * 3},
-              {"rate_percent", rate},
-              {"wan_ms", wan_ms},
-              {"chunk", chunk},
-              {"server", "s3rver 3.7.1 on loopback"},
-              {"command", fmt::format("build/bin/deltacast_bench_bucket --elements {} --refits {} "
-                                      "--wan-ms {} --rate {} --chunk {} --poll-max {}",
-                                      elements, refits, wan_ms, rate, chunk, g_poll_max)},
-              {"poll", "10ms"},
-              {"poll_max", g_poll_max}};
+  json out = {
+      {"bench", "bucket_vs_tree"},
+      {"model_bytes", elements * 2 * 3},
+      {"rate_percent", rate},
+      {"wan_ms", wan_ms},
+      {"chunk", chunk},
+      {"server", "s3rver 3.7.1 on loopback"},
+      {"command", fmt::format("build/bin/deltacast_bench_bucket --elements {} --refits {} "
+                              "--wan-ms {} --rate {} --chunk {} --poll-max {} --idle-seconds {}",
+                              elements, refits, wan_ms, rate, chunk, g_poll_max, g_idle_seconds)},
+      {"poll", "10ms"},
+      {"poll_max", g_poll_max}};
   out["tree"] = RunMode(false, v, refits, wan_ms, chunk, proxy, s3, tmp.path().string());
   out["bucket"] = RunMode(true, v, refits, wan_ms, chunk, proxy, s3, tmp.path().string());
   const std::string text = out.dump(2);
