@@ -679,6 +679,18 @@ role = "receiver"
   EXPECT_NE(typo.message().find("unknown key \"bukket\""), std::string::npos) << typo.ToString();
   Status missing = parse("[objstore]\nendpoint = \"http://h:1\"\nbridges = [\"b\"]\n");
   EXPECT_NE(missing.message().find("bucket"), std::string::npos) << missing.ToString();
+  const std::string table =
+      "[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n";
+  Status below = parse(table + "poll = \"100ms\"\npoll_max = \"50ms\"\n");
+  EXPECT_NE(below.message().find("poll_max must be at least poll"), std::string::npos)
+      << below.ToString();
+  auto slow = topology::ParseClusterConfig(base + table + "poll = \"1s\"\n", "t.toml");
+  ASSERT_TRUE(slow.ok()) << slow.status().ToString();
+  EXPECT_EQ(slow->objstore->poll_max, std::chrono::milliseconds(1000));  // poll alone: no backoff
+  auto defaults = topology::ParseClusterConfig(base + table, "t.toml");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->objstore->poll, std::chrono::milliseconds(20));
+  EXPECT_EQ(defaults->objstore->poll_max, std::chrono::milliseconds(250));
 }
 
 }  // namespace
