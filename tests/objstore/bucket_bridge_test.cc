@@ -596,6 +596,30 @@ TEST_F(BucketBridgeTest, AwayChildIsExcusedUnderPolicyAvailable) {
   ExpectAllAt(v, 2);
 }
 
+// Policy `available`, every child of the bridge away: the downlink writes FAILED in
+// the bridge's name, the source excuses the bridge, and the rest of the tree commits.
+TEST_F(BucketBridgeTest, BridgeWithEveryChildAwayIsExcusedUnderPolicyAvailable) {
+  Versions v = MakeVersions(1 << 18, 2, 9);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("available", "bucket-eu"));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  ASSERT_NO_FATAL_FAILURE(StartAgent(0, v, 0));  // us1 only
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  ASSERT_EQ(report->nodes.size(), 1u);
+  EXPECT_EQ(report->nodes[0].node_id, "us1");
+  EXPECT_TRUE(WaitForVersion(*agents_[0], report->target_version));
+  ExpectAllAt(v, 1);
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  auto failed = s3_->Get(layout.Failed(report->refit_id));
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  auto parsed = ParseFailed(*failed);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->node_id, "bucket-eu");
+  EXPECT_FALSE(s3_->Head(layout.Prepared(report->refit_id)).ok());
+}
+
 // Under policy `all` the same away child fails the refit once the connect timeout
 // passed, as at a node, instead of leaving it to the source's commit timeout.
 TEST_F(BucketBridgeTest, AwayChildFailsTheRefitUnderPolicyAll) {
