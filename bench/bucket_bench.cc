@@ -82,6 +82,10 @@ std::string Node(const std::string& id, int port, const std::string& region, con
       id, port, region, role, parent.empty() ? "" : "parent = \"" + parent + "\"\n");
 }
 
+// [objstore] poll_max (--poll-max; "10ms", the poll, is polling without backoff).
+std::string g_poll_max = "250ms";
+int g_idle_seconds = 5;  // after the refits: the polls of idle bridges
+
 // `src_port`: where this copy's nodes dial the source (the proxy, for eu1's copy).
 std::string ClusterToml(bool bucket, const Ports& p, int src_port, const std::string& chunk,
                         const std::string& endpoint) {
@@ -97,8 +101,8 @@ std::string ClusterToml(bool bucket, const Ports& p, int src_port, const std::st
     t += Node("eu1", p.eu1(), "eu", "receiver", "bucket-eu");
     t += fmt::format(
         "[objstore]\nendpoint = \"{}\"\nbucket = \"deltacast\"\nbridges = "
-        "[\"bucket-eu\"]\npoll = \"10ms\"\n",
-        endpoint);
+        "[\"bucket-eu\"]\npoll = \"10ms\"\npoll_max = \"{}\"\n",
+        endpoint, g_poll_max);
   } else {
     t += Node("eu1", p.eu1(), "eu", "receiver", "src");
   }
@@ -199,6 +203,13 @@ class Proxy {
   pid_t pid_ = -1;
 };
 
+json Requests(const dc::objstore::RequestCounts& r) {
+  return {{"get", r.get},      {"get_missing", r.get_missing},
+          {"put", r.put},      {"list", r.list},
+          {"head", r.head},    {"delete", r.del},
+          {"total", r.Total()}};
+}
+
 json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string& chunk,
              const std::string& proxy_binary, dc::test_util::S3rver& s3, const std::string& tmp) {
   Ports p;
@@ -238,6 +249,7 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
         .endpoint = across, .bucket = "deltacast", .access_key = "S3RVER", .secret_key = "S3RVER"};
     b.prefix = "bench";
     b.poll = config.objstore->poll;
+    b.poll_max = config.objstore->poll_max;
     uplink = Check(dc::relay::BucketUplink::Start(b, Tcp()), "uplink");
     b.s3.endpoint = local;
     downlink = Check(dc::relay::BucketDownlink::Start(b, Tcp()), "downlink");
@@ -249,6 +261,7 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
 
   json runs = json::array();
   std::vector<double> seconds;
+  std::vector<uint64_t> requests;
   for (int k = 0; k < refits; ++k) {
     auto base = Borrow(v.tensors, v.v[k]);
     auto target = Borrow(v.tensors, v.v[k + 1]);
@@ -267,11 +280,31 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
       }
     }
     seconds.push_back(report.seconds);
-    runs.push_back({{"seconds", report.seconds},
-                    {"prepare_seconds", report.prepare_seconds},
-                    {"first_chunk_seconds", report.first_chunk_seconds},
-                    {"delta_bytes", report.delta.delta_bytes},
-                    {"chunks", report.delta.chunks}});
+    json run = {{"seconds", report.seconds},
+                {"prepare_seconds", report.prepare_seconds},
+                {"first_chunk_seconds", report.first_chunk_seconds},
+                {"delta_bytes", report.delta.delta_bytes},
+                {"chunks", report.delta.chunks}};
+    if (uplink) {
+      // Each half counts a refit's requests at its end (both before the source's
+      // report), the polls since the refit before included.
+      run["s3_requests"] = {{"uplink", Requests(uplink->stats().last_refit_requests)},
+                            {"downlink", Requests(downlink->stats().last_refit_requests)}};
+      requests.push_back(uplink->stats().last_refit_requests.Total() +
+                         downlink->stats().last_refit_requests.Total());
+    }
+    runs.push_back(std::move(run));
+  }
+  // Between refits the bridges only poll: what that costs a second.
+  json idle;
+  if (uplink) {
+    auto total = [&] {
+      return uplink->stats().requests.Total() + downlink->stats().requests.Total();
+    };
+    const uint64_t before = total();
+    std::this_thread::sleep_for(std::chrono::seconds(g_idle_seconds));
+    idle = {{"seconds", g_idle_seconds},
+            {"s3_requests_per_second", double(total() - before) / g_idle_seconds}};
   }
   source->Stop();
   if (uplink) uplink->Stop();
@@ -290,6 +323,11 @@ json RunMode(bool bucket, Versions& v, int refits, int wan_ms, const std::string
                      {"retries", s.retries}};
     const auto d = downlink->stats();
     out["downlink"] = {{"objects_read", d.objects_read}, {"bytes_read", d.bytes_read}};
+    out["uplink"]["s3_requests"] = Requests(s.requests);
+    out["downlink"]["s3_requests"] = Requests(d.requests);
+    std::sort(requests.begin(), requests.end());
+    out["median_s3_requests_per_refit"] = requests[requests.size() / 2];
+    out["idle"] = idle;
   }
   return out;
 }
@@ -307,6 +345,9 @@ int main(int argc, char** argv) {
   app.add_option("--rate", rate, "Percent of elements changed per step");
   app.add_option("--chunk", chunk, "Chunk size");
   app.add_option("--out", out_path, "Also write the JSON here");
+  app.add_option("--poll-max", g_poll_max, "[objstore] poll_max (10ms: no backoff)");
+  app.add_option("--idle-seconds", g_idle_seconds, "Idle time measured after the refits")
+      ->check(CLI::Range(1, 3600));
   CLI11_PARSE(app, argc, argv);
   if (!dc::test_util::S3rver::Available()) {
     std::cerr << dc::test_util::S3rver::kSkipMessage << "\n";
@@ -331,15 +372,18 @@ int main(int argc, char** argv) {
   const std::string proxy =
       (std::filesystem::path(argv[0]).parent_path() / "deltacast_delay_proxy").string();
   Versions v = MakeVersions(elements, refits + 1, rate);
-  json out = {{"bench", "bucket_vs_tree"},
-              {"model_bytes", elements * 2 * 3},
-              {"rate_percent", rate},
-              {"wan_ms", wan_ms},
-              {"chunk", chunk},
-              {"server", "s3rver 3.7.1 on loopback"},
-              {"command", fmt::format("build/bin/deltacast_bench_bucket --elements {} --refits {} "
-                                      "--wan-ms {} --rate {} --chunk {}",
-                                      elements, refits, wan_ms, rate, chunk)}};
+  json out = {
+      {"bench", "bucket_vs_tree"},
+      {"model_bytes", elements * 2 * 3},
+      {"rate_percent", rate},
+      {"wan_ms", wan_ms},
+      {"chunk", chunk},
+      {"server", "s3rver 3.7.1 on loopback"},
+      {"command", fmt::format("build/bin/deltacast_bench_bucket --elements {} --refits {} "
+                              "--wan-ms {} --rate {} --chunk {} --poll-max {} --idle-seconds {}",
+                              elements, refits, wan_ms, rate, chunk, g_poll_max, g_idle_seconds)},
+      {"poll", "10ms"},
+      {"poll_max", g_poll_max}};
   out["tree"] = RunMode(false, v, refits, wan_ms, chunk, proxy, s3, tmp.path().string());
   out["bucket"] = RunMode(true, v, refits, wan_ms, chunk, proxy, s3, tmp.path().string());
   const std::string text = out.dump(2);

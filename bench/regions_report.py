@@ -3,7 +3,10 @@
 CPU snapshots, agents' logs, bytes per parameter of synthetic steps), writes
 bench/results/regions.json with `measured` (this run) and `projection` (the paper's
 table, every cell computed from measured ratios and labelled as projection), and two
-PNG plots (gnuplot, else matplotlib). Standard library only, plus the plotter."""
+PNG plots (gnuplot, else matplotlib). With --path bucket or both: `measured.bucket`
+(the same publishes through the object store, with the bridges' S3 requests per
+refit from their logs) and, for both, `tree_vs_bucket` (ratios within this run).
+Standard library only, plus the plotter."""
 import argparse
 import datetime
 import glob
@@ -21,6 +24,7 @@ PAPER_1T_DELTA_SECONDS = 150.0
 PAPER_SPEEDUP_RANGE = (12, 40)
 # The WAN rate that 87.5 min implies for 2 TB (1T BF16 parameters), as one stream.
 PAPER_WAN_BPS = 2e12 * 8 / PAPER_1T_FULL_SECONDS
+REGIONS = ["train", "euw", "aps", "usw"]
 MODELS = [("30B", 30e9), ("70B", 70e9), ("235B", 235e9), ("671B", 671e9), ("1T", 1e12)]
 
 LOG_LINE = re.compile(r"^(\S+) \w+ (\S+): refit (\d+)[: ](.*)$")
@@ -51,11 +55,11 @@ def refit_id(work, name):
     return open(path).read().strip() or None if os.path.exists(path) else None
 
 
-def timeline(work, refit, start):
+def timeline(work, refit, start, logs="logs"):
     """Per node: seconds after the publish call of its first chunk, END, PREPARED and
     commit, from the agents' logs."""
     marks = {}
-    for path in glob.glob(os.path.join(work, "logs", "*.log")):
+    for path in glob.glob(os.path.join(work, logs, "*.log")):
         for line in open(path, errors="replace"):
             m = LOG_LINE.match(line.strip())
             if not m or m.group(3) != refit:
@@ -73,14 +77,14 @@ def timeline(work, refit, start):
     return marks
 
 
-def measure_publish(work, name, wan_links, nodes_by_region, slowest_wan_bps):
+def measure_publish(work, name, wan_links, nodes_by_region, slowest_wan_bps, logs="logs"):
     report = json.load(open(os.path.join(work, name + ".json")))
     start = read_float(os.path.join(work, name + ".start"))
     end = read_float(os.path.join(work, name + ".end"))
     before_wan, before_cpu = snapshot(os.path.join(work, name + ".before"))
     after_wan, after_cpu = snapshot(os.path.join(work, name + ".after"))
     rid = refit_id(work, name)
-    marks = timeline(work, rid, start) if rid else {}
+    marks = timeline(work, rid, start, logs) if rid else {}
     wan_bytes = {}
     for k, region in wan_links.items():
         into = after_wan.get((k, "into"), 0) - before_wan.get((k, "into"), 0)
@@ -119,11 +123,14 @@ def measure_publish(work, name, wan_links, nodes_by_region, slowest_wan_bps):
     return out
 
 
-def plot(results_dir, measured, projection, run_params):
+def plot(out, measured, projection, run_params):
+    """Two PNGs beside `out`, named after it (regions.json: regions_*.png)."""
     gnuplot = shutil.which("gnuplot")
-    size_png = os.path.join(results_dir, "regions_refit_vs_size.png")
-    timeline_png = os.path.join(results_dir, "regions_timeline.png")
-    data = os.path.join(results_dir, ".regions_plot.dat")
+    results_dir = os.path.dirname(os.path.abspath(out))
+    stem = os.path.splitext(os.path.basename(out))[0]
+    size_png = os.path.join(results_dir, stem + "_refit_vs_size.png")
+    timeline_png = os.path.join(results_dir, stem + "_timeline.png")
+    data = os.path.join(results_dir, "." + stem + "_plot.dat")
     with open(data, "w") as f:
         f.write("# params full_s fast3 context3 fast5 context5 (projection, paper WAN rate)\n")
         for row in projection["rows_paper_rate"]:
@@ -179,15 +186,10 @@ plot '{data}' index 2 using 3:1 with points pt 7 ps 2 title 'first chunk', \\
     return []
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    for flag in ("--work", "--out", "--params", "--rate", "--wan-mbit", "--wan-ms", "--intra-mbit",
-                 "--per-region", "--gateway"):
-        ap.add_argument(flag, required=True)
-    a = ap.parse_args()
-    wan_mbit = [float(x) for x in a.wan_mbit.split(",")]
-    wan_ms = [float(x) for x in a.wan_ms.split(",")]
-    regions = ["train", "euw", "aps", "usw"]
+def tree_report(a):
+    """The tree path's runs (publishes full, fast, context, fault, after_fault), the
+    projection and the plots; printed as it goes."""
+    wan_mbit, wan_ms, regions = a.wan_mbit_list, a.wan_ms_list, REGIONS
     plan = json.load(open(os.path.join(a.work, "plan.json")))
     nodes_by_region = {}
     for n in plan["nodes"]:
@@ -280,10 +282,7 @@ def main():
     bit_exact = all(runs[n].get("bit_exact", False) for n in ("full", "fast", "context", "after_fault"))
     result = {"benchmark": "regions", "bit_exact": bit_exact, "measured": measured,
               "projection": projection}
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=2)
-    plots = plot(os.path.dirname(os.path.abspath(a.out)), measured, projection, params)
+    plots = plot(a.out, measured, projection, params)
     print(f"regions: bit_exact={bit_exact}; full {runs['full']['refit_seconds']:.2f} s, fast "
           f"{runs['fast']['refit_seconds']:.2f} s, context {runs['context']['refit_seconds']:.2f} s; "
           f"pipeline efficiency fast {eff:.2f}, context {eff_context:.2f}, full {eff_full:.2f}; "
@@ -300,7 +299,111 @@ def main():
     print("(full: the raw BF16 checkpoint at that rate; speedups against it)")
     print(f"paper: 1T at 3 %: {PAPER_1T_DELTA_SECONDS:.0f} s vs {PAPER_1T_FULL_SECONDS:.0f} s full; "
           f"{PAPER_SPEEDUP_RANGE[0]}-{PAPER_SPEEDUP_RANGE[1]} x over 30B-1T")
-    return 0 if bit_exact else 1
+    return result
+
+
+def bucket_requests(work, refit):
+    """Per bridge half: the S3 requests it made for refit `refit` (its log line at the
+    refit's end counts them since the last one ended, idle polls included)."""
+    out = {}
+    pattern = re.compile(r"bucket (uplink|downlink) (\S+): refit (\d+): requests (.*)$")
+    for path in glob.glob(os.path.join(work, "logs-bucket", "*.log")):
+        for line in open(path, errors="replace"):
+            m = pattern.search(line.strip())
+            if not m or m.group(3) != refit:
+                continue
+            counts = dict(kv.split("=") for kv in m.group(4).split())
+            out[f"{m.group(2)}.{m.group(1)}"] = {k: float(v) if "." in v else int(v)
+                                                 for k, v in counts.items()}
+    return out
+
+
+def bucket_report(a, tree):
+    """The bucket path's runs (the same publishes full, fast, context) and, when the
+    tree ran too, the ratios of the two within this run."""
+    plan = json.load(open(os.path.join(a.work, "plan-bucket.json")))
+    bridges = set(plan["objstore"]["bridges"]) if plan.get("objstore") else set()
+    nodes_by_region = {}
+    for n in plan["nodes"]:
+        if n["role"] != "source" and n["id"] not in bridges:
+            nodes_by_region.setdefault(n["region"], []).append(n["id"])
+    slowest_bps = min(a.wan_mbit_list) * 1e6
+    runs = {}
+    for name in ("full", "fast", "context"):
+        run = measure_publish(a.work, "bucket_" + name, dict(enumerate(REGIONS)), nodes_by_region,
+                              slowest_bps, logs="logs-bucket")
+        rid = refit_id(a.work, "bucket_" + name)
+        run["s3_requests"] = bucket_requests(a.work, rid) if rid else {}
+        run["s3_requests_total"] = sum(
+            v.get("total", 0) for v in run["s3_requests"].values())
+        runs[name] = run
+    bucket = {"placement": "s3rver in its own namespace in the trainer's region; one uplink per"
+                           " inference region beside the trainer; one downlink per region on its"
+                           " gateway's host, reading across that region's shaped WAN link"
+                           " through the delay proxy",
+              "tree": {n["id"]: n["parent"] for n in plan["nodes"]},
+              "runs": runs}
+    out = {"bucket": bucket,
+           "bit_exact": all(runs[n].get("bit_exact", False) for n in runs)}
+    if tree:
+        t = tree["measured"]["runs"]
+        cmp = {}
+        for name in ("full", "fast", "context"):
+            def wan_total(run, key):
+                return sum(v[key] for r, v in run["wan_bytes"].items() if r != "train")
+            row = {"tree_refit_seconds": t[name]["refit_seconds"],
+                   "bucket_refit_seconds": runs[name]["refit_seconds"],
+                   "bucket_over_tree_seconds": runs[name]["refit_seconds"] / t[name]["refit_seconds"],
+                   "delta_bytes": runs[name]["delta_bytes"],
+                   "tree_wan_bytes_into_regions": wan_total(t[name], "into_region"),
+                   "bucket_wan_bytes_into_regions": wan_total(runs[name], "into_region"),
+                   "tree_wan_bytes_out_of_regions": wan_total(t[name], "out_of_region"),
+                   "bucket_wan_bytes_out_of_regions": wan_total(runs[name], "out_of_region"),
+                   "bucket_s3_requests": runs[name]["s3_requests_total"]}
+            row["bucket_over_tree_wan_bytes"] = (
+                (row["bucket_wan_bytes_into_regions"] + row["bucket_wan_bytes_out_of_regions"]) /
+                (row["tree_wan_bytes_into_regions"] + row["tree_wan_bytes_out_of_regions"]))
+            for region in REGIONS[1:]:
+                for path, run in (("tree", t[name]), ("bucket", runs[name])):
+                    row.setdefault("committed_by_region", {}).setdefault(region, {})[path] = \
+                        run["region_times"].get(region, {}).get("committed")
+            cmp[name] = row
+        out["tree_vs_bucket"] = cmp
+    print(f"bucket path: bit_exact={out['bit_exact']}; " + "; ".join(
+        f"{n} {runs[n]['refit_seconds']:.2f} s ({runs[n]['s3_requests_total']} S3 requests)"
+        for n in runs))
+    for n, row in out.get("tree_vs_bucket", {}).items():
+        print(f"  {n}: tree {row['tree_refit_seconds']:.2f} s, bucket {row['bucket_refit_seconds']:.2f} s"
+              f" ({row['bucket_over_tree_seconds']:.2f} x); WAN bytes into regions tree "
+              f"{row['tree_wan_bytes_into_regions']:,}, bucket {row['bucket_wan_bytes_into_regions']:,}"
+              f" ({row['bucket_over_tree_wan_bytes']:.3f} x, both directions)")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for flag in ("--work", "--out", "--params", "--rate", "--wan-mbit", "--wan-ms", "--intra-mbit",
+                 "--per-region", "--gateway"):
+        ap.add_argument(flag, required=True)
+    ap.add_argument("--path", default="tree", choices=("tree", "bucket", "both"))
+    a = ap.parse_args()
+    a.wan_mbit_list = [float(x) for x in a.wan_mbit.split(",")]
+    a.wan_ms_list = [float(x) for x in a.wan_ms.split(",")]
+    result = {"benchmark": "regions", "path": a.path}
+    tree = tree_report(a) if a.path != "bucket" else None
+    if tree:
+        result.update(tree)
+    if a.path != "tree":
+        b = bucket_report(a, tree)
+        result.setdefault("measured", {})["bucket"] = b["bucket"]
+        if "tree_vs_bucket" in b:
+            result["tree_vs_bucket"] = b["tree_vs_bucket"]
+        result["bit_exact"] = result.get("bit_exact", True) and b["bit_exact"]
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {a.out}")
+    return 0 if result["bit_exact"] else 1
 
 
 if __name__ == "__main__":

@@ -226,6 +226,7 @@ Status S3Client::Perform(std::string_view method, std::string_view key, std::str
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
   const CURLcode rc = curl_easy_perform(curl);
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &response.http);
+  Count(method, key, response.http);
   curl_slist_free_all(headers);
   if (rc != CURLE_OK) {
     // A connection that broke leaves the handle's state unknown: drop it.
@@ -238,6 +239,32 @@ Status S3Client::Perform(std::string_view method, std::string_view key, std::str
   }
   ReturnHandle(curl);
   return Status::Ok();
+}
+
+void S3Client::Count(std::string_view method, std::string_view key, long http) {
+  std::lock_guard lock(counts_mu_);
+  if (method == "GET" && key.empty()) {
+    ++counts_.list;
+  } else if (method == "GET") {
+    ++counts_.get;
+    if (http == 404) ++counts_.get_missing;
+  } else if (method == "PUT") {
+    ++counts_.put;
+  } else if (method == "HEAD") {
+    ++counts_.head;
+  } else if (method == "DELETE") {
+    ++counts_.del;
+  }
+}
+
+RequestCounts S3Client::requests() const {
+  std::lock_guard lock(counts_mu_);
+  return counts_;
+}
+
+std::string RequestCounts::ToString() const {
+  return fmt::format("get={} get_missing={} put={} list={} head={} delete={} total={}", get,
+                     get_missing, put, list, head, del, Total());
 }
 
 Status S3Client::CreateBucket() {

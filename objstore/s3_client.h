@@ -52,6 +52,24 @@ struct ObjectInfo {
   uint64_t size = 0;
 };
 
+// Requests sent, by kind; every attempt counts, a retry too (a provider bills each).
+// On AWS S3 a PUT or LIST costs about 12 GETs; a GET answered 404 costs a GET.
+struct RequestCounts {
+  uint64_t get = 0;          // GETs of one object, 404s included
+  uint64_t get_missing = 0;  // of those, answered 404 (a poll that found nothing)
+  uint64_t put = 0;
+  uint64_t list = 0;  // pages of a listing
+  uint64_t head = 0;
+  uint64_t del = 0;
+  uint64_t Total() const { return get + put + list + head + del; }
+  RequestCounts operator-(const RequestCounts& o) const {
+    return {get - o.get, get_missing - o.get_missing, put - o.put, list - o.list, head - o.head,
+            del - o.del};
+  }
+  // "get=3 get_missing=1 put=2 list=0 head=0 delete=0 total=5"
+  std::string ToString() const;
+};
+
 class S3Client {
  public:
   // kInvalidArgument for an empty endpoint or bucket, or an endpoint without
@@ -78,6 +96,8 @@ class S3Client {
                                                       size_t parallel);
 
   const S3Options& options() const { return options_; }
+  // Every request this client has sent so far.
+  RequestCounts requests() const;
 
   struct Response;  // private to s3_client.cc
 
@@ -91,9 +111,13 @@ class S3Client {
   void* TakeHandle();
   void ReturnHandle(void* handle);
 
+  void Count(std::string_view method, std::string_view key, long http);
+
   const S3Options options_;
   std::mutex mu_;
   std::vector<void*> idle_;  // CURL* handles kept for their connections
+  mutable std::mutex counts_mu_;
+  RequestCounts counts_;
 };
 
 }  // namespace deltacast::objstore

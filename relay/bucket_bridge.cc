@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "relay/internal/bucket_io.h"
+
 namespace deltacast::relay {
 
 Result<BucketBridgeOptions> BridgeOptionsFromConfig(const topology::ClusterConfig& config,
@@ -35,7 +37,48 @@ Result<BucketBridgeOptions> BridgeOptionsFromConfig(const topology::ClusterConfi
   options.parallel = static_cast<size_t>(o.parallel);
   options.keep_refits = static_cast<size_t>(o.keep_refits);
   options.poll = o.poll;
+  options.poll_max = o.poll_max;
   return options;
 }
+
+namespace internal {
+
+std::vector<std::byte> ToBytes(const std::string& s) {
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return {p, p + s.size()};
+}
+
+BucketBridgeStats BucketIo::Stats() const {
+  std::lock_guard lock(mu_);
+  BucketBridgeStats out = stats_;
+  out.requests = client_->requests();
+  return out;
+}
+
+void BucketIo::BadObject(const std::string& key, const std::string& why) {
+  std::lock_guard lock(mu_);
+  if (stats_.bad_objects++ % 20 == 0) {
+    log::Warn(fmt::format("{}: object '{}' refused: {}", who_, key, why));
+  }
+}
+
+void BucketIo::EndRefit(uint64_t refit_id) {
+  const objstore::RequestCounts now = client_->requests();
+  const auto t = std::chrono::steady_clock::now();
+  objstore::RequestCounts spent;
+  double seconds = 0;
+  {
+    std::lock_guard lock(mu_);
+    spent = now - at_last_end_;
+    seconds = std::chrono::duration<double>(t - last_end_).count();
+    at_last_end_ = now;
+    last_end_ = t;
+    stats_.last_refit_requests = spent;
+  }
+  log::Info(fmt::format("{}: refit {}: requests {} seconds={:.3f}", who_, refit_id,
+                        spent.ToString(), seconds));
+}
+
+}  // namespace internal
 
 }  // namespace deltacast::relay

@@ -26,10 +26,13 @@ struct BucketBridgeOptions {
   std::string node_id;  // the bridge node (listed in [objstore] bridges)
   std::string token;    // the cluster's shared secret
   objstore::S3Options s3;
-  std::string prefix;                  // keys start with prefix/node_id/
-  size_t parallel = 8;                 // S3 requests in flight
-  size_t keep_refits = 4;              // committed refits kept for catch-up (uplink)
-  std::chrono::milliseconds poll{20};  // how often the bucket is asked for news
+  std::string prefix;      // keys start with prefix/node_id/
+  size_t parallel = 8;     // S3 requests in flight
+  size_t keep_refits = 4;  // committed refits kept for catch-up (uplink)
+  // How often the bucket is asked for news while some is expected; without news
+  // for a while, polls back off to poll_max (docs/object-store.md, "Polling").
+  std::chrono::milliseconds poll{20};
+  std::chrono::milliseconds poll_max{250};
   // The uplink's spool (chunks it may have to write again); the downlink's (for
   // children that rejoin). Empty: a per-process temporary folder.
   std::filesystem::path spool_dir;
@@ -51,10 +54,14 @@ struct BucketBridgeStats {
   uint64_t objects_read = 0;
   uint64_t bytes_written = 0;
   uint64_t bytes_read = 0;
-  uint64_t retries = 0;          // S3 requests that failed and were tried again
-  uint64_t bad_objects = 0;      // objects that failed their checks
-  uint64_t stale_decisions = 0;  // decision objects of another refit, ignored
-  uint64_t refetches = 0;        // chunks written again on a downlink's request
+  uint64_t retries = 0;              // S3 requests that failed and were tried again
+  uint64_t bad_objects = 0;          // objects that failed their checks
+  uint64_t stale_decisions = 0;      // decision objects of another refit, ignored
+  uint64_t refetches = 0;            // chunks written again on a downlink's request
+  objstore::RequestCounts requests;  // every S3 request so far
+  // Those of the last refit that ended here: since the refit before it ended, so
+  // the idle polls between refits count too.
+  objstore::RequestCounts last_refit_requests;
 };
 
 class BucketUplink {

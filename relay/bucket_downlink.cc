@@ -22,6 +22,8 @@
 #include "relay/downstream.h"
 #include "relay/event_loop.h"
 #include "relay/internal/bucket_io.h"
+#include "relay/internal/poll_backoff.h"
+#include "relay/refit_children.h"
 #include "relay/replay.h"
 #include "relay/spool.h"
 #include "topology/tree_plan.h"
@@ -38,10 +40,12 @@ class BucketDownlink::Impl {
       : options_(std::move(options)),
         plan_(std::move(plan)),
         self_(*plan_.Find(options_.node_id)),
+        children_(self_.children),
         transport_(std::move(transport)),
         layout_(options_.prefix, options_.node_id),
         spool_dir_(options_.spool_dir, "downlink", options_.node_id),
-        io_(std::move(s3), options_.parallel, stopped_, stats_mu_, stats_),
+        io_(std::move(s3), options_.parallel, stopped_, "bucket downlink " + options_.node_id),
+        head_backoff_(options_.poll, options_.poll_max),
         loop_([this] { Tick(); }, std::min(options_.poll, std::chrono::milliseconds(100))),
         downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
                     Downstream::LimitsFrom(options_.config.limits)) {
@@ -76,14 +80,13 @@ class BucketDownlink::Impl {
     spool_dir_.Release();
   }
 
-  BucketBridgeStats stats() const {
-    std::lock_guard lock(stats_mu_);
-    return stats_;
-  }
+  BucketBridgeStats stats() const { return io_.Stats(); }
   const std::string& listen_address() const { return listen_address_; }
 
  private:
   struct Refit {
+    explicit Refit(const BucketBridgeOptions& o)
+        : chunk_backoff(o.poll, o.poll_max), control_backoff(o.poll, o.poll_max) {}
     uint64_t id = 0;
     uint64_t generation = 0;
     Begin begin;
@@ -96,16 +99,21 @@ class BucketDownlink::Impl {
     std::optional<uint32_t> end_sequence;
     size_t held = 0;        // sent down, not yet handed to every child
     bool frontier = false;  // a GET found nothing yet: no new sequences until the next poll
+    // After the frontier, a poll GETs one chunk (the lowest asked for again), not
+    // every one in flight: the rest follow once it is there.
+    bool probe = false;
+    std::optional<uint32_t> probe_seq;      // that GET, in flight
+    internal::PollBackoff chunk_backoff;    // news: a chunk arrived
+    internal::PollBackoff control_backoff;  // news: seal, decision, or PREPARED written
+    Clock::time_point next_chunk_poll = Clock::now();
     std::map<uint32_t, int> failures;
     std::set<uint32_t> refetch_asked;
     std::optional<objstore::Seal> seal;
     std::optional<MessageType> decision;
     transport::Message decision_message;
     bool stale_logged = false;
-    std::map<std::string, std::vector<NodeReport>> prepared;  // child -> its subtree
     bool prepared_written = false;
     bool failed_written = false;
-    std::map<std::string, uint32_t> confirmed;  // child -> nodes that completed
     bool outcome_written = false;
     bool polling = false;
     Clock::time_point next_poll = Clock::now();
@@ -113,8 +121,13 @@ class BucketDownlink::Impl {
 
   Downstream::Events DownstreamEvents() {
     Downstream::Events e;
-    e.joined = [this](const std::string& child, const Hello& hello) { OnJoined(child, hello); };
-    e.lost = [](const std::string&, const Status&) {};
+    e.joined = [this](const std::string& child, const Hello& hello) {
+      children_.Joined(child, false, Clock::now());
+      OnJoined(child, hello);
+    };
+    e.lost = [this](const std::string& child, const Status&) {
+      children_.Lost(child, Clock::now());
+    };
     e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
       OnChildMessage(child, type, bytes);
     };
@@ -132,7 +145,16 @@ class BucketDownlink::Impl {
     // Always following head: the source begins a refit only once the last one
     // ended (or timed out), so a new head means this refit is over here too.
     if (!polling_head_ && now >= next_head_poll_) PollHead(now);
-    if (refit_ && !refit_->polling && now >= refit_->next_poll) PollRefit(now);
+    if (!refit_) return;
+    Refit& r = *refit_;
+    if (children_.streaming()) TimeAbsentChildren(now);
+    if (children_.deciding() && !children_.GiveUpOnAway(now).empty()) MaybeOutcome();
+    if (r.frontier && !r.probe_seq && now >= r.next_chunk_poll) {
+      r.frontier = false;  // a new round of "is it there yet?"
+      r.probe = true;
+      Pump();
+    }
+    if (!r.polling && now >= r.next_poll) PollRefit(now);
   }
 
   // ---- following head to each refit --------------------------------------------
@@ -140,8 +162,10 @@ class BucketDownlink::Impl {
   void PollHead(Clock::time_point now) {
     polling_head_ = true;
     // Within a refit, head only tells that the source moved on: ask less often.
+    // Between refits, back off from the last one's end.
     const bool busy = refit_ && !(refit_->decision && refit_->outcome_written);
-    next_head_poll_ = now + (busy ? 5 : 1) * options_.poll;
+    next_head_poll_ =
+        now + (busy ? std::min(5 * options_.poll, options_.poll_max) : head_backoff_.Next(now));
     io_.Run([this] {
       std::optional<std::vector<std::byte>> begin;
       uint64_t id = 0;
@@ -169,9 +193,9 @@ class BucketDownlink::Impl {
     Status trusted = begin.ok() ? Status::Ok() : begin.status();
     if (trusted.ok() && begin->refit_id != id) trusted = Status::Corrupt("names another refit");
     if (trusted.ok() && options_.verify_key) trusted = VerifyBegin(*options_.verify_key, *begin);
-    if (!trusted.ok()) return BadObject(layout_.Begin(id), trusted.ToString());
+    if (!trusted.ok()) return io_.BadObject(layout_.Begin(id), trusted.ToString());
     last_head_ = id;
-    refit_.emplace();
+    refit_.emplace(options_);
     refit_->id = id;
     refit_->generation = ++generation_;
     refit_->begin = *begin;
@@ -180,12 +204,10 @@ class BucketDownlink::Impl {
     std::filesystem::create_directories(spool_dir_.path(), ec);
     auto spool = Spool::OpenEmpty(spool_dir_.path(), begin->target_version);
     if (spool.ok()) refit_->spool = std::move(*spool);
-    {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.refits;
-    }
+    io_.Count([](BucketBridgeStats& s) { ++s.refits; });
     log::Info(fmt::format("bucket downlink {}: refit {} begins: {} -> {}", options_.node_id, id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
+    children_.BeginRefit(Clock::now());
     downstream_.BeginRefit(id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
     Pump();
@@ -202,7 +224,7 @@ class BucketDownlink::Impl {
       return r.in_flight.size() < options_.parallel &&
              r.in_flight.size() + r.ready.size() + r.held < Budget();
     };
-    while (room() && !r.frontier) {
+    while (room() && !r.frontier && !r.probe_seq) {
       uint32_t seq;
       if (!r.again.empty()) {
         seq = *r.again.begin();
@@ -214,6 +236,7 @@ class BucketDownlink::Impl {
       }
       if (r.end_sequence && seq > *r.end_sequence) continue;
       Fetch(seq);
+      if (r.probe) r.probe_seq = seq;
     }
   }
 
@@ -224,9 +247,10 @@ class BucketDownlink::Impl {
     io_.Run([this, id, gen, seq] {
       auto got = io_.client().Get(layout_.Chunk(id, seq));
       if (got.ok()) {
-        std::lock_guard lock(stats_mu_);
-        ++stats_.objects_read;
-        stats_.bytes_read += got->size();
+        io_.Count([&](BucketBridgeStats& s) {
+          ++s.objects_read;
+          s.bytes_read += got->size();
+        });
       }
       loop_.Post([this, gen, seq, got = std::move(got)]() mutable {
         OnChunkObject(gen, seq, std::move(got));
@@ -260,6 +284,8 @@ class BucketDownlink::Impl {
     if (!refit_ || refit_->generation != gen) return;
     Refit& r = *refit_;
     r.in_flight.erase(seq);
+    const bool was_probe = r.probe_seq == seq;
+    if (was_probe) r.probe_seq.reset();
     if (r.end_sequence && seq > *r.end_sequence) return Pump();
     // A 404 is "not written yet", unless the seal lists the chunk: then it is lost.
     const bool sealed_chunk = r.seal && seq < r.seal->chunks.size();
@@ -269,14 +295,14 @@ class BucketDownlink::Impl {
       // Not there yet, or the server is away: ask again at the next poll.
       if (code != StatusCode::kNotFound) io_.Retried(got.status(), 0);
       r.again.insert(seq);
-      r.frontier = true;
+      AtFrontier(r);
       return;
     }
     Status intact = got.ok() ? CheckChunk(r, seq, *got) : got.status();
     if (!intact.ok()) {
-      BadObject(layout_.Chunk(r.id, seq), intact.ToString());
+      io_.BadObject(layout_.Chunk(r.id, seq), intact.ToString());
       r.again.insert(seq);
-      r.frontier = true;
+      AtFrontier(r);
       if (++r.failures[seq] >= 2 && r.refetch_asked.insert(seq).second) {
         // Twice wrong: not a write in progress. The uplink writes it again.
         io_.Put(layout_.Refetch(r.id, seq), transport::MakeMessage({}), {}, &loop_);
@@ -287,8 +313,22 @@ class BucketDownlink::Impl {
     auto header = codec::PeekChunkHeader(ChunkOf(*message));
     if (header->kind == codec::ChunkKind::kEnd) r.end_sequence = seq;
     r.ready.emplace(seq, std::move(message));
+    r.chunk_backoff.Reset(Clock::now());
+    if (was_probe) {
+      // The frontier moved: fetch what follows at full width again.
+      r.probe = false;
+      r.frontier = false;
+    }
     Deliver();
     Pump();
+  }
+
+  // A chunk was not there: no new GETs until the next chunk poll.
+  void AtFrontier(Refit& r) {
+    if (r.frontier) return;
+    r.frontier = true;
+    const auto now = Clock::now();
+    r.next_chunk_poll = now + r.chunk_backoff.Next(now);
   }
 
   void Deliver() {
@@ -312,14 +352,12 @@ class BucketDownlink::Impl {
 
   void PollRefit(Clock::time_point now) {
     Refit& r = *refit_;
-    r.frontier = false;  // a new round of "is it there yet?"
-    Pump();
     const bool want_seal = !r.seal;
     const bool want_decision = !r.decision && r.prepared_written;
     const bool want_abort = !r.decision && !r.prepared_written;  // an early ABORT
     if (!want_seal && !want_decision && !want_abort) return;
     r.polling = true;
-    r.next_poll = now + options_.poll;
+    r.next_poll = now + r.control_backoff.Next(now);
     const uint64_t id = r.id, gen = r.generation;
     io_.Run([this, id, gen, want_seal] {
       std::optional<std::vector<std::byte>> seal, decision;
@@ -328,6 +366,7 @@ class BucketDownlink::Impl {
       loop_.Post([this, gen, seal = std::move(seal), decision = std::move(decision)] {
         if (!refit_ || refit_->generation != gen) return;
         refit_->polling = false;
+        if (seal || decision) refit_->control_backoff.Reset(Clock::now());
         if (seal) OnSeal(*seal);
         if (decision) OnDecisionObject(*decision);
       });
@@ -338,8 +377,8 @@ class BucketDownlink::Impl {
     Refit& r = *refit_;
     auto seal = objstore::ParseSeal(AsChars(bytes));
     if (!seal.ok() || seal->refit_id != r.id) {
-      return BadObject(layout_.Sealed(r.id),
-                       seal.ok() ? "names another refit" : seal.status().ToString());
+      return io_.BadObject(layout_.Sealed(r.id),
+                           seal.ok() ? "names another refit" : seal.status().ToString());
     }
     r.seal = std::move(*seal);
     if (!r.seal->chunks.empty()) r.end_sequence = static_cast<uint32_t>(r.seal->chunks.size() - 1);
@@ -352,10 +391,7 @@ class BucketDownlink::Impl {
     Status valid = !type.ok() ? type.status() : !d.ok() ? d.status() : Status::Ok();
     if (valid.ok() && (d->refit_id != r.id || d->target_version != r.begin.target_version)) {
       // A decision object of an earlier refit (docs/object-store.md, step 5).
-      {
-        std::lock_guard lock(stats_mu_);
-        ++stats_.stale_decisions;
-      }
+      io_.Count([](BucketBridgeStats& s) { ++s.stale_decisions; });
       if (!r.stale_logged) {
         r.stale_logged = true;
         log::Warn(fmt::format(
@@ -366,13 +402,16 @@ class BucketDownlink::Impl {
       return;
     }
     if (valid.ok() && options_.verify_key) valid = VerifyDecision(*options_.verify_key, *type, *d);
-    if (!valid.ok()) return BadObject(layout_.Decision(r.id), valid.ToString());
+    if (!valid.ok()) return io_.BadObject(layout_.Decision(r.id), valid.ToString());
     r.decision = *type;
     r.decision_message = transport::MakeMessage(bytes);
     log::Info(fmt::format("bucket downlink {}: refit {}: {}", options_.node_id, r.id,
                           *type == MessageType::kCommit ? "COMMIT" : "ABORT"));
     if (*type == MessageType::kAbort) downstream_.DropQueued();
     downstream_.Broadcast(r.decision_message);
+    children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
+                      options_.config.tree.connect_timeout);
+    MaybeOutcome();  // every child may be excused
   }
 
   // ---- what the children say ------------------------------------------------------
@@ -387,6 +426,7 @@ class BucketDownlink::Impl {
     if (r.decision == MessageType::kAbort && hello.inflight_target != r.begin.target_version)
       return;
     Replay replay = ReplayFor(hello, r.begin, r.spool.get(), r.decision_message);
+    if (!r.decision) children_.Rejoined(child);  // it prepares again
     log::Info(fmt::format("bucket downlink {}: child {} joined during refit {}: {} chunks queued",
                           options_.node_id, child, r.id, replay.chunks));
     downstream_.Requeue(child, std::move(replay.messages));
@@ -419,42 +459,106 @@ class BucketDownlink::Impl {
     switch (type) {
       case MessageType::kPrepared: {
         auto p = ParsePrepared(bytes);
-        if (!p.ok() || p->refit_id != r.id || r.prepared_written) return;
-        r.prepared[child] = p->nodes;
-        if (r.prepared.size() < self_.children.size()) return;
-        Prepared all{r.id, {}};
-        for (const auto& [c, nodes] : r.prepared)
-          all.nodes.insert(all.nodes.end(), nodes.begin(), nodes.end());
-        r.prepared_written = true;
-        log::Info(fmt::format("bucket downlink {}: refit {}: prepared ({} nodes)", options_.node_id,
-                              r.id, all.nodes.size()));
-        io_.Put(layout_.Prepared(r.id), transport::MakeMessage(EncodePrepared(all)), {}, &loop_);
-        return;
+        if (!p.ok() || p->refit_id != r.id) return;
+        children_.Prepared(child, p->nodes);
+        return MaybePrepared();
       }
       case MessageType::kFailed: {
         auto f = ParseFailed(bytes);
-        if (!f.ok() || f->refit_id != r.id || r.failed_written) return;
-        r.failed_written = true;
-        io_.Put(layout_.Failed(r.id), transport::MakeMessage({bytes.begin(), bytes.end()}), {},
-                &loop_);
-        return;
+        if (!f.ok() || f->refit_id != r.id) return;
+        if (Available() && f->node_id == child && children_.streaming()) {
+          // As a node does: the version goes on without it and its subtree.
+          log::Warn(fmt::format(
+              "bucket downlink {}: child {} cannot reach the target ({}); refit {} goes on "
+              "without it (commit policy available)",
+              options_.node_id, child, log::Escape(f->reason), r.id));
+          Excuse(child);
+          return MaybePrepared();
+        }
+        return WriteFailed(*f);
       }
       case MessageType::kCommitted:
       case MessageType::kAborted: {
         auto o = ParseOutcome(bytes);
-        if (!o.ok() || o->refit_id != r.id || r.outcome_written || !r.decision) return;
-        r.confirmed[child] = o->nodes;
-        if (r.confirmed.size() < self_.children.size()) return;
-        Outcome all{r.id, 0};
-        for (const auto& [c, n] : r.confirmed) all.nodes += n;
-        r.outcome_written = true;
-        io_.Put(layout_.Outcome(r.id), transport::MakeMessage(EncodeOutcome(type, all)), {},
-                &loop_);
-        return;
+        if (!o.ok() || o->refit_id != r.id || !r.decision) return;
+        children_.Confirmed(child, o->nodes);
+        return MaybeOutcome();
       }
       default:
         return;
     }
+  }
+
+  bool Available() const {
+    return options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable;
+  }
+
+  void Excuse(const std::string& child) {
+    children_.Excuse(child);
+    downstream_.Excuse(child);
+  }
+
+  // Streaming: a child away longer than the connect timeout is left out of the
+  // refit (policy `available`) or fails it (policy `all`), as at a node.
+  void TimeAbsentChildren(Clock::time_point now) {
+    Refit& r = *refit_;
+    for (const auto& child : children_.AwayLongerThan(now, options_.config.tree.connect_timeout)) {
+      if (Available() || r.failed_written) {
+        log::Warn(fmt::format("bucket downlink {}: child {} is away; refit {} goes on without it",
+                              options_.node_id, child, r.id));
+        Excuse(child);
+        MaybePrepared();
+        continue;
+      }
+      WriteFailed(Failed{r.id, child,
+                         "child '" + child + "' has been away longer than the connect timeout"});
+    }
+  }
+
+  // One PREPARED for every node below once no child is awaited. If every child was
+  // excused, nothing below takes part: FAILED in the bridge's name, which the
+  // source excuses in turn under policy `available`.
+  void MaybePrepared() {
+    Refit& r = *refit_;
+    if (r.prepared_written || r.failed_written || children_.AwaitingPrepared() > 0) return;
+    if (children_.reports().empty()) {
+      return WriteFailed(Failed{r.id, options_.node_id,
+                                "no node below bridge '" + options_.node_id +
+                                    "' takes part (every child away or failed)"});
+    }
+    Prepared all{r.id, children_.reports()};
+    r.prepared_written = true;
+    r.control_backoff.Reset(Clock::now());  // the decision is next
+    log::Info(fmt::format("bucket downlink {}: refit {}: prepared ({} nodes)", options_.node_id,
+                          r.id, all.nodes.size()));
+    io_.Put(layout_.Prepared(r.id), transport::MakeMessage(EncodePrepared(all)), {}, &loop_);
+  }
+
+  void WriteFailed(const Failed& f) {
+    Refit& r = *refit_;
+    if (r.failed_written || r.decision) return;  // after PREPARED too, as a node
+    r.failed_written = true;
+    r.control_backoff.Reset(Clock::now());  // an ABORT is next
+    io_.Put(layout_.Failed(r.id), transport::MakeMessage(EncodeFailed(f)), {}, &loop_);
+  }
+
+  // One COMMITTED / ABORTED for everything below once no child is awaited (an away
+  // one learns the decision when it is back).
+  void MaybeOutcome() {
+    Refit& r = *refit_;
+    if (!r.decision || r.outcome_written || children_.AwaitingConfirmation() > 0) return;
+    const MessageType type =
+        *r.decision == MessageType::kCommit ? MessageType::kCommitted : MessageType::kAborted;
+    r.outcome_written = true;
+    // The refit's requests are counted once its last PUT is acknowledged, so before
+    // the uplink can read the outcome and the source report the refit.
+    io_.Run(
+        [this, id = r.id,
+         body = transport::MakeMessage(EncodeOutcome(type, {r.id, children_.confirmed_nodes()}))] {
+          if (io_.PutNow(layout_.Outcome(id), *body)) io_.EndRefit(id);
+        });
+    children_.EndRefit();
+    head_backoff_.Reset(Clock::now());  // a next refit may follow at once
   }
 
   // The kept refits leading from `from` to `to`, from the bucket's chain.
@@ -513,17 +617,10 @@ class BucketDownlink::Impl {
     });
   }
 
-  void BadObject(const std::string& key, const std::string& why) {
-    std::lock_guard lock(stats_mu_);
-    if (stats_.bad_objects++ % 20 == 0) {
-      log::Warn(
-          fmt::format("bucket downlink {}: object '{}' refused: {}", options_.node_id, key, why));
-    }
-  }
-
   BucketBridgeOptions options_;
   const topology::TreePlan plan_;
   const topology::PlannedNode self_;
+  RefitChildren children_;  // loop thread
   std::unique_ptr<transport::Transport> transport_;
   const objstore::BucketLayout layout_;
   std::string listen_address_;
@@ -541,9 +638,8 @@ class BucketDownlink::Impl {
   std::map<std::string, uint64_t> kept_by_target_;  // target hex -> refit id (pool threads)
 
   std::atomic<bool> stopped_{false};
-  mutable std::mutex stats_mu_;
-  BucketBridgeStats stats_;
   internal::BucketIo io_;
+  internal::PollBackoff head_backoff_;  // news: a refit ended (the next may follow)
   EventLoop loop_;
   Downstream downstream_;
 };

@@ -19,6 +19,7 @@
 #include "relay/bucket_bridge.h"
 #include "relay/event_loop.h"
 #include "relay/internal/bucket_io.h"
+#include "relay/internal/poll_backoff.h"
 #include "relay/parent_link.h"
 #include "relay/spool.h"
 #include "topology/tree_plan.h"
@@ -37,7 +38,8 @@ class BucketUplink::Impl {
         transport_(std::move(transport)),
         layout_(options_.prefix, options_.node_id),
         spool_dir_(options_.spool_dir, "uplink", options_.node_id),
-        io_(std::move(s3), options_.parallel, stopped_, stats_mu_, stats_),
+        io_(std::move(s3), options_.parallel, stopped_, "bucket uplink " + options_.node_id),
+        backoff_(options_.poll, options_.poll_max),
         loop_([this] { Tick(); }, std::min(options_.poll, std::chrono::milliseconds(100))),
         parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()) {}
   ~Impl() { Stop(); }
@@ -66,10 +68,7 @@ class BucketUplink::Impl {
     spool_dir_.Release();
   }
 
-  BucketBridgeStats stats() const {
-    std::lock_guard lock(stats_mu_);
-    return stats_;
-  }
+  BucketBridgeStats stats() const { return io_.Stats(); }
 
  private:
   struct Refit {
@@ -158,10 +157,7 @@ class BucketUplink::Impl {
                       "cannot be written again",
                       options_.node_id, spool.status().ToString()));
     }
-    {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.refits;
-    }
+    io_.Count([](BucketBridgeStats& s) { ++s.refits; });
     log::Info(fmt::format("bucket uplink {}: refit {} begins: {} -> {}", options_.node_id,
                           begin->refit_id, begin->base_version.ShortHex(),
                           begin->target_version.ShortHex()));
@@ -169,7 +165,8 @@ class BucketUplink::Impl {
     // Side by side (one round trip, not two): a reader that finds `head` before
     // `begin` takes the 404 as "not yet" and asks again.
     io_.Put(layout_.Begin(id), m, {}, &loop_);
-    io_.Put(layout_.Head(), transport::MakeMessage(ToBytes(objstore::EncodeHead(id))), {}, &loop_);
+    io_.Put(layout_.Head(), transport::MakeMessage(internal::ToBytes(objstore::EncodeHead(id))), {},
+            &loop_);
     Credit(static_cast<uint32_t>(options_.config.tree.window));
   }
 
@@ -206,10 +203,11 @@ class BucketUplink::Impl {
     Refit& r = *refit_;
     if (r.sealed || !r.end_sequence || r.stored.size() != *r.end_sequence + 1) return;
     r.sealed = true;
+    backoff_.Reset(Clock::now());  // every chunk is in: the region's PREPARED is next
     objstore::Seal seal{r.id, {}};
     for (const auto& [seq, entry] : r.stored) seal.chunks.push_back(entry);
-    io_.Put(layout_.Sealed(r.id), transport::MakeMessage(ToBytes(objstore::EncodeSeal(seal))), {},
-            &loop_);
+    io_.Put(layout_.Sealed(r.id),
+            transport::MakeMessage(internal::ToBytes(objstore::EncodeSeal(seal))), {}, &loop_);
   }
 
   void OnDecision(MessageType type, const transport::Message& m) {
@@ -233,6 +231,7 @@ class BucketUplink::Impl {
         [this, gen, commit] {
           if (!refit_ || refit_->generation != gen) return;
           refit_->decision_stored = true;
+          backoff_.Reset(Clock::now());  // the region's outcome is next
           if (commit) KeepCommitted();
         },
         &loop_);
@@ -251,7 +250,7 @@ class BucketUplink::Impl {
       chain_.erase(chain_.begin());
     }
     io_.Put(
-        layout_.Chain(), transport::MakeMessage(ToBytes(objstore::EncodeChain(chain_))),
+        layout_.Chain(), transport::MakeMessage(internal::ToBytes(objstore::EncodeChain(chain_))),
         [this, dropped] {
           for (uint64_t old : dropped) io_.DeleteFolder(layout_.Refit(old));
         },
@@ -264,26 +263,27 @@ class BucketUplink::Impl {
     parent_.Tick(now, !refit_ || refit_->decided);
     if (!refit_ || polls_in_flight_ >= kPollsInFlight || now < next_poll_) return;
     Refit& r = *refit_;
-    const bool want_reports = !r.decided && (!r.prepared_sent || !r.failed_sent);
+    // Once the region prepared it needs no refetch (it has every chunk): only a
+    // late FAILED (as a node forwards one) and the outcome are left to wait for.
+    const bool want_prepared = !r.decided && !r.prepared_sent && !r.failed_sent;
+    const bool want_failed = !r.decided && !r.failed_sent;
     const bool want_outcome = r.decision_stored && !r.outcome_sent;
-    if (!want_reports && !want_outcome) return;
+    if (!want_failed && !want_outcome) return;
     ++polls_in_flight_;
-    next_poll_ = now + options_.poll;
+    // While chunks stream, PREPARED cannot come (the region lacks the END) and
+    // FAILED or a refetch are rare: those polls back off.
+    next_poll_ = now + backoff_.Next(now);
     const uint64_t id = r.id, gen = r.generation;
     // The reads run side by side: each crosses the WAN when the bucket sits in
     // the region, and the region's PREPARED waits on the slowest of them.
     auto poll = std::make_shared<Poll>();
-    auto left = std::make_shared<std::atomic<int>>(want_reports ? 3 : 1);
+    auto left = std::make_shared<std::atomic<int>>(want_prepared ? 3 : 1);
     auto done = [this, gen, poll, left] {
       if (--*left == 0) loop_.Post([this, gen, poll] { OnPoll(gen, *poll); });
     };
-    if (want_reports) {
+    if (want_prepared) {
       io_.Run([this, id, poll, done] {
         poll->prepared = io_.GetIfThere(layout_.Prepared(id));
-        done();
-      });
-      io_.Run([this, id, poll, done] {
-        poll->failed = io_.GetIfThere(layout_.Failed(id));
         done();
       });
       io_.Run([this, id, poll, done] {
@@ -294,6 +294,12 @@ class BucketUplink::Impl {
             if (seq.ok()) poll->refetch.push_back(*seq);
           }
         }
+        done();
+      });
+    }
+    if (want_failed) {
+      io_.Run([this, id, poll, done] {
+        poll->failed = io_.GetIfThere(layout_.Failed(id));
         done();
       });
     } else {
@@ -321,7 +327,8 @@ class BucketUplink::Impl {
                               options_.node_id, r.id, p->nodes.size()));
         parent_.Send(*poll.prepared);
       } else {
-        BadObject(layout_.Prepared(r.id), p.ok() ? "names another refit" : p.status().ToString());
+        io_.BadObject(layout_.Prepared(r.id),
+                      p.ok() ? "names another refit" : p.status().ToString());
       }
     }
     if (poll.failed && !r.failed_sent && !r.decided) {
@@ -330,18 +337,21 @@ class BucketUplink::Impl {
         r.failed_sent = true;
         parent_.Send(*poll.failed);
       } else {
-        BadObject(layout_.Failed(r.id), f.ok() ? "names another refit" : f.status().ToString());
+        io_.BadObject(layout_.Failed(r.id), f.ok() ? "names another refit" : f.status().ToString());
       }
     }
+    if (!poll.refetch.empty()) backoff_.Reset(Clock::now());
     for (uint32_t seq : poll.refetch) Rewrite(seq);
     if (poll.outcome && !r.outcome_sent) {
       auto type = PeekType(*poll.outcome);
       auto o = ParseOutcome(*poll.outcome);
       if (o.ok() && o->refit_id == r.id && type.ok()) {
         r.outcome_sent = true;
+        io_.EndRefit(r.id);  // counted before the source can report the refit
         parent_.Send(*poll.outcome);
       } else {
-        BadObject(layout_.Outcome(r.id), o.ok() ? "names another refit" : o.status().ToString());
+        io_.BadObject(layout_.Outcome(r.id),
+                      o.ok() ? "names another refit" : o.status().ToString());
       }
     }
   }
@@ -360,10 +370,7 @@ class BucketUplink::Impl {
         fmt::format("bucket uplink {}: refit {}: chunk {} was missing or damaged in the "
                     "bucket; writing it again",
                     options_.node_id, r.id, seq));
-    {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.refetches;
-    }
+    io_.Count([](BucketBridgeStats& s) { ++s.refetches; });
     const uint64_t id = r.id, gen = r.generation;
     io_.Put(
         layout_.Chunk(id, seq), *message,
@@ -372,19 +379,6 @@ class BucketUplink::Impl {
           if (refit_ && refit_->generation == gen) refit_->refetching.erase(seq);
         },
         &loop_);
-  }
-
-  void BadObject(const std::string& key, const std::string& why) {
-    std::lock_guard lock(stats_mu_);
-    if (stats_.bad_objects++ % 20 == 0) {
-      log::Warn(
-          fmt::format("bucket uplink {}: object '{}' ignored: {}", options_.node_id, key, why));
-    }
-  }
-
-  static std::vector<std::byte> ToBytes(const std::string& s) {
-    const auto* p = reinterpret_cast<const std::byte*>(s.data());
-    return {p, p + s.size()};
   }
 
   BucketBridgeOptions options_;
@@ -407,10 +401,9 @@ class BucketUplink::Impl {
   Clock::time_point next_poll_ = Clock::now();
 
   std::atomic<bool> stopped_{false};
-  mutable std::mutex stats_mu_;
-  BucketBridgeStats stats_;
   // Declared last but one and last: the loop stops first (Stop), the pool before it.
   internal::BucketIo io_;
+  internal::PollBackoff backoff_;  // of the polls for the region's reports
   EventLoop loop_;
   ParentLink parent_;
 };

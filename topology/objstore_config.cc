@@ -12,8 +12,8 @@ namespace deltacast::topology {
 namespace {
 
 constexpr std::string_view kObjectStoreKeys[] = {
-    "endpoint",       "bucket",  "region",   "prefix",      "access_key_env",
-    "secret_key_env", "bridges", "parallel", "keep_refits", "poll",
+    "endpoint", "bucket",   "region",      "prefix", "access_key_env", "secret_key_env",
+    "bridges",  "parallel", "keep_refits", "poll",   "poll_max",
 };
 
 bool EnvName(std::string_view s) {
@@ -127,6 +127,13 @@ Status ParseObjectStore(const toml::table& root, std::string_view source, Cluste
   RETURN_IF_ERROR(p.Int(*t, "parallel", 1, 256, o.parallel));
   RETURN_IF_ERROR(p.Int(*t, "keep_refits", 0, 1024, o.keep_refits));
   RETURN_IF_ERROR(p.Duration(*t, "poll", o.poll));
+  RETURN_IF_ERROR(p.Duration(*t, "poll_max", o.poll_max));
+  if (o.poll_max < o.poll) {
+    if (const toml::node* n = t->get("poll_max")) {
+      return p.Error(*n, "poll_max must be at least poll");
+    }
+    o.poll_max = o.poll;  // a slow poll set alone: it is also the longest wait
+  }
   if (o.prefix.empty()) o.prefix = config.name;
   config.objstore = std::move(o);
   return Status::Ok();

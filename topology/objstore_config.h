@@ -9,7 +9,9 @@
 //               (required: ids of receiver nodes whose hop from their parent is the
 //               bucket), parallel (S3 requests in flight, default 8), keep_refits
 //               (committed refits kept for catch-up, default 4), poll (how often the
-//               bucket is asked for news, default "20ms").
+//               bucket is asked for news while some is due, default "20ms"), poll_max
+//               (the longest wait between polls once none came for a while, default
+//               "250ms"; at least poll).
 // A bridge node's planned children (its region's gateway) must sit in its region;
 // the bridge runs as two processes, `deltacast bucket-uplink` beside the source and
 // `deltacast bucket-downlink` on the gateway's host, which listens on the bridge
@@ -41,6 +43,7 @@ struct ObjectStoreConfig {
   int parallel = 8;
   int keep_refits = 4;
   std::chrono::milliseconds poll{20};
+  std::chrono::milliseconds poll_max{250};
   int line = 0;  // of [objstore]
 };
 

@@ -1,7 +1,7 @@
 // BucketIo: the S3 requests of a bucket bridge half, run on a worker pool so the
-// bridge's event loop never blocks on the network. Writes are retried with backoff
-// until they succeed or the bridge stops (every object has one possible body, so a
-// retry is harmless: docs/object-store.md, "Idempotent writes").
+// bridge's event loop never blocks on the network, and the half's stats. Writes are
+// retried with backoff until they succeed or the bridge stops (every object has one
+// possible body, so a retry is harmless: docs/object-store.md, "Idempotent writes").
 //
 // Thread safety: every method may be called from any thread; `done` callbacks run
 // on the loop they are given.
@@ -29,18 +29,37 @@
 
 namespace deltacast::relay::internal {
 
+std::vector<std::byte> ToBytes(const std::string& s);
+
 class BucketIo {
  public:
-  // `stopped`, `mu` and `stats` must outlive this object; stats are updated under mu.
+  // `stopped` must outlive this object. `who` names the half in logs ("bucket
+  // uplink bucket-eu").
   BucketIo(std::unique_ptr<objstore::S3Client> client, size_t threads,
-           const std::atomic<bool>& stopped, std::mutex& mu, BucketBridgeStats& stats)
+           const std::atomic<bool>& stopped, std::string who)
       : client_(std::move(client)),
         stopped_(stopped),
-        mu_(mu),
-        stats_(stats),
+        who_(std::move(who)),
         pool_(std::max<size_t>(threads, 1)) {}
 
   objstore::S3Client& client() { return *client_; }
+  const std::string& who() const { return who_; }
+
+  // The stats, with the client's request counts.
+  BucketBridgeStats Stats() const;
+  // Runs `update(stats)` under the stats' lock.
+  template <class F>
+  void Count(F&& update) {
+    std::lock_guard lock(mu_);
+    update(stats_);
+  }
+  // Counts an object that failed its checks; logs one in 20.
+  void BadObject(const std::string& key, const std::string& why);
+  // At the end of refit `refit_id` here: the requests since the last end (idle polls
+  // before this refit included) become stats().last_refit_requests and a log line
+  // "<who>: refit <id>: requests get=... total=N seconds=S" (bench/regions_report.py
+  // reads it).
+  void EndRefit(uint64_t refit_id);
   void Stop() { pool_.Stop(); }
   void Run(std::function<void()> task) { pool_.Post(std::move(task)); }
 
@@ -130,8 +149,11 @@ class BucketIo {
  private:
   std::unique_ptr<objstore::S3Client> client_;
   const std::atomic<bool>& stopped_;
-  std::mutex& mu_;
-  BucketBridgeStats& stats_;
+  const std::string who_;
+  mutable std::mutex mu_;
+  BucketBridgeStats stats_;
+  objstore::RequestCounts at_last_end_;
+  std::chrono::steady_clock::time_point last_end_ = std::chrono::steady_clock::now();
   WorkerPool pool_;
 };
 

@@ -10,11 +10,13 @@
 #include <fstream>
 #include <future>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "apply/host_store.h"
 #include "codec/manifest.h"
 #include "objstore/bucket_layout.h"
+#include "relay/internal/poll_backoff.h"
 #include "relay/node_agent.h"
 #include "relay/protocol.h"
 #include "relay/publisher.h"
@@ -36,7 +38,9 @@ constexpr char kToken[] = "bucket-test-token";
 constexpr uint64_t kPartitionBytes = 8 << 10;
 constexpr char kBucket[] = "deltacast";
 
-std::string ConfigToml(const std::string& endpoint, const std::string& policy) {
+// `eu2_parent`: "eu1" (the bridge serves one gateway) or "bucket-eu" (two children).
+std::string ConfigToml(const std::string& endpoint, const std::string& policy,
+                       const std::string& eu2_parent = "eu1") {
   return R"([cluster]
 name = "bucket-test"
 
@@ -94,7 +98,8 @@ host = "mem"
 port = 13
 region = "eu"
 role = "receiver"
-parent = "eu1"
+parent = ")" +
+         eu2_parent + R"("
 
 [objstore]
 endpoint = ")" +
@@ -195,8 +200,9 @@ class BucketBridgeTest : public ::testing::Test {
             .secret_key = "S3RVER"};
   }
 
-  void UseConfig(const std::string& policy = "all") {
-    auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), policy), "test.toml");
+  void UseConfig(const std::string& policy = "all", const std::string& eu2_parent = "eu1") {
+    auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), policy, eu2_parent),
+                                               "test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
   }
@@ -209,6 +215,7 @@ class BucketBridgeTest : public ::testing::Test {
     o.s3 = S3();
     o.prefix = config_.objstore->prefix;
     o.poll = config_.objstore->poll;
+    o.poll_max = config_.objstore->poll_max;
     o.keep_refits = 4;
     o.verify_key = verify_key_;
     return o;
@@ -433,6 +440,35 @@ TEST_F(BucketBridgeTest, MissingAndTruncatedChunksAreWrittenAgain) {
 // A decision object of an earlier refit sits at this refit's key (a writer that
 // lagged, a copy by mistake): the downlink refuses it for naming another refit
 // and waits; the refit commits on its own decision.
+// Each half counts its refit's requests, and idle bridges back off: the poll is
+// 10 ms, so without backoff the downlink alone would GET `head` ~100 times a second.
+TEST_F(BucketBridgeTest, RequestsAreCountedPerRefitAndIdlePollsBackOff) {
+  Versions v = MakeVersions(1 << 18, 2, 8);
+  ASSERT_NO_FATAL_FAILURE(UseConfig());
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  const auto up = uplink_->stats().last_refit_requests;
+  const auto down = downlink_->stats().last_refit_requests;
+  // BEGIN, head, every chunk, the seal, the decision and the chain.
+  EXPECT_GE(up.put, report->delta.chunks + 5) << up.ToString();
+  EXPECT_GE(down.put, 2u) << down.ToString();  // PREPARED and the outcome
+  EXPECT_GE(down.get, report->delta.chunks + 2) << down.ToString();
+  EXPECT_GT(up.get, 0u) << up.ToString();  // its polls for the region's reports
+
+  // Past the 2 s at the base rate after the refit's end, then 2 s idle.
+  std::this_thread::sleep_for(internal::PollBackoff::kHot + std::chrono::milliseconds(500));
+  const uint64_t before = uplink_->stats().requests.Total() + downlink_->stats().requests.Total();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const uint64_t idle =
+      uplink_->stats().requests.Total() + downlink_->stats().requests.Total() - before;
+  EXPECT_LE(idle, 20u) << "requests in 2 s idle (poll_max 250ms: about 8 GETs of head)";
+  EXPECT_GE(idle, 2u) << "an idle downlink still follows head";
+}
+
 TEST_F(BucketBridgeTest, StaleDecisionObjectIsIgnored) {
   Versions v = MakeVersions(1 << 19, 3, 4);
   ASSERT_NO_FATAL_FAILURE(UseConfig());
@@ -531,6 +567,76 @@ TEST_F(BucketBridgeTest, NodeBehindCatchesUpFromTheBucketChain) {
   EXPECT_GE(agents_[2]->stats().deltas_caught_up, 1u);
 }
 
+// Policy `available`, a bridge with two children: one never comes, and the bridge
+// leaves it out after the connect timeout as a node would (before, the region waited
+// for it until the source's commit timeout). It joins later, behind, and catches up.
+TEST_F(BucketBridgeTest, AwayChildIsExcusedUnderPolicyAvailable) {
+  Versions v = MakeVersions(1 << 19, 3, 6);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("available", "bucket-eu"));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));  // not eu2
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  const auto start = std::chrono::steady_clock::now();
+  auto first = PublishStep(v, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(first->committed) << first->abort_reason;
+  // Well inside the 60 s commit timeout: the 2 s connect timeout and the round trips.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  std::set<std::string> nodes;
+  for (const auto& n : first->nodes) nodes.insert(n.node_id);
+  EXPECT_EQ(nodes, (std::set<std::string>{"us1", "eu1"}));
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], first->target_version));
+  ExpectAllAt(v, 1);
+
+  ASSERT_NO_FATAL_FAILURE(StartAgent(2, v, 0));  // back, two versions behind the next target
+  auto second = PublishStep(v, 1);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(second->committed) << second->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], second->target_version));
+  ExpectAllAt(v, 2);
+}
+
+// Policy `available`, every child of the bridge away: the downlink writes FAILED in
+// the bridge's name, the source excuses the bridge, and the rest of the tree commits.
+TEST_F(BucketBridgeTest, BridgeWithEveryChildAwayIsExcusedUnderPolicyAvailable) {
+  Versions v = MakeVersions(1 << 18, 2, 9);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("available", "bucket-eu"));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  ASSERT_NO_FATAL_FAILURE(StartAgent(0, v, 0));  // us1 only
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  ASSERT_EQ(report->nodes.size(), 1u);
+  EXPECT_EQ(report->nodes[0].node_id, "us1");
+  EXPECT_TRUE(WaitForVersion(*agents_[0], report->target_version));
+  ExpectAllAt(v, 1);
+  objstore::BucketLayout layout(config_.objstore->prefix, "bucket-eu");
+  auto failed = s3_->Get(layout.Failed(report->refit_id));
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  auto parsed = ParseFailed(*failed);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->node_id, "bucket-eu");
+  EXPECT_FALSE(s3_->Head(layout.Prepared(report->refit_id)).ok());
+}
+
+// Under policy `all` the same away child fails the refit once the connect timeout
+// passed, as at a node, instead of leaving it to the source's commit timeout.
+TEST_F(BucketBridgeTest, AwayChildFailsTheRefitUnderPolicyAll) {
+  Versions v = MakeVersions(1 << 18, 2, 7);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("all", "bucket-eu"));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  const auto start = std::chrono::steady_clock::now();
+  auto report = PublishStep(v, 0);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->committed);
+  EXPECT_NE(report->abort_reason.find("eu2"), std::string::npos) << report->abort_reason;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  ExpectAllAt(v, 0);
+}
+
 // The mixed config: `deltacast plan` shows which region takes the bucket, and a
 // bridge that would serve another region's node is refused.
 TEST(BucketPlan, PlanShowsTheBucketRegion) {
@@ -597,6 +703,18 @@ role = "receiver"
   EXPECT_NE(typo.message().find("unknown key \"bukket\""), std::string::npos) << typo.ToString();
   Status missing = parse("[objstore]\nendpoint = \"http://h:1\"\nbridges = [\"b\"]\n");
   EXPECT_NE(missing.message().find("bucket"), std::string::npos) << missing.ToString();
+  const std::string table =
+      "[objstore]\nendpoint = \"http://h:1\"\nbucket = \"x\"\nbridges = [\"b\"]\n";
+  Status below = parse(table + "poll = \"100ms\"\npoll_max = \"50ms\"\n");
+  EXPECT_NE(below.message().find("poll_max must be at least poll"), std::string::npos)
+      << below.ToString();
+  auto slow = topology::ParseClusterConfig(base + table + "poll = \"1s\"\n", "t.toml");
+  ASSERT_TRUE(slow.ok()) << slow.status().ToString();
+  EXPECT_EQ(slow->objstore->poll_max, std::chrono::milliseconds(1000));  // poll alone: no backoff
+  auto defaults = topology::ParseClusterConfig(base + table, "t.toml");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->objstore->poll, std::chrono::milliseconds(20));
+  EXPECT_EQ(defaults->objstore->poll_max, std::chrono::milliseconds(250));
 }
 
 }  // namespace

@@ -63,6 +63,27 @@ TEST_F(S3ClientTest, PutGetHeadListDelete) {
   EXPECT_TRUE(client_->Delete("c/never-written").ok());
 }
 
+// Every request counted by kind, a 404 as a GET that found nothing: the bridges'
+// per-refit request figures (and a provider's bill) rest on these.
+TEST_F(S3ClientTest, RequestsAreCountedByKind) {
+  const objstore::RequestCounts before = client_->requests();
+  ASSERT_TRUE(client_->Put("n/a", Bytes(10, 1)).ok());
+  ASSERT_TRUE(client_->Get("n/a").ok());
+  EXPECT_EQ(client_->Get("n/missing").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(client_->Head("n/a").ok());
+  ASSERT_TRUE(client_->List("n/").ok());
+  ASSERT_TRUE(client_->Delete("n/a").ok());
+  const objstore::RequestCounts d = client_->requests() - before;
+  EXPECT_EQ(d.put, 1u);
+  EXPECT_EQ(d.get, 2u);
+  EXPECT_EQ(d.get_missing, 1u);
+  EXPECT_EQ(d.head, 1u);
+  EXPECT_EQ(d.list, 1u);
+  EXPECT_EQ(d.del, 1u);
+  EXPECT_EQ(d.Total(), 6u);
+  EXPECT_EQ(d.ToString(), "get=2 get_missing=1 put=1 list=1 head=1 delete=1 total=6");
+}
+
 TEST_F(S3ClientTest, PutIsIdempotent) {
   const auto a = Bytes(1000, 7);
   ASSERT_TRUE(client_->Put("k", a).ok());
