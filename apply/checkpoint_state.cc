@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <string>
 
+#include "common/disk_seam.h"
 #include "common/file_util.h"
 #include "common/log.h"
 
@@ -188,6 +189,7 @@ Status CheckpointState::WriteUnflushed(const InflightDelta& delta) {
 Status CheckpointState::ClearUnflushed() {
   std::error_code ec;
   std::filesystem::remove(dir_ / kUnflushedFile, ec);
+  disk::Removed(dir_ / kUnflushedFile);
   if (ec)
     return Status::IoError("remove " + (dir_ / kUnflushedFile).string() + ": " + ec.message());
   return FsyncDirectory(dir_);
@@ -236,6 +238,7 @@ Status CheckpointState::ClearInflight() {
   for (std::string_view name : {kPreparedFile, kAppliedFile, kInflightFile}) {
     std::error_code ec;
     std::filesystem::remove(dir_ / name, ec);
+    disk::Removed(dir_ / name);
     if (ec) return Status::IoError("remove " + (dir_ / name).string() + ": " + ec.message());
   }
   return FsyncDirectory(dir_);
@@ -245,6 +248,7 @@ Status CheckpointState::ClearMarks() {
   for (std::string_view name : {kPreparedFile, kAppliedFile}) {
     std::error_code ec;
     std::filesystem::remove(dir_ / name, ec);
+    disk::Removed(dir_ / name);
     if (ec) return Status::IoError("remove " + (dir_ / name).string() + ": " + ec.message());
   }
   return FsyncDirectory(dir_);

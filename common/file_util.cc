@@ -6,6 +6,8 @@
 
 #include <cerrno>
 
+#include "common/disk_seam.h"
+
 namespace deltacast {
 namespace {
 
@@ -28,6 +30,7 @@ class Fd {
 }  // namespace
 
 Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path) {
+  RETURN_IF_ERROR(disk::WillWrite(path, data.size()));
   const std::byte* p = data.data();
   size_t left = data.size();
   while (left > 0) {
@@ -45,10 +48,12 @@ Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path) {
 Status AppendLineDurably(const std::filesystem::path& path, std::string_view line) {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (fd.get() < 0) return Status::FromErrno(errno, "open " + path.string());
+  disk::Created(path);
   std::string text(line);
   text += '\n';
   RETURN_IF_ERROR(WriteAll(fd.get(), AsBytes(text), path));
   if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + path.string());
+  disk::Synced(path);
   return Status::Ok();
 }
 
@@ -82,6 +87,7 @@ Result<std::vector<std::byte>> ReadFile(const std::filesystem::path& path, uint6
 Status WriteFile(const std::filesystem::path& path, ByteSpan data) {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return Status::FromErrno(errno, "create " + path.string());
+  disk::Created(path);
   return WriteAll(fd.get(), data, path);
 }
 
@@ -89,6 +95,7 @@ Status FsyncDirectory(const std::filesystem::path& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) return Status::FromErrno(errno, "open directory " + dir.string());
   if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync directory " + dir.string());
+  disk::DirSynced(dir);
   return Status::Ok();
 }
 
@@ -98,12 +105,15 @@ Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data) {
   {
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) return Status::FromErrno(errno, "create " + tmp.string());
+    disk::Created(tmp);
     RETURN_IF_ERROR(WriteAll(fd.get(), data, tmp));
     if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + tmp.string());
+    disk::Synced(tmp);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return Status::FromErrno(errno, "rename " + tmp.string() + " -> " + path.string());
   }
+  disk::Renamed(tmp, path);
   const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   return FsyncDirectory(parent);
 }

@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include "common/disk_seam.h"
 #include "common/log.h"
 #include "common/parallel.h"
 #include "relay/node_impl.h"
@@ -141,6 +142,7 @@ void NodeAgent::Impl::Stop() {
   if (owns_spool_dir_) {
     std::error_code ec;
     std::filesystem::remove_all(options_.spool_dir, ec);
+    disk::Removed(options_.spool_dir);
   }
 }
 

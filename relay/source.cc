@@ -11,6 +11,7 @@
 
 #include "codec/chunk.h"
 #include "common/crash_point.h"
+#include "common/disk_seam.h"
 #include "common/log.h"
 #include "common/runtime.h"
 #include "relay/decision_log.h"
@@ -109,6 +110,7 @@ class Source::Impl {
     if (!own_spool_dir_.empty()) {
       std::error_code ec;
       std::filesystem::remove_all(own_spool_dir_, ec);
+      disk::Removed(own_spool_dir_);
     }
   }
 

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
 
   int failed = 0, known_failed = 0;
   uint64_t runs = 0, publishes = 0, committed = 0, node_refits = 0, tasks = 0;
-  uint64_t chunk_bytes = 0, resent = 0;
+  uint64_t chunk_bytes = 0, resent = 0, power_losses = 0, enospc = 0;
   double sim_seconds = 0;
   std::array<uint64_t, kFaultKinds> faults{};
   NetworkCounts net;
@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
     sim_seconds += r.sim_seconds;
     chunk_bytes += r.chunk_bytes;
     resent += r.resent_bytes;
+    power_losses += r.power_losses;
+    enospc += r.enospc_writes;
     for (int k = 0; k < kFaultKinds; ++k) faults[k] += r.faults[k];
     net.resets += r.net.resets;
     net.losses += r.net.losses;
@@ -175,18 +177,22 @@ int main(int argc, char** argv) {
     std::printf(" %s %llu", FaultName(static_cast<FaultKind>(k)),
                 static_cast<unsigned long long>(faults[k]));
   }
-  std::printf("; segment losses %llu; re-sent %llu of %llu chunk bytes\n",
-              static_cast<unsigned long long>(net.losses), static_cast<unsigned long long>(resent),
-              static_cast<unsigned long long>(chunk_bytes));
+  std::printf(
+      "; segment losses %llu; re-sent %llu of %llu chunk bytes; power losses %llu; writes "
+      "refused by a full disk %llu\n",
+      static_cast<unsigned long long>(net.losses), static_cast<unsigned long long>(resent),
+      static_cast<unsigned long long>(chunk_bytes), static_cast<unsigned long long>(power_losses),
+      static_cast<unsigned long long>(enospc));
   if (!json.empty()) {
     std::ofstream out(json);
     out << fmt::format(
         "{{\n  \"seeds\": [{}, {}],\n  \"runs\": {},\n  \"failed\": {},\n  \"publishes\": {},\n"
         "  \"committed\": {},\n  \"node_refits\": {},\n  \"simulated_seconds\": {:.0f},\n"
         "  \"tasks\": {},\n  \"chunk_bytes\": {},\n  \"resent_bytes\": {},\n"
-        "  \"segment_losses\": {},\n  \"faults\": {{",
+        "  \"segment_losses\": {},\n  \"power_losses\": {},\n  \"enospc_writes\": {},\n"
+        "  \"faults\": {{",
         first, last, runs, failed, publishes, committed, node_refits, sim_seconds, tasks,
-        chunk_bytes, resent, net.losses);
+        chunk_bytes, resent, net.losses, power_losses, enospc);
     for (int k = 0; k < kFaultKinds; ++k) {
       out << fmt::format("{}\"{}\": {}", k ? ", " : "", FaultName(static_cast<FaultKind>(k)),
                          faults[k]);

@@ -17,6 +17,7 @@
 #include "relay/decision_log.h"
 #include "relay/node_agent.h"
 #include "relay/source.h"
+#include "sim/sim_disk.h"
 #include "topology/cluster_config.h"
 
 namespace deltacast::sim {
@@ -83,7 +84,13 @@ std::string Name(int process) { return process == 0 ? "src" : "n" + std::to_stri
 class Run {
  public:
   Run(const Scenario& s, const RunOptions& o)
-      : s_(s), o_(o), q_(s.seed), net_(q_), driver_(q_.OpenQueue("driver")), work_rng_(s.seed) {}
+      : s_(s),
+        o_(o),
+        q_(s.seed),
+        net_(q_),
+        disk_(s.seed),
+        driver_(q_.OpenQueue("driver")),
+        work_rng_(s.seed) {}
 
   RunResult Go();
 
@@ -117,6 +124,8 @@ class Run {
   void StartSource();
   void OnCommit(int i, const relay::CommitEvent& e);
   void Inject(size_t index, const Fault& f);
+  fs::path DirOf(int process) const { return process == 0 ? dir_ / "src" : nodes_[process].dir; }
+  void LosePower(int process);
   void ScheduleFaults(int publish);
   void Publish(double rate, bool liveness);
   Tensors Mutate(const Tensors& base, double rate);
@@ -129,6 +138,7 @@ class Run {
   const RunOptions o_;
   EventQueue q_;
   SimNetwork net_;
+  SimDisk disk_;
   const uint64_t driver_;
   std::mt19937_64 work_rng_;
   fs::path dir_;
@@ -138,6 +148,7 @@ class Run {
   std::vector<Node> nodes_;  // [0] unused: node i is nodes_[i]
   std::unique_ptr<relay::Source> source_;
   bool source_restart_pending_ = false;
+  bool source_power_loss_ = false;  // the source is being killed by a power loss
   bool faults_on_ = true;
   std::map<Digest128, Tensors> versions_;
   std::vector<Digest128> lineage_;  // committed versions, in order; [0] the start
@@ -186,6 +197,7 @@ void Run::Setup() {
     for (const Bytes& t : v0) (void)(*writer)->Append(t);
     if (Status st = (*writer)->Finish(); !st.ok()) throw std::runtime_error(st.ToString());
   }
+  for (int p = 0; p <= s_.nodes; ++p) disk_.Adopt(DirOf(p));
 }
 
 void Run::StartNode(Node& n) {
@@ -334,7 +346,7 @@ void Run::Inject(size_t index, const Fault& f) {
   const std::string a = Name(f.a), b = Name(f.b);
   const auto secs =
       std::chrono::duration_cast<EventQueue::Duration>(std::chrono::duration<double>(f.seconds));
-  q_.Note(fmt::format("fault {}: {} {}{}", index, FaultName(f.kind), a,
+  q_.Note(fmt::format("fault {}: {}{} {}{}", index, f.power ? "power-loss " : "", FaultName(f.kind), a,
                       f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
   ++r_.faults[static_cast<size_t>(f.kind)];
   ++injected_;
@@ -354,7 +366,9 @@ void Run::Inject(size_t index, const Fault& f) {
     case FaultKind::kKillNode: {
       Node& n = nodes_[f.a];
       if (!n.agent) return;
+      if (f.power) disk_.Cut(n.dir);  // its destructors write nothing durable
       StopNode(n, "kill");
+      if (f.power) LosePower(f.a);
       n.restart_pending = true;
       q_.PostAt(driver_, q_.Now() + secs, [this, i = f.a] {
         if (nodes_[i].restart_pending) StartNode(nodes_[i]);
@@ -363,11 +377,14 @@ void Run::Inject(size_t index, const Fault& f) {
     }
     case FaultKind::kKillSource:
       if (!source_) return;
+      if (f.power) disk_.Cut(dir_ / "src");
       if (q_.blocked()) {
         q_.KillBlocked();  // Publish unwinds; the source goes there
+        source_power_loss_ = f.power;
       } else {
         source_.reset();
         q_.Note("kill src");
+        if (f.power) LosePower(0);
       }
       source_restart_pending_ = true;
       q_.PostAt(driver_, q_.Now() + secs, [this] {
@@ -377,6 +394,28 @@ void Run::Inject(size_t index, const Fault& f) {
     case FaultKind::kLateJoin:
       if (!nodes_[f.a].joined) StartNode(nodes_[f.a]);
       return;
+    case FaultKind::kFullDisk:
+      disk_.SetFull(DirOf(f.a), true);
+      q_.PostAt(driver_, q_.Now() + secs, [this, p = f.a] {
+        if (disk_.full(DirOf(p))) q_.Note("disk of " + Name(p) + " has space again");
+        disk_.SetFull(DirOf(p), false);
+      });
+      return;
+  }
+}
+
+// The process `process` is dead and its machine lost power: its directory becomes
+// what the crash left. The decisions the source fsynced must all be there.
+void Run::LosePower(int process) {
+  const PowerLossReport rep = disk_.PowerLoss(DirOf(process));
+  ++r_.power_losses;
+  q_.Note(fmt::format("power loss {}: {}", Name(process), rep.Describe()));
+  if (process != 0) return;
+  for (size_t k = 1; k < lineage_.size(); ++k) {
+    if (!LoggedCommit(lineage_[k])) {
+      Fail(fmt::format("the source's power loss lost the COMMIT of #{} ({}) from its decision log",
+                       k, lineage_[k].ShortHex()));
+    }
   }
 }
 
@@ -422,6 +461,7 @@ void Run::Publish(double rate, bool liveness) {
   } catch (const Killed&) {
     source_.reset();
     q_.Note("kill src (while publishing)");
+    if (std::exchange(source_power_loss_, false)) LosePower(0);
   }
   const bool committed = LoggedCommit(target);
   if (committed) {
@@ -491,6 +531,7 @@ void Run::Sabotage() {
 void Run::HealAndRestart() {
   faults_on_ = false;
   net_.Heal();
+  for (int p = 0; p <= s_.nodes; ++p) disk_.SetFull(DirOf(p), false);
   q_.Note("faults stop; heal and restart everything");
   if (!source_) StartSource();
   for (int i = 1; i <= s_.nodes; ++i) {
@@ -538,6 +579,7 @@ RunResult Run::Go() {
   Setup();
   q_.set_time_limit(std::chrono::seconds(120 * s_.publishes + 600));
   InstallSimRuntime(&q_);
+  InstallSimDisk(&disk_);
   try {
     StartSource();
     for (int i = 1; i <= s_.nodes; ++i) {
@@ -567,7 +609,10 @@ RunResult Run::Go() {
       n.agent.reset();
     }
   }
+  InstallSimDisk(nullptr);
   InstallSimRuntime(nullptr);
+  for (const std::string& gap : disk_.TakeErrors()) Fail(gap);
+  r_.enospc_writes = disk_.refused_writes();
   r_.trace_hash = q_.trace_hash();
   r_.tasks = q_.tasks_run();
   r_.sim_seconds = q_.Seconds();

@@ -37,6 +37,8 @@ struct RunResult {
   int committed = 0;                           // versions the source committed
   int node_refits = 0;                         // versions committed on nodes (each node counted)
   std::array<uint64_t, kFaultKinds> faults{};  // injected, per kind
+  uint64_t power_losses = 0;                   // kills that were power losses
+  uint64_t enospc_writes = 0;                  // writes a full disk refused
   NetworkCounts net;
   uint64_t chunk_bytes = 0, resent_bytes = 0;
   uint64_t peak_held_bytes = 0;
