@@ -49,11 +49,18 @@ Status AppendLineDurably(const std::filesystem::path& path, std::string_view lin
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (fd.get() < 0) return Status::FromErrno(errno, "open " + path.string());
   disk::Created(path);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + path.string());
   std::string text(line);
   text += '\n';
   RETURN_IF_ERROR(WriteAll(fd.get(), AsBytes(text), path));
   if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + path.string());
   disk::Synced(path);
+  // An fsync makes the bytes durable, not the name: a file this append may have
+  // created needs its directory synced too, or a machine crash can lose all of it.
+  if (st.st_size == 0) {
+    return FsyncDirectory(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+  }
   return Status::Ok();
 }
 

@@ -27,7 +27,8 @@ Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data);
 // file in the error.
 Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path);
 
-// Appends `line` and a newline to `path` (created if missing) and fsyncs it.
+// Appends `line` and a newline to `path` (created if missing) and fsyncs it; when the
+// file was empty (just created), its directory too, so the name survives a machine crash.
 Status AppendLineDurably(const std::filesystem::path& path, std::string_view line);
 
 // Writes `data` to a new or truncated file without durability guarantees.
