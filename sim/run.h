@@ -25,6 +25,9 @@ struct RunOptions {
   // Checker self-test: flips one byte of n1's store file behind the engine's back
   // once the workload is done; the run must then fail the bit-exact check.
   bool sabotage = false;
+  // Disk checker self-test: the source's power losses also lose its decision log, as
+  // a disk that broke its promise would; the run must then fail the durability check.
+  bool sabotage_disk = false;
 };
 
 struct RunResult {

@@ -196,7 +196,7 @@ void SimDisk::Collect() {
   std::erase_if(images_, [&](const auto& e) { return !live.count(e.first); });
 }
 
-PowerLossReport SimDisk::PowerLoss(const Path& root_path) {
+PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> keep_share) {
   PowerLossReport rep;
   Root* r = nullptr;
   for (Root& x : roots_) {
@@ -206,8 +206,13 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path) {
   // How much of what was written since the last syncs reached the platters: none,
   // all (a process crash), or a random share.
   std::uniform_real_distribution<double> unit(0, 1);
-  const uint64_t mode = rng_() % 4;
-  const double keep = mode == 0 ? 0 : mode == 1 ? 1 : unit(rng_);
+  double keep = 0;
+  if (keep_share) {
+    keep = *keep_share;
+  } else {
+    const uint64_t mode = rng_() % 4;
+    keep = mode == 0 ? 0 : mode == 1 ? 1 : unit(rng_);
+  }
   auto coin = [&] { return keep >= 1 || (keep > 0 && unit(rng_) < keep); };
 
   for (const Path& file : FilesUnder(r->path, true)) {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,7 +54,10 @@ class SimDisk : public DiskSeam {
   // durable (its process may still run its destructors) until PowerLoss.
   void Cut(const std::filesystem::path& root);
   // Rewrites `root` to what the crash left (see above); the result is durable.
-  PowerLossReport PowerLoss(const std::filesystem::path& root);
+  // `keep`: the share of the pages written since their sync that reached the disk;
+  // without it, drawn from the seed (none, all, or a uniform share).
+  PowerLossReport PowerLoss(const std::filesystem::path& root,
+                            std::optional<double> keep = std::nullopt);
 
   // Seam gaps found so far (each once); clears them.
   std::vector<std::string> TakeErrors();
