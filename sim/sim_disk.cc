@@ -113,6 +113,13 @@ Status SimDisk::WillWrite(const Path& path, uint64_t bytes) {
   return Status::FromErrno(ENOSPC, "write " + path.string());
 }
 
+void SimDisk::Unbound(const Path& path) {
+  // A file synced after its name went (a spool a later refit removed, still open):
+  // its bytes are no name's. One that is there was made behind the seam.
+  std::error_code ec;
+  if (fs::exists(path, ec)) Gap("synced " + path.string() + ", not created through the seam");
+}
+
 void SimDisk::Created(const Path& path_in) {
   const Path path = path_in.lexically_normal();
   Root* r = RootOf(path);
@@ -148,7 +155,7 @@ void SimDisk::Synced(const Path& path_in) {
   Root* r = RootOf(path);
   if (!r || r->cut) return;
   auto it = r->names.find(path);
-  if (it == r->names.end()) return Gap("synced " + path.string() + ", not created through the seam");
+  if (it == r->names.end()) return Unbound(path);
   images_[it->second] = Contents(path);
 }
 
@@ -157,7 +164,7 @@ void SimDisk::SyncedRange(const Path& path_in, uint64_t offset, uint64_t length)
   Root* r = RootOf(path);
   if (!r || r->cut) return;
   auto it = r->names.find(path);
-  if (it == r->names.end()) return Gap("synced " + path.string() + ", not created through the seam");
+  if (it == r->names.end()) return Unbound(path);
   const std::vector<std::byte> now = Contents(path);
   std::vector<std::byte>& image = images_[it->second];
   const uint64_t end = std::min<uint64_t>(offset + length, now.size());

@@ -86,6 +86,7 @@ class SimDisk : public DiskSeam {
   const Root* RootOf(const Path& path) const;
   void Collect();  // drops the images of files no name refers to
   void Gap(const std::string& what);
+  void Unbound(const Path& path);  // a sync of a path no file is bound to
 
   std::mt19937_64 rng_;
   std::vector<Root> roots_;
