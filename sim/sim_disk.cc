@@ -25,32 +25,40 @@ std::vector<std::byte> Contents(const fs::path& path) {
   return bytes.ok() ? std::move(*bytes) : std::vector<std::byte>();
 }
 
-// The regular files under `dir`, sorted.
-std::vector<fs::path> FilesUnder(const fs::path& dir, bool recursive) {
+// The regular files (or the directories) under `dir`, sorted.
+std::vector<fs::path> Entries(const fs::path& dir, bool recursive, bool dirs) {
   std::vector<fs::path> out;
   std::error_code ec;
+  auto take = [&](const fs::directory_entry& e) {
+    std::error_code c;
+    if (dirs ? e.is_directory(c) : e.is_regular_file(c)) out.push_back(e.path().lexically_normal());
+  };
   if (recursive) {
     for (auto it = fs::recursive_directory_iterator(dir, ec);
          !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (it->is_regular_file(ec)) out.push_back(it->path().lexically_normal());
+      take(*it);
     }
   } else {
     for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
          it.increment(ec)) {
-      if (it->is_regular_file(ec)) out.push_back(it->path().lexically_normal());
+      take(*it);
     }
   }
   std::sort(out.begin(), out.end());
   return out;
 }
 
+std::vector<fs::path> FilesUnder(const fs::path& dir, bool recursive) {
+  return Entries(dir, recursive, /*dirs=*/false);
+}
+
 }  // namespace
 
 std::string PowerLossReport::Describe() const {
   return fmt::format(
-      "{} files put back, {} names not durable lost, {} unlinked names back, {} of {} pages "
-      "written since their sync kept",
-      files, names_lost, names_back, pages_kept, pages_dirty);
+      "{} files put back, {} names not durable lost, {} unlinked names back, {} directories "
+      "lost, {} of {} pages written since their sync kept",
+      files, names_lost, names_back, dirs_lost, pages_kept, pages_dirty);
 }
 
 SimDisk::SimDisk(uint64_t seed) : rng_(seed * 0xD1B54A32D192ED03ull + 7) {}
@@ -84,6 +92,7 @@ void SimDisk::Adopt(const Path& root_path) {
     images_[id] = Contents(file);
   }
   r.durable = r.names;
+  for (const Path& dir : Entries(root, true, /*dirs=*/true)) r.dirs.insert(dir);
   roots_.push_back(std::move(r));
 }
 
@@ -191,7 +200,28 @@ void SimDisk::DirSynced(const Path& dir_in) {
     if (!known.erase(file)) Gap(file.string() + " was created behind the seam");
   }
   for (const Path& file : known) Gap(file.string() + " was removed behind the seam");
+  // Its subdirectories' names: the ones there now are durable, the others durably gone
+  // (with everything under them).
+  const std::vector<Path> subdirs = Entries(dir, false, /*dirs=*/true);
+  std::vector<Path> gone;
+  for (const Path& d : r->dirs) {
+    if (d.parent_path() == dir && !std::binary_search(subdirs.begin(), subdirs.end(), d))
+      gone.push_back(d);
+  }
+  for (const Path& d : gone) {
+    r->dirs.erase(d);
+    std::erase_if(r->dirs, [&](const Path& x) { return Under(x, d); });
+    std::erase_if(r->durable, [&](const auto& e) { return Under(e.first, d); });
+  }
+  for (const Path& d : subdirs) r->dirs.insert(d);
   Collect();
+}
+
+bool SimDisk::Reachable(const Root& r, const Path& path) {
+  for (Path d = path.parent_path(); d != r.path && d.has_parent_path(); d = d.parent_path()) {
+    if (!r.dirs.count(d)) return false;
+  }
+  return true;
 }
 
 void SimDisk::Collect() {
@@ -228,6 +258,9 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> 
   std::map<uint64_t, Path> bound;  // file -> a name it has now
   for (const auto& [path, id] : r->names) bound.emplace(id, path);
   std::map<Path, std::vector<std::byte>> after;
+  // A durable name in a directory whose own name is not durable goes with it.
+  std::erase_if(r->durable, [&](const auto& e) { return !Reachable(*r, e.first); });
+  std::erase_if(r->dirs, [&](const Path& d) { return !Reachable(*r, d); });
   for (const auto& [path, id] : r->durable) {
     const std::vector<std::byte>& image = images_[id];
     auto now_name = bound.find(id);
@@ -259,6 +292,12 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> 
 
   std::error_code ec;
   for (const Path& file : FilesUnder(r->path, true)) fs::remove(file, ec);
+  for (const Path& dir : Entries(r->path, true, /*dirs=*/true)) {
+    if (r->dirs.count(dir) || !fs::exists(dir, ec)) continue;
+    ++rep.dirs_lost;
+    fs::remove_all(dir, ec);
+  }
+  for (const Path& dir : r->dirs) fs::create_directories(dir, ec);
   for (const auto& [path, bytes] : after) {
     fs::create_directories(path.parent_path(), ec);
     std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -5,7 +5,8 @@
 //   - a file's bytes are durable once synced (fsync, fdatasync: the whole file and
 //     its size; msync: a range), per file, whatever name it has;
 //   - a name (create, rename, unlink) is durable once its directory is synced;
-//   - directories themselves are not modelled: one that exists stays after a crash.
+//     a directory's own name too (mkdir, rmdir: once its parent is synced), and a
+//     file survives only where every directory above it (in the root) does.
 // PowerLoss puts a root back to such an image: each durable name bound to its file's
 // durable bytes plus a seeded random subset of the 4 KiB pages written since (torn
 // pages), its size the synced one or the latest, names never made durable gone.
@@ -23,6 +24,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,7 @@ struct PowerLossReport {
   int files = 0;           // durable names put back
   int names_lost = 0;      // names that were not durable, gone
   int names_back = 0;      // names unlinked but not durably, back
+  int dirs_lost = 0;       // directories whose names were not durable, gone with all in them
   uint64_t pages_dirty = 0;  // pages that differed from their durable bytes
   uint64_t pages_kept = 0;   // ... of which the crash kept the newer one
   std::string Describe() const;
@@ -80,6 +83,7 @@ class SimDisk : public DiskSeam {
     bool cut = false;
     std::map<Path, uint64_t> names;    // now: path -> file
     std::map<Path, uint64_t> durable;  // what a crash keeps: path -> file
+    std::set<Path> dirs;               // directories whose names a crash keeps
   };
 
   Root* RootOf(const Path& path);
@@ -87,6 +91,7 @@ class SimDisk : public DiskSeam {
   void Collect();  // drops the images of files no name refers to
   void Gap(const std::string& what);
   void Unbound(const Path& path);  // a sync of a path no file is bound to
+  static bool Reachable(const Root& r, const Path& path);  // every directory above is durable
 
   std::mt19937_64 rng_;
   std::vector<Root> roots_;

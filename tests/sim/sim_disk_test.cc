@@ -157,6 +157,30 @@ TEST_F(SimDiskTest, AfterACutNothingBecomesDurable) {
   EXPECT_EQ(Text(root_ / "late"), "late");
 }
 
+TEST_F(SimDiskTest, ADirectoryWhoseParentWasNotSyncedGoesWithEverythingInIt) {
+  fs::create_directories(root_ / "new" / "deeper");
+  ASSERT_TRUE(WriteFileAtomic(root_ / "new" / "deeper" / "f", AsBytes(std::string_view("f"))).ok());
+  ASSERT_TRUE(FsyncDirectory(root_ / "new").ok());  // "deeper" is durable in "new", "new" is not
+  const PowerLossReport rep = disk_.PowerLoss(root_, 1.0);
+  EXPECT_EQ(rep.dirs_lost, 1);
+  EXPECT_FALSE(fs::exists(root_ / "new"));
+  EXPECT_TRUE(fs::exists(root_ / "sub"));  // adopted: durable
+
+  // A directory removed without its parent synced comes back, with its durable files.
+  ASSERT_TRUE(WriteFileAtomic(root_ / "sub" / "kept", AsBytes(std::string_view("k"))).ok());
+  fs::remove_all(root_ / "sub");
+  disk::Removed(root_ / "sub");
+  disk_.PowerLoss(root_, 0.0);
+  EXPECT_EQ(Text(root_ / "sub" / "kept"), "k");
+  // ... and not once the parent is synced.
+  fs::remove_all(root_ / "sub");
+  disk::Removed(root_ / "sub");
+  ASSERT_TRUE(FsyncDirectory(root_).ok());
+  disk_.PowerLoss(root_, 0.0);
+  EXPECT_FALSE(fs::exists(root_ / "sub"));
+  EXPECT_TRUE(disk_.TakeErrors().empty());
+}
+
 TEST_F(SimDiskTest, AFileCreatedBehindTheSeamIsReported) {
   InstallSimDisk(nullptr);
   ASSERT_TRUE(WriteFile(root_ / "sneaky", AsBytes(std::string_view("x"))).ok());
