@@ -88,12 +88,7 @@ Result<std::optional<std::string>> ReadChecked(const std::filesystem::path& path
 CheckpointState::CheckpointState(const std::filesystem::path& checkpoint_dir)
     : dir_(checkpoint_dir / kStateDirName) {}
 
-Status CheckpointState::EnsureDir() {
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) return Status::IoError("create " + dir_.string() + ": " + ec.message());
-  return Status::Ok();
-}
+Status CheckpointState::EnsureDir() { return CreateDirectoriesDurably(dir_); }
 
 Result<codec::Manifest> CheckpointState::LoadOrComputeManifest(const CheckpointDirStore& store,
                                                                uint64_t partition_bytes,

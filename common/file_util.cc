@@ -106,6 +106,17 @@ Status FsyncDirectory(const std::filesystem::path& dir) {
   return Status::Ok();
 }
 
+Status CreateDirectoriesDurably(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (dir.empty() || std::filesystem::is_directory(dir, ec)) return Status::Ok();
+  const std::filesystem::path parent = dir.parent_path();
+  if (parent != dir) RETURN_IF_ERROR(CreateDirectoriesDurably(parent));
+  if (!std::filesystem::create_directory(dir, ec) && ec) {
+    return Status::IoError("create " + dir.string() + ": " + ec.message());
+  }
+  return FsyncDirectory(parent.empty() ? std::filesystem::path(".") : parent);
+}
+
 Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";

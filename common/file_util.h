@@ -36,4 +36,9 @@ Status WriteFile(const std::filesystem::path& path, ByteSpan data);
 
 Status FsyncDirectory(const std::filesystem::path& dir);
 
+// create_directories that survives a machine crash: each directory it creates has
+// its parent fsynced (a new directory's name is durable only then, and with it
+// everything later made durable inside). Nothing to do if `dir` exists.
+Status CreateDirectoriesDurably(const std::filesystem::path& dir);
+
 }  // namespace deltacast

@@ -44,9 +44,8 @@ Status DeltaHistory::Add(std::unique_ptr<Spool> spool, const ChainLink& link) {
     spool->Discard();
     return Status::Ok();
   }
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir_));
   std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) return Status::IoError("create " + dir_.string() + ": " + ec.message());
   RETURN_IF_ERROR(spool->Sync());
   const std::filesystem::path from = spool->path();
   spool.reset();

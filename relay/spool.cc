@@ -29,9 +29,7 @@ void Spool::RemoveOthers(const std::filesystem::path& dir, const Digest128& targ
 
 Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
                                            const Digest128& target, bool remove_others) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir));
   if (remove_others) RemoveOthers(dir, target);
   const auto path = dir / FileName(target);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -44,10 +42,9 @@ Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
 
 Result<std::unique_ptr<Spool>> Spool::OpenEmpty(const std::filesystem::path& dir,
                                                 const Digest128& target) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir));
   const auto path = dir / FileName(target);
+  std::error_code ec;
   // A new file, not the old one truncated: a Spool still open on the old one (a
   // rollback finishing) keeps reading what it indexed.
   std::filesystem::remove(path, ec);

@@ -181,6 +181,15 @@ TEST_F(SimDiskTest, ADirectoryWhoseParentWasNotSyncedGoesWithEverythingInIt) {
   EXPECT_TRUE(disk_.TakeErrors().empty());
 }
 
+// The engine's fix: each directory it creates has its parent synced.
+TEST_F(SimDiskTest, DirectoriesCreatedDurablySurviveWithTheirFiles) {
+  ASSERT_TRUE(CreateDirectoriesDurably(root_ / "a" / "b" / "c").ok());
+  ASSERT_TRUE(CreateDirectoriesDurably(root_ / "a" / "b" / "c").ok());  // there: nothing to do
+  ASSERT_TRUE(WriteFileAtomic(root_ / "a" / "b" / "c" / "f", AsBytes(std::string_view("f"))).ok());
+  EXPECT_EQ(disk_.PowerLoss(root_, 0.0).dirs_lost, 0);
+  EXPECT_EQ(Text(root_ / "a" / "b" / "c" / "f"), "f");
+}
+
 TEST_F(SimDiskTest, AFileCreatedBehindTheSeamIsReported) {
   InstallSimDisk(nullptr);
   ASSERT_TRUE(WriteFile(root_ / "sneaky", AsBytes(std::string_view("x"))).ok());
