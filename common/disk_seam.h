@@ -35,8 +35,7 @@ class DiskSeam {
   // A file, or a directory and everything in it, was unlinked.
   virtual void Removed(const std::filesystem::path& path) = 0;
   // The bytes [offset, offset + length) of the file are on disk (msync of a range).
-  virtual void SyncedRange(const std::filesystem::path& path, uint64_t offset,
-                           uint64_t length) = 0;
+  virtual void SyncedRange(const std::filesystem::path& path, uint64_t offset, uint64_t length) = 0;
   // The whole file, its size included, is on disk (fsync, fdatasync).
   virtual void Synced(const std::filesystem::path& path) = 0;
   // The names in `dir` (creates, renames, unlinks) are on disk (fsync of the directory).

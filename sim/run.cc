@@ -359,8 +359,8 @@ void Run::Inject(size_t index, const Fault& f) {
   const std::string a = Name(f.a), b = Name(f.b);
   const auto secs =
       std::chrono::duration_cast<EventQueue::Duration>(std::chrono::duration<double>(f.seconds));
-  q_.Note(fmt::format("fault {}: {}{} {}{}", index, f.power ? "power-loss " : "", FaultName(f.kind), a,
-                      f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
+  q_.Note(fmt::format("fault {}: {}{} {}{}", index, f.power ? "power-loss " : "", FaultName(f.kind),
+                      a, f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
   ++r_.faults[static_cast<size_t>(f.kind)];
   ++injected_;
   // The tree may take the fault's time plus a rejoin to settle.

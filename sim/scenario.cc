@@ -128,7 +128,8 @@ std::string Scenario::Describe() const {
   for (size_t i = 0; i < faults.size(); ++i) {
     const Fault& f = faults[i];
     out += fmt::format("\n  fault {}: publish {} +{:.3f}s {}{} {}{}{}", i, f.publish, f.at,
-                       f.power ? "power-loss " : "", FaultName(f.kind), f.a == 0 ? std::string("src") : "n" + std::to_string(f.a),
+                       f.power ? "power-loss " : "", FaultName(f.kind),
+                       f.a == 0 ? std::string("src") : "n" + std::to_string(f.a),
                        (f.kind == FaultKind::kReset || f.kind == FaultKind::kStall ||
                         f.kind == FaultKind::kPartition)
                            ? (f.b == 0 ? std::string("-src") : "-n" + std::to_string(f.b))

@@ -301,7 +301,8 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> 
   for (const auto& [path, bytes] : after) {
     fs::create_directories(path.parent_path(), ec);
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     if (!out) Gap("cannot write " + path.string() + " back after the power loss");
   }
   // What the crash left is what the disk holds now.

@@ -33,10 +33,10 @@
 namespace deltacast::sim {
 
 struct PowerLossReport {
-  int files = 0;           // durable names put back
-  int names_lost = 0;      // names that were not durable, gone
-  int names_back = 0;      // names unlinked but not durably, back
-  int dirs_lost = 0;       // directories whose names were not durable, gone with all in them
+  int files = 0;             // durable names put back
+  int names_lost = 0;        // names that were not durable, gone
+  int names_back = 0;        // names unlinked but not durably, back
+  int dirs_lost = 0;         // directories whose names were not durable, gone with all in them
   uint64_t pages_dirty = 0;  // pages that differed from their durable bytes
   uint64_t pages_kept = 0;   // ... of which the crash kept the newer one
   std::string Describe() const;
@@ -90,7 +90,7 @@ class SimDisk : public DiskSeam {
   const Root* RootOf(const Path& path) const;
   void Collect();  // drops the images of files no name refers to
   void Gap(const std::string& what);
-  void Unbound(const Path& path);  // a sync of a path no file is bound to
+  void Unbound(const Path& path);                          // a sync of a path no file is bound to
   static bool Reachable(const Root& r, const Path& path);  // every directory above is durable
 
   std::mt19937_64 rng_;

@@ -399,8 +399,8 @@ TEST_F(NodeStoreTest, ATornStoreIsCaughtUpToANewerVersionInsteadOfReconciled) {
   // so the torn partitions of that one are torn against both versions.
   versions_.push_back({versions_[2][0], versions_[1][1]});
   Open(std::chrono::milliseconds(0));
-  auto [begun, parts] = Await<std::pair<Status, std::vector<apply::CatchUpPartition>>>(
-      [&](auto done) {
+  auto [begun, parts] =
+      Await<std::pair<Status, std::vector<apply::CatchUpPartition>>>([&](auto done) {
         store_->BeginCatchUp(ManifestOf(3), [done](const Status& s, auto p) { done({s, p}); });
       });
   ASSERT_TRUE(begun.ok()) << begun.ToString();
@@ -414,11 +414,11 @@ TEST_F(NodeStoreTest, ATornStoreIsCaughtUpToANewerVersionInsteadOfReconciled) {
     const Bytes& v2 = versions_[3][t];
     // A partition version 1 and the newer one share is listed only because it is
     // torn: the list comes from the bytes there are, not from version 1's manifest.
-    torn_but_unchanged += std::equal(v1.begin() + from, v1.begin() + from + p.byte_length,
-                                     v2.begin() + from);
+    torn_but_unchanged +=
+        std::equal(v1.begin() + from, v1.begin() + from + p.byte_length, v2.begin() + from);
     auto bytes = std::make_shared<Bytes>(v2.begin() + from, v2.begin() + from + p.byte_length);
-    const Status w = Await<Status>(
-        [&](auto done) { store_->WriteCatchUp(p.key, bytes, p.target_hash, done); });
+    const Status w =
+        Await<Status>([&](auto done) { store_->WriteCatchUp(p.key, bytes, p.target_hash, done); });
     ASSERT_TRUE(w.ok()) << w.ToString();
   }
   EXPECT_GT(torn_but_unchanged, 0u);
