@@ -3,6 +3,8 @@
 //   deltacast_sim --seed S [--drop 1,4] [--trace] [--log]   one seed; replays exactly
 //   deltacast_sim --seeds A-B [--json FILE] [--shrink]       a range of seeds
 //                 [--known S,T]   seeds of known, unfixed bugs: they must fail
+//                 [--no-disk]     no power losses, no full disks: the schedules drawn
+//                                 before the disk was simulated
 //
 // Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
 #include <fmt/core.h>
@@ -23,11 +25,12 @@ namespace {
 using namespace deltacast::sim;
 
 int Usage(const std::string& why) {
-  std::fprintf(stderr,
-               "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
-               "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--shrink] "
-               "[--json FILE]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
+      "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--shrink] "
+      "[--json FILE]\n",
+      why.c_str());
   return 2;
 }
 
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
   uint64_t first = 1, last = 1;
   bool one = false, trace = false, shrink = false;
   double intensity = 1.0;
+  bool disk = true;
   RunOptions options;
   std::string json;
   std::set<uint64_t> known;  // seeds of known, unfixed bugs: expected to fail
@@ -88,6 +92,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--intensity") {
       intensity = std::atof(value().c_str());
+    } else if (a == "--no-disk") {
+      disk = false;
     } else if (a == "--trace") {
       trace = true;
     } else if (a == "--log") {
@@ -109,7 +115,7 @@ int main(int argc, char** argv) {
   NetworkCounts net;
   std::vector<uint64_t> failing;
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Scenario s = DrawScenario(seed, intensity);
+    const Scenario s = DrawScenario(seed, intensity, disk);
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;
