@@ -37,6 +37,9 @@ Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
   disk::Created(path);
   auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
   spool->Recover();
+  // Empty: just made, maybe. As in OpenEmpty, the chunks fdatasynced into it later
+  // must not be lost with its name.
+  if (spool->bytes() == 0) RETURN_IF_ERROR(FsyncDirectory(dir));
   return spool;
 }
 

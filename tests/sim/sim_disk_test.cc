@@ -131,6 +131,19 @@ TEST_F(SimDiskTest, SpoolChunksAppendedDurablySurviveAndTheOthersNeedNotLand) {
   EXPECT_EQ(Text(file), one);
 }
 
+// Spool::Open (a resume) makes the spool when it is missing: its name must be as
+// durable as OpenEmpty's, or the chunks fdatasynced into it go with the power.
+TEST_F(SimDiskTest, ASpoolOpenedWhereNoneWasKeepsItsDurableChunks) {
+  auto spool = relay::Spool::Open(root_ / "spool", Digest128{}, /*remove_others=*/false);
+  ASSERT_TRUE(spool.ok()) << spool.status().ToString();
+  const fs::path file = (*spool)->path();
+  const std::string one(100, '1');
+  ASSERT_TRUE((*spool)->Append(1, AsBytes(std::string_view(one)), /*durable=*/true).ok());
+  spool->reset();
+  disk_.PowerLoss(root_, 0.0);
+  EXPECT_EQ(Text(file), one);
+}
+
 TEST_F(SimDiskTest, AFullDiskRefusesWritesWithEnospcAndLeavesTheFileAlone) {
   ASSERT_TRUE(WriteFileAtomic(root_ / "x", AsBytes(std::string_view("old"))).ok());
   disk_.SetFull(root_, true);
