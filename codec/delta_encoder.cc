@@ -1,5 +1,6 @@
 #include "codec/delta_encoder.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -110,23 +111,29 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     }
   }
 
-  const size_t threads = options.threads ? options.threads : DefaultThreadCount();
-  OrderedResults results(4 * threads);
+  auto encode_one = [&](size_t i, CodecScratch& scratch) {
+    const PartitionRef& p = changed[i];
+    const TensorInfo& info = target.tensors[p.tensor];
+    const uint64_t e = ElementSize(info.dtype);
+    const ByteSpan a = base_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
+    const ByteSpan b = target_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
+    return EncodePartition(info.dtype, a, b, options.codec, scratch);
+  };
+  const size_t threads = options.on_calling_thread ? 0
+                         : options.threads         ? options.threads
+                                                   : DefaultThreadCount();
+  OrderedResults results(4 * std::max<size_t>(threads, 1));
   std::atomic<size_t> next{0};
   auto encode = [&] {
     CodecScratch scratch;
     for (size_t i = next++; i < changed.size(); i = next++) {
       if (!results.WaitForRoom(i)) return;
-      const PartitionRef& p = changed[i];
-      const TensorInfo& info = target.tensors[p.tensor];
-      const uint64_t e = ElementSize(info.dtype);
-      const ByteSpan a = base_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
-      const ByteSpan b = target_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
-      results.Put(i, EncodePartition(info.dtype, a, b, options.codec, scratch));
+      results.Put(i, encode_one(i, scratch));
     }
   };
   std::vector<std::jthread> workers;
   for (size_t t = 0; t < threads; ++t) workers.emplace_back(encode);
+  CodecScratch own_scratch;  // on_calling_thread
   // Destroyed before `workers` (which join): a sink that throws must not leave them
   // waiting for room forever.
   struct CancelOnExit {
@@ -147,7 +154,8 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     return sink(std::move(chunk));
   };
   for (size_t i = 0; i < changed.size() && status.ok(); ++i) {
-    std::optional<EncodedPartition> encoded = results.TakeNext();
+    std::optional<EncodedPartition> encoded =
+        options.on_calling_thread ? encode_one(i, own_scratch) : results.TakeNext();
     const PartitionRef& p = changed[i];
     const TensorInfo& info = target.tensors[p.tensor];
     if (!encoded) {

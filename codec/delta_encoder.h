@@ -27,6 +27,10 @@ struct DeltaEncoderOptions {
   // at least one whole record).
   uint64_t chunk_bytes = kDefaultChunkBytes;
   size_t threads = 0;  // 0 = all cores
+  // Encode on the calling thread, one partition before each is taken, with no worker
+  // thread: for a caller whose every step must run on its own thread in a fixed
+  // order (the simulator). `threads` is then ignored.
+  bool on_calling_thread = false;
 };
 
 struct DeltaStats {

@@ -3,9 +3,7 @@
 #include "relay/node_agent.h"
 
 #include <fmt/core.h>
-#include <unistd.h>
 
-#include "common/disk_seam.h"
 #include "common/log.h"
 #include "common/parallel.h"
 #include "relay/node_impl.h"
@@ -16,19 +14,11 @@ namespace deltacast::relay {
 
 namespace {
 
-// Where the agent spools: the configured folder, else one per process (a store
-// without a directory does not survive a restart, and neither need its spool; per
-// process, so agents of several processes never share one).
-std::filesystem::path SpoolDirOf(const NodeAgentOptions& options) {
-  if (!options.spool_dir.empty()) return options.spool_dir;
-  return std::filesystem::temp_directory_path() /
-         ("deltacast-spool-" + options.node_id + "-" + std::to_string(::getpid()));
-}
-
-NodeStore::Options StoreOptions(const NodeAgentOptions& options) {
+NodeStore::Options StoreOptions(const NodeAgentOptions& options,
+                                const std::filesystem::path& spool_dir) {
   NodeStore::Options o;
   o.apply_threads = options.apply_threads ? options.apply_threads : DefaultThreadCount();
-  o.spool_dir = SpoolDirOf(options);
+  o.spool_dir = spool_dir;
   o.write_back_delay = options.write_back_delay;
   return o;
 }
@@ -41,9 +31,13 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
       plan_(std::move(plan)),
       self_(*plan_.Find(options_.node_id)),
       transport_(std::move(transport)),
+      // The configured folder, else one per process (a store without a directory
+      // does not survive a restart, and neither need its spool; per process, so
+      // agents of several processes never share one).
+      spool_dir_(options_.spool_dir, "spool", options_.node_id),
       loop_([this] { Tick(); }),
       store_(
-          std::move(replica), StoreOptions(options_), loop_,
+          std::move(replica), StoreOptions(options_, spool_dir_.path()), loop_,
           [this](const NodeStore::Journal& j) { OnJournal(j); }, options_.on_commit),
       downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
                   Downstream::LimitsFrom(options_.config.limits)),
@@ -64,8 +58,7 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
   downstream_.AllowAdoption(std::move(adoptable));
   downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
   catch_up_.SetVerifyKey(options_.verify_key.get());
-  owns_spool_dir_ = options_.spool_dir.empty();
-  options_.spool_dir = SpoolDirOf(options_);
+  options_.spool_dir = spool_dir_.path();
   journal_ = store_.journal();
   stats_.version = journal_.version;
   store_.Start();
@@ -141,11 +134,7 @@ void NodeAgent::Impl::Stop() {
   downstream_.CloseAll();
   parent_.Close();
   refit_.reset();  // closes the spool
-  if (owns_spool_dir_) {
-    std::error_code ec;
-    std::filesystem::remove_all(options_.spool_dir, ec);
-    disk::Removed(options_.spool_dir);
-  }
+  spool_dir_.Release();
 }
 
 NodeAgentStats NodeAgent::Impl::stats() const {

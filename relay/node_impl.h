@@ -64,6 +64,9 @@ class NodeAgent::Impl {
     bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
     bool prepared_sent = false;
     bool failed_sent = false;
+    // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
+    // as the link it went on may have dropped before it arrived.
+    std::optional<Failed> failed;
     std::optional<MessageType> pending_decision;  // arrived before we had prepared
     // The decision as the source signed it, once this node has it: what it forwards
     // to its children and replays to those that rejoin.
@@ -168,7 +171,7 @@ class NodeAgent::Impl {
   mutable std::mutex stats_mu_;
   NodeAgentStats stats_;
   std::atomic<bool> stopped_{false};
-  bool owns_spool_dir_ = false;  // a per-process temporary directory, removed on Stop
+  SpoolDir spool_dir_;  // released on Stop
 
   // The parts. Declared after the state they use and before the loop, which is
   // stopped first and destroyed last.

@@ -30,6 +30,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), refit_->id}));
     if (refit_->phase == Phase::kStreaming) {
       refit_->prepared_sent = false;
+      if (refit_->failed) parent_.Send(EncodeFailed(*refit_->failed));
     } else {
       // We committed this refit (with our whole subtree) before our parent
       // restarted: more than prepared; say so, and confirm when it commits.
@@ -290,6 +291,7 @@ void NodeAgent::Impl::LocalFailure(uint64_t id, const Status& status) {
 void NodeAgent::Impl::SendFailed(const Failed& failed) {
   if (!refit_ || refit_->failed_sent) return;
   refit_->failed_sent = true;
+  refit_->failed = failed;
   parent_.Send(EncodeFailed(failed));
 }
 
@@ -391,6 +393,11 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
     return;
   }
   if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;  // nothing to undo
+  if (!same_delta && r.phase == Phase::kAborting) {
+    // An aborted delta it does not hold: nothing to send and nothing to wait for.
+    children_.Confirmed(child, 1);
+    return MaybeOutcome();
+  }
   transport::Message decision;
   if (committed) decision = DecisionFor(MessageType::kCommit);
   if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_))

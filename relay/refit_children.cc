@@ -82,7 +82,7 @@ size_t RefitChildren::Awaiting(const std::set<std::string>& done) const {
   for (const auto& c : planned_) {
     waiting += !done.contains(c) && !excused_.contains(c) && !given_up_.contains(c);
   }
-  for (const auto& c : adopted_) waiting += !done.contains(c);
+  for (const auto& c : adopted_) waiting += !done.contains(c) && !excused_.contains(c);
   return waiting;
 }
 

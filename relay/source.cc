@@ -2,7 +2,6 @@
 
 #include <fmt/core.h>
 #include <openssl/rand.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -11,7 +10,6 @@
 
 #include "codec/chunk.h"
 #include "common/crash_point.h"
-#include "common/disk_seam.h"
 #include "common/log.h"
 #include "common/runtime.h"
 #include "relay/decision_log.h"
@@ -55,6 +53,8 @@ class Source::Impl {
       : options_(std::move(options)),
         plan_(std::move(plan)),
         transport_(std::move(transport)),
+        // Per process by default: Spool::Open clears other deltas' spools in its folder.
+        spool_dir_(options_.spool_dir, "source-spool", plan_.source),
         children_(plan_.Find(plan_.source)->children),
         loop_([this] { Tick(); }),
         downstream_(loop_, plan_.source, plan_.Find(plan_.source)->children, options_.token,
@@ -67,12 +67,6 @@ class Source::Impl {
     downstream_.AllowAdoption(std::move(adoptable));
     if (!options_.history_dir.empty() && options_.keep_deltas > 0) {
       history_ = std::make_unique<DeltaHistory>(options_.history_dir, options_.keep_deltas);
-    }
-    // Per process by default: Spool::Open clears other deltas' spools in its folder.
-    spool_dir_ = options_.spool_dir;
-    if (spool_dir_.empty()) {
-      spool_dir_ = own_spool_dir_ = std::filesystem::temp_directory_path() /
-                                    ("deltacast-source-spool-" + std::to_string(::getpid()));
     }
     loop_.Start();
   }
@@ -107,11 +101,7 @@ class Source::Impl {
     loop_.Stop();
     downstream_.CloseAll();
     RetireLastRefit();
-    if (!own_spool_dir_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(own_spool_dir_, ec);
-      disk::Removed(own_spool_dir_);
-    }
+    spool_dir_.Release();
   }
 
   const std::string& listen_address() const { return listen_address_; }
@@ -155,8 +145,7 @@ class Source::Impl {
   const topology::TreePlan plan_;
   std::unique_ptr<transport::Transport> transport_;
   std::string listen_address_;
-  std::filesystem::path spool_dir_;
-  std::filesystem::path own_spool_dir_;    // the default spool folder, removed at Stop
+  SpoolDir spool_dir_;                     // released at Stop
   std::unique_ptr<DeltaHistory> history_;  // null: no deltas kept (loop thread and Publish)
   bool stopped_ = false;
 
@@ -198,7 +187,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     }
   }
   RetireLastRefit();
-  auto spool = Spool::Open(spool_dir_, report.target_version);
+  auto spool = Spool::Open(spool_dir_.path(), report.target_version);
   if (!spool.ok()) {
     log::Warn("no spool (" + spool.status().ToString() +
               "); children that rejoin cannot be replayed to");
@@ -473,9 +462,12 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
     return std::vector<Downstream::Outgoing>{
         Downstream::Outgoing::Control(refit_->decision_message)};
   }
-  // An aborted delta it does not hold: nothing to undo.
-  if (refit_->decision == MessageType::kAbort && hello.inflight_target != begin.target_version)
+  // An aborted delta it does not hold: nothing to undo, and nothing to wait for (it
+  // would never confirm a refit it never began: found by the simulator, seed 1255).
+  if (refit_->decision == MessageType::kAbort && hello.inflight_target != begin.target_version) {
+    children_.Confirmed(child, 1);
     return std::nullopt;
+  }
   Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision_message);
   log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
                         begin.refit_id, replay.chunks));
@@ -666,6 +658,8 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
   encoder.codec = codec;
   encoder.chunk_bytes = impl_->options().config.tree.chunk_size;
   encoder.threads = impl_->options().encode_threads;
+  // Under the simulator every step runs on its one thread, in the order it sets.
+  encoder.on_calling_thread = SimRuntime() != nullptr;
   return impl_->PublishStream(
       base_manifest, target_manifest,
       [&](const ChunkMessageSink& sink, codec::DeltaStats* stats) {

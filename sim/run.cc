@@ -41,6 +41,12 @@ constexpr double kLivenessSeconds = 30;
 // the tree is shorter than this).
 constexpr double kStallSeconds = 10;
 constexpr auto kRecovery = std::chrono::seconds(8);
+// A publish that a fault disturbed must finish within this once the last fault acting
+// on it has ended (a partition healed, a killed process restarted): time to notice
+// (the idle timeout, 4 s), to reconnect (backoff up to 2 s) and to finish the refit.
+// The tree's own bounds on waiting for an away child (the connect timeout, 3 s) fit in
+// it; a wait for the commit timeout (20 s) does not.
+constexpr double kLostSeconds = 10;
 
 std::vector<codec::TensorInfo> Table() {
   std::vector<codec::TensorInfo> t;
@@ -143,6 +149,7 @@ class Run {
   Tensors Mutate(const Tensors& base, double rate);
   void CheckBytes(const Node& n, const Digest128& version, const char* when);
   void HealAndRestart();
+  void CheckTimeLost(EventQueue::TimePoint started, bool disturbed);
   void Sabotage();
   void FinalChecks();
 
@@ -168,6 +175,8 @@ class Run {
   std::optional<Digest128> pending_;    // the target being published
   uint64_t injected_ = 0;               // faults injected so far
   EventQueue::TimePoint quiet_from_{};  // no fault acts on the tree from then on
+  // The latest end of a fault so far: a link healed, a killed process restarted.
+  EventQueue::TimePoint disturbed_until_{};
   RunResult r_;
 };
 
@@ -250,6 +259,7 @@ void Run::StartNode(Node& n) {
   }
   n.agent = std::move(*agent);
   n.joined = true;
+  disturbed_until_ = std::max(disturbed_until_, q_.Now());
   q_.Note(fmt::format("start {} at version {}", Name(n.i), v.ShortHex()));
 }
 
@@ -281,6 +291,7 @@ void Run::StartSource() {
     return;
   }
   source_ = std::move(*source);
+  disturbed_until_ = std::max(disturbed_until_, q_.Now());
   q_.Note("start src");
 }
 
@@ -365,6 +376,9 @@ void Run::Inject(size_t index, const Fault& f) {
   ++injected_;
   // The tree may take the fault's time plus a rejoin to settle.
   quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
+  const bool instant = f.kind == FaultKind::kReset || f.kind == FaultKind::kLateJoin;
+  disturbed_until_ =
+      std::max(disturbed_until_, q_.Now() + (instant ? EventQueue::Duration{} : secs));
   switch (f.kind) {
     case FaultKind::kReset:
       return net_.ResetLinks(a, b);
@@ -470,6 +484,7 @@ void Run::Publish(double rate, bool liveness) {
   auto base_store = Borrow(base_bytes);
   auto target_store = Borrow(target_bytes);
   const double t0 = q_.Seconds();
+  const EventQueue::TimePoint started = q_.Now();
   const uint64_t injected_before = injected_;
   bool quiet = q_.Now() >= quiet_from_;
   for (int i = 1; i <= s_.nodes; ++i) quiet &= !nodes_[i].joined || nodes_[i].agent != nullptr;
@@ -496,6 +511,7 @@ void Run::Publish(double rate, bool liveness) {
     Fail(fmt::format("stall: a publish with every process up and no fault acting took {:.1f} s",
                      q_.Seconds() - t0));
   }
+  CheckTimeLost(started, injected_ != injected_before || !quiet);
   if (!report->ok()) {
     q_.Note(Scrub("publish failed: " + report->status().ToString()));
     if (liveness) Fail("liveness: publish failed: " + report->status().ToString());
@@ -528,6 +544,19 @@ void Run::Publish(double rate, bool liveness) {
     if (st.version != target) continue;
     if (n.reconciling && st.stores_recovered == 0) continue;  // it has not confirmed
     CheckBytes(n, target, "after a commit");
+  }
+}
+
+// A disturbed publish may take as long as its faults last, and then kLostSeconds.
+void Run::CheckTimeLost(EventQueue::TimePoint started, bool disturbed) {
+  if (!disturbed) return;
+  using Secs = std::chrono::duration<double>;
+  const double lost = Secs(q_.Now() - std::max(started, disturbed_until_)).count();
+  if (lost > kLostSeconds) {
+    Fail(
+        fmt::format("time lost: a publish took {:.1f} s, {:.1f} s of it after its last fault "
+                    "ended",
+                    Secs(q_.Now() - started).count(), lost));
   }
 }
 

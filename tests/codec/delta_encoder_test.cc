@@ -287,14 +287,17 @@ TEST_F(DeltaEncoderTest, ThreadCountsGiveByteIdenticalOutput) {
     options.codec.mode = mode;
     options.chunk_bytes = 600;
     options.threads = 1;
-    std::vector<Bytes> one, four, again;
+    std::vector<Bytes> one, four, again, caller;
     ASSERT_TRUE(Encode(options, one).ok());
     options.threads = 4;
     ASSERT_TRUE(Encode(options, four).ok());
     ASSERT_TRUE(Encode(options, again).ok());
+    options.on_calling_thread = true;  // the simulator's way: no worker thread
+    ASSERT_TRUE(Encode(options, caller).ok());
     ASSERT_GT(one.size(), 5u);
     EXPECT_TRUE(one == four) << "1 and 4 threads differ";
     EXPECT_TRUE(four == again) << "two runs with 4 threads differ";
+    EXPECT_TRUE(one == caller) << "the calling thread's encoding differs";
   }
 }
 

@@ -96,5 +96,20 @@ TEST(RefitChildren, AChildThatRejoinsPreparesAgainAndItsReportIsReplaced) {
   EXPECT_EQ(c.reports()[0].chunk_bytes, 12u);
 }
 
+// Found by the simulator (seed 1178): a relay adopted a child whose parent was down,
+// the child could not reach the target and was excused (policy available), and the
+// relay still waited for its PREPARED until the source's commit timeout.
+TEST(RefitChildren, AnExcusedAdoptedChildIsNotWaitedFor) {
+  RefitChildren c({"a"});
+  const auto t0 = Clock::now();
+  c.Joined("a", false, t0);
+  c.BeginRefit(t0);
+  c.Joined("x", /*adopted=*/true, t0);
+  c.Prepared("a", {});
+  EXPECT_EQ(c.AwaitingPrepared(), 1u) << "an adopted child is waited for";
+  c.Excuse("x");
+  EXPECT_EQ(c.AwaitingPrepared(), 0u);
+}
+
 }  // namespace
 }  // namespace deltacast::relay
