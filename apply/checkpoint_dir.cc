@@ -14,6 +14,7 @@
 
 #include "apply/internal/input_util.h"
 #include "apply/safetensors.h"
+#include "common/disk_seam.h"
 #include "common/file_util.h"
 
 namespace deltacast::apply {
@@ -356,6 +357,9 @@ Status CheckpointDirStore::Flush(size_t index, uint64_t offset, uint64_t length)
         errno, "msync " + (dir_ / layout_.files[layout_.tensors[index].file].name).string() +
                    " tensor " + Quote(tensors_[index].name));
   }
+  const size_t file = layout_.tensors[index].file;
+  disk::SyncedRange(dir_ / layout_.files[file].name,
+                    start - reinterpret_cast<uintptr_t>(mappings_[file].data()), length);
   return Status::Ok();
 }
 
@@ -365,6 +369,7 @@ Status CheckpointDirStore::FlushAll() {
     if (mappings_[f].data() == nullptr) continue;
     if (::msync(mappings_[f].data(), static_cast<size_t>(mappings_[f].size()), MS_SYNC) != 0)
       return Status::FromErrno(errno, "msync " + (dir_ / layout_.files[f].name).string());
+    disk::SyncedRange(dir_ / layout_.files[f].name, 0, mappings_[f].size());
   }
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <string>
 
+#include "common/disk_seam.h"
 #include "common/file_util.h"
 #include "common/log.h"
 
@@ -87,12 +88,7 @@ Result<std::optional<std::string>> ReadChecked(const std::filesystem::path& path
 CheckpointState::CheckpointState(const std::filesystem::path& checkpoint_dir)
     : dir_(checkpoint_dir / kStateDirName) {}
 
-Status CheckpointState::EnsureDir() {
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) return Status::IoError("create " + dir_.string() + ": " + ec.message());
-  return Status::Ok();
-}
+Status CheckpointState::EnsureDir() { return CreateDirectoriesDurably(dir_); }
 
 Result<codec::Manifest> CheckpointState::LoadOrComputeManifest(const CheckpointDirStore& store,
                                                                uint64_t partition_bytes,
@@ -188,6 +184,7 @@ Status CheckpointState::WriteUnflushed(const InflightDelta& delta) {
 Status CheckpointState::ClearUnflushed() {
   std::error_code ec;
   std::filesystem::remove(dir_ / kUnflushedFile, ec);
+  disk::Removed(dir_ / kUnflushedFile);
   if (ec)
     return Status::IoError("remove " + (dir_ / kUnflushedFile).string() + ": " + ec.message());
   return FsyncDirectory(dir_);
@@ -236,6 +233,7 @@ Status CheckpointState::ClearInflight() {
   for (std::string_view name : {kPreparedFile, kAppliedFile, kInflightFile}) {
     std::error_code ec;
     std::filesystem::remove(dir_ / name, ec);
+    disk::Removed(dir_ / name);
     if (ec) return Status::IoError("remove " + (dir_ / name).string() + ": " + ec.message());
   }
   return FsyncDirectory(dir_);
@@ -245,6 +243,7 @@ Status CheckpointState::ClearMarks() {
   for (std::string_view name : {kPreparedFile, kAppliedFile}) {
     std::error_code ec;
     std::filesystem::remove(dir_ / name, ec);
+    disk::Removed(dir_ / name);
     if (ec) return Status::IoError("remove " + (dir_ / name).string() + ": " + ec.message());
   }
   return FsyncDirectory(dir_);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "codec/chunk.h"
+#include "common/disk_seam.h"
 #include "common/file_util.h"
 
 namespace deltacast::apply {
@@ -33,6 +34,7 @@ Result<std::unique_ptr<DeltaFileWriter>> DeltaFileWriter::Create(
     const std::filesystem::path& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "create " + path.string());
+  disk::Created(path);
   return std::unique_ptr<DeltaFileWriter>(new DeltaFileWriter(fd, path));
 }
 
@@ -44,6 +46,7 @@ Status DeltaFileWriter::Append(ByteSpan chunk) { return WriteAll(fd_, chunk, pat
 
 Status DeltaFileWriter::Finish() {
   if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync " + path_.string());
+  disk::Synced(path_);
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) return Status::FromErrno(errno, "close " + path_.string());
   return Status::Ok();

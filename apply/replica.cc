@@ -138,11 +138,14 @@ Result<CatchUp> Replica::BeginCatchUp(const codec::Manifest& target, ApplyOption
         "the catch-up target's tensor table differs from this store's: it cannot be reached by "
         "overwriting partitions");
   }
-  RETURN_IF_ERROR(CheckSettled());
+  // A store left unchecked by a machine crash (needs_reconcile) may be caught up
+  // instead of reconciled: the catch-up goes by the hashes of the bytes there are.
+  const bool unchecked = needs_reconcile_;
+  if (!unchecked) RETURN_IF_ERROR(CheckSettled());
   const Digest128 to = target.VersionId();
   codec::Manifest current = manifest_;
-  if (inflight_) {
-    // The bytes are a mix of the delta in flight: hash them as they are.
+  if (inflight_ || unchecked) {
+    // The bytes are a mix of the delta in flight, or torn: hash them as they are.
     current = HashStore();
   }
   const InflightDelta delta{inflight_ ? inflight_->base : version_, to};
@@ -155,6 +158,13 @@ Result<CatchUp> Replica::BeginCatchUp(const codec::Manifest& target, ApplyOption
     }
     ForgetInflight();
     inflight_ = delta;
+  }
+  if (unchecked) {
+    // After the in-flight record: a crash between the two reopens with both, which
+    // keeps the delta in flight (re-hashed on resume) and clears the note.
+    if (state_) RETURN_IF_ERROR(state_->ClearUnflushed());
+    unflushed_.reset();
+    needs_reconcile_ = false;
   }
   CatchUp out;
   for (size_t t = 0; t < target.tensors.size(); ++t) {

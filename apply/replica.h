@@ -114,7 +114,8 @@ class Replica {
   // target's bytes (CatchUp::applier->WriteVerified); then call CommitFromStore.
   // kInvalidArgument (nothing written) if the target's tensors or partition size
   // differ from the store's. A catch-up is never rolled back: its target is already
-  // committed.
+  // committed. A store that needs_reconcile() may be caught up instead: its bytes are
+  // hashed as they are, and the reconcile is given up (the note cleared).
   Result<CatchUp> BeginCatchUp(const codec::Manifest& target, ApplyOptions options);
 
   // Makes `target` (what DeltaApplier::Finish returned) the active version:

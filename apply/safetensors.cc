@@ -12,6 +12,7 @@
 
 #include "apply/internal/input_util.h"
 #include "codec/chunk.h"
+#include "common/disk_seam.h"
 #include "common/file_util.h"
 
 namespace deltacast::apply {
@@ -371,6 +372,7 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   }
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "create " + path.string());
+  disk::Created(path);
   std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter(fd, path, total));
   RETURN_IF_ERROR(WriteAll(fd, header, path));
   return writer;
@@ -411,6 +413,7 @@ Status SafetensorsWriter::Finish() {
     return Status::FromErrno(err, "fsync " + path_.string());
   }
   if (::close(fd) != 0) return Status::FromErrno(errno, "close " + path_.string());
+  disk::Synced(path_);
   return Status::Ok();
 }
 

@@ -6,6 +6,8 @@
 
 #include <cerrno>
 
+#include "common/disk_seam.h"
+
 namespace deltacast {
 namespace {
 
@@ -28,6 +30,7 @@ class Fd {
 }  // namespace
 
 Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path) {
+  RETURN_IF_ERROR(disk::WillWrite(path, data.size()));
   const std::byte* p = data.data();
   size_t left = data.size();
   while (left > 0) {
@@ -45,10 +48,19 @@ Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path) {
 Status AppendLineDurably(const std::filesystem::path& path, std::string_view line) {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (fd.get() < 0) return Status::FromErrno(errno, "open " + path.string());
+  disk::Created(path);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + path.string());
   std::string text(line);
   text += '\n';
   RETURN_IF_ERROR(WriteAll(fd.get(), AsBytes(text), path));
   if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + path.string());
+  disk::Synced(path);
+  // An fsync makes the bytes durable, not the name: a file this append may have
+  // created needs its directory synced too, or a machine crash can lose all of it.
+  if (st.st_size == 0) {
+    return FsyncDirectory(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+  }
   return Status::Ok();
 }
 
@@ -82,6 +94,7 @@ Result<std::vector<std::byte>> ReadFile(const std::filesystem::path& path, uint6
 Status WriteFile(const std::filesystem::path& path, ByteSpan data) {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return Status::FromErrno(errno, "create " + path.string());
+  disk::Created(path);
   return WriteAll(fd.get(), data, path);
 }
 
@@ -89,7 +102,19 @@ Status FsyncDirectory(const std::filesystem::path& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) return Status::FromErrno(errno, "open directory " + dir.string());
   if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync directory " + dir.string());
+  disk::DirSynced(dir);
   return Status::Ok();
+}
+
+Status CreateDirectoriesDurably(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (dir.empty() || std::filesystem::is_directory(dir, ec)) return Status::Ok();
+  const std::filesystem::path parent = dir.parent_path();
+  if (parent != dir) RETURN_IF_ERROR(CreateDirectoriesDurably(parent));
+  if (!std::filesystem::create_directory(dir, ec) && ec) {
+    return Status::IoError("create " + dir.string() + ": " + ec.message());
+  }
+  return FsyncDirectory(parent.empty() ? std::filesystem::path(".") : parent);
 }
 
 Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data) {
@@ -98,12 +123,15 @@ Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data) {
   {
     Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) return Status::FromErrno(errno, "create " + tmp.string());
+    disk::Created(tmp);
     RETURN_IF_ERROR(WriteAll(fd.get(), data, tmp));
     if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + tmp.string());
+    disk::Synced(tmp);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return Status::FromErrno(errno, "rename " + tmp.string() + " -> " + path.string());
   }
+  disk::Renamed(tmp, path);
   const auto parent = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   return FsyncDirectory(parent);
 }

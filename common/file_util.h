@@ -27,12 +27,18 @@ Status WriteFileAtomic(const std::filesystem::path& path, ByteSpan data);
 // file in the error.
 Status WriteAll(int fd, ByteSpan data, const std::filesystem::path& path);
 
-// Appends `line` and a newline to `path` (created if missing) and fsyncs it.
+// Appends `line` and a newline to `path` (created if missing) and fsyncs it; when the
+// file was empty (just created), its directory too, so the name survives a machine crash.
 Status AppendLineDurably(const std::filesystem::path& path, std::string_view line);
 
 // Writes `data` to a new or truncated file without durability guarantees.
 Status WriteFile(const std::filesystem::path& path, ByteSpan data);
 
 Status FsyncDirectory(const std::filesystem::path& dir);
+
+// create_directories that survives a machine crash: each directory it creates has
+// its parent fsynced (a new directory's name is durable only then, and with it
+// everything later made durable inside). Nothing to do if `dir` exists.
+Status CreateDirectoriesDurably(const std::filesystem::path& dir);
 
 }  // namespace deltacast

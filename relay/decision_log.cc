@@ -10,8 +10,7 @@ namespace deltacast::relay {
 
 Status RecordDecision(const std::filesystem::path& log, const LoggedDecision& d) {
   if (log.empty()) return Status::Ok();
-  std::error_code ec;
-  if (log.has_parent_path()) std::filesystem::create_directories(log.parent_path(), ec);
+  if (log.has_parent_path()) RETURN_IF_ERROR(CreateDirectoriesDurably(log.parent_path()));
   return AppendLineDurably(log, fmt::format("refit {} {} {} {}", d.refit_id, d.base, d.target,
                                             d.commit ? "COMMIT" : "ABORT"));
 }

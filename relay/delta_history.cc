@@ -3,6 +3,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/disk_seam.h"
 #include "common/file_util.h"
 
 namespace deltacast::relay {
@@ -43,9 +44,8 @@ Status DeltaHistory::Add(std::unique_ptr<Spool> spool, const ChainLink& link) {
     spool->Discard();
     return Status::Ok();
   }
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir_));
   std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) return Status::IoError("create " + dir_.string() + ": " + ec.message());
   RETURN_IF_ERROR(spool->Sync());
   const std::filesystem::path from = spool->path();
   spool.reset();
@@ -53,12 +53,14 @@ Status DeltaHistory::Add(std::unique_ptr<Spool> spool, const ChainLink& link) {
   if (ec)
     return Status::IoError("move " + from.string() + " into " + dir_.string() + ": " +
                            ec.message());
+  disk::Renamed(from, FileOf(link.target));
   RETURN_IF_ERROR(FsyncDirectory(dir_));
   std::erase_if(links_, [&](const ChainLink& l) { return l.target == link.target; });
   links_.push_back(link);
   while (links_.size() > keep_) {
     open_.erase(links_.front().target.ToHex());
     std::filesystem::remove(FileOf(links_.front().target), ec);
+    disk::Removed(FileOf(links_.front().target));
     links_.erase(links_.begin());
   }
   RETURN_IF_ERROR(WriteIndex());
@@ -68,7 +70,9 @@ Status DeltaHistory::Add(std::unique_ptr<Spool> spool, const ChainLink& link) {
     const bool named = std::any_of(links_.begin(), links_.end(), [&](const ChainLink& l) {
       return entry.path() == FileOf(l.target);
     });
-    if (!named) std::filesystem::remove(entry.path(), ec);
+    if (named) continue;
+    std::filesystem::remove(entry.path(), ec);
+    disk::Removed(entry.path());
   }
   return Status::Ok();
 }

@@ -74,7 +74,9 @@ void NodeAgent::Impl::OnJournal(const NodeStore::Journal& journal) {
   }
   // A restart found the last commit's writes possibly lost, or a commit was made
   // ahead of the bytes: mend the store before anything else uses it.
-  if (journal_.needs_reconcile && !recovery_.active()) recovery_.Start();
+  // (Not while a catch-up runs: it replaces the reconcile, and its start clears the
+  // note; one that fails leaves the note, and the recovery starts after it.)
+  if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active()) recovery_.Start();
 }
 
 void NodeAgent::Impl::OnRecovered(const Status& status, uint64_t fetched) {
@@ -287,6 +289,7 @@ void NodeAgent::Impl::OnCatchUpFinished(const CatchUp::Result& r) {
   } else {
     catch_up_failed_refit_ = r.refit_id;
   }
+  if (journal_.needs_reconcile && !recovery_.active()) recovery_.Start();
   if (r.resolving) return OnLocalOutcome(r.refit_id, r.status, journal_.version);
   RunDeferredBegin();
 }

@@ -57,10 +57,22 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     deferred_begin_.assign(bytes.begin(), bytes.end());
     return;
   }
-  if (recovery_.active()) {
+  if (recovery_.active() && !Behind(*begin)) {
     // The store is being brought back to its committed version first.
     deferred_begin_.assign(bytes.begin(), bytes.end());
     return;
+  }
+  if (recovery_.active()) {
+    // The tree has moved past the version this node is mending: bytes of it may be
+    // nowhere up the tree now (a partition torn by a machine crash and changed since
+    // is never served). Catch up to the base the others hold instead: it goes by the
+    // hashes of the bytes there are. The decision the recovery held back is for a
+    // refit the parent has finished.
+    log::Warn(fmt::format("{}: refit {} begins from {}; catching up to it instead of mending {}",
+                          options_.node_id, begin->refit_id, begin->base_version.ShortHex(),
+                          journal_.version.ShortHex()));
+    recovery_.Abandon();
+    deferred_decision_.reset();
   }
   if (catch_up_.active() || Behind(*begin)) {
     // First reach the base everybody else holds; the BEGIN runs after.

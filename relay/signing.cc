@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/disk_seam.h"
 #include "common/file_util.h"
 
 namespace deltacast::relay {
@@ -55,6 +56,7 @@ Status WritePem(const std::filesystem::path& path, EVP_PKEY* key, bool private_k
   const int fd =
       ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, private_key ? 0600 : 0644);
   if (fd < 0) return Status::FromErrno(errno, "creating " + path.string());
+  disk::Created(path);
   FILE* f = ::fdopen(fd, "w");
   if (!f) {
     ::close(fd);
@@ -65,6 +67,7 @@ Status WritePem(const std::filesystem::path& path, EVP_PKEY* key, bool private_k
   const bool flushed = std::fflush(f) == 0 && ::fsync(fd) == 0;
   std::fclose(f);
   if (ok != 1 || !flushed) return Status::IoError("writing " + path.string());
+  disk::Synced(path);
   return Status::Ok();
 }
 

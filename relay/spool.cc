@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "codec/chunk.h"
+#include "common/disk_seam.h"
 #include "common/file_util.h"
 #include "relay/protocol.h"
 
@@ -21,35 +22,39 @@ void Spool::RemoveOthers(const std::filesystem::path& dir, const Digest128& targ
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     if (entry.path().extension() == ".spool" && entry.path().filename() != name) {
       std::filesystem::remove(entry.path(), ec);
+      disk::Removed(entry.path());
     }
   }
 }
 
 Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
                                            const Digest128& target, bool remove_others) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir));
   if (remove_others) RemoveOthers(dir, target);
   const auto path = dir / FileName(target);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  disk::Created(path);
   auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
   spool->Recover();
+  // Empty: just made, maybe. As in OpenEmpty, the chunks fdatasynced into it later
+  // must not be lost with its name.
+  if (spool->bytes() == 0) RETURN_IF_ERROR(FsyncDirectory(dir));
   return spool;
 }
 
 Result<std::unique_ptr<Spool>> Spool::OpenEmpty(const std::filesystem::path& dir,
                                                 const Digest128& target) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError("create " + dir.string() + ": " + ec.message());
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir));
   const auto path = dir / FileName(target);
+  std::error_code ec;
   // A new file, not the old one truncated: a Spool still open on the old one (a
   // rollback finishing) keeps reading what it indexed.
   std::filesystem::remove(path, ec);
+  disk::Removed(path);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  disk::Created(path);
   auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
   // The chunks fdatasynced into it later must not be lost with its name.
   RETURN_IF_ERROR(FsyncDirectory(dir));
@@ -103,6 +108,7 @@ Status Spool::Sync() {
   std::lock_guard lock(mu_);
   if (!dirty_) return Status::Ok();
   if (::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fdatasync " + path_.string());
+  disk::Synced(path_);
   dirty_ = false;
   return Status::Ok();
 }
@@ -110,6 +116,7 @@ Status Spool::Sync() {
 void Spool::Discard() {
   std::error_code ec;
   std::filesystem::remove(path_, ec);
+  disk::Removed(path_);
 }
 
 Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
@@ -122,6 +129,7 @@ Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
   RETURN_IF_ERROR(WriteAll(fd_, message, path_));
   if (durable && ::fdatasync(fd_) != 0)
     return Status::FromErrno(errno, "fdatasync " + path_.string());
+  if (durable) disk::Synced(path_);
   dirty_ = !durable;
   index_[sequence] = Entry{end_, message.size()};
   end_ += message.size();
@@ -172,6 +180,7 @@ void SpoolDir::Release() {
   owned_ = false;
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
+  disk::Removed(path_);
 }
 
 }  // namespace deltacast::relay

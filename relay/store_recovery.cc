@@ -93,6 +93,14 @@ void StoreRecovery::OnBytes(const Fetch& fetch, const PartitionData& data) {
                           });
 }
 
+void StoreRecovery::Abandon() {
+  if (!active_) return;
+  active_ = false;
+  ++generation_;
+  waiting_.clear();
+  retry_.clear();
+}
+
 void StoreRecovery::Finish(const Status& status) {
   active_ = false;
   ++generation_;

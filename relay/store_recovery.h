@@ -43,6 +43,10 @@ class StoreRecovery {
   void AskAgain();
   // Asks again for bytes nobody had, once their retry time came.
   void Tick(Clock::time_point now);
+  // Gives the recovery up, for a catch-up to a newer version (the tree moved past the
+  // committed version, whose torn partitions may be nowhere now): `finished` is not
+  // called; answers still on their way are ignored.
+  void Abandon();
 
  private:
   void Ask(const Fetch& fetch);

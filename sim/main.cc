@@ -3,6 +3,8 @@
 //   deltacast_sim --seed S [--drop 1,4] [--trace] [--log]   one seed; replays exactly
 //   deltacast_sim --seeds A-B [--json FILE] [--shrink]       a range of seeds
 //                 [--known S,T]   seeds of known, unfixed bugs: they must fail
+//                 [--no-disk]     no power losses, no full disks: the schedules drawn
+//                                 before the disk was simulated
 //
 // Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
 #include <fmt/core.h>
@@ -23,11 +25,12 @@ namespace {
 using namespace deltacast::sim;
 
 int Usage(const std::string& why) {
-  std::fprintf(stderr,
-               "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
-               "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--shrink] "
-               "[--json FILE]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
+      "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--shrink] "
+      "[--json FILE]\n",
+      why.c_str());
   return 2;
 }
 
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
   uint64_t first = 1, last = 1;
   bool one = false, trace = false, shrink = false;
   double intensity = 1.0;
+  bool disk = true;
   RunOptions options;
   std::string json;
   std::set<uint64_t> known;  // seeds of known, unfixed bugs: expected to fail
@@ -88,6 +92,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--intensity") {
       intensity = std::atof(value().c_str());
+    } else if (a == "--no-disk") {
+      disk = false;
     } else if (a == "--trace") {
       trace = true;
     } else if (a == "--log") {
@@ -103,13 +109,13 @@ int main(int argc, char** argv) {
 
   int failed = 0, known_failed = 0;
   uint64_t runs = 0, publishes = 0, committed = 0, node_refits = 0, tasks = 0;
-  uint64_t chunk_bytes = 0, resent = 0;
+  uint64_t chunk_bytes = 0, resent = 0, power_losses = 0, enospc = 0;
   double sim_seconds = 0;
   std::array<uint64_t, kFaultKinds> faults{};
   NetworkCounts net;
   std::vector<uint64_t> failing;
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Scenario s = DrawScenario(seed, intensity);
+    const Scenario s = DrawScenario(seed, intensity, disk);
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;
@@ -119,6 +125,8 @@ int main(int argc, char** argv) {
     sim_seconds += r.sim_seconds;
     chunk_bytes += r.chunk_bytes;
     resent += r.resent_bytes;
+    power_losses += r.power_losses;
+    enospc += r.enospc_writes;
     for (int k = 0; k < kFaultKinds; ++k) faults[k] += r.faults[k];
     net.resets += r.net.resets;
     net.losses += r.net.losses;
@@ -175,18 +183,22 @@ int main(int argc, char** argv) {
     std::printf(" %s %llu", FaultName(static_cast<FaultKind>(k)),
                 static_cast<unsigned long long>(faults[k]));
   }
-  std::printf("; segment losses %llu; re-sent %llu of %llu chunk bytes\n",
-              static_cast<unsigned long long>(net.losses), static_cast<unsigned long long>(resent),
-              static_cast<unsigned long long>(chunk_bytes));
+  std::printf(
+      "; segment losses %llu; re-sent %llu of %llu chunk bytes; power losses %llu; writes "
+      "refused by a full disk %llu\n",
+      static_cast<unsigned long long>(net.losses), static_cast<unsigned long long>(resent),
+      static_cast<unsigned long long>(chunk_bytes), static_cast<unsigned long long>(power_losses),
+      static_cast<unsigned long long>(enospc));
   if (!json.empty()) {
     std::ofstream out(json);
     out << fmt::format(
         "{{\n  \"seeds\": [{}, {}],\n  \"runs\": {},\n  \"failed\": {},\n  \"publishes\": {},\n"
         "  \"committed\": {},\n  \"node_refits\": {},\n  \"simulated_seconds\": {:.0f},\n"
         "  \"tasks\": {},\n  \"chunk_bytes\": {},\n  \"resent_bytes\": {},\n"
-        "  \"segment_losses\": {},\n  \"faults\": {{",
+        "  \"segment_losses\": {},\n  \"power_losses\": {},\n  \"enospc_writes\": {},\n"
+        "  \"faults\": {{",
         first, last, runs, failed, publishes, committed, node_refits, sim_seconds, tasks,
-        chunk_bytes, resent, net.losses);
+        chunk_bytes, resent, net.losses, power_losses, enospc);
     for (int k = 0; k < kFaultKinds; ++k) {
       out << fmt::format("{}\"{}\": {}", k ? ", " : "", FaultName(static_cast<FaultKind>(k)),
                          faults[k]);

@@ -17,6 +17,7 @@
 #include "relay/decision_log.h"
 #include "relay/node_agent.h"
 #include "relay/source.h"
+#include "sim/sim_disk.h"
 #include "topology/cluster_config.h"
 
 namespace deltacast::sim {
@@ -89,7 +90,13 @@ std::string Name(int process) { return process == 0 ? "src" : "n" + std::to_stri
 class Run {
  public:
   Run(const Scenario& s, const RunOptions& o)
-      : s_(s), o_(o), q_(s.seed), net_(q_), driver_(q_.OpenQueue("driver")), work_rng_(s.seed) {}
+      : s_(s),
+        o_(o),
+        q_(s.seed),
+        net_(q_),
+        disk_(s.seed),
+        driver_(q_.OpenQueue("driver")),
+        work_rng_(s.seed) {}
 
   RunResult Go();
 
@@ -101,11 +108,23 @@ class Run {
     bool joined = false;  // started at least once (late joiners start later)
     int last_commit = 0;  // lineage index of the last version it committed
     bool restart_pending = false;
+    // Restarted after a power loss that left its last commit's writes unflushed: its
+    // bytes are torn until the recovery finishes (stats().stores_recovered).
+    bool reconciling = false;
   };
 
-  void Fail(const std::string& why) {
+  void Fail(const std::string& why_in) {
+    const std::string why = Scrub(why_in);
     q_.Note("CHECK FAILED: " + why);
     r_.failures.push_back(why);
+  }
+  // An engine message for the trace: the run's directory (its name holds the pid)
+  // written as $RUN, so that the trace replays in another process too.
+  std::string Scrub(std::string text) const {
+    const std::string dir = dir_.string();
+    for (size_t at = 0; !dir.empty() && (at = text.find(dir, at)) != std::string::npos;)
+      text.replace(at, dir.size(), "$RUN");
+    return text;
   }
   std::optional<int> IndexOf(const Digest128& v) const {
     auto it = index_.find(v);
@@ -123,6 +142,8 @@ class Run {
   void StartSource();
   void OnCommit(int i, const relay::CommitEvent& e);
   void Inject(size_t index, const Fault& f);
+  fs::path DirOf(int process) const { return process == 0 ? dir_ / "src" : nodes_[process].dir; }
+  void LosePower(int process);
   void ScheduleFaults(int publish);
   void Publish(double rate, bool liveness);
   Tensors Mutate(const Tensors& base, double rate);
@@ -136,6 +157,7 @@ class Run {
   const RunOptions o_;
   EventQueue q_;
   SimNetwork net_;
+  SimDisk disk_;
   const uint64_t driver_;
   std::mt19937_64 work_rng_;
   fs::path dir_;
@@ -145,6 +167,7 @@ class Run {
   std::vector<Node> nodes_;  // [0] unused: node i is nodes_[i]
   std::unique_ptr<relay::Source> source_;
   bool source_restart_pending_ = false;
+  bool source_power_loss_ = false;  // the source is being killed by a power loss
   bool faults_on_ = true;
   std::map<Digest128, Tensors> versions_;
   std::vector<Digest128> lineage_;  // committed versions, in order; [0] the start
@@ -195,6 +218,7 @@ void Run::Setup() {
     for (const Bytes& t : v0) (void)(*writer)->Append(t);
     if (Status st = (*writer)->Finish(); !st.ok()) throw std::runtime_error(st.ToString());
   }
+  for (int p = 0; p <= s_.nodes; ++p) disk_.Adopt(DirOf(p));
 }
 
 void Run::StartNode(Node& n) {
@@ -206,6 +230,7 @@ void Run::StartNode(Node& n) {
     return;
   }
   const Digest128 v = (*replica)->version();
+  n.reconciling = (*replica)->needs_reconcile();
   const auto idx = IndexOf(v);
   if (!idx) {
     // Maybe the version being published right now, committed before the kill.
@@ -345,8 +370,8 @@ void Run::Inject(size_t index, const Fault& f) {
   const std::string a = Name(f.a), b = Name(f.b);
   const auto secs =
       std::chrono::duration_cast<EventQueue::Duration>(std::chrono::duration<double>(f.seconds));
-  q_.Note(fmt::format("fault {}: {} {}{}", index, FaultName(f.kind), a,
-                      f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
+  q_.Note(fmt::format("fault {}: {}{} {}{}", index, f.power ? "power-loss " : "", FaultName(f.kind),
+                      a, f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
   ++r_.faults[static_cast<size_t>(f.kind)];
   ++injected_;
   // The tree may take the fault's time plus a rejoin to settle.
@@ -368,7 +393,9 @@ void Run::Inject(size_t index, const Fault& f) {
     case FaultKind::kKillNode: {
       Node& n = nodes_[f.a];
       if (!n.agent) return;
+      if (f.power) disk_.Cut(n.dir);  // its destructors write nothing durable
       StopNode(n, "kill");
+      if (f.power) LosePower(f.a);
       n.restart_pending = true;
       q_.PostAt(driver_, q_.Now() + secs, [this, i = f.a] {
         if (nodes_[i].restart_pending) StartNode(nodes_[i]);
@@ -377,11 +404,14 @@ void Run::Inject(size_t index, const Fault& f) {
     }
     case FaultKind::kKillSource:
       if (!source_) return;
+      if (f.power) disk_.Cut(dir_ / "src");
       if (q_.blocked()) {
         q_.KillBlocked();  // Publish unwinds; the source goes there
+        source_power_loss_ = f.power;
       } else {
         source_.reset();
         q_.Note("kill src");
+        if (f.power) LosePower(0);
       }
       source_restart_pending_ = true;
       q_.PostAt(driver_, q_.Now() + secs, [this] {
@@ -391,6 +421,33 @@ void Run::Inject(size_t index, const Fault& f) {
     case FaultKind::kLateJoin:
       if (!nodes_[f.a].joined) StartNode(nodes_[f.a]);
       return;
+    case FaultKind::kFullDisk:
+      disk_.SetFull(DirOf(f.a), true);
+      q_.PostAt(driver_, q_.Now() + secs, [this, p = f.a] {
+        if (disk_.full(DirOf(p))) q_.Note("disk of " + Name(p) + " has space again");
+        disk_.SetFull(DirOf(p), false);
+      });
+      return;
+  }
+}
+
+// The process `process` is dead and its machine lost power: its directory becomes
+// what the crash left. The decisions the source fsynced must all be there.
+void Run::LosePower(int process) {
+  const PowerLossReport rep = disk_.PowerLoss(DirOf(process));
+  ++r_.power_losses;
+  q_.Note(fmt::format("power loss {}: {}", Name(process), rep.Describe()));
+  if (process != 0) return;
+  if (o_.sabotage_disk) {
+    std::error_code ec;
+    fs::remove(decision_log_, ec);
+    q_.Note("sabotage: the source's decision log lost with the power");
+  }
+  for (size_t k = 1; k < lineage_.size(); ++k) {
+    if (!LoggedCommit(lineage_[k])) {
+      Fail(fmt::format("the source's power loss lost the COMMIT of #{} ({}) from its decision log",
+                       k, lineage_[k].ShortHex()));
+    }
   }
 }
 
@@ -437,6 +494,7 @@ void Run::Publish(double rate, bool liveness) {
   } catch (const Killed&) {
     source_.reset();
     q_.Note("kill src (while publishing)");
+    if (std::exchange(source_power_loss_, false)) LosePower(0);
   }
   const bool committed = LoggedCommit(target);
   if (committed) {
@@ -455,14 +513,14 @@ void Run::Publish(double rate, bool liveness) {
   }
   CheckTimeLost(started, injected_ != injected_before || !quiet);
   if (!report->ok()) {
-    q_.Note("publish failed: " + report->status().ToString());
+    q_.Note(Scrub("publish failed: " + report->status().ToString()));
     if (liveness) Fail("liveness: publish failed: " + report->status().ToString());
     return;
   }
   const relay::PublishReport& rep = **report;
-  q_.Note(fmt::format("publish {} in {:.3f} s, {} nodes decided{}",
-                      rep.committed ? "COMMITTED" : "ABORTED", q_.Seconds() - t0, rep.nodes_decided,
-                      rep.committed ? "" : ": " + rep.abort_reason));
+  q_.Note(Scrub(fmt::format("publish {} in {:.3f} s, {} nodes decided{}",
+                            rep.committed ? "COMMITTED" : "ABORTED", q_.Seconds() - t0,
+                            rep.nodes_decided, rep.committed ? "" : ": " + rep.abort_reason)));
   if (rep.committed != committed) {
     Fail(fmt::format("the report says {} but the decision log says {}",
                      rep.committed ? "committed" : "aborted", committed ? "COMMIT" : "not"));
@@ -481,7 +539,11 @@ void Run::Publish(double rate, bool liveness) {
   // Every live node that says it is at the version holds its bytes.
   for (int i = 1; i <= s_.nodes; ++i) {
     Node& n = nodes_[i];
-    if (n.agent && n.agent->stats().version == target) CheckBytes(n, target, "after a commit");
+    if (!n.agent) continue;
+    const relay::NodeAgentStats st = n.agent->stats();
+    if (st.version != target) continue;
+    if (n.reconciling && st.stores_recovered == 0) continue;  // it has not confirmed
+    CheckBytes(n, target, "after a commit");
   }
 }
 
@@ -520,6 +582,7 @@ void Run::Sabotage() {
 void Run::HealAndRestart() {
   faults_on_ = false;
   net_.Heal();
+  for (int p = 0; p <= s_.nodes; ++p) disk_.SetFull(DirOf(p), false);
   q_.Note("faults stop; heal and restart everything");
   if (!source_) StartSource();
   for (int i = 1; i <= s_.nodes; ++i) {
@@ -567,6 +630,7 @@ RunResult Run::Go() {
   Setup();
   q_.set_time_limit(std::chrono::seconds(120 * s_.publishes + 600));
   InstallSimRuntime(&q_);
+  InstallSimDisk(&disk_);
   try {
     StartSource();
     for (int i = 1; i <= s_.nodes; ++i) {
@@ -596,7 +660,10 @@ RunResult Run::Go() {
       n.agent.reset();
     }
   }
+  InstallSimDisk(nullptr);
   InstallSimRuntime(nullptr);
+  for (const std::string& gap : disk_.TakeErrors()) Fail(gap);
+  r_.enospc_writes = disk_.refused_writes();
   r_.trace_hash = q_.trace_hash();
   r_.tasks = q_.tasks_run();
   r_.sim_seconds = q_.Seconds();

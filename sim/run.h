@@ -25,6 +25,9 @@ struct RunOptions {
   // Checker self-test: flips one byte of n1's store file behind the engine's back
   // once the workload is done; the run must then fail the bit-exact check.
   bool sabotage = false;
+  // Disk checker self-test: the source's power losses also lose its decision log, as
+  // a disk that broke its promise would; the run must then fail the durability check.
+  bool sabotage_disk = false;
 };
 
 struct RunResult {
@@ -37,6 +40,8 @@ struct RunResult {
   int committed = 0;                           // versions the source committed
   int node_refits = 0;                         // versions committed on nodes (each node counted)
   std::array<uint64_t, kFaultKinds> faults{};  // injected, per kind
+  uint64_t power_losses = 0;                   // kills that were power losses
+  uint64_t enospc_writes = 0;                  // writes a full disk refused
   NetworkCounts net;
   uint64_t chunk_bytes = 0, resent_bytes = 0;
   uint64_t peak_held_bytes = 0;

@@ -24,11 +24,13 @@ const char* FaultName(FaultKind kind) {
       return "kill-source";
     case FaultKind::kLateJoin:
       return "late-join";
+    case FaultKind::kFullDisk:
+      return "full-disk";
   }
   return "?";
 }
 
-Scenario DrawScenario(uint64_t seed, double intensity) {
+Scenario DrawScenario(uint64_t seed, double intensity, bool disk) {
   // Its own generator (not the run's): the scenario is fixed before the run draws.
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
   auto uniform = [&](double lo, double hi) {
@@ -68,7 +70,9 @@ Scenario DrawScenario(uint64_t seed, double intensity) {
   for (int i = 0; i < count; ++i) {
     Fault f;
     when(f);
-    f.kind = static_cast<FaultKind>(below(kFaultKinds - 1));  // not kLateJoin
+    // Not kLateJoin nor the disk's faults, drawn below: the draws before the disk was
+    // simulated stay as they were, so an old seed keeps its network and kill faults.
+    f.kind = static_cast<FaultKind>(below(static_cast<int>(FaultKind::kLateJoin)));
     f.a = below(s.nodes + 1);
     f.b = below(s.nodes + 1);
     if (f.b == f.a) f.b = (f.a + 1) % (s.nodes + 1);
@@ -92,9 +96,22 @@ Scenario DrawScenario(uint64_t seed, double intensity) {
         f.seconds = uniform(0.05, 6);
         break;
       case FaultKind::kLateJoin:
+      case FaultKind::kFullDisk:
         break;
     }
     s.faults.push_back(f);
+  }
+  if (disk) {
+    for (Fault& f : s.faults) {
+      if (f.kind == FaultKind::kKillNode || f.kind == FaultKind::kKillSource) f.power = below(2);
+    }
+    const int full = static_cast<int>(std::round(intensity * below(3)));
+    for (int i = 0; i < full; ++i) {
+      Fault f{0, 0, FaultKind::kFullDisk, below(s.nodes + 1), 0, 0};
+      when(f);
+      f.seconds = uniform(0.2, 6);
+      s.faults.push_back(f);
+    }
   }
   std::stable_sort(s.faults.begin(), s.faults.end(), [](const Fault& x, const Fault& y) {
     return x.publish != y.publish ? x.publish < y.publish : x.at < y.at;
@@ -110,8 +127,9 @@ std::string Scenario::Describe() const {
       publishes, faults.size());
   for (size_t i = 0; i < faults.size(); ++i) {
     const Fault& f = faults[i];
-    out += fmt::format("\n  fault {}: publish {} +{:.3f}s {} {}{}{}", i, f.publish, f.at,
-                       FaultName(f.kind), f.a == 0 ? std::string("src") : "n" + std::to_string(f.a),
+    out += fmt::format("\n  fault {}: publish {} +{:.3f}s {}{} {}{}{}", i, f.publish, f.at,
+                       f.power ? "power-loss " : "", FaultName(f.kind),
+                       f.a == 0 ? std::string("src") : "n" + std::to_string(f.a),
                        (f.kind == FaultKind::kReset || f.kind == FaultKind::kStall ||
                         f.kind == FaultKind::kPartition)
                            ? (f.b == 0 ? std::string("-src") : "-n" + std::to_string(f.b))

@@ -19,8 +19,9 @@ enum class FaultKind {
   kKillNode,    // a node's process dies; it restarts later from its disk
   kKillSource,  // the source's process dies (mid-publish or not); it restarts later
   kLateJoin,    // a node that was never started starts (a late joiner)
+  kFullDisk,    // a process's disk refuses writes (ENOSPC) for a while
 };
-inline constexpr int kFaultKinds = 7;
+inline constexpr int kFaultKinds = 8;
 const char* FaultName(FaultKind kind);
 
 struct Fault {
@@ -29,6 +30,7 @@ struct Fault {
   FaultKind kind{};
   int a = 0, b = 0;    // processes: 0 = source, i = node n<i>
   double seconds = 0;  // how long it lasts (kill: until the restart)
+  bool power = false;  // a kill: the machine loses power (unsynced writes are lost)
 };
 
 struct Scenario {
@@ -47,6 +49,8 @@ struct Scenario {
 };
 
 // Draws a scenario from `seed`. `intensity` scales the number of faults (0: none).
-Scenario DrawScenario(uint64_t seed, double intensity = 1.0);
+// With `disk` false no kill is a power loss and no disk fills (the schedules the
+// simulator drew before it simulated the disk: the same seed gives the same faults).
+Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true);
 
 }  // namespace deltacast::sim
