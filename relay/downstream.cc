@@ -379,6 +379,19 @@ void Downstream::Requeue(const std::string& id, std::vector<Outgoing> backlog) {
   Pump(child);
 }
 
+void Downstream::QueueHeld(const std::vector<Outgoing>& held) {
+  for (auto& [id, child] : children_) {
+    if (!child.connection || child.excused) continue;
+    for (const Outgoing& out : held) {
+      if (!out.chunk || child.chunks.Has(*out.chunk)) continue;
+      child.chunks.Note(*out.chunk);
+      child.queue.push_back(Pending{out.message, out.load, out.chunk, nullptr});
+      if (out.message) queued_bytes_ += out.message->size();
+    }
+    Pump(child);
+  }
+}
+
 void Downstream::Excuse(const std::string& id) {
   auto it = children_.find(id);
   if (it == children_.end()) return;

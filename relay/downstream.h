@@ -112,6 +112,11 @@ class Downstream {
   // Replaces everything queued for `child` (completing it) with `backlog`: what a
   // child that rejoined mid-refit still needs, in order.
   void Requeue(const std::string& child, std::vector<Outgoing> backlog);
+  // Queues `held` (chunks, in order) for every connected child, each chunk only to
+  // the children that lack it (by their HELLO and this link): a node that resumes a
+  // delta after a restart holds chunks its parent will not send again, so they are
+  // never forwarded live.
+  void QueueHeld(const std::vector<Outgoing>& held);
 
   // Sends a control message to one child now, outside its queue (PARTITION
   // answers). Dropped if the child is not connected.

@@ -106,6 +106,12 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                         begin->base_version.ShortHex(), begin->target_version.ShortHex()));
   downstream_.BeginRefit(begin->refit_id);
   downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
+  // Resuming: the chunks held from before are not sent again by the parent, so the
+  // children connected now get them from here (a child that joined before this BEGIN
+  // was replayed nothing: this node had no refit then). Found by faults.relay_kill_resend:
+  // a relay restarted mid-delta whose child rejoined it first ended the refit one
+  // chunk short.
+  if (holds_delta && refit_->spool) downstream_.QueueHeld(HeldChunks(*begin, refit_->spool));
   children_.BeginRefit(Clock::now());
   const uint64_t id = refit_->id;
   store_.BeginRefit(id, refit_->identity, begin->manifest_digest, refit_->spool,
@@ -327,6 +333,13 @@ void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
   Refit& r = *refit_;
   auto f = ParseFailed(bytes);
   if (!f.ok() || f->refit_id != r.id) return;
+  if (f->node_id == child && r.phase != Phase::kStreaming) {
+    // Decided already: its confirmation will not come (as at the source).
+    log::Warn(fmt::format("{}: child {} cannot reach the decided target ({}); not waiting for it",
+                          options_.node_id, child, log::Escape(f->reason)));
+    children_.Excuse(child);
+    return MaybeOutcome();
+  }
   if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
       f->node_id == child && r.phase == Phase::kStreaming) {
     // Like an absent child: the version goes on without it (and its subtree), which

@@ -45,6 +45,19 @@ Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_p
 
 }  // namespace
 
+std::vector<Downstream::Outgoing> HeldChunks(const Begin& begin, std::shared_ptr<Spool> spool) {
+  std::vector<Downstream::Outgoing> held;
+  if (!spool) return held;
+  const std::vector<uint32_t> sequences = spool->sequences();
+  for (uint32_t sequence : sequences) {
+    // Only the last can be the END (it has the highest sequence).
+    const bool data = sequence != sequences.back() || !IsEnd(*spool, sequence);
+    held.push_back(Downstream::Outgoing::Chunk([spool, sequence] { return spool->Read(sequence); },
+                                               {begin.target_version, sequence, data}));
+  }
+  return held;
+}
+
 Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
                  transport::Message decision) {
   return Build(hello, begin, spool, nullptr, std::move(decision));

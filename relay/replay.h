@@ -29,4 +29,9 @@ Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool, transport
 Replay ReplayFor(const Hello& hello, const Begin& begin, std::shared_ptr<Spool> spool,
                  transport::Message decision);
 
+// Every chunk `spool` holds of `begin`'s delta, as loaders sharing ownership of it:
+// what a node that resumes the delta holds already, which its parent will not send
+// again and so it does not forward live (Downstream::QueueHeld).
+std::vector<Downstream::Outgoing> HeldChunks(const Begin& begin, std::shared_ptr<Spool> spool);
+
 }  // namespace deltacast::relay
