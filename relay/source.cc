@@ -505,10 +505,12 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
       log::Warn(why + "; the refit goes on without it (commit policy available)");
       children_.Excuse(child);
       loop_.Post([this, child] { downstream_.Excuse(child); });
-    } else {
-      Fail(why);
+      return std::nullopt;
     }
-    return std::nullopt;
+    // Replayed what there is all the same: with BEGIN it takes the ABORT and confirms
+    // it (seed 758).
+    log::Warn(why + ": the refit fails");
+    Fail(why);
   }
   Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision_message);
   log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,

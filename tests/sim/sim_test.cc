@@ -205,11 +205,12 @@ TEST(SimSeedsTest, SeedsThatLostTimeWithinAFaultyPublishPass) {
 // dropped unsent at the next BEGIN was counted off the next refit's window, which
 // wrapped below zero, so that publish waited its whole commit timeout for room (the
 // root of seeds 14094, 14818, 14958); 1069: a source with a full disk could not spool
-// its chunks and still replayed children that rejoined with nothing; 1699: a child
+// its chunks and still replayed children that rejoined with nothing (758: and once
+// it failed the refit for that, the child had no BEGIN to take the ABORT); 1699: a child
 // that rejoined after the COMMIT and could not apply it (its disk full) was waited
 // for until the commit timeout.
 TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutUnderFullDisksPass) {
-  for (uint64_t seed : {119, 778, 1069, 1699}) {
+  for (uint64_t seed : {119, 758, 778, 1069, 1699}) {
     const RunResult r = RunScenario(DrawScenario(seed));
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
   }
