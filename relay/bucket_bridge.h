@@ -34,7 +34,8 @@ struct BucketBridgeOptions {
   std::chrono::milliseconds poll{20};
   std::chrono::milliseconds poll_max{250};
   // Downlink: how long a child's FETCH / FETCH_MANIFEST passed up through the bucket
-  // waits for the source's answer before it is answered "not found".
+  // waits for the source's answer before it is answered "not found"
+  // ([objstore] request_timeout).
   std::chrono::milliseconds request_timeout{30000};
   // The uplink's spool (chunks it may have to write again); the downlink's (for
   // children that rejoin). Empty: a per-process temporary folder.
@@ -57,10 +58,10 @@ struct BucketBridgeStats {
   uint64_t objects_read = 0;
   uint64_t bytes_written = 0;
   uint64_t bytes_read = 0;
-  uint64_t retries = 0;              // S3 requests that failed and were tried again
-  uint64_t bad_objects = 0;          // objects that failed their checks
-  uint64_t stale_decisions = 0;      // decision objects of another refit, ignored
-  uint64_t refetches = 0;            // chunks written again on a downlink's request
+  uint64_t retries = 0;          // S3 requests that failed and were tried again
+  uint64_t bad_objects = 0;      // objects that failed their checks
+  uint64_t stale_decisions = 0;  // decision objects of another refit, ignored
+  uint64_t refetches = 0;        // chunks written again on a downlink's request
   // The request channel (relay/bucket_requests.h). Downlink: children's FETCH /
   // FETCH_MANIFEST written as request objects, answers passed down, requests
   // answered "not found" after request_timeout, or at once (too many in flight).

@@ -37,9 +37,9 @@ std::vector<uint64_t> ListIds(internal::BucketIo& io, const std::string& folder)
 
 // ---- downlink ------------------------------------------------------------------------
 
-BucketRequestsDown::BucketRequestsDown(internal::BucketIo& io,
-                                       const objstore::BucketLayout& layout, EventLoop& loop,
-                                       Downstream& downstream, const BucketBridgeOptions& options)
+BucketRequestsDown::BucketRequestsDown(internal::BucketIo& io, const objstore::BucketLayout& layout,
+                                       EventLoop& loop, Downstream& downstream,
+                                       const BucketBridgeOptions& options)
     : io_(io),
       layout_(layout),
       loop_(loop),
@@ -50,10 +50,9 @@ BucketRequestsDown::BucketRequestsDown(internal::BucketIo& io,
 
 void BucketRequestsDown::NotFound(const std::string& child, MessageType type,
                                   uint64_t child_request) {
-  downstream_.SendTo(child, transport::MakeMessage(
-                                type == MessageType::kFetch
-                                    ? EncodePartition(child_request, false, {})
-                                    : EncodeManifest(child_request, false, {})));
+  downstream_.SendTo(child, transport::MakeMessage(type == MessageType::kFetch
+                                                       ? EncodePartition(child_request, false, {})
+                                                       : EncodeManifest(child_request, false, {})));
 }
 
 void BucketRequestsDown::Submit(const std::string& child, MessageType type, ByteSpan bytes) {
@@ -69,8 +68,9 @@ void BucketRequestsDown::Submit(const std::string& child, MessageType type, Byte
   const auto now = Clock::now();
   pending_[id] = Pending{child, child_request, type, now + timeout_};
   io_.Count([](BucketBridgeStats& s) { ++s.requests_up; });
-  io_.Put(layout_.Request(id), transport::MakeMessage(WithRequestId(bytes, id)),
-          [this] { backoff_.Reset(Clock::now()); }, &loop_);
+  io_.Put(
+      layout_.Request(id), transport::MakeMessage(WithRequestId(bytes, id)),
+      [this] { backoff_.Reset(Clock::now()); }, &loop_);
   backoff_.Reset(now);
 }
 

@@ -47,8 +47,8 @@ class BucketRequestsDown {
   static constexpr size_t kMaxRequests = 1024;
 
   // Every reference must outlive this object.
-  BucketRequestsDown(internal::BucketIo& io, const objstore::BucketLayout& layout,
-                     EventLoop& loop, Downstream& downstream, const BucketBridgeOptions& options);
+  BucketRequestsDown(internal::BucketIo& io, const objstore::BucketLayout& layout, EventLoop& loop,
+                     Downstream& downstream, const BucketBridgeOptions& options);
 
   // A child's FETCH or FETCH_MANIFEST (already parsed once by the caller).
   void Submit(const std::string& child, MessageType type, ByteSpan bytes);

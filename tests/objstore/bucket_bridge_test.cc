@@ -428,6 +428,13 @@ role = "receiver"
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->objstore->poll, std::chrono::milliseconds(20));
   EXPECT_EQ(defaults->objstore->poll_max, std::chrono::milliseconds(250));
+  EXPECT_EQ(defaults->objstore->request_timeout, std::chrono::seconds(30));
+  auto timeout =
+      topology::ParseClusterConfig(base + table + "request_timeout = \"2s\"\n", "t.toml");
+  ASSERT_TRUE(timeout.ok()) << timeout.status().ToString();
+  EXPECT_EQ(timeout->objstore->request_timeout, std::chrono::seconds(2));
+  Status zero = parse(table + "request_timeout = \"0s\"\n");
+  EXPECT_NE(zero.message().find("request_timeout"), std::string::npos) << zero.ToString();
 }
 
 }  // namespace

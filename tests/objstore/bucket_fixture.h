@@ -4,8 +4,6 @@
 // inproc transport; the bucket is real.
 #pragma once
 
-#include "relay/bucket_bridge.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -17,6 +15,7 @@
 #include "apply/host_store.h"
 #include "codec/manifest.h"
 #include "objstore/bucket_layout.h"
+#include "relay/bucket_bridge.h"
 #include "relay/internal/poll_backoff.h"
 #include "relay/node_agent.h"
 #include "relay/protocol.h"
@@ -32,7 +31,6 @@
 
 namespace deltacast::relay::bucket_test {
 
-
 using codec::TensorInfo;
 
 inline constexpr char kToken[] = "bucket-test-token";
@@ -41,7 +39,7 @@ inline constexpr char kBucket[] = "deltacast";
 
 // `eu2_parent`: "eu1" (the bridge serves one gateway) or "bucket-eu" (two children).
 inline std::string ConfigToml(const std::string& endpoint, const std::string& policy,
-                       const std::string& eu2_parent = "eu1") {
+                              const std::string& eu2_parent = "eu1") {
   return R"([cluster]
 name = "bucket-test"
 
@@ -142,7 +140,7 @@ inline Versions MakeVersions(uint64_t elements, int count, uint32_t seed) {
 }
 
 inline std::unique_ptr<apply::WeightStore> Borrow(const std::vector<TensorInfo>& tensors,
-                                           std::vector<std::vector<std::byte>>& buffers) {
+                                                  std::vector<std::vector<std::byte>>& buffers) {
   std::vector<std::pair<TensorInfo, MutableByteSpan>> spans;
   for (size_t i = 0; i < tensors.size(); ++i)
     spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
