@@ -147,5 +147,46 @@ TEST_F(BucketRequestsTest, RequestWithoutAnAnswerIsNotFoundAfterTheTimeout) {
   }
 }
 
+// The bucket is not trusted with answers: with the uplink gone, the test plays it
+// and answers eu2's FETCH_MANIFEST with a forged MANIFEST (right type and id, the
+// manifest of another version). The downlink passes it down; eu2 checks it against
+// the version it asked for, refuses it, and writes nothing.
+TEST_F(BucketRequestsTest, ForgedAnswerInTheBucketIsRefusedByTheNode) {
+  Versions v = MakeVersions(1 << 17, 4, 14);
+  request_timeout_ = std::chrono::milliseconds(20000);  // the forged answer comes first
+  auto publish = PrepareNodeBehindTheChain(v);
+  ASSERT_FALSE(HasFatalFailure());
+  uplink_->Stop();
+  ASSERT_NO_FATAL_FAILURE(StartAgent(2, v, 0));
+  std::string key;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto list = s3_->List(Layout().RequestsFolder());
+    if (list.ok() && !list->empty()) key = list->front().key;
+    return !key.empty();
+  }));
+  auto id = objstore::BucketLayout::RequestIdOf(key);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  auto request = s3_->Get(key);
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  auto asked = ParseFetchManifest(*request);
+  ASSERT_TRUE(asked.ok()) << asked.status().ToString();
+  EXPECT_EQ(asked->request_id, *id);
+  const codec::Manifest other = ManifestOf(*Borrow(v.tensors, v.v[1]));
+  ASSERT_NE(other.VersionId(), asked->version);
+  ASSERT_TRUE(s3_->Put(Layout().Answer(*id), EncodeManifest(*id, true, other.Serialize())).ok());
+  ASSERT_TRUE(s3_->Delete(key).ok());
+  ASSERT_TRUE(WaitUntil([&] { return downlink_->stats().answers >= 1; }));
+  auto report = publish.get();  // the source goes on without the away bridge
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const NodeAgentStats eu2 = agents_[2]->stats();
+  EXPECT_EQ(eu2.partitions_caught_up, 0u);
+  EXPECT_EQ(eu2.refits_committed, 0u);
+  EXPECT_EQ(eu2.version, ManifestOf(*Borrow(v.tensors, v.v[0])).VersionId());
+  for (size_t t = 0; t < v.tensors.size(); ++t) {
+    EXPECT_EQ(Hash64(stores_[2][t]), Hash64(v.v[0][t])) << "eu2 tensor " << t << " was written";
+  }
+  EXPECT_EQ(ObjectsLeftUnder(Layout().AnswersFolder()), 0u);  // read and deleted
+}
+
 }  // namespace
 }  // namespace deltacast::relay
