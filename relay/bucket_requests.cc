@@ -128,7 +128,6 @@ void BucketRequestsDown::OnAnswer(uint64_t id, std::optional<std::vector<std::by
   if (!bytes) return;  // listed but not readable: the next poll asks again
   const Pending p = it->second;
   pending_.erase(it);
-  io_.Delete(layout_.Answer(id));
   backoff_.Reset(Clock::now());
   auto type = PeekType(*bytes);
   Status valid = type.ok() ? Status::Ok() : type.status();
@@ -141,9 +140,11 @@ void BucketRequestsDown::OnAnswer(uint64_t id, std::optional<std::vector<std::by
   if (!valid.ok()) {
     // Nobody writes this answer again: "not found" now, and the child may ask again.
     io_.BadObject(layout_.Answer(id), valid.ToString());
+    io_.Delete(layout_.Answer(id));
     return NotFound(p.child, p.type, p.child_request);
   }
   io_.Count([](BucketBridgeStats& s) { ++s.answers; });
+  io_.Delete(layout_.Answer(id));
   downstream_.SendTo(p.child, transport::MakeMessage(WithRequestId(*bytes, p.child_request)));
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "objstore/bucket_layout.h"
@@ -39,6 +40,46 @@ class BucketRequestsTest : public BucketBridgeTest {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     return pred();
+  }
+  // As PrepareNodeBehindTheChain, then the uplink goes and eu2 joins, behind.
+  std::future<Result<PublishReport>> PrepareBehindWithoutUplink(Versions& v) {
+    request_timeout_ = std::chrono::milliseconds(20000);  // the test answers first
+    auto publish = PrepareNodeBehindTheChain(v);
+    if (HasFatalFailure()) return publish;
+    uplink_->Stop();  // nobody answers requests but the test
+    StartAgent(2, v, 0);
+    return publish;
+  }
+  // Plays the uplink for eu2's FETCH_MANIFEST: writes `answer(request)` as its
+  // answer object and deletes the request.
+  template <class Answer>
+  void AnswerTheRequest(Answer answer) {
+    std::string key;
+    ASSERT_TRUE(WaitUntil([&] {
+      auto list = s3_->List(Layout().RequestsFolder());
+      if (list.ok() && !list->empty()) key = list->front().key;
+      return !key.empty();
+    }));
+    auto id = objstore::BucketLayout::RequestIdOf(key);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    auto request = s3_->Get(key);
+    ASSERT_TRUE(request.ok()) << request.status().ToString();
+    auto asked = ParseFetchManifest(*request);
+    ASSERT_TRUE(asked.ok()) << asked.status().ToString();
+    ASSERT_EQ(asked->request_id, *id);  // renumbered to its key's id
+    ASSERT_TRUE(s3_->Put(Layout().Answer(*id), answer(*asked)).ok());
+    ASSERT_TRUE(s3_->Delete(key).ok());
+  }
+  // Node i caught nothing up, committed nothing, and its bytes are version 0's.
+  void ExpectUntouched(Versions& v, int i) {
+    const NodeAgentStats stats = agents_[i]->stats();
+    EXPECT_EQ(stats.partitions_caught_up, 0u);
+    EXPECT_EQ(stats.refits_committed, 0u);
+    EXPECT_EQ(stats.version, ManifestOf(*Borrow(v.tensors, v.v[0])).VersionId());
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.v[0][t]))
+          << kNodes[i] << " tensor " << t << " was written";
+    }
   }
   // Refits 0 -> 1 -> 2 with eu2 away (policy available: the bridge excuses it), the
   // bucket's chain keeping only the last: eu2, back at version 0, is behind further
@@ -138,13 +179,7 @@ TEST_F(BucketRequestsTest, RequestWithoutAnAnswerIsNotFoundAfterTheTimeout) {
   EXPECT_EQ(ObjectsLeftUnder(Layout().RequestsFolder()), 0u);
   auto report = publish.get();  // the source goes on without the away bridge
   ASSERT_TRUE(report.ok()) << report.status().ToString();
-  const NodeAgentStats eu2 = agents_[2]->stats();
-  EXPECT_EQ(eu2.partitions_caught_up, 0u);
-  EXPECT_EQ(eu2.refits_committed, 0u);
-  EXPECT_EQ(eu2.version, ManifestOf(*Borrow(v.tensors, v.v[0])).VersionId());
-  for (size_t t = 0; t < v.tensors.size(); ++t) {
-    EXPECT_EQ(Hash64(stores_[2][t]), Hash64(v.v[0][t])) << "eu2 tensor " << t << " was written";
-  }
+  ExpectUntouched(v, 2);
 }
 
 // The bucket is not trusted with answers: with the uplink gone, the test plays it
@@ -153,39 +188,44 @@ TEST_F(BucketRequestsTest, RequestWithoutAnAnswerIsNotFoundAfterTheTimeout) {
 // the version it asked for, refuses it, and writes nothing.
 TEST_F(BucketRequestsTest, ForgedAnswerInTheBucketIsRefusedByTheNode) {
   Versions v = MakeVersions(1 << 17, 4, 14);
-  request_timeout_ = std::chrono::milliseconds(20000);  // the forged answer comes first
-  auto publish = PrepareNodeBehindTheChain(v);
+  auto publish = PrepareBehindWithoutUplink(v);
   ASSERT_FALSE(HasFatalFailure());
-  uplink_->Stop();
-  ASSERT_NO_FATAL_FAILURE(StartAgent(2, v, 0));
-  std::string key;
-  ASSERT_TRUE(WaitUntil([&] {
-    auto list = s3_->List(Layout().RequestsFolder());
-    if (list.ok() && !list->empty()) key = list->front().key;
-    return !key.empty();
-  }));
-  auto id = objstore::BucketLayout::RequestIdOf(key);
-  ASSERT_TRUE(id.ok()) << id.status().ToString();
-  auto request = s3_->Get(key);
-  ASSERT_TRUE(request.ok()) << request.status().ToString();
-  auto asked = ParseFetchManifest(*request);
-  ASSERT_TRUE(asked.ok()) << asked.status().ToString();
-  EXPECT_EQ(asked->request_id, *id);
   const codec::Manifest other = ManifestOf(*Borrow(v.tensors, v.v[1]));
+  std::optional<FetchManifest> asked;
+  ASSERT_NO_FATAL_FAILURE(AnswerTheRequest([&](const FetchManifest& f) {
+    asked = f;
+    return EncodeManifest(f.request_id, true, other.Serialize());
+  }));
   ASSERT_NE(other.VersionId(), asked->version);
-  ASSERT_TRUE(s3_->Put(Layout().Answer(*id), EncodeManifest(*id, true, other.Serialize())).ok());
-  ASSERT_TRUE(s3_->Delete(key).ok());
   ASSERT_TRUE(WaitUntil([&] { return downlink_->stats().answers >= 1; }));
   auto report = publish.get();  // the source goes on without the away bridge
   ASSERT_TRUE(report.ok()) << report.status().ToString();
-  const NodeAgentStats eu2 = agents_[2]->stats();
-  EXPECT_EQ(eu2.partitions_caught_up, 0u);
-  EXPECT_EQ(eu2.refits_committed, 0u);
-  EXPECT_EQ(eu2.version, ManifestOf(*Borrow(v.tensors, v.v[0])).VersionId());
-  for (size_t t = 0; t < v.tensors.size(); ++t) {
-    EXPECT_EQ(Hash64(stores_[2][t]), Hash64(v.v[0][t])) << "eu2 tensor " << t << " was written";
-  }
+  ExpectUntouched(v, 2);
   EXPECT_EQ(ObjectsLeftUnder(Layout().AnswersFolder()), 0u);  // read and deleted
+}
+
+// An answer that is not of the request's type (a PARTITION for a FETCH_MANIFEST) is
+// refused by the downlink itself, which answers "not found" at once, not after the
+// timeout: nobody writes that answer again.
+TEST_F(BucketRequestsTest, AnswerOfTheWrongTypeIsNotFoundAtOnce) {
+  Versions v = MakeVersions(1 << 17, 4, 15);
+  auto publish = PrepareBehindWithoutUplink(v);
+  ASSERT_FALSE(HasFatalFailure());
+  const uint64_t bad_before = downlink_->stats().bad_objects;
+  ASSERT_NO_FATAL_FAILURE(AnswerTheRequest([](const FetchManifest& f) {
+    const std::vector<std::byte> bytes(64, std::byte{7});
+    return EncodePartition(f.request_id, true, bytes);
+  }));
+  // Read and deleted by the downlink, and neither passed down nor timed out: for a
+  // request it still waits on, that is the refusal.
+  EXPECT_EQ(ObjectsLeftUnder(Layout().AnswersFolder()), 0u);
+  const BucketBridgeStats down = downlink_->stats();
+  EXPECT_GT(down.bad_objects, bad_before);
+  EXPECT_EQ(down.answers, 0u);
+  EXPECT_EQ(down.requests_timed_out, 0u);  // well before the 20 s timeout
+  auto report = publish.get();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ExpectUntouched(v, 2);
 }
 
 }  // namespace
