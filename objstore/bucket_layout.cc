@@ -83,6 +83,21 @@ std::string BucketLayout::Refetch(uint64_t id, uint32_t seq) const {
   return RefetchFolder(id) + fmt::format("{:08}", seq);
 }
 
+std::string BucketLayout::RequestsFolder() const { return root_ + "requests/"; }
+std::string BucketLayout::Request(uint64_t id) const { return RequestsFolder() + Hex16(id); }
+std::string BucketLayout::AnswersFolder() const { return root_ + "answers/"; }
+std::string BucketLayout::Answer(uint64_t id) const { return AnswersFolder() + Hex16(id); }
+
+Result<uint64_t> BucketLayout::RequestIdOf(std::string_view key) {
+  const size_t slash = key.rfind('/');
+  const std::string_view tail = slash == std::string_view::npos ? key : key.substr(slash + 1);
+  uint64_t id = 0;
+  if (tail.size() != 16 || !ParseNumber(tail, id, 16)) {
+    return Status::Corrupt(fmt::format("object-store key '{}' does not end in a request id", key));
+  }
+  return id;
+}
+
 Result<uint32_t> BucketLayout::SequenceOf(std::string_view key) {
   const size_t slash = key.rfind('/');
   const std::string_view tail = slash == std::string_view::npos ? key : key.substr(slash + 1);

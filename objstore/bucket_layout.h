@@ -36,8 +36,16 @@ class BucketLayout {
   std::string Outcome(uint64_t refit_id) const;
   std::string RefetchFolder(uint64_t refit_id) const;
   std::string Refetch(uint64_t refit_id, uint32_t sequence) const;
+  // The request channel (docs/object-store.md, "Requests through the bucket"): a
+  // child's FETCH / FETCH_MANIFEST the downlink passes up, and the source's answer.
+  std::string RequestsFolder() const;
+  std::string Request(uint64_t request_id) const;
+  std::string AnswersFolder() const;
+  std::string Answer(uint64_t request_id) const;
   // The sequence a Chunk or Refetch key ends in; kCorrupt if it does not.
   static Result<uint32_t> SequenceOf(std::string_view key);
+  // The request id a Request or Answer key ends in; kCorrupt if it does not.
+  static Result<uint64_t> RequestIdOf(std::string_view key);
 
  private:
   std::string root_;  // "prefix/bridge/"

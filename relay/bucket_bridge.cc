@@ -38,6 +38,7 @@ Result<BucketBridgeOptions> BridgeOptionsFromConfig(const topology::ClusterConfi
   options.keep_refits = static_cast<size_t>(o.keep_refits);
   options.poll = o.poll;
   options.poll_max = o.poll_max;
+  options.request_timeout = o.request_timeout;
   return options;
 }
 

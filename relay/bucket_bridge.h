@@ -33,6 +33,10 @@ struct BucketBridgeOptions {
   // for a while, polls back off to poll_max (docs/object-store.md, "Polling").
   std::chrono::milliseconds poll{20};
   std::chrono::milliseconds poll_max{250};
+  // Downlink: how long a child's FETCH / FETCH_MANIFEST passed up through the bucket
+  // waits for the source's answer before it is answered "not found"
+  // ([objstore] request_timeout).
+  std::chrono::milliseconds request_timeout{30000};
   // The uplink's spool (chunks it may have to write again); the downlink's (for
   // children that rejoin). Empty: a per-process temporary folder.
   std::filesystem::path spool_dir;
@@ -54,10 +58,18 @@ struct BucketBridgeStats {
   uint64_t objects_read = 0;
   uint64_t bytes_written = 0;
   uint64_t bytes_read = 0;
-  uint64_t retries = 0;              // S3 requests that failed and were tried again
-  uint64_t bad_objects = 0;          // objects that failed their checks
-  uint64_t stale_decisions = 0;      // decision objects of another refit, ignored
-  uint64_t refetches = 0;            // chunks written again on a downlink's request
+  uint64_t retries = 0;          // S3 requests that failed and were tried again
+  uint64_t bad_objects = 0;      // objects that failed their checks
+  uint64_t stale_decisions = 0;  // decision objects of another refit, ignored
+  uint64_t refetches = 0;        // chunks written again on a downlink's request
+  // The request channel (relay/bucket_requests.h). Downlink: children's FETCH /
+  // FETCH_MANIFEST written as request objects, answers passed down, requests
+  // answered "not found" after request_timeout, or at once (too many in flight).
+  // Uplink: request objects sent up to the source, answers written.
+  uint64_t requests_up = 0;
+  uint64_t answers = 0;
+  uint64_t requests_timed_out = 0;
+  uint64_t requests_refused = 0;
   objstore::RequestCounts requests;  // every S3 request so far
   // Those of the last refit that ended here: since the refit before it ended, so
   // the idle polls between refits count too.

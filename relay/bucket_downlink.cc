@@ -6,7 +6,8 @@
 // them down in order, unchanged. It writes the children's PREPARED / FAILED /
 // COMMITTED / ABORTED as objects and sends the source's decision down once it is in
 // the bucket and names this refit. Catch-up requests are answered from the kept
-// chain.
+// chain; FETCH and FETCH_MANIFEST go up to the source through the bucket
+// (relay/bucket_requests.h).
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "common/log.h"
 #include "objstore/bucket_layout.h"
 #include "relay/bucket_bridge.h"
+#include "relay/bucket_requests.h"
 #include "relay/downstream.h"
 #include "relay/event_loop.h"
 #include "relay/internal/bucket_io.h"
@@ -48,7 +50,8 @@ class BucketDownlink::Impl {
         head_backoff_(options_.poll, options_.poll_max),
         loop_([this] { Tick(); }, std::min(options_.poll, std::chrono::milliseconds(100))),
         downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
-                    Downstream::LimitsFrom(options_.config.limits)) {
+                    Downstream::LimitsFrom(options_.config.limits)),
+        requests_(io_, layout_, loop_, downstream_, options_) {
     downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
   }
   ~Impl() { Stop(); }
@@ -142,6 +145,7 @@ class BucketDownlink::Impl {
       next_heartbeat_ = now + options_.config.tree.HeartbeatInterval();
       downstream_.Heartbeat();
     }
+    requests_.Tick(now);
     // Always following head: the source begins a refit only once the last one
     // ended (or timed out), so a new head means this refit is over here too.
     if (!polling_head_ && now >= next_head_poll_) PollHead(now);
@@ -439,17 +443,11 @@ class BucketDownlink::Impl {
       case MessageType::kFetchDeltaChunk:
         return ServeDeltaChunk(child, bytes);
       case MessageType::kFetchManifest:
-        if (auto f = ParseFetchManifest(bytes); f.ok()) {
-          downstream_.SendTo(child,
-                             transport::MakeMessage(EncodeManifest(f->request_id, false, {})));
-        }
+        // Only the source has manifests and partition bytes: up through the bucket.
+        if (ParseFetchManifest(bytes).ok()) requests_.Submit(child, type, bytes);
         return;
       case MessageType::kFetch:
-        // No partition bytes in the bucket (docs/object-store.md, "Catch-up").
-        if (auto f = ParseFetch(bytes); f.ok()) {
-          downstream_.SendTo(child,
-                             transport::MakeMessage(EncodePartition(f->request_id, false, {})));
-        }
+        if (ParseFetch(bytes).ok()) requests_.Submit(child, type, bytes);
         return;
       default:
         break;
@@ -642,6 +640,7 @@ class BucketDownlink::Impl {
   internal::PollBackoff head_backoff_;  // news: a refit ended (the next may follow)
   EventLoop loop_;
   Downstream downstream_;
+  BucketRequestsDown requests_;  // loop thread
 };
 
 Result<std::unique_ptr<BucketDownlink>> BucketDownlink::Start(

@@ -2,7 +2,8 @@
 // the source as the bridge node over an ordinary ParentLink and turns what it is
 // sent into objects: BEGIN, each CHUNK (credit back once its PUT is acknowledged),
 // the seal after END, the decision and the kept chain. What the region reports
-// (PREPARED, FAILED, COMMITTED, ABORTED) it polls for and sends up.
+// (PREPARED, FAILED, COMMITTED, ABORTED) it polls for and sends up, and the
+// region's FETCH / FETCH_MANIFEST requests too (relay/bucket_requests.h).
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "common/parallel.h"
 #include "objstore/bucket_layout.h"
 #include "relay/bucket_bridge.h"
+#include "relay/bucket_requests.h"
 #include "relay/event_loop.h"
 #include "relay/internal/bucket_io.h"
 #include "relay/internal/poll_backoff.h"
@@ -41,7 +43,8 @@ class BucketUplink::Impl {
         io_(std::move(s3), options_.parallel, stopped_, "bucket uplink " + options_.node_id),
         backoff_(options_.poll, options_.poll_max),
         loop_([this] { Tick(); }, std::min(options_.poll, std::chrono::milliseconds(100))),
-        parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()) {}
+        parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()),
+        requests_(io_, layout_, loop_, parent_, options_) {}
   ~Impl() { Stop(); }
 
   Status Init() {
@@ -94,7 +97,7 @@ class BucketUplink::Impl {
     e.joined = [this] {
       log::Info(fmt::format("bucket uplink {}: joined {}", options_.node_id, parent_.current()));
     };
-    e.lost = [](const Status&) {};
+    e.lost = [this](const Status&) { requests_.LinkLost(); };
     e.message = [this](MessageType type, const transport::Message& m) { OnMessage(type, m); };
     return e;
   }
@@ -121,6 +124,10 @@ class BucketUplink::Impl {
       case MessageType::kCommit:
       case MessageType::kAbort:
         return OnDecision(type, m);
+      case MessageType::kPartition:
+      case MessageType::kManifest:
+        (void)requests_.OnAnswer(*m);  // a region's request's answer
+        return;
       default:
         return;  // answers to requests this bridge never makes
     }
@@ -261,6 +268,8 @@ class BucketUplink::Impl {
     if (stopped_) return;
     const auto now = Clock::now();
     parent_.Tick(now, !refit_ || refit_->decided);
+    // The source serves partitions and manifests only while a refit runs.
+    requests_.Tick(now, refit_ && !refit_->outcome_sent);
     if (!refit_ || polls_in_flight_ >= kPollsInFlight || now < next_poll_) return;
     Refit& r = *refit_;
     // Once the region prepared it needs no refetch (it has every chunk): only a
@@ -406,6 +415,7 @@ class BucketUplink::Impl {
   internal::PollBackoff backoff_;  // of the polls for the region's reports
   EventLoop loop_;
   ParentLink parent_;
+  BucketRequestsUp requests_;  // loop thread
 };
 
 Result<std::unique_ptr<BucketUplink>> BucketUplink::Start(

@@ -13,7 +13,7 @@ namespace {
 
 constexpr std::string_view kObjectStoreKeys[] = {
     "endpoint", "bucket",   "region",      "prefix", "access_key_env", "secret_key_env",
-    "bridges",  "parallel", "keep_refits", "poll",   "poll_max",
+    "bridges",  "parallel", "keep_refits", "poll",   "poll_max",       "request_timeout",
 };
 
 bool EnvName(std::string_view s) {
@@ -134,6 +134,7 @@ Status ParseObjectStore(const toml::table& root, std::string_view source, Cluste
     }
     o.poll_max = o.poll;  // a slow poll set alone: it is also the longest wait
   }
+  RETURN_IF_ERROR(p.Duration(*t, "request_timeout", o.request_timeout));
   if (o.prefix.empty()) o.prefix = config.name;
   config.objstore = std::move(o);
   return Status::Ok();

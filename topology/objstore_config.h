@@ -11,7 +11,9 @@
 //               (committed refits kept for catch-up, default 4), poll (how often the
 //               bucket is asked for news while some is due, default "20ms"), poll_max
 //               (the longest wait between polls once none came for a while, default
-//               "250ms"; at least poll).
+//               "250ms"; at least poll), request_timeout (how long a region node's
+//               FETCH / FETCH_MANIFEST passed up through the bucket waits for the
+//               source's answer before it is answered "not found", default "30s").
 // A bridge node's planned children (its region's gateway) must sit in its region;
 // the bridge runs as two processes, `deltacast bucket-uplink` beside the source and
 // `deltacast bucket-downlink` on the gateway's host, which listens on the bridge
@@ -44,6 +46,7 @@ struct ObjectStoreConfig {
   int keep_refits = 4;
   std::chrono::milliseconds poll{20};
   std::chrono::milliseconds poll_max{250};
+  std::chrono::milliseconds request_timeout{30000};
   int line = 0;  // of [objstore]
 };
 

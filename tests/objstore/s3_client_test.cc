@@ -194,6 +194,11 @@ TEST(BucketLayout, KeysAndObjectsRoundTrip) {
   EXPECT_EQ(l.Chunk(0xab, 7), "cl/bucket-eu/refits/00000000000000ab/chunks/00000007");
   EXPECT_EQ(*BucketLayout::SequenceOf(l.Chunk(0xab, 12345678)), 12345678u);
   EXPECT_FALSE(BucketLayout::SequenceOf("cl/x/chunks/12").ok());
+  EXPECT_EQ(l.Request(0xab), "cl/bucket-eu/requests/00000000000000ab");
+  EXPECT_EQ(l.Answer(0xab), "cl/bucket-eu/answers/00000000000000ab");
+  EXPECT_EQ(*BucketLayout::RequestIdOf(l.Answer(0xfedcba9876543210)), 0xfedcba9876543210u);
+  EXPECT_FALSE(BucketLayout::RequestIdOf("cl/x/answers/ab").ok());
+  EXPECT_FALSE(BucketLayout::RequestIdOf("cl/x/answers/zz000000000000ab").ok());
   EXPECT_EQ(*ParseHead(EncodeHead(0xdeadbeef)), 0xdeadbeefu);
   EXPECT_EQ(ParseHead("deltacast-objstore 2 head 00000000deadbeef\n").status().code(),
             StatusCode::kCorrupt);
