@@ -31,6 +31,10 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     if (refit_->phase == Phase::kStreaming) {
       refit_->prepared_sent = false;
       if (refit_->failed) parent_.Send(EncodeFailed(*refit_->failed));
+      // Prepared already: say so now. The replay may hold no END to prompt it (a
+      // source that could not spool the refit: the simulator's seed 1838 waited the
+      // commit timeout for this PREPARED).
+      MaybePrepared();
     } else {
       // We committed this refit (with our whole subtree) before our parent
       // restarted: more than prepared; say so, and confirm when it commits.

@@ -208,9 +208,10 @@ TEST(SimSeedsTest, SeedsThatLostTimeWithinAFaultyPublishPass) {
 // its chunks and still replayed children that rejoined with nothing (758: and once
 // it failed the refit for that, the child had no BEGIN to take the ABORT); 1699: a child
 // that rejoined after the COMMIT and could not apply it (its disk full) was waited
-// for until the commit timeout.
+// for until the commit timeout; 1838, 2155: a child prepared with the whole delta
+// that rejoined was replayed no END (none was spooled) and never said PREPARED again.
 TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutUnderFullDisksPass) {
-  for (uint64_t seed : {119, 758, 778, 1069, 1699}) {
+  for (uint64_t seed : {119, 758, 778, 1069, 1699, 1838, 2155}) {
     const RunResult r = RunScenario(DrawScenario(seed));
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
   }
