@@ -22,7 +22,6 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 
 #include "apply/host_store.h"
@@ -32,12 +31,16 @@
 #include "relay/bucket_bridge.h"
 #include "relay/node_agent.h"
 #include "relay/source.h"
+#include "tests/objstore/bucket_versions.h"
 #include "tests/objstore/s3rver.h"
 #include "tests/temp_dir.h"
 #include "topology/cluster_config.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace dc = deltacast;
+using deltacast::relay::bucket_test::Borrow;
+using deltacast::relay::bucket_test::MakeVersions;
+using deltacast::relay::bucket_test::Versions;
 using nlohmann::json;
 
 namespace {
@@ -112,42 +115,6 @@ std::string ClusterToml(bool bucket, const Ports& p, int src_port, const std::st
 
 dc::topology::ClusterConfig Config(const std::string& toml) {
   return Check(dc::topology::ParseClusterConfig(toml, "bucket-bench.toml"), "config");
-}
-
-struct Versions {
-  std::vector<dc::codec::TensorInfo> tensors;
-  std::vector<std::vector<std::vector<std::byte>>> v;
-};
-
-Versions MakeVersions(uint64_t elements, int count, int rate_percent) {
-  Versions out;
-  std::mt19937 rng(7);
-  std::vector<std::vector<std::byte>> base;
-  for (int t = 0; t < 3; ++t) {
-    out.tensors.push_back({"layer" + std::to_string(t) + ".weight", dc::DType::kBF16, {elements}});
-    std::vector<std::byte> b(elements * 2);
-    for (auto& x : b) x = std::byte(rng());
-    base.push_back(std::move(b));
-  }
-  out.v.push_back(base);
-  for (int k = 1; k < count; ++k) {
-    auto next = out.v.back();
-    for (auto& t : next) {
-      for (uint64_t i = 0; i < elements; ++i) {
-        if (static_cast<int>(rng() % 100) < rate_percent) t[2 * i] ^= std::byte{1};
-      }
-    }
-    out.v.push_back(std::move(next));
-  }
-  return out;
-}
-
-std::unique_ptr<dc::apply::WeightStore> Borrow(const std::vector<dc::codec::TensorInfo>& tensors,
-                                               std::vector<std::vector<std::byte>>& buffers) {
-  std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> spans;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    spans.emplace_back(tensors[i], dc::MutableByteSpan(buffers[i]));
-  return std::move(*dc::apply::HostStore::Borrow(std::move(spans)));
 }
 
 dc::codec::Manifest ManifestOf(const dc::apply::WeightStore& store) {
@@ -371,7 +338,7 @@ int main(int argc, char** argv) {
   }
   const std::string proxy =
       (std::filesystem::path(argv[0]).parent_path() / "deltacast_delay_proxy").string();
-  Versions v = MakeVersions(elements, refits + 1, rate);
+  Versions v = MakeVersions(elements, refits + 1, /*seed=*/7, rate);
   json out = {
       {"bench", "bucket_vs_tree"},
       {"model_bytes", elements * 2 * 3},

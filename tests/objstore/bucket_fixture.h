@@ -22,6 +22,7 @@
 #include "relay/publisher.h"
 #include "relay/signing.h"
 #include "relay/source.h"
+#include "tests/objstore/bucket_versions.h"
 #include "tests/objstore/s3rver.h"
 #include "tests/temp_dir.h"
 #include "topology/cluster_config.h"
@@ -108,43 +109,6 @@ bucket = "deltacast"
 bridges = ["bucket-eu"]
 poll = "10ms"
 )";
-}
-
-// A chain of versions: each ~3% of BF16 elements away from the one before.
-struct Versions {
-  std::vector<TensorInfo> tensors;
-  std::vector<std::vector<std::vector<std::byte>>> v;  // v[k][tensor]
-};
-
-inline Versions MakeVersions(uint64_t elements, int count, uint32_t seed) {
-  Versions out;
-  std::mt19937 rng(seed);
-  std::vector<std::vector<std::byte>> base;
-  for (int t = 0; t < 3; ++t) {
-    out.tensors.push_back({"layer" + std::to_string(t) + ".weight", DType::kBF16, {elements}});
-    std::vector<std::byte> b(elements * 2);
-    for (auto& x : b) x = std::byte(rng());
-    base.push_back(std::move(b));
-  }
-  out.v.push_back(base);
-  for (int k = 1; k < count; ++k) {
-    auto next = out.v.back();
-    for (auto& t : next) {
-      for (uint64_t i = 0; i < elements; ++i) {
-        if (rng() % 100 < 3) t[2 * i] ^= std::byte{1};
-      }
-    }
-    out.v.push_back(std::move(next));
-  }
-  return out;
-}
-
-inline std::unique_ptr<apply::WeightStore> Borrow(const std::vector<TensorInfo>& tensors,
-                                                  std::vector<std::vector<std::byte>>& buffers) {
-  std::vector<std::pair<TensorInfo, MutableByteSpan>> spans;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
-  return std::move(*apply::HostStore::Borrow(std::move(spans)));
 }
 
 inline codec::Manifest ManifestOf(const apply::WeightStore& store) {
