@@ -280,6 +280,23 @@ int main(int argc, char** argv) {
     status = agent::RunProduce(produce);
   });
 
+  // layout check
+  auto* la = app.add_subcommand("layout", "Layout files of training ranks (docs/layout.md)");
+  la->require_subcommand(1);
+  agent::LayoutCheckArgs layout_check;
+  auto* lc = la->add_subcommand(
+      "check",
+      "Check that the ranks' layouts cover every canonical element exactly once (no gap, no "
+      "overlap), as the root does before a refit");
+  lc->add_option("layouts", layout_check.layouts,
+                 "Layout files (TOML), or shard directories (all their rank-*.toml)")
+      ->required();
+  lc->add_option("--shard-dir", layout_check.shard_dir,
+                 "Where each layout's shard (STEM.safetensors; header only) lies (default: "
+                 "beside the layout)");
+  lc->add_flag("--json", layout_check.json, "Report as JSON");
+  lc->callback([&] { status = agent::RunLayoutCheck(layout_check); });
+
   // serve
   agent::ServeArgs serve;
   std::string serve_mode = "fast";

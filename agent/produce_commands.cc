@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "agent/synth_shards.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
+#include "apply/safetensors.h"
 #include "common/log.h"
 #include "relay/node_transports.h"
 #include "relay/producer.h"
@@ -222,6 +224,58 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
         report->merge_cpu_seconds, double(report->merged_bytes) / (1 << 20));
   }
   return ReportPublish(report->publish, args.json, extra.dump());
+}
+
+int RunLayoutCheck(const LayoutCheckArgs& args) {
+  std::vector<fs::path> files;
+  for (const fs::path& p : args.layouts) {
+    std::error_code ec;
+    if (!fs::is_directory(p, ec)) {
+      files.push_back(p);
+      continue;
+    }
+    std::vector<fs::path> ranks;
+    for (const auto& e : fs::directory_iterator(p, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with("rank-") && e.path().extension() == ".toml") ranks.push_back(e.path());
+    }
+    if (ranks.empty()) return Fail(Status::NotFound("no rank-*.toml in " + p.string()));
+    std::sort(ranks.begin(), ranks.end());
+    files.insert(files.end(), ranks.begin(), ranks.end());
+  }
+  if (files.empty()) return Fail(Status::InvalidArgument("no layout files to check"));
+  std::vector<relay::RankPlacement> ranks;
+  for (const fs::path& layout : files) {
+    const fs::path dir = args.shard_dir.empty() ? layout.parent_path() : args.shard_dir;
+    const fs::path shard = dir / (layout.stem().string() + ".safetensors");
+    auto header = apply::ReadSafetensorsHeader(shard);
+    if (!header.ok()) return Fail(header.status().WithContext("the shard of " + layout.string()));
+    std::vector<codec::TensorInfo> tensors;
+    for (const auto& e : header->entries) tensors.push_back(e.info);
+    auto placement = relay::LoadRankPlacement(layout, tensors);
+    if (!placement.ok()) {
+      fmt::print(stderr, "deltacast layout check: {}\n", placement.status().ToString());
+      return kExitDiffers;
+    }
+    ranks.push_back(std::move(*placement));
+  }
+  std::vector<const layout::PlacementMap*> maps;
+  for (const auto& r : ranks) maps.push_back(&r.map);
+  const Status covered = layout::CheckCoverage(maps);
+  const size_t tensors = ranks.front().map.canonical().size();
+  if (args.json) {
+    fmt::print("{}\n", json{{"ranks", ranks.size()},
+                            {"canonical_tensors", tensors},
+                            {"exact", covered.ok()},
+                            {"error", covered.ok() ? "" : covered.ToString()}}
+                           .dump(2));
+  } else if (covered.ok()) {
+    fmt::print("{} ranks cover every element of the {} canonical tensors exactly once\n",
+               ranks.size(), tensors);
+  } else {
+    fmt::print(stderr, "deltacast layout check: {}\n", covered.ToString());
+  }
+  return covered.ok() ? kExitOk : kExitDiffers;
 }
 
 }  // namespace deltacast::agent

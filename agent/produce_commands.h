@@ -3,6 +3,8 @@
 //   deltacast publish --producers N | --base-shards OLD --new-shards NEW: the root
 //     waiting for N producers, or running one local producer per rank of two shard
 //     directories (`deltacast synth --shards` writes them).
+//   deltacast layout check  a set of ranks' layout files, offline: every canonical element
+//     covered exactly once (what the root checks before a refit).
 // Producers dial the root at the source's host, port + relay::kProducerPortOffset, unless
 // --root / --listen-producers say otherwise.
 #pragma once
@@ -10,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "agent/cluster_commands.h"
 
@@ -34,5 +37,18 @@ struct ProducersArgs {
 // The root: `publish` with producers. With `args.base` set, the base version's
 // manifest comes from that canonical checkpoint; otherwise producers hash theirs.
 int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& producers);
+
+struct LayoutCheckArgs {
+  // Layout files, or directories whose rank-*.toml files are all taken.
+  std::vector<std::filesystem::path> layouts;
+  // Where each layout's shard (its stem + .safetensors; only the header is read)
+  // lies; empty: beside the layout file.
+  std::filesystem::path shard_dir;
+  bool json = false;
+};
+// Exit status 0 when the ranks cover every canonical element exactly once, 2 when
+// they do not (the error names the tensor, the elements and the rules), 1 when a
+// file cannot be read.
+int RunLayoutCheck(const LayoutCheckArgs& args);
 
 }  // namespace deltacast::agent

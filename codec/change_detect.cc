@@ -1,5 +1,6 @@
 #include "codec/change_detect.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstdlib>
 #include <string_view>
@@ -67,6 +68,29 @@ void FindChanges(ByteSpan base, ByteSpan target, uint32_t element_size, SparseCh
   }
 #endif
   internal::FindChangesDispatch<DiffMaskScalar>(base, target, element_size, out);
+}
+
+PartitionHash FindChangesHashingBase(ByteSpan base, ByteSpan target, uint32_t element_size,
+                                     uint64_t hash_offset, SparseChanges& out) {
+  // 64 KiB of each version per tile: both fit in L2 with room to spare.
+  constexpr size_t kTileBytes = size_t{64} << 10;
+  if (base.size() <= kTileBytes) {
+    FindChanges(base, target, element_size, out);
+    return HashPiece(base, hash_offset);
+  }
+  out.element_size = element_size;
+  out.clear();
+  thread_local SparseChanges tile;
+  PartitionHash sum;
+  for (size_t at = 0; at < base.size(); at += kTileBytes) {
+    const size_t n = std::min(kTileBytes, base.size() - at);  // a multiple of the element
+    FindChanges(base.subspan(at, n), target.subspan(at, n), element_size, tile);
+    sum ^= HashPiece(base.subspan(at, n), hash_offset + at);
+    const auto first = static_cast<uint32_t>(at / element_size);
+    for (uint32_t p : tile.positions) out.positions.push_back(first + p);
+    out.xors.insert(out.xors.end(), tile.xors.begin(), tile.xors.end());
+  }
+  return sum;
 }
 
 }  // namespace deltacast::codec

@@ -6,6 +6,7 @@
 
 #include "codec/changes.h"
 #include "common/bytes.h"
+#include "common/partition_hash.h"
 
 namespace deltacast::codec {
 
@@ -13,5 +14,13 @@ namespace deltacast::codec {
 // Preconditions: equal sizes, a multiple of element_size (1, 2, 4 or 8), and fewer
 // than 2^32 elements.
 void FindChanges(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out);
+
+// FindChanges that also proves what it compared against: returns HashPiece(base,
+// hash_offset), the base bytes' contribution to their partition's hash at byte
+// `hash_offset`. Each tile of the base is hashed right after it is compared, while it
+// is still in cache, so the proof costs no second trip to memory (a producer's base
+// check, docs/producers.md). Same preconditions as FindChanges.
+PartitionHash FindChangesHashingBase(ByteSpan base, ByteSpan target, uint32_t element_size,
+                                     uint64_t hash_offset, SparseChanges& out);
 
 }  // namespace deltacast::codec

@@ -38,6 +38,13 @@ Status CheckSameTable(const Manifest& base, const Manifest& target) {
   return Status::Ok();
 }
 
+// One changed partition's record (nullopt: its bytes did not differ after all), and
+// whether its changes take the base manifest's hash to the target manifest's.
+struct Encoded {
+  std::optional<EncodedPartition> record;
+  bool leads_to_target = true;
+};
+
 // Encoded results handed from workers to the ordered emitter, at most `window` ahead.
 class OrderedResults {
  public:
@@ -49,17 +56,17 @@ class OrderedResults {
     room_.wait(lock, [&] { return cancelled_ || index < next_ + slots_.size(); });
     return !cancelled_;
   }
-  void Put(size_t index, std::optional<EncodedPartition> result) {
+  void Put(size_t index, Encoded result) {
     std::lock_guard lock(mu_);
     slots_[index % slots_.size()] = Slot{true, std::move(result)};
     ready_.notify_all();
   }
   // Blocks until the next result in order is ready and takes it.
-  std::optional<EncodedPartition> TakeNext() {
+  Encoded TakeNext() {
     std::unique_lock lock(mu_);
     Slot& slot = slots_[next_ % slots_.size()];
     ready_.wait(lock, [&] { return slot.filled; });
-    std::optional<EncodedPartition> out = std::move(slot.result);
+    Encoded out = std::move(slot.result);
     slot = Slot{};
     ++next_;
     room_.notify_all();
@@ -74,7 +81,7 @@ class OrderedResults {
  private:
   struct Slot {
     bool filled = false;
-    std::optional<EncodedPartition> result;
+    Encoded result;
   };
   std::mutex mu_;
   std::condition_variable room_, ready_;
@@ -117,7 +124,19 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     const uint64_t e = ElementSize(info.dtype);
     const ByteSpan a = base_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
     const ByteSpan b = target_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
-    return EncodePartition(info.dtype, a, b, options.codec, scratch);
+    Encoded out{EncodePartition(info.dtype, a, b, options.codec, scratch)};
+    if (out.record) {
+      // The manifests name the versions the records claim to connect; the bytes read
+      // must agree, or receivers would be sent to a version nobody has (a stale
+      // manifest, or a checkpoint changed since it was hashed). O(changes): linear
+      // hash, H(base ^ mask) = H(base) ^ H(mask).
+      const uint64_t index = p.element_offset / PartitionElements(info.dtype, partition_bytes);
+      const PartitionHash mask = HashSparseMask(
+          scratch.changes.positions, scratch.changes.xors.data(), static_cast<uint32_t>(e));
+      out.leads_to_target = (base.partition_hashes[p.tensor][index] ^ mask) ==
+                            target.partition_hashes[p.tensor][index];
+    }
+    return out;
   };
   const size_t threads = options.on_calling_thread ? 0
                          : options.threads         ? options.threads
@@ -154,17 +173,25 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     return sink(std::move(chunk));
   };
   for (size_t i = 0; i < changed.size() && status.ok(); ++i) {
-    std::optional<EncodedPartition> encoded =
-        options.on_calling_thread ? encode_one(i, own_scratch) : results.TakeNext();
+    Encoded result = options.on_calling_thread ? encode_one(i, own_scratch) : results.TakeNext();
+    std::optional<EncodedPartition>& encoded = result.record;
     const PartitionRef& p = changed[i];
     const TensorInfo& info = target.tensors[p.tensor];
+    const uint64_t index = p.element_offset / PartitionElements(info.dtype, partition_bytes);
     if (!encoded) {
       // Hashes differ but the bytes do not: the data changed while being read.
       status = Status::FailedPrecondition("tensor '" + info.name +
                                           "' changed while the delta was being encoded");
       break;
     }
-    const uint64_t index = p.element_offset / PartitionElements(info.dtype, partition_bytes);
+    if (!result.leads_to_target) {
+      status = Status::FailedPrecondition(
+          "tensor '" + info.name + "' partition " + std::to_string(index) +
+          ": the bytes compared do not lead from the base manifest's hash to the target "
+          "manifest's (a manifest that is not of these checkpoints, or a checkpoint changed "
+          "since it was hashed); the delta would reach neither version");
+      break;
+    }
     if (!builder) builder.emplace(identity, sequence);
     builder->Add(info.name, info.dtype, p.element_offset, p.element_count,
                  base.partition_hashes[p.tensor][index], target.partition_hashes[p.tensor][index],

@@ -529,10 +529,14 @@ EncodedPartition CombinePieces(std::span<const EncodedPartition* const> pieces) 
 }
 
 std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, ByteSpan target,
-                                                const EncodeOptions& options,
-                                                CodecScratch& scratch) {
+                                                const EncodeOptions& options, CodecScratch& scratch,
+                                                PartitionHash* base_piece) {
   const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
-  FindChanges(base, target, e, scratch.changes);
+  if (base_piece != nullptr) {
+    *base_piece = FindChangesHashingBase(base, target, e, 0, scratch.changes);
+  } else {
+    FindChanges(base, target, e, scratch.changes);
+  }
   const SparseChanges& changes = scratch.changes;
   if (changes.size() == 0) return std::nullopt;
   const size_t count = base.size() / e;

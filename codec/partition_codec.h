@@ -87,10 +87,13 @@ struct CodecScratch {
 };
 
 // Encodes the change base -> target of one partition of `dtype` elements with the
-// smallest encoding the options allow. nullopt when the partition is unchanged.
+// smallest encoding the options allow. nullopt when the partition is unchanged. With
+// `base_piece`, also sets it to HashPiece(base, 0) (the hash of `base` without its
+// length term), computed in the compare pass (FindChangesHashingBase), whether or not
+// the partition changed.
 std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, ByteSpan target,
-                                                const EncodeOptions& options,
-                                                CodecScratch& scratch);
+                                                const EncodeOptions& options, CodecScratch& scratch,
+                                                PartitionHash* base_piece = nullptr);
 
 // Encodes with one given encoding; `changes` must be FindChanges(base, target).
 // Unsupported for kContextXor on dtypes the context coder does not model.

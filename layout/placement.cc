@@ -464,8 +464,8 @@ Result<PlacementMap> ExpandPlacement(const LayoutDescription& d, std::vector<Ten
 
   map.Index();
   // One rank must not map two of its elements onto one canonical element.
-  const PlacementMap* self = &map;
-  RETURN_IF_ERROR(internal::CheckOverlaps(std::span<const PlacementMap* const>(&self, 1)));
+  const internal::RankRuns self{&map.name_, map.runs_};
+  RETURN_IF_ERROR(internal::CheckOverlaps(map.canonical_, std::span(&self, 1)));
   return map;
 }
 
@@ -502,6 +502,48 @@ Result<PlacementMap> MapWhole(std::vector<TensorSpec> canonical, std::vector<std
   return map;
 }
 
+Result<PlacementMap> MapRanges(std::vector<TensorSpec> canonical, std::vector<ElementRange> ranges,
+                               std::string name) {
+  PlacementMap map;
+  map.name_ = std::move(name);
+  std::sort(canonical.begin(), canonical.end(),
+            [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
+  map.canonical_ = std::move(canonical);
+  for (const ElementRange& range : ranges) {
+    auto it =
+        std::lower_bound(map.canonical_.begin(), map.canonical_.end(), range.tensor,
+                         [](const TensorSpec& t, const std::string& n) { return t.name < n; });
+    if (it == map.canonical_.end() || it->name != range.tensor) {
+      return Status::InvalidArgument("tensor '" + range.tensor + "' is not in the canonical table");
+    }
+    if (range.begin >= range.end || range.end > it->Elements()) {
+      return Status::InvalidArgument(map.name_ + ": range [" + std::to_string(range.begin) + ", " +
+                                     std::to_string(range.end) + ") of tensor '" + range.tensor +
+                                     "' is empty or past its " + std::to_string(it->Elements()) +
+                                     " elements");
+    }
+    const auto li = static_cast<uint32_t>(map.locals_.size());
+    const uint64_t n = range.end - range.begin;
+    map.locals_.push_back(LocalTensor{
+        {range.tensor + "[" + std::to_string(range.begin) + ":" + std::to_string(range.end) + "]",
+         it->dtype,
+         {n}},
+        Role::kProjected,
+        0});
+    Run r;
+    r.local = li;
+    r.canonical = static_cast<uint32_t>(it - map.canonical_.begin());
+    r.dst = range.begin;
+    r.count = 1;
+    r.len = r.src_stride = r.dst_stride = n;
+    map.runs_.push_back(r);
+  }
+  map.Index();
+  const internal::RankRuns self{&map.name_, map.runs_};
+  RETURN_IF_ERROR(internal::CheckOverlaps(map.canonical_, std::span(&self, 1)));
+  return map;
+}
+
 Status CheckCoverage(std::span<const PlacementMap* const> maps) {
   if (maps.empty()) return Status::InvalidArgument("no placement maps to check");
   for (const PlacementMap* m : maps) {
@@ -509,8 +551,23 @@ Status CheckCoverage(std::span<const PlacementMap* const> maps) {
       return Status::InvalidArgument(m->name() + " was expanded against another canonical table");
     }
   }
-  RETURN_IF_ERROR(internal::CheckOverlaps(maps));
-  return internal::CheckGaps(maps);
+  std::vector<internal::RankRuns> ranks;
+  for (const PlacementMap* m : maps) ranks.push_back({&m->name(), m->runs()});
+  RETURN_IF_ERROR(internal::CheckOverlaps(maps.front()->canonical(), ranks));
+  return internal::CheckGaps(maps.front()->canonical(), ranks);
+}
+
+CanonicalRuns CanonicalRunsOf(const PlacementMap& map, std::string name) {
+  return {std::move(name), map.runs()};
+}
+
+Status CheckCoverage(const std::vector<TensorSpec>& canonical,
+                     std::span<const CanonicalRuns> ranks) {
+  if (ranks.empty()) return Status::InvalidArgument("no ranks to check");
+  std::vector<internal::RankRuns> views;
+  for (const CanonicalRuns& r : ranks) views.push_back({&r.name, r.runs});
+  RETURN_IF_ERROR(internal::CheckOverlaps(canonical, views));
+  return internal::CheckGaps(canonical, views);
 }
 
 }  // namespace deltacast::layout

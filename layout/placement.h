@@ -69,6 +69,13 @@ struct CanonicalPosition {
 // copy: replicas keep their runs (their role stays kReplica).
 enum class PlacementUse : uint8_t { kScan, kLoad };
 
+// A flat range of one canonical tensor's elements, [begin, end).
+struct ElementRange {
+  std::string tensor;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
 class PlacementMap {
  public:
   PlacementMap() = default;
@@ -95,6 +102,8 @@ class PlacementMap {
   friend Result<PlacementMap> ExpandPlacement(const LayoutDescription&, std::vector<TensorSpec>,
                                               std::vector<TensorSpec>, PlacementUse);
   friend Result<PlacementMap> MapWhole(std::vector<TensorSpec>, std::vector<std::string>);
+  friend Result<PlacementMap> MapRanges(std::vector<TensorSpec>, std::vector<ElementRange>,
+                                        std::string);
   void Index();
 
   std::string name_;
@@ -118,9 +127,32 @@ Result<PlacementMap> ExpandPlacement(const LayoutDescription& description,
 // checkpoint, or a set of its tensors): identity runs for `names` (all when empty).
 Result<PlacementMap> MapWhole(std::vector<TensorSpec> canonical, std::vector<std::string> names);
 
+// The map of a producer that holds ranges of canonical tensors as they are (a flat
+// shard of each, like FSDP2's dim-0 chunks of canonical tensors): local tensor k is
+// range k, 1-D, in the canonical dtype, mapped by one identity run. `name` names
+// the map in messages. Ranges must lie inside their tensors and not overlap.
+Result<PlacementMap> MapRanges(std::vector<TensorSpec> canonical, std::vector<ElementRange> ranges,
+                               std::string name);
+
 // Checks that `maps` (every rank of a mesh, all over the same canonical table)
 // cover every canonical element exactly once. kInvalidArgument naming the tensor,
 // the element range and the ranks (FILE:LINE of their rules) for a gap or overlap.
 Status CheckCoverage(std::span<const PlacementMap* const> maps);
+
+// A rank's runs seen from the canonical side (where its elements land), without its
+// shard: what a process that holds no shard (the root of many producers) needs to
+// check a mesh's coverage. The runs' `local` and `src` are not looked at.
+struct CanonicalRuns {
+  std::string name;  // for messages, e.g. "producer rank-00001: FILE (tp=1 ...)"
+  std::vector<Run> runs;
+};
+CanonicalRuns CanonicalRunsOf(const PlacementMap& map, std::string name);
+
+// CheckCoverage for ranks known by their canonical runs, all over `canonical`
+// (sorted by name, as a PlacementMap keeps it). Runs that do not lie inside their
+// tensor are refused too (kInvalidArgument naming the rank): they may come from
+// another process.
+Status CheckCoverage(const std::vector<TensorSpec>& canonical,
+                     std::span<const CanonicalRuns> ranks);
 
 }  // namespace deltacast::layout

@@ -464,7 +464,8 @@ class BucketDownlink::Impl {
       case MessageType::kFailed: {
         auto f = ParseFailed(bytes);
         if (!f.ok() || f->refit_id != r.id) return;
-        if (Available() && f->node_id == child && children_.streaming()) {
+        if (Available() && f->node_id == child && children_.streaming() &&
+            f->kind == FailureKind::kNode) {
           // As a node does: the version goes on without it and its subtree.
           log::Warn(fmt::format(
               "bucket downlink {}: child {} cannot reach the target ({}); refit {} goes on "

@@ -1,6 +1,8 @@
 #include "relay/merge.h"
 
 #include <cstring>
+#include <optional>
+#include <set>
 
 #include "codec/partition.h"
 #include "relay/producer_protocol.h"
@@ -83,9 +85,13 @@ Status CheckShares(const std::vector<codec::TensorInfo>& tensors, uint64_t parti
   return Status::Ok();
 }
 
-Result<codec::Manifest> CombineBaseManifest(const std::vector<codec::TensorInfo>& tensors,
-                                            uint64_t partition_bytes,
-                                            std::span<const ShareReport* const> shares) {
+namespace {
+
+// The manifest the shares' `pieces` (base_pieces or proof) combine to.
+Result<codec::Manifest> Combine(const std::vector<codec::TensorInfo>& tensors,
+                                uint64_t partition_bytes,
+                                std::span<const ShareReport* const> shares,
+                                std::vector<PartitionHash> ShareReport::*pieces) {
   codec::Manifest m;
   m.partition_bytes = partition_bytes;
   m.tensors = tensors;
@@ -93,11 +99,12 @@ Result<codec::Manifest> CombineBaseManifest(const std::vector<codec::TensorInfo>
     m.partition_hashes.emplace_back(codec::PartitionCount(t, partition_bytes));
   }
   for (const ShareReport* s : shares) {
-    if (s->base_pieces.size() != s->coverage.size()) {
+    const std::vector<PartitionHash>& hashes = s->*pieces;
+    if (hashes.size() != s->coverage.size()) {
       return Status::FailedPrecondition("producer " + s->producer + " did not hash its base");
     }
     for (size_t i = 0; i < s->coverage.size(); ++i) {
-      m.partition_hashes[s->coverage[i].tensor][s->coverage[i].partition] ^= s->base_pieces[i];
+      m.partition_hashes[s->coverage[i].tensor][s->coverage[i].partition] ^= hashes[i];
     }
   }
   for (uint32_t t = 0; t < tensors.size(); ++t) {
@@ -108,6 +115,81 @@ Result<codec::Manifest> CombineBaseManifest(const std::vector<codec::TensorInfo>
     }
   }
   return m;
+}
+
+}  // namespace
+
+Result<codec::Manifest> CombineBaseManifest(const std::vector<codec::TensorInfo>& tensors,
+                                            uint64_t partition_bytes,
+                                            std::span<const ShareReport* const> shares) {
+  return Combine(tensors, partition_bytes, shares, &ShareReport::base_pieces);
+}
+
+ProducerPieces ProofOfTarget(std::span<const ShareReport* const> shares) {
+  ProducerPieces out;
+  for (const ShareReport* s : shares) {
+    auto& pieces = out[s->producer];
+    for (size_t i = 0; i < s->coverage.size() && i < s->proof.size(); ++i) {
+      pieces[{s->coverage[i].tensor, s->coverage[i].partition}] = s->proof[i];
+    }
+    for (const ShareChange& c : s->changes) pieces[{c.tensor, c.partition}] ^= c.mask;
+  }
+  return out;
+}
+
+Status CheckBaseProof(const codec::Manifest& base, std::span<const ShareReport* const> shares,
+                      const ProducerPieces* expected) {
+  ASSIGN_OR_RETURN(codec::Manifest proved,
+                   Combine(base.tensors, base.partition_bytes, shares, &ShareReport::proof));
+  std::optional<std::pair<uint32_t, uint64_t>> first;
+  uint64_t partitions = 0;
+  std::set<uint32_t> tensors;
+  for (uint32_t t = 0; t < base.tensors.size(); ++t) {
+    for (uint64_t k = 0; k < base.partition_hashes[t].size(); ++k) {
+      if (proved.partition_hashes[t][k] == base.partition_hashes[t][k]) continue;
+      if (!first) first = {t, k};
+      ++partitions;
+      tensors.insert(t);
+    }
+  }
+  if (!first) return Status::Ok();
+  const auto [t, k] = *first;
+  // The piece a producer's proof of (t, k) should be, if the last refit says.
+  auto expected_piece = [&](const std::string& producer) -> const PartitionHash* {
+    if (expected == nullptr) return nullptr;
+    const auto p = expected->find(producer);
+    if (p == expected->end()) return nullptr;
+    const auto piece = p->second.find({t, k});
+    return piece == p->second.end() ? nullptr : &piece->second;
+  };
+  std::vector<std::string> who, off;
+  bool all_expected = true;
+  for (const ShareReport* s : shares) {
+    for (size_t i = 0; i < s->coverage.size(); ++i) {
+      const PartitionShare& c = s->coverage[i];
+      if (c.tensor != t || c.partition != k) continue;
+      who.push_back(s->producer);
+      const PartitionHash* want = expected_piece(s->producer);
+      if (want == nullptr) {
+        all_expected = false;
+      } else if (*want != s->proof[i]) {
+        off.push_back(s->producer);
+      }
+    }
+  }
+  // Each producer's piece is known from the last refit: name the ones that are off.
+  if (all_expected && !off.empty()) who = off;
+  std::string names;
+  for (const auto& w : who) names += (names.empty() ? "" : ", ") + w;
+  return Status::FailedPrecondition(
+      (who.size() == 1 ? "producer " + names + " compared against another base than"
+                       : "one of producers " + names +
+                             " (who share it) compared against "
+                             "another base than") +
+      " the version the tree holds (" + base.VersionId().ShortHex() + "): its base piece of " +
+      PartitionName(base.tensors[t], k) + " does not match (" + std::to_string(partitions) +
+      " partitions of " + std::to_string(tensors.size()) +
+      " tensors differ); a stale, corrupt or other step's previous shard; nothing was sent");
 }
 
 Result<codec::Manifest> CombineTargetManifest(const codec::Manifest& base,

@@ -38,6 +38,9 @@ struct ShareReport {
   std::vector<PartitionShare> coverage;    // every partition it covers part of
   std::vector<PartitionHash> base_pieces;  // parallel to coverage; empty if not hashed
   std::vector<ShareChange> changes;        // every partition it changed
+  // Parallel to coverage: its base pieces as hashed in the compare pass that made
+  // its changes (PRODUCED), the proof that it compared against the base.
+  std::vector<PartitionHash> proof;
 };
 
 // Checks that the shares cover every partition of `tensors` exactly: the covered
@@ -50,6 +53,25 @@ Status CheckShares(const std::vector<codec::TensorInfo>& tensors, uint64_t parti
 Result<codec::Manifest> CombineBaseManifest(const std::vector<codec::TensorInfo>& tensors,
                                             uint64_t partition_bytes,
                                             std::span<const ShareReport* const> shares);
+// Checks every share's proof of the base: for each partition, the shares' `proof`
+// pieces plus the length term must give `base`'s hash. Otherwise a producer compared
+// against bytes that are not the base version (a stale or corrupt previous shard, or
+// another step's), its mask would take the receivers to a version that is neither
+// step, and the linear partition hash would not notice: kFailedPrecondition naming
+// the tensor, the partition, the producers that cover it and how many partitions
+// differ. Call after CheckShares.
+//
+// `expected`, when given, is what each producer's pieces of the base should be (its
+// pieces of the last committed target: ProofOfTarget), so that a partition shared by
+// several producers names the one whose piece is off.
+using ProducerPieces =
+    std::map<std::string, std::map<std::pair<uint32_t, uint64_t>, PartitionHash>>;
+Status CheckBaseProof(const codec::Manifest& base, std::span<const ShareReport* const> shares,
+                      const ProducerPieces* expected = nullptr);
+// Each share's pieces of the target (its base proof plus its mask contributions):
+// what CheckBaseProof expects of the next refit from the same producers.
+ProducerPieces ProofOfTarget(std::span<const ShareReport* const> shares);
+
 // The target manifest: the base with every share's mask contributions added.
 Result<codec::Manifest> CombineTargetManifest(const codec::Manifest& base,
                                               std::span<const ShareReport* const> shares);

@@ -117,7 +117,7 @@ class NodeAgent::Impl {
   void OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result);
   void RequestRepairs(const NodeStore::ApplyResult& result);
   void OnRepairBytes(uint64_t id, const Fetch& fetch, const PartitionData& data);
-  void LocalFailure(uint64_t id, const Status& status);
+  void LocalFailure(uint64_t id, const Status& status, FailureKind kind = FailureKind::kNode);
   void SendFailed(const Failed& failed);
   void MaybePrepared();
   void OnChildPrepared(const std::string& child, ByteSpan bytes);

@@ -244,14 +244,12 @@ void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& 
   if (!refit_ || refit_->id != id) return;
   refit_->apply_seconds += result.seconds;
   if (result.refused) {
-    // Well-formed but wrong records: treated like a damaged chunk, never applied.
-    // The spooled copy goes too, so this node neither replays it to its children
-    // nor keeps it over the copy fetched again.
-    log::Warn(fmt::format("{}: {}; fetching the chunk again", options_.node_id,
-                          result.status.ToString()));
-    if (refit_->spool) refit_->spool->Forget(result.sequence);
-    ++refetches_;
-    return parent_.Drop(Status::Corrupt("refused chunk"));
+    // A record that passed the chunk's checksums (and signature) but cannot take its
+    // partition from the base to the target BEGIN announced: the bytes are what the
+    // root sent, so fetching them again would only fetch the same mistake. The delta
+    // is bad, not the link: refuse to prepare, once, and say so (nothing was written).
+    return LocalFailure(id, Status::Corrupt("bad delta: " + result.status.ToString()),
+                        FailureKind::kBadDelta);
   }
   if (!result.status.ok()) return LocalFailure(id, result.status);
   if (!result.torn.empty()) return RequestRepairs(result);
@@ -290,12 +288,12 @@ void NodeAgent::Impl::OnRepairBytes(uint64_t id, const Fetch& fetch, const Parti
 
 // ---- prepare ------------------------------------------------------------------------
 
-void NodeAgent::Impl::LocalFailure(uint64_t id, const Status& status) {
+void NodeAgent::Impl::LocalFailure(uint64_t id, const Status& status, FailureKind kind) {
   if (!refit_ || refit_->id != id || !refit_->local_error.ok()) return;
   refit_->local_error = status;
   log::Error(fmt::format("{}: refit {} cannot reach the target: {}", options_.node_id, id,
                          status.ToString()));
-  SendFailed(Failed{id, options_.node_id, status.ToString()});
+  SendFailed(Failed{id, options_.node_id, status.ToString(), kind});
 }
 
 void NodeAgent::Impl::SendFailed(const Failed& failed) {
@@ -345,7 +343,7 @@ void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
     return MaybeOutcome();
   }
   if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
-      f->node_id == child && r.phase == Phase::kStreaming) {
+      f->node_id == child && r.phase == Phase::kStreaming && f->kind == FailureKind::kNode) {
     // Like an absent child: the version goes on without it (and its subtree), which
     // catches up at a later refit. Its own log says why it failed.
     log::Warn(

@@ -205,6 +205,8 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
   for (const auto& t : input.map->canonical())
     coverage.tensors.push_back({t.name, t.dtype, t.shape});
   coverage.shares = ShareCoverage(*input.map, produce.partition_bytes);
+  coverage.layout_name = input.map->name();
+  coverage.runs = input.map->runs();
   report.partitions = coverage.shares.size();
   if (produce.hash_base) {
     const auto hash_start = Clock::now();
@@ -248,6 +250,7 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
   produced.local_bytes = encoded->stats.local_bytes;
   produced.seconds = encoded->stats.seconds;
   produced.changes = encoded->changes;
+  produced.base_pieces = encoded->base_pieces;
   std::vector<std::vector<std::byte>> stream =
       StreamMessages(produce.refit_id, *encoded, produce.chunk_bytes, produced.piece_messages);
   *encoded = EncodedShare{};  // the stream holds the bytes now

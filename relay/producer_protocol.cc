@@ -13,6 +13,8 @@ using Reader = internal::BodyReader;
 
 constexpr size_t kShareBytes = 4 + 8 + 8 + 8;
 constexpr size_t kChangeBytes = 4 + 8 + 1 + 16;
+constexpr size_t kRunBytes = 4 + 8 + 8 + 8 + 8 + 4;
+constexpr size_t kMaxLayoutName = 4096;
 
 }  // namespace
 
@@ -60,6 +62,18 @@ std::vector<std::byte> EncodeCoverage(const Coverage& m) {
     w.Put<uint64_t>(s.length);
     if (!m.base_pieces.empty()) PutHash(w, m.base_pieces[i]);
   }
+  const std::string name = m.layout_name.substr(0, kMaxLayoutName);
+  w.Put<uint16_t>(static_cast<uint16_t>(name.size()));
+  w.PutString(name);
+  w.Put<uint64_t>(m.runs.size());
+  for (const layout::Run& run : m.runs) {
+    w.Put<uint32_t>(run.canonical);
+    w.Put<uint64_t>(run.dst);
+    w.Put<uint64_t>(run.dst_stride);
+    w.Put<uint64_t>(run.count);
+    w.Put<uint64_t>(run.len);
+    w.Put<int32_t>(run.line);
+  }
   return out;
 }
 
@@ -104,6 +118,22 @@ Result<Coverage> ParseCoverage(ByteSpan message) {
       m.base_pieces.push_back(h);
     }
   }
+  uint64_t runs = 0;
+  r.GetString(m.layout_name, kMaxLayoutName) && r.GetCount(runs, kRunBytes);
+  for (uint64_t i = 0; i < runs; ++i) {
+    layout::Run run;
+    if (!r.Get(run.canonical) || !r.Get(run.dst) || !r.Get(run.dst_stride) || !r.Get(run.count) ||
+        !r.Get(run.len) || !r.Get(run.line)) {
+      break;
+    }
+    // Whether each run lies inside its tensor is the coverage check's to say
+    // (layout::CheckCoverage), with the producer named.
+    if (run.canonical >= m.tensors.size()) {
+      r.Fail();
+      break;
+    }
+    m.runs.push_back(run);
+  }
   RETURN_IF_ERROR(r.Close());
   return m;
 }
@@ -146,6 +176,8 @@ std::vector<std::byte> EncodeProduced(const Produced& m) {
     w.Put<uint8_t>(c.whole ? 1 : 0);
     PutHash(w, c.mask);
   }
+  w.Put<uint64_t>(m.base_pieces.size());
+  for (const auto& h : m.base_pieces) PutHash(w, h);
   return out;
 }
 
@@ -167,6 +199,13 @@ Result<Produced> ParseProduced(ByteSpan message) {
     }
     c.whole = whole == 1;
     m.changes.push_back(c);
+  }
+  uint64_t pieces = 0;
+  r.GetCount(pieces, PartitionHash::kBytes);
+  for (uint64_t i = 0; i < pieces; ++i) {
+    PartitionHash h;
+    if (!r.GetHash(h)) break;
+    m.base_pieces.push_back(h);
   }
   RETURN_IF_ERROR(r.Close());
   return m;

@@ -19,6 +19,7 @@
 #include "common/bytes.h"
 #include "common/partition_hash.h"
 #include "common/status.h"
+#include "layout/runs.h"
 #include "relay/protocol.h"
 #include "relay/shard_encoder.h"
 
@@ -37,6 +38,10 @@ struct Coverage {
   std::vector<codec::TensorInfo> tensors;  // the canonical table, sorted by name
   std::vector<PartitionShare> shares;
   std::vector<PartitionHash> base_pieces;  // parallel to shares, or empty
+  // The producer's placement seen from the canonical side (where each run lands;
+  // `local` and `src` are not sent): the root checks the mesh's exact coverage.
+  std::string layout_name;
+  std::vector<layout::Run> runs;
 };
 struct BaseHashes {
   uint64_t refit_id = 0;
@@ -51,6 +56,9 @@ struct Produced {
   uint64_t local_bytes = 0;
   double seconds = 0;
   std::vector<ShareChange> changes;
+  // The base contribution to each partition of the producer's coverage (parallel
+  // to COVERAGE's shares), hashed in its compare pass: its proof of the base.
+  std::vector<PartitionHash> base_pieces;
 };
 struct Pull {
   uint64_t refit_id = 0;

@@ -192,6 +192,7 @@ std::vector<std::byte> EncodeFailed(const Failed& m) {
   w.Put<uint64_t>(m.refit_id);
   PutString(w, m.node_id);
   PutString(w, m.reason.substr(0, kMaxReasonBytes));
+  w.Put<uint8_t>(static_cast<uint8_t>(m.kind));
   return out;
 }
 
@@ -264,6 +265,12 @@ Result<Failed> ParseFailed(ByteSpan message) {
       return Status::Corrupt("FAILED names a node id that is not a valid node id");
     }
     r.GetString(m.reason, kMaxReasonBytes);
+    uint8_t kind = 0;
+    r.Get(kind);
+    if (kind > static_cast<uint8_t>(FailureKind::kBadDelta)) {
+      return Status::Corrupt("FAILED with unknown kind " + std::to_string(kind));
+    }
+    m.kind = static_cast<FailureKind>(kind);
     return Status::Ok();
   });
 }

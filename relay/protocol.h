@@ -18,10 +18,12 @@
 namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
+// 4: FAILED says why (a node that cannot take part, or a delta that cannot reach its
+// target); producers prove their base (PRODUCED) and send their layout (COVERAGE).
 // 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
 // parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 3;
+inline constexpr uint8_t kProtocolVersion = 4;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
@@ -135,10 +137,19 @@ struct Prepared {
   uint64_t refit_id = 0;
   std::vector<NodeReport> nodes;  // every node of the sender's subtree
 };
+// Why a node says FAILED. A node that cannot take part (its disk, its store, an
+// away child) may be left out under commit policy `available`; a delta that cannot
+// take a node's base to the announced target is the delta's fault, would fail
+// everywhere, and fails the refit under either policy.
+enum class FailureKind : uint8_t {
+  kNode = 0,
+  kBadDelta = 1,
+};
 struct Failed {
   uint64_t refit_id = 0;
   std::string node_id;
   std::string reason;
+  FailureKind kind = FailureKind::kNode;
 };
 struct Decision {  // COMMIT and ABORT
   uint64_t refit_id = 0;

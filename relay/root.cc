@@ -4,11 +4,13 @@
 #include <openssl/rand.h>
 #include <time.h>
 
+#include <algorithm>
 #include <map>
 
 #include "common/log.h"
 #include "relay/merge.h"
 #include "relay/producer_protocol.h"
+#include "relay/refit_assembly.h"
 
 namespace deltacast::relay {
 
@@ -142,73 +144,52 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
                EncodeProduce({talk.refit_id(), partition_bytes, chunk_bytes, known == nullptr}));
   }
 
-  // 1. Coverage (and base pieces).
-  std::map<std::string, ShareReport> shares;
-  std::vector<codec::TensorInfo> table;
-  while (shares.size() < talk.ids().size()) {
+  // 1. Coverage (and base pieces): exact coverage, the base manifest.
+  const bool from_last = base_in == nullptr && last_target_.has_value();
+  RefitAssembly assembly(known, partition_bytes, &checked_mesh_,
+                         from_last ? &last_pieces_ : nullptr);
+  for (size_t got = 0; got < talk.ids().size();) {
     auto next = talk.Next("before reporting coverage");
     if (!next.ok()) return fail(next.status());
     auto& [id, message] = *next;
     auto coverage = ParseCoverage(ByteSpan(*message));
     if (!coverage.ok()) return fail(WrongMessage(id, ByteSpan(*message), "COVERAGE"));
     if (coverage->refit_id != talk.refit_id()) continue;
-    if (table.empty()) table = coverage->tensors;
-    if (coverage->tensors != table) {
-      return fail(Status::InvalidArgument("producer " + id +
-                                          " holds another canonical tensor table than " +
-                                          shares.begin()->first));
-    }
-    shares[id] = ShareReport{id, std::move(coverage->shares), std::move(coverage->base_pieces), {}};
+    if (Status s = assembly.AddCoverage(id, std::move(*coverage)); !s.ok()) return fail(s);
+    ++got;
   }
   report.coverage_seconds = SecondsSince(start);
-  std::vector<const ShareReport*> reports;
-  for (const auto& [id, s] : shares) reports.push_back(&s);
-  if (Status s = CheckShares(table, partition_bytes, reports); !s.ok()) return fail(s);
-  codec::Manifest base;
-  if (known) {
-    if (known->tensors != table) {
-      return fail(Status::FailedPrecondition(
-          "the producers' canonical tensor table differs from the base version's"));
-    }
-    base = *known;
-  } else {
-    auto combined = CombineBaseManifest(table, partition_bytes, reports);
-    if (!combined.ok()) return fail(combined.status());
-    base = std::move(*combined);
-    report.base_from_producers = true;
-  }
+  if (Status s = assembly.SettleBase(); !s.ok()) return fail(s);
+  report.base_from_producers = assembly.base_from_producers();
+  const codec::Manifest& base = assembly.base();
 
-  // 2. Base hashes out, mask contributions back.
-  for (const auto& [id, s] : shares) {
-    BaseHashes hashes{talk.refit_id(), {}};
-    for (const auto& c : s.coverage) {
-      hashes.hashes.push_back(c.Whole() ? base.partition_hashes[c.tensor][c.partition]
-                                        : PartitionHash{});
-    }
-    hub_->Send(id, EncodeBaseHashes(hashes));
+  // 2. Base hashes out, mask contributions and base proofs back: the target.
+  for (const auto& id : talk.ids()) {
+    hub_->Send(id, EncodeBaseHashes(assembly.HashesFor(id, talk.refit_id())));
   }
-  std::map<std::string, Produced> produced;
-  while (produced.size() < shares.size()) {
+  for (size_t got = 0; got < talk.ids().size();) {
     auto next = talk.Next("while encoding");
     if (!next.ok()) return fail(next.status());
     auto& [id, message] = *next;
     auto p = ParseProduced(ByteSpan(*message));
     if (!p.ok()) return fail(WrongMessage(id, ByteSpan(*message), "PRODUCED"));
     if (p->refit_id != talk.refit_id()) continue;
-    shares[id].changes = p->changes;
-    produced[id] = std::move(*p);
+    assembly.AddProduced(id, std::move(*p));
+    ++got;
   }
-  auto target = CombineTargetManifest(base, reports);
-  if (!target.ok()) return fail(target.status());
+  if (Status s = assembly.SettleTarget(); !s.ok()) return fail(s);
+  const codec::Manifest* target = &assembly.target();
+  const std::map<std::string, Produced>& produced = assembly.produced();
+  const std::vector<const ShareReport*> reports = assembly.reports();
   report.produce_seconds = SecondsSince(start);
   uint64_t chunk_changes = 0;
   for (const auto& [id, p] : produced) {
     chunk_changes += p.changed_elements;
-    ProducerSummary summary{id, shares[id].coverage.size(), 0, 0, p.local_bytes, p.seconds};
+    ProducerSummary summary{id, assembly.share(id).coverage.size(), 0, 0, p.local_bytes, p.seconds};
     for (const auto& c : p.changes) (c.whole ? summary.whole_changes : summary.piece_changes)++;
     report.producers.push_back(summary);
   }
-  log::Info(fmt::format("refit from {} producers: target {} known after {:.3f} s", shares.size(),
+  log::Info(fmt::format("refit from {} producers: target {} known after {:.3f} s", produced.size(),
                         target->VersionId().ShortHex(), report.produce_seconds));
 
   // 3. Stream: cut-through under credit, pieces combined as they complete.
@@ -251,7 +232,7 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
       --remaining[id];
       --left;
       // Keep `producer_window` messages of each producer in flight.
-      if (granted[id] < produced[id].chunks + produced[id].piece_messages) {
+      if (granted[id] < produced.at(id).chunks + produced.at(id).piece_messages) {
         hub_->Send(id, EncodePull({talk.refit_id(), 1}));
         ++granted[id];
       }
@@ -264,7 +245,10 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
   if (!published.ok()) return fail(published.status());
   report.publish = std::move(*published);
   talk.EndAll(report.publish.committed, report.publish.abort_reason);
-  if (report.publish.committed) last_target_ = std::move(*target);
+  if (report.publish.committed) {
+    last_target_ = *target;
+    last_pieces_ = assembly.ProofOfTarget();
+  }
   return report;
 }
 

@@ -28,6 +28,8 @@
 #include <vector>
 
 #include "codec/manifest.h"
+#include "common/hash.h"
+#include "relay/merge.h"
 #include "relay/producer_hub.h"
 #include "relay/publisher.h"
 #include "relay/source.h"
@@ -99,6 +101,8 @@ class Root {
   std::unique_ptr<ProducerHub> hub_;
   std::string producer_address_;
   std::optional<codec::Manifest> last_target_;
+  std::optional<Digest128> checked_mesh_;  // the producers' layouts last found exact
+  ProducerPieces last_pieces_;             // each producer's pieces of last_target_
 };
 
 }  // namespace deltacast::relay

@@ -74,8 +74,12 @@ class Encoder {
   Encoder(const ShareInput& in, const ShareEncodeOptions& o, const LocalChanges* device)
       : in_(in), o_(o), device_(device) {}
 
+  // Encodes unit `u` and sets `base_piece` to the share's base contribution to its
+  // partition's hash, computed in the compare pass (for a device share's plain runs,
+  // the caller adds the device's hash of them).
   void Encode(const Unit& u, const PartitionHash& base_hash, Scratch& s, Output& out,
-              std::optional<codec::ChunkBuilder>& builder) {
+              std::optional<codec::ChunkBuilder>& builder, PartitionHash& base_piece) {
+    base_piece = {};
     const layout::TensorSpec& t = in_.map->canonical()[u.share.tensor];
     const uint32_t e = static_cast<uint32_t>(ElementSize(t.dtype));
     bool residual = false;
@@ -89,7 +93,7 @@ class Encoder {
       const Run& r = u.pieces[0];
       const ByteSpan a = in_.base(r.local).subspan(r.src * e, r.len * e);
       const ByteSpan b = in_.target(r.local).subspan(r.src * e, r.len * e);
-      auto encoded = codec::EncodePartition(t.dtype, a, b, o_.codec, s.codec);
+      auto encoded = codec::EncodePartition(t.dtype, a, b, o_.codec, s.codec, &base_piece);
       if (!encoded) return;
       const PartitionHash mask =
           HashSparseMask(s.codec.changes.positions, s.codec.changes.xors.data(), e);
@@ -97,7 +101,7 @@ class Encoder {
       return;
     }
 
-    Collect(u, t, e, residual, s);
+    base_piece = Collect(u, t, e, residual, s);
     if (s.acc.size() == 0) return;
     const PartitionHash mask = HashSparseMask(s.acc.positions, s.acc.xors.data(), e);
     const codec::Encoding kind =
@@ -156,8 +160,11 @@ class Encoder {
 
  private:
   // The changes of every run row in the partition, as partition positions, XOR
-  // words and (residual) new words.
-  void Collect(const Unit& u, const layout::TensorSpec& t, uint32_t e, bool residual, Scratch& s) {
+  // words and (residual) new words; returns the base contribution of the rows it
+  // compared on the host (canonical values for residual rows).
+  PartitionHash Collect(const Unit& u, const layout::TensorSpec& t, uint32_t e, bool residual,
+                        Scratch& s) {
+    PartitionHash base_piece;
     s.acc.clear();
     s.acc.element_size = e;
     s.new_words.clear();
@@ -186,7 +193,8 @@ class Encoder {
           old_row = s.old_canon.data();
           new_row = s.new_canon.data();
         }
-        codec::FindChanges(ByteSpan(old_row, r.len * e), ByteSpan(new_row, r.len * e), e, s.row);
+        base_piece ^= codec::FindChangesHashingBase(
+            ByteSpan(old_row, r.len * e), ByteSpan(new_row, r.len * e), e, dst * e, s.row);
         if (s.row.size() == 0) continue;
         if (!s.acc.positions.empty() && dst + s.row.positions.front() <= s.acc.positions.back()) {
           sorted = false;
@@ -203,6 +211,7 @@ class Encoder {
       }
     }
     if (!sorted) SortChanges(s, residual);
+    return base_piece;
   }
 
   // Collect for a run of a device share: each row's changes from its local tensor's
@@ -411,6 +420,7 @@ Result<EncodedShare> EncodeShare(const ShareInput& input,
                                    std::to_string(units.size()));
   }
   LocalChanges found;
+  std::vector<PartitionHash> device_base;
   if (input.memory != nullptr) {
     RETURN_IF_ERROR(CheckDeviceShare(input));
     for (const Unit& u : units) {
@@ -426,22 +436,27 @@ Result<EncodedShare> EncodeShare(const ShareInput& input,
       }
     }
     ASSIGN_OR_RETURN(found, FindDeviceChanges(input));
+    // The device holds the plain runs' bytes: their base contributions come from its
+    // hash, the residual rows' from the host compare below.
+    ASSIGN_OR_RETURN(device_base, HashDeviceShare(input, units));
   } else {
     RETURN_IF_ERROR(CheckSizes(input));
   }
   Encoder encoder(input, options, input.memory != nullptr ? &found : nullptr);
   const size_t threads = Threads(options.threads, units.size());
   std::vector<Output> outputs(threads);
+  EncodedShare share;
+  share.base_pieces.resize(units.size());
   std::atomic<size_t> next{0};
   ParallelFor(threads, threads, [&](size_t t) {
     Scratch scratch;
     std::optional<codec::ChunkBuilder> builder;
     for (size_t k = next++; k < units.size(); k = next++) {
-      encoder.Encode(units[k], base_hashes[k], scratch, outputs[t], builder);
+      encoder.Encode(units[k], base_hashes[k], scratch, outputs[t], builder, share.base_pieces[k]);
+      if (!device_base.empty()) share.base_pieces[k] ^= device_base[k];
     }
     Encoder::Flush(outputs[t], builder);
   });
-  EncodedShare share;
   for (Output& o : outputs) {
     for (auto& c : o.chunks) share.chunks.push_back(std::move(c));
     for (auto& p : o.pieces) share.pieces.push_back(std::move(p));

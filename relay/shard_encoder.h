@@ -96,6 +96,10 @@ struct EncodedShare {
   std::vector<std::vector<std::byte>> chunks;
   std::vector<SharePiece> pieces;    // partitions covered in part, canonical order
   std::vector<ShareChange> changes;  // every changed partition, canonical order
+  // The share's base contribution to each partition of its coverage (parallel to
+  // it), hashed in the compare pass: what the root checks against the base version
+  // (the proof that the share compared against the bytes the tree holds).
+  std::vector<PartitionHash> base_pieces;
   ShareStats stats;
 };
 

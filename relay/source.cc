@@ -574,7 +574,7 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
         break;
       }
       if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
-          f->node_id == child && children_.streaming()) {
+          f->node_id == child && children_.streaming() && f->kind == FailureKind::kNode) {
         // Like an absent child (commit policy available): the version goes on
         // without it and its subtree; they catch up at a later refit.
         log::Warn(
@@ -584,6 +584,10 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
         children_.Excuse(child);
         loop_.Post([this, child] { downstream_.Excuse(child); });
         break;
+      }
+      if (f->kind == FailureKind::kBadDelta) {
+        log::Error(
+            fmt::format("node '{}' refused the delta: {}", f->node_id, log::Escape(f->reason)));
       }
       Fail("node '" + f->node_id + "': " + log::Escape(f->reason));
       break;

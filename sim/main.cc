@@ -5,6 +5,8 @@
 //                 [--known S,T]   seeds of known, unfixed bugs: they must fail
 //                 [--no-disk]     no power losses, no full disks: the schedules drawn
 //                                 before the disk was simulated
+//                 [--producers]   the delta from four producers through the root's
+//                                 checks and merge, with trainer faults
 //
 // Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
 #include <fmt/core.h>
@@ -28,7 +30,8 @@ int Usage(const std::string& why) {
   std::fprintf(
       stderr,
       "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
-      "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--shrink] "
+      "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--producers] "
+      "[--shrink] "
       "[--json FILE]\n",
       why.c_str());
   return 2;
@@ -53,6 +56,7 @@ int main(int argc, char** argv) {
   bool one = false, trace = false, shrink = false;
   double intensity = 1.0;
   bool disk = true;
+  bool producers = false;
   RunOptions options;
   std::string json;
   std::set<uint64_t> known;  // seeds of known, unfixed bugs: expected to fail
@@ -92,6 +96,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--intensity") {
       intensity = std::atof(value().c_str());
+    } else if (a == "--producers") {
+      producers = true;
     } else if (a == "--no-disk") {
       disk = false;
     } else if (a == "--trace") {
@@ -110,12 +116,13 @@ int main(int argc, char** argv) {
   int failed = 0, known_failed = 0;
   uint64_t runs = 0, publishes = 0, committed = 0, node_refits = 0, tasks = 0;
   uint64_t chunk_bytes = 0, resent = 0, power_losses = 0, enospc = 0;
+  uint64_t trainer_faults = 0, trainer_refused = 0;
   double sim_seconds = 0;
   std::array<uint64_t, kFaultKinds> faults{};
   NetworkCounts net;
   std::vector<uint64_t> failing;
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Scenario s = DrawScenario(seed, intensity, disk);
+    const Scenario s = DrawScenario(seed, intensity, disk, producers);
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;
@@ -127,6 +134,8 @@ int main(int argc, char** argv) {
     resent += r.resent_bytes;
     power_losses += r.power_losses;
     enospc += r.enospc_writes;
+    trainer_faults += r.trainer_faults;
+    trainer_refused += r.trainer_refused;
     for (int k = 0; k < kFaultKinds; ++k) faults[k] += r.faults[k];
     net.resets += r.net.resets;
     net.losses += r.net.losses;
@@ -189,6 +198,11 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(net.losses), static_cast<unsigned long long>(resent),
       static_cast<unsigned long long>(chunk_bytes), static_cast<unsigned long long>(power_losses),
       static_cast<unsigned long long>(enospc));
+  if (producers) {
+    std::printf("trainer faults %llu, refused at the root %llu\n",
+                static_cast<unsigned long long>(trainer_faults),
+                static_cast<unsigned long long>(trainer_refused));
+  }
   if (!json.empty()) {
     std::ofstream out(json);
     out << fmt::format(
@@ -203,7 +217,14 @@ int main(int argc, char** argv) {
       out << fmt::format("{}\"{}\": {}", k ? ", " : "", FaultName(static_cast<FaultKind>(k)),
                          faults[k]);
     }
-    out << "},\n  \"failing_seeds\": [";
+    out << "},\n";
+    if (producers) {
+      out << fmt::format(
+          "  \"producers\": 4,\n  \"trainer_faults\": {},\n"
+          "  \"trainer_refused_at_root\": {},\n",
+          trainer_faults, trainer_refused);
+    }
+    out << "  \"failing_seeds\": [";
     for (size_t i = 0; i < failing.size(); ++i) out << (i ? ", " : "") << failing[i];
     out << "]\n}\n";
   }

@@ -18,6 +18,7 @@
 #include "relay/node_agent.h"
 #include "relay/source.h"
 #include "sim/sim_disk.h"
+#include "sim/trainer.h"
 #include "topology/cluster_config.h"
 
 namespace deltacast::sim {
@@ -145,7 +146,8 @@ class Run {
   fs::path DirOf(int process) const { return process == 0 ? dir_ / "src" : nodes_[process].dir; }
   void LosePower(int process);
   void ScheduleFaults(int publish);
-  void Publish(double rate, bool liveness);
+  // `index`: the publish's place in the workload (-1: the liveness publish).
+  void Publish(int index, double rate, bool liveness);
   Tensors Mutate(const Tensors& base, double rate);
   void CheckBytes(const Node& n, const Digest128& version, const char* when);
   void HealAndRestart();
@@ -166,6 +168,7 @@ class Run {
   topology::ClusterConfig config_;
   std::vector<Node> nodes_;  // [0] unused: node i is nodes_[i]
   std::unique_ptr<relay::Source> source_;
+  std::unique_ptr<SimTrainer> trainer_;  // with producers
   bool source_restart_pending_ = false;
   bool source_power_loss_ = false;  // the source is being killed by a power loss
   bool faults_on_ = true;
@@ -219,6 +222,8 @@ void Run::Setup() {
     if (Status st = (*writer)->Finish(); !st.ok()) throw std::runtime_error(st.ToString());
   }
   for (int p = 0; p <= s_.nodes; ++p) disk_.Adopt(DirOf(p));
+  if (s_.producers > 0)
+    trainer_ = std::make_unique<SimTrainer>(Table(), kPartitionBytes, kChunkBytes);
 }
 
 void Run::StartNode(Node& n) {
@@ -463,7 +468,7 @@ void Run::ScheduleFaults(int publish) {
   }
 }
 
-void Run::Publish(double rate, bool liveness) {
+void Run::Publish(int index, double rate, bool liveness) {
   // A dead source restarts on its own schedule; wait for it.
   while (!source_) {
     if (!source_restart_pending_) StartSource();
@@ -481,6 +486,28 @@ void Run::Publish(double rate, bool liveness) {
   ++r_.publishes;
   q_.Note(fmt::format("publish #{} {} -> {} ({:.4f} % changed){}", lineage_.size(), base.ShortHex(),
                       target.ShortHex(), 100 * rate, liveness ? " [liveness]" : ""));
+  if (trainer_) {
+    // The producers compare their shares and the root checks them, as it knows the
+    // tree's version (the last committed one); a refusal sends nothing.
+    const TrainerFault fault = index >= 0 ? s_.trainer_faults[index] : TrainerFault{};
+    if (fault.kind != TrainerFaultKind::kNone) ++r_.trainer_faults;
+    const Tensors stale = lineage_.size() >= 2 ? versions_.at(lineage_[lineage_.size() - 2])
+                                               : Mutate(base_bytes, 0.01);
+    Status produced = trainer_->Produce(base_manifest, base_bytes, target_bytes, stale, fault);
+    if (fault.kind != TrainerFaultKind::kNone) {
+      q_.Note(
+          fmt::format("trainer fault: {} at rank {}", TrainerFaultName(fault.kind), fault.rank));
+    }
+    if (!produced.ok()) {
+      q_.Note(Scrub("refused at the root: " + produced.ToString()));
+      if (fault.kind == TrainerFaultKind::kNone || liveness) {
+        Fail("the root refused a correct trainer's refit: " + produced.ToString());
+      }
+      ++r_.trainer_refused;
+      pending_.reset();
+      return;
+    }
+  }
   auto base_store = Borrow(base_bytes);
   auto target_store = Borrow(target_bytes);
   const double t0 = q_.Seconds();
@@ -490,13 +517,19 @@ void Run::Publish(double rate, bool liveness) {
   for (int i = 1; i <= s_.nodes; ++i) quiet &= !nodes_[i].joined || nodes_[i].agent != nullptr;
   std::optional<Result<relay::PublishReport>> report;
   try {
-    report = source_->Publish(*base_store, base_manifest, *target_store, target_manifest);
+    report = trainer_
+                 ? source_->PublishStream(
+                       trainer_->base(), trainer_->target(),
+                       [this](const relay::Source::ChunkMessageSink& sink,
+                              codec::DeltaStats* stats) { return trainer_->Stream(sink, stats); })
+                 : source_->Publish(*base_store, base_manifest, *target_store, target_manifest);
   } catch (const Killed&) {
     source_.reset();
     q_.Note("kill src (while publishing)");
     if (std::exchange(source_power_loss_, false)) LosePower(0);
   }
   const bool committed = LoggedCommit(target);
+  if (committed && trainer_) trainer_->Committed();
   if (committed) {
     index_[target] = static_cast<int>(lineage_.size());
     lineage_.push_back(target);
@@ -518,6 +551,11 @@ void Run::Publish(double rate, bool liveness) {
     return;
   }
   const relay::PublishReport& rep = **report;
+  if (rep.committed && rep.target_version != target) {
+    // What the trainer's step is, bit for bit, against what the tree committed.
+    Fail(fmt::format("bit-exact: the source committed version {}, not the trainer's step {}",
+                     rep.target_version.ShortHex(), target.ShortHex()));
+  }
   q_.Note(Scrub(fmt::format("publish {} in {:.3f} s, {} nodes decided{}",
                             rep.committed ? "COMMITTED" : "ABORTED", q_.Seconds() - t0,
                             rep.nodes_decided, rep.committed ? "" : ": " + rep.abort_reason)));
@@ -640,11 +678,11 @@ RunResult Run::Go() {
       q_.RunFor(std::chrono::duration_cast<EventQueue::Duration>(
           std::chrono::duration<double>(s_.gaps[p])));
       ScheduleFaults(p);
-      Publish(s_.change_rates[p], false);
+      Publish(p, s_.change_rates[p], false);
     }
     if (o_.sabotage) Sabotage();
     HealAndRestart();
-    Publish(0.01, true);
+    Publish(-1, 0.01, true);
     q_.RunFor(std::chrono::seconds(2));
     FinalChecks();
   } catch (const Stuck& stuck) {

@@ -42,6 +42,8 @@ struct RunResult {
   std::array<uint64_t, kFaultKinds> faults{};  // injected, per kind
   uint64_t power_losses = 0;                   // kills that were power losses
   uint64_t enospc_writes = 0;                  // writes a full disk refused
+  uint64_t trainer_faults = 0;                 // publishes with a trainer fault
+  uint64_t trainer_refused = 0;                // refits the root refused before sending
   NetworkCounts net;
   uint64_t chunk_bytes = 0, resent_bytes = 0;
   uint64_t peak_held_bytes = 0;

@@ -30,7 +30,21 @@ const char* FaultName(FaultKind kind) {
   return "?";
 }
 
-Scenario DrawScenario(uint64_t seed, double intensity, bool disk) {
+const char* TrainerFaultName(TrainerFaultKind kind) {
+  switch (kind) {
+    case TrainerFaultKind::kNone:
+      return "none";
+    case TrainerFaultKind::kStaleBase:
+      return "stale-base";
+    case TrainerFaultKind::kCorruptBase:
+      return "corrupt-base";
+    case TrainerFaultKind::kOverlap:
+      return "overlap";
+  }
+  return "?";
+}
+
+Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool producers) {
   // Its own generator (not the run's): the scenario is fixed before the run draws.
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
   auto uniform = [&](double lo, double hi) {
@@ -116,6 +130,29 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk) {
   std::stable_sort(s.faults.begin(), s.faults.end(), [](const Fault& x, const Fault& y) {
     return x.publish != y.publish ? x.publish < y.publish : x.at < y.at;
   });
+  if (producers) {
+    std::mt19937_64 trainer(seed * 0xC2B2AE3D27D4EB4Full + 7);
+    s.producers = 4;
+    // The root holds no canonical bytes (docs/producers.md, "Limits"): a node that
+    // missed versions catches up only by the kept chain, so the chain must reach back
+    // over the whole run.
+    s.keep_deltas = 64;
+    // Network faults and late joiners only: a node killed or out of disk mid-refit
+    // needs partitions from up the tree to recover, which only relays can serve (the
+    // root has no bytes; docs/simulation.md, "Producers", lists what this found).
+    std::erase_if(s.faults, [](const Fault& f) {
+      return f.kind == FaultKind::kKillNode || f.kind == FaultKind::kKillSource ||
+             f.kind == FaultKind::kFullDisk;
+    });
+    for (int p = 0; p < s.publishes; ++p) {
+      TrainerFault f;
+      if (intensity > 0 && trainer() % 4 == 0) {
+        f.kind = static_cast<TrainerFaultKind>(1 + trainer() % 3);
+        f.rank = 1 + static_cast<int>(trainer() % 3);
+      }
+      s.trainer_faults.push_back(f);
+    }
+  }
   return s;
 }
 
@@ -125,6 +162,12 @@ std::string Scenario::Describe() const {
       "{} faults",
       seed, nodes, fanout, policy_available ? "available" : "all", keep_deltas, write_back_ms,
       publishes, faults.size());
+  if (producers > 0) out += fmt::format(", {} producers", producers);
+  for (size_t p = 0; p < trainer_faults.size(); ++p) {
+    if (trainer_faults[p].kind == TrainerFaultKind::kNone) continue;
+    out += fmt::format("\n  trainer fault: publish {} {} rank {}", p,
+                       TrainerFaultName(trainer_faults[p].kind), trainer_faults[p].rank);
+  }
   for (size_t i = 0; i < faults.size(); ++i) {
     const Fault& f = faults[i];
     out += fmt::format("\n  fault {}: publish {} +{:.3f}s {}{} {}{}{}", i, f.publish, f.at,

@@ -33,6 +33,14 @@ struct Fault {
   bool power = false;  // a kill: the machine loses power (unsynced writes are lost)
 };
 
+// A trainer's mistake in one publish of a run with producers (sim/trainer.h).
+enum class TrainerFaultKind { kNone, kStaleBase, kCorruptBase, kOverlap };
+const char* TrainerFaultName(TrainerFaultKind kind);
+struct TrainerFault {
+  TrainerFaultKind kind = TrainerFaultKind::kNone;
+  int rank = 1;  // the trainer rank at fault (1..3)
+};
+
 struct Scenario {
   uint64_t seed = 0;
   int nodes = 3;
@@ -45,12 +53,20 @@ struct Scenario {
   std::vector<double> gaps;          // simulated seconds before each publish
   std::set<int> late;                // nodes that start only at their kLateJoin
   std::vector<Fault> faults;         // by time
+  // The delta comes from this many producers through the root's checks and merge
+  // (0: the single-checkpoint source), with a trainer fault per publish.
+  int producers = 0;
+  std::vector<TrainerFault> trainer_faults;
   std::string Describe() const;
 };
 
 // Draws a scenario from `seed`. `intensity` scales the number of faults (0: none).
 // With `disk` false no kill is a power loss and no disk fills (the schedules the
 // simulator drew before it simulated the disk: the same seed gives the same faults).
-Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true);
+// With `producers`, the delta comes from producers and about one publish in four has
+// a trainer fault; those are drawn from a generator of their own, so the rest of
+// the schedule is the seed's as without.
+Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true,
+                      bool producers = false);
 
 }  // namespace deltacast::sim

@@ -15,12 +15,26 @@ struct Interval {
   int line = 0;
 };
 
-// Every row of every run, per canonical tensor, sorted by start.
-Result<std::vector<std::vector<Interval>>> Rows(std::span<const PlacementMap* const> maps) {
-  std::vector<std::vector<Interval>> rows(maps.front()->canonical().size());
+// Every row of every run, per canonical tensor, sorted by start. Runs come from
+// other processes too (a producer's COVERAGE), so each is checked to lie inside its
+// tensor before its rows are expanded.
+Result<std::vector<std::vector<Interval>>> Rows(const std::vector<TensorSpec>& canonical,
+                                                std::span<const RankRuns> ranks) {
+  std::vector<std::vector<Interval>> rows(canonical.size());
   uint64_t total = 0;
-  for (uint32_t m = 0; m < maps.size(); ++m) {
-    for (const Run& r : maps[m]->runs()) {
+  for (uint32_t m = 0; m < ranks.size(); ++m) {
+    for (const Run& r : ranks[m].runs) {
+      const bool rows_apart = r.count <= 1 || r.dst_stride >= r.len;
+      if (r.canonical >= canonical.size() || r.count == 0 || r.len == 0 || !rows_apart ||
+          r.dst_stride > canonical[r.canonical].Elements() ||
+          r.DstEnd() > canonical[r.canonical].Elements()) {
+        return Status::InvalidArgument(
+            *ranks[m].name + ": a run " +
+            (r.canonical < canonical.size()
+                 ? "of canonical tensor '" + canonical[r.canonical].name + "' "
+                 : "") +
+            "does not lie inside its tensor (or its rows overlap)");
+      }
       total += r.count;
       if (total > kMaxCheckedRows) {
         return Status::ResourceExhausted("more than " + std::to_string(kMaxCheckedRows) +
@@ -39,23 +53,22 @@ Result<std::vector<std::vector<Interval>>> Rows(std::span<const PlacementMap* co
   return rows;
 }
 
-std::string Who(const PlacementMap& map, int line) {
-  return map.name() + (line > 0 ? " rule at line " + std::to_string(line) : "");
+std::string Who(const RankRuns& rank, int line) {
+  return *rank.name + (line > 0 ? " rule at line " + std::to_string(line) : "");
 }
 
 }  // namespace
 
-Status CheckOverlaps(std::span<const PlacementMap* const> maps) {
-  ASSIGN_OR_RETURN(auto rows, Rows(maps));
-  const auto& canonical = maps.front()->canonical();
+Status CheckOverlaps(const std::vector<TensorSpec>& canonical, std::span<const RankRuns> ranks) {
+  ASSIGN_OR_RETURN(auto rows, Rows(canonical, ranks));
   for (size_t c = 0; c < rows.size(); ++c) {
     const Interval* widest = nullptr;
     for (const Interval& iv : rows[c]) {
       if (widest != nullptr && iv.begin < widest->end) {
         return Status::InvalidArgument("canonical tensor '" + canonical[c].name + "': element " +
                                        std::to_string(iv.begin) + " is covered twice, by " +
-                                       Who(*maps[widest->map], widest->line) + " and by " +
-                                       Who(*maps[iv.map], iv.line));
+                                       Who(ranks[widest->map], widest->line) + " and by " +
+                                       Who(ranks[iv.map], iv.line));
       }
       if (widest == nullptr || iv.end > widest->end) widest = &iv;
     }
@@ -63,9 +76,8 @@ Status CheckOverlaps(std::span<const PlacementMap* const> maps) {
   return Status::Ok();
 }
 
-Status CheckGaps(std::span<const PlacementMap* const> maps) {
-  ASSIGN_OR_RETURN(auto rows, Rows(maps));
-  const auto& canonical = maps.front()->canonical();
+Status CheckGaps(const std::vector<TensorSpec>& canonical, std::span<const RankRuns> ranks) {
+  ASSIGN_OR_RETURN(auto rows, Rows(canonical, ranks));
   for (size_t c = 0; c < rows.size(); ++c) {
     uint64_t covered = 0;
     const uint64_t n = canonical[c].Elements();

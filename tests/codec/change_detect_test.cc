@@ -68,5 +68,27 @@ TEST(ChangeDetect, KernelsAgreeWithAReference) {
   }
 }
 
+TEST(ChangeDetect, HashingTheBaseWhileComparingGivesTheSameChangesAndItsPieceHash) {
+  std::mt19937_64 rng(11);
+  for (uint32_t e : {1u, 2u, 4u, 8u}) {
+    // Below, at and well above one 64 KiB tile, with a ragged last tile.
+    for (size_t elements : {size_t{1}, size_t{777}, (size_t{64} << 10) / e, size_t{300'001}}) {
+      std::vector<std::byte> a(elements * e), b;
+      for (auto& x : a) x = std::byte(rng());
+      b = a;
+      for (size_t i = 0; i < b.size(); i += 37) b[i] ^= std::byte(1 + rng() % 255);
+      for (uint64_t offset : {uint64_t{0}, uint64_t{e} * 3, uint64_t{4096}}) {
+        SparseChanges plain, fused;
+        FindChanges(a, b, e, plain);
+        const PartitionHash h = FindChangesHashingBase(a, b, e, offset, fused);
+        EXPECT_EQ(h, HashPiece(a, offset)) << "e " << e << " n " << elements << " at " << offset;
+        EXPECT_EQ(fused.positions, plain.positions) << "e " << e << " n " << elements;
+        EXPECT_EQ(fused.xors, plain.xors) << "e " << e << " n " << elements;
+        EXPECT_EQ(fused.element_size, e);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deltacast::codec

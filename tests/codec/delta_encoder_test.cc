@@ -395,5 +395,35 @@ TEST_F(DeltaEncoderTest, BytesThatChangeWhileEncodingAreReported) {
   }
 }
 
+TEST_F(DeltaEncoderTest, AStaleBaseManifestIsRefusedBeforeItsRecordIsSent) {
+  // The base manifest is of bytes one element away from the base read (a stale cache,
+  // a checkpoint changed since it was hashed): a record built from these bytes would
+  // take receivers holding the manifest's version somewhere neither version is.
+  std::vector<Bytes> other = base_;
+  other[0][2] ^= std::byte{0x01};
+  const Manifest stale = ComputeManifest(tensors_, DataOf(other), kPartitionBytes, 1);
+  for (size_t threads : {size_t{0}, size_t{1}, size_t{3}}) {
+    DeltaEncoderOptions options;
+    options.threads = threads;
+    options.on_calling_thread = threads == 0;
+    std::vector<Bytes> chunks;
+    const Status s = EncodeDelta(stale, target_manifest_, DataOf(base_), DataOf(target_), layout_,
+                                 options, [&](std::vector<std::byte>&& c) {
+                                   chunks.push_back(std::move(c));
+                                   return Status::Ok();
+                                 });
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_THAT(s.message(), HasSubstr("tensor 'emb' partition 0"));
+    for (const Bytes& c : chunks) {
+      auto v = ParseChunk(c);
+      ASSERT_TRUE(v.ok());
+      for (const auto& r : v->records) {
+        EXPECT_FALSE(r.tensor_name == "emb" && r.element_offset == 0) << "the record was sent";
+      }
+      EXPECT_NE(v->kind, ChunkKind::kEnd) << "a failed delta must not be completed";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deltacast::codec

@@ -307,6 +307,44 @@ TEST(PlacementErrors, CrossRankOverlap) {
   EXPECT_NE(s.message().find("covered twice"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("rank0.toml"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("rank1.toml"), std::string::npos) << s.message();
+  // The same verdict from the ranks' canonical runs alone (what a root has), with
+  // the names it gives them.
+  const CanonicalRuns runs[] = {CanonicalRunsOf(maps[0], "producer a: " + maps[0].name()),
+                                CanonicalRunsOf(maps[1], "producer b: " + maps[1].name())};
+  Status from_runs = CheckCoverage(maps[0].canonical(), runs);
+  ASSERT_FALSE(from_runs.ok());
+  EXPECT_NE(from_runs.message().find("covered twice"), std::string::npos) << from_runs.message();
+  EXPECT_NE(from_runs.message().find("producer b: rank1.toml"), std::string::npos)
+      << from_runs.message();
+}
+
+TEST(PlacementErrors, CanonicalRunsFromAnotherProcessMustLieInsideTheirTensor) {
+  Job j;
+  j.tp = 2;
+  const auto canonical = testing::CanonicalTensors(j);
+  Expanded e = ExpandAll(j, canonical);
+  std::vector<CanonicalRuns> ranks;
+  for (size_t r = 0; r < e.maps.size(); ++r) {
+    ranks.push_back(CanonicalRunsOf(e.maps[r], "rank " + std::to_string(r)));
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  const auto& specs = e.maps[0].canonical();
+  ASSERT_TRUE(CheckCoverage(specs, ranks).ok()) << CheckCoverage(specs, ranks).ToString();
+  // A peer's run that reaches past its tensor, or rows that overlap each other, is
+  // refused naming the rank, before any row is expanded.
+  for (int damage = 0; damage < 3; ++damage) {
+    auto bad = ranks;
+    layout::Run& run = bad[1].runs[0];
+    if (damage == 0) run.dst = specs[run.canonical].Elements();
+    if (damage == 1) run.canonical = static_cast<uint32_t>(specs.size());
+    if (damage == 2) {
+      run.count = 2;
+      run.dst_stride = run.len == 1 ? 0 : run.len - 1;
+    }
+    Status s = CheckCoverage(specs, bad);
+    ASSERT_FALSE(s.ok()) << "damage " << damage;
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+  }
 }
 
 TEST(PlacementErrors, WrongShapeNamesRuleAndShapes) {

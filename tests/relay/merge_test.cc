@@ -186,8 +186,8 @@ void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
 
 TEST(ProducerMerge, SharesThatMissOrDoubleAPartitionAreRefusedByName) {
   const std::vector<codec::TensorInfo> table = {{"w", DType::kBF16, {64}}};  // 128 B
-  ShareReport a{"rank-00000", {{0, 0, 40, 64}}, {}, {}};
-  ShareReport b{"rank-00001", {{0, 0, 20, 64}}, {}, {}};
+  ShareReport a{"rank-00000", {{0, 0, 40, 64}}, {}, {}, {}};
+  ShareReport b{"rank-00001", {{0, 0, 20, 64}}, {}, {}, {}};
   const ShareReport* gap[] = {&a, &b};
   Status s = CheckShares(table, 1 << 10, gap);
   ASSERT_FALSE(s.ok());
@@ -212,6 +212,48 @@ TEST(ProducerMerge, SharesComparedWhereTheyLie) {
   RunJob("tp=2,pp=2,dp=2", 0, 5'000'000, codec::CodecMode::kFast, true);
 }
 TEST(ProducerMerge, ContextMode) { RunJob("tp=2", 0, 3'000'000, codec::CodecMode::kContext); }
+
+TEST(ProducerMerge, BaseProofsMustCombineToTheBaseManifestNamingWhoseDoesNot) {
+  // Tensor w: one partition split between two producers; tensor x: one producer's.
+  const std::vector<codec::TensorInfo> table = {{"w", DType::kBF16, {64}},
+                                                {"x", DType::kBF16, {64}}};
+  std::vector<std::byte> w(128), x(128);
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = std::byte(i * 7 + 1);
+    x[i] = std::byte(i * 5 + 3);
+  }
+  codec::Manifest base = codec::ComputeManifest(
+      table, [&](size_t t) { return ByteSpan(t == 0 ? w : x); }, 1 << 10, 1);
+  ShareReport a{"rank-00000", {{0, 0, 40, 64}, {1, 0, 64, 64}}, {}, {}, {}};
+  ShareReport b{"rank-00001", {{0, 0, 24, 64}}, {}, {}, {}};
+  a.proof = {HashPiece(ByteSpan(w).first(80), 0), HashPiece(x, 0)};
+  b.proof = {HashPiece(ByteSpan(w).subspan(80), 80)};
+  const ShareReport* both[] = {&a, &b};
+  const std::vector<std::byte> one_ulp = {std::byte{1}, std::byte{0}};
+  EXPECT_TRUE(CheckBaseProof(base, both).ok()) << CheckBaseProof(base, both).ToString();
+
+  // Rank 0 compared x against one element's worth of other bytes.
+  a.proof[1] ^= HashPiece(one_ulp, 10);
+  Status s = CheckBaseProof(base, both);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("producer rank-00000 compared against another base"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("tensor 'x' partition 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("nothing was sent"), std::string::npos) << s.message();
+
+  // A shared partition: both producers are named.
+  a.proof[1] = HashPiece(x, 0);
+  b.proof[0] ^= HashPiece(one_ulp, 90);
+  s = CheckBaseProof(base, both);
+  EXPECT_NE(s.message().find("one of producers rank-00000, rank-00001"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("tensor 'w' partition 0"), std::string::npos) << s.message();
+
+  // No proof at all is refused too.
+  b.proof.clear();
+  EXPECT_FALSE(CheckBaseProof(base, both).ok());
+}
 
 }  // namespace
 }  // namespace deltacast::relay

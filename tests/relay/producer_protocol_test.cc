@@ -39,6 +39,15 @@ TEST(ProducerProtocol, CoverageWithBasePieces) {
   c.tensors = {{"a.weight", DType::kBF16, {4, 8}}, {"b", DType::kF32, {3}}};
   c.shares = {{0, 0, 16, 32}, {1, 0, 3, 3}};
   c.base_pieces = {PartitionHash{1, 2}, PartitionHash{3, 4}};
+  c.layout_name = "rank-00001.toml (tp=1 pp=0 dp=0 ep=0)";
+  layout::Run run;
+  run.canonical = 1;
+  run.dst = 1;
+  run.dst_stride = 2;
+  run.count = 1;
+  run.len = 2;
+  run.line = 12;
+  c.runs = {run};
   auto m = EncodeCoverage(c);
   auto p = ParseCoverage(m);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -46,6 +55,9 @@ TEST(ProducerProtocol, CoverageWithBasePieces) {
   ASSERT_EQ(p->shares.size(), 2u);
   EXPECT_EQ(p->shares[0].covered, 16u);
   EXPECT_EQ(p->base_pieces, c.base_pieces);
+  EXPECT_EQ(p->layout_name, c.layout_name);
+  ASSERT_EQ(p->runs.size(), 1u);
+  EXPECT_EQ(p->runs[0], run);  // local and src are not sent: zero on both ends
   ExpectRefusesDamage(m, [](ByteSpan b) { return ParseCoverage(b).status(); });
   c.shares[1].tensor = 5;  // names no tensor of the table
   EXPECT_FALSE(ParseCoverage(EncodeCoverage(c)).ok());
@@ -58,9 +70,11 @@ TEST(ProducerProtocol, ProducedBaseHashesPiecesEnd) {
   p.pieces = 1;
   p.piece_messages = 1;
   p.changes = {{0, 3, PartitionHash{5, 6}, true}};
+  p.base_pieces = {PartitionHash{7, 8}, PartitionHash{9, 10}};
   auto m = EncodeProduced(p);
   ASSERT_TRUE(ParseProduced(m).ok());
   EXPECT_EQ(ParseProduced(m)->changes[0].mask, (PartitionHash{5, 6}));
+  EXPECT_EQ(ParseProduced(m)->base_pieces, p.base_pieces);
   ExpectRefusesDamage(m, [](ByteSpan b) { return ParseProduced(b).status(); });
 
   auto h = EncodeBaseHashes({1, {PartitionHash{1, 1}, PartitionHash{}}});

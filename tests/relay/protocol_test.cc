@@ -22,6 +22,14 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   auto d = ParseDecision(EncodeDecision(MessageType::kAbort, {9, begin.base_version}));
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->refit_id, 9u);
+  Failed failed{9, "n3", "bad delta: chunk 4 refused", FailureKind::kBadDelta};
+  auto f = ParseFailed(EncodeFailed(failed));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->kind, FailureKind::kBadDelta);
+  EXPECT_EQ(f->reason, failed.reason);
+  auto unknown_kind = EncodeFailed(failed);
+  unknown_kind.back() = std::byte{2};
+  EXPECT_EQ(ParseFailed(unknown_kind).status().code(), StatusCode::kCorrupt);
   auto o = ParseOutcome(EncodeOutcome(MessageType::kCommitted, {9, 31}));
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->nodes, 31u);

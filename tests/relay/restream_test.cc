@@ -30,10 +30,12 @@ constexpr int kReceivers = 3;  // n1 (relay of n3) and n2 under the source
 
 // A short commit timeout: a node that was catching up when the refused refit's ABORT
 // passed it never confirms that ABORT, and its parent waits this long for it.
-std::string ConfigToml() {
+std::string ConfigToml(const std::string& policy, const std::string& commit_timeout) {
   std::string toml =
       "[cluster]\nname = \"restream-test\"\n\n[tree]\nfanout = 2\nchunk_size = \"4KiB\"\n"
-      "window = 4\nconnect_timeout = \"5s\"\ncommit_timeout = \"5s\"\n\n"
+      "window = 4\nconnect_timeout = \"5s\"\ncommit_timeout = \"" +
+      commit_timeout + "\"\ncommit_policy = \"" + policy +
+      "\"\n\n"
       "[[node]]\nid = \"src\"\nhost = \"mem\"\nport = 1\nregion = \"r\"\nrole = \"source\"\n";
   for (int i = 1; i <= kReceivers; ++i) {
     toml += "\n[[node]]\nid = \"n" + std::to_string(i) +
@@ -68,7 +70,8 @@ class RestreamTest : public ::testing::Test {
       base_.push_back(std::move(b));
     }
     target_ = Changed(base_, 6);
-    auto config = topology::ParseClusterConfig(ConfigToml(), "restream-test.toml");
+    auto config =
+        topology::ParseClusterConfig(ConfigToml(policy_, commit_timeout_), "restream-test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
     network_ = std::make_shared<transport::InprocNetwork>();
@@ -138,6 +141,8 @@ class RestreamTest : public ::testing::Test {
     }
   }
 
+  std::string policy_ = "all";
+  std::string commit_timeout_ = "5s";
   std::vector<codec::TensorInfo> tensors_;
   Tensors base_, target_;
   topology::ClusterConfig config_;
@@ -198,6 +203,55 @@ TEST_F(RestreamTest, ADeltaToATargetAnotherDeltaWasRefusedForCommits) {
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_TRUE(report->committed) << report->abort_reason;
   ExpectStoresAre(target_, "the target");
+}
+
+// A delta whose record cannot take its partition from the base to the target BEGIN
+// announced (a trainer's mistake the root did not catch; here forged): every node
+// refuses to prepare once, saying it is the delta, not the link, and the refit fails
+// at once, even under policy `available`, which would leave out a node that merely
+// cannot take part. Nothing is written anywhere.
+class BadDeltaTest : public RestreamTest {
+ protected:
+  void SetUp() override {
+    policy_ = "available";
+    commit_timeout_ = "60s";
+    RestreamTest::SetUp();
+  }
+};
+
+TEST_F(BadDeltaTest, ARecordThatMissesItsTargetFailsTheRefitAtOnceUnderEitherPolicy) {
+  const codec::Manifest base = ManifestOf(base_);
+  codec::Manifest target = ManifestOf(target_);
+  // The announced target of tensor 0's first partition is not where its record leads.
+  target.partition_hashes[0][0] ^= PartitionHash{1, 0};
+  const codec::DeltaIdentity identity{base.VersionId(), target.VersionId(), kPartitionBytes};
+  const uint64_t elements = kPartitionBytes / 2;
+  codec::CodecScratch scratch;
+  auto encoded = codec::EncodePartition(DType::kBF16, ByteSpan(base_[0]).first(kPartitionBytes),
+                                        ByteSpan(target_[0]).first(kPartitionBytes),
+                                        codec::EncodeOptions{}, scratch);
+  ASSERT_TRUE(encoded.has_value());
+  codec::ChunkBuilder chunk(identity, 0);
+  chunk.Add(tensors_[0].name, DType::kBF16, 0, elements, base.partition_hashes[0][0],
+            target.partition_hashes[0][0], *encoded);
+  const auto start = std::chrono::steady_clock::now();
+  auto report = source_->PublishStream(
+      base, target, [&](const Source::ChunkMessageSink& sink, codec::DeltaStats*) -> Status {
+        RETURN_IF_ERROR(sink(EncodeChunk(chunk.Finish())));
+        return sink(EncodeChunk(codec::BuildEndChunk(
+            identity, 1, codec::DeltaSummary{Digest128{}, 1, 1, target.TotalBytes(), 1})));
+      });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->committed) << "committed a delta no node could apply";
+  EXPECT_NE(report->abort_reason.find("bad delta"), std::string::npos) << report->abort_reason;
+  EXPECT_NE(report->abort_reason.find("node 'n"), std::string::npos) << report->abort_reason;
+  EXPECT_LT(seconds, 30) << "waited for the commit timeout (60 s)";
+  ExpectStoresAre(base_, "the base");
+  for (const auto& a : agents_) {
+    EXPECT_EQ(a->stats().parent_joins, 1u) << "a node reconnected to fetch the delta again";
+  }
 }
 
 }  // namespace
