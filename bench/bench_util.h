@@ -3,10 +3,13 @@
 #pragma once
 
 #include <sys/resource.h>
+#include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -30,6 +33,25 @@ inline double CpuSeconds() {
   getrusage(RUSAGE_SELF, &usage);
   auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
   return secs(usage.ru_utime) + secs(usage.ru_stime);
+}
+
+// CPU seconds the calling thread has used: for single-thread kernels, unaffected by
+// other threads of the process.
+inline double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// The least thread CPU seconds of `reps` runs of `fn`.
+inline double BestThreadCpuSeconds(int reps, const std::function<void()>& fn) {
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = ThreadCpuSeconds();
+    fn();
+    best = std::min(best, ThreadCpuSeconds() - t0);
+  }
+  return best;
 }
 
 // A benchmark stops at the first error: `what: status` on stderr, exit code 1.

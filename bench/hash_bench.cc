@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "common/hash.h"
 #include "common/partition_hash.h"
 
@@ -25,29 +26,14 @@ namespace dc = deltacast;
 
 namespace {
 
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
-}
-
-// Best CPU seconds of `reps` runs of fn.
-double Best(int reps, const std::function<void()>& fn) {
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = ThreadCpuSeconds();
-    fn();
-    best = std::min(best, ThreadCpuSeconds() - t0);
-  }
-  return best;
-}
+using deltacast::bench::BestThreadCpuSeconds;
 
 volatile uint64_t g_sink = 0;
 
 // GB/s of hashing `buf` as partitions of `part` bytes with `hash`.
 double Rate(const std::vector<std::byte>& buf, size_t part, int reps,
             const std::function<uint64_t(dc::ByteSpan)>& hash) {
-  const double s = Best(reps, [&] {
+  const double s = BestThreadCpuSeconds(reps, [&] {
     uint64_t acc = 0;
     for (size_t at = 0; at < buf.size(); at += part) {
       acc ^= hash(dc::ByteSpan(buf).subspan(at, std::min(part, buf.size() - at)));
@@ -119,7 +105,7 @@ int main(int argc, char** argv) {
   // In cache: 1 MiB hashed 64 times per repetition.
   std::vector<std::byte> small(buf.begin(), buf.begin() + std::min<size_t>(buf.size(), 1 << 20));
   auto in_cache = [&](const std::function<uint64_t(dc::ByteSpan)>& hash) {
-    const double s = Best(reps, [&] {
+    const double s = BestThreadCpuSeconds(reps, [&] {
       uint64_t acc = 0;
       for (int i = 0; i < 64; ++i) acc ^= hash(small);
       g_sink = g_sink + acc;
@@ -136,14 +122,14 @@ int main(int argc, char** argv) {
     if (rng() % 100 < 3) positions.push_back(i);
   }
   std::vector<std::byte> words(positions.size() * 2, std::byte{1});
-  const double mask_s = Best(
+  const double mask_s = BestThreadCpuSeconds(
       reps * 4, [&] { g_sink = g_sink + Fold(dc::HashSparseMask(positions, words.data(), 2)); });
 
   // A row-parallel shard: rows of 2 KiB (1024 BF16) at a canonical stride of 8 KiB.
   const size_t row = 2048, rows = std::min(part, buf.size()) / row;
   const dc::StridedRun run{rows, row, row, 2048, 4 * row};
-  const double run_s =
-      Best(reps, [&] { g_sink = g_sink + Fold(dc::HashStridedRun(buf.data(), run)); });
+  const double run_s = BestThreadCpuSeconds(
+      reps, [&] { g_sink = g_sink + Fold(dc::HashStridedRun(buf.data(), run)); });
 
   if (json) {
     std::printf(

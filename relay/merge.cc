@@ -142,17 +142,28 @@ Status CheckBaseProof(const codec::Manifest& base, std::span<const ShareReport* 
   ASSIGN_OR_RETURN(codec::Manifest proved,
                    Combine(base.tensors, base.partition_bytes, shares, &ShareReport::proof));
   std::optional<std::pair<uint32_t, uint64_t>> first;
-  uint64_t partitions = 0;
+  std::set<std::pair<uint32_t, uint64_t>> bad;
   std::set<uint32_t> tensors;
   for (uint32_t t = 0; t < base.tensors.size(); ++t) {
     for (uint64_t k = 0; k < base.partition_hashes[t].size(); ++k) {
       if (proved.partition_hashes[t][k] == base.partition_hashes[t][k]) continue;
       if (!first) first = {t, k};
-      ++partitions;
+      bad.insert({t, k});
       tensors.insert(t);
     }
   }
   if (!first) return Status::Ok();
+  const uint64_t partitions = bad.size();
+  // The producers every bad partition has in common: one producer at fault shares
+  // each of its bad partitions with different others, so this narrows to it.
+  std::map<std::string, uint64_t> in_bad;
+  for (const ShareReport* s : shares) {
+    for (const auto& c : s->coverage) in_bad[s->producer] += bad.count({c.tensor, c.partition});
+  }
+  std::set<std::string> common;
+  for (const auto& [producer, n] : in_bad) {
+    if (n == partitions) common.insert(producer);
+  }
   const auto [t, k] = *first;
   // The piece a producer's proof of (t, k) should be, if the last refit says.
   auto expected_piece = [&](const std::string& producer) -> const PartitionHash* {
@@ -177,8 +188,17 @@ Status CheckBaseProof(const codec::Manifest& base, std::span<const ShareReport* 
       }
     }
   }
-  // Each producer's piece is known from the last refit: name the ones that are off.
-  if (all_expected && !off.empty()) who = off;
+  // Each producer's piece is known from the last refit: name the ones that are off;
+  // otherwise those of the partition's that every bad partition has in common.
+  if (all_expected && !off.empty()) {
+    who = off;
+  } else {
+    std::vector<std::string> narrowed;
+    for (const auto& w : who) {
+      if (common.contains(w)) narrowed.push_back(w);
+    }
+    if (!narrowed.empty()) who = narrowed;
+  }
   std::string names;
   for (const auto& w : who) names += (names.empty() ? "" : ", ") + w;
   return Status::FailedPrecondition(

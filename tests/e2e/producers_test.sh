@@ -4,6 +4,9 @@
 # is the root of a chain trainer -> a1 -> a2 -> a3. Then a producer is killed
 # (SIGKILL at its crash point) while streaming: the refit must abort and every
 # node stay byte-identical to the base; with the rank back, the same step commits.
+# Also: `deltacast layout check` passes the job's layouts and names the overlap when
+# one rank claims another's coordinates; a producer whose previous shard is another
+# step's is refused at the root, naming it, and no node changes.
 # Usage: producers_test.sh DELTACAST_BINARY
 set -uo pipefail
 dc=$1
@@ -27,9 +30,20 @@ for n in a1 a2 a3; do
   pids+=($!)
 done
 
-# refit NAME FROM TO [CRASH_RANK [BASE_DIR]]: the root and four producer processes.
+check "layout check refused the job's own layouts" "$dc" layout check "$work/steps/step1.shards"
+mkdir -p "$work/twin"
+cp "$work/steps/step1.shards/"* "$work/twin/"
+cp "$work/twin/rank-00000.toml" "$work/twin/rank-00001.toml"  # rank 1 claims rank 0's place
+"$dc" layout check "$work/twin" >/dev/null 2>"$work/twin.err"
+twin_status=$?
+check "layout check did not exit 2 on two ranks with one place ($twin_status)" test "$twin_status" = 2
+check "layout check did not name the overlap: $(head -c 300 "$work/twin.err")" \
+  grep -q "covered twice" "$work/twin.err"
+
+# refit NAME FROM TO [CRASH_RANK [BASE_DIR [STALE_RANK]]]: the root and four producer
+# processes; STALE_RANK compares against step 0's shard instead of FROM's.
 refit() {
-  local name=$1 from=$2 to=$3 crash_rank=${4:-} base_dir=${5:-}
+  local name=$1 from=$2 to=$3 crash_rank=${4:-} base_dir=${5:-} stale_rank=${6:-}
   local extra=()
   [[ -n $base_dir ]] && extra=(--base "$base_dir")
   "$dc" publish --config "$work/cluster.toml" --producers 4 \
@@ -42,9 +56,11 @@ refit() {
     stem=$(printf 'rank-%05d' "$r")
     local crash=()
     [[ $r == "$crash_rank" ]] && crash=(DELTACAST_CRASH_AT=producer.streaming)
+    local previous=$from
+    [[ $r == "$stale_rank" ]] && previous=0
     env "${crash[@]}" "$dc" produce --config "$work/cluster.toml" --rank "$r" \
       --layout "$work/steps/step$to.shards/$stem.toml" \
-      --base "$work/steps/step$from.shards/$stem.safetensors" \
+      --base "$work/steps/step$previous.shards/$stem.safetensors" \
       --new "$work/steps/step$to.shards/$stem.safetensors" \
       --root "127.0.0.1:$producer_port" --threads 1 --json \
       >"$work/run/$name.$stem.json" 2>>"$work/run/$stem.log" &
@@ -69,6 +85,14 @@ for n in a1 a2 a3; do
   for _ in $(seq 1 100); do [[ -e $work/run/$n/.deltacast/inflight ]] || break; sleep 0.1; done
   check "$n did not roll back to step1" "$dc" verify "$work/run/$n" "$work/steps/step1"
 done
+
+refit stale 1 2 "" "$work/steps/step1" 3
+# A fresh root knows no producer's pieces: it names the producers that share the
+# partitions that differ (here every partition of rank 3 is shared with rank 2).
+check "a producer with step 0 as its previous shard was not refused at the root" \
+  grep -Eq "producers? [^(]*rank-00003.* compared against another base" "$work/run/root.log"
+check "the refused refit wrote a report" bash -c "! [[ -s $work/run/stale.json ]]"
+for n in a1 a2 a3; do check "$n changed after a refused refit" "$dc" verify "$work/run/$n" "$work/steps/step1"; done
 
 refit retry 1 2 "" "$work/steps/step1"
 check "the retry did not commit ($(jq -r .abort_reason "$work/run/retry.json" 2>/dev/null))" \
