@@ -80,8 +80,8 @@ std::string Quoted(std::string_view s) {
 }
 
 // One [[tensor]] rule.
-void Rule(std::string& out, std::string_view local, std::string_view kind,
-          const std::vector<std::string>& canonical, std::string_view extra = "") {
+void AddRule(std::string& out, std::string_view local, std::string_view kind,
+             const std::vector<std::string>& canonical, std::string_view extra = "") {
   out += "\n[[tensor]]\nlocal = " + Quoted(local) + "\nkind = " + Quoted(kind) + "\ncanonical = ";
   if (canonical.size() == 1) {
     out += Quoted(canonical[0]);
@@ -99,43 +99,45 @@ void Rule(std::string& out, std::string_view local, std::string_view kind,
 std::string Rules(const HfConfig& c) {
   std::string r;
   const std::string l = "model.layers.{layer}.";
-  Rule(r, "model.embed_tokens.weight", "column", {"model.embed_tokens.weight"},
-       "pad = \"vocab_then_split\"");
+  AddRule(r, "model.embed_tokens.weight", "column", {"model.embed_tokens.weight"},
+          "pad = \"vocab_then_split\"");
   if (!c.tied) {
-    Rule(r, "lm_head.weight", "column", {"lm_head.weight"}, "pad = \"vocab_then_split\"");
+    AddRule(r, "lm_head.weight", "column", {"lm_head.weight"}, "pad = \"vocab_then_split\"");
   }
-  Rule(r, "model.norm.weight", "replicated", {"model.norm.weight"});
+  AddRule(r, "model.norm.weight", "replicated", {"model.norm.weight"});
   for (std::string_view part : {"weight", "bias"}) {
     if (part == "bias" && !c.qkv_bias) continue;
     const std::string p(part);
-    Rule(r, l + "self_attn.qkv_proj." + p, "qkv_heads",
-         {l + "self_attn.q_proj." + p, l + "self_attn.k_proj." + p, l + "self_attn.v_proj." + p});
+    AddRule(
+        r, l + "self_attn.qkv_proj." + p, "qkv_heads",
+        {l + "self_attn.q_proj." + p, l + "self_attn.k_proj." + p, l + "self_attn.v_proj." + p});
   }
-  Rule(r, l + "self_attn.o_proj.weight", "row", {l + "self_attn.o_proj.weight"});
+  AddRule(r, l + "self_attn.o_proj.weight", "row", {l + "self_attn.o_proj.weight"});
   if (c.qk_norm) {
-    Rule(r, l + "self_attn.q_norm.weight", "replicated", {l + "self_attn.q_norm.weight"});
-    Rule(r, l + "self_attn.k_norm.weight", "replicated", {l + "self_attn.k_norm.weight"});
+    AddRule(r, l + "self_attn.q_norm.weight", "replicated", {l + "self_attn.q_norm.weight"});
+    AddRule(r, l + "self_attn.k_norm.weight", "replicated", {l + "self_attn.k_norm.weight"});
   }
-  Rule(r, l + "input_layernorm.weight", "replicated", {l + "input_layernorm.weight"});
-  Rule(r, l + "post_attention_layernorm.weight", "replicated",
-       {l + "post_attention_layernorm.weight"});
+  AddRule(r, l + "input_layernorm.weight", "replicated", {l + "input_layernorm.weight"});
+  AddRule(r, l + "post_attention_layernorm.weight", "replicated",
+          {l + "post_attention_layernorm.weight"});
   if (c.intermediate != 0) {
-    Rule(r, l + "mlp.gate_up_proj.weight", "gate_up",
-         {l + "mlp.gate_proj.weight", l + "mlp.up_proj.weight"});
-    Rule(r, l + "mlp.down_proj.weight", "row", {l + "mlp.down_proj.weight"});
+    AddRule(r, l + "mlp.gate_up_proj.weight", "gate_up",
+            {l + "mlp.gate_proj.weight", l + "mlp.up_proj.weight"});
+    AddRule(r, l + "mlp.down_proj.weight", "row", {l + "mlp.down_proj.weight"});
   }
   if (c.experts != 0) {
-    Rule(r, l + "mlp.gate.weight", "replicated", {l + "mlp.gate.weight"});
-    Rule(r, l + "mlp.experts.w13_weight", "gate_up",
-         {l + "mlp.experts.{expert}.gate_proj.weight", l + "mlp.experts.{expert}.up_proj.weight"});
-    Rule(r, l + "mlp.experts.w2_weight", "row", {l + "mlp.experts.{expert}.down_proj.weight"});
+    AddRule(r, l + "mlp.gate.weight", "replicated", {l + "mlp.gate.weight"});
+    AddRule(
+        r, l + "mlp.experts.w13_weight", "gate_up",
+        {l + "mlp.experts.{expert}.gate_proj.weight", l + "mlp.experts.{expert}.up_proj.weight"});
+    AddRule(r, l + "mlp.experts.w2_weight", "row", {l + "mlp.experts.{expert}.down_proj.weight"});
     if (c.shared_expert_intermediate != 0) {
-      Rule(r, l + "mlp.shared_expert.gate_up_proj.weight", "gate_up",
-           {l + "mlp.shared_expert.gate_proj.weight", l + "mlp.shared_expert.up_proj.weight"});
-      Rule(r, l + "mlp.shared_expert.down_proj.weight", "row",
-           {l + "mlp.shared_expert.down_proj.weight"});
-      Rule(r, l + "mlp.shared_expert_gate.weight", "replicated",
-           {l + "mlp.shared_expert_gate.weight"});
+      AddRule(r, l + "mlp.shared_expert.gate_up_proj.weight", "gate_up",
+              {l + "mlp.shared_expert.gate_proj.weight", l + "mlp.shared_expert.up_proj.weight"});
+      AddRule(r, l + "mlp.shared_expert.down_proj.weight", "row",
+              {l + "mlp.shared_expert.down_proj.weight"});
+      AddRule(r, l + "mlp.shared_expert_gate.weight", "replicated",
+              {l + "mlp.shared_expert_gate.weight"});
     }
   }
   return r;

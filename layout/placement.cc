@@ -233,7 +233,7 @@ class Expander {
       }
     }
     out.local_shape = slab_shape;
-    if (slabs > 1) out.local_shape.insert(out.local_shape.begin(), slabs);
+    if (rule.expert && !local_per_expert) out.local_shape.insert(out.local_shape.begin(), slabs);
 
     // Exactly one replica scans: on every axis the tensor is replicated over, the
     // coordinate its name hash picks (a replicated KV head: its first rank). The
@@ -514,6 +514,13 @@ Result<std::vector<ExpectedLocal>> ExpectedLocals(const LayoutDescription& d,
   const uint64_t first_layer = d.LayerOffset();
   const uint64_t stage_layers = d.mesh.pp == 1 ? d.model.layers : d.model.layers / d.mesh.pp;
   const uint64_t experts_here = d.model.experts / d.mesh.ep;
+  // A parameter of a flat buffer lies inside the buffer, not as a tensor of its own.
+  auto in_flat = [&](const std::string& name) {
+    for (const FlatBuffer& f : d.flats) {
+      if (std::find(f.params.begin(), f.params.end(), name) != f.params.end()) return true;
+    }
+    return false;
+  };
   std::map<std::string, ExpectedLocal> out;
   for (const Rule& rule : d.rules) {
     if (rule.kind == Kind::kTied || rule.kind == Kind::kGathered) continue;
@@ -537,7 +544,7 @@ Result<std::vector<ExpectedLocal>> ExpectedLocals(const LayoutDescription& d,
         }
         for (const auto& e : experts) {
           const std::string name = Substitute(rule.local, layer, e, caps.star);
-          if (out.contains(name)) continue;
+          if (out.contains(name) || in_flat(name)) continue;
           Captures local_caps;
           if (expander.Match(name, local_caps) != &rule) continue;
           bool scanned = false;

@@ -151,7 +151,7 @@ TEST_P(EngineIota, EveryElementOfEveryGpuMapsBackToItsCanonicalIndex) {
     for (uint32_t l = 0; l < gpu.size(); ++l) {
       ASSERT_NE(load->locals()[l].role, Role::kUnmatched) << gpu[l].spec.name;
       uint64_t mapped = 0;
-      for (const Run& r : load->RunsOf(l)) {
+      for (const layout::Run& r : load->RunsOf(l)) {
         for (uint64_t row = 0; row < r.count; ++row) {
           for (uint64_t i = 0; i < r.len; ++i) {
             const uint64_t src = r.src + row * r.src_stride + i;
