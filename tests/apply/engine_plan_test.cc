@@ -62,6 +62,7 @@ struct Case {
   EngineModel model;
   EngineRun run;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;

@@ -114,6 +114,7 @@ struct Case {
   EngineModel model;
   EngineRun run;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class EngineIota : public ::testing::TestWithParam<Case> {};
 
