@@ -39,6 +39,10 @@ int RunLayoutEngine(const LayoutEngineArgs& args) {
   if (!table.ok()) return Fail(table.status().WithContext("canonical table (--canonical)"));
   std::vector<layout::TensorSpec> canonical;
   for (const auto& t : *table) canonical.push_back({t.name, t.dtype, t.shape});
+  if (canonical.empty()) {
+    return Fail(Status::InvalidArgument("the canonical table " + canonical_path.string() +
+                                        " lists no tensors"));
+  }
 
   const layout::EngineParallel p{*engine, args.tp, args.dp, args.ep};
   auto paths = layout::WriteEngineLayouts(*config, p, canonical_path, args.out);

@@ -203,7 +203,7 @@ def main():
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tp", type=int, default=4)
     parser.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
-    parser.add_argument("--port", type=int, default=29000 + (os.getpid() % 400) * 10)
+    parser.add_argument("--port", type=int, default=18000 + (os.getpid() % 150) * 10)
     args = parser.parse_args()
     deltacast.set_log_level("warn")
     trainer = checkpoint(CONFIG)
