@@ -6,6 +6,7 @@
 
 #include "agent/cluster_commands.h"
 #include "agent/commands.h"
+#include "agent/layout_commands.h"
 #include "agent/produce_commands.h"
 #include "agent/version.h"
 #include "common/log.h"
@@ -280,8 +281,9 @@ int main(int argc, char** argv) {
     status = agent::RunProduce(produce);
   });
 
-  // layout check
-  auto* la = app.add_subcommand("layout", "Layout files of training ranks (docs/layout.md)");
+  // layout check, layout engine
+  auto* la = app.add_subcommand(
+      "layout", "Layout descriptions: training ranks' and engines' load plans (docs/layout.md)");
   la->require_subcommand(1);
   agent::LayoutCheckArgs layout_check;
   auto* lc = la->add_subcommand(
@@ -319,6 +321,26 @@ int main(int argc, char** argv) {
         serve_mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
     status = agent::RunServe(serve);
   });
+
+  // layout engine
+  agent::LayoutEngineArgs engine_layout;
+  auto* le = la->add_subcommand(
+      "engine", "Write each GPU's load plan for a vLLM or SGLang engine from config.json");
+  le->add_option("--config", engine_layout.config, "The checkpoint's config.json")->required();
+  le->add_option("--engine", engine_layout.engine, "vllm | sglang")
+      ->check(CLI::IsMember({"vllm", "sglang"}))
+      ->required();
+  le->add_option("--tp", engine_layout.tp, "Tensor-parallel size")->capture_default_str();
+  le->add_option("--dp", engine_layout.dp, "Data-parallel size (vLLM)")->capture_default_str();
+  le->add_option("--ep", engine_layout.ep,
+                 "Expert-parallel size: vLLM 1 or tp x dp (--enable-expert-parallel); SGLang a "
+                 "divisor of tp")
+      ->capture_default_str();
+  le->add_option("--canonical", engine_layout.canonical,
+                 "The checkpoint directory or canonical.json (default: config.json's directory)");
+  le->add_option("--out", engine_layout.out, "Directory for gpu-<g>.toml")->required();
+  le->add_flag("--json", engine_layout.json, "Report as JSON (every GPU's parameters)");
+  le->callback([&] { status = agent::RunLayoutEngine(engine_layout); });
 
   app.parse_complete_callback([&] {
     dc::log::SetLevel(verbose ? dc::log::Level::kDebug : dc::log::Level::kInfo);

@@ -7,6 +7,7 @@
 #include "apply/planned_store.h"
 #include "common/log.h"
 #include "layout/description.h"
+#include "layout/engine.h"
 #include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
@@ -137,6 +138,19 @@ Result<std::unique_ptr<Node>> Node::StartOnCheckpoint(const Config& config, Node
   auto agent = StartAgent(config, std::move(options), std::move(*replica));
   if (!agent.ok()) return agent.status();
   return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
+}
+
+Result<std::vector<std::filesystem::path>> WriteEngineLayouts(const EngineLayoutOptions& options) {
+  auto engine = layout::ParseEngine(options.engine);
+  if (!engine) {
+    return Status::InvalidArgument("engine '" + options.engine + "': must be vllm or sglang");
+  }
+  auto config = layout::LoadHfConfig(options.config);
+  if (!config.ok()) return config.status();
+  const std::filesystem::path canonical =
+      options.canonical.empty() ? options.config.parent_path() : options.canonical;
+  return layout::WriteEngineLayouts(*config, {*engine, options.tp, options.dp, options.ep},
+                                    canonical.empty() ? "." : canonical, options.out_dir);
 }
 
 Node::Node(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

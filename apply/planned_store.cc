@@ -21,6 +21,31 @@ PartitionHash Disagreeing(const PartitionHash& first, const PartitionHash& diffe
   return {first.lo ^ d.lo, first.hi ^ d.hi};
 }
 
+std::string ShapeText(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Every parameter the part's plan expects is among the engine's: a missing one is
+// named with the rule that expects it and the shape that rule implies.
+Status CheckExpected(const std::string& part, const PlannedStore::PartSpec& spec,
+                     const std::vector<layout::TensorSpec>& canonical) {
+  auto expected = layout::ExpectedLocals(spec.layout, canonical);
+  if (!expected.ok()) return expected.status().WithContext(part);
+  std::vector<std::string> names;
+  for (const layout::TensorSpec& t : spec.locals) names.push_back(t.name);
+  std::sort(names.begin(), names.end());
+  for (const layout::ExpectedLocal& x : *expected) {
+    if (std::binary_search(names.begin(), names.end(), x.name)) continue;
+    return Status::InvalidArgument(part + ": parameter '" + x.name + "' is missing: the plan (" +
+                                   spec.layout.Where(x.line) + ") expects it" +
+                                   (x.shape.empty() ? "" : " with shape " + ShapeText(x.shape)) +
+                                   ", holding canonical '" + x.canonical + "'");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
@@ -33,6 +58,7 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
     if (!spec.memory)
       return Status::InvalidArgument("part " + std::to_string(p) + " has no memory");
     const std::string name = PartName(spec, p);
+    RETURN_IF_ERROR(CheckExpected(name, spec, canonical));
     ASSIGN_OR_RETURN(layout::PlacementMap scan,
                      layout::ExpandPlacement(spec.layout, canonical, spec.locals));
     ASSIGN_OR_RETURN(
@@ -82,7 +108,12 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
   std::vector<codec::TensorInfo> tensors;
   for (const layout::TensorSpec& t : parts[0].plan.canonical())
     tensors.push_back({t.name, t.dtype, t.shape});
-  return std::unique_ptr<PlannedStore>(new PlannedStore(std::move(tensors), std::move(parts)));
+  uint32_t copies = 1;
+  for (const Part& part : parts) {
+    for (const layout::Run& r : part.plan.runs()) copies = std::max(copies, r.copy + 1);
+  }
+  return std::unique_ptr<PlannedStore>(
+      new PlannedStore(std::move(tensors), std::move(parts), copies));
 }
 
 Result<MutableByteSpan> PlannedStore::MutableTensorData(size_t index) {
@@ -103,12 +134,11 @@ Result<std::vector<PlannedStore::Placed>> PlannedStore::Place(size_t index, uint
   }
   const uint64_t begin = offset / e, end = begin + length / e;
   std::vector<Placed> placed;
-  std::vector<uint64_t> held(1 + parts_.size(), 0);
+  std::vector<uint64_t> held(copies_, 0);
   for (size_t p = 0; p < parts_.size(); ++p) {
     const Part& part = parts_[p];
     for (const layout::Run& r : part.plan.ShardPieces(static_cast<uint32_t>(index), begin, end)) {
-      const bool replica = part.plan.locals()[r.local].role == layout::Role::kReplica;
-      const uint32_t copy = replica ? static_cast<uint32_t>(1 + p) : 0;
+      const uint32_t copy = r.copy;
       PlacedRun run;
       run.base = reinterpret_cast<unsigned char*>(part.buffers[r.local]);
       run.part_dst = r.dst - begin;
@@ -123,12 +153,11 @@ Result<std::vector<PlannedStore::Placed>> PlannedStore::Place(size_t index, uint
   }
   for (size_t c = 0; c < held.size(); ++c) {
     if (held[c] != 0 && held[c] != end - begin) {
-      return Status::Internal("tensor '" + info.name + "' partition at element " +
-                              std::to_string(begin) + ": " +
-                              (c == 0 ? std::string("the primary placement")
-                                      : "the replica on part " + std::to_string(c - 1)) +
-                              " holds " + std::to_string(held[c]) + " of its " +
-                              std::to_string(end - begin) + " elements");
+      return Status::Internal(
+          "tensor '" + info.name + "' partition at element " + std::to_string(begin) + ": " +
+          (c == 0 ? std::string("the primary placement") : "replica copy " + std::to_string(c)) +
+          " holds " + std::to_string(held[c]) + " of its " + std::to_string(end - begin) +
+          " elements");
     }
   }
   return placed;
@@ -137,7 +166,7 @@ Result<std::vector<PlannedStore::Placed>> PlannedStore::Place(size_t index, uint
 Status PlannedStore::HashPlaced(const std::vector<std::vector<Placed>>& placed,
                                 const std::vector<uint64_t>& lengths,
                                 std::span<PartitionHash> out) {
-  const size_t copies = 1 + parts_.size();
+  const size_t copies = copies_;
   std::vector<PartitionHash> slots(placed.size() * copies);
   std::vector<char> present(slots.size(), 0);
   for (size_t p = 0; p < parts_.size(); ++p) {

@@ -84,7 +84,8 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
     std::vector<std::byte*> buffers;  // per local tensor of plan
   };
   // A run of one part clipped to a partition; copy 0 is the primary placement,
-  // copy 1 + p part p's replica.
+  // the others replicas (layout::Run::copy: each copy's runs over all parts hold
+  // the whole partition or none of it).
   struct Placed {
     size_t part = 0;
     uint32_t copy = 0;
@@ -92,8 +93,8 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
     device::PlacedRun run;
   };
 
-  PlannedStore(std::vector<codec::TensorInfo> tensors, std::vector<Part> parts)
-      : tensors_(std::move(tensors)), parts_(std::move(parts)) {}
+  PlannedStore(std::vector<codec::TensorInfo> tensors, std::vector<Part> parts, uint32_t copies)
+      : tensors_(std::move(tensors)), parts_(std::move(parts)), copies_(copies) {}
   Status CheckLocal(size_t part, size_t local, size_t bytes) const;
   Result<std::vector<Placed>> Place(size_t index, uint64_t offset, uint64_t length) const;
   // Hashes of `placed` groups (one per partition), combined over their copies.
@@ -102,6 +103,7 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
 
   std::vector<codec::TensorInfo> tensors_;  // canonical, sorted by name
   std::vector<Part> parts_;
+  uint32_t copies_ = 1;  // one more than the highest copy number of any run
   std::mutex mu_;
 };
 

@@ -21,7 +21,7 @@ constexpr std::string_view kTopKeys[] = {"layout", "model", "mesh", "rank", "ten
 constexpr std::string_view kLayoutKeys[] = {"canonical"};
 constexpr std::string_view kModelKeys[] = {"hidden", "heads",   "kv_heads",          "head_dim",
                                            "layers", "experts", "vocab_pad_multiple"};
-constexpr std::string_view kMeshKeys[] = {"tp", "pp", "dp", "ep", "etp", "fsdp"};
+constexpr std::string_view kMeshKeys[] = {"tp", "pp", "dp", "ep", "etp", "fsdp", "ep_from"};
 constexpr std::string_view kRankKeys[] = {"tp", "pp", "dp", "ep", "layer_offset"};
 constexpr std::string_view kTensorKeys[] = {"local", "kind",  "canonical", "value",
                                             "pad",   "split", "expert"};
@@ -211,7 +211,26 @@ class Parser {
           std::pair{"ep", &mesh.ep}, std::pair{"etp", &mesh.etp}}) {
       RETURN_IF_ERROR(OptionalInteger(t, key, "[mesh]", 1, kMaxAxis, *out));
     }
-    if (mesh.etp != 1 && mesh.etp != mesh.tp) {
+    if (const toml::node* f = t.get("ep_from")) {
+      ASSIGN_OR_RETURN(std::string from, String(*f, "[mesh] ep_from"));
+      if (from == "dp") {
+        mesh.ep_from = EpFrom::kDp;
+      } else if (from == "tp_dp") {
+        mesh.ep_from = EpFrom::kTpDp;
+      } else {
+        return Error(LineOf(*f), "[mesh] ep_from = " + Quoted(from) +
+                                     ": must be \"dp\" (an axis of its own) or \"tp_dp\" (the "
+                                     "tp x dp GPUs form the experts' ep x etp grid)");
+      }
+    }
+    if (mesh.ep_from == EpFrom::kTpDp) {
+      if (mesh.ep * mesh.etp != mesh.tp * mesh.dp) {
+        return Error(LineOf(t), "[mesh] ep_from = \"tp_dp\" needs ep x etp = tp x dp; ep " +
+                                    std::to_string(mesh.ep) + " x etp " + std::to_string(mesh.etp) +
+                                    " != tp " + std::to_string(mesh.tp) + " x dp " +
+                                    std::to_string(mesh.dp));
+      }
+    } else if (mesh.etp != 1 && mesh.etp != mesh.tp) {
       return Error(LineOf(*t.get("etp")), "[mesh] etp = " + std::to_string(mesh.etp) +
                                               " must be 1 or equal to tp (" +
                                               std::to_string(mesh.tp) + ")");
@@ -241,6 +260,17 @@ class Parser {
       ASSIGN_OR_RETURN(const toml::node* n, Get(t, key, "[rank]", true));
       ASSIGN_OR_RETURN(
           *out, Integer(*n, std::string("[rank] ") + key, 0, static_cast<int64_t>(size) - 1));
+    }
+    if (mesh.ep_from == EpFrom::kTpDp) {
+      const uint64_t flat = rank.dp * mesh.tp + rank.tp;
+      if (rank.ep != flat / mesh.etp) {
+        return Error(LineOf(*t.get("ep")),
+                     "[rank] ep = " + std::to_string(rank.ep) + ", but with ep_from = \"tp_dp\" " +
+                         "the GPU at tp " + std::to_string(rank.tp) + ", dp " +
+                         std::to_string(rank.dp) + " is EP rank " +
+                         std::to_string(flat / mesh.etp) + " (flat rank " + std::to_string(flat) +
+                         " / etp " + std::to_string(mesh.etp) + ")");
+      }
     }
     if (const toml::node* n = t.get("layer_offset")) {
       ASSIGN_OR_RETURN(uint64_t offset, Integer(*n, "[rank] layer_offset", 0,
@@ -286,20 +316,23 @@ class Parser {
     ASSIGN_OR_RETURN(const toml::node* kind, Get(t, "kind", "[[tensor]]", true));
     ASSIGN_OR_RETURN(std::string k, String(*kind, "[[tensor]] kind"));
     static constexpr std::pair<std::string_view, Kind> kKinds[] = {
-        {"column", Kind::kColumn},    {"row", Kind::kRow},        {"replicated", Kind::kReplicated},
-        {"qkv", Kind::kQkv},          {"gate_up", Kind::kGateUp}, {"tied", Kind::kTied},
-        {"gathered", Kind::kGathered}};
+        {"column", Kind::kColumn},         {"row", Kind::kRow},
+        {"replicated", Kind::kReplicated}, {"qkv", Kind::kQkv},
+        {"gate_up", Kind::kGateUp},        {"tied", Kind::kTied},
+        {"gathered", Kind::kGathered},     {"qkv_heads", Kind::kQkvHeads}};
     auto found = std::find_if(std::begin(kKinds), std::end(kKinds),
                               [&](const auto& e) { return e.first == k; });
     if (found == std::end(kKinds)) {
       return Error(LineOf(*kind), "[[tensor]] kind = " + Quoted(k) +
-                                      ": must be one of column, row, replicated, qkv, gate_up, "
-                                      "tied, gathered");
+                                      ": must be one of column, row, replicated, qkv, qkv_heads, "
+                                      "gate_up, tied, gathered");
     }
     rule.kind = found->second;
     ASSIGN_OR_RETURN(const toml::node* canonical, Get(t, "canonical", "[[tensor]]", true));
     ASSIGN_OR_RETURN(rule.canonical, Patterns(*canonical, "[[tensor]] canonical"));
-    const size_t parts = rule.kind == Kind::kQkv ? 3 : rule.kind == Kind::kGateUp ? 2 : 1;
+    const size_t parts = rule.kind == Kind::kQkv || rule.kind == Kind::kQkvHeads ? 3
+                         : rule.kind == Kind::kGateUp                            ? 2
+                                                                                 : 1;
     if (rule.canonical.size() != parts) {
       return Error(LineOf(*canonical), "[[tensor]] kind " + Quoted(k) + " needs " +
                                            std::to_string(parts) + " canonical name" +
@@ -333,14 +366,19 @@ class Parser {
     }
     if (const toml::node* p = t.get("pad")) {
       ASSIGN_OR_RETURN(std::string pad, String(*p, "[[tensor]] pad"));
-      if (pad != "vocab" && pad != "none") {
+      if (pad == "vocab") {
+        rule.pad = VocabPad::kMegatron;
+      } else if (pad == "vocab_then_split") {
+        rule.pad = VocabPad::kEngine;
+      } else if (pad != "none") {
         return Error(LineOf(*p), "[[tensor]] pad = " + Quoted(pad) +
                                      ": must be \"vocab\" (rows padded to a multiple of "
-                                     "vocab_pad_multiple * tp, clipped) or \"none\"");
+                                     "vocab_pad_multiple * tp, clipped), \"vocab_then_split\" "
+                                     "(padded to a multiple of vocab_pad_multiple, then split "
+                                     "evenly) or \"none\"");
       }
-      rule.pad_vocab = pad == "vocab";
-      if (rule.pad_vocab && rule.kind != Kind::kColumn && rule.kind != Kind::kTied) {
-        return Error(LineOf(*p), "[[tensor]] pad = \"vocab\" needs kind \"column\"");
+      if (rule.pad != VocabPad::kNone && rule.kind != Kind::kColumn && rule.kind != Kind::kTied) {
+        return Error(LineOf(*p), "[[tensor]] pad = " + Quoted(pad) + " needs kind \"column\"");
       }
     }
     if (const toml::node* s = t.get("split")) {
@@ -408,6 +446,8 @@ std::string_view KindName(Kind kind) {
       return "tied";
     case Kind::kGathered:
       return "gathered";
+    case Kind::kQkvHeads:
+      return "qkv_heads";
   }
   return "unknown";
 }
@@ -422,6 +462,11 @@ std::string_view ValueName(Value value) {
       return "add_one";
   }
   return "unknown";
+}
+
+uint64_t ExpertTpCoord(const Mesh& mesh, const RankCoords& rank) {
+  if (mesh.ep_from == EpFrom::kTpDp) return (rank.dp * mesh.tp + rank.tp) % mesh.etp;
+  return mesh.etp == 1 ? 0 : rank.tp;
 }
 
 std::string LayoutDescription::Where(int line) const {

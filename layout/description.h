@@ -8,7 +8,8 @@
 // Format (docs/layout.md has the full reference and an example):
 //   [layout]   canonical (path of the canonical tensor table, relative to the file)
 //   [model]    hidden, heads, kv_heads, head_dim, layers; experts, vocab_pad_multiple
-//   [mesh]     tp, pp, dp, ep, etp (1 or tp), fsdp ("none" | "fsdp2" | "flat")
+//   [mesh]     tp, pp, dp, ep, etp (1 or tp; any with ep_from), fsdp ("none" | "fsdp2" |
+//              "flat"), ep_from ("dp" | "tp_dp")
 //   [rank]     tp, pp, dp, ep; layer_offset (default pp * layers / mesh.pp)
 //   [[tensor]] local (pattern), kind, canonical (pattern or list), value, pad, split,
 //              expert
@@ -41,6 +42,8 @@ enum class Kind : uint8_t {
   kReplicated,  // every tp rank holds all of it; one scanner
   kQkv,         // fused [q_g; k_g; v_g] per KV group, then split on dim 0 (GQA)
   kGateUp,      // each rank holds [gate_r; up_r]: split, then fused
+  kQkvHeads,    // inference engines: each rank holds [its q heads; its kv heads' k; v],
+                // a KV head replicated on tp / kv_heads ranks when kv_heads < tp
   kTied,        // a copy of a tensor another rule owns: never scanned
   kGathered,    // the whole canonical tensor, gathered for this rank: residual
 };
@@ -76,10 +79,26 @@ struct ModelDims {
   uint64_t vocab_pad_multiple = 1;  // Megatron's make_vocab_size_divisible_by
 };
 
+// Where the expert-parallel ranks come from.
+enum class EpFrom : uint8_t {
+  kDp,    // an axis of its own (Megatron: carved from data parallel); non-expert
+          // tensors are replicated over it
+  kTpDp,  // inference engines: the tp x dp GPUs themselves form the experts' ep x etp
+          // grid (flat = dp * tp + tp_rank; ep = flat / etp, etp rank = flat % etp)
+};
+
+enum class VocabPad : uint8_t {
+  kNone,
+  kMegatron,  // rows padded to a multiple of vocab_pad_multiple * tp, then split
+  kEngine,    // rows padded to a multiple of vocab_pad_multiple, then split evenly
+              // (vLLM's and SGLang's VocabParallelEmbedding / ParallelLMHead)
+};
+
 struct Mesh {
   uint64_t tp = 1, pp = 1, dp = 1, ep = 1, etp = 1;
   Fsdp fsdp = Fsdp::kNone;
-  uint64_t Ranks() const { return tp * pp * dp * ep; }
+  EpFrom ep_from = EpFrom::kDp;
+  uint64_t Ranks() const { return tp * pp * dp * (ep_from == EpFrom::kDp ? ep : 1); }
 };
 
 struct RankCoords {
@@ -87,14 +106,17 @@ struct RankCoords {
   int64_t layer_offset = -1;  // -1: pp * layers / mesh.pp
 };
 
+// This rank's coordinate on the expert tensor-parallel axis.
+uint64_t ExpertTpCoord(const Mesh& mesh, const RankCoords& rank);
+
 struct Rule {
   std::string local;  // pattern of the local tensor name
   Kind kind = Kind::kColumn;
   std::vector<std::string> canonical;  // patterns: 3 for qkv, 2 for gate_up, else 1
   Value value = Value::kBits;
   SplitMode split = SplitMode::kEven;
-  bool pad_vocab = false;  // column split of a padded vocabulary, clipped at its rows
-  bool expert = false;     // an expert tensor: sharded over ep, split over etp
+  VocabPad pad = VocabPad::kNone;  // column split of a padded vocabulary, clipped at its rows
+  bool expert = false;             // an expert tensor: sharded over ep, split over etp
   int line = 0;
 };
 

@@ -101,6 +101,25 @@ uint64_t Pick(std::string_view name, std::string_view axis, uint64_t size) {
   return Hash64(AsBytes(key)) % size;
 }
 
+// An axis a tensor is replicated over: this rank's coordinate on it, its size and
+// the coordinate that scans.
+struct ReplicaAxis {
+  uint64_t coord = 0, size = 1, pick = 0;
+};
+
+// 0 on the scanning replica; otherwise 1 + the rank's mixed-radix index over the
+// axes, so the ranks holding copy c of a tensor together hold one whole copy.
+uint32_t CopyNumber(const std::vector<ReplicaAxis>& axes) {
+  bool scanner = true;
+  uint64_t index = 0, radix = 1;
+  for (const ReplicaAxis& a : axes) {
+    scanner &= a.coord == a.pick;
+    index += a.coord * radix;
+    radix *= a.size;
+  }
+  return scanner ? 0 : static_cast<uint32_t>(1 + index);
+}
+
 class Expander {
  public:
   Expander(const LayoutDescription& d, const std::vector<TensorSpec>& canonical)
@@ -151,9 +170,10 @@ class Expander {
     }
     const uint64_t slabs = rule.expert && !local_per_expert ? experts_here : 1;
     const uint64_t axis = rule.expert ? mesh.etp : mesh.tp;
-    const uint64_t coord = axis == 1 ? 0 : rank.tp;
+    const uint64_t coord = rule.expert ? ExpertTpCoord(mesh, rank) : rank.tp;
 
     TpRuns out;
+    std::vector<char> kv_copy;  // parallel to out.runs: a copy of a replicated KV head
     std::vector<uint64_t> slab_shape;
     for (uint64_t s = 0; s < slabs; ++s) {
       std::optional<uint64_t> global_expert;
@@ -188,8 +208,11 @@ class Expander {
         return Error(rule.line, "local '" + std::string(name) + "': " + runs.status().message());
       }
       slab_shape = runs->local_shape;
+      kv_replicas_ = runs->kv_replicas;
+      kv_index_ = runs->kv_index;
       const uint64_t slab_elements = Product(slab_shape);
       for (Run r : runs->runs) {
+        kv_copy.push_back(runs->kv_replicas > 1 && r.canonical != targets[0].index);
         r.src += s * slab_elements;
         r.value = rule.value;
         r.line = rule.line;
@@ -210,15 +233,27 @@ class Expander {
       }
     }
     out.local_shape = slab_shape;
-    if (slabs > 1) out.local_shape.insert(out.local_shape.begin(), slabs);
+    if (rule.expert && !local_per_expert) out.local_shape.insert(out.local_shape.begin(), slabs);
 
     // Exactly one replica scans: on every axis the tensor is replicated over, the
-    // coordinate its name hash picks.
-    scanned = true;
-    const bool tp_replica = rule.kind == Kind::kReplicated || (rule.expert && axis == 1);
-    if (mesh.fsdp == Fsdp::kNone) scanned &= rank.dp == Pick(scanned_name_, "dp", mesh.dp);
-    if (tp_replica) scanned &= rank.tp == Pick(scanned_name_, "tp", mesh.tp);
-    if (!rule.expert) scanned &= rank.ep == Pick(scanned_name_, "ep", mesh.ep);
+    // coordinate its name hash picks (a replicated KV head: its first rank). The
+    // others number their copies by their coordinates on those axes.
+    std::vector<ReplicaAxis> axes;
+    const bool engine_expert = rule.expert && mesh.ep_from == EpFrom::kTpDp;
+    if (mesh.fsdp == Fsdp::kNone && !engine_expert) {
+      axes.push_back({rank.dp, mesh.dp, Pick(scanned_name_, "dp", mesh.dp)});
+    }
+    if (rule.kind == Kind::kReplicated || (rule.expert && axis == 1 && !engine_expert)) {
+      axes.push_back({rank.tp, mesh.tp, Pick(scanned_name_, "tp", mesh.tp)});
+    }
+    if (!rule.expert && mesh.ep_from == EpFrom::kDp) {
+      axes.push_back({rank.ep, mesh.ep, Pick(scanned_name_, "ep", mesh.ep)});
+    }
+    const uint32_t copy = CopyNumber(axes);
+    scanned = copy == 0;
+    axes.push_back({kv_index_, kv_replicas_, 0});
+    const uint32_t kv = CopyNumber(axes);
+    for (size_t i = 0; i < out.runs.size(); ++i) out.runs[i].copy = kv_copy[i] ? kv : copy;
     return out;
   }
 
@@ -230,6 +265,7 @@ class Expander {
   const std::vector<TensorSpec>& canonical_;
   mutable std::string scanned_name_;
   mutable std::vector<DType> target_dtypes_;
+  mutable uint64_t kv_replicas_ = 1, kv_index_ = 0;
 };
 
 Role RoleFor(const Rule& rule) {
@@ -394,11 +430,10 @@ Result<PlacementMap> ExpandPlacement(const LayoutDescription& d, std::vector<Ten
       }
     }
     lt.role = scanned ? RoleFor(*rule) : Role::kReplica;
-    if (scanned || load) {
-      for (Run& r : runs) {
-        r.local = li;
-        map.runs_.push_back(r);
-      }
+    for (Run& r : runs) {
+      if (r.copy != 0 && !load) continue;
+      r.local = li;
+      map.runs_.push_back(r);
     }
     map.locals_.push_back(std::move(lt));
   }
@@ -436,7 +471,9 @@ Result<PlacementMap> ExpandPlacement(const LayoutDescription& d, std::vector<Ten
       Param p;
       p.offset = (total + f.align - 1) / f.align * f.align;
       p.size = Product(tp.local_shape);
-      if (scanned || load) p.runs = std::move(tp.runs);
+      for (const Run& r : tp.runs) {
+        if (r.copy == 0 || load) p.runs.push_back(r);
+      }
       total = p.offset + p.size;
       params.push_back(std::move(p));
     }
@@ -467,6 +504,62 @@ Result<PlacementMap> ExpandPlacement(const LayoutDescription& d, std::vector<Ten
   const internal::RankRuns self{&map.name_, map.runs_};
   RETURN_IF_ERROR(internal::CheckOverlaps(map.canonical_, std::span(&self, 1)));
   return map;
+}
+
+Result<std::vector<ExpectedLocal>> ExpectedLocals(const LayoutDescription& d,
+                                                  std::vector<TensorSpec> canonical) {
+  std::sort(canonical.begin(), canonical.end(),
+            [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
+  Expander expander(d, canonical);
+  const uint64_t first_layer = d.LayerOffset();
+  const uint64_t stage_layers = d.mesh.pp == 1 ? d.model.layers : d.model.layers / d.mesh.pp;
+  const uint64_t experts_here = d.model.experts / d.mesh.ep;
+  // A parameter of a flat buffer lies inside the buffer, not as a tensor of its own.
+  auto in_flat = [&](const std::string& name) {
+    for (const FlatBuffer& f : d.flats) {
+      if (std::find(f.params.begin(), f.params.end(), name) != f.params.end()) return true;
+    }
+    return false;
+  };
+  std::map<std::string, ExpectedLocal> out;
+  for (const Rule& rule : d.rules) {
+    if (rule.kind == Kind::kTied || rule.kind == Kind::kGathered) continue;
+    const bool local_expert = rule.local.find("{expert}") != std::string::npos;
+    for (const TensorSpec& c : canonical) {
+      for (const std::string& pattern : rule.canonical) {
+        Captures caps;
+        if (!MatchAt(pattern, c.name, caps)) continue;
+        uint64_t layer = 0;
+        if (caps.layer) {
+          if (*caps.layer < first_layer || *caps.layer >= first_layer + stage_layers) break;
+          layer = *caps.layer - first_layer;
+        }
+        std::vector<std::optional<uint64_t>> experts{std::nullopt};
+        if (rule.expert && caps.expert) {
+          if (experts_here == 0 || *caps.expert / experts_here != d.rank.ep) break;
+          if (local_expert) experts = {*caps.expert % experts_here};
+        } else if (rule.expert && local_expert) {
+          experts.clear();  // a stacked canonical tensor: every local expert
+          for (uint64_t e = 0; e < experts_here; ++e) experts.push_back(e);
+        }
+        for (const auto& e : experts) {
+          const std::string name = Substitute(rule.local, layer, e, caps.star);
+          if (out.contains(name) || in_flat(name)) continue;
+          Captures local_caps;
+          if (expander.Match(name, local_caps) != &rule) continue;
+          bool scanned = false;
+          ASSIGN_OR_RETURN(TpRuns tp, expander.Expand(rule, local_caps, name, scanned));
+          ExpectedLocal x{name, c.name, rule.line, {}};
+          if (d.mesh.fsdp == Fsdp::kNone) x.shape = tp.local_shape;
+          out.emplace(name, std::move(x));
+        }
+        break;
+      }
+    }
+  }
+  std::vector<ExpectedLocal> list;
+  for (auto& [name, x] : out) list.push_back(std::move(x));
+  return list;
 }
 
 Result<PlacementMap> MapWhole(std::vector<TensorSpec> canonical, std::vector<std::string> names) {

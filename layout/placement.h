@@ -123,6 +123,22 @@ Result<PlacementMap> ExpandPlacement(const LayoutDescription& description,
                                      std::vector<TensorSpec> local,
                                      PlacementUse use = PlacementUse::kScan);
 
+// A local tensor a description expects its rank to hold.
+struct ExpectedLocal {
+  std::string name;             // the local name the rule gives it on this rank
+  std::string canonical;        // a canonical tensor it holds part of
+  int line = 0;                 // the rule
+  std::vector<uint64_t> shape;  // the shape the rule implies; empty under FSDP
+};
+
+// Every local tensor `description` expects on its rank, by name: for each canonical
+// tensor a rule maps onto (its patterns reversed; layers of this stage, experts of
+// this EP rank), the local name that rule gives it, when the rule is the first to
+// match that name. Tied and gathered rules expect nothing. Lets a receiver name a
+// parameter its engine lacks, not only the canonical elements nobody holds.
+Result<std::vector<ExpectedLocal>> ExpectedLocals(const LayoutDescription& description,
+                                                  std::vector<TensorSpec> canonical);
+
 // The map of a producer that holds canonical tensors as they are (a whole
 // checkpoint, or a set of its tensors): identity runs for `names` (all when empty).
 Result<PlacementMap> MapWhole(std::vector<TensorSpec> canonical, std::vector<std::string> names);

@@ -79,7 +79,8 @@ void Coalesce(std::vector<Run>& runs) {
   for (const Run& b : runs) {
     if (!out.empty()) {
       Run& a = out.back();
-      const bool same = a.local == b.local && a.canonical == b.canonical && a.value == b.value;
+      const bool same = a.local == b.local && a.canonical == b.canonical && a.value == b.value &&
+                        a.copy == b.copy;
       if (same && a.count == 1 && b.count == 1 && b.src == a.src + a.len &&
           b.dst == a.dst + a.len) {
         a.len += b.len;

@@ -26,7 +26,11 @@ struct Run {
   uint64_t count = 0;
   uint64_t len = 0;
   Value value = Value::kBits;  // anything else is residual
-  int line = 0;                // the rule it came from, for messages
+  // Which copy of replicated elements this is: 0 the one a producer scans (the
+  // only one in a scan map); in a load plan, other replicas' runs carry distinct
+  // numbers, each number's runs over all ranks holding one whole copy.
+  uint32_t copy = 0;
+  int line = 0;  // the rule it came from, for messages
 
   uint64_t Elements() const { return count * len; }
   // One past the last element, in local / canonical coordinates (count > 0).

@@ -54,15 +54,34 @@ struct NodeStats {
 // One GPU of an inference engine: its parameters as the engine holds them (the
 // engine's names, dtypes and shapes; `bytes` lies in the memory of CUDA device
 // `device`, or in host memory when device is -1), and the layout file that places
-// them in canonical terms (docs/layout.md: the trainers' format, with the engine's
-// TP rank; its `canonical` table lists the checkpoint's tensors). Fused parameters
-// (qkv_proj, gate_up_proj), vocabulary-parallel embeddings and replicated norms are
-// rules of the layout.
+// them in canonical terms (docs/layout.md; its `canonical` table lists the
+// checkpoint's tensors): WriteEngineLayouts below for vLLM and SGLang, or written by
+// hand. Fused parameters (qkv_proj, gate_up_proj), replicated KV heads,
+// vocabulary-parallel embeddings, stacked experts and replicated norms are rules of
+// the layout.
 struct GpuWeights {
   int device = 0;
   std::filesystem::path layout;
   std::vector<TensorView> parameters;
 };
+
+// Load plans generated for a vLLM or SGLang engine (docs/layout.md, "Engine
+// layouts"): the engine's parallel settings and the checkpoint's config.json.
+struct EngineLayoutOptions {
+  std::filesystem::path config;     // the checkpoint's config.json
+  std::filesystem::path canonical;  // checkpoint directory or canonical.json; empty: config's
+  std::filesystem::path out_dir;    // where gpu-<g>.toml are written (created if missing)
+  std::string engine = "vllm";      // "vllm" | "sglang"
+  uint64_t tp = 1;                  // tensor parallel
+  uint64_t dp = 1;                  // data parallel (vLLM)
+  uint64_t ep = 1;                  // expert parallel: vLLM 1 or tp * dp; SGLang a divisor of tp
+};
+
+// Writes each GPU's layout file and returns their paths in the engine's rank order
+// (GPU g: dp rank g / tp, tp rank g % tp), each a GpuWeights::layout. Refuses,
+// naming the setting, a model or split the generator does not cover (a KV
+// replication factor or a size that does not divide, an unknown engine).
+Result<std::vector<std::filesystem::path>> WriteEngineLayouts(const EngineLayoutOptions& options);
 
 class Node {
  public:

@@ -58,11 +58,19 @@ Result<TpRuns> Column(const Rule& rule, const ModelDims& model, const Target& t,
   const uint64_t row = Product(t.shape, 1);
   TpRuns out;
   out.local_shape = t.shape;
-  if (rule.pad_vocab) {
-    // Megatron pads the vocabulary to a multiple of (divisible_by * tp); padding
+  if (rule.pad != VocabPad::kNone) {
+    // Megatron pads the vocabulary to a multiple of (divisible_by * tp); vLLM and
+    // SGLang pad it to a multiple of the padding size, then split it evenly. Padding
     // rows are never sent.
-    const uint64_t m = model.vocab_pad_multiple * axis;
+    const bool megatron = rule.pad == VocabPad::kMegatron;
+    const uint64_t m = model.vocab_pad_multiple * (megatron ? axis : 1);
     const uint64_t padded = CeilDiv(rows, m) * m;
+    if (padded % axis != 0) {
+      return Status::InvalidArgument("'" + t.name + "': the vocabulary of " + std::to_string(rows) +
+                                     " rows padded to " + std::to_string(padded) +
+                                     " does not split evenly over " + std::to_string(axis) +
+                                     " ranks");
+    }
     const uint64_t per = padded / axis;
     out.local_shape[0] = per;
     const uint64_t first = coord * per;
@@ -160,6 +168,59 @@ Result<TpRuns> Qkv(const ModelDims& m, const std::vector<Target>& t, uint64_t ax
   return out;
 }
 
+// vLLM's and SGLang's QKVParallelLinear: rank r holds its nh/tp query heads, then
+// the k rows of its KV heads, then their v rows. With kv_heads >= tp the KV heads
+// split evenly; with kv_heads < tp each lies on tp/kv_heads neighbouring ranks
+// (rank r holds head r / (tp/kv_heads)).
+Result<TpRuns> QkvHeads(const ModelDims& m, const std::vector<Target>& t, uint64_t axis,
+                        uint64_t coord) {
+  const Target &q = t[0], &k = t[1], &v = t[2];
+  const uint64_t row = Product(q.shape, 1);
+  const uint64_t hd = m.head_dim, nh = m.heads, ng = m.kv_heads;
+  if (q.shape.empty() || q.shape[0] != nh * hd || k.shape.empty() || k.shape[0] != ng * hd ||
+      v.shape != k.shape || Product(k.shape, 1) != row) {
+    return Status::InvalidArgument(
+        "fused QKV (per-rank heads) with heads " + std::to_string(nh) + ", kv_heads " +
+        std::to_string(ng) + ", head_dim " + std::to_string(hd) + " needs q [" +
+        std::to_string(nh * hd) + ", ...] and k, v [" + std::to_string(ng * hd) +
+        ", ...] of equal row size; the canonical table has '" + q.name + "' " + ShapeText(q.shape) +
+        ", '" + k.name + "' " + ShapeText(k.shape) + ", '" + v.name + "' " + ShapeText(v.shape));
+  }
+  if (nh % axis != 0) {
+    return Status::InvalidArgument(std::to_string(nh) + " query heads do not split over " +
+                                   std::to_string(axis) + " ranks");
+  }
+  TpRuns out;
+  uint64_t kv_here = 0, kv_first = 0;
+  if (ng >= axis) {
+    if (ng % axis != 0) {
+      return Status::InvalidArgument(std::to_string(ng) + " KV heads do not split over " +
+                                     std::to_string(axis) + " ranks");
+    }
+    kv_here = ng / axis;
+    kv_first = coord * kv_here;
+  } else {
+    if (axis % ng != 0) {
+      return Status::InvalidArgument("KV replication factor " + std::to_string(axis) + " / " +
+                                     std::to_string(ng) + " is not whole: " + std::to_string(ng) +
+                                     " KV heads cannot be replicated evenly over " +
+                                     std::to_string(axis) + " ranks");
+    }
+    kv_here = 1;
+    out.kv_replicas = axis / ng;
+    out.kv_index = coord % out.kv_replicas;
+    kv_first = coord / out.kv_replicas;
+  }
+  const uint64_t q_rows = nh / axis * hd, kv_rows = kv_here * hd;
+  out.local_shape = q.shape;
+  out.local_shape[0] = q_rows + 2 * kv_rows;
+  if (row == 0) return out;
+  out.runs.push_back(Contiguous(q, 0, coord * q_rows * row, q_rows * row));
+  out.runs.push_back(Contiguous(k, q_rows * row, kv_first * hd * row, kv_rows * row));
+  out.runs.push_back(Contiguous(v, (q_rows + kv_rows) * row, kv_first * hd * row, kv_rows * row));
+  return out;
+}
+
 Result<TpRuns> GateUp(const Rule& rule, const std::vector<Target>& t, uint64_t axis,
                       uint64_t coord) {
   const Target &gate = t[0], &up = t[1];
@@ -203,6 +264,8 @@ Result<TpRuns> KindRuns(const Rule& rule, const ModelDims& model,
     }
     case Kind::kQkv:
       return Qkv(model, targets, axis, coord);
+    case Kind::kQkvHeads:
+      return QkvHeads(model, targets, axis, coord);
     case Kind::kGateUp:
       return GateUp(rule, targets, axis, coord);
   }

@@ -26,6 +26,11 @@ struct Target {
 struct TpRuns {
   std::vector<uint64_t> local_shape;  // the TP-local tensor's shape
   std::vector<Run> runs;              // src in the TP-local tensor's element space
+  // qkv_heads with kv_heads < tp: each KV head lies on `kv_replicas` ranks, this one
+  // being replica `kv_index` of its head; the runs into targets 1 and 2 (k, v) are
+  // copies of that head.
+  uint64_t kv_replicas = 1;
+  uint64_t kv_index = 0;
 };
 
 // `axis` / `coord`: the TP axis size and this rank's coordinate on it. Errors are

@@ -24,12 +24,13 @@ from ._deltacast import (  # noqa: F401
     _Producer,
     _Root,
     _Source,
+    _engine_layouts,
     set_log_level,
 )
 from ._toml import dumps as _toml_dumps
 
 __all__ = ["Config", "Error", "Node", "NodeReport", "NodeStats", "ProduceReport", "Producer",
-           "PublishReport", "Root", "Source", "config", "set_log_level"]
+           "PublishReport", "Root", "Source", "config", "engine_layouts", "set_log_level"]
 
 Tensors = Union[Mapping[str, Any], Sequence[Tuple[str, Any]]]
 
@@ -39,6 +40,33 @@ def config(source: Union[str, os.PathLike, Mapping[str, Any]]) -> Config:
     if isinstance(source, Mapping):
         return Config.parse(_toml_dumps(source), "<dict>")
     return Config.load(os.fspath(source))
+
+
+def engine_layouts(config_json: Union[str, os.PathLike], *, engine: str, tp: int, out: Union[
+        str, os.PathLike], dp: int = 1, ep: int = 1,
+        canonical: Union[str, os.PathLike, None] = None) -> list:
+    """Each GPU's load plan for a vLLM or SGLang engine serving the checkpoint whose
+    ``config.json`` is given: writes ``out/gpu-<g>.toml`` and returns their paths in
+    the engine's rank order (GPU g: data-parallel rank g // tp, tensor-parallel rank
+    g % tp), one per ``Node(gpus=...)`` entry. ``canonical`` is the checkpoint
+    directory (or a canonical.json); by default config.json's directory. ``ep``:
+    vLLM 1 or tp * dp (--enable-expert-parallel); SGLang a divisor of tp (--ep).
+    Raises :class:`Error` naming what does not divide."""
+    return [str(p) for p in _engine_layouts(os.fspath(config_json), engine, tp, dp, ep,
+                                            os.fspath(out),
+                                            os.fspath(canonical) if canonical else "")]
+
+
+def _named(parameters: Any) -> list:
+    """(name, tensor) pairs from a state_dict, pairs, or ``module.named_parameters()``;
+    parameters that require grad are detached (the same memory, patched in place)."""
+    items = parameters.items() if hasattr(parameters, "items") else parameters
+    out = []
+    for name, t in items:
+        if getattr(t, "requires_grad", False):
+            t = t.detach()
+        out.append((name, t))
+    return out
 
 
 def _token(cfg: Config, token: Optional[str]) -> str:
@@ -175,10 +203,14 @@ class Node:
 
     An inference engine whose GPUs hold tensor-parallel slices passes ``gpus``
     instead: one ``(layout, parameters)`` pair per GPU, ``parameters`` being that
-    GPU's own tensors (CUDA tensors, by DLPack, patched in place; their addresses
-    never change) and ``layout`` the layout file that places them in canonical terms
-    (docs/layout.md; its ``canonical`` table names the checkpoint's tensors). A
-    version commits here only when every GPU's part of it verifies.
+    GPU's own tensors as the engine names them (``model.named_parameters()`` of the
+    engine's module on that GPU, a state_dict or pairs; CUDA tensors, by DLPack,
+    patched in place; their addresses never change) and ``layout`` the layout file
+    that places them in canonical terms: :func:`engine_layouts` writes them for vLLM
+    and SGLang (docs/engines.md), or write one by hand (docs/layout.md). A plan that
+    does not match the parameters (a shape, a missing parameter) is refused, naming
+    the parameter, before anything is written. A version commits here only when
+    every GPU's part of it verifies.
     """
 
     def __init__(self, cfg: Config, node_id: str,
@@ -192,7 +224,7 @@ class Node:
         if isinstance(tensors, os.PathLike):
             tensors = os.fspath(tensors)
         if gpus is not None:
-            gpus = [(os.fspath(layout), parameters) for layout, parameters in gpus]
+            gpus = [(os.fspath(layout), _named(parameters)) for layout, parameters in gpus]
         self._node = _Node(cfg, node_id, _token(cfg, token), tensors, on_commit, apply_threads,
                            gpus)
 

@@ -1,7 +1,7 @@
 """Type stubs for deltacast (the public API of include/deltacast/, in Python)."""
 import concurrent.futures
 import os
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 Tensors = Union[Mapping[str, Any], Sequence[Tuple[str, Any]]]
 PathLike = Union[str, os.PathLike]
@@ -23,6 +23,8 @@ class Config:
     def describe_plan(self) -> str: ...
 
 def config(source: Union[PathLike, Mapping[str, Any]]) -> Config: ...
+def engine_layouts(config_json: PathLike, *, engine: str, tp: int, out: PathLike, dp: int = 1,
+                   ep: int = 1, canonical: Optional[PathLike] = None) -> List[str]: ...
 def set_log_level(level: str) -> None:
     """"debug", "info", "warn", "error" or "off"."""
 
@@ -102,7 +104,7 @@ class Root:
 class Node:
     def __init__(self, cfg: Config, node_id: str,
                  tensors: Union[Tensors, PathLike, None] = None, *,
-                 gpus: Optional[Sequence[Tuple[PathLike, Tensors]]] = None,
+                 gpus: Optional[Sequence[Tuple[PathLike, Union[Tensors, Iterable[Tuple[str, Any]]]]]] = None,
                  token: Optional[str] = None,
                  on_commit: Optional[Callable[[str, List[str]], None]] = None,
                  apply_threads: int = 0) -> None: ...

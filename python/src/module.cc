@@ -256,6 +256,23 @@ PYBIND11_MODULE(_deltacast, m) {
   BindProducers(m);
 
   m.def(
+      "_engine_layouts",
+      [](const std::filesystem::path& config, const std::string& engine, uint64_t tp, uint64_t dp,
+         uint64_t ep, const std::filesystem::path& out, const std::filesystem::path& canonical) {
+        EngineLayoutOptions o;
+        o.config = config;
+        o.canonical = canonical;
+        o.out_dir = out;
+        o.engine = engine;
+        o.tp = tp;
+        o.dp = dp;
+        o.ep = ep;
+        return Take(WriteEngineLayouts(o));
+      },
+      py::arg("config"), py::arg("engine"), py::arg("tp"), py::arg("dp"), py::arg("ep"),
+      py::arg("out"), py::arg("canonical"));
+
+  m.def(
       "set_log_level",
       [](const std::string& level) {
         static const std::pair<const char*, LogLevel> kLevels[] = {{"debug", LogLevel::kDebug},

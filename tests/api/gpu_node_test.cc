@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/layout/engine_reference.h"
 #include "tests/layout/reference.h"
 
 namespace {
@@ -225,6 +226,61 @@ TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
   ExpectShards(job, trainer, engine);
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
   (*root)->Stop();
+  fleet.Stop();
+  fs::remove_all(dir);
+}
+
+// The engine path as an embedder takes it: WriteEngineLayouts from the
+// checkpoint's config.json (vLLM, tensor parallel 4, each of the 2 KV heads on two
+// GPUs), the engine's own parameters (built by an independent sharder of vLLM's
+// layout), Node::StartOnGpus, one published step: every GPU bit-exact.
+TEST(ApiGpuNode, GeneratedVllmPlansTakeAStepOntoEveryGpu) {
+  deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
+  const fs::path dir = fs::path(::testing::TempDir()) / ("gpu_vllm_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  deltacast::layout::testing::EngineModel model;  // Qwen2-shaped: QKV biases
+  const deltacast::layout::testing::EngineRun run{"vllm", 4, 1, 1};
+  Tensors trainer = deltacast::layout::testing::EngineCanonical(model);
+  WriteCanonicalTable(dir / "canonical.json", trainer);
+  std::ofstream(dir / "config.json") << model.ConfigJson();
+  deltacast::EngineLayoutOptions options;
+  options.config = dir / "config.json";
+  options.canonical = dir / "canonical.json";
+  options.out_dir = dir / "plans";
+  options.tp = 4;
+  auto plans = deltacast::WriteEngineLayouts(options);
+  ASSERT_TRUE(plans.ok()) << plans.status().ToString();
+  ASSERT_EQ(plans->size(), 4u);
+
+  std::vector<Tensors> engine;
+  std::vector<deltacast::GpuWeights> gpus;
+  deltacast::layout::testing::EngineSharder base(model, run, trainer);
+  for (uint64_t g = 0; g < 4; ++g) engine.push_back(base.Gpu(g));
+  for (uint64_t g = 0; g < 4; ++g) gpus.push_back({-1, (*plans)[g], Views(engine[g])});
+
+  auto config = deltacast::Config::Parse(Toml(BasePort() + 2), "gpus.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  Tensors plain = trainer;
+  Fleet fleet;
+  ASSERT_NO_FATAL_FAILURE(fleet.Start(*config, gpus, plain));
+  deltacast::SourceOptions source_options;
+  source_options.token = "gpu-token";
+  auto source = deltacast::Source::Start(*config, source_options);
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  Tensors previous = trainer;
+  TrainingStep(trainer, 29);
+  auto report = (*source)->Publish(Views(previous), Views(trainer));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+
+  deltacast::layout::testing::EngineSharder want(model, run, trainer);
+  for (uint64_t g = 0; g < 4; ++g) {
+    const Tensors shard = want.Gpu(g);
+    for (size_t l = 0; l < shard.size(); ++l) {
+      EXPECT_EQ(engine[g][l].values, shard[l].values) << "GPU " << g << " " << shard[l].spec.name;
+    }
+  }
+  (*source)->Stop();
   fleet.Stop();
   fs::remove_all(dir);
 }
