@@ -259,6 +259,7 @@ class CudaPieceMemory final : public PieceMemory {
     }
     if (hash_pinned_ != nullptr) cudaFreeHost(hash_pinned_);
     if (flag_pinned_ != nullptr) cudaFreeHost(flag_pinned_);
+    if (found_pinned_ != nullptr) cudaFreeHost(found_pinned_);
     if (caller_written_ != nullptr) cudaEventDestroy(caller_written_);
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     if (apply_stream_ != nullptr) cudaStreamDestroy(apply_stream_);
