@@ -349,19 +349,10 @@ class CudaPieceMemory final : public PieceMemory {
     DC_DEVICE();
     if (batch.segments.empty()) return Status::Ok();
     const uint32_t n = static_cast<uint32_t>(batch.segments.size());
-    // Blocks per segment, from its work; word alignment is decided on the device
-    // addresses, so the table uses the byte count (an upper bound) for dense ones.
-    ASSIGN_OR_RETURN(std::vector<uint32_t> first, BlockTable(n, [&](size_t k) {
-                       const uint64_t items = PatchItems(batch.segments[k], false);
-                       return (items + kThreads * kItemsPerThread - 1) /
-                              (kThreads * kItemsPerThread);
-                     }));
     // One staging area, five sections: segments, block table, positions, words, dense.
-    const size_t sizes[5] = {
-        batch.segments.size() * sizeof(PatchSegment), first.size() * sizeof(uint32_t),
-        batch.positions.size() * sizeof(uint32_t), batch.words.size(), batch.dense.size()};
-    const void* sources[5] = {batch.segments.data(), first.data(), batch.positions.data(),
-                              batch.words.data(), batch.dense.data()};
+    size_t sizes[5] = {batch.segments.size() * sizeof(PatchSegment), (n + 1) * sizeof(uint32_t),
+                       batch.positions.size() * sizeof(uint32_t), batch.words.size(),
+                       batch.dense.size()};
     size_t offsets[5], total = 0;
     for (int i = 0; i < 5; ++i) {
       offsets[i] = total;
@@ -373,6 +364,18 @@ class CudaPieceMemory final : public PieceMemory {
     if (slot.used) DC_CUDA(cudaEventSynchronize(slot.done));
     RETURN_IF_ERROR(ReservePinned(slot.pinned, slot.pinned_size, total));
     DC_CUDA(slot.device.Reserve(total));
+    // Blocks per segment, from its work: dense rows go in words where the segment is
+    // word aligned on the device (its payload's device address is known now).
+    const auto* dense_on_device = static_cast<const unsigned char*>(slot.device.ptr) + offsets[4];
+    ASSIGN_OR_RETURN(
+        std::vector<uint32_t> first, BlockTable(n, [&](size_t k) {
+          const PatchSegment& s = batch.segments[k];
+          const bool words = s.kind != kSparseXor && DenseWordAligned(s, dense_on_device);
+          const uint64_t items = PatchItems(s, words);
+          return (items + kThreads * kItemsPerThread - 1) / (kThreads * kItemsPerThread);
+        }));
+    const void* sources[5] = {batch.segments.data(), first.data(), batch.positions.data(),
+                              batch.words.data(), batch.dense.data()};
     for (int i = 0; i < 5; ++i) {
       if (sizes[i] != 0) std::memcpy(slot.pinned + offsets[i], sources[i], sizes[i]);
     }

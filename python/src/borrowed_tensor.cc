@@ -65,8 +65,20 @@ Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(const std::string
     auto where = object.attr("__dlpack_device__")().cast<py::tuple>();
     cuda = where.size() >= 1 && where[0].cast<int>() == kDLCUDA;
   }
-  py::object capsule =
-      cuda ? object.attr("__dlpack__")(py::arg("stream") = 1) : object.attr("__dlpack__")();
+  py::object capsule;
+  if (cuda) {
+    try {
+      capsule = object.attr("__dlpack__")(py::arg("stream") = 1);
+    } catch (py::error_already_set& e) {
+      // A producer older than DLPack's stream argument: take the tensor without it;
+      // the node then waits for the whole device before reading (stream 0).
+      if (!e.matches(PyExc_TypeError)) throw;
+      cuda = false;
+      capsule = object.attr("__dlpack__")();
+    }
+  } else {
+    capsule = object.attr("__dlpack__")();
+  }
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
   if (managed == nullptr) {
     PyErr_Clear();
