@@ -81,6 +81,7 @@ Result<std::unique_ptr<apply::WeightStore>> PlanGpus(std::vector<GpuWeights> gpu
       part.memory = std::move(*memory);
     }
     part.layout = std::move(*description);
+    part.stream = gpu.stream;
     for (const TensorView& t : gpu.parameters) {
       if (t.bytes.size() != t.spec.ByteSize()) {
         return Status::InvalidArgument(where + ": parameter '" + t.spec.name + "' has " +

@@ -128,7 +128,8 @@ Result<ProduceReport> Producer::Serve(const std::vector<TensorView>& base,
 }
 
 Result<ProduceReport> Producer::ServeFromGpu(int device, const std::vector<TensorView>& base,
-                                             const std::vector<TensorView>& target) {
+                                             const std::vector<TensorView>& target,
+                                             uintptr_t stream) {
   if (!impl_->memory || impl_->memory_device != device) {
     if (device < 0) {
       impl_->memory = apply::device::NewHostPieceMemory();
@@ -137,6 +138,7 @@ Result<ProduceReport> Producer::ServeFromGpu(int device, const std::vector<Tenso
     }
     impl_->memory_device = device;
   }
+  RETURN_IF_ERROR(impl_->memory->AwaitStream(stream).WithContext("the trainer's stream"));
   return impl_->Serve(base, target, impl_->memory.get());
 }
 

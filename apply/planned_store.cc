@@ -53,6 +53,12 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
   if (specs.empty()) return Status::InvalidArgument("a planned store needs at least one part");
   std::vector<Part> parts;
   std::vector<layout::PlacementMap> scans;
+  // Every registered buffer, to refuse overlaps once all are known.
+  struct Registered {
+    uintptr_t begin = 0, end = 0;
+    std::string what;
+  };
+  std::vector<Registered> registered;
   for (size_t p = 0; p < specs.size(); ++p) {
     PartSpec& spec = specs[p];
     if (!spec.memory)
@@ -91,6 +97,13 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
         if (spec.addresses[l] == nullptr) {
           return Status::InvalidArgument(name + ": parameter '" + local.name + "' has no address");
         }
+        const uint64_t bytes = local.Elements() * ElementSize(local.dtype);
+        RETURN_IF_ERROR(part.memory
+                            ->CheckRegion(spec.addresses[l], bytes,
+                                          static_cast<uint32_t>(ElementSize(local.dtype)))
+                            .WithContext(name + ": parameter '" + local.name + "'"));
+        const auto begin = reinterpret_cast<uintptr_t>(spec.addresses[l]);
+        registered.push_back({begin, begin + bytes, name + " parameter '" + local.name + "'"});
         part.buffers.push_back(spec.addresses[l]);
         continue;
       }
@@ -101,9 +114,27 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
     scans.push_back(std::move(scan));
     parts.push_back(std::move(part));
   }
+  std::sort(registered.begin(), registered.end(),
+            [](const Registered& a, const Registered& b) { return a.begin < b.begin; });
+  for (size_t k = 1; k < registered.size(); ++k) {
+    if (registered[k].begin < registered[k - 1].end) {
+      return Status::InvalidArgument(
+          registered[k - 1].what + " and " + registered[k].what +
+          " overlap in memory: every patch would be applied to the shared bytes twice (tied "
+          "weights: register the tensor once, and map the other name to it in the layout)");
+    }
+  }
   std::vector<const layout::PlacementMap*> maps;
   for (const auto& m : scans) maps.push_back(&m);
   RETURN_IF_ERROR(layout::CheckCoverage(maps));
+  // The engine's writes to its buffers finish before the first read of them.
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (specs[p].addresses.empty()) continue;
+    RETURN_IF_ERROR(
+        parts[p]
+            .memory->AwaitStream(specs[p].stream)
+            .WithContext("part " + std::to_string(p) + " (" + parts[p].memory->name() + ")"));
+  }
 
   std::vector<codec::TensorInfo> tensors;
   for (const layout::TensorSpec& t : parts[0].plan.canonical())
@@ -169,7 +200,10 @@ Status PlannedStore::HashPlaced(const std::vector<std::vector<Placed>>& placed,
   const size_t copies = copies_;
   std::vector<PartitionHash> slots(placed.size() * copies);
   std::vector<char> present(slots.size(), 0);
-  for (size_t p = 0; p < parts_.size(); ++p) {
+  // Every GPU's hash is queued before any is collected, so they run together.
+  std::vector<char> queued(parts_.size(), 0);
+  Status failed;
+  for (size_t p = 0; p < parts_.size() && failed.ok(); ++p) {
     std::vector<device::HashSegment> segments;
     for (size_t k = 0; k < placed.size(); ++k) {
       for (const Placed& pl : placed[k]) {
@@ -180,8 +214,15 @@ Status PlannedStore::HashPlaced(const std::vector<std::vector<Placed>>& placed,
       }
     }
     if (segments.empty()) continue;
-    RETURN_IF_ERROR(parts_[p].memory->Hash(segments, slots));
+    failed = parts_[p].memory->QueueHashes(segments, slots.size());
+    queued[p] = failed.ok();
   }
+  for (size_t p = 0; p < parts_.size(); ++p) {
+    if (!queued[p]) continue;
+    const Status collected = parts_[p].memory->CollectHashes(slots);
+    if (failed.ok()) failed = collected;
+  }
+  RETURN_IF_ERROR(failed);
   for (size_t k = 0; k < placed.size(); ++k) {
     const PartitionHash length_term = PartitionLengthTerm(lengths[k]);
     const PartitionHash first = slots[k * copies] ^ length_term;
@@ -202,18 +243,30 @@ Result<PartitionHash> PlannedStore::HashPartition(size_t index, uint64_t offset,
   return out;
 }
 
+Status PlannedStore::HashPartitions(std::span<const PartitionRef> partitions,
+                                    std::span<PartitionHash> out) {
+  if (out.size() != partitions.size()) return Status::InvalidArgument("one hash per partition");
+  std::lock_guard lock(mu_);
+  std::vector<std::vector<Placed>> placed(partitions.size());
+  std::vector<uint64_t> lengths(partitions.size());
+  for (size_t k = 0; k < partitions.size(); ++k) {
+    ASSIGN_OR_RETURN(placed[k],
+                     Place(partitions[k].tensor, partitions[k].offset, partitions[k].length));
+    lengths[k] = partitions[k].length;
+  }
+  return HashPlaced(placed, lengths, out);
+}
+
 Status PlannedStore::ReadPartition(size_t index, uint64_t offset, MutableByteSpan out) {
   std::lock_guard lock(mu_);
   ASSIGN_OR_RETURN(std::vector<Placed> placed, Place(index, offset, out.size()));
   for (const Placed& pl : placed) {
     if (pl.copy != 0) continue;
-    const uint64_t e = pl.element_size, row = pl.run.len * e;
-    for (uint64_t r = 0; r < pl.run.rows; ++r) {
-      const auto* src = reinterpret_cast<const std::byte*>(pl.run.base) +
-                        (pl.run.src + r * pl.run.src_stride) * e;
-      RETURN_IF_ERROR(parts_[pl.part].memory->Read(
-          src, out.subspan((pl.run.part_dst + r * pl.run.dst_stride) * e, row)));
-    }
+    // One 2-D copy per run (rows of a row-split part), not one per row.
+    const uint64_t e = pl.element_size;
+    RETURN_IF_ERROR(parts_[pl.part].memory->ReadRows(
+        reinterpret_cast<const std::byte*>(pl.run.base) + pl.run.src * e, pl.run.src_stride * e,
+        out.data() + pl.run.part_dst * e, pl.run.dst_stride * e, pl.run.len * e, pl.run.rows));
   }
   return Status::Ok();
 }
@@ -222,13 +275,11 @@ Status PlannedStore::WritePartition(size_t index, uint64_t offset, ByteSpan byte
   std::lock_guard lock(mu_);
   ASSIGN_OR_RETURN(std::vector<Placed> placed, Place(index, offset, bytes.size()));
   for (const Placed& pl : placed) {
-    const uint64_t e = pl.element_size, row = pl.run.len * e;
-    for (uint64_t r = 0; r < pl.run.rows; ++r) {
-      auto* dst =
-          reinterpret_cast<std::byte*>(pl.run.base) + (pl.run.src + r * pl.run.src_stride) * e;
-      RETURN_IF_ERROR(parts_[pl.part].memory->Write(
-          dst, bytes.subspan((pl.run.part_dst + r * pl.run.dst_stride) * e, row)));
-    }
+    const uint64_t e = pl.element_size;
+    RETURN_IF_ERROR(parts_[pl.part].memory->WriteRows(
+        bytes.data() + pl.run.part_dst * e, pl.run.dst_stride * e,
+        reinterpret_cast<std::byte*>(pl.run.base) + pl.run.src * e, pl.run.src_stride * e,
+        pl.run.len * e, pl.run.rows));
   }
   return Status::Ok();
 }

@@ -35,18 +35,25 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
   // One GPU's part: its memory, the layout its engine rank uses (what its
   // parameters are in canonical terms) and its parameters' names, dtypes and shapes.
   // `addresses` (parallel to `locals`, each local's first byte in `memory`) registers
-  // the engine's own buffers; empty allocates zeroed buffers in `memory`.
+  // the engine's own buffers; empty allocates zeroed buffers in `memory`. A registered
+  // buffer is read and written only after the work queued on the engine's CUDA
+  // stream `stream` (PieceMemory::AwaitStream; 0: after the whole device is idle).
   struct PartSpec {
     std::unique_ptr<device::PieceMemory> memory;
     layout::LayoutDescription layout;
     std::vector<layout::TensorSpec> locals;
     std::vector<std::byte*> addresses;
+    uintptr_t stream = 0;
   };
 
   // Expands every part's load plan over `canonical` and checks that together they
   // hold every canonical element (each once, replicas aside), that every parameter
   // matches a rule, and that every run carries bits (a cast or other transform
   // cannot be patched in place): kInvalidArgument / kUnsupported naming the problem.
+  // Registered buffers must lie in their part's memory, aligned to their element
+  // size, and no two may overlap (tied weights registered twice would take every
+  // patch twice: XOR twice is no change, and the partition would read torn forever);
+  // each is checked before anything is launched, and a refused store touches none.
   static Result<std::unique_ptr<PlannedStore>> Create(std::vector<layout::TensorSpec> canonical,
                                                       std::vector<PartSpec> parts);
 
@@ -63,6 +70,8 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
 
   // PartitionAccess.
   Result<PartitionHash> HashPartition(size_t index, uint64_t offset, uint64_t length) override;
+  Status HashPartitions(std::span<const PartitionRef> partitions,
+                        std::span<PartitionHash> out) override;
   Status ReadPartition(size_t index, uint64_t offset, MutableByteSpan out) override;
   Status WritePartition(size_t index, uint64_t offset, ByteSpan bytes) override;
   Status ApplyPatches(std::span<const Patch> patches, std::span<PartitionHash> after) override;

@@ -77,12 +77,12 @@ Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesyste
 Result<std::unique_ptr<Replica>> Replica::ForStore(std::unique_ptr<WeightStore> store,
                                                    uint64_t partition_bytes, size_t threads) {
   threads = threads ? threads : DefaultThreadCount();
-  codec::Manifest manifest = HashWeightStore(*store, partition_bytes, threads);
+  ASSIGN_OR_RETURN(codec::Manifest manifest, HashWeightStore(*store, partition_bytes, threads));
   return std::unique_ptr<Replica>(
       new Replica(std::move(store), nullptr, std::move(manifest), std::nullopt, threads));
 }
 
-codec::Manifest Replica::HashStore() const {
+Result<codec::Manifest> Replica::HashStore() const {
   return HashWeightStore(*store_, manifest_.partition_bytes, threads_);
 }
 
@@ -113,7 +113,7 @@ Result<std::unique_ptr<DeltaApplier>> Replica::Begin(const codec::DeltaIdentity&
     // replayed) are at target only in the bytes, so hash the bytes as they are.
     // Every record of the delta that is replayed sets its partition's target hash,
     // and the partitions it does not name are equal in base and target.
-    current = HashStore();
+    ASSIGN_OR_RETURN(current, HashStore());
   } else if (state_) {
     RETURN_IF_ERROR(state_->WriteInflight(delta));
   }
@@ -146,7 +146,7 @@ Result<CatchUp> Replica::BeginCatchUp(const codec::Manifest& target, ApplyOption
   codec::Manifest current = manifest_;
   if (inflight_ || unchecked) {
     // The bytes are a mix of the delta in flight, or torn: hash them as they are.
-    current = HashStore();
+    ASSIGN_OR_RETURN(current, HashStore());
   }
   const InflightDelta delta{inflight_ ? inflight_->base : version_, to};
   if (!(inflight_ && *inflight_ == delta)) {
@@ -293,8 +293,9 @@ Result<Reconcile> Replica::BeginReconcile(ApplyOptions options) {
   if (options.threads == 0) options.threads = threads_;
   options.store_at_manifest = true;  // just hashed
   Reconcile out;
+  ASSIGN_OR_RETURN(codec::Manifest now, HashStore());
   out.applier = std::make_unique<DeltaApplier>(
-      *store_, HashStore(),
+      *store_, std::move(now),
       codec::DeltaIdentity{unflushed_->base, unflushed_->target, manifest_.partition_bytes},
       options);
   out.target = std::move(*target);
@@ -319,7 +320,7 @@ Status Replica::FinishReconcile(const codec::Manifest& now) {
 
 Status Replica::CommitFromStore() {
   if (!inflight_) return Status::FailedPrecondition("no delta in flight");
-  codec::Manifest manifest = HashStore();
+  ASSIGN_OR_RETURN(codec::Manifest manifest, HashStore());
   if (manifest.VersionId() != inflight_->target) {
     return Status::FailedPrecondition("the store is at " + manifest.VersionId().ShortHex() +
                                       ", not the target " + inflight_->target.ShortHex() +
@@ -352,7 +353,7 @@ void Replica::SaveManifestCache(const codec::Manifest& manifest) {
 Status Replica::FinishAbort() {
   // Re-hash rather than trust bookkeeping: aborts are rare, and a replica opened
   // mid-delta never had a manifest of its base bytes.
-  codec::Manifest manifest = HashStore();
+  ASSIGN_OR_RETURN(codec::Manifest manifest, HashStore());
   if (inflight_ && manifest.VersionId() != inflight_->base) {
     return Status::FailedPrecondition("rollback incomplete: the store is at " +
                                       manifest.VersionId().ShortHex() + ", not the base " +

@@ -90,7 +90,7 @@ class Replica {
   bool needs_reconcile() const { return needs_reconcile_; }
 
   // The manifest of the store's bytes as they are, hashing every partition.
-  codec::Manifest HashStoreNow() const { return HashStore(); }
+  Result<codec::Manifest> HashStoreNow() const { return HashStore(); }
 
   // Journals chunk `sequence` of the in-flight delta as applied (its writes need not
   // be flushed where a spool holds the chunk: a resume re-applies it from there).
@@ -170,7 +170,7 @@ class Replica {
 
   void ForgetInflight();
   // The manifest of the store's bytes as they are (hashing every partition).
-  codec::Manifest HashStore() const;
+  Result<codec::Manifest> HashStore() const;
   void SaveManifestCache(const codec::Manifest& manifest);
 
   std::unique_ptr<WeightStore> store_;

@@ -21,8 +21,18 @@ Status WeightStore::FlushAll() {
   return Status::Ok();
 }
 
-codec::Manifest HashWeightStore(const WeightStore& store, uint64_t partition_bytes,
-                                size_t threads) {
+Status PartitionAccess::HashPartitions(std::span<const PartitionRef> partitions,
+                                       std::span<PartitionHash> out) {
+  if (out.size() != partitions.size()) return Status::InvalidArgument("one hash per partition");
+  for (size_t k = 0; k < partitions.size(); ++k) {
+    ASSIGN_OR_RETURN(
+        out[k], HashPartition(partitions[k].tensor, partitions[k].offset, partitions[k].length));
+  }
+  return Status::Ok();
+}
+
+Result<codec::Manifest> HashWeightStore(const WeightStore& store, uint64_t partition_bytes,
+                                        size_t threads) {
   PartitionAccess* access = store.partition_access();
   if (access == nullptr) {
     return codec::ComputeManifest(
@@ -31,19 +41,36 @@ codec::Manifest HashWeightStore(const WeightStore& store, uint64_t partition_byt
   codec::Manifest m;
   m.partition_bytes = partition_bytes;
   m.tensors = store.tensors();
+  // Every partition of the store, hashed in batches (one launch per GPU each).
+  constexpr size_t kBatch = 4096;
+  std::vector<PartitionAccess::PartitionRef> refs;
+  std::vector<PartitionHash*> into;
+  std::vector<PartitionHash> hashes;
+  auto flush = [&]() -> Status {
+    hashes.assign(refs.size(), PartitionHash{});
+    RETURN_IF_ERROR(access->HashPartitions(refs, hashes));
+    for (size_t k = 0; k < refs.size(); ++k) *into[k] = hashes[k];
+    refs.clear();
+    into.clear();
+    return Status::Ok();
+  };
+  m.partition_hashes.resize(m.tensors.size());
+  for (size_t t = 0; t < m.tensors.size(); ++t) {
+    m.partition_hashes[t].resize(codec::PartitionCount(m.tensors[t], partition_bytes));
+  }
   for (size_t t = 0; t < m.tensors.size(); ++t) {
     const codec::TensorInfo& info = m.tensors[t];
-    const uint64_t e = ElementSize(info.dtype);
-    const uint64_t per = codec::PartitionElements(info.dtype, partition_bytes) * e;
+    const uint64_t per =
+        codec::PartitionElements(info.dtype, partition_bytes) * ElementSize(info.dtype);
     const uint64_t bytes = info.ByteSize();
-    auto& hashes = m.partition_hashes.emplace_back();
-    const uint64_t count = codec::PartitionCount(info, partition_bytes);
-    for (uint64_t p = 0; p < count; ++p) {
+    for (uint64_t p = 0; p < m.partition_hashes[t].size(); ++p) {
       const uint64_t off = p * per;
-      auto h = access->HashPartition(t, off, std::min(per, bytes - off));
-      hashes.push_back(h.ok() ? *h : PartitionHash{});
+      refs.push_back({t, off, std::min(per, bytes - off)});
+      into.push_back(&m.partition_hashes[t][p]);
+      if (refs.size() == kBatch) RETURN_IF_ERROR(flush());
     }
   }
+  if (!refs.empty()) RETURN_IF_ERROR(flush());
   return m;
 }
 

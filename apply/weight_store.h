@@ -39,6 +39,16 @@ class PartitionAccess {
 
   // The partition hash of the stored bytes (computed where they lie).
   virtual Result<PartitionHash> HashPartition(size_t index, uint64_t offset, uint64_t length) = 0;
+  // The hashes of many partitions at once (out parallel to `partitions`): a store on
+  // GPUs hashes them in one launch per GPU. The default calls HashPartition for each.
+  // On failure `out` is unspecified: no hash of a failed call may be used.
+  struct PartitionRef {
+    size_t tensor = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  virtual Status HashPartitions(std::span<const PartitionRef> partitions,
+                                std::span<PartitionHash> out);
   virtual Status ReadPartition(size_t index, uint64_t offset, MutableByteSpan out) = 0;
   virtual Status WritePartition(size_t index, uint64_t offset, ByteSpan bytes) = 0;
 
@@ -91,9 +101,10 @@ class WeightStore {
 
 // The manifest of the store's bytes as they are, by either path: host stores hash
 // their spans on `threads` threads; a PartitionAccess store hashes where the bytes
-// lie (a partition it cannot hash gets a zero hash, which matches no version, so it
-// reads as torn and is repaired).
-codec::Manifest HashWeightStore(const WeightStore& store, uint64_t partition_bytes, size_t threads);
+// lie, many partitions per call. A store that cannot hash (a CUDA error) fails the
+// whole manifest: no hash is made up for a partition that was not read.
+Result<codec::Manifest> HashWeightStore(const WeightStore& store, uint64_t partition_bytes,
+                                        size_t threads);
 
 // A copy of bytes [offset, offset + length) of tensor `index`, by either path.
 // kInvalidArgument outside the tensor.

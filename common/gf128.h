@@ -150,7 +150,8 @@ DELTACAST_HD constexpr Gf128 PlaceWord(uint64_t word, unsigned size, unsigned sh
 // (zero everywhere else): sum over the partition blocks b they touch of M_b * alpha^(b+1).
 // Horner from the last block down, one multiplication per block: the reference the
 // fast paths are tested against, and what a device thread runs over its slice.
-DELTACAST_HD constexpr Gf128 PieceReference(const unsigned char* p, uint64_t n, uint64_t offset) {
+// PieceHorner is the loop alone, before the multiplication by alpha^(offset / 16).
+DELTACAST_HD constexpr Gf128 PieceHorner(const unsigned char* p, uint64_t n, uint64_t offset) {
   if (n == 0) return {};
   const uint64_t first = offset / 16;
   const uint64_t last = (offset + n - 1) / 16;
@@ -163,7 +164,13 @@ DELTACAST_HD constexpr Gf128 PieceReference(const unsigned char* p, uint64_t n, 
     const unsigned shift = static_cast<unsigned>(offset + from - block_start);
     acc = Mul(Xor(acc, PlaceBytes(p + from, static_cast<unsigned>(to - from), shift)), kAlpha);
   }
-  return Mul(acc, Pow(kAlpha, first));
+  return acc;
+}
+DELTACAST_HD constexpr Gf128 PieceReference(const unsigned char* p, uint64_t n, uint64_t offset) {
+  // PieceHorner(p, n, offset) * alpha^(offset / 16): a device that keeps the powers
+  // alpha^(2^i) in a table multiplies by them instead of calling Pow.
+  if (n == 0) return {};
+  return Mul(PieceHorner(p, n, offset), Pow(kAlpha, offset / 16));
 }
 
 // The whole hash of a partition of `n` bytes: LengthTerm(n) + the linear part.

@@ -404,7 +404,7 @@ void NodeStore::CommitPrepared(Outcome done) {
       // durably and applied: the target is what the spool's records say it is.
       ASSIGN_OR_RETURN(auto spool, Spool::Open(options_.spool_dir, delta.target,
                                                /*remove_others=*/false));
-      codec::Manifest target = replica_->HashStoreNow();
+      ASSIGN_OR_RETURN(codec::Manifest target, replica_->HashStoreNow());
       for (uint32_t sequence : spool->sequences()) {
         ASSIGN_OR_RETURN(transport::Message message, spool->Read(sequence));
         ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(ChunkOf(*message)));

@@ -294,10 +294,18 @@ Status CheckDeviceShare(const ShareInput& in) {
     return Status::InvalidArgument("a device share needs the addresses of both versions");
   }
   for (uint32_t i = 0; i < in.map->locals().size(); ++i) {
+    const layout::TensorSpec& spec = in.map->locals()[i].spec;
     if (HasResidualRun(*in.map, i) && (!in.base || !in.target)) {
-      return Status::InvalidArgument("local tensor '" + in.map->locals()[i].spec.name +
+      return Status::InvalidArgument("local tensor '" + spec.name +
                                      "' holds a transform of its canonical values: a device "
                                      "share needs its host bytes (ShareInput::base / target)");
+    }
+    if (in.map->RunsOf(i).empty() || HasResidualRun(*in.map, i)) continue;
+    // Both versions must lie in the share's memory, aligned: checked before any launch.
+    const uint64_t e = ElementSize(spec.dtype);
+    for (const std::byte* at : {in.base_address(i), in.target_address(i)}) {
+      RETURN_IF_ERROR(in.memory->CheckRegion(at, spec.Elements() * e, static_cast<uint32_t>(e))
+                          .WithContext("local tensor '" + spec.name + "'"));
     }
   }
   return Status::Ok();

@@ -129,4 +129,48 @@ DELTACAST_HD constexpr gf128::Gf128 RowPieceHash(const PlacedRun& run, uint32_t 
   return gf128::PieceReference(p + from, to - from, offset + from);
 }
 
+// alpha^k from a table of alpha^(2^i), i < 64 (one multiplication per set bit of k
+// instead of Pow's squarings): what a kernel uses to place a piece's Horner sum.
+inline constexpr int kAlphaPowers = 64;
+DELTACAST_HD constexpr gf128::Gf128 AlphaPowerFromTable(const gf128::Gf128* powers, uint64_t k) {
+  gf128::Gf128 r = gf128::kOne;
+  for (int i = 0; k != 0; ++i, k >>= 1) {
+    if (k & 1) r = gf128::Mul(r, powers[i]);
+  }
+  return r;
+}
+
+// RowPieceHash with alpha^k taken from `powers` (AlphaPowerFromTable): the same bits.
+DELTACAST_HD constexpr gf128::Gf128 RowPieceHashByTable(const PlacedRun& run, uint32_t element_size,
+                                                        uint64_t row, uint64_t from, uint64_t to,
+                                                        const gf128::Gf128* powers) {
+  if (to <= from) return {};
+  const uint64_t e = element_size;
+  const unsigned char* p = run.base + (run.src + row * run.src_stride) * e;
+  const uint64_t offset = (run.part_dst + row * run.dst_stride) * e + from;
+  return gf128::Mul(gf128::PieceHorner(p + from, to - from, offset),
+                    AlphaPowerFromTable(powers, offset / 16));
+}
+
+// The pieces of a hash segment: rows of `row_bytes` cut into `piece`-byte pieces.
+DELTACAST_HD constexpr uint64_t PiecesPerRow(uint64_t row_bytes, uint64_t piece) {
+  return row_bytes == 0 ? 0 : (row_bytes + piece - 1) / piece;
+}
+
+// The segment that block `block` of a launch works on, given each segment's first
+// block (first[0] = 0, increasing, n segments; first[n] = the grid size): the last
+// segment whose first block is <= block. Empty segments (equal firsts) are skipped.
+DELTACAST_HD constexpr uint32_t SegmentOfBlock(const uint32_t* first, uint32_t n, uint32_t block) {
+  uint32_t lo = 0, hi = n;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (first[mid] <= block) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 }  // namespace deltacast::apply::device

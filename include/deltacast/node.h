@@ -59,10 +59,29 @@ struct NodeStats {
 // hand. Fused parameters (qkv_proj, gate_up_proj), replicated KV heads,
 // vocabulary-parallel embeddings, stacked experts and replicated norms are rules of
 // the layout.
+//
+// `stream` is the engine's CUDA stream (a cudaStream_t as an integer; 1 is the
+// legacy default stream, what Python's `__dlpack__(stream=1)` orders a tensor's
+// producer with) on which it last wrote the parameters: the node reads them only
+// after the work queued there when StartOnGpus is called, without blocking the host.
+// 0 (the default) waits until the whole device is idle instead.
+//
+// What the engine must guarantee while the node runs: it does not write the
+// registered parameters (the node owns their bits from StartOnGpus to Stop: an
+// engine write would make the partition read torn, and the node would repair it
+// from the tree), and it does not free or move them. During a refit (a delta's
+// first chunk to its commit or abort) patches land while the engine may read: a
+// forward pass then sees some tensors, even some elements, at the new version and
+// others at the old. An engine that needs whole versions pauses its forward passes
+// from the refit's start to NodeOptions::on_commit (or reads only after it).
+// Registered parameters must be device memory of `device`, aligned to their element
+// size, and must not overlap (tied embeddings: register the shared tensor once);
+// StartOnGpus refuses any of these with kInvalidArgument before it touches a byte.
 struct GpuWeights {
   int device = 0;
   std::filesystem::path layout;
   std::vector<TensorView> parameters;
+  uintptr_t stream = 0;
 };
 
 // Load plans generated for a vLLM or SGLang engine (docs/layout.md, "Engine

@@ -70,9 +70,12 @@ class Producer {
   // `bytes` are device addresses): they are compared and hashed on the GPU and only
   // their changed positions and XOR words cross to the host for entropy coding.
   // device = -1 runs the same path over host memory. kUnavailable without CUDA or
-  // that device.
+  // that device. The tensors are read only after the work queued on the trainer's
+  // CUDA stream `stream` (a cudaStream_t as an integer, 1 = the legacy default
+  // stream; 0 = after the whole device is idle) and must not be written until the
+  // call returns. Addresses must be aligned to their element size.
   Result<ProduceReport> ServeFromGpu(int device, const std::vector<TensorView>& base,
-                                     const std::vector<TensorView>& target);
+                                     const std::vector<TensorView>& target, uintptr_t stream = 0);
   void Close();  // a Serve in progress returns kAborted
 
   struct Impl;

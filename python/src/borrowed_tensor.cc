@@ -55,7 +55,30 @@ Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(const std::string
                                    std::string(py::str(py::type::of(object).attr("__name__"))) +
                                    ") has no __dlpack__: pass torch tensors or numpy arrays");
   }
-  py::object capsule = object.attr("__dlpack__")();
+  // A CUDA tensor is asked for with stream=1 (DLPack: the consumer's stream, 1 being
+  // the legacy default stream): its producer orders that stream after the work that
+  // writes the tensor (torch records an event on its current stream), and the node
+  // waits for that stream before it reads (GpuWeights::stream). Host tensors take no
+  // stream (numpy refuses one).
+  bool cuda = false;
+  if (allow_cuda && py::hasattr(object, "__dlpack_device__")) {
+    auto where = object.attr("__dlpack_device__")().cast<py::tuple>();
+    cuda = where.size() >= 1 && where[0].cast<int>() == kDLCUDA;
+  }
+  py::object capsule;
+  if (cuda) {
+    try {
+      capsule = object.attr("__dlpack__")(py::arg("stream") = 1);
+    } catch (py::error_already_set& e) {
+      // A producer older than DLPack's stream argument: take the tensor without it;
+      // the node then waits for the whole device before reading (stream 0).
+      if (!e.matches(PyExc_TypeError)) throw;
+      cuda = false;
+      capsule = object.attr("__dlpack__")();
+    }
+  } else {
+    capsule = object.attr("__dlpack__")();
+  }
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
   if (managed == nullptr) {
     PyErr_Clear();
@@ -68,6 +91,7 @@ Result<std::unique_ptr<BorrowedTensor>> BorrowedTensor::Borrow(const std::string
   const DLTensor& t = managed->dl_tensor;
   if (t.device.device_type == kDLCUDA && allow_cuda) {
     owned->device_ = t.device.device_id;
+    owned->stream_ = cuda ? 1 : 0;
   } else if (t.device.device_type != kDLCPU) {
     return Status::Unsupported(
         "tensor '" + name + "' is not in host memory (DLPack device " +

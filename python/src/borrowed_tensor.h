@@ -8,6 +8,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -33,6 +34,9 @@ class BorrowedTensor {
   const TensorView& view() const { return view_; }
   // The CUDA device whose memory the bytes lie in; -1 for host memory.
   int device() const { return device_; }
+  // The CUDA stream the tensor's producer ordered its writes with (1: the legacy
+  // default stream, asked for through __dlpack__(stream=1)); 0 for host tensors.
+  uintptr_t stream() const { return stream_; }
 
  private:
   BorrowedTensor(DLManagedTensor* managed, pybind11::object owner, TensorView view)
@@ -41,6 +45,7 @@ class BorrowedTensor {
   pybind11::object owner_;  // the Python tensor, held as long as its bytes are used
   TensorView view_;
   int device_ = -1;
+  uintptr_t stream_ = 0;
 };
 
 }  // namespace deltacast::python

@@ -131,6 +131,7 @@ class PyNode {
       gpu.layout = pair[0].cast<std::filesystem::path>();
       auto borrowed = BorrowAll(pair[1], /*allow_cuda=*/true);
       gpu.device = borrowed.front()->device();
+      gpu.stream = borrowed.front()->stream();  // what their producer ordered writes with
       for (const auto& t : borrowed) {
         if (t->device() != gpu.device) {
           Raise(Status::InvalidArgument("gpus[" + std::to_string(out.size()) + "]: tensor '" +

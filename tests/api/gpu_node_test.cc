@@ -1,8 +1,12 @@
 // Node::StartOnGpus through libdeltacast.so: an engine whose two GPUs hold a
 // Megatron-style TP = 2 layout of the model (fused QKV and gate/up, vocabulary-
-// parallel embedding, replicated norms) receives a published step next to a plain
-// host node; both end bit-exact. The GPUs here are host memories (device = -1), as on
-// machines without one; the same path drives CUDA memories (deltacast_gpu_tests).
+// parallel embedding, replicated norms) receives published steps next to a plain
+// host node; both end bit-exact, a piece torn behind the node's back is repaired, and
+// a bad registration is refused with the weights untouched. Built twice: with the
+// "GPUs" in host memory (device -1, deltacast_api_tests: what machines without a GPU
+// run) and with them in CUDA device 0's memory (deltacast_gpu_api_tests, label
+// `gpu`: two memories on one device; skipped without a device), where every tensor
+// is copied back and compared with the reference.
 // The shards come from tests/layout/reference.h, independent of deltacast's layout code.
 #include <deltacast/deltacast.h>
 #include <gtest/gtest.h>
@@ -10,13 +14,32 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
 #include "tests/layout/engine_reference.h"
 #include "tests/layout/reference.h"
 
+#if DELTACAST_TEST_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace {
+
+// Where the engine's "GPUs" keep their parameters: -1 host memory, 0 CUDA device 0.
+constexpr int kDevice = DELTACAST_TEST_DEVICE;
+
+#if DELTACAST_TEST_CUDA
+bool HaveDevice() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+#define SKIP_WITHOUT_DEVICE() \
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device here"
+#else
+#define SKIP_WITHOUT_DEVICE()
+#endif
 
 namespace fs = std::filesystem;
 using deltacast::layout::testing::Job;
@@ -62,31 +85,94 @@ void WriteCanonicalTable(const fs::path& path, const Tensors& tensors) {
   table << "]}\n";
 }
 
-// The engine: each GPU's shard of `canonical` in `engine` (its parameters), one
-// layout file per GPU in `dir`; the "GPUs" are host memory (device -1).
-std::vector<deltacast::GpuWeights> EngineGpus(const fs::path& dir, const Job& job,
-                                              const Tensors& canonical,
-                                              std::vector<Tensors>& engine) {
-  Reference ref(job, canonical);
-  engine.clear();
-  for (uint64_t tp = 0; tp < job.tp; ++tp) engine.push_back(ref.Shard(Rank{tp, 0, 0, 0}));
-  std::vector<deltacast::GpuWeights> gpus;
-  for (uint64_t tp = 0; tp < job.tp; ++tp) {
-    const fs::path layout = dir / ("rank" + std::to_string(tp) + ".toml");
-    std::ofstream(layout) << ref.LayoutToml(Rank{tp, 0, 0, 0});
-    gpus.push_back({-1, layout, Views(engine[tp])});
+// The engine's parameters: each GPU's shard, in host vectors (kDevice -1) or in
+// device buffers (kDevice 0) that the engine, not deltacast, allocated.
+class Engine {
+ public:
+  ~Engine() { Free(); }
+  // Loads each GPU's shard of `canonical` and writes one layout file per GPU in `dir`.
+  std::vector<deltacast::GpuWeights> Load(const fs::path& dir, const Job& job,
+                                          const Tensors& canonical) {
+    Free();
+    Reference ref(job, canonical);
+    for (uint64_t tp = 0; tp < job.tp; ++tp) host_.push_back(ref.Shard(Rank{tp, 0, 0, 0}));
+    std::vector<deltacast::GpuWeights> gpus;
+    for (uint64_t tp = 0; tp < job.tp; ++tp) {
+      const fs::path layout = dir / ("rank" + std::to_string(tp) + ".toml");
+      std::ofstream(layout) << ref.LayoutToml(Rank{tp, 0, 0, 0});
+      gpus.push_back({kDevice, layout, Place(host_[tp])});
+    }
+    return gpus;
   }
-  return gpus;
-}
+  // Each GPU's parameters as they are now (copied back from the device).
+  std::vector<Tensors> Now() {
+    std::vector<Tensors> out = host_;
+#if DELTACAST_TEST_CUDA
+    size_t k = 0;
+    for (auto& shard : out) {
+      for (auto& t : shard) {
+        EXPECT_EQ(cudaMemcpy(t.values.data(), device_[k++], t.values.size() * sizeof(int64_t),
+                             cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+      }
+    }
+#endif
+    return out;
+  }
+  // Flips bit 6 of element `element` of parameter `local` on GPU `gpu`, behind the
+  // node's back (as a stray engine write would).
+  void Flip(size_t gpu, size_t local, size_t element) {
+#if DELTACAST_TEST_CUDA
+    size_t k = local;
+    for (size_t g = 0; g < gpu; ++g) k += host_[g].size();
+    int64_t v = 0;
+    auto* at = static_cast<std::byte*>(device_[k]) + element * sizeof(int64_t);
+    ASSERT_EQ(cudaMemcpy(&v, at, sizeof(v), cudaMemcpyDeviceToHost), cudaSuccess);
+    v ^= 0x40;
+    ASSERT_EQ(cudaMemcpy(at, &v, sizeof(v), cudaMemcpyHostToDevice), cudaSuccess);
+#else
+    host_[gpu][local].values[element] ^= 0x40;
+#endif
+  }
 
-// Every GPU of the engine holds its shard of `canonical`.
-void ExpectShards(const Job& job, const Tensors& canonical, const std::vector<Tensors>& engine) {
+ private:
+  std::vector<deltacast::TensorView> Place(Tensors& tensors) {
+#if DELTACAST_TEST_CUDA
+    std::vector<deltacast::TensorView> v;
+    for (auto& t : tensors) {
+      const size_t bytes = t.values.size() * sizeof(int64_t);
+      void* p = nullptr;
+      EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(p, t.values.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      device_.push_back(p);
+      v.push_back({{t.spec.name, t.spec.dtype, t.spec.shape},
+                   std::span<std::byte>(static_cast<std::byte*>(p), bytes)});
+    }
+    return v;
+#else
+    return Views(tensors);
+#endif
+  }
+  void Free() {
+#if DELTACAST_TEST_CUDA
+    for (void* p : device_) cudaFree(p);
+    device_.clear();
+#endif
+    host_.clear();
+  }
+  std::vector<Tensors> host_;  // each GPU's shard (the parameters themselves on the host)
+  std::vector<void*> device_;  // every GPU's parameters in order (CUDA)
+};
+
+// Every GPU of the engine holds its shard of `canonical`, every tensor compared whole.
+void ExpectShards(const Job& job, const Tensors& canonical, Engine& engine) {
   Reference want(job, canonical);
+  const std::vector<Tensors> now = engine.Now();
   for (uint64_t tp = 0; tp < job.tp; ++tp) {
     const Tensors shard = want.Shard(Rank{tp, 0, 0, 0});
-    ASSERT_EQ(shard.size(), engine[tp].size());
+    ASSERT_EQ(shard.size(), now[tp].size());
     for (size_t l = 0; l < shard.size(); ++l) {
-      EXPECT_EQ(engine[tp][l].values, shard[l].values) << "GPU " << tp << " " << shard[l].spec.name;
+      EXPECT_EQ(now[tp][l].values, shard[l].values) << "GPU " << tp << " " << shard[l].spec.name;
     }
   }
 }
@@ -124,19 +210,31 @@ struct Fleet {
   }
 };
 
-TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesAStepBitExact) {
-  deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
-  const fs::path dir = fs::path(::testing::TempDir()) / ("gpu_node_" + std::to_string(::getpid()));
+fs::path TestDir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
+  return dir;
+}
+
+Job SmallJob() {
   Job job;
   job.tp = 2;
   job.layers = 2;
   job.hidden = 64;
+  return job;
+}
+
+// Two steps published in turn; after each, every GPU's parameters are the step's
+// shards, and a piece torn behind the node's back between them is repaired.
+TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesStepsBitExact) {
+  SKIP_WITHOUT_DEVICE();
+  deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
+  const fs::path dir = TestDir("gpu_node");
+  const Job job = SmallJob();
   Tensors trainer = deltacast::layout::testing::CanonicalTensors(job);
   WriteCanonicalTable(dir / "canonical.json", trainer);
-  // The engine's parameters: each GPU's shard of the current version.
-  std::vector<Tensors> engine;
-  const std::vector<deltacast::GpuWeights> gpus = EngineGpus(dir, job, trainer, engine);
+  Engine engine;
+  const std::vector<deltacast::GpuWeights> gpus = engine.Load(dir, job, trainer);
   Tensors plain = trainer;
 
   auto config = deltacast::Config::Parse(Toml(BasePort()), "gpus.toml");
@@ -148,15 +246,18 @@ TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesAStepBitExact) {
   source_options.token = "gpu-token";
   auto source = deltacast::Source::Start(*config, source_options);
   ASSERT_TRUE(source.ok()) << source.status().ToString();
-  Tensors previous = trainer;
-  TrainingStep(trainer, 17);
-  auto report = (*source)->Publish(Views(previous), Views(trainer));
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
-  ASSERT_TRUE(report->committed) << report->abort_reason;
-  EXPECT_EQ(fleet.engine->stats().version, report->target_version);
-
-  ExpectShards(job, trainer, engine);
-  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
+  for (uint64_t step = 1; step <= 2; ++step) {
+    if (step == 2) engine.Flip(1, 0, 3);  // torn: repaired from the tree
+    Tensors previous = trainer;
+    TrainingStep(trainer, 17 + step);
+    auto report = (*source)->Publish(Views(previous), Views(trainer));
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    ASSERT_TRUE(report->committed) << "step " << step << ": " << report->abort_reason;
+    EXPECT_EQ(fleet.engine->stats().version, report->target_version);
+    ExpectShards(job, trainer, engine);
+    for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
+  }
+  EXPECT_GE(fleet.engine->stats().partitions_repaired, 1u);
   (*source)->Stop();
   fleet.Stop();
   fs::remove_all(dir);
@@ -164,18 +265,17 @@ TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesAStepBitExact) {
 
 // Both ends on GPUs: two producers (one serving from "GPU" memory through
 // ServeFromGpu, one from host memory) make each version at a root, and the engine's
-// two GPUs receive it. device = -1 runs the GPU path over host memory.
+// two GPUs receive it.
 TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
+  SKIP_WITHOUT_DEVICE();
   deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
-  const fs::path dir = fs::path(::testing::TempDir()) / ("gpu_prod_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  Job job;
-  job.tp = 2;
-  job.layers = 2;
+  const fs::path dir = TestDir("gpu_prod");
+  Job job = SmallJob();
+  job.hidden = 128;
   Tensors trainer = deltacast::layout::testing::CanonicalTensors(job);
   WriteCanonicalTable(dir / "canonical.json", trainer);
-  std::vector<Tensors> engine;
-  const std::vector<deltacast::GpuWeights> gpus = EngineGpus(dir, job, trainer, engine);
+  Engine engine;
+  const std::vector<deltacast::GpuWeights> gpus = engine.Load(dir, job, trainer);
   auto config = deltacast::Config::Parse(Toml(BasePort() + 1), "gpus.toml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   Tensors plain = trainer;
@@ -193,7 +293,31 @@ TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
 
   Tensors previous = trainer;
   TrainingStep(trainer, 19);
-  // Producer 0 owns the first half of the tensors (by name), producer 1 the rest.
+  // Producer 0 owns the first half of the tensors (by name) and holds both versions in
+  // "GPU" memory (on a device: a trainer's own device buffers); producer 1 the rest.
+  const size_t half = trainer.size() / 2;
+  Tensors gpu_base(previous.begin(), previous.begin() + half);
+  Tensors gpu_target(trainer.begin(), trainer.begin() + half);
+  std::vector<deltacast::TensorView> device_base, device_target;
+  auto place = [&](Tensors& host, std::vector<deltacast::TensorView>& views,
+                   std::vector<void*>& owned) {
+    views = Views(host);
+#if DELTACAST_TEST_CUDA
+    for (auto& v : views) {
+      void* p = nullptr;
+      ASSERT_EQ(cudaMalloc(&p, v.bytes.size()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(p, v.bytes.data(), v.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      owned.push_back(p);
+      v.bytes = std::span<std::byte>(static_cast<std::byte*>(p), v.bytes.size());
+    }
+#else
+    (void)owned;
+#endif
+  };
+  std::vector<void*> owned;
+  ASSERT_NO_FATAL_FAILURE(place(gpu_base, device_base, owned));
+  ASSERT_NO_FATAL_FAILURE(place(gpu_target, device_target, owned));
+
   std::vector<deltacast::ProduceReport> produced(2);
   std::vector<std::thread> producers;
   for (int p = 0; p < 2; ++p) {
@@ -206,12 +330,10 @@ TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
       auto producer = deltacast::Producer::Connect(*config, o, model);
       ASSERT_TRUE(producer.ok()) << producer.status().ToString();
       auto all_base = Views(previous), all_target = Views(trainer);
-      const size_t half = all_base.size() / 2;
-      const size_t from = p == 0 ? 0 : half, to = p == 0 ? half : all_base.size();
-      std::vector<deltacast::TensorView> base(all_base.begin() + from, all_base.begin() + to);
-      std::vector<deltacast::TensorView> target(all_target.begin() + from, all_target.begin() + to);
-      auto report =
-          p == 0 ? (*producer)->ServeFromGpu(-1, base, target) : (*producer)->Serve(base, target);
+      std::vector<deltacast::TensorView> base(all_base.begin() + half, all_base.end());
+      std::vector<deltacast::TensorView> target(all_target.begin() + half, all_target.end());
+      auto report = p == 0 ? (*producer)->ServeFromGpu(kDevice, device_base, device_target)
+                           : (*producer)->Serve(base, target);
       ASSERT_TRUE(report.ok()) << report.status().ToString();
       produced[p] = *report;
     });
@@ -227,6 +349,67 @@ TEST(ApiGpuNode, ProducersServingFromGpuMemoryReachAnEngineOnGpus) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
   (*root)->Stop();
   fleet.Stop();
+#if DELTACAST_TEST_CUDA
+  for (void* p : owned) cudaFree(p);
+#endif
+  fs::remove_all(dir);
+}
+
+// Bad registrations are refused before anything touches the weights: tied weights
+// (one buffer registered as two parameters) and a misaligned parameter.
+TEST(ApiGpuNode, BadRegistrationsAreRefusedWithTheWeightsUntouched) {
+  SKIP_WITHOUT_DEVICE();
+  deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
+  const fs::path dir = TestDir("gpu_bad");
+  const Job job = SmallJob();
+  const Tensors trainer = deltacast::layout::testing::CanonicalTensors(job);
+  WriteCanonicalTable(dir / "canonical.json", trainer);
+  auto config = deltacast::Config::Parse(Toml(BasePort() + 2), "gpus.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  deltacast::NodeOptions options;
+  options.token = "gpu-token";
+  options.node_id = "engine";
+  Engine engine;
+  const std::vector<Tensors> before = [&] {
+    engine.Load(dir, job, trainer);
+    return engine.Now();
+  }();
+  struct Case {
+    const char* what;
+    const char* says;
+    std::function<void(std::vector<deltacast::GpuWeights>&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"tied", "overlap",
+       [](auto& gpus) {
+         auto& p = gpus[1].parameters;
+         // The smaller of two parameters placed inside the larger one.
+         size_t big = 0, small = 1;
+         if (p[small].bytes.size() > p[big].bytes.size()) std::swap(big, small);
+         p[small].bytes = p[big].bytes.subspan(0, p[small].bytes.size());
+       }},
+      {"misaligned", "aligned",
+       [](auto& gpus) {
+         // Four bytes on: I64 elements off their 8-byte boundary (refused before any
+         // byte is read).
+         auto& t = gpus[0].parameters[1];
+         t.bytes = std::span<std::byte>(t.bytes.data() + 4, t.bytes.size());
+       }},
+  };
+  for (const Case& c : cases) {
+    std::vector<deltacast::GpuWeights> gpus = engine.Load(dir, job, trainer);
+    c.spoil(gpus);
+    auto node = deltacast::Node::StartOnGpus(*config, options, gpus);
+    ASSERT_FALSE(node.ok()) << c.what;
+    EXPECT_EQ(node.status().code(), deltacast::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(node.status().message().find(c.says), std::string::npos)
+        << c.what << ": " << node.status().ToString();
+    const std::vector<Tensors> after = engine.Now();
+    for (size_t g = 0; g < after.size(); ++g) {
+      for (size_t l = 0; l < after[g].size(); ++l)
+        EXPECT_EQ(after[g][l].values, before[g][l].values) << c.what;
+    }
+  }
   fs::remove_all(dir);
 }
 

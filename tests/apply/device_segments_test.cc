@@ -124,5 +124,58 @@ TEST(DeviceSegmentsTest, DenseWordsWriteWhatDenseBytesWrite) {
   EXPECT_FALSE(DenseWordAligned(odd, dense));
 }
 
+// What the hash kernel computes: each piece placed with alpha^k from a table of
+// alpha^(2^i) gives the reference's bits (RowPieceHash, which calls Pow).
+TEST(DeviceSegmentsTest, PiecesPlacedByThePowersTableGiveTheReferenceBits) {
+  gf128::Gf128 powers[kAlphaPowers];
+  powers[0] = gf128::kAlpha;
+  for (int i = 1; i < kAlphaPowers; ++i) powers[i] = gf128::Mul(powers[i - 1], powers[i - 1]);
+  std::mt19937_64 rng(17);
+  for (uint64_t k : {uint64_t{0}, uint64_t{1}, uint64_t{2}, uint64_t{3}, uint64_t{262143},
+                     uint64_t{1} << 40, rng(), rng()}) {
+    const gf128::Gf128 want = gf128::Pow(gf128::kAlpha, k), got = AlphaPowerFromTable(powers, k);
+    EXPECT_TRUE(gf128::Equal(got, want)) << k;
+  }
+  std::vector<unsigned char> buffer(20000);
+  for (auto& b : buffer) b = static_cast<unsigned char>(rng());
+  for (int trial = 0; trial < 200; ++trial) {
+    PlacedRun run;
+    run.base = buffer.data();
+    const uint32_t e = 1u << (rng() % 4);
+    run.len = 1 + rng() % 600;
+    run.rows = 1 + rng() % 3;
+    run.src_stride = run.len + rng() % 40;
+    run.dst_stride = run.len + rng() % 70;
+    run.src = rng() % 100;
+    run.part_dst = rng() % 5000;
+    ASSERT_LE((run.src + (run.rows - 1) * run.src_stride + run.len) * e, buffer.size());
+    const uint64_t row = rng() % run.rows, row_bytes = run.len * e;
+    const uint64_t from = rng() % row_bytes, to = from + rng() % (row_bytes - from + 1);
+    EXPECT_TRUE(gf128::Equal(RowPieceHashByTable(run, e, row, from, to, powers),
+                             RowPieceHash(run, e, row, from, to)))
+        << "trial " << trial;
+  }
+}
+
+// A launch's blocks find their segments: every block of segment k (and none of the
+// empty ones) maps to k.
+TEST(DeviceSegmentsTest, BlocksFindTheirSegments) {
+  std::mt19937_64 rng(19);
+  for (int trial = 0; trial < 50; ++trial) {
+    const uint32_t n = 1 + rng() % 40;
+    std::vector<uint32_t> first(n + 1), blocks(n);
+    for (uint32_t k = 0; k < n; ++k) {
+      blocks[k] = rng() % 4 == 0 ? 0 : 1 + rng() % 9;
+      first[k + 1] = first[k] + blocks[k];
+    }
+    for (uint32_t b = 0; b < first[n]; ++b) {
+      const uint32_t k = SegmentOfBlock(first.data(), n, b);
+      ASSERT_LT(k, n);
+      EXPECT_GE(b, first[k]);
+      EXPECT_LT(b, first[k + 1]) << "block " << b << " in an empty segment";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deltacast::apply::device

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "apply/delta_applier.h"
@@ -101,7 +102,9 @@ class PlannedStoreTest : public ::testing::Test {
   }
 
   static codec::Manifest Manifest(const WeightStore& s) {
-    return HashWeightStore(s, kPartitionBytes, 1);
+    auto m = HashWeightStore(s, kPartitionBytes, 1);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::move(*m) : codec::Manifest{};
   }
 
   // A planned store over two host memories, loaded with `canonical`'s shards.
@@ -438,6 +441,127 @@ TEST_F(PlannedStoreTest, MemoryHashesGiveTheHostsBits) {
   std::vector<PartitionHash> got(want.size());
   ASSERT_TRUE(memory->Hash(segments, got).ok());
   EXPECT_EQ(got, want);
+}
+
+// The parts' parameters registered by address in each part's memory (on a GPU,
+// device buffers), with `spoil` applied to the addresses before the store is made.
+Result<std::unique_ptr<PlannedStore>> RegisteredStore(
+    const Job& job, const Tensors& canonical, const std::vector<layout::TensorSpec>& specs,
+    const std::function<void(std::vector<std::vector<std::byte*>>&)>& spoil) {
+  Reference ref(job, canonical);
+  std::vector<PlannedStore::PartSpec> parts;
+  std::vector<std::vector<std::byte*>> addresses;
+  for (uint64_t tp = 0; tp < job.tp; ++tp) {
+    PlannedStore::PartSpec part;
+    part.memory = NewMemory(tp);
+    part.layout = *layout::ParseLayout(ref.LayoutToml(Rank{tp, 0, 0, 0}), "rank.toml");
+    addresses.emplace_back();
+    const auto shard = ref.Shard(Rank{tp, 0, 0, 0});
+    // Every buffer as large as the largest parameter and then some: an address moved
+    // into another buffer or by a few bytes stays inside an allocation.
+    uint64_t room = 0;
+    for (const auto& t : shard) room = std::max<uint64_t>(room, t.values.size() * sizeof(int64_t));
+    for (const auto& t : shard) {
+      part.locals.push_back(t.spec);
+      auto buffer = part.memory->Allocate(room + 16);
+      EXPECT_TRUE(buffer.ok());
+      EXPECT_TRUE(part.memory->Write(*buffer, BytesOf(t.values)).ok());
+      addresses.back().push_back(*buffer);
+    }
+    parts.push_back(std::move(part));
+  }
+  spoil(addresses);
+  for (uint64_t tp = 0; tp < job.tp; ++tp) parts[tp].addresses = addresses[tp];
+  return PlannedStore::Create(specs, std::move(parts));
+}
+
+// The engine's own buffers (in the memory the store patches: on a GPU, device
+// memory the store did not allocate) are patched where they are.
+TEST_F(PlannedStoreTest, RegisteredDeviceBuffersArePatchedWhereTheyAre) {
+  auto store = RegisteredStore(job_, base_, canonical_, [](auto&) {});
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ(Manifest(**store).VersionId(), base_manifest_.VersionId());
+  DeltaApplier applier(**store, base_manifest_, identity_, {});
+  for (const auto& v : views_) ASSERT_TRUE(applier.ApplyChunk(v).ok());
+  ASSERT_TRUE(applier.Finish(summary_).ok());
+  ExpectShards(**store, target_);
+}
+
+// Tied weights registered twice (two parameters at one address): one mask applied
+// twice cancels, so the store refuses them before anything runs.
+TEST_F(PlannedStoreTest, OverlappingRegisteredBuffersAreRefused) {
+  std::string second;
+  auto store = RegisteredStore(job_, base_, canonical_, [&](auto& addresses) {
+    addresses[1][1] = addresses[1][0] + 8;  // inside the first parameter
+  });
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(store.status().message().find("overlap"), std::string::npos)
+      << store.status().ToString();
+}
+
+TEST_F(PlannedStoreTest, MisalignedRegisteredBuffersAreRefused) {
+  auto store = RegisteredStore(job_, base_, canonical_,
+                               [&](auto& addresses) { addresses[0][2] += 4; });  // I64 at +4
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(store.status().message().find("aligned"), std::string::npos)
+      << store.status().ToString();
+}
+
+// A memory whose hashes fail (as a CUDA error would): the failure reaches the caller,
+// and no manifest of made-up hashes is ever built.
+class FailingHashes final : public device::PieceMemory {
+ public:
+  explicit FailingHashes(std::unique_ptr<device::PieceMemory> inner) : inner_(std::move(inner)) {}
+  const std::string& name() const override { return inner_->name(); }
+  Result<std::byte*> Allocate(uint64_t bytes) override { return inner_->Allocate(bytes); }
+  Status CheckRegion(const std::byte* p, uint64_t bytes, uint32_t alignment) override {
+    return inner_->CheckRegion(p, bytes, alignment);
+  }
+  Status AwaitStream(uintptr_t stream) override { return inner_->AwaitStream(stream); }
+  Status Patch(const device::PatchBatch& batch) override { return inner_->Patch(batch); }
+  Status Sync() override { return inner_->Sync(); }
+  Status QueueHashes(std::span<const device::HashSegment>, size_t) override {
+    return Status::Internal(name() + ": an illegal memory access was encountered (injected)");
+  }
+  Status CollectHashes(std::span<PartitionHash>) override { return Status::Ok(); }
+  Status FindChanges(const std::byte* base, const std::byte* target, uint64_t count,
+                     uint32_t element_size, device::ChangeList& out) override {
+    return inner_->FindChanges(base, target, count, element_size, out);
+  }
+  Status ReadRows(const std::byte* src, uint64_t src_pitch, std::byte* dst, uint64_t dst_pitch,
+                  uint64_t width, uint64_t rows) override {
+    return inner_->ReadRows(src, src_pitch, dst, dst_pitch, width, rows);
+  }
+  Status WriteRows(const std::byte* src, uint64_t src_pitch, std::byte* dst, uint64_t dst_pitch,
+                   uint64_t width, uint64_t rows) override {
+    return inner_->WriteRows(src, src_pitch, dst, dst_pitch, width, rows);
+  }
+
+ private:
+  std::unique_ptr<device::PieceMemory> inner_;
+};
+
+TEST_F(PlannedStoreTest, AHashThatFailsNeverBecomesAManifest) {
+  Reference ref(job_, base_);
+  std::vector<PlannedStore::PartSpec> parts;
+  for (uint64_t tp = 0; tp < job_.tp; ++tp) {
+    PlannedStore::PartSpec part;
+    part.memory = NewMemory(tp);
+    if (tp == 1) part.memory = std::make_unique<FailingHashes>(std::move(part.memory));
+    part.layout = *layout::ParseLayout(ref.LayoutToml(Rank{tp, 0, 0, 0}), "rank.toml");
+    for (const auto& t : ref.Shard(Rank{tp, 0, 0, 0})) part.locals.push_back(t.spec);
+    parts.push_back(std::move(part));
+  }
+  auto store = PlannedStore::Create(canonical_, std::move(parts));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Load(**store, base_);
+  auto manifest = HashWeightStore(**store, kPartitionBytes, 1);
+  ASSERT_FALSE(manifest.ok());
+  EXPECT_NE(manifest.status().message().find("illegal memory access"), std::string::npos);
+  auto replica = Replica::ForStore(std::move(*store), kPartitionBytes, 1);
+  EXPECT_FALSE(replica.ok());
 }
 
 }  // namespace
