@@ -32,12 +32,24 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type))) {
     return;
   }
+  auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
+  if (!deferred_begin_.empty()) {
+    // The decision of a refit whose BEGIN waits (behind the store's recovery, a
+    // resolution or a catch-up): it runs right after that BEGIN. Held as a decision
+    // for the recovery instead, it ran before the BEGIN, found no such refit and was
+    // dropped, and the parent waited its commit timeout for this node's confirmation
+    // (the simulator's seed 72955: a node back from a power loss rejoined mid-refit).
+    auto waiting = ParseBegin(deferred_begin_);
+    if (waiting.ok() && waiting->refit_id == d->refit_id) {
+      deferred_decisions_.push_back(message);
+      return;
+    }
+  }
   if (recovery_.active()) {
     // The store is being mended to its committed version: confirm nothing before.
     deferred_decision_.emplace(type, std::vector<std::byte>(bytes.begin(), bytes.end()));
     return;
   }
-  auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
   if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
       // A repeated COMMIT: confirm again.
@@ -71,13 +83,6 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     }
   }
   if (!refit_ || refit_->id != d->refit_id) {
-    if (!deferred_begin_.empty()) {
-      auto waiting = ParseBegin(deferred_begin_);
-      if (waiting.ok() && waiting->refit_id == d->refit_id) {
-        deferred_decisions_.push_back(message);
-        return;
-      }
-    }
     if (journal_.inflight && journal_.inflight->target == d->target_version)
       return Resolve(type, *d, message);
     log::Debug(fmt::format("{}: ignoring {} of refit {}, which is not ours", options_.node_id,
@@ -86,6 +91,18 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
   }
   Refit& r = *refit_;
   if (r.phase != Phase::kStreaming) return;  // a duplicate
+  if (type == MessageType::kCommit && !r.local_error.ok()) {
+    // Committed without this node, which cannot reach the target: say so (again)
+    // at once, so the parent stops waiting for its confirmation; it catches up at a
+    // later refit. The parent may never have had the first FAILED: a relay that
+    // restarted after the decision is sent the COMMIT alone and gathers its
+    // children's confirmations anew (the simulator's seed 71629 waited its commit
+    // timeout for this node's).
+    log::Warn(fmt::format("{}: refit {} committed without this node ({}); telling {}",
+                          options_.node_id, r.id, r.local_error.ToString(), parent_.current()));
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.local_error.ToString()}));
+    return;
+  }
   r.decision_message = message;
   if (type == MessageType::kCommit && !r.prepared_sent) {
     // Replayed right behind the chunks we lacked: decide once they are applied.
