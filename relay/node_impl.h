@@ -72,6 +72,9 @@ class NodeAgent::Impl {
     // to its children and replays to those that rejoin.
     transport::Message decision_message;
     bool local_outcome_done = false;
+    // Why the local commit or rollback failed (a full disk under `active`): then this
+    // node says FAILED, not COMMITTED / ABORTED, and again on a replayed BEGIN.
+    Status outcome_error;
     Clock::time_point start = Clock::now();
     Clock::time_point decided;
     double apply_seconds = 0;

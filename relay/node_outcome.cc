@@ -208,6 +208,8 @@ void NodeAgent::Impl::OnLocalOutcome(uint64_t id, const Status& status, const Di
     log::Error(fmt::format("{}: refit {}: {} failed locally: {}", options_.node_id, id,
                            refit_->phase == Phase::kCommitting ? "commit" : "rollback",
                            status.ToString()));
+    refit_->outcome_error = status.WithContext(
+        refit_->phase == Phase::kCommitting ? "commit failed locally" : "rollback failed locally");
   }
   refit_->local_outcome_done = true;
   claimed_ = {};  // committed or rolled back: what it had applied of the delta is moot
@@ -261,8 +263,15 @@ void NodeAgent::Impl::ReportOutcome() {
     (committed ? stats_.refits_committed : stats_.refits_aborted)++;
     return stats_;
   }();
-  parent_.Send(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted,
-                             {r.id, 1 + children_.confirmed_nodes()}));
+  if (r.outcome_error.ok()) {
+    parent_.Send(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted,
+                               {r.id, 1 + children_.confirmed_nodes()}));
+  } else {
+    // Not at the decided version: say so, and the parent stops waiting for this
+    // subtree at once (a decided parent excuses a child that says FAILED); this node
+    // resolves its delta at a later refit.
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
+  }
   RunDeferredBegin();
   log::Info(fmt::format(
       "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "

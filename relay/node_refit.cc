@@ -35,6 +35,13 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // source that could not spool the refit: the simulator's seed 1838 waited the
       // commit timeout for this PREPARED).
       MaybePrepared();
+    } else if (!refit_->outcome_error.ok()) {
+      // Decided, but this node could not commit (or roll back) locally: it is not at
+      // the version it would claim. FAILED again, at once: the parent stops waiting
+      // for it (the simulator's seed 110590 claimed PREPARED here, ignored the
+      // replayed COMMIT as a duplicate and held its parent to the commit timeout).
+      parent_.Send(
+          EncodeFailed(Failed{refit_->id, options_.node_id, refit_->outcome_error.ToString()}));
     } else {
       // We committed this refit (with our whole subtree) before our parent
       // restarted: more than prepared; say so, and confirm when it commits.

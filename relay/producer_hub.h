@@ -89,7 +89,7 @@ class ProducerHub {
   uint64_t evicted_over_caps_ = 0;  // pending handshakes dropped for a newcomer
   uint64_t next_serial_ = 1;
   std::map<uint64_t, Pending> pending_;  // handshakes in progress
-  ProvenHosts proven_;  // addresses whose producers completed the handshake lately
+  ProvenHosts proven_;                   // addresses whose producers completed the handshake lately
   // Refused links, kept until their REFUSE is on its way (closing at once could
   // drop it).
   std::map<uint64_t, std::unique_ptr<transport::Connection>> refused_;

@@ -3,8 +3,9 @@
 //   deltacast_sim --seed S [--drop 1,4] [--trace] [--log]   one seed; replays exactly
 //   deltacast_sim --seeds A-B [--json FILE] [--shrink]       a range of seeds
 //                 [--known S,T]   seeds of known, unfixed bugs: they must fail
-//                 [--no-disk]     no power losses, no full disks: the schedules drawn
-//                                 before the disk was simulated
+//                 [--no-disk]     no power losses, no full disks, no outages: the
+//                                 schedules drawn before the disk was simulated
+//                 [--no-outages]  no outages: the schedules drawn before them
 //
 // Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
 #include <fmt/core.h>
@@ -28,7 +29,8 @@ int Usage(const std::string& why) {
   std::fprintf(
       stderr,
       "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
-      "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--shrink] "
+      "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--no-outages] "
+      "[--shrink] "
       "[--json FILE]\n",
       why.c_str());
   return 2;
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   bool one = false, trace = false, shrink = false;
   double intensity = 1.0;
   bool disk = true;
+  bool outages = true;
   RunOptions options;
   std::string json;
   std::set<uint64_t> known;  // seeds of known, unfixed bugs: expected to fail
@@ -94,6 +97,8 @@ int main(int argc, char** argv) {
       intensity = std::atof(value().c_str());
     } else if (a == "--no-disk") {
       disk = false;
+    } else if (a == "--no-outages") {
+      outages = false;
     } else if (a == "--trace") {
       trace = true;
     } else if (a == "--log") {
@@ -115,7 +120,7 @@ int main(int argc, char** argv) {
   NetworkCounts net;
   std::vector<uint64_t> failing;
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Scenario s = DrawScenario(seed, intensity, disk);
+    const Scenario s = DrawScenario(seed, intensity, disk, outages);
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;

@@ -380,8 +380,8 @@ void Run::Inject(size_t index, const Fault& f) {
   // stays away within its bounded waits (an away child fails or is excused after
   // the connect timeout, and after a decision is waited for only that long), not
   // wait for it to come back. Its restart disturbs again (StartNode).
-  const bool instant = f.kind == FaultKind::kReset || f.kind == FaultKind::kLateJoin ||
-                       f.kind == FaultKind::kOutage;
+  const bool instant =
+      f.kind == FaultKind::kReset || f.kind == FaultKind::kLateJoin || f.kind == FaultKind::kOutage;
   disturbed_until_ =
       std::max(disturbed_until_, q_.Now() + (instant ? EventQueue::Duration{} : secs));
   switch (f.kind) {

@@ -54,7 +54,6 @@ struct Scenario {
 // (the schedules the simulator drew before it simulated the disk: the same seed
 // gives the same faults). With `outages` false no outage is drawn (the schedules
 // from before outages: every other fault of a seed is the same either way).
-Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true,
-                      bool outages = true);
+Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true, bool outages = true);
 
 }  // namespace deltacast::sim

@@ -87,8 +87,8 @@ TEST(HandshakeFloodTest, AChildJoinsWhileHalfOpenLinksFromManyAddressesFillEvery
     while (!stop) {
       for (size_t i = 0; i < flood.size() && !stop; ++i) {
         if (!flood[i]->ClosedByPeer(0)) continue;
-        flood[i] = std::make_unique<RawPeer>(ports[1], FloodAddress(static_cast<int>(i) /
-                                                                    kLinksPerAddress));
+        flood[i] = std::make_unique<RawPeer>(ports[1],
+                                             FloodAddress(static_cast<int>(i) / kLinksPerAddress));
         if (flood[i]->Hello()) ++redialled;
       }
       std::this_thread::sleep_for(1ms);
