@@ -157,6 +157,7 @@ class NodeAgent::Impl {
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
+  Status catch_up_failure_;                // why that catch-up failed
   // COMMIT / ABORT of the deferred BEGIN's refit that came while it waited (the
   // parent may decide before this node began: a catch-up that fails takes a
   // while); run right after that BEGIN, in order.

@@ -45,6 +45,15 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       return;
     }
   }
+  if (type == MessageType::kAbort && catch_up_failed_refit_ == d->refit_id &&
+      (!refit_ || refit_->id != d->refit_id) &&
+      !(journal_.inflight && journal_.inflight->target == d->target_version)) {
+    // The ABORT of a refit this node said FAILED to without beginning it (it could
+    // not catch up to its base): nothing of it to undo, so confirmed at once, even
+    // while the store is being mended (the parent would wait for it).
+    parent_.Send(EncodeOutcome(MessageType::kAborted, {d->refit_id, 1}));
+    return;
+  }
   if (recovery_.active()) {
     // The store is being mended to its committed version: confirm nothing before.
     deferred_decision_.emplace(type, std::vector<std::byte>(bytes.begin(), bytes.end()));
@@ -90,6 +99,13 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     return;
   }
   Refit& r = *refit_;
+  if (r.phase == Phase::kDone && !r.outcome_error.ok()) {
+    // Its local commit (or rollback) failed: a parent that sends the decision again
+    // (a relay back from a restart, gathering confirmations anew) is told at once
+    // (the simulator's seed 102601 waited its commit timeout for this one's).
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
+    return;
+  }
   if (r.phase != Phase::kStreaming) return;  // a duplicate
   if (type == MessageType::kCommit && !r.local_error.ok()) {
     // Committed without this node, which cannot reach the target: say so (again)

@@ -69,6 +69,21 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     return;
   }
   if (recovery_.active() && !Behind(*begin)) {
+    if (catch_up_failed_refit_ == begin->refit_id) {
+      // It tried to catch up to this refit's base and could not (its disk refused
+      // the journal, or nobody serves it): it cannot take part, so it says FAILED
+      // now, and the parent acts on it at once. Held behind the recovery that the
+      // failed catch-up restarted, of a version the tree has left, the BEGIN
+      // waited for good and the publish its commit timeout twice (the simulator's
+      // seeds 117639, 117642).
+      log::Warn(fmt::format("{}: refit {}: cannot take part, the catch-up to its base failed",
+                            options_.node_id, begin->refit_id));
+      parent_.Send(EncodeFailed(Failed{begin->refit_id, options_.node_id,
+                                       "could not catch up to the refit's base " +
+                                           begin->base_version.ShortHex() + ": " +
+                                           catch_up_failure_.ToString()}));
+      return;
+    }
     // The store is being brought back to its committed version first.
     deferred_begin_.assign(bytes.begin(), bytes.end());
     return;
