@@ -155,10 +155,14 @@ TEST(TcpLimitsTest, AFullTableGivesTheOldestSocketOfTheMostRepresentedAddressUp)
   EXPECT_TRUE(silent[0]->ClosedByPeer(500)) << "the oldest of the most represented address";
   for (size_t i = 1; i < silent.size(); ++i)
     EXPECT_FALSE(silent[i]->ClosedByPeer(20)) << "socket " << i << " keeps its slot";
-  // 127.0.2.1 holds 5 now, as many as any: a sixth from it is closed itself.
+  // The peer's link is through, so one slot is free again: 127.0.2.4 takes it.
+  RawPeer filler(PortOf(*address), "127.0.2.4");
+  EXPECT_FALSE(filler.ClosedByPeer(100));
+  // Full again, and 127.0.2.1 holds 5, as many as any: a sixth from it is closed.
   RawPeer again(PortOf(*address), "127.0.2.1");
   EXPECT_TRUE(again.ClosedByPeer(500));
   for (size_t i = 1; i < silent.size(); ++i) EXPECT_FALSE(silent[i]->ClosedByPeer(20));
+  EXPECT_FALSE(filler.ClosedByPeer(20));
 }
 
 TEST(TcpLimitsTest, LinksPerAddressAreCapped) {
