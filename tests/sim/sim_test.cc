@@ -244,7 +244,7 @@ TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutUnderFullDisksPass) {
 // timeout twice (PREPARED, then confirmations). It now says FAILED at once, and
 // confirms that refit's ABORT at once.
 TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutForANodeThatCouldNotTakePartPass) {
-  for (uint64_t seed : {72955, 71629, 110590, 102601, 117639, 117642}) {
+  for (uint64_t seed : {72955, 71629, 110590, 102601, 109338, 117639, 117642}) {
     const RunResult r = RunScenario(Found(seed));
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
   }
