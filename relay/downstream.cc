@@ -37,23 +37,35 @@ Downstream::~Downstream() { CloseAll(); }
 
 void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
   // Caps first: a peer that has proved nothing gets a slot only while there is one,
-  // and one address cannot take them all (the legitimate children use theirs).
+  // or by taking the oldest of the most represented address's (the shared rule,
+  // relay/internal/handshake_limits.h): no set of addresses can keep the others out.
   const std::string host = HostOf(connection->PeerAddress());
-  size_t from_host = 0;
-  for (const auto& [serial, h] : handshakes_) from_host += h.host == host ? 1 : 0;
-  if (handshakes_.size() >= limits_.max_pending || from_host >= limits_.max_pending_per_address) {
-    const bool global = handshakes_.size() >= limits_.max_pending;
+  const HandshakeAdmission admission = AdmitHandshake(handshakes_, host, limits_, proven_);
+  if (!admission.admit) {
     // One line per burst, not per connection: a flood must not fill the log.
     if (refused_over_caps_++ % 100 == 0) {
+      const bool global = admission.refused_by == std::string("max_pending_handshakes");
       log::Warn(fmt::format(
           "{}: refusing {}: {} handshakes pending{} (limit {}; [limits] {}; {} refused so far)",
-          self_id_, log::Escape(connection->PeerAddress()), global ? handshakes_.size() : from_host,
+          self_id_, log::Escape(connection->PeerAddress()), admission.count,
           global ? "" : " from " + log::Escape(host),
-          global ? limits_.max_pending : limits_.max_pending_per_address,
-          global ? "max_pending_handshakes" : "max_handshakes_per_address", refused_over_caps_));
+          global ? limits_.max_pending : limits_.max_pending_per_address, admission.refused_by,
+          refused_over_caps_));
     }
     connection->Close();
     return;
+  }
+  if (admission.evict) {
+    auto victim = handshakes_.find(*admission.evict);
+    if (evicted_over_caps_++ % 100 == 0) {
+      log::Warn(fmt::format(
+          "{}: {} handshakes pending (limit {}; [limits] max_pending_handshakes): dropping the "
+          "oldest from {}, the most represented address, for {} ({} dropped so far)",
+          self_id_, handshakes_.size(), limits_.max_pending, log::Escape(victim->second.host),
+          log::Escape(connection->PeerAddress()), evicted_over_caps_));
+    }
+    victim->second.connection->Close();
+    handshakes_.erase(victim);
   }
   const uint64_t serial = next_serial_++;
   Handshake& h = handshakes_[serial];
@@ -151,6 +163,7 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   for (const Pending& p : child->second.queue) {
     if (p.chunk) book.Note(*p.chunk);
   }
+  proven_.Add(h.host);  // a flood from addresses that never get here cannot displace it
   child->second.connection->Authenticated();
   child->second.connection->Send(transport::MakeMessage(
       EncodeWelcome({ParentProof(token_, h.nonce, hello->nonce, self_id_, hello->node_id)})));

@@ -70,7 +70,9 @@ class Downstream {
   }
 
   // Takes a freshly accepted connection and starts the handshake. Must be called on
-  // the loop thread. Beyond the pending-handshake caps it is refused at once.
+  // the loop thread. Beyond the pending-handshake caps it is refused at once, or
+  // takes the slot of the oldest pending link of a more represented address
+  // (AdmitHandshake, relay/internal/handshake_limits.h), which is closed.
   void Accept(std::unique_ptr<transport::Connection> connection);
 
   // Drops handshakes older than the handshake timeout. Call every tick.
@@ -226,6 +228,7 @@ class Downstream {
   std::function<bool(const std::string&)> tls_required_;
   std::map<std::string, Child> children_;
   std::map<uint64_t, Handshake> handshakes_;
+  ProvenHosts proven_;  // addresses whose children completed the handshake lately
   std::set<std::string> adoptable_;
   std::vector<std::string> transports_;
   uint64_t refit_id_ = 0;  // the refit credit counts for
@@ -233,6 +236,7 @@ class Downstream {
   uint64_t next_send_ = 1;
   uint64_t queued_bytes_ = 0;
   uint64_t refused_over_caps_ = 0;  // connections refused by the pending-handshake caps
+  uint64_t evicted_over_caps_ = 0;  // pending handshakes dropped for a newcomer
 };
 
 // The RequireTls predicate for node `self_id`'s children under `config`: whether the

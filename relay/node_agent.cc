@@ -288,6 +288,7 @@ void NodeAgent::Impl::OnCatchUpFinished(const CatchUp::Result& r) {
     stats_.catch_up_bytes += r.bytes;
   } else {
     catch_up_failed_refit_ = r.refit_id;
+    catch_up_failure_ = r.status;
   }
   if (journal_.needs_reconcile && !recovery_.active()) recovery_.Start();
   if (r.resolving) return OnLocalOutcome(r.refit_id, r.status, journal_.version);

@@ -72,6 +72,9 @@ class NodeAgent::Impl {
     // to its children and replays to those that rejoin.
     transport::Message decision_message;
     bool local_outcome_done = false;
+    // Why the local commit or rollback failed (a full disk under `active`): then this
+    // node says FAILED, not COMMITTED / ABORTED, and again on a replayed BEGIN.
+    Status outcome_error;
     Clock::time_point start = Clock::now();
     Clock::time_point decided;
     double apply_seconds = 0;
@@ -154,6 +157,7 @@ class NodeAgent::Impl {
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
+  Status catch_up_failure_;                // why that catch-up failed
   // COMMIT / ABORT of the deferred BEGIN's refit that came while it waited (the
   // parent may decide before this node began: a catch-up that fails takes a
   // while); run right after that BEGIN, in order.

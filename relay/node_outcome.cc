@@ -32,12 +32,33 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type))) {
     return;
   }
+  auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
+  if (!deferred_begin_.empty()) {
+    // The decision of a refit whose BEGIN waits (behind the store's recovery, a
+    // resolution or a catch-up): it runs right after that BEGIN. Held as a decision
+    // for the recovery instead, it ran before the BEGIN, found no such refit and was
+    // dropped, and the parent waited its commit timeout for this node's confirmation
+    // (the simulator's seed 72955: a node back from a power loss rejoined mid-refit).
+    auto waiting = ParseBegin(deferred_begin_);
+    if (waiting.ok() && waiting->refit_id == d->refit_id) {
+      deferred_decisions_.push_back(message);
+      return;
+    }
+  }
+  if (type == MessageType::kAbort && catch_up_failed_refit_ == d->refit_id &&
+      (!refit_ || refit_->id != d->refit_id) &&
+      !(journal_.inflight && journal_.inflight->target == d->target_version)) {
+    // The ABORT of a refit this node said FAILED to without beginning it (it could
+    // not catch up to its base): nothing of it to undo, so confirmed at once, even
+    // while the store is being mended (the parent would wait for it).
+    parent_.Send(EncodeOutcome(MessageType::kAborted, {d->refit_id, 1}));
+    return;
+  }
   if (recovery_.active()) {
     // The store is being mended to its committed version: confirm nothing before.
     deferred_decision_.emplace(type, std::vector<std::byte>(bytes.begin(), bytes.end()));
     return;
   }
-  auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
   if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
       // A repeated COMMIT: confirm again.
@@ -71,13 +92,6 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     }
   }
   if (!refit_ || refit_->id != d->refit_id) {
-    if (!deferred_begin_.empty()) {
-      auto waiting = ParseBegin(deferred_begin_);
-      if (waiting.ok() && waiting->refit_id == d->refit_id) {
-        deferred_decisions_.push_back(message);
-        return;
-      }
-    }
     if (journal_.inflight && journal_.inflight->target == d->target_version)
       return Resolve(type, *d, message);
     log::Debug(fmt::format("{}: ignoring {} of refit {}, which is not ours", options_.node_id,
@@ -85,7 +99,26 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     return;
   }
   Refit& r = *refit_;
+  if (r.phase == Phase::kDone && !r.outcome_error.ok()) {
+    // Its local commit (or rollback) failed: a parent that sends the decision again
+    // (a relay back from a restart, gathering confirmations anew) is told at once
+    // (the simulator's seed 102601 waited its commit timeout for this one's).
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
+    return;
+  }
   if (r.phase != Phase::kStreaming) return;  // a duplicate
+  if (type == MessageType::kCommit && !r.local_error.ok()) {
+    // Committed without this node, which cannot reach the target: say so (again)
+    // at once, so the parent stops waiting for its confirmation; it catches up at a
+    // later refit. The parent may never have had the first FAILED: a relay that
+    // restarted after the decision is sent the COMMIT alone and gathers its
+    // children's confirmations anew (the simulator's seed 71629 waited its commit
+    // timeout for this node's).
+    log::Warn(fmt::format("{}: refit {} committed without this node ({}); telling {}",
+                          options_.node_id, r.id, r.local_error.ToString(), parent_.current()));
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.local_error.ToString()}));
+    return;
+  }
   r.decision_message = message;
   if (type == MessageType::kCommit && !r.prepared_sent) {
     // Replayed right behind the chunks we lacked: decide once they are applied.
@@ -191,6 +224,8 @@ void NodeAgent::Impl::OnLocalOutcome(uint64_t id, const Status& status, const Di
     log::Error(fmt::format("{}: refit {}: {} failed locally: {}", options_.node_id, id,
                            refit_->phase == Phase::kCommitting ? "commit" : "rollback",
                            status.ToString()));
+    refit_->outcome_error = status.WithContext(
+        refit_->phase == Phase::kCommitting ? "commit failed locally" : "rollback failed locally");
   }
   refit_->local_outcome_done = true;
   claimed_ = {};  // committed or rolled back: what it had applied of the delta is moot
@@ -244,8 +279,15 @@ void NodeAgent::Impl::ReportOutcome() {
     (committed ? stats_.refits_committed : stats_.refits_aborted)++;
     return stats_;
   }();
-  parent_.Send(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted,
-                             {r.id, 1 + children_.confirmed_nodes()}));
+  if (r.outcome_error.ok()) {
+    parent_.Send(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted,
+                               {r.id, 1 + children_.confirmed_nodes()}));
+  } else {
+    // Not at the decided version: say so, and the parent stops waiting for this
+    // subtree at once (a decided parent excuses a child that says FAILED); this node
+    // resolves its delta at a later refit.
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
+  }
   RunDeferredBegin();
   log::Info(fmt::format(
       "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "

@@ -35,6 +35,13 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // source that could not spool the refit: the simulator's seed 1838 waited the
       // commit timeout for this PREPARED).
       MaybePrepared();
+    } else if (!refit_->outcome_error.ok()) {
+      // Decided, but this node could not commit (or roll back) locally: it is not at
+      // the version it would claim. FAILED again, at once: the parent stops waiting
+      // for it (the simulator's seed 110590 claimed PREPARED here, ignored the
+      // replayed COMMIT as a duplicate and held its parent to the commit timeout).
+      parent_.Send(
+          EncodeFailed(Failed{refit_->id, options_.node_id, refit_->outcome_error.ToString()}));
     } else {
       // We committed this refit (with our whole subtree) before our parent
       // restarted: more than prepared; say so, and confirm when it commits.
@@ -62,6 +69,21 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     return;
   }
   if (recovery_.active() && !Behind(*begin)) {
+    if (catch_up_failed_refit_ == begin->refit_id) {
+      // It tried to catch up to this refit's base and could not (its disk refused
+      // the journal, or nobody serves it): it cannot take part, so it says FAILED
+      // now, and the parent acts on it at once. Held behind the recovery that the
+      // failed catch-up restarted, of a version the tree has left, the BEGIN
+      // waited for good and the publish its commit timeout twice (the simulator's
+      // seeds 117639, 117642).
+      log::Warn(fmt::format("{}: refit {}: cannot take part, the catch-up to its base failed",
+                            options_.node_id, begin->refit_id));
+      parent_.Send(EncodeFailed(Failed{begin->refit_id, options_.node_id,
+                                       "could not catch up to the refit's base " +
+                                           begin->base_version.ShortHex() + ": " +
+                                           catch_up_failure_.ToString()}));
+      return;
+    }
     // The store is being brought back to its committed version first.
     deferred_begin_.assign(bytes.begin(), bytes.end());
     return;

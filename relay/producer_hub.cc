@@ -74,12 +74,12 @@ void ProducerHub::OnAccept(std::unique_ptr<transport::Connection> connection) {
     doomed = std::move(connection);
     return;
   }
-  // Caps first, as for the tree's links (relay/downstream.h): a peer that has proved
-  // nothing gets a slot only while there is one.
+  // Caps first, as for the tree's links (relay/downstream.h, the same rule): a peer
+  // that has proved nothing gets a slot while there is one, or the oldest of a more
+  // represented address's.
   const std::string host = HostOf(connection->PeerAddress());
-  size_t from_host = 0;
-  for (const auto& [serial, p] : pending_) from_host += p.host == host ? 1 : 0;
-  if (pending_.size() >= limits_.max_pending || from_host >= limits_.max_pending_per_address) {
+  const HandshakeAdmission admission = AdmitHandshake(pending_, host, limits_, proven_);
+  if (!admission.admit) {
     if (refused_over_caps_++ % 100 == 0) {  // one line per burst, not per link
       log::Warn(fmt::format(
           "root {}: refusing producer link from {}: {} handshakes pending (limits {} in all, {} "
@@ -90,6 +90,19 @@ void ProducerHub::OnAccept(std::unique_ptr<transport::Connection> connection) {
     connection->Close();
     doomed = std::move(connection);
     return;
+  }
+  if (admission.evict) {
+    auto victim = pending_.find(*admission.evict);
+    if (evicted_over_caps_++ % 100 == 0) {
+      log::Warn(fmt::format(
+          "root {}: {} producer handshakes pending (limit {}): dropping the oldest from {}, the "
+          "most represented address, for {} ({} dropped so far)",
+          root_id_, pending_.size(), limits_.max_pending, log::Escape(victim->second.host),
+          log::Escape(connection->PeerAddress()), evicted_over_caps_));
+    }
+    // Closed once mu_ is released (see `doomed`): its handlers take mu_.
+    doomed = std::move(victim->second.connection);
+    pending_.erase(victim);
   }
   const uint64_t serial = next_serial_++;
   Pending& p = pending_[serial];
@@ -125,6 +138,7 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
     Pending& p = it->second;
     doomed = std::move(p.connection);
     const auto nonce = p.nonce;
+    const std::string host = p.host;
     pending_.erase(it);
     auto hello = ParseHello(ByteSpan(*message));
     if (!hello.ok()) {
@@ -144,6 +158,7 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
           serial, std::move(doomed),
           "the root expects " + std::to_string(capacity_) + " producers and has them all");
     }
+    proven_.Add(host);  // a flood from addresses that never get here cannot displace it
     doomed->Authenticated();
     doomed->Send(transport::MakeMessage(
         EncodeWelcome({ParentProof(token_, nonce, hello->nonce, root_id_, hello->node_id)})));

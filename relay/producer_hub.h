@@ -86,8 +86,10 @@ class ProducerHub {
   std::condition_variable reap_cv_;
   std::thread reaper_;
   uint64_t refused_over_caps_ = 0;
+  uint64_t evicted_over_caps_ = 0;  // pending handshakes dropped for a newcomer
   uint64_t next_serial_ = 1;
   std::map<uint64_t, Pending> pending_;  // handshakes in progress
+  ProvenHosts proven_;                   // addresses whose producers completed the handshake lately
   // Refused links, kept until their REFUSE is on its way (closing at once could
   // drop it).
   std::map<uint64_t, std::unique_ptr<transport::Connection>> refused_;

@@ -3,8 +3,9 @@
 //   deltacast_sim --seed S [--drop 1,4] [--trace] [--log]   one seed; replays exactly
 //   deltacast_sim --seeds A-B [--json FILE] [--shrink]       a range of seeds
 //                 [--known S,T]   seeds of known, unfixed bugs: they must fail
-//                 [--no-disk]     no power losses, no full disks: the schedules drawn
-//                                 before the disk was simulated
+//                 [--no-disk]     no power losses, no full disks, no outages: the
+//                                 schedules drawn before the disk was simulated
+//                 [--no-outages]  no outages: the schedules drawn before them
 //                 [--producers]   the delta from four producers through the root's
 //                                 checks and merge, with trainer faults
 //
@@ -30,7 +31,8 @@ int Usage(const std::string& why) {
   std::fprintf(
       stderr,
       "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
-      "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--producers] "
+      "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--no-outages] "
+      "[--producers] "
       "[--shrink] "
       "[--json FILE]\n",
       why.c_str());
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
   double intensity = 1.0;
   bool disk = true;
   bool producers = false;
+  bool outages = true;
   RunOptions options;
   std::string json;
   std::set<uint64_t> known;  // seeds of known, unfixed bugs: expected to fail
@@ -100,6 +103,8 @@ int main(int argc, char** argv) {
       producers = true;
     } else if (a == "--no-disk") {
       disk = false;
+    } else if (a == "--no-outages") {
+      outages = false;
     } else if (a == "--trace") {
       trace = true;
     } else if (a == "--log") {
@@ -122,7 +127,7 @@ int main(int argc, char** argv) {
   NetworkCounts net;
   std::vector<uint64_t> failing;
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Scenario s = DrawScenario(seed, intensity, disk, producers);
+    const Scenario s = DrawScenario(seed, intensity, disk, outages, producers);
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;

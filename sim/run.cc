@@ -381,7 +381,12 @@ void Run::Inject(size_t index, const Fault& f) {
   ++injected_;
   // The tree may take the fault's time plus a rejoin to settle.
   quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
-  const bool instant = f.kind == FaultKind::kReset || f.kind == FaultKind::kLateJoin;
+  // An outage disturbs only as it begins: the tree must route around a node that
+  // stays away within its bounded waits (an away child fails or is excused after
+  // the connect timeout, and after a decision is waited for only that long), not
+  // wait for it to come back. Its restart disturbs again (StartNode).
+  const bool instant =
+      f.kind == FaultKind::kReset || f.kind == FaultKind::kLateJoin || f.kind == FaultKind::kOutage;
   disturbed_until_ =
       std::max(disturbed_until_, q_.Now() + (instant ? EventQueue::Duration{} : secs));
   switch (f.kind) {
@@ -395,7 +400,8 @@ void Run::Inject(size_t index, const Fault& f) {
       net_.set_loss_probability(0.05);
       q_.PostAt(driver_, q_.Now() + secs, [this] { net_.set_loss_probability(0); });
       return;
-    case FaultKind::kKillNode: {
+    case FaultKind::kKillNode:
+    case FaultKind::kOutage: {
       Node& n = nodes_[f.a];
       if (!n.agent) return;
       if (f.power) disk_.Cut(n.dir);  // its destructors write nothing durable

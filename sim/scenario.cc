@@ -26,6 +26,8 @@ const char* FaultName(FaultKind kind) {
       return "late-join";
     case FaultKind::kFullDisk:
       return "full-disk";
+    case FaultKind::kOutage:
+      return "outage";
   }
   return "?";
 }
@@ -44,7 +46,7 @@ const char* TrainerFaultName(TrainerFaultKind kind) {
   return "?";
 }
 
-Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool producers) {
+Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, bool producers) {
   // Its own generator (not the run's): the scenario is fixed before the run draws.
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
   auto uniform = [&](double lo, double hi) {
@@ -111,6 +113,7 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool producers
         break;
       case FaultKind::kLateJoin:
       case FaultKind::kFullDisk:
+      case FaultKind::kOutage:
         break;
     }
     s.faults.push_back(f);
@@ -124,6 +127,18 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool producers
       Fault f{0, 0, FaultKind::kFullDisk, below(s.nodes + 1), 0, 0};
       when(f);
       f.seconds = uniform(0.2, 6);
+      s.faults.push_back(f);
+    }
+    // Drawn last, so every other fault of a seed is what it was before outages.
+    // One run in six: a node dies and stays away 25-45 s, longer than the commit
+    // timeout (20 s), so every wait for it that is not bounded by the connect
+    // timeout is spent in full (the time-lost checker counts from its start).
+    const int outage = outages && below(6) == 0 ? static_cast<int>(std::round(intensity)) : 0;
+    for (int i = 0; i < outage; ++i) {
+      Fault f{0, 0, FaultKind::kOutage, 1 + below(s.nodes), 0, 0};
+      when(f);
+      f.seconds = uniform(25, 45);
+      f.power = below(2);
       s.faults.push_back(f);
     }
   }
@@ -142,7 +157,7 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool producers
     // root has no bytes; docs/simulation.md, "Producers", lists what this found).
     std::erase_if(s.faults, [](const Fault& f) {
       return f.kind == FaultKind::kKillNode || f.kind == FaultKind::kKillSource ||
-             f.kind == FaultKind::kFullDisk;
+             f.kind == FaultKind::kOutage || f.kind == FaultKind::kFullDisk;
     });
     for (int p = 0; p < s.publishes; ++p) {
       TrainerFault f;

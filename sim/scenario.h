@@ -20,8 +20,9 @@ enum class FaultKind {
   kKillSource,  // the source's process dies (mid-publish or not); it restarts later
   kLateJoin,    // a node that was never started starts (a late joiner)
   kFullDisk,    // a process's disk refuses writes (ENOSPC) for a while
+  kOutage,      // a node's process dies and stays away longer than the commit timeout
 };
-inline constexpr int kFaultKinds = 8;
+inline constexpr int kFaultKinds = 9;
 const char* FaultName(FaultKind kind);
 
 struct Fault {
@@ -61,12 +62,14 @@ struct Scenario {
 };
 
 // Draws a scenario from `seed`. `intensity` scales the number of faults (0: none).
-// With `disk` false no kill is a power loss and no disk fills (the schedules the
-// simulator drew before it simulated the disk: the same seed gives the same faults).
+// With `disk` false no kill is a power loss, no disk fills and no outage is drawn
+// (the schedules the simulator drew before it simulated the disk: the same seed
+// gives the same faults). With `outages` false no outage is drawn (the schedules
+// from before outages: every other fault of a seed is the same either way).
 // With `producers`, the delta comes from producers and about one publish in four has
 // a trainer fault; those are drawn from a generator of their own, so the rest of
 // the schedule is the seed's as without.
-Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true,
+Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true, bool outages = true,
                       bool producers = false);
 
 }  // namespace deltacast::sim

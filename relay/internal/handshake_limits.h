@@ -1,18 +1,26 @@
 // What a peer that has not completed the relay handshake may cost a listener: how
 // long it may take and how many such peers may wait at once (in all, and from one
-// address). Shared by the tree's listener (relay/downstream.h) and the root's
-// producer listener (relay/producer_hub.h), so both refuse the same floods.
+// address), and which link gives way when they are all taken. Shared by the tree's
+// listener (relay/downstream.h) and the root's producer listener
+// (relay/producer_hub.h), so both treat the same floods the same way.
 //
-// Thread safety: values and pure functions.
+// Thread safety: values and pure functions; a ProvenHosts is its owner's (one
+// thread, or under the owner's lock).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <string>
 
+#include "common/handshake_admission.h"
 #include "topology/cluster_config.h"
 
 namespace deltacast::relay {
+
+using deltacast::HandshakeAdmission;
+using deltacast::ProvenHosts;
 
 struct HandshakeLimits {
   std::chrono::milliseconds handshake_timeout{5000};
@@ -34,6 +42,15 @@ inline std::string HostOf(const std::string& address) {
   }
   const size_t colon = address.rfind(':');
   return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+// The shared rule (common/handshake_admission.h) under the [limits] caps.
+template <typename Pending>
+HandshakeAdmission AdmitHandshake(const std::map<uint64_t, Pending>& pending,
+                                  const std::string& host, const HandshakeLimits& limits,
+                                  const ProvenHosts& proven) {
+  return deltacast::AdmitHandshake(pending, host, limits.max_pending,
+                                   limits.max_pending_per_address, proven);
 }
 
 }  // namespace deltacast::relay

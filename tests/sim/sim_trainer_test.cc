@@ -23,7 +23,7 @@ const bool kShm = [] {
 
 TEST(SimTrainerTest, ProducersWithoutFaultsCommitEveryPublishBitExact) {
   for (uint64_t seed = 1; seed <= 4; ++seed) {
-    const Scenario s = DrawScenario(seed, 0, true, /*producers=*/true);
+    const Scenario s = DrawScenario(seed, 0, true, true, /*producers=*/true);
     ASSERT_EQ(s.producers, 4);
     const RunResult r = RunScenario(s);
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
@@ -37,7 +37,7 @@ TEST(SimTrainerTest, ProducersWithoutFaultsCommitEveryPublishBitExact) {
 TEST(SimTrainerTest, EveryKindOfTrainerFaultIsRefusedAtTheRootUnderNetworkFaults) {
   std::set<TrainerFaultKind> seen;
   for (uint64_t seed = 1; seed <= 40 && seen.size() < 3; ++seed) {
-    const Scenario s = DrawScenario(seed, 1.0, true, /*producers=*/true);
+    const Scenario s = DrawScenario(seed, 1.0, true, true, /*producers=*/true);
     const RunResult r = RunScenario(s);
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
     EXPECT_EQ(r.trainer_refused, r.trainer_faults) << "seed " << seed;

@@ -125,6 +125,46 @@ TEST(TcpLimitsTest, HandshakeCapsPerAddressAndTimeoutKeepOthersServed) {
   EXPECT_EQ(closed_later, 40);
 }
 
+// Issue 34: silent sockets from many addresses fill every slot. A newcomer from an
+// address holding fewer takes the slot of the oldest silent socket of the most
+// represented address, which is closed; one from an address holding as many as
+// any is closed itself.
+TEST(TcpLimitsTest, AFullTableGivesTheOldestSocketOfTheMostRepresentedAddressUp) {
+  TcpOptions options;
+  options.max_handshakes_per_address = 8;
+  options.max_pending_handshakes = 16;
+  options.connect_timeout = 30s;  // nothing leaves by its timeout during the test
+  auto server = Tcp(options);
+  AcceptQueue accept;
+  auto address = server->Listen("127.0.0.1:0", accept.Handler());
+  ASSERT_TRUE(address.ok());
+  // 127.0.2.1 holds 6, 127.0.2.2 holds 5 and 127.0.2.3 holds 5: all 16 taken.
+  std::vector<std::unique_ptr<RawPeer>> silent;
+  const std::vector<std::string> from = {"127.0.2.1", "127.0.2.2", "127.0.2.3"};
+  for (int i = 0; i < 16; ++i) {
+    silent.push_back(std::make_unique<RawPeer>(PortOf(*address), from[i % 3]));
+    ASSERT_TRUE(silent.back()->connected());
+    std::this_thread::sleep_for(2ms);  // accepted in this order
+  }
+  for (auto& p : silent) ASSERT_FALSE(p->ClosedByPeer(20)) << "every slot is free for these";
+  // A peer from 127.0.0.1 (none pending) connects: the oldest of 127.0.2.1 goes.
+  auto client = Tcp();
+  auto link = ConnectBlocking(*client, *address, 2s);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  ASSERT_NE(accept.Pop(), nullptr);
+  EXPECT_TRUE(silent[0]->ClosedByPeer(500)) << "the oldest of the most represented address";
+  for (size_t i = 1; i < silent.size(); ++i)
+    EXPECT_FALSE(silent[i]->ClosedByPeer(20)) << "socket " << i << " keeps its slot";
+  // The peer's link is through, so one slot is free again: 127.0.2.4 takes it.
+  RawPeer filler(PortOf(*address), "127.0.2.4");
+  EXPECT_FALSE(filler.ClosedByPeer(100));
+  // Full again, and 127.0.2.1 holds 5, as many as any: a sixth from it is closed.
+  RawPeer again(PortOf(*address), "127.0.2.1");
+  EXPECT_TRUE(again.ClosedByPeer(500));
+  for (size_t i = 1; i < silent.size(); ++i) EXPECT_FALSE(silent[i]->ClosedByPeer(20));
+  EXPECT_FALSE(filler.ClosedByPeer(20));
+}
+
 TEST(TcpLimitsTest, LinksPerAddressAreCapped) {
   TcpOptions options;
   options.max_links_per_address = 3;

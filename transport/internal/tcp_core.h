@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/handshake_admission.h"
 #include "common/log.h"
 #include "transport/internal/address.h"
 #include "transport/internal/buffer_pool.h"
@@ -202,6 +203,8 @@ class Core : public std::enable_shared_from_this<Core> {
   std::vector<std::shared_ptr<Listener>> listeners;
   std::set<std::shared_ptr<ConnectOp>> connects;
   std::set<std::shared_ptr<AcceptedStream>> handshakes;
+  uint64_t next_handshake_serial = 0;  // AcceptedStream::serial: grows with age
+  uint64_t evicted_quietly_ = 0;       // silent sockets closed for a newcomer
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<PendingLink>> pending_links;
   uint64_t refused_quietly_ = 0;  // sockets refused by the caps (control strand)
   uint64_t dropped_quietly_ = 0;  // handshakes that timed out or failed TLS
@@ -685,6 +688,7 @@ struct AcceptedStream {
   std::shared_ptr<Listener> listener;
   std::string host;  // the peer's IP: what the per-address caps count
   std::string peer;
+  uint64_t serial = 0;  // accept order: the oldest gives its slot up first
 };
 
 // Accepted streams of one link until all stream_count have said hello.

@@ -4,6 +4,9 @@
 #include "transport/internal/tcp_core.h"
 
 namespace deltacast::transport::tcp_internal {
+namespace {
+const ProvenHosts kNoneProven;
+}  // namespace
 
 Result<std::string> Core::Listen(const std::string& address, AcceptHandler on_accept) {
   if (closing())
@@ -80,15 +83,38 @@ void Core::BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket
   // than the accept, and one address cannot use up the slots others need.
   const size_t from_host = pending_by_host.count(host) ? pending_by_host[host] : 0;
   std::string over;
-  if (pending_sockets >= options.max_pending_handshakes) {
-    over = std::to_string(pending_sockets) + " sockets in the handshake (max_pending_handshakes)";
-  } else if (from_host >= options.max_handshakes_per_address) {
+  std::shared_ptr<AcceptedStream> evict;
+  if (from_host >= options.max_handshakes_per_address) {
     over = std::to_string(from_host) +
            " sockets in the handshake from this address (max_handshakes_per_address)";
   } else if (options.max_links_per_address > 0 &&
              LinksFrom(host) + from_host >= options.max_links_per_address) {
     over = std::to_string(LinksFrom(host) + from_host) +
            " links from this address (max_links_per_address)";
+  } else if (pending_sockets >= options.max_pending_handshakes) {
+    // Every slot taken: a socket that has said nothing yet gives its slot up, the
+    // oldest of the address holding the most, if that address holds more than
+    // this one's (the rule the relay's listeners share: common/handshake_admission.h).
+    // Streams of a multi-stream link that said hello keep theirs. No address counts
+    // as proven here: anyone can complete this hello (the relay's handshake, which
+    // takes the cluster token, is where addresses prove something).
+    struct Silent {
+      std::string host;
+    };
+    std::map<uint64_t, Silent> silent;
+    std::map<uint64_t, std::shared_ptr<AcceptedStream>> by_serial;
+    for (const auto& s : handshakes) {
+      silent[s->serial] = {s->host};
+      by_serial[s->serial] = s;
+    }
+    const HandshakeAdmission admission =
+        AdmitHandshake(silent, host, options.max_pending_handshakes,
+                       options.max_handshakes_per_address, kNoneProven, pending_sockets);
+    if (admission.admit && admission.evict) {
+      evict = by_serial[*admission.evict];
+    } else {
+      over = std::to_string(pending_sockets) + " sockets in the handshake (max_pending_handshakes)";
+    }
   }
   if (!over.empty()) {
     // Rate-limited by nature (one line per refused socket would let a flood fill the
@@ -102,12 +128,22 @@ void Core::BeginHandshake(const std::shared_ptr<Listener>& listener, tcp::socket
     socket.close(ignored);
     return;
   }
+  if (evict) {
+    if (evicted_quietly_++ % 1000 == 0) {
+      log::Warn("transport: " + std::to_string(pending_sockets) +
+                " sockets in the handshake (max_pending_handshakes): closing the oldest from " +
+                evict->host + ", the most represented address, for " + EndpointString(remote) +
+                " (" + std::to_string(evicted_quietly_) + " closed so far)");
+    }
+    DropHandshake(evict, "");
+  }
   ++pending_by_host[host];
   ++pending_sockets;
   auto stream = std::make_shared<AcceptedStream>(io, std::move(socket));
   stream->listener = listener;
   stream->host = host;
   stream->peer = EndpointString(remote);
+  stream->serial = next_handshake_serial++;
   handshakes.insert(stream);
   stream->timer.expires_after(options.connect_timeout);
   stream->timer.async_wait(
