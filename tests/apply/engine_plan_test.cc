@@ -55,7 +55,11 @@ std::unique_ptr<HostStore> StoreOf(const Tensors& tensors) {
   return std::move(*store);
 }
 
-codec::Manifest Manifest(const WeightStore& s) { return HashWeightStore(s, kPartitionBytes, 1); }
+codec::Manifest Manifest(const WeightStore& s) {
+  auto m = HashWeightStore(s, kPartitionBytes, 1);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(*m) : codec::Manifest{};
+}
 
 struct Case {
   std::string name;
