@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <set>
 #include <thread>
@@ -90,6 +91,16 @@ std::unique_ptr<apply::WeightStore> Borrow(const std::vector<TensorInfo>& tensor
 codec::Manifest ManifestOf(const apply::WeightStore& store) {
   return codec::ComputeManifest(
       store.tensors(), [&](size_t i) { return store.TensorData(i); }, kPartitionBytes, 1);
+}
+
+// Polls `done` every 10 ms for up to 20 s.
+bool WaitUntil(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 // Wraps a transport so that the `nth` data CHUNK it sends (over all its links) has
@@ -570,6 +581,13 @@ TEST_F(RelayTest, WrongRecordsAreRefusedBeforeWritingAndFailTheRefitAsABadDelta)
   EXPECT_FALSE(report->committed) << "committed a delta whose record misses its target";
   EXPECT_NE(report->abort_reason.find("bad delta"), std::string::npos) << report->abort_reason;
   EXPECT_NE(report->abort_reason.find("node 'n1'"), std::string::npos) << report->abort_reason;
+  // A node that said FAILED is not waited for: it rolls back on its own.
+  ASSERT_TRUE(WaitUntil([&] {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      if (Hash64(stores_[0][t]) != Hash64(v.base[t])) return false;
+    }
+    return true;
+  }));
   for (size_t t = 0; t < v.tensors.size(); ++t) {
     EXPECT_EQ(Hash64(stores_[0][t]), Hash64(v.base[t])) << "tensor " << t;
   }
@@ -590,6 +608,14 @@ TEST_F(RelayTest, WrongRecordsThroughRelaysFailTheRefitAndEveryNodeStaysAtTheBas
   EXPECT_FALSE(report->committed);
   EXPECT_NE(report->abort_reason.find("bad delta"), std::string::npos) << report->abort_reason;
   for (int i = 0; i < 3; ++i) {
+    // A node that said FAILED is not waited for: it rolls back on its own.
+    EXPECT_TRUE(WaitUntil([&] {
+      for (size_t t = 0; t < v.tensors.size(); ++t) {
+        if (Hash64(stores_[i][t]) != Hash64(v.base[t])) return false;
+      }
+      return true;
+    })) << "n"
+        << i + 1 << " never came back to the base";
     for (size_t t = 0; t < v.tensors.size(); ++t) {
       EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.base[t])) << "n" << i + 1 << " tensor " << t;
     }

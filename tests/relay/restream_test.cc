@@ -248,9 +248,16 @@ TEST_F(BadDeltaTest, ARecordThatMissesItsTargetFailsTheRefitAtOnceUnderEitherPol
   EXPECT_NE(report->abort_reason.find("bad delta"), std::string::npos) << report->abort_reason;
   EXPECT_NE(report->abort_reason.find("node 'n"), std::string::npos) << report->abort_reason;
   EXPECT_LT(seconds, 30) << "waited for the commit timeout (60 s)";
+  // A node that said FAILED is not waited for: it rolls back on its own.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (stores_ != std::vector<Tensors>(kReceivers, base_) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ExpectStoresAre(base_, "the base");
+  // At most its first join: a node below may not have joined yet when the refit failed.
   for (const auto& a : agents_) {
-    EXPECT_EQ(a->stats().parent_joins, 1u) << "a node reconnected to fetch the delta again";
+    EXPECT_LE(a->stats().parent_joins, 1u) << "a node reconnected to fetch the delta again";
   }
 }
 
