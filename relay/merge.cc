@@ -164,7 +164,8 @@ Status CheckBaseProof(const codec::Manifest& base, std::span<const ShareReport* 
   for (const auto& [producer, n] : in_bad) {
     if (n == partitions) common.insert(producer);
   }
-  const auto [t, k] = *first;
+  const uint32_t t = first->first;
+  const uint64_t k = first->second;
   // The piece a producer's proof of (t, k) should be, if the last refit says.
   auto expected_piece = [&](const std::string& producer) -> const PartitionHash* {
     if (expected == nullptr) return nullptr;
