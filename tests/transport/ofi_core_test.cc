@@ -2,6 +2,7 @@
 // chance: here, a provider cancelling a transfer of a live link by itself.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <memory>
 
@@ -22,6 +23,25 @@ size_t CancelDataReceives(ofi::Core& core) {
   if (!core.Post([&core, done] { done->set_value(core.CancelDataReceivesForTest()); })) return 0;
   return count.get();
 }
+
+// Holds a thread in Wait until Open; says whether one is waiting.
+class Gate {
+ public:
+  void Wait() {
+    waiting_ = true;
+    opened_.wait();
+  }
+  void Open() {
+    if (!open_.exchange(true)) release_.set_value();
+  }
+  bool waiting() const { return waiting_; }
+
+ private:
+  std::promise<void> release_;
+  std::shared_future<void> opened_ = release_.get_future().share();
+  std::atomic<bool> open_{false};
+  std::atomic<bool> waiting_{false};
+};
 
 // When a peer's connection drops under a rendezvous read, tcp;ofi_rxm fails our
 // posted receive with FI_ECANCELED although we never cancelled it. The link must
@@ -55,15 +75,30 @@ TEST(OfiCore, ReceiveTheProviderCancelsBreaksItsLink) {
 
   // The sender announces a message, then its progress thread is held (in the
   // handler of a Connect that fails at once), so the receive the core posts for
-  // that message stays posted: nothing is ever sent into it.
-  std::promise<void> release;
-  struct Releaser {  // before the sender shuts down, whatever fails
-    std::promise<void>& release;
-    ~Releaser() { release.set_value(); }
-  } releaser{release};
-  std::shared_future<void> released = release.get_future().share();
+  // that message stays posted: nothing is ever sent into it. The hold must come
+  // before the receiver's CTS can reach the sender (else the data transfer starts
+  // and the receive is matched, which no cancel undoes): so the sender's thread is
+  // held first, the Send and the second hold are queued behind it, and releasing
+  // the first runs both in one batch of commands, with no completion polled
+  // between them.
+  // The handlers hold the gates: the sender's thread may leave one after this
+  // test's frame is gone.
+  auto before_send = std::make_shared<Gate>();
+  auto after_send = std::make_shared<Gate>();
+  struct Opener {  // before the sender shuts down, whatever fails
+    Gate& first;
+    Gate& second;
+    ~Opener() {
+      first.Open();
+      second.Open();
+    }
+  } opener{*before_send, *after_send};
+  (*sender)->Connect("not an address", [before_send](auto) { before_send->Wait(); });
+  ASSERT_TRUE(Eventually([&] { return before_send->waiting(); }))
+      << "the sender's progress thread never ran the first hold";
   (*link)->Send(MakeMessage(Payload(51, 0, 1 << 20)));
-  (*sender)->Connect("not an address", [released](auto) { released.wait(); });
+  (*sender)->Connect("not an address", [after_send](auto) { after_send->Wait(); });
+  before_send->Open();
 
   ASSERT_TRUE(Eventually([&] { return CancelDataReceives(*core) > 0; }))
       << "the core never posted a receive for the announced message";
