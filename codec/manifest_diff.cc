@@ -39,16 +39,16 @@ uint64_t TensorDifference::DifferingPartitions() const {
   return n;
 }
 
-std::string TensorDifference::Describe() const {
+std::string TensorDifference::Detail() const {
   switch (kind) {
     case Kind::kMissing:
-      return Quoted(name) + ": missing";
+      return "missing";
     case Kind::kExtra:
-      return Quoted(name) + ": not in the reference (an extra or renamed tensor)";
+      return "not in the reference (an extra or renamed tensor)";
     case Kind::kDtype:
-      return Quoted(name) + ": dtype " + actual + ", expected " + expected;
+      return "dtype " + actual + ", expected " + expected;
     case Kind::kShape:
-      return Quoted(name) + ": shape " + actual + ", expected " + expected;
+      return "shape " + actual + ", expected " + expected;
     case Kind::kBits:
       break;
   }
@@ -60,10 +60,12 @@ std::string TensorDifference::Describe() const {
             (first == last ? "" : ".." + std::to_string(last));
   }
   if (partition_runs.size() > kMaxRuns) runs += ", ...";
-  return Quoted(name) + ": bits differ in partition" + (DifferingPartitions() == 1 ? " " : "s ") +
+  return std::string("bits differ in partition") + (DifferingPartitions() == 1 ? " " : "s ") +
          runs + " (" + std::to_string(DifferingPartitions()) + " of " + std::to_string(partitions) +
          ")";
 }
+
+std::string TensorDifference::Describe() const { return Quoted(name) + ": " + Detail(); }
 
 std::string ManifestDiff::Describe(size_t max_tensors) const {
   if (empty()) return "no difference";

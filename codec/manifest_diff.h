@@ -27,7 +27,9 @@ struct TensorDifference {
   uint64_t partitions = 0;  // kBits: the tensor's partition count
 
   uint64_t DifferingPartitions() const;
-  // One line, e.g. "'w': bits differ in partitions 3..5, 9 (4 of 12)".
+  // What differs, e.g. "bits differ in partitions 3..5, 9 (4 of 12)".
+  std::string Detail() const;
+  // One line with the name: "'w': " + Detail().
   std::string Describe() const;
 };
 

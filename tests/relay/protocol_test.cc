@@ -87,6 +87,26 @@ TEST(ProtocolTest, MalformedMessagesAreRefused) {
   EXPECT_EQ(ParsePrepared(prepared).status().code(), StatusCode::kCorrupt);
 }
 
+TEST(ProtocolTest, ActiveVersionCarriesTheParentsManifestOnlyWhenAsked) {
+  const Digest128 version = Hash128(AsBytes("v"));
+  const std::vector<std::byte> manifest(100, std::byte{7});
+  auto with = ParseActiveVersion(EncodeActiveVersion(version, manifest));
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->version, version);
+  EXPECT_TRUE(with->has_manifest);
+  EXPECT_EQ(with->manifest.size(), manifest.size());
+  auto without = ParseActiveVersion(EncodeActiveVersion(version, {}));
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_FALSE(without->has_manifest);
+  // A flag that lies about the length, and a length past the end, are refused.
+  auto lying = EncodeActiveVersion(version, {});
+  lying[kMessageHeaderBytes + 16] = std::byte{1};
+  EXPECT_EQ(ParseActiveVersion(lying).status().code(), StatusCode::kCorrupt);
+  auto cut = EncodeActiveVersion(version, manifest);
+  cut.resize(cut.size() - 1);
+  EXPECT_EQ(ParseActiveVersion(cut).status().code(), StatusCode::kCorrupt);
+}
+
 TEST(ProtocolTest, FetchCarriesTheSixteenBytePartitionHashAndVersionOneIsRefused) {
   Fetch fetch{5, "layer0.weight", 4096, 8192, HashPartition(AsBytes("partition bytes"))};
   const auto bytes = EncodeFetch(fetch);
