@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <random>
+#include "api_fixture.h"
 
 namespace {
+
+using deltacast::apitest::Model;
+using deltacast::apitest::Toml;
 
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
@@ -17,40 +20,12 @@ using ::testing::HasSubstr;
 // Ports of their own per process (each test runs in its own process under ctest).
 int BasePort() { return 28202 + static_cast<int>(::getpid() % 300) * 10; }
 
-std::string Toml(int base_port) {
-  return "[cluster]\nname = \"join\"\n[tree]\nconnect_timeout = \"3s\"\n"
-         "[[node]]\nid = \"trainer\"\nhost = \"127.0.0.1\"\nport = " +
-         std::to_string(base_port) +
-         "\nrole = \"source\"\n[[node]]\nid = \"w1\"\nhost = \"127.0.0.1\"\nport = " +
-         std::to_string(base_port + 3) +
-         "\n[[node]]\nid = \"w2\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(base_port + 6) +
-         "\n";
-}
-
-struct Model {
-  std::vector<deltacast::TensorSpec> specs = {{"a.weight", deltacast::DType::kBF16, {256, 256}},
-                                              {"b.bias", deltacast::DType::kF32, {256}}};
-  std::vector<std::vector<std::byte>> bytes;
-  explicit Model(uint32_t seed) {
-    std::mt19937 rng(seed);
-    for (const auto& s : specs) {
-      bytes.emplace_back(s.ByteSize());
-      for (auto& b : bytes.back()) b = std::byte(rng());
-    }
-  }
-  std::vector<deltacast::TensorView> Views() {
-    std::vector<deltacast::TensorView> v;
-    for (size_t i = 0; i < specs.size(); ++i) v.push_back({specs[i], bytes[i]});
-    return v;
-  }
-};
-
 struct Cluster {
   deltacast::Config config;
   std::vector<std::unique_ptr<deltacast::Node>> nodes;
 
   static deltacast::Config Parse() {
-    auto config = deltacast::Config::Parse(Toml(BasePort()), "join.toml");
+    auto config = deltacast::Config::Parse(Toml("join", BasePort()), "join.toml");
     EXPECT_TRUE(config.ok()) << config.status().ToString();
     return *config;
   }
