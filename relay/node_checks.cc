@@ -11,6 +11,12 @@
 namespace deltacast::relay {
 
 void NodeAgent::Impl::TellVersion(const std::string& child, const Hello& hello) {
+  if (journal_.inflight || catch_up_.active() || (refit_ && refit_->phase != Phase::kDone)) {
+    // Mid-refit the versions move (a child may be ahead of this node for a moment):
+    // nothing settled to check against; the refit itself checks.
+    downstream_.SendTo(child, transport::MakeMessage(EncodeActiveVersion(Digest128{}, {})));
+    return;
+  }
   const Digest128 mine = journal_.version;
   if (hello.active_version == mine) {
     downstream_.SendTo(child, transport::MakeMessage(EncodeActiveVersion(mine, {})));
@@ -28,14 +34,19 @@ void NodeAgent::Impl::OnParentVersion(ByteSpan bytes) {
   auto told = ParseActiveVersion(bytes);
   if (!told.ok()) return parent_.ProtocolError(told.status().message());
   const std::string parent = parent_.current();
-  const Digest128 theirs = told->version;
+  Digest128 theirs = told->version;
   const Digest128 mine = journal_.version;
+  // A delta of its own in flight between those versions: the refit settles it.
+  if (journal_.inflight &&
+      (theirs == journal_.inflight->base || theirs == journal_.inflight->target)) {
+    theirs = Digest128{};
+  }
   auto report = [this](const JoinCheck::State& state) {
     if (state.status.ok()) {
       log::Info(fmt::format("{}: its weights are version {}, as its parent {} holds",
                             options_.node_id, state.own_version.ShortHex(), state.parent));
     } else {
-      log::Error(fmt::format("{}: {}", options_.node_id, state.status.message()));
+      log::Warn(fmt::format("{}: {}", options_.node_id, state.status.message()));
     }
   };
   if (theirs.IsZero() || theirs == mine || !told->has_manifest) {
