@@ -288,15 +288,9 @@ int RunPublish(const PublishArgs& args) {
       SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
   if (!source_options.ok()) return Fail(source_options.status());
   relay::PublishOptions& options = *source_options;
-  const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
-  if (tty) {
-    options.on_progress = [](const relay::PublishProgress& p) {
-      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
-                 double(p.bytes_sent) / (1 << 20));
-    };
-  }
+  const auto bar = AttachPublishProgress(args, options);
   auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(transport));
-  if (tty) fmt::print(stderr, "\n");
+  bar->Finish();
   if (!report.ok()) return Fail(report.status());
   PrintReport(*report, args.json);
   return report->committed ? kExitOk : kExitFailure;
@@ -310,15 +304,27 @@ Result<relay::PublishOptions> MakePublishOptions(const PublishArgs& args,
   if (!target.has_filename()) target = target.parent_path();
   const std::filesystem::path state =
       args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
-  ASSIGN_OR_RETURN(relay::PublishOptions options,
-                   SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas));
-  if (args.progress && !args.json && ::isatty(STDERR_FILENO)) {
-    options.on_progress = [](const relay::PublishProgress& p) {
-      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
-                 double(p.bytes_sent) / (1 << 20));
+  return SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+}
+
+std::shared_ptr<progress::Progress> AttachPublishProgress(const PublishArgs& args,
+                                                          relay::PublishOptions& options) {
+  std::shared_ptr<progress::Progress> bar =
+      progress::Progress::ForTerminal("publish", args.progress && !args.json);
+  if (bar->enabled()) {
+    // Encoding the delta here: how much of the checkpoint's change is encoded (and
+    // so streamed: the window holds the encoder to the slowest child). From
+    // producers: the bytes sent, total unknown.
+    options.on_progress = [bar](const relay::PublishProgress& p) {
+      if (p.bytes_to_encode > 0) {
+        bar->SetTotal(p.bytes_to_encode);
+        bar->Set(p.encoded_bytes);
+      } else {
+        bar->Set(p.bytes_sent);
+      }
     };
   }
-  return options;
+  return bar;
 }
 
 int ReportPublish(const relay::PublishReport& report, bool as_json, const std::string& extra_json) {

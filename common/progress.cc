@@ -45,6 +45,7 @@ std::string Bytes(double bytes) {
 }
 
 std::string Duration(double seconds) {
+  if (seconds < 9.95) return Fixed(std::max(seconds, 0.0), 1) + "s";
   const auto s = static_cast<int64_t>(seconds + 0.5);
   if (s < 60) return std::to_string(s) + "s";
   const int64_t m = s / 60;
@@ -72,11 +73,16 @@ std::unique_ptr<Progress> Progress::ForTerminal(Options options, bool enabled) {
   return std::make_unique<Progress>(std::move(options), std::move(sink));
 }
 
+std::unique_ptr<Progress> Progress::ForTerminal(std::string_view label, bool enabled) {
+  Options options;
+  options.label = std::string(label);
+  return ForTerminal(std::move(options), enabled);
+}
+
 Progress::Progress(Options options, Sink sink, Clock clock)
     : options_(std::move(options)),
       sink_(std::move(sink)),
       clock_(clock ? std::move(clock) : [] { return std::chrono::steady_clock::now(); }),
-      start_(clock_()),
       total_(options_.total) {
   if (sink_) g_terminal_bars.fetch_add(1);
 }
@@ -108,22 +114,34 @@ void Progress::Finish() {
   if (!sink_ || finished_.load()) return;
   std::lock_guard lock(draw_mu_);
   if (finished_.exchange(true)) return;
-  const double seconds = std::chrono::duration<double>(clock_() - start_).count();
+  if (!drawn_) return;  // nothing on the terminal to complete (it failed early, or was quick)
+  // The rate and time of the work itself, up to its last update, not of whatever the
+  // caller did before it called Finish.
+  const double seconds = double(last_update_ns_.load()) / 1e9;
   sink_("\r" + Render(options_, done_.load(), total_.load(), seconds) + "\x1b[K\n");
 }
 
 void Progress::MaybeDraw() {
   if (finished_.load(std::memory_order_relaxed)) return;
   const auto now = clock_();
-  const int64_t since_start = Nanos(now - start_);
+  const int64_t since_start = SinceStart(now);
+  last_update_ns_.store(since_start, std::memory_order_relaxed);
   if (since_start < next_draw_ns_.load(std::memory_order_relaxed)) return;
   // One redraw at a time; an update that finds one under way skips its own.
   std::unique_lock lock(draw_mu_, std::try_to_lock);
   if (!lock.owns_lock() || finished_.load()) return;
   if (since_start < next_draw_ns_.load()) return;
   next_draw_ns_.store(since_start + Nanos(options_.min_interval));
-  const double seconds = std::chrono::duration<double>(now - start_).count();
+  const double seconds = double(since_start) / 1e9;
   sink_("\r" + Render(options_, done_.load(), total_.load(), seconds) + "\x1b[K");
+  drawn_ = true;
+}
+
+int64_t Progress::SinceStart(std::chrono::steady_clock::time_point now) {
+  const int64_t ns = Nanos(now.time_since_epoch());
+  int64_t start = kNotStarted;
+  if (start_ns_.compare_exchange_strong(start, ns)) return 0;
+  return ns - start;
 }
 
 std::string Progress::Render(const Options& options, uint64_t done, uint64_t total,
@@ -161,8 +179,9 @@ std::string Progress::Render(const Options& options, uint64_t done, uint64_t tot
                              : percent < 100 ? " "
                                              : "") +
                             std::to_string(percent) + "%";
-    const int room =
-        options.width - 1 - int(label.size()) - 3 - int(pct.size()) - int(right.size());
+    // The figures' usual width is kept free, so the bar does not jump as they grow.
+    const int room = options.width - 1 - int(label.size()) - 4 - int(pct.size()) -
+                     std::max(int(right.size()), 42);
     const int bar = std::min(room, 40);
     if (bar >= 10) {
       const int filled = static_cast<int>(double(done) / double(total) * bar);

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,10 +49,13 @@ class Progress {
   // Draws on stderr, or does nothing when `enabled` is false or stderr is not a
   // terminal. Never null.
   static std::unique_ptr<Progress> ForTerminal(Options options, bool enabled = true);
+  // The same for a byte count labelled `label`.
+  static std::unique_ptr<Progress> ForTerminal(std::string_view label, bool enabled = true);
 
   // Draws through `sink` (each call gets the text to write: "\r", the line, an
   // erase-to-end-of-line; Finish adds "\n"); an empty sink makes it a no-op.
-  // `clock` (default: steady_clock) paces the redraws and the rate.
+  // `clock` (default: steady_clock) paces the redraws and the rate, both counted
+  // from the first update.
   Progress(Options options, Sink sink, Clock clock = {});
   ~Progress();  // Finish()
 
@@ -63,7 +67,8 @@ class Progress {
   void Add(uint64_t n);
   void Set(uint64_t done);
   void SetTotal(uint64_t total);
-  // Draws the final state and ends the line; later updates are ignored. Idempotent.
+  // Draws the final state (its rate and time as of the last update) and ends the
+  // line, if anything was drawn; later updates are ignored. Idempotent.
   void Finish();
 
   // The line for `done` of `total` after `seconds` (no "\r", at most
@@ -72,16 +77,23 @@ class Progress {
 
  private:
   void MaybeDraw();
+  // Nanoseconds from the start (which the first call sets) to `now`.
+  int64_t SinceStart(std::chrono::steady_clock::time_point now);
 
   Options options_;
   Sink sink_;
   Clock clock_;
-  std::chrono::steady_clock::time_point start_;
+  // The first update's time (the work's start, not the bar's), in clock ticks since
+  // the clock's epoch; kNotStarted before it.
+  static constexpr int64_t kNotStarted = INT64_MIN;
+  std::atomic<int64_t> start_ns_{kNotStarted};
   std::atomic<uint64_t> done_{0};
   std::atomic<uint64_t> total_;
-  std::atomic<int64_t> next_draw_ns_{0};  // since start_; earliest next redraw
+  std::atomic<int64_t> next_draw_ns_{0};    // since the start; earliest next redraw
+  std::atomic<int64_t> last_update_ns_{0};  // since the start
   std::atomic<bool> finished_{false};
   std::mutex draw_mu_;
+  bool drawn_ = false;  // guarded by draw_mu_
 };
 
 // Runs `write` (which writes whole lines to stderr) with any progress line on the

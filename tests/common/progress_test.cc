@@ -37,7 +37,7 @@ TEST(ProgressRender, BytesWithABarPercentRateAndEta) {
   EXPECT_THAT(line, HasSubstr(" 50%"));
   EXPECT_THAT(line, HasSubstr("500.0/1000.0 MiB"));
   EXPECT_THAT(line, HasSubstr("250.0 MiB/s"));
-  EXPECT_THAT(line, HasSubstr("ETA 2s"));
+  EXPECT_THAT(line, HasSubstr("ETA 2.0s"));
   // Half the bar filled.
   const size_t open = line.find('['), close = line.find(']');
   const std::string bar = line.substr(open + 1, close - open - 1);
@@ -78,6 +78,12 @@ TEST(ProgressRender, FitsTheWidth) {
     const std::string line = Line(o, uint64_t{1} << 30, 3.0);
     EXPECT_LE(line.size(), size_t(width - 1)) << line;
   }
+  // The bar gives way to the figures: nothing is cut at 80 columns.
+  Options eighty = Bytes(uint64_t{568} << 20);
+  eighty.label = "synth";
+  eighty.width = 80;
+  EXPECT_THAT(Line(eighty, uint64_t{568} << 20, 65.0), EndsWith("in 1m05s"));
+  EXPECT_THAT(Line(eighty, uint64_t{284} << 20, 65.0), EndsWith("ETA 1m05s"));
   // A narrow terminal drops the bar, keeps the percentage.
   Options narrow = Bytes(100);
   narrow.width = 40;
@@ -116,10 +122,12 @@ TEST(Progress, RedrawsAtMostOncePerInterval) {
   clock.now += std::chrono::seconds(1);
   p.Set(1000);
   ASSERT_EQ(drawn.size(), 3u);
+  clock.now += std::chrono::seconds(5);  // the caller's own work after the last update
   p.Finish();
   ASSERT_EQ(drawn.size(), 4u);
   EXPECT_THAT(drawn[3], EndsWith("\n"));
   EXPECT_THAT(drawn[3], HasSubstr("100%"));
+  EXPECT_THAT(drawn[3], HasSubstr("in 1.1s"));  // the work's time, to its last update
   // Finished: nothing more, not even from the destructor.
   clock.now += std::chrono::seconds(1);
   p.Add(5);
