@@ -12,6 +12,7 @@
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
 #include "relay/bucket_bridge.h"
+#include "relay/catch_up.h"
 #include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
@@ -115,6 +116,34 @@ int RunCerts(const CertsArgs& args) {
   return kExitOk;
 }
 
+namespace {
+
+// A progress bar for each catch-up, on a terminal (relay::CatchUpProgress; called
+// on the node's loop thread, so it only redraws a line).
+std::function<void(const relay::CatchUpProgress&)> CatchUpProgressBar() {
+  struct Bar {
+    std::unique_ptr<progress::Progress> progress;
+    bool by_chain = false;
+  };
+  auto bar = std::make_shared<Bar>();
+  return [bar](const relay::CatchUpProgress& p) {
+    if (bar->progress && bar->by_chain != p.by_chain) bar->progress.reset();  // fell back
+    if (!bar->progress) {
+      progress::Options options;
+      options.label = "catch-up";
+      options.unit = progress::Unit::kItems;
+      options.item_name = p.by_chain ? "chunks of kept deltas" : "partitions";
+      bar->progress = progress::Progress::ForTerminal(std::move(options));
+      bar->by_chain = p.by_chain;
+    }
+    bar->progress->SetTotal(p.total);
+    bar->progress->Set(p.done);
+    if (p.finished) bar->progress.reset();  // Finish()
+  };
+}
+
+}  // namespace
+
 int RunAgent(const AgentArgs& args) {
   SignalWaiter signals;
   auto config = topology::LoadClusterConfig(args.config);
@@ -146,6 +175,7 @@ int RunAgent(const AgentArgs& args) {
   options.verify_key = *verify_key;
   options.apply_threads = args.threads;
   options.spool_dir = args.store / apply::kStateDirName / "spool";
+  if (args.progress) options.on_catch_up_progress = CatchUpProgressBar();
   auto agent =
       relay::NodeAgent::Start(std::move(options), std::move(*replica), std::move(*transport));
   if (!agent.ok()) return Fail(agent.status());

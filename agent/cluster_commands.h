@@ -26,6 +26,7 @@ struct AgentArgs {
   std::string node;
   std::filesystem::path store;
   size_t threads = 0;
+  bool progress = true;  // a bar on a terminal while it catches up
 };
 // Runs until SIGINT or SIGTERM.
 int RunAgent(const AgentArgs& args);

@@ -204,7 +204,10 @@ int main(int argc, char** argv) {
   ag->add_option("--node", node.node, "This node's id in the config")->required();
   ag->add_option("--store", node.store, "This node's checkpoint directory")->required();
   ag->add_option("--threads", node.threads, "Apply threads (0 = all cores)");
-  ag->callback([&] { status = agent::RunAgent(node); });
+  ag->callback([&] {
+    node.progress = !json_log;  // machines read stderr then
+    status = agent::RunAgent(node);
+  });
 
   // bucket-uplink, bucket-downlink
   agent::BucketBridgeArgs up_args, down_args;
