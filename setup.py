@@ -41,7 +41,9 @@ class BuildStatus:
         self.width = 80
         if self.tty is not None:
             try:
-                self.width = max(20, os.get_terminal_size(self.tty.fileno()).columns)
+                columns = os.get_terminal_size(self.tty.fileno()).columns
+                if columns >= 20:  # 0: a terminal that does not say
+                    self.width = columns
             except OSError:
                 pass
             self.tty.write("\n")  # below pip's "Building wheel ..." line
@@ -70,7 +72,8 @@ class BuildStatus:
         if not force and now - self.last < 0.2:
             return
         self.last = now
-        self.tty.write("\r\x1b[K" + text[: self.width - 1])
+        # A blank last column: pip's spinner backs up one column and draws there.
+        self.tty.write("\r\x1b[K" + text[: self.width - 2] + " ")
         self.tty.flush()
 
     def finish(self, text):

@@ -42,7 +42,7 @@ class BuildStatusTest(unittest.TestCase):
         drawn = tty.getvalue()
         self.assertTrue(drawn.startswith("\n"))  # below pip's own line
         self.assertIn("\r\x1b[Kdeltacast: building", drawn)
-        self.assertTrue(drawn.endswith("deltacast: built\n"))
+        self.assertTrue(drawn.endswith("deltacast: built \n"))
         # Redraws are rate-limited: three lines at once draw the first status only.
         self.assertNotIn("[3/3]", drawn)
 
