@@ -98,7 +98,7 @@ std::map<std::string, DocRow> DocumentedKeys(const std::string& doc,
   return rows;
 }
 
-TEST(ConfigReference, DocumentsEveryKeyThePasserAcceptsAndNoOther) {
+TEST(ConfigReference, DocumentsEveryKeyTheParserAcceptsAndNoOther) {
   std::set<std::string> tables;
   const auto rows = DocumentedKeys(
       ReadText(std::filesystem::path(DELTACAST_SOURCE_DIR) / "docs/config.md"), &tables);
