@@ -12,6 +12,7 @@
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
 #include "relay/bucket_bridge.h"
+#include "relay/catch_up.h"
 #include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
@@ -115,6 +116,34 @@ int RunCerts(const CertsArgs& args) {
   return kExitOk;
 }
 
+namespace {
+
+// A progress bar for each catch-up, on a terminal (relay::CatchUpProgress; called
+// on the node's loop thread, so it only redraws a line).
+std::function<void(const relay::CatchUpProgress&)> CatchUpProgressBar() {
+  struct Bar {
+    std::unique_ptr<progress::Progress> progress;
+    bool by_chain = false;
+  };
+  auto bar = std::make_shared<Bar>();
+  return [bar](const relay::CatchUpProgress& p) {
+    if (bar->progress && bar->by_chain != p.by_chain) bar->progress.reset();  // fell back
+    if (!bar->progress) {
+      progress::Options options;
+      options.label = "catch-up";
+      options.unit = progress::Unit::kItems;
+      options.item_name = p.by_chain ? "chunks of kept deltas" : "partitions";
+      bar->progress = progress::Progress::ForTerminal(std::move(options));
+      bar->by_chain = p.by_chain;
+    }
+    bar->progress->SetTotal(p.total);
+    bar->progress->Set(p.done);
+    if (p.finished) bar->progress.reset();  // Finish()
+  };
+}
+
+}  // namespace
+
 int RunAgent(const AgentArgs& args) {
   SignalWaiter signals;
   auto config = topology::LoadClusterConfig(args.config);
@@ -146,6 +175,7 @@ int RunAgent(const AgentArgs& args) {
   options.verify_key = *verify_key;
   options.apply_threads = args.threads;
   options.spool_dir = args.store / apply::kStateDirName / "spool";
+  if (args.progress) options.on_catch_up_progress = CatchUpProgressBar();
   auto agent =
       relay::NodeAgent::Start(std::move(options), std::move(*replica), std::move(*transport));
   if (!agent.ok()) return Fail(agent.status());
@@ -288,15 +318,9 @@ int RunPublish(const PublishArgs& args) {
       SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
   if (!source_options.ok()) return Fail(source_options.status());
   relay::PublishOptions& options = *source_options;
-  const bool tty = args.progress && !args.json && ::isatty(STDERR_FILENO);
-  if (tty) {
-    options.on_progress = [](const relay::PublishProgress& p) {
-      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
-                 double(p.bytes_sent) / (1 << 20));
-    };
-  }
+  const auto bar = AttachPublishProgress(args, options);
   auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(transport));
-  if (tty) fmt::print(stderr, "\n");
+  bar->Finish();
   if (!report.ok()) return Fail(report.status());
   PrintReport(*report, args.json);
   return report->committed ? kExitOk : kExitFailure;
@@ -310,15 +334,27 @@ Result<relay::PublishOptions> MakePublishOptions(const PublishArgs& args,
   if (!target.has_filename()) target = target.parent_path();
   const std::filesystem::path state =
       args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
-  ASSIGN_OR_RETURN(relay::PublishOptions options,
-                   SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas));
-  if (args.progress && !args.json && ::isatty(STDERR_FILENO)) {
-    options.on_progress = [](const relay::PublishProgress& p) {
-      fmt::print(stderr, "\r  streaming: {} chunks, {:.1f} MiB sent", p.chunks_sent,
-                 double(p.bytes_sent) / (1 << 20));
+  return SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+}
+
+std::shared_ptr<progress::Progress> AttachPublishProgress(const PublishArgs& args,
+                                                          relay::PublishOptions& options) {
+  std::shared_ptr<progress::Progress> bar =
+      progress::Progress::ForTerminal("publish", args.progress && !args.json);
+  if (bar->enabled()) {
+    // Encoding the delta here: how much of the checkpoint's change is encoded (and
+    // so streamed: the window holds the encoder to the slowest child). From
+    // producers: the bytes sent, total unknown.
+    options.on_progress = [bar](const relay::PublishProgress& p) {
+      if (p.bytes_to_encode > 0) {
+        bar->SetTotal(p.bytes_to_encode);
+        bar->Set(p.encoded_bytes);
+      } else {
+        bar->Set(p.bytes_sent);
+      }
     };
   }
-  return options;
+  return bar;
 }
 
 int ReportPublish(const relay::PublishReport& report, bool as_json, const std::string& extra_json) {

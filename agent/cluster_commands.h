@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "codec/partition_codec.h"
+#include "common/progress.h"
 #include "relay/publisher.h"
 #include "topology/cluster_config.h"
 
@@ -24,6 +26,7 @@ struct AgentArgs {
   std::string node;
   std::filesystem::path store;
   size_t threads = 0;
+  bool progress = true;  // a bar on a terminal while it catches up
 };
 // Runs until SIGINT or SIGTERM.
 int RunAgent(const AgentArgs& args);
@@ -57,6 +60,11 @@ int RunPublish(const PublishArgs& args);
 // source's options (its state beside `new_version` unless --state-dir; its signing
 // key, which fails to load with an error), and printing the report (text, or JSON
 // with `extra_json`'s keys added), whose exit status it returns.
+// Sets options.on_progress to draw a progress bar on a terminal (not with --json
+// or --no-progress); Finish the bar when the publish returns.
+std::shared_ptr<progress::Progress> AttachPublishProgress(const PublishArgs& args,
+                                                          relay::PublishOptions& options);
+
 Result<deltacast::relay::PublishOptions> MakePublishOptions(
     const PublishArgs& args, const topology::ClusterConfig& config, const std::string& token,
     const std::filesystem::path& new_version);

@@ -15,6 +15,7 @@
 #include "apply/delta_file.h"
 #include "codec/chunk.h"
 #include "common/parallel.h"
+#include "common/progress.h"
 
 namespace deltacast::agent {
 namespace {
@@ -137,9 +138,18 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   return static_cast<uint64_t>(bytes);
 }
 
-int RunSynth(const SynthOptions& options, bool json_out) {
+int RunSynth(const SynthOptions& synth_options, bool json_out) {
   const auto start = Clock::now();
+  SynthOptions options = synth_options;
+  auto bar = progress::Progress::ForTerminal("synth", !json_out);
+  if (bar->enabled()) {
+    options.on_progress = [&bar](uint64_t done, uint64_t total) {
+      bar->SetTotal(total);
+      bar->Set(done);
+    };
+  }
   auto report = Synthesize(options);
+  bar->Finish();
   if (!report.ok()) return Fail(report.status());
   const double seconds = Seconds(start);
   if (json_out) {
@@ -235,7 +245,15 @@ int RunManifest(const ManifestArgs& args) {
 
 int RunDiff(const DiffArgs& args) {
   apply::DiffOptions options{args.encoder, args.partition_bytes};
+  auto bar = progress::Progress::ForTerminal("encode", !args.json);
+  if (bar->enabled()) {
+    options.encoder.on_progress = [&bar](uint64_t done, uint64_t total) {
+      bar->SetTotal(total);
+      bar->Set(done);
+    };
+  }
   auto result = apply::DiffCheckpoints(args.base, args.target, args.out, options);
+  bar->Finish();
   if (!result.ok()) return Fail(result.status());
   const auto& s = result->stats;
   const double gbps = s.seconds > 0 ? double(s.tensor_bytes) / s.seconds / 1e9 : 0;

@@ -7,6 +7,7 @@
 #include "agent/audit_command.h"
 #include "agent/cluster_commands.h"
 #include "agent/commands.h"
+#include "agent/config_command.h"
 #include "agent/layout_commands.h"
 #include "agent/produce_commands.h"
 #include "agent/version.h"
@@ -174,6 +175,30 @@ int main(int argc, char** argv) {
     status = agent::RunPlan(plan);
   });
 
+  // config
+  agent::ConfigArgs config_args;
+  auto* co = app.add_subcommand(
+      "config",
+      "The cluster config reference: a file's effective config with defaults filled in "
+      "(--explain), or every key with its default (--defaults); docs/config.md");
+  co->add_option("--config", config_args.config, "Cluster config (TOML)");
+  auto* co_explain = co->add_flag("--explain", config_args.explain,
+                                  "Print the file's effective config (needs --config)");
+  auto* co_defaults = co->add_flag("--defaults", config_args.defaults,
+                                   "Print every table and key with its default");
+  co_explain->excludes(co_defaults);
+  co->add_flag("--json", config_args.json, "As JSON");
+  co->callback([&] {
+    if (!config_args.defaults && config_args.config.empty()) {
+      throw CLI::ValidationError("--config", "--explain needs --config FILE (or use --defaults)");
+    }
+    if (config_args.defaults && !config_args.config.empty()) {
+      throw CLI::ValidationError("--defaults", "takes no --config (use --explain --config FILE)");
+    }
+    config_args.explain = !config_args.defaults;
+    status = agent::RunConfig(config_args);
+  });
+
   // certs
   agent::CertsArgs certs;
   auto* ce = app.add_subcommand(
@@ -191,7 +216,10 @@ int main(int argc, char** argv) {
   ag->add_option("--node", node.node, "This node's id in the config")->required();
   ag->add_option("--store", node.store, "This node's checkpoint directory")->required();
   ag->add_option("--threads", node.threads, "Apply threads (0 = all cores)");
-  ag->callback([&] { status = agent::RunAgent(node); });
+  ag->callback([&] {
+    node.progress = !json_log;  // machines read stderr then
+    status = agent::RunAgent(node);
+  });
 
   // bucket-uplink, bucket-downlink
   agent::BucketBridgeArgs up_args, down_args;

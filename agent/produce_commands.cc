@@ -148,7 +148,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
                                                : relay::DefaultProducerAddress(*config);
   options.join_timeout = config->tree.connect_timeout * 3;
   options.produce_timeout = config->tree.commit_timeout;
-  const bool tty = options.publish.on_progress != nullptr;
+  const auto bar = AttachPublishProgress(args, options.publish);
   auto root =
       relay::Root::Start(std::move(options), std::move(*tree), std::move(*producer_transport));
   if (!root.ok()) return Fail(root.status());
@@ -195,7 +195,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
   auto report = (*root)->Publish(base ? &*base : nullptr);
   for (auto& t : threads) t.join();
   (*root)->Stop();
-  if (tty) fmt::print(stderr, "\n");
+  bar->Finish();
   for (size_t r = 0; r < served.size(); ++r) {
     if (!served[r].ok())
       log::Warn("local producer " + RankFileStem(r) + ": " + served[r].ToString());

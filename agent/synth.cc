@@ -835,12 +835,21 @@ Result<SynthReport> Synthesize(const SynthOptions& options) {
   ScratchPool pool;
   StepWriters writers(plan, step_dirs);
   std::future<Status> pending;  // declared after the buffers: joined before they die
+  const uint64_t bytes_per_element = 2 * static_cast<uint64_t>(steps + 1);  // BF16, every step
+  uint64_t bytes_total = 0, bytes_done = 0;
+  for (const SliceDesc& slice : plan.slices) bytes_total += slice.count * bytes_per_element;
+  if (options.on_progress) options.on_progress(0, bytes_total);
   for (size_t first = 0, w = 0; first < plan.slices.size(); first += window, ++w) {
     auto& buf = buffers[w % 2];
     const size_t count = std::min(window, plan.slices.size() - first);
     ParallelFor(count, threads, [&](size_t i) {
       ComputeSlice(plan, plan.slices[first + i], options.seed, steps, lr, pool, buf[i]);
     });
+    if (options.on_progress) {
+      for (size_t i = 0; i < count; ++i)
+        bytes_done += plan.slices[first + i].count * bytes_per_element;
+      options.on_progress(bytes_done, bytes_total);
+    }
     for (size_t i = 0; i < count; ++i) {
       for (int k = 0; k < steps; ++k) {
         SynthStepStats& total = report.step_stats[k];

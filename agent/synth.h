@@ -20,6 +20,7 @@
 #include <bit>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct SynthOptions {
   uint64_t experts = 0;
   // Also write the training job's shards for every step (synth_shards.h).
   ShardSpec shards;
+  // Called on the calling thread as the checkpoints' bytes are computed: BF16
+  // bytes of every step done so far, and in all. Optional.
+  std::function<void(uint64_t done, uint64_t total)> on_progress;
 };
 
 // Accepted ranges, checked by Synthesize before it writes anything.

@@ -118,6 +118,14 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     }
   }
 
+  uint64_t progress_total = 0, progress_done = 0;
+  if (options.on_progress) {
+    for (const PartitionRef& p : changed) {
+      progress_total += p.element_count * ElementSize(target.tensors[p.tensor].dtype);
+    }
+    options.on_progress(0, progress_total);
+  }
+
   auto encode_one = [&](size_t i, CodecScratch& scratch) {
     const PartitionRef& p = changed[i];
     const TensorInfo& info = target.tensors[p.tensor];
@@ -201,6 +209,10 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     s.records_by_encoding[static_cast<size_t>(encoded->encoding)]++;
     s.payload_bytes_by_encoding[static_cast<size_t>(encoded->encoding)] += encoded->payload.size();
     if (builder->size_bytes() >= options.chunk_bytes) status = flush();
+    if (options.on_progress) {
+      progress_done += p.element_count * ElementSize(info.dtype);
+      options.on_progress(progress_done, progress_total);
+    }
   }
   if (!status.ok()) results.Cancel();
   workers.clear();  // joins

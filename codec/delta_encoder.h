@@ -31,6 +31,10 @@ struct DeltaEncoderOptions {
   // thread: for a caller whose every step must run on its own thread in a fixed
   // order (the simulator). `threads` is then ignored.
   bool on_calling_thread = false;
+  // Called on the calling thread before the first partition and after each one is
+  // encoded: tensor bytes of the changed partitions encoded so far, and in all
+  // (unchanged partitions are skipped unread). Optional; for progress bars.
+  std::function<void(uint64_t done_bytes, uint64_t total_bytes)> on_progress;
 };
 
 struct DeltaStats {

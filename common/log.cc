@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <string>
 
+#include "common/progress.h"
+
 namespace deltacast::log {
 namespace {
 
@@ -74,14 +76,17 @@ void Write(spdlog::level::level_enum level, std::string_view raw) {
   auto& logger = Logger();
   if (!logger.should_log(level)) return;
   const std::string message = WithoutControls(raw);
-  if (g_json.load(std::memory_order_relaxed)) {
-    const auto now = std::chrono::system_clock::now().time_since_epoch();
-    logger.log(level, "{{\"ts_us\":{},\"level\":\"{}\",\"msg\":\"{}\"}}",
-               std::chrono::duration_cast<std::chrono::microseconds>(now).count(),
-               spdlog::level::to_string_view(level), JsonEscape(message));
-  } else {
-    logger.log(level, "{}", message);
-  }
+  // A progress bar on the terminal is cleared first, so the line stays whole.
+  progress::WithTerminalLine([&] {
+    if (g_json.load(std::memory_order_relaxed)) {
+      const auto now = std::chrono::system_clock::now().time_since_epoch();
+      logger.log(level, "{{\"ts_us\":{},\"level\":\"{}\",\"msg\":\"{}\"}}",
+                 std::chrono::duration_cast<std::chrono::microseconds>(now).count(),
+                 spdlog::level::to_string_view(level), JsonEscape(message));
+    } else {
+      logger.log(level, "{}", message);
+    }
+  });
 }
 
 }  // namespace

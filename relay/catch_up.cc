@@ -140,6 +140,7 @@ void CatchUp::StartLink(size_t i) {
           if (!journaled.contains(s)) c.missing.insert(s);
         }
         c.chunks_done = static_cast<uint32_t>(c.links[c.link].chunks - c.missing.size());
+        ReportProgress();
         PumpChain();
       });
 }
@@ -205,6 +206,7 @@ void CatchUp::OnLinkChunkApplied(const Status& status,
   if (!status.ok()) return FallBackToPartitions(status);
   State& c = *state_;
   ++c.chunks_done;
+  ReportProgress();
   if (end) c.end = end;
   if (c.chunks_done == c.links[c.link].chunks && c.end) FinishLink();
 }
@@ -264,6 +266,7 @@ void CatchUp::OnManifest(const PartitionData& reply) {
         if (!status.ok()) return Finish(status);
         state_->total = parts.size();
         state_->queue.assign(parts.begin(), parts.end());
+        ReportProgress();
         log::Info(fmt::format("{}: {} partitions differ from {}", node_id_, parts.size(),
                               state_->to.ShortHex()));
         if (parts.empty()) return Commit();
@@ -285,7 +288,9 @@ void CatchUp::OnPartitionBytes(const apply::CatchUpPartition& part, const Partit
   store_.WriteCatchUp(part.key, owned, part.target_hash, [this, generation](const Status& written) {
     if (generation != generation_ || !state_) return;
     if (!written.ok()) return Finish(written.WithContext("catch-up"));
-    if (++state_->written == state_->total) Commit();
+    ++state_->written;
+    ReportProgress();
+    if (state_->written == state_->total) Commit();
   });
   Pump();
 }
@@ -298,8 +303,26 @@ void CatchUp::Commit() {
   });
 }
 
+void CatchUp::ReportProgress(bool finished) const {
+  if (!progress_ || !state_) return;
+  const State& c = *state_;
+  CatchUpProgress p{c.to, c.chain_mode, 0, 0, finished};
+  if (c.chain_mode) {
+    for (size_t i = 0; i < c.links.size(); ++i) {
+      p.total += c.links[i].chunks;
+      if (i < c.link) p.done += c.links[i].chunks;
+    }
+    p.done += c.chunks_done;
+  } else {
+    p.done = c.written;
+    p.total = c.total;
+  }
+  progress_(p);
+}
+
 void CatchUp::Finish(const Status& status) {
   if (!state_) return;
+  ReportProgress(/*finished=*/true);
   const State c = std::move(*state_);
   state_.reset();
   ++generation_;

@@ -61,6 +61,15 @@ struct CatchUpState {
   std::chrono::steady_clock::time_point start;
 };
 
+// How far a catch-up has come (CatchUp::SetProgress).
+struct CatchUpProgress {
+  Digest128 to;
+  bool by_chain = false;  // applying kept deltas; else overwriting differing partitions
+  uint64_t done = 0;      // chunks applied over the whole chain, or partitions written
+  uint64_t total = 0;     // chunks of the whole chain, or partitions that differ; 0: unknown
+  bool finished = false;  // the catch-up's last report (it succeeded or failed)
+};
+
 class CatchUp {
  public:
   struct Result {
@@ -83,6 +92,11 @@ class CatchUp {
   // The source's key: chunks of kept deltas must carry its signature (null: none
   // checked). `key` must outlive this object.
   void SetVerifyKey(const VerifyKey* key) { verify_key_ = key; }
+  // Called on the loop thread as chunks or partitions land (for a progress bar);
+  // empty: none.
+  void SetProgress(std::function<void(const CatchUpProgress&)> progress) {
+    progress_ = std::move(progress);
+  }
 
   // Starts reaching `to` for refit `refit_id`.
   void Start(const Digest128& to, uint64_t refit_id, bool resolving);
@@ -112,6 +126,7 @@ class CatchUp {
   void OnPartitionBytes(const apply::CatchUpPartition& part, const PartitionData& data);
   void Commit();
   void Finish(const Status& status);
+  void ReportProgress(bool finished = false) const;
 
   const std::string node_id_;
   ParentLink& parent_;
@@ -122,6 +137,7 @@ class CatchUp {
   std::optional<State> state_;
   uint64_t generation_ = 0;  // completions of an earlier catch-up are ignored
   const VerifyKey* verify_key_ = nullptr;
+  std::function<void(const CatchUpProgress&)> progress_;
 };
 
 }  // namespace deltacast::relay

@@ -58,6 +58,7 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
   downstream_.AllowAdoption(std::move(adoptable));
   downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
   catch_up_.SetVerifyKey(options_.verify_key.get());
+  catch_up_.SetProgress(options_.on_catch_up_progress);
   options_.spool_dir = spool_dir_.path();
   journal_ = store_.journal();
   stats_.version = journal_.version;

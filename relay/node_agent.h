@@ -31,6 +31,8 @@
 
 namespace deltacast::relay {
 
+struct CatchUpProgress;
+
 struct CommitEvent {
   uint64_t refit_id = 0;
   Digest128 version;                         // now active
@@ -57,6 +59,9 @@ struct NodeAgentOptions {
   // "Durability"); the next refit starts a pending write-back at once. Tests use a
   // long delay to leave a commit's pages unflushed, as a machine crash finds them.
   std::chrono::milliseconds write_back_delay{0};
+  // How a catch-up to a version this node missed is coming along (relay/catch_up.h);
+  // on the node's loop thread, so it must not block. Optional.
+  std::function<void(const CatchUpProgress&)> on_catch_up_progress;
 };
 
 struct NodeAgentStats {

@@ -29,6 +29,10 @@ struct PublishProgress {
   uint64_t chunks_sent = 0;
   uint64_t bytes_sent = 0;
   uint64_t tensor_bytes = 0;  // the whole target, for scale
+  // When the source encodes the delta itself (not from producers): tensor bytes of
+  // the changed partitions encoded so far, and in all.
+  uint64_t encoded_bytes = 0;
+  uint64_t bytes_to_encode = 0;
 };
 
 struct PublishOptions {

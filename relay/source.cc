@@ -121,6 +121,13 @@ class Source::Impl {
     SetActive(manifest.VersionId(), manifest.Serialize());
   }
 
+  // The encoder's progress during Publish, on the calling thread.
+  void Encoded(uint64_t done, uint64_t total) {
+    progress_.encoded_bytes = done;
+    progress_.bytes_to_encode = total;
+    if (options_.on_progress) options_.on_progress(progress_);
+  }
+
  private:
   // One refit: set up by Publish, kept after it (for the children that rejoin)
   // until the next one begins.
@@ -173,6 +180,7 @@ class Source::Impl {
   SpoolDir spool_dir_;                     // released at Stop
   std::unique_ptr<DeltaHistory> history_;  // null: no deltas kept (loop thread and Publish)
   bool stopped_ = false;
+  PublishProgress progress_;  // the calling thread's, during Publish
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -271,7 +279,8 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
                         report.base_version.ShortHex(), report.target_version.ShortHex(),
                         children_.planned().size()));
 
-  PublishProgress progress;
+  progress_ = PublishProgress{};
+  PublishProgress& progress = progress_;
   progress.tensor_bytes = target_manifest.TotalBytes();
   const size_t window = static_cast<size_t>(options_.config.tree.window);
   Spool* spooled = refit_->spool.get();
@@ -778,6 +787,9 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
   encoder.threads = impl_->options().encode_threads;
   // Under the simulator every step runs on its one thread, in the order it sets.
   encoder.on_calling_thread = SimRuntime() != nullptr;
+  if (impl_->options().on_progress) {
+    encoder.on_progress = [this](uint64_t done, uint64_t total) { impl_->Encoded(done, total); };
+  }
   return impl_->PublishStream(
       base_manifest, target_manifest,
       [&](const ChunkMessageSink& sink, codec::DeltaStats* stats) {

@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include "common/file_util.h"
+#include "topology/config_keys.h"
 #include "topology/internal/config_text.h"
 #include "topology/internal/objstore_config_parse.h"
 #include "topology/internal/security_config.h"
@@ -29,19 +30,6 @@ using internal::LowerAscii;
 using internal::Quoted;
 
 constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
-
-constexpr std::string_view kTopKeys[] = {"cluster", "tree",   "region",   "node",    "transport",
-                                         "link",    "limits", "security", "objstore"};
-constexpr std::string_view kTransportKeys[] = {"ucx_provider", "ofi_provider"};
-constexpr std::string_view kLinkKeys[] = {"from", "to", "scope", "transports"};
-constexpr std::string_view kClusterKeys[] = {"name", "auth_token_env"};
-constexpr std::string_view kTreeKeys[] = {
-    "fanout",          "chunk_size",   "window",         "commit_policy",  "hop_latency",
-    "connect_timeout", "idle_timeout", "commit_timeout", "default_uplink",
-};
-constexpr std::string_view kRegionKeys[] = {"name", "wan_bandwidth", "wan_latency"};
-constexpr std::string_view kNodeKeys[] = {"id",   "host",   "port",       "region",
-                                          "role", "uplink", "transports", "parent"};
 
 int LineOf(const toml::node& node) { return static_cast<int>(node.source().begin.line); }
 
@@ -102,7 +90,7 @@ class Parser {
   Result<ClusterConfig> Parse(const toml::table& root) {
     ClusterConfig config;
     config.source_file = source_;
-    RETURN_IF_ERROR(CheckKeys(root, "the top level", kTopKeys));
+    RETURN_IF_ERROR(CheckKeys(root, "the top level", ConfigTableNames()));
 
     const toml::node* cluster = root.get("cluster");
     if (cluster == nullptr) return Error(0, "missing required table [cluster]");
@@ -314,7 +302,7 @@ class Parser {
   }
 
   Status ParseCluster(const toml::table& t, ClusterConfig& config) const {
-    RETURN_IF_ERROR(CheckKeys(t, "[cluster]", kClusterKeys));
+    RETURN_IF_ERROR(CheckKeys(t, "[cluster]", ConfigKeyNames("cluster")));
     ASSIGN_OR_RETURN(Field name, Get(t, "name", "[cluster]", true));
     ASSIGN_OR_RETURN(config.name, String(name));
     if (config.name.empty()) return Error(name.line, "[cluster] name must not be empty");
@@ -333,7 +321,7 @@ class Parser {
 
   Status ParseTree(const toml::table& t, TreeConfig& tree) const {
     constexpr std::string_view kWhere = "[tree]";
-    RETURN_IF_ERROR(CheckKeys(t, kWhere, kTreeKeys));
+    RETURN_IF_ERROR(CheckKeys(t, kWhere, ConfigKeyNames("tree")));
 
     ASSIGN_OR_RETURN(Field fanout, Get(t, "fanout", kWhere, false));
     if (fanout.node != nullptr) {
@@ -408,7 +396,7 @@ class Parser {
   Result<RegionConfig> ParseRegion(const toml::table& t) const {
     RegionConfig region;
     region.line = LineOf(t);
-    RETURN_IF_ERROR(CheckKeys(t, "[[region]]", kRegionKeys));
+    RETURN_IF_ERROR(CheckKeys(t, "[[region]]", ConfigKeyNames("region")));
     ASSIGN_OR_RETURN(Field name, Get(t, "name", "[[region]]", true));
     ASSIGN_OR_RETURN(region.name, Identifier(name, "region name"));
     const std::string where = "[[region]] " + Quoted(region.name);
@@ -422,7 +410,7 @@ class Parser {
   Result<NodeConfig> ParseNode(const toml::table& t, const TreeConfig& tree) const {
     NodeConfig node;
     node.line = LineOf(t);
-    RETURN_IF_ERROR(CheckKeys(t, "[[node]]", kNodeKeys));
+    RETURN_IF_ERROR(CheckKeys(t, "[[node]]", ConfigKeyNames("node")));
     ASSIGN_OR_RETURN(Field id, Get(t, "id", "[[node]]", true));
     ASSIGN_OR_RETURN(node.id, Identifier(id, "node id"));
     const std::string where = "[[node]] " + Quoted(node.id);
@@ -508,7 +496,7 @@ class Parser {
 
   Status ParseTransport(const toml::table& t, TransportSettings& settings) const {
     constexpr std::string_view kWhere = "[transport]";
-    RETURN_IF_ERROR(CheckKeys(t, kWhere, kTransportKeys));
+    RETURN_IF_ERROR(CheckKeys(t, kWhere, ConfigKeyNames("transport")));
     ASSIGN_OR_RETURN(Field ucx, Get(t, "ucx_provider", kWhere, false));
     if (ucx.node != nullptr) {
       ASSIGN_OR_RETURN(settings.ucx_provider, String(ucx));
@@ -524,7 +512,7 @@ class Parser {
     constexpr std::string_view kWhere = "[[link]]";
     LinkRule rule;
     rule.line = LineOf(t);
-    RETURN_IF_ERROR(CheckKeys(t, kWhere, kLinkKeys));
+    RETURN_IF_ERROR(CheckKeys(t, kWhere, ConfigKeyNames("link")));
     for (auto [key, out] : {std::pair{"from", &rule.from}, std::pair{"to", &rule.to}}) {
       ASSIGN_OR_RETURN(Field f, Get(t, key, kWhere, false));
       if (f.node != nullptr) {

@@ -2,6 +2,9 @@
 // and the relay tree's tuning. Every agent and the publisher read the same file, so
 // it is validated strictly: a typo is an error, never a silently ignored key.
 //
+// The reference of every key, type and default is docs/config.md; the keys the
+// parser accepts are listed once, in topology/config_keys.h.
+//
 // Format (TOML; configs/local-7.toml and configs/three-regions.toml are examples):
 //   [cluster]   name (required), auth_token_env (default "DELTACAST_TOKEN": the NAME of
 //               the environment variable that holds the shared token; the token itself
@@ -13,8 +16,8 @@
 //               region a node uses, other than the source's, must be declared (the
 //               planner needs its WAN figures, and it catches misspelled region names);
 //               a declared region that no node uses is an error too, for the same reason.
-//   [[node]]    id, host, port, role ("source" | "receiver") are required; region
-//               (default: the source's region), uplink (default [tree] default_uplink),
+//   [[node]]    id, host, port are required; role ("source" | "receiver", default
+//               "receiver"), region (default: the source's region), uplink (default [tree] default_uplink),
 //               transports (default ["tcp"]: the backends it listens on and prefers, in
 //               order), parent (a manual override of the planner).
 //   [transport] optional; ucx_provider (the UCX transports to use, UCX_TLS syntax, e.g.

@@ -4,17 +4,13 @@
 #include <set>
 
 #include "topology/cluster_config.h"
+#include "topology/config_keys.h"
 #include "topology/internal/objstore_config_parse.h"
 #include "topology/internal/section_parser.h"
 #include "topology/tree_plan.h"
 
 namespace deltacast::topology {
 namespace {
-
-constexpr std::string_view kObjectStoreKeys[] = {
-    "endpoint", "bucket",   "region",      "prefix", "access_key_env", "secret_key_env",
-    "bridges",  "parallel", "keep_refits", "poll",   "poll_max",       "request_timeout",
-};
 
 bool EnvName(std::string_view s) {
   if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
@@ -86,7 +82,7 @@ Status ParseObjectStore(const toml::table& root, std::string_view source, Cluste
   SectionParser p(source, "[objstore]");
   const toml::table* t = node->as_table();
   if (!t) return p.Error(*node, "must be a table");
-  RETURN_IF_ERROR(p.CheckKeys(*t, kObjectStoreKeys));
+  RETURN_IF_ERROR(p.CheckKeys(*t, ConfigKeyNames("objstore")));
   ObjectStoreConfig o;
   o.line = static_cast<int>(t->source().begin.line);
   auto string_key = [&](std::string_view key, std::string& out, bool required) -> Status {

@@ -4,6 +4,7 @@
 #include <span>
 #include <string>
 
+#include "topology/config_keys.h"
 #include "topology/internal/section_parser.h"
 #include "topology/units.h"
 
@@ -56,17 +57,9 @@ bool HopUsesTls(const ClusterConfig& config, const NodeConfig& parent, const Nod
 namespace internal {
 namespace {
 
-constexpr std::string_view kLimitsKeys[] = {
-    "handshake_timeout",           "max_pending_handshakes", "max_handshakes_per_address",
-    "max_connections_per_address", "handshake_max_message",  "receive_pool",
-    "receive_pool_idle",
-};
-constexpr std::string_view kSecurityKeys[] = {"tls", "ca",          "cert",
-                                              "key", "signing_key", "verify_key"};
-
 Status ParseLimits(const toml::table& t, std::string_view source, LimitsConfig& limits) {
   SectionParser p(source, "[limits]");
-  RETURN_IF_ERROR(p.CheckKeys(t, kLimitsKeys));
+  RETURN_IF_ERROR(p.CheckKeys(t, ConfigKeyNames("limits")));
   RETURN_IF_ERROR(p.Duration(t, "handshake_timeout", limits.handshake_timeout));
   RETURN_IF_ERROR(p.Int(t, "max_pending_handshakes", 1, 1 << 20, limits.max_pending_handshakes));
   RETURN_IF_ERROR(
@@ -89,7 +82,7 @@ Status ParseLimits(const toml::table& t, std::string_view source, LimitsConfig& 
 
 Status ParseSecurity(const toml::table& t, std::string_view source, SecurityConfig& security) {
   SectionParser p(source, "[security]");
-  RETURN_IF_ERROR(p.CheckKeys(t, kSecurityKeys));
+  RETURN_IF_ERROR(p.CheckKeys(t, ConfigKeyNames("security")));
   security.line = static_cast<int>(t.source().begin.line);
   if (const toml::node* n = t.get("tls")) {
     ASSIGN_OR_RETURN(std::string hops, p.String(*n, "tls"));

@@ -39,7 +39,22 @@ Tensors = Union[Mapping[str, Any], Sequence[Tuple[str, Any]]]
 
 
 def config(source: Union[str, os.PathLike, Mapping[str, Any]]) -> Config:
-    """A cluster config from a TOML file path or from a dict shaped like the TOML file."""
+    """A cluster config, from a TOML file's path or from a dict with the file's shape.
+
+    Every table and key, its type, default and when to change it: docs/config.md
+    (``deltacast config --explain --config FILE`` prints a file's effective values).
+    The dict holds a dict per table and a list of dicts per array of tables, values
+    written as in TOML (sizes, durations and bandwidths as strings)::
+
+        deltacast.config({
+            "cluster": {"name": "lab"},
+            "tree": {"commit_policy": "available", "connect_timeout": "20s"},
+            "node": [{"id": "trainer", "host": "10.0.0.10", "port": 7600, "role": "source"},
+                     {"id": "w1", "host": "10.0.0.11", "port": 7600}],
+        })
+
+    Raises :class:`Error` naming the key and value of the first problem (an unknown
+    key, a wrong type, a value out of range)."""
     if isinstance(source, Mapping):
         return Config.parse(_toml_dumps(source), "<dict>")
     return Config.load(os.fspath(source))
