@@ -41,8 +41,16 @@ Status CheckSameTable(const Manifest& base, const Manifest& target) {
 // One changed partition's record (nullopt: its bytes did not differ after all), and
 // whether its changes take the base manifest's hash to the target manifest's.
 struct Encoded {
+  Status read;  // not OK: the partition's bytes could not be read
   std::optional<EncodedPartition> record;
   bool leads_to_target = true;
+};
+
+// One encoder thread's buffers: the codec's, and the two versions' bytes of the
+// partition at hand when the readers copy them.
+struct WorkerScratch {
+  CodecScratch codec;
+  std::vector<std::byte> base, target;
 };
 
 // Encoded results handed from workers to the ordered emitter, at most `window` ahead.
@@ -97,6 +105,13 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
                    const std::function<ByteSpan(size_t)>& target_data,
                    const Digest128& target_layout, const DeltaEncoderOptions& options,
                    const ChunkSink& sink, DeltaStats* stats) {
+  return EncodeDelta(base, target, ReadFromSpans(base_data), ReadFromSpans(target_data),
+                     target_layout, options, sink, stats);
+}
+
+Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeReader& read_base,
+                   const RangeReader& read_target, const Digest128& target_layout,
+                   const DeltaEncoderOptions& options, const ChunkSink& sink, DeltaStats* stats) {
   RETURN_IF_ERROR(CheckSameTable(base, target));
   const auto start = std::chrono::steady_clock::now();
   const uint64_t partition_bytes = target.partition_bytes;
@@ -118,13 +133,23 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     }
   }
 
-  auto encode_one = [&](size_t i, CodecScratch& scratch) {
+  auto encode_one = [&](size_t i, WorkerScratch& buffers) {
     const PartitionRef& p = changed[i];
     const TensorInfo& info = target.tensors[p.tensor];
     const uint64_t e = ElementSize(info.dtype);
-    const ByteSpan a = base_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
-    const ByteSpan b = target_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
-    Encoded out{EncodePartition(info.dtype, a, b, options.codec, scratch)};
+    Result<ByteSpan> a =
+        read_base(p.tensor, p.element_offset * e, p.element_count * e, buffers.base);
+    Result<ByteSpan> b =
+        a.ok() ? read_target(p.tensor, p.element_offset * e, p.element_count * e, buffers.target)
+               : Result<ByteSpan>(Status::Internal("not read"));
+    if (!a.ok() || !b.ok()) {
+      const Status failed = !a.ok() ? a.status() : b.status();
+      return Encoded{failed.WithContext(std::string("reading tensor '") + info.name + "' of the " +
+                                        (!a.ok() ? "base" : "target")),
+                     std::nullopt, false};
+    }
+    CodecScratch& scratch = buffers.codec;
+    Encoded out{Status::Ok(), EncodePartition(info.dtype, *a, *b, options.codec, scratch)};
     if (out.record) {
       // The manifests name the versions the records claim to connect; the bytes read
       // must agree, or receivers would be sent to a version nobody has (a stale
@@ -144,7 +169,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
   OrderedResults results(4 * std::max<size_t>(threads, 1));
   std::atomic<size_t> next{0};
   auto encode = [&] {
-    CodecScratch scratch;
+    WorkerScratch scratch;
     for (size_t i = next++; i < changed.size(); i = next++) {
       if (!results.WaitForRoom(i)) return;
       results.Put(i, encode_one(i, scratch));
@@ -152,7 +177,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
   };
   std::vector<std::jthread> workers;
   for (size_t t = 0; t < threads; ++t) workers.emplace_back(encode);
-  CodecScratch own_scratch;  // on_calling_thread
+  WorkerScratch own_scratch;  // on_calling_thread
   // Destroyed before `workers` (which join): a sink that throws must not leave them
   // waiting for room forever.
   struct CancelOnExit {
@@ -178,6 +203,10 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     const PartitionRef& p = changed[i];
     const TensorInfo& info = target.tensors[p.tensor];
     const uint64_t index = p.element_offset / PartitionElements(info.dtype, partition_bytes);
+    if (!result.read.ok()) {
+      status = result.read;
+      break;
+    }
     if (!encoded) {
       // Hashes differ but the bytes do not: the data changed while being read.
       status = Status::FailedPrecondition("tensor '" + info.name +
