@@ -346,7 +346,7 @@ ByteSpan CheckpointDirStore::TensorData(size_t index) const {
 }
 
 Result<ByteSpan> CheckpointDirStore::ReadRange(size_t index, uint64_t offset, uint64_t length,
-                                               std::vector<std::byte>& scratch) const {
+                                               MutableByteSpan buffer) const {
   if (index >= tensors_.size()) {
     return Status::InvalidArgument("tensor index " + std::to_string(index) + " out of range (" +
                                    std::to_string(tensors_.size()) + " tensors)");
@@ -359,12 +359,15 @@ Result<ByteSpan> CheckpointDirStore::ReadRange(size_t index, uint64_t offset, ui
                                    " bytes");
   }
   if (length == 0) return ByteSpan();
-  if (scratch.size() < length) scratch.resize(length);
+  if (buffer.size() < length) {
+    return Status::InvalidArgument("a buffer of " + std::to_string(buffer.size()) +
+                                   " bytes cannot take " + std::to_string(length));
+  }
   const CheckpointTensor& t = layout_.tensors[index];
   const uint64_t start = t.file_offset + offset;
   uint64_t done = 0;
   while (done < length) {
-    const ssize_t n = ::pread(mappings_[t.file].fd(), scratch.data() + done,
+    const ssize_t n = ::pread(mappings_[t.file].fd(), buffer.data() + done,
                               static_cast<size_t>(length - done), static_cast<off_t>(start + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
@@ -379,7 +382,7 @@ Result<ByteSpan> CheckpointDirStore::ReadRange(size_t index, uint64_t offset, ui
     }
     done += static_cast<uint64_t>(n);
   }
-  return ByteSpan(scratch.data(), length);
+  return ByteSpan(buffer.data(), length);
 }
 
 Result<MutableByteSpan> CheckpointDirStore::MutableTensorData(size_t index) {

@@ -90,11 +90,11 @@ class CheckpointDirStore final : public WeightStore {
   ByteSpan TensorData(size_t index) const override;
   // kUnsupported when opened kReadOnly; kInvalidArgument for an out-of-range index.
   Result<MutableByteSpan> MutableTensorData(size_t index) override;
-  // Copies the bytes with pread into `scratch`: one pass over a file's bytes runs
+  // Copies the bytes with pread into `buffer`: one pass over a file's bytes runs
   // several times faster than through the mapping (codec/range_reader.h). Sees
   // every write made through the mapping (one page cache).
   Result<ByteSpan> ReadRange(size_t index, uint64_t offset, uint64_t length,
-                             std::vector<std::byte>& scratch) const override;
+                             MutableByteSpan buffer) const override;
   // msync(MS_SYNC) of the pages holding those bytes; blocks until they are on disk.
   // kInvalidArgument if the range is outside the tensor; nothing to do when read-only.
   Status Flush(size_t index, uint64_t offset, uint64_t length) override;

@@ -35,11 +35,14 @@ Status CheckRange(const WeightStore& store, size_t index, uint64_t offset, uint6
 }  // namespace
 
 Result<ByteSpan> WeightStore::ReadRange(size_t index, uint64_t offset, uint64_t length,
-                                        std::vector<std::byte>& scratch) const {
+                                        MutableByteSpan buffer) const {
   RETURN_IF_ERROR(CheckRange(*this, index, offset, length));
   if (PartitionAccess* access = partition_access()) {
-    if (scratch.size() < length) scratch.resize(length);
-    const MutableByteSpan out(scratch.data(), length);
+    if (buffer.size() < length) {
+      return Status::InvalidArgument("a buffer of " + std::to_string(buffer.size()) +
+                                     " bytes cannot take " + std::to_string(length));
+    }
+    const MutableByteSpan out = buffer.first(length);
     RETURN_IF_ERROR(access->ReadPartition(index, offset, out));
     return ByteSpan(out);
   }
@@ -47,8 +50,8 @@ Result<ByteSpan> WeightStore::ReadRange(size_t index, uint64_t offset, uint64_t 
 }
 
 codec::RangeReader RangeReaderOf(const WeightStore& store) {
-  return [&store](size_t index, uint64_t offset, uint64_t length, std::vector<std::byte>& scratch) {
-    return store.ReadRange(index, offset, length, scratch);
+  return [&store](size_t index, uint64_t offset, uint64_t length, MutableByteSpan buffer) {
+    return store.ReadRange(index, offset, length, buffer);
   };
 }
 

@@ -78,14 +78,15 @@ class WeightStore {
   virtual ByteSpan TensorData(size_t index) const = 0;
 
   // Bytes [offset, offset + length) of tensor `index` for a reader that goes through
-  // them once (encoding, hashing): a view of the store's memory, or a copy in
-  // `scratch` (resized as needed) where copying is faster (a checkpoint directory
-  // reads its files: codec/range_reader.h says why) or the only way (a
+  // them once (encoding, hashing): a view of the store's memory, or a copy in the
+  // first `length` bytes of `buffer` where copying is faster (a checkpoint
+  // directory reads its files: codec/range_reader.h says why) or the only way (a
   // PartitionAccess store, which reads whole partitions). The view is valid until
-  // `scratch` changes or the store goes away. kInvalidArgument outside the tensor;
-  // kIoError if a read fails. Thread-safe with a scratch per thread.
+  // `buffer` changes or the store goes away. kInvalidArgument outside the tensor or
+  // for a buffer shorter than `length`; kIoError if a read fails. Thread-safe with a
+  // buffer per thread.
   virtual Result<ByteSpan> ReadRange(size_t index, uint64_t offset, uint64_t length,
-                                     std::vector<std::byte>& scratch) const;
+                                     MutableByteSpan buffer) const;
 
   // Writable bytes of tensor `index`; Unsupported for a store opened read-only.
   virtual Result<MutableByteSpan> MutableTensorData(size_t index) = 0;

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "codec/change_detect.h"
 #include "common/parallel.h"
 
 namespace deltacast::codec {
@@ -51,7 +52,12 @@ struct Encoded {
 struct WorkerScratch {
   CodecScratch codec;
   std::vector<std::byte> base, target;
+  SparseChanges tile;  // one tile's changes
 };
+
+// Copied partitions are read and compared this much at a time: both versions' tiles
+// stay in L2 between the copy and the compare. A multiple of every element size.
+constexpr uint64_t kReadTileBytes = uint64_t{128} << 10;
 
 // Encoded results handed from workers to the ordered emitter, at most `window` ahead.
 class OrderedResults {
@@ -137,19 +143,61 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
     const PartitionRef& p = changed[i];
     const TensorInfo& info = target.tensors[p.tensor];
     const uint64_t e = ElementSize(info.dtype);
-    Result<ByteSpan> a =
-        read_base(p.tensor, p.element_offset * e, p.element_count * e, buffers.base);
-    Result<ByteSpan> b =
-        a.ok() ? read_target(p.tensor, p.element_offset * e, p.element_count * e, buffers.target)
-               : Result<ByteSpan>(Status::Internal("not read"));
-    if (!a.ok() || !b.ok()) {
-      const Status failed = !a.ok() ? a.status() : b.status();
-      return Encoded{failed.WithContext(std::string("reading tensor '") + info.name + "' of the " +
+    const uint64_t offset = p.element_offset * e, length = p.element_count * e;
+    CodecScratch& scratch = buffers.codec;
+    auto failed = [&](const Result<ByteSpan>& a, const Result<ByteSpan>& b) {
+      const Status status = !a.ok() ? a.status() : b.status();
+      return Encoded{status.WithContext(std::string("reading tensor '") + info.name + "' of the " +
                                         (!a.ok() ? "base" : "target")),
                      std::nullopt, false};
+    };
+    if (buffers.base.size() < length) buffers.base.resize(length);
+    if (buffers.target.size() < length) buffers.target.resize(length);
+    // The first tile says whether the readers copy. Copied bytes are compared tile by
+    // tile while the tile is in cache (the copy just brought it there); viewed bytes
+    // are read as they lie, in one piece.
+    const uint64_t first = std::min(kReadTileBytes, length);
+    Result<ByteSpan> a = read_base(p.tensor, offset, first, buffers.base);
+    Result<ByteSpan> b = a.ok() ? read_target(p.tensor, offset, first, buffers.target)
+                                : Result<ByteSpan>(Status::Internal("not read"));
+    if (!a.ok() || !b.ok()) return failed(a, b);
+    const bool copies = a->data() == buffers.base.data() && b->data() == buffers.target.data();
+    std::optional<EncodedPartition> record;
+    if (!copies || first == length) {
+      if (first != length) {
+        a = read_base(p.tensor, offset, length, buffers.base);
+        b = a.ok() ? read_target(p.tensor, offset, length, buffers.target)
+                   : Result<ByteSpan>(Status::Internal("not read"));
+        if (!a.ok() || !b.ok()) return failed(a, b);
+      }
+      record = EncodePartition(info.dtype, *a, *b, options.codec, scratch);
+    } else {
+      SparseChanges& changes = scratch.changes;
+      changes.clear();
+      changes.element_size = static_cast<uint32_t>(e);
+      for (uint64_t at = 0; at < length; at += kReadTileBytes) {
+        const uint64_t n = std::min(kReadTileBytes, length - at);  // whole elements
+        if (at > 0) {
+          a = read_base(p.tensor, offset + at, n, MutableByteSpan(buffers.base).subspan(at));
+          b = a.ok() ? read_target(p.tensor, offset + at, n,
+                                   MutableByteSpan(buffers.target).subspan(at))
+                     : Result<ByteSpan>(Status::Internal("not read"));
+          if (!a.ok() || !b.ok()) return failed(a, b);
+          if (a->data() != buffers.base.data() + at || b->data() != buffers.target.data() + at) {
+            return Encoded{Status::Internal("a reader that copied its first tile viewed another"),
+                           std::nullopt, false};
+          }
+        }
+        FindChanges(*a, *b, static_cast<uint32_t>(e), buffers.tile);
+        const auto from = static_cast<uint32_t>(at / e);
+        for (uint32_t position : buffers.tile.positions)
+          changes.positions.push_back(from + position);
+        changes.xors.insert(changes.xors.end(), buffers.tile.xors.begin(), buffers.tile.xors.end());
+      }
+      record = EncodeFoundChanges(info.dtype, ByteSpan(buffers.base).first(length),
+                                  ByteSpan(buffers.target).first(length), options.codec, scratch);
     }
-    CodecScratch& scratch = buffers.codec;
-    Encoded out{Status::Ok(), EncodePartition(info.dtype, *a, *b, options.codec, scratch)};
+    Encoded out{Status::Ok(), std::move(record)};
     if (out.record) {
       // The manifests name the versions the records claim to connect; the bytes read
       // must agree, or receivers would be sent to a version nobody has (a stale

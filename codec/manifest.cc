@@ -164,7 +164,9 @@ Result<Manifest> ComputeManifest(const std::vector<TensorInfo>& tensors, const R
     for (size_t i = next++; i < parts.size(); i = next++) {
       const PartitionRef& p = parts[i];
       const uint64_t e = ElementSize(tensors[p.tensor].dtype);
-      Result<ByteSpan> bytes = read(p.tensor, p.element_offset * e, p.element_count * e, scratch);
+      const uint64_t length = p.element_count * e;
+      if (scratch.size() < length) scratch.resize(length);
+      Result<ByteSpan> bytes = read(p.tensor, p.element_offset * e, length, scratch);
       if (!bytes.ok()) {
         std::lock_guard lock(mu);
         if (first_error.ok()) first_error = bytes.status();

@@ -8,7 +8,7 @@ namespace deltacast::codec {
 RangeReader ReadFromSpans(std::function<ByteSpan(size_t)> tensor_data) {
   return
       [tensor_data = std::move(tensor_data)](size_t tensor, uint64_t byte_offset, uint64_t length,
-                                             std::vector<std::byte>&) -> Result<ByteSpan> {
+                                             MutableByteSpan) -> Result<ByteSpan> {
         const ByteSpan all = tensor_data(tensor);
         if (byte_offset > all.size() || length > all.size() - byte_offset) {
           return Status::InvalidArgument("bytes [" + std::to_string(byte_offset) + ", +" +

@@ -266,7 +266,7 @@ TEST_F(CheckpointDirTest, ReadRangeReadsWhatTheMappingHolds) {
   WriteShardedCheckpoint();
   auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadWrite);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
-  std::vector<std::byte> scratch;
+  std::vector<std::byte> scratch(4096);
   for (size_t i = 0; i < (*store)->tensors().size(); ++i) {
     const ByteSpan all = (*store)->TensorData(i);
     for (uint64_t offset : {uint64_t{0}, uint64_t{3}, uint64_t(all.size())}) {
@@ -295,14 +295,16 @@ TEST_F(CheckpointDirTest, ReadRangeRefusesRangesOutsideTheTensor) {
   WriteFile("model.safetensors", {{"a", DType::kF32, {4}}});
   auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadOnly);
   ASSERT_TRUE(store.ok());
-  std::vector<std::byte> scratch;
+  std::vector<std::byte> scratch(64, std::byte{7});
   EXPECT_TRUE((*store)->ReadRange(0, 16, 0, scratch).ok());
   ExpectError((*store)->ReadRange(0, 8, 9, scratch), StatusCode::kInvalidArgument, "'a'");
   ExpectError((*store)->ReadRange(0, 17, 0, scratch), StatusCode::kInvalidArgument, "outside");
   ExpectError((*store)->ReadRange(0, 8, UINT64_MAX, scratch), StatusCode::kInvalidArgument,
               "outside");
   ExpectError((*store)->ReadRange(1, 0, 0, scratch), StatusCode::kInvalidArgument, "out of range");
-  EXPECT_TRUE(scratch.empty());  // nothing read
+  ExpectError((*store)->ReadRange(0, 0, 16, MutableByteSpan(scratch).first(15)),
+              StatusCode::kInvalidArgument, "buffer of 15 bytes");
+  EXPECT_EQ(scratch, std::vector<std::byte>(64, std::byte{7}));  // nothing read
 }
 
 // A file cut short after the store opened it: the read names the file and the tensor
@@ -314,7 +316,7 @@ TEST_F(CheckpointDirTest, ReadRangeOfAFileThatShrankFails) {
   const CheckpointTensor& b = (*store)->layout().tensors[1];
   ASSERT_EQ(b.info.name, "b");
   fs::resize_file(dir_.path() / "model.safetensors", b.file_offset + 100);
-  std::vector<std::byte> scratch;
+  std::vector<std::byte> scratch(4096);
   ExpectError((*store)->ReadRange(1, 0, 4096, scratch), StatusCode::kIoError, "'b'");
   auto a = (*store)->ReadRange(0, 0, 4096, scratch);
   ASSERT_TRUE(a.ok()) << a.status().ToString();

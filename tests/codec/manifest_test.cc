@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -57,9 +58,9 @@ TEST(ManifestTest, ComputedThroughACopyingReaderOrFailingWithIt) {
   const Manifest expected = ComputeManifest(
       tensors, [&](size_t i) { return ByteSpan(data[i]); }, 256, 1);
   RangeReader copying = [&](size_t t, uint64_t offset, uint64_t length,
-                            std::vector<std::byte>& scratch) -> Result<ByteSpan> {
-    scratch.assign(data[t].begin() + offset, data[t].begin() + offset + length);
-    return ByteSpan(scratch.data(), length);
+                            MutableByteSpan buffer) -> Result<ByteSpan> {
+    std::copy_n(data[t].begin() + offset, length, buffer.begin());
+    return ByteSpan(buffer.data(), length);
   };
   for (size_t threads : {size_t{1}, size_t{4}}) {
     auto m = ComputeManifest(tensors, copying, 256, threads);
@@ -68,9 +69,9 @@ TEST(ManifestTest, ComputedThroughACopyingReaderOrFailingWithIt) {
     EXPECT_EQ(m->VersionId(), expected.VersionId());
   }
   RangeReader failing = [&](size_t t, uint64_t offset, uint64_t length,
-                            std::vector<std::byte>& scratch) -> Result<ByteSpan> {
+                            MutableByteSpan buffer) -> Result<ByteSpan> {
     if (t == 0 && offset >= 2048) return Status::IoError("read of a: no");
-    return copying(t, offset, length, scratch);
+    return copying(t, offset, length, buffer);
   };
   auto m = ComputeManifest(tensors, failing, 256, 3);
   ASSERT_FALSE(m.ok());
