@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "agent/audit_command.h"
 #include "agent/cluster_commands.h"
 #include "agent/commands.h"
 #include "agent/layout_commands.h"
@@ -147,6 +148,17 @@ int main(int argc, char** argv) {
   v->add_option("--threads", verify.threads, "Threads (0 = all cores)");
   v->add_flag("--json", verify.json, "Report as JSON");
   v->callback([&] { status = agent::RunVerify(verify); });
+
+  // audit
+  agent::AuditArgs audit;
+  auto* au = app.add_subcommand(
+      "audit",
+      "Check a node's checkpoint directory against the version it holds active (safe beside a "
+      "running agent, between refits)");
+  au->add_option("dir", audit.dir, "The node's checkpoint directory")->required();
+  au->add_option("--threads", audit.threads, "Threads (0 = all cores)");
+  au->add_flag("--json", audit.json, "Report as JSON");
+  au->callback([&] { status = agent::RunAudit(audit); });
 
   // plan
   agent::PlanArgs plan;

@@ -161,6 +161,39 @@ void Node::Stop() {
 }
 std::string Node::listen_address() const { return impl_->agent->listen_address(); }
 
+namespace {
+
+std::vector<TensorMismatch> Mismatches(const codec::ManifestDiff& diff) {
+  std::vector<TensorMismatch> out;
+  if (diff.partition_bytes_differ) out.push_back({"", diff.Describe(0)});
+  for (const auto& t : diff.tensors) out.push_back({t.name, t.Detail()});
+  return out;
+}
+
+}  // namespace
+
+Status Node::WaitForJoin(std::chrono::milliseconds timeout) const {
+  const relay::JoinCheck::State state = impl_->agent->WaitForJoin(timeout);
+  if (state.status.code() == StatusCode::kUnavailable && !state.joined) {
+    return Status::Unavailable("not joined to its parent within " +
+                               std::to_string(timeout.count()) +
+                               " ms (the parent is not started, or unreachable)");
+  }
+  return state.status;
+}
+
+Result<VerifyReport> Node::Verify() {
+  auto check = impl_->agent->Verify();
+  if (!check.ok()) return check.status();
+  VerifyReport report;
+  report.version = check->version.ToHex();
+  report.tensors = check->tensors;
+  report.partitions = check->partitions;
+  report.mismatches = Mismatches(check->diff);
+  report.summary = check->diff.Describe();
+  return report;
+}
+
 NodeStats Node::stats() const {
   const relay::NodeAgentStats s = impl_->agent->stats();
   NodeStats out;

@@ -97,6 +97,19 @@ void Source::Stop() {
   if (impl_) impl_->source->Stop();
 }
 std::string Source::listen_address() const { return impl_->source->listen_address(); }
+Status Source::SetVersion(const std::vector<TensorView>& current) {
+  auto store = api::BorrowTensors(current);
+  if (!store.ok()) return store.status().WithContext("tensors");
+  impl_->source->Announce(
+      codec::ComputeManifest((*store)->tensors(), [&](size_t i) { return (*store)->TensorData(i); },
+                             codec::kDefaultPartitionBytes, impl_->options.encode_threads));
+  return Status::Ok();
+}
+
+std::string Source::version() const {
+  const Digest128 v = impl_->source->version();
+  return v.IsZero() ? "" : v.ToHex();
+}
 
 Result<PublishReport> Source::Publish(const std::vector<TensorView>& base,
                                       const std::vector<TensorView>& target) {

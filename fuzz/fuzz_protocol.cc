@@ -31,6 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)ParseChain(m);
   (void)ParseFetchDeltaChunk(m);
   (void)ParseDeltaChunk(m);
+  (void)ParseActiveVersion(m);
   (void)RequestIdOf(m);
   if (auto parts = SplitChunkMessage(m); parts.ok()) {
     (void)codec::PeekChunkHeader(parts->chunk);

@@ -135,22 +135,22 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
     return Refuse(*h.connection,
                   "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan");
   }
-  if (!ProofMatches(hello->proof, ChildProof(token_, h.nonce, hello->node_id, self_id_))) {
+  auto refuse_child = [&](const std::string& reason) {
     if (child->second.adopted && !child->second.connection) children_.erase(child);
-    return Refuse(*h.connection,
-                  "node '" + hello->node_id + "' failed authentication (wrong cluster token)");
+    if (events_.refused) events_.refused(hello->node_id, reason);
+    Refuse(*h.connection, reason);
+  };
+  if (!ProofMatches(hello->proof, ChildProof(token_, h.nonce, hello->node_id, self_id_))) {
+    return refuse_child("node '" + hello->node_id +
+                        "' failed authentication (wrong cluster token)");
   }
   if (Status s = CheckIdentity(*h.connection, hello->node_id); !s.ok()) {
-    if (child->second.adopted && !child->second.connection) children_.erase(child);
-    return Refuse(*h.connection, s.message());
+    return refuse_child(s.message());
   }
   if (child->second.connection) {
     return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected");
   }
-  if (Status s = CheckTransport(*hello); !s.ok()) {
-    if (child->second.adopted && !child->second.connection) children_.erase(child);
-    return Refuse(*h.connection, s.message());
-  }
+  if (Status s = CheckTransport(*hello); !s.ok()) return refuse_child(s.message());
   child->second.connection = std::move(h.connection);
   child->second.excused = false;
   child->second.serial = serial;

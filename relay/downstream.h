@@ -40,6 +40,10 @@ class Downstream {
     // Requeue what it lacks.
     std::function<void(const std::string& child, const Hello& hello)> joined;
     std::function<void(const std::string& child, const Status& why)> lost;
+    // A planned child's HELLO was refused (a wrong token proof, another node's
+    // certificate, a backend this node does not speak): why, for the reports that
+    // name the children that did not join.
+    std::function<void(const std::string& child, const std::string& reason)> refused;
     // PREPARED, FAILED, COMMITTED, ABORTED, FETCH from a child (HELLO, CREDIT and
     // HEARTBEAT are handled here). The span is valid during the call only.
     std::function<void(const std::string& child, MessageType type, ByteSpan message)> message;

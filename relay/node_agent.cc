@@ -148,6 +148,9 @@ Downstream::Events NodeAgent::Impl::DownstreamEvents() {
   Downstream::Events e;
   e.joined = [this](const std::string& child, const Hello& hello) { OnChildJoined(child, hello); };
   e.lost = [this](const std::string& child, const Status&) { OnChildLost(child); };
+  e.refused = [this](const std::string& child, const std::string& reason) {
+    child_refusals_[child] = reason;
+  };
   e.message = [this](const std::string& child, MessageType type, ByteSpan m) {
     OnChildMessage(child, type, m);
   };
@@ -159,6 +162,7 @@ ParentLink::Events NodeAgent::Impl::ParentEvents() {
   e.hello = [this] { return MakeHello(); };
   e.joined = [this] { OnParentJoined(); };
   e.lost = [this](const Status& why) { OnParentLost(why); };
+  e.refused = [this](const Status& why) { join_.Refused(parent_.current(), why); };
   e.message = [this](MessageType type, const transport::Message& m) { OnParentMessage(type, m); };
   return e;
 }
@@ -184,6 +188,7 @@ void NodeAgent::Impl::OnParentJoined() {
     std::lock_guard lock(stats_mu_);
     ++stats_.parent_joins;
   }
+  join_.Joined(parent_.current());
   if (catch_up_.active()) loop_.Post([this] { catch_up_.Pump(); });
   loop_.Post([this] { rollback_.AskAgain(); });
   loop_.Post([this] { recovery_.AskAgain(); });
@@ -211,6 +216,8 @@ void NodeAgent::Impl::OnParentMessage(MessageType type, const transport::Message
     case MessageType::kCommit:
     case MessageType::kAbort:
       return OnDecision(type, bytes);
+    case MessageType::kActiveVersion:
+      return OnParentVersion(bytes);
     case MessageType::kPartition: {
       auto p = ParsePartition(bytes);
       if (!p.ok()) return parent_.ProtocolError(p.status().message());
@@ -369,6 +376,10 @@ void NodeAgent::Stop() {
   if (impl_) impl_->Stop();
 }
 NodeAgentStats NodeAgent::stats() const { return impl_->stats(); }
+JoinCheck::State NodeAgent::WaitForJoin(std::chrono::milliseconds timeout) const {
+  return impl_->join_check().Wait(timeout);
+}
+Result<NodeStore::Check> NodeAgent::Verify() { return impl_->Verify(); }
 const std::string& NodeAgent::listen_address() const { return impl_->listen_address(); }
 
 }  // namespace deltacast::relay

@@ -23,6 +23,8 @@
 #include "apply/replica.h"
 #include "common/hash.h"
 #include "common/status.h"
+#include "relay/join_check.h"
+#include "relay/node_store.h"
 #include "relay/signing.h"
 #include "topology/cluster_config.h"
 #include "transport/transport.h"
@@ -96,6 +98,12 @@ class NodeAgent {
   void Stop();
   NodeAgentStats stats() const;
   const std::string& listen_address() const;
+  // What joining the parent found (relay/join_check.h): waits until the first
+  // version check is done or the parent refused this node, at most `timeout`.
+  JoinCheck::State WaitForJoin(std::chrono::milliseconds timeout) const;
+  // Hashes the weights now and compares them with the active version (NodeStore::
+  // Verify); blocks. Not from a callback of this agent.
+  Result<NodeStore::Check> Verify();
 
   class Impl;
 

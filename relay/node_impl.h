@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -48,6 +49,8 @@ class NodeAgent::Impl {
   void Stop();
   NodeAgentStats stats() const;
   const std::string& listen_address() const { return listen_address_; }
+  const JoinCheck& join_check() const { return join_; }
+  Result<NodeStore::Check> Verify();
 
  private:
   enum class Phase { kStreaming, kCommitting, kAborting, kDone };
@@ -114,6 +117,13 @@ class NodeAgent::Impl {
   void OnParentJoined();
   void OnParentLost(const Status& why);
   void OnParentMessage(MessageType type, const transport::Message& message);
+  // ACTIVE_VERSION: compares this node's weights with the version the parent holds.
+  void OnParentVersion(ByteSpan bytes);
+  // Tells a child that joined the version this node holds (its manifest if the
+  // child's differs).
+  void TellVersion(const std::string& child, const Hello& hello);
+  // Why `child` is not here, for a FAILED: the refusal of its last HELLO, if any.
+  std::string AbsenceOf(const std::string& child) const;
   void OnChildLost(const std::string& child);
   void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes);
   void OnChildFetch(const std::string& child, ByteSpan bytes);
@@ -178,6 +188,8 @@ class NodeAgent::Impl {
   std::optional<std::pair<MessageType, std::vector<std::byte>>> deferred_decision_;
   NodeStore::Journal journal_;  // the replica's journal, mirrored
   Claimed claimed_;
+  JoinCheck join_;                                     // what joining the parent found
+  std::map<std::string, std::string> child_refusals_;  // the last refused HELLO of each child
   std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
   Clock::time_point next_heartbeat_ = Clock::now();
   uint64_t held_bytes_ = 0;

@@ -78,10 +78,10 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // seeds 117639, 117642).
       log::Warn(fmt::format("{}: refit {}: cannot take part, the catch-up to its base failed",
                             options_.node_id, begin->refit_id));
-      parent_.Send(EncodeFailed(Failed{begin->refit_id, options_.node_id,
-                                       "could not catch up to the refit's base " +
-                                           begin->base_version.ShortHex() + ": " +
-                                           catch_up_failure_.ToString()}));
+      parent_.Send(EncodeFailed(
+          Failed{begin->refit_id, options_.node_id,
+                 "could not catch up to the refit's base " + begin->base_version.ShortHex() + ": " +
+                     catch_up_failure_.ToString() + join_.NoteFor(begin->base_version)}));
       return;
     }
     // The store is being brought back to its committed version first.
@@ -324,7 +324,11 @@ void NodeAgent::Impl::LocalFailure(uint64_t id, const Status& status, FailureKin
   refit_->local_error = status;
   log::Error(fmt::format("{}: refit {} cannot reach the target: {}", options_.node_id, id,
                          status.ToString()));
-  SendFailed(Failed{id, options_.node_id, status.ToString(), kind});
+  // A base this node does not hold: what joining found says which weights differ.
+  const std::string note = status.code() == StatusCode::kVersionMismatch
+                               ? join_.NoteFor(refit_->identity.base_version)
+                               : "";
+  SendFailed(Failed{id, options_.node_id, status.ToString() + note, kind});
 }
 
 void NodeAgent::Impl::SendFailed(const Failed& failed) {
@@ -411,8 +415,9 @@ void NodeAgent::Impl::TimeAbsentChildren(Clock::time_point now) {
       MaybePrepared();
       continue;
     }
-    SendFailed(
-        Failed{r.id, child, "child '" + child + "' has been away longer than the connect timeout"});
+    SendFailed(Failed{
+        r.id, child,
+        "child '" + child + "' has been away longer than the connect timeout" + AbsenceOf(child)});
   }
 }
 
@@ -423,6 +428,8 @@ void NodeAgent::Impl::TimeAbsentChildren(Clock::time_point now) {
 void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello) {
   const bool adopted = downstream_.IsAdopted(child);
   children_.Joined(child, adopted, Clock::now());
+  child_refusals_.erase(child);
+  TellVersion(child, hello);
   if (adopted) {
     log::Info(fmt::format("{}: adopted {}, whose parent is unreachable", options_.node_id, child));
   }

@@ -42,6 +42,7 @@
 #include "apply/replica.h"
 #include "codec/chunk.h"
 #include "codec/manifest.h"
+#include "codec/manifest_diff.h"
 #include "common/parallel.h"
 #include "relay/event_loop.h"
 #include "relay/protocol.h"
@@ -212,6 +213,26 @@ class NodeStore {
                     PartitionHash hash, Done done);
   void CommitCatchUp(Done done);
   void DropCatchUp();
+
+  // ---- checks (node_store_checks.cc) ---------------------------------------
+  // What the store's active version is checked as, and how it differs.
+  struct Check {
+    Digest128 version;  // the active version
+    uint64_t tensors = 0;
+    uint64_t partitions = 0;
+    codec::ManifestDiff diff;
+  };
+  // The active version and its serialized manifest; no manifest (null) while a
+  // delta or catch-up is in flight (the bytes are then a mix of versions).
+  void ActiveManifest(
+      std::function<void(Digest128, std::shared_ptr<const std::vector<std::byte>>)> done);
+  // How the active version's manifest (hashed when the node opened or last
+  // committed) differs from `reference`, a parent's: what a node that joins reports.
+  void CompareWith(codec::Manifest reference, std::function<void(Result<Check>)> done);
+  // Hashes every partition now and compares with the active version's manifest:
+  // the audit of what landed (Node::Verify). kFailedPrecondition while a delta or
+  // catch-up is in flight.
+  void Verify(std::function<void(Result<Check>)> done);
 
   // ---- reads for children ------------------------------------------------
   // The bytes of a partition if the store holds them at the wanted hash.

@@ -125,6 +125,10 @@ void ParentLink::OnConnected(Result<std::unique_ptr<transport::Connection>> resu
           last_connect_error_.find("PERMISSION_DENIED") != std::string::npos) {
         log::Error(fmt::format("{}: cannot join parent {}: {}", self_.id, current_,
                                result.status().ToString()));
+        if (events_.refused) {
+          events_.refused(Status::PermissionDenied("cannot join parent '" + current_ +
+                                                   "': " + result.status().message()));
+        }
       }
     }
     if (!lost_at_) lost_at_ = Clock::now();  // unreachable since now
@@ -144,6 +148,7 @@ void ParentLink::OnConnected(Result<std::unique_ptr<transport::Connection>> resu
   if (Status s = CheckParentIdentity(); !s.ok()) {
     log::Error(fmt::format("{}: refusing {} as parent: {}", self_.id, address_, s.message()));
     backoff_ = std::chrono::milliseconds(2000);
+    if (events_.refused) events_.refused(s.WithContext("refusing parent '" + current_ + "'"));
     return Drop(s);
   }
   link_->Start(
@@ -255,8 +260,11 @@ void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {
             "does not prove the cluster token); refusing it",
             self_.id, address_, current_));
         backoff_ = std::chrono::milliseconds(2000);
-        return RefuseAndClose("wrong token proof",
-                              Status::PermissionDenied("parent failed authentication"));
+        const Status why = Status::PermissionDenied(
+            "the node at " + address_ + " answering as parent '" + current_ +
+            "' failed authentication (its WELCOME does not prove the cluster token)");
+        if (events_.refused) events_.refused(why);
+        return RefuseAndClose("wrong token proof", why);
       }
       link_->Authenticated();
       joined_ = true;
@@ -269,10 +277,13 @@ void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {
     }
     case MessageType::kRefuse: {
       auto r = ParseRefuse(bytes);
-      log::Error(fmt::format("{}: parent {} refused us: {}", self_.id, current_,
-                             log::Escape(r.ok() ? r->reason : r.status().message())));
+      const std::string reason = log::Escape(r.ok() ? r->reason : r.status().message());
+      log::Error(fmt::format("{}: parent {} refused us: {}", self_.id, current_, reason));
       backoff_ = std::chrono::milliseconds(2000);
-      return Drop(Status::Unavailable("refused"));
+      const Status why =
+          Status::PermissionDenied("parent '" + current_ + "' refused this node: " + reason);
+      if (events_.refused) events_.refused(why);
+      return Drop(why);
     }
     case MessageType::kHeartbeat:
       return;

@@ -49,6 +49,10 @@ class ParentLink {
     // The link dropped (closed, refused, idle, a protocol error): the node
     // reconnects by itself.
     std::function<void(const Status& why)> lost;
+    // Refused at the door (before `lost`, if a link was up): the parent refused this
+    // node (REFUSE: a wrong token, another node's certificate), or this node refused
+    // the parent (it could not prove the token; a TLS identity that is not its).
+    std::function<void(const Status& why)> refused;
     // Any message after the handshake but HEARTBEAT; valid during the call.
     std::function<void(MessageType type, const transport::Message& message)> message;
   };

@@ -82,6 +82,8 @@ std::string_view MessageTypeName(MessageType type) {
       return "PIECES";
     case MessageType::kProduceEnd:
       return "PRODUCE_END";
+    case MessageType::kActiveVersion:
+      return "ACTIVE_VERSION";
   }
   return "UNKNOWN";
 }
@@ -366,6 +368,16 @@ std::vector<std::byte> EncodeDeltaChunk(uint64_t request_id, bool found, ByteSpa
   return EncodeFound(MessageType::kDeltaChunk, request_id, found, chunk_message);
 }
 
+std::vector<std::byte> EncodeActiveVersion(const Digest128& version, ByteSpan manifest) {
+  auto out = Header(MessageType::kActiveVersion);
+  ByteWriter w(out);
+  PutDigest(w, version);
+  w.Put<uint8_t>(manifest.empty() ? 0 : 1);
+  w.Put<uint64_t>(manifest.size());
+  w.PutBytes(manifest);
+  return out;
+}
+
 std::vector<std::byte> EncodeFetchChain(const FetchChain& m) {
   auto out = Header(MessageType::kFetchChain);
   ByteWriter w(out);
@@ -449,6 +461,25 @@ Result<PartitionData> ParseManifest(ByteSpan message) {
 
 Result<PartitionData> ParseDeltaChunk(ByteSpan message) {
   return ParseFound(message, MessageType::kDeltaChunk);
+}
+
+Result<ActiveVersion> ParseActiveVersion(ByteSpan message) {
+  return ParseBody<ActiveVersion>(
+      message, MessageType::kActiveVersion, [&](BodyReader& r, ActiveVersion& m) {
+        uint8_t has = 0;
+        uint64_t length = 0;
+        r.GetDigest(m.version);
+        r.Get(has);
+        r.Get(length);
+        if (has > 1 || (has == 1) != (length > 0)) {
+          return Status::Corrupt("ACTIVE_VERSION manifest flag does not match its length");
+        }
+        m.has_manifest = has == 1;
+        if (!r.GetSpan(length, m.manifest)) {
+          return Status::Corrupt("ACTIVE_VERSION manifest runs past the message");
+        }
+        return Status::Ok();
+      });
 }
 
 Result<FetchChain> ParseFetchChain(ByteSpan message) {

@@ -18,14 +18,16 @@
 namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
-// 5: PREPARED reports where each node's time went (receive, check, write, CPU, waiting
+// 6: PREPARED reports where each node's time went (receive, check, write, CPU, waiting
 // for a CPU, waiting for the disk).
+// 5: a parent tells a child that joined the version it holds (ACTIVE_VERSION), with
+// its manifest when the child's HELLO named another, so the child names what differs.
 // 4: FAILED says why (a node that cannot take part, or a delta that cannot reach its
 // target); producers prove their base (PRODUCED) and send their layout (COVERAGE).
 // 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
 // parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 5;
+inline constexpr uint8_t kProtocolVersion = 6;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
@@ -59,16 +61,17 @@ enum class MessageType : uint8_t {
   kDeltaChunk = 22,       // down: the answer to a FETCH_DELTA_CHUNK (a CHUNK message)
   // Between the root and its producers (relay/producer_protocol.h; docs/protocol.md,
   // "Producers"). Producers join with the same CHALLENGE / HELLO / WELCOME.
-  kProduce = 23,     // root -> producer: a refit begins; report your share
-  kCoverage = 24,    // producer -> root: the partitions I cover (and my base pieces)
-  kBaseHashes = 25,  // root -> producer: base hashes of the partitions you cover whole
-  kProduced = 26,    // producer -> root: my share is encoded; my mask contributions
-  kPull = 27,        // root -> producer: room for this many more of your messages
-  kShardChunk = 28,  // producer -> root: a data chunk of whole-partition records
-  kPieces = 29,      // producer -> root: pieces of partitions others cover too
-  kProduceEnd = 30,  // root -> producer: the refit is over (committed or not)
+  kProduce = 23,        // root -> producer: a refit begins; report your share
+  kCoverage = 24,       // producer -> root: the partitions I cover (and my base pieces)
+  kBaseHashes = 25,     // root -> producer: base hashes of the partitions you cover whole
+  kProduced = 26,       // producer -> root: my share is encoded; my mask contributions
+  kPull = 27,           // root -> producer: room for this many more of your messages
+  kShardChunk = 28,     // producer -> root: a data chunk of whole-partition records
+  kPieces = 29,         // producer -> root: pieces of partitions others cover too
+  kProduceEnd = 30,     // root -> producer: the refit is over (committed or not)
+  kActiveVersion = 31,  // parent -> child after WELCOME: the version I hold (and its manifest)
 };
-inline constexpr uint8_t kMaxMessageType = 30;
+inline constexpr uint8_t kMaxMessageType = 31;
 inline constexpr size_t kMaxChainLinks = 64;
 inline constexpr uint32_t kMaxAppliedInHello = 1u << 20;
 // A HELLO lists applied chunks as runs (first, count), at most this many: it is
@@ -210,6 +213,14 @@ struct FetchDeltaChunk {
   Digest128 target;
   uint32_t sequence = 0;
 };
+// What a parent holds, told a child right after WELCOME. The child compares it with
+// its own weights and reports what differs (Node::WaitForJoin); nothing is ever
+// written from it.
+struct ActiveVersion {
+  Digest128 version;  // all zero: the parent does not know the cluster's version yet
+  bool has_manifest = false;
+  ByteSpan manifest;  // the serialized codec::Manifest of `version`; view into the message
+};
 struct Outcome {  // COMMITTED and ABORTED
   uint64_t refit_id = 0;
   uint32_t nodes = 0;  // nodes of the sender's subtree that completed the decision
@@ -240,6 +251,8 @@ std::vector<std::byte> EncodeChain(const Chain& m);
 std::vector<std::byte> EncodeFetchDeltaChunk(const FetchDeltaChunk& m);
 // A DELTA_CHUNK: a whole CHUNK message (header included), or found = false.
 std::vector<std::byte> EncodeDeltaChunk(uint64_t request_id, bool found, ByteSpan chunk_message);
+// An ACTIVE_VERSION; `manifest` empty: without one.
+std::vector<std::byte> EncodeActiveVersion(const Digest128& version, ByteSpan manifest);
 // Every request routed up the tree (FETCH_MANIFEST, FETCH_CHAIN, FETCH_DELTA_CHUNK)
 // and its answer carry the request id as the first 8 body bytes: a relay renumbers
 // them in place.
@@ -283,6 +296,7 @@ Result<FetchChain> ParseFetchChain(ByteSpan message);
 Result<Chain> ParseChain(ByteSpan message);
 Result<FetchDeltaChunk> ParseFetchDeltaChunk(ByteSpan message);
 Result<PartitionData> ParseDeltaChunk(ByteSpan message);  // same shape as PARTITION
+Result<ActiveVersion> ParseActiveVersion(ByteSpan message);
 
 // The handshake's proofs (docs/protocol.md, "Handshake"), both HMAC-SHA256 under
 // the cluster token, each with its own label so one can never stand in for the

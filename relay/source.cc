@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -68,6 +69,11 @@ class Source::Impl {
     if (!options_.history_dir.empty() && options_.keep_deltas > 0) {
       history_ = std::make_unique<DeltaHistory>(options_.history_dir, options_.keep_deltas);
     }
+    // The cluster's version until the first Publish says it: the last commit logged.
+    for (const LoggedDecision& d : ReadDecisions(options_.decision_log)) {
+      if (!d.commit) continue;
+      if (auto v = Digest128::FromHex(d.target)) active_version_ = *v;
+    }
     loop_.Start();
   }
   ~Impl() { Stop(); }
@@ -106,6 +112,14 @@ class Source::Impl {
 
   const std::string& listen_address() const { return listen_address_; }
   const PublishOptions& options() const { return options_; }
+  Digest128 version() {
+    std::lock_guard lock(mu_);
+    return active_version_;
+  }
+  void Announce(const codec::Manifest& manifest) {
+    std::lock_guard lock(mu_);
+    SetActive(manifest.VersionId(), manifest.Serialize());
+  }
 
  private:
   // One refit: set up by Publish, kept after it (for the children that rejoin)
@@ -129,6 +143,14 @@ class Source::Impl {
     std::vector<std::pair<Digest128, std::vector<std::byte>>> manifests;
   };
 
+  // Caller holds mu_: the cluster holds `version` now; the children are told.
+  void SetActive(const Digest128& version, std::vector<std::byte> manifest) {
+    active_version_ = version;
+    active_manifest_ = std::make_shared<const std::vector<std::byte>>(std::move(manifest));
+    loop_.Post([this, m = transport::MakeMessage(EncodeActiveVersion(version, *active_manifest_))] {
+      downstream_.Broadcast(m);
+    });
+  }
   Status WaitForChildren(std::unique_lock<std::mutex>& lock);
   void Fail(const std::string& why);  // caller holds mu_
   void Tick();
@@ -156,6 +178,12 @@ class Source::Impl {
   std::condition_variable cv_;
   RefitChildren children_;      // guarded by mu_
   std::optional<Refit> refit_;  // guarded by mu_: the current or last refit
+  // The version the cluster holds (zero: not known yet) and its manifest (null:
+  // not known), told to each child that joins (ACTIVE_VERSION); guarded by mu_.
+  Digest128 active_version_;
+  std::shared_ptr<const std::vector<std::byte>> active_manifest_;
+  // Why each planned child's last HELLO was refused; guarded by mu_.
+  std::map<std::string, std::string> refusals_;
   Clock::time_point next_heartbeat_ = Clock::now();
 
   EventLoop loop_;
@@ -167,6 +195,10 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
                                                   const DeltaStream& stream,
                                                   const apply::WeightStore* base,
                                                   const apply::WeightStore* target) {
+  if (stopped_) {
+    return Status::FailedPrecondition(
+        "the source is stopped: nothing was sent (start a new Source to publish)");
+  }
   PublishReport report;
   report.base_version = base_manifest.VersionId();
   report.target_version = target_manifest.VersionId();
@@ -212,6 +244,11 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     refit_->target = target;
     refit_->manifests = {{base_manifest.VersionId(), base_manifest.Serialize()},
                          {target_manifest.VersionId(), target_manifest.Serialize()}};
+    if (active_version_ != report.base_version || !active_manifest_) {
+      // Children that joined before the version was known here learn it now, ahead
+      // of BEGIN, and say what differs.
+      SetActive(report.base_version, refit_->manifests.front().second);
+    }
     children_.BeginRefit(Clock::now());
     Status joined = WaitForChildren(lock);
     if (!joined.ok()) {
@@ -345,6 +382,11 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
             [&] { return children_.AwaitingConfirmation() == 0; });
     report.nodes_decided = children_.confirmed_nodes();
     children_.EndRefit();
+    if (commit) {
+      active_version_ = report.target_version;
+      active_manifest_ =
+          std::make_shared<const std::vector<std::byte>>(refit_->manifests.back().second);
+    }
     // The caller's stores need not outlive this call.
     refit_->base = refit_->target = nullptr;
     refit_->manifests.clear();
@@ -360,7 +402,12 @@ Status Source::Impl::WaitForChildren(std::unique_lock<std::mutex>& lock) {
                            [&] { return children_.AllPlannedConnected(); });
   if (all) return Status::Ok();
   std::string missing;
-  for (const auto& c : children_.AbsentPlanned()) missing += (missing.empty() ? "" : ", ") + c;
+  for (const auto& c : children_.AbsentPlanned()) {
+    auto refused = refusals_.find(c);
+    missing += (missing.empty() ? "" : ", ") + c +
+               (refused != refusals_.end() ? " (refused: " + refused->second + ")"
+                                           : " (never connected: not started, or unreachable)");
+  }
   if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
       children_.AnyConnected()) {
     log::Warn("children did not join; the refit goes on without them (commit policy available): " +
@@ -429,7 +476,11 @@ void Source::Impl::Tick() {
   for (const auto& child :
        children_.AwayLongerThan(Clock::now(), options_.config.tree.connect_timeout)) {
     if (options_.config.tree.commit_policy != topology::CommitPolicy::kAvailable) {
-      return Fail("child '" + child + "' has been away longer than the connect timeout");
+      auto refused = refusals_.find(child);
+      return Fail("child '" + child + "' has been away longer than the connect timeout" +
+                  (refused != refusals_.end()
+                       ? " (its last attempt was refused: " + refused->second + ")"
+                       : ""));
     }
     log::Warn(fmt::format(
         "child {} is away; the refit goes on without it (commit policy available)", child));
@@ -451,6 +502,10 @@ Downstream::Events Source::Impl::Events() {
   e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
     OnMessage(child, type, bytes);
   };
+  e.refused = [this](const std::string& child, const std::string& reason) {
+    std::lock_guard lock(mu_);
+    refusals_[child] = reason;
+  };
   return e;
 }
 
@@ -458,6 +513,7 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
   const bool adopted = downstream_.IsAdopted(child);
   std::optional<transport::Message> resolution;
   std::optional<std::vector<Downstream::Outgoing>> backlog;
+  transport::Message told;
   {
     std::lock_guard lock(mu_);
     if (adopted) log::Info("adopted " + child + ", whose parent is unreachable");
@@ -466,10 +522,15 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
                              (!refit_ || hello.inflight_target != refit_->begin.target_version);
     if (other_delta) resolution = Resolution(child, hello.inflight_target);
     if (refit_ && refit_->begun) backlog = Backlog(child, hello);
+    refusals_.erase(child);
+    const bool same = hello.active_version == active_version_;
+    told = transport::MakeMessage(EncodeActiveVersion(
+        active_version_, !same && active_manifest_ ? ByteSpan(*active_manifest_) : ByteSpan()));
     cv_.notify_all();
   }
   // Outside mu_: Downstream may complete queued chunks here, and their callbacks
   // take mu_.
+  downstream_.SendTo(child, told);
   if (resolution) downstream_.SendTo(child, *resolution);
   if (backlog) downstream_.Requeue(child, std::move(*backlog));
 }
@@ -727,6 +788,9 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
       },
       &base, &target);
 }
+
+Digest128 Source::version() const { return impl_->version(); }
+void Source::Announce(const codec::Manifest& manifest) { impl_->Announce(manifest); }
 
 Result<PublishReport> Source::PublishStream(const codec::Manifest& base_manifest,
                                             const codec::Manifest& target_manifest,

@@ -66,7 +66,16 @@ class Source {
                                       const apply::WeightStore* base = nullptr,
                                       const apply::WeightStore* target = nullptr);
 
+  // The version the cluster holds as this source knows it: the base of the refit
+  // in progress, else the last committed target (from the decision log after a
+  // restart); zero before anything says it. Each child that joins is told it.
+  Digest128 version() const;
+  // Says the cluster holds `manifest`'s version now (before the first Publish):
+  // children that join are checked against it, and those joined are told.
+  void Announce(const codec::Manifest& manifest);
+
   // Closes every link; the last committed delta joins the kept history. Idempotent.
+  // A Publish after Stop fails at once (kFailedPrecondition).
   void Stop();
   const std::string& listen_address() const;
 

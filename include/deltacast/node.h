@@ -10,6 +10,7 @@
 // when it is called; keep it short.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -49,6 +50,25 @@ struct NodeStats {
   uint64_t partitions_caught_up = 0;
   uint64_t deltas_caught_up = 0;
   std::string version;  // active, hex
+};
+
+// One tensor whose bytes or description differ from a version (Node::Verify,
+// Node::WaitForJoin).
+struct TensorMismatch {
+  std::string tensor;
+  // "bits differ in partitions 3..5, 9 (4 of 12)", "dtype F16, expected BF16",
+  // "shape [8, 4], expected [4, 8]", "missing", "not in the reference (...)".
+  std::string what;
+};
+
+// Node::Verify: the weights hashed now against the version the node holds active.
+struct VerifyReport {
+  std::string version;  // active, hex
+  uint64_t tensors = 0;
+  uint64_t partitions = 0;
+  std::vector<TensorMismatch> mismatches;  // empty: every partition is the version's
+  bool ok() const { return mismatches.empty(); }
+  std::string summary;  // one line: "no difference", or the first mismatches
 };
 
 // One GPU of an inference engine: its parameters as the engine holds them (the
@@ -124,6 +144,25 @@ class Node {
 
   void Stop();  // closes every link, joins the node's threads; idempotent
   NodeStats stats() const;
+
+  // What joining the parent found, once the parent said the version it holds (or
+  // it refused this node), waiting at most `timeout`:
+  //   Ok: joined, and the weights are the cluster's version (or the parent does
+  //     not know one yet: a source before its first publish; checked then);
+  //   kFailedPrecondition: the weights are another version; the message names the
+  //     tensors that differ (name, dtype, shape, or the partitions whose bits
+  //     differ). Weights of an earlier version of this cluster still catch up at
+  //     the next refit; any others make that refit fail;
+  //   kPermissionDenied: refused at the door (a wrong cluster token, another
+  //     node's certificate, a parent that could not prove the token);
+  //   kUnavailable: not joined within `timeout` (the parent is down or unreachable).
+  // Call it after Start to catch a wrong token or wrong weights before any publish.
+  Status WaitForJoin(std::chrono::milliseconds timeout) const;
+  // Hashes every partition of the weights now (host, checkpoint or GPU memory) and
+  // compares them with the version the node holds active: the audit of what landed.
+  // Blocks for a full read of the weights; between refits (kFailedPrecondition while
+  // a delta is in flight).
+  Result<VerifyReport> Verify();
   std::string listen_address() const;
 
   struct Impl;

@@ -73,17 +73,36 @@ class Source {
 
   // Publishes `target` as the next version; the receivers hold `base`. Both must
   // list the same tensors (names, dtypes, shapes); the bytes are only read, and
-  // need to live only until the call returns. Fails without a report (kInvalidArgument)
-  // on mismatched tensors, or if the receivers do not join within the connect timeout;
-  // otherwise the report says whether the version committed.
+  // need to live only until the call returns.
+  //
+  // How a publish reports failure, in C++ and Python alike: an error (a Status
+  // here; an exception in Python) means the refit never began, nothing was sent
+  // and every node keeps its version: mismatched tensors (kInvalidArgument), a
+  // stopped source (kFailedPrecondition), receivers that did not join within the
+  // connect timeout (kUnavailable; the message names each one and why: refused at
+  // the door and the reason, or never connected). A report means a refit ran:
+  // `committed` says whether the version is now active everywhere, and
+  // `abort_reason` why not (a node whose weights differ from `base` names the
+  // tensors).
   Result<PublishReport> Publish(const std::vector<TensorView>& base,
                                 const std::vector<TensorView>& target);
   // The same for two safetensors checkpoint directories laid out alike.
   Result<PublishReport> PublishCheckpoints(const std::filesystem::path& base_dir,
                                            const std::filesystem::path& new_dir);
 
-  void Stop();  // idempotent
+  void Stop();  // idempotent; a Publish after it fails at once
   std::string listen_address() const;
+  // The version the cluster holds as this source knows it (hex): the last
+  // committed target, or the base of the publish in progress; after a restart with
+  // the same state_dir, the last one its decision log committed; "" before any.
+  // Each node that joins is told it and checks its weights against it
+  // (Node::WaitForJoin).
+  std::string version() const;
+  // Says which weights the cluster holds now, before the first publish (hashed
+  // here; the bytes need to live only during the call): nodes that join are
+  // checked against them at once instead of at the first publish. The Python
+  // Source does it with the tensors it starts with.
+  Status SetVersion(const std::vector<TensorView>& current);
 
   struct Impl;
 

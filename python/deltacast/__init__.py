@@ -20,6 +20,8 @@ from ._deltacast import (  # noqa: F401
     NodeStats,
     ProduceReport,
     PublishReport,
+    TensorMismatch,
+    VerifyReport,
     _Node,
     _Producer,
     _Root,
@@ -30,7 +32,8 @@ from ._deltacast import (  # noqa: F401
 from ._toml import dumps as _toml_dumps
 
 __all__ = ["Config", "Error", "Node", "NodeReport", "NodeStats", "ProduceReport", "Producer",
-           "PublishReport", "Root", "Source", "config", "engine_layouts", "set_log_level"]
+           "PublishReport", "Root", "Source", "TensorMismatch", "VerifyReport", "config",
+           "engine_layouts", "set_log_level"]
 
 Tensors = Union[Mapping[str, Any], Sequence[Tuple[str, Any]]]
 
@@ -92,8 +95,14 @@ class Source:
     def publish(self) -> PublishReport:
         """Publishes the tensors' current bytes as the next version; blocks until it
         committed or aborted everywhere (the GIL is released meanwhile). Do not change
-        the tensors until it returns. Raises :class:`Error` if it could not run
-        (receivers missing, tensors that are not the model's)."""
+        the tensors until it returns.
+
+        Raises :class:`Error` when the refit never began (nothing was sent, every node
+        keeps its version): a stopped Source, receivers that did not join (each named,
+        with why: refused at the door and the reason, or never connected), tensors
+        that are not the model's. Otherwise returns the report of the refit that ran:
+        ``committed`` says whether the version is active everywhere, ``abort_reason``
+        why not (a node whose weights differ names the tensors)."""
         return self._source.publish()
 
     def publish_async(self) -> "concurrent.futures.Future[PublishReport]":
@@ -110,6 +119,13 @@ class Source:
     @property
     def address(self) -> str:
         return self._source.address
+
+    @property
+    def version(self) -> str:
+        """The version the cluster holds (hex): the tensors the Source started with,
+        then each committed publish. Each node that joins checks its weights
+        against it (:meth:`Node.wait_for_join`)."""
+        return self._source.version
 
     def stop(self) -> None:
         if self._pool is not None:
@@ -230,6 +246,22 @@ class Node:
 
     def stats(self) -> NodeStats:
         return self._node.stats()
+
+    def wait_for_join(self, timeout: float = 10.0) -> None:
+        """Waits until the node joined its parent and compared its weights with the
+        version the parent holds (at most ``timeout`` seconds). Raises :class:`Error`
+        naming the problem: weights that are another version (each tensor that
+        differs: name, dtype, shape, or the partitions whose bits differ), a refusal
+        at the door (a wrong cluster token, another node's certificate), or no
+        parent within the timeout. Weights of an earlier version of this cluster
+        still catch up at the next refit."""
+        self._node.wait_for_join(timeout)
+
+    def verify(self) -> "VerifyReport":
+        """Hashes the weights now (host, checkpoint or GPU memory) and compares them
+        with the active version: ``report.ok``, ``report.mismatches`` (tensor, what).
+        Blocks for a full read; between refits."""
+        return self._node.verify()
 
     @property
     def version(self) -> str:

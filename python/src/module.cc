@@ -36,6 +36,11 @@ class PySource {
     {
       py::gil_scoped_release released;
       source = Source::Start(config, std::move(options));
+      // Nodes that join are checked against the version it starts with.
+      if (source.ok()) {
+        Status announced = (*source)->SetVersion(held_);
+        if (!announced.ok()) source = announced;
+      }
     }
     source_ = Take(std::move(source));
   }
@@ -76,6 +81,7 @@ class PySource {
     if (source_) source_->Stop();
   }
   std::string address() const { return source_->listen_address(); }
+  std::string version() const { return source_->version(); }
 
  private:
   std::vector<std::unique_ptr<BorrowedTensor>> live_;
@@ -148,6 +154,23 @@ class PyNode {
   }
   NodeStats stats() const { return node_->stats(); }
   std::string address() const { return node_->listen_address(); }
+  void WaitForJoin(double timeout_seconds) const {
+    Status status;
+    {
+      py::gil_scoped_release released;
+      status = node_->WaitForJoin(
+          std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000)));
+    }
+    if (!status.ok()) Raise(status);
+  }
+  VerifyReport Verify() {
+    Result<VerifyReport> report = Status::Internal("not run");
+    {
+      py::gil_scoped_release released;
+      report = node_->Verify();
+    }
+    return Take(std::move(report));
+  }
 
  private:
   py::object on_commit_;
@@ -222,6 +245,25 @@ PYBIND11_MODULE(_deltacast, m) {
       .def_readonly("parent_joins", &NodeStats::parent_joins)
       .def_readonly("version", &NodeStats::version);
 
+  py::class_<TensorMismatch>(m, "TensorMismatch")
+      .def_readonly("tensor", &TensorMismatch::tensor)
+      .def_readonly("what", &TensorMismatch::what)
+      .def("__repr__", [](const TensorMismatch& t) {
+        return "<TensorMismatch " + t.tensor + ": " + t.what + ">";
+      });
+
+  py::class_<VerifyReport>(m, "VerifyReport",
+                           "Node.verify(): the weights against the active version.")
+      .def_readonly("version", &VerifyReport::version)
+      .def_readonly("tensors", &VerifyReport::tensors)
+      .def_readonly("partitions", &VerifyReport::partitions)
+      .def_readonly("mismatches", &VerifyReport::mismatches)
+      .def_readonly("summary", &VerifyReport::summary)
+      .def_property_readonly("ok", &VerifyReport::ok)
+      .def("__repr__", [](const VerifyReport& r) {
+        return "<VerifyReport " + r.version.substr(0, 12) + " " + r.summary + ">";
+      });
+
   py::class_<PySource>(m, "_Source")
       .def(py::init([](const Config& config, py::handle tensors, const std::string& token,
                        const std::string& state_dir, size_t keep_deltas, bool context_mode,
@@ -240,7 +282,8 @@ PYBIND11_MODULE(_deltacast, m) {
       .def("publish", &PySource::Publish)
       .def("publish_checkpoints", &PySource::PublishCheckpoints, py::arg("base"), py::arg("new"))
       .def("stop", &PySource::Stop)
-      .def_property_readonly("address", &PySource::address);
+      .def_property_readonly("address", &PySource::address)
+      .def_property_readonly("version", &PySource::version);
 
   py::class_<PyNode>(m, "_Node")
       .def(py::init([](const Config& config, const std::string& node_id, const std::string& token,
@@ -257,6 +300,8 @@ PYBIND11_MODULE(_deltacast, m) {
            py::arg("on_commit") = py::none(), py::arg("apply_threads") = 0,
            py::arg("gpus") = py::none())
       .def("stats", &PyNode::stats)
+      .def("wait_for_join", &PyNode::WaitForJoin, py::arg("timeout"))
+      .def("verify", &PyNode::Verify)
       .def("stop", &PyNode::Stop)
       .def_property_readonly("address", &PyNode::address);
 

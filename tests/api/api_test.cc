@@ -5,39 +5,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <random>
+#include "api_fixture.h"
 
 namespace {
 
-std::string Toml(int base_port) {
-  return "[cluster]\nname = \"api\"\n[tree]\nconnect_timeout = \"3s\"\n"
-         "[[node]]\nid = \"trainer\"\nhost = \"127.0.0.1\"\nport = " +
-         std::to_string(base_port) +
-         "\nrole = \"source\"\n[[node]]\nid = \"w1\"\nhost = \"127.0.0.1\"\nport = " +
-         std::to_string(base_port + 3) +
-         "\n[[node]]\nid = \"w2\"\nhost = \"127.0.0.1\"\nport = " + std::to_string(base_port + 6) +
-         "\n";
-}
+using deltacast::apitest::Model;
+using deltacast::apitest::Toml;
 
 int BasePort() { return 28200 + static_cast<int>(::getpid() % 300) * 10; }
-
-struct Model {
-  std::vector<deltacast::TensorSpec> specs = {{"a.weight", deltacast::DType::kBF16, {256, 256}},
-                                              {"b.bias", deltacast::DType::kF32, {256}}};
-  std::vector<std::vector<std::byte>> bytes;
-  explicit Model(uint32_t seed) {
-    std::mt19937 rng(seed);
-    for (const auto& s : specs) {
-      bytes.emplace_back(s.ByteSize());
-      for (auto& b : bytes.back()) b = std::byte(rng());
-    }
-  }
-  std::vector<deltacast::TensorView> Views() {
-    std::vector<deltacast::TensorView> v;
-    for (size_t i = 0; i < specs.size(); ++i) v.push_back({specs[i], bytes[i]});
-    return v;
-  }
-};
 
 TEST(ApiConfig, ABadConfigNamesTheFileAndLine) {
   auto config =
@@ -49,7 +24,7 @@ TEST(ApiConfig, ABadConfigNamesTheFileAndLine) {
 }
 
 TEST(ApiConfig, ListsTheNodesAndDescribesThePlan) {
-  auto config = deltacast::Config::Parse(Toml(BasePort()), "api.toml");
+  auto config = deltacast::Config::Parse(Toml("api", BasePort()), "api.toml");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_EQ(config->source(), "trainer");
   EXPECT_EQ(config->receivers(), (std::vector<std::string>{"w1", "w2"}));
@@ -59,7 +34,7 @@ TEST(ApiConfig, ListsTheNodesAndDescribesThePlan) {
 }
 
 TEST(ApiNode, AnUnknownNodeIsRefusedByName) {
-  auto config = deltacast::Config::Parse(Toml(BasePort()), "api.toml");
+  auto config = deltacast::Config::Parse(Toml("api", BasePort()), "api.toml");
   ASSERT_TRUE(config.ok());
   Model m(1);
   deltacast::NodeOptions options;
@@ -72,7 +47,7 @@ TEST(ApiNode, AnUnknownNodeIsRefusedByName) {
 
 TEST(ApiSource, PublishesToTwoNodesBitExactAndRefusesAnotherModel) {
   deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
-  auto config = deltacast::Config::Parse(Toml(BasePort() + 1), "api.toml");
+  auto config = deltacast::Config::Parse(Toml("api", BasePort() + 1), "api.toml");
   ASSERT_TRUE(config.ok());
   Model trainer(2);
   Model w1 = trainer, w2 = trainer;

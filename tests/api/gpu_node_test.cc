@@ -258,6 +258,16 @@ TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesStepsBitExact) {
     for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i].values, trainer[i].values);
   }
   EXPECT_GE(fleet.engine->stats().partitions_repaired, 1u);
+  // The audit re-hashes every GPU's pieces: clean now, and it finds a flipped bit.
+  auto audit = fleet.engine->Verify();
+  ASSERT_TRUE(audit.ok()) << audit.status().ToString();
+  EXPECT_TRUE(audit->ok()) << audit->summary;
+  EXPECT_EQ(audit->version, fleet.engine->stats().version);
+  engine.Flip(0, 0, 1);
+  audit = fleet.engine->Verify();
+  ASSERT_TRUE(audit.ok()) << audit.status().ToString();
+  ASSERT_EQ(audit->mismatches.size(), 1u) << audit->summary;
+  EXPECT_NE(audit->mismatches[0].what.find("bits differ"), std::string::npos) << audit->summary;
   (*source)->Stop();
   fleet.Stop();
   fs::remove_all(dir);

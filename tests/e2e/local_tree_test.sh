@@ -65,6 +65,9 @@ done
 # Misuse: a7 restarts with the wrong token. Its parent refuses it, the source
 # cannot gather its subtree, the refit does not commit, and nobody's bytes change.
 stop_agents
+# Short timeouts, read by the agents too: a7's parent reports it away (and why)
+# after 3 s, well inside the source's commit timeout.
+sed -i 's/connect_timeout = "20s"/connect_timeout = "3s"/; s/commit_timeout = "120s"/commit_timeout = "15s"/' "$work/cluster.toml"
 DELTACAST_TOKEN=wrong "$dc" agent --config "$work/cluster.toml" --node a7 --store "$work/stores/a7" >>"$work/a7.log" 2>&1 &
 bad=$!
 for i in 1 2 3 4 5 6; do
@@ -73,7 +76,6 @@ for i in 1 2 3 4 5 6; do
   pids+=($!)
 done
 pids+=($bad)
-sed -i 's/connect_timeout = "20s"/connect_timeout = "3s"/; s/commit_timeout = "120s"/commit_timeout = "5s"/' "$work/cluster.toml"
 if "$dc" publish --config "$work/cluster.toml" --base "$work/steps/step3" --new "$work/steps/step3" --json \
   >"$work/bad.json" 2>"$work/bad.err"; then
   # Base = target: an empty delta, but every node must still prepare; without a7 it cannot.
@@ -84,6 +86,12 @@ grep -q "failed authentication" "$work"/a*.log || {
   echo "FAIL: no log line says a7 failed authentication" >&2
   exit 1
 }
+# The publish's own report says why a7 is missing, not only the logs.
+grep -q "a7' failed authentication (wrong cluster token)" "$work/bad.json" "$work/bad.err" || {
+  echo "FAIL: the publish does not say a7 was refused for its token" >&2
+  cat "$work/bad.json" "$work/bad.err" >&2
+  exit 1
+}
 for i in 1 2 3 4 5 6 7; do
   "$dc" verify "$work/stores/a$i" "$work/steps/step3" >/dev/null || {
     echo "FAIL: a$i changed during a refused refit" >&2
@@ -91,3 +99,26 @@ for i in 1 2 3 4 5 6 7; do
   }
 done
 echo "misuse: wrong token refused with a clear log line; nothing applied"
+
+# The audit of a node's directory from outside its agent: clean, then a byte flipped
+# in a tensor's bytes is named.
+stop_agents
+"$dc" audit "$work/stores/a1" >"$work/audit.txt" || {
+  echo "FAIL: audit of a1 is not clean" >&2
+  cat "$work/audit.txt" >&2
+  exit 1
+}
+file=$(ls "$work"/stores/a1/*.safetensors | head -1)
+size=$(stat -c %s "$file")
+last=$(od -An -tu1 -j $((size - 1)) -N1 "$file" | tr -d ' ')
+printf "\\x$(printf %02x $((last ^ 1)))" | dd of="$file" bs=1 seek=$((size - 1)) conv=notrunc status=none
+if "$dc" audit "$work/stores/a1" >"$work/audit.txt"; then
+  echo "FAIL: audit missed a flipped byte" >&2
+  exit 1
+fi
+grep -q "bits differ in partition" "$work/audit.txt" || {
+  echo "FAIL: audit does not name what differs" >&2
+  cat "$work/audit.txt" >&2
+  exit 1
+}
+echo "audit: a clean directory passes, a flipped byte is named: $(grep -m1 "bits differ" "$work/audit.txt")"

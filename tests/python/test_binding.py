@@ -80,6 +80,36 @@ class BindingTest(unittest.TestCase):
         for node in nodes:
             node.stop()
 
+    def test_wrong_weights_are_named_at_join_and_verify_audits_a_node(self):
+        """A Source knows its version from the tensors it starts with: a node whose
+        weights differ is told which at join; verify() finds bits changed later."""
+        cfg = cluster(port() + 1)
+        trainer = model(5)
+        good = {k: v.clone() for k, v in trainer.items()}
+        bad = {k: v.clone() for k, v in trainer.items()}
+        with torch.no_grad():
+            bad["layer.0.weight"].view(torch.int16)[3, 3] ^= 4
+        with deltacast.Source(cfg, trainer, token="py-token", encode_threads=1) as source:
+            self.assertEqual(len(source.version), 32)
+            n1 = deltacast.Node(cfg, "w1", good, token="py-token", apply_threads=1)
+            n2 = deltacast.Node(cfg, "w2", bad, token="py-token", apply_threads=1)
+            n1.wait_for_join(10)
+            with self.assertRaisesRegex(deltacast.Error,
+                                        "'layer.0.weight': bits differ in partition 0"):
+                n2.wait_for_join(10)
+            report = n1.verify()
+            self.assertTrue(report.ok, report.summary)
+            self.assertEqual(report.version, source.version)
+            with torch.no_grad():
+                good["norm.weight"][5] = 2.0
+            report = n1.verify()
+            self.assertFalse(report.ok)
+            self.assertEqual([m.tensor for m in report.mismatches], ["norm.weight"])
+            n1.stop()
+            n2.stop()
+        with self.assertRaisesRegex(deltacast.Error, "the source is stopped"):
+            source.publish()
+
     def test_an_engine_on_two_gpus_receives_its_slices(self):
         """Node(gpus=...): each "GPU" holds its tensor-parallel slices under the
         engine's own names (host tensors here: the same path takes CUDA tensors)."""

@@ -89,10 +89,10 @@ TEST(ProtocolTest, MalformedMessagesAreRefused) {
   EXPECT_EQ(ParsePrepared(prepared).status().code(), StatusCode::kCorrupt);
 }
 
-// Version 5: PREPARED carries where each node's time went; a time that is not a
-// finite count of seconds >= 0 is refused, and a version-4 PREPARED (without them)
+// Version 6: PREPARED carries where each node's time went; a time that is not a
+// finite count of seconds >= 0 is refused, and a version-5 PREPARED (without them)
 // is refused at its header, never misread.
-TEST(ProtocolTest, PreparedCarriesEachNodesPhasesAndVersionFourIsRefused) {
+TEST(ProtocolTest, PreparedCarriesEachNodesPhasesAndVersionFiveIsRefused) {
   NodeReport n{"n1", 100, 9.5, 3};
   n.receive_seconds = 1.25;
   n.check_seconds = 0.5;
@@ -125,8 +125,28 @@ TEST(ProtocolTest, PreparedCarriesEachNodesPhasesAndVersionFourIsRefused) {
   truncated.resize(truncated.size() - 8);
   EXPECT_EQ(ParsePrepared(truncated).status().code(), StatusCode::kCorrupt);
   auto old = bytes;
-  old[4] = std::byte{4};
-  EXPECT_NE(PeekType(old).status().message().find("version 4"), std::string::npos);
+  old[4] = std::byte{5};
+  EXPECT_NE(PeekType(old).status().message().find("version 5"), std::string::npos);
+}
+
+TEST(ProtocolTest, ActiveVersionCarriesTheParentsManifestOnlyWhenAsked) {
+  const Digest128 version = Hash128(AsBytes("v"));
+  const std::vector<std::byte> manifest(100, std::byte{7});
+  auto with = ParseActiveVersion(EncodeActiveVersion(version, manifest));
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->version, version);
+  EXPECT_TRUE(with->has_manifest);
+  EXPECT_EQ(with->manifest.size(), manifest.size());
+  auto without = ParseActiveVersion(EncodeActiveVersion(version, {}));
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_FALSE(without->has_manifest);
+  // A flag that lies about the length, and a length past the end, are refused.
+  auto lying = EncodeActiveVersion(version, {});
+  lying[kMessageHeaderBytes + 16] = std::byte{1};
+  EXPECT_EQ(ParseActiveVersion(lying).status().code(), StatusCode::kCorrupt);
+  auto cut = EncodeActiveVersion(version, manifest);
+  cut.resize(cut.size() - 1);
+  EXPECT_EQ(ParseActiveVersion(cut).status().code(), StatusCode::kCorrupt);
 }
 
 TEST(ProtocolTest, FetchCarriesTheSixteenBytePartitionHashAndVersionOneIsRefused) {
