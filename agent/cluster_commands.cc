@@ -248,7 +248,13 @@ void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra 
       nodes.push_back({{"node", n.node_id},
                        {"delta_bytes", n.chunk_bytes},
                        {"apply_seconds", n.apply_seconds},
-                       {"partitions_applied", n.partitions_applied}});
+                       {"partitions_applied", n.partitions_applied},
+                       {"receive_seconds", n.receive_seconds},
+                       {"check_seconds", n.check_seconds},
+                       {"write_seconds", n.write_seconds},
+                       {"apply_cpu_seconds", n.apply_cpu_seconds},
+                       {"cpu_wait_seconds", n.cpu_wait_seconds},
+                       {"disk_wait_seconds", n.disk_wait_seconds}});
     }
     json out{{"committed", r.committed},
              {"abort_reason", r.abort_reason},
@@ -263,6 +269,11 @@ void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra 
              {"call_to_first_chunk_seconds", r.call_to_first_chunk_seconds},
              {"stream_seconds", r.stream_seconds},
              {"prepare_seconds", r.prepare_seconds},
+             // Every node PREPARED to the last confirmation: the decision logged
+             // durably, sent down, committed and confirmed up.
+             {"commit_seconds", std::max(0.0, r.seconds - r.prepare_seconds)},
+             {"encode_seconds", r.delta.seconds},
+             {"encode_gbps", r.delta.seconds > 0 ? full / r.delta.seconds / 1e9 : 0.0},
              {"effective_gbps", full / r.seconds / 1e9},
              {"nodes_decided", r.nodes_decided},
              {"nodes", nodes}};
@@ -284,8 +295,13 @@ void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra 
       full / r.seconds / 1e9);
   fmt::print("  {} nodes confirmed the decision\n", r.nodes_decided);
   for (const auto& n : r.nodes) {
-    fmt::print("    {:<16} received {:>9.2f} MiB, {:>5} partitions, prepared after {:.2f} s\n",
-               n.node_id, double(n.chunk_bytes) / (1 << 20), n.partitions_applied, n.apply_seconds);
+    fmt::print(
+        "    {:<16} received {:>9.2f} MiB, {:>5} partitions, prepared after {:.2f} s (receive "
+        "{:.2f} s; check {:.2f} s, write {:.2f} s; CPU {:.2f} s, waiting for a CPU {:.2f} s, "
+        "for the disk {:.2f} s)\n",
+        n.node_id, double(n.chunk_bytes) / (1 << 20), n.partitions_applied, n.apply_seconds,
+        n.receive_seconds, n.check_seconds, n.write_seconds, n.apply_cpu_seconds,
+        n.cpu_wait_seconds, n.disk_wait_seconds);
   }
   std::fflush(stdout);
 }

@@ -24,7 +24,9 @@ PublishReport ToPublic(const relay::PublishReport& r) {
   out.call_to_first_chunk_seconds = r.call_to_first_chunk_seconds;
   out.nodes_decided = r.nodes_decided;
   for (const auto& n : r.nodes) {
-    out.nodes.push_back({n.node_id, n.chunk_bytes, n.apply_seconds, n.partitions_applied});
+    out.nodes.push_back({n.node_id, n.chunk_bytes, n.apply_seconds, n.partitions_applied,
+                         n.receive_seconds, n.check_seconds, n.write_seconds, n.apply_cpu_seconds,
+                         n.cpu_wait_seconds, n.disk_wait_seconds});
   }
   return out;
 }

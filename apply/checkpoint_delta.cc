@@ -50,9 +50,9 @@ Result<DiffResult> DiffCheckpoints(const std::filesystem::path& base_dir,
   const CheckpointDirStore& a = **base_store;
   const CheckpointDirStore& b = **new_store;
   RETURN_IF_ERROR(codec::EncodeDelta(
-      base_manifest, new_manifest, [&](size_t i) { return a.TensorData(i); },
-      [&](size_t i) { return b.TensorData(i); }, b.LayoutId(), options.encoder,
-      [&](std::vector<std::byte>&& chunk) { return writer->Append(chunk); }, &result.stats));
+      base_manifest, new_manifest, RangeReaderOf(a), RangeReaderOf(b), b.LayoutId(),
+      options.encoder, [&](std::vector<std::byte>&& chunk) { return writer->Append(chunk); },
+      &result.stats));
   RETURN_IF_ERROR(writer->Finish());
   return result;
 }

@@ -246,25 +246,41 @@ Result<CheckpointLayout> ReadCheckpointLayout(const fs::path& dir) {
 Result<CheckpointDirStore::Mapping> CheckpointDirStore::Mapping::Map(int fd, uint64_t size,
                                                                      bool writable,
                                                                      const fs::path& path) {
-  if (size == 0) return Mapping();  // mmap refuses length 0; nothing to map anyway
+  if (size == 0) {  // mmap refuses length 0; nothing to map or read anyway
+    ::close(fd);
+    return Mapping();
+  }
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   void* addr = ::mmap(nullptr, static_cast<size_t>(size), prot, MAP_SHARED, fd, 0);
-  if (addr == MAP_FAILED) return Status::FromErrno(errno, "mmap " + path.string());
-  return Mapping(addr, size);
+  if (addr == MAP_FAILED) {
+    const int error = errno;
+    ::close(fd);
+    return Status::FromErrno(error, "mmap " + path.string());
+  }
+  return Mapping(addr, size, fd);
 }
 
-CheckpointDirStore::Mapping::~Mapping() {
+void CheckpointDirStore::Mapping::Release() {
   if (addr_ != nullptr) ::munmap(addr_, static_cast<size_t>(size_));
+  if (fd_ >= 0) ::close(fd_);
+  addr_ = nullptr;
+  size_ = 0;
+  fd_ = -1;
 }
+
+CheckpointDirStore::Mapping::~Mapping() { Release(); }
 
 CheckpointDirStore::Mapping::Mapping(Mapping&& other) noexcept
-    : addr_(std::exchange(other.addr_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : addr_(std::exchange(other.addr_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      fd_(std::exchange(other.fd_, -1)) {}
 
 CheckpointDirStore::Mapping& CheckpointDirStore::Mapping::operator=(Mapping&& other) noexcept {
   if (this != &other) {
-    if (addr_ != nullptr) ::munmap(addr_, static_cast<size_t>(size_));
+    Release();
     addr_ = std::exchange(other.addr_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }
@@ -279,17 +295,22 @@ Result<std::unique_ptr<CheckpointDirStore>> CheckpointDirStore::Open(const fs::p
   mappings.reserve(layout.files.size());
   for (const CheckpointFile& file : layout.files) {
     const fs::path path = dir / file.name;
-    internal::UniqueFd fd(::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC));
-    if (fd.get() < 0) return Status::FromErrno(errno, "open " + path.string());
+    const int fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + path.string());
+    if (::fstat(fd, &st) != 0) {
+      const int error = errno;
+      ::close(fd);
+      return Status::FromErrno(error, "stat " + path.string());
+    }
     if (static_cast<uint64_t>(st.st_size) != file.size) {
+      ::close(fd);
       return Status::FailedPrecondition(path.string() + ": size changed from " +
                                         std::to_string(file.size) + " to " +
                                         std::to_string(st.st_size) + " while opening");
     }
-    // The mapping stays valid after the descriptor closes.
-    ASSIGN_OR_RETURN(Mapping mapping, Mapping::Map(fd.get(), file.size, writable, path));
+    // The descriptor stays open with the mapping, for ReadRange.
+    ASSIGN_OR_RETURN(Mapping mapping, Mapping::Map(fd, file.size, writable, path));
     if (Hash64(ByteSpan(mapping.data(), file.data_offset)) != file.header_hash) {
       return Status::FailedPrecondition(path.string() + ": header changed while opening");
     }
@@ -322,6 +343,46 @@ std::byte* CheckpointDirStore::TensorBytes(size_t index) const {
 ByteSpan CheckpointDirStore::TensorData(size_t index) const {
   if (index >= tensors_.size()) return {};
   return ByteSpan(TensorBytes(index), tensors_[index].ByteSize());
+}
+
+Result<ByteSpan> CheckpointDirStore::ReadRange(size_t index, uint64_t offset, uint64_t length,
+                                               MutableByteSpan buffer) const {
+  if (index >= tensors_.size()) {
+    return Status::InvalidArgument("tensor index " + std::to_string(index) + " out of range (" +
+                                   std::to_string(tensors_.size()) + " tensors)");
+  }
+  const uint64_t bytes = tensors_[index].ByteSize();
+  if (offset > bytes || length > bytes - offset) {
+    return Status::InvalidArgument("read of bytes [" + std::to_string(offset) + ", +" +
+                                   std::to_string(length) + ") outside tensor " +
+                                   Quote(tensors_[index].name) + " of " + std::to_string(bytes) +
+                                   " bytes");
+  }
+  if (length == 0) return ByteSpan();
+  if (buffer.size() < length) {
+    return Status::InvalidArgument("a buffer of " + std::to_string(buffer.size()) +
+                                   " bytes cannot take " + std::to_string(length));
+  }
+  const CheckpointTensor& t = layout_.tensors[index];
+  const uint64_t start = t.file_offset + offset;
+  uint64_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(mappings_[t.file].fd(), buffer.data() + done,
+                              static_cast<size_t>(length - done), static_cast<off_t>(start + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      return Status::FromErrno(error, "read " + (dir_ / layout_.files[t.file].name).string() +
+                                          " tensor " + Quote(t.info.name));
+    }
+    if (n == 0) {
+      return Status::IoError((dir_ / layout_.files[t.file].name).string() + " ends at byte " +
+                             std::to_string(start + done) + ", inside tensor " +
+                             Quote(t.info.name) + " (the file shrank since it was opened)");
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return ByteSpan(buffer.data(), length);
 }
 
 Result<MutableByteSpan> CheckpointDirStore::MutableTensorData(size_t index) {

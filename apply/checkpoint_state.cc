@@ -119,8 +119,9 @@ Result<codec::Manifest> CheckpointState::LoadOrComputeManifest(const CheckpointD
       }
     }
   }
-  codec::Manifest manifest = codec::ComputeManifest(
-      store.tensors(), [&](size_t i) { return store.TensorData(i); }, partition_bytes, threads);
+  ASSIGN_OR_RETURN(
+      codec::Manifest manifest,
+      codec::ComputeManifest(store.tensors(), RangeReaderOf(store), partition_bytes, threads));
   if (Status s = SaveManifest(store, manifest); !s.ok()) {
     log::Warn("not caching the manifest of " + store.dir().string() + ": " + s.ToString());
   }

@@ -234,9 +234,11 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   for (size_t i = 0; i < located.size(); ++i) {
     if (!errors[i].ok()) return Refuse(chunk.sequence, errors[i]);
   }
+  const auto checked = std::chrono::steady_clock::now();
 
   std::atomic<uint64_t> applied{0}, skipped{0}, changed{0};
   ChunkOutcome outcome(located.size(), options_.keep_undo);
+  outcome.check_seconds = std::chrono::duration<double>(checked - start).count();
   std::vector<char>&torn = outcome.torn, &patched = outcome.patched, &kept = outcome.kept;
   std::vector<Undo>& undo = outcome.undo;
   ForEach(located.size(), [&](size_t i) {
@@ -297,6 +299,8 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   outcome.applied = applied;
   outcome.skipped = skipped;
   outcome.changed = changed;
+  outcome.write_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - checked).count();
   return Conclude(chunk, located, outcome, start);
 }
 
@@ -336,6 +340,8 @@ Status DeltaApplier::Conclude(const codec::ChunkView& chunk, const std::vector<L
   report_.chunk_bytes += chunk.size_bytes;
   report_.seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report_.check_seconds += outcome.check_seconds;
+  report_.write_seconds += outcome.write_seconds;
   return first_error;
 }
 

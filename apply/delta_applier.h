@@ -94,6 +94,12 @@ struct ApplyReport {
   uint64_t refused_chunks = 0;     // failed the check before write (nothing written)
   std::vector<PartitionKey> torn;  // neither base nor target: need literal repair
   double seconds = 0;
+  // Of `seconds` (host stores; summed over chunks, which may overlap): validating,
+  // decoding and checking that each record leads to its target hash before anything
+  // is written, and writing the records into the store (where a disk-backed store
+  // waits when the kernel holds writes back to flush dirty pages).
+  double check_seconds = 0;
+  double write_seconds = 0;
 };
 
 class DeltaApplier {
@@ -225,6 +231,7 @@ class DeltaApplier {
     std::vector<char> torn, patched, kept;
     std::vector<Undo> undo;
     uint64_t applied = 0, skipped = 0, changed = 0;
+    double check_seconds = 0, write_seconds = 0;  // ApplyReport's, for this chunk
   };
   Status Conclude(const codec::ChunkView& chunk, const std::vector<Located>& located,
                   ChunkOutcome& outcome, std::chrono::steady_clock::time_point start);

@@ -1,6 +1,7 @@
 #include "apply/weight_store.h"
 
 #include <algorithm>
+#include <string>
 
 #include "codec/partition.h"
 
@@ -13,6 +14,45 @@ std::optional<size_t> WeightStore::FindTensor(std::string_view name) const {
                        [](const codec::TensorInfo& t, std::string_view n) { return t.name < n; });
   if (it == all.end() || it->name != name) return std::nullopt;
   return static_cast<size_t>(it - all.begin());
+}
+
+namespace {
+
+Status CheckRange(const WeightStore& store, size_t index, uint64_t offset, uint64_t length) {
+  if (index >= store.tensors().size()) {
+    return Status::InvalidArgument("tensor index " + std::to_string(index) + " out of range (" +
+                                   std::to_string(store.tensors().size()) + " tensors)");
+  }
+  const uint64_t size = store.tensors()[index].ByteSize();
+  if (offset > size || length > size - offset) {
+    return Status::InvalidArgument("bytes [" + std::to_string(offset) + ", +" +
+                                   std::to_string(length) + ") lie outside tensor '" +
+                                   store.tensors()[index].name + "'");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ByteSpan> WeightStore::ReadRange(size_t index, uint64_t offset, uint64_t length,
+                                        MutableByteSpan buffer) const {
+  RETURN_IF_ERROR(CheckRange(*this, index, offset, length));
+  if (PartitionAccess* access = partition_access()) {
+    if (buffer.size() < length) {
+      return Status::InvalidArgument("a buffer of " + std::to_string(buffer.size()) +
+                                     " bytes cannot take " + std::to_string(length));
+    }
+    const MutableByteSpan out = buffer.first(length);
+    RETURN_IF_ERROR(access->ReadPartition(index, offset, out));
+    return ByteSpan(out);
+  }
+  return TensorData(index).subspan(offset, length);
+}
+
+codec::RangeReader RangeReaderOf(const WeightStore& store) {
+  return [&store](size_t index, uint64_t offset, uint64_t length, MutableByteSpan buffer) {
+    return store.ReadRange(index, offset, length, buffer);
+  };
 }
 
 Status WeightStore::FlushAll() {
@@ -35,8 +75,7 @@ Result<codec::Manifest> HashWeightStore(const WeightStore& store, uint64_t parti
                                         size_t threads) {
   PartitionAccess* access = store.partition_access();
   if (access == nullptr) {
-    return codec::ComputeManifest(
-        store.tensors(), [&](size_t i) { return store.TensorData(i); }, partition_bytes, threads);
+    return codec::ComputeManifest(store.tensors(), RangeReaderOf(store), partition_bytes, threads);
   }
   codec::Manifest m;
   m.partition_bytes = partition_bytes;
@@ -76,13 +115,7 @@ Result<codec::Manifest> HashWeightStore(const WeightStore& store, uint64_t parti
 
 Result<std::vector<std::byte>> ReadStoreBytes(const WeightStore& store, size_t index,
                                               uint64_t offset, uint64_t length) {
-  if (index >= store.tensors().size()) return Status::InvalidArgument("no such tensor");
-  const uint64_t size = store.tensors()[index].ByteSize();
-  if (offset > size || length > size - offset) {
-    return Status::InvalidArgument("bytes [" + std::to_string(offset) + ", +" +
-                                   std::to_string(length) + ") lie outside tensor '" +
-                                   store.tensors()[index].name + "'");
-  }
+  RETURN_IF_ERROR(CheckRange(store, index, offset, length));
   std::vector<std::byte> out(length);
   if (PartitionAccess* access = store.partition_access()) {
     RETURN_IF_ERROR(access->ReadPartition(index, offset, out));

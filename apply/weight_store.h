@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "codec/manifest.h"
+#include "codec/range_reader.h"
 #include "codec/tensor.h"
 #include "common/bytes.h"
 #include "common/hash.h"
@@ -76,6 +77,17 @@ class WeightStore {
   // The bytes of tensor `index` (an index into tensors()). Valid while the store lives.
   virtual ByteSpan TensorData(size_t index) const = 0;
 
+  // Bytes [offset, offset + length) of tensor `index` for a reader that goes through
+  // them once (encoding, hashing): a view of the store's memory, or a copy in the
+  // first `length` bytes of `buffer` where copying is faster (a checkpoint
+  // directory reads its files: codec/range_reader.h says why) or the only way (a
+  // PartitionAccess store, which reads whole partitions). The view is valid until
+  // `buffer` changes or the store goes away. kInvalidArgument outside the tensor or
+  // for a buffer shorter than `length`; kIoError if a read fails. Thread-safe with a
+  // buffer per thread.
+  virtual Result<ByteSpan> ReadRange(size_t index, uint64_t offset, uint64_t length,
+                                     MutableByteSpan buffer) const;
+
   // Writable bytes of tensor `index`; Unsupported for a store opened read-only.
   virtual Result<MutableByteSpan> MutableTensorData(size_t index) = 0;
 
@@ -105,6 +117,10 @@ class WeightStore {
 // whole manifest: no hash is made up for a partition that was not read.
 Result<codec::Manifest> HashWeightStore(const WeightStore& store, uint64_t partition_bytes,
                                         size_t threads);
+
+// The store's ReadRange as the encoder and the manifest hash take it. `store` must
+// outlive the reader.
+codec::RangeReader RangeReaderOf(const WeightStore& store);
 
 // A copy of bytes [offset, offset + length) of tensor `index`, by either path.
 // kInvalidArgument outside the tensor.

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "codec/change_detect.h"
 #include "common/parallel.h"
 
 namespace deltacast::codec {
@@ -41,9 +42,22 @@ Status CheckSameTable(const Manifest& base, const Manifest& target) {
 // One changed partition's record (nullopt: its bytes did not differ after all), and
 // whether its changes take the base manifest's hash to the target manifest's.
 struct Encoded {
+  Status read;  // not OK: the partition's bytes could not be read
   std::optional<EncodedPartition> record;
   bool leads_to_target = true;
 };
+
+// One encoder thread's buffers: the codec's, and the two versions' bytes of the
+// partition at hand when the readers copy them.
+struct WorkerScratch {
+  CodecScratch codec;
+  std::vector<std::byte> base, target;
+  SparseChanges tile;  // one tile's changes
+};
+
+// Copied partitions are read and compared this much at a time: both versions' tiles
+// stay in L2 between the copy and the compare. A multiple of every element size.
+constexpr uint64_t kReadTileBytes = uint64_t{128} << 10;
 
 // Encoded results handed from workers to the ordered emitter, at most `window` ahead.
 class OrderedResults {
@@ -97,6 +111,13 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
                    const std::function<ByteSpan(size_t)>& target_data,
                    const Digest128& target_layout, const DeltaEncoderOptions& options,
                    const ChunkSink& sink, DeltaStats* stats) {
+  return EncodeDelta(base, target, ReadFromSpans(base_data), ReadFromSpans(target_data),
+                     target_layout, options, sink, stats);
+}
+
+Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeReader& read_base,
+                   const RangeReader& read_target, const Digest128& target_layout,
+                   const DeltaEncoderOptions& options, const ChunkSink& sink, DeltaStats* stats) {
   RETURN_IF_ERROR(CheckSameTable(base, target));
   const auto start = std::chrono::steady_clock::now();
   const uint64_t partition_bytes = target.partition_bytes;
@@ -126,13 +147,65 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     options.on_progress(0, progress_total);
   }
 
-  auto encode_one = [&](size_t i, CodecScratch& scratch) {
+  auto encode_one = [&](size_t i, WorkerScratch& buffers) {
     const PartitionRef& p = changed[i];
     const TensorInfo& info = target.tensors[p.tensor];
     const uint64_t e = ElementSize(info.dtype);
-    const ByteSpan a = base_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
-    const ByteSpan b = target_data(p.tensor).subspan(p.element_offset * e, p.element_count * e);
-    Encoded out{EncodePartition(info.dtype, a, b, options.codec, scratch)};
+    const uint64_t offset = p.element_offset * e, length = p.element_count * e;
+    CodecScratch& scratch = buffers.codec;
+    auto failed = [&](const Result<ByteSpan>& a, const Result<ByteSpan>& b) {
+      const Status status = !a.ok() ? a.status() : b.status();
+      return Encoded{status.WithContext(std::string("reading tensor '") + info.name + "' of the " +
+                                        (!a.ok() ? "base" : "target")),
+                     std::nullopt, false};
+    };
+    if (buffers.base.size() < length) buffers.base.resize(length);
+    if (buffers.target.size() < length) buffers.target.resize(length);
+    // The first tile says whether the readers copy. Copied bytes are compared tile by
+    // tile while the tile is in cache (the copy just brought it there); viewed bytes
+    // are read as they lie, in one piece.
+    const uint64_t first = std::min(kReadTileBytes, length);
+    Result<ByteSpan> a = read_base(p.tensor, offset, first, buffers.base);
+    Result<ByteSpan> b = a.ok() ? read_target(p.tensor, offset, first, buffers.target)
+                                : Result<ByteSpan>(Status::Internal("not read"));
+    if (!a.ok() || !b.ok()) return failed(a, b);
+    const bool copies = a->data() == buffers.base.data() && b->data() == buffers.target.data();
+    std::optional<EncodedPartition> record;
+    if (!copies || first == length) {
+      if (first != length) {
+        a = read_base(p.tensor, offset, length, buffers.base);
+        b = a.ok() ? read_target(p.tensor, offset, length, buffers.target)
+                   : Result<ByteSpan>(Status::Internal("not read"));
+        if (!a.ok() || !b.ok()) return failed(a, b);
+      }
+      record = EncodePartition(info.dtype, *a, *b, options.codec, scratch);
+    } else {
+      SparseChanges& changes = scratch.changes;
+      changes.clear();
+      changes.element_size = static_cast<uint32_t>(e);
+      for (uint64_t at = 0; at < length; at += kReadTileBytes) {
+        const uint64_t n = std::min(kReadTileBytes, length - at);  // whole elements
+        if (at > 0) {
+          a = read_base(p.tensor, offset + at, n, MutableByteSpan(buffers.base).subspan(at));
+          b = a.ok() ? read_target(p.tensor, offset + at, n,
+                                   MutableByteSpan(buffers.target).subspan(at))
+                     : Result<ByteSpan>(Status::Internal("not read"));
+          if (!a.ok() || !b.ok()) return failed(a, b);
+          if (a->data() != buffers.base.data() + at || b->data() != buffers.target.data() + at) {
+            return Encoded{Status::Internal("a reader that copied its first tile viewed another"),
+                           std::nullopt, false};
+          }
+        }
+        FindChanges(*a, *b, static_cast<uint32_t>(e), buffers.tile);
+        const auto from = static_cast<uint32_t>(at / e);
+        for (uint32_t position : buffers.tile.positions)
+          changes.positions.push_back(from + position);
+        changes.xors.insert(changes.xors.end(), buffers.tile.xors.begin(), buffers.tile.xors.end());
+      }
+      record = EncodeFoundChanges(info.dtype, ByteSpan(buffers.base).first(length),
+                                  ByteSpan(buffers.target).first(length), options.codec, scratch);
+    }
+    Encoded out{Status::Ok(), std::move(record)};
     if (out.record) {
       // The manifests name the versions the records claim to connect; the bytes read
       // must agree, or receivers would be sent to a version nobody has (a stale
@@ -152,7 +225,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
   OrderedResults results(4 * std::max<size_t>(threads, 1));
   std::atomic<size_t> next{0};
   auto encode = [&] {
-    CodecScratch scratch;
+    WorkerScratch scratch;
     for (size_t i = next++; i < changed.size(); i = next++) {
       if (!results.WaitForRoom(i)) return;
       results.Put(i, encode_one(i, scratch));
@@ -160,7 +233,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
   };
   std::vector<std::jthread> workers;
   for (size_t t = 0; t < threads; ++t) workers.emplace_back(encode);
-  CodecScratch own_scratch;  // on_calling_thread
+  WorkerScratch own_scratch;  // on_calling_thread
   // Destroyed before `workers` (which join): a sink that throws must not leave them
   // waiting for room forever.
   struct CancelOnExit {
@@ -186,6 +259,10 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
     const PartitionRef& p = changed[i];
     const TensorInfo& info = target.tensors[p.tensor];
     const uint64_t index = p.element_offset / PartitionElements(info.dtype, partition_bytes);
+    if (!result.read.ok()) {
+      status = result.read;
+      break;
+    }
     if (!encoded) {
       // Hashes differ but the bytes do not: the data changed while being read.
       status = Status::FailedPrecondition("tensor '" + info.name +

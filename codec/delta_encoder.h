@@ -14,6 +14,7 @@
 #include "codec/chunk.h"
 #include "codec/manifest.h"
 #include "codec/partition_codec.h"
+#include "codec/range_reader.h"
 #include "common/bytes.h"
 #include "common/status.h"
 
@@ -63,5 +64,14 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
                    const std::function<ByteSpan(size_t)>& target_data,
                    const Digest128& target_layout, const DeltaEncoderOptions& options,
                    const ChunkSink& sink, DeltaStats* stats = nullptr);
+
+// The same, reading each changed partition of either version through a RangeReader:
+// each encoder thread reads into buffers of its own (a checkpoint directory copies
+// them with pread). A read error stops the encoder, which returns it, naming the
+// tensor; chunks already handed to `sink` stay handed.
+Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeReader& read_base,
+                   const RangeReader& read_target, const Digest128& target_layout,
+                   const DeltaEncoderOptions& options, const ChunkSink& sink,
+                   DeltaStats* stats = nullptr);
 
 }  // namespace deltacast::codec

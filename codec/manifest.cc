@@ -1,5 +1,8 @@
 #include "codec/manifest.h"
 
+#include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <string>
 
 #include "common/parallel.h"
@@ -137,6 +140,44 @@ Manifest ComputeManifest(const std::vector<TensorInfo>& tensors,
     const uint64_t per = PartitionElements(tensors[p.tensor].dtype, partition_bytes);
     m.partition_hashes[p.tensor][p.element_offset / per] = HashPartition(bytes);
   });
+  return m;
+}
+
+Result<Manifest> ComputeManifest(const std::vector<TensorInfo>& tensors, const RangeReader& read,
+                                 uint64_t partition_bytes, size_t threads) {
+  Manifest m;
+  m.partition_bytes = partition_bytes;
+  m.tensors = tensors;
+  m.partition_hashes.resize(tensors.size());
+  const std::vector<PartitionRef> parts = PartitionTensors(tensors, partition_bytes);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    m.partition_hashes[t].resize(PartitionCount(tensors[t], partition_bytes));
+  }
+  threads = std::clamp<size_t>(threads, 1, std::max<size_t>(parts.size(), 1));
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first_error;
+  // One scratch buffer per thread, reused for every partition it reads: a fresh
+  // buffer per partition would fault in its pages each time.
+  ParallelFor(threads, threads, [&](size_t) {
+    std::vector<std::byte> scratch;
+    for (size_t i = next++; i < parts.size(); i = next++) {
+      const PartitionRef& p = parts[i];
+      const uint64_t e = ElementSize(tensors[p.tensor].dtype);
+      const uint64_t length = p.element_count * e;
+      if (scratch.size() < length) scratch.resize(length);
+      Result<ByteSpan> bytes = read(p.tensor, p.element_offset * e, length, scratch);
+      if (!bytes.ok()) {
+        std::lock_guard lock(mu);
+        if (first_error.ok()) first_error = bytes.status();
+        next = parts.size();  // the others stop after their current partition
+        return;
+      }
+      const uint64_t per = PartitionElements(tensors[p.tensor].dtype, partition_bytes);
+      m.partition_hashes[p.tensor][p.element_offset / per] = HashPartition(*bytes);
+    }
+  });
+  if (!first_error.ok()) return first_error.WithContext("hashing the checkpoint");
   return m;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "codec/partition.h"
+#include "codec/range_reader.h"
 #include "codec/tensor.h"
 #include "common/bytes.h"
 #include "common/hash.h"
@@ -43,5 +44,11 @@ struct Manifest {
 Manifest ComputeManifest(const std::vector<TensorInfo>& tensors,
                          const std::function<ByteSpan(size_t)>& tensor_data,
                          uint64_t partition_bytes, size_t threads);
+
+// The same through a RangeReader (a checkpoint directory copies each partition
+// into a buffer of the thread's own instead of touching its mapping). Fails with
+// the first read error: no manifest is made of partitions that were not read.
+Result<Manifest> ComputeManifest(const std::vector<TensorInfo>& tensors, const RangeReader& read,
+                                 uint64_t partition_bytes, size_t threads);
 
 }  // namespace deltacast::codec

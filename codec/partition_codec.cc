@@ -537,6 +537,13 @@ std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, Byte
   } else {
     FindChanges(base, target, e, scratch.changes);
   }
+  return EncodeFoundChanges(dtype, base, target, options, scratch);
+}
+
+std::optional<EncodedPartition> EncodeFoundChanges(DType dtype, ByteSpan base, ByteSpan target,
+                                                   const EncodeOptions& options,
+                                                   CodecScratch& scratch) {
+  const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
   const SparseChanges& changes = scratch.changes;
   if (changes.size() == 0) return std::nullopt;
   const size_t count = base.size() / e;

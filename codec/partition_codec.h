@@ -95,6 +95,13 @@ std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, Byte
                                                 const EncodeOptions& options, CodecScratch& scratch,
                                                 PartitionHash* base_piece = nullptr);
 
+// EncodePartition for a caller that found the changes itself: `scratch.changes`
+// holds FindChanges(base, target) (found tile by tile while each tile was in cache,
+// as the delta encoder does with bytes it copies in). nullopt when it is empty.
+std::optional<EncodedPartition> EncodeFoundChanges(DType dtype, ByteSpan base, ByteSpan target,
+                                                   const EncodeOptions& options,
+                                                   CodecScratch& scratch);
+
 // Encodes with one given encoding; `changes` must be FindChanges(base, target).
 // Unsupported for kContextXor on dtypes the context coder does not model.
 Result<EncodedPartition> EncodePartitionAs(Encoding encoding, DType dtype, ByteSpan base,

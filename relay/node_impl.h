@@ -81,6 +81,17 @@ class NodeAgent::Impl {
     Clock::time_point start = Clock::now();
     Clock::time_point decided;
     double apply_seconds = 0;
+    // The phases of this node's prepare, for PREPARED (NodeReport): BEGIN to END
+    // received; the apply thread's CPU, waiting for a CPU and blocked time (summed
+    // over chunks); the applier's check-before-write and write totals; the final
+    // check against the target manifest.
+    double receive_seconds = 0;
+    double apply_cpu_seconds = 0;
+    double apply_runnable_seconds = 0;
+    double apply_blocked_seconds = 0;
+    double check_seconds = 0;
+    double write_seconds = 0;
+    double finish_seconds = 0;
     uint64_t chunk_bytes = 0;
     uint64_t resent_bytes = 0;  // of chunk_bytes: chunks this node had already
     uint64_t chunks = 0;

@@ -196,6 +196,7 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
   if (r.chunks == 1) log::Info(fmt::format("{}: refit {}: first chunk", options_.node_id, r.id));
   if (header->kind == codec::ChunkKind::kEnd) {
     r.end_received = true;
+    r.receive_seconds = SecondsSince(r.start);
     log::Info(fmt::format("{}: refit {}: END received", options_.node_id, r.id));
   }
   const uint64_t payload = message->size() - kMessageHeaderBytes;
@@ -265,6 +266,14 @@ void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& 
   }
   if (!refit_ || refit_->id != id) return;
   refit_->apply_seconds += result.seconds;
+  refit_->apply_cpu_seconds += result.cpu_seconds;
+  refit_->apply_runnable_seconds += result.runnable_seconds;
+  refit_->apply_blocked_seconds += result.blocked_seconds;
+  if (result.end) {
+    refit_->check_seconds = result.check_seconds;
+    refit_->write_seconds = result.write_seconds;
+    refit_->finish_seconds = result.finish_seconds;
+  }
   if (result.refused) {
     // A record that passed the chunk's checksums (and signature) but cannot take its
     // partition from the base to the target BEGIN announced: the bytes are what the
@@ -335,8 +344,14 @@ void NodeAgent::Impl::MaybePrepared() {
   if (children_.AwaitingPrepared() > 0 && r.phase == Phase::kStreaming) return;
   r.prepared_sent = true;
   Prepared prepared{r.id, children_.reports()};
-  prepared.nodes.push_back(
-      {options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied});
+  NodeReport self{options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied};
+  self.receive_seconds = r.receive_seconds;
+  self.check_seconds = r.check_seconds + r.finish_seconds;
+  self.write_seconds = r.write_seconds;
+  self.apply_cpu_seconds = r.apply_cpu_seconds;
+  self.cpu_wait_seconds = r.apply_runnable_seconds;
+  self.disk_wait_seconds = r.apply_blocked_seconds;
+  prepared.nodes.push_back(self);
   parent_.Send(EncodePrepared(prepared));
   log::Info(fmt::format("{}: refit {}: prepared with {} nodes below", options_.node_id, r.id,
                         prepared.nodes.size() - 1));

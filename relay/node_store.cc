@@ -6,6 +6,7 @@
 #include "common/crash_point.h"
 #include "common/log.h"
 #include "common/runtime.h"
+#include "common/thread_time.h"
 #include "relay/node_agent.h"
 #include "relay/signing.h"
 
@@ -184,6 +185,14 @@ void NodeStore::ApplyChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Chunk
 }
 
 namespace {
+// Where the apply thread's time went since `before` (common/thread_time.h).
+void SplitTime(const ThreadTime& before, NodeStore::ApplyResult& result) {
+  const ThreadTimeSplit split = Between(before, ThreadTime::Now());
+  result.cpu_seconds = split.cpu_seconds;
+  result.runnable_seconds = split.runnable_seconds;
+  result.blocked_seconds = split.blocked_seconds;
+}
+
 // The chunk's message: its buffer if the node still holds it, else from the spool.
 Result<transport::Message> MessageOf(const NodeStore::ChunkSlot& chunk, uint32_t sequence,
                                      Spool* spool) {
@@ -205,9 +214,11 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
     apply::DeltaApplier* applier = refit_->applier.get();
     workers_->Post([this, id, applier, sequence, chunk, spool, done] {
       const auto t0 = Clock::now();
+      const ThreadTime before = ThreadTime::Now();
       ApplyResult result = ApplyData(*applier, sequence, *chunk, spool.get());
       result.sequence = sequence;
       result.seconds = SecondsSince(t0);
+      SplitTime(before, result);
       if (result.status.ok() && result.chunk_applied && end_waits_for_refused_ == id) {
         // Maybe the chunk an END was waiting for: the apply thread checks.
         apply_loop_.Post([this, id, result, done]() mutable {
@@ -234,6 +245,7 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
   // END (or a chunk there is nothing to apply for): after every data chunk before it.
   WaitForChunks();
   const auto t0 = Clock::now();
+  const ThreadTime before = ThreadTime::Now();
   ApplyResult result;
   // A chunk is on disk in the spool before it changes any partition.
   Status synced = spool ? spool->Sync() : Status::Ok();
@@ -260,6 +272,7 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
   }
   result.sequence = sequence;
   result.seconds = SecondsSince(t0);
+  SplitTime(before, result);
   Reply([done, result] { done(result); });
 }
 
@@ -328,9 +341,12 @@ NodeStore::ApplyResult NodeStore::FinishRefit() {
     }
     return result;
   }
+  const auto t0 = Clock::now();
   auto target = applier.Finish(summary);
   result.status = target.status();
   result.applied = applier.report().applied;
+  result.check_seconds = applier.report().check_seconds;
+  result.write_seconds = applier.report().write_seconds;
   const std::array<uint8_t, 32> none{};
   if (target.ok() && refit_->manifest_digest != none &&
       Sha256(target->Serialize()) != refit_->manifest_digest) {
@@ -339,6 +355,7 @@ NodeStore::ApplyResult NodeStore::FinishRefit() {
     result.status = Status::Corrupt("the verified target's manifest is not the one BEGIN names");
     return result;
   }
+  result.finish_seconds = SecondsSince(t0);
   if (target.ok()) {
     refit_->target = std::move(*target);
     result.status = replica_->RecordPrepared();

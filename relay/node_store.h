@@ -105,6 +105,17 @@ class NodeStore {
     bool repaired = false;       // a torn partition was written
     uint64_t applied = 0;        // partitions applied, once verified
     double seconds = 0;
+    // How the apply thread spent `seconds` (common/thread_time.h): on a CPU, waiting
+    // for one, and blocked (the spool's fsync, writes the kernel held back to write
+    // dirty pages to disk, the journal).
+    double cpu_seconds = 0;
+    double runnable_seconds = 0;
+    double blocked_seconds = 0;
+    // END only: the applier's totals (apply::ApplyReport), and the final check of
+    // the whole delta against the target manifest.
+    double check_seconds = 0;
+    double write_seconds = 0;
+    double finish_seconds = 0;
     std::vector<Fetch> torn;  // END only: torn partitions to fetch literally (no ids)
   };
   using Done = std::function<void(const Status&)>;

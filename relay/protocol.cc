@@ -184,6 +184,10 @@ std::vector<std::byte> EncodePrepared(const Prepared& m) {
     w.Put<uint64_t>(n.chunk_bytes);
     w.Put<double>(n.apply_seconds);
     w.Put<uint64_t>(n.partitions_applied);
+    for (double v : {n.receive_seconds, n.check_seconds, n.write_seconds, n.apply_cpu_seconds,
+                     n.cpu_wait_seconds, n.disk_wait_seconds}) {
+      w.Put<double>(v);
+    }
   }
   return out;
 }
@@ -244,8 +248,8 @@ Result<Prepared> ParsePrepared(ByteSpan message) {
     uint32_t count = 0;
     r.Get(m.refit_id);
     r.Get(count);
-    // Each report takes at least 26 bytes; refuse counts the message cannot hold.
-    if (count > message.size() / 26)
+    // Each report takes at least 74 bytes; refuse counts the message cannot hold.
+    if (count > message.size() / 74)
       return Status::Corrupt("PREPARED message claims " + std::to_string(count) + " nodes");
     m.nodes.resize(count);
     for (auto& n : m.nodes) {
@@ -255,6 +259,14 @@ Result<Prepared> ParsePrepared(ByteSpan message) {
       r.Get(n.chunk_bytes);
       r.Get(n.apply_seconds);
       r.Get(n.partitions_applied);
+      for (double* v : {&n.receive_seconds, &n.check_seconds, &n.write_seconds,
+                        &n.apply_cpu_seconds, &n.cpu_wait_seconds, &n.disk_wait_seconds}) {
+        // Reports only, but still checked: a time is a finite count of seconds >= 0.
+        if (r.Get(*v) && !(*v >= 0 && *v < 1e12)) {
+          return Status::Corrupt("PREPARED reports a time of " + std::to_string(*v) +
+                                 " s for node '" + n.node_id + "'");
+        }
+      }
     }
     return Status::Ok();
   });

@@ -18,6 +18,8 @@
 namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
+// 6: PREPARED reports where each node's time went (receive, check, write, CPU, waiting
+// for a CPU, waiting for the disk).
 // 5: a parent tells a child that joined the version it holds (ACTIVE_VERSION), with
 // its manifest when the child's HELLO named another, so the child names what differs.
 // 4: FAILED says why (a node that cannot take part, or a delta that cannot reach its
@@ -25,7 +27,7 @@ inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
 // 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
 // parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 5;
+inline constexpr uint8_t kProtocolVersion = 6;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
@@ -129,12 +131,25 @@ struct Credit {
   // before the child has begun it).
   uint64_t refit_id = 0;
 };
-// One node's figures, carried up in PREPARED so the source can report them.
+// One node's figures, carried up in PREPARED so the source can report them: where
+// its time from BEGIN to PREPARED went (docs/protocol.md, "PREPARED").
 struct NodeReport {
   std::string node_id;
   uint64_t chunk_bytes = 0;  // delta bytes received
   double apply_seconds = 0;  // BEGIN to verified target
   uint64_t partitions_applied = 0;
+  double receive_seconds = 0;  // BEGIN to the END chunk received (streaming)
+  // Applying, summed over chunks: checking every record leads to its target hash
+  // before writing (decode + check, and the final check of the whole delta), and
+  // writing the records into the store.
+  double check_seconds = 0;
+  double write_seconds = 0;
+  // The apply thread's time: on a CPU, waiting for a CPU (other work on the
+  // machine), and blocked: waiting for the disk (fsync of the spool and journal,
+  // writes held back while the kernel writes dirty pages).
+  double apply_cpu_seconds = 0;
+  double cpu_wait_seconds = 0;
+  double disk_wait_seconds = 0;
 };
 struct Prepared {
   uint64_t refit_id = 0;

@@ -794,8 +794,8 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
       base_manifest, target_manifest,
       [&](const ChunkMessageSink& sink, codec::DeltaStats* stats) {
         return codec::EncodeDelta(
-            base_manifest, target_manifest, [&](size_t i) { return base.TensorData(i); },
-            [&](size_t i) { return target.TensorData(i); }, target.LayoutId(), encoder,
+            base_manifest, target_manifest, apply::RangeReaderOf(base),
+            apply::RangeReaderOf(target), target.LayoutId(), encoder,
             [&](std::vector<std::byte>&& chunk) { return sink(EncodeChunk(chunk)); }, stats);
       },
       &base, &target);

@@ -36,6 +36,17 @@ struct NodeReport {
   uint64_t delta_bytes = 0;  // what it received
   double prepared_seconds = 0;
   uint64_t partitions_applied = 0;
+  // Where its time to PREPARED went: BEGIN to the last chunk received (streaming);
+  // checking each record leads to its target hash before writing, and writing
+  // (summed over chunks); the apply thread on a CPU, waiting for a CPU (other work
+  // on the machine) and waiting for the disk (fsync, writes the kernel held back
+  // while it wrote dirty pages out).
+  double receive_seconds = 0;
+  double check_seconds = 0;
+  double write_seconds = 0;
+  double apply_cpu_seconds = 0;
+  double cpu_wait_seconds = 0;
+  double disk_wait_seconds = 0;
 };
 
 struct PublishReport {

@@ -33,6 +33,12 @@ class NodeReport:
     delta_bytes: int
     prepared_seconds: float
     partitions_applied: int
+    receive_seconds: float
+    check_seconds: float
+    write_seconds: float
+    apply_cpu_seconds: float
+    cpu_wait_seconds: float
+    disk_wait_seconds: float
 
 class PublishReport:
     committed: bool

@@ -209,6 +209,12 @@ PYBIND11_MODULE(_deltacast, m) {
       .def_readonly("delta_bytes", &NodeReport::delta_bytes)
       .def_readonly("prepared_seconds", &NodeReport::prepared_seconds)
       .def_readonly("partitions_applied", &NodeReport::partitions_applied)
+      .def_readonly("receive_seconds", &NodeReport::receive_seconds)
+      .def_readonly("check_seconds", &NodeReport::check_seconds)
+      .def_readonly("write_seconds", &NodeReport::write_seconds)
+      .def_readonly("apply_cpu_seconds", &NodeReport::apply_cpu_seconds)
+      .def_readonly("cpu_wait_seconds", &NodeReport::cpu_wait_seconds)
+      .def_readonly("disk_wait_seconds", &NodeReport::disk_wait_seconds)
       .def("__repr__", [](const NodeReport& n) {
         return "<NodeReport " + n.node + " " + std::to_string(n.delta_bytes) + " B>";
       });

@@ -75,6 +75,24 @@ TEST(ApiSource, PublishesToTwoNodesBitExactAndRefusesAnotherModel) {
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_TRUE(report->committed) << report->abort_reason;
   EXPECT_EQ(report->nodes_decided, 2u);
+  // Each node says where its time to PREPARED went, and the parts fit in the whole.
+  ASSERT_EQ(report->nodes.size(), 2u);
+  for (const deltacast::NodeReport& n : report->nodes) {
+    SCOPED_TRACE(n.node);
+    EXPECT_GT(n.prepared_seconds, 0);
+    EXPECT_GT(n.receive_seconds, 0);
+    EXPECT_LE(n.receive_seconds, n.prepared_seconds);
+    EXPECT_GT(n.check_seconds, 0);
+    EXPECT_GT(n.write_seconds, 0);
+    EXPECT_GT(n.apply_cpu_seconds, 0);
+    EXPECT_GE(n.cpu_wait_seconds, 0);
+    EXPECT_GE(n.disk_wait_seconds, 0);
+    // One apply thread: its chunks do not overlap, so their times add up to less
+    // than BEGIN to PREPARED.
+    EXPECT_LE(n.check_seconds + n.write_seconds, n.prepared_seconds);
+    EXPECT_LE(n.apply_cpu_seconds + n.cpu_wait_seconds + n.disk_wait_seconds,
+              n.prepared_seconds + 1e-3);
+  }
   EXPECT_EQ(w1.bytes, trainer.bytes);
   EXPECT_EQ(w2.bytes, trainer.bytes);
   EXPECT_EQ(changed[0], std::vector<std::string>{"a.weight"});

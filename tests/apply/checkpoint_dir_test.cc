@@ -260,6 +260,69 @@ TEST_F(CheckpointDirTest, ReadOnlyStoreRefusesWrites) {
   EXPECT_TRUE((*store)->Flush(0, 0, 16).ok());
 }
 
+// ReadRange copies with pread what TensorData maps: the same bytes, for every range,
+// including writes made through the mapping a moment before.
+TEST_F(CheckpointDirTest, ReadRangeReadsWhatTheMappingHolds) {
+  WriteShardedCheckpoint();
+  auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadWrite);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<std::byte> scratch(4096);
+  for (size_t i = 0; i < (*store)->tensors().size(); ++i) {
+    const ByteSpan all = (*store)->TensorData(i);
+    for (uint64_t offset : {uint64_t{0}, uint64_t{3}, uint64_t(all.size())}) {
+      if (offset > all.size()) continue;
+      const uint64_t length = all.size() - offset;
+      auto read = (*store)->ReadRange(i, offset, length, scratch);
+      ASSERT_TRUE(read.ok()) << read.status().ToString();
+      ASSERT_EQ(read->size(), length);
+      EXPECT_TRUE(std::equal(read->begin(), read->end(), all.begin() + offset));
+      // A copy, not a view of the mapping.
+      if (length > 0) {
+        EXPECT_EQ(read->data(), scratch.data());
+      }
+    }
+  }
+  const size_t index = *(*store)->FindTensor("lm_head.weight");
+  auto data = (*store)->MutableTensorData(index);
+  ASSERT_TRUE(data.ok());
+  (*data)[5] = std::byte{0xAB};
+  auto read = (*store)->ReadRange(index, 4, 2, scratch);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ((*read)[1], std::byte{0xAB});
+}
+
+TEST_F(CheckpointDirTest, ReadRangeRefusesRangesOutsideTheTensor) {
+  WriteFile("model.safetensors", {{"a", DType::kF32, {4}}});
+  auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadOnly);
+  ASSERT_TRUE(store.ok());
+  std::vector<std::byte> scratch(64, std::byte{7});
+  EXPECT_TRUE((*store)->ReadRange(0, 16, 0, scratch).ok());
+  ExpectError((*store)->ReadRange(0, 8, 9, scratch), StatusCode::kInvalidArgument, "'a'");
+  ExpectError((*store)->ReadRange(0, 17, 0, scratch), StatusCode::kInvalidArgument, "outside");
+  ExpectError((*store)->ReadRange(0, 8, UINT64_MAX, scratch), StatusCode::kInvalidArgument,
+              "outside");
+  ExpectError((*store)->ReadRange(1, 0, 0, scratch), StatusCode::kInvalidArgument, "out of range");
+  ExpectError((*store)->ReadRange(0, 0, 16, MutableByteSpan(scratch).first(15)),
+              StatusCode::kInvalidArgument, "buffer of 15 bytes");
+  EXPECT_EQ(scratch, std::vector<std::byte>(64, std::byte{7}));  // nothing read
+}
+
+// A file cut short after the store opened it: the read names the file and the tensor
+// instead of handing back bytes it did not read.
+TEST_F(CheckpointDirTest, ReadRangeOfAFileThatShrankFails) {
+  WriteFile("model.safetensors", {{"a", DType::kF32, {1024}}, {"b", DType::kF32, {1024}}});
+  auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadOnly);
+  ASSERT_TRUE(store.ok());
+  const CheckpointTensor& b = (*store)->layout().tensors[1];
+  ASSERT_EQ(b.info.name, "b");
+  fs::resize_file(dir_.path() / "model.safetensors", b.file_offset + 100);
+  std::vector<std::byte> scratch(4096);
+  ExpectError((*store)->ReadRange(1, 0, 4096, scratch), StatusCode::kIoError, "'b'");
+  auto a = (*store)->ReadRange(0, 0, 4096, scratch);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE(std::equal(a->begin(), a->end(), contents_["a"].begin()));
+}
+
 // ---- Bad directories ----
 
 TEST_F(CheckpointDirTest, MissingOrEmptyDirectory) {

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -39,6 +40,43 @@ TEST(ManifestTest, SerializedFormRoundTripsWithItsSixteenBytePartitionHashes) {
   Manifest other = m;
   other.partition_hashes[1][0].hi ^= 1ull << 40;
   EXPECT_NE(other.VersionId(), m.VersionId());
+}
+
+// Hashing through a reader that copies each partition into the thread's buffer gives
+// the manifest the in-memory views give, on any number of threads; a failed read
+// fails the manifest instead of leaving a hash out.
+TEST(ManifestTest, ComputedThroughACopyingReaderOrFailingWithIt) {
+  std::vector<TensorInfo> tensors = {
+      {"a", DType::kBF16, {3000}}, {"b", DType::kU8, {5}}, {"c", DType::kF32, {0}}};
+  std::vector<std::vector<std::byte>> data;
+  std::mt19937_64 rng(2);
+  for (const auto& t : tensors) {
+    std::vector<std::byte> bytes(t.ByteSize());
+    for (auto& b : bytes) b = std::byte(static_cast<uint8_t>(rng()));
+    data.push_back(bytes);
+  }
+  const Manifest expected = ComputeManifest(
+      tensors, [&](size_t i) { return ByteSpan(data[i]); }, 256, 1);
+  RangeReader copying = [&](size_t t, uint64_t offset, uint64_t length,
+                            MutableByteSpan buffer) -> Result<ByteSpan> {
+    std::copy_n(data[t].begin() + offset, length, buffer.begin());
+    return ByteSpan(buffer.data(), length);
+  };
+  for (size_t threads : {size_t{1}, size_t{4}}) {
+    auto m = ComputeManifest(tensors, copying, 256, threads);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->partition_hashes, expected.partition_hashes) << threads;
+    EXPECT_EQ(m->VersionId(), expected.VersionId());
+  }
+  RangeReader failing = [&](size_t t, uint64_t offset, uint64_t length,
+                            MutableByteSpan buffer) -> Result<ByteSpan> {
+    if (t == 0 && offset >= 2048) return Status::IoError("read of a: no");
+    return copying(t, offset, length, buffer);
+  };
+  auto m = ComputeManifest(tensors, failing, 256, 3);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kIoError);
+  EXPECT_THAT(m.status().message(), HasSubstr("read of a: no"));
 }
 
 // A manifest of format 1 (xxh3-64 partition hashes) is never read as format 2:

@@ -61,6 +61,13 @@ class BindingTest(unittest.TestCase):
                 report = source.publish()
                 self.assertTrue(report.committed, report.abort_reason)
                 self.assertEqual(report.nodes_decided, 2)
+                self.assertEqual(len(report.nodes), 2)
+                for n in report.nodes:  # where each node's time to PREPARED went
+                    self.assertGreater(n.receive_seconds, 0)
+                    self.assertLessEqual(n.receive_seconds, n.prepared_seconds)
+                    self.assertGreater(n.write_seconds, 0)
+                    self.assertGreater(n.apply_cpu_seconds, 0)
+                    self.assertGreaterEqual(n.disk_wait_seconds, 0)
                 for n in ("w1", "w2"):
                     for k in trainer:
                         self.assertTrue(torch.equal(workers[n][k].view(torch.uint8),

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace deltacast::relay {
 namespace {
 
@@ -85,6 +87,46 @@ TEST(ProtocolTest, MalformedMessagesAreRefused) {
   auto prepared = EncodePrepared({1, {}});
   StoreLE<uint32_t>(prepared.data() + kMessageHeaderBytes + 8, 0xFFFFFFFFu);
   EXPECT_EQ(ParsePrepared(prepared).status().code(), StatusCode::kCorrupt);
+}
+
+// Version 6: PREPARED carries where each node's time went; a time that is not a
+// finite count of seconds >= 0 is refused, and a version-5 PREPARED (without them)
+// is refused at its header, never misread.
+TEST(ProtocolTest, PreparedCarriesEachNodesPhasesAndVersionFiveIsRefused) {
+  NodeReport n{"n1", 100, 9.5, 3};
+  n.receive_seconds = 1.25;
+  n.check_seconds = 0.5;
+  n.write_seconds = 6.75;
+  n.apply_cpu_seconds = 2.0;
+  n.cpu_wait_seconds = 0.25;
+  n.disk_wait_seconds = 4.5;
+  const auto bytes = EncodePrepared({7, {n}});
+  auto p = ParsePrepared(bytes);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->nodes.size(), 1u);
+  const NodeReport& got = p->nodes[0];
+  EXPECT_DOUBLE_EQ(got.apply_seconds, 9.5);
+  EXPECT_DOUBLE_EQ(got.receive_seconds, 1.25);
+  EXPECT_DOUBLE_EQ(got.check_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(got.write_seconds, 6.75);
+  EXPECT_DOUBLE_EQ(got.apply_cpu_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(got.cpu_wait_seconds, 0.25);
+  EXPECT_DOUBLE_EQ(got.disk_wait_seconds, 4.5);
+  // header, refit id, count, "n1", bytes, seconds, partitions, six phase times
+  EXPECT_EQ(bytes.size(), kMessageHeaderBytes + 8 + 4 + 2 + 2 + 8 + 8 + 8 + 6 * 8);
+  for (double bad : {-1.0, std::nan(""), 1e300}) {
+    NodeReport wrong = n;
+    wrong.disk_wait_seconds = bad;
+    auto refused = ParsePrepared(EncodePrepared({7, {wrong}}));
+    EXPECT_EQ(refused.status().code(), StatusCode::kCorrupt) << bad;
+    EXPECT_NE(refused.status().message().find("'n1'"), std::string::npos);
+  }
+  auto truncated = bytes;
+  truncated.resize(truncated.size() - 8);
+  EXPECT_EQ(ParsePrepared(truncated).status().code(), StatusCode::kCorrupt);
+  auto old = bytes;
+  old[4] = std::byte{5};
+  EXPECT_NE(PeekType(old).status().message().find("version 5"), std::string::npos);
 }
 
 TEST(ProtocolTest, ActiveVersionCarriesTheParentsManifestOnlyWhenAsked) {
