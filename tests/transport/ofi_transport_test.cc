@@ -211,16 +211,18 @@ class OfiLink : public ::testing::TestWithParam<std::string> {
   AcceptQueue accept_;
 };
 
-// Keepalives hold an idle link open well past peer_timeout.
+// Keepalives hold an idle link open well past peer_timeout. One second, not less:
+// on a busy two-core machine a progress thread can go unscheduled for a few hundred
+// milliseconds (a 300 ms timeout failed a full-suite run that way).
 TEST_P(OfiLink, IdleLinkOutlivesPeerTimeout) {
-  auto server = Make(milliseconds(300));
-  auto client = Make(milliseconds(300));
+  auto server = Make(milliseconds(1000));
+  auto client = Make(milliseconds(1000));
   auto [connection, accepted] = ListenAndConnect(*server, *client, ListenAddress(), accept_);
   ASSERT_TRUE(connection && accepted);
   Sink server_sink, client_sink;
   server_sink.Start(*accepted);
   client_sink.Start(*connection);
-  std::this_thread::sleep_for(milliseconds(1500));
+  std::this_thread::sleep_for(milliseconds(3000));
   connection->Send(MakeMessage(Payload(31, 0, 100000)));
   ASSERT_TRUE(server_sink.WaitMessages(1));
   EXPECT_EQ(server_sink.close_count(), 0);
