@@ -173,6 +173,7 @@ transports = ["ucx", "tcp"]
       EncodeChain({3, true, {{base_manifest.VersionId(), target_manifest.VersionId(), 256, 2}}}),
       EncodeFetchDeltaChunk({4, target_manifest.VersionId(), 0}),
       EncodeDeltaChunk(4, true, chunk_messages.front()),
+      EncodeActiveVersion(target_manifest.VersionId(), target_manifest.Serialize()),
   };
   for (size_t i = 0; i < messages.size(); ++i)
     Write("protocol", "m" + std::to_string(i), messages[i]);
