@@ -49,6 +49,19 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeO
   agent.verify_key = std::move(*verify_key);
   agent.apply_threads = options.apply_threads;
   agent.spool_dir = options.spool_dir;
+  if (!options.apply_mode.empty()) {
+    if (options.apply_mode != "on-arrival" && options.apply_mode != "staged") {
+      return Status::InvalidArgument("NodeOptions::apply_mode = \"" + options.apply_mode +
+                                     "\": must be \"on-arrival\" or \"staged\"");
+    }
+    for (topology::NodeConfig& n : agent.config.nodes) {
+      if (n.id != options.node_id) continue;
+      n.apply_mode = options.apply_mode == "staged" ? topology::ApplyMode::kStaged
+                                                    : topology::ApplyMode::kOnArrival;
+    }
+  }
+  agent.engine_hooks = {std::move(options.pause_engine), std::move(options.resume_engine),
+                        options.hook_timeout};
   if (options.on_commit) {
     agent.on_commit = [on_commit = std::move(options.on_commit)](const relay::CommitEvent& e) {
       on_commit({e.refit_id, e.version.ToHex(), e.changed_tensors});
@@ -206,6 +219,9 @@ NodeStats Node::stats() const {
   out.partitions_caught_up = s.partitions_caught_up;
   out.deltas_caught_up = s.deltas_caught_up;
   out.version = s.version.ToHex();
+  out.last_pause_seconds = s.last_pause_seconds;
+  out.last_prepared_hold_seconds = s.last_prepared_hold_seconds;
+  out.pause_seconds_total = s.pause_seconds_total;
   return out;
 }
 

@@ -94,8 +94,8 @@ void DeltaApplier::Release(const std::vector<std::pair<size_t, uint64_t>>& parti
   claims_released_.notify_all();
 }
 
-Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
-  const auto start = std::chrono::steady_clock::now();
+Result<std::vector<DeltaApplier::Located>> DeltaApplier::LocateChunk(
+    const codec::ChunkView& chunk) const {
   if (!(chunk.identity == identity_)) {
     return Status::VersionMismatch("chunk " + std::to_string(chunk.sequence) +
                                    " belongs to delta " + chunk.identity.base_version.ShortHex() +
@@ -104,29 +104,40 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
                                    identity_.target_version.ShortHex());
   }
   if (chunk.kind != codec::ChunkKind::kData) return Status::InvalidArgument("not a data chunk");
-
-  // Validate everything before the first write.
   std::vector<Located> located;
   located.reserve(chunk.records.size());
-  std::vector<std::pair<size_t, uint64_t>> named;  // (tensor, partition index)
-  named.reserve(chunk.records.size());
+  std::vector<std::pair<size_t, uint64_t>> sorted;  // (tensor, partition index)
+  sorted.reserve(chunk.records.size());
   for (const auto& record : chunk.records) {
     ASSIGN_OR_RETURN(Located where, Locate(record));
     located.push_back(where);
-    named.emplace_back(where.tensor, where.partition_index);
+    sorted.emplace_back(where.tensor, where.partition_index);
   }
-  {
-    // Records run in parallel; two for one partition would write the same bytes at once.
-    std::vector<std::pair<size_t, uint64_t>> sorted = named;
-    std::sort(sorted.begin(), sorted.end());
-    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-    if (dup != sorted.end()) {
-      const size_t i = std::find(named.begin(), named.end(), *dup) - named.begin();
-      return Status::Corrupt("chunk " + std::to_string(chunk.sequence) + " names tensor '" +
-                             std::string(chunk.records[i].tensor_name) + "' partition at element " +
-                             std::to_string(chunk.records[i].element_offset) + " twice");
-    }
+  // Records run in parallel; two for one partition would write the same bytes at once.
+  std::sort(sorted.begin(), sorted.end());
+  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup != sorted.end()) {
+    size_t i = 0;
+    while (located[i].tensor != dup->first || located[i].partition_index != dup->second) ++i;
+    return Status::Corrupt("chunk " + std::to_string(chunk.sequence) + " names tensor '" +
+                           std::string(chunk.records[i].tensor_name) + "' partition at element " +
+                           std::to_string(chunk.records[i].element_offset) + " twice");
   }
+  return located;
+}
+
+Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
+  return ApplyChunk(chunk, nullptr);
+}
+
+Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk, StagedChunk* staged) {
+  const auto start = std::chrono::steady_clock::now();
+  // Validate everything before the first write.
+  ASSIGN_OR_RETURN(std::vector<Located> located, LocateChunk(chunk));
+  if (staged && staged->decoded.size() != located.size()) staged = nullptr;
+  std::vector<std::pair<size_t, uint64_t>> named;  // (tensor, partition index)
+  named.reserve(located.size());
+  for (const Located& where : located) named.emplace_back(where.tensor, where.partition_index);
   PartitionAccess* access = store_.partition_access();
   std::vector<MutableByteSpan> targets(access ? 0 : located.size());
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -142,7 +153,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
     const std::vector<std::pair<size_t, uint64_t>>& named;
     ~Unclaim() { self->Release(named); }
   } unclaim{this, named};
-  if (access) return ApplyChunkByParts(*access, chunk, located, start);
+  if (access) return ApplyChunkByParts(*access, chunk, located, staged, start);
 
   // What the manifest says each partition holds. With store_at_manifest a
   // partition at the record's base is written without hashing it first: the
@@ -204,6 +215,14 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk) {
   ForEach(located.size(), [&](size_t i) {
     thread_local codec::CodecScratch scratch;
     const codec::PartitionRecord& record = chunk.records[i];
+    if (staged && staged->held[i]) {
+      // Checked and decoded when staged: against the base bytes for the records that
+      // need them, which the write verifies (a partition no longer at base is undone
+      // and classified, as below).
+      std::swap(decoded[i], staged->decoded[i]);
+      held[i] = 1;
+      return;
+    }
     const bool needs_base = codec::RecordNeedsBase(record.encoding);
     if (needs_base && action[i] == Action::kSkip) return;
     if (needs_base && !presumed_base[i]) {

@@ -24,7 +24,13 @@
 // damaged one: nothing of it is written and it does not count as received, so the
 // caller fetches it again (WasRefused).
 //
-// Thread safety: ApplyChunk may be called from several threads at once (chunks of
+// Staged apply (the mode a node serving from its weights runs in: relay/node_store.h):
+// StageChunk does ApplyChunk's validation and check before write and writes
+// nothing; FinishStaged proves that the staged records take the base to the target;
+// at commit each chunk is applied with the records its staging decoded, so the
+// write is all that is left to do.
+//
+// Thread safety: ApplyChunk and StageChunk may be called from several threads at once (chunks of
 // one delta apply in parallel); a chunk that names a partition another call is
 // writing waits for it, so each partition sees one record at a time. The applier
 // also runs its own worker threads within each call. Every other method must not
@@ -38,6 +44,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -84,6 +91,15 @@ struct PartitionKey {
   auto operator<=>(const PartitionKey&) const = default;
 };
 
+// A chunk checked and decoded ahead of its write (staged apply): its records'
+// decoded forms, where the caller's memory budget held them.
+struct StagedChunk {
+  uint32_t sequence = 0;
+  std::vector<codec::DecodedRecord> decoded;  // one per record of the chunk
+  std::vector<char> held;                     // decoded[i] is valid
+  uint64_t held_bytes = 0;                    // what the held records take
+};
+
 struct ApplyReport {
   uint64_t chunks = 0;
   uint64_t records = 0;
@@ -122,6 +138,23 @@ class DeltaApplier {
   // changed under the applier) leaves its partition at base and fails the call
   // after the chunk's other records are done.
   Status ApplyChunk(const codec::ChunkView& chunk);
+
+  // Staged apply: validates and checks `chunk` exactly as ApplyChunk does and
+  // writes nothing. The store is only read, by the records whose check decodes
+  // against the base bytes (overwrite, context-XOR) where the manifest has their
+  // partition at base (serving does not disturb them); a partition it has elsewhere
+  // (a resumed delta that wrote it) is classified again when written. Decoded records
+  // are kept in the result while `budget` (bytes, shared by the caller's staged
+  // chunks, taken from as records are held) lasts; the rest are decoded again when
+  // written. A refused chunk: as ApplyChunk (kCorrupt, WasRefused).
+  Result<StagedChunk> StageChunk(const codec::ChunkView& chunk, std::atomic<int64_t>& budget);
+  // The target manifest the staged chunks lead to: every data chunk staged, and
+  // the base manifest with every staged record's target hash is the target version
+  // (kCorrupt otherwise). Nothing is written; the store is still at the base.
+  Result<codec::Manifest> FinishStaged(const codec::DeltaSummary& summary);
+  // ApplyChunk with the records `staged` decoded (moved out of it); records it did
+  // not hold are decoded here.
+  Status ApplyChunk(const codec::ChunkView& chunk, StagedChunk* staged);
 
   // Whether chunk `sequence` was refused by the check before write and has not been
   // applied since: fetch it again (and do not Finish without it).
@@ -194,6 +227,8 @@ class DeltaApplier {
     uint64_t byte_length = 0;
   };
   Result<Located> Locate(const codec::PartitionRecord& record) const;
+  // The identity, every record's partition, and no partition named twice.
+  Result<std::vector<Located>> LocateChunk(const codec::ChunkView& chunk) const;
   void ForEach(size_t count, const std::function<void(size_t)>& fn) const;
   // Whether to keep the undo of `record` (reserving its bytes of the budget).
   bool KeepUndo(const codec::PartitionRecord& record, const Located& where);
@@ -242,7 +277,7 @@ class DeltaApplier {
   // plan): delta_applier_parts.cc. Records are decoded and checked on the host and
   // written in one ApplyPatches call per chunk; hashes are computed where the bytes lie.
   Status ApplyChunkByParts(PartitionAccess& access, const codec::ChunkView& chunk,
-                           const std::vector<Located>& located,
+                           const std::vector<Located>& located, StagedChunk* staged,
                            std::chrono::steady_clock::time_point start);
   Status RollbackByParts(PartitionAccess& access);  // under mu_
   // RevertChunk's work for one record; `needs_base` as there.
@@ -250,6 +285,11 @@ class DeltaApplier {
                        const Located& where, std::vector<NeedsBase>& needs_base);
   // Writes `bytes` at byte `offset` of tensor `tensor`, by either path.
   Status WriteBytes(size_t tensor, uint64_t offset, ByteSpan bytes);
+
+  // Staged apply: the chunks staged, and the base manifest with their records'
+  // target hashes (set by the first StageChunk).
+  std::set<uint32_t> staged_seen_;
+  std::optional<codec::Manifest> staged_target_;
 
   std::vector<Located> dirty_;  // applied partitions not yet flushed
   std::vector<Undo> undo_;

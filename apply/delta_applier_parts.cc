@@ -29,7 +29,7 @@ bool IsWhole(codec::Encoding encoding) {
 }  // namespace
 
 Status DeltaApplier::ApplyChunkByParts(PartitionAccess& access, const codec::ChunkView& chunk,
-                                       const std::vector<Located>& located,
+                                       const std::vector<Located>& located, StagedChunk* staged,
                                        std::chrono::steady_clock::time_point start) {
   const size_t n = located.size();
   enum class Action : char { kUnknown, kSkip, kTorn, kApply };
@@ -78,11 +78,15 @@ Status DeltaApplier::ApplyChunkByParts(PartitionAccess& access, const codec::Chu
     thread_local codec::CodecScratch scratch;
     const codec::PartitionRecord& record = chunk.records[i];
     const Located& where = located[i];
-    if (codec::RecordNeedsBase(record.encoding) || IsWhole(record.encoding)) {
+    // Decoded when staged (against the base bytes where the record needs them).
+    const bool from_stage = staged && staged->held[i];
+    if ((codec::RecordNeedsBase(record.encoding) && !from_stage) || IsWhole(record.encoding)) {
+      // Dense and literal records keep what they replace, to undo a missed target.
       old[i].resize(where.byte_length);
       errors[i] = access.ReadPartition(where.tensor, where.byte_offset, old[i]);
       if (!errors[i].ok()) return;
     }
+    if (from_stage) return std::swap(decoded[i], staged->decoded[i]);
     const ByteSpan base = old[i].empty() ? SizeOnly(where.byte_length) : ByteSpan(old[i]);
     errors[i] = codec::DecodeAndCheckRecord(record.Coding(), base, decoded[i], scratch)
                     .WithContext(context(i));

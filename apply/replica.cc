@@ -372,4 +372,13 @@ Status Replica::FinishAbort() {
   return Status::Ok();
 }
 
+Status Replica::DropUnwritten() {
+  if (!inflight_) return Status::Ok();
+  // Nothing of the delta was written: the store is its base, byte for byte, and the
+  // manifest this replica holds is still that of its bytes.
+  if (state_) RETURN_IF_ERROR(state_->ClearInflight());
+  ForgetInflight();
+  return Status::Ok();
+}
+
 }  // namespace deltacast::apply

@@ -151,6 +151,10 @@ class Replica {
   // Rolls `applier`'s partitions back to the base (its in-memory undo) and clears
   // the in-flight record; the active version stays the base.
   Status Abort(DeltaApplier& applier);
+  // Ends the delta in flight that never wrote a byte to the store (a staged delta
+  // dropped before its commit, begun by this process: the caller vouches for it):
+  // clears the in-flight record without hashing the store.
+  Status DropUnwritten();
   // Commits the in-flight delta after a restart lost its verified manifest:
   // re-hashes the store and commits only if it is exactly at the target version
   // (else kFailedPrecondition, nothing changed).

@@ -20,6 +20,11 @@ NodeStore::Options StoreOptions(const NodeAgentOptions& options,
   o.apply_threads = options.apply_threads ? options.apply_threads : DefaultThreadCount();
   o.spool_dir = spool_dir;
   o.write_back_delay = options.write_back_delay;
+  if (const topology::NodeConfig* self = options.config.FindNode(options.node_id)) {
+    o.mode = self->apply_mode;
+    o.staged_memory = self->staged_memory;
+  }
+  o.hooks = options.engine_hooks;
   return o;
 }
 

@@ -59,6 +59,10 @@ struct NodeAgentOptions {
   // "Durability"); the next refit starts a pending write-back at once. Tests use a
   // long delay to leave a commit's pages unflushed, as a machine crash finds them.
   std::chrono::milliseconds write_back_delay{0};
+  // Called around every write to the weights (NodeStore, EngineHooks): an engine
+  // serving from them pauses; with [[node]] apply = "staged" that is only the
+  // commit's apply.
+  EngineHooks engine_hooks;
   // How a catch-up to a version this node missed is coming along (relay/catch_up.h);
   // on the node's loop thread, so it must not block. Optional.
   std::function<void(const CatchUpProgress&)> on_catch_up_progress;
@@ -84,6 +88,12 @@ struct NodeAgentStats {
   // came back from the spool).
   uint64_t stores_recovered = 0;
   uint64_t partitions_recovered = 0;
+  // The last refit (committed or aborted): how long the engine was paused for its
+  // writes (NodeStore::CommitTimes), and how long this node held a prepared delta
+  // before the decision came.
+  double last_pause_seconds = 0;
+  double last_prepared_hold_seconds = 0;
+  double pause_seconds_total = 0;
   // The last commit's writes are not all known to be on disk yet (its write-back
   // is pending or running, or a restart has yet to reconcile it).
   bool store_unflushed = false;

@@ -80,7 +80,12 @@ class NodeAgent::Impl {
     Status outcome_error;
     Clock::time_point start = Clock::now();
     Clock::time_point decided;
+    Clock::time_point prepared_at;  // the local delta verified (PREPARED's half from here)
     double apply_seconds = 0;
+    // The engine's pause for this refit's writes, and how long the prepared delta was
+    // held before the decision (staged apply: the engine served all along).
+    double pause_seconds = 0;
+    double hold_seconds = 0;
     // The phases of this node's prepare, for PREPARED (NodeReport): BEGIN to END
     // received; the apply thread's CPU, waiting for a CPU and blocked time (summed
     // over chunks); the applier's check-before-write and write totals; the final
@@ -178,6 +183,7 @@ class NodeAgent::Impl {
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
+  uint64_t retried_commit_ = 0;            // the refit whose failed local commit was tried again
   Status catch_up_failure_;                // why that catch-up failed
   // COMMIT / ABORT of the deferred BEGIN's refit that came while it waited (the
   // parent may decide before this node began: a catch-up that fails takes a

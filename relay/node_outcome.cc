@@ -202,8 +202,14 @@ void NodeAgent::Impl::Decide(MessageType type) {
   downstream_.Broadcast(DecisionFor(MessageType::kCommit));
   children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
                     options_.config.tree.connect_timeout);
+  if (r.local_prepared)
+    r.hold_seconds = std::chrono::duration<double>(r.decided - r.prepared_at).count();
   const uint64_t id = r.id;
-  store_.Commit(id, [this, id](const Status& s, const Digest128& v) { OnLocalOutcome(id, s, v); });
+  store_.Commit(
+      id, [this, id](const Status& s, const Digest128& v, const NodeStore::CommitTimes& times) {
+        if (refit_ && refit_->id == id) refit_->pause_seconds = times.pause_seconds;
+        OnLocalOutcome(id, s, v);
+      });
 }
 
 void NodeAgent::Impl::StartAbort() {
@@ -277,6 +283,9 @@ void NodeAgent::Impl::ReportOutcome() {
   const NodeAgentStats s = [&] {
     std::lock_guard lock(stats_mu_);
     (committed ? stats_.refits_committed : stats_.refits_aborted)++;
+    stats_.last_pause_seconds = r.pause_seconds;
+    stats_.last_prepared_hold_seconds = r.hold_seconds;
+    stats_.pause_seconds_total += r.pause_seconds;
     return stats_;
   }();
   if (r.outcome_error.ok()) {
@@ -291,11 +300,11 @@ void NodeAgent::Impl::ReportOutcome() {
   RunDeferredBegin();
   log::Info(fmt::format(
       "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "
-      "refetched {}, repair {} B, {} partitions applied, apply {:.2f} s, total {:.2f} s, peak "
-      "held {:.2f} MiB, {} children",
+      "refetched {}, repair {} B, {} partitions applied, apply {:.2f} s, engine paused {:.4f} "
+      "s, prepared delta held {:.2f} s, total {:.2f} s, peak held {:.2f} MiB, {} children",
       options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(),
       r.chunk_bytes, double(r.chunk_bytes) / (1 << 20), r.chunks, r.resent_bytes, refetches_,
-      r.repair_bytes, r.partitions_applied, r.apply_seconds,
+      r.repair_bytes, r.partitions_applied, r.apply_seconds, r.pause_seconds, r.hold_seconds,
       std::chrono::duration<double>(Clock::now() - r.start).count(),
       double(s.peak_held_bytes) / (1 << 20), self_.children.size()));
 }

@@ -68,6 +68,29 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     deferred_begin_.assign(bytes.begin(), bytes.end());
     return;
   }
+  if (refit_ && refit_->phase == Phase::kDone && committed_last_ && !refit_->outcome_error.ok() &&
+      retried_commit_ != refit_->id && journal_.prepared && journal_.inflight &&
+      journal_.inflight->target == begin->base_version) {
+    // The last refit committed, and this node holds its verified delta, but could
+    // not write it (its engine did not pause): commit it now, then begin.
+    retried_commit_ = refit_->id;
+    log::Warn(fmt::format("{}: committing the delta to {} it could not write at refit {} first",
+                          options_.node_id, begin->base_version.ShortHex(), refit_->id));
+    deferred_begin_.assign(bytes.begin(), bytes.end());
+    store_.Commit(refit_->id, [this](const Status& status, const Digest128& version,
+                                     const NodeStore::CommitTimes&) {
+      if (!status.ok()) {
+        log::Error(fmt::format("{}: the held delta still could not be committed: {}",
+                               options_.node_id, status.ToString()));
+      }
+      {
+        std::lock_guard lock(stats_mu_);
+        stats_.version = version;
+      }
+      RunDeferredBegin();
+    });
+    return;
+  }
   if (recovery_.active() && !Behind(*begin)) {
     if (catch_up_failed_refit_ == begin->refit_id) {
       // It tried to catch up to this refit's base and could not (its disk refused
@@ -286,6 +309,7 @@ void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& 
   if (!result.torn.empty()) return RequestRepairs(result);
   if (result.end && refit_->local_error.ok()) {
     refit_->local_prepared = true;
+    refit_->prepared_at = Clock::now();
     refit_->partitions_applied = result.applied;
     MaybePrepared();
   }

@@ -2,11 +2,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 
 #include "common/crash_point.h"
 #include "common/log.h"
 #include "common/runtime.h"
 #include "common/thread_time.h"
+#include "relay/internal/node_store_state.h"
 #include "relay/node_agent.h"
 #include "relay/signing.h"
 
@@ -43,23 +45,6 @@ void AddDiffering(const apply::WeightStore& store, const codec::Manifest& now,
 
 }  // namespace
 
-// The applier of the refit in progress and what it has seen (apply thread).
-struct NodeStore::RefitState {
-  uint64_t id = 0;
-  bool at_target = false;  // the replica already holds the target: nothing to apply
-  std::unique_ptr<apply::DeltaApplier> applier;
-  std::optional<codec::DeltaSummary> summary;
-  std::optional<codec::Manifest> target;
-  std::set<std::string> changed_tensors;      // under journal_mu_
-  std::array<uint8_t, 32> manifest_digest{};  // all zero: not checked
-};
-
-// A reconcile in progress (apply thread).
-struct NodeStore::ReconcileState {
-  apply::Reconcile reconcile;
-  std::set<apply::PartitionKey> pending;  // partitions that still differ from the target
-};
-
 NodeStore::NodeStore(std::unique_ptr<apply::Replica> replica, Options options, EventLoop& loop,
                      std::function<void(const Journal&)> on_journal,
                      std::function<void(const CommitEvent&)> on_commit)
@@ -76,10 +61,16 @@ NodeStore::NodeStore(std::unique_ptr<apply::Replica> replica, Options options, E
 }
 
 NodeStore::~NodeStore() { Stop(); }
-void NodeStore::Start() { apply_loop_.Start(); }
+void NodeStore::Start() {
+  hook_loop_.Start();
+  apply_loop_.Start();
+}
 void NodeStore::Stop() {
   apply_loop_.Stop();
   workers_->Stop();
+  // A hook still running is waited for (EngineHooks: a pause that hangs fails its
+  // write, but the node can only stop once it returns).
+  hook_loop_.Stop();
   // The apply thread is gone: this thread drives the replica now. A write-back that
   // ran to the end clears the journal's note; one still waiting is dropped.
   auto flushed = write_back_.Abandon();
@@ -137,6 +128,9 @@ void NodeStore::BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
     *refit_ = RefitState{};
     refit_->id = id;
     refit_->manifest_digest = manifest_digest;
+    refit_->staged = options_.mode == topology::ApplyMode::kStaged;
+    refit_->spool = spool;
+    staged_budget_ = static_cast<int64_t>(options_.staged_memory);
     Status status = Settle();
     if (status.ok() && !replica_->inflight() && !replica_->unflushed()) {
       // The last commit's writes are on disk: its spool is no longer needed.
@@ -150,10 +144,25 @@ void NodeStore::BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
       refit_->at_target = true;
     } else {
       const bool resuming = replica_->inflight().has_value();
-      auto applier = replica_->Begin(identity, RefitOptions());
+      // Apply-on-arrival writes from the first chunk: an engine sharing the weights
+      // is paused from here to the commit or rollback.
+      if (!refit_->staged) status = PauseEngine();
+      auto applier = status.ok() ? replica_->Begin(identity, RefitOptions())
+                                 : Result<std::unique_ptr<apply::DeltaApplier>>(status);
       status = applier.status();
       if (applier.ok()) refit_->applier = std::move(*applier);
-      if (applier.ok() && resuming && spool) {
+      refit_->untouched = refit_->staged && !resuming;
+      if (applier.ok() && resuming && spool && refit_->staged) {
+        // Checked again from the spool: held for the commit like new chunks.
+        for (uint32_t sequence : replica_->applied_chunks()) {
+          ChunkSlot none(nullptr, codec::ChunkKind::kData);
+          ApplyResult again = StageData(*refit_->applier, sequence, none, spool.get());
+          if (!again.status.ok()) {
+            log::Warn("journaled chunk " + std::to_string(sequence) +
+                      " could not be staged again from the spool: " + again.status.ToString());
+          }
+        }
+      } else if (applier.ok() && resuming && spool) {
         // The journaled chunks are not sent again, and their writes may have been
         // lost with the machine: apply them again from the spool, by hash.
         for (uint32_t sequence : replica_->applied_chunks()) {
@@ -215,7 +224,8 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
     workers_->Post([this, id, applier, sequence, chunk, spool, done] {
       const auto t0 = Clock::now();
       const ThreadTime before = ThreadTime::Now();
-      ApplyResult result = ApplyData(*applier, sequence, *chunk, spool.get());
+      ApplyResult result = refit_->staged ? StageData(*applier, sequence, *chunk, spool.get())
+                                          : ApplyData(*applier, sequence, *chunk, spool.get());
       result.sequence = sequence;
       result.seconds = SecondsSince(t0);
       SplitTime(before, result);
@@ -342,9 +352,15 @@ NodeStore::ApplyResult NodeStore::FinishRefit() {
     return result;
   }
   const auto t0 = Clock::now();
-  auto target = applier.Finish(summary);
+  // Staged: the records' target hashes make the target; nothing was written.
+  auto target = refit_->staged ? applier.FinishStaged(summary) : applier.Finish(summary);
   result.status = target.status();
   result.applied = applier.report().applied;
+  if (refit_->staged && target.ok()) {
+    std::lock_guard lock(staged_mu_);
+    result.applied = 0;
+    for (const auto& [sequence, held] : refit_->held) result.applied += held.records->held.size();
+  }
   result.check_seconds = applier.report().check_seconds;
   result.write_seconds = applier.report().write_seconds;
   const std::array<uint8_t, 32> none{};
@@ -379,16 +395,28 @@ void NodeStore::Repair(uint64_t id, apply::PartitionKey key,
   });
 }
 
-void NodeStore::Commit(uint64_t id, Outcome done) {
+void NodeStore::Commit(uint64_t id, CommitDone done) {
   apply_loop_.Post([this, id, done] {
     WaitForChunks();
     CrashPoint("agent.commit");
+    if (refit_->id == id && refit_->staged && !refit_->at_target && refit_->target) {
+      Status paused = PauseEngine();
+      if (!paused.ok()) {
+        // Nothing was written: the verified delta stays held (and journaled
+        // PREPARED) for Commit(id) again.
+        Reply([done, paused, version = replica_->version()] { done(paused, version, {}); });
+        return;
+      }
+    }
     // Durable by the spool and the decision: the store's pages are written back
     // after, off the critical path.
     Status status = refit_->at_target ? Status::Ok()
-                    : refit_->target
-                        ? replica_->Commit(*refit_->target, apply::CommitDurability::kLogged)
-                        : Status::Internal("commit without a verified target");
+                    : !refit_->target ? Status::Internal("commit without a verified target")
+                    : refit_->staged
+                        ? ApplyStaged()
+                        : replica_->Commit(*refit_->target, apply::CommitDurability::kLogged);
+    CommitTimes times;
+    times.pause_seconds = ResumeEngine();
     CommitEvent event{
         id, replica_->version(), {refit_->changed_tensors.begin(), refit_->changed_tensors.end()}};
     *refit_ = RefitState{};
@@ -402,7 +430,7 @@ void NodeStore::Commit(uint64_t id, Outcome done) {
         });
       });
     }
-    Reply([done, status, version = event.version] { done(status, version); });
+    Reply([done, status, version = event.version, times] { done(status, version, times); });
   });
 }
 
@@ -439,8 +467,9 @@ void NodeStore::CommitPrepared(Outcome done) {
             "the store lost writes and its spool does not hold the whole delta to " +
             delta.target.ShortHex());
       }
-      log::Warn("the store lost writes of the prepared delta to " + delta.target.ShortHex() +
-                "; committing it from the spool, then reconciling");
+      log::Warn("the store is not at the prepared target " + delta.target.ShortHex() +
+                " (writes lost with the machine, or a staged delta not written yet); committing "
+                "it from the spool, then reconciling");
       return replica_->CommitAhead(target);
     };
     Status status = commit();
@@ -453,6 +482,7 @@ void NodeStore::DropRefit() {
   apply_loop_.Post([this] {
     WaitForChunks();
     *refit_ = RefitState{};
+    ResumeEngine();
   });
 }
 
@@ -465,6 +495,7 @@ void NodeStore::Reconcile(std::function<void(const Status&, std::vector<Fetch>)>
     auto run = [&]() -> Status {
       if (!replica_->needs_reconcile()) return Status::Ok();
       const apply::InflightDelta delta = *replica_->unflushed();
+      RETURN_IF_ERROR(PauseEngine());  // resumed once the store is at the version
       apply::ApplyOptions options;
       options.threads = options_.apply_threads;
       options.pool = workers_.get();
@@ -490,13 +521,17 @@ void NodeStore::Reconcile(std::function<void(const Status&, std::vector<Fetch>)>
       if (differing.empty()) {
         RETURN_IF_ERROR(replica_->FinishReconcile(now));
         reconcile_.reset();
+        ResumeEngine();
         return Status::Ok();
       }
       for (const Fetch& f : differing) reconcile_->pending.insert({f.tensor, f.element_offset});
       return Status::Ok();
     };
     Status status = run();
-    if (!status.ok()) reconcile_.reset();
+    if (!status.ok()) {
+      reconcile_.reset();
+      ResumeEngine();
+    }
     PostJournal();
     Reply([done, status, differing] { done(status, differing); });
   });
@@ -518,6 +553,7 @@ void NodeStore::RepairReconciled(apply::PartitionKey key,
         status = replica_->FinishReconcile(reconcile_->reconcile.applier->current_manifest());
         finished = status.ok();
         reconcile_.reset();
+        ResumeEngine();
         PostJournal();
       }
     }
@@ -536,6 +572,9 @@ void NodeStore::Revert(
     auto revert = [&]() -> Result<std::vector<apply::DeltaApplier::NeedsBase>> {
       std::vector<apply::DeltaApplier::NeedsBase> needs;
       if (!replica_->inflight()) return needs;  // nothing applied: nothing to undo
+      // Staged and never written: nothing to undo; FinishRollback drops it.
+      if (refit_->untouched) return needs;
+      RETURN_IF_ERROR(PauseEngine());  // resumed by FinishRollback
       RETURN_IF_ERROR(replica_->BeginRollback());
       // Best effort: the records below finish the job.
       if (refit_->applier) (void)refit_->applier->Rollback();
@@ -571,8 +610,11 @@ void NodeStore::WriteBase(apply::PartitionKey key, std::shared_ptr<std::vector<s
 void NodeStore::FinishRollback(Status prior, Outcome done) {
   apply_loop_.Post([this, prior, done] {
     WaitForChunks();
-    Status status = prior.ok() ? replica_->FinishAbort() : prior;
+    Status status = !prior.ok()         ? prior
+                    : refit_->untouched ? replica_->DropUnwritten()
+                                        : replica_->FinishAbort();
     *refit_ = RefitState{};
+    ResumeEngine();
     PostJournal();
     Reply([done, status, version = replica_->version()] { done(status, version); });
   });
@@ -585,6 +627,7 @@ void NodeStore::BeginLink(const ChainLink& link,
   apply_loop_.Post([this, link, done] {
     WaitForChunks();
     Status settled = Settle();
+    if (settled.ok()) settled = PauseEngine();  // resumed when the catch-up ends
     auto applier = settled.ok() ? replica_->Begin({link.base, link.target, link.partition_bytes},
                                                   apply::ApplyOptions{options_.apply_threads})
                                 : Result<std::unique_ptr<apply::DeltaApplier>>(settled);
@@ -629,6 +672,7 @@ void NodeStore::FinishLink(codec::DeltaSummary summary, Done done) {
     Status status = target.status();
     if (target.ok()) status = replica_->Commit(*target);
     catch_up_applier_.reset();
+    ResumeEngine();
     PostJournal();
     Reply([done, status] { done(status); });
   });
@@ -640,6 +684,7 @@ void NodeStore::BeginCatchUp(
   apply_loop_.Post([this, target = std::move(target), done] {
     WaitForChunks();
     Status settled = Settle();
+    if (settled.ok()) settled = PauseEngine();  // resumed when the catch-up ends
     auto begun = settled.ok()
                      ? replica_->BeginCatchUp(target, apply::ApplyOptions{options_.apply_threads})
                      : Result<apply::CatchUp>(settled);
@@ -670,6 +715,7 @@ void NodeStore::CommitCatchUp(Done done) {
     WaitForChunks();
     Status status = replica_->CommitFromStore();
     catch_up_applier_.reset();
+    ResumeEngine();
     PostJournal();
     Reply([done, status] { done(status); });
   });
@@ -679,6 +725,7 @@ void NodeStore::DropCatchUp() {
   apply_loop_.Post([this] {
     WaitForChunks();
     catch_up_applier_.reset();
+    ResumeEngine();
   });
 }
 

@@ -20,7 +20,18 @@
 // note, Reconcile brings the store back to the committed version; a resumed delta
 // re-applies its journaled chunks from the spool (their writes may be lost too).
 //
-// Owns: the replica, the apply thread and workers, the write-back, the applier of
+// Staged apply (Options::mode, docs/serving.md): chunks are spooled, checked and
+// decoded as they come (DeltaApplier::StageChunk), nothing is written, and PREPARED
+// means this node holds a verified delta from its base to the target. Commit then
+// pauses the engine (EngineHooks), writes the held records, verifies them, commits
+// and resumes it. Any other write to the weights (catch-up, rollback of a delta a
+// restart found applied, recovery) also runs between the hooks. The journal is the
+// one of apply-on-arrival (a chunk journaled is durable in the spool and need not be
+// sent again), so a restart at any point recovers as there: a prepared delta is
+// committed from the spool by hash (CommitPrepared, then Reconcile), an aborted one
+// reverted by hash.
+//
+// Owns: the replica, the apply thread and workers, the hook thread, the write-back, the applier of
 // the refit in progress, of a catch-up, and of a reconcile. The node's loop thread
 // keeps a mirror of the replica's journal (Journal), refreshed after every change.
 //
@@ -48,11 +59,26 @@
 #include "relay/protocol.h"
 #include "relay/spool.h"
 #include "relay/write_back.h"
+#include "topology/cluster_config.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay {
 
 struct CommitEvent;
+
+// What an inference engine serving from the node's weights is told around every
+// write to them (staged apply: the commit's apply; apply-on-arrival: from a
+// refit's first write to its commit or rollback). Both run on the node's hook
+// thread, one at a time, never together with a write. `pause` returns once the engine
+// no longer reads the weights (an error: nothing is written and the commit fails
+// here); `resume` once they are whole again, at one version. A pause that has not
+// returned within `timeout` fails the write the same way; `resume` then runs
+// after it returns, so the engine is never left paused by a late pause.
+struct EngineHooks {
+  std::function<Status()> pause;
+  std::function<void()> resume;
+  std::chrono::milliseconds timeout{10'000};
+};
 
 class NodeStore {
  public:
@@ -128,7 +154,17 @@ class NodeStore {
     std::filesystem::path spool_dir;
     // How long after a commit its write-back starts (WriteBack).
     std::chrono::milliseconds write_back_delay{0};
+    topology::ApplyMode mode = topology::ApplyMode::kOnArrival;
+    uint64_t staged_memory = topology::kDefaultStagedMemory;  // decoded records and chunks held
+    EngineHooks hooks;
   };
+  // What a commit's write took: the engine paused (hooks given or not: the time
+  // the weights were being written, between the hooks where there are hooks).
+  struct CommitTimes {
+    double pause_seconds = 0;
+  };
+  using CommitDone =
+      std::function<void(const Status&, const Digest128& version, const CommitTimes&)>;
   // `loop` is the node's loop: every completion is posted there. `on_journal` gets
   // the mirror after every change; `on_commit` runs on the apply thread after a
   // refit commits.
@@ -163,8 +199,11 @@ class NodeStore {
   // verifies the delta as ApplyChunk(END) does.
   void Repair(uint64_t id, apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
               std::function<void(const ApplyResult&)> done);
-  // Commits refit `id`'s verified target; then on_commit.
-  void Commit(uint64_t id, Outcome done);
+  // Commits refit `id`'s verified target; then on_commit. Staged: pauses the
+  // engine, writes the held delta, verifies it and commits, resumes the engine; if
+  // the engine does not pause, nothing is written and the delta stays held for
+  // another Commit(id) (until the next BeginRefit or DropRefit).
+  void Commit(uint64_t id, CommitDone done);
   // Commits a delta left in flight by an earlier run that journaled PREPARED. If the
   // store hashes to its target, at once; if writes were lost with the machine, the
   // commit is made ahead of the bytes (the version is durable by the spool) and the
@@ -248,6 +287,21 @@ class NodeStore {
   ApplyResult ApplyData(apply::DeltaApplier& applier, uint32_t sequence, const ChunkSlot& chunk,
                         Spool* spool);
   ApplyResult FinishRefit();
+  // node_store_staged.cc. A worker, staged: spools durably, checks and decodes one
+  // data chunk without writing, journals it.
+  ApplyResult StageData(apply::DeltaApplier& applier, uint32_t sequence, const ChunkSlot& chunk,
+                        Spool* spool);
+  // Apply thread, at a staged commit: writes every held chunk, returns the target
+  // the store verified at (or an error; torn partitions: the commit goes ahead of
+  // the bytes and Reconcile mends them).
+  Status ApplyStaged();
+  // Apply thread: runs the engine's pause hook (once: a paused engine stays paused
+  // until ResumeEngine) before a write to the weights; returns how long it is
+  // paused on ResumeEngine.
+  Status PauseEngine();
+  double ResumeEngine();
+  // Runs `hook` on the hook thread, waiting at most the hooks' timeout.
+  Status RunPauseHook();
   // Apply thread: waits until no data chunk is being applied.
   void WaitForChunks();
   // Apply thread: waits for the last commit's write-back and clears the journal's
@@ -281,6 +335,13 @@ class NodeStore {
   // the END on a new link. Read by workers.
   std::atomic<uint64_t> end_waits_for_refused_{0};
   std::unique_ptr<WorkerPool> workers_;
+  // Staged apply: what the held chunks may take (decoded records and chunk buffers).
+  std::atomic<int64_t> staged_budget_{0};
+  std::mutex staged_mu_;        // RefitState::staged, which workers fill
+  bool engine_paused_ = false;  // apply thread
+  std::chrono::steady_clock::time_point paused_at_;
+  // Runs the engine hooks, so a hook that hangs holds up only itself.
+  EventLoop hook_loop_;
   // Declared last: stopped before the state it uses goes away.
   EventLoop apply_loop_;
 };

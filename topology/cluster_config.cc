@@ -466,6 +466,23 @@ class Parser {
       node.parent = std::move(p);
       node.parent_line = parent.line;
     }
+
+    ASSIGN_OR_RETURN(Field apply, Get(t, "apply", where, false));
+    if (apply.node != nullptr) {
+      ASSIGN_OR_RETURN(std::string a, String(apply));
+      if (a == "on-arrival") {
+        node.apply_mode = ApplyMode::kOnArrival;
+      } else if (a == "staged") {
+        node.apply_mode = ApplyMode::kStaged;
+      } else {
+        return Error(apply.line,
+                     apply.name + " = " + Quoted(a) + ": must be \"on-arrival\" or \"staged\"");
+      }
+    }
+    ASSIGN_OR_RETURN(Field staged_memory, Get(t, "staged_memory", where, false));
+    if (staged_memory.node != nullptr) {
+      ASSIGN_OR_RETURN(node.staged_memory, Size(staged_memory));
+    }
     return node;
   }
 
@@ -586,6 +603,10 @@ std::string_view RoleName(Role role) {
       return "receiver";
   }
   return "unknown";
+}
+
+std::string_view ApplyModeName(ApplyMode mode) {
+  return mode == ApplyMode::kStaged ? "staged" : "on-arrival";
 }
 
 std::string_view CommitPolicyName(CommitPolicy policy) {

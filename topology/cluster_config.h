@@ -17,9 +17,9 @@
 //               planner needs its WAN figures, and it catches misspelled region names);
 //               a declared region that no node uses is an error too, for the same reason.
 //   [[node]]    id, host, port are required; role ("source" | "receiver", default
-//               "receiver"), region (default: the source's region), uplink (default [tree] default_uplink),
-//               transports (default ["tcp"]: the backends it listens on and prefers, in
-//               order), parent (a manual override of the planner).
+//               "receiver"), region (default: the source's region), uplink (default [tree]
+//               default_uplink), transports (default ["tcp"]: the backends it listens on and
+//               prefers, in order), parent (a manual override of the planner).
 //   [transport] optional; ucx_provider (the UCX transports to use, UCX_TLS syntax, e.g.
 //               "tcp" or "shm"; default "": UCX's own choice), ofi_provider (the libfabric
 //               provider, e.g. "verbs;ofi_rxm", "efa", "tcp;ofi_rxm", "shm"; default "").
@@ -69,8 +69,18 @@ enum class CommitPolicy {
   kAvailable,  // nodes that are down do not block; they catch up later
 };
 
+// How a receiver writes a refit's delta into its weights (docs/serving.md).
+enum class ApplyMode {
+  kOnArrival,  // each chunk as it arrives; PREPARED: the weights are at the target
+  kStaged,     // checked as chunks arrive, written at COMMIT; PREPARED: a verified delta is held
+};
+
 std::string_view RoleName(Role role);
 std::string_view CommitPolicyName(CommitPolicy policy);
+std::string_view ApplyModeName(ApplyMode mode);
+
+// Decoded records a staged node holds for its commit by default ([[node]] staged_memory).
+inline constexpr uint64_t kDefaultStagedMemory = uint64_t{1} << 30;
 
 inline constexpr uint64_t kMinChunkSize = uint64_t{4} << 10;
 inline constexpr uint64_t kMaxChunkSize = uint64_t{1} << 30;
@@ -84,8 +94,11 @@ struct NodeConfig {
   double uplink_bps = 0;                // egress bandwidth, bits per second
   std::vector<std::string> transports;  // preference order; names from KnownTransports()
   std::optional<std::string> parent;    // manual override of the planned parent
-  int line = 0;                         // line of this node's [[node]] header; 0 if built in code
-  int parent_line = 0;                  // line of its `parent` key; 0 if none
+  ApplyMode apply_mode = ApplyMode::kOnArrival;
+  // Staged: memory for records decoded ahead of the commit; the rest decode in the pause.
+  uint64_t staged_memory = kDefaultStagedMemory;
+  int line = 0;         // line of this node's [[node]] header; 0 if built in code
+  int parent_line = 0;  // line of its `parent` key; 0 if none
 };
 
 enum class LinkScope { kAny, kIntraRegion, kCrossRegion };

@@ -80,6 +80,10 @@ std::vector<Section> Sections(const ClusterConfig& c) {
     v["uplink"] = ExactBandwidth(n.uplink_bps);
     v["transports"] = Strings(n.transports);
     if (n.parent) v["parent"] = *n.parent;
+    if (n.role == Role::kReceiver) {  // how a receiver writes; a source writes nothing
+      v["apply"] = std::string(ApplyModeName(n.apply_mode));
+      v["staged_memory"] = ExactSize(n.staged_memory);
+    }
   }
   {
     auto& v = add("transport");
@@ -203,7 +207,11 @@ std::string RenderToml(const ClusterConfig& config, const std::vector<Section>& 
       const ConfigKey& k = *FindConfigKey(section.table, key);
       const auto it = section.values.find(key);
       if (it == section.values.end()) {
-        out += "# " + std::string(key) + ": " + std::string(k.default_value) + "\n";
+        // Not set and without a value to show: a manual parent nobody chose, or a
+        // receiver's setting on the source.
+        const bool receivers_only = key == "apply" || key == "staged_memory";
+        out += "# " + std::string(key) + ": " +
+               (receivers_only ? "receivers only" : std::string(k.default_value)) + "\n";
         continue;
       }
       std::string line = std::string(key) + " = " + TomlValue(it->second);

@@ -62,6 +62,11 @@ constexpr ConfigKey kKeys[] = {
     {"node", "transports", "array of strings", false, "[\"tcp\"]", true,
      "backends it listens on and prefers, in order: tcp, ucx, ofi, inproc"},
     {"node", "parent", "string", false, "the planner's choice", false, "manual parent: a node id"},
+    {"node", "apply", "\"on-arrival\" | \"staged\"", false, "\"on-arrival\"", true,
+     "a receiver's writes: each chunk as it comes, or all at COMMIT (an engine serving from the "
+     "weights pauses only for that; docs/serving.md)"},
+    {"node", "staged_memory", "size", false, "\"1GiB\"", true,
+     "staged: memory for records decoded before COMMIT; what does not fit decodes in the pause"},
     // [transport]
     {"transport", "ucx_provider", "string", false, "\"\"", true,
      "UCX transports (UCX_TLS syntax); empty: UCX's choice"},

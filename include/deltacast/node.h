@@ -38,6 +38,28 @@ struct NodeOptions {
   // Where received chunks are spooled (replays to children, rollback). Empty: inside
   // the checkpoint directory, or a per-process folder for host tensors.
   std::filesystem::path spool_dir;
+
+  // How the node writes each refit's delta into the weights (docs/serving.md):
+  //   "on-arrival": chunk by chunk as they come; PREPARED means the weights are at
+  //     the target. For weights nobody serves from during a refit.
+  //   "staged": chunks are verified, spooled, forwarded and checked against the
+  //     target without a byte written; PREPARED means the node holds a verified
+  //     delta; the write happens at COMMIT, between pause_engine and resume_engine.
+  //   "" (default): the config's [[node]] apply, itself "on-arrival" by default.
+  std::string apply_mode;
+  // An inference engine serving from these weights. pause_engine is called before
+  // any write to them and must return once the engine no longer reads them (an
+  // error, or no return within hook_timeout: nothing is written, and this node
+  // fails the commit; it catches up at the next refit); resume_engine once they are
+  // whole again, at one version. Staged, that is only the commit's apply (plus the
+  // rare catch-up of missed versions, a rollback after a restart, or recovery after
+  // a machine crash); on-arrival, from the refit's first write to its commit.
+  // Both run on a thread of the node's own, one at a time, never during a write; a
+  // pause that returns late is followed by resume_engine, so the engine is never
+  // left paused. Stop waits for a hook that is still running. Optional.
+  std::function<Status()> pause_engine;
+  std::function<void()> resume_engine;
+  std::chrono::milliseconds hook_timeout{10'000};
 };
 
 struct NodeStats {
@@ -50,6 +72,13 @@ struct NodeStats {
   uint64_t partitions_caught_up = 0;
   uint64_t deltas_caught_up = 0;
   std::string version;  // active, hex
+  // The last refit: how long the engine was paused for its writes (staged: the
+  // commit's apply; on-arrival: first write to commit), and how long the node held
+  // its verified delta before the decision came (the engine served meanwhile when
+  // staged). And the pauses of every refit so far, summed.
+  double last_pause_seconds = 0;
+  double last_prepared_hold_seconds = 0;
+  double pause_seconds_total = 0;
 };
 
 // One tensor whose bytes or description differ from a version (Node::Verify,

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -270,6 +271,77 @@ TEST(ApiGpuNode, AnEngineOnTwoGpusReceivesStepsBitExact) {
   EXPECT_NE(audit->mismatches[0].what.find("bits differ"), std::string::npos) << audit->summary;
   (*source)->Stop();
   fleet.Stop();
+  fs::remove_all(dir);
+}
+
+// Staged apply on GPUs (docs/serving.md): while each step streams and prepares, the
+// engine's parameters stay at the base, as the pause hook finds them; the write comes
+// at COMMIT, between the hooks, and every GPU then holds the step bit-exact.
+TEST(ApiGpuNode, AStagedEngineOnGpusIsWrittenOnlyBetweenItsHooks) {
+  SKIP_WITHOUT_DEVICE();
+  deltacast::SetLogLevel(deltacast::LogLevel::kWarn);
+  const fs::path dir = TestDir("gpu_staged");
+  const Job job = SmallJob();
+  Tensors trainer = deltacast::layout::testing::CanonicalTensors(job);
+  WriteCanonicalTable(dir / "canonical.json", trainer);
+  Engine engine;
+  const std::vector<deltacast::GpuWeights> gpus = engine.Load(dir, job, trainer);
+  auto config = deltacast::Config::Parse(Toml(BasePort()), "gpus.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+
+  Tensors base = trainer;
+  std::atomic<int> pauses{0}, resumes{0};
+  std::atomic<bool> base_at_pause{true};
+  deltacast::NodeOptions options;
+  options.token = "gpu-token";
+  options.apply_threads = 1;
+  options.node_id = "engine";
+  options.apply_mode = "staged";
+  options.pause_engine = [&]() -> deltacast::Status {
+    ++pauses;
+    // Read back from the "GPUs": nothing of the step may be there yet.
+    Reference want(job, base);
+    const std::vector<Tensors> now = engine.Now();
+    for (uint64_t tp = 0; tp < job.tp; ++tp) {
+      const Tensors shard = want.Shard(Rank{tp, 0, 0, 0});
+      for (size_t l = 0; l < shard.size(); ++l) {
+        if (now[tp][l].values != shard[l].values) base_at_pause = false;
+      }
+    }
+    return deltacast::Status::Ok();
+  };
+  options.resume_engine = [&] { ++resumes; };
+  auto node = deltacast::Node::StartOnGpus(*config, options, gpus);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  Tensors plain = trainer;
+  options = {};
+  options.token = "gpu-token";
+  options.apply_threads = 1;
+  options.node_id = "plain";
+  auto plain_node = deltacast::Node::Start(*config, options, Views(plain));
+  ASSERT_TRUE(plain_node.ok()) << plain_node.status().ToString();
+
+  deltacast::SourceOptions source_options;
+  source_options.token = "gpu-token";
+  auto source = deltacast::Source::Start(*config, source_options);
+  ASSERT_TRUE(source.ok()) << source.status().ToString();
+  for (uint64_t step = 1; step <= 2; ++step) {
+    base = trainer;
+    TrainingStep(trainer, 31 + step);
+    auto report = (*source)->Publish(Views(base), Views(trainer));
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    ASSERT_TRUE(report->committed) << "step " << step << ": " << report->abort_reason;
+    EXPECT_EQ(pauses, static_cast<int>(step));
+    EXPECT_TRUE(base_at_pause) << "step " << step << " was written before COMMIT";
+    ExpectShards(job, trainer, engine);
+  }
+  auto audit = (*node)->Verify();
+  ASSERT_TRUE(audit.ok()) << audit.status().ToString();
+  EXPECT_TRUE(audit->ok()) << audit->summary;
+  (*source)->Stop();
+  (*node)->Stop();
+  (*plain_node)->Stop();
+  EXPECT_EQ(resumes, 2);
   fs::remove_all(dir);
 }
 

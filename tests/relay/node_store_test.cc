@@ -228,7 +228,9 @@ class NodeStoreTest : public ::testing::Test {
   void Commit(uint64_t id) {
     std::promise<Status> p;
     auto f = p.get_future();
-    store_->Commit(id, [&p](const Status& s, const Digest128&) { p.set_value(s); });
+    store_->Commit(id, [&p](const Status& s, const Digest128&, const NodeStore::CommitTimes&) {
+      p.set_value(s);
+    });
     ASSERT_TRUE(f.get().ok());
   }
 

@@ -219,7 +219,8 @@ TEST(ConfigReference, ExplainWritesEveryKeyAndParsesBack) {
       table.resize(table.find(']'));
     } else if (!line.starts_with("#")) {
       seen[table].insert(line.substr(0, line.find(" = ")));
-    } else if (!table.empty() && !line.starts_with("# parent: ")) {  // the source has none
+    } else if (!table.empty() && !line.starts_with("# parent: ") &&  // the source has none
+               !line.ends_with(": receivers only")) {
       ADD_FAILURE() << "[" << table << "] left a key without a value: " << line;
     }
   }

@@ -1,0 +1,176 @@
+// NodeStore's staged apply (node_store.h): chunks checked and decoded while the
+// engine serves, written at commit between the engine's hooks.
+#include <future>
+
+#include "common/crash_point.h"
+#include "common/log.h"
+#include "common/runtime.h"
+#include "relay/internal/node_store_state.h"
+#include "relay/node_store.h"
+
+namespace deltacast::relay {
+
+// A worker, staged: the chunk is durable in the spool and checked (never written)
+// before it is journaled, so a HELLO after a reconnect lists it and a restart
+// stages it again from the spool.
+NodeStore::ApplyResult NodeStore::StageData(apply::DeltaApplier& applier, uint32_t sequence,
+                                            const ChunkSlot& slot, Spool* spool) {
+  ApplyResult result;
+  if (spool) result.status = spool->Sync();
+  if (!result.status.ok()) return result;
+  transport::Message message = slot.Take();
+  if (!message) {
+    if (!spool) {
+      result.status = Status::Internal("a chunk dropped before it was spooled");
+      return result;
+    }
+    auto read = spool->Read(sequence);
+    if (!read.ok()) {
+      result.status = read.status();
+      return result;
+    }
+    message = std::move(*read);
+  }
+  auto chunk = codec::ParseChunk(ChunkOf(*message));
+  if (!chunk.ok()) {
+    result.status = chunk.status();
+    return result;
+  }
+  {
+    std::lock_guard lock(staged_mu_);
+    if (refit_->held.contains(sequence)) return result;  // staged already
+  }
+  auto staged = applier.StageChunk(*chunk, staged_budget_);
+  result.status = staged.status();
+  result.refused = !staged.ok() && applier.WasRefused(sequence);
+  if (!staged.ok()) return result;
+  RefitState::Held held{std::make_shared<apply::StagedChunk>(std::move(*staged)), nullptr};
+  // The chunk's bytes too, while the budget lasts: the commit then reads nothing.
+  const auto size = static_cast<int64_t>(message->size());
+  if (staged_budget_.fetch_sub(size) >= size) {
+    held.message = message;
+  } else {
+    staged_budget_ += size;
+  }
+  {
+    std::lock_guard lock(journal_mu_);
+    for (const auto& record : chunk->records) refit_->changed_tensors.emplace(record.tensor_name);
+  }
+  {
+    std::lock_guard lock(staged_mu_);
+    refit_->held.emplace(sequence, std::move(held));
+  }
+  CrashPoint("agent.staged");
+  bool journaled;
+  {
+    std::lock_guard lock(journal_mu_);
+    journaled = replica_->applied_chunks().contains(sequence);
+    if (!journaled) result.status = replica_->RecordApplied(sequence);
+  }
+  if (result.status.ok() && !journaled) PostJournal();
+  result.chunk_applied = true;
+  return result;
+}
+
+Status NodeStore::ApplyStaged() {
+  // Everything that does not need the weights was done before COMMIT; what is
+  // left is the write, the hash of what was written, and the journal's commit.
+  RETURN_IF_ERROR(PauseEngine());
+  CrashPoint("agent.staged_apply_begin");
+  refit_->untouched = false;
+  apply::DeltaApplier& applier = *refit_->applier;
+  std::map<uint32_t, RefitState::Held> held;
+  {
+    std::lock_guard lock(staged_mu_);
+    held.swap(refit_->held);
+  }
+  Status first_error;
+  for (auto& [sequence, chunk] : held) {
+    transport::Message message = chunk.message;
+    if (!message) {
+      auto read = refit_->spool ? refit_->spool->Read(sequence)
+                                : Result<transport::Message>(Status::Internal("no spool"));
+      if (!read.ok()) {
+        if (first_error.ok()) first_error = read.status();
+        continue;
+      }
+      message = std::move(*read);
+    }
+    auto parsed = codec::ParseChunk(ChunkOf(*message));
+    Status applied =
+        parsed.ok() ? applier.ApplyChunk(*parsed, chunk.records.get()) : parsed.status();
+    if (!applied.ok() && first_error.ok()) first_error = applied;
+    chunk = {};  // its memory goes as soon as it is written
+    CrashPoint("agent.staged_apply");
+  }
+  const codec::Manifest& target = *refit_->target;
+  auto written = applier.Finish(*refit_->summary);
+  if (first_error.ok() && written.ok() && written->VersionId() == target.VersionId()) {
+    return replica_->Commit(target, apply::CommitDurability::kLogged);
+  }
+  // The store was not all at the base it was staged against (torn partitions, a
+  // write that missed its target and was undone): the version is durable by the
+  // spool and the decision, so it is committed ahead of the bytes and reconciled.
+  log::Warn("the staged apply did not reach the target everywhere (" +
+            (first_error.ok() ? written.status() : first_error).ToString() +
+            "); committing from the spool and reconciling");
+  return replica_->CommitAhead(target);
+}
+
+Status NodeStore::PauseEngine() {
+  if (engine_paused_) return Status::Ok();
+  paused_at_ = RuntimeClock::now();
+  RETURN_IF_ERROR(RunPauseHook());
+  engine_paused_ = true;
+  return Status::Ok();
+}
+
+double NodeStore::ResumeEngine() {
+  if (!engine_paused_) return 0;
+  engine_paused_ = false;
+  if (options_.hooks.resume) {
+    hook_loop_.Post([resume = options_.hooks.resume] {
+      try {
+        resume();
+      } catch (const std::exception& e) {
+        log::Error(std::string("the engine's resume hook threw: ") + e.what());
+      } catch (...) {
+        log::Error("the engine's resume hook threw");
+      }
+    });
+  }
+  return std::chrono::duration<double>(RuntimeClock::now() - paused_at_).count();
+}
+
+Status NodeStore::RunPauseHook() {
+  if (!options_.hooks.pause) return Status::Ok();
+  auto returned = std::make_shared<std::promise<Status>>();
+  std::future<Status> result = returned->get_future();
+  hook_loop_.Post([pause = options_.hooks.pause, returned] {
+    Status status;
+    try {
+      status = pause();
+    } catch (const std::exception& e) {
+      status = Status::Internal(std::string("it threw: ") + e.what());
+    } catch (...) {
+      status = Status::Internal("it threw");
+    }
+    returned->set_value(status);
+  });
+  if (result.wait_for(options_.hooks.timeout) != std::future_status::ready) {
+    // It may still pause the engine: resume it once it does (the hook thread runs
+    // one hook at a time, in order). Nothing is written.
+    if (options_.hooks.resume) hook_loop_.Post(options_.hooks.resume);
+    return Status::Timeout("the engine's pause hook did not return within " +
+                           std::to_string(options_.hooks.timeout.count()) +
+                           " ms; nothing was written");
+  }
+  Status status = result.get();
+  if (!status.ok()) {
+    // A pause that failed paused nothing, by its contract; nothing is written.
+    return status.WithContext("the engine's pause hook failed; nothing was written");
+  }
+  return Status::Ok();
+}
+
+}  // namespace deltacast::relay
