@@ -67,6 +67,7 @@ NodeStore::ApplyResult NodeStore::StageData(apply::DeltaApplier& applier, uint32
     journaled = replica_->applied_chunks().contains(sequence);
     if (!journaled) result.status = replica_->RecordApplied(sequence);
   }
+  CrashPoint("agent.applied");  // as on arrival: the chunk is journaled
   if (result.status.ok() && !journaled) PostJournal();
   result.chunk_applied = true;
   return result;
