@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,9 +91,13 @@ class CheckpointDirStore final : public WeightStore {
   ByteSpan TensorData(size_t index) const override;
   // kUnsupported when opened kReadOnly; kInvalidArgument for an out-of-range index.
   Result<MutableByteSpan> MutableTensorData(size_t index) override;
-  // Copies the bytes with pread into `buffer`: one pass over a file's bytes runs
-  // several times faster than through the mapping (codec/range_reader.h). Sees
-  // every write made through the mapping (one page cache).
+  // A view of the mapping, its pages first entered in the page tables in one call
+  // (MADV_POPULATE_READ: no fault per page, no copy; codec/range_reader.h says why).
+  // `buffer` is used only on kernels before 5.14, which copy with pread instead.
+  // kIoError naming the file and tensor when the file now ends inside the range or
+  // its pages cannot be read, instead of the SIGBUS that touching them would raise.
+  // A file truncated after this check, while the caller reads the view, still
+  // raises SIGBUS there, as every mapped read does.
   Result<ByteSpan> ReadRange(size_t index, uint64_t offset, uint64_t length,
                              MutableByteSpan buffer) const override;
   // msync(MS_SYNC) of the pages holding those bytes; blocks until they are on disk.
@@ -135,6 +140,11 @@ class CheckpointDirStore final : public WeightStore {
                      std::vector<Mapping> mappings);
 
   std::byte* TensorBytes(size_t index) const;
+  // ReadRange's view of bytes [start, start + length) of t's file, populated;
+  // nullopt when the kernel cannot populate (then ReadRange copies).
+  Result<std::optional<ByteSpan>> ViewPopulated(const CheckpointTensor& t, uint64_t start,
+                                                uint64_t length) const;
+  Status Shrank(const CheckpointTensor& t, uint64_t end) const;
 
   std::filesystem::path dir_;
   Access access_;

@@ -277,7 +277,12 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
           "since it was hashed); the delta would reach neither version");
       break;
     }
-    if (!builder) builder.emplace(identity, sequence);
+    if (!builder) {
+      builder.emplace(identity, sequence);
+      // Room for the chunk and the record that takes it past chunk_bytes: grown by
+      // doubling instead, a chunk was copied and faulted in again some ten times.
+      builder->Reserve(options.chunk_bytes + std::min(options.chunk_bytes, partition_bytes));
+    }
     builder->Add(info.name, info.dtype, p.element_offset, p.element_count,
                  base.partition_hashes[p.tensor][index], target.partition_hashes[p.tensor][index],
                  *encoded);

@@ -45,7 +45,8 @@ enum class CodecMode {
 struct EncodeOptions {
   CodecMode mode = CodecMode::kFast;
   EntropyCoder entropy = EntropyCoder::kZstd;
-  int zstd_level = 1;
+  // zstd's level, negative for faster (codec/entropy.cc sets the other parameters).
+  int zstd_level = -5;
   // Tries every encoding instead of skipping the ones a cheap estimate rules out.
   bool try_every_encoding = false;
 };
