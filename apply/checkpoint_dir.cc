@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <system_error>
@@ -24,8 +25,13 @@ namespace {
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14; older C libraries lack the name
 #endif
-// Cleared the first time the kernel refuses MADV_POPULATE_READ: ReadRange copies then.
-std::atomic<bool> populate_works{true};
+// Whether ReadRange hands out views of the populated mapping (else it copies with
+// pread). DELTACAST_CHECKPOINT_READS=copy or =map picks one (benchmarks, tests);
+// cleared for good the first time the kernel refuses MADV_POPULATE_READ.
+std::atomic<bool> populate_works{[] {
+  const char* choice = std::getenv("DELTACAST_CHECKPOINT_READS");
+  return choice == nullptr || std::string_view(choice) != "copy";
+}()};
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
