@@ -25,13 +25,8 @@ namespace {
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14; older C libraries lack the name
 #endif
-// Whether ReadRange hands out views of the populated mapping (else it copies with
-// pread). DELTACAST_CHECKPOINT_READS=copy or =map picks one (benchmarks, tests);
-// cleared for good the first time the kernel refuses MADV_POPULATE_READ.
-std::atomic<bool> populate_works{[] {
-  const char* choice = std::getenv("DELTACAST_CHECKPOINT_READS");
-  return choice == nullptr || std::string_view(choice) != "copy";
-}()};
+// Cleared for good the first time the kernel refuses MADV_POPULATE_READ.
+std::atomic<bool> populate_works{true};
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
@@ -337,6 +332,7 @@ CheckpointDirStore::CheckpointDirStore(fs::path dir, Access access, CheckpointLa
                                        std::vector<Mapping> mappings)
     : dir_(std::move(dir)),
       access_(access),
+      read_path_(DefaultReadPath()),
       layout_(std::move(layout)),
       layout_id_(layout_.LayoutId()),
       mappings_(std::move(mappings)) {
@@ -345,6 +341,15 @@ CheckpointDirStore::CheckpointDirStore(fs::path dir, Access access, CheckpointLa
 }
 
 CheckpointDirStore::~CheckpointDirStore() = default;
+
+CheckpointDirStore::ReadPath CheckpointDirStore::DefaultReadPath() {
+  static const ReadPath path = [] {
+    const char* choice = std::getenv("DELTACAST_CHECKPOINT_READS");
+    return choice != nullptr && std::string_view(choice) == "map" ? ReadPath::kMap
+                                                                  : ReadPath::kCopy;
+  }();
+  return path;
+}
 
 std::byte* CheckpointDirStore::TensorBytes(size_t index) const {
   const CheckpointTensor& t = layout_.tensors[index];
@@ -378,7 +383,7 @@ Result<ByteSpan> CheckpointDirStore::ReadRange(size_t index, uint64_t offset, ui
   }
   const CheckpointTensor& t = layout_.tensors[index];
   const uint64_t start = t.file_offset + offset;
-  if (populate_works.load(std::memory_order_relaxed)) {
+  if (read_path_ == ReadPath::kMap && populate_works.load(std::memory_order_relaxed)) {
     auto view = ViewPopulated(t, start, length);
     if (!view.ok() || *view) return view.ok() ? Result<ByteSpan>(**view) : view.status();
   }

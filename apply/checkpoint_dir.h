@@ -91,13 +91,22 @@ class CheckpointDirStore final : public WeightStore {
   ByteSpan TensorData(size_t index) const override;
   // kUnsupported when opened kReadOnly; kInvalidArgument for an out-of-range index.
   Result<MutableByteSpan> MutableTensorData(size_t index) override;
-  // A view of the mapping, its pages first entered in the page tables in one call
-  // (MADV_POPULATE_READ: no fault per page, no copy; codec/range_reader.h says why).
-  // `buffer` is used only on kernels before 5.14, which copy with pread instead.
-  // kIoError naming the file and tensor when the file now ends inside the range or
-  // its pages cannot be read, instead of the SIGBUS that touching them would raise.
-  // A file truncated after this check, while the caller reads the view, still
-  // raises SIGBUS there, as every mapped read does.
+  // How ReadRange reads. kCopy: pread into `buffer`. kMap: a view of the mapping,
+  // its pages first entered in the page tables in one call (MADV_POPULATE_READ: no
+  // fault per page, no copy; kernels before 5.14 copy instead). Both give kIoError
+  // naming the file and tensor when the file now ends inside the range or its pages
+  // cannot be read; kMap checks before handing out the view, instead of the SIGBUS
+  // that touching those pages would raise (a file truncated after the check, while
+  // the caller reads the view, still raises it there, as every mapped read does).
+  // The default is kCopy, or kMap with DELTACAST_CHECKPOINT_READS=map: on the VMs
+  // measured here a process's first touch of a mapped page costs more than copying
+  // it (README, "Encode speed of the command line"); where page tables are cheap
+  // (bare metal), the mapping saves the copy. Set it before sharing the store
+  // between threads.
+  enum class ReadPath { kCopy, kMap };
+  static ReadPath DefaultReadPath();
+  void set_read_path(ReadPath path) { read_path_ = path; }
+  ReadPath read_path() const { return read_path_; }
   Result<ByteSpan> ReadRange(size_t index, uint64_t offset, uint64_t length,
                              MutableByteSpan buffer) const override;
   // msync(MS_SYNC) of the pages holding those bytes; blocks until they are on disk.
@@ -148,6 +157,7 @@ class CheckpointDirStore final : public WeightStore {
 
   std::filesystem::path dir_;
   Access access_;
+  ReadPath read_path_;
   CheckpointLayout layout_;
   Digest128 layout_id_;
   std::vector<codec::TensorInfo> tensors_;  // layout_.tensors[i].info, as WeightStore wants
