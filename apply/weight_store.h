@@ -78,10 +78,10 @@ class WeightStore {
   virtual ByteSpan TensorData(size_t index) const = 0;
 
   // Bytes [offset, offset + length) of tensor `index` for a reader that goes through
-  // them once (encoding, hashing): a view of the store's memory (a checkpoint
-  // directory populates its mapping's pages first: codec/range_reader.h says why),
-  // or a copy in the first `length` bytes of `buffer` where copying is the only way
-  // (a PartitionAccess store, which reads whole partitions). The view is valid until
+  // them once (encoding, hashing): a view of the store's memory, or a copy in the
+  // first `length` bytes of `buffer` where copying is faster (a checkpoint
+  // directory reads its files: codec/range_reader.h says why) or the only way (a
+  // PartitionAccess store, which reads whole partitions). The view is valid until
   // `buffer` changes or the store goes away. kInvalidArgument outside the tensor or
   // for a buffer shorter than `length`; kIoError if a read fails. Thread-safe with a
   // buffer per thread.

@@ -1,16 +1,13 @@
 // RangeReader: how the encoder and the manifest hash read one version's tensor
 // bytes, one partition at a time.
 //
-// A reader either returns a view of memory it already holds (host buffers, a
-// checkpoint directory's mapped files) or copies the bytes into the caller's
-// `buffer` and returns a view of that (a store that must read its bytes from
-// elsewhere: GPU memory, or files on kernels that cannot populate a mapping in one
-// call). A checkpoint directory enters a whole range's pages into its page tables
-// with one madvise(MADV_POPULATE_READ) before handing out the view: touched one
-// 4 KiB fault at a time, the mapping ran at ~0.6-2 GB/s on one core on the VMs
-// measured here; copied with pread into a reused buffer, ~1.4-2 GB/s of encode;
-// populated and compared where they lie, the bytes cost no copy at all (README,
-// "Encode speed of the command line").
+// A reader either returns a view of memory it already holds (host buffers) or
+// copies the bytes into the caller's `buffer` and returns a view of that (a
+// checkpoint directory, with pread by default; GPU stores). On the VMs measured
+// here a process's first touch of a mapped file page cost more than copying it into
+// a reused, cache-resident buffer, so a checkpoint directory copies unless told to
+// view its populated mapping (apply/checkpoint_dir.h, ReadPath; README, "Encode
+// speed of the command line").
 //
 // Thread safety: a reader is called from several threads at once, each with its own
 // buffer.
