@@ -1,7 +1,8 @@
 // A Hugging Face checkpoint directory (safetensors files, optionally with
 // model.safetensors.index.json) read as a layout and opened as a WeightStore whose
 // tensor bytes are the files themselves, mapped into memory: applying a delta
-// patches the files in place and Flush makes it durable. Nothing is ever copied.
+// patches the files in place and Flush makes it durable. Only ReadRange, for
+// readers that go through the bytes once, copies them (see ReadPath).
 //
 // Thread safety: ReadCheckpointLayout is thread-safe. CheckpointDirStore follows
 // WeightStore: const methods from any thread; concurrent writers to disjoint ranges.
