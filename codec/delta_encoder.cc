@@ -223,8 +223,10 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
       if (!FoundChangesNeedBytes(info.dtype, p.element_count, changes, options.codec)) {
         record = EncodeFoundSparse(info.dtype, options.codec, scratch);
       } else {
+        // Compared again whole: the record and its check below must come from the
+        // same bytes, even if the files changed since the tiles were read.
         if (!read_whole()) return failed(a, b);
-        record = EncodeFoundChanges(info.dtype, *a, *b, options.codec, scratch);
+        record = EncodePartition(info.dtype, *a, *b, options.codec, scratch);
       }
     }
     Encoded out{Status::Ok(), std::move(record)};
