@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <system_error>
@@ -19,6 +21,12 @@
 
 namespace deltacast::apply {
 namespace {
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14; older C libraries lack the name
+#endif
+// Cleared for good the first time the kernel refuses MADV_POPULATE_READ.
+std::atomic<bool> populate_works{true};
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
@@ -324,6 +332,7 @@ CheckpointDirStore::CheckpointDirStore(fs::path dir, Access access, CheckpointLa
                                        std::vector<Mapping> mappings)
     : dir_(std::move(dir)),
       access_(access),
+      read_path_(DefaultReadPath()),
       layout_(std::move(layout)),
       layout_id_(layout_.LayoutId()),
       mappings_(std::move(mappings)) {
@@ -332,6 +341,15 @@ CheckpointDirStore::CheckpointDirStore(fs::path dir, Access access, CheckpointLa
 }
 
 CheckpointDirStore::~CheckpointDirStore() = default;
+
+CheckpointDirStore::ReadPath CheckpointDirStore::DefaultReadPath() {
+  static const ReadPath path = [] {
+    const char* choice = std::getenv("DELTACAST_CHECKPOINT_READS");
+    return choice != nullptr && std::string_view(choice) == "map" ? ReadPath::kMap
+                                                                  : ReadPath::kCopy;
+  }();
+  return path;
+}
 
 std::byte* CheckpointDirStore::TensorBytes(size_t index) const {
   const CheckpointTensor& t = layout_.tensors[index];
@@ -365,6 +383,11 @@ Result<ByteSpan> CheckpointDirStore::ReadRange(size_t index, uint64_t offset, ui
   }
   const CheckpointTensor& t = layout_.tensors[index];
   const uint64_t start = t.file_offset + offset;
+  if (read_path_ == ReadPath::kMap && populate_works.load(std::memory_order_relaxed)) {
+    auto view = ViewPopulated(t, start, length);
+    if (!view.ok() || *view) return view.ok() ? Result<ByteSpan>(**view) : view.status();
+  }
+  // Kernels without MADV_POPULATE_READ: a copy.
   uint64_t done = 0;
   while (done < length) {
     const ssize_t n = ::pread(mappings_[t.file].fd(), buffer.data() + done,
@@ -375,14 +398,50 @@ Result<ByteSpan> CheckpointDirStore::ReadRange(size_t index, uint64_t offset, ui
       return Status::FromErrno(error, "read " + (dir_ / layout_.files[t.file].name).string() +
                                           " tensor " + Quote(t.info.name));
     }
-    if (n == 0) {
-      return Status::IoError((dir_ / layout_.files[t.file].name).string() + " ends at byte " +
-                             std::to_string(start + done) + ", inside tensor " +
-                             Quote(t.info.name) + " (the file shrank since it was opened)");
-    }
+    if (n == 0) return Shrank(t, start + done);
     done += static_cast<uint64_t>(n);
   }
   return ByteSpan(buffer.data(), length);
+}
+
+Status CheckpointDirStore::Shrank(const CheckpointTensor& t, uint64_t end) const {
+  return Status::IoError((dir_ / layout_.files[t.file].name).string() + " ends at byte " +
+                         std::to_string(end) + ", inside tensor " + Quote(t.info.name) +
+                         " (the file shrank since it was opened)");
+}
+
+Result<std::optional<ByteSpan>> CheckpointDirStore::ViewPopulated(const CheckpointTensor& t,
+                                                                  uint64_t start,
+                                                                  uint64_t length) const {
+  const Mapping& mapping = mappings_[t.file];
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(mapping.data() + start);
+  const uintptr_t aligned = first & ~(page - 1);
+  int rc;
+  do {
+    rc = ::madvise(reinterpret_cast<void*>(aligned), first + length - aligned, MADV_POPULATE_READ);
+  } while (rc != 0 && errno == EINTR);
+  const int error = rc == 0 ? 0 : errno;
+  if (error == EINVAL) {  // before Linux 5.14
+    populate_works.store(false, std::memory_order_relaxed);
+    return std::optional<ByteSpan>();
+  }
+  const std::string path = (dir_ / layout_.files[t.file].name).string();
+  if (error != 0 && error != EFAULT) {
+    return Status::FromErrno(error, "read " + path + " tensor " + Quote(t.info.name));
+  }
+  // EFAULT: touching a page of the range would have raised SIGBUS, because the file
+  // now ends before it or its bytes could not be read. And a file cut short inside the
+  // range's last page maps zeros past its end without any fault. The size tells.
+  struct stat st;
+  if (::fstat(mapping.fd(), &st) != 0) return Status::FromErrno(errno, "stat " + path);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < start + length) return Shrank(t, std::max(size, start));
+  if (error == EFAULT) {
+    return Status::IoError(path + ": the pages of tensor " + Quote(t.info.name) +
+                           " could not be read (an I/O error)");
+  }
+  return std::optional<ByteSpan>(ByteSpan(mapping.data() + start, length));
 }
 
 Result<MutableByteSpan> CheckpointDirStore::MutableTensorData(size_t index) {

@@ -1,7 +1,8 @@
 // A Hugging Face checkpoint directory (safetensors files, optionally with
 // model.safetensors.index.json) read as a layout and opened as a WeightStore whose
 // tensor bytes are the files themselves, mapped into memory: applying a delta
-// patches the files in place and Flush makes it durable. Nothing is ever copied.
+// patches the files in place and Flush makes it durable. Only ReadRange, for
+// readers that go through the bytes once, copies them (see ReadPath).
 //
 // Thread safety: ReadCheckpointLayout is thread-safe. CheckpointDirStore follows
 // WeightStore: const methods from any thread; concurrent writers to disjoint ranges.
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,9 +92,22 @@ class CheckpointDirStore final : public WeightStore {
   ByteSpan TensorData(size_t index) const override;
   // kUnsupported when opened kReadOnly; kInvalidArgument for an out-of-range index.
   Result<MutableByteSpan> MutableTensorData(size_t index) override;
-  // Copies the bytes with pread into `buffer`: one pass over a file's bytes runs
-  // several times faster than through the mapping (codec/range_reader.h). Sees
-  // every write made through the mapping (one page cache).
+  // How ReadRange reads. kCopy: pread into `buffer`. kMap: a view of the mapping,
+  // its pages first entered in the page tables in one call (MADV_POPULATE_READ: no
+  // fault per page, no copy; kernels before 5.14 copy instead). Both give kIoError
+  // naming the file and tensor when the file now ends inside the range or its pages
+  // cannot be read; kMap checks before handing out the view, instead of the SIGBUS
+  // that touching those pages would raise (a file truncated after the check, while
+  // the caller reads the view, still raises it there, as every mapped read does).
+  // The default is kCopy, or kMap with DELTACAST_CHECKPOINT_READS=map: on the VMs
+  // measured here a process's first touch of a mapped page costs more than copying
+  // it (README, "Encode speed of the command line"); where page tables are cheap
+  // (bare metal), the mapping saves the copy. Set it before sharing the store
+  // between threads.
+  enum class ReadPath { kCopy, kMap };
+  static ReadPath DefaultReadPath();
+  void set_read_path(ReadPath path) { read_path_ = path; }
+  ReadPath read_path() const { return read_path_; }
   Result<ByteSpan> ReadRange(size_t index, uint64_t offset, uint64_t length,
                              MutableByteSpan buffer) const override;
   // msync(MS_SYNC) of the pages holding those bytes; blocks until they are on disk.
@@ -135,9 +150,15 @@ class CheckpointDirStore final : public WeightStore {
                      std::vector<Mapping> mappings);
 
   std::byte* TensorBytes(size_t index) const;
+  // ReadRange's view of bytes [start, start + length) of t's file, populated;
+  // nullopt when the kernel cannot populate (then ReadRange copies).
+  Result<std::optional<ByteSpan>> ViewPopulated(const CheckpointTensor& t, uint64_t start,
+                                                uint64_t length) const;
+  Status Shrank(const CheckpointTensor& t, uint64_t end) const;
 
   std::filesystem::path dir_;
   Access access_;
+  ReadPath read_path_;
   CheckpointLayout layout_;
   Digest128 layout_id_;
   std::vector<codec::TensorInfo> tensors_;  // layout_.tensors[i].info, as WeightStore wants

@@ -37,7 +37,7 @@ using nlohmann::json;
 
 namespace {
 
-int g_zstd_level = 1;  // --zstd-level
+int g_zstd_level = deltacast::codec::EncodeOptions{}.zstd_level;  // --zstd-level
 
 struct Histogram {
   std::unordered_map<uint64_t, uint64_t> counts;

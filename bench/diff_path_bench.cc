@@ -5,19 +5,25 @@
 // It synthesizes a Llama-shaped BF16 checkpoint pair (step0 -> step1, 3 % of
 // elements changed by default; kept in --dir) and measures, each with one encoder
 // thread, page cache warm unless it says cold, the best of --runs:
-// - `read_pread`: every changed partition of both versions copied with pread into
-//   reused buffers (WeightStore::ReadRange), nothing else: the floor of the path;
+// - `read_pread`: every changed partition of both versions copied with pread, one
+//   128 KiB tile at a time into two reused buffers (what the encoder does before it
+//   compares each tile), nothing else: the floor of the path;
 // - `encode_in_memory`: EncodeDelta over both versions loaded into memory (the
 //   producers benchmark's figure: the engine without its input);
-// - `encode_via_mapping`: EncodeDelta reading the files through their mappings (the
-//   path `deltacast diff` took before ReadRange);
-// - `encode_via_pread`: EncodeDelta through ReadRange (the path it takes now);
+// - `encode_via_mapping`: EncodeDelta reading the files through their mappings,
+//   faulted in a page at a time (the path `deltacast diff` took before ReadRange);
+// - `encode_via_pread`: EncodeDelta through ReadRange's default path, pread tile by
+//   tile (the path it takes now);
+// - `encode_via_populated_mapping`: EncodeDelta through ReadRange's ReadPath::kMap,
+//   views of the mapping populated with one madvise per partition;
 // - `hash_via_mapping` / `hash_via_pread`: the manifest of one version, one thread,
 //   by either path (a first diff of a new checkpoint hashes it);
 // - `diff_command`: `deltacast diff --threads 1 --mode fast --json` run as a
 //   process: its own encode_gbps, and the process's wall time (startup included);
+//   `diff_command_map`: the same with DELTACAST_CHECKPOINT_READS=map;
 //   `diff_command_cold`: the same after dropping both checkpoints' pages from the
-//   page cache (posix_fadvise DONTNEED), so the reads go to the disk.
+//   page cache (posix_fadvise DONTNEED), so the reads go to the disk;
+// - `process_startup_seconds`: `deltacast --version`, the process alone.
 // Every figure is GB of checkpoint (one version's tensor bytes) per second, wall
 // time, with the CPU seconds beside it. Prints one JSON document (and writes --out).
 #include <fcntl.h>
@@ -50,6 +56,7 @@ using nlohmann::json;
 namespace {
 
 using Access = dc::apply::CheckpointDirStore::Access;
+using ReadPath = dc::apply::CheckpointDirStore::ReadPath;
 
 struct Timed {
   double wall = 1e30;
@@ -172,20 +179,22 @@ int main(int argc, char** argv) {
     if (base_manifest.partition_hashes[p.tensor][i] != new_manifest.partition_hashes[p.tensor][i])
       changed.push_back(p);
   }
-  out["read_pread"] = Figure(
-      Best(runs,
-           [&] {
-             std::vector<std::byte> a(dc::codec::kDefaultPartitionBytes),
-                 b(dc::codec::kDefaultPartitionBytes);
-             for (const auto& p : changed) {
-               const uint64_t e = dc::ElementSize(new_manifest.tensors[p.tensor].dtype);
-               Check(base_store->ReadRange(p.tensor, p.element_offset * e, p.element_count * e, a),
-                     "read");
-               Check(new_store->ReadRange(p.tensor, p.element_offset * e, p.element_count * e, b),
-                     "read");
-             }
-           }),
-      bytes);
+  out["read_pread"] =
+      Figure(Best(runs,
+                  [&] {
+                    constexpr uint64_t kTile = uint64_t{128} << 10;
+                    std::vector<std::byte> a(kTile), b(kTile);
+                    for (const auto& p : changed) {
+                      const uint64_t e = dc::ElementSize(new_manifest.tensors[p.tensor].dtype);
+                      const uint64_t offset = p.element_offset * e, length = p.element_count * e;
+                      for (uint64_t at = 0; at < length; at += kTile) {
+                        const uint64_t n = std::min(kTile, length - at);
+                        Check(base_store->ReadRange(p.tensor, offset + at, n, a), "read");
+                        Check(new_store->ReadRange(p.tensor, offset + at, n, b), "read");
+                      }
+                    }
+                  }),
+             bytes);
 
   {
     auto base_mem = Check(dc::apply::HostStore::CopyOf(*base_store), "copy");
@@ -229,6 +238,21 @@ int main(int argc, char** argv) {
                  "encode");
            }),
       bytes);
+  out["encode_via_populated_mapping"] = Figure(
+      Best(runs,
+           [&] {
+             auto a =
+                 Check(dc::apply::CheckpointDirStore::Open(base_dir, Access::kReadOnly), "open");
+             auto b =
+                 Check(dc::apply::CheckpointDirStore::Open(new_dir, Access::kReadOnly), "open");
+             a->set_read_path(ReadPath::kMap);
+             b->set_read_path(ReadPath::kMap);
+             Check(
+                 dc::codec::EncodeDelta(base_manifest, new_manifest, dc::apply::RangeReaderOf(*a),
+                                        dc::apply::RangeReaderOf(*b), {}, encoder, Discard, &stats),
+                 "encode");
+           }),
+      bytes);
   out["delta_bytes"] = stats.delta_bytes;
   out["changed_partitions"] = stats.changed_partitions;
   out["partitions"] = stats.partitions;
@@ -262,7 +286,7 @@ int main(int argc, char** argv) {
                            new_dir.string() + " --out " + (dir / "bench.delta").string() +
                            " --threads 1 --mode fast --json";
   const std::string version = binary.string() + " --version";
-  auto command = [&](bool cold) {
+  auto command = [&](bool cold, const std::string& env) {
     double best_wall = 1e30;
     json best;
     for (int i = 0; i < runs; ++i) {
@@ -270,7 +294,7 @@ int main(int argc, char** argv) {
         DropFromPageCache(base_dir);
         DropFromPageCache(new_dir);
       }
-      auto [text, wall] = RunCommand(diff);
+      auto [text, wall] = RunCommand(env + diff);
       if (wall < best_wall) {
         best_wall = wall;
         const json reported = json::parse(text);
@@ -284,8 +308,9 @@ int main(int argc, char** argv) {
     return best;
   };
   out["diff_command_line"] = diff;
-  out["diff_command"] = command(false);
-  out["diff_command_cold"] = command(true);
+  out["diff_command_map"] = command(false, "DELTACAST_CHECKPOINT_READS=map ");
+  out["diff_command"] = command(false, "");
+  out["diff_command_cold"] = command(true, "");
   double startup = 1e30;
   for (int i = 0; i < runs; ++i) startup = std::min(startup, RunCommand(version).second);
   out["process_startup_seconds"] = startup;

@@ -10,8 +10,10 @@
 namespace deltacast::codec {
 namespace internal {
 #if defined(__x86_64__)
-void FindChangesAvx2(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out);
-bool FindChangesAvx512(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out);
+void FindChangesAvx2(ByteSpan base, ByteSpan target, uint32_t element_size, uint32_t first,
+                     SparseChanges& out);
+bool FindChangesAvx512(ByteSpan base, ByteSpan target, uint32_t element_size, uint32_t first,
+                       SparseChanges& out);
 #endif
 }  // namespace internal
 
@@ -58,16 +60,23 @@ bool PortableOnly() {
 }  // namespace
 
 void FindChanges(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out) {
+  out.clear();
+  FindChangesAppend(base, target, element_size, 0, out);
+}
+
+void FindChangesAppend(ByteSpan base, ByteSpan target, uint32_t element_size,
+                       uint32_t first_position, SparseChanges& out) {
   assert(base.size() == target.size() && base.size() % element_size == 0);
   out.element_size = element_size;
-  out.clear();
 #if defined(__x86_64__)
-  if (HasAvx512() && internal::FindChangesAvx512(base, target, element_size, out)) return;
+  if (HasAvx512() && internal::FindChangesAvx512(base, target, element_size, first_position, out)) {
+    return;
+  }
   if (HasAvx2() && !PortableOnly()) {
-    return internal::FindChangesAvx2(base, target, element_size, out);
+    return internal::FindChangesAvx2(base, target, element_size, first_position, out);
   }
 #endif
-  internal::FindChangesDispatch<DiffMaskScalar>(base, target, element_size, out);
+  internal::FindChangesDispatch<DiffMaskScalar>(base, target, element_size, first_position, out);
 }
 
 PartitionHash FindChangesHashingBase(ByteSpan base, ByteSpan target, uint32_t element_size,
@@ -80,15 +89,12 @@ PartitionHash FindChangesHashingBase(ByteSpan base, ByteSpan target, uint32_t el
   }
   out.element_size = element_size;
   out.clear();
-  thread_local SparseChanges tile;
   PartitionHash sum;
   for (size_t at = 0; at < base.size(); at += kTileBytes) {
     const size_t n = std::min(kTileBytes, base.size() - at);  // a multiple of the element
-    FindChanges(base.subspan(at, n), target.subspan(at, n), element_size, tile);
+    FindChangesAppend(base.subspan(at, n), target.subspan(at, n), element_size,
+                      static_cast<uint32_t>(at / element_size), out);
     sum ^= HashPiece(base.subspan(at, n), hash_offset + at);
-    const auto first = static_cast<uint32_t>(at / element_size);
-    for (uint32_t p : tile.positions) out.positions.push_back(first + p);
-    out.xors.insert(out.xors.end(), tile.xors.begin(), tile.xors.end());
   }
   return sum;
 }

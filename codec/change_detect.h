@@ -15,6 +15,13 @@ namespace deltacast::codec {
 // than 2^32 elements.
 void FindChanges(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out);
 
+// FindChanges that appends to `out` (what it holds is kept; it must be of
+// element_size), numbering the elements of `base` from first_position: for a
+// partition compared one tile at a time. Same preconditions, and first_position plus
+// the element count must stay below 2^32.
+void FindChangesAppend(ByteSpan base, ByteSpan target, uint32_t element_size,
+                       uint32_t first_position, SparseChanges& out);
+
 // FindChanges that also proves what it compared against: returns HashPiece(base,
 // hash_offset), the base bytes' contribution to their partition's hash at byte
 // `hash_offset`. Each tile of the base is hashed right after it is compared, while it

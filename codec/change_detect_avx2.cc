@@ -20,8 +20,9 @@ inline uint64_t DiffMaskAvx2(const std::byte* a, const std::byte* b) {
 
 }  // namespace
 
-void FindChangesAvx2(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out) {
-  FindChangesDispatch<DiffMaskAvx2>(base, target, element_size, out);
+void FindChangesAvx2(ByteSpan base, ByteSpan target, uint32_t element_size, uint32_t first,
+                     SparseChanges& out) {
+  FindChangesDispatch<DiffMaskAvx2>(base, target, element_size, first, out);
 }
 
 }  // namespace deltacast::codec::internal

@@ -23,8 +23,9 @@ inline uint64_t ElementDiff(const std::byte* a, const std::byte* b) {
   return _mm512_test_epi64_mask(x, x);
 }
 
+// Appends to `out`, numbering elements from `first`.
 template <uint32_t kSize>
-void FindChangesCompress(ByteSpan base, ByteSpan target, SparseChanges& out) {
+void FindChangesCompress(ByteSpan base, ByteSpan target, uint32_t first, SparseChanges& out) {
   constexpr size_t kStripeBlocks = 64;
   constexpr uint32_t kPerBlock = kBlock / kSize;  // elements per block
   // Every compressed store writes a whole register: room past the last change.
@@ -57,23 +58,23 @@ void FindChangesCompress(ByteSpan base, ByteSpan target, SparseChanges& out) {
       if (m == 0) continue;
       const size_t off = stripe + k * kBlock;
       const __m512i x = _mm512_xor_si512(_mm512_loadu_si512(a + off), _mm512_loadu_si512(b + off));
-      const __m512i first =
-          _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int>(off / kSize)));
+      const __m512i numbers =
+          _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int>(first + off / kSize)));
       if constexpr (kSize == 2) {
         _mm512_storeu_si512(xr, _mm512_maskz_compress_epi16(static_cast<__mmask32>(m), x));
         const auto lo = static_cast<__mmask16>(m), hi = static_cast<__mmask16>(m >> 16);
-        _mm512_storeu_si512(pos, _mm512_maskz_compress_epi32(lo, first));
+        _mm512_storeu_si512(pos, _mm512_maskz_compress_epi32(lo, numbers));
         pos += __builtin_popcount(lo);
         _mm512_storeu_si512(
-            pos, _mm512_maskz_compress_epi32(hi, _mm512_add_epi32(first, _mm512_set1_epi32(16))));
+            pos, _mm512_maskz_compress_epi32(hi, _mm512_add_epi32(numbers, _mm512_set1_epi32(16))));
         pos += __builtin_popcount(hi);
       } else if constexpr (kSize == 4) {
         _mm512_storeu_si512(xr, _mm512_maskz_compress_epi32(static_cast<__mmask16>(m), x));
-        _mm512_storeu_si512(pos, _mm512_maskz_compress_epi32(static_cast<__mmask16>(m), first));
+        _mm512_storeu_si512(pos, _mm512_maskz_compress_epi32(static_cast<__mmask16>(m), numbers));
         pos += __builtin_popcountll(m);
       } else {
         _mm512_storeu_si512(xr, _mm512_maskz_compress_epi64(static_cast<__mmask8>(m), x));
-        _mm512_storeu_si512(pos, _mm512_maskz_compress_epi32(static_cast<__mmask16>(m), first));
+        _mm512_storeu_si512(pos, _mm512_maskz_compress_epi32(static_cast<__mmask16>(m), numbers));
         pos += __builtin_popcountll(m);
       }
       xr += static_cast<size_t>(__builtin_popcountll(m)) * kSize;
@@ -84,7 +85,7 @@ void FindChangesCompress(ByteSpan base, ByteSpan target, SparseChanges& out) {
   }
   for (size_t byte = full; byte < base.size(); byte += kSize) {
     if (std::memcmp(a + byte, b + byte, kSize) == 0) continue;
-    out.positions.push_back(static_cast<uint32_t>(byte / kSize));
+    out.positions.push_back(first + static_cast<uint32_t>(byte / kSize));
     out.xors.resize(out.xors.size() + kSize);
     XorWord<kSize>(a + byte, b + byte, out.xors.data() + out.xors.size() - kSize);
   }
@@ -93,16 +94,17 @@ void FindChangesCompress(ByteSpan base, ByteSpan target, SparseChanges& out) {
 }  // namespace
 
 // False when the element size is one this kernel leaves to AVX2.
-bool FindChangesAvx512(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out) {
+bool FindChangesAvx512(ByteSpan base, ByteSpan target, uint32_t element_size, uint32_t first,
+                       SparseChanges& out) {
   switch (element_size) {
     case 2:
-      FindChangesCompress<2>(base, target, out);
+      FindChangesCompress<2>(base, target, first, out);
       return true;
     case 4:
-      FindChangesCompress<4>(base, target, out);
+      FindChangesCompress<4>(base, target, first, out);
       return true;
     case 8:
-      FindChangesCompress<8>(base, target, out);
+      FindChangesCompress<8>(base, target, first, out);
       return true;
     default:
       return false;

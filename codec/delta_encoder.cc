@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -47,16 +48,36 @@ struct Encoded {
   bool leads_to_target = true;
 };
 
+// Room for one version's bytes of a partition, for readers that copy. Left
+// uninitialised: readers that return views never touch it, so its pages are never
+// faulted in (zero-filling 2 x 4 MiB per thread cost more than a tenth of a small
+// diff's encode).
+class ReadBuffer {
+ public:
+  void Reserve(uint64_t bytes) {
+    if (bytes <= size_) return;
+    bytes_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+    size_ = bytes;
+  }
+  std::byte* data() const { return bytes_.get(); }
+  MutableByteSpan span() const { return {bytes_.get(), size_}; }
+
+ private:
+  std::unique_ptr<std::byte[]> bytes_;
+  uint64_t size_ = 0;
+};
+
 // One encoder thread's buffers: the codec's, and the two versions' bytes of the
 // partition at hand when the readers copy them.
 struct WorkerScratch {
   CodecScratch codec;
-  std::vector<std::byte> base, target;
-  SparseChanges tile;  // one tile's changes
+  ReadBuffer tile_base, tile_target;  // one tile of each version
+  ReadBuffer base, target;            // whole partitions, when they must be read whole
 };
 
 // Copied partitions are read and compared this much at a time: both versions' tiles
-// stay in L2 between the copy and the compare. A multiple of every element size.
+// stay in L2 between the copy and the compare, and the next copy lands in the same
+// cache lines. A multiple of every element size.
 constexpr uint64_t kReadTileBytes = uint64_t{128} << 10;
 
 // Encoded results handed from workers to the ordered emitter, at most `window` ahead.
@@ -159,25 +180,31 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
                                         (!a.ok() ? "base" : "target")),
                      std::nullopt, false};
     };
-    if (buffers.base.size() < length) buffers.base.resize(length);
-    if (buffers.target.size() < length) buffers.target.resize(length);
-    // The first tile says whether the readers copy. Copied bytes are compared tile by
-    // tile while the tile is in cache (the copy just brought it there); viewed bytes
-    // are read as they lie, in one piece.
+    // The first tile says whether the readers copy. Copied bytes are compared one
+    // tile at a time in two small buffers that stay in L2 (copying a partition into
+    // 2 x 4 MiB buffers sent every byte out to memory and back); only the changes
+    // are kept, and the whole partition is read again only for the rare changes that
+    // need more than sparse-XOR. Viewed bytes are compared as they lie, in one piece.
     const uint64_t first = std::min(kReadTileBytes, length);
-    Result<ByteSpan> a = read_base(p.tensor, offset, first, buffers.base);
-    Result<ByteSpan> b = a.ok() ? read_target(p.tensor, offset, first, buffers.target)
+    buffers.tile_base.Reserve(first);
+    buffers.tile_target.Reserve(first);
+    Result<ByteSpan> a = read_base(p.tensor, offset, first, buffers.tile_base.span());
+    Result<ByteSpan> b = a.ok() ? read_target(p.tensor, offset, first, buffers.tile_target.span())
                                 : Result<ByteSpan>(Status::Internal("not read"));
     if (!a.ok() || !b.ok()) return failed(a, b);
-    const bool copies = a->data() == buffers.base.data() && b->data() == buffers.target.data();
+    const bool copies =
+        a->data() == buffers.tile_base.data() && b->data() == buffers.tile_target.data();
+    auto read_whole = [&] {
+      buffers.base.Reserve(length);
+      buffers.target.Reserve(length);
+      a = read_base(p.tensor, offset, length, buffers.base.span());
+      b = a.ok() ? read_target(p.tensor, offset, length, buffers.target.span())
+                 : Result<ByteSpan>(Status::Internal("not read"));
+      return a.ok() && b.ok();
+    };
     std::optional<EncodedPartition> record;
     if (!copies || first == length) {
-      if (first != length) {
-        a = read_base(p.tensor, offset, length, buffers.base);
-        b = a.ok() ? read_target(p.tensor, offset, length, buffers.target)
-                   : Result<ByteSpan>(Status::Internal("not read"));
-        if (!a.ok() || !b.ok()) return failed(a, b);
-      }
+      if (first != length && !read_whole()) return failed(a, b);
       record = EncodePartition(info.dtype, *a, *b, options.codec, scratch);
     } else {
       SparseChanges& changes = scratch.changes;
@@ -186,24 +213,21 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
       for (uint64_t at = 0; at < length; at += kReadTileBytes) {
         const uint64_t n = std::min(kReadTileBytes, length - at);  // whole elements
         if (at > 0) {
-          a = read_base(p.tensor, offset + at, n, MutableByteSpan(buffers.base).subspan(at));
-          b = a.ok() ? read_target(p.tensor, offset + at, n,
-                                   MutableByteSpan(buffers.target).subspan(at))
+          a = read_base(p.tensor, offset + at, n, buffers.tile_base.span());
+          b = a.ok() ? read_target(p.tensor, offset + at, n, buffers.tile_target.span())
                      : Result<ByteSpan>(Status::Internal("not read"));
           if (!a.ok() || !b.ok()) return failed(a, b);
-          if (a->data() != buffers.base.data() + at || b->data() != buffers.target.data() + at) {
-            return Encoded{Status::Internal("a reader that copied its first tile viewed another"),
-                           std::nullopt, false};
-          }
         }
-        FindChanges(*a, *b, static_cast<uint32_t>(e), buffers.tile);
-        const auto from = static_cast<uint32_t>(at / e);
-        for (uint32_t position : buffers.tile.positions)
-          changes.positions.push_back(from + position);
-        changes.xors.insert(changes.xors.end(), buffers.tile.xors.begin(), buffers.tile.xors.end());
+        FindChangesAppend(*a, *b, static_cast<uint32_t>(e), static_cast<uint32_t>(at / e), changes);
       }
-      record = EncodeFoundChanges(info.dtype, ByteSpan(buffers.base).first(length),
-                                  ByteSpan(buffers.target).first(length), options.codec, scratch);
+      if (!FoundChangesNeedBytes(info.dtype, p.element_count, changes, options.codec)) {
+        record = EncodeFoundSparse(info.dtype, options.codec, scratch);
+      } else {
+        // Compared again whole: the record and its check below must come from the
+        // same bytes, even if the files changed since the tiles were read.
+        if (!read_whole()) return failed(a, b);
+        record = EncodePartition(info.dtype, *a, *b, options.codec, scratch);
+      }
     }
     Encoded out{Status::Ok(), std::move(record)};
     if (out.record) {
@@ -277,7 +301,12 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
           "since it was hashed); the delta would reach neither version");
       break;
     }
-    if (!builder) builder.emplace(identity, sequence);
+    if (!builder) {
+      builder.emplace(identity, sequence);
+      // Room for the chunk and the record that takes it past chunk_bytes: grown by
+      // doubling instead, a chunk was copied and faulted in again some ten times.
+      builder->Reserve(options.chunk_bytes + std::min(options.chunk_bytes, partition_bytes));
+    }
     builder->Add(info.name, info.dtype, p.element_offset, p.element_count,
                  base.partition_hashes[p.tensor][index], target.partition_hashes[p.tensor][index],
                  *encoded);

@@ -66,8 +66,8 @@ Status EncodeDelta(const Manifest& base, const Manifest& target,
                    const ChunkSink& sink, DeltaStats* stats = nullptr);
 
 // The same, reading each changed partition of either version through a RangeReader:
-// each encoder thread reads into buffers of its own (a checkpoint directory copies
-// them with pread). A read error stops the encoder, which returns it, naming the
+// each encoder thread has buffers of its own for readers that copy (a view is
+// compared where it lies). A read error stops the encoder, which returns it, naming the
 // tensor; chunks already handed to `sink` stay handed.
 Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeReader& read_base,
                    const RangeReader& read_target, const Digest128& target_layout,

@@ -19,7 +19,9 @@ enum class EntropyCoder : uint8_t {
   kLz4 = 2,
 };
 
-// Appends the compressed form of `raw` to `out`.
+// Appends the compressed form of `raw` to `out`. zstd runs at `zstd_level` with
+// parameters chosen for byte planes (entropy.cc, Configure); any zstd decoder reads
+// the frames.
 void Compress(EntropyCoder coder, int zstd_level, ByteSpan raw, std::vector<std::byte>& out);
 
 // Decompresses `stored` into `out`, which the caller sized to the exact raw size the

@@ -540,14 +540,12 @@ std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, Byte
   return EncodeFoundChanges(dtype, base, target, options, scratch);
 }
 
-std::optional<EncodedPartition> EncodeFoundChanges(DType dtype, ByteSpan base, ByteSpan target,
-                                                   const EncodeOptions& options,
-                                                   CodecScratch& scratch) {
-  const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
-  const SparseChanges& changes = scratch.changes;
-  if (changes.size() == 0) return std::nullopt;
-  const size_t count = base.size() / e;
+namespace {
 
+// The encodings worth trying for these changes of a partition of `count` elements,
+// sparse-XOR first.
+std::vector<Encoding> Candidates(DType dtype, uint64_t count, const SparseChanges& changes,
+                                 const EncodeOptions& options) {
   std::vector<Encoding> candidates = {Encoding::kSparseXor};
   const bool dense = changes.size() * 4 > count;
   const bool unstructured = XorLooksUnstructured(changes);
@@ -559,6 +557,29 @@ std::optional<EncodedPartition> EncodeFoundChanges(DType dtype, ByteSpan base, B
       ContextModeSupports(dtype)) {
     candidates.push_back(Encoding::kContextXor);
   }
+  return candidates;
+}
+
+}  // namespace
+
+bool FoundChangesNeedBytes(DType dtype, uint64_t element_count, const SparseChanges& changes,
+                           const EncodeOptions& options) {
+  return changes.size() > 0 && Candidates(dtype, element_count, changes, options).size() > 1;
+}
+
+std::optional<EncodedPartition> EncodeFoundSparse(DType dtype, const EncodeOptions& options,
+                                                  CodecScratch& scratch) {
+  if (scratch.changes.size() == 0) return std::nullopt;
+  return EncodeChanges(Encoding::kSparseXor, dtype, scratch.changes, nullptr, options, scratch);
+}
+
+std::optional<EncodedPartition> EncodeFoundChanges(DType dtype, ByteSpan base, ByteSpan target,
+                                                   const EncodeOptions& options,
+                                                   CodecScratch& scratch) {
+  const uint32_t e = static_cast<uint32_t>(ElementSize(dtype));
+  const SparseChanges& changes = scratch.changes;
+  if (changes.size() == 0) return std::nullopt;
+  const std::vector<Encoding> candidates = Candidates(dtype, base.size() / e, changes, options);
 
   std::optional<EncodedPartition> best;
   for (Encoding encoding : candidates) {

@@ -45,7 +45,8 @@ enum class CodecMode {
 struct EncodeOptions {
   CodecMode mode = CodecMode::kFast;
   EntropyCoder entropy = EntropyCoder::kZstd;
-  int zstd_level = 1;
+  // zstd's level, negative for faster (codec/entropy.cc sets the other parameters).
+  int zstd_level = -5;
   // Tries every encoding instead of skipping the ones a cheap estimate rules out.
   bool try_every_encoding = false;
 };
@@ -101,6 +102,18 @@ std::optional<EncodedPartition> EncodePartition(DType dtype, ByteSpan base, Byte
 std::optional<EncodedPartition> EncodeFoundChanges(DType dtype, ByteSpan base, ByteSpan target,
                                                    const EncodeOptions& options,
                                                    CodecScratch& scratch);
+
+// Whether EncodeFoundChanges would read the partition's bytes for these changes of
+// a partition of `element_count` elements: false when sparse-XOR is the only
+// encoding worth trying (few, structured changes in fast mode), which is built from
+// the changes alone.
+bool FoundChangesNeedBytes(DType dtype, uint64_t element_count, const SparseChanges& changes,
+                           const EncodeOptions& options);
+// EncodeFoundChanges where FoundChangesNeedBytes is false: the same record, from
+// `scratch.changes` alone (the delta encoder compares copied tiles and keeps only
+// their changes). nullopt when there are none.
+std::optional<EncodedPartition> EncodeFoundSparse(DType dtype, const EncodeOptions& options,
+                                                  CodecScratch& scratch);
 
 // Encodes with one given encoding; `changes` must be FindChanges(base, target).
 // Unsupported for kContextXor on dtypes the context coder does not model.

@@ -1,12 +1,13 @@
 // RangeReader: how the encoder and the manifest hash read one version's tensor
 // bytes, one partition at a time.
 //
-// A reader either returns a view of memory it already holds (host buffers: no copy)
-// or copies the bytes into the caller's `buffer` and returns a view of that. A
-// checkpoint directory copies (pread): on the machines measured here, reading file
-// pages through a mapping ran at ~2 GB/s on one core, faulting and walking the page
-// tables of every 4 KiB page, while copying them into a reused, cache-resident
-// buffer ran at ~8-9 GB/s (README, "Encode speed of the command line").
+// A reader either returns a view of memory it already holds (host buffers) or
+// copies the bytes into the caller's `buffer` and returns a view of that (a
+// checkpoint directory, with pread by default; GPU stores). On the VMs measured
+// here a process's first touch of a mapped file page cost more than copying it into
+// a reused, cache-resident buffer, so a checkpoint directory copies unless told to
+// view its populated mapping (apply/checkpoint_dir.h, ReadPath; README, "Encode
+// speed of the command line").
 //
 // Thread safety: a reader is called from several threads at once, each with its own
 // buffer.

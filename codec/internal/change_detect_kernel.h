@@ -51,8 +51,9 @@ inline void XorWord(const std::byte* a, const std::byte* b, std::byte* out) {
 // Works a stripe of blocks at a time: masks first, then one resize of the output for
 // the stripe's changes, then a fill through raw pointers. Growing the vectors per
 // change instead costs more than the comparison itself.
+// Appends to `out`, numbering elements from `first`.
 template <uint64_t (*DiffMask)(const std::byte*, const std::byte*), uint32_t kSize>
-inline void FindChangesWith(ByteSpan base, ByteSpan target, SparseChanges& out) {
+inline void FindChangesWith(ByteSpan base, ByteSpan target, uint32_t first, SparseChanges& out) {
   constexpr size_t kStripeBlocks = 64;
   constexpr int kShift = __builtin_ctz(kSize);
   const std::byte* a = base.data();
@@ -86,13 +87,13 @@ inline void FindChangesWith(ByteSpan base, ByteSpan target, SparseChanges& out) 
       for (size_t j = 0; j < kUnrolled; ++j) {
         const size_t byte = off + static_cast<size_t>(__builtin_ctzll(mask | kSentinel));
         mask &= mask - 1;
-        pos[j] = static_cast<uint32_t>(byte >> kShift);
+        pos[j] = first + static_cast<uint32_t>(byte >> kShift);
         XorWord<kSize>(a + byte, b + byte, xr + j * kSize);
       }
       for (size_t j = kUnrolled; mask != 0; ++j) {
         const size_t byte = off + static_cast<size_t>(__builtin_ctzll(mask));
         mask &= mask - 1;
-        pos[j] = static_cast<uint32_t>(byte >> kShift);
+        pos[j] = first + static_cast<uint32_t>(byte >> kShift);
         XorWord<kSize>(a + byte, b + byte, xr + j * kSize);
       }
       pos += n;
@@ -103,7 +104,7 @@ inline void FindChangesWith(ByteSpan base, ByteSpan target, SparseChanges& out) 
   }
   for (size_t byte = full; byte < base.size(); byte += kSize) {
     if (std::memcmp(a + byte, b + byte, kSize) == 0) continue;
-    out.positions.push_back(static_cast<uint32_t>(byte >> kShift));
+    out.positions.push_back(first + static_cast<uint32_t>(byte >> kShift));
     out.xors.resize(out.xors.size() + kSize);
     XorWord<kSize>(a + byte, b + byte, out.xors.data() + out.xors.size() - kSize);
   }
@@ -111,16 +112,16 @@ inline void FindChangesWith(ByteSpan base, ByteSpan target, SparseChanges& out) 
 
 template <uint64_t (*DiffMask)(const std::byte*, const std::byte*)>
 inline void FindChangesDispatch(ByteSpan base, ByteSpan target, uint32_t element_size,
-                                SparseChanges& out) {
+                                uint32_t first, SparseChanges& out) {
   switch (element_size) {
     case 1:
-      return FindChangesWith<DiffMask, 1>(base, target, out);
+      return FindChangesWith<DiffMask, 1>(base, target, first, out);
     case 2:
-      return FindChangesWith<DiffMask, 2>(base, target, out);
+      return FindChangesWith<DiffMask, 2>(base, target, first, out);
     case 4:
-      return FindChangesWith<DiffMask, 4>(base, target, out);
+      return FindChangesWith<DiffMask, 4>(base, target, first, out);
     default:
-      return FindChangesWith<DiffMask, 8>(base, target, out);
+      return FindChangesWith<DiffMask, 8>(base, target, first, out);
   }
 }
 

@@ -22,6 +22,7 @@ using ::deltacast::apply::testing::ScratchDir;
 using ::deltacast::apply::testing::WriteRawSafetensors;
 using ::testing::HasSubstr;
 using Access = CheckpointDirStore::Access;
+using ReadPath = CheckpointDirStore::ReadPath;
 
 class CheckpointDirTest : public ::testing::Test {
  protected:
@@ -260,35 +261,45 @@ TEST_F(CheckpointDirTest, ReadOnlyStoreRefusesWrites) {
   EXPECT_TRUE((*store)->Flush(0, 0, 16).ok());
 }
 
-// ReadRange copies with pread what TensorData maps: the same bytes, for every range,
-// including writes made through the mapping a moment before.
-TEST_F(CheckpointDirTest, ReadRangeReadsWhatTheMappingHolds) {
+// Either way ReadRange reads the bytes written to the files, for every range, and
+// writes made through the mapping a moment before: kCopy into the caller's buffer,
+// kMap as a view of the mapping, its pages populated, the buffer untouched.
+TEST_F(CheckpointDirTest, ReadRangeReadsWhatTheFilesHoldByEitherPath) {
   WriteShardedCheckpoint();
-  auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadWrite);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  std::vector<std::byte> scratch(4096);
-  for (size_t i = 0; i < (*store)->tensors().size(); ++i) {
-    const ByteSpan all = (*store)->TensorData(i);
-    for (uint64_t offset : {uint64_t{0}, uint64_t{3}, uint64_t(all.size())}) {
-      if (offset > all.size()) continue;
-      const uint64_t length = all.size() - offset;
-      auto read = (*store)->ReadRange(i, offset, length, scratch);
-      ASSERT_TRUE(read.ok()) << read.status().ToString();
-      ASSERT_EQ(read->size(), length);
-      EXPECT_TRUE(std::equal(read->begin(), read->end(), all.begin() + offset));
-      // A copy, not a view of the mapping.
-      if (length > 0) {
-        EXPECT_EQ(read->data(), scratch.data());
+  for (ReadPath path : {ReadPath::kCopy, ReadPath::kMap}) {
+    auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadWrite);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    (*store)->set_read_path(path);
+    const bool view = path == ReadPath::kMap;
+    std::vector<std::byte> scratch(4096, std::byte{0x5A});
+    for (size_t i = 0; i < (*store)->tensors().size(); ++i) {
+      const std::vector<std::byte>& written = contents_[(*store)->tensors()[i].name];
+      const ByteSpan all = (*store)->TensorData(i);
+      for (uint64_t offset : {uint64_t{0}, uint64_t{3}, uint64_t(all.size())}) {
+        if (offset > all.size()) continue;
+        const uint64_t length = all.size() - offset;
+        auto read = (*store)->ReadRange(i, offset, length, scratch);
+        ASSERT_TRUE(read.ok()) << read.status().ToString();
+        ASSERT_EQ(read->size(), length);
+        EXPECT_TRUE(std::equal(read->begin(), read->end(), written.begin() + offset));
+        if (length > 0) {
+          EXPECT_EQ(read->data(), view ? all.data() + offset : scratch.data());
+        }
       }
     }
+    if (view) {
+      EXPECT_EQ(scratch, std::vector<std::byte>(4096, std::byte{0x5A}));
+    }
+    const size_t index = *(*store)->FindTensor("lm_head.weight");
+    auto data = (*store)->MutableTensorData(index);
+    ASSERT_TRUE(data.ok());
+    (*data)[5] ^= std::byte{0xAB};
+    const std::byte now = (*data)[5];
+    auto read = (*store)->ReadRange(index, 4, 2, scratch);
+    ASSERT_TRUE(read.ok());
+    EXPECT_EQ((*read)[1], now);
+    (*data)[5] ^= std::byte{0xAB};  // as written again, for the other path
   }
-  const size_t index = *(*store)->FindTensor("lm_head.weight");
-  auto data = (*store)->MutableTensorData(index);
-  ASSERT_TRUE(data.ok());
-  (*data)[5] = std::byte{0xAB};
-  auto read = (*store)->ReadRange(index, 4, 2, scratch);
-  ASSERT_TRUE(read.ok());
-  EXPECT_EQ((*read)[1], std::byte{0xAB});
 }
 
 TEST_F(CheckpointDirTest, ReadRangeRefusesRangesOutsideTheTensor) {
@@ -308,19 +319,44 @@ TEST_F(CheckpointDirTest, ReadRangeRefusesRangesOutsideTheTensor) {
 }
 
 // A file cut short after the store opened it: the read names the file and the tensor
-// instead of handing back bytes it did not read.
+// instead of handing back bytes it did not read (or, mapped, raising SIGBUS).
 TEST_F(CheckpointDirTest, ReadRangeOfAFileThatShrankFails) {
-  WriteFile("model.safetensors", {{"a", DType::kF32, {1024}}, {"b", DType::kF32, {1024}}});
-  auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadOnly);
-  ASSERT_TRUE(store.ok());
-  const CheckpointTensor& b = (*store)->layout().tensors[1];
-  ASSERT_EQ(b.info.name, "b");
-  fs::resize_file(dir_.path() / "model.safetensors", b.file_offset + 100);
-  std::vector<std::byte> scratch(4096);
-  ExpectError((*store)->ReadRange(1, 0, 4096, scratch), StatusCode::kIoError, "'b'");
-  auto a = (*store)->ReadRange(0, 0, 4096, scratch);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_TRUE(std::equal(a->begin(), a->end(), contents_["a"].begin()));
+  for (ReadPath path : {ReadPath::kCopy, ReadPath::kMap}) {
+    WriteFile("model.safetensors", {{"a", DType::kF32, {1024}}, {"b", DType::kF32, {1024}}});
+    auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadOnly);
+    ASSERT_TRUE(store.ok());
+    (*store)->set_read_path(path);
+    const CheckpointTensor& b = (*store)->layout().tensors[1];
+    ASSERT_EQ(b.info.name, "b");
+    fs::resize_file(dir_.path() / "model.safetensors", b.file_offset + 100);
+    std::vector<std::byte> scratch(4096);
+    ExpectError((*store)->ReadRange(1, 0, 4096, scratch), StatusCode::kIoError, "'b'");
+    auto a = (*store)->ReadRange(0, 0, 4096, scratch);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_TRUE(std::equal(a->begin(), a->end(), contents_["a"].begin()));
+  }
+}
+
+// Cut one byte short, the file still has every page of the range: touching them
+// raises no fault and the missing byte would read as zero. The read fails instead.
+TEST_F(CheckpointDirTest, ReadRangeOfAFileCutInsideTheRangesLastPageFails) {
+  for (ReadPath path : {ReadPath::kCopy, ReadPath::kMap}) {
+    WriteFile("model.safetensors", {{"a", DType::kF32, {1024}}, {"b", DType::kF32, {1024}}});
+    auto store = CheckpointDirStore::Open(dir_.path(), Access::kReadOnly);
+    ASSERT_TRUE(store.ok());
+    (*store)->set_read_path(path);
+    const CheckpointTensor& b = (*store)->layout().tensors[1];
+    ASSERT_EQ(b.info.name, "b");
+    const uint64_t end = b.file_offset + b.info.ByteSize();
+    fs::resize_file(dir_.path() / "model.safetensors", end - 1);
+    std::vector<std::byte> scratch(4096);
+    ExpectError((*store)->ReadRange(1, 0, 4096, scratch), StatusCode::kIoError,
+                "ends at byte " + std::to_string(end - 1) + ", inside tensor 'b'");
+    ExpectError((*store)->ReadRange(1, 4095, 1, scratch), StatusCode::kIoError, "shrank");
+    auto head = (*store)->ReadRange(1, 0, 4095, scratch);  // what is still there reads
+    ASSERT_TRUE(head.ok()) << head.status().ToString();
+    EXPECT_TRUE(std::equal(head->begin(), head->end(), contents_["b"].begin()));
+  }
 }
 
 // ---- Bad directories ----

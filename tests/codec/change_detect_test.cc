@@ -8,8 +8,10 @@
 
 namespace deltacast::codec {
 namespace internal {
-void FindChangesAvx2(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out);
-bool FindChangesAvx512(ByteSpan base, ByteSpan target, uint32_t element_size, SparseChanges& out);
+void FindChangesAvx2(ByteSpan base, ByteSpan target, uint32_t element_size, uint32_t first,
+                     SparseChanges& out);
+bool FindChangesAvx512(ByteSpan base, ByteSpan target, uint32_t element_size, uint32_t first,
+                       SparseChanges& out);
 }  // namespace internal
 namespace {
 
@@ -51,18 +53,65 @@ TEST(ChangeDetect, KernelsAgreeWithAReference) {
         if (avx2) {
           SparseChanges k;
           k.element_size = e;
-          internal::FindChangesAvx2(x.first(elements * e), y.first(elements * e), e, k);
+          internal::FindChangesAvx2(x.first(elements * e), y.first(elements * e), e, 0, k);
           EXPECT_EQ(k.positions, want.positions);
           EXPECT_EQ(k.xors, want.xors);
         }
         if (avx512) {
           SparseChanges k;
           k.element_size = e;
-          if (internal::FindChangesAvx512(x.first(elements * e), y.first(elements * e), e, k)) {
+          if (internal::FindChangesAvx512(x.first(elements * e), y.first(elements * e), e, 0, k)) {
             EXPECT_EQ(k.positions, want.positions) << "avx512 " << e << " " << elements;
             EXPECT_EQ(k.xors, want.xors);
           }
         }
+      }
+    }
+  }
+}
+
+// A partition compared a tile at a time, each tile's changes appended and numbered
+// from the tile's first element, gives the changes of one pass over it, with every
+// kernel (DELTACAST_CHANGE_DETECT is read once per process, so each kernel is called
+// directly as well).
+TEST(ChangeDetect, AppendingTileByTileGivesTheChangesOfOnePass) {
+  std::mt19937 rng(17);
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vbmi2");
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  for (uint32_t e : {1u, 2u, 4u, 8u}) {
+    const size_t elements = 50'003;
+    std::vector<std::byte> a(elements * e), b;
+    for (auto& x : a) x = std::byte(rng());
+    b = a;
+    for (size_t i = 0; i < elements; ++i) {
+      if (rng() % 100 < 3) b[i * e + rng() % e] ^= std::byte(1 + rng() % 255);
+    }
+    const SparseChanges want = Reference(a, b, e);
+    ASSERT_GT(want.size(), 1000u);
+    for (size_t tile : {size_t{64}, size_t{4096} + 64, size_t{131072}}) {
+      const size_t tile_elements = tile / e;
+      for (int kernel = 0; kernel < 3; ++kernel) {
+        if ((kernel == 1 && !avx2) || (kernel == 2 && !avx512)) continue;
+        SparseChanges got;
+        got.element_size = e;
+        got.positions = {7};  // what was there before stays, first
+        got.xors.assign(e, std::byte{1});
+        for (size_t at = 0; at < elements; at += tile_elements) {
+          const size_t n = std::min(tile_elements, elements - at) * e;
+          const ByteSpan x = ByteSpan(a).subspan(at * e, n), y = ByteSpan(b).subspan(at * e, n);
+          const auto first = static_cast<uint32_t>(at);
+          if (kernel == 0) FindChangesAppend(x, y, e, first, got);
+          if (kernel == 1) internal::FindChangesAvx2(x, y, e, first, got);
+          if (kernel == 2 && !internal::FindChangesAvx512(x, y, e, first, got)) {
+            FindChangesAppend(x, y, e, first, got);
+          }
+        }
+        ASSERT_EQ(got.positions.front(), 7u);
+        got.positions.erase(got.positions.begin());
+        got.xors.erase(got.xors.begin(), got.xors.begin() + e);
+        EXPECT_EQ(got.positions, want.positions) << e << " " << tile << " kernel " << kernel;
+        EXPECT_EQ(got.xors, want.xors) << e << " " << tile << " kernel " << kernel;
       }
     }
   }

@@ -16,7 +16,7 @@ namespace deltacast::transport::ofi {
 
 Status OfiStatus(int rc, std::string_view what) {
   const int err = rc < 0 ? -rc : rc;
-  std::string message = std::string(what) + ": " + fi_strerror(err);
+  std::string message = std::string(what) + ": " + libfabric::StrError(err);
   switch (err) {
     case FI_ECANCELED:
       return Status::Aborted(std::move(message));
@@ -78,7 +78,8 @@ Result<std::string> InterfaceAddress(const std::string& device) {
 
 Result<InfoPtr> GetRdmInfo(const std::string& provider, const char* node, const char* service,
                            bool source, uint64_t extra_caps) {
-  InfoPtr hints(fi_allocinfo());
+  RETURN_IF_ERROR(libfabric::Load());
+  InfoPtr hints(libfabric::DupInfo(nullptr));  // fi_allocinfo()
   if (!hints) return Status::ResourceExhausted("fi_allocinfo");
   hints->caps = FI_MSG | FI_TAGGED | extra_caps;
   hints->ep_attr->type = FI_EP_RDM;
@@ -97,8 +98,8 @@ Result<InfoPtr> GetRdmInfo(const std::string& provider, const char* node, const 
   hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
   if (!provider.empty()) hints->fabric_attr->prov_name = strdup(provider.c_str());
   fi_info* info = nullptr;
-  const int rc =
-      fi_getinfo(FI_VERSION(1, 17), node, service, source ? FI_SOURCE : 0, hints.get(), &info);
+  const int rc = libfabric::GetInfo(FI_VERSION(1, 17), node, service, source ? FI_SOURCE : 0,
+                                    hints.get(), &info);
   if (rc != 0) {
     Status status = OfiStatus(rc, "fi_getinfo(provider \"" + provider + "\")");
     if (rc == -FI_ENODATA) {
@@ -115,7 +116,7 @@ Result<std::unique_ptr<Fabric>> Fabric::Open(const std::string& provider) {
   if (!info.ok()) return info.status();
   std::unique_ptr<Fabric> f(new Fabric());
   f->info_ = std::move(info).value();
-  int rc = fi_fabric(f->info_->fabric_attr, &f->fabric_, nullptr);
+  int rc = libfabric::Fabric(f->info_->fabric_attr, &f->fabric_, nullptr);
   if (rc != 0) return OfiStatus(rc, "fi_fabric");
   rc = fi_domain(f->fabric_, f->info_.get(), &f->domain_, nullptr);
   if (rc != 0) return OfiStatus(rc, "fi_domain");

@@ -2,7 +2,8 @@
 // and completion queue (Fabric) and the RDM endpoints with their address vectors
 // (Endpoint). Also the one function mapping libfabric errors to Status.
 //
-// Private to transport/ofi: this is the only header that includes rdma/fabric.h.
+// Private to transport/ofi: with libfabric.h, the only header that includes
+// rdma/fabric.h.
 // Thread safety: none. Opened on any thread, then used only by the transport's
 // progress thread (the domain is opened FI_THREAD_DOMAIN).
 #pragma once
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "transport/ofi/libfabric.h"
 
 namespace deltacast::transport::ofi {
 
@@ -27,7 +29,7 @@ namespace deltacast::transport::ofi {
 Status OfiStatus(int rc, std::string_view what);
 
 struct InfoDeleter {
-  void operator()(fi_info* info) const { fi_freeinfo(info); }
+  void operator()(fi_info* info) const { libfabric::FreeInfo(info); }
 };
 using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 
