@@ -78,7 +78,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                           options_.node_id, begin->base_version.ShortHex(), refit_->id));
     deferred_begin_.assign(bytes.begin(), bytes.end());
     store_.Commit(refit_->id, [this](const Status& status, const Digest128& version,
-                                     const NodeStore::CommitTimes&) {
+                                     const NodeStore::CommitTimes& times) {
       if (!status.ok()) {
         log::Error(fmt::format("{}: the held delta still could not be committed: {}",
                                options_.node_id, status.ToString()));
@@ -86,6 +86,10 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       {
         std::lock_guard lock(stats_mu_);
         stats_.version = version;
+        // The engine paused for that refit's write now: its pause is reported with
+        // the refits' (the refit itself reported none, having failed locally).
+        stats_.last_pause_seconds = times.pause_seconds;
+        stats_.pause_seconds_total += times.pause_seconds;
       }
       RunDeferredBegin();
     });

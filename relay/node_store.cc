@@ -56,7 +56,10 @@ NodeStore::NodeStore(std::unique_ptr<apply::Replica> replica, Options options, E
       refit_(std::make_unique<RefitState>()),
       write_back_(options_.write_back_delay),
       workers_(std::make_unique<WorkerPool>(std::max<size_t>(1, options_.apply_threads),
-                                            kApplyWorkerNice)) {
+                                            kApplyWorkerNice)),
+      // Named for the simulator, which runs one node's engine pause at a time.
+      hook_loop_({}, std::chrono::milliseconds(100), "hook"),
+      apply_loop_({}, std::chrono::milliseconds(100), "apply") {
   options_.apply_threads = workers_->size();
 }
 

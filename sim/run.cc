@@ -12,11 +12,13 @@
 #include "apply/replica.h"
 #include "apply/safetensors.h"
 #include "codec/manifest.h"
+#include "common/crash_point.h"
 #include "common/file_util.h"
 #include "common/log.h"
 #include "relay/decision_log.h"
 #include "relay/node_agent.h"
 #include "relay/source.h"
+#include "sim/engine_model.h"
 #include "sim/sim_disk.h"
 #include "sim/trainer.h"
 #include "topology/cluster_config.h"
@@ -48,6 +50,8 @@ constexpr auto kRecovery = std::chrono::seconds(8);
 // The tree's own bounds on waiting for an away child (the connect timeout, 3 s) fit in
 // it; a wait for the commit timeout (20 s) does not.
 constexpr double kLostSeconds = 10;
+// How long a node waits for its engine's pause hook (EngineHooks::timeout).
+constexpr auto kHookTimeout = std::chrono::milliseconds(1000);
 
 std::vector<codec::TensorInfo> Table() {
   std::vector<codec::TensorInfo> t;
@@ -82,6 +86,9 @@ std::string ConfigToml(const Scenario& s) {
         "\n[[node]]\nid = \"n{}\"\nhost = \"sim\"\nport = {}\nregion = \"r\"\nrole = "
         "\"receiver\"\n",
         i, 1 + 3 * i);
+    const NodeEngine e = i < static_cast<int>(s.engines.size()) ? s.engines[i] : NodeEngine{};
+    if (e.staged) toml += "apply = \"staged\"\n";
+    if (e.small_memory) toml += "staged_memory = \"24KiB\"\n";
   }
   return toml;
 }
@@ -112,6 +119,8 @@ class Run {
     // Restarted after a power loss that left its last commit's writes unflushed: its
     // bytes are torn until the recovery finishes (stats().stores_recovered).
     bool reconciling = false;
+    std::unique_ptr<EngineModel> engine;  // the inference engine serving from it, if any
+    bool dying = false;                   // killed at a crash point; the kill unwinds first
   };
 
   void Fail(const std::string& why_in) {
@@ -145,6 +154,17 @@ class Run {
   void Inject(size_t index, const Fault& f);
   fs::path DirOf(int process) const { return process == 0 ? dir_ / "src" : nodes_[process].dir; }
   void LosePower(int process);
+  // A node dies where it stands (a kCrashAt fault reached, or killed while a task of its
+  // waits on the stack): its disk is cut now, its tasks never run again, and it is
+  // stopped once the stack has unwound.
+  void KillInPlace(int i, bool power, double restart_seconds, const std::string& why);
+  void FinishKill(int i, bool power, double restart_seconds, std::string why);
+  static void OnCrashPoint(std::string_view name, void* run);
+  struct ArmedCrash {
+    size_t index;
+    Fault fault;
+  };
+  std::vector<ArmedCrash> armed_;  // kCrashAt faults waiting for their point
   void ScheduleFaults(int publish);
   // `index`: the publish's place in the workload (-1: the liveness publish).
   void Publish(int index, double rate, bool liveness);
@@ -221,6 +241,12 @@ void Run::Setup() {
     for (const Bytes& t : v0) (void)(*writer)->Append(t);
     if (Status st = (*writer)->Finish(); !st.ok()) throw std::runtime_error(st.ToString());
   }
+  for (int i = 1; i <= s_.nodes; ++i) {
+    if (i >= static_cast<int>(s_.engines.size()) || !s_.engines[i].engine) continue;
+    nodes_[i].engine = std::make_unique<EngineModel>(
+        q_, Name(i), nodes_[i].dir / "model.safetensors", s_.seed * 0x9FB21C651E98DF25ull + i,
+        s_.hook_fail, s_.hook_hang, kHookTimeout, [this](const std::string& why) { Fail(why); });
+  }
   for (int p = 0; p <= s_.nodes; ++p) disk_.Adopt(DirOf(p));
   if (s_.producers > 0)
     trainer_ = std::make_unique<SimTrainer>(Table(), kPartitionBytes, kChunkBytes);
@@ -256,8 +282,15 @@ void Run::StartNode(Node& n) {
   options.spool_dir = n.dir / apply::kStateDirName / "spool";
   options.write_back_delay = std::chrono::milliseconds(s_.write_back_ms);
   options.on_commit = [this, i = n.i](const relay::CommitEvent& e) { OnCommit(i, e); };
+  if (n.engine) {
+    n.engine->Started();
+    options.engine_hooks = n.engine->Hooks();
+  }
+  // Every queue the node opens is its own: it can be killed while one waits.
+  q_.set_opening_owner(n.i);
   auto agent = relay::NodeAgent::Start(std::move(options), std::move(*replica),
                                        net_.MakeTransport(Name(n.i)));
+  q_.set_opening_owner(-1);
   if (!agent.ok()) {
     Fail(Name(n.i) + " cannot start: " + agent.status().ToString());
     return;
@@ -274,6 +307,8 @@ void Run::StopNode(Node& n, const char* why) {
   r_.chunk_bytes += st.chunk_bytes_received;
   r_.resent_bytes += st.chunk_bytes_resent;
   r_.peak_held_bytes = std::max(r_.peak_held_bytes, st.peak_held_bytes);
+  r_.pause_seconds += st.pause_seconds_total;
+  if (n.engine) n.engine->Died();
   n.agent->Stop();
   n.agent.reset();
   q_.Note(fmt::format("{} {}", why, Name(n.i)));
@@ -290,7 +325,9 @@ void Run::StartSource() {
   options.spool_dir = dir_ / "src" / "spool";
   options.history_dir = dir_ / "src" / "history";
   options.keep_deltas = s_.keep_deltas;
+  q_.set_opening_owner(0);
   auto source = relay::Source::Start(std::move(options), net_.MakeTransport("src"));
+  q_.set_opening_owner(-1);
   if (!source.ok()) {
     Fail("source cannot start: " + source.status().ToString());
     return;
@@ -322,6 +359,7 @@ void Run::OnCommit(int i, const relay::CommitEvent& e) {
     Fail(fmt::format("{} committed version #{} after #{}: went back", Name(i), idx, n.last_commit));
   }
   n.last_commit = idx;
+  if (n.engine) n.engine->OnRefitCommit();
   q_.Note(fmt::format("{} committed #{} ({})", Name(i), idx, e.version.ShortHex()));
 }
 
@@ -375,8 +413,11 @@ void Run::Inject(size_t index, const Fault& f) {
   const std::string a = Name(f.a), b = Name(f.b);
   const auto secs =
       std::chrono::duration_cast<EventQueue::Duration>(std::chrono::duration<double>(f.seconds));
-  q_.Note(fmt::format("fault {}: {}{} {}{}", index, f.power ? "power-loss " : "", FaultName(f.kind),
-                      a, f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
+  q_.Note(fmt::format(
+      "fault {}: {}{} {}{}{}", index, f.power ? "power-loss " : "", FaultName(f.kind), a,
+      f.kind <= FaultKind::kPartition ? "-" + b : std::string(),
+      f.kind == FaultKind::kCrashAt ? std::string(" at ") + kCrashPoints[f.point] + " (armed)"
+                                    : std::string()));
   ++r_.faults[static_cast<size_t>(f.kind)];
   ++injected_;
   // The tree may take the fault's time plus a rejoin to settle.
@@ -385,8 +426,9 @@ void Run::Inject(size_t index, const Fault& f) {
   // stays away within its bounded waits (an away child fails or is excused after
   // the connect timeout, and after a decision is waited for only that long), not
   // wait for it to come back. Its restart disturbs again (StartNode).
-  const bool instant =
-      f.kind == FaultKind::kReset || f.kind == FaultKind::kLateJoin || f.kind == FaultKind::kOutage;
+  // A crash point disturbs when it is reached (KillInPlace).
+  const bool instant = f.kind == FaultKind::kReset || f.kind == FaultKind::kLateJoin ||
+                       f.kind == FaultKind::kOutage || f.kind == FaultKind::kCrashAt;
   disturbed_until_ =
       std::max(disturbed_until_, q_.Now() + (instant ? EventQueue::Duration{} : secs));
   switch (f.kind) {
@@ -403,7 +445,11 @@ void Run::Inject(size_t index, const Fault& f) {
     case FaultKind::kKillNode:
     case FaultKind::kOutage: {
       Node& n = nodes_[f.a];
-      if (!n.agent) return;
+      if (!n.agent || n.dying) return;
+      if (q_.OwnerOnStack(f.a)) {
+        // A task of it waits below this one (its pause hook): it unwinds first.
+        return KillInPlace(f.a, f.power, f.seconds, "kill");
+      }
       if (f.power) disk_.Cut(n.dir);  // its destructors write nothing durable
       StopNode(n, "kill");
       if (f.power) LosePower(f.a);
@@ -417,6 +463,9 @@ void Run::Inject(size_t index, const Fault& f) {
       if (!source_) return;
       if (f.power) disk_.Cut(dir_ / "src");
       if (q_.blocked()) {
+        // A node's task waiting above Publish (a pause hook) returns first: the
+        // source's own tasks stop now.
+        if (q_.Nested()) q_.CloseOwner(0);
         q_.KillBlocked();  // Publish unwinds; the source goes there
         source_power_loss_ = f.power;
       } else {
@@ -432,6 +481,9 @@ void Run::Inject(size_t index, const Fault& f) {
     case FaultKind::kLateJoin:
       if (!nodes_[f.a].joined) StartNode(nodes_[f.a]);
       return;
+    case FaultKind::kCrashAt:
+      armed_.push_back({index, f});
+      return;
     case FaultKind::kFullDisk:
       disk_.SetFull(DirOf(f.a), true);
       q_.PostAt(driver_, q_.Now() + secs, [this, p = f.a] {
@@ -439,6 +491,56 @@ void Run::Inject(size_t index, const Fault& f) {
         disk_.SetFull(DirOf(p), false);
       });
       return;
+  }
+}
+
+void Run::KillInPlace(int i, bool power, double restart_seconds, const std::string& why) {
+  Node& n = nodes_[i];
+  n.dying = true;
+  if (power) disk_.Cut(n.dir);  // nothing it does from now on is durable
+  if (n.engine) n.engine->Died();
+  q_.CloseOwner(i);  // none of its tasks runs again
+  disturbed_until_ = std::max(disturbed_until_, q_.Now());
+  q_.Note(fmt::format("{}{} {} where it stands", power ? "power-loss " : "", why, Name(i)));
+  FinishKill(i, power, restart_seconds, why);
+}
+
+// The rest of a kill in place, once no task of the node is on the stack.
+void Run::FinishKill(int i, bool power, double restart_seconds, std::string why) {
+  if (q_.RunningOwner() == i || q_.OwnerOnStack(i)) {
+    q_.PostAt(driver_, q_.Now() + std::chrono::milliseconds(1),
+              [=, this] { FinishKill(i, power, restart_seconds, why); });
+    return;
+  }
+  Node& n = nodes_[i];
+  n.dying = false;
+  StopNode(n, why.c_str());
+  if (power) LosePower(i);
+  n.restart_pending = true;
+  const auto secs = std::chrono::duration_cast<EventQueue::Duration>(
+      std::chrono::duration<double>(restart_seconds));
+  disturbed_until_ = std::max(disturbed_until_, q_.Now() + secs);
+  q_.PostAt(driver_, q_.Now() + secs, [this, i] {
+    if (nodes_[i].restart_pending) StartNode(nodes_[i]);
+  });
+}
+
+// The crash-point seam (common/crash_point.h): a node whose kCrashAt fault is armed
+// for this point dies here; the throw unwinds its task (EventQueue::Step).
+void Run::OnCrashPoint(std::string_view name, void* self) {
+  Run& run = *static_cast<Run*>(self);
+  const int i = run.q_.RunningOwner();
+  if (i <= 0 || !run.faults_on_) return;
+  Node& n = run.nodes_[i];
+  if (!n.agent || n.dying) return;
+  for (auto it = run.armed_.begin(); it != run.armed_.end(); ++it) {
+    if (it->fault.a != i || name != kCrashPoints[it->fault.point]) continue;
+    const ArmedCrash armed = *it;
+    run.armed_.erase(it);
+    ++run.r_.crashes;
+    run.q_.Note(fmt::format("fault {}: {} reached {}", armed.index, Name(i), name));
+    run.KillInPlace(i, armed.fault.power, armed.fault.seconds, "crash");
+    throw Killed{};
   }
 }
 
@@ -625,6 +727,10 @@ void Run::Sabotage() {
 
 void Run::HealAndRestart() {
   faults_on_ = false;
+  armed_.clear();
+  for (auto& n : nodes_) {
+    if (n.engine) n.engine->set_faults(false);
+  }
   net_.Heal();
   for (int p = 0; p <= s_.nodes; ++p) disk_.SetFull(DirOf(p), false);
   q_.Note("faults stop; heal and restart everything");
@@ -647,6 +753,10 @@ void Run::FinalChecks() {
     if (st.version != last) {
       Fail(fmt::format("{} is at {} at the end, not the last committed {}", Name(i),
                        st.version.ShortHex(), last.ShortHex()));
+    }
+    if (n.engine) {
+      if (n.engine->paused()) Fail(Name(i) + ": its engine is still paused at the end");
+      n.engine->CheckReported(st.pause_seconds_total);
     }
     StopNode(n, "stop");
     CheckBytes(n, last, "at the end");
@@ -675,6 +785,7 @@ RunResult Run::Go() {
   q_.set_time_limit(std::chrono::seconds(120 * s_.publishes + 600));
   InstallSimRuntime(&q_);
   InstallSimDisk(&disk_);
+  InstallCrashPointHandler(&Run::OnCrashPoint, this);
   try {
     StartSource();
     for (int i = 1; i <= s_.nodes; ++i) {
@@ -704,8 +815,24 @@ RunResult Run::Go() {
       n.agent.reset();
     }
   }
+  InstallCrashPointHandler(nullptr, nullptr);
   InstallSimDisk(nullptr);
   InstallSimRuntime(nullptr);
+  for (const auto& n : nodes_) {
+    if (!n.engine) continue;
+    const EngineCounts& c = n.engine->counts();
+    r_.engine.pauses += c.pauses;
+    r_.engine.failed += c.failed;
+    r_.engine.hung += c.hung;
+    r_.engine.resumes += c.resumes;
+    r_.engine.checked += c.checked;
+    r_.engine.refits += c.refits;
+    r_.engine.paused_seconds += c.paused_seconds;
+  }
+  for (int i = 1; i < static_cast<int>(s_.engines.size()); ++i) {
+    r_.staged_nodes += s_.engines[i].staged;
+    r_.engine_nodes += s_.engines[i].engine;
+  }
   for (const std::string& gap : disk_.TakeErrors()) Fail(gap);
   r_.enospc_writes = disk_.refused_writes();
   r_.trace_hash = q_.trace_hash();
