@@ -192,6 +192,9 @@ class NodeAgent::Impl {
   // A decision that waits for the store's recovery (a node confirms a version only
   // once its bytes are at it): its type and message.
   std::optional<std::pair<MessageType, std::vector<std::byte>>> deferred_decision_;
+  // A recovery of the store that failed (the engine did not pause, the disk refused
+  // a write) starts again from this time, between refits (Tick).
+  std::optional<Clock::time_point> recovery_retry_at_;
   NodeStore::Journal journal_;  // the replica's journal, mirrored
   Claimed claimed_;
   JoinCheck join_;                                     // what joining the parent found

@@ -479,6 +479,17 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
     downstream_.Requeue(child, {Downstream::Outgoing::Control(DecisionFor(MessageType::kCommit))});
     return;
   }
+  if (!same_delta && committed && r.begin.refit_id != r.id) {
+    // Known here from its decision alone (this node came back after committing it):
+    // there is no BEGIN nor chunk to replay, and a child without the delta cannot
+    // reach the target in this refit. Not waited for; it catches up at a later one.
+    log::Warn(
+        fmt::format("{}: child {} rejoined without refit {}'s delta, which this node "
+                    "knows only from its decision; not waiting for it",
+                    options_.node_id, child, r.id));
+    children_.Excuse(child);
+    return MaybeOutcome();
+  }
   if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;  // nothing to undo
   if (!same_delta && r.phase == Phase::kAborting) {
     // An aborted delta it does not hold: nothing to send and nothing to wait for.

@@ -9,7 +9,7 @@ namespace deltacast::sim {
 
 EngineModel::EngineModel(EventQueue& q, std::string node, std::filesystem::path store,
                          uint64_t seed, double fail, double hang, std::chrono::milliseconds timeout,
-                         FailFn fail_fn)
+                         FailFn fail_fn, std::function<bool()> whole)
     : q_(q),
       node_(std::move(node)),
       store_(std::move(store)),
@@ -17,7 +17,8 @@ EngineModel::EngineModel(EventQueue& q, std::string node, std::filesystem::path 
       fail_(fail),
       hang_(hang),
       timeout_(timeout),
-      fail_fn_(std::move(fail_fn)) {}
+      fail_fn_(std::move(fail_fn)),
+      whole_(std::move(whole)) {}
 
 relay::EngineHooks EngineModel::Hooks() {
   relay::EngineHooks hooks;
@@ -103,6 +104,9 @@ void EngineModel::Resume(uint64_t life) {
   }
   ++counts_.resumes;
   paused_ = false;
+  if (whole_ && !whole_()) {
+    fail_fn_(node_ + ": its engine was resumed on weights that are not one version (torn)");
+  }
   counts_.paused_seconds += std::chrono::duration<double>(q_.Now() - pause_returned_).count();
   serving_hash_ = StoreHash();
 }

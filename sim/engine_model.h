@@ -7,7 +7,8 @@
 // Its checks (run.cc calls Fail through `fail`):
 // - the store's bytes never change while the engine serves: from its start or a
 //   resume to the next pause or the process's death, the store file hashes the same;
-// - a resume follows a pause, and at the end the engine is not left paused;
+// - a resume follows a pause and finds the store whole, at one version; at the end
+//   the engine is not left paused;
 // - every refit committed under a pause is reported: at the end of a life the node's
 //   pause_seconds_total is at least the sum, over the refits it committed, of the
 //   time from the pause hook's call to the commit (a lower bound of that pause).
@@ -41,8 +42,11 @@ struct EngineCounts {
 class EngineModel {
  public:
   using FailFn = std::function<void(const std::string&)>;
+  // `whole`: whether the store's bytes are now those of one version (any the run
+  // published), checked at every resume.
   EngineModel(EventQueue& q, std::string node, std::filesystem::path store, uint64_t seed,
-              double fail, double hang, std::chrono::milliseconds timeout, FailFn fail_fn);
+              double fail, double hang, std::chrono::milliseconds timeout, FailFn fail_fn,
+              std::function<bool()> whole);
 
   // The hooks of one life of the node (a new process each start).
   relay::EngineHooks Hooks();
@@ -73,6 +77,7 @@ class EngineModel {
   const double fail_, hang_;
   const std::chrono::milliseconds timeout_;
   const FailFn fail_fn_;
+  const std::function<bool()> whole_;
   bool faults_ = true;
   uint64_t life_ = 0;
   bool paused_ = false;
