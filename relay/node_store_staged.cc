@@ -129,6 +129,14 @@ Status NodeStore::PauseEngine() {
 
 double NodeStore::ResumeEngine() {
   if (!engine_paused_) return 0;
+  const double paused = std::chrono::duration<double>(RuntimeClock::now() - paused_at_).count();
+  // Not while the store is not known whole: a crash tore it, a commit went ahead of
+  // its bytes, or a write that gave up (a catch-up, a rollback, a dropped refit) left
+  // a delta in flight over it. The engine stays paused until what mends it succeeds
+  // (the reconcile, a catch-up, a rollback: each resumes it), whatever gave up
+  // meanwhile. A staged delta not written yet leaves the store whole.
+  const bool untouched_staged = refit_ && refit_->staged && refit_->untouched;
+  if (replica_->needs_reconcile() || (replica_->inflight() && !untouched_staged)) return paused;
   engine_paused_ = false;
   if (options_.hooks.resume) {
     hook_loop_.Post([resume = options_.hooks.resume] {
@@ -141,7 +149,7 @@ double NodeStore::ResumeEngine() {
       }
     });
   }
-  return std::chrono::duration<double>(RuntimeClock::now() - paused_at_).count();
+  return paused;
 }
 
 Status NodeStore::RunPauseHook() {
