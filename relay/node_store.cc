@@ -677,7 +677,9 @@ void NodeStore::FinishLink(codec::DeltaSummary summary, Done done) {
     Status status = target.status();
     if (target.ok()) status = replica_->Commit(*target);
     catch_up_applier_.reset();
-    ResumeEngine();
+    // A link that failed may have written part of its delta: the engine stays paused
+    // until a catch-up or refit that succeeds resumes it.
+    if (status.ok()) ResumeEngine();
     PostJournal();
     Reply([done, status] { done(status); });
   });
@@ -730,7 +732,8 @@ void NodeStore::DropCatchUp() {
   apply_loop_.Post([this] {
     WaitForChunks();
     catch_up_applier_.reset();
-    ResumeEngine();
+    // What it wrote is left in flight: the engine stays paused until a catch-up or
+    // refit that succeeds resumes it.
   });
 }
 

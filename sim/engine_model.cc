@@ -91,6 +91,7 @@ Status EngineModel::Pause(uint64_t life) {
   ++counts_.pauses;
   paused_ = true;
   pause_returned_ = q_.Now();
+  hash_at_pause_ = StoreHash();
   serving_hash_.reset();
   return Status::Ok();
 }
@@ -104,7 +105,9 @@ void EngineModel::Resume(uint64_t life) {
   }
   ++counts_.resumes;
   paused_ = false;
-  if (whole_ && !whole_()) {
+  // Written while paused: the store must be whole again (a resume that only ends
+  // a pause in which nothing was written gives back what was served before it).
+  if (whole_ && StoreHash() != hash_at_pause_ && !whole_()) {
     fail_fn_(node_ + ": its engine was resumed on weights that are not one version (torn)");
   }
   counts_.paused_seconds += std::chrono::duration<double>(q_.Now() - pause_returned_).count();

@@ -7,8 +7,8 @@
 // Its checks (run.cc calls Fail through `fail`):
 // - the store's bytes never change while the engine serves: from its start or a
 //   resume to the next pause or the process's death, the store file hashes the same;
-// - a resume follows a pause and finds the store whole, at one version; at the end
-//   the engine is not left paused;
+// - a resume follows a pause, and if the store was written while paused, finds it
+//   whole, at one version; at the end the engine is not left paused;
 // - every refit committed under a pause is reported: at the end of a life the node's
 //   pause_seconds_total is at least the sum, over the refits it committed, of the
 //   time from the pause hook's call to the commit (a lower bound of that pause).
@@ -83,6 +83,7 @@ class EngineModel {
   bool paused_ = false;
   std::optional<uint64_t> serving_hash_;  // the store while serving (none: not serving)
   EventQueue::TimePoint pause_called_{}, pause_returned_{};
+  uint64_t hash_at_pause_ = 0;
   double reported_lower_bound_ = 0;  // this life's refits: pause call to commit
   EngineCounts counts_;
 };
