@@ -90,10 +90,11 @@ struct Scenario {
 // from before outages: every other fault of a seed is the same either way).
 // With `producers`, the delta comes from producers and about one publish in four has
 // a trainer fault; those are drawn from a generator of their own, so the rest of
-// the schedule is the seed's as without. With `staged`, each node applies on arrival
-// or staged, with or without an engine, and kCrashAt faults are added; drawn from a
-// generator of their own too, so `staged` false gives the schedules of before.
+// the schedule is the seed's as without. With `staged` (deltacast_sim's default),
+// each node applies on arrival or staged, with or without an engine, and kCrashAt
+// faults are added; drawn from a generator of their own too, so `staged` false gives
+// the schedules of before (the seeds kept as tests were found so).
 Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true, bool outages = true,
-                      bool producers = false, bool staged = true);
+                      bool producers = false, bool staged = false);
 
 }  // namespace deltacast::sim
