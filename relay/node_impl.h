@@ -195,7 +195,8 @@ class NodeAgent::Impl {
   // A recovery of the store that failed (the engine did not pause, the disk refused
   // a write) starts again from this time, between refits (Tick).
   std::optional<Clock::time_point> recovery_retry_at_;
-  NodeStore::Journal journal_;  // the replica's journal, mirrored
+  uint64_t recovery_tried_for_ = 0;  // the BEGIN a recovery was last started for
+  NodeStore::Journal journal_;       // the replica's journal, mirrored
   Claimed claimed_;
   JoinCheck join_;                                     // what joining the parent found
   std::map<std::string, std::string> child_refusals_;  // the last refused HELLO of each child
