@@ -152,9 +152,14 @@ TEST(SimStagedTest, OneStagedSeedWithCrashesAndHooksPastTheirTimeoutReplays) {
 //     again, and a relay that knew a refit only from its decision replayed an empty
 //     BEGIN to a child (relay/node_agent.cc, relay/node_refit.cc);
 // 8, 113, 245, 892: a catch-up or recovery that gave up resumed the engine on a
-//     store it had half written.
+//     store it had half written;
+// 323, 399, 10105: a relay back from a crash, replayed a committed refit, forwarded
+//     a child's FAILED (its pause refused) up to a parent that had decided and
+//     ignored it: the publish waited the commit timeout (relay/node_refit.cc);
+// 10014: a BEGIN that came while a failed recovery waited for its retry failed
+//     the refit (the liveness publish did not commit everywhere).
 TEST(SimStagedSeedsTest, SeedsOfTheStagedEngineBugsPass) {
-  for (uint64_t seed : {22, 1, 36, 101, 52, 8, 113, 245, 892}) {
+  for (uint64_t seed : {22, 1, 36, 101, 52, 8, 113, 245, 892, 323, 399, 10105, 10014}) {
     const RunResult r = RunScenario(Staged(seed));
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
     EXPECT_GT(r.engine.pauses, 0u) << "seed " << seed;
