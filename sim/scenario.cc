@@ -207,6 +207,9 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, 
              f.kind == FaultKind::kOutage || f.kind == FaultKind::kFullDisk ||
              f.kind == FaultKind::kCrashAt;
     });
+    // Nor an engine that refuses to pause: its node misses the version, which it
+    // could catch up only from relays (the same gap).
+    s.hook_fail = s.hook_hang = 0;
     for (int p = 0; p < s.publishes; ++p) {
       TrainerFault f;
       if (intensity > 0 && trainer() % 4 == 0) {
