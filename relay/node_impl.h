@@ -67,6 +67,7 @@ class NodeAgent::Impl {
     bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
     bool prepared_sent = false;
     bool failed_sent = false;
+    std::string failed_child;  // the child whose FAILED this node passed up
     // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
     // as the link it went on may have dropped before it arrived.
     std::optional<Failed> failed;

@@ -442,6 +442,7 @@ void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
     downstream_.Excuse(child);
     return MaybePrepared();
   }
+  if (f->node_id == child) r.failed_child = child;
   SendFailed(*f);
 }
 

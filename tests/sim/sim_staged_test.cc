@@ -157,9 +157,12 @@ TEST(SimStagedTest, OneStagedSeedWithCrashesAndHooksPastTheirTimeoutReplays) {
 //     a child's FAILED (its pause refused) up to a parent that had decided and
 //     ignored it: the publish waited the commit timeout (relay/node_refit.cc);
 // 10014: a BEGIN that came while a failed recovery waited for its retry failed
-//     the refit (the liveness publish did not commit everywhere).
+//     the refit (the liveness publish did not commit everywhere);
+// 12141, 10226, 10452: the same relay, told the child's FAILED before the COMMIT
+//     (relay/node_outcome.cc).
 TEST(SimStagedSeedsTest, SeedsOfTheStagedEngineBugsPass) {
-  for (uint64_t seed : {22, 1, 36, 101, 52, 8, 113, 245, 892, 323, 399, 10105, 10014}) {
+  for (uint64_t seed :
+       {22, 1, 36, 101, 52, 8, 113, 245, 892, 323, 399, 10105, 10014, 12141, 10226, 10452}) {
     const RunResult r = RunScenario(Staged(seed));
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
     EXPECT_GT(r.engine.pauses, 0u) << "seed " << seed;
