@@ -254,7 +254,11 @@ void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra 
                        {"write_seconds", n.write_seconds},
                        {"apply_cpu_seconds", n.apply_cpu_seconds},
                        {"cpu_wait_seconds", n.cpu_wait_seconds},
-                       {"disk_wait_seconds", n.disk_wait_seconds}});
+                       {"disk_wait_seconds", n.disk_wait_seconds},
+                       // Its engine paused for the writes, and the verified delta held
+                       // before the decision (docs/serving.md).
+                       {"pause_seconds", n.pause_seconds},
+                       {"prepared_hold_seconds", n.hold_seconds}});
     }
     json out{{"committed", r.committed},
              {"abort_reason", r.abort_reason},
@@ -298,10 +302,10 @@ void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra 
     fmt::print(
         "    {:<16} received {:>9.2f} MiB, {:>5} partitions, prepared after {:.2f} s (receive "
         "{:.2f} s; check {:.2f} s, write {:.2f} s; CPU {:.2f} s, waiting for a CPU {:.2f} s, "
-        "for the disk {:.2f} s)\n",
+        "for the disk {:.2f} s); writes paused it {:.3f} s\n",
         n.node_id, double(n.chunk_bytes) / (1 << 20), n.partitions_applied, n.apply_seconds,
         n.receive_seconds, n.check_seconds, n.write_seconds, n.apply_cpu_seconds,
-        n.cpu_wait_seconds, n.disk_wait_seconds);
+        n.cpu_wait_seconds, n.disk_wait_seconds, n.pause_seconds);
   }
   std::fflush(stdout);
 }

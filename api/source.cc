@@ -26,7 +26,7 @@ PublishReport ToPublic(const relay::PublishReport& r) {
   for (const auto& n : r.nodes) {
     out.nodes.push_back({n.node_id, n.chunk_bytes, n.apply_seconds, n.partitions_applied,
                          n.receive_seconds, n.check_seconds, n.write_seconds, n.apply_cpu_seconds,
-                         n.cpu_wait_seconds, n.disk_wait_seconds});
+                         n.cpu_wait_seconds, n.disk_wait_seconds, n.pause_seconds, n.hold_seconds});
   }
   return out;
 }

@@ -10,17 +10,13 @@
 #include <algorithm>
 
 #include "apply/delta_applier.h"
+#include "apply/internal/size_only.h"
 #include "codec/partition_codec.h"
 
 namespace deltacast::apply {
 namespace {
 
-// A partition's size for records that read only the size of their base.
-ByteSpan SizeOnly(uint64_t length) {
-  thread_local std::vector<std::byte> zeros;
-  if (zeros.size() < length) zeros.resize(length);
-  return ByteSpan(zeros.data(), length);
-}
+using internal::SizeOnly;
 
 bool IsWhole(codec::Encoding encoding) {
   return encoding == codec::Encoding::kDenseXor || encoding == codec::Encoding::kLiteral;

@@ -4,19 +4,12 @@
 #include <algorithm>
 
 #include "apply/delta_applier.h"
+#include "apply/internal/size_only.h"
 #include "codec/partition_codec.h"
 
 namespace deltacast::apply {
-namespace {
 
-// A partition's size for records whose check reads only the size of their base.
-ByteSpan SizeOnly(uint64_t length) {
-  thread_local std::vector<std::byte> zeros;
-  if (zeros.size() < length) zeros.resize(length);
-  return ByteSpan(zeros.data(), length);
-}
-
-}  // namespace
+using internal::SizeOnly;
 
 Result<StagedChunk> DeltaApplier::StageChunk(const codec::ChunkView& chunk,
                                              std::atomic<int64_t>& budget) {

@@ -18,7 +18,15 @@
 // it is measured at two model sizes. Every run is checked bit-exact: the agent's
 // store hashes to the target version.
 //
+// The serving pause (docs/serving.md): with --apply staged the agent checks the
+// delta while it streams and writes it only at COMMIT; each run reports how long its
+// weights were being written (pause_seconds: on-arrival, the first write to the
+// commit; staged, the commit's write), next to the refit time and, for staged runs,
+// the on-arrival run's write time of the same delta (the apply itself), for each
+// delta kind (--modes fast,context).
+//
 // Usage: deltacast_bench_apply [--params 500M] [--small-params 125M] [--out FILE]
+//   [--apply on-arrival,staged] [--modes fast,context]
 // Prints one JSON document (and writes it to --out).
 #include <fcntl.h>
 #include <fmt/core.h>
@@ -76,13 +84,14 @@ constexpr char kToken[] = "apply-bench-token";
   std::exit(1);
 }
 
-std::string ConfigToml(int port, const std::string& chunk) {
+std::string ConfigToml(int port, const std::string& chunk, const std::string& apply) {
   return fmt::format(
       "[cluster]\nname = \"apply-bench\"\n[tree]\nfanout = 1\nchunk_size = \"{}\"\nwindow = 8\n"
       "connect_timeout = \"20s\"\ncommit_timeout = \"120s\"\n"
       "[[node]]\nid = \"trainer\"\nhost = \"127.0.0.1\"\nport = {}\nrole = \"source\"\n"
-      "[[node]]\nid = \"a1\"\nhost = \"127.0.0.1\"\nport = {}\nrole = \"receiver\"\n",
-      chunk, port, port + 1);
+      "[[node]]\nid = \"a1\"\nhost = \"127.0.0.1\"\nport = {}\nrole = \"receiver\"\n"
+      "apply = \"{}\"\n",
+      chunk, port, port + 1, apply);
 }
 
 // Anonymous resident memory of this process (heap, stacks: not the file-backed
@@ -279,6 +288,8 @@ Child Spawn(const std::vector<std::string>& args) {
 struct RunSpec {
   std::string store;  // host | tmpfs | disk
   size_t threads = 1;
+  std::string apply = "on-arrival";  // | staged
+  std::string mode = "fast";         // the delta's kind: fast | context
 };
 
 json RunOne(const Model& m, const RunSpec& spec, const fs::path& work, const fs::path& disk,
@@ -295,9 +306,9 @@ json RunOne(const Model& m, const RunSpec& spec, const fs::path& work, const fs:
   ::sync();
   const int port = std::uniform_int_distribution<int>(20000, 29000)(rng) * 2;
   const fs::path config_path = root / "cluster.toml";
-  std::ofstream(config_path) << ConfigToml(port, chunk);
-  auto config =
-      Check(dc::topology::ParseClusterConfig(ConfigToml(port, chunk), "apply-bench"), "config");
+  const std::string toml = ConfigToml(port, chunk, spec.apply);
+  std::ofstream(config_path) << toml;
+  auto config = Check(dc::topology::ParseClusterConfig(toml, "apply-bench"), "config");
   const fs::path spool =
       spec.store == "host" ? root / "spool" : store_dir / dc::apply::kStateDirName / "spool";
   Child child = Spawn({"--child", spec.store == "host" ? "host" : "dir", store_dir.string(),
@@ -321,6 +332,8 @@ json RunOne(const Model& m, const RunSpec& spec, const fs::path& work, const fs:
   options.config = config;
   options.token = kToken;
   options.spool_dir = root / "source-spool";
+  options.codec.mode =
+      spec.mode == "context" ? dc::codec::CodecMode::kContext : dc::codec::CodecMode::kFast;
   auto published = dc::relay::Publish(options, host ? *m.base_host : *m.base_dir, m.base_manifest,
                                       host ? *m.target_host : *m.target_dir, m.target_manifest,
                                       Check(dc::transport::MakeTcpTransport(), "tcp"));
@@ -350,8 +363,15 @@ json RunOne(const Model& m, const RunSpec& spec, const fs::path& work, const fs:
   const double gb = double(m.bytes) / 1e9;
   const uint64_t weights_anon = spec.store == "host" ? m.bytes : 0;
   const uint64_t peak = agent["rss_anon_peak_bytes"].get<uint64_t>();
+  const dc::relay::NodeReport& node = report.nodes[0];
   return {{"store", spec.store},
           {"apply_threads", spec.threads},
+          {"apply", spec.apply},
+          {"delta_kind", spec.mode},
+          {"pause_seconds", node.pause_seconds},
+          {"prepared_hold_seconds", node.hold_seconds},
+          {"agent_write_seconds", node.write_seconds},
+          {"agent_check_seconds", node.check_seconds},
           {"checkpoint_bytes", m.bytes},
           {"delta_bytes", report.delta.delta_bytes},
           {"chunks", report.delta.chunks},
@@ -368,12 +388,42 @@ json RunOne(const Model& m, const RunSpec& spec, const fs::path& work, const fs:
           {"bit_exact", bit_exact}};
 }
 
-const json* Find(const json& runs, const std::string& store, size_t threads, uint64_t bytes) {
+const json* Find(const json& runs, const std::string& store, size_t threads, uint64_t bytes,
+                 const std::string& apply = "on-arrival", const std::string& mode = "fast") {
   for (const auto& r : runs) {
-    if (r["store"] == store && r["apply_threads"] == threads && r["checkpoint_bytes"] == bytes)
+    if (r["store"] == store && r["apply_threads"] == threads && r["checkpoint_bytes"] == bytes &&
+        r["apply"] == apply && r["delta_kind"] == mode)
       return &r;
   }
   return nullptr;
+}
+
+// What an engine stops for, per store and delta kind: on-arrival against staged.
+json PauseSummary(const json& runs, size_t threads, uint64_t bytes) {
+  json out = json::object();
+  for (const auto& staged : runs) {
+    if (staged["apply"] != "staged" || staged["apply_threads"] != threads ||
+        staged["checkpoint_bytes"] != bytes)
+      continue;
+    const std::string store = staged["store"], mode = staged["delta_kind"];
+    json s{{"staged_pause_seconds", staged["pause_seconds"]},
+           {"staged_refit_seconds", staged["refit_seconds"]},
+           {"staged_pause_over_refit",
+            staged["pause_seconds"].get<double>() / staged["refit_seconds"].get<double>()}};
+    if (const json* arrival = Find(runs, store, threads, bytes, "on-arrival", mode)) {
+      const double write = (*arrival)["agent_write_seconds"].get<double>();
+      s["on_arrival_pause_seconds"] = (*arrival)["pause_seconds"];
+      s["on_arrival_refit_seconds"] = (*arrival)["refit_seconds"];
+      s["on_arrival_write_seconds"] = write;
+      s["staged_pause_over_on_arrival_pause"] =
+          staged["pause_seconds"].get<double>() / (*arrival)["pause_seconds"].get<double>();
+      // Target: the pause is the apply itself (+ 10 %).
+      s["staged_pause_over_apply_write"] = staged["pause_seconds"].get<double>() / write;
+      s["meets_pause_le_apply_plus_10pct"] = staged["pause_seconds"].get<double>() <= 1.1 * write;
+    }
+    out[store + "_" + mode] = s;
+  }
+  return out;
 }
 
 }  // namespace
@@ -388,6 +438,7 @@ int main(int argc, char** argv) {
   fs::path disk = "/var/tmp/deltacast-apply-bench";
   std::vector<std::string> stores = {"host", "tmpfs", "disk"};
   std::vector<size_t> threads = {1, 2};
+  std::vector<std::string> applies = {"on-arrival"}, modes = {"fast"};
   int repeats = 1;
   bool keep = false;
   app.add_option("--params", params_text, "Model size (the demo's is 500M)")->capture_default_str();
@@ -397,8 +448,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--rate", rate_text, "Change rate of the step")->capture_default_str();
   app.add_option("--chunk", chunk, "Chunk size")->capture_default_str();
-  app.add_option("--stores", stores, "Stores: host, tmpfs, disk")->capture_default_str();
+  app.add_option("--stores", stores, "Stores: host, tmpfs, disk")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--threads", threads, "Apply thread counts")->capture_default_str();
+  app.add_option("--apply", applies, "Apply modes: on-arrival, staged")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--modes", modes, "Delta kinds (encoder modes): fast, context")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--repeats", repeats, "Runs per point; the one of median refit time is kept")
       ->capture_default_str();
   app.add_option("--work-dir", work, "tmpfs folder for the versions and tmpfs stores")
@@ -416,10 +475,13 @@ int main(int argc, char** argv) {
     std::vector<json> tries;
     for (int r = 0; r < repeats; ++r) {
       tries.push_back(RunOne(m, spec, work, disk, chunk, rng));
-      fmt::print(stderr, "{:>6} {} thread(s) {:.2f} GB: {:.2f} GB/s/core, refit {:.3f} s\n",
-                 spec.store, spec.threads, double(m.bytes) / 1e9,
+      fmt::print(stderr,
+                 "{:>6} {} thread(s) {:.2f} GB {} {}: {:.2f} GB/s/core, refit {:.3f} s, "
+                 "pause {:.3f} s\n",
+                 spec.store, spec.threads, double(m.bytes) / 1e9, spec.apply, spec.mode,
                  tries.back()["gb_per_s_per_core"].get<double>(),
-                 tries.back()["refit_seconds"].get<double>());
+                 tries.back()["refit_seconds"].get<double>(),
+                 tries.back()["pause_seconds"].get<double>());
     }
     std::sort(tries.begin(), tries.end(), [](const json& a, const json& b) {
       return a["refit_seconds"].get<double>() < b["refit_seconds"].get<double>();
@@ -429,7 +491,11 @@ int main(int argc, char** argv) {
   const uint64_t params = Check(dc::agent::ParseParamCount(params_text), "--params");
   const Model big = Synthesize(work / ("model-" + params_text), params, rate);
   for (const auto& store : stores) {
-    for (size_t t : threads) measure(big, {store, t});
+    for (size_t t : threads) {
+      for (const auto& mode : modes) {
+        for (const auto& apply : applies) measure(big, {store, t, apply, mode});
+      }
+    }
   }
   std::optional<Model> small;
   if (small_text != "0") {
@@ -457,6 +523,8 @@ int main(int argc, char** argv) {
     }
     if (disk_run && tmpfs) s["disk_over_tmpfs_refit"] = ratio(disk_run, tmpfs);
     if (tmpfs && host) s["tmpfs_over_host_refit"] = ratio(tmpfs, host);
+    const json pauses = PauseSummary(runs, t, big.bytes);
+    if (!pauses.empty()) s["serving_pause"] = pauses;
     summary[fmt::format("threads_{}", t)] = s;
   }
   if (small) {

@@ -77,6 +77,45 @@ def timeline(work, refit, start, logs="logs"):
     return marks
 
 
+def serving_pauses(work, report, nodes_by_region, refit_seconds):
+    """What each node's engine stopped for (docs/serving.md), from the publish's node
+    reports: per node its apply mode, pause (staged: the commit's write; on-arrival:
+    the first write to the commit), hold and write time; per region the longest pause
+    of each mode, against the refit time and the on-arrival nodes' write time (the
+    apply itself, same delta and hardware)."""
+    modes = {}
+    path = os.path.join(work, "apply_modes.txt")
+    if os.path.exists(path):
+        for line in open(path):
+            node, mode = line.split()
+            modes[node] = mode
+    by_node = {n["node"]: n for n in report.get("nodes", [])}
+    out = {"nodes": {}, "regions": {}}
+    for node, n in by_node.items():
+        out["nodes"][node] = {"apply": modes.get(node, "on-arrival"),
+                              "pause_seconds": n.get("pause_seconds"),
+                              "prepared_hold_seconds": n.get("prepared_hold_seconds"),
+                              "write_seconds": n.get("write_seconds")}
+    for region, nodes in nodes_by_region.items():
+        def longest(mode, key="pause_seconds"):
+            vals = [out["nodes"][n][key] for n in nodes
+                    if n in out["nodes"] and out["nodes"][n]["apply"] == mode
+                    and out["nodes"][n][key] is not None]
+            return max(vals) if vals else None
+        staged, arrival, write = longest("staged"), longest("on-arrival"), longest(
+            "on-arrival", "write_seconds")
+        out["regions"][region] = {
+            "staged_pause_seconds": staged, "on_arrival_pause_seconds": arrival,
+            "on_arrival_write_seconds": write,
+            "staged_pause_over_refit": staged / refit_seconds if staged is not None else None,
+            "staged_pause_over_apply": staged / write if staged is not None and write else None,
+            "meets_pause_le_0_1_refit": staged <= 0.1 * refit_seconds if staged is not None
+            else None,
+            "meets_pause_le_apply_plus_10pct": staged <= 1.1 * write
+            if staged is not None and write else None}
+    return out
+
+
 def measure_publish(work, name, wan_links, nodes_by_region, slowest_wan_bps, logs="logs"):
     report = json.load(open(os.path.join(work, name + ".json")))
     start = read_float(os.path.join(work, name + ".start"))
@@ -103,6 +142,7 @@ def measure_publish(work, name, wan_links, nodes_by_region, slowest_wan_bps, log
                            "prepared": latest("prepared"), "committed": latest("committed")}
     delta = report.get("delta_bytes", 0)
     wall = end - start
+    pauses = serving_pauses(work, report, nodes_by_region, wall)
     exact_path = os.path.join(work, name + ".exact")
     out = {
         "committed": report.get("committed"),
@@ -117,6 +157,7 @@ def measure_publish(work, name, wan_links, nodes_by_region, slowest_wan_bps, log
         "wan_bytes": wan_bytes,
         "region_times": regions,
         "cpu_seconds": {n: round(after_cpu.get(n, 0) - before_cpu.get(n, 0), 3) for n in after_cpu},
+        "pause_seconds": pauses,
     }
     if os.path.exists(exact_path):
         out["bit_exact"] = read_float(exact_path) == 1
@@ -184,6 +225,46 @@ plot '{data}' index 2 using 3:1 with points pt 7 ps 2 title 'first chunk', \\
         return [size_png, timeline_png]
     print("regions_report: no gnuplot; plots skipped", file=sys.stderr)
     return []
+
+
+def serving_summary(runs, params):
+    """Per delta kind: the longest staged and on-arrival pause of any node, against the
+    refit time and the on-arrival write time (docs/serving.md)."""
+    out = {}
+    for name in ("full", "fast", "context"):
+        regions = runs[name]["pause_seconds"]["regions"].values()
+        def most(key):
+            vals = [r[key] for r in regions if r[key] is not None]
+            return max(vals) if vals else None
+        staged, arrival, write = (most("staged_pause_seconds"), most("on_arrival_pause_seconds"),
+                                  most("on_arrival_write_seconds"))
+        refit = runs[name]["refit_seconds"]
+        out[name] = {"refit_seconds": refit, "staged_pause_seconds": staged,
+                     "on_arrival_pause_seconds": arrival, "on_arrival_write_seconds": write,
+                     "staged_pause_over_refit": staged / refit if staged is not None else None,
+                     "on_arrival_pause_over_refit": arrival / refit if arrival is not None else None,
+                     "staged_pause_over_apply": staged / write if staged is not None and write
+                     else None,
+                     "checkpoint_bytes": runs[name]["checkpoint_bytes"]}
+    return out
+
+
+def pause_projection(serving, projection):
+    """The pause of a 1T model's staged refit from this run's measured write rate (one
+    host thread per node here; an engine's GPUs write faster), next to the projected
+    refit time at the paper's WAN rate."""
+    fast = serving["fast"]
+    if not fast["staged_pause_seconds"]:
+        return None
+    rate = fast["checkpoint_bytes"] / fast["staged_pause_seconds"]  # B of checkpoint per s
+    refit = next((r["fast_3_seconds"] for r in projection["rows_paper_rate"] if r["model"] == "1T"),
+                 None)
+    pause = 2e12 / rate
+    return {"label": "projection: a 1T BF16 model's staged pause at this run's measured write "
+                     "rate (checkpoint bytes per second of pause, one apply thread on the host)",
+            "write_rate_bytes_per_second": rate, "pause_seconds": pause,
+            "refit_seconds_paper_rate": refit,
+            "pause_over_refit": pause / refit if refit else None}
 
 
 def tree_report(a):
@@ -279,6 +360,8 @@ def tree_report(a):
                 runs["after_fault"]["refit_seconds"] - runs["fast"]["refit_seconds"],
         },
     }
+    measured["serving"] = serving_summary(runs, params)
+    projection["pause_1T"] = pause_projection(measured["serving"], projection)
     bit_exact = all(runs[n].get("bit_exact", False) for n in ("full", "fast", "context", "after_fault"))
     result = {"benchmark": "regions", "bit_exact": bit_exact, "measured": measured,
               "projection": projection}
@@ -287,6 +370,13 @@ def tree_report(a):
           f"{runs['fast']['refit_seconds']:.2f} s, context {runs['context']['refit_seconds']:.2f} s; "
           f"pipeline efficiency fast {eff:.2f}, context {eff_context:.2f}, full {eff_full:.2f}; "
           f"fit {fixed:.2f} s + {stream:.2f} x wire; plots {', '.join(plots) or 'none'}; {a.out}")
+    print("\nserving pause (longest of any node; staged: the commit's write, on-arrival: first "
+          "write to commit):")
+    for name, v in measured["serving"].items():
+        fmt = lambda x: "-" if x is None else f"{x:.3f}s"
+        print(f"  {name:>7}: refit {v['refit_seconds']:.2f}s, staged {fmt(v['staged_pause_seconds'])}"
+              f", on-arrival {fmt(v['on_arrival_pause_seconds'])}, on-arrival write "
+              f"{fmt(v['on_arrival_write_seconds'])}")
     print("\nprojection at the paper's WAN rate "
           f"({PAPER_WAN_BPS / 1e9:.2f} Gbit/s; every cell a projection):")
     print(f"{'model':>6} {'full':>10} {'3% fast':>10} {'3% ctx':>10} {'5% fast':>10} {'5% ctx':>10}"

@@ -163,7 +163,7 @@ transports = ["ucx", "tcp"]
       EncodePrepared({7, {{"n1", 100, 1.5, 3}}}),
       EncodeFailed({7, "n1", "disk full"}),
       EncodeDecision(MessageType::kCommit, {7, target_manifest.VersionId()}),
-      EncodeOutcome(MessageType::kCommitted, {7, 3}),
+      EncodeOutcome(MessageType::kCommitted, {7, 3, {{"a1", 0.002, 1.5}, {"a2", 0.003, 0.2}}}),
       EncodeHeartbeat(),
       EncodeFetch({1, "a.weight", 0, 512, {}}),
       EncodePartition(1, true, Bytes("partition")),

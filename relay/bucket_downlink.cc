@@ -480,7 +480,7 @@ class BucketDownlink::Impl {
       case MessageType::kAborted: {
         auto o = ParseOutcome(bytes);
         if (!o.ok() || o->refit_id != r.id || !r.decision) return;
-        children_.Confirmed(child, o->nodes);
+        children_.Confirmed(child, o->nodes, o->pauses);
         return MaybeOutcome();
       }
       default:
@@ -551,11 +551,11 @@ class BucketDownlink::Impl {
     r.outcome_written = true;
     // The refit's requests are counted once its last PUT is acknowledged, so before
     // the uplink can read the outcome and the source report the refit.
-    io_.Run(
-        [this, id = r.id,
-         body = transport::MakeMessage(EncodeOutcome(type, {r.id, children_.confirmed_nodes()}))] {
-          if (io_.PutNow(layout_.Outcome(id), *body)) io_.EndRefit(id);
-        });
+    io_.Run([this, id = r.id,
+             body = transport::MakeMessage(
+                 EncodeOutcome(type, {r.id, children_.confirmed_nodes(), children_.pauses()}))] {
+      if (io_.PutNow(layout_.Outcome(id), *body)) io_.EndRefit(id);
+    });
     children_.EndRefit();
     head_backoff_.Reset(Clock::now());  // a next refit may follow at once
   }

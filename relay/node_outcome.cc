@@ -51,7 +51,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // The ABORT of a refit this node said FAILED to without beginning it (it could
     // not catch up to its base): nothing of it to undo, so confirmed at once, even
     // while the store is being mended (the parent would wait for it).
-    parent_.Send(EncodeOutcome(MessageType::kAborted, {d->refit_id, 1}));
+    parent_.Send(EncodeOutcome(MessageType::kAborted, {d->refit_id, 1, {}}));
     return;
   }
   if (recovery_.active()) {
@@ -62,8 +62,8 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
   if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
       // A repeated COMMIT: confirm again.
-      parent_.Send(
-          EncodeOutcome(MessageType::kCommitted, {d->refit_id, 1 + children_.confirmed_nodes()}));
+      parent_.Send(EncodeOutcome(MessageType::kCommitted,
+                                 {d->refit_id, 1 + children_.confirmed_nodes(), {}}));
       return;
     }
     if (!refit_ || refit_->id != d->refit_id) {
@@ -256,7 +256,7 @@ void NodeAgent::Impl::OnChildConfirmed(const std::string& child, ByteSpan bytes)
   if (!refit_) return;
   auto o = ParseOutcome(bytes);
   if (!o.ok() || o->refit_id != refit_->id) return;
-  children_.Confirmed(child, o->nodes);
+  children_.Confirmed(child, o->nodes, o->pauses);
   MaybeOutcome();
 }
 
@@ -299,8 +299,10 @@ void NodeAgent::Impl::ReportOutcome() {
     return stats_;
   }();
   if (r.outcome_error.ok()) {
-    parent_.Send(EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted,
-                               {r.id, 1 + children_.confirmed_nodes()}));
+    Outcome outcome{r.id, 1 + children_.confirmed_nodes(), children_.pauses()};
+    outcome.pauses.push_back({options_.node_id, r.pause_seconds, r.hold_seconds});
+    parent_.Send(
+        EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, outcome));
   } else {
     // Not at the decided version: say so, and the parent stops waiting for this
     // subtree at once (a decided parent excuses a child that says FAILED); this node

@@ -147,6 +147,12 @@ void NodeStore::BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
       refit_->at_target = true;
     } else {
       const bool resuming = replica_->inflight().has_value();
+      // A delta resumed after a restart may have been partly written (a commit's
+      // write cut short, pages lost with the machine): it is finished as on
+      // arrival, torn partitions repaired before PREPARED, the engine paused all
+      // along. Only a delta begun here is staged, and so known to be unwritten.
+      refit_->staged = refit_->staged && !resuming;
+      refit_->untouched = refit_->staged;
       // Apply-on-arrival writes from the first chunk: an engine sharing the weights
       // is paused from here to the commit or rollback.
       if (!refit_->staged) status = PauseEngine();
@@ -154,18 +160,7 @@ void NodeStore::BeginRefit(uint64_t id, const codec::DeltaIdentity& identity,
                                  : Result<std::unique_ptr<apply::DeltaApplier>>(status);
       status = applier.status();
       if (applier.ok()) refit_->applier = std::move(*applier);
-      refit_->untouched = refit_->staged && !resuming;
-      if (applier.ok() && resuming && spool && refit_->staged) {
-        // Checked again from the spool: held for the commit like new chunks.
-        for (uint32_t sequence : replica_->applied_chunks()) {
-          ChunkSlot none(nullptr, codec::ChunkKind::kData);
-          ApplyResult again = StageData(*refit_->applier, sequence, none, spool.get());
-          if (!again.status.ok()) {
-            log::Warn("journaled chunk " + std::to_string(sequence) +
-                      " could not be staged again from the spool: " + again.status.ToString());
-          }
-        }
-      } else if (applier.ok() && resuming && spool) {
+      if (applier.ok() && resuming && spool) {
         // The journaled chunks are not sent again, and their writes may have been
         // lost with the machine: apply them again from the spool, by hash.
         for (uint32_t sequence : replica_->applied_chunks()) {

@@ -121,8 +121,10 @@ Status NodeStore::ApplyStaged() {
 
 Status NodeStore::PauseEngine() {
   if (engine_paused_) return Status::Ok();
-  paused_at_ = RuntimeClock::now();
   RETURN_IF_ERROR(RunPauseHook());
+  // The engine stops serving once the hook returns: reaching a pause (a request
+  // finishing) is not time it could not serve.
+  paused_at_ = RuntimeClock::now();
   engine_paused_ = true;
   return Status::Ok();
 }

@@ -216,6 +216,12 @@ std::vector<std::byte> EncodeOutcome(MessageType type, const Outcome& m) {
   ByteWriter w(out);
   w.Put<uint64_t>(m.refit_id);
   w.Put<uint32_t>(m.nodes);
+  w.Put<uint32_t>(static_cast<uint32_t>(m.pauses.size()));
+  for (const PauseReport& p : m.pauses) {
+    PutString(w, p.node_id);
+    w.Put<double>(p.pause_seconds);
+    w.Put<double>(p.hold_seconds);
+  }
   return out;
 }
 
@@ -308,8 +314,28 @@ Result<Outcome> ParseOutcome(ByteSpan message) {
                            std::string(MessageTypeName(type)));
   }
   return ParseBody<Outcome>(message, type, [&](BodyReader& r, Outcome& m) {
+    uint32_t count = 0;
     r.Get(m.refit_id);
     r.Get(m.nodes);
+    r.Get(count);
+    // Each report takes at least 21 bytes; refuse counts the message cannot hold.
+    if (count > message.size() / 21) {
+      return Status::Corrupt(std::string(MessageTypeName(type)) + " message claims " +
+                             std::to_string(count) + " pause reports");
+    }
+    m.pauses.resize(count);
+    for (PauseReport& p : m.pauses) {
+      if (r.GetString(p.node_id, kMaxNodeIdBytes) && !ValidNodeId(p.node_id)) {
+        return Status::Corrupt("a pause report names a node id that is not a valid node id");
+      }
+      for (double* v : {&p.pause_seconds, &p.hold_seconds}) {
+        if (r.Get(*v) && !(*v >= 0 && *v < 1e12)) {
+          return Status::Corrupt("a pause report gives " + std::to_string(*v) + " s for node '" +
+                                 p.node_id + "'");
+        }
+      }
+    }
+    return Status::Ok();
   });
 }
 

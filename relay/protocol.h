@@ -27,7 +27,7 @@ inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
 // 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
 // parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 6;
+inline constexpr uint8_t kProtocolVersion = 7;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
@@ -150,6 +150,9 @@ struct NodeReport {
   double apply_cpu_seconds = 0;
   double cpu_wait_seconds = 0;
   double disk_wait_seconds = 0;
+  // Not in PREPARED: filled in by the source from the node's PauseReport.
+  double pause_seconds = 0;
+  double hold_seconds = 0;
 };
 struct Prepared {
   uint64_t refit_id = 0;
@@ -221,9 +224,18 @@ struct ActiveVersion {
   bool has_manifest = false;
   ByteSpan manifest;  // the serialized codec::Manifest of `version`; view into the message
 };
+// How long a node's engine was paused for a refit's writes, and how long the node
+// held its verified delta before the decision (staged apply: the engine served
+// meanwhile). Carried up in COMMITTED and ABORTED (docs/protocol.md).
+struct PauseReport {
+  std::string node_id;
+  double pause_seconds = 0;
+  double hold_seconds = 0;
+};
 struct Outcome {  // COMMITTED and ABORTED
   uint64_t refit_id = 0;
-  uint32_t nodes = 0;  // nodes of the sender's subtree that completed the decision
+  uint32_t nodes = 0;               // nodes of the sender's subtree that completed the decision
+  std::vector<PauseReport> pauses;  // those nodes' pauses, where known
 };
 
 // Message bytes ready to send.

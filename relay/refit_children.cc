@@ -34,6 +34,7 @@ void RefitChildren::BeginRefit(Clock::time_point now) {
   away_until_.clear();
   reports_.clear();
   confirmed_nodes_ = 0;
+  pauses_.clear();
   for (const auto& child : AbsentPlanned()) away_since_[child] = now;
 }
 
@@ -70,9 +71,11 @@ bool RefitChildren::Prepared(const std::string& child, const std::vector<NodeRep
   return true;
 }
 
-bool RefitChildren::Confirmed(const std::string& child, uint32_t nodes) {
+bool RefitChildren::Confirmed(const std::string& child, uint32_t nodes,
+                              const std::vector<PauseReport>& pauses) {
   if (!confirmed_.insert(child).second) return false;
   confirmed_nodes_ += nodes;
+  pauses_.insert(pauses_.end(), pauses.begin(), pauses.end());
   away_until_.erase(child);
   return true;
 }

@@ -55,7 +55,8 @@ class RefitChildren {
   void Rejoined(const std::string& child) { prepared_.erase(child); }
   // Whether this is the child's first PREPARED (resp. confirmation) of the refit.
   bool Prepared(const std::string& child, const std::vector<NodeReport>& nodes);
-  bool Confirmed(const std::string& child, uint32_t nodes);
+  bool Confirmed(const std::string& child, uint32_t nodes,
+                 const std::vector<PauseReport>& pauses = {});
 
   // Children the refit still waits for: planned ones not done, excused or given up
   // on, and adopted ones connected now that are not done.
@@ -75,6 +76,7 @@ class RefitChildren {
   const std::vector<std::string>& planned() const { return planned_; }
   const std::vector<NodeReport>& reports() const { return reports_; }
   uint32_t confirmed_nodes() const { return confirmed_nodes_; }
+  const std::vector<PauseReport>& pauses() const { return pauses_; }
 
  private:
   enum class Phase { kIdle, kStreaming, kDeciding };
@@ -95,6 +97,7 @@ class RefitChildren {
   std::map<std::string, Clock::time_point> away_until_;  // deciding
   std::vector<NodeReport> reports_;
   uint32_t confirmed_nodes_ = 0;
+  std::vector<PauseReport> pauses_;  // the confirmed subtrees' engine pauses
 };
 
 }  // namespace deltacast::relay

@@ -390,6 +390,13 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     WaitFor(cv_, lock, options_.config.tree.commit_timeout,
             [&] { return children_.AwaitingConfirmation() == 0; });
     report.nodes_decided = children_.confirmed_nodes();
+    for (const PauseReport& p : children_.pauses()) {
+      for (NodeReport& n : report.nodes) {
+        if (n.node_id != p.node_id) continue;
+        n.pause_seconds = p.pause_seconds;
+        n.hold_seconds = p.hold_seconds;
+      }
+    }
     children_.EndRefit();
     if (commit) {
       active_version_ = report.target_version;
@@ -665,7 +672,7 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
     case MessageType::kCommitted:
     case MessageType::kAborted: {
       auto o = ParseOutcome(bytes);
-      if (o.ok() && o->refit_id == refit_id) children_.Confirmed(child, o->nodes);
+      if (o.ok() && o->refit_id == refit_id) children_.Confirmed(child, o->nodes, o->pauses);
       break;
     }
     default:

@@ -121,8 +121,9 @@ struct VerifyReport {
 // from the tree), and it does not free or move them. During a refit (a delta's
 // first chunk to its commit or abort) patches land while the engine may read: a
 // forward pass then sees some tensors, even some elements, at the new version and
-// others at the old. An engine that needs whole versions pauses its forward passes
-// from the refit's start to NodeOptions::on_commit (or reads only after it).
+// others at the old. An engine that needs whole versions and keeps serving uses
+// NodeOptions::apply_mode = "staged" and its pause/resume hooks: nothing is written
+// before COMMIT, and the hooks bracket the write (docs/serving.md).
 // Registered parameters must be device memory of `device`, aligned to their element
 // size, and must not overlap (tied embeddings: register the shared tensor once);
 // StartOnGpus refuses any of these with kInvalidArgument before it touches a byte.

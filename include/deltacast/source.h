@@ -47,6 +47,12 @@ struct NodeReport {
   double apply_cpu_seconds = 0;
   double cpu_wait_seconds = 0;
   double disk_wait_seconds = 0;
+  // After the decision: how long its engine was paused for the writes (staged: the
+  // commit's apply; on-arrival: first write to commit; NodeOptions::pause_engine),
+  // and how long it held its verified delta before the decision came. Zero where a
+  // node's confirmation did not come through (or crossed a bucket bridge).
+  double pause_seconds = 0;
+  double prepared_hold_seconds = 0;
 };
 
 struct PublishReport {

@@ -242,6 +242,18 @@ class Node:
     does not match the parameters (a shape, a missing parameter) is refused, naming
     the parameter, before anything is written. A version commits here only when
     every GPU's part of it verifies.
+
+    An engine that keeps serving from the weights while a refit streams passes
+    ``apply_mode="staged"`` (or sets ``apply = "staged"`` for the node in the
+    config) and its hooks: ``pause()`` must return once the engine no longer reads
+    the weights (raise, or take longer than ``hook_timeout`` seconds, and nothing is
+    written: the node fails that commit and writes it before the next refit);
+    ``resume()`` is called once they are whole again, at the new version. Staged,
+    chunks are verified and checked against the target while the engine serves, and
+    only the write at COMMIT happens between the hooks (docs/serving.md). Both run
+    on a thread of the node's own, one at a time, holding the GIL.
+    ``apply_mode="on-arrival"`` writes chunk by chunk; the hooks then bracket the
+    whole refit from its first write.
     """
 
     def __init__(self, cfg: Config, node_id: str,
@@ -249,7 +261,11 @@ class Node:
                  gpus: Optional[Sequence[Tuple[Union[str, os.PathLike], Tensors]]] = None,
                  token: Optional[str] = None,
                  on_commit: Optional[Callable[[str, list], None]] = None,
-                 apply_threads: int = 0) -> None:
+                 apply_threads: int = 0,
+                 apply_mode: Optional[str] = None,
+                 pause: Optional[Callable[[], None]] = None,
+                 resume: Optional[Callable[[], None]] = None,
+                 hook_timeout: float = 10.0) -> None:
         if (tensors is None) == (gpus is None):
             raise ValueError("Node: give tensors (or a checkpoint directory), or gpus")
         if isinstance(tensors, os.PathLike):
@@ -257,7 +273,7 @@ class Node:
         if gpus is not None:
             gpus = [(os.fspath(layout), _named(parameters)) for layout, parameters in gpus]
         self._node = _Node(cfg, node_id, _token(cfg, token), tensors, on_commit, apply_threads,
-                           gpus)
+                           gpus, apply_mode or "", pause, resume, hook_timeout)
 
     def stats(self) -> NodeStats:
         return self._node.stats()

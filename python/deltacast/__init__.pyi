@@ -39,6 +39,8 @@ class NodeReport:
     apply_cpu_seconds: float
     cpu_wait_seconds: float
     disk_wait_seconds: float
+    pause_seconds: float
+    prepared_hold_seconds: float
 
 class PublishReport:
     committed: bool
@@ -60,6 +62,9 @@ class NodeStats:
     chunk_bytes_received: int
     chunk_bytes_resent: int
     parent_joins: int
+    last_pause_seconds: float
+    last_prepared_hold_seconds: float
+    pause_seconds_total: float
     version: str
 
 class TensorMismatch:
@@ -128,7 +133,11 @@ class Node:
                  gpus: Optional[Sequence[Tuple[PathLike, Union[Tensors, Iterable[Tuple[str, Any]]]]]] = None,
                  token: Optional[str] = None,
                  on_commit: Optional[Callable[[str, List[str]], None]] = None,
-                 apply_threads: int = 0) -> None: ...
+                 apply_threads: int = 0,
+                 apply_mode: Optional[str] = None,
+                 pause: Optional[Callable[[], None]] = None,
+                 resume: Optional[Callable[[], None]] = None,
+                 hook_timeout: float = 10.0) -> None: ...
     def stats(self) -> NodeStats: ...
     def wait_for_join(self, timeout: float = 10.0) -> None: ...
     def verify(self) -> VerifyReport: ...

@@ -94,11 +94,35 @@ class PySource {
 class PyNode {
  public:
   PyNode(const Config& config, NodeOptions options, py::object tensors, py::object gpus,
-         py::object on_commit)
-      : on_commit_(std::move(on_commit)) {
+         py::object on_commit, py::object pause, py::object resume)
+      : on_commit_(std::move(on_commit)), pause_(std::move(pause)), resume_(std::move(resume)) {
     if (!on_commit_.is_none()) {
       options.on_commit = [this](const CommitEvent& e) {
         dispatcher_.Post([this, e] { on_commit_(e.version, e.changed_tensors); });
+      };
+    }
+    // The engine's hooks run on the node's hook thread, which waits for the GIL: the
+    // pause's timeout covers that wait too. They hold `this`, not the callables, so
+    // no Python object is released on a thread without the GIL.
+    if (!pause_.is_none()) {
+      options.pause_engine = [this]() -> Status {
+        py::gil_scoped_acquire gil;
+        try {
+          pause_();
+          return Status::Ok();
+        } catch (py::error_already_set& e) {
+          return Status::Aborted(std::string("pause raised ") + e.what());
+        }
+      };
+    }
+    if (!resume_.is_none()) {
+      options.resume_engine = [this] {
+        py::gil_scoped_acquire gil;
+        try {
+          resume_();
+        } catch (py::error_already_set& e) {
+          e.discard_as_unraisable("deltacast Node resume hook");
+        }
       };
     }
     Result<std::unique_ptr<Node>> node = Status::Internal("not started");
@@ -173,7 +197,7 @@ class PyNode {
   }
 
  private:
-  py::object on_commit_;
+  py::object on_commit_, pause_, resume_;
   Dispatcher dispatcher_;
   std::vector<std::unique_ptr<BorrowedTensor>> tensors_;  // held until the node is gone
   std::unique_ptr<Node> node_;
@@ -215,6 +239,8 @@ PYBIND11_MODULE(_deltacast, m) {
       .def_readonly("apply_cpu_seconds", &NodeReport::apply_cpu_seconds)
       .def_readonly("cpu_wait_seconds", &NodeReport::cpu_wait_seconds)
       .def_readonly("disk_wait_seconds", &NodeReport::disk_wait_seconds)
+      .def_readonly("pause_seconds", &NodeReport::pause_seconds)
+      .def_readonly("prepared_hold_seconds", &NodeReport::prepared_hold_seconds)
       .def("__repr__", [](const NodeReport& n) {
         return "<NodeReport " + n.node + " " + std::to_string(n.delta_bytes) + " B>";
       });
@@ -243,6 +269,9 @@ PYBIND11_MODULE(_deltacast, m) {
       .def_readonly("chunk_bytes_received", &NodeStats::chunk_bytes_received)
       .def_readonly("chunk_bytes_resent", &NodeStats::chunk_bytes_resent)
       .def_readonly("parent_joins", &NodeStats::parent_joins)
+      .def_readonly("last_pause_seconds", &NodeStats::last_pause_seconds)
+      .def_readonly("last_prepared_hold_seconds", &NodeStats::last_prepared_hold_seconds)
+      .def_readonly("pause_seconds_total", &NodeStats::pause_seconds_total)
       .def_readonly("version", &NodeStats::version);
 
   py::class_<TensorMismatch>(m, "TensorMismatch")
@@ -288,17 +317,22 @@ PYBIND11_MODULE(_deltacast, m) {
   py::class_<PyNode>(m, "_Node")
       .def(py::init([](const Config& config, const std::string& node_id, const std::string& token,
                        py::object tensors, py::object on_commit, size_t apply_threads,
-                       py::object gpus) {
+                       py::object gpus, const std::string& apply_mode, py::object pause,
+                       py::object resume, double hook_timeout) {
              NodeOptions o;
              o.node_id = node_id;
              o.token = token;
              o.apply_threads = apply_threads;
+             o.apply_mode = apply_mode;
+             o.hook_timeout = std::chrono::milliseconds(static_cast<int64_t>(hook_timeout * 1000));
              return std::make_unique<PyNode>(config, std::move(o), std::move(tensors),
-                                             std::move(gpus), std::move(on_commit));
+                                             std::move(gpus), std::move(on_commit),
+                                             std::move(pause), std::move(resume));
            }),
            py::arg("config"), py::arg("node_id"), py::arg("token"), py::arg("tensors"),
            py::arg("on_commit") = py::none(), py::arg("apply_threads") = 0,
-           py::arg("gpus") = py::none())
+           py::arg("gpus") = py::none(), py::arg("apply_mode") = "", py::arg("pause") = py::none(),
+           py::arg("resume") = py::none(), py::arg("hook_timeout") = 10.0)
       .def("stats", &PyNode::stats)
       .def("wait_for_join", &PyNode::WaitForJoin, py::arg("timeout"))
       .def("verify", &PyNode::Verify)

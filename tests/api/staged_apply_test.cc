@@ -127,6 +127,12 @@ TEST(ApiStaged, TheEngineStopsOnlyForTheWriteAndEveryRefitLandsBitExact) {
     ASSERT_TRUE(report->committed) << report->abort_reason;
     EXPECT_EQ(w1.bytes, trainer.bytes) << "step " << step;
     EXPECT_EQ(w2.bytes, trainer.bytes) << "step " << step;
+    // Both pauses reach the source's report (COMMITTED carries them up).
+    ASSERT_EQ(report->nodes.size(), 2u);
+    for (const deltacast::NodeReport& n : report->nodes) {
+      EXPECT_GT(n.pause_seconds, 0) << n.node;
+      EXPECT_GT(n.prepared_hold_seconds, 0) << n.node;
+    }
     std::lock_guard lock(staged.mu);
     // One pause per refit, and nothing had been written when it began.
     ASSERT_EQ(staged.pauses, static_cast<int>(step));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -651,6 +652,99 @@ TEST_F(DeltaApplierTest, RollbackRestoresTheBaseBitExactly) {
   DeltaApplier plain(*store, base_manifest_, identity_, {2});
   ASSERT_TRUE(plain.ApplyChunk(views_[0]).ok());
   EXPECT_EQ(plain.Rollback().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace deltacast::apply
+
+namespace deltacast::apply {
+namespace {
+
+// Staged apply: every chunk is checked and decoded with the store only read, the
+// staged records lead to the target manifest, and the write at the end (with the
+// records held, or decoded again when the budget held none) is bit-exact, for the
+// fast encodings and for the context ones, which decode against the base bytes.
+TEST_F(DeltaApplierTest, StagedChunksWriteNothingUntilAppliedThenAreBitExact) {
+  for (const bool context : {false, true}) {
+    std::vector<Bytes> chunks;
+    std::vector<ChunkView> views;
+    codec::DeltaSummary summary = summary_;
+    if (context) {
+      codec::DeltaEncoderOptions options;
+      options.chunk_bytes = 300;
+      options.threads = 1;
+      options.codec.mode = codec::CodecMode::kContext;
+      options.codec.try_every_encoding = true;
+      ASSERT_TRUE(codec::EncodeDelta(
+                      base_manifest_, target_manifest_,
+                      [&](size_t i) { return base_store_->TensorData(i); },
+                      [&](size_t i) { return target_store_->TensorData(i); }, Digest128{}, options,
+                      [&](std::vector<std::byte>&& chunk) {
+                        chunks.push_back(std::move(chunk));
+                        return Status::Ok();
+                      })
+                      .ok());
+      for (const Bytes& c : chunks) views.push_back(*codec::ParseChunk(c));
+      summary = views.back().summary;
+      views.pop_back();
+    } else {
+      views = views_;
+    }
+    bool needs_base = false;
+    for (const auto& v : views) {
+      for (const auto& r : v.records) needs_base |= codec::RecordNeedsBase(r.encoding);
+    }
+    EXPECT_EQ(needs_base, context);
+    for (const int64_t budget_bytes : {int64_t{1} << 30, int64_t{0}}) {
+      SCOPED_TRACE(std::string(context ? "context" : "fast") +
+                   (budget_bytes ? ", held" : ", decoded again"));
+      auto store = MakeStore(base_);
+      ApplyOptions options;
+      options.threads = 2;
+      options.store_at_manifest = true;
+      DeltaApplier applier(*store, base_manifest_, identity_, options);
+      std::atomic<int64_t> budget{budget_bytes};
+      std::vector<StagedChunk> staged;
+      for (const auto& v : views) {
+        auto s = applier.StageChunk(v, budget);
+        ASSERT_TRUE(s.ok()) << s.status().ToString();
+        staged.push_back(std::move(*s));
+        EXPECT_EQ(staged.back().held_bytes > 0, budget_bytes > 0);
+      }
+      EXPECT_EQ(Snapshot(*store), base_) << "staging wrote to the store";
+      auto target = applier.FinishStaged(summary);
+      ASSERT_TRUE(target.ok()) << target.status().ToString();
+      EXPECT_EQ(target->VersionId(), identity_.target_version);
+      EXPECT_EQ(Snapshot(*store), base_);
+      for (size_t c = 0; c < views.size(); ++c) {
+        ASSERT_TRUE(applier.ApplyChunk(views[c], &staged[c]).ok());
+      }
+      auto written = applier.Finish(summary);
+      ASSERT_TRUE(written.ok()) << written.status().ToString();
+      ExpectAtTarget(*store);
+    }
+  }
+}
+
+// A staged delta that is missing a chunk, or whose record misses its target hash,
+// is refused before anything is written.
+TEST_F(DeltaApplierTest, StagingRefusesAnIncompleteOrWrongDeltaWithTheStoreUntouched) {
+  auto store = MakeStore(base_);
+  DeltaApplier applier(*store, base_manifest_, identity_, ApplyOptions{2});
+  std::atomic<int64_t> budget{int64_t{1} << 30};
+  for (size_t c = 1; c < views_.size(); ++c)
+    ASSERT_TRUE(applier.StageChunk(views_[c], budget).ok());
+  auto incomplete = applier.FinishStaged(summary_);
+  EXPECT_EQ(incomplete.status().code(), StatusCode::kFailedPrecondition);
+  codec::PartitionRecord wrong = views_[0].records[0];
+  PartitionHash target = wrong.target_hash;
+  target.lo ^= 1;
+  wrong.target_hash = target;
+  const Bytes bad = ChunkOf({wrong}, 0);
+  auto refused = applier.StageChunk(*codec::ParseChunk(bad), budget);
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorrupt) << refused.status().ToString();
+  EXPECT_TRUE(applier.WasRefused(0));
+  EXPECT_EQ(Snapshot(*store), base_);
 }
 
 }  // namespace

@@ -32,9 +32,19 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   auto unknown_kind = EncodeFailed(failed);
   unknown_kind.back() = std::byte{2};
   EXPECT_EQ(ParseFailed(unknown_kind).status().code(), StatusCode::kCorrupt);
-  auto o = ParseOutcome(EncodeOutcome(MessageType::kCommitted, {9, 31}));
-  ASSERT_TRUE(o.ok());
+  auto o = ParseOutcome(EncodeOutcome(MessageType::kCommitted, {9, 31, {{"n1", 0.25, 3.5}}}));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->nodes, 31u);
+  ASSERT_EQ(o->pauses.size(), 1u);
+  EXPECT_EQ(o->pauses[0].node_id, "n1");
+  EXPECT_EQ(o->pauses[0].pause_seconds, 0.25);
+  EXPECT_EQ(o->pauses[0].hold_seconds, 3.5);
+  // A pause report that lies (a negative time, a count beyond the message) is refused.
+  auto negative = EncodeOutcome(MessageType::kCommitted, {9, 1, {{"n1", -1.0, 0}}});
+  EXPECT_EQ(ParseOutcome(negative).status().code(), StatusCode::kCorrupt);
+  auto many = EncodeOutcome(MessageType::kAborted, {9, 1, {}});
+  many[many.size() - 4] = std::byte{0xff};  // the pause count
+  EXPECT_EQ(ParseOutcome(many).status().code(), StatusCode::kCorrupt);
   auto chunk = EncodeChunk(AsBytes("chunk bytes"));
   EXPECT_EQ(*PeekType(chunk), MessageType::kChunk);
   EXPECT_EQ(AsChars(ChunkOf(chunk)), "chunk bytes");

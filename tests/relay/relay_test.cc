@@ -189,6 +189,9 @@ class RelayTest : public ::testing::Test {
     auto config = topology::ParseClusterConfig(toml, "relay-test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
+    if (staged_) {
+      for (auto& node : config_.nodes) node.apply_mode = topology::ApplyMode::kStaged;
+    }
     network_ = std::make_shared<transport::InprocNetwork>();
   }
 
@@ -243,6 +246,7 @@ class RelayTest : public ::testing::Test {
 
   topology::ClusterConfig config_;
   std::shared_ptr<transport::InprocNetwork> network_;
+  bool staged_ = false;  // every node of the config applies staged
   std::vector<std::vector<std::vector<std::byte>>> stores_;
   std::vector<std::optional<CommitEvent>> commits_;
   std::vector<std::unique_ptr<NodeAgent>> agents_;
@@ -592,6 +596,34 @@ TEST_F(RelayTest, WrongRecordsAreRefusedBeforeWritingAndFailTheRefitAsABadDelta)
     EXPECT_EQ(Hash64(stores_[0][t]), Hash64(v.base[t])) << "tensor " << t;
   }
   EXPECT_EQ(agents_[0]->stats().parent_joins, 1u) << "it reconnected to fetch the same bytes";
+}
+
+// Staged (docs/serving.md): the wrong record is found while the delta is checked,
+// before anything would be written; the relay and the leaf say FAILED, and neither
+// store was ever touched (so it is at the base at once, with nothing to roll back).
+TEST_F(RelayTest, StagedNodesRefuseAWrongRecordWithTheirWeightsNeverTouched) {
+  staged_ = true;
+  Versions v = MakeVersions(1 << 18, 14);
+  StartCluster(ConfigToml(2, 1, "8KiB", 2), v, 2);
+  auto source = std::make_unique<WrongRecordTransport>(transport::MakeInprocTransport(network_), 3);
+  auto report = PublishVersions(v, std::move(source));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->committed);
+  EXPECT_NE(report->abort_reason.find("bad delta"), std::string::npos) << report->abort_reason;
+  for (int i = 0; i < 2; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.base[t])) << "node " << i << " tensor " << t;
+    }
+  }
+  // The next publish of the same step commits, staged, bit-exact.
+  report = PublishVersions(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 2; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.target[t])) << "node " << i << " tensor " << t;
+    }
+  }
 }
 
 TEST_F(RelayTest, WrongRecordsThroughRelaysFailTheRefitAndEveryNodeStaysAtTheBase) {
