@@ -117,7 +117,9 @@ void EngineModel::Resume(uint64_t life) {
 void EngineModel::OnRefitCommit() {
   if (!paused_) return;  // nothing written (the node held the target already)
   ++counts_.refits;
-  reported_lower_bound_ += std::chrono::duration<double>(q_.Now() - pause_called_).count();
+  // The node counts a pause from its hook's return (reaching a pause is not time the
+  // engine could not serve): from then to this commit is a lower bound of it.
+  reported_lower_bound_ += std::chrono::duration<double>(q_.Now() - pause_returned_).count();
 }
 
 void EngineModel::CheckReported(double pause_seconds_total) {

@@ -11,7 +11,7 @@
 //   whole, at one version; at the end the engine is not left paused;
 // - every refit committed under a pause is reported: at the end of a life the node's
 //   pause_seconds_total is at least the sum, over the refits it committed, of the
-//   time from the pause hook's call to the commit (a lower bound of that pause).
+//   time from the pause hook's return to the commit (a lower bound of that pause).
 //
 // Thread safety: none; runs on the simulator's one thread (the hooks on the node's
 // hook loop, a queue of the EventQueue).
