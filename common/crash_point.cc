@@ -35,9 +35,20 @@ const Target* Configured() {
   return target;
 }
 
+std::atomic<CrashPointHandler> handler{nullptr};
+std::atomic<void*> handler_context{nullptr};
+
 }  // namespace
 
+void InstallCrashPointHandler(CrashPointHandler h, void* context) {
+  handler_context.store(context, std::memory_order_relaxed);
+  handler.store(h, std::memory_order_relaxed);
+}
+
 void CrashPoint(std::string_view name) {
+  if (CrashPointHandler h = handler.load(std::memory_order_relaxed)) {
+    h(name, handler_context.load(std::memory_order_relaxed));
+  }
   const Target* target = Configured();
   if (!target || name != target->name) return;
   static std::atomic<long> passes{0};

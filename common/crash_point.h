@@ -15,6 +15,12 @@ namespace deltacast {
 
 void CrashPoint(std::string_view name);
 
+// The simulator's seam (sim/run.cc): while installed, every crash point calls
+// `handler(name, context)` first, which may throw to unwind the simulated process
+// that passed it (its kill). Install and remove it with no engine thread running.
+using CrashPointHandler = void (*)(std::string_view name, void* context);
+void InstallCrashPointHandler(CrashPointHandler handler, void* context);
+
 // The same kind of hook for faults that are not crashes: true exactly once, the
 // N-th time the process passes NAME when DELTACAST_FAULT_AT=NAME[:N]. The caller
 // injects the fault (e.g. corrupts a received chunk).

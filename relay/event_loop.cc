@@ -2,9 +2,9 @@
 
 namespace deltacast::relay {
 
-EventLoop::EventLoop(std::function<void()> tick, std::chrono::milliseconds period)
+EventLoop::EventLoop(std::function<void()> tick, std::chrono::milliseconds period, const char* kind)
     : tick_(std::move(tick)), period_(period), sim_(SimRuntime()) {
-  if (sim_) queue_ = sim_->OpenQueue("loop");
+  if (sim_) queue_ = sim_->OpenQueue(kind);
 }
 
 void EventLoop::Start() {

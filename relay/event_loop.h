@@ -23,9 +23,10 @@ namespace deltacast::relay {
 class EventLoop {
  public:
   // `tick` (may be empty) runs on the loop thread about every `period` once
-  // Start has been called.
+  // Start has been called. `kind` names the loop to a simulator (common/runtime.h).
   explicit EventLoop(std::function<void()> tick = {},
-                     std::chrono::milliseconds period = std::chrono::milliseconds(100));
+                     std::chrono::milliseconds period = std::chrono::milliseconds(100),
+                     const char* kind = "loop");
   ~EventLoop();  // Stop()
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;

@@ -14,6 +14,9 @@ namespace deltacast::relay {
 
 namespace {
 
+// How long after a failed recovery of the store it is tried again.
+constexpr auto kRecoveryRetry = std::chrono::milliseconds(1000);
+
 NodeStore::Options StoreOptions(const NodeAgentOptions& options,
                                 const std::filesystem::path& spool_dir) {
   NodeStore::Options o;
@@ -93,8 +96,9 @@ void NodeAgent::Impl::OnRecovered(const Status& status, uint64_t fetched) {
   } else {
     log::Error(
         fmt::format("{}: the store stays unchecked; refits will fail here until it is "
-                    "recovered ({})",
-                    options_.node_id, status.ToString()));
+                    "recovered ({}); trying again in {} ms",
+                    options_.node_id, status.ToString(), kRecoveryRetry.count()));
+    recovery_retry_at_ = Clock::now() + kRecoveryRetry;
   }
   if (deferred_decision_) {
     auto [type, bytes] = std::move(*deferred_decision_);
@@ -336,6 +340,11 @@ void NodeAgent::Impl::Tick() {
     downstream_.Heartbeat();
   }
   recovery_.Tick(now);
+  if (recovery_retry_at_ && now >= *recovery_retry_at_ &&
+      (!refit_ || refit_->phase == Phase::kDone)) {
+    recovery_retry_at_.reset();
+    if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active()) recovery_.Start();
+  }
   if (!refit_) return;
   if (refit_->phase == Phase::kStreaming) TimeAbsentChildren(now);
   if (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting) {

@@ -67,6 +67,7 @@ class NodeAgent::Impl {
     bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
     bool prepared_sent = false;
     bool failed_sent = false;
+    std::string failed_child;  // the child whose FAILED this node passed up
     // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
     // as the link it went on may have dropped before it arrived.
     std::optional<Failed> failed;
@@ -192,7 +193,11 @@ class NodeAgent::Impl {
   // A decision that waits for the store's recovery (a node confirms a version only
   // once its bytes are at it): its type and message.
   std::optional<std::pair<MessageType, std::vector<std::byte>>> deferred_decision_;
-  NodeStore::Journal journal_;  // the replica's journal, mirrored
+  // A recovery of the store that failed (the engine did not pause, the disk refused
+  // a write) starts again from this time, between refits (Tick).
+  std::optional<Clock::time_point> recovery_retry_at_;
+  uint64_t recovery_tried_for_ = 0;  // the BEGIN a recovery was last started for
+  NodeStore::Journal journal_;       // the replica's journal, mirrored
   Claimed claimed_;
   JoinCheck join_;                                     // what joining the parent found
   std::map<std::string, std::string> child_refusals_;  // the last refused HELLO of each child

@@ -124,6 +124,16 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // Replayed right behind the chunks we lacked: decide once they are applied.
     if (r.end_received) {
       r.pending_decision = type;
+      if (!r.failed_child.empty()) {
+        // A child could not take part and this node said so, but the refit
+        // committed above all the same (a replay to a node back from a crash): the
+        // child is not waited for (it catches up later); this node prepares and
+        // commits without it. Else its parent, decided, ignores the FAILED it
+        // passed up and waits its commit timeout (the simulator's seed 12141).
+        children_.Excuse(r.failed_child);
+        downstream_.Excuse(r.failed_child);
+        MaybePrepared();
+      }
       return;
     }
     // Every chunk the parent sends comes before its decision, and the END did not:

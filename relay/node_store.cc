@@ -56,7 +56,10 @@ NodeStore::NodeStore(std::unique_ptr<apply::Replica> replica, Options options, E
       refit_(std::make_unique<RefitState>()),
       write_back_(options_.write_back_delay),
       workers_(std::make_unique<WorkerPool>(std::max<size_t>(1, options_.apply_threads),
-                                            kApplyWorkerNice)) {
+                                            kApplyWorkerNice)),
+      // Named for the simulator, which runs one node's engine pause at a time.
+      hook_loop_({}, std::chrono::milliseconds(100), "hook"),
+      apply_loop_({}, std::chrono::milliseconds(100), "apply") {
   options_.apply_threads = workers_->size();
 }
 
@@ -411,6 +414,8 @@ void NodeStore::Commit(uint64_t id, CommitDone done) {
                         ? ApplyStaged()
                         : replica_->Commit(*refit_->target, apply::CommitDurability::kLogged);
     CommitTimes times;
+    // Kept paused if the commit went ahead of its bytes (a staged delta over a
+    // store a crash left not all at the base): resumed once the reconcile mends them.
     times.pause_seconds = ResumeEngine();
     CommitEvent event{
         id, replica_->version(), {refit_->changed_tensors.begin(), refit_->changed_tensors.end()}};
@@ -667,7 +672,9 @@ void NodeStore::FinishLink(codec::DeltaSummary summary, Done done) {
     Status status = target.status();
     if (target.ok()) status = replica_->Commit(*target);
     catch_up_applier_.reset();
-    ResumeEngine();
+    // A link that failed may have written part of its delta: the engine stays paused
+    // until a catch-up or refit that succeeds resumes it.
+    if (status.ok()) ResumeEngine();
     PostJournal();
     Reply([done, status] { done(status); });
   });
@@ -720,7 +727,8 @@ void NodeStore::DropCatchUp() {
   apply_loop_.Post([this] {
     WaitForChunks();
     catch_up_applier_.reset();
-    ResumeEngine();
+    // What it wrote is left in flight: the engine stays paused until a catch-up or
+    // refit that succeeds resumes it.
   });
 }
 

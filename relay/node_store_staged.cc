@@ -1,6 +1,7 @@
 // NodeStore's staged apply (node_store.h): chunks checked and decoded while the
 // engine serves, written at commit between the engine's hooks.
-#include <future>
+#include <condition_variable>
+#include <mutex>
 
 #include "common/crash_point.h"
 #include "common/log.h"
@@ -130,6 +131,14 @@ Status NodeStore::PauseEngine() {
 
 double NodeStore::ResumeEngine() {
   if (!engine_paused_) return 0;
+  const double paused = std::chrono::duration<double>(RuntimeClock::now() - paused_at_).count();
+  // Not while the store is not known whole: a crash tore it, a commit went ahead of
+  // its bytes, or a write that gave up (a catch-up, a rollback, a dropped refit) left
+  // a delta in flight over it. The engine stays paused until what mends it succeeds
+  // (the reconcile, a catch-up, a rollback: each resumes it), whatever gave up
+  // meanwhile. A staged delta not written yet leaves the store whole.
+  const bool untouched_staged = refit_ && refit_->staged && refit_->untouched;
+  if (replica_->needs_reconcile() || (replica_->inflight() && !untouched_staged)) return paused;
   engine_paused_ = false;
   if (options_.hooks.resume) {
     hook_loop_.Post([resume = options_.hooks.resume] {
@@ -142,13 +151,21 @@ double NodeStore::ResumeEngine() {
       }
     });
   }
-  return std::chrono::duration<double>(RuntimeClock::now() - paused_at_).count();
+  return paused;
 }
 
 Status NodeStore::RunPauseHook() {
   if (!options_.hooks.pause) return Status::Ok();
-  auto returned = std::make_shared<std::promise<Status>>();
-  std::future<Status> result = returned->get_future();
+  // Through the runtime's wait (common/runtime.h): under the simulator the hook
+  // loop is a queue of its and the hook takes simulated time.
+  struct Returned {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+    RuntimeClock::time_point at;
+  };
+  auto returned = std::make_shared<Returned>();
   hook_loop_.Post([pause = options_.hooks.pause, returned] {
     Status status;
     try {
@@ -158,17 +175,42 @@ Status NodeStore::RunPauseHook() {
     } catch (...) {
       status = Status::Internal("it threw");
     }
-    returned->set_value(status);
+    std::lock_guard lock(returned->mu);
+    returned->status = status;
+    returned->at = RuntimeClock::now();
+    returned->done = true;
+    returned->cv.notify_all();
   });
-  if (result.wait_for(options_.hooks.timeout) != std::future_status::ready) {
+  const auto deadline = RuntimeClock::now() + options_.hooks.timeout;
+  std::unique_lock lock(returned->mu);
+  // Returned in time: by the time it returned (a simulated wait may see it late).
+  const bool in_time = WaitUntil(returned->cv, lock, deadline, [&] { return returned->done; }) &&
+                       returned->at <= deadline;
+  lock.unlock();
+  if (!in_time) {
     // It may still pause the engine: resume it once it does (the hook thread runs
-    // one hook at a time, in order). Nothing is written.
-    if (options_.hooks.resume) hook_loop_.Post(options_.hooks.resume);
+    // one hook at a time, in order, so the pause has returned by then), and only if
+    // it paused: a late pause that fails paused nothing. Nothing is written.
+    if (options_.hooks.resume) {
+      hook_loop_.Post([resume = options_.hooks.resume, returned] {
+        {
+          std::lock_guard lock(returned->mu);
+          if (!returned->done || !returned->status.ok()) return;
+        }
+        try {
+          resume();
+        } catch (const std::exception& e) {
+          log::Error(std::string("the engine's resume hook threw: ") + e.what());
+        } catch (...) {
+          log::Error("the engine's resume hook threw");
+        }
+      });
+    }
     return Status::Timeout("the engine's pause hook did not return within " +
                            std::to_string(options_.hooks.timeout.count()) +
                            " ms; nothing was written");
   }
-  Status status = result.get();
+  Status status = returned->status;
   if (!status.ok()) {
     // A pause that failed paused nothing, by its contract; nothing is written.
     return status.WithContext("the engine's pause hook failed; nothing was written");

@@ -17,23 +17,20 @@ Result<PublishReport> Publish(const PublishOptions& options, const apply::Weight
                               std::unique_ptr<transport::Transport> transport) {
   const auto call = RuntimeClock::now();
   ASSIGN_OR_RETURN(auto source, Source::Start(options, std::move(transport)));
-  const double started =
-      std::chrono::duration<double>(RuntimeClock::now() - call).count();
+  const double started = std::chrono::duration<double>(RuntimeClock::now() - call).count();
   auto report = source->Publish(base, base_manifest, target, target_manifest);
   source->Stop();
   if (report.ok()) report->call_to_first_chunk_seconds += started;
   return report;
 }
 
-Result<CheckpointVersion> OpenCheckpointVersion(const std::filesystem::path& dir,
-                                                size_t threads) {
+Result<CheckpointVersion> OpenCheckpointVersion(const std::filesystem::path& dir, size_t threads) {
   using Access = apply::CheckpointDirStore::Access;
   CheckpointVersion v;
   ASSIGN_OR_RETURN(v.store, apply::CheckpointDirStore::Open(dir, Access::kReadOnly));
-  ASSIGN_OR_RETURN(v.manifest,
-                   apply::CheckpointState(dir).LoadOrComputeManifest(
-                       *v.store, codec::kDefaultPartitionBytes,
-                       threads ? threads : DefaultThreadCount()));
+  ASSIGN_OR_RETURN(v.manifest, apply::CheckpointState(dir).LoadOrComputeManifest(
+                                   *v.store, codec::kDefaultPartitionBytes,
+                                   threads ? threads : DefaultThreadCount()));
   return v;
 }
 

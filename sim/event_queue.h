@@ -49,7 +49,25 @@ class EventQueue final : public Runtime {
   // The caller blocked in RunUntil is killed: RunUntil throws Killed once the
   // running task returns.
   void KillBlocked() { kill_blocked_ = true; }
-  bool blocked() const { return blocked_depth_ > 0; }
+  // The driver (the source's Publish) is blocked in RunUntil, outside any task.
+  bool blocked() const { return driver_blocked_ > 0; }
+
+  // Processes: a queue opened while `owner` is set (>= 0) belongs to that process
+  // (the simulator sets it around starting one), so that the process can be killed
+  // while a task of its is on the stack (below).
+  void set_opening_owner(int owner) { opening_owner_ = owner; }
+  int OwnerOf(uint64_t queue) const;
+  // The process whose task is running now (-1: none or unowned).
+  int RunningOwner() const;
+  // Whether a task of `owner` is running below the one running now: a task that
+  // blocked in RunUntil (an engine thread waiting, e.g. for a pause hook).
+  bool OwnerOnStack(int owner) const;
+  // Whether any task is running below the one running now.
+  bool Nested() const { return running_.size() > 1; }
+  // The process dies now: every queue of `owner` is closed. A task of it that waits
+  // in RunUntil unwinds with Killed at its next check (Step swallows a Killed out
+  // of a task whose queue is closed: the thread died with its process).
+  void CloseOwner(int owner);
 
   std::mt19937_64& rng() { return rng_; }
   double Uniform() { return std::uniform_real_distribution<double>(0, 1)(rng_); }
@@ -81,6 +99,18 @@ class EventQueue final : public Runtime {
   };
   void Push(uint64_t queue, TimePoint at, std::function<void()> fn);
   void Fold(uint64_t v);
+  // Moves the tasks at the top of the heap whose queue is busy aside; they go back
+  // (Restore) once it is not. A queue is busy while a task of it runs (blocked in
+  // RunUntil further down the stack): a queue runs one task at a time, as a thread
+  // does. And while a process's task waits in RunUntil (a node waiting for its
+  // engine's pause hook), the "apply" and "hook" queues of every other process are
+  // busy too: so no other process's wait nests above it and outlasts it (nested
+  // waits return last in, first out; its pause would seem to last as long as the
+  // other's). Other processes' apply threads wait that long: a pause is ~0-30 ms,
+  // one past its timeout ~1-1.5 s.
+  void SetAsideBusy();
+  bool Busy(uint64_t queue) const;
+  void Restore();
 
   std::mt19937_64 rng_;
   const Duration max_jitter_;
@@ -98,8 +128,14 @@ class EventQueue final : public Runtime {
   size_t peak_pending_ = 0;
   TimePoint time_limit_ = TimePoint::max();
   int blocked_depth_ = 0;
+  int driver_blocked_ = 0;        // RunUntil calls in progress outside any task
   std::vector<TimePoint> waits_;  // deadlines of the RunUntil calls in progress
   bool kill_blocked_ = false;
+  std::vector<uint64_t> running_;    // queues of the tasks on the stack, innermost last
+  std::vector<int> waiting_owners_;  // owners of the tasks waiting in RunUntil
+  std::vector<Task> aside_;          // tasks of busy queues
+  std::map<uint64_t, int> owners_;
+  int opening_owner_ = -1;
 };
 
 }  // namespace deltacast::sim

@@ -8,6 +8,8 @@
 //                 [--no-outages]  no outages: the schedules drawn before them
 //                 [--producers]   the delta from four producers through the root's
 //                                 checks and merge, with trainer faults
+//                 [--no-staged]   every node applies on arrival with no engine, no
+//                                 crash-point faults: the schedules drawn before them
 //
 // Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
 #include <fmt/core.h>
@@ -32,7 +34,7 @@ int Usage(const std::string& why) {
       stderr,
       "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
       "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--no-outages] "
-      "[--producers] "
+      "[--producers] [--no-staged] "
       "[--shrink] "
       "[--json FILE]\n",
       why.c_str());
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
   bool disk = true;
   bool producers = false;
   bool outages = true;
+  bool staged = true;
   RunOptions options;
   std::string json;
   std::set<uint64_t> known;  // seeds of known, unfixed bugs: expected to fail
@@ -103,6 +106,8 @@ int main(int argc, char** argv) {
       producers = true;
     } else if (a == "--no-disk") {
       disk = false;
+    } else if (a == "--no-staged") {
+      staged = false;
     } else if (a == "--no-outages") {
       outages = false;
     } else if (a == "--trace") {
@@ -123,11 +128,14 @@ int main(int argc, char** argv) {
   uint64_t chunk_bytes = 0, resent = 0, power_losses = 0, enospc = 0;
   uint64_t trainer_faults = 0, trainer_refused = 0;
   double sim_seconds = 0;
+  uint64_t staged_nodes = 0, engine_nodes = 0, crashes = 0;
+  EngineCounts engine;
+  double pause_reported = 0;
   std::array<uint64_t, kFaultKinds> faults{};
   NetworkCounts net;
   std::vector<uint64_t> failing;
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Scenario s = DrawScenario(seed, intensity, disk, outages, producers);
+    const Scenario s = DrawScenario(seed, intensity, disk, outages, producers, staged);
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;
@@ -141,6 +149,17 @@ int main(int argc, char** argv) {
     enospc += r.enospc_writes;
     trainer_faults += r.trainer_faults;
     trainer_refused += r.trainer_refused;
+    staged_nodes += r.staged_nodes;
+    engine_nodes += r.engine_nodes;
+    crashes += r.crashes;
+    engine.pauses += r.engine.pauses;
+    engine.failed += r.engine.failed;
+    engine.hung += r.engine.hung;
+    engine.resumes += r.engine.resumes;
+    engine.checked += r.engine.checked;
+    engine.refits += r.engine.refits;
+    engine.paused_seconds += r.engine.paused_seconds;
+    pause_reported += r.pause_seconds;
     for (int k = 0; k < kFaultKinds; ++k) faults[k] += r.faults[k];
     net.resets += r.net.resets;
     net.losses += r.net.losses;
@@ -203,6 +222,17 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(net.losses), static_cast<unsigned long long>(resent),
       static_cast<unsigned long long>(chunk_bytes), static_cast<unsigned long long>(power_losses),
       static_cast<unsigned long long>(enospc));
+  std::printf(
+      "staged nodes %llu, nodes with an engine %llu; crash points reached %llu; engine pauses "
+      "%llu (%llu refused, %llu past the timeout), resumes %llu, store checked unchanged while "
+      "serving %llu times, refits committed under a pause %llu, paused %.1f s, refit pauses "
+      "reported %.1f s\n",
+      static_cast<unsigned long long>(staged_nodes), static_cast<unsigned long long>(engine_nodes),
+      static_cast<unsigned long long>(crashes), static_cast<unsigned long long>(engine.pauses),
+      static_cast<unsigned long long>(engine.failed), static_cast<unsigned long long>(engine.hung),
+      static_cast<unsigned long long>(engine.resumes),
+      static_cast<unsigned long long>(engine.checked),
+      static_cast<unsigned long long>(engine.refits), engine.paused_seconds, pause_reported);
   if (producers) {
     std::printf("trainer faults %llu, refused at the root %llu\n",
                 static_cast<unsigned long long>(trainer_faults),
@@ -223,6 +253,13 @@ int main(int argc, char** argv) {
                          faults[k]);
     }
     out << "},\n";
+    out << fmt::format(
+        "  \"staged_nodes\": {},\n  \"engine_nodes\": {},\n  \"crash_points_reached\": {},\n"
+        "  \"engine\": {{\"pauses\": {}, \"refused\": {}, \"past_timeout\": {}, \"resumes\": {}, "
+        "\"checked_unchanged\": {}, \"refits_under_pause\": {}, \"paused_seconds\": {:.1f}}},\n"
+        "  \"refit_pause_reported_seconds\": {:.1f},\n",
+        staged_nodes, engine_nodes, crashes, engine.pauses, engine.failed, engine.hung,
+        engine.resumes, engine.checked, engine.refits, engine.paused_seconds, pause_reported);
     if (producers) {
       out << fmt::format(
           "  \"producers\": 4,\n  \"trainer_faults\": {},\n"

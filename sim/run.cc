@@ -1,53 +1,7 @@
-#include "sim/run.h"
-
-#include <fcntl.h>
-#include <fmt/core.h>
-#include <unistd.h>
-
-#include <map>
-#include <optional>
-
-#include "apply/checkpoint_state.h"
-#include "apply/host_store.h"
-#include "apply/replica.h"
-#include "apply/safetensors.h"
-#include "codec/manifest.h"
-#include "common/file_util.h"
-#include "common/log.h"
-#include "relay/decision_log.h"
-#include "relay/node_agent.h"
-#include "relay/source.h"
-#include "sim/sim_disk.h"
-#include "sim/trainer.h"
-#include "topology/cluster_config.h"
+#include "sim/run_internal.h"
 
 namespace deltacast::sim {
-namespace {
-
-namespace fs = std::filesystem;
-using Bytes = std::vector<std::byte>;
-using Tensors = std::vector<Bytes>;
-
-constexpr char kToken[] = "sim-token";
-constexpr uint64_t kPartitionBytes = 8 << 10;
-constexpr uint64_t kElements = 1 << 15;  // per BF16 tensor: 64 KiB, 8 partitions
-constexpr int kWindow = 4;
-constexpr uint64_t kChunkBytes = 16 << 10;
-// Once the faults stop and everything is back: how long the tree may take to settle,
-// and how long the next publish may take to commit everywhere.
-constexpr auto kSettle = std::chrono::seconds(8);
-constexpr double kLivenessSeconds = 30;
-// A publish that starts with every process up and no fault acting, and sees none,
-// must finish within this (policy `all` waits 3 s for a late joiner; every timeout of
-// the tree is shorter than this).
-constexpr double kStallSeconds = 10;
-constexpr auto kRecovery = std::chrono::seconds(8);
-// A publish that a fault disturbed must finish within this once the last fault acting
-// on it has ended (a partition healed, a killed process restarted): time to notice
-// (the idle timeout, 4 s), to reconnect (backoff up to 2 s) and to finish the refit.
-// The tree's own bounds on waiting for an away child (the connect timeout, 3 s) fit in
-// it; a wait for the commit timeout (20 s) does not.
-constexpr double kLostSeconds = 10;
+namespace internal {
 
 std::vector<codec::TensorInfo> Table() {
   std::vector<codec::TensorInfo> t;
@@ -82,106 +36,14 @@ std::string ConfigToml(const Scenario& s) {
         "\n[[node]]\nid = \"n{}\"\nhost = \"sim\"\nport = {}\nregion = \"r\"\nrole = "
         "\"receiver\"\n",
         i, 1 + 3 * i);
+    const NodeEngine e = i < static_cast<int>(s.engines.size()) ? s.engines[i] : NodeEngine{};
+    if (e.staged) toml += "apply = \"staged\"\n";
+    if (e.small_memory) toml += "staged_memory = \"24KiB\"\n";
   }
   return toml;
 }
 
 std::string Name(int process) { return process == 0 ? "src" : "n" + std::to_string(process); }
-
-class Run {
- public:
-  Run(const Scenario& s, const RunOptions& o)
-      : s_(s),
-        o_(o),
-        q_(s.seed),
-        net_(q_),
-        disk_(s.seed),
-        driver_(q_.OpenQueue("driver")),
-        work_rng_(s.seed) {}
-
-  RunResult Go();
-
- private:
-  struct Node {
-    int i = 0;
-    fs::path dir;
-    std::unique_ptr<relay::NodeAgent> agent;
-    bool joined = false;  // started at least once (late joiners start later)
-    int last_commit = 0;  // lineage index of the last version it committed
-    bool restart_pending = false;
-    // Restarted after a power loss that left its last commit's writes unflushed: its
-    // bytes are torn until the recovery finishes (stats().stores_recovered).
-    bool reconciling = false;
-  };
-
-  void Fail(const std::string& why_in) {
-    const std::string why = Scrub(why_in);
-    q_.Note("CHECK FAILED: " + why);
-    r_.failures.push_back(why);
-  }
-  // An engine message for the trace: the run's directory (its name holds the pid)
-  // written as $RUN, so that the trace replays in another process too.
-  std::string Scrub(std::string text) const {
-    const std::string dir = dir_.string();
-    for (size_t at = 0; !dir.empty() && (at = text.find(dir, at)) != std::string::npos;)
-      text.replace(at, dir.size(), "$RUN");
-    return text;
-  }
-  std::optional<int> IndexOf(const Digest128& v) const {
-    auto it = index_.find(v);
-    if (it == index_.end()) return std::nullopt;
-    return it->second;
-  }
-  bool LoggedCommit(const Digest128& v) const {
-    auto d = relay::RecordedDecision(decision_log_, v);
-    return d && d->commit;
-  }
-
-  void Setup();
-  void StartNode(Node& n);
-  void StopNode(Node& n, const char* why);
-  void StartSource();
-  void OnCommit(int i, const relay::CommitEvent& e);
-  void Inject(size_t index, const Fault& f);
-  fs::path DirOf(int process) const { return process == 0 ? dir_ / "src" : nodes_[process].dir; }
-  void LosePower(int process);
-  void ScheduleFaults(int publish);
-  // `index`: the publish's place in the workload (-1: the liveness publish).
-  void Publish(int index, double rate, bool liveness);
-  Tensors Mutate(const Tensors& base, double rate);
-  void CheckBytes(const Node& n, const Digest128& version, const char* when);
-  void HealAndRestart();
-  void CheckTimeLost(EventQueue::TimePoint started, bool disturbed);
-  void Sabotage();
-  void FinalChecks();
-
-  const Scenario s_;
-  const RunOptions o_;
-  EventQueue q_;
-  SimNetwork net_;
-  SimDisk disk_;
-  const uint64_t driver_;
-  std::mt19937_64 work_rng_;
-  fs::path dir_;
-  bool own_dir_ = false;
-  fs::path decision_log_;
-  topology::ClusterConfig config_;
-  std::vector<Node> nodes_;  // [0] unused: node i is nodes_[i]
-  std::unique_ptr<relay::Source> source_;
-  std::unique_ptr<SimTrainer> trainer_;  // with producers
-  bool source_restart_pending_ = false;
-  bool source_power_loss_ = false;  // the source is being killed by a power loss
-  bool faults_on_ = true;
-  std::map<Digest128, Tensors> versions_;
-  std::vector<Digest128> lineage_;  // committed versions, in order; [0] the start
-  std::map<Digest128, int> index_;
-  std::optional<Digest128> pending_;    // the target being published
-  uint64_t injected_ = 0;               // faults injected so far
-  EventQueue::TimePoint quiet_from_{};  // no fault acts on the tree from then on
-  // The latest end of a fault so far: a link healed, a killed process restarted.
-  EventQueue::TimePoint disturbed_until_{};
-  RunResult r_;
-};
 
 void Run::Setup() {
   if (o_.dir.empty()) {
@@ -221,6 +83,13 @@ void Run::Setup() {
     for (const Bytes& t : v0) (void)(*writer)->Append(t);
     if (Status st = (*writer)->Finish(); !st.ok()) throw std::runtime_error(st.ToString());
   }
+  for (int i = 1; i <= s_.nodes; ++i) {
+    if (i >= static_cast<int>(s_.engines.size()) || !s_.engines[i].engine) continue;
+    nodes_[i].engine = std::make_unique<EngineModel>(
+        q_, Name(i), nodes_[i].dir / "model.safetensors", s_.seed * 0x9FB21C651E98DF25ull + i,
+        s_.hook_fail, s_.hook_hang, kHookTimeout, [this](const std::string& why) { Fail(why); },
+        [this, i] { return StoreIsAVersion(nodes_[i]); });
+  }
   for (int p = 0; p <= s_.nodes; ++p) disk_.Adopt(DirOf(p));
   if (s_.producers > 0)
     trainer_ = std::make_unique<SimTrainer>(Table(), kPartitionBytes, kChunkBytes);
@@ -256,8 +125,15 @@ void Run::StartNode(Node& n) {
   options.spool_dir = n.dir / apply::kStateDirName / "spool";
   options.write_back_delay = std::chrono::milliseconds(s_.write_back_ms);
   options.on_commit = [this, i = n.i](const relay::CommitEvent& e) { OnCommit(i, e); };
+  if (n.engine) {
+    n.engine->Started();
+    options.engine_hooks = n.engine->Hooks();
+  }
+  // Every queue the node opens is its own: it can be killed while one waits.
+  q_.set_opening_owner(n.i);
   auto agent = relay::NodeAgent::Start(std::move(options), std::move(*replica),
                                        net_.MakeTransport(Name(n.i)));
+  q_.set_opening_owner(-1);
   if (!agent.ok()) {
     Fail(Name(n.i) + " cannot start: " + agent.status().ToString());
     return;
@@ -274,6 +150,8 @@ void Run::StopNode(Node& n, const char* why) {
   r_.chunk_bytes += st.chunk_bytes_received;
   r_.resent_bytes += st.chunk_bytes_resent;
   r_.peak_held_bytes = std::max(r_.peak_held_bytes, st.peak_held_bytes);
+  r_.pause_seconds += st.pause_seconds_total;
+  if (n.engine) n.engine->Died();
   n.agent->Stop();
   n.agent.reset();
   q_.Note(fmt::format("{} {}", why, Name(n.i)));
@@ -290,7 +168,9 @@ void Run::StartSource() {
   options.spool_dir = dir_ / "src" / "spool";
   options.history_dir = dir_ / "src" / "history";
   options.keep_deltas = s_.keep_deltas;
+  q_.set_opening_owner(0);
   auto source = relay::Source::Start(std::move(options), net_.MakeTransport("src"));
+  q_.set_opening_owner(-1);
   if (!source.ok()) {
     Fail("source cannot start: " + source.status().ToString());
     return;
@@ -322,6 +202,7 @@ void Run::OnCommit(int i, const relay::CommitEvent& e) {
     Fail(fmt::format("{} committed version #{} after #{}: went back", Name(i), idx, n.last_commit));
   }
   n.last_commit = idx;
+  if (n.engine) n.engine->OnRefitCommit();
   q_.Note(fmt::format("{} committed #{} ({})", Name(i), idx, e.version.ShortHex()));
 }
 
@@ -347,122 +228,6 @@ Tensors Run::Mutate(const Tensors& base, double rate) {
   return t;
 }
 
-void Run::CheckBytes(const Node& n, const Digest128& version, const char* when) {
-  const fs::path file = n.dir / "model.safetensors";
-  auto header = apply::ReadSafetensorsHeader(file);
-  auto bytes = ReadFile(file, uint64_t{1} << 30);
-  if (!header.ok() || !bytes.ok()) {
-    Fail(fmt::format("{} ({}): cannot read its store", Name(n.i), when));
-    return;
-  }
-  const Tensors& want = versions_.at(version);
-  const auto table = Table();
-  for (const auto& entry : header->entries) {
-    size_t t = 0;
-    while (t < table.size() && table[t].name != entry.info.name) ++t;
-    if (t == table.size()) continue;
-    const uint64_t begin = header->data_section_offset + entry.data_begin;
-    const ByteSpan got(bytes->data() + begin, entry.data_end - entry.data_begin);
-    if (got.size() != want[t].size() || Hash64(got) != Hash64(want[t])) {
-      Fail(fmt::format("{} ({}): tensor {} is not bit-exact at version {}", Name(n.i), when,
-                       entry.info.name, version.ShortHex()));
-    }
-  }
-}
-
-void Run::Inject(size_t index, const Fault& f) {
-  if (!faults_on_) return;
-  const std::string a = Name(f.a), b = Name(f.b);
-  const auto secs =
-      std::chrono::duration_cast<EventQueue::Duration>(std::chrono::duration<double>(f.seconds));
-  q_.Note(fmt::format("fault {}: {}{} {}{}", index, f.power ? "power-loss " : "", FaultName(f.kind),
-                      a, f.kind <= FaultKind::kPartition ? "-" + b : std::string()));
-  ++r_.faults[static_cast<size_t>(f.kind)];
-  ++injected_;
-  // The tree may take the fault's time plus a rejoin to settle.
-  quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
-  // An outage disturbs only as it begins: the tree must route around a node that
-  // stays away within its bounded waits (an away child fails or is excused after
-  // the connect timeout, and after a decision is waited for only that long), not
-  // wait for it to come back. Its restart disturbs again (StartNode).
-  const bool instant =
-      f.kind == FaultKind::kReset || f.kind == FaultKind::kLateJoin || f.kind == FaultKind::kOutage;
-  disturbed_until_ =
-      std::max(disturbed_until_, q_.Now() + (instant ? EventQueue::Duration{} : secs));
-  switch (f.kind) {
-    case FaultKind::kReset:
-      return net_.ResetLinks(a, b);
-    case FaultKind::kStall:
-      return net_.StallLinks(a, b, secs);
-    case FaultKind::kPartition:
-      return net_.Partition(a, b, secs);
-    case FaultKind::kLoss:
-      net_.set_loss_probability(0.05);
-      q_.PostAt(driver_, q_.Now() + secs, [this] { net_.set_loss_probability(0); });
-      return;
-    case FaultKind::kKillNode:
-    case FaultKind::kOutage: {
-      Node& n = nodes_[f.a];
-      if (!n.agent) return;
-      if (f.power) disk_.Cut(n.dir);  // its destructors write nothing durable
-      StopNode(n, "kill");
-      if (f.power) LosePower(f.a);
-      n.restart_pending = true;
-      q_.PostAt(driver_, q_.Now() + secs, [this, i = f.a] {
-        if (nodes_[i].restart_pending) StartNode(nodes_[i]);
-      });
-      return;
-    }
-    case FaultKind::kKillSource:
-      if (!source_) return;
-      if (f.power) disk_.Cut(dir_ / "src");
-      if (q_.blocked()) {
-        q_.KillBlocked();  // Publish unwinds; the source goes there
-        source_power_loss_ = f.power;
-      } else {
-        source_.reset();
-        q_.Note("kill src");
-        if (f.power) LosePower(0);
-      }
-      source_restart_pending_ = true;
-      q_.PostAt(driver_, q_.Now() + secs, [this] {
-        if (source_restart_pending_) StartSource();
-      });
-      return;
-    case FaultKind::kLateJoin:
-      if (!nodes_[f.a].joined) StartNode(nodes_[f.a]);
-      return;
-    case FaultKind::kFullDisk:
-      disk_.SetFull(DirOf(f.a), true);
-      q_.PostAt(driver_, q_.Now() + secs, [this, p = f.a] {
-        if (disk_.full(DirOf(p))) q_.Note("disk of " + Name(p) + " has space again");
-        disk_.SetFull(DirOf(p), false);
-      });
-      return;
-  }
-}
-
-// The process `process` is dead and its machine lost power: its directory becomes
-// what the crash left. The decisions the source fsynced must all be there.
-void Run::LosePower(int process) {
-  const PowerLossReport rep = disk_.PowerLoss(DirOf(process));
-  ++r_.power_losses;
-  q_.Note(fmt::format("power loss {}: {}", Name(process), rep.Describe()));
-  if (process != 0) return;
-  if (o_.sabotage_disk) {
-    std::error_code ec;
-    fs::remove(decision_log_, ec);
-    q_.Note("sabotage: the source's decision log lost with the power");
-  }
-  for (size_t k = 1; k < lineage_.size(); ++k) {
-    if (!LoggedCommit(lineage_[k])) {
-      Fail(fmt::format("the source's power loss lost the COMMIT of #{} ({}) from its decision log",
-                       k, lineage_[k].ShortHex()));
-    }
-  }
-}
-
-// The faults of workload publish `publish`, timed from now (its start).
 void Run::ScheduleFaults(int publish) {
   for (size_t k = 0; k < s_.faults.size(); ++k) {
     const Fault f = s_.faults[k];
@@ -587,44 +352,19 @@ void Run::Publish(int index, double rate, bool liveness) {
     const relay::NodeAgentStats st = n.agent->stats();
     if (st.version != target) continue;
     if (n.reconciling && st.stores_recovered == 0) continue;  // it has not confirmed
+    // Committed ahead of its bytes (a staged delta over a store a crash tore) and
+    // mending them with its engine paused: the engine checks them whole at resume.
+    if (st.store_unflushed && n.engine && n.engine->paused()) continue;
     CheckBytes(n, target, "after a commit");
   }
 }
 
-// A disturbed publish may take as long as its faults last, and then kLostSeconds.
-void Run::CheckTimeLost(EventQueue::TimePoint started, bool disturbed) {
-  if (!disturbed) return;
-  using Secs = std::chrono::duration<double>;
-  const double lost = Secs(q_.Now() - std::max(started, disturbed_until_)).count();
-  if (lost > kLostSeconds) {
-    Fail(
-        fmt::format("time lost: a publish took {:.1f} s, {:.1f} s of it after its last fault "
-                    "ended",
-                    Secs(q_.Now() - started).count(), lost));
-  }
-}
-
-void Run::Sabotage() {
-  const fs::path file = nodes_[1].dir / "model.safetensors";
-  auto header = apply::ReadSafetensorsHeader(file);
-  if (!header.ok()) return;
-  const int fd = ::open(file.c_str(), O_RDWR);
-  if (fd < 0) return;
-  // The last byte of the norm, which no delta changes: no refit rewrites it, so
-  // only the checkers can notice.
-  const off_t at =
-      static_cast<off_t>(header->data_section_offset + header->entries.back().data_end - 1);
-  std::byte b{};
-  if (::pread(fd, &b, 1, at) == 1) {
-    b ^= std::byte{0xff};
-    (void)::pwrite(fd, &b, 1, at);
-  }
-  ::close(fd);
-  q_.Note("sabotage: one byte of n1's store changed behind the engine's back");
-}
-
 void Run::HealAndRestart() {
   faults_on_ = false;
+  armed_.clear();
+  for (auto& n : nodes_) {
+    if (n.engine) n.engine->set_faults(false);
+  }
   net_.Heal();
   for (int p = 0; p <= s_.nodes; ++p) disk_.SetFull(DirOf(p), false);
   q_.Note("faults stop; heal and restart everything");
@@ -635,46 +375,13 @@ void Run::HealAndRestart() {
   q_.RunFor(kSettle);
 }
 
-void Run::FinalChecks() {
-  const Digest128 last = lineage_.back();
-  for (int i = 1; i <= s_.nodes; ++i) {
-    Node& n = nodes_[i];
-    if (!n.agent) {
-      Fail(Name(i) + " is not running at the end");
-      continue;
-    }
-    const relay::NodeAgentStats st = n.agent->stats();
-    if (st.version != last) {
-      Fail(fmt::format("{} is at {} at the end, not the last committed {}", Name(i),
-                       st.version.ShortHex(), last.ShortHex()));
-    }
-    StopNode(n, "stop");
-    CheckBytes(n, last, "at the end");
-    auto replica = apply::Replica::OpenCheckpointDir(n.dir, kPartitionBytes, 1);
-    if (!replica.ok()) {
-      Fail(Name(i) + " cannot reopen its store at the end: " + replica.status().ToString());
-    } else if ((*replica)->version() != last || (*replica)->inflight()) {
-      Fail(Name(i) + " journal at the end is not at the last version with nothing in flight");
-    }
-  }
-  source_.reset();
-  const uint64_t held_bound = (kWindow + 2) * 2 * kChunkBytes;
-  if (r_.peak_held_bytes > held_bound) {
-    Fail(fmt::format("memory: a node held {} chunk bytes at once (bound {})", r_.peak_held_bytes,
-                     held_bound));
-  }
-  if (r_.chunk_bytes > 0 && r_.resent_bytes * 100 > r_.chunk_bytes) {
-    Fail(fmt::format("{} of {} chunk bytes were re-sent to nodes that had them (> 1 %)",
-                     r_.resent_bytes, r_.chunk_bytes));
-  }
-}
-
 RunResult Run::Go() {
   log::SetLevel(o_.engine_log ? log::Level::kInfo : log::Level::kOff);
   Setup();
   q_.set_time_limit(std::chrono::seconds(120 * s_.publishes + 600));
   InstallSimRuntime(&q_);
   InstallSimDisk(&disk_);
+  InstallCrashPointHandler(&Run::OnCrashPoint, this);
   try {
     StartSource();
     for (int i = 1; i <= s_.nodes; ++i) {
@@ -704,8 +411,24 @@ RunResult Run::Go() {
       n.agent.reset();
     }
   }
+  InstallCrashPointHandler(nullptr, nullptr);
   InstallSimDisk(nullptr);
   InstallSimRuntime(nullptr);
+  for (const auto& n : nodes_) {
+    if (!n.engine) continue;
+    const EngineCounts& c = n.engine->counts();
+    r_.engine.pauses += c.pauses;
+    r_.engine.failed += c.failed;
+    r_.engine.hung += c.hung;
+    r_.engine.resumes += c.resumes;
+    r_.engine.checked += c.checked;
+    r_.engine.refits += c.refits;
+    r_.engine.paused_seconds += c.paused_seconds;
+  }
+  for (int i = 1; i < static_cast<int>(s_.engines.size()); ++i) {
+    r_.staged_nodes += s_.engines[i].staged;
+    r_.engine_nodes += s_.engines[i].engine;
+  }
   for (const std::string& gap : disk_.TakeErrors()) Fail(gap);
   r_.enospc_writes = disk_.refused_writes();
   r_.trace_hash = q_.trace_hash();
@@ -721,10 +444,10 @@ RunResult Run::Go() {
   return r_;
 }
 
-}  // namespace
+}  // namespace internal
 
 RunResult RunScenario(const Scenario& scenario, const RunOptions& options) {
-  Run run(scenario, options);
+  internal::Run run(scenario, options);
   return run.Go();
 }
 

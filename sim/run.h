@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/engine_model.h"
 #include "sim/scenario.h"
 #include "sim/sim_network.h"
 
@@ -48,6 +49,12 @@ struct RunResult {
   uint64_t chunk_bytes = 0, resent_bytes = 0;
   uint64_t peak_held_bytes = 0;
   size_t peak_pending_tasks = 0;
+  // Staged apply and engines (issue 28): nodes of each kind, the engines' hooks
+  // summed over the nodes, crash points reached, and the pause the nodes reported.
+  int staged_nodes = 0, engine_nodes = 0;
+  EngineCounts engine;
+  uint64_t crashes = 0;
+  double pause_seconds = 0;
   std::vector<std::string> trace;  // readable: the run's own events
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string_view>
 
 namespace deltacast::sim {
 
@@ -28,6 +29,8 @@ const char* FaultName(FaultKind kind) {
       return "full-disk";
     case FaultKind::kOutage:
       return "outage";
+    case FaultKind::kCrashAt:
+      return "crash-at";
   }
   return "?";
 }
@@ -46,7 +49,8 @@ const char* TrainerFaultName(TrainerFaultKind kind) {
   return "?";
 }
 
-Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, bool producers) {
+Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, bool producers,
+                      bool staged) {
   // Its own generator (not the run's): the scenario is fixed before the run draws.
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
   auto uniform = [&](double lo, double hi) {
@@ -114,6 +118,7 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, 
       case FaultKind::kLateJoin:
       case FaultKind::kFullDisk:
       case FaultKind::kOutage:
+      case FaultKind::kCrashAt:
         break;
     }
     s.faults.push_back(f);
@@ -142,6 +147,48 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, 
       s.faults.push_back(f);
     }
   }
+  s.engines.resize(s.nodes + 1);
+  if (staged) {
+    // Its own generator: the rest of the schedule is the seed's as without.
+    std::mt19937_64 eng(seed * 0xD6E8FEB86659FD93ull + 3);
+    auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(eng) < p; };
+    auto pick = [&](double lo, double hi) {
+      return std::uniform_real_distribution<double>(lo, hi)(eng);
+    };
+    // A third of the runs all on arrival, a third all staged, a third mixed.
+    const int kind = static_cast<int>(eng() % 3);
+    std::vector<int> hooked;
+    for (int i = 1; i <= s.nodes; ++i) {
+      NodeEngine& e = s.engines[i];
+      e.staged = kind == 1 || (kind == 2 && chance(0.5));
+      e.engine = e.staged || chance(0.5);
+      e.small_memory = e.staged && chance(0.3);
+      if (e.engine) hooked.push_back(i);
+    }
+    if (!hooked.empty() && intensity > 0 && chance(2.0 / 3)) {
+      s.hook_fail = pick(0.02, 0.2);
+      s.hook_hang = pick(0.01, 0.08);
+    }
+    const int crashes = hooked.empty() ? 0 : static_cast<int>(std::round(intensity * (eng() % 4)));
+    for (int k = 0; k < crashes; ++k) {
+      Fault f{0, 0, FaultKind::kCrashAt, hooked[eng() % hooked.size()], 0, 0};
+      f.publish = static_cast<int>(eng() % s.publishes);
+      f.at = pick(0, 0.3);
+      f.point = static_cast<int>(eng() % kCrashPointCount);
+      const std::string_view point = kCrashPoints[f.point];
+      if (point.starts_with("agent.staged")) {  // only a staged node passes these
+        std::vector<int> staged_nodes;
+        for (int i : hooked) {
+          if (s.engines[i].staged) staged_nodes.push_back(i);
+        }
+        if (!staged_nodes.empty()) f.a = staged_nodes[eng() % staged_nodes.size()];
+      }
+      // Back at once (the decision comes while it restarts) or after a while.
+      f.seconds = chance(0.5) ? pick(0, 0.3) : pick(0.5, 6);
+      f.power = disk && chance(0.5);
+      s.faults.push_back(f);
+    }
+  }
   std::stable_sort(s.faults.begin(), s.faults.end(), [](const Fault& x, const Fault& y) {
     return x.publish != y.publish ? x.publish < y.publish : x.at < y.at;
   });
@@ -157,8 +204,12 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, 
     // root has no bytes; docs/simulation.md, "Producers", lists what this found).
     std::erase_if(s.faults, [](const Fault& f) {
       return f.kind == FaultKind::kKillNode || f.kind == FaultKind::kKillSource ||
-             f.kind == FaultKind::kOutage || f.kind == FaultKind::kFullDisk;
+             f.kind == FaultKind::kOutage || f.kind == FaultKind::kFullDisk ||
+             f.kind == FaultKind::kCrashAt;
     });
+    // Nor an engine that refuses to pause: its node misses the version, which it
+    // could catch up only from relays (the same gap).
+    s.hook_fail = s.hook_hang = 0;
     for (int p = 0; p < s.publishes; ++p) {
       TrainerFault f;
       if (intensity > 0 && trainer() % 4 == 0) {
@@ -178,6 +229,17 @@ std::string Scenario::Describe() const {
       seed, nodes, fanout, policy_available ? "available" : "all", keep_deltas, write_back_ms,
       publishes, faults.size());
   if (producers > 0) out += fmt::format(", {} producers", producers);
+  std::string modes;
+  for (size_t i = 1; i < engines.size(); ++i) {
+    const NodeEngine& e = engines[i];
+    if (!e.staged && !e.engine) continue;
+    modes += fmt::format(" n{}:{}{}{}", i, e.staged ? "staged" : "on-arrival",
+                         e.engine ? "+engine" : "", e.small_memory ? "+small-memory" : "");
+  }
+  if (!modes.empty()) {
+    out += fmt::format("\n  apply:{}; pause hooks fail {:.3f}, hang {:.3f}", modes, hook_fail,
+                       hook_hang);
+  }
   for (size_t p = 0; p < trainer_faults.size(); ++p) {
     if (trainer_faults[p].kind == TrainerFaultKind::kNone) continue;
     out += fmt::format("\n  trainer fault: publish {} {} rank {}", p,
@@ -193,6 +255,7 @@ std::string Scenario::Describe() const {
                            ? (f.b == 0 ? std::string("-src") : "-n" + std::to_string(f.b))
                            : std::string(),
                        f.seconds > 0 ? fmt::format(" for {:.3f}s", f.seconds) : "");
+    if (f.kind == FaultKind::kCrashAt) out += std::string(" at ") + kCrashPoints[f.point];
   }
   return out;
 }

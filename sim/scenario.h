@@ -21,8 +21,17 @@ enum class FaultKind {
   kLateJoin,    // a node that was never started starts (a late joiner)
   kFullDisk,    // a process's disk refuses writes (ENOSPC) for a while
   kOutage,      // a node's process dies and stays away longer than the commit timeout
+  kCrashAt,     // a node dies the next time it passes a crash point (kCrashPoints)
 };
-inline constexpr int kFaultKinds = 9;
+inline constexpr int kFaultKinds = 10;
+// The places a kCrashAt fault kills a node (common/crash_point.h; docs/recovery.md):
+// between PREPARED and the decision, as the COMMIT comes, inside a staged commit's
+// apply (before its first write, between chunks), right after the commit, and as a
+// staged chunk is held.
+inline constexpr const char* kCrashPoints[] = {"agent.prepared",           "agent.commit",
+                                               "agent.staged_apply_begin", "agent.staged_apply",
+                                               "agent.committed",          "agent.staged"};
+inline constexpr int kCrashPointCount = 6;
 const char* FaultName(FaultKind kind);
 
 struct Fault {
@@ -32,6 +41,15 @@ struct Fault {
   int a = 0, b = 0;    // processes: 0 = source, i = node n<i>
   double seconds = 0;  // how long it lasts (kill: until the restart)
   bool power = false;  // a kill: the machine loses power (unsynced writes are lost)
+  int point = 0;       // kCrashAt: index into kCrashPoints
+};
+
+// How a node applies a delta, and the inference engine serving from its weights
+// (issue 28; the run models it: sim/run.cc, "Engines").
+struct NodeEngine {
+  bool staged = false;        // [[node]] apply = "staged"
+  bool engine = false;        // an engine that is paused around every write (EngineHooks)
+  bool small_memory = false;  // staged_memory of 24 KiB: the commit reads chunks back
 };
 
 // A trainer's mistake in one publish of a run with producers (sim/trainer.h).
@@ -58,6 +76,10 @@ struct Scenario {
   // (0: the single-checkpoint source), with a trainer fault per publish.
   int producers = 0;
   std::vector<TrainerFault> trainer_faults;
+  // Per node ([i] for n<i>; [0] unused): apply mode and engine. An engine's pause
+  // hook fails with `hook_fail`, or returns only after its timeout with `hook_hang`.
+  std::vector<NodeEngine> engines;
+  double hook_fail = 0, hook_hang = 0;
   std::string Describe() const;
 };
 
@@ -68,8 +90,11 @@ struct Scenario {
 // from before outages: every other fault of a seed is the same either way).
 // With `producers`, the delta comes from producers and about one publish in four has
 // a trainer fault; those are drawn from a generator of their own, so the rest of
-// the schedule is the seed's as without.
+// the schedule is the seed's as without. With `staged` (deltacast_sim's default),
+// each node applies on arrival or staged, with or without an engine, and kCrashAt
+// faults are added; drawn from a generator of their own too, so `staged` false gives
+// the schedules of before (the seeds kept as tests were found so).
 Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true, bool outages = true,
-                      bool producers = false);
+                      bool producers = false, bool staged = false);
 
 }  // namespace deltacast::sim

@@ -1,0 +1,176 @@
+// The simulator's run (run.h), split by job: run.cc sets up, starts and publishes;
+// run_faults.cc injects faults and kills; run_checks.cc holds the checkers.
+// Internal to sim/.
+#pragma once
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <map>
+#include <optional>
+#include <string_view>
+
+#include "apply/checkpoint_state.h"
+#include "apply/host_store.h"
+#include "apply/replica.h"
+#include "apply/safetensors.h"
+#include "codec/manifest.h"
+#include "common/crash_point.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "relay/decision_log.h"
+#include "relay/node_agent.h"
+#include "relay/source.h"
+#include "sim/engine_model.h"
+#include "sim/run.h"
+#include "sim/sim_disk.h"
+#include "sim/trainer.h"
+#include "topology/cluster_config.h"
+
+namespace deltacast::sim::internal {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<std::byte>;
+using Tensors = std::vector<Bytes>;
+
+inline constexpr char kToken[] = "sim-token";
+inline constexpr uint64_t kPartitionBytes = 8 << 10;
+inline constexpr uint64_t kElements = 1 << 15;  // per BF16 tensor: 64 KiB, 8 partitions
+inline constexpr int kWindow = 4;
+inline constexpr uint64_t kChunkBytes = 16 << 10;
+// Once the faults stop and everything is back: how long the tree may take to settle,
+// and how long the next publish may take to commit everywhere.
+inline constexpr auto kSettle = std::chrono::seconds(8);
+inline constexpr double kLivenessSeconds = 30;
+// A publish that starts with every process up and no fault acting, and sees none,
+// must finish within this (policy `all` waits 3 s for a late joiner; every timeout of
+// the tree is shorter than this).
+inline constexpr double kStallSeconds = 10;
+inline constexpr auto kRecovery = std::chrono::seconds(8);
+// A publish that a fault disturbed must finish within this once the last fault acting
+// on it has ended (a partition healed, a killed process restarted): time to notice
+// (the idle timeout, 4 s), to reconnect (backoff up to 2 s) and to finish the refit.
+// The tree's own bounds on waiting for an away child (the connect timeout, 3 s) fit in
+// it; a wait for the commit timeout (20 s) does not.
+inline constexpr double kLostSeconds = 10;
+// How long a node waits for its engine's pause hook (EngineHooks::timeout).
+inline constexpr auto kHookTimeout = std::chrono::milliseconds(1000);
+
+std::vector<codec::TensorInfo> Table();
+std::unique_ptr<apply::WeightStore> Borrow(Tensors& buffers);
+codec::Manifest ManifestOf(const Tensors& t);
+std::string ConfigToml(const Scenario& s);
+std::string Name(int process);
+
+class Run {
+ public:
+  Run(const Scenario& s, const RunOptions& o)
+      : s_(s),
+        o_(o),
+        q_(s.seed),
+        net_(q_),
+        disk_(s.seed),
+        driver_(q_.OpenQueue("driver")),
+        work_rng_(s.seed) {}
+
+  RunResult Go();
+
+ private:
+  struct Node {
+    int i = 0;
+    fs::path dir;
+    std::unique_ptr<relay::NodeAgent> agent;
+    bool joined = false;  // started at least once (late joiners start later)
+    int last_commit = 0;  // lineage index of the last version it committed
+    bool restart_pending = false;
+    // Restarted after a power loss that left its last commit's writes unflushed: its
+    // bytes are torn until the recovery finishes (stats().stores_recovered).
+    bool reconciling = false;
+    std::unique_ptr<EngineModel> engine;  // the inference engine serving from it, if any
+    bool dying = false;                   // killed at a crash point; the kill unwinds first
+  };
+
+  void Fail(const std::string& why_in) {
+    const std::string why = Scrub(why_in);
+    q_.Note("CHECK FAILED: " + why);
+    r_.failures.push_back(why);
+  }
+  // An engine message for the trace: the run's directory (its name holds the pid)
+  // written as $RUN, so that the trace replays in another process too.
+  std::string Scrub(std::string text) const {
+    const std::string dir = dir_.string();
+    for (size_t at = 0; !dir.empty() && (at = text.find(dir, at)) != std::string::npos;)
+      text.replace(at, dir.size(), "$RUN");
+    return text;
+  }
+  std::optional<int> IndexOf(const Digest128& v) const {
+    auto it = index_.find(v);
+    if (it == index_.end()) return std::nullopt;
+    return it->second;
+  }
+  bool LoggedCommit(const Digest128& v) const {
+    auto d = relay::RecordedDecision(decision_log_, v);
+    return d && d->commit;
+  }
+
+  void Setup();
+  void StartNode(Node& n);
+  void StopNode(Node& n, const char* why);
+  void StartSource();
+  void OnCommit(int i, const relay::CommitEvent& e);
+  void Inject(size_t index, const Fault& f);
+  fs::path DirOf(int process) const { return process == 0 ? dir_ / "src" : nodes_[process].dir; }
+  void LosePower(int process);
+  // A node dies where it stands (a kCrashAt fault reached, or killed while a task of its
+  // waits on the stack): its disk is cut now, its tasks never run again, and it is
+  // stopped once the stack has unwound.
+  void KillInPlace(int i, bool power, double restart_seconds, const std::string& why);
+  void FinishKill(int i, bool power, double restart_seconds, std::string why);
+  static void OnCrashPoint(std::string_view name, void* run);
+  struct ArmedCrash {
+    size_t index;
+    Fault fault;
+  };
+  std::vector<ArmedCrash> armed_;  // kCrashAt faults waiting for their point
+  void ScheduleFaults(int publish);
+  // `index`: the publish's place in the workload (-1: the liveness publish).
+  void Publish(int index, double rate, bool liveness);
+  Tensors Mutate(const Tensors& base, double rate);
+  void CheckBytes(const Node& n, const Digest128& version, const char* when);
+  // Whether the node's store holds exactly one version the run published.
+  bool StoreIsAVersion(const Node& n);
+  void HealAndRestart();
+  void CheckTimeLost(EventQueue::TimePoint started, bool disturbed);
+  void Sabotage();
+  void FinalChecks();
+
+  const Scenario s_;
+  const RunOptions o_;
+  EventQueue q_;
+  SimNetwork net_;
+  SimDisk disk_;
+  const uint64_t driver_;
+  std::mt19937_64 work_rng_;
+  fs::path dir_;
+  bool own_dir_ = false;
+  fs::path decision_log_;
+  topology::ClusterConfig config_;
+  std::vector<Node> nodes_;  // [0] unused: node i is nodes_[i]
+  std::unique_ptr<relay::Source> source_;
+  std::unique_ptr<SimTrainer> trainer_;  // with producers
+  bool source_restart_pending_ = false;
+  bool source_power_loss_ = false;  // the source is being killed by a power loss
+  bool faults_on_ = true;
+  std::map<Digest128, Tensors> versions_;
+  std::vector<Digest128> lineage_;  // committed versions, in order; [0] the start
+  std::map<Digest128, int> index_;
+  std::optional<Digest128> pending_;    // the target being published
+  uint64_t injected_ = 0;               // faults injected so far
+  EventQueue::TimePoint quiet_from_{};  // no fault acts on the tree from then on
+  // The latest end of a fault so far: a link healed, a killed process restarted.
+  EventQueue::TimePoint disturbed_until_{};
+  RunResult r_;
+};
+
+}  // namespace deltacast::sim::internal
