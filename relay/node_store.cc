@@ -636,6 +636,31 @@ void NodeStore::BeginLink(const ChainLink& link,
       catch_up_applier_ = std::move(*applier);
       journaled = replica_->applied_chunks();
     }
+    if (!journaled.empty()) {
+      // Resuming the delta in flight: its journaled chunks were staged and never
+      // written, or written and maybe lost with the machine. Applied again from the
+      // spool, by hash (written where at base, skipped where at the target); one the
+      // spool cannot give is fetched again with the rest.
+      auto spool = Spool::Open(options_.spool_dir, link.target, /*remove_others=*/false);
+      for (auto it = journaled.begin(); it != journaled.end();) {
+        auto message =
+            spool.ok() ? (*spool)->Read(*it) : Result<transport::Message>(spool.status());
+        auto chunk = message.ok() ? codec::ParseChunk(ChunkOf(**message))
+                                  : Result<codec::ChunkView>(message.status());
+        Status again = chunk.ok() ? catch_up_applier_->ApplyChunk(*chunk) : chunk.status();
+        if (again.ok()) {
+          ++it;
+          continue;
+        }
+        log::Warn("catch-up: journaled chunk " + std::to_string(*it) +
+                  " could not be applied again from the spool (" + again.ToString() +
+                  "); fetching it");
+        it = journaled.erase(it);
+      }
+      if (Status flushed = catch_up_applier_->FlushApplied(); !flushed.ok()) {
+        log::Warn("catch-up: " + flushed.ToString());
+      }
+    }
     PostJournal();
     Reply([done, status = applier.status(), journaled] { done(status, journaled); });
   });
