@@ -3,6 +3,7 @@
 #include "transport/transport_set.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <future>
 
@@ -41,12 +42,30 @@ Dialed DialFirst(TransportSet& set, uint16_t port, std::vector<std::string> back
   return future.get();
 }
 
+// A base port whose next port is free too, below the kernel's ephemeral range (an
+// ephemeral base's neighbour may be held by another process's connection: CI saw it).
+uint16_t FreePairBase() {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    const auto base = static_cast<uint16_t>(31500 + ((::getpid() + attempt * 7) % 300) * 4);
+    AcceptQueue ignored;
+    auto first = Tcp(), second = Tcp();
+    if (first->Listen("127.0.0.1:" + std::to_string(base), ignored.Handler()).ok() &&
+        second->Listen("127.0.0.1:" + std::to_string(base + 1), ignored.Handler()).ok()) {
+      return base;
+    }
+  }
+  return 0;
+}
+
 TEST(TransportSetTest, ListensOnEveryMemberAtItsOffset) {
   auto server = TwoBackends();
   AcceptQueue accepted;
-  auto address = server->Listen("127.0.0.1:0", accepted.Handler());
+  const uint16_t free_base = FreePairBase();
+  ASSERT_NE(free_base, 0) << "no two free neighbouring ports";
+  auto address = server->Listen("127.0.0.1:" + std::to_string(free_base), accepted.Handler());
   ASSERT_TRUE(address.ok()) << address.status().ToString();
   const uint16_t base = ParseHostPort(*address)->port;
+  ASSERT_EQ(base, free_base);
   EXPECT_EQ(server->capabilities().backend, "set(fast,tcp)");
   EXPECT_EQ(server->Names(), (std::vector<std::string>{"fast", "tcp"}));
 
