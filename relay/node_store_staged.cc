@@ -10,6 +10,20 @@
 #include "relay/node_store.h"
 
 namespace deltacast::relay {
+namespace {
+
+// The engine's resume hook, on the hook thread: its errors are logged, never thrown.
+void RunResume(const std::function<void()>& resume) {
+  try {
+    resume();
+  } catch (const std::exception& e) {
+    log::Error(std::string("the engine's resume hook threw: ") + e.what());
+  } catch (...) {
+    log::Error("the engine's resume hook threw");
+  }
+}
+
+}  // namespace
 
 // A worker, staged: the chunk is durable in the spool and checked (never written)
 // before it is journaled, so a HELLO after a reconnect lists it and a restart
@@ -141,15 +155,7 @@ double NodeStore::ResumeEngine() {
   if (replica_->needs_reconcile() || (replica_->inflight() && !untouched_staged)) return paused;
   engine_paused_ = false;
   if (options_.hooks.resume) {
-    hook_loop_.Post([resume = options_.hooks.resume] {
-      try {
-        resume();
-      } catch (const std::exception& e) {
-        log::Error(std::string("the engine's resume hook threw: ") + e.what());
-      } catch (...) {
-        log::Error("the engine's resume hook threw");
-      }
-    });
+    hook_loop_.Post([resume = options_.hooks.resume] { RunResume(resume); });
   }
   return paused;
 }
@@ -197,13 +203,7 @@ Status NodeStore::RunPauseHook() {
           std::lock_guard lock(returned->mu);
           if (!returned->done || !returned->status.ok()) return;
         }
-        try {
-          resume();
-        } catch (const std::exception& e) {
-          log::Error(std::string("the engine's resume hook threw: ") + e.what());
-        } catch (...) {
-          log::Error("the engine's resume hook threw");
-        }
+        RunResume(resume);
       });
     }
     return Status::Timeout("the engine's pause hook did not return within " +
