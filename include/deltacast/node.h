@@ -55,8 +55,10 @@ struct NodeOptions {
   // rare catch-up of missed versions, a rollback after a restart, or recovery after
   // a machine crash); on-arrival, from the refit's first write to its commit.
   // Both run on a thread of the node's own, one at a time, never during a write; a
-  // pause that returns late is followed by resume_engine, so the engine is never
-  // left paused. Stop waits for a hook that is still running. Optional.
+  // pause that returns late but succeeds is followed by resume_engine, so a late
+  // pause never leaves the engine paused; while the weights are not whole (a store
+  // being mended) the engine stays paused. Stop waits for a hook still running.
+  // Optional. docs/serving.md has the whole contract.
   std::function<Status()> pause_engine;
   std::function<void()> resume_engine;
   std::chrono::milliseconds hook_timeout{10'000};
