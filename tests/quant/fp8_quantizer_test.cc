@@ -6,41 +6,11 @@
 
 #include <gtest/gtest.h>
 
-#include <bit>
-#include <cmath>
-#include <random>
+#include "tests/quant/fp8_test_util.h"
 
-#include "quant/fp8_cuda.h"
 
 namespace deltacast::quant {
 namespace {
-
-const Fp8Scheme& Scheme(std::string_view name) {
-  const Fp8Scheme* s = FindFp8Scheme(name);
-  EXPECT_NE(s, nullptr) << name;
-  return *s;
-}
-
-uint16_t Bf16(float f) { return static_cast<uint16_t>(std::bit_cast<uint32_t>(f) >> 16); }
-
-// Random BF16 weights with a spread of magnitudes, BF16 subnormals and signed zeros.
-std::vector<uint16_t> RandomWeights(uint64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::uniform_int_distribution<int> pick(0, 99);
-  std::vector<uint16_t> out(n);
-  for (auto& v : out) {
-    const int p = pick(rng);
-    if (p == 0) {
-      v = static_cast<uint16_t>(rng() & 0x807Fu);  // subnormal or zero, either sign
-    } else if (p == 1) {
-      v = Bf16(normal(rng) * 1000.0f);
-    } else {
-      v = Bf16(normal(rng));
-    }
-  }
-  return out;
-}
 
 TEST(Fp8Schemes, TableIsConsistent) {
   ASSERT_FALSE(Fp8Schemes().empty());
@@ -153,41 +123,6 @@ TEST(QuantizeFp8, VectorPathsAgree) {
     EXPECT_EQ(base->weight, fast->weight) << scheme.name << " on " << Fp8CpuPath();
     EXPECT_EQ(base->scale_inv, fast->scale_inv) << scheme.name;
   }
-}
-
-// The CUDA kernel writes the CPU's bytes (label gpu; skipped without a device).
-TEST(QuantizeFp8Cuda, MatchesTheCpu) {
-  if (!Fp8CudaAvailable()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& [rows, cols] : {std::pair<uint64_t, uint64_t>{257, 389}, {128, 128}, {1, 7},
-                                   {1024, 2048}}) {
-    const std::vector<uint16_t> x = RandomWeights(rows * cols, static_cast<uint32_t>(rows));
-    for (const Fp8Scheme& scheme : Fp8Schemes()) {
-      auto cpu = QuantizeFp8(scheme, "t", x, rows, cols);
-      ASSERT_TRUE(cpu.ok());
-      std::vector<uint8_t> w(rows * cols);
-      std::vector<float> s(cpu->scale_inv.size());
-      const Status st = QuantizeFp8Cuda(scheme, "t", x, rows, cols, w, s);
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      EXPECT_EQ(w, cpu->weight) << scheme.name << " " << rows << "x" << cols;
-      EXPECT_EQ(s, cpu->scale_inv) << scheme.name;
-    }
-  }
-  std::vector<uint16_t> bad(300 * 300, Bf16(1.0f));
-  bad[299 * 300 + 1] = 0x7FC0;
-  std::vector<uint8_t> w(bad.size());
-  std::vector<float> s(9);
-  const Status st = QuantizeFp8Cuda(Scheme("fp8_e4m3_block128"), "t", bad, 300, 300, w, s);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("[299, 1]"), std::string::npos) << st.ToString();
-}
-
-TEST(QuantizeFp8Cuda, SaysUnavailableWithoutADevice) {
-  if (Fp8CudaAvailable()) GTEST_SKIP() << "a CUDA device is present";
-  std::vector<uint16_t> x(4);
-  std::vector<uint8_t> w(4);
-  std::vector<float> s(1);
-  EXPECT_EQ(QuantizeFp8Cuda(Scheme("fp8_e4m3_block128"), "t", x, 2, 2, w, s).code(),
-            StatusCode::kUnavailable);
 }
 
 }  // namespace
