@@ -4,8 +4,13 @@
 a small torch AdamW run; and against torch's own float8_e4m3fn cast of the same
 formula where this torch has one (torch >= 2.1; Debian's 1.13 does not).
 
-    test_fp8_reference.py PATH/TO/deltacast_fp8_quantize_tool
+    test_fp8_reference.py PATH/TO/deltacast_fp8_quantize_tool [PATH/TO/deltacast]
+
+With the deltacast binary, also checks `deltacast synth --fp8`: every tensor of each
+step's FP8 twin against the reference's quantization of the BF16 step (or the BF16
+bytes for kept tensors), the index and config.json's quantization_config.
 """
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"
 import fp8_reference as ref  # noqa: E402
 
 TOOL = sys.argv[1]
+DELTACAST = sys.argv[2] if len(sys.argv) > 2 else None
 SCHEMES = ["fp8_e4m3_block128", "fp8_e4m3_block128_ue8m0", "fp8_e4m3_block128_amax448"]
 TMP = tempfile.mkdtemp(prefix="fp8ref-")
 checked = {"tensors": 0, "bytes": 0}
@@ -172,6 +178,70 @@ def test_torch_float8_cast():
                 got_q, got_s = run_tool(bits, scheme)
                 assert np.array_equal(got_q, tq), f"C++ vs torch {device} {scheme}"
     print(f"torch {torch.__version__} float8_e4m3fn on {devices}: identical")
+
+
+def read_safetensors(path):
+    """{name: (dtype, shape, raw bytes)} of one safetensors file."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        out[name] = (t["dtype"], t["shape"], data[b:e])
+    return out
+
+
+def read_checkpoint(d):
+    index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    tensors = {}
+    for f in sorted(set(index["weight_map"].values())):
+        for name, t in read_safetensors(os.path.join(d, f)).items():
+            assert index["weight_map"][name] == f, name
+            tensors[name] = t
+    assert set(tensors) == set(index["weight_map"]), "index and files disagree"
+    assert index["metadata"]["total_size"] == sum(len(t[2]) for t in tensors.values())
+    return tensors
+
+
+def test_synth_fp8_twin():
+    if DELTACAST is None:
+        print("no deltacast binary given: synth --fp8 not checked")
+        return
+    out = os.path.join(TMP, "synth")
+    for scheme in SCHEMES:
+        subprocess.run([DELTACAST, "synth", "--out", out, "--params", "3M", "--steps", "1",
+                        "--fp8", "--fp8-scheme", scheme], check=True, capture_output=True)
+        for step in ("step0", "step1"):
+            bf16 = read_checkpoint(os.path.join(out, step))
+            fp8 = read_checkpoint(os.path.join(out, step + "-fp8"))
+            config = json.load(open(os.path.join(out, step + "-fp8", "config.json")))
+            q = config["quantization_config"]
+            assert q["quant_method"] == "fp8" and q["fmt"] == "e4m3", q
+            assert q["weight_block_size"] == [128, 128], q
+            assert q.get("scale_fmt") == ("ue8m0" if scheme.endswith("ue8m0") else None), q
+            assert config["hidden_size"] > 0  # the source's config is kept
+            quantized = 0
+            for name, (dtype, shape, raw) in bf16.items():
+                served = fp8.pop(name)
+                if served[0] == "BF16":
+                    assert served[1:] == (shape, raw), name
+                    continue
+                assert served[0] == "F8_E4M3" and served[1] == shape, name
+                sdtype, sshape, sraw = fp8.pop(name + "_scale_inv")
+                bits = np.frombuffer(raw, dtype="<u2").reshape(shape)
+                want_q, want_s = ref.quantize(bits, scheme)
+                assert sdtype == "F32" and sshape == list(want_s.shape), name
+                assert served[2] == want_q.tobytes(), f"{scheme} {step} {name}: FP8 bytes differ"
+                assert sraw == want_s.astype("<f4").tobytes(), f"{scheme} {step} {name}: scales"
+                quantized += 1
+            assert not fp8, f"extra tensors in the twin: {list(fp8)[:3]}"
+            assert quantized > 0
+            checked["tensors"] += quantized
+        print(f"synth --fp8 {scheme}: twins match the reference")
 
 
 if __name__ == "__main__":
