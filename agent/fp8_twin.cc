@@ -139,6 +139,14 @@ Status WriteFp8Twin(const fs::path& bf16_dir, const fs::path& out_dir,
   std::error_code rm_ec;
   fs::remove_all(work_dir, rm_ec);
   RETURN_IF_ERROR(CreateDirectoriesDurably(work_dir));
+  struct RemoveOnError {
+    const fs::path& dir;
+    bool done = false;
+    ~RemoveOnError() {
+      std::error_code ec;
+      if (!done) fs::remove_all(dir, ec);
+    }
+  } cleanup{work_dir};
   nlohmann::json weight_map = nlohmann::json::object();
   uint64_t total_size = 0;
   for (size_t f = 0; f < layout.files.size(); ++f) {
@@ -182,6 +190,7 @@ Status WriteFp8Twin(const fs::path& bf16_dir, const fs::path& out_dir,
   fs::remove_all(final_dir, ec);
   fs::rename(work_dir, final_dir, ec);
   if (ec) return Status::IoError("cannot rename " + work_dir.string() + ": " + ec.message());
+  cleanup.done = true;
   return FsyncDirectory(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
 }
 

@@ -58,7 +58,8 @@ def e4m3_from_float32(v):
 
 
 def bf16_to_float32(bits):
-    return (np.asarray(bits, dtype=np.uint32) << 16).view(F32)
+    wide = (np.array(bits, dtype=np.uint32, ndmin=1) << 16).view(F32)
+    return wide if np.ndim(bits) else wide[0]
 
 
 def _ceil_to_ue8m0(s):
