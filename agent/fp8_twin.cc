@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "apply/checkpoint_dir.h"
@@ -42,11 +41,10 @@ Status Serve(const quant::ServedTensor& s, ByteSpan source, MutableByteSpan weig
     return Status::Ok();
   }
   const uint64_t rows = s.canonical.shape[0], cols = s.canonical.shape[1];
-  return quant::QuantizeFp8(
-      *s.scheme, s.canonical.name,
-      {reinterpret_cast<const uint16_t*>(source.data()), rows * cols}, rows, cols,
-      {reinterpret_cast<uint8_t*>(weight.data()), rows * cols},
-      {reinterpret_cast<float*>(scale.data()), scale.size() / sizeof(float)});
+  return quant::QuantizeFp8(*s.scheme, s.canonical.name,
+                            {reinterpret_cast<const uint16_t*>(source.data()), rows * cols}, rows,
+                            cols, {reinterpret_cast<uint8_t*>(weight.data()), rows * cols},
+                            {reinterpret_cast<float*>(scale.data()), scale.size() / sizeof(float)});
 }
 
 // Runs fn(i) for i in [0, n) on `threads` threads; the first error wins.
@@ -69,8 +67,8 @@ quant::ServingDescription DefaultFp8Serving(std::string_view scheme) {
   return d;
 }
 
-Result<std::vector<quant::ServedTensor>> PlanFp8Twin(const quant::ServingDescription& serving,
-                                                     const std::vector<codec::TensorInfo>& tensors) {
+Result<std::vector<quant::ServedTensor>> PlanFp8Twin(
+    const quant::ServingDescription& serving, const std::vector<codec::TensorInfo>& tensors) {
   std::vector<layout::TensorSpec> specs;
   for (const codec::TensorInfo& t : tensors) specs.push_back(Spec(t));
   return quant::PlanServing(serving, specs);
@@ -104,8 +102,7 @@ Status WriteFp8Twin(const fs::path& bf16_dir, const fs::path& out_dir,
   using Access = apply::CheckpointDirStore::Access;
   ASSIGN_OR_RETURN(auto source, apply::CheckpointDirStore::Open(bf16_dir, Access::kReadOnly));
   const apply::CheckpointLayout& layout = source->layout();
-  ASSIGN_OR_RETURN(std::vector<quant::ServedTensor> plan,
-                   PlanFp8Twin(serving, source->tensors()));
+  ASSIGN_OR_RETURN(std::vector<quant::ServedTensor> plan, PlanFp8Twin(serving, source->tensors()));
   std::map<std::string, const quant::ServedTensor*> by_name;
   for (const quant::ServedTensor& s : plan) by_name[s.canonical.name] = &s;
 
@@ -113,9 +110,8 @@ Status WriteFp8Twin(const fs::path& bf16_dir, const fs::path& out_dir,
   nlohmann::json config = nlohmann::json::object();
   if (fs::exists(bf16_dir / "config.json")) {
     ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadFile(bf16_dir / "config.json", 1 << 24));
-    config = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(bytes.data()),
-                                               bytes.size()),
-                                   nullptr, false);
+    config = nlohmann::json::parse(
+        std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), nullptr, false);
     if (!config.is_object()) {
       return Status::InvalidArgument((bf16_dir / "config.json").string() + " is not a JSON object");
     }
@@ -164,8 +160,7 @@ Status WriteFp8Twin(const fs::path& bf16_dir, const fs::path& out_dir,
       const quant::ServedTensor& s = *served[k];
       weights[k].resize(s.weight.Elements() * ElementSize(s.weight.dtype));
       if (s.quantized()) scales[k].resize(s.scale.Elements() * ElementSize(s.scale.dtype));
-      return Serve(s, source->TensorData(source_index.at(s.canonical.name)), weights[k],
-                   scales[k]);
+      return Serve(s, source->TensorData(source_index.at(s.canonical.name)), weights[k], scales[k]);
     }));
     ASSIGN_OR_RETURN(auto writer,
                      apply::SafetensorsWriter::Create(work_dir / layout.files[f].name, infos));

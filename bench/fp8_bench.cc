@@ -18,14 +18,14 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <functional>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "agent/fp8_twin.h"
 #include "agent/synth.h"
@@ -104,9 +104,9 @@ CodecRun RunCodec(const dc::apply::WeightStore& a, const dc::apply::WeightStore&
 
 // Elements (of `dtype` width) whose bits differ between two stores with the same
 // tensors, over the tensors `use` selects.
-std::pair<uint64_t, uint64_t> Changed(const dc::apply::WeightStore& a,
-                                      const dc::apply::WeightStore& b,
-                                      const std::function<bool(const dc::codec::TensorInfo&)>& use) {
+std::pair<uint64_t, uint64_t> Changed(
+    const dc::apply::WeightStore& a, const dc::apply::WeightStore& b,
+    const std::function<bool(const dc::codec::TensorInfo&)>& use) {
   uint64_t changed = 0, total = 0;
   for (size_t i = 0; i < a.tensors().size(); ++i) {
     const auto& t = a.tensors()[i];
@@ -148,8 +148,8 @@ std::pair<double, uint64_t> TimeQuantizer(const dc::apply::WeightStore& bf16,
 }
 
 // A store borrowing the tensors of `store` that `use` selects (encode only).
-std::unique_ptr<dc::apply::HostStore> Subset(dc::apply::HostStore& store,
-                                             const std::function<bool(const dc::codec::TensorInfo&)>& use) {
+std::unique_ptr<dc::apply::HostStore> Subset(
+    dc::apply::HostStore& store, const std::function<bool(const dc::codec::TensorInfo&)>& use) {
   std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> tensors;
   for (size_t i = 0; i < store.tensors().size(); ++i) {
     if (use(store.tensors()[i])) {
@@ -208,9 +208,12 @@ int main(int argc, char** argv) {
     const auto all = [](const dc::codec::TensorInfo&) { return true; };
     const auto bf16_all = Changed(*a, *b, all);
     const auto bf16_q = Changed(*a, *b, [&](const auto& t) { return quantized.contains(t.name); });
-    const auto fp8_w = Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kF8E4M3; });
-    const auto fp8_s = Changed(*fa, *fb, [](const auto& t) { return t.name.ends_with("_scale_inv"); });
-    const auto fp8_kept = Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kBF16; });
+    const auto fp8_w =
+        Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kF8E4M3; });
+    const auto fp8_s =
+        Changed(*fa, *fb, [](const auto& t) { return t.name.ends_with("_scale_inv"); });
+    const auto fp8_kept =
+        Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kBF16; });
 
     const auto [avx_s, q_bytes] = TimeQuantizer(*b, plan, false);
     const auto [base_s, q_bytes2] = TimeQuantizer(*b, plan, true);
@@ -265,7 +268,8 @@ int main(int argc, char** argv) {
     };
     fmt::print(stderr,
                "rate {}: BF16 {:.3f}% changed, FP8 {:.3f}% of bytes, {} of {} scales; fast {:.3f}x "
-               "BF16, context {:.3f}x (quantized tensors alone: {:.3f}x, {:.3f}x); quantizer {:.2f} GB/s/core ({} ), baseline {:.2f}\n",
+               "BF16, context {:.3f}x (quantized tensors alone: {:.3f}x, {:.3f}x); quantizer "
+               "{:.2f} GB/s/core ({} ), baseline {:.2f}\n",
                rate_text, 100 * row["bf16_changed_fraction"].get<double>(),
                100 * row["fp8_changed_fraction"].get<double>(), fp8_s.first, fp8_s.second,
                modes[0]["fp8_to_bf16"].get<double>(), modes[1]["fp8_to_bf16"].get<double>(),
@@ -276,9 +280,13 @@ int main(int argc, char** argv) {
     results.push_back(row);
   }
   std::filesystem::remove_all(work);
-  json doc = {{"benchmark", "fp8"},  {"cores", cores},        {"params", params_text},
-              {"scheme", scheme},    {"serving_quantize", serving.quantize},
-              {"serving_not_converted", serving.not_converted}, {"results", results}};
+  json doc = {{"benchmark", "fp8"},
+              {"cores", cores},
+              {"params", params_text},
+              {"scheme", scheme},
+              {"serving_quantize", serving.quantize},
+              {"serving_not_converted", serving.not_converted},
+              {"results", results}};
   const std::string text = doc.dump(2);
   fmt::print("{}\n", text);
   if (!out_path.empty()) std::ofstream(out_path) << text << "\n";

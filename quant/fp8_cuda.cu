@@ -15,13 +15,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
-#define DC_FP8_CUDA(call)                                                          \
-  do {                                                                             \
-    const cudaError_t _err = (call);                                               \
-    if (_err != cudaSuccess) {                                                     \
-      return Status::Internal(std::string("fp8 quantizer: " #call ": ") +          \
-                              cudaGetErrorString(_err));                           \
-    }                                                                              \
+#define DC_FP8_CUDA(call)                                                 \
+  do {                                                                    \
+    const cudaError_t _err = (call);                                      \
+    if (_err != cudaSuccess) {                                            \
+      return Status::Internal(std::string("fp8 quantizer: " #call ": ") + \
+                              cudaGetErrorString(_err));                  \
+    }                                                                     \
   } while (false)
 
 struct KernelArgs {

@@ -127,8 +127,8 @@ DELTACAST_HD inline BlockScale ScaleOfBlock(uint16_t amax_bits, ScaleFormat form
   BlockScale out;
   out.scale_inv = scale;
   // torch evaluates `c / t` for a Python scalar c as t.reciprocal() * c: two roundings.
-  out.multiplier = multiplier == Multiplier::kReciprocalOfScale ? 1.0f / scale
-                                                                : (1.0f / amax) * kE4m3Max;
+  out.multiplier =
+      multiplier == Multiplier::kReciprocalOfScale ? 1.0f / scale : (1.0f / amax) * kE4m3Max;
   return out;
 }
 

@@ -53,7 +53,7 @@ Status QuantizeFp8(const Fp8Scheme& scheme, std::string_view name, std::span<con
   const std::string who = "tensor '" + std::string(name) + "'";
   if (scheme.element != DType::kF8E4M3 || scheme.scale_dtype != DType::kF32) {
     return Status::Unsupported(who + ": scheme " + std::string(scheme.name) +
-                                 " stores elements or scales this quantizer does not write");
+                               " stores elements or scales this quantizer does not write");
   }
   const std::vector<uint64_t> scale_shape = scheme.ScaleShape(rows, cols);
   if (bf16.size() != rows * cols || weight.size() != rows * cols ||
@@ -79,8 +79,8 @@ Status QuantizeFp8(const Fp8Scheme& scheme, std::string_view name, std::span<con
     for (uint64_t j = 0; j < block_cols; ++j) {
       if (static_cast<uint16_t>(amax[j]) >= kBf16NonFinite) {
         // Rows are counted from the band's start; name the tensor's row.
-        RETURN_IF_ERROR(CheckFinite(name, bf16.subspan(0, (r0 + band_rows) * cols),
-                                    r0 + band_rows, cols));
+        RETURN_IF_ERROR(
+            CheckFinite(name, bf16.subspan(0, (r0 + band_rows) * cols), r0 + band_rows, cols));
         return Status::Internal(who + ": a non-finite amax with no non-finite element");
       }
       const BlockScale s =

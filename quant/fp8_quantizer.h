@@ -22,7 +22,7 @@
 namespace deltacast::quant {
 
 struct Fp8Tensor {
-  std::vector<uint8_t> weight;  // rows * cols E4M3 codes, row-major
+  std::vector<uint8_t> weight;   // rows * cols E4M3 codes, row-major
   std::vector<float> scale_inv;  // scale_rows * scale_cols, row-major
   uint64_t scale_rows = 0, scale_cols = 0;
 };

@@ -4,9 +4,8 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 // toml++ reports syntax errors by throwing toml::parse_error; they are caught in
 // ParseServing and never leave this file.
 #include <toml++/toml.h>
@@ -49,8 +48,9 @@ class Parser {
     d.source = source_;
     for (auto&& [key, value] : root) {
       if (key.str() != "serving") {
-        return Error(&value, "unknown table " + Quoted(key.str()) + " (a serving description "
-                                                                       "has one table, [serving])");
+        return Error(&value, "unknown table " + Quoted(key.str()) +
+                                 " (a serving description "
+                                 "has one table, [serving])");
       }
     }
     const toml::table* serving = root["serving"].as_table();
@@ -95,7 +95,8 @@ class Parser {
       out.push_back(e.as_string()->get());
     }
     if (required && out.empty()) {
-      return Error(node, "[serving] " + std::string(key) + " is empty: nothing is served quantized");
+      return Error(node,
+                   "[serving] " + std::string(key) + " is empty: nothing is served quantized");
     }
     return out;
   }
@@ -212,7 +213,8 @@ Result<QuantizationConfig> ParseQuantizationConfig(std::string_view config_json,
   RETURN_IF_ERROR(string_field("scale_fmt", c.scale_fmt));
   if (const auto it = q->find("weight_block_size"); it != q->end() && !it->is_null()) {
     if (!it->is_array()) {
-      return Status::InvalidArgument(src + ": quantization_config.weight_block_size must be a list");
+      return Status::InvalidArgument(src +
+                                     ": quantization_config.weight_block_size must be a list");
     }
     for (const auto& v : *it) {
       if (!v.is_number_unsigned()) {
@@ -261,21 +263,20 @@ Status CheckServedCheckpoint(std::span<const ServedTensor> plan,
   }
   if (scheme != nullptr) {
     if (receiver.quant_method != "fp8" || receiver.fmt != "e4m3") {
-      return Status::InvalidArgument(
-          "the receiver's checkpoint is quant_method '" + receiver.quant_method + "', fmt '" +
-          receiver.fmt + "': scheme " + std::string(scheme->name) + " serves fp8 e4m3");
+      return Status::InvalidArgument("the receiver's checkpoint is quant_method '" +
+                                     receiver.quant_method + "', fmt '" + receiver.fmt +
+                                     "': scheme " + std::string(scheme->name) + " serves fp8 e4m3");
     }
     const std::vector<uint64_t> block = {scheme->block_rows, scheme->block_cols};
     if (receiver.weight_block_size != block) {
-      return Status::InvalidArgument("the receiver's checkpoint uses weight_block_size " +
-                                     Shape(receiver.weight_block_size) + "; scheme " +
-                                     std::string(scheme->name) + " makes blocks of " +
-                                     Shape(block));
+      return Status::InvalidArgument(
+          "the receiver's checkpoint uses weight_block_size " + Shape(receiver.weight_block_size) +
+          "; scheme " + std::string(scheme->name) + " makes blocks of " + Shape(block));
     }
     if (receiver.scale_fmt != scheme->scale_fmt) {
-      return Status::InvalidArgument(
-          "the receiver's checkpoint has scale_fmt '" + receiver.scale_fmt + "'; scheme " +
-          std::string(scheme->name) + " writes '" + std::string(scheme->scale_fmt) + "'");
+      return Status::InvalidArgument("the receiver's checkpoint has scale_fmt '" +
+                                     receiver.scale_fmt + "'; scheme " + std::string(scheme->name) +
+                                     " writes '" + std::string(scheme->scale_fmt) + "'");
     }
   }
   std::map<std::string, const layout::TensorSpec*> have;

@@ -45,10 +45,10 @@ Result<ServingDescription> LoadServing(const std::filesystem::path& path);
 
 // One tensor of the served checkpoint, from one canonical tensor.
 struct ServedTensor {
-  layout::TensorSpec canonical;  // as trained
+  layout::TensorSpec canonical;       // as trained
   const Fp8Scheme* scheme = nullptr;  // nullptr: served as trained
-  layout::TensorSpec weight;     // served: the canonical tensor, or its FP8 image
-  layout::TensorSpec scale;      // FP8 only: name + "_scale_inv", scheme.ScaleShape
+  layout::TensorSpec weight;          // served: the canonical tensor, or its FP8 image
+  layout::TensorSpec scale;           // FP8 only: name + "_scale_inv", scheme.ScaleShape
   bool quantized() const { return scheme != nullptr; }
 };
 
@@ -61,10 +61,10 @@ Result<std::vector<ServedTensor>> PlanServing(const ServingDescription& descript
 
 // What a receiver's config.json says about its FP8 checkpoint.
 struct QuantizationConfig {
-  std::string quant_method;  // "fp8"
-  std::string fmt;           // "e4m3"
+  std::string quant_method;                 // "fp8"
+  std::string fmt;                          // "e4m3"
   std::vector<uint64_t> weight_block_size;  // [rows, cols]
-  std::string scale_fmt;     // "" (FP32 scales) or "ue8m0"
+  std::string scale_fmt;                    // "" (FP32 scales) or "ue8m0"
   std::vector<std::string> modules_to_not_convert;
 };
 

@@ -31,8 +31,9 @@ static inline void BandAmaxLoop(const uint16_t* in, uint64_t rows, uint64_t cols
 }
 
 // out = E4M3(x * multiplier of x's block column) over the band's rows.
-static inline void QuantizeBandLoop(const uint16_t* __restrict in, uint64_t rows, uint64_t cols, uint64_t bc,
-                                    const float* multipliers, uint8_t* __restrict out) {
+static inline void QuantizeBandLoop(const uint16_t* __restrict in, uint64_t rows, uint64_t cols,
+                                    uint64_t bc, const float* multipliers,
+                                    uint8_t* __restrict out) {
   for (uint64_t r = 0; r < rows; ++r) {
     const uint16_t* row = in + r * cols;
     uint8_t* dst = out + r * cols;

@@ -57,13 +57,14 @@ TEST(Fp8Twin, HoldsTheQuantizersBytes) {
   test_util::TempDir tmp("fp8twin");
   const std::vector<uint16_t> w = Weights(0.01f);
   WriteSource(tmp.path() / "step0", w);
-  const Status s = WriteFp8Twin(tmp.path() / "step0", tmp.path() / "step0-fp8",
-                                DefaultFp8Serving(), 2);
+  const Status s =
+      WriteFp8Twin(tmp.path() / "step0", tmp.path() / "step0-fp8", DefaultFp8Serving(), 2);
   ASSERT_TRUE(s.ok()) << s.ToString();
   auto twin = apply::CheckpointDirStore::Open(tmp.path() / "step0-fp8",
                                               apply::CheckpointDirStore::Access::kReadOnly);
   ASSERT_TRUE(twin.ok()) << twin.status().ToString();
-  auto want = quant::QuantizeFp8(*quant::FindFp8Scheme("fp8_e4m3_block128"), kLinear, w, kRows, kCols);
+  auto want =
+      quant::QuantizeFp8(*quant::FindFp8Scheme("fp8_e4m3_block128"), kLinear, w, kRows, kCols);
   ASSERT_TRUE(want.ok());
   int seen = 0;
   for (size_t i = 0; i < (*twin)->tensors().size(); ++i) {

@@ -1,8 +1,9 @@
 // The CUDA quantizer against the CPU one, byte for byte (ctest label gpu; reported
 // as skipped without a device).
+#include "quant/fp8_cuda.h"
+
 #include <gtest/gtest.h>
 
-#include "quant/fp8_cuda.h"
 #include "quant/fp8_quantizer.h"
 #include "tests/quant/fp8_test_util.h"
 
@@ -12,8 +13,8 @@ namespace {
 // The CUDA kernel writes the CPU's bytes (label gpu; skipped without a device).
 TEST(QuantizeFp8Cuda, MatchesTheCpu) {
   if (!Fp8CudaAvailable()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& [rows, cols] : {std::pair<uint64_t, uint64_t>{257, 389}, {128, 128}, {1, 7},
-                                   {1024, 2048}}) {
+  for (const auto& [rows, cols] :
+       {std::pair<uint64_t, uint64_t>{257, 389}, {128, 128}, {1, 7}, {1024, 2048}}) {
     const std::vector<uint16_t> x = RandomWeights(rows * cols, static_cast<uint32_t>(rows));
     for (const Fp8Scheme& scheme : Fp8Schemes()) {
       auto cpu = QuantizeFp8(scheme, "t", x, rows, cols);

@@ -29,7 +29,7 @@ TEST(E4m3FromFloat, ExactValues) {
   EXPECT_EQ(E4m3FromFloat(2.0f), 0x40);
   EXPECT_EQ(E4m3FromFloat(448.0f), 0x7E);
   EXPECT_EQ(E4m3FromFloat(-448.0f), 0xFE);
-  EXPECT_EQ(E4m3FromFloat(0.015625f), 0x08);   // 2^-6, the smallest normal
+  EXPECT_EQ(E4m3FromFloat(0.015625f), 0x08);     // 2^-6, the smallest normal
   EXPECT_EQ(E4m3FromFloat(0.001953125f), 0x01);  // 2^-9, the smallest subnormal
   EXPECT_EQ(E4m3FromFloat(7.0f / 512), 0x07);    // the largest subnormal
 }

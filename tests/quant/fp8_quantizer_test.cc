@@ -8,7 +8,6 @@
 
 #include "tests/quant/fp8_test_util.h"
 
-
 namespace deltacast::quant {
 namespace {
 
@@ -85,8 +84,8 @@ TEST(QuantizeFp8, NanAndInfAreRefusedNamingTheElement) {
     uint16_t bits;
     const char* word;
   };
-  for (const Case c : {Case{0x7FC0, "NaN"}, Case{0xFFC1, "NaN"}, Case{0x7F80, "Inf"},
-                       Case{0xFF80, "-Inf"}}) {
+  for (const Case c :
+       {Case{0x7FC0, "NaN"}, Case{0xFFC1, "NaN"}, Case{0x7F80, "Inf"}, Case{0xFF80, "-Inf"}}) {
     std::vector<uint16_t> x = RandomWeights(rows * cols, 1);
     x[150 * cols + 299] = c.bits;
     auto q = QuantizeFp8(scheme, "model.layers.0.mlp.up_proj.weight", x, rows, cols);

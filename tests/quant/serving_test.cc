@@ -50,9 +50,10 @@ TEST(ParseServing, Good) {
 }
 
 TEST(ParseServing, Refusals) {
-  ExpectError(ParseServing("[serving]\nscheme = \"fp8_e4m3_block64\"\nquantize = [\"*\"]\n", "s.toml")
-                  .status(),
-              {"s.toml:2:", "unknown scheme 'fp8_e4m3_block64'", "fp8_e4m3_block128_ue8m0"});
+  ExpectError(
+      ParseServing("[serving]\nscheme = \"fp8_e4m3_block64\"\nquantize = [\"*\"]\n", "s.toml")
+          .status(),
+      {"s.toml:2:", "unknown scheme 'fp8_e4m3_block64'", "fp8_e4m3_block128_ue8m0"});
   ExpectError(ParseServing("[serving]\nquantize = [\"*\"]\n", "s.toml").status(),
               {"s.toml:1:", "missing required key 'scheme'"});
   ExpectError(ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\n", "s.toml").status(),
@@ -60,9 +61,10 @@ TEST(ParseServing, Refusals) {
   ExpectError(
       ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\nquantize = []\n", "s.toml").status(),
       {"s.toml:3:", "empty"});
-  ExpectError(ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\nquantize = \"*\"\n", "s.toml")
-                  .status(),
-              {"s.toml:3:", "array of strings"});
+  ExpectError(
+      ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\nquantize = \"*\"\n", "s.toml")
+          .status(),
+      {"s.toml:3:", "array of strings"});
   ExpectError(ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\nquantize = [\"*\"]\n"
                            "not_convert = [\"x\"]\n",
                            "s.toml")
@@ -223,10 +225,10 @@ TEST(QuantizationConfig, RoundTripsThroughConfigJson) {
 
 TEST(QuantizationConfig, Refusals) {
   EXPECT_EQ(ParseQuantizationConfig("{}", "c.json").status().code(), StatusCode::kNotFound);
-  ExpectError(ParseQuantizationConfig("{\"quantization_config\": {\"weight_block_size\": 128}}",
-                                      "c.json")
-                  .status(),
-              {"c.json", "weight_block_size must be a list"});
+  ExpectError(
+      ParseQuantizationConfig("{\"quantization_config\": {\"weight_block_size\": 128}}", "c.json")
+          .status(),
+      {"c.json", "weight_block_size must be a list"});
   ExpectError(ParseQuantizationConfig("{\"quantization_config\": {\"fmt\": 3}}", "c.json").status(),
               {"fmt must be a string"});
   ExpectError(ParseQuantizationConfig("not json", "c.json").status(), {"c.json"});
