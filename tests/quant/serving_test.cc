@@ -49,6 +49,15 @@ TEST(ParseServing, Good) {
   EXPECT_EQ(d.not_converted.size(), 2u);
 }
 
+TEST(ParseServing, TheExampleConfigParses) {
+  auto d = LoadServing(std::filesystem::path(DELTACAST_SOURCE_DIR) / "configs/serving-fp8.toml");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->scheme->name, "fp8_e4m3_block128");
+  auto plan = PlanServing(*d, Canonical());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(LoadServing("/nonexistent/serving.toml").status().code(), StatusCode::kNotFound);
+}
+
 TEST(ParseServing, Refusals) {
   ExpectError(
       ParseServing("[serving]\nscheme = \"fp8_e4m3_block64\"\nquantize = [\"*\"]\n", "s.toml")
