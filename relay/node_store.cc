@@ -94,9 +94,12 @@ void NodeStore::PostJournal() {
 apply::ApplyOptions NodeStore::RefitOptions() const {
   apply::ApplyOptions o;
   o.threads = options_.apply_threads;
-  o.keep_undo = true;
-  // The spool holds the records: XOR ones roll back from there, so memory stays
+  // A staged delta is written only after COMMIT, which nothing rolls back (a write
+  // cut short is finished, not undone), so it keeps no undo: copying its records'
+  // XOR words aside would be most of its pause. On arrival the undo is kept; the
+  // spool holds the records, so XOR ones roll back from there, and memory stays
   // bounded by the credit window and scratch whatever the model size.
+  o.keep_undo = !refit_->staged;
   o.undo_from_records = true;
   // Durable by the spool: nothing is flushed before PREPARED.
   o.flush_on_finish = false;
