@@ -45,6 +45,35 @@ publish() {  # FROM TO MODE
 publish 0 1 fast
 publish 1 2 context
 for n in a1 a2 a3; do check "$n's audit" "$dc" audit "$work/run/$n"; done
+
+# Refused at the door (docs/fp8.md): a store whose config.json says 64 x 64 blocks
+# while its scales are of 128 x 128 blocks. The agent exits before writing anything,
+# audit and publish name the tensor, and publish sends nothing.
+cp -r "$work/steps/step2-fp8" "$work/run/bad"
+rm -rf "$work/run/bad/.deltacast"  # the source's manifest cache
+jq '.quantization_config.weight_block_size = [64, 64]' "$work/steps/step2-fp8/config.json" \
+  >"$work/run/bad/config.json"
+scale="scale tensor 'model\.layers\.[0-9]*\.[a-z_.]*\.weight_scale_inv' is F32 \[.*\]; expected F32"
+timeout 20 "$dc" agent --config "$work/cluster.toml" --node a3 --store "$work/run/bad" \
+  >"$work/run/bad-agent.log" 2>&1
+rc=$?
+check "an agent on a store with the wrong block size exited $rc" test "$rc" -ne 0 -a "$rc" -ne 124
+check "the agent's refusal does not name the scale tensor" grep -q "$scale" "$work/run/bad-agent.log"
+check "the refused agent wrote its state" test ! -e "$work/run/bad/.deltacast"
+"$dc" publish --config "$work/cluster.toml" --base "$work/run/bad" --new "$work/steps/step1-fp8" \
+  --no-progress --state-dir "$work/run/source" >/dev/null 2>"$work/run/bad-publish.log"
+rc=$?
+check "publish to receivers of the wrong block size exited $rc" test "$rc" -ne 0
+check "the publish refusal does not name the scale tensor" grep -q "$scale" "$work/run/bad-publish.log"
+cp -r "$work/run/a1" "$work/run/bad-audit"
+cp "$work/run/bad/config.json" "$work/run/bad-audit/config.json"
+"$dc" audit "$work/run/bad-audit" >/dev/null 2>"$work/run/bad-audit.log"
+check "audit of a store with the wrong block size passed" test $? -ne 0
+check "the audit refusal does not name the scale tensor" grep -q "$scale" "$work/run/bad-audit.log"
+for n in a1 a2 a3; do
+  sums "$work/run/$n" >"$work/run/$n.after.sums"
+  check "$n changed after the refused publish" cmp "$work/run/want2.sums" "$work/run/$n.after.sums"
+done
 if ((${#failures[@]} == 0)); then
   echo "fp8_refit: 2 FP8 refits (fast $(jq .delta_bytes "$work/run/publish1.json") B, context $(jq .delta_bytes "$work/run/publish2.json") B) bit-exact on 3 nodes"
   echo "fp8_refit: 1 passed, 0 failed"
