@@ -48,7 +48,7 @@ for n in a1 a2 a3; do check "$n's audit" "$dc" audit "$work/run/$n"; done
 
 # Refused at the door (docs/fp8.md): a store whose config.json says 64 x 64 blocks
 # while its scales are of 128 x 128 blocks. The agent exits before writing anything,
-# audit and publish name the tensor, and publish sends nothing.
+# audit, publish and serve name the tensor, and nothing is sent.
 cp -r "$work/steps/step2-fp8" "$work/run/bad"
 rm -rf "$work/run/bad/.deltacast"  # the source's manifest cache
 jq '.quantization_config.weight_block_size = [64, 64]' "$work/steps/step2-fp8/config.json" \
@@ -65,6 +65,11 @@ check "the refused agent wrote its state" test ! -e "$work/run/bad/.deltacast"
 rc=$?
 check "publish to receivers of the wrong block size exited $rc" test "$rc" -ne 0
 check "the publish refusal does not name the scale tensor" grep -q "$scale" "$work/run/bad-publish.log"
+printf '%s\n' "$work/run/bad" | timeout 60 "$dc" serve --config "$work/cluster.toml" \
+  --state-dir "$work/run/serve-bad" >/dev/null 2>"$work/run/bad-serve.log"
+rc=$?
+check "serve from receivers of the wrong block size exited $rc" test "$rc" -ne 0 -a "$rc" -ne 124
+check "the serve refusal does not name the scale tensor" grep -q "$scale" "$work/run/bad-serve.log"
 cp -r "$work/run/a1" "$work/run/bad-audit"
 cp "$work/run/bad/config.json" "$work/run/bad-audit/config.json"
 "$dc" audit "$work/run/bad-audit" >/dev/null 2>"$work/run/bad-audit.log"
