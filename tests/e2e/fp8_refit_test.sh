@@ -45,6 +45,11 @@ publish() {  # FROM TO MODE
 publish 0 1 fast
 publish 1 2 context
 for n in a1 a2 a3; do check "$n's audit" "$dc" audit "$work/run/$n"; done
+# --fp8-from: only the later steps' twins (what scripts/demo needs), the same bytes.
+"$dc" synth --out "$work/later" --params 4M --steps 2 --change-rate 3% --threads 2 --fp8 --fp8-from 1 \
+  >/dev/null
+check "--fp8-from 1 wrote step0's twin" test ! -e "$work/later/step0-fp8"
+check "--fp8-from 1: step2's twin differs" "$dc" verify "$work/later/step2-fp8" "$work/steps/step2-fp8"
 
 # Refused at the door (docs/fp8.md): a store whose config.json says 64 x 64 blocks
 # while its scales are of 128 x 128 blocks. The agent exits before writing anything,
