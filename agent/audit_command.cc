@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/commands.h"
+#include "agent/fp8_twin.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
 #include "apply/weight_store.h"
@@ -38,6 +39,7 @@ int RunAudit(const AuditArgs& args) {
                                            " -> " + (*inflight)->target.ShortHex() +
                                            "): audit between refits"));
   }
+  if (Status fp8 = CheckFp8CheckpointDir(args.dir); !fp8.ok()) return Fail(fp8);
   auto manifest = state.LoadManifestOf(**active, codec::kDefaultPartitionBytes);
   if (!manifest.ok()) return Fail(manifest.status().WithContext("the active version's manifest"));
   if (!*manifest) {

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "agent/commands.h"
+#include "agent/fp8_twin.h"
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
 #include "relay/bucket_bridge.h"
@@ -150,6 +151,8 @@ int RunAgent(const AgentArgs& args) {
   if (!config.ok()) return Fail(config.status());
   auto token = topology::ReadAuthToken(*config);
   if (!token.ok()) return Fail(token.status());
+  // An FP8 store that does not hold together is refused before anything is written.
+  if (Status fp8 = CheckFp8CheckpointDir(args.store); !fp8.ok()) return Fail(fp8);
   auto replica =
       apply::Replica::OpenCheckpointDir(args.store, codec::kDefaultPartitionBytes, args.threads);
   if (!replica.ok()) return Fail(replica.status().WithContext("store " + args.store.string()));
@@ -338,6 +341,7 @@ int RunPublish(const PublishArgs& args) {
       SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
   if (!source_options.ok()) return Fail(source_options.status());
   relay::PublishOptions& options = *source_options;
+  if (Status fp8 = CheckFp8Versions(args.base, args.target); !fp8.ok()) return Fail(fp8);
   const auto bar = AttachPublishProgress(args, options);
   auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(transport));
   bar->Finish();
@@ -394,6 +398,7 @@ int RunServe(const ServeArgs& args) {
   // The first line names the version the cluster holds; each later one is published
   // from the version before it (the last one that committed).
   std::optional<relay::CheckpointVersion> current;
+  std::string current_dir;
   bool all_committed = true;
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -407,6 +412,12 @@ int RunServe(const ServeArgs& args) {
         line.resize(space);
       }
     }
+    if (Status fp8 = current ? CheckFp8Versions(current_dir, line) : CheckFp8CheckpointDir(line);
+        !fp8.ok()) {
+      fmt::print(stderr, "deltacast serve: {}: {}\n", line, fp8.ToString());
+      all_committed = false;
+      continue;
+    }
     auto next = relay::OpenCheckpointVersion(line, args.threads);
     if (!next.ok()) {
       fmt::print(stderr, "deltacast serve: {}: {}\n", line, next.status().ToString());
@@ -417,6 +428,7 @@ int RunServe(const ServeArgs& args) {
       log::Info(fmt::format("serve: the cluster is at {} ({})",
                             next->manifest.VersionId().ShortHex(), line));
       current = std::move(*next);
+      current_dir = line;
       continue;
     }
     if (Status same = relay::SameFileLayout(*current, *next); !same.ok()) {
@@ -433,7 +445,10 @@ int RunServe(const ServeArgs& args) {
     }
     PrintReport(*report, args.json);
     all_committed = all_committed && report->committed;
-    if (report->committed) current = std::move(*next);
+    if (report->committed) {
+      current = std::move(*next);
+      current_dir = line;
+    }
   }
   (*source)->Stop();
   return all_committed ? kExitOk : kExitFailure;

@@ -169,7 +169,7 @@ int RunSynth(const SynthOptions& synth_options, bool json_out, const SynthFp8& f
   if (!report.ok()) return Fail(report.status());
   json fp8_dirs = json::array();
   if (fp8.enabled) {
-    for (int k = 0; k <= options.steps; ++k) {
+    for (int k = std::max(fp8.first_step, 0); k <= options.steps; ++k) {
       const auto dir = options.out_dir / ("step" + std::to_string(k));
       const auto twin = options.out_dir / ("step" + std::to_string(k) + "-fp8");
       const Status st = WriteFp8Twin(dir, twin, serving, options.threads);
@@ -222,8 +222,8 @@ int RunSynth(const SynthOptions& synth_options, bool json_out, const SynthFp8& f
                st.changed ? 100.0 * st.one_ulp / st.changed : 0.0);
   }
   if (fp8.enabled) {
-    fmt::print("FP8 serving twins ({}): {}/step0-fp8 .. step{}-fp8\n", serving.scheme->name,
-               options.out_dir.string(), options.steps);
+    fmt::print("FP8 serving twins ({}): {}/step{}-fp8 .. step{}-fp8\n", serving.scheme->name,
+               options.out_dir.string(), std::max(fp8.first_step, 0), options.steps);
   }
   return kExitOk;
 }

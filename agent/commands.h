@@ -25,6 +25,7 @@ struct SynthFp8 {
   bool enabled = false;
   std::string scheme = "fp8_e4m3_block128";
   std::filesystem::path serving;
+  int first_step = 0;  // twins of steps first_step..steps only (the demo needs the last two)
 };
 
 int RunSynth(const SynthOptions& options, bool json, const SynthFp8& fp8 = {});

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "apply/checkpoint_dir.h"
 #include "apply/safetensors.h"
@@ -54,6 +55,38 @@ Status ParallelStatus(size_t n, size_t threads, const std::function<Status(size_
               [&](size_t i) { statuses[i] = fn(i); });
   for (Status& s : statuses) RETURN_IF_ERROR(s);
   return Status::Ok();
+}
+
+// The directory's quantization_config; nullopt when it has none to check.
+Result<std::optional<quant::QuantizationConfig>> ReadQuantizationConfig(const fs::path& dir) {
+  const fs::path path = dir / "config.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::optional<quant::QuantizationConfig>();
+  ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadFile(path, 1 << 24));
+  const std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  // An unreadable config.json is the engine's business; only a quantization_config
+  // that is there is held to the checkpoint.
+  if (!nlohmann::json::accept(text)) return std::optional<quant::QuantizationConfig>();
+  auto config = quant::ParseQuantizationConfig(text, path.string());
+  if (config.status().code() == StatusCode::kNotFound) {
+    return std::optional<quant::QuantizationConfig>();
+  }
+  if (!config.ok()) return config.status();
+  return std::optional<quant::QuantizationConfig>(std::move(*config));
+}
+
+bool Checked(const quant::QuantizationConfig& c) {
+  return c.quant_method == "fp8" && !c.weight_block_size.empty();
+}
+
+std::string Describe(const std::optional<quant::QuantizationConfig>& c) {
+  if (!c) return "no quantization_config";
+  std::string block = "[";
+  for (size_t i = 0; i < c->weight_block_size.size(); ++i) {
+    block += (i ? ", " : "") + std::to_string(c->weight_block_size[i]);
+  }
+  return "quant_method '" + c->quant_method + "', fmt '" + c->fmt + "', weight_block_size " +
+         block + "], scale_fmt '" + c->scale_fmt + "'";
 }
 
 }  // namespace
@@ -187,6 +220,36 @@ Status WriteFp8Twin(const fs::path& bf16_dir, const fs::path& out_dir,
   if (ec) return Status::IoError("cannot rename " + work_dir.string() + ": " + ec.message());
   cleanup.done = true;
   return FsyncDirectory(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+}
+
+Status CheckFp8CheckpointDir(const fs::path& dir) {
+  ASSIGN_OR_RETURN(std::optional<quant::QuantizationConfig> config, ReadQuantizationConfig(dir));
+  if (!config || !Checked(*config)) return Status::Ok();
+  using Access = apply::CheckpointDirStore::Access;
+  ASSIGN_OR_RETURN(auto store, apply::CheckpointDirStore::Open(dir, Access::kReadOnly));
+  std::vector<layout::TensorSpec> specs;
+  for (const codec::TensorInfo& t : store->tensors()) specs.push_back(Spec(t));
+  return quant::CheckFp8Checkpoint(specs, *config)
+      .WithContext(dir.string() + " (FP8 checkpoint, config.json's quantization_config)");
+}
+
+Status CheckFp8Versions(const fs::path& base, const fs::path& target) {
+  RETURN_IF_ERROR(CheckFp8CheckpointDir(base));
+  RETURN_IF_ERROR(CheckFp8CheckpointDir(target));
+  ASSIGN_OR_RETURN(auto base_config, ReadQuantizationConfig(base));
+  ASSIGN_OR_RETURN(auto target_config, ReadQuantizationConfig(target));
+  const bool base_fp8 = base_config && Checked(*base_config);
+  const bool target_fp8 = target_config && Checked(*target_config);
+  if (!base_fp8 && !target_fp8) return Status::Ok();
+  if (base_fp8 != target_fp8 || base_config->quant_method != target_config->quant_method ||
+      base_config->fmt != target_config->fmt ||
+      base_config->weight_block_size != target_config->weight_block_size ||
+      base_config->scale_fmt != target_config->scale_fmt) {
+    return Status::InvalidArgument("the receivers' checkpoint " + base.string() + " has " +
+                                   Describe(base_config) + "; " + target.string() + " has " +
+                                   Describe(target_config));
+  }
+  return Status::Ok();
 }
 
 }  // namespace deltacast::agent

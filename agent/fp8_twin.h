@@ -48,4 +48,19 @@ Result<std::unique_ptr<apply::HostStore>> QuantizeStore(
 Status WriteFp8Twin(const std::filesystem::path& bf16_dir, const std::filesystem::path& out_dir,
                     const quant::ServingDescription& serving, size_t threads);
 
+// Receivers checked at the door: when `dir`'s config.json has a block-scaled FP8
+// quantization_config, reads the directory's tensor table (headers only) and runs
+// quant::CheckFp8Checkpoint on it; errors name the directory and the tensor. Ok
+// when there is no config.json, it is not JSON, or it has no such config. Writes
+// nothing. Called by `agent` before its store is opened, by `audit`, and by
+// `publish` / `serve` on the versions they send.
+Status CheckFp8CheckpointDir(const std::filesystem::path& dir);
+
+// `publish`'s check of the receivers' checkpoint (`base`, what the nodes hold)
+// against the one it sends (`target`): each on its own (CheckFp8CheckpointDir),
+// then their quantization_configs must agree on quant_method, fmt,
+// weight_block_size and scale_fmt (the message names both values). The tensor
+// tables are compared later by the publisher's file-layout check.
+Status CheckFp8Versions(const std::filesystem::path& base, const std::filesystem::path& target);
+
 }  // namespace deltacast::agent

@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
               "Also write each step's FP8 serving twin to DIR/stepK-fp8 (docs/fp8.md)");
   s->add_option("--fp8-scheme", synth_fp8.scheme, "FP8 scheme of the default serving description")
       ->capture_default_str();
+  s->add_option("--fp8-from", synth_fp8.first_step,
+                "With --fp8: twins of steps K..N only (the earlier steps' twins are not written)")
+      ->capture_default_str();
   s->add_option("--fp8-serving", synth_fp8.serving,
                 "Serving description (TOML) instead of the default one");
   s->add_flag("--json", synth_json, "Report as JSON");

@@ -280,6 +280,10 @@ def tree_report(a):
     runs = {name: measure_publish(a.work, name, dict(enumerate(regions)), nodes_by_region,
                                   slowest_bps)
             for name in ("full", "fast", "context", "fault", "after_fault")}
+    # FP8 serving weights (docs/fp8.md): step3's twin -> step4's, fast, every node.
+    if os.path.exists(os.path.join(a.work, "fp8.json")):
+        runs["fp8"] = measure_publish(a.work, "fp8", dict(enumerate(regions)), nodes_by_region,
+                                      slowest_bps, logs="logs-fp8")
     killed = read_float(os.path.join(a.work, "fault.killed")) if os.path.exists(
         os.path.join(a.work, "fault.killed")) else None
     fault_start = read_float(os.path.join(a.work, "fault.start"))
@@ -321,6 +325,10 @@ def tree_report(a):
                     t = fixed + stream * bpp[(r, mode)] * n * 8 / wan_bps
                     row[f"{mode}_{r}_seconds"] = t
                     row[f"{mode}_{r}_speedup"] = raw / t
+            if (3, "fp8_fast") in bpp:  # the FP8 twin's delta, per BF16 parameter
+                t = fixed + stream * bpp[(3, "fp8_fast")] * n * 8 / wan_bps
+                row["fp8_fast_3_seconds"] = t
+                row["fp8_fast_3_speedup"] = raw / t
             out.append(row)
         return out
 
@@ -360,9 +368,23 @@ def tree_report(a):
                 runs["after_fault"]["refit_seconds"] - runs["fast"]["refit_seconds"],
         },
     }
+    if "fp8" in runs:
+        fp8, bf16 = runs["fp8"], runs["after_fault"]  # the same step, 3 -> 4
+        measured["fp8"] = {
+            "label": "step3 -> step4 as FP8 serving twins (fp8_e4m3_block128), fast mode, every "
+                     "node restarted on step3's twin; against the BF16 publish of the same step",
+            "fp8_delta_bytes": fp8["delta_bytes"], "bf16_delta_bytes": bf16["delta_bytes"],
+            "fp8_over_bf16_delta": fp8["delta_bytes"] / bf16["delta_bytes"]
+            if bf16["delta_bytes"] else None,
+            "fp8_checkpoint_bytes": fp8["checkpoint_bytes"],
+            "refit_seconds": fp8["refit_seconds"], "bf16_refit_seconds": bf16["refit_seconds"],
+            "committed": fp8["committed"], "bit_exact": fp8.get("bit_exact", False),
+        }
     measured["serving"] = serving_summary(runs, params)
     projection["pause_1T"] = pause_projection(measured["serving"], projection)
-    bit_exact = all(runs[n].get("bit_exact", False) for n in ("full", "fast", "context", "after_fault"))
+    bit_exact = all(runs[n].get("bit_exact", False)
+                    for n in ("full", "fast", "context", "after_fault") + (("fp8",) if "fp8" in runs
+                                                                           else ()))
     result = {"benchmark": "regions", "bit_exact": bit_exact, "measured": measured,
               "projection": projection}
     plots = plot(a.out, measured, projection, params)
@@ -370,6 +392,12 @@ def tree_report(a):
           f"{runs['fast']['refit_seconds']:.2f} s, context {runs['context']['refit_seconds']:.2f} s; "
           f"pipeline efficiency fast {eff:.2f}, context {eff_context:.2f}, full {eff_full:.2f}; "
           f"fit {fixed:.2f} s + {stream:.2f} x wire; plots {', '.join(plots) or 'none'}; {a.out}")
+    if "fp8" in measured:
+        f8 = measured["fp8"]
+        print(f"fp8: step3 -> step4 twins, fast: delta {f8['fp8_delta_bytes']} B against BF16 "
+              f"{f8['bf16_delta_bytes']} B ({f8['fp8_over_bf16_delta']:.3f}), refit "
+              f"{f8['refit_seconds']:.2f} s (BF16 {f8['bf16_refit_seconds']:.2f} s), "
+              f"bit_exact={f8['bit_exact']}")
     print("\nserving pause (longest of any node; staged: the commit's write, on-arrival: first "
           "write to commit):")
     for name, v in measured["serving"].items():
@@ -380,13 +408,16 @@ def tree_report(a):
     print("\nprojection at the paper's WAN rate "
           f"({PAPER_WAN_BPS / 1e9:.2f} Gbit/s; every cell a projection):")
     print(f"{'model':>6} {'full':>10} {'3% fast':>10} {'3% ctx':>10} {'5% fast':>10} {'5% ctx':>10}"
-          f" {'x 3% fast':>9} {'x 5% fast':>9}")
+          f" {'x 3% fast':>9} {'x 5% fast':>9} {'3% FP8':>10} {'x 3% FP8':>9}")
     for row in projection["rows_paper_rate"]:
+        fp8_cells = (f" {row['fp8_fast_3_seconds']:>9.1f}s {row['fp8_fast_3_speedup']:>8.1f}x"
+                     if "fp8_fast_3_seconds" in row else f" {'-':>10} {'-':>9}")
         print(f"{row['model']:>6} {row['full_seconds']:>9.0f}s {row['fast_3_seconds']:>9.1f}s "
               f"{row['context_3_seconds']:>9.1f}s {row['fast_5_seconds']:>9.1f}s "
               f"{row['context_5_seconds']:>9.1f}s {row['fast_3_speedup']:>8.1f}x "
-              f"{row['fast_5_speedup']:>8.1f}x")
-    print("(full: the raw BF16 checkpoint at that rate; speedups against it)")
+              f"{row['fast_5_speedup']:>8.1f}x{fp8_cells}")
+    print("(full: the raw BF16 checkpoint at that rate; speedups against it; 3% FP8: the FP8"
+          " serving twins' fast delta, per BF16 parameter, docs/fp8.md)")
     print(f"paper: 1T at 3 %: {PAPER_1T_DELTA_SECONDS:.0f} s vs {PAPER_1T_FULL_SECONDS:.0f} s full; "
           f"{PAPER_SPEEDUP_RANGE[0]}-{PAPER_SPEEDUP_RANGE[1]} x over 30B-1T")
     return result

@@ -313,4 +313,73 @@ Status CheckServedCheckpoint(std::span<const ServedTensor> plan,
   return Status::Ok();
 }
 
+Status CheckFp8Checkpoint(std::span<const layout::TensorSpec> checkpoint,
+                          const QuantizationConfig& config) {
+  if (config.quant_method != "fp8" || config.weight_block_size.empty()) return Status::Ok();
+  const std::vector<uint64_t>& block = config.weight_block_size;
+  if (block.size() != 2 || block[0] == 0 || block[1] == 0 || block[0] > UINT32_MAX ||
+      block[1] > UINT32_MAX) {
+    return Status::InvalidArgument("quantization_config.weight_block_size " + Shape(block) +
+                                   " is not two positive block dimensions");
+  }
+  if (config.fmt != "e4m3") {
+    return Status::InvalidArgument("quantization_config.fmt '" + config.fmt +
+                                   "': deltacast checks block-scaled e4m3 checkpoints");
+  }
+  // The checkpoint's own scheme: the table's row if one has its geometry, else the
+  // default row with the config's block (its scale shapes are all the check needs).
+  Fp8Scheme scheme = Fp8Schemes().front();
+  for (const Fp8Scheme& row : Fp8Schemes()) {
+    if (row.block_rows == block[0] && row.block_cols == block[1] &&
+        row.scale_fmt == config.scale_fmt) {
+      scheme = row;
+      break;
+    }
+  }
+  scheme.block_rows = static_cast<uint32_t>(block[0]);
+  scheme.block_cols = static_cast<uint32_t>(block[1]);
+  scheme.scale_fmt = config.scale_fmt;
+
+  std::map<std::string, const layout::TensorSpec*> by_name;
+  for (const layout::TensorSpec& t : checkpoint) by_name[t.name] = &t;
+  constexpr std::string_view kScaleSuffix = "_scale_inv";
+  std::vector<ServedTensor> plan;
+  for (const layout::TensorSpec& t : checkpoint) {
+    if (t.name.ends_with(kScaleSuffix)) {
+      const std::string weight = t.name.substr(0, t.name.size() - kScaleSuffix.size());
+      const auto it = by_name.find(weight);
+      if (it == by_name.end() || it->second->dtype != scheme.element) {
+        return Status::InvalidArgument(
+            "scale tensor " + Quoted(t.name) + " belongs to no FP8 weight: " + Quoted(weight) +
+            (it == by_name.end() ? " is missing"
+                                 : " is " + std::string(DTypeName(it->second->dtype))));
+      }
+      continue;
+    }
+    ServedTensor s;
+    s.canonical = t;
+    s.weight = t;
+    if (t.dtype == scheme.element) {
+      if (t.shape.size() != 2) {
+        return Status::InvalidArgument("FP8 weight " + Quoted(t.name) + " has shape " +
+                                       Shape(t.shape) + ": block-scaled weights are 2-D");
+      }
+      const std::string module = ModuleOf(t.name);
+      if (std::find(config.modules_to_not_convert.begin(), config.modules_to_not_convert.end(),
+                    module) != config.modules_to_not_convert.end()) {
+        return Status::InvalidArgument(
+            "tensor " + Quoted(t.name) + " is " + std::string(DTypeName(t.dtype)) + " but module " +
+            Quoted(module) + " is in quantization_config.modules_to_not_convert");
+      }
+      s.canonical.dtype = DType::kBF16;
+      s.scheme = &scheme;
+      s.scale.name = t.name + std::string(kScaleSuffix);
+      s.scale.dtype = scheme.scale_dtype;
+      s.scale.shape = scheme.ScaleShape(t.shape[0], t.shape[1]);
+    }
+    plan.push_back(std::move(s));
+  }
+  return CheckServedCheckpoint(plan, checkpoint, config);
+}
+
 }  // namespace deltacast::quant

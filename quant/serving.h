@@ -87,4 +87,19 @@ Status CheckServedCheckpoint(std::span<const ServedTensor> plan,
                              std::span<const layout::TensorSpec> checkpoint,
                              const QuantizationConfig& receiver);
 
+// Checks an FP8 checkpoint on its own, where no serving plan is at hand (a node's
+// checkpoint directory at start, `deltacast audit`, `publish`'s two directories):
+// the plan is read back from the checkpoint (every tensor of the config's element
+// type is a quantized weight; its scheme's geometry is the config's
+// weight_block_size, so block sizes no scheme row has are checked too) and
+// CheckServedCheckpoint runs against it. Refuses, naming the tensor: an FP8 weight
+// that is not 2-D, or whose module modules_to_not_convert lists; a weight's scale
+// missing, not F32, or not [ceil(rows / block), ceil(cols / block)]; a
+// `_scale_inv` tensor with no FP8 weight. Refuses an fmt other than e4m3 and a
+// weight_block_size that is not two positive integers. A quant_method other than
+// "fp8", or an fp8 config without weight_block_size (per-tensor scales, another
+// naming), is not checked: Ok.
+Status CheckFp8Checkpoint(std::span<const layout::TensorSpec> checkpoint,
+                          const QuantizationConfig& config);
+
 }  // namespace deltacast::quant

@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "apply/checkpoint_dir.h"
 #include "apply/safetensors.h"
@@ -117,6 +118,80 @@ TEST(Fp8Twin, AStepThatCannotBeServedLeavesThePreviousTwin) {
   EXPECT_NE(s.message().find(kNorm), std::string::npos) << s.ToString();
   EXPECT_FALSE(fs::exists(tmp.path() / "other"));
   EXPECT_FALSE(fs::exists(tmp.path() / "other.partial"));
+}
+
+// config.json's quantization_config edited by `edit`.
+void EditQuantizationConfig(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  auto bytes = ReadFile(dir / "config.json", 1 << 20);
+  ASSERT_TRUE(bytes.ok());
+  nlohmann::json config = nlohmann::json::parse(
+      std::string(reinterpret_cast<const char*>(bytes->data()), bytes->size()));
+  edit(config["quantization_config"]);
+  ASSERT_TRUE(WriteFile(dir / "config.json", AsBytes(config.dump(2))).ok());
+}
+
+TEST(CheckFp8CheckpointDir, AcceptsTwinsAndCheckpointsWithoutFp8) {
+  test_util::TempDir tmp("fp8check");
+  WriteSource(tmp.path() / "src", Weights(0.01f));
+  ASSERT_TRUE(WriteFp8Twin(tmp.path() / "src", tmp.path() / "twin", DefaultFp8Serving(), 1).ok());
+  Status s = CheckFp8CheckpointDir(tmp.path() / "twin");
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  s = CheckFp8CheckpointDir(tmp.path() / "src");  // BF16, no config.json
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  s = CheckFp8Versions(tmp.path() / "twin", tmp.path() / "twin");
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  s = CheckFp8Versions(tmp.path() / "src", tmp.path() / "src");
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST(CheckFp8CheckpointDir, RefusesABlockSizeTheScalesDoNotUse) {
+  test_util::TempDir tmp("fp8check");
+  WriteSource(tmp.path() / "src", Weights(0.01f));
+  const fs::path twin = tmp.path() / "twin";
+  ASSERT_TRUE(WriteFp8Twin(tmp.path() / "src", twin, DefaultFp8Serving(), 1).ok());
+  EditQuantizationConfig(twin, [](nlohmann::json& q) { q["weight_block_size"] = {64, 64}; });
+  const Status s = CheckFp8CheckpointDir(twin);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  // 130 x 200 in 64 x 64 blocks is 3 x 4 scales; the twin has 2 x 2.
+  for (const char* part :
+       {"model.layers.0.mlp.up_proj.weight_scale_inv", "[2, 2]", "[3, 4]", "config.json", "twin"}) {
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << " not in " << s.ToString();
+  }
+}
+
+TEST(CheckFp8CheckpointDir, RefusesAWeightListedAsNotConverted) {
+  test_util::TempDir tmp("fp8check");
+  WriteSource(tmp.path() / "src", Weights(0.01f));
+  const fs::path twin = tmp.path() / "twin";
+  ASSERT_TRUE(WriteFp8Twin(tmp.path() / "src", twin, DefaultFp8Serving(), 1).ok());
+  EditQuantizationConfig(twin, [](nlohmann::json& q) {
+    q["modules_to_not_convert"].push_back("model.layers.0.mlp.up_proj");
+  });
+  const Status s = CheckFp8CheckpointDir(twin);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(kLinear), std::string::npos) << s.ToString();
+}
+
+TEST(CheckFp8Versions, RefusesReceiversOfAnotherFormat) {
+  test_util::TempDir tmp("fp8check");
+  WriteSource(tmp.path() / "src", Weights(0.01f));
+  const fs::path twin = tmp.path() / "twin", ue8m0 = tmp.path() / "ue8m0";
+  ASSERT_TRUE(WriteFp8Twin(tmp.path() / "src", twin, DefaultFp8Serving(), 1).ok());
+  ASSERT_TRUE(
+      WriteFp8Twin(tmp.path() / "src", ue8m0, DefaultFp8Serving("fp8_e4m3_block128_ue8m0"), 1)
+          .ok());
+  Status s = CheckFp8Versions(ue8m0, twin);  // the nodes hold UE8M0 scales
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("scale_fmt 'ue8m0'"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("scale_fmt ''"), std::string::npos) << s.ToString();
+  s = CheckFp8Versions(tmp.path() / "src", twin);  // the nodes hold BF16
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("no quantization_config"), std::string::npos) << s.ToString();
+  // An inconsistent receiver is named before the two are compared.
+  EditQuantizationConfig(ue8m0, [](nlohmann::json& q) { q["weight_block_size"] = {128, 64}; });
+  s = CheckFp8Versions(ue8m0, twin);
+  EXPECT_NE(s.message().find("ue8m0"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("weight_scale_inv"), std::string::npos) << s.ToString();
 }
 
 }  // namespace

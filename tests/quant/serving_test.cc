@@ -215,6 +215,72 @@ TEST(CheckServedCheckpoint, RefusesABlockSizeOrFormatTheReceiverDoesNotUse) {
   ExpectError(CheckServedCheckpoint(*plan, ServedCheckpoint(), r), {"fmt 'e5m2'"});
 }
 
+TEST(CheckFp8Checkpoint, AcceptsAConsistentCheckpointOfAnyBlockSize) {
+  Status s = CheckFp8Checkpoint(ServedCheckpoint(), Receiver());
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  // 64 x 64 blocks: no scheme row has them, the scales say so and agree.
+  std::vector<TensorSpec> ckpt = ServedCheckpoint();
+  ckpt[3].shape = {5, 1};
+  ckpt[6].shape = {1, 3};
+  QuantizationConfig r = Receiver();
+  r.weight_block_size = {64, 64};
+  s = CheckFp8Checkpoint(ckpt, r);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  // Not block-scaled FP8: nothing to check.
+  r.quant_method = "awq";
+  EXPECT_TRUE(CheckFp8Checkpoint(ServedCheckpoint(), r).ok());
+  r = Receiver();
+  r.weight_block_size.clear();
+  EXPECT_TRUE(CheckFp8Checkpoint(ServedCheckpoint(), r).ok());
+}
+
+TEST(CheckFp8Checkpoint, RefusesScalesThatDoNotMatchTheConfigsBlockSize) {
+  QuantizationConfig r = Receiver();
+  r.weight_block_size = {64, 64};  // config.json says 64, the scales are of 128 blocks
+  ExpectError(CheckFp8Checkpoint(ServedCheckpoint(), r),
+              {"scale tensor 'model.layers.0.self_attn.q_proj.weight_scale_inv'", "F32 [3, 1]",
+               "expected F32 [5, 1]"});
+  r.weight_block_size = {128, 0};
+  ExpectError(CheckFp8Checkpoint(ServedCheckpoint(), r), {"weight_block_size [128, 0]"});
+  r = Receiver();
+  r.fmt = "e5m2";
+  ExpectError(CheckFp8Checkpoint(ServedCheckpoint(), r), {"fmt 'e5m2'"});
+}
+
+TEST(CheckFp8Checkpoint, RefusesAScaleMissingOrOfTheWrongDtype) {
+  std::vector<TensorSpec> ckpt = ServedCheckpoint();
+  ckpt.erase(ckpt.begin() + 6);
+  ExpectError(CheckFp8Checkpoint(ckpt, Receiver()),
+              {"lacks scale tensor 'model.layers.0.mlp.down_proj.weight_scale_inv'"});
+  ckpt = ServedCheckpoint();
+  ckpt[3].dtype = DType::kBF16;
+  ExpectError(CheckFp8Checkpoint(ckpt, Receiver()),
+              {"'model.layers.0.self_attn.q_proj.weight_scale_inv'", "BF16", "expected F32"});
+}
+
+TEST(CheckFp8Checkpoint, RefusesAScaleWithoutAnFp8Weight) {
+  std::vector<TensorSpec> ckpt = ServedCheckpoint();
+  ckpt[2].dtype = DType::kBF16;
+  ExpectError(CheckFp8Checkpoint(ckpt, Receiver()),
+              {"scale tensor 'model.layers.0.self_attn.q_proj.weight_scale_inv'",
+               "'model.layers.0.self_attn.q_proj.weight' is BF16"});
+  ckpt = ServedCheckpoint();
+  ckpt.push_back({"model.layers.0.mlp.up_proj.weight_scale_inv", DType::kF32, {1, 1}});
+  ExpectError(CheckFp8Checkpoint(ckpt, Receiver()),
+              {"'model.layers.0.mlp.up_proj.weight_scale_inv'", "is missing"});
+}
+
+TEST(CheckFp8Checkpoint, RefusesAnFp8WeightThatIsNot2DOrNotConverted) {
+  std::vector<TensorSpec> ckpt = ServedCheckpoint();
+  ckpt[1].dtype = DType::kF8E4M3;  // a 1-D norm stored as FP8
+  ExpectError(CheckFp8Checkpoint(ckpt, Receiver()),
+              {"FP8 weight 'model.layers.0.input_layernorm.weight'", "[64]", "2-D"});
+  QuantizationConfig r = Receiver();
+  r.modules_to_not_convert = {"lm_head", "model.layers.0.mlp.down_proj"};
+  ExpectError(CheckFp8Checkpoint(ServedCheckpoint(), r),
+              {"'model.layers.0.mlp.down_proj.weight'", "modules_to_not_convert"});
+}
+
 TEST(QuantizationConfig, RoundTripsThroughConfigJson) {
   ServingDescription d = Good();
   d.scheme = FindFp8Scheme("fp8_e4m3_block128_ue8m0");
