@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "agent/fp8_twin.h"
 #include "apply/checkpoint_delta.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
@@ -138,9 +139,24 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   return static_cast<uint64_t>(bytes);
 }
 
-int RunSynth(const SynthOptions& synth_options, bool json_out) {
+int RunSynth(const SynthOptions& synth_options, bool json_out, const SynthFp8& fp8) {
   const auto start = Clock::now();
   SynthOptions options = synth_options;
+  // The serving description is checked before anything is written.
+  quant::ServingDescription serving;
+  if (fp8.enabled) {
+    if (!fp8.serving.empty()) {
+      auto loaded = quant::LoadServing(fp8.serving);
+      if (!loaded.ok()) return Fail(loaded.status());
+      serving = *loaded;
+    } else {
+      serving = DefaultFp8Serving(fp8.scheme);
+      if (serving.scheme == nullptr) {
+        return Fail(Status::InvalidArgument("--fp8-scheme: unknown scheme '" + fp8.scheme +
+                                            "' (known: " + quant::Fp8SchemeNames() + ")"));
+      }
+    }
+  }
   auto bar = progress::Progress::ForTerminal("synth", !json_out);
   if (bar->enabled()) {
     options.on_progress = [&bar](uint64_t done, uint64_t total) {
@@ -151,6 +167,16 @@ int RunSynth(const SynthOptions& synth_options, bool json_out) {
   auto report = Synthesize(options);
   bar->Finish();
   if (!report.ok()) return Fail(report.status());
+  json fp8_dirs = json::array();
+  if (fp8.enabled) {
+    for (int k = 0; k <= options.steps; ++k) {
+      const auto dir = options.out_dir / ("step" + std::to_string(k));
+      const auto twin = options.out_dir / ("step" + std::to_string(k) + "-fp8");
+      const Status st = WriteFp8Twin(dir, twin, serving, options.threads);
+      if (!st.ok()) return Fail(st);
+      fp8_dirs.push_back(twin.string());
+    }
+  }
   const double seconds = Seconds(start);
   if (json_out) {
     json steps = json::array();
@@ -176,6 +202,9 @@ int RunSynth(const SynthOptions& synth_options, bool json_out) {
                             {"bytes_per_checkpoint", report->bytes_per_checkpoint},
                             {"lr", report->lr},
                             {"steps", steps},
+                            {"fp8", fp8.enabled ? json{{"scheme", serving.scheme->name},
+                                                       {"dirs", fp8_dirs}}
+                                                : json(nullptr)},
                             {"seconds", seconds}}
                            .dump(2));
     return kExitOk;
@@ -191,6 +220,10 @@ int RunSynth(const SynthOptions& synth_options, bool json_out) {
     fmt::print("  step {}: {:.2f}% of elements changed, {:.1f}% of them by one ULP\n", k + 1,
                100 * report->measured_change_rate[k],
                st.changed ? 100.0 * st.one_ulp / st.changed : 0.0);
+  }
+  if (fp8.enabled) {
+    fmt::print("FP8 serving twins ({}): {}/step0-fp8 .. step{}-fp8\n", serving.scheme->name,
+               options.out_dir.string(), options.steps);
   }
   return kExitOk;
 }

@@ -18,7 +18,16 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;  // the operation failed (message on stderr)
 inline constexpr int kExitDiffers = 2;  // verify: the directories differ
 
-int RunSynth(const SynthOptions& options, bool json);
+// `synth --fp8`: also write each step's FP8 serving twin (agent/fp8_twin.h) to
+// out/stepK-fp8, by the description in `serving` or, without one, synth's default
+// description with `scheme`.
+struct SynthFp8 {
+  bool enabled = false;
+  std::string scheme = "fp8_e4m3_block128";
+  std::filesystem::path serving;
+};
+
+int RunSynth(const SynthOptions& options, bool json, const SynthFp8& fp8 = {});
 
 struct ManifestArgs {
   std::filesystem::path dir;

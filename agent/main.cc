@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   agent::SynthOptions synth;
   std::string synth_params = "500M", synth_rate = "3%", synth_shards;
   bool synth_json = false;
+  agent::SynthFp8 synth_fp8;
   auto* s = app.add_subcommand(
       "synth", "Generate a synthetic Llama-shaped BF16 checkpoint and training steps");
   s->add_option("--out", synth.out_dir, "Output directory (writes step0 .. stepN)")->required();
@@ -62,6 +63,12 @@ int main(int argc, char** argv) {
   s->add_option("--shards", synth_shards,
                 "Also write every step's training shards to DIR/stepK.shards/: tp=,pp=,dp=,ep= "
                 "(Megatron names, one file per rank) or fsdp=W (FSDP2)");
+  s->add_flag("--fp8", synth_fp8.enabled,
+              "Also write each step's FP8 serving twin to DIR/stepK-fp8 (docs/fp8.md)");
+  s->add_option("--fp8-scheme", synth_fp8.scheme, "FP8 scheme of the default serving description")
+      ->capture_default_str();
+  s->add_option("--fp8-serving", synth_fp8.serving,
+                "Serving description (TOML) instead of the default one");
   s->add_flag("--json", synth_json, "Report as JSON");
   s->callback([&] {
     auto params = agent::ParseParamCount(synth_params);
@@ -75,7 +82,7 @@ int main(int argc, char** argv) {
       if (!shards.ok()) throw CLI::ValidationError("--shards", shards.status().message());
       synth.shards = *shards;
     }
-    status = agent::RunSynth(synth, synth_json);
+    status = agent::RunSynth(synth, synth_json, synth_fp8);
   });
 
   // manifest

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 
 #include "apply/delta_applier.h"
 #include "apply/internal/size_only.h"
@@ -14,22 +16,40 @@ namespace deltacast::apply {
 
 using internal::SizeOnly;
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22  // Linux 5.14; older C libraries lack the name
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older C libraries lack the name
 #endif
 
 namespace {
 
-// Maps the pages of `bytes` (a store's memory: a checkpoint's file mapping, or host
-// buffers) into the page tables now, for reading: the commit's write then finds them
-// there instead of faulting each page in inside the pause. Reading does not disturb
-// an engine serving from them. Best effort: older kernels refuse, and nothing else
-// depends on it.
-void FaultInForWrite(ByteSpan bytes) {
+// Makes the pages of `bytes` (a store's memory: a checkpoint's file mapping, or
+// host buffers) writable in every page table now, so the commit's write does not
+// take a fault per page inside the pause: a shared file mapping's first write to a
+// clean page faults into the kernel (and the file system's page_mkwrite) even when
+// the page is resident, and under a hypervisor that tracks guest writes the first
+// write to a page traps again below the guest kernel, which no madvise reaches.
+// On this project's VM that trap was most of a staged commit's write on a
+// checkpoint store (bench/apply_path_bench.cc: its pause against a host store's).
+// So the kernel faults them in writable (MADV_POPULATE_WRITE; Linux 5.14) and then
+// one byte of each page is OR-ed with zero, atomically: a write that changes no
+// byte, so an engine serving from them sees nothing. The pages become dirty; a write-back of them before the
+// commit writes the same bytes. Read-only mappings are left alone.
+void PrepareForWrite(ByteSpan bytes) {
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(bytes.data()) & ~(page - 1);
-  const auto end = reinterpret_cast<uintptr_t>(bytes.data() + bytes.size());
-  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+  static std::atomic<bool> populate_refused{false};  // the kernel lacks it
+  const auto first = reinterpret_cast<uintptr_t>(bytes.data());
+  const auto begin = first & ~(page - 1);
+  const auto end = first + bytes.size();
+  if (end <= first) return;
+  if (!populate_refused.load(std::memory_order_relaxed)) {
+    if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0) {
+      if (errno == EFAULT) return;  // a read-only mapping: nothing will write it here
+      if (errno == EINVAL) populate_refused.store(true, std::memory_order_relaxed);
+    }
+  }
+  for (uintptr_t at = first; at < end; at = (at & ~(page - 1)) + page) {
+    std::atomic_ref<uint8_t>(*reinterpret_cast<uint8_t*>(at)).fetch_or(0, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace
@@ -64,7 +84,7 @@ Result<StagedChunk> DeltaApplier::StageChunk(const codec::ChunkView& chunk,
     // Not at base: this record decodes when written, once its partition is classified.
     if (needs_base && !at_base[i]) return;
     if (!access) {
-      FaultInForWrite(
+      PrepareForWrite(
           store_.TensorData(where.tensor).subspan(where.byte_offset, where.byte_length));
     }
     ByteSpan base = SizeOnly(where.byte_length);

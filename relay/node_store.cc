@@ -200,13 +200,6 @@ void SplitTime(const ThreadTime& before, NodeStore::ApplyResult& result) {
   result.blocked_seconds = split.blocked_seconds;
 }
 
-// The chunk's message: its buffer if the node still holds it, else from the spool.
-Result<transport::Message> MessageOf(const NodeStore::ChunkSlot& chunk, uint32_t sequence,
-                                     Spool* spool) {
-  if (transport::Message m = chunk.Take()) return m;
-  if (!spool) return Status::Internal("a chunk dropped before it was spooled");
-  return spool->Read(sequence);
-}
 }  // namespace
 
 void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
@@ -222,8 +215,7 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
     workers_->Post([this, id, applier, sequence, chunk, spool, done] {
       const auto t0 = Clock::now();
       const ThreadTime before = ThreadTime::Now();
-      ApplyResult result = refit_->staged ? StageData(*applier, sequence, *chunk, spool.get())
-                                          : ApplyData(*applier, sequence, *chunk, spool.get());
+      ApplyResult result = ApplyData(*applier, sequence, *chunk, spool.get());
       result.sequence = sequence;
       result.seconds = SecondsSince(t0);
       SplitTime(before, result);
@@ -263,13 +255,11 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
   } else if (refit_->at_target) {
     result.end = chunk->kind() == codec::ChunkKind::kEnd;
   } else if (refit_->applier) {
-    auto message = MessageOf(*chunk, sequence, spool.get());
-    auto parsed = message.ok() ? codec::ParseChunk(ChunkOf(**message))
-                               : Result<codec::ChunkView>(message.status());
-    if (!parsed.ok()) {
-      result.status = parsed.status();
-    } else if (parsed->kind == codec::ChunkKind::kEnd) {
-      refit_->summary = parsed->summary;
+    auto taken = TakeChunk(*chunk, sequence, spool.get());
+    if (!taken.ok()) {
+      result.status = taken.status();
+    } else if (taken->view.kind == codec::ChunkKind::kEnd) {
+      refit_->summary = taken->view.summary;
       // A refused chunk is fetched again, and this END replayed behind it.
       if (!refit_->applier->HasRefusedChunks()) {
         result = FinishRefit();
@@ -284,46 +274,68 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
   Reply([done, result] { done(result); });
 }
 
-// A worker. The chunk is spooled durably before it is applied, and journaled after:
-// a restart re-applies what the journal lists from the spool, by hash.
+// The chunk's message (its buffer if the node still holds it, else from the spool),
+// parsed.
+Result<NodeStore::TakenChunk> NodeStore::TakeChunk(const ChunkSlot& slot, uint32_t sequence,
+                                                  Spool* spool) {
+  TakenChunk taken{slot.Take(), {}};
+  if (!taken.message) {
+    if (!spool) return Status::Internal("a chunk dropped before it was spooled");
+    ASSIGN_OR_RETURN(taken.message, spool->Read(sequence));
+  }
+  ASSIGN_OR_RETURN(taken.view, codec::ParseChunk(ChunkOf(*taken.message)));
+  return taken;
+}
+
+// A worker, both modes: what the applier made of one data chunk (spooled durably
+// first, so the node can always roll back what it applied from the records
+// themselves, and redo it after a machine crash), journaled once it is written or
+// checked. A restart redoes what the journal lists from the spool, by hash.
 NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32_t sequence,
                                             const ChunkSlot& slot, Spool* spool) {
   ApplyResult result;
-  // Spooled durably first, so the node can always roll back what it applied from
-  // the records themselves, and redo it after a machine crash.
   if (spool) result.status = spool->Sync();
   if (!result.status.ok()) return result;
-  auto message = MessageOf(slot, sequence, spool);
-  if (!message.ok()) {
-    result.status = message.status();
+  auto taken = TakeChunk(slot, sequence, spool);
+  if (!taken.ok()) {
+    result.status = taken.status();
     return result;
   }
-  auto chunk = codec::ParseChunk(ChunkOf(**message));
-  if (!chunk.ok()) {
-    result.status = chunk.status();
-    return result;
-  }
+  const bool written = refit_->staged ? StageChunk(applier, sequence, *taken, result)
+                                      : WriteChunk(applier, sequence, *taken, result);
+  if (!written) return result;
   {
     std::lock_guard lock(journal_mu_);
-    if (replica_->applied_chunks().contains(sequence)) return result;  // journaled already
+    for (const auto& record : taken->view.records) {
+      refit_->changed_tensors.emplace(record.tensor_name);
+    }
   }
-  result.status = applier.ApplyChunk(*chunk);
-  result.refused = !result.status.ok() && applier.WasRefused(sequence);
-  {
-    std::lock_guard lock(journal_mu_);
-    for (const auto& record : chunk->records) refit_->changed_tensors.emplace(record.tensor_name);
-  }
-  // (Named for when chunks were flushed here; now: applied, not yet journaled.)
-  CrashPoint("agent.apply_flushed");
+  CrashPoint(refit_->staged ? "agent.staged" : "agent.apply_flushed");
+  bool journaled = false;
   if (result.status.ok()) {
     std::lock_guard lock(journal_mu_);
-    result.status = replica_->RecordApplied(sequence);
+    if (!replica_->applied_chunks().contains(sequence)) {
+      result.status = replica_->RecordApplied(sequence);
+      journaled = result.status.ok();
+    }
   }
   CrashPoint("agent.applied");
   // So a HELLO after a reconnect lists it, and the parent does not send it again.
-  if (result.status.ok()) PostJournal();
+  if (journaled) PostJournal();
   result.chunk_applied = true;
   return result;
+}
+
+// On arrival: written into the store now (false: journaled already, nothing to do).
+bool NodeStore::WriteChunk(apply::DeltaApplier& applier, uint32_t sequence,
+                           const TakenChunk& chunk, ApplyResult& result) {
+  {
+    std::lock_guard lock(journal_mu_);
+    if (replica_->applied_chunks().contains(sequence)) return false;
+  }
+  result.status = applier.ApplyChunk(chunk.view);
+  result.refused = !result.status.ok() && applier.WasRefused(sequence);
+  return true;
 }
 
 // Apply thread: after END (and after each repair): verify the whole delta.
@@ -416,7 +428,7 @@ void NodeStore::Commit(uint64_t id, CommitDone done) {
     CommitTimes times;
     // Kept paused if the commit went ahead of its bytes (a staged delta over a
     // store a crash left not all at the base): resumed once the reconcile mends them.
-    times.pause_seconds = ResumeEngine();
+    times.pause_seconds = refit_->paused_seconds + ResumeEngine();
     CommitEvent event{
         id, replica_->version(), {refit_->changed_tensors.begin(), refit_->changed_tensors.end()}};
     *refit_ = RefitState{};

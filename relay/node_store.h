@@ -283,23 +283,33 @@ class NodeStore {
   // Apply thread: a data chunk goes to the workers; anything else runs here.
   void DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<ChunkSlot> chunk,
                      std::shared_ptr<Spool> spool, std::function<void(const ApplyResult&)> done);
-  // A worker: makes the spool durable, applies and journals one data chunk.
+  // A data chunk's message and the view of it.
+  struct TakenChunk {
+    transport::Message message;
+    codec::ChunkView view;
+  };
+  static Result<TakenChunk> TakeChunk(const ChunkSlot& chunk, uint32_t sequence, Spool* spool);
+  // A worker: makes the spool durable, writes (on arrival) or stages one data chunk,
+  // and journals it.
   ApplyResult ApplyData(apply::DeltaApplier& applier, uint32_t sequence, const ChunkSlot& chunk,
                         Spool* spool);
+  bool WriteChunk(apply::DeltaApplier& applier, uint32_t sequence, const TakenChunk& chunk,
+                  ApplyResult& result);
   ApplyResult FinishRefit();
-  // node_store_staged.cc. A worker, staged: spools durably, checks and decodes one
-  // data chunk without writing, journals it.
-  ApplyResult StageData(apply::DeltaApplier& applier, uint32_t sequence, const ChunkSlot& chunk,
-                        Spool* spool);
+  // node_store_staged.cc. Checks and decodes one data chunk without writing, and
+  // holds it for the commit.
+  bool StageChunk(apply::DeltaApplier& applier, uint32_t sequence, const TakenChunk& chunk,
+                  ApplyResult& result);
   // Apply thread, at a staged commit: writes every held chunk, returns the target
   // the store verified at (or an error; torn partitions: the commit goes ahead of
   // the bytes and Reconcile mends them).
   Status ApplyStaged();
   // Apply thread: runs the engine's pause hook (once: a paused engine stays paused
   // until ResumeEngine) before a write to the weights; returns how long it is
-  // paused on ResumeEngine.
+  // paused on ResumeEngine. `store_at_target`: a staged delta in flight was written
+  // and verified, so the engine may serve before the commit is journaled.
   Status PauseEngine();
-  double ResumeEngine();
+  double ResumeEngine(bool store_at_target = false);
   // Runs `hook` on the hook thread, waiting at most the hooks' timeout.
   Status RunPauseHook();
   // Apply thread: waits until no data chunk is being applied.

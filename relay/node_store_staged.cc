@@ -25,67 +25,33 @@ void RunResume(const std::function<void()>& resume) {
 
 }  // namespace
 
-// A worker, staged: the chunk is durable in the spool and checked (never written)
-// before it is journaled, so a HELLO after a reconnect lists it and a restart
-// stages it again from the spool.
-NodeStore::ApplyResult NodeStore::StageData(apply::DeltaApplier& applier, uint32_t sequence,
-                                            const ChunkSlot& slot, Spool* spool) {
-  ApplyResult result;
-  if (spool) result.status = spool->Sync();
-  if (!result.status.ok()) return result;
-  transport::Message message = slot.Take();
-  if (!message) {
-    if (!spool) {
-      result.status = Status::Internal("a chunk dropped before it was spooled");
-      return result;
-    }
-    auto read = spool->Read(sequence);
-    if (!read.ok()) {
-      result.status = read.status();
-      return result;
-    }
-    message = std::move(*read);
-  }
-  auto chunk = codec::ParseChunk(ChunkOf(*message));
-  if (!chunk.ok()) {
-    result.status = chunk.status();
-    return result;
-  }
+// Staged: checked and decoded, never written; held for the commit (false: staged
+// already, or refused). The chunk is durable in the spool and checked before it is
+// journaled, so a HELLO after a reconnect lists it and a restart stages it again
+// from the spool.
+bool NodeStore::StageChunk(apply::DeltaApplier& applier, uint32_t sequence,
+                           const TakenChunk& chunk, ApplyResult& result) {
   {
     std::lock_guard lock(staged_mu_);
-    if (refit_->held.contains(sequence)) return result;  // staged already
+    if (refit_->held.contains(sequence)) return false;
   }
-  auto staged = applier.StageChunk(*chunk, staged_budget_);
-  result.status = staged.status();
-  result.refused = !staged.ok() && applier.WasRefused(sequence);
-  if (!staged.ok()) return result;
+  auto staged = applier.StageChunk(chunk.view, staged_budget_);
+  if (!staged.ok()) {
+    result.status = staged.status();
+    result.refused = applier.WasRefused(sequence);
+    return false;
+  }
   RefitState::Held held{std::make_shared<apply::StagedChunk>(std::move(*staged)), nullptr};
   // The chunk's bytes too, while the budget lasts: the commit then reads nothing.
-  const auto size = static_cast<int64_t>(message->size());
+  const auto size = static_cast<int64_t>(chunk.message->size());
   if (staged_budget_.fetch_sub(size) >= size) {
-    held.message = message;
+    held.message = chunk.message;
   } else {
     staged_budget_ += size;
   }
-  {
-    std::lock_guard lock(journal_mu_);
-    for (const auto& record : chunk->records) refit_->changed_tensors.emplace(record.tensor_name);
-  }
-  {
-    std::lock_guard lock(staged_mu_);
-    refit_->held.emplace(sequence, std::move(held));
-  }
-  CrashPoint("agent.staged");
-  bool journaled;
-  {
-    std::lock_guard lock(journal_mu_);
-    journaled = replica_->applied_chunks().contains(sequence);
-    if (!journaled) result.status = replica_->RecordApplied(sequence);
-  }
-  CrashPoint("agent.applied");  // as on arrival: the chunk is journaled
-  if (result.status.ok() && !journaled) PostJournal();
-  result.chunk_applied = true;
-  return result;
+  std::lock_guard lock(staged_mu_);
+  refit_->held.emplace(sequence, std::move(held));
+  return true;
 }
 
 Status NodeStore::ApplyStaged() {
@@ -122,6 +88,11 @@ Status NodeStore::ApplyStaged() {
   const codec::Manifest& target = *refit_->target;
   auto written = applier.Finish(*refit_->summary);
   if (first_error.ok() && written.ok() && written->VersionId() == target.VersionId()) {
+    // The weights are the target, verified: the engine serves again while the
+    // commit is journaled. A crash before the journal has it finds every partition
+    // at the target and commits it from the decision (COMMIT, or this would not
+    // run): nothing the engine served from is undone.
+    refit_->paused_seconds = ResumeEngine(/*store_at_target=*/true);
     return replica_->Commit(target, apply::CommitDurability::kLogged);
   }
   // The store was not all at the base it was staged against (torn partitions, a
@@ -143,16 +114,17 @@ Status NodeStore::PauseEngine() {
   return Status::Ok();
 }
 
-double NodeStore::ResumeEngine() {
+double NodeStore::ResumeEngine(bool store_at_target) {
   if (!engine_paused_) return 0;
   const double paused = std::chrono::duration<double>(RuntimeClock::now() - paused_at_).count();
   // Not while the store is not known whole: a crash tore it, a commit went ahead of
   // its bytes, or a write that gave up (a catch-up, a rollback, a dropped refit) left
   // a delta in flight over it. The engine stays paused until what mends it succeeds
   // (the reconcile, a catch-up, a rollback: each resumes it), whatever gave up
-  // meanwhile. A staged delta not written yet leaves the store whole.
-  const bool untouched_staged = refit_ && refit_->staged && refit_->untouched;
-  if (replica_->needs_reconcile() || (replica_->inflight() && !untouched_staged)) return paused;
+  // meanwhile. A staged delta not written yet leaves the store whole, and so does one
+  // written and verified at its target.
+  const bool whole_staged = refit_ && refit_->staged && (refit_->untouched || store_at_target);
+  if (replica_->needs_reconcile() || (replica_->inflight() && !whole_staged)) return paused;
   engine_paused_ = false;
   if (options_.hooks.resume) {
     hook_loop_.Post([resume = options_.hooks.resume] { RunResume(resume); });

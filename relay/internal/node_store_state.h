@@ -34,6 +34,7 @@ struct NodeStore::RefitState {
     transport::Message message;  // null: read back from the spool
   };
   std::map<uint32_t, Held> held;  // staged chunks, by sequence; under staged_mu_
+  double paused_seconds = 0;  // staged: the pause, when it ended before the commit's journal
 };
 
 // A reconcile in progress (apply thread).
