@@ -259,7 +259,12 @@ void NodeAgent::Impl::OnParentMessage(MessageType type, const transport::Message
 void NodeAgent::Impl::OnChildLost(const std::string& child) {
   const bool adopted = children_.IsAdopted(child);
   children_.Lost(child, Clock::now());
-  if (adopted && refit_) MaybePrepared();  // not ours to wait for
+  if (!adopted || !refit_) return;
+  // Not ours to wait for: the refit may now prepare or, decided, report its outcome
+  // (else a relay whose last awaited confirmation was an adopted child's that died
+  // waited its commit timeout: the simulator's seeds 3684, 12423).
+  MaybePrepared();
+  if (refit_) MaybeOutcome();
 }
 
 void NodeAgent::Impl::OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes) {

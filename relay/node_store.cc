@@ -482,6 +482,11 @@ void NodeStore::CommitPrepared(Outcome done) {
             "the store lost writes and its spool does not hold the whole delta to " +
             delta.target.ShortHex());
       }
+      // The reconcile will write the weights: the engine stops serving first and stays
+      // paused until they are whole (ResumeEngine). Refused, nothing is committed and
+      // the delta stays held; the node says FAILED and writes it later. Unpaused, it
+      // confirmed a version its engine did not serve (the simulator's seed 5379).
+      RETURN_IF_ERROR(PauseEngine());
       log::Warn("the store is not at the prepared target " + delta.target.ShortHex() +
                 " (writes lost with the machine, or a staged delta not written yet); committing "
                 "it from the spool, then reconciling");

@@ -141,7 +141,7 @@ TEST(SimStagedTest, OneStagedSeedWithCrashesAndHooksPastTheirTimeoutReplays) {
   EXPECT_EQ(a.trace, b.trace);
 }
 
-// Found by the staged scenarios and fixed (docs/simulation.md, "What it found", 22-27):
+// Found by the staged scenarios and fixed (docs/simulation.md, "What it found", 22-33):
 // 22: a commit retried before the next BEGIN (the engine had not paused) did not
 //     report its pause (relay/node_refit.cc);
 // 1: a pause hook that returned late and failed was still followed by a resume
@@ -159,10 +159,21 @@ TEST(SimStagedTest, OneStagedSeedWithCrashesAndHooksPastTheirTimeoutReplays) {
 // 10014: a BEGIN that came while a failed recovery waited for its retry failed
 //     the refit (the liveness publish did not commit everywhere);
 // 12141, 10226, 10452: the same relay, told the child's FAILED before the COMMIT
-//     (relay/node_outcome.cc).
+//     (relay/node_outcome.cc);
+// 26: a catch-up that resumed a staged delta skipped its journaled chunks
+//     (relay/node_store.cc);
+// 3684, 12423: a relay whose last awaited confirmation was an adopted child's, the
+//     child dying after the decision (at agent.commit, at agent.staged_apply_begin),
+//     stopped waiting for it but did not report its outcome until the commit timeout
+//     (relay/node_agent.cc, OnChildLost);
+// 5379: a staged node whose engine refused the pause at COMMIT, then told the
+//     COMMIT alone by a relay back from a crash, committed ahead of its bytes without
+//     pausing its engine: it confirmed a version its engine did not serve
+//     (relay/node_store.cc, CommitPrepared).
 TEST(SimStagedSeedsTest, SeedsOfTheStagedEngineBugsPass) {
   for (uint64_t seed :
-       {22, 1, 36, 101, 52, 8, 113, 245, 892, 323, 399, 10105, 10014, 12141, 10226, 10452, 26}) {
+       {22, 1, 36, 101, 52, 8, 113, 245, 892, 323, 399, 10105, 10014, 12141, 10226, 10452, 26,
+        3684, 12423, 5379}) {
     const RunResult r = RunScenario(Staged(seed));
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
     EXPECT_GT(r.engine.pauses, 0u) << "seed " << seed;
