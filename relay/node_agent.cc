@@ -257,6 +257,7 @@ void NodeAgent::Impl::OnParentMessage(MessageType type, const transport::Message
 // A lost child is waited for: it rejoins and resumes. Only if it stays away longer
 // than the connect timeout does FAILED go up (Tick).
 void NodeAgent::Impl::OnChildLost(const std::string& child) {
+  child_holds_.erase(child);
   const bool adopted = children_.IsAdopted(child);
   children_.Lost(child, Clock::now());
   if (!adopted || !refit_) return;

@@ -201,6 +201,8 @@ class NodeAgent::Impl {
   Claimed claimed_;
   JoinCheck join_;                                     // what joining the parent found
   std::map<std::string, std::string> child_refusals_;  // the last refused HELLO of each child
+  // What each connected child's HELLO said it holds: (active version, delta in flight).
+  std::map<std::string, std::pair<Digest128, Digest128>> child_holds_;
   std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
   Clock::time_point next_heartbeat_ = Clock::now();
   uint64_t held_bytes_ = 0;

@@ -477,6 +477,7 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
   const bool adopted = downstream_.IsAdopted(child);
   children_.Joined(child, adopted, Clock::now());
   child_refusals_.erase(child);
+  child_holds_[child] = {hello.active_version, hello.inflight_target};
   TellVersion(child, hello);
   if (adopted) {
     log::Info(fmt::format("{}: adopted {}, whose parent is unreachable", options_.node_id, child));

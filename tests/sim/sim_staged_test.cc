@@ -141,7 +141,7 @@ TEST(SimStagedTest, OneStagedSeedWithCrashesAndHooksPastTheirTimeoutReplays) {
   EXPECT_EQ(a.trace, b.trace);
 }
 
-// Found by the staged scenarios and fixed (docs/simulation.md, "What it found", 22-33):
+// Found by the staged scenarios and fixed (docs/simulation.md, "What it found", 22-34):
 // 22: a commit retried before the next BEGIN (the engine had not paused) did not
 //     report its pause (relay/node_refit.cc);
 // 1: a pause hook that returned late and failed was still followed by a resume
@@ -169,11 +169,14 @@ TEST(SimStagedTest, OneStagedSeedWithCrashesAndHooksPastTheirTimeoutReplays) {
 // 5379: a staged node whose engine refused the pause at COMMIT, then told the
 //     COMMIT alone by a relay back from a crash, committed ahead of its bytes without
 //     pausing its engine: it confirmed a version its engine did not serve
-//     (relay/node_store.cc, CommitPrepared).
+//     (relay/node_store.cc, CommitPrepared);
+// 18830, 15958: a relay back from a power loss after committing rebuilt the refit
+//     from its decision and waited for a child that had joined it before, holding
+//     neither the delta nor the target (relay/node_outcome.cc, OnDecision).
 TEST(SimStagedSeedsTest, SeedsOfTheStagedEngineBugsPass) {
   for (uint64_t seed :
        {22, 1, 36, 101, 52, 8, 113, 245, 892, 323, 399, 10105, 10014, 12141, 10226, 10452, 26,
-        3684, 12423, 5379}) {
+        3684, 12423, 5379, 18830, 15958}) {
     const RunResult r = RunScenario(Staged(seed));
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
     EXPECT_GT(r.engine.pauses, 0u) << "seed " << seed;
