@@ -24,6 +24,7 @@
 #include "apply/delta_applier.h"
 #include "apply/host_store.h"
 #include "bench/bench_util.h"
+#include "bench/step_pair.h"
 #include "codec/change_detect.h"
 #include "codec/delta_encoder.h"
 #include "common/parallel.h"
@@ -33,6 +34,7 @@ using deltacast::bench::Check;
 using deltacast::bench::Clock;
 using deltacast::bench::CpuSeconds;
 using deltacast::bench::Seconds;
+using deltacast::bench::SynthesizeStepPair;
 using nlohmann::json;
 
 namespace {
@@ -236,19 +238,9 @@ int main(int argc, char** argv) {
   json results = json::array();
   for (const auto& rate_text : rates_text) {
     const double rate = Check(dc::agent::ParseRate(rate_text), "--rates");
-    std::filesystem::remove_all(work);
-    dc::agent::SynthOptions synth;
-    synth.out_dir = work;
-    synth.params = params;
-    synth.steps = 1;
-    synth.change_rate = rate;
-    synth.seed = seed;
-    Check(dc::agent::Synthesize(synth), "synth");
-    using Access = dc::apply::CheckpointDirStore::Access;
-    auto a =
-        Check(dc::apply::CheckpointDirStore::Open(work / "step0", Access::kReadOnly), "open step0");
-    auto b =
-        Check(dc::apply::CheckpointDirStore::Open(work / "step1", Access::kReadOnly), "open step1");
+    auto pair = SynthesizeStepPair(work, params, rate, seed);
+    const auto& a = pair.base;
+    const auto& b = pair.target;
 
     const auto t0 = Clock::now();
     auto ma = dc::codec::ComputeManifest(

@@ -33,6 +33,7 @@
 #include "apply/delta_applier.h"
 #include "apply/host_store.h"
 #include "bench/bench_util.h"
+#include "bench/step_pair.h"
 #include "codec/delta_encoder.h"
 #include "common/parallel.h"
 #include "quant/fp8_quantizer.h"
@@ -41,6 +42,7 @@ namespace dc = deltacast;
 using deltacast::bench::Check;
 using deltacast::bench::Clock;
 using deltacast::bench::Seconds;
+using deltacast::bench::SynthesizeStepPair;
 using deltacast::bench::ThreadCpuSeconds;
 using nlohmann::json;
 
@@ -186,17 +188,10 @@ int main(int argc, char** argv) {
   json results = json::array();
   for (const auto& rate_text : rates_text) {
     const double rate = Check(dc::agent::ParseRate(rate_text), "--rates");
-    std::filesystem::remove_all(work);
-    dc::agent::SynthOptions synth;
-    synth.out_dir = work;
-    synth.params = params;
-    synth.steps = 1;
-    synth.change_rate = rate;
-    synth.seed = seed;
-    const auto report = Check(dc::agent::Synthesize(synth), "synth");
-    using Access = dc::apply::CheckpointDirStore::Access;
-    auto a = Check(dc::apply::CheckpointDirStore::Open(work / "step0", Access::kReadOnly), "step0");
-    auto b = Check(dc::apply::CheckpointDirStore::Open(work / "step1", Access::kReadOnly), "step1");
+    auto pair = SynthesizeStepPair(work, params, rate, seed);
+    const auto& report = pair.report;
+    const auto& a = pair.base;
+    const auto& b = pair.target;
     const auto plan = Check(dc::agent::PlanFp8Twin(serving, a->tensors()), "plan");
     auto fa = Check(dc::agent::QuantizeStore(*a, plan, cores), "quantize step0");
     auto fb = Check(dc::agent::QuantizeStore(*b, plan, cores), "quantize step1");
