@@ -304,9 +304,10 @@ NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32
     result.status = taken.status();
     return result;
   }
-  const bool written = refit_->staged ? StageChunk(applier, sequence, *taken, result)
-                                      : WriteChunk(applier, sequence, *taken, result);
-  if (!written) return result;
+  // Written (on arrival) or held checked (staged); false: nothing to journal.
+  const bool taken_in = refit_->staged ? StageChunk(applier, sequence, *taken, result)
+                                       : WriteChunk(applier, sequence, *taken, result);
+  if (!taken_in) return result;
   {
     std::lock_guard lock(journal_mu_);
     for (const auto& record : taken->view.records) {
