@@ -220,6 +220,7 @@ void NodeAgent::Impl::OnParentMessage(MessageType type, const transport::Message
   const ByteSpan bytes(*message);
   switch (type) {
     case MessageType::kBegin:
+      ++parent_begins_;
       return OnBegin(bytes);
     case MessageType::kChunk:
       return OnChunk(message);
@@ -324,10 +325,19 @@ void NodeAgent::Impl::RunDeferredBegin() {
   deferred_begin_.clear();
   std::vector<transport::Message> decisions = std::move(deferred_decisions_);
   deferred_decisions_.clear();
-  loop_.Post([this, begin] { OnBegin(begin); });
+  // Run after what the loop holds already, unless a newer BEGIN from the parent is
+  // among it: the parent has moved on, and this one, deferred again, would take the
+  // newer one's place (the simulator's seed 8561: a failed catch-up re-ran a BEGIN
+  // its parent had aborted after the next refit's BEGIN and ABORT had come, and the
+  // parent waited its commit timeout for that refit's confirmation).
+  const uint64_t begins = parent_begins_;
+  loop_.Post([this, begin, begins] {
+    if (parent_begins_ == begins) OnBegin(begin);
+  });
   // After it, as they came (a BEGIN deferred again defers them again).
   for (auto& d : decisions) {
-    loop_.Post([this, d] {
+    loop_.Post([this, d, begins] {
+      if (parent_begins_ != begins) return;  // of the superseded BEGIN's refit
       auto type = PeekType(ByteSpan(*d));
       if (type.ok()) OnParentMessage(*type, d);
     });

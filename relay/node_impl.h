@@ -183,6 +183,7 @@ class NodeAgent::Impl {
   std::optional<Refit> refit_;
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
+  uint64_t parent_begins_ = 0;             // BEGINs the parent sent; a newer one supersedes
   uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
   uint64_t retried_commit_ = 0;            // the refit whose failed local commit was tried again
   Status catch_up_failure_;                // why that catch-up failed

@@ -28,6 +28,8 @@ transport::Message NodeAgent::Impl::DecisionFor(MessageType type) const {
 void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
   auto d = ParseDecision(bytes);
   if (!d.ok()) return parent_.ProtocolError(d.status().message());
+  log::Debug(fmt::format("{}: {} of refit {} from {}", options_.node_id, MessageTypeName(type),
+                         d->refit_id, parent_.current()));
   if (options_.verify_key &&
       !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type))) {
     return;

@@ -23,6 +23,9 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   auto begin = ParseBegin(bytes);
   if (!begin.ok()) return parent_.ProtocolError(begin.status().message());
+  log::Debug(fmt::format("{}: BEGIN of refit {} ({} -> {}) from {}", options_.node_id,
+                         begin->refit_id, begin->base_version.ShortHex(),
+                         begin->target_version.ShortHex(), parent_.current()));
   if (options_.verify_key && !Trusted(VerifyBegin(*options_.verify_key, *begin), "BEGIN")) return;
   if (refit_ && refit_->id == begin->refit_id &&
       !(refit_->phase == Phase::kDone && !committed_last_)) {
@@ -369,7 +372,13 @@ void NodeAgent::Impl::LocalFailure(uint64_t id, const Status& status, FailureKin
 }
 
 void NodeAgent::Impl::SendFailed(const Failed& failed) {
-  if (!refit_ || refit_->failed_sent) return;
+  if (!refit_) return;
+  // Once is enough, except that this node's own failure goes up even after a
+  // child's: a parent that has decided excuses only the child whose FAILED names
+  // itself (the simulator's seed 17492: a child's FAILED, forwarded before the
+  // replayed COMMIT came, hid this node's own and its parent waited the commit timeout).
+  const bool own = failed.node_id == options_.node_id;
+  if (refit_->failed_sent && (!own || refit_->failed->node_id == options_.node_id)) return;
   refit_->failed_sent = true;
   refit_->failed = failed;
   parent_.Send(EncodeFailed(failed));

@@ -32,7 +32,7 @@ using namespace deltacast::sim;
 int Usage(const std::string& why) {
   std::fprintf(
       stderr,
-      "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log]\n"
+      "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log] [--debug]\n"
       "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--no-outages] "
       "[--producers] [--no-staged] "
       "[--shrink] "
@@ -114,6 +114,8 @@ int main(int argc, char** argv) {
       trace = true;
     } else if (a == "--log") {
       options.engine_log = true;
+    } else if (a == "--debug") {
+      options.engine_debug = true;
     } else if (a == "--shrink") {
       shrink = true;
     } else if (a == "--json") {

@@ -376,7 +376,9 @@ void Run::HealAndRestart() {
 }
 
 RunResult Run::Go() {
-  log::SetLevel(o_.engine_log ? log::Level::kInfo : log::Level::kOff);
+  log::SetLevel(o_.engine_debug ? log::Level::kDebug
+                : o_.engine_log ? log::Level::kInfo
+                                : log::Level::kOff);
   Setup();
   q_.set_time_limit(std::chrono::seconds(120 * s_.publishes + 600));
   InstallSimRuntime(&q_);

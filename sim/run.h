@@ -22,6 +22,7 @@ namespace deltacast::sim {
 struct RunOptions {
   std::set<size_t> drop_faults;  // indices into Scenario::faults left out (shrinking)
   bool engine_log = false;       // the engine's own log lines to stderr
+  bool engine_debug = false;     // ... its debug lines too
   std::filesystem::path dir;     // where the run's files go; empty: a temporary one
   // Checker self-test: flips one byte of n1's store file behind the engine's back
   // once the workload is done; the run must then fail the bit-exact check.

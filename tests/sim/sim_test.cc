@@ -250,6 +250,21 @@ TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutForANodeThatCouldNotTakePar
   }
 }
 
+// Found by the long runs (at 50ea55c, known until now; docs/simulation.md, 35 and 36).
+// 15366, 17492: a relay back from a crash forwarded its child's FAILED (its pause
+// refused at COMMIT) before its parent's replayed COMMIT came; its own FAILED (its
+// pause timed out) was then never sent, as if one FAILED per refit were enough, and
+// its parent, decided, waited the commit timeout (relay/node_refit.cc, SendFailed).
+// 8561: a failed catch-up re-ran the BEGIN it held after the next refit's BEGIN and
+// ABORT had come; deferred again, the stale BEGIN took the newer one's place, whose
+// ABORT was then never confirmed (relay/node_agent.cc, RunDeferredBegin).
+TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutBehindAStaleBeginOrAHiddenFailurePass) {
+  for (uint64_t seed : {15366, 17492, 8561}) {
+    const RunResult r = RunScenario(DrawScenario(seed));
+    EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
+  }
+}
+
 // Outages (a node away 25-45 s) make the fix "after a decision, away children are
 // waited for only up to the connect timeout" findable: with the relays' grace set
 // back to the commit timeout (node_outcome.cc), seed 58 (with its outage of n4, the
