@@ -8,6 +8,7 @@
 #include "agent/commands.h"
 #include "layout/engine.h"
 #include "layout/placement.h"
+#include "quant/engine_config.h"
 #include "relay/shard_input.h"
 
 namespace deltacast::agent {
@@ -31,7 +32,7 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
 int RunLayoutEngine(const LayoutEngineArgs& args) {
   auto engine = layout::ParseEngine(args.engine);
   if (!engine) return Fail(Status::InvalidArgument("--engine must be vllm or sglang"));
-  auto config = layout::LoadHfConfig(args.config);
+  auto config = quant::LoadEngineConfig(args.config);
   if (!config.ok()) return Fail(config.status());
   const fs::path canonical_path =
       args.canonical.empty() ? args.config.parent_path() : args.canonical;

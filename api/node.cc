@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "layout/description.h"
 #include "layout/engine.h"
+#include "quant/engine_config.h"
 #include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
@@ -159,7 +160,7 @@ Result<std::vector<std::filesystem::path>> WriteEngineLayouts(const EngineLayout
   if (!engine) {
     return Status::InvalidArgument("engine '" + options.engine + "': must be vllm or sglang");
   }
-  auto config = layout::LoadHfConfig(options.config);
+  auto config = quant::LoadEngineConfig(options.config);
   if (!config.ok()) return config.status();
   const std::filesystem::path canonical =
       options.canonical.empty() ? options.config.parent_path() : options.canonical;

@@ -23,8 +23,8 @@ constexpr std::string_view kModelKeys[] = {"hidden", "heads",   "kv_heads",     
                                            "layers", "experts", "vocab_pad_multiple"};
 constexpr std::string_view kMeshKeys[] = {"tp", "pp", "dp", "ep", "etp", "fsdp", "ep_from"};
 constexpr std::string_view kRankKeys[] = {"tp", "pp", "dp", "ep", "layer_offset"};
-constexpr std::string_view kTensorKeys[] = {"local", "kind",  "canonical", "value",
-                                            "pad",   "split", "expert"};
+constexpr std::string_view kTensorKeys[] = {"local", "kind",   "canonical", "value",
+                                            "pad",   "split",  "expert",    "block"};
 constexpr std::string_view kFlatKeys[] = {"local", "dtype", "params", "align"};
 
 int LineOf(const toml::node& node) { return static_cast<int>(node.source().begin.line); }
@@ -388,6 +388,20 @@ class Parser {
                                      ": must be \"even\" or \"ceil\" (torch.chunk)");
       }
       rule.split = split == "ceil" ? SplitMode::kCeil : SplitMode::kEven;
+    }
+    if (const toml::node* b = t.get("block")) {
+      const auto block = b->value<int64_t>();
+      if (!b->is_integer() || !block || *block < 1 || *block > kMaxAxis) {
+        return Error(LineOf(*b), "[[tensor]] block must be an integer in [1, " +
+                                     std::to_string(kMaxAxis) + "]");
+      }
+      const bool grid_kind = rule.kind == Kind::kColumn || rule.kind == Kind::kRow ||
+                             rule.kind == Kind::kGateUp || rule.kind == Kind::kQkvHeads;
+      if (*block > 1 && !grid_kind) {
+        return Error(LineOf(*b), "[[tensor]] block = " + std::to_string(*block) + " needs kind " +
+                                     "\"column\", \"row\", \"gate_up\" or \"qkv_heads\"");
+      }
+      rule.block = static_cast<uint64_t>(*block);
     }
     rule.expert = rule.local.find("{expert}") != std::string::npos;
     for (const auto& c : rule.canonical) rule.expert |= c.find("{expert}") != std::string::npos;

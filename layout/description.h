@@ -12,7 +12,7 @@
 //              "flat"), ep_from ("dp" | "tp_dp")
 //   [rank]     tp, pp, dp, ep; layer_offset (default pp * layers / mesh.pp)
 //   [[tensor]] local (pattern), kind, canonical (pattern or list), value, pad, split,
-//              expert
+//              expert, block
 //   [[flat]]   local, dtype, params (local names in buffer order), align
 // Patterns: "{layer}" and "{expert}" match decimal indices (the local index, mapped
 // to the global one by the stage offset and the EP rank), "*" matches any text that
@@ -117,6 +117,10 @@ struct Rule {
   SplitMode split = SplitMode::kEven;
   VocabPad pad = VocabPad::kNone;  // column split of a padded vocabulary, clipped at its rows
   bool expert = false;             // an expert tensor: sharded over ep, split over etp
+  // A block-scale grid (FP8 `weight_scale_inv`): each element stands for a block x
+  // block square of its weight, so a head is head_dim / block rows (qkv_heads); the
+  // other kinds split the grid as they split any tensor. 1: an ordinary tensor.
+  uint64_t block = 1;
   int line = 0;
 };
 

@@ -11,7 +11,6 @@
 namespace deltacast::layout {
 namespace {
 
-constexpr uint64_t kMaxConfigBytes = uint64_t{4} << 20;
 // vLLM's and SGLang's VocabParallelEmbedding pad the vocabulary to a multiple of
 // this (DEFAULT_VOCAB_PADDING_SIZE in vocab_parallel_embedding.py).
 constexpr uint64_t kVocabPadding = 64;
@@ -94,6 +93,22 @@ void AddRule(std::string& out, std::string_view local, std::string_view kind,
   if (!extra.empty()) out += std::string(extra) + "\n";
 }
 
+// An FP8 weight's scale grid: "x.weight" -> "x.weight_scale_inv", and FusedMoE's
+// "w13_weight" -> "w13_weight_scale_inv", as vLLM and SGLang name them.
+std::string ScaleOf(const std::string& weight) { return weight + "_scale_inv"; }
+
+// A decoder linear's rule, and with FP8 weights its scale grid's, split as the
+// weight is (the engines' BlockQuantScaleParameter loads the grid's rows and
+// columns as the weight's, divided by the block).
+void AddLinear(std::string& out, const HfConfig& c, const std::string& local, std::string_view kind,
+               const std::vector<std::string>& canonical) {
+  AddRule(out, local, kind, canonical);
+  if (c.fp8_block == 0) return;
+  std::vector<std::string> scales;
+  for (const auto& name : canonical) scales.push_back(ScaleOf(name));
+  AddRule(out, ScaleOf(local), kind, scales, "block = " + std::to_string(c.fp8_block));
+}
+
 // The rules every GPU shares: the engines' parameter names (vLLM and SGLang name
 // these modules alike) and the canonical Hugging Face names they hold.
 std::string Rules(const HfConfig& c) {
@@ -105,14 +120,14 @@ std::string Rules(const HfConfig& c) {
     AddRule(r, "lm_head.weight", "column", {"lm_head.weight"}, "pad = \"vocab_then_split\"");
   }
   AddRule(r, "model.norm.weight", "replicated", {"model.norm.weight"});
-  for (std::string_view part : {"weight", "bias"}) {
-    if (part == "bias" && !c.qkv_bias) continue;
-    const std::string p(part);
-    AddRule(
-        r, l + "self_attn.qkv_proj." + p, "qkv_heads",
-        {l + "self_attn.q_proj." + p, l + "self_attn.k_proj." + p, l + "self_attn.v_proj." + p});
+  AddLinear(r, c, l + "self_attn.qkv_proj.weight", "qkv_heads",
+            {l + "self_attn.q_proj.weight", l + "self_attn.k_proj.weight",
+             l + "self_attn.v_proj.weight"});
+  if (c.qkv_bias) {
+    AddRule(r, l + "self_attn.qkv_proj.bias", "qkv_heads",
+            {l + "self_attn.q_proj.bias", l + "self_attn.k_proj.bias", l + "self_attn.v_proj.bias"});
   }
-  AddRule(r, l + "self_attn.o_proj.weight", "row", {l + "self_attn.o_proj.weight"});
+  AddLinear(r, c, l + "self_attn.o_proj.weight", "row", {l + "self_attn.o_proj.weight"});
   if (c.qk_norm) {
     AddRule(r, l + "self_attn.q_norm.weight", "replicated", {l + "self_attn.q_norm.weight"});
     AddRule(r, l + "self_attn.k_norm.weight", "replicated", {l + "self_attn.k_norm.weight"});
@@ -121,26 +136,62 @@ std::string Rules(const HfConfig& c) {
   AddRule(r, l + "post_attention_layernorm.weight", "replicated",
           {l + "post_attention_layernorm.weight"});
   if (c.intermediate != 0) {
-    AddRule(r, l + "mlp.gate_up_proj.weight", "gate_up",
-            {l + "mlp.gate_proj.weight", l + "mlp.up_proj.weight"});
-    AddRule(r, l + "mlp.down_proj.weight", "row", {l + "mlp.down_proj.weight"});
+    AddLinear(r, c, l + "mlp.gate_up_proj.weight", "gate_up",
+              {l + "mlp.gate_proj.weight", l + "mlp.up_proj.weight"});
+    AddLinear(r, c, l + "mlp.down_proj.weight", "row", {l + "mlp.down_proj.weight"});
   }
   if (c.experts != 0) {
     AddRule(r, l + "mlp.gate.weight", "replicated", {l + "mlp.gate.weight"});
-    AddRule(
-        r, l + "mlp.experts.w13_weight", "gate_up",
+    AddLinear(
+        r, c, l + "mlp.experts.w13_weight", "gate_up",
         {l + "mlp.experts.{expert}.gate_proj.weight", l + "mlp.experts.{expert}.up_proj.weight"});
-    AddRule(r, l + "mlp.experts.w2_weight", "row", {l + "mlp.experts.{expert}.down_proj.weight"});
+    AddLinear(r, c, l + "mlp.experts.w2_weight", "row",
+              {l + "mlp.experts.{expert}.down_proj.weight"});
     if (c.shared_expert_intermediate != 0) {
-      AddRule(r, l + "mlp.shared_expert.gate_up_proj.weight", "gate_up",
-              {l + "mlp.shared_expert.gate_proj.weight", l + "mlp.shared_expert.up_proj.weight"});
-      AddRule(r, l + "mlp.shared_expert.down_proj.weight", "row",
-              {l + "mlp.shared_expert.down_proj.weight"});
+      AddLinear(r, c, l + "mlp.shared_expert.gate_up_proj.weight", "gate_up",
+                {l + "mlp.shared_expert.gate_proj.weight", l + "mlp.shared_expert.up_proj.weight"});
+      AddLinear(r, c, l + "mlp.shared_expert.down_proj.weight", "row",
+                {l + "mlp.shared_expert.down_proj.weight"});
       AddRule(r, l + "mlp.shared_expert_gate.weight", "replicated",
               {l + "mlp.shared_expert_gate.weight"});
     }
   }
   return r;
+}
+
+// With FP8 weights, the shares the engines check before loading must be whole
+// blocks (vLLM's and SGLang's validate_fp8_block_shape): each part of a fused
+// linear always (q, k, v; gate, up), and with tp > 1 each GPU's rows of a column
+// split and columns of a row split. A dimension that is not split (hidden_size, or
+// anything at tp 1) may end in a partial block: its grid is rounded up.
+Status CheckFp8Blocks(const HfConfig& c, const EngineParallel& p, uint64_t etp) {
+  const uint64_t b = c.fp8_block;
+  if (b == 0) return Status::Ok();
+  const uint64_t kv_here = c.kv_heads >= p.tp ? c.kv_heads / p.tp : 1;
+  std::vector<std::pair<std::string, uint64_t>> shares = {
+      {"each GPU's q rows (num_attention_heads / tp x head_dim)", c.heads / p.tp * c.head_dim},
+      {"each GPU's k and v rows (its KV heads x head_dim)", kv_here * c.head_dim}};
+  if (c.intermediate != 0) {
+    shares.push_back({"each GPU's gate and up rows (intermediate_size / tp)", c.intermediate / p.tp});
+  }
+  if (c.experts != 0 && etp > 1) {
+    shares.push_back({"each GPU's expert rows (moe_intermediate_size / the experts' tensor "
+                      "parallel)",
+                      c.moe_intermediate / etp});
+  }
+  if (c.shared_expert_intermediate != 0) {
+    shares.push_back({"each GPU's shared-expert rows (shared_expert_intermediate_size / tp)",
+                      c.shared_expert_intermediate / p.tp});
+  }
+  for (const auto& [what, n] : shares) {
+    if (n % b != 0) {
+      return Status::InvalidArgument(
+          "FP8 weight_block_size [" + std::to_string(b) + ", " + std::to_string(b) + "]: " + what +
+          " = " + std::to_string(n) +
+          " is not a multiple of the block; the engines refuse a split that cuts a scale block");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -199,12 +250,6 @@ Result<HfConfig> ParseHfConfig(std::string_view json, std::string_view source) {
   return c;
 }
 
-Result<HfConfig> LoadHfConfig(const std::filesystem::path& path) {
-  ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadFile(path, kMaxConfigBytes));
-  return ParseHfConfig(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                       path.string());
-}
-
 Result<std::vector<std::string>> EngineLayouts(const HfConfig& c, const EngineParallel& p,
                                                std::string_view canonical) {
   const std::string engine(EngineName(p.engine));
@@ -258,6 +303,7 @@ Result<std::vector<std::string>> EngineLayouts(const HfConfig& c, const EnginePa
   }
   const uint64_t padded = (c.vocab + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   RETURN_IF_ERROR(Divides("vocab_size padded to a multiple of 64", padded, "tp", p.tp));
+  RETURN_IF_ERROR(CheckFp8Blocks(c, p, etp));
 
   std::string head = "[layout]\ncanonical = " + Quoted(canonical) + "\n\n[model]\n";
   head += "hidden = " + std::to_string(c.hidden) + "\nheads = " + std::to_string(c.heads) +

@@ -9,7 +9,8 @@
 // biases, KV heads split or replicated, fused gate/up, row-parallel o_proj and
 // down_proj, padded vocabulary-parallel embedding and LM head, tied embeddings,
 // replicated norms and q/k norms) and Qwen-style MoE (FusedMoE's stacked local
-// experts, expert parallelism, a shared expert and its gate, the router).
+// experts, expert parallelism, a shared expert and its gate, the router), in BF16
+// or with block-scaled FP8 linears (their `weight_scale_inv` grids beside them).
 //
 // Thread safety: values and pure functions; WriteEngineLayouts writes files.
 #pragma once
@@ -38,11 +39,16 @@ struct HfConfig {
   bool tied = false;      // tie_word_embeddings: the engine's LM head is the embedding
   bool qkv_bias = false;  // attention_bias, or Qwen2's fixed QKV bias
   bool qk_norm = false;   // Qwen3: per-head RMSNorm of q and k, replicated
+  // Block-scaled FP8 serving weights (config.json's quantization_config, which
+  // quant::ParseEngineConfig reads): every decoder linear's weight has a
+  // `weight_scale_inv` grid of fp8_block x fp8_block blocks, placed by its weight's
+  // rule. 0: no quantized weights.
+  uint64_t fp8_block = 0;
 };
 
 // Parses config.json text; kInvalidArgument naming the key for a missing or bad one.
+// Its quantization_config is quant::ParseEngineConfig's (quant/engine_config.h).
 Result<HfConfig> ParseHfConfig(std::string_view json, std::string_view source);
-Result<HfConfig> LoadHfConfig(const std::filesystem::path& path);
 
 // The engine's parallel settings. vLLM: tp x dp GPUs (--tensor-parallel-size,
 // --data-parallel-size); ep is 1, or tp x dp with --enable-expert-parallel (its MoE

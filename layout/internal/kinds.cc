@@ -172,17 +172,22 @@ Result<TpRuns> Qkv(const ModelDims& m, const std::vector<Target>& t, uint64_t ax
 // the k rows of its KV heads, then their v rows. With kv_heads >= tp the KV heads
 // split evenly; with kv_heads < tp each lies on tp/kv_heads neighbouring ranks
 // (rank r holds head r / (tp/kv_heads)).
-Result<TpRuns> QkvHeads(const ModelDims& m, const std::vector<Target>& t, uint64_t axis,
-                        uint64_t coord) {
+// A block-scale grid (rule.block = b > 1) is placed the same way in units of b
+// weight rows: each rank's q rows and its k and v rows must be whole blocks, as the
+// engines require of a fused FP8 QKV (a block may hold several heads).
+Result<TpRuns> QkvHeads(const Rule& rule, const ModelDims& m, const std::vector<Target>& t,
+                        uint64_t axis, uint64_t coord) {
   const Target &q = t[0], &k = t[1], &v = t[2];
-  const uint64_t row = Product(q.shape, 1);
+  const uint64_t row = Product(q.shape, 1), b = rule.block;
   const uint64_t hd = m.head_dim, nh = m.heads, ng = m.kv_heads;
-  if (q.shape.empty() || q.shape[0] != nh * hd || k.shape.empty() || k.shape[0] != ng * hd ||
-      v.shape != k.shape || Product(k.shape, 1) != row) {
+  const auto rows = [b](uint64_t weight_rows) { return (weight_rows + b - 1) / b; };
+  if (q.shape.empty() || q.shape[0] != rows(nh * hd) || k.shape.empty() ||
+      k.shape[0] != rows(ng * hd) || v.shape != k.shape || Product(k.shape, 1) != row) {
     return Status::InvalidArgument(
         "fused QKV (per-rank heads) with heads " + std::to_string(nh) + ", kv_heads " +
-        std::to_string(ng) + ", head_dim " + std::to_string(hd) + " needs q [" +
-        std::to_string(nh * hd) + ", ...] and k, v [" + std::to_string(ng * hd) +
+        std::to_string(ng) + ", head_dim " + std::to_string(hd) +
+        (b > 1 ? " in blocks of " + std::to_string(b) + " rows" : "") + " needs q [" +
+        std::to_string(rows(nh * hd)) + ", ...] and k, v [" + std::to_string(rows(ng * hd)) +
         ", ...] of equal row size; the canonical table has '" + q.name + "' " + ShapeText(q.shape) +
         ", '" + k.name + "' " + ShapeText(k.shape) + ", '" + v.name + "' " + ShapeText(v.shape));
   }
@@ -211,13 +216,24 @@ Result<TpRuns> QkvHeads(const ModelDims& m, const std::vector<Target>& t, uint64
     out.kv_index = coord % out.kv_replicas;
     kv_first = coord / out.kv_replicas;
   }
-  const uint64_t q_rows = nh / axis * hd, kv_rows = kv_here * hd;
+  // In weight rows, then in the tensor's own rows.
+  uint64_t q_rows = nh / axis * hd, kv_rows = kv_here * hd, q_first = coord * q_rows,
+           kv_start = kv_first * hd;
+  if (b > 1) {
+    if (q_rows % b != 0 || kv_rows % b != 0) {
+      return Status::InvalidArgument(
+          "each rank's q rows (" + std::to_string(q_rows) + ") and k, v rows (" +
+          std::to_string(kv_rows) + ") must be whole " + std::to_string(b) +
+          "-row scale blocks (the engines refuse a fused FP8 QKV that cuts a block)");
+    }
+    q_rows /= b, kv_rows /= b, q_first /= b, kv_start /= b;
+  }
   out.local_shape = q.shape;
   out.local_shape[0] = q_rows + 2 * kv_rows;
   if (row == 0) return out;
-  out.runs.push_back(Contiguous(q, 0, coord * q_rows * row, q_rows * row));
-  out.runs.push_back(Contiguous(k, q_rows * row, kv_first * hd * row, kv_rows * row));
-  out.runs.push_back(Contiguous(v, (q_rows + kv_rows) * row, kv_first * hd * row, kv_rows * row));
+  out.runs.push_back(Contiguous(q, 0, q_first * row, q_rows * row));
+  out.runs.push_back(Contiguous(k, q_rows * row, kv_start * row, kv_rows * row));
+  out.runs.push_back(Contiguous(v, (q_rows + kv_rows) * row, kv_start * row, kv_rows * row));
   return out;
 }
 
@@ -265,7 +281,7 @@ Result<TpRuns> KindRuns(const Rule& rule, const ModelDims& model,
     case Kind::kQkv:
       return Qkv(model, targets, axis, coord);
     case Kind::kQkvHeads:
-      return QkvHeads(model, targets, axis, coord);
+      return QkvHeads(rule, model, targets, axis, coord);
     case Kind::kGateUp:
       return GateUp(rule, targets, axis, coord);
   }

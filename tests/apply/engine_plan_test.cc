@@ -19,6 +19,7 @@
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 #include "layout/engine.h"
+#include "quant/engine_config.h"
 #include "tests/layout/engine_reference.h"
 
 namespace deltacast::apply {
@@ -89,6 +90,26 @@ std::vector<Case> Cases() {
   cases.push_back({"SglangQwen2MoeTp4Ep2SharedExpert", moe, {"sglang", 4, 1, 2}});
   cases.push_back({"VllmQwen2MoeTp2Dp2Ep4SharedExpert", moe, {"vllm", 2, 2, 4}});
   cases.push_back({"VllmQwen2MoeTp2Dp2ExpertsSplit", moe, {"vllm", 2, 2, 1}});
+  // Block-FP8 serving weights: every linear's scale grid beside it (blocks of 2 in
+  // these small models; a head of 4 rows is 2 grid rows, a replicated KV head's
+  // grid rows replicated with it).
+  EngineModel fp8 = qwen2;
+  fp8.fp8_block = 2;
+  cases.push_back({"VllmQwen2Fp8Tp4ReplicatedKv", fp8, {"vllm", 4, 1, 1}});
+  EngineModel fp8_qwen3 = qwen3;
+  fp8_qwen3.fp8_block = 2;
+  cases.push_back({"SglangQwen3Fp8Tp2", fp8_qwen3, {"sglang", 2, 1, 1}});
+  EngineModel fp8_moe = moe;
+  fp8_moe.fp8_block = 2;
+  cases.push_back({"VllmQwen2MoeFp8Tp2Dp2Ep4SharedExpert", fp8_moe, {"vllm", 2, 2, 4}});
+  cases.push_back({"VllmQwen2MoeFp8Tp2Dp2ExpertsSplit", fp8_moe, {"vllm", 2, 2, 1}});
+  cases.push_back({"SglangQwen2MoeFp8Tp4Ep2SharedExpert", fp8_moe, {"sglang", 4, 1, 2}});
+  // Two heads per block (head_dim 4, blocks of 8): each GPU's q, k and v rows are
+  // still whole blocks, as the engines require.
+  EngineModel fp8_wide = llama;
+  fp8_wide.ffn = 32;
+  fp8_wide.fp8_block = 8;
+  cases.push_back({"VllmLlamaFp8Tp2TwoHeadsPerBlock", fp8_wide, {"vllm", 2, 1, 1}});
   return cases;
 }
 
@@ -132,7 +153,7 @@ class EnginePlanTest : public ::testing::TestWithParam<Case> {
   // The generated plan of every GPU.
   std::vector<layout::LayoutDescription> Plans() {
     const Case& c = GetParam();
-    auto config = layout::ParseHfConfig(c.model.ConfigJson(), "config.json");
+    auto config = quant::ParseEngineConfig(c.model.ConfigJson(), "config.json");
     EXPECT_TRUE(config.ok()) << config.status().ToString();
     layout::EngineParallel p{*layout::ParseEngine(c.run.engine), c.run.tp, c.run.dp, c.run.ep};
     auto texts = layout::EngineLayouts(*config, p, "canonical.json");

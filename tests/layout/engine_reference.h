@@ -24,6 +24,10 @@ struct EngineModel {
   uint64_t layers = 2;
   uint64_t experts = 0, moe_ffn = 8, shared_ffn = 0;  // experts > 0: every layer is MoE
   bool tied = false;
+  // > 0: block-FP8 serving weights; each decoder linear has a weight_scale_inv grid
+  // of [ceil(rows / fp8_block), ceil(cols / fp8_block)] (placement does not care that
+  // the tests' values are I64).
+  uint64_t fp8_block = 0;
 
   bool Bias() const { return model_type == "qwen2" || model_type == "qwen2_moe"; }
   bool QkNorm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }
@@ -45,6 +49,12 @@ struct EngineModel {
            ", \"shared_expert_intermediate_size\": " + std::to_string(shared_ffn) +
            ", \"num_experts_per_tok\": 2";
     }
+    if (fp8_block > 0) {
+      const std::string b = std::to_string(fp8_block);
+      j += ", \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+           "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [" + b + ", " + b +
+           "], \"modules_to_not_convert\": [\"lm_head\", \"model.embed_tokens\"]}";
+    }
     return j + "}";
   }
 };
@@ -60,6 +70,12 @@ struct EngineRun {
 inline std::vector<Tensor> EngineCanonical(const EngineModel& m) {
   std::vector<TensorSpec> specs;
   auto add = [&](std::string name, std::vector<uint64_t> shape) {
+    const bool linear = name.find("_proj.weight") != std::string::npos;
+    if (linear && m.fp8_block > 0 && shape.size() == 2) {
+      const uint64_t b = m.fp8_block;
+      specs.push_back({name + "_scale_inv", DType::kI64,
+                       {(shape[0] + b - 1) / b, (shape[1] + b - 1) / b}});
+    }
     specs.push_back({std::move(name), DType::kI64, std::move(shape)});
   };
   const uint64_t h = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
@@ -130,26 +146,36 @@ class EngineSharder {
     for (uint64_t l = 0; l < m_.layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       out.push_back(Qkv(p, "weight", tp));
+      if (Fp8()) out.push_back(Qkv(p, "weight_scale_inv", tp));
       if (m_.Bias()) out.push_back(Qkv(p, "bias", tp));
-      out.push_back(
-          Columns(p + "self_attn.o_proj.weight", C(p + "self_attn.o_proj.weight"), tp, run_.tp));
+      for (const std::string& w : Parts(p + "self_attn.o_proj.weight")) {
+        out.push_back(Columns(w, C(w), tp, run_.tp));
+      }
       if (m_.QkNorm()) {
         out.push_back(Copy(p + "self_attn.q_norm.weight"));
         out.push_back(Copy(p + "self_attn.k_norm.weight"));
       }
       if (m_.experts == 0) {
-        out.push_back(GateUp(p + "mlp.gate_up_proj.weight", C(p + "mlp.gate_proj.weight"),
-                             C(p + "mlp.up_proj.weight"), tp, run_.tp));
-        out.push_back(
-            Columns(p + "mlp.down_proj.weight", C(p + "mlp.down_proj.weight"), tp, run_.tp));
+        for (const std::string& x : Parts("")) {
+          out.push_back(GateUp(p + "mlp.gate_up_proj.weight" + x,
+                               C(p + "mlp.gate_proj.weight" + x), C(p + "mlp.up_proj.weight" + x),
+                               tp, run_.tp));
+        }
+        for (const std::string& w : Parts(p + "mlp.down_proj.weight")) {
+          out.push_back(Columns(w, C(w), tp, run_.tp));
+        }
       } else {
         out.push_back(Copy(p + "mlp.gate.weight"));
         Experts(p, g, out);
         if (m_.shared_ffn > 0) {
           const std::string s = p + "mlp.shared_expert.";
-          out.push_back(GateUp(s + "gate_up_proj.weight", C(s + "gate_proj.weight"),
-                               C(s + "up_proj.weight"), tp, run_.tp));
-          out.push_back(Columns(s + "down_proj.weight", C(s + "down_proj.weight"), tp, run_.tp));
+          for (const std::string& x : Parts("")) {
+            out.push_back(GateUp(s + "gate_up_proj.weight" + x, C(s + "gate_proj.weight" + x),
+                                 C(s + "up_proj.weight" + x), tp, run_.tp));
+          }
+          for (const std::string& w : Parts(s + "down_proj.weight")) {
+            out.push_back(Columns(w, C(w), tp, run_.tp));
+          }
           out.push_back(Copy(p + "mlp.shared_expert_gate.weight"));
         }
       }
@@ -163,6 +189,14 @@ class EngineSharder {
 
  private:
   const Tensor& C(const std::string& name) const { return *by_name_.at(name); }
+
+  bool Fp8() const { return m_.fp8_block > 0; }
+  // A linear's weight, then with FP8 its scale grid, which the engine loads as it
+  // loads the weight (BlockQuantScaleParameter: rows and columns divided by the block).
+  std::vector<std::string> Parts(const std::string& weight) const {
+    if (!Fp8()) return {weight};
+    return {weight, weight + "_scale_inv"};
+  }
 
   Tensor Copy(const std::string& name) const {
     const Tensor& c = C(name);
@@ -190,7 +224,12 @@ class EngineSharder {
     const Tensor& q = C(p + "self_attn.q_proj." + part);
     const Tensor& k = C(p + "self_attn.k_proj." + part);
     const Tensor& v = C(p + "self_attn.v_proj." + part);
-    const uint64_t row = part == "bias" ? 1 : m_.hidden, hd = m_.head_dim;
+    // A scale grid (FP8) holds one row per block of b weight rows: local grid row
+    // i is the block of local weight row i * b, whose source row divided by b is
+    // the canonical grid row.
+    const bool grid = part == "weight_scale_inv";
+    const uint64_t b = grid ? m_.fp8_block : 1;
+    const uint64_t row = part == "bias" ? 1 : (m_.hidden + b - 1) / b, hd = m_.head_dim;
     const uint64_t q_heads = m_.heads / run_.tp;
     uint64_t kv_heads = 0, first_kv = 0;
     if (m_.kv_heads >= run_.tp) {
@@ -200,24 +239,26 @@ class EngineSharder {
       kv_heads = 1;
       first_kv = tp / (run_.tp / m_.kv_heads);
     }
-    const uint64_t rows = (q_heads + 2 * kv_heads) * hd;
+    const uint64_t rows = (q_heads + 2 * kv_heads) * hd / b;
     std::vector<uint64_t> shape{rows};
     if (part != "bias") shape.push_back(row);
     Tensor t{{p + "self_attn.qkv_proj." + part, q.spec.dtype, shape},
              std::vector<int64_t>(rows * row)};
     for (uint64_t i = 0; i < rows; ++i) {
+      const uint64_t w = i * b;  // the local weight row
       const Tensor* src;
       uint64_t src_row;
-      if (i < q_heads * hd) {
+      if (w < q_heads * hd) {
         src = &q;
-        src_row = tp * q_heads * hd + i;
-      } else if (i < (q_heads + kv_heads) * hd) {
+        src_row = tp * q_heads * hd + w;
+      } else if (w < (q_heads + kv_heads) * hd) {
         src = &k;
-        src_row = first_kv * hd + (i - q_heads * hd);
+        src_row = first_kv * hd + (w - q_heads * hd);
       } else {
         src = &v;
-        src_row = first_kv * hd + (i - (q_heads + kv_heads) * hd);
+        src_row = first_kv * hd + (w - (q_heads + kv_heads) * hd);
       }
+      src_row /= b;
       for (uint64_t j = 0; j < row; ++j) t.values[i * row + j] = src->values[src_row * row + j];
     }
     return t;
@@ -265,16 +306,27 @@ class EngineSharder {
       ep_rank = (g % run_.tp) / etp;
       etp_rank = (g % run_.tp) % etp;
     }
-    const uint64_t local = m_.experts / run_.ep, h = m_.hidden, ffn = m_.moe_ffn / etp;
-    Tensor w13{{p + "mlp.experts.w13_weight", DType::kI64, {local, 2 * ffn, h}},
+    for (const std::string& suffix : Parts("")) {
+      const uint64_t b = suffix.empty() ? 1 : m_.fp8_block;
+      ExpertsOf(p, suffix, ep_rank, etp, etp_rank, (m_.hidden + b - 1) / b,
+                (m_.moe_ffn + b - 1) / b, out);
+    }
+  }
+
+  // The stacked w13 and w2 of the GPU's local experts (suffix "": the weights;
+  // "_scale_inv": their scale grids, h and I counted in blocks).
+  void ExpertsOf(const std::string& p, const std::string& suffix, uint64_t ep_rank, uint64_t etp,
+                 uint64_t etp_rank, uint64_t h, uint64_t moe_ffn, std::vector<Tensor>& out) const {
+    const uint64_t local = m_.experts / run_.ep, ffn = moe_ffn / etp;
+    Tensor w13{{p + "mlp.experts.w13_weight" + suffix, DType::kI64, {local, 2 * ffn, h}},
                std::vector<int64_t>(local * 2 * ffn * h)};
-    Tensor w2{{p + "mlp.experts.w2_weight", DType::kI64, {local, h, ffn}},
+    Tensor w2{{p + "mlp.experts.w2_weight" + suffix, DType::kI64, {local, h, ffn}},
               std::vector<int64_t>(local * h * ffn)};
     for (uint64_t e = 0; e < local; ++e) {
       const std::string x = p + "mlp.experts." + std::to_string(ep_rank * local + e) + ".";
-      const Tensor& gate = C(x + "gate_proj.weight");
-      const Tensor& up = C(x + "up_proj.weight");
-      const Tensor& down = C(x + "down_proj.weight");
+      const Tensor& gate = C(x + "gate_proj.weight" + suffix);
+      const Tensor& up = C(x + "up_proj.weight" + suffix);
+      const Tensor& down = C(x + "down_proj.weight" + suffix);
       for (uint64_t i = 0; i < 2 * ffn; ++i) {
         const Tensor& src = i < ffn ? gate : up;
         const uint64_t src_row = etp_rank * ffn + i % ffn;
@@ -284,7 +336,7 @@ class EngineSharder {
       }
       for (uint64_t i = 0; i < h; ++i) {
         for (uint64_t j = 0; j < ffn; ++j) {
-          w2.values[(e * h + i) * ffn + j] = down.values[i * m_.moe_ffn + etp_rank * ffn + j];
+          w2.values[(e * h + i) * ffn + j] = down.values[i * moe_ffn + etp_rank * ffn + j];
         }
       }
     }
