@@ -269,6 +269,9 @@ int main(int argc, char** argv) {
   pu->add_option("--new-shards", producers.new_shards, "Training shards of the new step");
   pu->add_option("--listen-producers", producers.listen,
                  "Where producers dial (default: the source's host, port + 1000)");
+  pu->add_option("--serving", publish.serving,
+                 "Serving description (TOML, docs/fp8.md): quantize the BF16 versions and ship "
+                 "the delta between their FP8 serving twins (the nodes hold the twin of BASE)");
   pu->add_option("--mode", publish_mode, "fast | context")
       ->check(CLI::IsMember({"fast", "context"}))
       ->capture_default_str();
