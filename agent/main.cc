@@ -327,6 +327,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fast", "context"}))
       ->capture_default_str();
   pr->add_option("--threads", produce.threads, "Encode threads (0 = all cores)");
+  pr->add_option("--serving", produce.serving,
+                 "Serving description (TOML, docs/fp8.md): quantize the rank's BF16 shards and "
+                 "ship the FP8 serving checkpoint's change");
   pr->add_flag("--json", produce.json, "Report as JSON");
   pr->callback([&] {
     produce.codec.mode =

@@ -276,7 +276,7 @@ std::vector<SplitBlockAmax> Fp8Share::SplitBlocks() const {
   for (const QTensor& q : state_->tensors) {
     for (uint64_t b = 0; b < q.blocks; ++b) {
       if (q.held[b] == 0 || q.held[b] == q.BlockElements(b)) continue;
-      out.push_back({q.bf16, b, q.amax_base[b], q.amax_target[b]});
+      out.push_back({q.bf16, b, q.amax_base[b], q.amax_target[b], q.held[b]});
     }
   }
   return out;
@@ -387,6 +387,7 @@ std::vector<SplitBlockAmax> ReduceSplitAmaxes(std::span<const std::vector<SplitB
   for (const auto& share : shares) {
     for (const SplitBlockAmax& a : share) {
       auto [it, fresh] = reduced.try_emplace({a.tensor, a.block}, a);
+      it->second.elements = 0;
       if (fresh) continue;
       it->second.base = std::max(it->second.base, a.base);
       it->second.target = std::max(it->second.target, a.target);

@@ -39,6 +39,7 @@ struct SplitBlockAmax {
   uint64_t block = 0;   // row-major index in the tensor's block grid
   uint16_t base = 0;
   uint16_t target = 0;
+  uint64_t elements = 0;  // of the block in this piece (what a gather would move)
   bool operator==(const SplitBlockAmax&) const = default;
 };
 
