@@ -9,6 +9,7 @@
 #include <map>
 #include <thread>
 
+#include "agent/fp8_twin.h"
 #include "agent/synth.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/host_store.h"
@@ -142,6 +143,7 @@ class RootTest : public ::testing::Test {
     o.token = kToken;
     o.threads = 1;
     o.die_at = std::move(die_at);
+    if (auto it = serving_.find(r); it != serving_.end()) o.serving = it->second;
     o.refit_timeout = std::chrono::seconds(20);
     auto p = Producer::Connect(std::move(o), transport::MakeInprocTransport(network_));
     EXPECT_TRUE(p.ok()) << p.status().ToString();
@@ -196,6 +198,8 @@ class RootTest : public ::testing::Test {
       }
     }
   }
+
+  std::map<size_t, quant::ServingDescription> serving_;  // ranks that quantize to FP8
 
   void TearDown() override {
     producers_.clear();

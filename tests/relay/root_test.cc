@@ -178,5 +178,22 @@ TEST(ProducerHandshakeTest, SilentLinksAreCappedAndDroppedAtTheHandshakeTimeout)
   for (auto& c : links) c->Close();
 }
 
+// FP8 serving is all producers or none: a root whose producers disagree refuses
+// the refit before BEGIN, and the receivers keep their version.
+TEST_F(RootTest, ProducersThatDisagreeOnFp8ServingAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob("tp=2,pp=2", 0, 3'000'000, 1));
+  ASSERT_NO_FATAL_FAILURE(StartTree(2));
+  serving_[0] = agent::DefaultFp8Serving();
+  for (size_t r = 0; r < ranks_.size(); ++r) producers_.push_back(ConnectProducer(r));
+  std::vector<Served> served;
+  auto report = Refit(0, &served);
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().ToString().find("serves BF16 while others quantize to FP8"),
+            std::string::npos)
+      << report.status().ToString();
+  EXPECT_FALSE(served[0].status.ok());
+  ExpectReceiversAt(0);
+}
+
 }  // namespace
 }  // namespace deltacast::relay
