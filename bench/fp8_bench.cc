@@ -14,6 +14,13 @@
 // quantization included (quantize + fast encode of the FP8 twin, CPU time). The
 // tensors kept BF16 (embeddings, LM head, norms, router) change alike in both steps;
 // their delta, encoded alone, is reported so the quantized tensors' own ratio shows.
+// The producer path (relay/fp8_share.h, docs/fp8.md "Producers"), on the same step
+// written as a TP-split training job's shards (--tp; the MLP's TP cut falls inside
+// 128 x 128 blocks when intermediate / tp is not a multiple of 128): per rank,
+// one thread, the amax pass, the split-amax exchange (SPLIT_AMAXES messages, in
+// process), quantizing both versions and the fast encode of the FP8 image, in CPU
+// seconds per BF16 byte of the rank's new shard; and the exchange's bytes against
+// gathering the split blocks' elements.
 // Prints one JSON document (and writes it to --out).
 #include <fmt/core.h>
 
@@ -37,6 +44,9 @@
 #include "codec/delta_encoder.h"
 #include "common/parallel.h"
 #include "quant/fp8_quantizer.h"
+#include "relay/fp8_share.h"
+#include "relay/shard_input.h"
+#include "relay/split_amax_exchange.h"
 
 namespace dc = deltacast;
 using deltacast::bench::Check;
@@ -161,6 +171,108 @@ std::unique_ptr<dc::apply::HostStore> Subset(
   return Check(dc::apply::HostStore::Borrow(std::move(tensors)), "subset");
 }
 
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// The producers of step0 -> step1's shards under `work`, one after another on one
+// thread each, as relay::Producer runs them (the exchange in process).
+json RunProducers(const std::filesystem::path& work, uint64_t ranks,
+                  const dc::quant::ServingDescription& serving) {
+  namespace relay = dc::relay;
+  struct Rank {
+    std::unique_ptr<relay::ShardFile> base, target;
+    relay::RankPlacement placement;
+    std::unique_ptr<relay::Fp8Share> share;
+  };
+  std::vector<Rank> rs(ranks);
+  uint64_t shard_bytes = 0;
+  double amax_cpu = 0, quantize_cpu = 0, encode_cpu = 0;
+  uint64_t delta_bytes = 0, split_blocks_held = 0, quantized = 0;
+  relay::SplitAmaxExchange exchange(ranks);
+  for (uint64_t r = 0; r < ranks; ++r) {
+    const std::string stem = dc::agent::RankFileStem(r);
+    Rank& k = rs[r];
+    k.base = Check(relay::ShardFile::Open(dc::agent::ShardDirOf(work / "step0") / (stem + ".safetensors")),
+                   "base shard");
+    k.target = Check(
+        relay::ShardFile::Open(dc::agent::ShardDirOf(work / "step1") / (stem + ".safetensors")),
+        "new shard");
+    k.placement = Check(relay::LoadRankPlacement(
+                            dc::agent::ShardDirOf(work / "step1") / (stem + ".toml"),
+                            k.target->tensors()),
+                        "placement");
+    // A trainer's shards are in memory: fault the mapped files in before timing.
+    uint64_t touched = 0;
+    for (size_t i = 0; i < k.target->tensors().size(); ++i) {
+      shard_bytes += k.target->TensorData(i).size();
+      for (const auto* f : {k.base.get(), k.target.get()}) {
+        const auto data = f->TensorData(i);
+        for (size_t b = 0; b < data.size(); b += 4096) touched += uint8_t(data[b]);
+      }
+    }
+    if (touched == 1) fmt::print(stderr, " ");  // keeps the loop
+    relay::ShareInput in{&k.placement.map, [&k](uint32_t i) { return k.base->TensorData(i); },
+                         [&k](uint32_t i) { return k.target->TensorData(i); }};
+    auto plan = Check(dc::quant::PlanServing(serving, k.placement.map.canonical()), "plan");
+    const double t0 = ProcessCpuSeconds();
+    k.share = Check(relay::Fp8Share::Plan(in, std::move(plan)), "fp8 share");
+    Check(k.share->ComputeAmaxes(1), "amaxes");
+    const auto split = k.share->SplitBlocks();
+    const auto message = relay::EncodeSplitAmaxes({1, split});
+    amax_cpu += ProcessCpuSeconds() - t0;
+    split_blocks_held += split.size();
+    Check(exchange.Add(stem, Check(relay::ParseSplitAmaxes(message), "parse"), message.size()),
+          "exchange");
+  }
+  const auto answers = exchange.Answers(1);
+  for (uint64_t r = 0; r < ranks; ++r) {
+    Rank& k = rs[r];
+    const auto answer = Check(relay::ParseSplitAmaxes(answers.at(dc::agent::RankFileStem(r))), "answer");
+    const double t0 = ProcessCpuSeconds();
+    Check(k.share->SetSplitAmaxes(answer.blocks), "set amaxes");
+    Check(k.share->Quantize(1), "quantize");
+    quantize_cpu += ProcessCpuSeconds() - t0;
+    quantized += k.share->stats().quantized_bf16_bytes;
+    const relay::ShareInput image = k.share->Input();
+    const auto coverage = relay::ShareCoverage(image.map[0], dc::codec::kDefaultPartitionBytes);
+    // The root sends the base hashes (it knows the base); not the producer's work.
+    const auto pieces = Check(
+        relay::HashShare(image, coverage, dc::codec::kDefaultPartitionBytes, 1), "hash base");
+    std::vector<dc::PartitionHash> hashes(coverage.size());
+    for (size_t i = 0; i < coverage.size(); ++i) {
+      const auto& t = image.map->canonical()[coverage[i].tensor];
+      hashes[i] = dc::CombinePieces(std::span(&pieces[i], 1),
+                                    coverage[i].length * dc::ElementSize(t.dtype));
+    }
+    relay::ShareEncodeOptions options;
+    options.threads = 1;
+    const double t1 = ProcessCpuSeconds();
+    auto encoded = Check(relay::EncodeShare(image, coverage, hashes, options), "encode share");
+    encode_cpu += ProcessCpuSeconds() - t1;
+    delta_bytes += encoded.stats.chunk_bytes + encoded.stats.piece_bytes;
+    k.share.reset();
+  }
+  const double cpu = amax_cpu + quantize_cpu + encode_cpu;
+  const auto& x = exchange.stats();
+  return {{"ranks", ranks},
+          {"new_shard_bf16_bytes", shard_bytes},
+          {"quantized_bf16_bytes_per_version", quantized},
+          {"amax_cpu_seconds", amax_cpu},
+          {"quantize_cpu_seconds", quantize_cpu},
+          {"encode_cpu_seconds", encode_cpu},
+          {"producer_gbps_per_core_bf16_input", double(shard_bytes) / 1e9 / cpu},
+          {"producer_gbps_per_core_both_versions_read", 2 * double(shard_bytes) / 1e9 / cpu},
+          {"delta_bytes_before_merge", delta_bytes},
+          {"split_blocks", x.split_blocks},
+          {"split_block_pieces", x.pieces},
+          {"split_amax_exchange_bytes", x.exchange_bytes},
+          {"split_blocks_gather_bytes", x.gather_bytes},
+          {"split_blocks_held_per_rank_total", split_blocks_held}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,8 +280,10 @@ int main(int argc, char** argv) {
   std::string params_text = "100M", out_path, scheme = "fp8_e4m3_block128";
   std::vector<std::string> rates_text = {"1%", "2.29%", "3%"};
   std::filesystem::path work = std::filesystem::temp_directory_path() / "deltacast-bench-fp8";
-  uint64_t seed = 1;
+  uint64_t seed = 1, tp = 4;
   app.add_option("--params", params_text, "Model size")->capture_default_str();
+  app.add_option("--tp", tp, "TP degree of the producers' shards (0: no producer run)")
+      ->capture_default_str();
   app.add_option("--rates", rates_text, "BF16 change rates of the step")->capture_default_str();
   app.add_option("--scheme", scheme, "FP8 scheme (quant/fp8_scheme.cc)")->capture_default_str();
   app.add_option("--work-dir", work, "Scratch directory (removed afterwards)")
@@ -188,7 +302,9 @@ int main(int argc, char** argv) {
   json results = json::array();
   for (const auto& rate_text : rates_text) {
     const double rate = Check(dc::agent::ParseRate(rate_text), "--rates");
-    auto pair = SynthesizeStepPair(work, params, rate, seed);
+    dc::agent::ShardSpec shards;
+    if (tp > 0) shards = Check(dc::agent::ParseShardSpec("tp=" + std::to_string(tp)), "--tp");
+    auto pair = SynthesizeStepPair(work, params, rate, seed, shards);
     const auto& report = pair.report;
     const auto& a = pair.base;
     const auto& b = pair.target;
@@ -261,6 +377,20 @@ int main(int argc, char** argv) {
         {"quantizer_baseline_gbps_per_core", double(q_bytes) / 1e9 / base_s},
         {"modes", modes},
     };
+    if (tp > 0) {
+      row["producers"] = RunProducers(work, shards.Ranks(), serving);
+      row["producers"]["tp"] = tp;
+      const auto& pr = row["producers"];
+      fmt::print(stderr,
+                 "rate {}: {} producers (tp={}): {:.2f} GB/s/core of new BF16 shard (amax {:.2f} "
+                 "s, quantize {:.2f} s, encode {:.2f} s CPU); {} split blocks, {} B exchanged vs "
+                 "{} B to gather\n",
+                 rate_text, shards.Ranks(), tp, pr["producer_gbps_per_core_bf16_input"].get<double>(),
+                 pr["amax_cpu_seconds"].get<double>(), pr["quantize_cpu_seconds"].get<double>(),
+                 pr["encode_cpu_seconds"].get<double>(), pr["split_blocks"].get<uint64_t>(),
+                 pr["split_amax_exchange_bytes"].get<uint64_t>(),
+                 pr["split_blocks_gather_bytes"].get<uint64_t>());
+    }
     fmt::print(stderr,
                "rate {}: BF16 {:.3f}% changed, FP8 {:.3f}% of bytes, {} of {} scales; fast {:.3f}x "
                "BF16, context {:.3f}x (quantized tensors alone: {:.3f}x, {:.3f}x); quantizer "

@@ -74,6 +74,7 @@ struct Fp8Share::State {
   std::vector<std::vector<std::byte>> base, target;  // per FP8 local; empty for BF16 ones
   Fp8ShareStats stats;
   bool amaxes = false;
+  bool quantized = false;
 };
 
 std::vector<layout::TensorSpec> Fp8CanonicalTable(std::span<const quant::ServedTensor> plan) {
@@ -237,8 +238,26 @@ Status FirstError(std::vector<Status>& statuses) {
 
 }  // namespace
 
+Status Fp8Share::TakeBaseFrom(Fp8Share& previous) {
+  State& s = *state_;
+  State& p = *previous.state_;
+  if (s.amaxes) return Status::FailedPrecondition("TakeBaseFrom after ComputeAmaxes");
+  if (!p.quantized) return Status::FailedPrecondition("the previous FP8 image is not quantized");
+  bool same = p.map.runs() == s.map.runs() && p.map.canonical() == s.map.canonical() &&
+              p.map.locals().size() == s.map.locals().size() && p.bf16_locals == s.bf16_locals;
+  for (size_t l = 0; same && l < s.map.locals().size(); ++l) {
+    same = p.map.locals()[l].spec == s.map.locals()[l].spec;
+  }
+  if (!same) return Status::FailedPrecondition("the previous FP8 image has another layout");
+  for (size_t l = s.bf16_locals; l < s.base.size(); ++l) s.base[l] = std::move(p.target[l]);
+  p.quantized = false;
+  s.stats.base_kept = true;
+  return Status::Ok();
+}
+
 Status Fp8Share::ComputeAmaxes(size_t threads) {
   State& s = *state_;
+  const bool base_kept = s.stats.base_kept;
   const auto start = std::chrono::steady_clock::now();
   std::vector<Status> statuses(s.tensors.size());
   ParallelFor(s.tensors.size(), threads ? threads : DefaultThreadCount(), [&](size_t t) {
@@ -255,7 +274,7 @@ Status Fp8Share::ComputeAmaxes(size_t threads) {
         return;
       }
       q.Walk(r, [&](uint64_t b, uint64_t src, uint64_t, uint64_t row, uint64_t col, uint64_t n) {
-        q.amax_base[b] = quant::Fp8PieceAmax(base.subspan(src, n), q.amax_base[b]);
+        if (!base_kept) q.amax_base[b] = quant::Fp8PieceAmax(base.subspan(src, n), q.amax_base[b]);
         q.amax_target[b] = quant::Fp8PieceAmax(target.subspan(src, n), q.amax_target[b]);
         if (statuses[t].ok() && std::max(q.amax_base[b], q.amax_target[b]) >= quant::kBf16NonFinite) {
           const bool in_base = q.amax_base[b] >= quant::kBf16NonFinite;
@@ -313,6 +332,7 @@ Status Fp8Share::Quantize(size_t threads) {
   State& s = *state_;
   if (!s.amaxes) return Status::FailedPrecondition("Quantize before ComputeAmaxes");
   const auto start = std::chrono::steady_clock::now();
+  const bool base_kept = s.stats.base_kept;
   for (const QTensor& q : s.tensors) {
     for (uint64_t b = 0; b < q.blocks; ++b) {
       if (q.held[b] != 0 && q.held[b] != q.BlockElements(b) && !q.reduced[b]) {
@@ -327,7 +347,7 @@ Status Fp8Share::Quantize(size_t threads) {
     std::vector<float> mult_base(q.blocks), mult_target(q.blocks);
     const quant::Fp8Scheme& scheme = *q.scheme;
     if (q.scale_local != UINT32_MAX) {
-      s.base[q.scale_local].assign(q.blocks * sizeof(float), std::byte{0});
+      if (!base_kept) s.base[q.scale_local].assign(q.blocks * sizeof(float), std::byte{0});
       s.target[q.scale_local].assign(q.blocks * sizeof(float), std::byte{0});
     }
     const bool writes_scales = q.scale_local != UINT32_MAX;
@@ -344,7 +364,7 @@ Status Fp8Share::Quantize(size_t threads) {
       mult_base[b] = sb.multiplier;
       mult_target[b] = st.multiplier;
       if (q.owner[b]) {
-        scale_base[b] = sb.scale_inv;
+        if (!base_kept) scale_base[b] = sb.scale_inv;
         scale_target[b] = st.scale_inv;
       }
     }
@@ -353,12 +373,12 @@ Status Fp8Share::Quantize(size_t threads) {
       const auto base = Bf16(s.bf16.base(qr.run.local)), target = Bf16(s.bf16.target(qr.run.local));
       std::vector<std::byte>& out_base = s.base[qr.local];
       std::vector<std::byte>& out_target = s.target[qr.local];
-      out_base.resize(qr.run.Elements());
+      if (!base_kept) out_base.resize(qr.run.Elements());
       out_target.resize(qr.run.Elements());
       auto* ob = reinterpret_cast<uint8_t*>(out_base.data());
       auto* ot = reinterpret_cast<uint8_t*>(out_target.data());
       q.Walk(qr.run, [&](uint64_t b, uint64_t src, uint64_t off, uint64_t, uint64_t, uint64_t n) {
-        quant::QuantizeFp8Piece(base.subspan(src, n), mult_base[b], {ob + off, n});
+        if (!base_kept) quant::QuantizeFp8Piece(base.subspan(src, n), mult_base[b], {ob + off, n});
         quant::QuantizeFp8Piece(target.subspan(src, n), mult_target[b], {ot + off, n});
       });
     }
@@ -366,6 +386,7 @@ Status Fp8Share::Quantize(size_t threads) {
   s.stats.quantized_bf16_bytes = 0;
   for (const QRun& qr : s.qruns) s.stats.quantized_bf16_bytes += qr.run.Elements() * 2;
   s.stats.quantize_seconds += Since(start);
+  s.quantized = true;
   return Status::Ok();
 }
 

@@ -49,6 +49,7 @@ struct Fp8ShareStats {
   uint64_t split_blocks = 0;          // of them, held in part
   uint64_t split_elements = 0;        // elements of split blocks held here
   uint64_t scales_written = 0;        // scales this share owns
+  bool base_kept = false;             // the previous image was reused (TakeBaseFrom)
   double amax_seconds = 0;
   double quantize_seconds = 0;
 };
@@ -67,7 +68,15 @@ class Fp8Share {
                                                 std::vector<quant::ServedTensor> plan);
   ~Fp8Share();
 
-  // Pass 1: the partial amax of every block held, in both versions. An Inf or NaN
+  // Reuses `previous`'s new version (the image of the last committed refit, what
+  // the receivers hold) as this share's previous version: neither its amaxes nor
+  // its bytes are computed again, and the delta starts from the receivers' bytes.
+  // Call before ComputeAmaxes. kFailedPrecondition, changing nothing, when
+  // `previous` is not quantized or its map differs; `previous` is spent otherwise.
+  Status TakeBaseFrom(Fp8Share& previous);
+
+  // Pass 1: the partial amax of every block held, in both versions (the new one
+  // only when the base was kept). An Inf or NaN
   // element is refused naming the tensor, the element and the version.
   Status ComputeAmaxes(size_t threads);
   // The blocks held in part, with their partial amaxes (after ComputeAmaxes).

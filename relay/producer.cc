@@ -211,6 +211,10 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
     auto share = Fp8Share::Plan(input, std::move(*plan));
     if (!share.ok()) return fail(share.status());
     fp8 = std::move(*share);
+    // The last committed image is the receivers' version: start from it when the
+    // layout is the same (a stale one is caught by the root's base proof check).
+    if (last_image_) (void)fp8->TakeBaseFrom(*last_image_);
+    last_image_.reset();
     if (Status s = fp8->ComputeAmaxes(options_.threads); !s.ok()) return fail(s);
     std::vector<std::byte> up = EncodeSplitAmaxes({produce.refit_id, fp8->SplitBlocks()});
     report.amax_bytes += up.size();
@@ -311,6 +315,7 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
       if (end.refit_id != produce.refit_id) continue;
       report.committed = end.committed;
       report.reason = end.reason;
+      if (fp8 && end.committed) last_image_ = std::move(fp8);
       report.seconds = SecondsSince(start);
       return report;
     }

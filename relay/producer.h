@@ -58,8 +58,9 @@ struct ProduceReport {
   double hash_seconds = 0;    // the base hash pass, when the root asked for it
   double encode_seconds = 0;  // compare, project and encode
   double seconds = 0;         // PRODUCE to PRODUCE_END
-  // Serving FP8: the quantizer's figures, and the SPLIT_AMAXES bytes sent and
-  // received.
+  // Serving FP8: the quantizer's figures (fp8_stats.base_kept: the previous
+  // version's image was the last committed refit's, not quantized again), and the
+  // SPLIT_AMAXES bytes sent and received.
   bool fp8 = false;
   Fp8ShareStats fp8_stats;
   uint64_t amax_bytes = 0;
@@ -99,6 +100,9 @@ class Producer {
   std::condition_variable cv_;
   std::deque<transport::Message> inbox_;  // guarded by mu_
   bool closed_ = false;                   // guarded by mu_
+  // Serving FP8: the image of the last refit that committed, whose new version the
+  // next refit starts from (what the receivers hold); Serve's thread only.
+  std::unique_ptr<Fp8Share> last_image_;
   Status close_status_;                   // guarded by mu_
 };
 
