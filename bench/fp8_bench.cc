@@ -177,100 +177,134 @@ double ProcessCpuSeconds() {
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
-// The producers of step0 -> step1's shards under `work`, one after another on one
-// thread each, as relay::Producer runs them (the exchange in process).
+// A TP-split job's ranks over step0's and step1's shards under `work`.
+struct Rank {
+  std::unique_ptr<dc::relay::ShardFile> steps[2];
+  dc::relay::RankPlacement placement;
+  std::unique_ptr<dc::relay::Fp8Share> image;  // the last pass's
+};
+
+struct ProducerPass {
+  double amax_cpu = 0, quantize_cpu = 0, encode_cpu = 0;
+  uint64_t delta_bytes = 0, quantized = 0;
+  dc::relay::SplitAmaxStats exchange;
+};
+
+// One refit of every rank, step `from` -> `to`, one thread each, as relay::Producer
+// runs it (the exchange in process). With `reuse`, each rank starts from its last
+// pass's image (a producer's committed image); `encode` false stops after quantizing.
+ProducerPass Pass(std::vector<Rank>& rs, int from, int to,
+                  const dc::quant::ServingDescription& serving, bool reuse, bool encode) {
+  namespace relay = dc::relay;
+  ProducerPass out;
+  relay::SplitAmaxExchange exchange(rs.size());
+  std::vector<std::unique_ptr<relay::Fp8Share>> shares(rs.size());
+  for (size_t r = 0; r < rs.size(); ++r) {
+    Rank& k = rs[r];
+    relay::ShareInput in{&k.placement.map,
+                         [&k, from](uint32_t i) { return k.steps[from]->TensorData(i); },
+                         [&k, to](uint32_t i) { return k.steps[to]->TensorData(i); }};
+    auto plan = Check(dc::quant::PlanServing(serving, k.placement.map.canonical()), "plan");
+    const double t0 = ProcessCpuSeconds();
+    shares[r] = Check(relay::Fp8Share::Plan(in, std::move(plan)), "fp8 share");
+    if (reuse) Check(shares[r]->TakeBaseFrom(*k.image), "reuse the image");
+    Check(shares[r]->ComputeAmaxes(1), "amaxes");
+    const auto message = relay::EncodeSplitAmaxes({1, shares[r]->SplitBlocks()});
+    out.amax_cpu += ProcessCpuSeconds() - t0;
+    Check(exchange.Add(dc::agent::RankFileStem(r), Check(relay::ParseSplitAmaxes(message), "parse"),
+                       message.size()),
+          "exchange");
+  }
+  const auto answers = exchange.Answers(1);
+  out.exchange = exchange.stats();
+  for (size_t r = 0; r < rs.size(); ++r) {
+    relay::Fp8Share& share = *shares[r];
+    const auto answer =
+        Check(relay::ParseSplitAmaxes(answers.at(dc::agent::RankFileStem(r))), "answer");
+    const double t0 = ProcessCpuSeconds();
+    Check(share.SetSplitAmaxes(answer.blocks), "set amaxes");
+    Check(share.Quantize(1), "quantize");
+    out.quantize_cpu += ProcessCpuSeconds() - t0;
+    out.quantized += share.stats().quantized_bf16_bytes;
+    if (encode) {
+      const relay::ShareInput image = share.Input();
+      const auto coverage = relay::ShareCoverage(*image.map, dc::codec::kDefaultPartitionBytes);
+      // The root sends the base hashes (it knows the base): not the producer's work.
+      const auto pieces = Check(
+          relay::HashShare(image, coverage, dc::codec::kDefaultPartitionBytes, 1), "hash base");
+      std::vector<dc::PartitionHash> hashes(coverage.size());
+      for (size_t i = 0; i < coverage.size(); ++i) {
+        const auto& t = image.map->canonical()[coverage[i].tensor];
+        hashes[i] = dc::CombinePieces(std::span(&pieces[i], 1),
+                                      coverage[i].length * dc::ElementSize(t.dtype));
+      }
+      relay::ShareEncodeOptions options;
+      options.threads = 1;
+      const double t1 = ProcessCpuSeconds();
+      auto encoded = Check(relay::EncodeShare(image, coverage, hashes, options), "encode share");
+      out.encode_cpu += ProcessCpuSeconds() - t1;
+      out.delta_bytes += encoded.stats.chunk_bytes + encoded.stats.piece_bytes;
+    }
+    rs[r].image = std::move(shares[r]);
+  }
+  return out;
+}
+
+json PassJson(const ProducerPass& p, uint64_t shard_bytes) {
+  const double cpu = p.amax_cpu + p.quantize_cpu + p.encode_cpu;
+  return {{"amax_cpu_seconds", p.amax_cpu},
+          {"quantize_cpu_seconds", p.quantize_cpu},
+          {"encode_cpu_seconds", p.encode_cpu},
+          {"quantized_bf16_bytes", p.quantized},
+          {"producer_gbps_per_core_bf16_input", double(shard_bytes) / 1e9 / cpu},
+          {"delta_bytes_before_merge", p.delta_bytes}};
+}
+
+// The producers of step0 -> step1's shards under `work`: a first refit (both
+// versions quantized) and a steady one (starting from the committed image of the
+// previous refit, as a long-lived relay::Producer does).
 json RunProducers(const std::filesystem::path& work, uint64_t ranks,
                   const dc::quant::ServingDescription& serving) {
-  namespace relay = dc::relay;
-  struct Rank {
-    std::unique_ptr<relay::ShardFile> base, target;
-    relay::RankPlacement placement;
-    std::unique_ptr<relay::Fp8Share> share;
-  };
   std::vector<Rank> rs(ranks);
   uint64_t shard_bytes = 0;
-  double amax_cpu = 0, quantize_cpu = 0, encode_cpu = 0;
-  uint64_t delta_bytes = 0, split_blocks_held = 0, quantized = 0;
-  relay::SplitAmaxExchange exchange(ranks);
   for (uint64_t r = 0; r < ranks; ++r) {
     const std::string stem = dc::agent::RankFileStem(r);
     Rank& k = rs[r];
-    k.base = Check(relay::ShardFile::Open(dc::agent::ShardDirOf(work / "step0") / (stem + ".safetensors")),
-                   "base shard");
-    k.target = Check(
-        relay::ShardFile::Open(dc::agent::ShardDirOf(work / "step1") / (stem + ".safetensors")),
-        "new shard");
-    k.placement = Check(relay::LoadRankPlacement(
+    for (int step = 0; step < 2; ++step) {
+      k.steps[step] = Check(dc::relay::ShardFile::Open(dc::agent::ShardDirOf(work / ("step" + std::to_string(step))) /
+                                                       (stem + ".safetensors")),
+                            "shard");
+    }
+    k.placement = Check(dc::relay::LoadRankPlacement(
                             dc::agent::ShardDirOf(work / "step1") / (stem + ".toml"),
-                            k.target->tensors()),
+                            k.steps[1]->tensors()),
                         "placement");
     // A trainer's shards are in memory: fault the mapped files in before timing.
     uint64_t touched = 0;
-    for (size_t i = 0; i < k.target->tensors().size(); ++i) {
-      shard_bytes += k.target->TensorData(i).size();
-      for (const auto* f : {k.base.get(), k.target.get()}) {
+    for (size_t i = 0; i < k.steps[1]->tensors().size(); ++i) {
+      shard_bytes += k.steps[1]->TensorData(i).size();
+      for (const auto& f : k.steps) {
         const auto data = f->TensorData(i);
         for (size_t b = 0; b < data.size(); b += 4096) touched += uint8_t(data[b]);
       }
     }
     if (touched == 1) fmt::print(stderr, " ");  // keeps the loop
-    relay::ShareInput in{&k.placement.map, [&k](uint32_t i) { return k.base->TensorData(i); },
-                         [&k](uint32_t i) { return k.target->TensorData(i); }};
-    auto plan = Check(dc::quant::PlanServing(serving, k.placement.map.canonical()), "plan");
-    const double t0 = ProcessCpuSeconds();
-    k.share = Check(relay::Fp8Share::Plan(in, std::move(plan)), "fp8 share");
-    Check(k.share->ComputeAmaxes(1), "amaxes");
-    const auto split = k.share->SplitBlocks();
-    const auto message = relay::EncodeSplitAmaxes({1, split});
-    amax_cpu += ProcessCpuSeconds() - t0;
-    split_blocks_held += split.size();
-    Check(exchange.Add(stem, Check(relay::ParseSplitAmaxes(message), "parse"), message.size()),
-          "exchange");
   }
-  const auto answers = exchange.Answers(1);
-  for (uint64_t r = 0; r < ranks; ++r) {
-    Rank& k = rs[r];
-    const auto answer = Check(relay::ParseSplitAmaxes(answers.at(dc::agent::RankFileStem(r))), "answer");
-    const double t0 = ProcessCpuSeconds();
-    Check(k.share->SetSplitAmaxes(answer.blocks), "set amaxes");
-    Check(k.share->Quantize(1), "quantize");
-    quantize_cpu += ProcessCpuSeconds() - t0;
-    quantized += k.share->stats().quantized_bf16_bytes;
-    const relay::ShareInput image = k.share->Input();
-    const auto coverage = relay::ShareCoverage(image.map[0], dc::codec::kDefaultPartitionBytes);
-    // The root sends the base hashes (it knows the base); not the producer's work.
-    const auto pieces = Check(
-        relay::HashShare(image, coverage, dc::codec::kDefaultPartitionBytes, 1), "hash base");
-    std::vector<dc::PartitionHash> hashes(coverage.size());
-    for (size_t i = 0; i < coverage.size(); ++i) {
-      const auto& t = image.map->canonical()[coverage[i].tensor];
-      hashes[i] = dc::CombinePieces(std::span(&pieces[i], 1),
-                                    coverage[i].length * dc::ElementSize(t.dtype));
-    }
-    relay::ShareEncodeOptions options;
-    options.threads = 1;
-    const double t1 = ProcessCpuSeconds();
-    auto encoded = Check(relay::EncodeShare(image, coverage, hashes, options), "encode share");
-    encode_cpu += ProcessCpuSeconds() - t1;
-    delta_bytes += encoded.stats.chunk_bytes + encoded.stats.piece_bytes;
-    k.share.reset();
-  }
-  const double cpu = amax_cpu + quantize_cpu + encode_cpu;
-  const auto& x = exchange.stats();
+  const ProducerPass first = Pass(rs, 0, 1, serving, false, true);
+  (void)Pass(rs, 1, 0, serving, false, false);  // the committed image of step 0
+  const ProducerPass steady = Pass(rs, 0, 1, serving, true, true);
+  const auto& x = first.exchange;
   return {{"ranks", ranks},
           {"new_shard_bf16_bytes", shard_bytes},
-          {"quantized_bf16_bytes_per_version", quantized},
-          {"amax_cpu_seconds", amax_cpu},
-          {"quantize_cpu_seconds", quantize_cpu},
-          {"encode_cpu_seconds", encode_cpu},
-          {"producer_gbps_per_core_bf16_input", double(shard_bytes) / 1e9 / cpu},
-          {"producer_gbps_per_core_both_versions_read", 2 * double(shard_bytes) / 1e9 / cpu},
-          {"delta_bytes_before_merge", delta_bytes},
+          {"first_refit", PassJson(first, shard_bytes)},
+          {"steady_refit", PassJson(steady, shard_bytes)},
+          {"producer_gbps_per_core_bf16_input",
+           PassJson(steady, shard_bytes)["producer_gbps_per_core_bf16_input"]},
           {"split_blocks", x.split_blocks},
           {"split_block_pieces", x.pieces},
           {"split_amax_exchange_bytes", x.exchange_bytes},
           {"split_blocks_gather_bytes", x.gather_bytes},
-          {"split_blocks_held_per_rank_total", split_blocks_held}};
+          {"steady_split_amax_exchange_bytes", steady.exchange.exchange_bytes}};
 }
 
 }  // namespace
@@ -382,12 +416,13 @@ int main(int argc, char** argv) {
       row["producers"]["tp"] = tp;
       const auto& pr = row["producers"];
       fmt::print(stderr,
-                 "rate {}: {} producers (tp={}): {:.2f} GB/s/core of new BF16 shard (amax {:.2f} "
-                 "s, quantize {:.2f} s, encode {:.2f} s CPU); {} split blocks, {} B exchanged vs "
+                 "rate {}: {} producers (tp={}): {:.2f} GB/s/core of new BF16 shard from the "
+                 "committed image ({:.2f} on a first refit); {} split blocks, {} B exchanged vs "
                  "{} B to gather\n",
-                 rate_text, shards.Ranks(), tp, pr["producer_gbps_per_core_bf16_input"].get<double>(),
-                 pr["amax_cpu_seconds"].get<double>(), pr["quantize_cpu_seconds"].get<double>(),
-                 pr["encode_cpu_seconds"].get<double>(), pr["split_blocks"].get<uint64_t>(),
+                 rate_text, shards.Ranks(), tp,
+                 pr["steady_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
+                 pr["first_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
+                 pr["split_blocks"].get<uint64_t>(),
                  pr["split_amax_exchange_bytes"].get<uint64_t>(),
                  pr["split_blocks_gather_bytes"].get<uint64_t>());
     }

@@ -43,15 +43,26 @@ struct QTensor {
   template <class Fn>
   void Walk(const Run& r, Fn&& fn) const {
     for (uint64_t i = 0; i < r.count; ++i) {
-      uint64_t src = r.src + i * r.src_stride, d = r.dst + i * r.dst_stride, off = i * r.len;
+      uint64_t src = r.src + i * r.src_stride, off = i * r.len;
+      const uint64_t d = r.dst + i * r.dst_stride;
+      // Divisions once per canonical row: a piece ends at a block's edge, the
+      // tensor's row end, or the run row's end (the last piece).
+      uint64_t row = d / cols, col = d % cols, block_col = col / bc;
+      uint64_t block_row_first = (row / br) * grid_cols;
       for (uint64_t left = r.len; left > 0;) {
-        const uint64_t row = d / cols, col = d % cols;
-        const uint64_t n = std::min({left, (col / bc + 1) * bc - col, cols - col});
-        fn((row / br) * grid_cols + col / bc, src, off, row, col, n);
+        const uint64_t n = std::min({left, (block_col + 1) * bc - col, cols - col});
+        fn(block_row_first + block_col, src, off, row, col, n);
         src += n;
         off += n;
-        d += n;
         left -= n;
+        col += n;
+        if (col == cols) {
+          col = block_col = 0;
+          ++row;
+          block_row_first = (row / br) * grid_cols;
+        } else {
+          ++block_col;
+        }
       }
     }
   }
