@@ -285,7 +285,11 @@ Status Fp8Share::ComputeAmaxes(size_t threads) {
         return;
       }
       q.Walk(r, [&](uint64_t b, uint64_t src, uint64_t, uint64_t row, uint64_t col, uint64_t n) {
-        if (!base_kept) q.amax_base[b] = quant::Fp8PieceAmax(base.subspan(src, n), q.amax_base[b]);
+        // A kept base still reports its split blocks' partial amaxes: a producer
+        // that lost its image (restarted) quantizes the base again and needs them.
+        if (!base_kept || q.held[b] != q.BlockElements(b)) {
+          q.amax_base[b] = quant::Fp8PieceAmax(base.subspan(src, n), q.amax_base[b]);
+        }
         q.amax_target[b] = quant::Fp8PieceAmax(target.subspan(src, n), q.amax_target[b]);
         if (statuses[t].ok() && std::max(q.amax_base[b], q.amax_target[b]) >= quant::kBf16NonFinite) {
           const bool in_base = q.amax_base[b] >= quant::kBf16NonFinite;

@@ -159,6 +159,59 @@ TEST(Fp8ShareTest, SplitBlocksAfterTheExchangeMatchTheWholeTensorQuantizer) {
     }
     EXPECT_EQ(0, std::memcmp(got.bytes[kNorm].data(), bf16.at(kNorm).data(), kCols * 2));
   }
+
+  // The next step: share 0 starts from its image (what the receivers hold), the
+  // others lost theirs (restarted) and quantize the base again with the exchanged
+  // amaxes, to which share 0 still contributes its base pieces.
+  std::map<std::string, std::vector<uint16_t>> next;
+  for (const auto& [name, v] : target) next[name] = Step(v, 8);
+  next[kLinear][150 * kCols + 200] = Bf16(7.0f);
+  std::vector<std::unique_ptr<Fp8Share>> again;
+  split.clear();
+  for (size_t s = 0; s < maps.size(); ++s) {
+    ShareInput in;
+    in.map = &maps[s];
+    const auto bytes_of = [&maps, s](const std::map<std::string, std::vector<uint16_t>>& v,
+                                     uint32_t local) -> ByteSpan {
+      const layout::Run& r = maps[s].RunsOf(local)[0];
+      const auto& all = v.at(maps[s].canonical()[r.canonical].name);
+      return std::as_bytes(std::span(all)).subspan(r.dst * 2, r.len * 2);
+    };
+    in.base = [&, bytes_of](uint32_t local) { return bytes_of(target, local); };
+    in.target = [&, bytes_of](uint32_t local) { return bytes_of(next, local); };
+    auto share = Fp8Share::Plan(in, *plan);
+    ASSERT_TRUE(share.ok());
+    if (s == 0) {
+      ASSERT_TRUE((*share)->TakeBaseFrom(*shares[0]).ok());
+    }
+    ASSERT_TRUE((*share)->ComputeAmaxes(1).ok());
+    split.push_back((*share)->SplitBlocks());
+    again.push_back(std::move(*share));
+  }
+  EXPECT_TRUE(again[0]->stats().base_kept);
+  const std::vector<SplitBlockAmax> reduced2 = ReduceSplitAmaxes(split);
+  for (size_t s = 0; s < again.size(); ++s) {
+    std::vector<SplitBlockAmax> mine;
+    for (const SplitBlockAmax& a : split[s]) {
+      for (const SplitBlockAmax& r : reduced2) {
+        if (r.tensor == a.tensor && r.block == a.block) mine.push_back(r);
+      }
+    }
+    ASSERT_TRUE(again[s]->SetSplitAmaxes(mine).ok());
+    ASSERT_TRUE(again[s]->Quantize(1).ok());
+  }
+  for (const bool at_target : {false, true}) {
+    Assembled got;
+    for (const auto& share : again) Assemble(*share, at_target, got);
+    auto want = quant::QuantizeFp8(*quant::FindFp8Scheme("fp8_e4m3_block128"), kLinear,
+                                   (at_target ? next : target).at(kLinear), kRows, kCols);
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(0, std::memcmp(got.bytes[kLinear].data(), want->weight.data(), kRows * kCols))
+        << "after reuse, FP8 bytes differ, target " << at_target;
+    const std::string scale = std::string(kLinear) + "_scale_inv";
+    EXPECT_EQ(0, std::memcmp(got.bytes[scale].data(), want->scale_inv.data(),
+                             want->scale_inv.size() * 4));
+  }
 }
 
 // Two BF16 versions as stores; the twins of each, as synth --fp8 makes them.
