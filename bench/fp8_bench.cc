@@ -19,8 +19,9 @@
 // 128 x 128 blocks when intermediate / tp is not a multiple of 128): per rank,
 // one thread, the amax pass, the split-amax exchange (SPLIT_AMAXES messages, in
 // process), quantizing both versions and the fast encode of the FP8 image, in CPU
-// seconds per BF16 byte of the rank's new shard; and the exchange's bytes against
-// gathering the split blocks' elements.
+// seconds per BF16 byte of the rank's new shard (best of three), on a first refit
+// (both versions quantized) and on a steady one (from the committed image); and the
+// exchange's bytes against gathering the split blocks' elements.
 // Prints one JSON document (and writes it to --out).
 #include <fmt/core.h>
 
@@ -290,9 +291,16 @@ json RunProducers(const std::filesystem::path& work, uint64_t ranks,
     }
     if (touched == 1) fmt::print(stderr, " ");  // keeps the loop
   }
-  const ProducerPass first = Pass(rs, 0, 1, serving, false, true);
-  (void)Pass(rs, 1, 0, serving, false, false);  // the committed image of step 0
-  const ProducerPass steady = Pass(rs, 0, 1, serving, true, true);
+  // Best of three (least CPU): the machine may be shared.
+  const auto cpu = [](const ProducerPass& p) { return p.amax_cpu + p.quantize_cpu + p.encode_cpu; };
+  ProducerPass first, steady;
+  for (int rep = 0; rep < 3; ++rep) {
+    const ProducerPass f = Pass(rs, 0, 1, serving, false, true);
+    if (rep == 0 || cpu(f) < cpu(first)) first = f;
+    (void)Pass(rs, 1, 0, serving, false, false);  // the committed image of step 0
+    const ProducerPass s = Pass(rs, 0, 1, serving, true, true);
+    if (rep == 0 || cpu(s) < cpu(steady)) steady = s;
+  }
   const auto& x = first.exchange;
   return {{"ranks", ranks},
           {"new_shard_bf16_bytes", shard_bytes},

@@ -6,7 +6,7 @@
 # end byte-identical to the twin `synth --fp8` wrote (sha256), and the FP8 version
 # id must be the twin's (`deltacast manifest`). A serving description that does not
 # fit the checkpoint is refused naming the tensor, and no node changes.
-# Then the same from producers: the four ranks of a TP=2 x PP=2 job (whose TP cut
+# Then the same from producers (local ones, then `deltacast produce` processes): the four ranks of a TP=2 x PP=2 job (whose TP cut
 # of the MLP's 640 falls inside a 128 x 128 block) quantize their own shards with
 # `publish --base-shards --new-shards --serving` (split blocks after the amax
 # exchange through the root), and the nodes again end byte-identical to the twins.
@@ -15,13 +15,14 @@ set -uo pipefail
 dc=$1
 source "$(dirname "$0")/lib.sh"
 start_work fp8-publish
-write_chain_config fp8-publish $((27400 + (RANDOM % 100) * 8)) 2 64KiB 4 30s all 10s
+port_base=$((27400 + (RANDOM % 100) * 8))
+write_chain_config fp8-publish "$port_base" 2 64KiB 4 30s all 10s
 export DELTACAST_TOKEN=fp8-publish-$RANDOM
 failures=()
 check() { "${@:2}" >/dev/null 2>&1 || failures+=("$1"); }
 sums() { (cd "$1" && find . -path ./.deltacast -prune -o -type f -print | LC_ALL=C sort | xargs sha256sum); }
 
-"$dc" synth --out "$work/steps" --params 4M --steps 4 --change-rate 3% --threads 2 --fp8 \
+"$dc" synth --out "$work/steps" --params 4M --steps 5 --change-rate 3% --threads 2 --fp8 \
   --shards tp=2,pp=2 >/dev/null ||
   { echo "fp8_publish: FAIL: synth --fp8"; exit 1; }
 # synth's default serving description, as a file.
@@ -33,7 +34,7 @@ not_converted = ["*norm.weight", "*.mlp.gate.weight"]
 TOML
 mkdir -p "$work/run" "$work/twins"
 # The twins live apart from the BF16 steps the publish reads.
-for k in 0 1 2 3 4; do mv "$work/steps/step$k-fp8" "$work/twins/step$k"; done
+for k in 0 1 2 3 4 5; do mv "$work/steps/step$k-fp8" "$work/twins/step$k"; done
 for n in a1 a2 a3; do
   cp -r "$work/twins/step0" "$work/run/$n"
   run_agent "$n"
@@ -111,6 +112,28 @@ produce() {  # FROM TO MODE [BASE_TWIN]
 }
 produce 2 3 fast
 produce 3 4 context "$work/twins/step3"
+# Step 4 -> 5 from four `deltacast produce --serving` processes and a root waiting
+# for them (`publish --producers 4`).
+"$dc" publish --config "$work/cluster.toml" --producers 4 --listen-producers "127.0.0.1:$((port_base + 5))" \
+  --state-dir "$work/run/source" --json --no-progress >"$work/run/publish5.json" \
+  2>>"$work/run/publish.log" &
+root=$!
+producers=()
+for r in 0 1 2 3; do
+  stem=$(printf 'rank-%05d' "$r")
+  "$dc" produce --config "$work/cluster.toml" --rank "$r" --layout "$work/steps/step5.shards/$stem.toml" \
+    --base "$work/steps/step4.shards/$stem.safetensors" --new "$work/steps/step5.shards/$stem.safetensors" \
+    --root "127.0.0.1:$((port_base + 5))" --serving "$work/serving.toml" --threads 1 --json \
+    >"$work/run/produce5.$stem.json" 2>>"$work/run/produce.log" &
+  producers+=($!)
+done
+wait "$root"
+rc=$?
+check "the root of produce --serving processes exited $rc" test "$rc" -eq 0
+for p in "${producers[@]}"; do wait "$p" 2>/dev/null; done
+same_as_twin 5 "produce processes"
+check "rank 1's produce report has no FP8 figures" \
+  json_holds "$work/run/produce5.rank-00001.json" '.committed and .fp8.quantized_bf16_bytes > 0'
 for n in a1 a2 a3; do check "$n's audit after the producers" "$dc" audit "$work/run/$n"; done
 
 if ((${#failures[@]} == 0)); then
