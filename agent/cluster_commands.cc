@@ -358,10 +358,10 @@ int RunPublish(const PublishArgs& args) {
     serving = std::move(*loaded);
   }
   const auto bar = AttachPublishProgress(args, options);
-  auto report = serving ? relay::PublishCheckpointsFp8(options, args.base, args.target, *serving,
-                                                       std::move(transport))
-                        : relay::PublishCheckpoints(options, args.base, args.target,
-                                                    std::move(transport));
+  auto report =
+      serving ? relay::PublishCheckpointsFp8(options, args.base, args.target, *serving,
+                                             std::move(transport))
+              : relay::PublishCheckpoints(options, args.base, args.target, std::move(transport));
   bar->Finish();
   if (!report.ok()) return Fail(report.status());
   PrintReport(*report, args.json);

@@ -272,14 +272,15 @@ json RunProducers(const std::filesystem::path& work, uint64_t ranks,
     const std::string stem = dc::agent::RankFileStem(r);
     Rank& k = rs[r];
     for (int step = 0; step < 2; ++step) {
-      k.steps[step] = Check(dc::relay::ShardFile::Open(dc::agent::ShardDirOf(work / ("step" + std::to_string(step))) /
-                                                       (stem + ".safetensors")),
-                            "shard");
+      k.steps[step] = Check(
+          dc::relay::ShardFile::Open(dc::agent::ShardDirOf(work / ("step" + std::to_string(step))) /
+                                     (stem + ".safetensors")),
+          "shard");
     }
-    k.placement = Check(dc::relay::LoadRankPlacement(
-                            dc::agent::ShardDirOf(work / "step1") / (stem + ".toml"),
-                            k.steps[1]->tensors()),
-                        "placement");
+    k.placement =
+        Check(dc::relay::LoadRankPlacement(dc::agent::ShardDirOf(work / "step1") / (stem + ".toml"),
+                                           k.steps[1]->tensors()),
+              "placement");
     // A trainer's shards are in memory: fault the mapped files in before timing.
     uint64_t touched = 0;
     for (size_t i = 0; i < k.steps[1]->tensors().size(); ++i) {

@@ -21,12 +21,13 @@ codec::TensorInfo Info(const layout::TensorSpec& t) { return {t.name, t.dtype, t
 // One group's share report and chunks.
 Status EncodeGroup(const apply::WeightStore& base, const apply::WeightStore& target,
                    const std::vector<layout::TensorSpec>& canonical,
-                   const std::map<std::string, size_t>& store_index,
-                   std::vector<std::string> names, const std::vector<quant::ServedTensor>& plan,
-                   const ShareEncodeOptions& options, ShareReport& report, Fp8Delta& out) {
+                   const std::map<std::string, size_t>& store_index, std::vector<std::string> names,
+                   const std::vector<quant::ServedTensor>& plan, const ShareEncodeOptions& options,
+                   ShareReport& report, Fp8Delta& out) {
   ASSIGN_OR_RETURN(layout::PlacementMap map, layout::MapWhole(canonical, std::move(names)));
   std::vector<size_t> local_to_store;
-  for (const layout::LocalTensor& l : map.locals()) local_to_store.push_back(store_index.at(l.spec.name));
+  for (const layout::LocalTensor& l : map.locals())
+    local_to_store.push_back(store_index.at(l.spec.name));
   ShareInput bf16;
   bf16.map = &map;
   bf16.base = [&](uint32_t i) { return base.TensorData(local_to_store[i]); };
@@ -51,8 +52,7 @@ Status EncodeGroup(const apply::WeightStore& base, const apply::WeightStore& tar
     const uint64_t bytes = c.length * ElementSize(share->map().canonical()[c.tensor].dtype);
     base_hashes[i] = CombinePieces(std::span(&report.base_pieces[i], 1), bytes);
   }
-  ASSIGN_OR_RETURN(EncodedShare encoded,
-                   EncodeShare(image, report.coverage, base_hashes, options));
+  ASSIGN_OR_RETURN(EncodedShare encoded, EncodeShare(image, report.coverage, base_hashes, options));
   if (!encoded.pieces.empty()) return Status::Internal("a group of whole tensors made pieces");
   report.changes = std::move(encoded.changes);
   report.proof = std::move(encoded.base_pieces);
@@ -119,8 +119,7 @@ Result<Fp8Delta> EncodeFp8Delta(const apply::WeightStore& base, const apply::Wei
   return out;
 }
 
-Result<PublishReport> PublishFp8Delta(Source& source, const Fp8Delta& delta,
-                                      uint64_t chunk_bytes) {
+Result<PublishReport> PublishFp8Delta(Source& source, const Fp8Delta& delta, uint64_t chunk_bytes) {
   auto stream = [&](const Source::ChunkMessageSink& sink, codec::DeltaStats* stats) -> Status {
     DeltaMerger merger(delta.base, delta.target, chunk_bytes, sink);
     for (const auto& chunk : delta.chunks) RETURN_IF_ERROR(merger.AddChunk(chunk));

@@ -50,8 +50,7 @@ Result<Fp8Delta> EncodeFp8Delta(const apply::WeightStore& base, const apply::Wei
                                 uint64_t group_bytes = 256ull << 20);
 
 // Publishes an encoded FP8 delta through `source` (Source::PublishStream).
-Result<PublishReport> PublishFp8Delta(Source& source, const Fp8Delta& delta,
-                                      uint64_t chunk_bytes);
+Result<PublishReport> PublishFp8Delta(Source& source, const Fp8Delta& delta, uint64_t chunk_bytes);
 
 // `publish --serving`: the FP8 delta of two BF16 checkpoint directories laid out
 // alike, published as the config's source. The report's bf16_* fields name the

@@ -22,17 +22,17 @@ double Since(std::chrono::steady_clock::time_point t) {
 
 // One quantized canonical tensor the share holds elements of.
 struct QTensor {
-  uint32_t bf16 = 0;  // index into the BF16 canonical table
+  uint32_t bf16 = 0;               // index into the BF16 canonical table
   uint32_t weight = 0, scale = 0;  // indices into the FP8 table
   const quant::Fp8Scheme* scheme = nullptr;
   std::string name;
   uint64_t rows = 0, cols = 0, br = 0, bc = 0, grid_cols = 0, blocks = 0;
-  std::vector<uint64_t> held;                  // elements held, per block
-  std::vector<uint8_t> owner;                  // holds the block's first element
+  std::vector<uint64_t> held;  // elements held, per block
+  std::vector<uint8_t> owner;  // holds the block's first element
   std::vector<uint16_t> amax_base, amax_target;
-  std::vector<uint8_t> reduced;                // split block: the exchange set its amax
-  std::vector<size_t> runs;                    // indices into State::qruns
-  uint32_t scale_local = UINT32_MAX;           // its scale local, if it owns any scale
+  std::vector<uint8_t> reduced;       // split block: the exchange set its amax
+  std::vector<size_t> runs;           // indices into State::qruns
+  uint32_t scale_local = UINT32_MAX;  // its scale local, if it owns any scale
 
   uint64_t BlockElements(uint64_t b) const {
     const uint64_t r0 = (b / grid_cols) * br, c0 = (b % grid_cols) * bc;
@@ -141,7 +141,8 @@ Result<std::unique_ptr<Fp8Share>> Fp8Share::Plan(const ShareInput& bf16,
     if (r0.value != layout::Value::kBits) {
       return Status::Unsupported("tensor '" + served.canonical.name +
                                  "' is served FP8 but this share holds it through a value "
-                                 "transform (rule line " + std::to_string(r0.line) +
+                                 "transform (rule line " +
+                                 std::to_string(r0.line) +
                                  "); quantizing transformed values is not built");
     }
     if (qtensor_of[r0.canonical] == SIZE_MAX) {
@@ -167,10 +168,10 @@ Result<std::unique_ptr<Fp8Share>> Fp8Share::Plan(const ShareInput& bf16,
     qr.tensor = qtensor_of[r0.canonical];
     qr.local = static_cast<uint32_t>(locals.size());
     const layout::LocalTensor& from = in.locals()[r0.local];
-    locals.push_back({{from.spec.name + " -> " + served.weight.name + " (FP8)", DType::kF8E4M3,
-                       {r0.Elements()}},
-                      layout::Role::kProjected,
-                      r0.line});
+    locals.push_back(
+        {{from.spec.name + " -> " + served.weight.name + " (FP8)", DType::kF8E4M3, {r0.Elements()}},
+         layout::Role::kProjected,
+         r0.line});
     r.local = qr.local;
     r.src = 0;
     r.src_stride = r.len;
@@ -181,11 +182,11 @@ Result<std::unique_ptr<Fp8Share>> Fp8Share::Plan(const ShareInput& bf16,
   // Geometry: which blocks the share holds, whole or in part, and whose scale it writes.
   for (QTensor& q : s->tensors) {
     for (size_t k : q.runs) {
-      q.Walk(s->qruns[k].run, [&](uint64_t b, uint64_t, uint64_t, uint64_t row, uint64_t col,
-                                  uint64_t n) {
-        q.held[b] += n;
-        if (row % q.br == 0 && col % q.bc == 0) q.owner[b] = 1;
-      });
+      q.Walk(s->qruns[k].run,
+             [&](uint64_t b, uint64_t, uint64_t, uint64_t row, uint64_t col, uint64_t n) {
+               q.held[b] += n;
+               if (row % q.br == 0 && col % q.bc == 0) q.owner[b] = 1;
+             });
     }
     std::vector<Run> scale_runs;
     for (uint64_t b = 0; b < q.blocks; ++b) {
@@ -222,8 +223,8 @@ Result<std::unique_ptr<Fp8Share>> Fp8Share::Plan(const ShareInput& bf16,
 
 namespace {
 
-std::string NonFinite(const QTensor& q, std::span<const uint16_t> piece, uint64_t row,
-                      uint64_t col, const char* version) {
+std::string NonFinite(const QTensor& q, std::span<const uint16_t> piece, uint64_t row, uint64_t col,
+                      const char* version) {
   for (size_t j = 0; j < piece.size(); ++j) {
     const uint16_t b = piece[j];
     if (quant::Bf16AbsBits(b) < quant::kBf16NonFinite) continue;
@@ -291,10 +292,12 @@ Status Fp8Share::ComputeAmaxes(size_t threads) {
           q.amax_base[b] = quant::Fp8PieceAmax(base.subspan(src, n), q.amax_base[b]);
         }
         q.amax_target[b] = quant::Fp8PieceAmax(target.subspan(src, n), q.amax_target[b]);
-        if (statuses[t].ok() && std::max(q.amax_base[b], q.amax_target[b]) >= quant::kBf16NonFinite) {
+        if (statuses[t].ok() &&
+            std::max(q.amax_base[b], q.amax_target[b]) >= quant::kBf16NonFinite) {
           const bool in_base = q.amax_base[b] >= quant::kBf16NonFinite;
-          statuses[t] = Status::InvalidArgument(NonFinite(
-              q, (in_base ? base : target).subspan(src, n), row, col, in_base ? "previous" : "new"));
+          statuses[t] =
+              Status::InvalidArgument(NonFinite(q, (in_base ? base : target).subspan(src, n), row,
+                                                col, in_base ? "previous" : "new"));
         }
       });
     }
@@ -327,14 +330,16 @@ Status Fp8Share::SetSplitAmaxes(std::span<const SplitBlockAmax> reduced) {
       return Status::InvalidArgument("a reduced amax for a tensor this share holds no block of");
     }
     QTensor& q = s.tensors[it->second];
-    if (a.block >= q.blocks || q.held[a.block] == 0 || q.held[a.block] == q.BlockElements(a.block)) {
+    if (a.block >= q.blocks || q.held[a.block] == 0 ||
+        q.held[a.block] == q.BlockElements(a.block)) {
       return Status::InvalidArgument("tensor '" + q.name + "' block " + std::to_string(a.block) +
                                      ": a reduced amax for a block not split in this share");
     }
     if (a.base < q.amax_base[a.block] || a.target < q.amax_target[a.block] ||
         std::max(a.base, a.target) >= quant::kBf16NonFinite) {
-      return Status::InvalidArgument("tensor '" + q.name + "' block " + std::to_string(a.block) +
-                                     ": the reduced amax is below this share's piece or not finite");
+      return Status::InvalidArgument(
+          "tensor '" + q.name + "' block " + std::to_string(a.block) +
+          ": the reduced amax is below this share's piece or not finite");
     }
     q.amax_base[a.block] = a.base;
     q.amax_target[a.block] = a.target;

@@ -103,7 +103,7 @@ class Producer {
   // Serving FP8: the image of the last refit that committed, whose new version the
   // next refit starts from (what the receivers hold); Serve's thread only.
   std::unique_ptr<Fp8Share> last_image_;
-  Status close_status_;                   // guarded by mu_
+  Status close_status_;  // guarded by mu_
 };
 
 }  // namespace deltacast::relay

@@ -156,9 +156,9 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
   auto mixed = [&]() {
     for (const auto& id : covered) {
       if (exchange.started() && !exchange.Has(id)) {
-        return Status::InvalidArgument(
-            "producer " + id + " serves BF16 while others quantize to FP8 (SPLIT_AMAXES): "
-            "give every producer the same serving description");
+        return Status::InvalidArgument("producer " + id +
+                                       " serves BF16 while others quantize to FP8 (SPLIT_AMAXES): "
+                                       "give every producer the same serving description");
       }
     }
     return Status::Ok();
@@ -167,8 +167,7 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
     auto next = talk.Next("before reporting coverage");
     if (!next.ok()) return fail(next.status());
     auto& [id, message] = *next;
-    if (auto type = PeekType(ByteSpan(*message));
-        type.ok() && *type == MessageType::kSplitAmaxes) {
+    if (auto type = PeekType(ByteSpan(*message)); type.ok() && *type == MessageType::kSplitAmaxes) {
       auto amaxes = ParseSplitAmaxes(ByteSpan(*message));
       if (!amaxes.ok()) return fail(amaxes.status().WithContext("from producer " + id));
       if (amaxes->refit_id != talk.refit_id()) continue;
@@ -176,7 +175,8 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
       if (!complete.ok()) return fail(complete.status());
       if (Status s = mixed(); !s.ok()) return fail(s);
       if (*complete) {
-        for (auto& [to, answer] : exchange.Answers(talk.refit_id())) hub_->Send(to, std::move(answer));
+        for (auto& [to, answer] : exchange.Answers(talk.refit_id()))
+          hub_->Send(to, std::move(answer));
       }
       continue;
     }

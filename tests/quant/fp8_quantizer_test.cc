@@ -135,7 +135,8 @@ TEST(QuantizeFp8, PieceLoopsMatchTheElementCode) {
       uint16_t want = 3;
       for (uint16_t v : piece) want = std::max<uint16_t>(want, Bf16AbsBits(v));
       EXPECT_EQ(Fp8PieceAmax(piece, 3), want) << n << (baseline ? " baseline" : " vector");
-      const float m = ScaleOfBlock(want, ScaleFormat::kF32, Multiplier::kReciprocalOfScale).multiplier;
+      const float m =
+          ScaleOfBlock(want, ScaleFormat::kF32, Multiplier::kReciprocalOfScale).multiplier;
       std::vector<uint8_t> got(n);
       QuantizeFp8Piece(piece, m, got);
       for (size_t i = 0; i < n; ++i) {

@@ -226,8 +226,8 @@ Versions MakeVersions(bool nan_in_target = false) {
   v.base = std::move(*apply::HostStore::Create(infos));
   v.target = std::move(*apply::HostStore::Create(infos));
   for (size_t i = 0; i < infos.size(); ++i) {
-    const uint64_t n = infos[i].shape.size() == 1 ? infos[i].shape[0]
-                                                  : infos[i].shape[0] * infos[i].shape[1];
+    const uint64_t n =
+        infos[i].shape.size() == 1 ? infos[i].shape[0] : infos[i].shape[0] * infos[i].shape[1];
     const std::vector<uint16_t> b = RandomBf16(n, 10 + i);
     std::vector<uint16_t> t = Step(b, 20 + i);
     if (nan_in_target && infos[i].name == kLinear) t[5 * kCols + 7] = 0x7FC0;

@@ -172,8 +172,7 @@ class RootTest : public ::testing::Test {
         auto served =
             producers_[r]->Serve(it != inputs.end() ? it->second : ranks_[r]->Input(from));
         results[r] = {served.ok() ? Status::Ok() : served.status(),
-                      served.ok() && served->committed,
-                      served.ok() && served->fp8_stats.base_kept};
+                      served.ok() && served->committed, served.ok() && served->fp8_stats.base_kept};
       });
     }
     auto report = root_->Publish(base);
