@@ -140,23 +140,15 @@ Result<PublishReport> Source::PublishCheckpoints(const std::filesystem::path& ba
                                                  const std::filesystem::path& serving) {
   if (!serving.empty()) {
     ASSIGN_OR_RETURN(quant::ServingDescription description, quant::LoadServing(serving));
-    auto base = relay::OpenCheckpointVersion(base_dir, impl_->options.encode_threads);
-    if (!base.ok()) return base.status().WithContext("base checkpoint");
-    auto target = relay::OpenCheckpointVersion(new_dir, impl_->options.encode_threads);
-    if (!target.ok()) return target.status().WithContext("new checkpoint");
-    if (Status same = relay::SameFileLayout(*base, *target); !same.ok()) return same;
     relay::ShareEncodeOptions encode;
     encode.codec.mode =
         impl_->options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
     encode.threads = impl_->options.encode_threads;
     encode.chunk_bytes = impl_->config.impl().cluster.tree.chunk_size;
-    ASSIGN_OR_RETURN(relay::Fp8Delta delta,
-                     relay::EncodeFp8Delta(*base->store, *target->store, description, encode));
-    auto report = relay::PublishFp8Delta(*impl_->source, delta, encode.chunk_bytes);
-    if (!report.ok()) return report.status();
-    report->bf16_base_version = base->manifest.VersionId();
-    report->bf16_target_version = target->manifest.VersionId();
-    return api::ToPublic(*report);
+    ASSIGN_OR_RETURN(relay::PublishReport report,
+                     relay::PublishCheckpointsFp8(*impl_->source, base_dir, new_dir, description,
+                                                  encode));
+    return api::ToPublic(report);
   }
   auto base = relay::OpenCheckpointVersion(base_dir, impl_->options.encode_threads);
   if (!base.ok()) return base.status().WithContext("base checkpoint");

@@ -130,29 +130,62 @@ Result<PublishReport> PublishFp8Delta(Source& source, const Fp8Delta& delta, uin
   return source.PublishStream(delta.base, delta.target, stream);
 }
 
+namespace {
+
+// Both BF16 versions opened (their manifests from the caches or hashed) and encoded.
+struct Fp8Publish {
+  CheckpointVersion base, target;
+  Fp8Delta delta;
+};
+
+Result<Fp8Publish> EncodeCheckpointsFp8(const std::filesystem::path& base_dir,
+                                        const std::filesystem::path& new_dir,
+                                        const quant::ServingDescription& serving,
+                                        const ShareEncodeOptions& options) {
+  Fp8Publish p;
+  auto base = OpenCheckpointVersion(base_dir, options.threads);
+  if (!base.ok()) return base.status().WithContext("base checkpoint");
+  p.base = std::move(*base);
+  auto target = OpenCheckpointVersion(new_dir, options.threads);
+  if (!target.ok()) return target.status().WithContext("new checkpoint");
+  p.target = std::move(*target);
+  RETURN_IF_ERROR(SameFileLayout(p.base, p.target));
+  ASSIGN_OR_RETURN(p.delta, EncodeFp8Delta(*p.base.store, *p.target.store, serving, options));
+  return p;
+}
+
+Result<PublishReport> Published(Result<PublishReport> report, const Fp8Publish& p) {
+  if (!report.ok()) return report.status();
+  report->bf16_base_version = p.base.manifest.VersionId();
+  report->bf16_target_version = p.target.manifest.VersionId();
+  return report;
+}
+
+}  // namespace
+
+Result<PublishReport> PublishCheckpointsFp8(Source& source, const std::filesystem::path& base_dir,
+                                            const std::filesystem::path& new_dir,
+                                            const quant::ServingDescription& serving,
+                                            const ShareEncodeOptions& options) {
+  ASSIGN_OR_RETURN(Fp8Publish p, EncodeCheckpointsFp8(base_dir, new_dir, serving, options));
+  return Published(PublishFp8Delta(source, p.delta, options.chunk_bytes), p);
+}
+
 Result<PublishReport> PublishCheckpointsFp8(const PublishOptions& options,
                                             const std::filesystem::path& base_dir,
                                             const std::filesystem::path& new_dir,
                                             const quant::ServingDescription& serving,
                                             std::unique_ptr<transport::Transport> transport) {
-  auto base = OpenCheckpointVersion(base_dir, options.encode_threads);
-  if (!base.ok()) return base.status().WithContext("base checkpoint");
-  auto target = OpenCheckpointVersion(new_dir, options.encode_threads);
-  if (!target.ok()) return target.status().WithContext("new checkpoint");
-  RETURN_IF_ERROR(SameFileLayout(*base, *target));
   ShareEncodeOptions encode;
   encode.codec = options.codec;
   encode.threads = options.encode_threads;
   encode.partition_bytes = codec::kDefaultPartitionBytes;
   encode.chunk_bytes = options.config.tree.chunk_size;
-  ASSIGN_OR_RETURN(Fp8Delta delta, EncodeFp8Delta(*base->store, *target->store, serving, encode));
+  ASSIGN_OR_RETURN(Fp8Publish p, EncodeCheckpointsFp8(base_dir, new_dir, serving, encode));
   ASSIGN_OR_RETURN(auto source, Source::Start(options, std::move(transport)));
-  auto report = PublishFp8Delta(*source, delta, encode.chunk_bytes);
+  auto report = PublishFp8Delta(*source, p.delta, encode.chunk_bytes);
   source->Stop();
-  if (!report.ok()) return report.status();
-  report->bf16_base_version = base->manifest.VersionId();
-  report->bf16_target_version = target->manifest.VersionId();
-  return report;
+  return Published(std::move(report), p);
 }
 
 }  // namespace deltacast::relay

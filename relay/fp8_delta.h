@@ -52,9 +52,15 @@ Result<Fp8Delta> EncodeFp8Delta(const apply::WeightStore& base, const apply::Wei
 // Publishes an encoded FP8 delta through `source` (Source::PublishStream).
 Result<PublishReport> PublishFp8Delta(Source& source, const Fp8Delta& delta, uint64_t chunk_bytes);
 
-// `publish --serving`: the FP8 delta of two BF16 checkpoint directories laid out
-// alike, published as the config's source. The report's bf16_* fields name the
-// BF16 versions it was made from.
+// The FP8 delta of two BF16 checkpoint directories laid out alike, published
+// through a running `source` (the Source API's PublishCheckpoints with a serving
+// description). The report's bf16_* fields name the BF16 versions it was made from.
+Result<PublishReport> PublishCheckpointsFp8(Source& source, const std::filesystem::path& base_dir,
+                                            const std::filesystem::path& new_dir,
+                                            const quant::ServingDescription& serving,
+                                            const ShareEncodeOptions& options);
+
+// `publish --serving`: the same as the config's source, started for this publish.
 Result<PublishReport> PublishCheckpointsFp8(const PublishOptions& options,
                                             const std::filesystem::path& base_dir,
                                             const std::filesystem::path& new_dir,
