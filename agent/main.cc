@@ -295,6 +295,10 @@ int main(int argc, char** argv) {
     if (shards && producers.producers > 0) {
       throw CLI::ValidationError("--producers", "runs remote producers; --base-shards local ones");
     }
+    if (producers.producers > 0 && !publish.serving.empty()) {
+      throw CLI::ValidationError("--serving", "remote producers quantize their own shards: give "
+                                              "each `deltacast produce` the --serving file");
+    }
     if (shards || producers.producers > 0) {
       if (!publish.target.empty()) {
         throw CLI::ValidationError("--new", "producers hold the new version; drop --new");
