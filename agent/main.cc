@@ -296,8 +296,9 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--producers", "runs remote producers; --base-shards local ones");
     }
     if (producers.producers > 0 && !publish.serving.empty()) {
-      throw CLI::ValidationError("--serving", "remote producers quantize their own shards: give "
-                                              "each `deltacast produce` the --serving file");
+      throw CLI::ValidationError(
+          "--serving",
+          "remote producers quantize their own shards: give each `deltacast produce` the file");
     }
     if (shards || producers.producers > 0) {
       if (!publish.target.empty()) {
