@@ -15,6 +15,7 @@
 #include "relay/bucket_bridge.h"
 #include "relay/catch_up.h"
 #include "relay/configured_keys.h"
+#include "relay/fp8_delta.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
 #include "relay/publisher.h"
@@ -284,6 +285,10 @@ void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra 
              {"effective_gbps", full / r.seconds / 1e9},
              {"nodes_decided", r.nodes_decided},
              {"nodes", nodes}};
+    if (!r.bf16_target_version.IsZero()) {
+      out["bf16_base_version"] = r.bf16_base_version.ToHex();
+      out["bf16_target_version"] = r.bf16_target_version.ToHex();
+    }
     out.update(extra);
     fmt::print("{}\n", out.dump(2));
     std::fflush(stdout);
@@ -292,6 +297,10 @@ void PrintReport(const relay::PublishReport& r, bool as_json, const json& extra 
   fmt::print("refit {} {}: {} -> {}\n", r.refit_id, r.committed ? "COMMITTED" : "ABORTED",
              r.base_version.ShortHex(), r.target_version.ShortHex());
   if (!r.committed) fmt::print("  reason: {}\n", r.abort_reason);
+  if (!r.bf16_target_version.IsZero()) {
+    fmt::print("  FP8 serving twins of BF16 {} -> {}\n", r.bf16_base_version.ShortHex(),
+               r.bf16_target_version.ShortHex());
+  }
   fmt::print("  delta {:.2f} MiB for a {:.2f} MiB checkpoint ({:.2f}%), {} chunks\n",
              double(r.delta.delta_bytes) / (1 << 20), full / (1 << 20),
              100.0 * double(r.delta.delta_bytes) / std::max(full, 1.0), r.delta.chunks);
@@ -342,8 +351,17 @@ int RunPublish(const PublishArgs& args) {
   if (!source_options.ok()) return Fail(source_options.status());
   relay::PublishOptions& options = *source_options;
   if (Status fp8 = CheckFp8Versions(args.base, args.target); !fp8.ok()) return Fail(fp8);
+  std::optional<quant::ServingDescription> serving;
+  if (!args.serving.empty()) {
+    auto loaded = quant::LoadServing(args.serving);
+    if (!loaded.ok()) return Fail(loaded.status());
+    serving = std::move(*loaded);
+  }
   const auto bar = AttachPublishProgress(args, options);
-  auto report = relay::PublishCheckpoints(options, args.base, args.target, std::move(transport));
+  auto report =
+      serving ? relay::PublishCheckpointsFp8(options, args.base, args.target, *serving,
+                                             std::move(transport))
+              : relay::PublishCheckpoints(options, args.base, args.target, std::move(transport));
   bar->Finish();
   if (!report.ok()) return Fail(report.status());
   PrintReport(*report, args.json);

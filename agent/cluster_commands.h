@@ -52,6 +52,9 @@ struct PublishArgs {
   size_t threads = 0;
   bool json = false;
   bool progress = true;  // a progress line on a terminal
+  // A serving description (docs/fp8.md): BASE and NEW (or the producers' shards)
+  // are BF16, and the delta between their FP8 serving twins is shipped.
+  std::filesystem::path serving;
 };
 // Exit status 0 when the version committed everywhere, 1 otherwise.
 int RunPublish(const PublishArgs& args);

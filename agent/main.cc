@@ -269,6 +269,9 @@ int main(int argc, char** argv) {
   pu->add_option("--new-shards", producers.new_shards, "Training shards of the new step");
   pu->add_option("--listen-producers", producers.listen,
                  "Where producers dial (default: the source's host, port + 1000)");
+  pu->add_option("--serving", publish.serving,
+                 "Serving description (TOML, docs/fp8.md): quantize the BF16 versions and ship "
+                 "the delta between their FP8 serving twins (the nodes hold the twin of BASE)");
   pu->add_option("--mode", publish_mode, "fast | context")
       ->check(CLI::IsMember({"fast", "context"}))
       ->capture_default_str();
@@ -291,6 +294,11 @@ int main(int argc, char** argv) {
     }
     if (shards && producers.producers > 0) {
       throw CLI::ValidationError("--producers", "runs remote producers; --base-shards local ones");
+    }
+    if (producers.producers > 0 && !publish.serving.empty()) {
+      throw CLI::ValidationError(
+          "--serving",
+          "remote producers quantize their own shards: give each `deltacast produce` the file");
     }
     if (shards || producers.producers > 0) {
       if (!publish.target.empty()) {
@@ -324,6 +332,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fast", "context"}))
       ->capture_default_str();
   pr->add_option("--threads", produce.threads, "Encode threads (0 = all cores)");
+  pr->add_option("--serving", produce.serving,
+                 "Serving description (TOML, docs/fp8.md): quantize the rank's BF16 shards and "
+                 "ship the FP8 serving checkpoint's change");
   pr->add_flag("--json", produce.json, "Report as JSON");
   pr->callback([&] {
     produce.codec.mode =

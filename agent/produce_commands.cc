@@ -58,8 +58,28 @@ Result<std::unique_ptr<LocalShare>> LoadShare(const fs::path& layout, const fs::
 
 // Producer links are plain tcp on the trainer's network, under the same [limits]
 // before authentication as the tree's links.
+json Fp8Json(const relay::ProduceReport& r) {
+  if (!r.fp8) return nullptr;
+  return {{"quantized_bf16_bytes", r.fp8_stats.quantized_bf16_bytes},
+          {"blocks", r.fp8_stats.blocks},
+          {"split_blocks", r.fp8_stats.split_blocks},
+          {"split_elements", r.fp8_stats.split_elements},
+          {"scales_written", r.fp8_stats.scales_written},
+          {"amax_seconds", r.fp8_stats.amax_seconds},
+          {"quantize_seconds", r.fp8_stats.quantize_seconds},
+          {"amax_bytes", r.amax_bytes}};
+}
+
+// The serving description a producer quantizes under, if any.
+Result<std::optional<quant::ServingDescription>> LoadServingOf(const fs::path& path) {
+  if (path.empty()) return std::optional<quant::ServingDescription>();
+  ASSIGN_OR_RETURN(quant::ServingDescription d, quant::LoadServing(path));
+  return std::optional<quant::ServingDescription>(std::move(d));
+}
+
 json ProduceJson(const relay::ProduceReport& r) {
-  return {{"refit_id", r.refit_id},
+  return {{"fp8", Fp8Json(r)},
+          {"refit_id", r.refit_id},
           {"committed", r.committed},
           {"reason", r.reason},
           {"partitions", r.partitions},
@@ -85,6 +105,8 @@ int RunProduce(const ProduceArgs& args) {
   if (!token.ok()) return Fail(token.status());
   auto share = LoadShare(args.layout, args.base, args.target);
   if (!share.ok()) return Fail(share.status());
+  auto serving = LoadServingOf(args.serving);
+  if (!serving.ok()) return Fail(serving.status());
   auto transport = relay::MakeProducerTransport(*config);
   if (!transport.ok()) return Fail(transport.status());
   relay::ProducerOptions options;
@@ -96,6 +118,7 @@ int RunProduce(const ProduceArgs& args) {
   options.threads = args.threads;
   options.connect_timeout = config->tree.connect_timeout * 3;
   options.refit_timeout = config->tree.commit_timeout * 2;
+  options.serving = std::move(*serving);
   auto producer = relay::Producer::Connect(std::move(options), std::move(*transport));
   if (!producer.ok()) return Fail(producer.status());
   auto report = (*producer)->Serve((*share)->Input());
@@ -119,6 +142,8 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
   auto token = topology::ReadAuthToken(*config);
   if (!token.ok()) return Fail(token.status());
   const bool local = !p.new_shards.empty();
+  auto serving = LoadServingOf(args.serving);
+  if (!serving.ok()) return Fail(serving.status());
   // The local producers, one per rank file of the shard directories.
   std::vector<std::unique_ptr<LocalShare>> shares;
   if (local) {
@@ -165,6 +190,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
   }
   std::vector<std::thread> threads;
   std::vector<Status> served(shares.size());
+  std::vector<relay::ProduceReport> produced(shares.size());
   const size_t per_producer_threads =
       std::max<size_t>(1, (args.threads ? args.threads : std::thread::hardware_concurrency()) /
                               std::max<size_t>(1, shares.size()));
@@ -178,6 +204,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
       o.codec = args.codec;
       o.threads = per_producer_threads;
       o.refit_timeout = config->tree.commit_timeout * 2;
+      o.serving = *serving;
       auto t = relay::MakeProducerTransport(*config);
       if (!t.ok()) {
         served[r] = t.status();
@@ -190,6 +217,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
       }
       auto report = (*producer)->Serve(shares[r]->Input());
       served[r] = report.ok() ? Status::Ok() : report.status();
+      if (report.ok()) produced[r] = *report;
     });
   }
   auto report = (*root)->Publish(base ? &*base : nullptr);
@@ -203,7 +231,12 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
   if (!report.ok()) return Fail(report.status());
   json producers = json::array();
   for (const auto& s : report->producers) {
+    json fp8 = nullptr;
+    for (size_t r = 0; r < produced.size(); ++r) {
+      if (RankFileStem(r) == s.id) fp8 = Fp8Json(produced[r]);
+    }
     producers.push_back({{"id", s.id},
+                         {"fp8", fp8},
                          {"partitions", s.partitions},
                          {"whole_changes", s.whole_changes},
                          {"piece_changes", s.piece_changes},
@@ -216,12 +249,27 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
              {"produce_seconds", report->produce_seconds},
              {"merge_cpu_seconds", report->merge_cpu_seconds},
              {"merged_bytes", report->merged_bytes}};
+  if (report->fp8.producers > 0) {
+    // Where split blocks' pieces meet: the root, by partial amaxes (docs/fp8.md).
+    extra["fp8_exchange"] = {{"producers", report->fp8.producers},
+                             {"split_blocks", report->fp8.split_blocks},
+                             {"pieces", report->fp8.pieces},
+                             {"exchange_bytes", report->fp8.exchange_bytes},
+                             {"gather_bytes", report->fp8.gather_bytes}};
+  }
   if (!args.json) {
     fmt::print(
         "{} producers; target known after {:.3f} s (coverage {:.3f} s); root merge {:.3f} "
         "CPU s for {:.2f} MiB\n",
         report->producers.size(), report->produce_seconds, report->coverage_seconds,
         report->merge_cpu_seconds, double(report->merged_bytes) / (1 << 20));
+    if (report->fp8.producers > 0) {
+      fmt::print(
+          "FP8: {} blocks split across producers ({} pieces): {} B of partial amaxes exchanged "
+          "through the root, against {} B to gather their elements\n",
+          report->fp8.split_blocks, report->fp8.pieces, report->fp8.exchange_bytes,
+          report->fp8.gather_bytes);
+    }
   }
   return ReportPublish(report->publish, args.json, extra.dump());
 }

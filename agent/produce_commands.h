@@ -25,6 +25,9 @@ struct ProduceArgs {
   codec::EncodeOptions codec;
   size_t threads = 0;
   bool json = false;
+  // A serving description: quantize the shard pair and ship its FP8 image's change
+  // (docs/fp8.md, "Producers"); every producer of the root must have the same.
+  std::filesystem::path serving;
 };
 // Exit status 0 when the refit committed.
 int RunProduce(const ProduceArgs& args);

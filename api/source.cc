@@ -2,7 +2,9 @@
 
 #include "api/internal.h"
 #include "codec/manifest.h"
+#include "quant/serving.h"
 #include "relay/configured_keys.h"
+#include "relay/fp8_delta.h"
 #include "relay/node_transports.h"
 #include "relay/source.h"
 
@@ -17,6 +19,10 @@ PublishReport ToPublic(const relay::PublishReport& r) {
   out.refit_id = r.refit_id;
   out.base_version = r.base_version.ToHex();
   out.target_version = r.target_version.ToHex();
+  if (!r.bf16_target_version.IsZero()) {
+    out.bf16_base_version = r.bf16_base_version.ToHex();
+    out.bf16_target_version = r.bf16_target_version.ToHex();
+  }
   out.delta_bytes = r.delta.delta_bytes;
   out.checkpoint_bytes = r.delta.tensor_bytes;
   out.chunks = r.delta.chunks;
@@ -130,7 +136,20 @@ Result<PublishReport> Source::Publish(const std::vector<TensorView>& base,
 }
 
 Result<PublishReport> Source::PublishCheckpoints(const std::filesystem::path& base_dir,
-                                                 const std::filesystem::path& new_dir) {
+                                                 const std::filesystem::path& new_dir,
+                                                 const std::filesystem::path& serving) {
+  if (!serving.empty()) {
+    ASSIGN_OR_RETURN(quant::ServingDescription description, quant::LoadServing(serving));
+    relay::ShareEncodeOptions encode;
+    encode.codec.mode =
+        impl_->options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
+    encode.threads = impl_->options.encode_threads;
+    encode.chunk_bytes = impl_->config.impl().cluster.tree.chunk_size;
+    ASSIGN_OR_RETURN(relay::PublishReport report,
+                     relay::PublishCheckpointsFp8(*impl_->source, base_dir, new_dir, description,
+                                                  encode));
+    return api::ToPublic(report);
+  }
   auto base = relay::OpenCheckpointVersion(base_dir, impl_->options.encode_threads);
   if (!base.ok()) return base.status().WithContext("base checkpoint");
   auto target = relay::OpenCheckpointVersion(new_dir, impl_->options.encode_threads);

@@ -14,6 +14,14 @@
 // quantization included (quantize + fast encode of the FP8 twin, CPU time). The
 // tensors kept BF16 (embeddings, LM head, norms, router) change alike in both steps;
 // their delta, encoded alone, is reported so the quantized tensors' own ratio shows.
+// The producer path (relay/fp8_share.h, docs/fp8.md "Producers"), on the same step
+// written as a TP-split training job's shards (--tp; the MLP's TP cut falls inside
+// 128 x 128 blocks when intermediate / tp is not a multiple of 128): per rank,
+// one thread, the amax pass, the split-amax exchange (SPLIT_AMAXES messages, in
+// process), quantizing both versions and the fast encode of the FP8 image, in CPU
+// seconds per BF16 byte of the rank's new shard (best of three), on a first refit
+// (both versions quantized) and on a steady one (from the committed image); and the
+// exchange's bytes against gathering the split blocks' elements.
 // Prints one JSON document (and writes it to --out).
 #include <fmt/core.h>
 
@@ -37,6 +45,9 @@
 #include "codec/delta_encoder.h"
 #include "common/parallel.h"
 #include "quant/fp8_quantizer.h"
+#include "relay/fp8_share.h"
+#include "relay/shard_input.h"
+#include "relay/split_amax_exchange.h"
 
 namespace dc = deltacast;
 using deltacast::bench::Check;
@@ -161,6 +172,150 @@ std::unique_ptr<dc::apply::HostStore> Subset(
   return Check(dc::apply::HostStore::Borrow(std::move(tensors)), "subset");
 }
 
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// A TP-split job's ranks over step0's and step1's shards under `work`.
+struct Rank {
+  std::unique_ptr<dc::relay::ShardFile> steps[2];
+  dc::relay::RankPlacement placement;
+  std::unique_ptr<dc::relay::Fp8Share> image;  // the last pass's
+};
+
+struct ProducerPass {
+  double amax_cpu = 0, quantize_cpu = 0, encode_cpu = 0;
+  uint64_t delta_bytes = 0, quantized = 0;
+  dc::relay::SplitAmaxStats exchange;
+};
+
+// One refit of every rank, step `from` -> `to`, one thread each, as relay::Producer
+// runs it (the exchange in process). With `reuse`, each rank starts from its last
+// pass's image (a producer's committed image); `encode` false stops after quantizing.
+ProducerPass Pass(std::vector<Rank>& rs, int from, int to,
+                  const dc::quant::ServingDescription& serving, bool reuse, bool encode) {
+  namespace relay = dc::relay;
+  ProducerPass out;
+  relay::SplitAmaxExchange exchange(rs.size());
+  std::vector<std::unique_ptr<relay::Fp8Share>> shares(rs.size());
+  for (size_t r = 0; r < rs.size(); ++r) {
+    Rank& k = rs[r];
+    relay::ShareInput in{&k.placement.map,
+                         [&k, from](uint32_t i) { return k.steps[from]->TensorData(i); },
+                         [&k, to](uint32_t i) { return k.steps[to]->TensorData(i); }};
+    auto plan = Check(dc::quant::PlanServing(serving, k.placement.map.canonical()), "plan");
+    const double t0 = ProcessCpuSeconds();
+    shares[r] = Check(relay::Fp8Share::Plan(in, std::move(plan)), "fp8 share");
+    if (reuse) Check(shares[r]->TakeBaseFrom(*k.image), "reuse the image");
+    Check(shares[r]->ComputeAmaxes(1), "amaxes");
+    const auto message = relay::EncodeSplitAmaxes({1, shares[r]->SplitBlocks()});
+    out.amax_cpu += ProcessCpuSeconds() - t0;
+    Check(exchange.Add(dc::agent::RankFileStem(r), Check(relay::ParseSplitAmaxes(message), "parse"),
+                       message.size()),
+          "exchange");
+  }
+  const auto answers = exchange.Answers(1);
+  out.exchange = exchange.stats();
+  for (size_t r = 0; r < rs.size(); ++r) {
+    relay::Fp8Share& share = *shares[r];
+    const auto answer =
+        Check(relay::ParseSplitAmaxes(answers.at(dc::agent::RankFileStem(r))), "answer");
+    const double t0 = ProcessCpuSeconds();
+    Check(share.SetSplitAmaxes(answer.blocks), "set amaxes");
+    Check(share.Quantize(1), "quantize");
+    out.quantize_cpu += ProcessCpuSeconds() - t0;
+    out.quantized += share.stats().quantized_bf16_bytes;
+    if (encode) {
+      const relay::ShareInput image = share.Input();
+      const auto coverage = relay::ShareCoverage(*image.map, dc::codec::kDefaultPartitionBytes);
+      // The root sends the base hashes (it knows the base): not the producer's work.
+      const auto pieces = Check(
+          relay::HashShare(image, coverage, dc::codec::kDefaultPartitionBytes, 1), "hash base");
+      std::vector<dc::PartitionHash> hashes(coverage.size());
+      for (size_t i = 0; i < coverage.size(); ++i) {
+        const auto& t = image.map->canonical()[coverage[i].tensor];
+        hashes[i] = dc::CombinePieces(std::span(&pieces[i], 1),
+                                      coverage[i].length * dc::ElementSize(t.dtype));
+      }
+      relay::ShareEncodeOptions options;
+      options.threads = 1;
+      const double t1 = ProcessCpuSeconds();
+      auto encoded = Check(relay::EncodeShare(image, coverage, hashes, options), "encode share");
+      out.encode_cpu += ProcessCpuSeconds() - t1;
+      out.delta_bytes += encoded.stats.chunk_bytes + encoded.stats.piece_bytes;
+    }
+    rs[r].image = std::move(shares[r]);
+  }
+  return out;
+}
+
+json PassJson(const ProducerPass& p, uint64_t shard_bytes) {
+  const double cpu = p.amax_cpu + p.quantize_cpu + p.encode_cpu;
+  return {{"amax_cpu_seconds", p.amax_cpu},
+          {"quantize_cpu_seconds", p.quantize_cpu},
+          {"encode_cpu_seconds", p.encode_cpu},
+          {"quantized_bf16_bytes", p.quantized},
+          {"producer_gbps_per_core_bf16_input", double(shard_bytes) / 1e9 / cpu},
+          {"delta_bytes_before_merge", p.delta_bytes}};
+}
+
+// The producers of step0 -> step1's shards under `work`: a first refit (both
+// versions quantized) and a steady one (starting from the committed image of the
+// previous refit, as a long-lived relay::Producer does).
+json RunProducers(const std::filesystem::path& work, uint64_t ranks,
+                  const dc::quant::ServingDescription& serving) {
+  std::vector<Rank> rs(ranks);
+  uint64_t shard_bytes = 0;
+  for (uint64_t r = 0; r < ranks; ++r) {
+    const std::string stem = dc::agent::RankFileStem(r);
+    Rank& k = rs[r];
+    for (int step = 0; step < 2; ++step) {
+      k.steps[step] = Check(
+          dc::relay::ShardFile::Open(dc::agent::ShardDirOf(work / ("step" + std::to_string(step))) /
+                                     (stem + ".safetensors")),
+          "shard");
+    }
+    k.placement =
+        Check(dc::relay::LoadRankPlacement(dc::agent::ShardDirOf(work / "step1") / (stem + ".toml"),
+                                           k.steps[1]->tensors()),
+              "placement");
+    // A trainer's shards are in memory: fault the mapped files in before timing.
+    uint64_t touched = 0;
+    for (size_t i = 0; i < k.steps[1]->tensors().size(); ++i) {
+      shard_bytes += k.steps[1]->TensorData(i).size();
+      for (const auto& f : k.steps) {
+        const auto data = f->TensorData(i);
+        for (size_t b = 0; b < data.size(); b += 4096) touched += uint8_t(data[b]);
+      }
+    }
+    if (touched == 1) fmt::print(stderr, " ");  // keeps the loop
+  }
+  // Best of three (least CPU): the machine may be shared.
+  const auto cpu = [](const ProducerPass& p) { return p.amax_cpu + p.quantize_cpu + p.encode_cpu; };
+  ProducerPass first, steady;
+  for (int rep = 0; rep < 3; ++rep) {
+    const ProducerPass f = Pass(rs, 0, 1, serving, false, true);
+    if (rep == 0 || cpu(f) < cpu(first)) first = f;
+    (void)Pass(rs, 1, 0, serving, false, false);  // the committed image of step 0
+    const ProducerPass s = Pass(rs, 0, 1, serving, true, true);
+    if (rep == 0 || cpu(s) < cpu(steady)) steady = s;
+  }
+  const auto& x = first.exchange;
+  return {{"ranks", ranks},
+          {"new_shard_bf16_bytes", shard_bytes},
+          {"first_refit", PassJson(first, shard_bytes)},
+          {"steady_refit", PassJson(steady, shard_bytes)},
+          {"producer_gbps_per_core_bf16_input",
+           PassJson(steady, shard_bytes)["producer_gbps_per_core_bf16_input"]},
+          {"split_blocks", x.split_blocks},
+          {"split_block_pieces", x.pieces},
+          {"split_amax_exchange_bytes", x.exchange_bytes},
+          {"split_blocks_gather_bytes", x.gather_bytes},
+          {"steady_split_amax_exchange_bytes", steady.exchange.exchange_bytes}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,8 +323,10 @@ int main(int argc, char** argv) {
   std::string params_text = "100M", out_path, scheme = "fp8_e4m3_block128";
   std::vector<std::string> rates_text = {"1%", "2.29%", "3%"};
   std::filesystem::path work = std::filesystem::temp_directory_path() / "deltacast-bench-fp8";
-  uint64_t seed = 1;
+  uint64_t seed = 1, tp = 4;
   app.add_option("--params", params_text, "Model size")->capture_default_str();
+  app.add_option("--tp", tp, "TP degree of the producers' shards (0: no producer run)")
+      ->capture_default_str();
   app.add_option("--rates", rates_text, "BF16 change rates of the step")->capture_default_str();
   app.add_option("--scheme", scheme, "FP8 scheme (quant/fp8_scheme.cc)")->capture_default_str();
   app.add_option("--work-dir", work, "Scratch directory (removed afterwards)")
@@ -188,7 +345,9 @@ int main(int argc, char** argv) {
   json results = json::array();
   for (const auto& rate_text : rates_text) {
     const double rate = Check(dc::agent::ParseRate(rate_text), "--rates");
-    auto pair = SynthesizeStepPair(work, params, rate, seed);
+    dc::agent::ShardSpec shards;
+    if (tp > 0) shards = Check(dc::agent::ParseShardSpec("tp=" + std::to_string(tp)), "--tp");
+    auto pair = SynthesizeStepPair(work, params, rate, seed, shards);
     const auto& report = pair.report;
     const auto& a = pair.base;
     const auto& b = pair.target;
@@ -261,6 +420,21 @@ int main(int argc, char** argv) {
         {"quantizer_baseline_gbps_per_core", double(q_bytes) / 1e9 / base_s},
         {"modes", modes},
     };
+    if (tp > 0) {
+      row["producers"] = RunProducers(work, shards.Ranks(), serving);
+      row["producers"]["tp"] = tp;
+      const auto& pr = row["producers"];
+      fmt::print(stderr,
+                 "rate {}: {} producers (tp={}): {:.2f} GB/s/core of new BF16 shard from the "
+                 "committed image ({:.2f} on a first refit); {} split blocks, {} B exchanged vs "
+                 "{} B to gather\n",
+                 rate_text, shards.Ranks(), tp,
+                 pr["steady_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
+                 pr["first_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
+                 pr["split_blocks"].get<uint64_t>(),
+                 pr["split_amax_exchange_bytes"].get<uint64_t>(),
+                 pr["split_blocks_gather_bytes"].get<uint64_t>());
+    }
     fmt::print(stderr,
                "rate {}: BF16 {:.3f}% changed, FP8 {:.3f}% of bytes, {} of {} scales; fast {:.3f}x "
                "BF16, context {:.3f}x (quantized tensors alone: {:.3f}x, {:.3f}x); quantizer "

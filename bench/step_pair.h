@@ -18,8 +18,10 @@ struct StepPair {
   std::unique_ptr<apply::CheckpointDirStore> base, target;
 };
 
+// `shards`: also write each step's training shards (synth --shards).
 inline StepPair SynthesizeStepPair(const std::filesystem::path& work, uint64_t params,
-                                   double rate, uint64_t seed) {
+                                   double rate, uint64_t seed,
+                                   const agent::ShardSpec& shards = {}) {
   std::filesystem::remove_all(work);
   agent::SynthOptions synth;
   synth.out_dir = work;
@@ -27,6 +29,7 @@ inline StepPair SynthesizeStepPair(const std::filesystem::path& work, uint64_t p
   synth.steps = 1;
   synth.change_rate = rate;
   synth.seed = seed;
+  synth.shards = shards;
   StepPair pair;
   pair.report = Check(agent::Synthesize(synth), "synth");
   using Access = apply::CheckpointDirStore::Access;

@@ -595,6 +595,29 @@ Result<PlacementMap> MapWhole(std::vector<TensorSpec> canonical, std::vector<std
   return map;
 }
 
+Result<PlacementMap> MapRuns(std::string name, std::vector<TensorSpec> canonical,
+                             std::vector<LocalTensor> locals, std::vector<Run> runs) {
+  for (size_t i = 1; i < canonical.size(); ++i) {
+    if (!(canonical[i - 1].name < canonical[i].name)) {
+      return Status::InvalidArgument(name + ": the canonical table is not sorted by name");
+    }
+  }
+  for (const Run& r : runs) {
+    if (r.local >= locals.size() || r.canonical >= canonical.size() || r.count == 0 ||
+        r.SrcEnd() > locals[r.local].spec.Elements() ||
+        r.DstEnd() > canonical[r.canonical].Elements()) {
+      return Status::InvalidArgument(name + ": a run lies outside its tensors");
+    }
+  }
+  PlacementMap map;
+  map.name_ = std::move(name);
+  map.canonical_ = std::move(canonical);
+  map.locals_ = std::move(locals);
+  map.runs_ = std::move(runs);
+  map.Index();
+  return map;
+}
+
 Result<PlacementMap> MapRanges(std::vector<TensorSpec> canonical, std::vector<ElementRange> ranges,
                                std::string name) {
   PlacementMap map;

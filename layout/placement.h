@@ -102,6 +102,8 @@ class PlacementMap {
   friend Result<PlacementMap> ExpandPlacement(const LayoutDescription&, std::vector<TensorSpec>,
                                               std::vector<TensorSpec>, PlacementUse);
   friend Result<PlacementMap> MapWhole(std::vector<TensorSpec>, std::vector<std::string>);
+  friend Result<PlacementMap> MapRuns(std::string, std::vector<TensorSpec>,
+                                      std::vector<LocalTensor>, std::vector<Run>);
   friend Result<PlacementMap> MapRanges(std::vector<TensorSpec>, std::vector<ElementRange>,
                                         std::string);
   void Index();
@@ -149,6 +151,13 @@ Result<PlacementMap> MapWhole(std::vector<TensorSpec> canonical, std::vector<std
 // the map in messages. Ranges must lie inside their tensors and not overlap.
 Result<PlacementMap> MapRanges(std::vector<TensorSpec> canonical, std::vector<ElementRange> ranges,
                                std::string name);
+
+// A map made from runs another map was rebuilt from (a share's FP8 image,
+// relay/fp8_share.h): `canonical` sorted by name, each run's local and canonical
+// indices into `locals` and `canonical`. kInvalidArgument for a run that lies
+// outside its local or canonical tensor, or a table that is not sorted.
+Result<PlacementMap> MapRuns(std::string name, std::vector<TensorSpec> canonical,
+                             std::vector<LocalTensor> locals, std::vector<Run> runs);
 
 // Checks that `maps` (every rank of a mesh, all over the same canonical table)
 // cover every canonical element exactly once. kInvalidArgument naming the tensor,

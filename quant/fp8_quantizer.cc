@@ -98,6 +98,21 @@ Status QuantizeFp8(const Fp8Scheme& scheme, std::string_view name, std::span<con
   return Status::Ok();
 }
 
+uint16_t Fp8PieceAmax(std::span<const uint16_t> bf16, uint16_t amax) {
+  const auto start = static_cast<int16_t>(amax & 0x7FFF);
+  const int16_t m = UseAvx2() ? internal::SegmentAmaxAvx2(bf16.data(), bf16.size(), start)
+                              : internal::SegmentAmaxLoop(bf16.data(), bf16.size(), start);
+  return static_cast<uint16_t>(m);
+}
+
+void QuantizeFp8Piece(std::span<const uint16_t> bf16, float multiplier, std::span<uint8_t> out) {
+  if (UseAvx2()) {
+    internal::QuantizeSegmentAvx2(bf16.data(), bf16.size(), multiplier, out.data());
+  } else {
+    internal::QuantizeSegmentLoop(bf16.data(), bf16.size(), multiplier, out.data());
+  }
+}
+
 Result<Fp8Tensor> QuantizeFp8(const Fp8Scheme& scheme, std::string_view name,
                               std::span<const uint16_t> bf16, uint64_t rows, uint64_t cols) {
   Fp8Tensor t;

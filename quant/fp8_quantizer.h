@@ -38,6 +38,16 @@ Status QuantizeFp8(const Fp8Scheme& scheme, std::string_view name, std::span<con
 Result<Fp8Tensor> QuantizeFp8(const Fp8Scheme& scheme, std::string_view name,
                               std::span<const uint16_t> bf16, uint64_t rows, uint64_t cols);
 
+// Pieces of blocks, for a producer that holds only some rows or columns of a block
+// (relay/fp8_share.h): the block's amax is the max over its pieces' Fp8PieceAmax
+// (as BF16 |x| bits; kBf16NonFinite or more: an Inf or NaN is there), its scale
+// ScaleOfBlock of that, and each piece is quantized on its own with the block's
+// multiplier. The bytes equal QuantizeFp8's for the whole tensor.
+// max(amax, max |x| bits over `bf16`).
+uint16_t Fp8PieceAmax(std::span<const uint16_t> bf16, uint16_t amax);
+// out[i] = E4M3(bf16[i] * multiplier); out.size() >= bf16.size().
+void QuantizeFp8Piece(std::span<const uint16_t> bf16, float multiplier, std::span<uint8_t> out);
+
 // The loops the CPU path runs on this machine: "avx2" or "baseline".
 std::string_view Fp8CpuPath();
 // For tests and the benchmark: run the baseline loops even where AVX2 is present.

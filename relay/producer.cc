@@ -200,17 +200,48 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
     return true;
   };
 
+  // Serving FP8: quantize the share (split blocks after the amax exchange) and
+  // serve its FP8 image from here on.
+  std::unique_ptr<Fp8Share> fp8;
+  ShareInput image;
+  if (options_.serving) {
+    report.fp8 = true;
+    auto plan = quant::PlanServing(*options_.serving, input.map->canonical());
+    if (!plan.ok()) return fail(plan.status().WithContext("serving " + options_.serving->source));
+    auto share = Fp8Share::Plan(input, std::move(*plan));
+    if (!share.ok()) return fail(share.status());
+    fp8 = std::move(*share);
+    // The last committed image is the receivers' version: start from it when the
+    // layout is the same (a stale one is caught by the root's base proof check).
+    if (last_image_) (void)fp8->TakeBaseFrom(*last_image_);
+    last_image_.reset();
+    if (Status s = fp8->ComputeAmaxes(options_.threads); !s.ok()) return fail(s);
+    std::vector<std::byte> up = EncodeSplitAmaxes({produce.refit_id, fp8->SplitBlocks()});
+    report.amax_bytes += up.size();
+    Send(std::move(up));
+    ASSIGN_OR_RETURN(transport::Message answer_message,
+                     Expect(MessageType::kSplitAmaxes, produce.refit_id));
+    report.amax_bytes += answer_message->size();
+    auto answer = ParseSplitAmaxes(ByteSpan(*answer_message));
+    if (!answer.ok()) return fail(answer.status());
+    if (Status s = fp8->SetSplitAmaxes(answer->blocks); !s.ok()) return fail(s);
+    if (Status s = fp8->Quantize(options_.threads); !s.ok()) return fail(s);
+    report.fp8_stats = fp8->stats();
+    image = fp8->Input();
+  }
+  const ShareInput& share = fp8 ? image : input;
+
   Coverage coverage;
   coverage.refit_id = produce.refit_id;
-  for (const auto& t : input.map->canonical())
+  for (const auto& t : share.map->canonical())
     coverage.tensors.push_back({t.name, t.dtype, t.shape});
-  coverage.shares = ShareCoverage(*input.map, produce.partition_bytes);
-  coverage.layout_name = input.map->name();
-  coverage.runs = input.map->runs();
+  coverage.shares = ShareCoverage(*share.map, produce.partition_bytes);
+  coverage.layout_name = share.map->name();
+  coverage.runs = share.map->runs();
   report.partitions = coverage.shares.size();
   if (produce.hash_base) {
     const auto hash_start = Clock::now();
-    auto pieces = HashShare(input, coverage.shares, produce.partition_bytes, options_.threads);
+    auto pieces = HashShare(share, coverage.shares, produce.partition_bytes, options_.threads);
     if (!pieces.ok()) return fail(pieces.status());
     coverage.base_pieces = std::move(*pieces);
     report.hash_seconds = SecondsSince(hash_start);
@@ -233,7 +264,7 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
   encode.chunk_bytes = produce.chunk_bytes;
   encode.partition_bytes = produce.partition_bytes;
   encode.threads = options_.threads;
-  auto encoded = EncodeShare(input, coverage.shares, hashes.hashes, encode);
+  auto encoded = EncodeShare(share, coverage.shares, hashes.hashes, encode);
   if (!encoded.ok()) return fail(encoded.status());
   report.stats = encoded->stats;
   report.encode_seconds = encoded->stats.seconds;
@@ -284,6 +315,7 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
       if (end.refit_id != produce.refit_id) continue;
       report.committed = end.committed;
       report.reason = end.reason;
+      if (fp8 && end.committed) last_image_ = std::move(fp8);
       report.seconds = SecondsSince(start);
       return report;
     }

@@ -15,8 +15,11 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
+#include "quant/serving.h"
+#include "relay/fp8_share.h"
 #include "relay/protocol.h"
 #include "relay/shard_encoder.h"
 #include "transport/transport.h"
@@ -37,6 +40,10 @@ struct ProducerOptions {
   // as if it died ("coverage": after COVERAGE, "encoded": before PRODUCED,
   // "streaming": before its last streamed message) and Serve returns kAborted.
   std::string die_at;
+  // Serve FP8 (docs/fp8.md, "Producers"): the share's BF16 versions are quantized
+  // under this description (after the amax exchange for blocks held in part) and
+  // the FP8 image's change is shipped. Every producer of a root must say the same.
+  std::optional<quant::ServingDescription> serving;
 };
 
 struct ProduceReport {
@@ -51,6 +58,12 @@ struct ProduceReport {
   double hash_seconds = 0;    // the base hash pass, when the root asked for it
   double encode_seconds = 0;  // compare, project and encode
   double seconds = 0;         // PRODUCE to PRODUCE_END
+  // Serving FP8: the quantizer's figures (fp8_stats.base_kept: the previous
+  // version's image was the last committed refit's, not quantized again), and the
+  // SPLIT_AMAXES bytes sent and received.
+  bool fp8 = false;
+  Fp8ShareStats fp8_stats;
+  uint64_t amax_bytes = 0;
 };
 
 class Producer {
@@ -87,7 +100,10 @@ class Producer {
   std::condition_variable cv_;
   std::deque<transport::Message> inbox_;  // guarded by mu_
   bool closed_ = false;                   // guarded by mu_
-  Status close_status_;                   // guarded by mu_
+  // Serving FP8: the image of the last refit that committed, whose new version the
+  // next refit starts from (what the receivers hold); Serve's thread only.
+  std::unique_ptr<Fp8Share> last_image_;
+  Status close_status_;  // guarded by mu_
 };
 
 }  // namespace deltacast::relay

@@ -15,6 +15,7 @@ constexpr size_t kShareBytes = 4 + 8 + 8 + 8;
 constexpr size_t kChangeBytes = 4 + 8 + 1 + 16;
 constexpr size_t kRunBytes = 4 + 8 + 8 + 8 + 8 + 4;
 constexpr size_t kMaxLayoutName = 4096;
+constexpr size_t kSplitAmaxBytes = 4 + 8 + 2 + 2 + 8;
 
 }  // namespace
 
@@ -206,6 +207,38 @@ Result<Produced> ParseProduced(ByteSpan message) {
     PartitionHash h;
     if (!r.GetHash(h)) break;
     m.base_pieces.push_back(h);
+  }
+  RETURN_IF_ERROR(r.Close());
+  return m;
+}
+
+std::vector<std::byte> EncodeSplitAmaxes(const SplitAmaxes& m) {
+  auto out = Header(MessageType::kSplitAmaxes);
+  out.reserve(out.size() + 16 + m.blocks.size() * kSplitAmaxBytes);
+  ByteWriter w(out);
+  w.Put<uint64_t>(m.refit_id);
+  w.Put<uint64_t>(m.blocks.size());
+  for (const SplitBlockAmax& b : m.blocks) {
+    w.Put<uint32_t>(b.tensor);
+    w.Put<uint64_t>(b.block);
+    w.Put<uint16_t>(b.base);
+    w.Put<uint16_t>(b.target);
+    w.Put<uint64_t>(b.elements);
+  }
+  return out;
+}
+
+Result<SplitAmaxes> ParseSplitAmaxes(ByteSpan message) {
+  Reader r(message, MessageType::kSplitAmaxes);
+  RETURN_IF_ERROR(r.Open());
+  SplitAmaxes m;
+  uint64_t count = 0;
+  r.Get(m.refit_id) && r.GetCount(count, kSplitAmaxBytes);
+  m.blocks.resize(count);
+  for (SplitBlockAmax& b : m.blocks) {
+    r.Get(b.tensor) && r.Get(b.block) && r.Get(b.base) && r.Get(b.target) && r.Get(b.elements);
+    // |x| of a BF16 has 15 bits.
+    if (b.base > 0x7FFF || b.target > 0x7FFF) r.Fail();
   }
   RETURN_IF_ERROR(r.Close());
   return m;

@@ -20,6 +20,7 @@
 #include "common/partition_hash.h"
 #include "common/status.h"
 #include "layout/runs.h"
+#include "relay/fp8_share.h"
 #include "relay/protocol.h"
 #include "relay/shard_encoder.h"
 
@@ -75,6 +76,16 @@ struct ProduceEnd {
   std::string reason;
 };
 
+// Producers serving FP8, after PRODUCE and before COVERAGE: each producer's split
+// blocks with their partial amaxes; the root answers each with the max-reduced
+// amaxes of the blocks it listed (elements 0).
+struct SplitAmaxes {
+  uint64_t refit_id = 0;
+  std::vector<SplitBlockAmax> blocks;
+};
+
+std::vector<std::byte> EncodeSplitAmaxes(const SplitAmaxes& m);
+Result<SplitAmaxes> ParseSplitAmaxes(ByteSpan message);
 std::vector<std::byte> EncodeProduce(const Produce& m);
 std::vector<std::byte> EncodeCoverage(const Coverage& m);
 std::vector<std::byte> EncodeBaseHashes(const BaseHashes& m);

@@ -84,6 +84,8 @@ std::string_view MessageTypeName(MessageType type) {
       return "PRODUCE_END";
     case MessageType::kActiveVersion:
       return "ACTIVE_VERSION";
+    case MessageType::kSplitAmaxes:
+      return "SPLIT_AMAXES";
   }
   return "UNKNOWN";
 }

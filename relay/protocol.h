@@ -70,8 +70,11 @@ enum class MessageType : uint8_t {
   kPieces = 29,         // producer -> root: pieces of partitions others cover too
   kProduceEnd = 30,     // root -> producer: the refit is over (committed or not)
   kActiveVersion = 31,  // parent -> child after WELCOME: the version I hold (and its manifest)
+  // Producers serving FP8 (docs/fp8.md): the partial amaxes of blocks they hold in
+  // part, up; the max over every producer, down.
+  kSplitAmaxes = 32,
 };
-inline constexpr uint8_t kMaxMessageType = 31;
+inline constexpr uint8_t kMaxMessageType = 32;
 inline constexpr size_t kMaxChainLinks = 64;
 inline constexpr uint32_t kMaxAppliedInHello = 1u << 20;
 // A HELLO lists applied chunks as runs (first, count), at most this many: it is

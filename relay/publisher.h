@@ -74,6 +74,10 @@ struct PublishReport {
   double prepare_seconds = 0;     // BEGIN to every node PREPARED
   std::vector<NodeReport> nodes;  // one per receiver that prepared
   uint32_t nodes_decided = 0;     // receivers that confirmed the decision
+  // An FP8 delta quantized from BF16 (relay/fp8_delta.h): the BF16 versions it was
+  // made from (base_version and target_version are the FP8 twins'); zero otherwise.
+  Digest128 bf16_base_version;
+  Digest128 bf16_target_version;
 };
 
 // Publishes `base` -> `target` as the config's source node: Source::Start, one

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "common/log.h"
 #include "relay/merge.h"
@@ -148,16 +149,46 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
   const bool from_last = base_in == nullptr && last_target_.has_value();
   RefitAssembly assembly(known, partition_bytes, &checked_mesh_,
                          from_last ? &last_pieces_ : nullptr);
+  // Producers serving FP8 first send their split blocks' partial amaxes; all of
+  // them or none must (a share quantized and one not make no checkpoint).
+  SplitAmaxExchange exchange(talk.ids().size());
+  std::set<std::string> covered;
+  auto mixed = [&]() {
+    for (const auto& id : covered) {
+      if (exchange.started() && !exchange.Has(id)) {
+        return Status::InvalidArgument("producer " + id +
+                                       " serves BF16 while others quantize to FP8 (SPLIT_AMAXES): "
+                                       "give every producer the same serving description");
+      }
+    }
+    return Status::Ok();
+  };
   for (size_t got = 0; got < talk.ids().size();) {
     auto next = talk.Next("before reporting coverage");
     if (!next.ok()) return fail(next.status());
     auto& [id, message] = *next;
+    if (auto type = PeekType(ByteSpan(*message)); type.ok() && *type == MessageType::kSplitAmaxes) {
+      auto amaxes = ParseSplitAmaxes(ByteSpan(*message));
+      if (!amaxes.ok()) return fail(amaxes.status().WithContext("from producer " + id));
+      if (amaxes->refit_id != talk.refit_id()) continue;
+      auto complete = exchange.Add(id, std::move(*amaxes), message->size());
+      if (!complete.ok()) return fail(complete.status());
+      if (Status s = mixed(); !s.ok()) return fail(s);
+      if (*complete) {
+        for (auto& [to, answer] : exchange.Answers(talk.refit_id()))
+          hub_->Send(to, std::move(answer));
+      }
+      continue;
+    }
     auto coverage = ParseCoverage(ByteSpan(*message));
     if (!coverage.ok()) return fail(WrongMessage(id, ByteSpan(*message), "COVERAGE"));
     if (coverage->refit_id != talk.refit_id()) continue;
     if (Status s = assembly.AddCoverage(id, std::move(*coverage)); !s.ok()) return fail(s);
+    covered.insert(id);
+    if (Status s = mixed(); !s.ok()) return fail(s);
     ++got;
   }
+  report.fp8 = exchange.stats();
   report.coverage_seconds = SecondsSince(start);
   if (Status s = assembly.SettleBase(); !s.ok()) return fail(s);
   report.base_from_producers = assembly.base_from_producers();

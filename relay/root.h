@@ -33,6 +33,7 @@
 #include "relay/producer_hub.h"
 #include "relay/publisher.h"
 #include "relay/source.h"
+#include "relay/split_amax_exchange.h"
 
 namespace deltacast::relay {
 
@@ -70,6 +71,7 @@ struct RootReport {
   double produce_seconds = 0;        // PRODUCE to every PRODUCED: the target is known
   double merge_cpu_seconds = 0;      // the root's CPU while merging (this thread)
   uint64_t merged_bytes = 0;         // delta bytes the merge handled
+  SplitAmaxStats fp8;                // producers serving FP8: the amax exchange
 };
 
 class Root {

@@ -60,6 +60,9 @@ struct PublishReport {
   std::string abort_reason;  // why, when not committed
   uint64_t refit_id = 0;
   std::string base_version, target_version;  // version ids, hex
+  // Published with a serving description: the BF16 versions the FP8 twins
+  // (base_version, target_version) were quantized from; "" otherwise.
+  std::string bf16_base_version, bf16_target_version;
   uint64_t delta_bytes = 0;
   uint64_t checkpoint_bytes = 0;
   uint64_t chunks = 0;
@@ -92,9 +95,14 @@ class Source {
   // tensors).
   Result<PublishReport> Publish(const std::vector<TensorView>& base,
                                 const std::vector<TensorView>& target);
-  // The same for two safetensors checkpoint directories laid out alike.
+  // The same for two safetensors checkpoint directories laid out alike. With a
+  // serving description (a TOML file, docs/fp8.md), both are BF16 and the nodes
+  // hold FP8 serving twins: both versions are quantized here and the delta between
+  // their twins is published (a description that does not fit the checkpoint is
+  // refused, naming the tensor, before anything is sent).
   Result<PublishReport> PublishCheckpoints(const std::filesystem::path& base_dir,
-                                           const std::filesystem::path& new_dir);
+                                           const std::filesystem::path& new_dir,
+                                           const std::filesystem::path& serving = {});
 
   void Stop();  // idempotent; a Publish after it fails at once
   std::string listen_address() const;

@@ -127,9 +127,16 @@ class Source:
         return self._pool.submit(self._source.publish)
 
     def publish_checkpoints(self, base: Union[str, os.PathLike],
-                            new: Union[str, os.PathLike]) -> PublishReport:
-        """Publishes checkpoint directory ``new`` to nodes holding ``base``."""
-        return self._source.publish_checkpoints(os.fspath(base), os.fspath(new))
+                            new: Union[str, os.PathLike],
+                            serving: Optional[Union[str, os.PathLike]] = None) -> PublishReport:
+        """Publishes checkpoint directory ``new`` to nodes holding ``base``.
+
+        With ``serving`` (a serving description, docs/fp8.md), ``base`` and ``new``
+        are BF16 and the nodes hold their FP8 serving twins: both are quantized here
+        and the delta between the twins is published; the report's
+        ``bf16_base_version`` / ``bf16_target_version`` name the BF16 versions."""
+        return self._source.publish_checkpoints(os.fspath(base), os.fspath(new),
+                                                os.fspath(serving) if serving else "")
 
     @property
     def address(self) -> str:

@@ -67,11 +67,12 @@ class PySource {
   }
 
   PublishReport PublishCheckpoints(const std::filesystem::path& base,
-                                   const std::filesystem::path& target) {
+                                   const std::filesystem::path& target,
+                                   const std::filesystem::path& serving) {
     Result<PublishReport> report = Status::Internal("not run");
     {
       py::gil_scoped_release released;
-      report = source_->PublishCheckpoints(base, target);
+      report = source_->PublishCheckpoints(base, target, serving);
     }
     return Take(std::move(report));
   }
@@ -250,6 +251,8 @@ PYBIND11_MODULE(_deltacast, m) {
       .def_readonly("abort_reason", &PublishReport::abort_reason)
       .def_readonly("refit_id", &PublishReport::refit_id)
       .def_readonly("base_version", &PublishReport::base_version)
+      .def_readonly("bf16_base_version", &PublishReport::bf16_base_version)
+      .def_readonly("bf16_target_version", &PublishReport::bf16_target_version)
       .def_readonly("target_version", &PublishReport::target_version)
       .def_readonly("delta_bytes", &PublishReport::delta_bytes)
       .def_readonly("checkpoint_bytes", &PublishReport::checkpoint_bytes)
@@ -309,7 +312,8 @@ PYBIND11_MODULE(_deltacast, m) {
            py::arg("keep_deltas") = 4, py::arg("context_mode") = false,
            py::arg("encode_threads") = 0)
       .def("publish", &PySource::Publish)
-      .def("publish_checkpoints", &PySource::PublishCheckpoints, py::arg("base"), py::arg("new"))
+      .def("publish_checkpoints", &PySource::PublishCheckpoints, py::arg("base"), py::arg("new"),
+           py::arg("serving") = std::filesystem::path())
       .def("stop", &PySource::Stop)
       .def_property_readonly("address", &PySource::address)
       .def_property_readonly("version", &PySource::version);

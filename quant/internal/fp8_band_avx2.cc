@@ -14,4 +14,12 @@ void QuantizeBandAvx2(const uint16_t* in, uint64_t rows, uint64_t cols, uint64_t
   QuantizeBandLoop(in, rows, cols, bc, multipliers, out);
 }
 
+int16_t SegmentAmaxAvx2(const uint16_t* in, uint64_t n, int16_t amax) {
+  return SegmentAmaxLoop(in, n, amax);
+}
+
+void QuantizeSegmentAvx2(const uint16_t* in, uint64_t n, float multiplier, uint8_t* out) {
+  QuantizeSegmentLoop(in, n, multiplier, out);
+}
+
 }  // namespace deltacast::quant::internal

@@ -124,5 +124,28 @@ TEST(QuantizeFp8, VectorPathsAgree) {
   }
 }
 
+// A producer's pieces of blocks (relay/fp8_share.h): the piece loops, on both
+// paths, give the element functions' amax and codes, whatever the piece's length.
+TEST(QuantizeFp8, PieceLoopsMatchTheElementCode) {
+  const std::vector<uint16_t> x = RandomWeights(1000, 11);
+  for (const bool baseline : {true, false}) {
+    ForceFp8BaselinePath(baseline);
+    for (const size_t n : {size_t{1}, size_t{7}, size_t{33}, size_t{128}, size_t{1000}}) {
+      const std::span<const uint16_t> piece(x.data(), n);
+      uint16_t want = 3;
+      for (uint16_t v : piece) want = std::max<uint16_t>(want, Bf16AbsBits(v));
+      EXPECT_EQ(Fp8PieceAmax(piece, 3), want) << n << (baseline ? " baseline" : " vector");
+      const float m =
+          ScaleOfBlock(want, ScaleFormat::kF32, Multiplier::kReciprocalOfScale).multiplier;
+      std::vector<uint8_t> got(n);
+      QuantizeFp8Piece(piece, m, got);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i], QuantizeElement(x[i], m)) << "element " << i << " of " << n;
+      }
+    }
+  }
+  ForceFp8BaselinePath(false);
+}
+
 }  // namespace
 }  // namespace deltacast::quant

@@ -33,6 +33,21 @@ TEST(ProducerProtocol, ProduceAndPull) {
   EXPECT_FALSE(ParsePull(EncodeProduce({7, 1, 1, false})).ok());  // another type
 }
 
+TEST(ProducerProtocol, SplitAmaxes) {
+  SplitAmaxes m;
+  m.refit_id = 11;
+  m.blocks = {{3, 17, 0x3c80, 0x3d00, 4096}, {5, 0, 0, 0x7fff, 1}};
+  auto bytes = EncodeSplitAmaxes(m);
+  auto p = ParseSplitAmaxes(bytes);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->refit_id, 11u);
+  EXPECT_EQ(p->blocks, m.blocks);
+  ExpectRefusesDamage(bytes, [](ByteSpan b) { return ParseSplitAmaxes(b).status(); });
+  m.blocks[0].base = 0x8000;  // |x| has 15 bits
+  EXPECT_FALSE(ParseSplitAmaxes(EncodeSplitAmaxes(m)).ok());
+  EXPECT_TRUE(ParseSplitAmaxes(EncodeSplitAmaxes({12, {}})).ok());  // no split block
+}
+
 TEST(ProducerProtocol, CoverageWithBasePieces) {
   Coverage c;
   c.refit_id = 9;

@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <map>
+#include <optional>
 #include <thread>
 
+#include "agent/fp8_twin.h"
 #include "agent/synth.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/host_store.h"
@@ -93,7 +95,7 @@ class RootTest : public ::testing::Test {
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
     network_ = std::make_shared<transport::InprocNetwork>();
-    auto step0 = Canonical(0);
+    auto step0 = Expected(0);
     stores_.resize(receivers);
     for (int i = 0; i < receivers; ++i) {
       for (size_t t = 0; t < step0->tensors().size(); ++t) {
@@ -142,6 +144,7 @@ class RootTest : public ::testing::Test {
     o.token = kToken;
     o.threads = 1;
     o.die_at = std::move(die_at);
+    if (auto it = serving_.find(r); it != serving_.end()) o.serving = it->second;
     o.refit_timeout = std::chrono::seconds(20);
     auto p = Producer::Connect(std::move(o), transport::MakeInprocTransport(network_));
     EXPECT_TRUE(p.ok()) << p.status().ToString();
@@ -154,6 +157,7 @@ class RootTest : public ::testing::Test {
   struct Served {
     Status status;
     bool committed = false;
+    bool fp8_base_kept = false;
   };
   // `inputs` replaces a rank's share (a trainer's mistake), `base` is the root's
   // known base manifest.
@@ -168,7 +172,7 @@ class RootTest : public ::testing::Test {
         auto served =
             producers_[r]->Serve(it != inputs.end() ? it->second : ranks_[r]->Input(from));
         results[r] = {served.ok() ? Status::Ok() : served.status(),
-                      served.ok() && served->committed};
+                      served.ok() && served->committed, served.ok() && served->fp8_stats.base_kept};
       });
     }
     auto report = root_->Publish(base);
@@ -184,9 +188,21 @@ class RootTest : public ::testing::Test {
     return std::move(*s);
   }
 
-  // Every receiver holds exactly the canonical checkpoint of `step`.
+  // What receivers hold at `step`: the canonical checkpoint, or its FP8 twin when
+  // the job serves FP8 (twins_).
+  std::unique_ptr<apply::WeightStore> Expected(int step) {
+    auto canonical = Canonical(step);
+    if (!twins_) return canonical;
+    auto plan = agent::PlanFp8Twin(*twins_, canonical->tensors());
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    auto twin = agent::QuantizeStore(*canonical, *plan, 1);
+    EXPECT_TRUE(twin.ok()) << twin.status().ToString();
+    return std::move(*twin);
+  }
+
+  // Every receiver holds exactly the canonical checkpoint of `step` (its twin).
   void ExpectReceiversAt(int step) {
-    auto want = Canonical(step);
+    auto want = Expected(step);
     for (size_t i = 0; i < stores_.size(); ++i) {
       for (size_t t = 0; t < want->tensors().size(); ++t) {
         const ByteSpan w = want->TensorData(t);
@@ -196,6 +212,9 @@ class RootTest : public ::testing::Test {
       }
     }
   }
+
+  std::map<size_t, quant::ServingDescription> serving_;  // ranks that quantize to FP8
+  std::optional<quant::ServingDescription> twins_;       // receivers hold FP8 twins
 
   void TearDown() override {
     producers_.clear();

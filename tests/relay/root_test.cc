@@ -178,5 +178,47 @@ TEST(ProducerHandshakeTest, SilentLinksAreCappedAndDroppedAtTheHandshakeTimeout)
   for (auto& c : links) c->Close();
 }
 
+// FP8 serving is all producers or none: a root whose producers disagree refuses
+// the refit before BEGIN, and the receivers keep their version.
+TEST_F(RootTest, ProducersThatDisagreeOnFp8ServingAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob("tp=2,pp=2", 0, 3'000'000, 1));
+  ASSERT_NO_FATAL_FAILURE(StartTree(2));
+  serving_[0] = agent::DefaultFp8Serving();
+  for (size_t r = 0; r < ranks_.size(); ++r) producers_.push_back(ConnectProducer(r));
+  std::vector<Served> served;
+  auto report = Refit(0, &served);
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().ToString().find("serves BF16 while others quantize to FP8"),
+            std::string::npos)
+      << report.status().ToString();
+  EXPECT_FALSE(served[0].status.ok());
+  ExpectReceiversAt(0);
+}
+
+// Producers serving FP8 over a TP=2 x PP=2 job whose TP cut of the MLP lies inside
+// 128 x 128 blocks: the receivers hold the twins and end byte-identical to the
+// next twins; the second refit starts from the images the first committed.
+TEST_F(RootTest, Fp8ProducersShipTwinDeltasAndReuseTheCommittedImage) {
+  ASSERT_NO_FATAL_FAILURE(SetUpJob("tp=2,pp=2", 0, 4'000'000, 2));
+  twins_ = agent::DefaultFp8Serving();
+  ASSERT_NO_FATAL_FAILURE(StartTree(2));
+  for (size_t r = 0; r < ranks_.size(); ++r) serving_[r] = *twins_;
+  for (size_t r = 0; r < ranks_.size(); ++r) producers_.push_back(ConnectProducer(r));
+  std::vector<Served> served;
+  auto first = Refit(0, &served);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(first->publish.committed) << first->publish.abort_reason;
+  EXPECT_GT(first->fp8.split_blocks, 0u);
+  EXPECT_EQ(first->fp8.producers, ranks_.size());
+  EXPECT_LT(first->fp8.exchange_bytes, first->fp8.gather_bytes);
+  for (const Served& s : served) EXPECT_FALSE(s.fp8_base_kept);
+  ExpectReceiversAt(1);
+  auto second = Refit(1, &served);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_TRUE(second->publish.committed) << second->publish.abort_reason;
+  for (const Served& s : served) EXPECT_TRUE(s.fp8_base_kept);
+  ExpectReceiversAt(2);
+}
+
 }  // namespace
 }  // namespace deltacast::relay
