@@ -2,6 +2,7 @@
 // is kept in the chain before the active version flips, and nothing of the weights is
 // written back; a commit the chain cannot describe (a catch-up) writes a snapshot.
 #include "apply/checkpoint_dir.h"
+#include "common/crash_point.h"
 #include "relay/node_store.h"
 #include "relay/snapshot_store.h"
 
@@ -10,6 +11,7 @@ namespace deltacast::relay {
 Status NodeStore::CommitDelta(const codec::Manifest& target) {
   if (!options_.snapshots) return replica_->Commit(target, apply::CommitDurability::kLogged);
   RETURN_IF_ERROR(KeepInflightDelta());
+  CrashPoint("snapshot.kept");
   // The chain holds the version now: the private weights need no write-back.
   RETURN_IF_ERROR(replica_->Commit(target, apply::CommitDurability::kFlushed));
   options_.snapshots->MaybeBuild(replica_->version());

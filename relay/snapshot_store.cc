@@ -14,6 +14,7 @@
 #include "apply/checkpoint_state.h"
 #include "apply/delta_applier.h"
 #include "codec/chunk.h"
+#include "common/crash_point.h"
 #include "common/disk_seam.h"
 #include "common/file_util.h"
 #include "common/log.h"
@@ -180,8 +181,8 @@ Result<Digest128> MakeFirstSnapshot(const fs::path& dir, uint64_t partition_byte
   ASSIGN_OR_RETURN(auto linked, apply::CheckpointDirStore::Open(
                                     folder, apply::CheckpointDirStore::Access::kReadOnly));
   RETURN_IF_ERROR(apply::CheckpointState(folder).SaveManifest(*linked, manifest));
-  ASSIGN_OR_RETURN(std::optional<Digest128> active, journal.ReadActive());
-  if (!active) RETURN_IF_ERROR(journal.WriteActive(version));
+  // No active version is written: as in place, a store that never committed has none
+  // (Rebuild takes the snapshot's).
   RETURN_IF_ERROR(WritePointer(dir, version));
   return version;
 }
@@ -352,6 +353,7 @@ Result<uint64_t> SnapshotStore::WriteDirectory(const apply::CheckpointDirStore& 
           return Status::FromErrno(errno, "write " + to.string());
         }
         pacer.Done(n);
+        CrashPoint("snapshot.copy_block");
       }
       if (::fsync(fd) != 0) return Status::FromErrno(errno, "fsync " + to.string());
       disk::Synced(to);
@@ -385,6 +387,11 @@ fs::path SnapshotStore::SnapshotDir(const Digest128& version) const {
 
 Status SnapshotStore::Keep(const fs::path& spool_file, const ChainLink& link) {
   std::lock_guard lock(mu_);
+  // Back to a version the snapshot and chain already reach (a rollback to an earlier
+  // step): nothing to keep. Its file name is taken by the older link, which stays.
+  if (link.target == snapshot_ || !chain_.Chain(snapshot_, link.target).empty()) {
+    return Status::Ok();
+  }
   return chain_.AddFile(spool_file, link);
 }
 
@@ -456,6 +463,7 @@ Status SnapshotStore::Build(const Digest128& target) {
     if (stop_) return Status::Aborted("stopped");
     ASSIGN_OR_RETURN(manifest, ReplayLink(*copy, std::move(manifest), chain_, link, 1));
   }
+  CrashPoint("snapshot.applied");
   Pacer pacer(policy_.rate);
   for (size_t i = 0; i < copy->tensors().size(); ++i) {
     const uint64_t bytes = copy->tensors()[i].ByteSize();
@@ -469,12 +477,14 @@ Status SnapshotStore::Build(const Digest128& target) {
   RETURN_IF_ERROR(apply::CheckpointState(building).SaveManifest(*copy, manifest));
   copy.reset();
   RETURN_IF_ERROR(FsyncDirectory(building));
+  CrashPoint("snapshot.flushed");
   const fs::path done = SnapshotDir(target);
   fs::remove_all(done, ec);
   fs::rename(building, done, ec);
   if (ec) return Status::IoError("rename " + building.string() + ": " + ec.message());
   disk::Renamed(building, done);
   RETURN_IF_ERROR(FsyncDirectory(SnapshotsDir(dir_)));
+  CrashPoint("snapshot.renamed");
   RETURN_IF_ERROR(Switch(target));
   std::lock_guard lock(mu_);
   ++stats_.snapshots_built;
@@ -488,6 +498,7 @@ Status SnapshotStore::Switch(const Digest128& version) {
   std::lock_guard lock(mu_);
   // The switch: from here a restart maps `version`'s folder.
   RETURN_IF_ERROR(WritePointer(dir_, version));
+  CrashPoint("snapshot.switched");
   const Digest128 old = snapshot_;
   snapshot_ = version;
   // The links the new snapshot holds go; those committed since stay. A chain that
@@ -496,6 +507,7 @@ Status SnapshotStore::Switch(const Digest128& version) {
   const Digest128 newest = links.empty() ? version : links.back().target;
   const bool leads = newest == version || !chain_.Chain(version, newest).empty();
   RETURN_IF_ERROR(chain_.Retain(version, leads ? newest : version));
+  CrashPoint("snapshot.dropped");
   std::error_code ec;
   fs::remove_all(SnapshotDir(old), ec);
   disk::Removed(SnapshotDir(old));
