@@ -31,6 +31,7 @@ constexpr std::string_view kChainDirName = "chain";
 constexpr std::string_view kBuildingSuffix = ".building";
 // How much a build copies or flushes between two looks at the clock (and at Stop).
 constexpr uint64_t kBlockBytes = uint64_t{8} << 20;
+constexpr uint64_t kSyncEveryBlocks = 8;  // a paced copy syncs every 64 MiB
 
 fs::path StateDir(const fs::path& dir) { return dir / apply::kStateDirName; }
 fs::path PointerPath(const fs::path& dir) { return StateDir(dir) / apply::kSnapshotPointerName; }
@@ -352,6 +353,12 @@ Result<uint64_t> SnapshotStore::WriteDirectory(const apply::CheckpointDirStore& 
         if (::pwrite(fd, block.data(), n, static_cast<off_t>(at)) != static_cast<ssize_t>(n)) {
           return Status::FromErrno(errno, "write " + to.string());
         }
+        // Paced, the bytes go to the disk as they are written, not in one burst at
+        // the fsync when the kernel's dirty limits allow that much.
+        if (rate != 0 && (at / kBlockBytes) % kSyncEveryBlocks == kSyncEveryBlocks - 1 &&
+            ::fdatasync(fd) != 0) {
+          return Status::FromErrno(errno, "fdatasync " + to.string());
+        }
         pacer.Done(n);
         CrashPoint("snapshot.copy_block");
       }
@@ -446,36 +453,27 @@ Status SnapshotStore::Build(const Digest128& target) {
     return Status::FailedPrecondition("the chain does not lead from " + from.ShortHex() + " to " +
                                       target.ShortHex());
   }
+  // The old snapshot mapped privately (never the live weights, which the next refit
+  // may be patching), the chain applied to it in memory, then written out once at
+  // the paced rate: each byte of the new snapshot reaches the disk once.
+  ASSIGN_OR_RETURN(MappedSnapshot next,
+                   MapSnapshot(SnapshotDir(from), from, apply::CheckpointDirStore::Access::kPrivate,
+                               partition_bytes_, threads_));
+  for (const ChainLink& link : links) {
+    if (stop_) return Status::Aborted("stopped");
+    ASSIGN_OR_RETURN(next.manifest, ReplayLink(*next.store, std::move(next.manifest), chain_, link, 1));
+  }
+  CrashPoint("snapshot.applied");
   const fs::path building = SnapshotsDir(dir_) / (target.ToHex() + std::string(kBuildingSuffix));
   std::error_code ec;
   fs::remove_all(building, ec);
-  // Copy the old snapshot as it is (a read-only mapping: its files' bytes), paced.
-  ASSIGN_OR_RETURN(MappedSnapshot old,
-                   MapSnapshot(SnapshotDir(from), from, apply::CheckpointDirStore::Access::kReadOnly,
-                               partition_bytes_, threads_));
-  ASSIGN_OR_RETURN(uint64_t copied, WriteDirectory(*old.store, building, policy_.rate, &stop_));
-  old.store.reset();
-  // Apply the chain to the copy, then flush it at the same pace.
-  ASSIGN_OR_RETURN(auto copy, apply::CheckpointDirStore::Open(
-                                  building, apply::CheckpointDirStore::Access::kReadWrite));
-  codec::Manifest manifest = std::move(old.manifest);
-  for (const ChainLink& link : links) {
-    if (stop_) return Status::Aborted("stopped");
-    ASSIGN_OR_RETURN(manifest, ReplayLink(*copy, std::move(manifest), chain_, link, 1));
+  ASSIGN_OR_RETURN(uint64_t written, WriteDirectory(*next.store, building, policy_.rate, &stop_));
+  next.store.reset();
+  {
+    ASSIGN_OR_RETURN(auto files, apply::CheckpointDirStore::Open(
+                                     building, apply::CheckpointDirStore::Access::kReadOnly));
+    RETURN_IF_ERROR(apply::CheckpointState(building).SaveManifest(*files, next.manifest));
   }
-  CrashPoint("snapshot.applied");
-  Pacer pacer(policy_.rate);
-  for (size_t i = 0; i < copy->tensors().size(); ++i) {
-    const uint64_t bytes = copy->tensors()[i].ByteSize();
-    for (uint64_t at = 0; at < bytes; at += kBlockBytes) {
-      if (stop_) return Status::Aborted("stopped");
-      const uint64_t n = std::min(kBlockBytes, bytes - at);
-      RETURN_IF_ERROR(copy->Flush(i, at, n));
-      pacer.Done(n);
-    }
-  }
-  RETURN_IF_ERROR(apply::CheckpointState(building).SaveManifest(*copy, manifest));
-  copy.reset();
   RETURN_IF_ERROR(FsyncDirectory(building));
   CrashPoint("snapshot.flushed");
   const fs::path done = SnapshotDir(target);
@@ -488,7 +486,7 @@ Status SnapshotStore::Build(const Digest128& target) {
   RETURN_IF_ERROR(Switch(target));
   std::lock_guard lock(mu_);
   ++stats_.snapshots_built;
-  stats_.snapshot_bytes_written += copied + pacer.done();
+  stats_.snapshot_bytes_written += written;
   stats_.last_build_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return Status::Ok();

@@ -118,8 +118,8 @@ class SnapshotStore {
   SnapshotStore(std::filesystem::path dir, uint64_t partition_bytes, size_t threads,
                 SnapshotPolicy policy, Digest128 snapshot, uint64_t model_bytes);
   std::filesystem::path SnapshotDir(const Digest128& version) const;
-  // Copies the current snapshot, applies the chain up to `target` to the copy,
-  // flushes it and switches.
+  // Applies the chain up to `target` to a private mapping of the current snapshot,
+  // writes it beside it (paced), and switches.
   Status Build(const Digest128& target);
   // Names `version`'s folder (complete, fsynced) the snapshot, then drops the chain
   // before it and the old folder.
