@@ -92,7 +92,7 @@ inline constexpr uint64_t kDefaultStagedMemory = uint64_t{1} << 30;
 // A snapshot store's defaults ([[node]] snapshot_every, snapshot_chain_percent,
 // snapshot_rate; docs/config.md says what they cost).
 inline constexpr uint32_t kDefaultSnapshotEvery = 50;
-inline constexpr uint32_t kDefaultSnapshotChainPercent = 50;
+inline constexpr uint32_t kDefaultSnapshotChainPercent = 100;
 inline constexpr uint64_t kDefaultSnapshotRate = uint64_t{256} << 20;
 
 inline constexpr uint64_t kMinChunkSize = uint64_t{4} << 10;

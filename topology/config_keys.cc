@@ -72,7 +72,7 @@ constexpr ConfigKey kKeys[] = {
      "or a snapshot plus the committed deltas, patched in memory (O(delta); docs/config.md)"},
     {"node", "snapshot_every", "integer", false, "50", true,
      "snapshot store: a new snapshot after this many refits (0: by chain size only)"},
-    {"node", "snapshot_chain_percent", "integer", false, "50", true,
+    {"node", "snapshot_chain_percent", "integer", false, "100", true,
      "snapshot store: a new snapshot once the chain's files pass this % of the model (0: by "
      "count only)"},
     {"node", "snapshot_rate", "size", false, "\"256MiB\"", true,
