@@ -75,10 +75,10 @@ class SnapshotStore {
   // Whether `dir` is a snapshot store (its snapshot pointer exists).
   static bool IsSnapshotStore(const std::filesystem::path& dir);
 
-  // The committed version of snapshot store `dir`, rebuilt in memory without
-  // writing anything to `dir`: the snapshot mapped privately and the chain replayed
-  // (a delta in flight is not). `manifest` gets its manifest. For materialize,
-  // verify and audit.
+  // The committed version of snapshot store `dir`, rebuilt in memory: the snapshot
+  // mapped privately and the chain replayed (a delta in flight is not). Nothing of
+  // `dir` is written but, where it is stale (the folder was copied), the snapshot's
+  // manifest cache. `manifest` gets its manifest. For materialize, verify, audit.
   static Result<std::unique_ptr<apply::CheckpointDirStore>> OpenCommitted(
       const std::filesystem::path& dir, uint64_t partition_bytes, size_t threads,
       codec::Manifest& manifest);
