@@ -383,6 +383,7 @@ SnapshotStore::SnapshotStore(fs::path dir, uint64_t partition_bytes, size_t thre
       threads_(threads),
       policy_(policy),
       model_bytes_(model_bytes),
+      mapped_(snapshot),
       chain_(ChainDir(dir_), SIZE_MAX),
       snapshot_(snapshot) {}
 
@@ -506,9 +507,13 @@ Status SnapshotStore::Switch(const Digest128& version) {
   const bool leads = newest == version || !chain_.Chain(version, newest).empty();
   RETURN_IF_ERROR(chain_.Retain(version, leads ? newest : version));
   CrashPoint("snapshot.dropped");
-  std::error_code ec;
-  fs::remove_all(SnapshotDir(old), ec);
-  disk::Removed(SnapshotDir(old));
+  // The folder the live weights map stays until the next open: their file names
+  // stamp the journal's manifest cache, and a catch-up's snapshot reads its headers.
+  if (old != mapped_) {
+    std::error_code ec;
+    fs::remove_all(SnapshotDir(old), ec);
+    disk::Removed(SnapshotDir(old));
+  }
   return Status::Ok();
 }
 

@@ -122,7 +122,7 @@ class SnapshotStore {
   // writes it beside it (paced), and switches.
   Status Build(const Digest128& target);
   // Names `version`'s folder (complete, fsynced) the snapshot, then drops the chain
-  // before it and the old folder.
+  // before it and the old folder (unless the live weights map it).
   Status Switch(const Digest128& version);
 
   const std::filesystem::path dir_;  // the store's directory (its .deltacast/ holds the rest)
@@ -130,6 +130,7 @@ class SnapshotStore {
   const size_t threads_;
   const SnapshotPolicy policy_;
   const uint64_t model_bytes_;
+  const Digest128 mapped_;  // the snapshot the live weights map (opened with the store)
   DeltaHistory chain_;
   mutable std::mutex mu_;
   Digest128 snapshot_;  // mu_
