@@ -96,12 +96,19 @@ Result<std::unique_ptr<Replica>> Replica::OpenOverJournal(std::unique_ptr<Checkp
   threads = threads ? threads : DefaultThreadCount();
   CheckpointState state(journal_dir);
   ASSIGN_OR_RETURN(std::optional<InflightDelta> unflushed, state.ReadUnflushed());
-  if (unflushed) {
-    return Status::FailedPrecondition(
-        journal_dir.string() + ": the last in-place commit was not written back; start the node "
-        "in place once (it reconciles) before switching it to snapshots");
-  }
   ASSIGN_OR_RETURN(std::optional<InflightDelta> inflight, state.ReadInflight());
+  if (unflushed) {
+    // A commit made ahead of its bytes (CommitAhead, after a restart) notes it; the
+    // chain kept the delta first, so the weights rebuilt from it are at what
+    // `active` says: nothing is left to reconcile. Cut short before the in-flight
+    // record was cleared, the commit is finished as in place.
+    ASSIGN_OR_RETURN(std::optional<Digest128> active, state.ReadActive());
+    if (inflight && *unflushed == *inflight && active == inflight->target) {
+      RETURN_IF_ERROR(state.ClearInflight());
+      inflight.reset();
+    }
+    RETURN_IF_ERROR(state.ClearUnflushed());
+  }
   CheckpointDirStore* raw = store.get();
   auto replica = std::unique_ptr<Replica>(new Replica(std::move(store), raw, journal_dir,
                                                       std::move(manifest), inflight, threads));

@@ -68,8 +68,9 @@ class Replica {
                                                             size_t threads);
   // A snapshot store's replica (relay/snapshot_store.h): `store` (kPrivate) holds the
   // bytes of `manifest` in memory, the snapshot with the committed chain replayed;
-  // the journal is `journal_dir`/.deltacast/, as for a directory. kFailedPrecondition
-  // if that journal notes a commit unflushed (an in-place store's, not finished).
+  // the journal is `journal_dir`/.deltacast/, as for a directory. A commit noted
+  // unflushed (made ahead of its bytes) is done: the note is cleared. The caller
+  // (relay/snapshot_store.h) has rebuilt `manifest` to the journal's active version.
   static Result<std::unique_ptr<Replica>> OpenOverJournal(
       std::unique_ptr<CheckpointDirStore> store, const std::filesystem::path& journal_dir,
       codec::Manifest manifest, size_t threads);

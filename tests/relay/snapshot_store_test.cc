@@ -408,6 +408,25 @@ TEST_F(SnapshotStoreTest, InPlaceOpenRefusesASnapshotStore) {
   ExpectGivenFileUntouched();
 }
 
+// A commit made ahead of its bytes (a PREPARED node back after a crash commits from
+// its spool, then reconciles) notes the store unflushed; killed before the
+// reconcile ends, the note is on disk. The chain already holds the delta: the store
+// opens at the committed version and the note goes.
+TEST_F(SnapshotStoreTest, AnUnflushedNoteFromACommitAheadIsSettledByTheChain) {
+  ASSERT_NO_FATAL_FAILURE(StartN1());
+  ASSERT_NO_FATAL_FAILURE(StartN2());
+  ASSERT_NO_FATAL_FAILURE(Publish(0, 1));
+  StopN2();
+  apply::CheckpointState journal(StoreDir());
+  ASSERT_TRUE(journal.WriteUnflushed({VersionOf(0), VersionOf(1)}).ok());
+  ASSERT_NO_FATAL_FAILURE(StartN2());
+  EXPECT_EQ(n2_->stats().version, VersionOf(1));
+  EXPECT_FALSE(fs::exists(StoreDir() / apply::kStateDirName / "unflushed"));
+  ASSERT_NO_FATAL_FAILURE(Publish(1, 2));
+  StopN2();
+  ExpectCommittedAt(2);
+}
+
 TEST_F(SnapshotStoreTest, ALostChainFileIsNamedNotGuessed) {
   ASSERT_NO_FATAL_FAILURE(StartN1());
   ASSERT_NO_FATAL_FAILURE(StartN2());
