@@ -765,15 +765,7 @@ void NodeStore::WriteCatchUp(apply::PartitionKey key, std::shared_ptr<std::vecto
 void NodeStore::CommitCatchUp(Done done) {
   apply_loop_.Post([this, done] {
     WaitForChunks();
-    Status status = Status::Ok();
-    if (options_.snapshots && replica_->inflight()) {
-      // The snapshot is written only from weights at the catch-up's target.
-      auto now = replica_->HashStoreNow();
-      status = !now.ok() ? now.status()
-               : now->VersionId() != replica_->inflight()->target
-                   ? Status::FailedPrecondition("the store is not at the catch-up's target")
-                   : SnapshotBeforeCommit(*now);
-    }
+    Status status = SnapshotBeforeCatchUpCommit();
     if (status.ok()) status = replica_->CommitFromStore();
     catch_up_applier_.reset();
     ResumeEngine();

@@ -331,6 +331,8 @@ class NodeStore {
   // Snapshot store: a commit the chain cannot describe (a catch-up) writes the
   // weights, at `target`, as the new snapshot first. Nothing to do in place.
   Status SnapshotBeforeCommit(const codec::Manifest& target);
+  // The same for a catch-up by partitions, once the weights hash to its target.
+  Status SnapshotBeforeCatchUpCommit();
   apply::ApplyOptions RefitOptions() const;
   void PostJournal();
   template <typename F>

@@ -40,4 +40,14 @@ Status NodeStore::SnapshotBeforeCommit(const codec::Manifest& target) {
   return options_.snapshots->SnapshotFrom(*live, target);
 }
 
+Status NodeStore::SnapshotBeforeCatchUpCommit() {
+  if (!options_.snapshots || !replica_->inflight()) return Status::Ok();
+  // The snapshot is written only from weights at the catch-up's target.
+  ASSIGN_OR_RETURN(codec::Manifest now, replica_->HashStoreNow());
+  if (now.VersionId() != replica_->inflight()->target) {
+    return Status::FailedPrecondition("the store is not at the catch-up's target");
+  }
+  return SnapshotBeforeCommit(now);
+}
+
 }  // namespace deltacast::relay
