@@ -6,6 +6,7 @@
 
 #include "agent/commands.h"
 #include "agent/fp8_twin.h"
+#include "agent/store_commands.h"
 #include "apply/checkpoint_dir.h"
 #include "apply/checkpoint_state.h"
 #include "apply/weight_store.h"
@@ -46,10 +47,10 @@ int RunAudit(const AuditArgs& args) {
     return Fail(Status::NotFound("the manifest of the active version " + (*active)->ShortHex() +
                                  " is not cached in " + args.dir.string() + "/.deltacast"));
   }
-  auto store =
-      apply::CheckpointDirStore::Open(args.dir, apply::CheckpointDirStore::Access::kReadOnly);
-  if (!store.ok()) return Fail(store.status().WithContext(args.dir.string()));
-  auto now = apply::HashWeightStore(**store, (*manifest)->partition_bytes, threads);
+  // A snapshot store's committed version is its snapshot with the chain replayed.
+  auto committed = OpenCommittedCheckpoint(args.dir, threads);
+  if (!committed.ok()) return Fail(committed.status().WithContext(args.dir.string()));
+  auto now = apply::HashWeightStore(*committed->store, (*manifest)->partition_bytes, threads);
   if (!now.ok()) return Fail(now.status().WithContext("hashing " + args.dir.string()));
   const codec::ManifestDiff diff = codec::DiffManifests(**manifest, *now);
   if (args.json) {

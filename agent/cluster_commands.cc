@@ -17,6 +17,7 @@
 #include "relay/configured_keys.h"
 #include "relay/fp8_delta.h"
 #include "relay/node_agent.h"
+#include "relay/snapshot_store.h"
 #include "relay/node_transports.h"
 #include "relay/publisher.h"
 #include "relay/source.h"
@@ -154,19 +155,20 @@ int RunAgent(const AgentArgs& args) {
   if (!token.ok()) return Fail(token.status());
   // An FP8 store that does not hold together is refused before anything is written.
   if (Status fp8 = CheckFp8CheckpointDir(args.store); !fp8.ok()) return Fail(fp8);
-  auto replica =
-      apply::Replica::OpenCheckpointDir(args.store, codec::kDefaultPartitionBytes, args.threads);
-  if (!replica.ok()) return Fail(replica.status().WithContext("store " + args.store.string()));
-  if ((*replica)->inflight()) {
-    log::Warn(fmt::format(
-        "{}: store {} has an unfinished delta {} -> {}; it resumes when the source resends it",
-        args.node, args.store.string(), (*replica)->inflight()->base.ShortHex(),
-        (*replica)->inflight()->target.ShortHex()));
-  }
   const topology::NodeConfig* node = config->FindNode(args.node);
   if (node == nullptr) {
     return Fail(
         Status::InvalidArgument("node '" + args.node + "' is not in " + args.config.string()));
+  }
+  auto opened =
+      relay::OpenNodeCheckpoint(args.store, *node, codec::kDefaultPartitionBytes, args.threads);
+  if (!opened.ok()) return Fail(opened.status().WithContext("store " + args.store.string()));
+  auto& replica = opened->replica;
+  if (replica->inflight()) {
+    log::Warn(fmt::format(
+        "{}: store {} has an unfinished delta {} -> {}; it resumes when the source resends it",
+        args.node, args.store.string(), replica->inflight()->base.ShortHex(),
+        replica->inflight()->target.ShortHex()));
   }
   auto transport = relay::MakeNodeTransports(*config, *node);
   if (!transport.ok()) return Fail(transport.status());
@@ -179,9 +181,10 @@ int RunAgent(const AgentArgs& args) {
   options.verify_key = *verify_key;
   options.apply_threads = args.threads;
   options.spool_dir = args.store / apply::kStateDirName / "spool";
+  options.snapshots = opened->store;
   if (args.progress) options.on_catch_up_progress = CatchUpProgressBar();
   auto agent =
-      relay::NodeAgent::Start(std::move(options), std::move(*replica), std::move(*transport));
+      relay::NodeAgent::Start(std::move(options), std::move(replica), std::move(*transport));
   if (!agent.ok()) return Fail(agent.status());
   const int signal = signals.Wait();
   log::Info(fmt::format("{}: stopping on signal {}", args.node, signal));

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "agent/audit_command.h"
+#include "agent/store_commands.h"
 #include "agent/cluster_commands.h"
 #include "agent/commands.h"
 #include "agent/config_command.h"
@@ -159,6 +160,19 @@ int main(int argc, char** argv) {
   v->add_option("--threads", verify.threads, "Threads (0 = all cores)");
   v->add_flag("--json", verify.json, "Report as JSON");
   v->callback([&] { status = agent::RunVerify(verify); });
+
+  // materialize
+  agent::MaterializeArgs materialize;
+  auto* mz = app.add_subcommand(
+      "materialize",
+      "Write a node's committed version (in place, or a snapshot store's snapshot + chain) as a "
+      "checkpoint directory");
+  mz->add_option("store", materialize.store, "The node's checkpoint directory (--store)")
+      ->required();
+  mz->add_option("out", materialize.out, "Where to write it (new or empty)")->required();
+  mz->add_option("--threads", materialize.threads, "Threads (0 = all cores)");
+  mz->add_flag("--json", materialize.json, "Report as JSON");
+  mz->callback([&] { status = agent::RunMaterialize(materialize); });
 
   // audit
   agent::AuditArgs audit;

@@ -13,6 +13,7 @@
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
 #include "relay/shard_input.h"
+#include "relay/snapshot_store.h"
 
 namespace deltacast {
 namespace {
@@ -21,9 +22,9 @@ namespace {
 // decoded on the host whatever the transport could reach: GPUDirect would not save a
 // copy. What reaches the GPUs goes through each memory's pinned staging ring; the
 // transport's device-memory capability is logged once, so a deployment sees which.
-Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeOptions options,
-                                                     std::unique_ptr<apply::Replica> replica,
-                                                     bool on_gpus = false) {
+Result<std::unique_ptr<relay::NodeAgent>> StartAgent(
+    const Config& config, NodeOptions options, std::unique_ptr<apply::Replica> replica,
+    bool on_gpus = false, std::shared_ptr<relay::SnapshotStore> snapshots = nullptr) {
   const topology::ClusterConfig& cluster = config.impl().cluster;
   const topology::NodeConfig* node = cluster.FindNode(options.node_id);
   if (!node) {
@@ -50,6 +51,7 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeO
   agent.verify_key = std::move(*verify_key);
   agent.apply_threads = options.apply_threads;
   agent.spool_dir = options.spool_dir;
+  agent.snapshots = std::move(snapshots);
   if (!options.apply_mode.empty()) {
     if (options.apply_mode != "on-arrival" && options.apply_mode != "staged") {
       return Status::InvalidArgument("NodeOptions::apply_mode = \"" + options.apply_mode +
@@ -146,11 +148,26 @@ Result<std::unique_ptr<Node>> Node::StartOnGpus(const Config& config, NodeOption
 
 Result<std::unique_ptr<Node>> Node::StartOnCheckpoint(const Config& config, NodeOptions options,
                                                       const std::filesystem::path& dir) {
-  auto replica =
-      apply::Replica::OpenCheckpointDir(dir, codec::kDefaultPartitionBytes, options.apply_threads);
-  if (!replica.ok()) return replica.status().WithContext("checkpoint " + dir.string());
+  const topology::NodeConfig* configured = config.impl().cluster.FindNode(options.node_id);
+  if (!configured) {
+    return Status::InvalidArgument("node '" + options.node_id + "' is not in " +
+                                   config.impl().cluster.source_file.string());
+  }
+  topology::NodeConfig node = *configured;
+  if (!options.checkpoint.empty()) {
+    if (options.checkpoint != "in-place" && options.checkpoint != "snapshot") {
+      return Status::InvalidArgument("NodeOptions::checkpoint = \"" + options.checkpoint +
+                                     "\": must be \"in-place\" or \"snapshot\"");
+    }
+    node.checkpoint = options.checkpoint == "snapshot" ? topology::CheckpointMode::kSnapshot
+                                                       : topology::CheckpointMode::kInPlace;
+  }
+  auto opened =
+      relay::OpenNodeCheckpoint(dir, node, codec::kDefaultPartitionBytes, options.apply_threads);
+  if (!opened.ok()) return opened.status().WithContext("checkpoint " + dir.string());
   if (options.spool_dir.empty()) options.spool_dir = dir / apply::kStateDirName / "spool";
-  auto agent = StartAgent(config, std::move(options), std::move(*replica));
+  auto agent = StartAgent(config, std::move(options), std::move(opened->replica),
+                          /*on_gpus=*/false, std::move(opened->store));
   if (!agent.ok()) return agent.status();
   return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
 }

@@ -252,14 +252,15 @@ Result<CheckpointLayout> ReadCheckpointLayout(const fs::path& dir) {
 // ---- CheckpointDirStore::Mapping ----
 
 Result<CheckpointDirStore::Mapping> CheckpointDirStore::Mapping::Map(int fd, uint64_t size,
-                                                                     bool writable,
+                                                                     Access access,
                                                                      const fs::path& path) {
   if (size == 0) {  // mmap refuses length 0; nothing to map or read anyway
     ::close(fd);
     return Mapping();
   }
-  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-  void* addr = ::mmap(nullptr, static_cast<size_t>(size), prot, MAP_SHARED, fd, 0);
+  const int prot = access == Access::kReadOnly ? PROT_READ : PROT_READ | PROT_WRITE;
+  const int flags = access == Access::kPrivate ? MAP_PRIVATE : MAP_SHARED;
+  void* addr = ::mmap(nullptr, static_cast<size_t>(size), prot, flags, fd, 0);
   if (addr == MAP_FAILED) {
     const int error = errno;
     ::close(fd);
@@ -318,9 +319,16 @@ Result<std::unique_ptr<CheckpointDirStore>> CheckpointDirStore::Open(const fs::p
                                         std::to_string(st.st_size) + " while opening");
     }
     // The descriptor stays open with the mapping, for ReadRange.
-    ASSIGN_OR_RETURN(Mapping mapping, Mapping::Map(fd, file.size, writable, path));
+    ASSIGN_OR_RETURN(Mapping mapping, Mapping::Map(fd, file.size, access, path));
     if (Hash64(ByteSpan(mapping.data(), file.data_offset)) != file.header_hash) {
       return Status::FailedPrecondition(path.string() + ": header changed while opening");
+    }
+    if (access == Access::kPrivate && mapping.size() > 0) {
+      // Every page gets its private copy now, in one call: a refit changes a few
+      // percent of the elements, which is every page, and one fault per page on
+      // the first refit costs seconds per GiB on a VM. Best effort (kernels before
+      // 5.14 refuse it; the pages are then copied as they are first written).
+      (void)::madvise(mapping.data(), static_cast<size_t>(mapping.size()), MADV_POPULATE_WRITE);
     }
     mappings.push_back(std::move(mapping));
   }
@@ -383,6 +391,7 @@ Result<ByteSpan> CheckpointDirStore::ReadRange(size_t index, uint64_t offset, ui
   }
   const CheckpointTensor& t = layout_.tensors[index];
   const uint64_t start = t.file_offset + offset;
+  if (access_ == Access::kPrivate) return ByteSpan(mappings_[t.file].data() + start, length);
   if (read_path_ == ReadPath::kMap && populate_works.load(std::memory_order_relaxed)) {
     auto view = ViewPopulated(t, start, length);
     if (!view.ok() || *view) return view.ok() ? Result<ByteSpan>(**view) : view.status();
@@ -445,7 +454,7 @@ Result<std::optional<ByteSpan>> CheckpointDirStore::ViewPopulated(const Checkpoi
 }
 
 Result<MutableByteSpan> CheckpointDirStore::MutableTensorData(size_t index) {
-  if (access_ != Access::kReadWrite) {
+  if (access_ == Access::kReadOnly) {
     return Status::Unsupported(dir_.string() + ": store opened read-only");
   }
   if (index >= tensors_.size()) {
@@ -467,7 +476,7 @@ Status CheckpointDirStore::Flush(size_t index, uint64_t offset, uint64_t length)
                                    Quote(tensors_[index].name) + " of " + std::to_string(bytes) +
                                    " bytes");
   }
-  if (length == 0 || access_ == Access::kReadOnly) return Status::Ok();
+  if (length == 0 || access_ != Access::kReadWrite) return Status::Ok();
   // msync wants a page-aligned start; the range may begin anywhere in a page.
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto start = reinterpret_cast<uintptr_t>(TensorBytes(index)) + offset;
@@ -484,7 +493,7 @@ Status CheckpointDirStore::Flush(size_t index, uint64_t offset, uint64_t length)
 }
 
 Status CheckpointDirStore::FlushAll() {
-  if (access_ == Access::kReadOnly) return Status::Ok();
+  if (access_ != Access::kReadWrite) return Status::Ok();
   for (size_t f = 0; f < mappings_.size(); ++f) {
     if (mappings_[f].data() == nullptr) continue;
     if (::msync(mappings_[f].data(), static_cast<size_t>(mappings_[f].size()), MS_SYNC) != 0)

@@ -72,9 +72,12 @@ Result<std::map<std::string, std::string>> ParseCheckpointIndex(ByteSpan bytes,
 
 class CheckpointDirStore final : public WeightStore {
  public:
-  enum class Access { kReadOnly, kReadWrite };
+  // kPrivate: writable in memory only (MAP_PRIVATE: a written page is copied, the
+  // file is never written), the weights of a snapshot store (relay/snapshot_store.h).
+  enum class Access { kReadOnly, kReadWrite, kPrivate };
 
-  // Reads the layout and maps every file (MAP_SHARED; writable for kReadWrite).
+  // Reads the layout and maps every file (MAP_SHARED, writable for kReadWrite;
+  // MAP_PRIVATE for kPrivate, whose files are opened read-only).
   // Fails, mapping nothing, on any ReadCheckpointLayout error, if a file cannot be
   // opened with `access` (kIoError), or if a file changed between reading its
   // header and mapping it (kFailedPrecondition). Does not block beyond the header
@@ -99,6 +102,7 @@ class CheckpointDirStore final : public WeightStore {
   // cannot be read; kMap checks before handing out the view, instead of the SIGBUS
   // that touching those pages would raise (a file truncated after the check, while
   // the caller reads the view, still raises it there, as every mapped read does).
+  // A kPrivate store always hands out a view: its files do not hold its writes.
   // The default is kCopy, or kMap with DELTACAST_CHECKPOINT_READS=map: on the VMs
   // measured here a process's first touch of a mapped page costs more than copying
   // it (README, "Encode speed of the command line"); where page tables are cheap
@@ -111,7 +115,8 @@ class CheckpointDirStore final : public WeightStore {
   Result<ByteSpan> ReadRange(size_t index, uint64_t offset, uint64_t length,
                              MutableByteSpan buffer) const override;
   // msync(MS_SYNC) of the pages holding those bytes; blocks until they are on disk.
-  // kInvalidArgument if the range is outside the tensor; nothing to do when read-only.
+  // kInvalidArgument if the range is outside the tensor; nothing to do when read-only
+  // or kPrivate (nothing of such a store is ever written to its files).
   Status Flush(size_t index, uint64_t offset, uint64_t length) override;
   // msync(MS_SYNC) of every file's whole mapping: the kernel writes the dirty pages
   // only, so a store with few of them is flushed quickly.
@@ -126,7 +131,7 @@ class CheckpointDirStore final : public WeightStore {
    public:
     Mapping() = default;
     // Takes ownership of `fd` whatever the outcome.
-    static Result<Mapping> Map(int fd, uint64_t size, bool writable,
+    static Result<Mapping> Map(int fd, uint64_t size, Access access,
                                const std::filesystem::path& path);
     ~Mapping();
     Mapping(Mapping&& other) noexcept;

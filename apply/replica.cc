@@ -9,20 +9,27 @@
 namespace deltacast::apply {
 
 Replica::Replica(std::unique_ptr<WeightStore> store, CheckpointDirStore* dir_store,
-                 codec::Manifest manifest, std::optional<InflightDelta> inflight, size_t threads)
+                 const std::filesystem::path& journal_dir, codec::Manifest manifest,
+                 std::optional<InflightDelta> inflight, size_t threads)
     : store_(std::move(store)),
       dir_store_(dir_store),
       manifest_(std::move(manifest)),
       version_(inflight ? inflight->base : manifest_.VersionId()),
       inflight_(inflight),
       threads_(threads) {
-  if (dir_store_) state_.emplace(dir_store_->dir());
+  if (dir_store_) state_.emplace(journal_dir);
 }
 
 Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesystem::path& dir,
                                                             uint64_t partition_bytes,
                                                             size_t threads) {
   threads = threads ? threads : DefaultThreadCount();
+  if (std::filesystem::exists(dir / kStateDirName / kSnapshotPointerName)) {
+    // Its files are the first snapshot's (hard links): patching them would break it.
+    return Status::FailedPrecondition(
+        dir.string() + " is a snapshot store (checkpoint = \"snapshot\"): its files are not its "
+        "committed version; open it in that mode, or `deltacast materialize` it");
+  }
   ASSIGN_OR_RETURN(auto store,
                    CheckpointDirStore::Open(dir, CheckpointDirStore::Access::kReadWrite));
   CheckpointState state(dir);
@@ -58,7 +65,7 @@ Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesyste
   }
   CheckpointDirStore* raw = store.get();
   auto replica = std::unique_ptr<Replica>(
-      new Replica(std::move(store), raw, std::move(manifest), inflight, threads));
+      new Replica(std::move(store), raw, dir, std::move(manifest), inflight, threads));
   if (inflight) {
     ASSIGN_OR_RETURN(replica->applied_, state.ReadApplied());
     ASSIGN_OR_RETURN(replica->prepared_, state.ReadPrepared());
@@ -79,7 +86,37 @@ Result<std::unique_ptr<Replica>> Replica::ForStore(std::unique_ptr<WeightStore> 
   threads = threads ? threads : DefaultThreadCount();
   ASSIGN_OR_RETURN(codec::Manifest manifest, HashWeightStore(*store, partition_bytes, threads));
   return std::unique_ptr<Replica>(
-      new Replica(std::move(store), nullptr, std::move(manifest), std::nullopt, threads));
+      new Replica(std::move(store), nullptr, {}, std::move(manifest), std::nullopt, threads));
+}
+
+Result<std::unique_ptr<Replica>> Replica::OpenOverJournal(std::unique_ptr<CheckpointDirStore> store,
+                                                          const std::filesystem::path& journal_dir,
+                                                          codec::Manifest manifest,
+                                                          size_t threads) {
+  threads = threads ? threads : DefaultThreadCount();
+  CheckpointState state(journal_dir);
+  ASSIGN_OR_RETURN(std::optional<InflightDelta> unflushed, state.ReadUnflushed());
+  ASSIGN_OR_RETURN(std::optional<InflightDelta> inflight, state.ReadInflight());
+  if (unflushed) {
+    // A commit made ahead of its bytes (CommitAhead, after a restart) notes it; the
+    // chain kept the delta first, so the weights rebuilt from it are at what
+    // `active` says: nothing is left to reconcile. Cut short before the in-flight
+    // record was cleared, the commit is finished as in place.
+    ASSIGN_OR_RETURN(std::optional<Digest128> active, state.ReadActive());
+    if (inflight && *unflushed == *inflight && active == inflight->target) {
+      RETURN_IF_ERROR(state.ClearInflight());
+      inflight.reset();
+    }
+    RETURN_IF_ERROR(state.ClearUnflushed());
+  }
+  CheckpointDirStore* raw = store.get();
+  auto replica = std::unique_ptr<Replica>(new Replica(std::move(store), raw, journal_dir,
+                                                      std::move(manifest), inflight, threads));
+  if (inflight) {
+    ASSIGN_OR_RETURN(replica->applied_, state.ReadApplied());
+    ASSIGN_OR_RETURN(replica->prepared_, state.ReadPrepared());
+  }
+  return replica;
 }
 
 Result<codec::Manifest> Replica::HashStore() const {

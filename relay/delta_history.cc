@@ -1,5 +1,10 @@
 #include "relay/delta_history.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <sstream>
 #include <string>
 
@@ -55,6 +60,41 @@ Status DeltaHistory::Add(std::unique_ptr<Spool> spool, const ChainLink& link) {
                            ec.message());
   disk::Renamed(from, FileOf(link.target));
   RETURN_IF_ERROR(FsyncDirectory(dir_));
+  return Adopt(link);
+}
+
+Status DeltaHistory::AddFile(const std::filesystem::path& spool_file, const ChainLink& link) {
+  std::lock_guard lock(mu_);
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir_));
+  const std::filesystem::path to = FileOf(link.target);
+  std::error_code ec;
+  std::filesystem::remove(to, ec);
+  disk::Removed(to);
+  std::filesystem::create_hard_link(spool_file, to, ec);
+  if (ec) {
+    // Another file system (a spool under /tmp): the delta is small, copy it.
+    ec.clear();
+    std::filesystem::copy_file(spool_file, to, ec);
+    if (ec) {
+      return Status::IoError("keep " + spool_file.string() + " in " + dir_.string() + ": " +
+                             ec.message());
+    }
+    disk::Created(to);
+  }
+  // Linked or copied, the bytes must be on disk before the index names them.
+  const int fd = ::open(to.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + to.string());
+  const int synced = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (synced != 0) return Status::FromErrno(error, "fsync " + to.string());
+  disk::Synced(to);
+  RETURN_IF_ERROR(FsyncDirectory(dir_));
+  return Adopt(link);
+}
+
+Status DeltaHistory::Adopt(const ChainLink& link) {
+  std::error_code ec;
   std::erase_if(links_, [&](const ChainLink& l) { return l.target == link.target; });
   links_.push_back(link);
   while (links_.size() > keep_) {
@@ -79,6 +119,49 @@ Status DeltaHistory::Add(std::unique_ptr<Spool> spool, const ChainLink& link) {
 
 std::vector<ChainLink> DeltaHistory::Chain(const Digest128& from, const Digest128& to) const {
   std::lock_guard lock(mu_);
+  return ChainLocked(from, to);
+}
+
+Status DeltaHistory::Retain(const Digest128& from, const Digest128& to) {
+  std::lock_guard lock(mu_);
+  std::vector<ChainLink> kept = ChainLocked(from, to);
+  if (kept.size() == links_.size()) return Status::Ok();
+  std::vector<ChainLink> dropped;
+  for (const ChainLink& l : links_) {
+    const bool keep = std::any_of(kept.begin(), kept.end(),
+                                  [&](const ChainLink& k) { return k.target == l.target; });
+    if (!keep) dropped.push_back(l);
+  }
+  links_ = std::move(kept);
+  // The index first: a file it no longer names is removed by a later Add if not now.
+  RETURN_IF_ERROR(WriteIndex());
+  std::error_code ec;
+  for (const ChainLink& l : dropped) {
+    open_.erase(l.target.ToHex());
+    std::filesystem::remove(FileOf(l.target), ec);
+    disk::Removed(FileOf(l.target));
+  }
+  return Status::Ok();
+}
+
+std::vector<ChainLink> DeltaHistory::links() const {
+  std::lock_guard lock(mu_);
+  return links_;
+}
+
+uint64_t DeltaHistory::FileBytes() const {
+  std::lock_guard lock(mu_);
+  uint64_t bytes = 0;
+  std::error_code ec;
+  for (const ChainLink& l : links_) {
+    const auto size = std::filesystem::file_size(FileOf(l.target), ec);
+    if (!ec) bytes += size;
+  }
+  return bytes;
+}
+
+std::vector<ChainLink> DeltaHistory::ChainLocked(const Digest128& from,
+                                                 const Digest128& to) const {
   // Walk back from `to` along committed deltas (newest first) until `from`.
   std::vector<ChainLink> chain;
   Digest128 at = to;

@@ -8,6 +8,10 @@
 // rewritten atomically after the file is in place, so a crash leaves at worst a
 // spool file that no line names (removed on the next Add).
 //
+// A snapshot store (relay/snapshot_store.h) keeps its committed chain the same way:
+// AddFile takes the node's spool without moving it (a hard link, else a copy), and
+// Retain drops the links a new snapshot holds.
+//
 // Thread safety: all methods are thread-safe.
 #pragma once
 
@@ -34,6 +38,19 @@ class DeltaHistory {
   // included) into the history and drops the oldest beyond `keep`.
   Status Add(std::unique_ptr<Spool> spool, const ChainLink& link);
 
+  // As Add, for a spool file that stays where it is (its node still replays it to
+  // children): linked into the history (copied where it cannot be linked) and
+  // fsynced with its directory before the index names it.
+  Status AddFile(const std::filesystem::path& spool_file, const ChainLink& link);
+
+  // Keeps only the deltas from `from` to `to` (Chain), deleting the others.
+  Status Retain(const Digest128& from, const Digest128& to);
+
+  // The retained deltas, oldest first, and the bytes of their files.
+  std::vector<ChainLink> links() const;
+  uint64_t FileBytes() const;
+  std::filesystem::path FileOf(const Digest128& target) const;
+
   // The retained deltas leading from `from` to `to`, oldest first; empty when the
   // history does not reach back to `from` (or from == to).
   std::vector<ChainLink> Chain(const Digest128& from, const Digest128& to) const;
@@ -44,8 +61,10 @@ class DeltaHistory {
   size_t size() const;
 
  private:
-  std::filesystem::path FileOf(const Digest128& target) const;
   Status WriteIndex() const;
+  // With mu_ held: names the file now in place as `link`'s, trims, rewrites the index.
+  Status Adopt(const ChainLink& link);
+  std::vector<ChainLink> ChainLocked(const Digest128& from, const Digest128& to) const;
 
   const std::filesystem::path dir_;
   const size_t keep_;

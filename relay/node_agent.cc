@@ -28,6 +28,7 @@ NodeStore::Options StoreOptions(const NodeAgentOptions& options,
     o.staged_memory = self->staged_memory;
   }
   o.hooks = options.engine_hooks;
+  o.snapshots = options.snapshots;
   return o;
 }
 

@@ -63,6 +63,9 @@ struct NodeAgentOptions {
   // serving from them pauses; with [[node]] apply = "staged" that is only the
   // commit's apply.
   EngineHooks engine_hooks;
+  // The replica's snapshot store, when it was opened as one (SnapshotStore::Open:
+  // [[node]] checkpoint = "snapshot"); null: in place, or a store without files.
+  std::shared_ptr<SnapshotStore> snapshots;
   // How a catch-up to a version this node missed is coming along (relay/catch_up.h);
   // on the node's loop thread, so it must not block. Optional.
   std::function<void(const CatchUpProgress&)> on_catch_up_progress;

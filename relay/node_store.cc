@@ -11,6 +11,7 @@
 #include "relay/internal/node_store_state.h"
 #include "relay/node_agent.h"
 #include "relay/signing.h"
+#include "relay/snapshot_store.h"
 
 namespace deltacast::relay {
 namespace {
@@ -78,6 +79,7 @@ void NodeStore::Stop() {
   // ran to the end clears the journal's note; one still waiting is dropped.
   auto flushed = write_back_.Abandon();
   if (flushed && flushed->status.ok()) (void)replica_->MarkFlushed(flushed->target);
+  if (options_.snapshots) options_.snapshots->Stop();
 }
 
 NodeStore::Journal NodeStore::journal() const {
@@ -428,7 +430,7 @@ void NodeStore::Commit(uint64_t id, CommitDone done) {
                     : !refit_->target ? Status::Internal("commit without a verified target")
                     : refit_->staged
                         ? ApplyStaged()
-                        : replica_->Commit(*refit_->target, apply::CommitDurability::kLogged);
+                        : CommitDelta(*refit_->target);
     CommitTimes times;
     // Kept paused if the commit went ahead of its bytes (a staged delta over a
     // store a crash left not all at the base): resumed once the reconcile mends them.
@@ -458,6 +460,7 @@ void NodeStore::CommitPrepared(Outcome done) {
         return Status::FailedPrecondition("told to commit a delta it never prepared");
       }
       const apply::InflightDelta delta = *replica_->inflight();
+      RETURN_IF_ERROR(KeepInflightDelta());
       // A process that died keeps its writes in the page cache: the store is there.
       Status at_target = replica_->CommitFromStore();
       if (at_target.ok() || at_target.code() != StatusCode::kFailedPrecondition) return at_target;
@@ -716,7 +719,8 @@ void NodeStore::FinishLink(codec::DeltaSummary summary, Done done) {
     auto target = catch_up_applier_ ? catch_up_applier_->Finish(summary)
                                     : Result<codec::Manifest>(Status::Internal("no delta"));
     Status status = target.status();
-    if (target.ok()) status = replica_->Commit(*target);
+    if (target.ok()) status = SnapshotBeforeCommit(*target);
+    if (status.ok()) status = replica_->Commit(*target);
     catch_up_applier_.reset();
     // A link that failed may have written part of its delta: the engine stays paused
     // until a catch-up or refit that succeeds resumes it.
@@ -761,7 +765,8 @@ void NodeStore::WriteCatchUp(apply::PartitionKey key, std::shared_ptr<std::vecto
 void NodeStore::CommitCatchUp(Done done) {
   apply_loop_.Post([this, done] {
     WaitForChunks();
-    Status status = replica_->CommitFromStore();
+    Status status = SnapshotBeforeCatchUpCommit();
+    if (status.ok()) status = replica_->CommitFromStore();
     catch_up_applier_.reset();
     ResumeEngine();
     PostJournal();

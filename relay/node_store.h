@@ -65,6 +65,7 @@
 namespace deltacast::relay {
 
 struct CommitEvent;
+class SnapshotStore;
 
 // What an inference engine serving from the node's weights is told around every
 // write to them (staged apply: the commit's apply; apply-on-arrival: from a
@@ -157,6 +158,10 @@ class NodeStore {
     topology::ApplyMode mode = topology::ApplyMode::kOnArrival;
     uint64_t staged_memory = topology::kDefaultStagedMemory;  // decoded records and chunks held
     EngineHooks hooks;
+    // A snapshot store's (relay/snapshot_store.h; the replica's weights are then its
+    // private mapping): a commit keeps the delta's spool in its chain instead of
+    // writing the weights back. Null: in place, or a store without files.
+    std::shared_ptr<SnapshotStore> snapshots;
   };
   // What a commit's write took: the engine paused (hooks given or not: the time
   // the weights were being written, between the hooks where there are hooks).
@@ -317,6 +322,17 @@ class NodeStore {
   // Apply thread: waits for the last commit's write-back and clears the journal's
   // note of it. An error (the flush failed) keeps the note.
   Status Settle();
+  // node_store_snapshot.cc. Commits the refit's verified target: in place, noted
+  // unflushed for the write-back; on a snapshot store, kept in the chain first.
+  Status CommitDelta(const codec::Manifest& target);
+  // Snapshot store: keeps the spool of the delta in flight in the chain (before
+  // any commit of it). Nothing to do in place.
+  Status KeepInflightDelta();
+  // Snapshot store: a commit the chain cannot describe (a catch-up) writes the
+  // weights, at `target`, as the new snapshot first. Nothing to do in place.
+  Status SnapshotBeforeCommit(const codec::Manifest& target);
+  // The same for a catch-up by partitions, once the weights hash to its target.
+  Status SnapshotBeforeCatchUpCommit();
   apply::ApplyOptions RefitOptions() const;
   void PostJournal();
   template <typename F>

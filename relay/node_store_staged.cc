@@ -93,7 +93,7 @@ Status NodeStore::ApplyStaged() {
     // at the target and commits it from the decision (COMMIT, or this would not
     // run): nothing the engine served from is undone.
     refit_->paused_seconds = ResumeEngine(/*store_at_target=*/true);
-    return replica_->Commit(target, apply::CommitDurability::kLogged);
+    return CommitDelta(target);
   }
   // The store was not all at the base it was staged against (torn partitions, a
   // write that missed its target and was undone): the version is durable by the
@@ -101,6 +101,7 @@ Status NodeStore::ApplyStaged() {
   log::Warn("the staged apply did not reach the target everywhere (" +
             (first_error.ok() ? written.status() : first_error).ToString() +
             "); committing from the spool and reconciling");
+  RETURN_IF_ERROR(KeepInflightDelta());
   return replica_->CommitAhead(target);
 }
 

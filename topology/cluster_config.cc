@@ -483,6 +483,32 @@ class Parser {
     if (staged_memory.node != nullptr) {
       ASSIGN_OR_RETURN(node.staged_memory, Size(staged_memory));
     }
+    ASSIGN_OR_RETURN(Field checkpoint, Get(t, "checkpoint", where, false));
+    if (checkpoint.node != nullptr) {
+      ASSIGN_OR_RETURN(std::string c, String(checkpoint));
+      if (c == "in-place") {
+        node.checkpoint = CheckpointMode::kInPlace;
+      } else if (c == "snapshot") {
+        node.checkpoint = CheckpointMode::kSnapshot;
+      } else {
+        return Error(checkpoint.line, checkpoint.name + " = " + Quoted(c) +
+                                          ": must be \"in-place\" or \"snapshot\"");
+      }
+    }
+    ASSIGN_OR_RETURN(Field every, Get(t, "snapshot_every", where, false));
+    if (every.node != nullptr) {
+      ASSIGN_OR_RETURN(int64_t k, Integer(every, 0, 1'000'000));
+      node.snapshot_every = static_cast<uint32_t>(k);
+    }
+    ASSIGN_OR_RETURN(Field chain, Get(t, "snapshot_chain_percent", where, false));
+    if (chain.node != nullptr) {
+      ASSIGN_OR_RETURN(int64_t p, Integer(chain, 0, 10'000));
+      node.snapshot_chain_percent = static_cast<uint32_t>(p);
+    }
+    ASSIGN_OR_RETURN(Field rate, Get(t, "snapshot_rate", where, false));
+    if (rate.node != nullptr) {
+      ASSIGN_OR_RETURN(node.snapshot_rate, Size(rate));
+    }
     return node;
   }
 
@@ -607,6 +633,10 @@ std::string_view RoleName(Role role) {
 
 std::string_view ApplyModeName(ApplyMode mode) {
   return mode == ApplyMode::kStaged ? "staged" : "on-arrival";
+}
+
+std::string_view CheckpointModeName(CheckpointMode mode) {
+  return mode == CheckpointMode::kSnapshot ? "snapshot" : "in-place";
 }
 
 std::string_view CommitPolicyName(CommitPolicy policy) {

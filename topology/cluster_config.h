@@ -75,12 +75,25 @@ enum class ApplyMode {
   kStaged,     // checked as chunks arrive, written at COMMIT; PREPARED: a verified delta is held
 };
 
+// What a receiver's checkpoint directory holds on disk (docs/config.md, "checkpoint").
+enum class CheckpointMode {
+  kInPlace,   // the directory is the committed version: each commit is written back
+  kSnapshot,  // a base snapshot plus the committed deltas; weights patched in memory
+};
+
 std::string_view RoleName(Role role);
+std::string_view CheckpointModeName(CheckpointMode mode);
 std::string_view CommitPolicyName(CommitPolicy policy);
 std::string_view ApplyModeName(ApplyMode mode);
 
 // Decoded records a staged node holds for its commit by default ([[node]] staged_memory).
 inline constexpr uint64_t kDefaultStagedMemory = uint64_t{1} << 30;
+
+// A snapshot store's defaults ([[node]] snapshot_every, snapshot_chain_percent,
+// snapshot_rate; docs/config.md says what they cost).
+inline constexpr uint32_t kDefaultSnapshotEvery = 50;
+inline constexpr uint32_t kDefaultSnapshotChainPercent = 100;
+inline constexpr uint64_t kDefaultSnapshotRate = uint64_t{256} << 20;
 
 inline constexpr uint64_t kMinChunkSize = uint64_t{4} << 10;
 inline constexpr uint64_t kMaxChunkSize = uint64_t{1} << 30;
@@ -97,6 +110,11 @@ struct NodeConfig {
   ApplyMode apply_mode = ApplyMode::kOnArrival;
   // Staged: memory for records decoded ahead of the commit; the rest decode in the pause.
   uint64_t staged_memory = kDefaultStagedMemory;
+  // With --store: in place, or a snapshot and the committed chain (relay/snapshot_store.h).
+  CheckpointMode checkpoint = CheckpointMode::kInPlace;
+  uint32_t snapshot_every = kDefaultSnapshotEvery;  // refits; 0: by size only
+  uint32_t snapshot_chain_percent = kDefaultSnapshotChainPercent;  // of the model; 0: by count
+  uint64_t snapshot_rate = kDefaultSnapshotRate;  // bytes/s a snapshot build copies; 0: any
   int line = 0;         // line of this node's [[node]] header; 0 if built in code
   int parent_line = 0;  // line of its `parent` key; 0 if none
 };

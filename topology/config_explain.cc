@@ -83,6 +83,10 @@ std::vector<Section> Sections(const ClusterConfig& c) {
     if (n.role == Role::kReceiver) {  // how a receiver writes; a source writes nothing
       v["apply"] = std::string(ApplyModeName(n.apply_mode));
       v["staged_memory"] = ExactSize(n.staged_memory);
+      v["checkpoint"] = std::string(CheckpointModeName(n.checkpoint));
+      v["snapshot_every"] = static_cast<int64_t>(n.snapshot_every);
+      v["snapshot_chain_percent"] = static_cast<int64_t>(n.snapshot_chain_percent);
+      v["snapshot_rate"] = ExactSize(n.snapshot_rate);
     }
   }
   {
@@ -209,7 +213,8 @@ std::string RenderToml(const ClusterConfig& config, const std::vector<Section>& 
       if (it == section.values.end()) {
         // Not set and without a value to show: a manual parent nobody chose, or a
         // receiver's setting on the source.
-        const bool receivers_only = key == "apply" || key == "staged_memory";
+        const bool receivers_only = key == "apply" || key == "staged_memory" ||
+                                    key == "checkpoint" || key.starts_with("snapshot_");
         out += "# " + std::string(key) + ": " +
                (receivers_only ? "receivers only" : std::string(k.default_value)) + "\n";
         continue;

@@ -67,6 +67,16 @@ constexpr ConfigKey kKeys[] = {
      "weights pauses only for that; docs/serving.md)"},
     {"node", "staged_memory", "size", false, "\"1GiB\"", true,
      "staged: memory for records decoded before COMMIT; what does not fit decodes in the pause"},
+    {"node", "checkpoint", "\"in-place\" | \"snapshot\"", false, "\"in-place\"", true,
+     "a --store directory kept current on disk (each commit written back: O(model) per refit), "
+     "or a snapshot plus the committed deltas, patched in memory (O(delta); docs/config.md)"},
+    {"node", "snapshot_every", "integer", false, "50", true,
+     "snapshot store: a new snapshot after this many refits (0: by chain size only)"},
+    {"node", "snapshot_chain_percent", "integer", false, "100", true,
+     "snapshot store: a new snapshot once the chain's files pass this % of the model (0: by "
+     "count only)"},
+    {"node", "snapshot_rate", "size", false, "\"256MiB\"", true,
+     "snapshot store: bytes per second a snapshot build copies (0: unlimited)"},
     // [transport]
     {"transport", "ucx_provider", "string", false, "\"\"", true,
      "UCX transports (UCX_TLS syntax); empty: UCX's choice"},

@@ -47,6 +47,13 @@ struct NodeOptions {
   //     delta; the write happens at COMMIT, between pause_engine and resume_engine.
   //   "" (default): the config's [[node]] apply, itself "on-arrival" by default.
   std::string apply_mode;
+  // What a checkpoint directory (StartOnCheckpoint) holds on disk (docs/config.md):
+  //   "in-place": the committed version; every commit is written back (O(model)).
+  //   "snapshot": a base snapshot plus the committed deltas; the weights are patched
+  //     in memory and a commit writes O(delta). `deltacast materialize` writes the
+  //     committed version out as a checkpoint directory.
+  //   "" (default): the config's [[node]] checkpoint, itself "in-place" by default.
+  std::string checkpoint;
   // An inference engine serving from these weights. pause_engine is called before
   // any write to them and must return once the engine no longer reads them (an
   // error, or no return within hook_timeout: nothing is written, and this node

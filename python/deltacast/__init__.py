@@ -261,6 +261,12 @@ class Node:
     on a thread of the node's own, one at a time, holding the GIL.
     ``apply_mode="on-arrival"`` writes chunk by chunk; the hooks then bracket the
     whole refit from its first write.
+
+    With a checkpoint directory, ``checkpoint="snapshot"`` (or ``checkpoint =
+    "snapshot"`` for the node in the config) keeps it as a base snapshot plus the
+    committed deltas and patches the weights in memory: a commit writes the delta,
+    not the model (docs/config.md). ``deltacast materialize`` writes the committed
+    version out as a checkpoint directory.
     """
 
     def __init__(self, cfg: Config, node_id: str,
@@ -272,7 +278,8 @@ class Node:
                  apply_mode: Optional[str] = None,
                  pause: Optional[Callable[[], None]] = None,
                  resume: Optional[Callable[[], None]] = None,
-                 hook_timeout: float = 10.0) -> None:
+                 hook_timeout: float = 10.0,
+                 checkpoint: Optional[str] = None) -> None:
         if (tensors is None) == (gpus is None):
             raise ValueError("Node: give tensors (or a checkpoint directory), or gpus")
         if isinstance(tensors, os.PathLike):
@@ -280,7 +287,8 @@ class Node:
         if gpus is not None:
             gpus = [(os.fspath(layout), _named(parameters)) for layout, parameters in gpus]
         self._node = _Node(cfg, node_id, _token(cfg, token), tensors, on_commit, apply_threads,
-                           gpus, apply_mode or "", pause, resume, hook_timeout)
+                           gpus, apply_mode or "", pause, resume, hook_timeout,
+                           checkpoint or "")
 
     def stats(self) -> NodeStats:
         return self._node.stats()

@@ -322,12 +322,13 @@ PYBIND11_MODULE(_deltacast, m) {
       .def(py::init([](const Config& config, const std::string& node_id, const std::string& token,
                        py::object tensors, py::object on_commit, size_t apply_threads,
                        py::object gpus, const std::string& apply_mode, py::object pause,
-                       py::object resume, double hook_timeout) {
+                       py::object resume, double hook_timeout, const std::string& checkpoint) {
              NodeOptions o;
              o.node_id = node_id;
              o.token = token;
              o.apply_threads = apply_threads;
              o.apply_mode = apply_mode;
+             o.checkpoint = checkpoint;
              o.hook_timeout = std::chrono::milliseconds(static_cast<int64_t>(hook_timeout * 1000));
              return std::make_unique<PyNode>(config, std::move(o), std::move(tensors),
                                              std::move(gpus), std::move(on_commit),
@@ -336,7 +337,8 @@ PYBIND11_MODULE(_deltacast, m) {
            py::arg("config"), py::arg("node_id"), py::arg("token"), py::arg("tensors"),
            py::arg("on_commit") = py::none(), py::arg("apply_threads") = 0,
            py::arg("gpus") = py::none(), py::arg("apply_mode") = "", py::arg("pause") = py::none(),
-           py::arg("resume") = py::none(), py::arg("hook_timeout") = 10.0)
+           py::arg("resume") = py::none(), py::arg("hook_timeout") = 10.0,
+           py::arg("checkpoint") = "")
       .def("stats", &PyNode::stats)
       .def("wait_for_join", &PyNode::WaitForJoin, py::arg("timeout"))
       .def("verify", &PyNode::Verify)

@@ -4,7 +4,9 @@
 #   a look); every process in $pids is killed on exit either way.
 # write_chain_config NAME PORT_BASE FANOUT CHUNK WINDOW COMMIT_TIMEOUT [POLICY
 #   [CONNECT_TIMEOUT]]: a source "trainer" and agents a1..a3 on loopback, written to
-#   $work/cluster.toml. With APPLY=staged in the environment the agents apply staged.
+#   $work/cluster.toml. With APPLY=staged in the environment the agents apply staged;
+#   with CHECKPOINT=snapshot their stores are snapshot stores (SNAPSHOT_EVERY: their
+#   snapshot_every).
 # run_agent NODE [ENV=VALUE]: starts agent NODE of $work/cluster.toml in the
 #   background on $work/run/NODE (log $work/run/NODE.log), added to $pids.
 # publish_step FROM TO NAME: publishes $work/steps/stepFROM -> stepTO with the state
@@ -46,6 +48,8 @@ write_chain_config() {
     for i in 1 2 3; do
       printf '[[node]]\nid = "a%d"\nhost = "127.0.0.1"\nport = %d\n' "$i" $((base + i))
       [[ -z ${APPLY:-} ]] || printf 'apply = "%s"\n' "$APPLY"
+      [[ -z ${CHECKPOINT:-} ]] || printf 'checkpoint = "%s"\n' "$CHECKPOINT"
+      [[ -z ${SNAPSHOT_EVERY:-} ]] || printf 'snapshot_every = %d\n' "$SNAPSHOT_EVERY"
     done
   } >"$work/cluster.toml"
 }

@@ -1,0 +1,571 @@
+#include "relay/snapshot_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "apply/checkpoint_state.h"
+#include "apply/delta_applier.h"
+#include "codec/chunk.h"
+#include "common/crash_point.h"
+#include "common/disk_seam.h"
+#include "common/file_util.h"
+#include "common/log.h"
+#include "common/parallel.h"
+
+namespace deltacast::relay {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kSnapshotsDirName = "snapshots";
+constexpr std::string_view kChainDirName = "chain";
+constexpr std::string_view kBuildingSuffix = ".building";
+// How much a build copies or flushes between two looks at the clock (and at Stop).
+constexpr uint64_t kBlockBytes = uint64_t{8} << 20;
+constexpr uint64_t kSyncEveryBlocks = 8;  // a paced copy syncs every 64 MiB
+
+fs::path StateDir(const fs::path& dir) { return dir / apply::kStateDirName; }
+fs::path PointerPath(const fs::path& dir) { return StateDir(dir) / apply::kSnapshotPointerName; }
+fs::path SnapshotsDir(const fs::path& dir) { return StateDir(dir) / kSnapshotsDirName; }
+fs::path ChainDir(const fs::path& dir) { return StateDir(dir) / kChainDirName; }
+
+Result<std::optional<Digest128>> ReadPointer(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(PointerPath(dir), ec)) return std::optional<Digest128>();
+  ASSIGN_OR_RETURN(auto bytes, ReadFile(PointerPath(dir), 4096));
+  std::string text(AsChars(bytes));
+  constexpr std::string_view kTag = "snapshot ";
+  if (text.size() != kTag.size() + 32 + 1 || !text.starts_with(kTag) || text.back() != '\n') {
+    return Status::Corrupt(PointerPath(dir).string() + " is malformed");
+  }
+  auto version = Digest128::FromHex(text.substr(kTag.size(), 32));
+  if (!version) return Status::Corrupt(PointerPath(dir).string() + " is malformed");
+  return std::optional<Digest128>(*version);
+}
+
+Status WritePointer(const fs::path& dir, const Digest128& version) {
+  const std::string text = "snapshot " + version.ToHex() + "\n";
+  return WriteFileAtomic(PointerPath(dir), AsBytes(text));
+}
+
+// Keeps a copy or flush at most `rate` bytes per second on average (0: no limit).
+class Pacer {
+ public:
+  explicit Pacer(uint64_t rate) : rate_(rate), start_(std::chrono::steady_clock::now()) {}
+  void Done(uint64_t bytes) {
+    done_ += bytes;
+    if (rate_ == 0) return;
+    const auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(double(done_) / double(rate_)));
+    std::this_thread::sleep_until(due);
+  }
+  uint64_t done() const { return done_; }
+
+ private:
+  const uint64_t rate_;
+  const std::chrono::steady_clock::time_point start_;
+  uint64_t done_ = 0;
+};
+
+Status FsyncFile(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (rc != 0) return Status::FromErrno(error, "fsync " + path.string());
+  disk::Synced(path);
+  return Status::Ok();
+}
+
+// Applies one committed delta of the chain, read from its file, to `store` (at
+// `current`'s bytes); returns the target's manifest, checked against the link.
+Result<codec::Manifest> ReplayLink(apply::WeightStore& store, codec::Manifest current,
+                                   const DeltaHistory& chain, const ChainLink& link,
+                                   size_t threads) {
+  apply::ApplyOptions options;
+  options.threads = threads;
+  options.store_at_manifest = true;  // the snapshot, then each link's verified target
+  options.flush_on_finish = false;   // the chain on disk is what makes it durable
+  std::unique_ptr<apply::DeltaApplier> applier;
+  std::optional<codec::DeltaSummary> summary;
+  const std::string what = "the chain's delta " + link.base.ShortHex() + " -> " +
+                           link.target.ShortHex();
+  for (uint32_t sequence = 0; sequence < link.chunks; ++sequence) {
+    auto message = chain.Read(link.target, sequence);
+    if (!message.ok()) return message.status().WithContext(what + ", chunk " + std::to_string(sequence));
+    ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(ChunkOf(**message)));
+    if (chunk.identity.base_version != link.base || chunk.identity.target_version != link.target) {
+      return Status::Corrupt(what + ": chunk " + std::to_string(sequence) +
+                             " belongs to another delta");
+    }
+    if (!applier) {
+      applier = std::make_unique<apply::DeltaApplier>(store, current, chunk.identity, options);
+    }
+    if (chunk.kind == codec::ChunkKind::kEnd) {
+      summary = chunk.summary;
+      continue;
+    }
+    if (Status s = applier->ApplyChunk(chunk); !s.ok()) return s.WithContext(what);
+  }
+  if (!summary || !applier) return Status::Corrupt(what + " has no END chunk");
+  auto target = applier->Finish(*summary);
+  if (!target.ok()) return target.status().WithContext(what);
+  if (target->VersionId() != link.target) {
+    return Status::Corrupt(what + " replayed to " + target->VersionId().ShortHex());
+  }
+  return target;
+}
+
+// The snapshot at `version` in `dir`'s store, mapped with `access`, and its manifest.
+struct MappedSnapshot {
+  std::unique_ptr<apply::CheckpointDirStore> store;
+  codec::Manifest manifest;
+};
+Result<MappedSnapshot> MapSnapshot(const fs::path& folder, const Digest128& version,
+                                   apply::CheckpointDirStore::Access access,
+                                   uint64_t partition_bytes, size_t threads) {
+  MappedSnapshot s;
+  ASSIGN_OR_RETURN(s.store, apply::CheckpointDirStore::Open(folder, access));
+  apply::CheckpointState state(folder);
+  ASSIGN_OR_RETURN(s.manifest, state.LoadOrComputeManifest(*s.store, partition_bytes, threads));
+  if (s.manifest.VersionId() != version) {
+    return Status::Corrupt(folder.string() + " holds version " +
+                           s.manifest.VersionId().ShortHex() + ", not its name's " +
+                           version.ShortHex());
+  }
+  return s;
+}
+
+// The first snapshot: `dir`'s own files, hard-linked (copied where they cannot be).
+Result<Digest128> MakeFirstSnapshot(const fs::path& dir, uint64_t partition_bytes,
+                                    size_t threads) {
+  apply::CheckpointState journal(dir);
+  ASSIGN_OR_RETURN(auto inflight, journal.ReadInflight());
+  ASSIGN_OR_RETURN(auto unflushed, journal.ReadUnflushed());
+  if (inflight || unflushed) {
+    return Status::FailedPrecondition(
+        dir.string() + " has a delta in flight or a commit not written back: start it in place "
+        "once to finish, then as a snapshot store");
+  }
+  ASSIGN_OR_RETURN(auto files, apply::CheckpointDirStore::Open(
+                                   dir, apply::CheckpointDirStore::Access::kReadOnly));
+  ASSIGN_OR_RETURN(codec::Manifest manifest,
+                   journal.LoadOrComputeManifest(*files, partition_bytes, threads));
+  const Digest128 version = manifest.VersionId();
+  const fs::path folder = SnapshotsDir(dir) / version.ToHex();
+  std::error_code ec;
+  fs::remove_all(folder, ec);
+  RETURN_IF_ERROR(CreateDirectoriesDurably(folder));
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file()) continue;  // .deltacast/ and other folders
+    const fs::path to = folder / entry.path().filename();
+    fs::create_hard_link(entry.path(), to, ec);
+    if (ec) {
+      ec.clear();
+      fs::copy_file(entry.path(), to, ec);
+      if (ec) return Status::IoError("copy " + entry.path().string() + ": " + ec.message());
+      RETURN_IF_ERROR(FsyncFile(to));
+    }
+  }
+  if (ec) return Status::IoError("list " + dir.string() + ": " + ec.message());
+  RETURN_IF_ERROR(FsyncDirectory(folder));
+  ASSIGN_OR_RETURN(auto linked, apply::CheckpointDirStore::Open(
+                                    folder, apply::CheckpointDirStore::Access::kReadOnly));
+  RETURN_IF_ERROR(apply::CheckpointState(folder).SaveManifest(*linked, manifest));
+  // No active version is written: as in place, a store that never committed has none
+  // (Rebuild takes the snapshot's).
+  RETURN_IF_ERROR(WritePointer(dir, version));
+  return version;
+}
+
+// What a snapshot store's disk says: the snapshot mapped privately, and the chain
+// from it to the committed version replayed.
+struct Rebuilt {
+  MappedSnapshot weights;
+  Digest128 snapshot;
+  Digest128 active;
+  std::optional<apply::InflightDelta> inflight;
+};
+Result<Rebuilt> Rebuild(const fs::path& dir, const DeltaHistory& chain, uint64_t partition_bytes,
+                        size_t threads) {
+  Rebuilt r;
+  ASSIGN_OR_RETURN(std::optional<Digest128> pointer, ReadPointer(dir));
+  if (!pointer) return Status::FailedPrecondition(dir.string() + " is not a snapshot store");
+  r.snapshot = *pointer;
+  apply::CheckpointState journal(dir);
+  ASSIGN_OR_RETURN(std::optional<Digest128> active, journal.ReadActive());
+  ASSIGN_OR_RETURN(r.inflight, journal.ReadInflight());
+  r.active = active.value_or(r.snapshot);
+  ASSIGN_OR_RETURN(r.weights, MapSnapshot(SnapshotsDir(dir) / r.snapshot.ToHex(), r.snapshot,
+                                          apply::CheckpointDirStore::Access::kPrivate,
+                                          partition_bytes, threads));
+  if (r.active == r.snapshot) return r;
+  const std::vector<ChainLink> links = chain.Chain(r.snapshot, r.active);
+  if (links.empty()) {
+    if (r.inflight && r.inflight->target == r.snapshot) return r;  // Open finishes the commit
+    return Status::Corrupt(dir.string() + ": the snapshot at " + r.snapshot.ShortHex() +
+                           " and the chain do not reach the committed version " +
+                           r.active.ShortHex() + " (a file of " + ChainDir(dir).string() +
+                           " is missing)");
+  }
+  for (const ChainLink& link : links) {
+    ASSIGN_OR_RETURN(r.weights.manifest, ReplayLink(*r.weights.store, std::move(r.weights.manifest),
+                                                    chain, link, threads));
+  }
+  return r;
+}
+
+uint64_t ModelBytes(const apply::WeightStore& store) {
+  uint64_t bytes = 0;
+  for (const codec::TensorInfo& t : store.tensors()) bytes += t.ByteSize();
+  return bytes;
+}
+
+}  // namespace
+
+bool SnapshotStore::IsSnapshotStore(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(PointerPath(dir), ec);
+}
+
+Result<SnapshotStore::Opened> SnapshotStore::Open(const fs::path& dir, uint64_t partition_bytes,
+                                                  size_t threads, SnapshotPolicy policy) {
+  threads = threads ? threads : DefaultThreadCount();
+  if (!IsSnapshotStore(dir)) RETURN_IF_ERROR(MakeFirstSnapshot(dir, partition_bytes, threads).status());
+  DeltaHistory chain(ChainDir(dir), SIZE_MAX);
+  ASSIGN_OR_RETURN(Rebuilt r, Rebuild(dir, chain, partition_bytes, threads));
+  apply::CheckpointState journal(dir);
+  if (r.active != r.snapshot && chain.Chain(r.snapshot, r.active).empty()) {
+    // Cut short after a catch-up's snapshot switch, before the active version: the
+    // snapshot was written from the verified target, so the commit stands.
+    RETURN_IF_ERROR(journal.WriteActive(r.snapshot));
+    RETURN_IF_ERROR(journal.ClearInflight());
+    r.active = r.snapshot;
+    r.inflight.reset();
+  }
+  // The chain keeps what leads to the committed version, and a link past it that a
+  // commit cut short before `active` kept for the delta still in flight.
+  const Digest128 keep_to =
+      r.inflight && !chain.Chain(r.snapshot, r.inflight->target).empty() ? r.inflight->target
+                                                                           : r.active;
+  RETURN_IF_ERROR(chain.Retain(r.snapshot, keep_to));
+  // Folders of older snapshots and builds cut short.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(SnapshotsDir(dir), ec)) {
+    if (entry.path().filename() == r.snapshot.ToHex()) continue;
+    fs::remove_all(entry.path(), ec);
+    disk::Removed(entry.path());
+  }
+  const uint64_t model_bytes = ModelBytes(*r.weights.store);
+  ASSIGN_OR_RETURN(auto replica,
+                   apply::Replica::OpenOverJournal(std::move(r.weights.store), dir,
+                                                   std::move(r.weights.manifest), threads));
+  Opened opened;
+  opened.replica = std::move(replica);
+  opened.store = std::shared_ptr<SnapshotStore>(
+      new SnapshotStore(dir, partition_bytes, threads, policy, r.snapshot, model_bytes));
+  return opened;
+}
+
+Result<std::unique_ptr<apply::CheckpointDirStore>> SnapshotStore::OpenCommitted(
+    const fs::path& dir, uint64_t partition_bytes, size_t threads, codec::Manifest& manifest) {
+  threads = threads ? threads : DefaultThreadCount();
+  DeltaHistory chain(ChainDir(dir), SIZE_MAX);
+  ASSIGN_OR_RETURN(Rebuilt r, Rebuild(dir, chain, partition_bytes, threads));
+  if (r.active != r.weights.manifest.VersionId()) {
+    return Status::FailedPrecondition(dir.string() + ": a commit to " + r.active.ShortHex() +
+                                      " was cut short; start its node once to finish it");
+  }
+  manifest = std::move(r.weights.manifest);
+  return std::move(r.weights.store);
+}
+
+Result<uint64_t> SnapshotStore::WriteDirectory(const apply::CheckpointDirStore& weights,
+                                               const fs::path& out, uint64_t rate,
+                                               const std::atomic<bool>* stop) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_empty(out, ec)) {
+    return Status::FailedPrecondition(out.string() + " exists and is not empty");
+  }
+  RETURN_IF_ERROR(CreateDirectoriesDurably(out));
+  const apply::CheckpointLayout& layout = weights.layout();
+  Pacer pacer(rate);
+  std::vector<std::byte> block(kBlockBytes);
+  for (const auto& entry : fs::directory_iterator(weights.dir(), ec)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string name = entry.path().filename().string();
+    // The tensors this file holds, by offset: their bytes come from memory.
+    std::vector<size_t> tensors;
+    for (size_t i = 0; i < layout.tensors.size(); ++i) {
+      if (layout.files[layout.tensors[i].file].name == name) tensors.push_back(i);
+    }
+    std::sort(tensors.begin(), tensors.end(), [&](size_t a, size_t b) {
+      return layout.tensors[a].file_offset < layout.tensors[b].file_offset;
+    });
+    const int in = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) return Status::FromErrno(errno, "open " + entry.path().string());
+    const fs::path to = out / name;
+    const int fd = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      const int error = errno;
+      ::close(in);
+      return Status::FromErrno(error, "create " + to.string());
+    }
+    disk::Created(to);
+    auto copy = [&]() -> Status {
+      const auto size = static_cast<uint64_t>(entry.file_size());
+      size_t next = 0;  // first tensor that may overlap the block
+      for (uint64_t at = 0; at < size; at += kBlockBytes) {
+        if (stop && stop->load()) return Status::Aborted("stopped");
+        const uint64_t n = std::min(kBlockBytes, size - at);
+        uint64_t got = 0;
+        while (got < n) {
+          const ssize_t r = ::pread(in, block.data() + got, n - got, static_cast<off_t>(at + got));
+          if (r < 0 && errno == EINTR) continue;
+          if (r <= 0) return Status::FromErrno(r < 0 ? errno : EIO, "read " + entry.path().string());
+          got += static_cast<uint64_t>(r);
+        }
+        while (next < tensors.size()) {
+          const apply::CheckpointTensor& t = layout.tensors[tensors[next]];
+          if (t.file_offset + t.info.ByteSize() > at) break;
+          ++next;
+        }
+        for (size_t k = next; k < tensors.size(); ++k) {
+          const apply::CheckpointTensor& t = layout.tensors[tensors[k]];
+          if (t.file_offset >= at + n) break;
+          const uint64_t from = std::max(at, t.file_offset);
+          const uint64_t until = std::min(at + n, t.file_offset + t.info.ByteSize());
+          const ByteSpan bytes = weights.TensorData(tensors[k]);
+          std::memcpy(block.data() + (from - at), bytes.data() + (from - t.file_offset),
+                      until - from);
+        }
+        RETURN_IF_ERROR(disk::WillWrite(to, n));
+        if (::pwrite(fd, block.data(), n, static_cast<off_t>(at)) != static_cast<ssize_t>(n)) {
+          return Status::FromErrno(errno, "write " + to.string());
+        }
+        // Paced, the bytes go to the disk as they are written, not in one burst at
+        // the fsync when the kernel's dirty limits allow that much.
+        if (rate != 0 && (at / kBlockBytes) % kSyncEveryBlocks == kSyncEveryBlocks - 1 &&
+            ::fdatasync(fd) != 0) {
+          return Status::FromErrno(errno, "fdatasync " + to.string());
+        }
+        pacer.Done(n);
+        CrashPoint("snapshot.copy_block");
+      }
+      if (::fsync(fd) != 0) return Status::FromErrno(errno, "fsync " + to.string());
+      disk::Synced(to);
+      return Status::Ok();
+    };
+    const Status copied = copy();
+    ::close(in);
+    ::close(fd);
+    RETURN_IF_ERROR(copied);
+  }
+  if (ec) return Status::IoError("list " + weights.dir().string() + ": " + ec.message());
+  RETURN_IF_ERROR(FsyncDirectory(out));
+  return pacer.done();
+}
+
+SnapshotStore::SnapshotStore(fs::path dir, uint64_t partition_bytes, size_t threads,
+                             SnapshotPolicy policy, Digest128 snapshot, uint64_t model_bytes)
+    : dir_(std::move(dir)),
+      partition_bytes_(partition_bytes),
+      threads_(threads),
+      policy_(policy),
+      model_bytes_(model_bytes),
+      mapped_(snapshot),
+      chain_(ChainDir(dir_), SIZE_MAX),
+      snapshot_(snapshot) {}
+
+SnapshotStore::~SnapshotStore() { Stop(); }
+
+fs::path SnapshotStore::SnapshotDir(const Digest128& version) const {
+  return SnapshotsDir(dir_) / version.ToHex();
+}
+
+Status SnapshotStore::Keep(const fs::path& spool_file, const ChainLink& link) {
+  std::lock_guard lock(mu_);
+  // Back to a version the snapshot and chain already reach (a rollback to an earlier
+  // step): nothing to keep. Its file name is taken by the older link, which stays.
+  if (link.target == snapshot_ || !chain_.Chain(snapshot_, link.target).empty()) {
+    return Status::Ok();
+  }
+  return chain_.AddFile(spool_file, link);
+}
+
+void SnapshotStore::MaybeBuild(const Digest128& committed) {
+  if (!policy_.background || building_.load()) return;
+  Digest128 snapshot;
+  {
+    std::lock_guard lock(mu_);
+    snapshot = snapshot_;
+  }
+  const size_t links = chain_.Chain(snapshot, committed).size();
+  const bool by_count = policy_.every != 0 && links >= policy_.every;
+  const bool by_size = policy_.chain_percent != 0 &&
+                       chain_.FileBytes() * 100 >= uint64_t{policy_.chain_percent} * model_bytes_;
+  if (links == 0 || !(by_count || by_size)) return;
+  if (build_.joinable()) build_.join();  // the last one, finished
+  building_ = true;
+  build_ = std::thread([this, committed] {
+    Status built = Build(committed);
+    if (!built.ok() && built.code() != StatusCode::kAborted) {
+      log::Warn("snapshot at " + committed.ShortHex() + " not built: " + built.ToString());
+    }
+    building_ = false;
+  });
+}
+
+Status SnapshotStore::BuildNow(const Digest128& committed) {
+  WaitForBuild();
+  return Build(committed);
+}
+
+void SnapshotStore::WaitForBuild() {
+  if (build_.joinable()) build_.join();
+}
+
+void SnapshotStore::Stop() {
+  stop_ = true;
+  WaitForBuild();
+  stop_ = false;
+}
+
+Status SnapshotStore::Build(const Digest128& target) {
+  const auto started = std::chrono::steady_clock::now();
+  Digest128 from;
+  {
+    std::lock_guard lock(mu_);
+    from = snapshot_;
+  }
+  if (from == target) return Status::Ok();
+  const std::vector<ChainLink> links = chain_.Chain(from, target);
+  if (links.empty()) {
+    return Status::FailedPrecondition("the chain does not lead from " + from.ShortHex() + " to " +
+                                      target.ShortHex());
+  }
+  // The old snapshot mapped privately (never the live weights, which the next refit
+  // may be patching), the chain applied to it in memory, then written out once at
+  // the paced rate: each byte of the new snapshot reaches the disk once.
+  ASSIGN_OR_RETURN(MappedSnapshot next,
+                   MapSnapshot(SnapshotDir(from), from, apply::CheckpointDirStore::Access::kPrivate,
+                               partition_bytes_, threads_));
+  for (const ChainLink& link : links) {
+    if (stop_) return Status::Aborted("stopped");
+    ASSIGN_OR_RETURN(next.manifest, ReplayLink(*next.store, std::move(next.manifest), chain_, link, 1));
+  }
+  CrashPoint("snapshot.applied");
+  const fs::path building = SnapshotsDir(dir_) / (target.ToHex() + std::string(kBuildingSuffix));
+  std::error_code ec;
+  fs::remove_all(building, ec);
+  ASSIGN_OR_RETURN(uint64_t written, WriteDirectory(*next.store, building, policy_.rate, &stop_));
+  next.store.reset();
+  {
+    ASSIGN_OR_RETURN(auto files, apply::CheckpointDirStore::Open(
+                                     building, apply::CheckpointDirStore::Access::kReadOnly));
+    RETURN_IF_ERROR(apply::CheckpointState(building).SaveManifest(*files, next.manifest));
+  }
+  RETURN_IF_ERROR(FsyncDirectory(building));
+  CrashPoint("snapshot.flushed");
+  const fs::path done = SnapshotDir(target);
+  fs::remove_all(done, ec);
+  fs::rename(building, done, ec);
+  if (ec) return Status::IoError("rename " + building.string() + ": " + ec.message());
+  disk::Renamed(building, done);
+  RETURN_IF_ERROR(FsyncDirectory(SnapshotsDir(dir_)));
+  CrashPoint("snapshot.renamed");
+  RETURN_IF_ERROR(Switch(target));
+  std::lock_guard lock(mu_);
+  ++stats_.snapshots_built;
+  stats_.snapshot_bytes_written += written;
+  stats_.last_build_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return Status::Ok();
+}
+
+Status SnapshotStore::Switch(const Digest128& version) {
+  std::lock_guard lock(mu_);
+  // The switch: from here a restart maps `version`'s folder.
+  RETURN_IF_ERROR(WritePointer(dir_, version));
+  CrashPoint("snapshot.switched");
+  const Digest128 old = snapshot_;
+  snapshot_ = version;
+  // The links the new snapshot holds go; those committed since stay. A chain that
+  // does not lead from it (a catch-up's snapshot) goes whole.
+  const std::vector<ChainLink> links = chain_.links();
+  const Digest128 newest = links.empty() ? version : links.back().target;
+  const bool leads = newest == version || !chain_.Chain(version, newest).empty();
+  RETURN_IF_ERROR(chain_.Retain(version, leads ? newest : version));
+  CrashPoint("snapshot.dropped");
+  // The folder the live weights map stays until the next open: their file names
+  // stamp the journal's manifest cache, and a catch-up's snapshot reads its headers.
+  if (old != mapped_) {
+    std::error_code ec;
+    fs::remove_all(SnapshotDir(old), ec);
+    disk::Removed(SnapshotDir(old));
+  }
+  return Status::Ok();
+}
+
+Status SnapshotStore::SnapshotFrom(const apply::CheckpointDirStore& live,
+                                   const codec::Manifest& manifest) {
+  WaitForBuild();
+  const Digest128 version = manifest.VersionId();
+  const fs::path building = SnapshotsDir(dir_) / (version.ToHex() + std::string(kBuildingSuffix));
+  std::error_code ec;
+  fs::remove_all(building, ec);
+  ASSIGN_OR_RETURN(uint64_t written, WriteDirectory(live, building, 0));
+  {
+    ASSIGN_OR_RETURN(auto files, apply::CheckpointDirStore::Open(
+                                     building, apply::CheckpointDirStore::Access::kReadOnly));
+    RETURN_IF_ERROR(apply::CheckpointState(building).SaveManifest(*files, manifest));
+  }
+  RETURN_IF_ERROR(FsyncDirectory(building));
+  const fs::path done = SnapshotDir(version);
+  fs::remove_all(done, ec);
+  fs::rename(building, done, ec);
+  if (ec) return Status::IoError("rename " + building.string() + ": " + ec.message());
+  disk::Renamed(building, done);
+  RETURN_IF_ERROR(FsyncDirectory(SnapshotsDir(dir_)));
+  RETURN_IF_ERROR(Switch(version));
+  std::lock_guard lock(mu_);
+  ++stats_.snapshots_built;
+  stats_.snapshot_bytes_written += written;
+  return Status::Ok();
+}
+
+SnapshotStore::Stats SnapshotStore::stats() const {
+  std::lock_guard lock(mu_);
+  Stats s = stats_;
+  s.snapshot = snapshot_;
+  s.chain_links = chain_.links().size();
+  s.chain_bytes = chain_.FileBytes();
+  return s;
+}
+
+Result<SnapshotStore::Opened> OpenNodeCheckpoint(const fs::path& dir,
+                                                 const topology::NodeConfig& node,
+                                                 uint64_t partition_bytes, size_t threads) {
+  if (node.checkpoint == topology::CheckpointMode::kSnapshot) {
+    SnapshotPolicy policy;
+    policy.every = node.snapshot_every;
+    policy.chain_percent = node.snapshot_chain_percent;
+    policy.rate = node.snapshot_rate;
+    return SnapshotStore::Open(dir, partition_bytes, threads, policy);
+  }
+  SnapshotStore::Opened opened;
+  ASSIGN_OR_RETURN(opened.replica, apply::Replica::OpenCheckpointDir(dir, partition_bytes, threads));
+  return opened;
+}
+
+}  // namespace deltacast::relay
