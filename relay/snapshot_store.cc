@@ -14,6 +14,7 @@
 #include "apply/checkpoint_state.h"
 #include "apply/delta_applier.h"
 #include "codec/chunk.h"
+#include "codec/manifest_diff.h"
 #include "common/crash_point.h"
 #include "common/disk_seam.h"
 #include "common/file_util.h"
@@ -137,11 +138,16 @@ Result<MappedSnapshot> MapSnapshot(const fs::path& folder, const Digest128& vers
   MappedSnapshot s;
   ASSIGN_OR_RETURN(s.store, apply::CheckpointDirStore::Open(folder, access));
   apply::CheckpointState state(folder);
+  // What the name promises, read before a re-hash replaces the cache: a snapshot
+  // whose bytes changed under it is reported tensor by tensor.
+  ASSIGN_OR_RETURN(std::optional<codec::Manifest> promised,
+                   state.LoadManifestOf(version, partition_bytes));
   ASSIGN_OR_RETURN(s.manifest, state.LoadOrComputeManifest(*s.store, partition_bytes, threads));
   if (s.manifest.VersionId() != version) {
-    return Status::Corrupt(folder.string() + " holds version " +
-                           s.manifest.VersionId().ShortHex() + ", not its name's " +
-                           version.ShortHex());
+    std::string what = folder.string() + " holds version " + s.manifest.VersionId().ShortHex() +
+                       ", not its name's " + version.ShortHex();
+    if (promised) what += ": " + codec::DiffManifests(*promised, s.manifest).Describe();
+    return Status::Corrupt(what);
   }
   return s;
 }
@@ -509,7 +515,7 @@ Status SnapshotStore::Switch(const Digest128& version) {
   CrashPoint("snapshot.dropped");
   // The folder the live weights map stays until the next open: their file names
   // stamp the journal's manifest cache, and a catch-up's snapshot reads its headers.
-  if (old != mapped_) {
+  if (old != mapped_ && old != version) {
     std::error_code ec;
     fs::remove_all(SnapshotDir(old), ec);
     disk::Removed(SnapshotDir(old));
@@ -521,6 +527,12 @@ Status SnapshotStore::SnapshotFrom(const apply::CheckpointDirStore& live,
                                    const codec::Manifest& manifest) {
   WaitForBuild();
   const Digest128 version = manifest.VersionId();
+  {
+    // Already the snapshot (a catch-up by the chain wrote it, then one by partitions
+    // reached the same version): rewriting it would replace the folder in use.
+    std::lock_guard lock(mu_);
+    if (snapshot_ == version) return Status::Ok();
+  }
   const fs::path building = SnapshotsDir(dir_) / (version.ToHex() + std::string(kBuildingSuffix));
   std::error_code ec;
   fs::remove_all(building, ec);
