@@ -25,17 +25,15 @@
 #include "relay/publisher.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
+#include "tests/relay/leaf_steps.h"
 
 namespace deltacast::relay {
 namespace {
 
 namespace fs = std::filesystem;
-using Bytes = std::vector<std::byte>;
-using Tensors = std::vector<Bytes>;
+using namespace leaf_steps;  // tests/relay/leaf_steps.h
 
 constexpr char kToken[] = "snapshot-token";
-constexpr uint64_t kPartitionBytes = 8 << 10;
-constexpr uint64_t kElements = 1 << 16;  // per BF16 tensor: 128 KiB, 16 partitions
 
 // src -> n1 (relay, host memory) -> n2 (leaf, snapshot store).
 constexpr char kConfig[] = R"(
@@ -65,53 +63,6 @@ port = 7
 role = "receiver"
 checkpoint = "snapshot"
 )";
-
-std::vector<codec::TensorInfo> TensorTable() {
-  std::vector<codec::TensorInfo> t;
-  for (int i = 0; i < 3; ++i)
-    t.push_back({"layer" + std::to_string(i) + ".weight", DType::kBF16, {kElements}});
-  return t;
-}
-
-// Version 0 at random; each next one with ~3% of the elements one unit apart.
-std::vector<Tensors> MakeSteps(int steps, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Tensors> out(1);
-  for (int i = 0; i < 3; ++i) {
-    Bytes b(kElements * 2);
-    for (auto& x : b) x = std::byte(rng());
-    out[0].push_back(std::move(b));
-  }
-  for (int s = 1; s < steps; ++s) {
-    Tensors next = out.back();
-    for (auto& t : next) {
-      for (uint64_t e = 0; e < kElements; ++e) {
-        if (rng() % 100 < 3) t[2 * e] ^= std::byte{1};
-      }
-    }
-    out.push_back(std::move(next));
-  }
-  return out;
-}
-
-std::unique_ptr<apply::WeightStore> Borrow(Tensors& buffers) {
-  const auto tensors = TensorTable();
-  std::vector<std::pair<codec::TensorInfo, MutableByteSpan>> spans;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
-  return std::move(*apply::HostStore::Borrow(std::move(spans)));
-}
-
-codec::Manifest ManifestOf(const apply::WeightStore& store) {
-  return codec::ComputeManifest(
-      store.tensors(), [&](size_t i) { return store.TensorData(i); }, kPartitionBytes, 1);
-}
-
-Bytes ReadAll(const fs::path& path) {
-  auto bytes = ReadFile(path, uint64_t{1} << 30);
-  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
-  return bytes.ok() ? *bytes : Bytes{};
-}
 
 void WriteCheckpoint(const fs::path& dir, const Tensors& data) {
   fs::create_directories(dir);
