@@ -39,7 +39,11 @@ agent a2
 publish 3 4
 check "step 4 did not commit on all three" json_holds "$work/run/publish4.json" '.committed == true and .nodes_decided == 3'
 for n in a1 a2 a3; do check "$n differs from step 4" "$dc" verify "$work/run/$n" "$work/steps/step4"; done
-check "a2 did not resume its chain of kept deltas" grep -q "caught up to .*: 3 kept deltas and 0 partitions" "$work/run/a2.log"
+# By kept deltas only: one catch-up of three, or (when it rejoins while step 4 is
+# being published and its parent reports step 2 as committed) two and then one.
+check "a2 did not resume its chain of kept deltas" bash -c \
+  "grep 'caught up to ' '$work/run/a2.log' | grep -v ': 0 kept deltas' | grep -q 'kept deltas and 0 partitions' &&
+   ! grep -q 'kept deltas and [1-9][0-9]* partitions' '$work/run/a2.log'"
 if ((${#failures[@]} == 0)); then
   echo "catch-up: a node 2 versions behind, killed mid-chain and restarted, ends bit-exact"
   echo "catch-up: 1 passed, 0 failed"
