@@ -23,8 +23,8 @@ constexpr std::string_view kModelKeys[] = {"hidden", "heads",   "kv_heads",     
                                            "layers", "experts", "vocab_pad_multiple"};
 constexpr std::string_view kMeshKeys[] = {"tp", "pp", "dp", "ep", "etp", "fsdp", "ep_from"};
 constexpr std::string_view kRankKeys[] = {"tp", "pp", "dp", "ep", "layer_offset"};
-constexpr std::string_view kTensorKeys[] = {"local", "kind",   "canonical", "value",
-                                            "pad",   "split",  "expert",    "block"};
+constexpr std::string_view kTensorKeys[] = {"local", "kind",  "canonical", "value",
+                                            "pad",   "split", "expert",    "block"};
 constexpr std::string_view kFlatKeys[] = {"local", "dtype", "params", "align"};
 
 int LineOf(const toml::node& node) { return static_cast<int>(node.source().begin.line); }

@@ -124,8 +124,9 @@ std::string Rules(const HfConfig& c) {
             {l + "self_attn.q_proj.weight", l + "self_attn.k_proj.weight",
              l + "self_attn.v_proj.weight"});
   if (c.qkv_bias) {
-    AddRule(r, l + "self_attn.qkv_proj.bias", "qkv_heads",
-            {l + "self_attn.q_proj.bias", l + "self_attn.k_proj.bias", l + "self_attn.v_proj.bias"});
+    AddRule(
+        r, l + "self_attn.qkv_proj.bias", "qkv_heads",
+        {l + "self_attn.q_proj.bias", l + "self_attn.k_proj.bias", l + "self_attn.v_proj.bias"});
   }
   AddLinear(r, c, l + "self_attn.o_proj.weight", "row", {l + "self_attn.o_proj.weight"});
   if (c.qk_norm) {
@@ -172,12 +173,14 @@ Status CheckFp8Blocks(const HfConfig& c, const EngineParallel& p, uint64_t etp) 
       {"each GPU's q rows (num_attention_heads / tp x head_dim)", c.heads / p.tp * c.head_dim},
       {"each GPU's k and v rows (its KV heads x head_dim)", kv_here * c.head_dim}};
   if (c.intermediate != 0) {
-    shares.push_back({"each GPU's gate and up rows (intermediate_size / tp)", c.intermediate / p.tp});
+    shares.push_back(
+        {"each GPU's gate and up rows (intermediate_size / tp)", c.intermediate / p.tp});
   }
   if (c.experts != 0 && etp > 1) {
-    shares.push_back({"each GPU's expert rows (moe_intermediate_size / the experts' tensor "
-                      "parallel)",
-                      c.moe_intermediate / etp});
+    shares.push_back(
+        {"each GPU's expert rows (moe_intermediate_size / the experts' tensor "
+         "parallel)",
+         c.moe_intermediate / etp});
   }
   if (c.shared_expert_intermediate != 0) {
     shares.push_back({"each GPU's shared-expert rows (shared_expert_intermediate_size / tp)",

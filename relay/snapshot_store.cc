@@ -99,11 +99,12 @@ Result<codec::Manifest> ReplayLink(apply::WeightStore& store, codec::Manifest cu
   options.flush_on_finish = false;   // the chain on disk is what makes it durable
   std::unique_ptr<apply::DeltaApplier> applier;
   std::optional<codec::DeltaSummary> summary;
-  const std::string what = "the chain's delta " + link.base.ShortHex() + " -> " +
-                           link.target.ShortHex();
+  const std::string what =
+      "the chain's delta " + link.base.ShortHex() + " -> " + link.target.ShortHex();
   for (uint32_t sequence = 0; sequence < link.chunks; ++sequence) {
     auto message = chain.Read(link.target, sequence);
-    if (!message.ok()) return message.status().WithContext(what + ", chunk " + std::to_string(sequence));
+    if (!message.ok())
+      return message.status().WithContext(what + ", chunk " + std::to_string(sequence));
     ASSIGN_OR_RETURN(codec::ChunkView chunk, codec::ParseChunk(ChunkOf(**message)));
     if (chunk.identity.base_version != link.base || chunk.identity.target_version != link.target) {
       return Status::Corrupt(what + ": chunk " + std::to_string(sequence) +
@@ -153,14 +154,14 @@ Result<MappedSnapshot> MapSnapshot(const fs::path& folder, const Digest128& vers
 }
 
 // The first snapshot: `dir`'s own files, hard-linked (copied where they cannot be).
-Result<Digest128> MakeFirstSnapshot(const fs::path& dir, uint64_t partition_bytes,
-                                    size_t threads) {
+Result<Digest128> MakeFirstSnapshot(const fs::path& dir, uint64_t partition_bytes, size_t threads) {
   apply::CheckpointState journal(dir);
   ASSIGN_OR_RETURN(auto inflight, journal.ReadInflight());
   ASSIGN_OR_RETURN(auto unflushed, journal.ReadUnflushed());
   if (inflight || unflushed) {
     return Status::FailedPrecondition(
-        dir.string() + " has a delta in flight or a commit not written back: start it in place "
+        dir.string() +
+        " has a delta in flight or a commit not written back: start it in place "
         "once to finish, then as a snapshot store");
   }
   ASSIGN_OR_RETURN(auto files, apply::CheckpointDirStore::Open(
@@ -247,7 +248,8 @@ bool SnapshotStore::IsSnapshotStore(const fs::path& dir) {
 Result<SnapshotStore::Opened> SnapshotStore::Open(const fs::path& dir, uint64_t partition_bytes,
                                                   size_t threads, SnapshotPolicy policy) {
   threads = threads ? threads : DefaultThreadCount();
-  if (!IsSnapshotStore(dir)) RETURN_IF_ERROR(MakeFirstSnapshot(dir, partition_bytes, threads).status());
+  if (!IsSnapshotStore(dir))
+    RETURN_IF_ERROR(MakeFirstSnapshot(dir, partition_bytes, threads).status());
   DeltaHistory chain(ChainDir(dir), SIZE_MAX);
   ASSIGN_OR_RETURN(Rebuilt r, Rebuild(dir, chain, partition_bytes, threads));
   apply::CheckpointState journal(dir);
@@ -261,9 +263,9 @@ Result<SnapshotStore::Opened> SnapshotStore::Open(const fs::path& dir, uint64_t 
   }
   // The chain keeps what leads to the committed version, and a link past it that a
   // commit cut short before `active` kept for the delta still in flight.
-  const Digest128 keep_to =
-      r.inflight && !chain.Chain(r.snapshot, r.inflight->target).empty() ? r.inflight->target
-                                                                           : r.active;
+  const Digest128 keep_to = r.inflight && !chain.Chain(r.snapshot, r.inflight->target).empty()
+                                ? r.inflight->target
+                                : r.active;
   RETURN_IF_ERROR(chain.Retain(r.snapshot, keep_to));
   // Folders of older snapshots and builds cut short.
   std::error_code ec;
@@ -338,7 +340,8 @@ Result<uint64_t> SnapshotStore::WriteDirectory(const apply::CheckpointDirStore& 
         while (got < n) {
           const ssize_t r = ::pread(in, block.data() + got, n - got, static_cast<off_t>(at + got));
           if (r < 0 && errno == EINTR) continue;
-          if (r <= 0) return Status::FromErrno(r < 0 ? errno : EIO, "read " + entry.path().string());
+          if (r <= 0)
+            return Status::FromErrno(r < 0 ? errno : EIO, "read " + entry.path().string());
           got += static_cast<uint64_t>(r);
         }
         while (next < tensors.size()) {
@@ -468,7 +471,8 @@ Status SnapshotStore::Build(const Digest128& target) {
                                partition_bytes_, threads_));
   for (const ChainLink& link : links) {
     if (stop_) return Status::Aborted("stopped");
-    ASSIGN_OR_RETURN(next.manifest, ReplayLink(*next.store, std::move(next.manifest), chain_, link, 1));
+    ASSIGN_OR_RETURN(next.manifest,
+                     ReplayLink(*next.store, std::move(next.manifest), chain_, link, 1));
   }
   CrashPoint("snapshot.applied");
   const fs::path building = SnapshotsDir(dir_) / (target.ToHex() + std::string(kBuildingSuffix));
@@ -576,7 +580,8 @@ Result<SnapshotStore::Opened> OpenNodeCheckpoint(const fs::path& dir,
     return SnapshotStore::Open(dir, partition_bytes, threads, policy);
   }
   SnapshotStore::Opened opened;
-  ASSIGN_OR_RETURN(opened.replica, apply::Replica::OpenCheckpointDir(dir, partition_bytes, threads));
+  ASSIGN_OR_RETURN(opened.replica,
+                   apply::Replica::OpenCheckpointDir(dir, partition_bytes, threads));
   return opened;
 }
 

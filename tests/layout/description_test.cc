@@ -96,21 +96,22 @@ TEST(LayoutDescription, ExpertRuleNeedsExperts) {
 }
 
 TEST(LayoutDescription, ABlockScaleGridNeedsAKindThatSplitsIt) {
-  auto d = ParseLayout(Replace(kGood, "kind = \"qkv\"", "kind = \"qkv_heads\"\nblock = 128"),
-                       "r.toml");
+  auto d =
+      ParseLayout(Replace(kGood, "kind = \"qkv\"", "kind = \"qkv_heads\"\nblock = 128"), "r.toml");
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->rules[0].block, 128u);
   auto replicated = ParseLayout(
-      Replace(Replace(kGood, "kind = \"qkv\"", "kind = \"replicated\"\nblock = 128"),
-              "[\"model.layers.{layer}.q\", \"model.layers.{layer}.k\", \"model.layers.{layer}.v\"]",
-              "\"model.layers.{layer}.q\""),
+      Replace(
+          Replace(kGood, "kind = \"qkv\"", "kind = \"replicated\"\nblock = 128"),
+          "[\"model.layers.{layer}.q\", \"model.layers.{layer}.k\", \"model.layers.{layer}.v\"]",
+          "\"model.layers.{layer}.q\""),
       "r.toml");
   ASSERT_FALSE(replicated.ok());
   EXPECT_TRUE(replicated.status().message().starts_with("r.toml:24:"))
       << replicated.status().message();
   EXPECT_NE(replicated.status().message().find("block = 128 needs kind"), std::string::npos);
-  auto zero = ParseLayout(Replace(kGood, "kind = \"qkv\"", "kind = \"qkv_heads\"\nblock = 0"),
-                          "r.toml");
+  auto zero =
+      ParseLayout(Replace(kGood, "kind = \"qkv\"", "kind = \"qkv_heads\"\nblock = 0"), "r.toml");
   ASSERT_FALSE(zero.ok());
   EXPECT_NE(zero.status().message().find("block must be an integer"), std::string::npos);
 }

@@ -52,8 +52,8 @@ struct EngineModel {
     if (fp8_block > 0) {
       const std::string b = std::to_string(fp8_block);
       j += ", \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
-           "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [" + b + ", " + b +
-           "], \"modules_to_not_convert\": [\"lm_head\", \"model.embed_tokens\"]}";
+           "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [" +
+           b + ", " + b + "], \"modules_to_not_convert\": [\"lm_head\", \"model.embed_tokens\"]}";
     }
     return j + "}";
   }
@@ -73,8 +73,8 @@ inline std::vector<Tensor> EngineCanonical(const EngineModel& m) {
     const bool linear = name.find("_proj.weight") != std::string::npos;
     if (linear && m.fp8_block > 0 && shape.size() == 2) {
       const uint64_t b = m.fp8_block;
-      specs.push_back({name + "_scale_inv", DType::kI64,
-                       {(shape[0] + b - 1) / b, (shape[1] + b - 1) / b}});
+      specs.push_back(
+          {name + "_scale_inv", DType::kI64, {(shape[0] + b - 1) / b, (shape[1] + b - 1) / b}});
     }
     specs.push_back({std::move(name), DType::kI64, std::move(shape)});
   };
@@ -157,9 +157,8 @@ class EngineSharder {
       }
       if (m_.experts == 0) {
         for (const std::string& x : Parts("")) {
-          out.push_back(GateUp(p + "mlp.gate_up_proj.weight" + x,
-                               C(p + "mlp.gate_proj.weight" + x), C(p + "mlp.up_proj.weight" + x),
-                               tp, run_.tp));
+          out.push_back(GateUp(p + "mlp.gate_up_proj.weight" + x, C(p + "mlp.gate_proj.weight" + x),
+                               C(p + "mlp.up_proj.weight" + x), tp, run_.tp));
         }
         for (const std::string& w : Parts(p + "mlp.down_proj.weight")) {
           out.push_back(Columns(w, C(w), tp, run_.tp));

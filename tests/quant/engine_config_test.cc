@@ -1,12 +1,13 @@
 // config.json's quantization_config as the engine-plan generator reads it: block
 // FP8 gives each linear a scale-grid rule; what has no generated plan, and FP8
 // splits the engines would refuse, are refused naming the key or the size.
+#include "quant/engine_config.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "layout/engine.h"
-#include "quant/engine_config.h"
 
 namespace deltacast::quant {
 namespace {
@@ -16,7 +17,8 @@ namespace {
 std::string Config(const std::string& quantization, uint64_t intermediate = 18944) {
   std::string j = R"({"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
     "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 152064,
-    "intermediate_size": )" + std::to_string(intermediate);
+    "intermediate_size": )" +
+                  std::to_string(intermediate);
   if (!quantization.empty()) j += R"(, "quantization_config": )" + quantization;
   return j + "}";
 }

@@ -4,6 +4,8 @@
 // pages (a partition whose pages were half written back is torn, neither version).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <filesystem>
 #include <memory>
@@ -11,8 +13,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "apply/host_store.h"
 #include "codec/manifest.h"

@@ -24,9 +24,9 @@
 #include "common/file_util.h"
 #include "relay/node_agent.h"
 #include "relay/publisher.h"
+#include "tests/relay/leaf_steps.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
-#include "tests/relay/leaf_steps.h"
 
 namespace deltacast::relay {
 namespace {

@@ -23,9 +23,9 @@
 #include "common/file_util.h"
 #include "relay/node_agent.h"
 #include "relay/publisher.h"
+#include "tests/relay/leaf_steps.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
-#include "tests/relay/leaf_steps.h"
 
 namespace deltacast::relay {
 namespace {
@@ -338,8 +338,7 @@ TEST_F(SnapshotStoreTest, KillAtEveryStepOfABuildLeavesOneValidSnapshot) {
       ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
     }
     size_t folders = 0;
-    for (const auto& e :
-         fs::directory_iterator(StoreDir() / apply::kStateDirName / "snapshots")) {
+    for (const auto& e : fs::directory_iterator(StoreDir() / apply::kStateDirName / "snapshots")) {
       (void)e;
       ++folders;
     }
