@@ -106,6 +106,27 @@ Status FsyncDirectory(const std::filesystem::path& dir) {
   return Status::Ok();
 }
 
+Status FsyncFile(const std::filesystem::path& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Status::FromErrno(errno, "open " + path.string());
+  if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "fsync " + path.string());
+  disk::Synced(path);
+  return Status::Ok();
+}
+
+Status LinkOrCopyDurably(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::error_code ec;
+  std::filesystem::create_hard_link(from, to, ec);
+  if (ec) {
+    ec.clear();
+    std::filesystem::copy_file(from, to, ec);
+    if (ec)
+      return Status::IoError("copy " + from.string() + " to " + to.string() + ": " + ec.message());
+    disk::Created(to);
+  }
+  return FsyncFile(to);
+}
+
 Status CreateDirectoriesDurably(const std::filesystem::path& dir) {
   std::error_code ec;
   if (dir.empty() || std::filesystem::is_directory(dir, ec)) return Status::Ok();

@@ -36,6 +36,13 @@ Status WriteFile(const std::filesystem::path& path, ByteSpan data);
 
 Status FsyncDirectory(const std::filesystem::path& dir);
 
+// Makes `path`'s bytes durable (its name is its directory's: FsyncDirectory).
+Status FsyncFile(const std::filesystem::path& path);
+
+// Gives `to` (which must not exist) the bytes of `from`: a hard link, else (another
+// file system) a copy; fsynced either way. The name is not: sync `to`'s directory.
+Status LinkOrCopyDurably(const std::filesystem::path& from, const std::filesystem::path& to);
+
 // create_directories that survives a machine crash: each directory it creates has
 // its parent fsynced (a new directory's name is durable only then, and with it
 // everything later made durable inside). Nothing to do if `dir` exists.

@@ -1,10 +1,6 @@
 #include "relay/delta_history.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <sstream>
 #include <string>
 
@@ -70,25 +66,9 @@ Status DeltaHistory::AddFile(const std::filesystem::path& spool_file, const Chai
   std::error_code ec;
   std::filesystem::remove(to, ec);
   disk::Removed(to);
-  std::filesystem::create_hard_link(spool_file, to, ec);
-  if (ec) {
-    // Another file system (a spool under /tmp): the delta is small, copy it.
-    ec.clear();
-    std::filesystem::copy_file(spool_file, to, ec);
-    if (ec) {
-      return Status::IoError("keep " + spool_file.string() + " in " + dir_.string() + ": " +
-                             ec.message());
-    }
-    disk::Created(to);
-  }
-  // Linked or copied, the bytes must be on disk before the index names them.
-  const int fd = ::open(to.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + to.string());
-  const int synced = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (synced != 0) return Status::FromErrno(error, "fsync " + to.string());
-  disk::Synced(to);
+  // Linked, or copied from another file system (a spool under /tmp: the delta is
+  // small); the bytes must be on disk before the index names them.
+  RETURN_IF_ERROR(LinkOrCopyDurably(spool_file, to));
   RETURN_IF_ERROR(FsyncDirectory(dir_));
   return Adopt(link);
 }
@@ -160,8 +140,7 @@ uint64_t DeltaHistory::FileBytes() const {
   return bytes;
 }
 
-std::vector<ChainLink> DeltaHistory::ChainLocked(const Digest128& from,
-                                                 const Digest128& to) const {
+std::vector<ChainLink> DeltaHistory::ChainLocked(const Digest128& from, const Digest128& to) const {
   // Walk back from `to` along committed deltas (newest first) until `from`.
   std::vector<ChainLink> chain;
   Digest128 at = to;

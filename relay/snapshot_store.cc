@@ -77,17 +77,6 @@ class Pacer {
   uint64_t done_ = 0;
 };
 
-Status FsyncFile(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0) return Status::FromErrno(error, "fsync " + path.string());
-  disk::Synced(path);
-  return Status::Ok();
-}
-
 // Applies one committed delta of the chain, read from its file, to `store` (at
 // `current`'s bytes); returns the target's manifest, checked against the link.
 Result<codec::Manifest> ReplayLink(apply::WeightStore& store, codec::Manifest current,
@@ -175,14 +164,7 @@ Result<Digest128> MakeFirstSnapshot(const fs::path& dir, uint64_t partition_byte
   RETURN_IF_ERROR(CreateDirectoriesDurably(folder));
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (!entry.is_regular_file()) continue;  // .deltacast/ and other folders
-    const fs::path to = folder / entry.path().filename();
-    fs::create_hard_link(entry.path(), to, ec);
-    if (ec) {
-      ec.clear();
-      fs::copy_file(entry.path(), to, ec);
-      if (ec) return Status::IoError("copy " + entry.path().string() + ": " + ec.message());
-      RETURN_IF_ERROR(FsyncFile(to));
-    }
+    RETURN_IF_ERROR(LinkOrCopyDurably(entry.path(), folder / entry.path().filename()));
   }
   if (ec) return Status::IoError("list " + dir.string() + ": " + ec.message());
   RETURN_IF_ERROR(FsyncDirectory(folder));
@@ -358,10 +340,7 @@ Result<uint64_t> SnapshotStore::WriteDirectory(const apply::CheckpointDirStore& 
           std::memcpy(block.data() + (from - at), bytes.data() + (from - t.file_offset),
                       until - from);
         }
-        RETURN_IF_ERROR(disk::WillWrite(to, n));
-        if (::pwrite(fd, block.data(), n, static_cast<off_t>(at)) != static_cast<ssize_t>(n)) {
-          return Status::FromErrno(errno, "write " + to.string());
-        }
+        RETURN_IF_ERROR(WriteAll(fd, ByteSpan(block.data(), n), to));
         // Paced, the bytes go to the disk as they are written, not in one burst at
         // the fsync when the kernel's dirty limits allow that much.
         if (rate != 0 && (at / kBlockBytes) % kSyncEveryBlocks == kSyncEveryBlocks - 1 &&
