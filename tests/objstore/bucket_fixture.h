@@ -111,6 +111,30 @@ poll = "10ms"
 )";
 }
 
+// The S3 options of the bucket on `server` (s3rver's fixed keys).
+inline objstore::S3Options S3OptionsOf(const test_util::S3rver& server) {
+  return {.endpoint = server.endpoint(),
+          .bucket = kBucket,
+          .access_key = "S3RVER",
+          .secret_key = "S3RVER"};
+}
+
+// The options of bridge node `node_id` under `config`, with its [objstore] prefix
+// and polling.
+inline BucketBridgeOptions BridgeOptionsOf(const topology::ClusterConfig& config,
+                                           const std::string& node_id, const std::string& token,
+                                           objstore::S3Options s3) {
+  BucketBridgeOptions o;
+  o.config = config;
+  o.node_id = node_id;
+  o.token = token;
+  o.s3 = std::move(s3);
+  o.prefix = config.objstore->prefix;
+  o.poll = config.objstore->poll;
+  o.poll_max = config.objstore->poll_max;
+  return o;
+}
+
 inline codec::Manifest ManifestOf(const apply::WeightStore& store) {
   return codec::ComputeManifest(
       store.tensors(), [&](size_t i) { return store.TensorData(i); }, kPartitionBytes, 1);
@@ -156,12 +180,7 @@ class BucketBridgeTest : public ::testing::Test {
     return 0;
   }
 
-  objstore::S3Options S3() const {
-    return {.endpoint = server_.endpoint(),
-            .bucket = kBucket,
-            .access_key = "S3RVER",
-            .secret_key = "S3RVER"};
-  }
+  objstore::S3Options S3() const { return S3OptionsOf(server_); }
 
   void UseConfig(const std::string& policy = "all", const std::string& eu2_parent = "eu1") {
     auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), policy, eu2_parent),
@@ -171,14 +190,7 @@ class BucketBridgeTest : public ::testing::Test {
   }
 
   BucketBridgeOptions BridgeOptions() const {
-    BucketBridgeOptions o;
-    o.config = config_;
-    o.node_id = "bucket-eu";
-    o.token = kToken;
-    o.s3 = S3();
-    o.prefix = config_.objstore->prefix;
-    o.poll = config_.objstore->poll;
-    o.poll_max = config_.objstore->poll_max;
+    BucketBridgeOptions o = BridgeOptionsOf(config_, "bucket-eu", kToken, S3());
     o.keep_refits = keep_refits_;
     o.request_timeout = request_timeout_;
     o.verify_key = verify_key_;
