@@ -2,7 +2,7 @@
 
 #include "codec/chunk.h"
 
-namespace deltacast::relay::test_util {
+namespace deltacast::test_util {
 namespace {
 
 // Often enough that triggers and drops land within a few ms of their cause.
@@ -67,18 +67,18 @@ void ScriptedChild::Update(const std::function<void(ChildRecord&)>& change) {
   changed_.notify_all();
 }
 
-ParentLink::Events ScriptedChild::LinkEvents() {
-  ParentLink::Events e;
+relay::ParentLink::Events ScriptedChild::LinkEvents() {
+  relay::ParentLink::Events e;
   // What it holds: the active version only, no delta in flight, so a parent replays
   // a refit whole to it.
   e.hello = [this] {
-    Hello hello;
+    relay::Hello hello;
     hello.active_version = active_version_;
     return hello;
   };
   e.joined = [this] { Update([](ChildRecord& r) { ++r.joins; }); };
   // A link the parent drops is dialled again by the link itself, as a node's is.
-  e.message = [this](MessageType type, const transport::Message& message) {
+  e.message = [this](relay::MessageType type, const transport::Message& message) {
     OnMessage(type, message);
   };
   return e;
@@ -104,16 +104,16 @@ void ScriptedChild::DropLink() {
   Update([](ChildRecord& r) { r.dropped = true; });
 }
 
-void ScriptedChild::OnMessage(MessageType type, const transport::Message& message) {
+void ScriptedChild::OnMessage(relay::MessageType type, const transport::Message& message) {
   if (!dialing_) return;  // dropped: what was in flight is lost with the link
   const ByteSpan bytes(*message);
   switch (type) {
-    case MessageType::kBegin:
+    case relay::MessageType::kBegin:
       return OnBegin(bytes);
-    case MessageType::kChunk:
+    case relay::MessageType::kChunk:
       return OnChunk(bytes);
-    case MessageType::kCommit:
-    case MessageType::kAbort:
+    case relay::MessageType::kCommit:
+    case relay::MessageType::kAbort:
       return OnDecision(type, bytes);
     default:
       return;  // ACTIVE_VERSION and answers to requests this child never makes
@@ -121,7 +121,7 @@ void ScriptedChild::OnMessage(MessageType type, const transport::Message& messag
 }
 
 void ScriptedChild::OnBegin(ByteSpan bytes) {
-  auto begin = ParseBegin(bytes);
+  auto begin = relay::ParseBegin(bytes);
   if (!begin.ok()) return parent_.ProtocolError(begin.status().message());
   bool drop = false;
   Update([&](ChildRecord& r) {
@@ -139,12 +139,12 @@ void ScriptedChild::OnBegin(ByteSpan bytes) {
     drop = script_.drop_at == DropAt::kBegin && !r.dropped;
   });
   // The window, as a node grants it on every BEGIN.
-  parent_.Send(EncodeCredit({static_cast<uint32_t>(config_.tree.window), begin->refit_id}));
+  parent_.Send(relay::EncodeCredit({static_cast<uint32_t>(config_.tree.window), begin->refit_id}));
   if (drop) DropLink();
 }
 
 void ScriptedChild::OnChunk(ByteSpan bytes) {
-  auto header = codec::PeekChunkHeader(ChunkOf(bytes));
+  auto header = codec::PeekChunkHeader(relay::ChunkOf(bytes));
   if (!header.ok()) return parent_.ProtocolError(header.status().message());
   uint64_t refit_id = 0;
   bool fail = false, drop = false;
@@ -155,7 +155,7 @@ void ScriptedChild::OnChunk(ByteSpan bytes) {
     fail = script_.stream == StreamAnswer::kFailed && !r.failed_sent;
     drop = script_.drop_at == DropAt::kFirstChunk && !r.dropped;
   });
-  parent_.Send(EncodeCredit({1, refit_id}));
+  parent_.Send(relay::EncodeCredit({1, refit_id}));
   if (fail) SendFailed();
   if (drop) return DropLink();
   MaybePrepared();
@@ -166,33 +166,35 @@ void ScriptedChild::MaybePrepared() {
   const ChildRecord r = record();
   if (r.prepared_sent || r.failed_sent || r.decision || !r.AllChunks()) return;
   if (script_.prepare_when && !script_.prepare_when()) return;
-  Prepared prepared{r.refit_id, {NodeReport{.node_id = id_}}};
-  parent_.Send(EncodePrepared(prepared));
+  relay::Prepared prepared{r.refit_id, {relay::NodeReport{.node_id = id_}}};
+  // Recorded before it goes: the parent may act on it before this thread goes on.
   Update([](ChildRecord& rec) { rec.prepared_sent = true; });
+  parent_.Send(relay::EncodePrepared(prepared));
   if (script_.drop_at == DropAt::kPrepared && !r.dropped) drop_due_ = true;
 }
 
-void ScriptedChild::OnDecision(MessageType type, ByteSpan bytes) {
-  auto d = ParseDecision(bytes);
+void ScriptedChild::OnDecision(relay::MessageType type, ByteSpan bytes) {
+  auto d = relay::ParseDecision(bytes);
   if (!d.ok()) return parent_.ProtocolError(d.status().message());
   const ChildRecord r = record();
   if (d->refit_id != r.refit_id) return;
   Update([&](ChildRecord& rec) { rec.decision = type; });
   // A node that failed while streaming cannot commit either: it says FAILED again.
   if (script_.decision == DecisionAnswer::kFailed ||
-      (r.failed_sent && type == MessageType::kCommit)) {
+      (r.failed_sent && type == relay::MessageType::kCommit)) {
     return SendFailed();
   }
-  const MessageType outcome =
-      type == MessageType::kCommit ? MessageType::kCommitted : MessageType::kAborted;
-  parent_.Send(EncodeOutcome(outcome, {d->refit_id, 1, {}}));
+  const relay::MessageType outcome = type == relay::MessageType::kCommit
+                                         ? relay::MessageType::kCommitted
+                                         : relay::MessageType::kAborted;
   Update([](ChildRecord& rec) { rec.confirmed_sent = true; });
+  parent_.Send(relay::EncodeOutcome(outcome, {d->refit_id, 1, {}}));
 }
 
 void ScriptedChild::SendFailed() {
   const uint64_t refit_id = record().refit_id;
-  parent_.Send(EncodeFailed({refit_id, id_, script_.reason, FailureKind::kNode}));
   Update([](ChildRecord& rec) { rec.failed_sent = true; });
+  parent_.Send(relay::EncodeFailed({refit_id, id_, script_.reason, relay::FailureKind::kNode}));
 }
 
-}  // namespace deltacast::relay::test_util
+}  // namespace deltacast::test_util

@@ -29,7 +29,7 @@
 #include "topology/tree_plan.h"
 #include "transport/transport.h"
 
-namespace deltacast::relay::test_util {
+namespace deltacast::test_util {
 
 // Where a child drops its link (then stays away unless ChildScript::rejoin_when).
 enum class DropAt {
@@ -56,9 +56,9 @@ struct ChildScript {
   DropAt drop_at = DropAt::kNever;
   // Polled while it is away after the drop: it dials again once this holds. Null:
   // it stays away.
-  std::function<bool()> rejoin_when;
+  std::function<bool()> rejoin_when{};
   // Polled once it could say PREPARED: it does once this holds. Null: at once.
-  std::function<bool()> prepare_when;
+  std::function<bool()> prepare_when{};
   StreamAnswer stream = StreamAnswer::kPrepared;
   DecisionAnswer decision = DecisionAnswer::kConfirm;
   std::string reason = "scripted failure";
@@ -74,7 +74,7 @@ struct ChildRecord {
   bool dropped = false;         // it dropped its link as scripted
   bool prepared_sent = false;
   bool failed_sent = false;  // while streaming or to the decision
-  std::optional<MessageType> decision;
+  std::optional<relay::MessageType> decision;
   bool confirmed_sent = false;
 
   // Every sequence 0..END came.
@@ -106,12 +106,12 @@ class ScriptedChild {
   ScriptedChild(const topology::ClusterConfig& config, topology::TreePlan plan, size_t self,
                 std::string token, Digest128 active_version,
                 std::unique_ptr<transport::Transport> transport, ChildScript script);
-  ParentLink::Events LinkEvents();
+  relay::ParentLink::Events LinkEvents();
   void Tick();
-  void OnMessage(MessageType type, const transport::Message& message);
+  void OnMessage(relay::MessageType type, const transport::Message& message);
   void OnBegin(ByteSpan bytes);
   void OnChunk(ByteSpan bytes);
-  void OnDecision(MessageType type, ByteSpan bytes);
+  void OnDecision(relay::MessageType type, ByteSpan bytes);
   void MaybePrepared();
   void SendFailed();
   void DropLink();
@@ -136,8 +136,8 @@ class ScriptedChild {
   ChildRecord record_;  // guarded by mu_
 
   // Declared last: the loop is stopped first, and the link is the loop's.
-  EventLoop loop_;
-  ParentLink parent_;
+  relay::EventLoop loop_;
+  relay::ParentLink parent_;
 };
 
-}  // namespace deltacast::relay::test_util
+}  // namespace deltacast::test_util

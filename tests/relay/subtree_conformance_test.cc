@@ -35,12 +35,12 @@ namespace {
 using bucket_test::Borrow;
 using bucket_test::kPartitionBytes;
 using bucket_test::ManifestOf;
-using test_util::ChildRecord;
-using test_util::ChildScript;
-using test_util::DecisionAnswer;
-using test_util::DropAt;
-using test_util::ScriptedChild;
-using test_util::StreamAnswer;
+using ::deltacast::test_util::ChildRecord;
+using ::deltacast::test_util::ChildScript;
+using ::deltacast::test_util::DecisionAnswer;
+using ::deltacast::test_util::DropAt;
+using ::deltacast::test_util::ScriptedChild;
+using ::deltacast::test_util::StreamAnswer;
 
 constexpr char kToken[] = "subtree-conformance-token";
 // Short enough to wait for often, long enough that a child rejoining at once (a few
@@ -91,11 +91,6 @@ commit_policy = ")" + policy +
 [security]
 tls = "none"
 
-[[region]]
-name = "eu"
-wan_bandwidth = "1Gbit"
-wan_latency = "20ms"
-
 [[node]]
 id = "src"
 host = "mem"
@@ -103,6 +98,9 @@ port = 1
 region = "us"
 role = "source"
 )";
+  if (owner == Owner::kBucketDownlink) {
+    toml += "\n[[region]]\nname = \"eu\"\nwan_bandwidth = \"1Gbit\"\nwan_latency = \"20ms\"\n";
+  }
   if (owner != Owner::kSource) {
     toml += "\n[[node]]\nid = \"" + parent + "\"\nhost = \"mem\"\nport = 4\nregion = \"" + region +
             "\"\nrole = \"receiver\"\nparent = \"src\"\n";
@@ -149,7 +147,9 @@ class SubtreeConformance : public ::testing::TestWithParam<std::tuple<Owner, con
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
     network_ = std::make_shared<transport::InprocNetwork>();
-    versions_ = bucket_test::MakeVersions(64 << 10, 2, 20261202);
+    // A delta of several chunks, more than the window: a child can miss the
+    // first ones and join while the rest are still to come.
+    versions_ = bucket_test::MakeVersions(256 << 10, 2, 20261202, /*rate_percent=*/25);
     base_ = Borrow(versions_.tensors, versions_.v[0]);
     target_ = Borrow(versions_.tensors, versions_.v[1]);
     base_manifest_ = ManifestOf(*base_);
@@ -314,6 +314,7 @@ TEST_P(SubtreeConformance, EveryChildPreparesAndConfirms) {
   ExpectCommittedWith(p, {"c1", "c2", "c3"}, 3);
   for (const char* id : {"c1", "c2", "c3"}) ExpectTookPart(id, MessageType::kCommit);
   EXPECT_EQ(Record("c1").begins, 1);
+  EXPECT_GT(Record("c1").end.value_or(0), config_.tree.window) << "too few chunks for the tests";
   ExpectWellBeforeCommitTimeout(p);
 }
 
