@@ -19,6 +19,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,20 @@ std::string OwnerId(Owner owner) {
   }
   return "";
 }
+
+std::string OwnerName(Owner owner) {
+  switch (owner) {
+    case Owner::kSource:
+      return "Source";
+    case Owner::kNode:
+      return "Node";
+    case Owner::kBucketDownlink:
+      return "BucketDownlink";
+  }
+  return "";
+}
+// For gtest's (and so ctest's) test listings.
+void PrintTo(Owner owner, std::ostream* out) { *out << OwnerName(owner); }
 
 // src -> [r1 | bucket-eu ->] c1, c2, c3.
 std::string ConfigToml(Owner owner, const std::string& policy, const std::string& endpoint) {
@@ -127,7 +142,7 @@ struct Published {
   double seconds = 0;  // wall time of the call
 };
 
-class SubtreeConformance : public ::testing::TestWithParam<std::tuple<Owner, const char*>> {
+class SubtreeConformance : public ::testing::TestWithParam<std::tuple<Owner, std::string>> {
  protected:
   Owner owner() const { return std::get<0>(GetParam()); }
   std::string policy() const { return std::get<1>(GetParam()); }
@@ -452,26 +467,13 @@ TEST_P(SubtreeConformance, ChildAwayAtTheDecisionIsGivenUpOn) {
   ExpectWellBeforeCommitTimeout(p);
 }
 
-std::string OwnerName(Owner owner) {
-  switch (owner) {
-    case Owner::kSource:
-      return "Source";
-    case Owner::kNode:
-      return "Node";
-    case Owner::kBucketDownlink:
-      return "BucketDownlink";
-  }
-  return "";
-}
-
-INSTANTIATE_TEST_SUITE_P(Owners, SubtreeConformance,
-                         ::testing::Combine(::testing::Values(Owner::kSource, Owner::kNode,
-                                                              Owner::kBucketDownlink),
-                                            ::testing::Values("all", "available")),
-                         [](const ::testing::TestParamInfo<std::tuple<Owner, const char*>>& info) {
-                           return OwnerName(std::get<0>(info.param)) + "_" +
-                                  std::get<1>(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Owners, SubtreeConformance,
+    ::testing::Combine(::testing::Values(Owner::kSource, Owner::kNode, Owner::kBucketDownlink),
+                       ::testing::Values(std::string("all"), std::string("available"))),
+    [](const ::testing::TestParamInfo<std::tuple<Owner, std::string>>& info) {
+      return OwnerName(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+    });
 
 }  // namespace
 }  // namespace deltacast::relay
