@@ -1,5 +1,7 @@
 #include "tests/relay/scripted_child.h"
 
+#include <atomic>
+
 #include "codec/chunk.h"
 
 namespace deltacast::test_util {
@@ -9,6 +11,71 @@ namespace {
 constexpr std::chrono::milliseconds kTickPeriod{10};
 
 }  // namespace
+
+// Wraps the child's transport to count, on its latest link, the messages sent that
+// the parent has not taken yet (on_sent not run): a link closed before the parent
+// took a message withdraws it (inproc), and a child that drops "after PREPARED"
+// must not lose its PREPARED that way.
+class ScriptedChild::UntakenCounter : public transport::Transport {
+ public:
+  explicit UntakenCounter(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  const transport::Capabilities& capabilities() const override { return inner_->capabilities(); }
+  Result<std::string> Listen(const std::string& address,
+                             transport::AcceptHandler on_accept) override {
+    return inner_->Listen(address, std::move(on_accept));
+  }
+  void Connect(const std::string& address, transport::ConnectHandler on_done) override {
+    inner_->Connect(address, [this, on_done = std::move(on_done)](
+                                 Result<std::unique_ptr<transport::Connection>> c) {
+      if (!c.ok()) return on_done(std::move(c));
+      auto untaken = std::make_shared<std::atomic<int64_t>>(0);
+      {
+        std::lock_guard lock(mu_);
+        latest_ = untaken;
+      }
+      on_done(std::unique_ptr<transport::Connection>(
+          std::make_unique<Link>(std::move(*c), std::move(untaken))));
+    });
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+  int64_t untaken() const {
+    std::lock_guard lock(mu_);
+    return latest_ ? latest_->load() : 0;
+  }
+
+ private:
+  class Link : public transport::Connection {
+   public:
+    Link(std::unique_ptr<transport::Connection> inner,
+         std::shared_ptr<std::atomic<int64_t>> untaken)
+        : inner_(std::move(inner)), untaken_(std::move(untaken)) {}
+    void Start(transport::MessageHandler on_message, transport::CloseHandler on_closed) override {
+      inner_->Start(std::move(on_message), std::move(on_closed));
+    }
+    void Send(transport::Message message, transport::SendHandler on_sent) override {
+      ++*untaken_;
+      inner_->Send(std::move(message),
+                   [untaken = untaken_, on_sent = std::move(on_sent)](Status status) {
+                     --*untaken;
+                     if (on_sent) on_sent(status);
+                   });
+    }
+    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
+    void Close() override { inner_->Close(); }
+    void Abort() override { inner_->Abort(); }
+    std::string PeerAddress() const override { return inner_->PeerAddress(); }
+    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
+    void Authenticated() override { inner_->Authenticated(); }
+
+   private:
+    std::unique_ptr<transport::Connection> inner_;
+    std::shared_ptr<std::atomic<int64_t>> untaken_;
+  };
+
+  std::unique_ptr<transport::Transport> inner_;
+  mutable std::mutex mu_;
+  std::shared_ptr<std::atomic<int64_t>> latest_;
+};
 
 Result<std::unique_ptr<ScriptedChild>> ScriptedChild::Start(
     const topology::ClusterConfig& config, const std::string& id, std::string token,
@@ -32,7 +99,8 @@ ScriptedChild::ScriptedChild(const topology::ClusterConfig& config, topology::Tr
       id_(self_.id),
       active_version_(active_version),
       script_(std::move(script)),
-      transport_(std::move(transport)),
+      counter_(new UntakenCounter(std::move(transport))),
+      transport_(counter_),
       loop_([this] { Tick(); }, kTickPeriod, "scripted-child"),
       parent_(loop_, config_, self_, std::move(token), *transport_, LinkEvents()) {
   loop_.Start();
@@ -90,7 +158,7 @@ void ScriptedChild::Tick() {
     const auto& trigger = record().joins == 0 ? script_.join_when : script_.rejoin_when;
     if (trigger && trigger()) dialing_ = true;
   }
-  if (drop_due_) {
+  if (drop_due_ && counter_->untaken() == 0) {
     drop_due_ = false;
     DropLink();
   }

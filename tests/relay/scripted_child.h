@@ -36,7 +36,7 @@ enum class DropAt {
   kNever,
   kBegin,       // on receiving BEGIN
   kFirstChunk,  // on receiving its first CHUNK of the refit
-  kPrepared,    // the tick after it sent PREPARED (so the PREPARED is delivered)
+  kPrepared,    // once the parent took its PREPARED (else closing would withdraw it)
 };
 // What it says while streaming.
 enum class StreamAnswer {
@@ -124,11 +124,13 @@ class ScriptedChild {
   const std::string id_;
   const Digest128 active_version_;
   const ChildScript script_;
+  class UntakenCounter;
+  UntakenCounter* counter_;  // owned by transport_
   std::unique_ptr<transport::Transport> transport_;
 
   // Loop thread.
   bool dialing_ = false;   // the link is ticked: it dials, keeps alive, rejoins
-  bool drop_due_ = false;  // DropAt::kPrepared: drop at the next tick
+  bool drop_due_ = false;  // DropAt::kPrepared: drop once what it sent was taken
   bool stopped_ = false;
 
   mutable std::mutex mu_;

@@ -36,12 +36,12 @@ namespace {
 using bucket_test::Borrow;
 using bucket_test::kPartitionBytes;
 using bucket_test::ManifestOf;
-using ::deltacast::test_util::ChildRecord;
-using ::deltacast::test_util::ChildScript;
-using ::deltacast::test_util::DecisionAnswer;
-using ::deltacast::test_util::DropAt;
-using ::deltacast::test_util::ScriptedChild;
-using ::deltacast::test_util::StreamAnswer;
+using test_util::ChildRecord;
+using test_util::ChildScript;
+using test_util::DecisionAnswer;
+using test_util::DropAt;
+using test_util::ScriptedChild;
+using test_util::StreamAnswer;
 
 constexpr char kToken[] = "subtree-conformance-token";
 // Short enough to wait for often, long enough that a child rejoining at once (a few
