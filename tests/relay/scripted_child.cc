@@ -1,7 +1,5 @@
 #include "tests/relay/scripted_child.h"
 
-#include <atomic>
-
 #include "codec/chunk.h"
 
 namespace deltacast::test_util {
@@ -109,8 +107,7 @@ ScriptedChild::ScriptedChild(const topology::ClusterConfig& config, topology::Tr
 ScriptedChild::~ScriptedChild() { Stop(); }
 
 void ScriptedChild::Stop() {
-  if (stopped_) return;
-  stopped_ = true;
+  if (stopped_.exchange(true)) return;
   transport_->Shutdown();
   loop_.Stop();
   parent_.Close();

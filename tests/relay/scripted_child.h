@@ -11,6 +11,7 @@
 // any thread. Script triggers run on that loop thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -131,13 +132,15 @@ class ScriptedChild {
   // Loop thread.
   bool dialing_ = false;   // the link is ticked: it dials, keeps alive, rejoins
   bool drop_due_ = false;  // DropAt::kPrepared: drop once what it sent was taken
-  bool stopped_ = false;
+
+  std::atomic<bool> stopped_{false};  // Stop (any thread) and the loop's tick
 
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
   ChildRecord record_;  // guarded by mu_
 
-  // Declared last: the loop is stopped first, and the link is the loop's.
+  // Declared last, so destroyed first (Stop has joined the loop by then): the link
+  // uses the loop and transport_.
   relay::EventLoop loop_;
   relay::ParentLink parent_;
 };
