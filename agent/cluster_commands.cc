@@ -17,9 +17,9 @@
 #include "relay/configured_keys.h"
 #include "relay/fp8_delta.h"
 #include "relay/node_agent.h"
-#include "relay/snapshot_store.h"
 #include "relay/node_transports.h"
 #include "relay/publisher.h"
+#include "relay/snapshot_store.h"
 #include "relay/source.h"
 #include "topology/plan_format.h"
 #include "topology/tree_plan.h"
@@ -239,9 +239,7 @@ Result<relay::PublishOptions> SourceOptions(const topology::ClusterConfig& confi
   ASSIGN_OR_RETURN(options.signing_key, LoadSigningKey(config));
   options.codec = codec;
   options.encode_threads = threads;
-  options.decision_log = state / "decisions.log";
-  options.spool_dir = state / "spool";
-  options.history_dir = state / "history";
+  options.UseStateDir(state);
   options.keep_deltas = keep_deltas;
   return options;
 }
@@ -345,12 +343,7 @@ int RunPublish(const PublishArgs& args) {
   auto setup = SetUpSource(args.config);
   if (!setup.ok()) return Fail(setup.status());
   auto& [config, token, transport] = *setup;
-  std::filesystem::path target = std::filesystem::absolute(args.target).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();  // "step1/"
-  const std::filesystem::path state =
-      args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
-  auto source_options =
-      SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+  auto source_options = MakePublishOptions(args, config, token, args.target);
   if (!source_options.ok()) return Fail(source_options.status());
   relay::PublishOptions& options = *source_options;
   if (Status fp8 = CheckFp8Versions(args.base, args.target); !fp8.ok()) return Fail(fp8);

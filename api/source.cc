@@ -45,11 +45,7 @@ Result<relay::PublishOptions> TreePublishOptions(const topology::ClusterConfig& 
   publish.config = cluster;
   publish.token = std::move(token);
   ASSIGN_OR_RETURN(publish.signing_key, relay::LoadConfiguredSigningKey(cluster));
-  if (!state_dir.empty()) {
-    publish.decision_log = state_dir / "decisions.log";
-    publish.spool_dir = state_dir / "spool";
-    publish.history_dir = state_dir / "history";
-  }
+  if (!state_dir.empty()) publish.UseStateDir(state_dir);
   publish.keep_deltas = keep_deltas;
   return publish;
 }
@@ -145,9 +141,9 @@ Result<PublishReport> Source::PublishCheckpoints(const std::filesystem::path& ba
         impl_->options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
     encode.threads = impl_->options.encode_threads;
     encode.chunk_bytes = impl_->config.impl().cluster.tree.chunk_size;
-    ASSIGN_OR_RETURN(relay::PublishReport report,
-                     relay::PublishCheckpointsFp8(*impl_->source, base_dir, new_dir, description,
-                                                  encode));
+    ASSIGN_OR_RETURN(
+        relay::PublishReport report,
+        relay::PublishCheckpointsFp8(*impl_->source, base_dir, new_dir, description, encode));
     return api::ToPublic(report);
   }
   auto base = relay::OpenCheckpointVersion(base_dir, impl_->options.encode_threads);

@@ -55,7 +55,13 @@ struct PublishOptions {
   // decision go out signed, for nodes that check them (NodeAgentOptions::
   // verify_key). Null: unsigned.
   std::shared_ptr<const SigningKey> signing_key;
+
   std::function<void(const PublishProgress&)> on_progress;
+
+  // Keeps the source's state in `state`: decisions.log, spool/ and history/. An
+  // on-disk contract a restarted source relies on, defined here alone for the CLI,
+  // the public API and the simulator.
+  void UseStateDir(const std::filesystem::path& state);
 };
 
 struct PublishReport {
