@@ -6,19 +6,13 @@
 
 #include "codec/chunk.h"
 #include "common/crash_point.h"
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
 #include "relay/node_impl.h"
 #include "relay/replay.h"
 
 namespace deltacast::relay {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(RuntimeClock::now() - t).count();
-}
-
-}  // namespace
 
 void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   auto begin = ParseBegin(bytes);

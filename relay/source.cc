@@ -11,6 +11,7 @@
 
 #include "codec/chunk.h"
 #include "common/crash_point.h"
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
 #include "relay/decision_log.h"
@@ -28,10 +29,6 @@ namespace deltacast::relay {
 namespace {
 
 using Clock = RuntimeClock;
-
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 uint64_t RandomId() {
   uint64_t id = 0;
