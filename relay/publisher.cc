@@ -10,12 +10,6 @@
 
 namespace deltacast::relay {
 
-void PublishOptions::UseStateDir(const std::filesystem::path& state) {
-  decision_log = state / "decisions.log";
-  spool_dir = state / "spool";
-  history_dir = state / "history";
-}
-
 Result<PublishReport> Publish(const PublishOptions& options, const apply::WeightStore& base,
                               const codec::Manifest& base_manifest,
                               const apply::WeightStore& target,
