@@ -1,3 +1,4 @@
+#include "relay/setup.h"
 #include "sim/run_internal.h"
 
 namespace deltacast::sim {
@@ -135,8 +136,9 @@ void Run::StartNode(Node& n) {
   }
   // Every queue the node opens is its own: it can be killed while one waits.
   q_.set_opening_owner(n.i);
-  auto agent = relay::NodeAgent::Start(std::move(options), std::move(*replica),
-                                       net_.MakeTransport(Name(n.i)));
+  auto agent = relay::StartConfiguredNode(
+      std::move(options),
+      relay::NodeParts::Weights(std::move(*replica), net_.MakeTransport(Name(n.i))));
   q_.set_opening_owner(-1);
   if (!agent.ok()) {
     Fail(Name(n.i) + " cannot start: " + agent.status().ToString());
