@@ -3,7 +3,8 @@
 // this keeps, per process directory (a "root"), the image a machine crash would
 // leave, modelled on what a POSIX file system promises:
 //   - a file's bytes are durable once synced (fsync, fdatasync: the whole file and
-//     its size; msync: a range), per file, whatever name it has;
+//     its size; msync: a range), per file, whatever name it has (a hard link is a
+//     second name for the same file);
 //   - a name (create, rename, unlink) is durable once its directory is synced;
 //     a directory's own name too (mkdir, rmdir: once its parent is synced), and a
 //     file survives only where every directory above it (in the root) does.
@@ -70,6 +71,7 @@ class SimDisk : public DiskSeam {
   Status WillWrite(const std::filesystem::path& path, uint64_t bytes) override;
   void Created(const std::filesystem::path& path) override;
   void Renamed(const std::filesystem::path& from, const std::filesystem::path& to) override;
+  void Linked(const std::filesystem::path& from, const std::filesystem::path& to) override;
   void Removed(const std::filesystem::path& path) override;
   void SyncedRange(const std::filesystem::path& path, uint64_t offset, uint64_t length) override;
   void Synced(const std::filesystem::path& path) override;
