@@ -138,10 +138,34 @@ void SimDisk::Created(const Path& path_in) {
   images_[id] = {};  // nothing of a new file is durable yet
 }
 
+// Moves every path of `paths` under `from` to the same place under `to`.
+template <typename Map>
+void MoveUnder(Map& paths, const fs::path& from, const fs::path& to) {
+  Map moved;
+  for (auto it = paths.begin(); it != paths.end();) {
+    if (!Under(it->first, from)) {
+      ++it;
+      continue;
+    }
+    moved.emplace(to / it->first.lexically_relative(from), it->second);
+    it = paths.erase(it);
+  }
+  for (auto& e : moved) paths.insert_or_assign(e.first, e.second);
+}
+
 void SimDisk::Renamed(const Path& from_in, const Path& to_in) {
   const Path from = from_in.lexically_normal(), to = to_in.lexically_normal();
   Root* r = RootOf(from);
   if (!r) return;
+  std::error_code ec;
+  if (fs::is_directory(to, ec)) {
+    // A directory renamed: everything in it goes with it now; what a crash keeps of
+    // it moves once the new name's directory is synced (DirSynced).
+    std::erase_if(r->names, [&](const auto& e) { return Under(e.first, to); });
+    MoveUnder(r->names, from, to);
+    r->dir_renames.emplace_back(from, to);
+    return;
+  }
   auto it = r->names.find(from);
   if (it == r->names.end()) {
     Gap("renamed " + from.string() + ", which was not created through the seam");
@@ -205,6 +229,24 @@ void SimDisk::DirSynced(const Path& dir_in) {
   const Path dir = dir_in.lexically_normal();
   Root* r = RootOf(dir / "x");
   if (!r || r->cut) return;
+  // Directories renamed into this one: the durable names in them (their contents'
+  // durability is the directory's own, whatever its name) take the new name.
+  for (auto it = r->dir_renames.begin(); it != r->dir_renames.end();) {
+    const auto [from, to] = *it;
+    if (to.parent_path() != dir) {
+      ++it;
+      continue;
+    }
+    MoveUnder(r->durable, from, to);
+    std::map<Path, bool> dirs;
+    for (const Path& d : r->dirs) dirs.emplace(d, true);
+    const bool durable_dir = dirs.erase(from) > 0;
+    MoveUnder(dirs, from, to);
+    r->dirs.clear();
+    for (const auto& d : dirs) r->dirs.insert(d.first);
+    if (durable_dir) r->dirs.insert(to);
+    it = r->dir_renames.erase(it);
+  }
   std::erase_if(r->durable, [&](const auto& e) { return e.first.parent_path() == dir; });
   std::set<Path> known;
   for (const auto& [path, id] : r->names) {
@@ -334,6 +376,7 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> 
   }
   // What the crash left is what the disk holds now.
   r->names = r->durable;
+  r->dir_renames.clear();
   for (const auto& [id, bytes] : after) images_[id] = bytes;
   r->cut = false;
   Collect();

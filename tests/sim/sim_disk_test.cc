@@ -227,6 +227,28 @@ TEST_F(SimDiskTest, AHardLinkIsASecondNameForTheSameFile) {
   EXPECT_TRUE(disk_.TakeErrors().empty());
 }
 
+// A snapshot build's folder: written and synced as "x.building", renamed to "x". Its
+// files go with it; the rename is durable once the parent is synced, not before.
+TEST_F(SimDiskTest, ARenamedDirectoryTakesItsFilesAndIsDurableOnceItsParentIsSynced) {
+  ASSERT_TRUE(CreateDirectoriesDurably(root_ / "sub" / "x.building").ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(root_ / "sub" / "x.building" / "f", AsBytes(std::string_view("f"))).ok());
+  fs::rename(root_ / "sub" / "x.building", root_ / "sub" / "x");
+  disk_.Renamed(root_ / "sub" / "x.building", root_ / "sub" / "x");
+  disk_.PowerLoss(root_, 1.0);  // the parent was not synced: the old name is back
+  EXPECT_EQ(Text(root_ / "sub" / "x.building" / "f"), "f");
+  EXPECT_FALSE(fs::exists(root_ / "sub" / "x"));
+
+  fs::rename(root_ / "sub" / "x.building", root_ / "sub" / "x");
+  disk_.Renamed(root_ / "sub" / "x.building", root_ / "sub" / "x");
+  ASSERT_TRUE(FsyncDirectory(root_ / "sub").ok());
+  disk_.PowerLoss(root_, 0.0);
+  EXPECT_EQ(Text(root_ / "sub" / "x" / "f"), "f");
+  EXPECT_FALSE(fs::exists(root_ / "sub" / "x.building"));
+  ASSERT_TRUE(FsyncDirectory(root_ / "sub" / "x").ok());  // the seam knows f under its new name
+  EXPECT_TRUE(disk_.TakeErrors().empty());
+}
+
 TEST_F(SimDiskTest, AHardLinkMadeBehindTheSeamIsReported) {
   ASSERT_TRUE(WriteFileAtomic(root_ / "f", AsBytes(std::string_view("f"))).ok());
   fs::create_hard_link(root_ / "f", root_ / "linked");
