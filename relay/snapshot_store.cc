@@ -180,6 +180,7 @@ struct Rebuilt {
   MappedSnapshot weights;
   Digest128 snapshot;
   Digest128 active;
+  bool active_written = false;  // false: the store never committed (`active` is the snapshot's)
   std::optional<apply::InflightDelta> inflight;
 };
 Result<Rebuilt> Rebuild(const fs::path& dir, const DeltaHistory& chain, uint64_t partition_bytes,
@@ -192,6 +193,7 @@ Result<Rebuilt> Rebuild(const fs::path& dir, const DeltaHistory& chain, uint64_t
   ASSIGN_OR_RETURN(std::optional<Digest128> active, journal.ReadActive());
   ASSIGN_OR_RETURN(r.inflight, journal.ReadInflight());
   r.active = active.value_or(r.snapshot);
+  r.active_written = active.has_value();
   ASSIGN_OR_RETURN(r.weights, MapSnapshot(SnapshotsDir(dir) / r.snapshot.ToHex(), r.snapshot,
                                           apply::CheckpointDirStore::Access::kPrivate,
                                           partition_bytes, threads));
@@ -232,9 +234,13 @@ Result<SnapshotStore::Opened> SnapshotStore::Open(const fs::path& dir, uint64_t 
   DeltaHistory chain(ChainDir(dir), SIZE_MAX);
   ASSIGN_OR_RETURN(Rebuilt r, Rebuild(dir, chain, partition_bytes, threads));
   apply::CheckpointState journal(dir);
-  if (r.active != r.snapshot && chain.Chain(r.snapshot, r.active).empty()) {
-    // Cut short after a catch-up's snapshot switch, before the active version: the
-    // snapshot was written from the verified target, so the commit stands.
+  // Cut short after a catch-up's snapshot switch, before the active version: the
+  // snapshot was written from the verified target, so the commit stands. A store
+  // that had never committed has no `active` to differ from the snapshot: its
+  // catch-up in flight to the snapshot's version tells.
+  const bool switched_for_catch_up = r.inflight && r.inflight->target == r.snapshot;
+  if ((r.active != r.snapshot && chain.Chain(r.snapshot, r.active).empty()) ||
+      (!r.active_written && switched_for_catch_up)) {
     RETURN_IF_ERROR(journal.WriteActive(r.snapshot));
     RETURN_IF_ERROR(journal.ClearInflight());
     r.active = r.snapshot;
