@@ -125,6 +125,19 @@ void Run::StartNode(Node& n) {
   auto opened = OpenStore(n);
   q_.set_opening_owner(-1);
   if (!opened.ok()) {
+    // A snapshot store's open writes (its first snapshot, the chain's index): on a
+    // full disk the process exits with ENOSPC, and its supervisor starts it again.
+    const bool no_space =
+        opened.status().message().find("No space left on device") != std::string::npos;
+    if (no_space && disk_.full(n.dir)) {
+      q_.Note(Scrub(Name(n.i) + " cannot start (its disk is full), again in 1 s: " +
+                    opened.status().ToString()));
+      n.restart_pending = true;
+      q_.PostAt(driver_, q_.Now() + std::chrono::seconds(1), [this, i = n.i] {
+        if (nodes_[i].restart_pending) StartNode(nodes_[i]);
+      });
+      return;
+    }
     Fail(Name(n.i) + " cannot reopen its store: " + opened.status().ToString());
     return;
   }
