@@ -125,6 +125,9 @@ class SnapshotStore {
   // Simulated, drops it where it stands, as a dying process would.
   void Stop();
   Stats stats() const;
+  // Whether a build is running. Takes no lock: callable from a crash point passed
+  // with the store's mutex held (the simulator's).
+  bool building() const { return building_.load(); }
 
  private:
   SnapshotStore(std::filesystem::path dir, uint64_t partition_bytes, size_t threads,

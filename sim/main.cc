@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
   double sim_seconds = 0;
   uint64_t staged_nodes = 0, engine_nodes = 0, crashes = 0;
   uint64_t snapshot_nodes = 0, snapshots_built = 0, snapshot_bytes = 0, snapshot_repaired = 0;
+  uint64_t killed_building = 0;
   EngineCounts engine;
   double pause_reported = 0;
   std::array<uint64_t, kFaultKinds> faults{};
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
     snapshots_built += r.snapshots.built;
     snapshot_bytes += r.snapshots.bytes_written;
     snapshot_repaired += r.snapshots.repaired;
+    killed_building += r.snapshots.killed_building;
     engine.pauses += r.engine.pauses;
     engine.failed += r.engine.failed;
     engine.hung += r.engine.hung;
@@ -245,11 +247,12 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(engine.checked),
       static_cast<unsigned long long>(engine.refits), engine.paused_seconds, pause_reported);
   std::printf(
-      "snapshot stores %llu: snapshots built %llu (%llu bytes written), partitions repaired "
-      "from the tree %llu\n",
+      "snapshot stores %llu: snapshots built %llu (%llu bytes written), kills during a build "
+      "%llu, partitions repaired from the tree %llu\n",
       static_cast<unsigned long long>(snapshot_nodes),
       static_cast<unsigned long long>(snapshots_built),
       static_cast<unsigned long long>(snapshot_bytes),
+      static_cast<unsigned long long>(killed_building),
       static_cast<unsigned long long>(snapshot_repaired));
   if (producers) {
     std::printf("trainer faults %llu, refused at the root %llu\n",
@@ -280,8 +283,9 @@ int main(int argc, char** argv) {
         engine.resumes, engine.checked, engine.refits, engine.paused_seconds, pause_reported);
     out << fmt::format(
         "  \"snapshot_nodes\": {},\n  \"snapshots_built\": {},\n  \"snapshot_bytes_written\": "
-        "{},\n  \"snapshot_partitions_repaired\": {},\n",
-        snapshot_nodes, snapshots_built, snapshot_bytes, snapshot_repaired);
+        "{},\n  \"kills_during_a_snapshot_build\": {},\n  \"snapshot_partitions_repaired\": "
+        "{},\n",
+        snapshot_nodes, snapshots_built, snapshot_bytes, killed_building, snapshot_repaired);
     if (producers) {
       out << fmt::format(
           "  \"producers\": 4,\n  \"trainer_faults\": {},\n"

@@ -65,6 +65,7 @@ struct RunResult {
   struct SnapshotCounts {
     int nodes = 0;
     uint64_t built = 0, bytes_written = 0, repaired = 0;
+    uint64_t killed_building = 0;  // kills (crash points included) that found a build running
   } snapshots;
   std::vector<std::string> trace;  // readable: the run's own events
 };
