@@ -1,3 +1,4 @@
+#include "relay/setup.h"
 #include "sim/run_internal.h"
 
 namespace deltacast::sim {
@@ -64,7 +65,11 @@ void Run::Setup() {
   }
   fs::remove_all(dir_);
   fs::create_directories(dir_ / "src");
-  decision_log_ = dir_ / "src" / "decisions.log";
+  {
+    relay::PublishOptions state;  // where the source keeps its decisions
+    state.UseStateDir(dir_ / "src");
+    decision_log_ = state.decision_log;
+  }
   auto config = topology::ParseClusterConfig(ConfigToml(s_), "sim.toml");
   if (!config.ok()) throw std::runtime_error(config.status().ToString());
   config_ = *config;
@@ -179,8 +184,9 @@ void Run::StartNode(Node& n) {
   }
   // Every queue the node opens is its own: it can be killed while one waits.
   q_.set_opening_owner(n.i);
-  auto agent = relay::NodeAgent::Start(std::move(options), std::move(replica),
-                                       net_.MakeTransport(Name(n.i)));
+  auto agent = relay::StartConfiguredNode(
+      std::move(options),
+      relay::NodeParts::Weights(std::move(replica), net_.MakeTransport(Name(n.i))));
   q_.set_opening_owner(-1);
   if (!agent.ok()) {
     n.snapshots.reset();
@@ -230,9 +236,7 @@ void Run::StartSource() {
   options.config = config_;
   options.token = kToken;
   options.encode_threads = 1;
-  options.decision_log = decision_log_;
-  options.spool_dir = dir_ / "src" / "spool";
-  options.history_dir = dir_ / "src" / "history";
+  options.UseStateDir(dir_ / "src");
   options.keep_deltas = s_.keep_deltas;
   q_.set_opening_owner(0);
   auto source = relay::Source::Start(std::move(options), net_.MakeTransport("src"));
