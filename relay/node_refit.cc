@@ -267,11 +267,19 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
     if (refit_ && refit_->id == id) parent_.Send(EncodeCredit({1, id}));
   };
   // Forward first: the children need nothing of this node's (spool, fsync, apply)
-  // to use a verified chunk, so none of it adds to the latency of a hop.
-  downstream_.BroadcastChunk(
-      message,
-      {header->identity.target_version, header->sequence, header->kind == codec::ChunkKind::kData},
-      release);
+  // to use a verified chunk, so none of it adds to the latency of a hop. Not once the
+  // refit is decided here (a replay to this node after it rejoined): its children
+  // were sent the decision, one that rejoins is replayed from this node's spool, and
+  // forwarding would only send them what they had, down every hop below (the
+  // simulator's seed 6628).
+  if (r.phase == Phase::kStreaming) {
+    downstream_.BroadcastChunk(message,
+                               {header->identity.target_version, header->sequence,
+                                header->kind == codec::ChunkKind::kData},
+                               release);
+  } else {
+    release();
+  }
   bool spooled = true;
   if (r.spool) {
     // Into the page cache here; the apply worker makes it durable before the
