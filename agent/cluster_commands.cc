@@ -17,9 +17,10 @@
 #include "relay/configured_keys.h"
 #include "relay/fp8_delta.h"
 #include "relay/node_agent.h"
-#include "relay/snapshot_store.h"
 #include "relay/node_transports.h"
 #include "relay/publisher.h"
+#include "relay/setup.h"
+#include "relay/snapshot_store.h"
 #include "relay/source.h"
 #include "topology/plan_format.h"
 #include "topology/tree_plan.h"
@@ -72,9 +73,6 @@ namespace {
 // The config's keys for signed versions (relay/signing.h).
 Result<std::shared_ptr<const relay::VerifyKey>> LoadVerifyKey(const topology::ClusterConfig& c) {
   return relay::LoadConfiguredVerifyKey(c);
-}
-Result<std::shared_ptr<const relay::SigningKey>> LoadSigningKey(const topology::ClusterConfig& c) {
-  return relay::LoadConfiguredSigningKey(c);
 }
 
 // `path` as the config should name it: relative to the config's directory.
@@ -155,36 +153,14 @@ int RunAgent(const AgentArgs& args) {
   if (!token.ok()) return Fail(token.status());
   // An FP8 store that does not hold together is refused before anything is written.
   if (Status fp8 = CheckFp8CheckpointDir(args.store); !fp8.ok()) return Fail(fp8);
-  const topology::NodeConfig* node = config->FindNode(args.node);
-  if (node == nullptr) {
-    return Fail(
-        Status::InvalidArgument("node '" + args.node + "' is not in " + args.config.string()));
-  }
-  auto opened =
-      relay::OpenNodeCheckpoint(args.store, *node, codec::kDefaultPartitionBytes, args.threads);
-  if (!opened.ok()) return Fail(opened.status().WithContext("store " + args.store.string()));
-  auto& replica = opened->replica;
-  if (replica->inflight()) {
-    log::Warn(fmt::format(
-        "{}: store {} has an unfinished delta {} -> {}; it resumes when the source resends it",
-        args.node, args.store.string(), replica->inflight()->base.ShortHex(),
-        replica->inflight()->target.ShortHex()));
-  }
-  auto transport = relay::MakeNodeTransports(*config, *node);
-  if (!transport.ok()) return Fail(transport.status());
-  auto verify_key = LoadVerifyKey(*config);
-  if (!verify_key.ok()) return Fail(verify_key.status());
   relay::NodeAgentOptions options;
   options.config = *config;
   options.node_id = args.node;
   options.token = *token;
-  options.verify_key = *verify_key;
   options.apply_threads = args.threads;
-  options.spool_dir = args.store / apply::kStateDirName / "spool";
-  options.snapshots = opened->store;
   if (args.progress) options.on_catch_up_progress = CatchUpProgressBar();
   auto agent =
-      relay::NodeAgent::Start(std::move(options), std::move(replica), std::move(*transport));
+      relay::StartConfiguredNode(std::move(options), relay::NodeParts::Checkpoint(args.store));
   if (!agent.ok()) return Fail(agent.status());
   const int signal = signals.Wait();
   log::Info(fmt::format("{}: stopping on signal {}", args.node, signal));
@@ -233,16 +209,10 @@ Result<relay::PublishOptions> SourceOptions(const topology::ClusterConfig& confi
                                             std::string token, const codec::EncodeOptions& codec,
                                             size_t threads, const std::filesystem::path& state,
                                             size_t keep_deltas) {
-  relay::PublishOptions options;
-  options.config = config;
-  options.token = std::move(token);
-  ASSIGN_OR_RETURN(options.signing_key, LoadSigningKey(config));
+  ASSIGN_OR_RETURN(relay::PublishOptions options,
+                   relay::ConfiguredPublishOptions(config, std::move(token), state, keep_deltas));
   options.codec = codec;
   options.encode_threads = threads;
-  options.decision_log = state / "decisions.log";
-  options.spool_dir = state / "spool";
-  options.history_dir = state / "history";
-  options.keep_deltas = keep_deltas;
   return options;
 }
 
@@ -345,12 +315,7 @@ int RunPublish(const PublishArgs& args) {
   auto setup = SetUpSource(args.config);
   if (!setup.ok()) return Fail(setup.status());
   auto& [config, token, transport] = *setup;
-  std::filesystem::path target = std::filesystem::absolute(args.target).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();  // "step1/"
-  const std::filesystem::path state =
-      args.state_dir.empty() ? target.parent_path() / ".deltacast-source" : args.state_dir;
-  auto source_options =
-      SourceOptions(config, token, args.codec, args.threads, state, args.keep_deltas);
+  auto source_options = MakePublishOptions(args, config, token, args.target);
   if (!source_options.ok()) return Fail(source_options.status());
   relay::PublishOptions& options = *source_options;
   if (Status fp8 = CheckFp8Versions(args.base, args.target); !fp8.ok()) return Fail(fp8);

@@ -27,12 +27,5 @@ Result<std::unique_ptr<apply::WeightStore>> BorrowTensors(const std::vector<Tens
 
 PublishReport ToPublic(const relay::PublishReport& report);
 
-// The tree side of a source or root: the config, the token, the signing key its
-// [security] table names, and the state folder's decision log, spool and kept deltas.
-Result<relay::PublishOptions> TreePublishOptions(const topology::ClusterConfig& cluster,
-                                                 std::string token,
-                                                 const std::filesystem::path& state_dir,
-                                                 size_t keep_deltas);
-
 }  // namespace api
 }  // namespace deltacast

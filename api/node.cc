@@ -3,37 +3,61 @@
 #include <algorithm>
 
 #include "api/internal.h"
-#include "apply/checkpoint_state.h"
 #include "apply/planned_store.h"
 #include "common/log.h"
 #include "layout/description.h"
 #include "layout/engine.h"
 #include "quant/engine_config.h"
-#include "relay/configured_keys.h"
 #include "relay/node_agent.h"
 #include "relay/node_transports.h"
+#include "relay/setup.h"
 #include "relay/shard_input.h"
-#include "relay/snapshot_store.h"
 
 namespace deltacast {
 namespace {
 
-// `on_gpus`: the weights lie in GPU memory. Chunks are entropy-coded, so they are
-// decoded on the host whatever the transport could reach: GPUDirect would not save a
-// copy. What reaches the GPUs goes through each memory's pinned staging ring; the
-// transport's device-memory capability is logged once, so a deployment sees which.
-Result<std::unique_ptr<relay::NodeAgent>> StartAgent(
-    const Config& config, NodeOptions options, std::unique_ptr<apply::Replica> replica,
-    bool on_gpus = false, std::shared_ptr<relay::SnapshotStore> snapshots = nullptr) {
-  const topology::ClusterConfig& cluster = config.impl().cluster;
-  const topology::NodeConfig* node = cluster.FindNode(options.node_id);
-  if (!node) {
-    return Status::InvalidArgument("node '" + options.node_id + "' is not in " +
-                                   cluster.source_file.string());
+// The node's options from the public ones; its weights are `parts` (a replica the
+// caller opened, or a checkpoint directory), the rest is wired by the relay's
+// composition root (relay/setup.h). `on_gpus`: the weights lie in GPU memory.
+// Chunks are entropy-coded, so they are decoded on the host whatever the transport
+// could reach: GPUDirect would not save a copy. What reaches the GPUs goes through
+// each memory's pinned staging ring; the transport's device-memory capability is
+// logged once, so a deployment sees which.
+Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeOptions options,
+                                                     relay::NodeParts parts, bool on_gpus = false) {
+  relay::NodeAgentOptions agent;
+  agent.config = config.impl().cluster;
+  agent.node_id = options.node_id;
+  agent.token = options.token;
+  agent.apply_threads = options.apply_threads;
+  agent.spool_dir = options.spool_dir;
+  topology::NodeConfig* node = nullptr;
+  for (topology::NodeConfig& n : agent.config.nodes) {
+    if (n.id == options.node_id) node = &n;
   }
-  auto transport = relay::MakeNodeTransports(cluster, *node);
-  if (!transport.ok()) return transport.status();
+  if (node == nullptr) {
+    return Status::InvalidArgument("node '" + options.node_id + "' is not in " +
+                                   agent.config.source_file.string());
+  }
+  if (!options.apply_mode.empty()) {
+    if (options.apply_mode != "on-arrival" && options.apply_mode != "staged") {
+      return Status::InvalidArgument("NodeOptions::apply_mode = \"" + options.apply_mode +
+                                     "\": must be \"on-arrival\" or \"staged\"");
+    }
+    node->apply_mode = options.apply_mode == "staged" ? topology::ApplyMode::kStaged
+                                                      : topology::ApplyMode::kOnArrival;
+  }
+  if (!options.checkpoint.empty()) {
+    if (options.checkpoint != "in-place" && options.checkpoint != "snapshot") {
+      return Status::InvalidArgument("NodeOptions::checkpoint = \"" + options.checkpoint +
+                                     "\": must be \"in-place\" or \"snapshot\"");
+    }
+    node->checkpoint = options.checkpoint == "snapshot" ? topology::CheckpointMode::kSnapshot
+                                                        : topology::CheckpointMode::kInPlace;
+  }
   if (on_gpus) {
+    auto transport = relay::MakeNodeTransports(agent.config, *node);
+    if (!transport.ok()) return transport.status();
     const transport::Capabilities& caps = (*transport)->capabilities();
     const bool device = std::find(caps.memory_types.begin(), caps.memory_types.end(),
                                   transport::MemoryType::kCudaDevice) != caps.memory_types.end();
@@ -41,27 +65,7 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(
               (device ? " can move GPU memory, but chunks are decoded on the host"
                       : " moves host memory only") +
               ": chunks land in host memory and patches reach the GPUs through pinned staging");
-  }
-  relay::NodeAgentOptions agent;
-  agent.config = cluster;
-  agent.node_id = options.node_id;
-  agent.token = options.token;
-  auto verify_key = relay::LoadConfiguredVerifyKey(cluster);
-  if (!verify_key.ok()) return verify_key.status();
-  agent.verify_key = std::move(*verify_key);
-  agent.apply_threads = options.apply_threads;
-  agent.spool_dir = options.spool_dir;
-  agent.snapshots = std::move(snapshots);
-  if (!options.apply_mode.empty()) {
-    if (options.apply_mode != "on-arrival" && options.apply_mode != "staged") {
-      return Status::InvalidArgument("NodeOptions::apply_mode = \"" + options.apply_mode +
-                                     "\": must be \"on-arrival\" or \"staged\"");
-    }
-    for (topology::NodeConfig& n : agent.config.nodes) {
-      if (n.id != options.node_id) continue;
-      n.apply_mode = options.apply_mode == "staged" ? topology::ApplyMode::kStaged
-                                                    : topology::ApplyMode::kOnArrival;
-    }
+    parts.transport = std::move(*transport);
   }
   agent.engine_hooks = {std::move(options.pause_engine), std::move(options.resume_engine),
                         options.hook_timeout};
@@ -70,7 +74,7 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(
       on_commit({e.refit_id, e.version.ToHex(), e.changed_tensors});
     };
   }
-  return relay::NodeAgent::Start(std::move(agent), std::move(replica), std::move(*transport));
+  return relay::StartConfiguredNode(std::move(agent), std::move(parts));
 }
 
 // The planned store over `gpus`: one memory per GPU, its plan from its layout.
@@ -127,7 +131,8 @@ Result<std::unique_ptr<Node>> Node::Start(const Config& config, NodeOptions opti
   auto replica = apply::Replica::ForStore(std::move(*store), codec::kDefaultPartitionBytes,
                                           options.apply_threads);
   if (!replica.ok()) return replica.status();
-  auto agent = StartAgent(config, std::move(options), std::move(*replica));
+  auto agent =
+      StartAgent(config, std::move(options), relay::NodeParts::Weights(std::move(*replica)));
   if (!agent.ok()) return agent.status();
   return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
 }
@@ -141,33 +146,15 @@ Result<std::unique_ptr<Node>> Node::StartOnGpus(const Config& config, NodeOption
   auto replica = apply::Replica::ForStore(std::move(*store), codec::kDefaultPartitionBytes,
                                           options.apply_threads);
   if (!replica.ok()) return replica.status();
-  auto agent = StartAgent(config, std::move(options), std::move(*replica), cuda);
+  auto agent =
+      StartAgent(config, std::move(options), relay::NodeParts::Weights(std::move(*replica)), cuda);
   if (!agent.ok()) return agent.status();
   return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
 }
 
 Result<std::unique_ptr<Node>> Node::StartOnCheckpoint(const Config& config, NodeOptions options,
                                                       const std::filesystem::path& dir) {
-  const topology::NodeConfig* configured = config.impl().cluster.FindNode(options.node_id);
-  if (!configured) {
-    return Status::InvalidArgument("node '" + options.node_id + "' is not in " +
-                                   config.impl().cluster.source_file.string());
-  }
-  topology::NodeConfig node = *configured;
-  if (!options.checkpoint.empty()) {
-    if (options.checkpoint != "in-place" && options.checkpoint != "snapshot") {
-      return Status::InvalidArgument("NodeOptions::checkpoint = \"" + options.checkpoint +
-                                     "\": must be \"in-place\" or \"snapshot\"");
-    }
-    node.checkpoint = options.checkpoint == "snapshot" ? topology::CheckpointMode::kSnapshot
-                                                       : topology::CheckpointMode::kInPlace;
-  }
-  auto opened =
-      relay::OpenNodeCheckpoint(dir, node, codec::kDefaultPartitionBytes, options.apply_threads);
-  if (!opened.ok()) return opened.status().WithContext("checkpoint " + dir.string());
-  if (options.spool_dir.empty()) options.spool_dir = dir / apply::kStateDirName / "spool";
-  auto agent = StartAgent(config, std::move(options), std::move(opened->replica),
-                          /*on_gpus=*/false, std::move(opened->store));
+  auto agent = StartAgent(config, std::move(options), relay::NodeParts::Checkpoint(dir));
   if (!agent.ok()) return agent.status();
   return std::unique_ptr<Node>(new Node(std::make_unique<Impl>(Impl{std::move(*agent)})));
 }

@@ -9,6 +9,7 @@
 #include "relay/node_transports.h"
 #include "relay/producer.h"
 #include "relay/root.h"
+#include "relay/setup.h"
 
 namespace deltacast {
 namespace {
@@ -188,8 +189,8 @@ Result<std::unique_ptr<Root>> Root::Start(const Config& config, RootOptions opti
   const topology::ClusterConfig& cluster = config.impl().cluster;
   if (options.producers == 0) return Status::InvalidArgument("a root needs at least one producer");
   relay::RootOptions o;
-  ASSIGN_OR_RETURN(o.publish, api::TreePublishOptions(cluster, options.token, options.state_dir,
-                                                      options.keep_deltas));
+  ASSIGN_OR_RETURN(o.publish, relay::ConfiguredPublishOptions(
+                                  cluster, options.token, options.state_dir, options.keep_deltas));
   o.producers = options.producers;
   o.producer_address = options.producer_address.empty() ? relay::DefaultProducerAddress(cluster)
                                                         : options.producer_address;

@@ -3,9 +3,9 @@
 #include "api/internal.h"
 #include "codec/manifest.h"
 #include "quant/serving.h"
-#include "relay/configured_keys.h"
 #include "relay/fp8_delta.h"
 #include "relay/node_transports.h"
+#include "relay/setup.h"
 #include "relay/source.h"
 
 namespace deltacast {
@@ -35,23 +35,6 @@ PublishReport ToPublic(const relay::PublishReport& r) {
                          n.cpu_wait_seconds, n.disk_wait_seconds, n.pause_seconds, n.hold_seconds});
   }
   return out;
-}
-
-Result<relay::PublishOptions> TreePublishOptions(const topology::ClusterConfig& cluster,
-                                                 std::string token,
-                                                 const std::filesystem::path& state_dir,
-                                                 size_t keep_deltas) {
-  relay::PublishOptions publish;
-  publish.config = cluster;
-  publish.token = std::move(token);
-  ASSIGN_OR_RETURN(publish.signing_key, relay::LoadConfiguredSigningKey(cluster));
-  if (!state_dir.empty()) {
-    publish.decision_log = state_dir / "decisions.log";
-    publish.spool_dir = state_dir / "spool";
-    publish.history_dir = state_dir / "history";
-  }
-  publish.keep_deltas = keep_deltas;
-  return publish;
 }
 
 }  // namespace api
@@ -84,9 +67,9 @@ struct Source::Impl {
 
 Result<std::unique_ptr<Source>> Source::Start(const Config& config, SourceOptions options) {
   const topology::ClusterConfig& cluster = config.impl().cluster;
-  ASSIGN_OR_RETURN(
-      relay::PublishOptions publish,
-      api::TreePublishOptions(cluster, options.token, options.state_dir, options.keep_deltas));
+  ASSIGN_OR_RETURN(relay::PublishOptions publish,
+                   relay::ConfiguredPublishOptions(cluster, options.token, options.state_dir,
+                                                   options.keep_deltas));
   publish.codec.mode = options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
   publish.encode_threads = options.encode_threads;
   auto transport = relay::MakeNodeTransports(cluster, *cluster.Source());
@@ -145,9 +128,9 @@ Result<PublishReport> Source::PublishCheckpoints(const std::filesystem::path& ba
         impl_->options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
     encode.threads = impl_->options.encode_threads;
     encode.chunk_bytes = impl_->config.impl().cluster.tree.chunk_size;
-    ASSIGN_OR_RETURN(relay::PublishReport report,
-                     relay::PublishCheckpointsFp8(*impl_->source, base_dir, new_dir, description,
-                                                  encode));
+    ASSIGN_OR_RETURN(
+        relay::PublishReport report,
+        relay::PublishCheckpointsFp8(*impl_->source, base_dir, new_dir, description, encode));
     return api::ToPublic(report);
   }
   auto base = relay::OpenCheckpointVersion(base_dir, impl_->options.encode_threads);

@@ -7,16 +7,13 @@
 #include "apply/checkpoint_state.h"
 #include "apply/delta_file.h"
 #include "apply/replica.h"
+#include "common/elapsed.h"
 #include "common/parallel.h"
 
 namespace deltacast::apply {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 }  // namespace
 
 Result<DiffResult> DiffCheckpoints(const std::filesystem::path& base_dir,
@@ -43,7 +40,7 @@ Result<DiffResult> DiffCheckpoints(const std::filesystem::path& base_dir,
   ASSIGN_OR_RETURN(codec::Manifest new_manifest,
                    CheckpointState(new_dir).LoadOrComputeManifest(
                        **new_store, options.partition_bytes, threads));
-  result.manifest_seconds = SecondsSince(t0);
+  result.manifest_seconds = SecondsSince<Clock>(t0);
   result.identity = {base_manifest.VersionId(), new_manifest.VersionId(), options.partition_bytes};
 
   ASSIGN_OR_RETURN(auto writer, DeltaFileWriter::Create(out_file));

@@ -1,5 +1,5 @@
 // DiskSeam: the seam between the engine's files and a simulated disk. The engine
-// reports here what it does to files at the few places it writes, names or syncs
+// reports here what it does to files at the few places it writes, names, links or syncs
 // them (common/file_util.cc, relay/spool.cc, relay/delta_history.cc,
 // apply/checkpoint_*.cc, apply/safetensors.cc, apply/delta_file.cc, ...); the files
 // themselves stay real. With no disk installed (always, outside the simulator) every
@@ -32,6 +32,8 @@ class DiskSeam {
   // the same file, truncated if O_TRUNC).
   virtual void Created(const std::filesystem::path& path) = 0;
   virtual void Renamed(const std::filesystem::path& from, const std::filesystem::path& to) = 0;
+  // `to` was made a hard link to `from`: a second name for the same file.
+  virtual void Linked(const std::filesystem::path& from, const std::filesystem::path& to) = 0;
   // A file, or a directory and everything in it, was unlinked.
   virtual void Removed(const std::filesystem::path& path) = 0;
   // The bytes [offset, offset + length) of the file are on disk (msync of a range).
@@ -57,6 +59,9 @@ inline void Created(const std::filesystem::path& path) {
 }
 inline void Renamed(const std::filesystem::path& from, const std::filesystem::path& to) {
   if (DiskSeam* d = SimDisk()) d->Renamed(from, to);
+}
+inline void Linked(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (DiskSeam* d = SimDisk()) d->Linked(from, to);
 }
 inline void Removed(const std::filesystem::path& path) {
   if (DiskSeam* d = SimDisk()) d->Removed(path);

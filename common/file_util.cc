@@ -117,6 +117,7 @@ Status FsyncFile(const std::filesystem::path& path) {
 Status LinkOrCopyDurably(const std::filesystem::path& from, const std::filesystem::path& to) {
   std::error_code ec;
   std::filesystem::create_hard_link(from, to, ec);
+  if (!ec) disk::Linked(from, to);
   if (ec) {
     ec.clear();
     std::filesystem::copy_file(from, to, ec);

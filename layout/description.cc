@@ -4,11 +4,8 @@
 #include <span>
 #include <string>
 
-// toml++ reports syntax errors by throwing toml::parse_error; they are caught in
-// ParseLayout and never leave this file.
-#include <toml++/toml.h>
-
 #include "common/file_util.h"
+#include "common/toml_text.h"
 
 namespace deltacast::layout {
 namespace {
@@ -27,37 +24,18 @@ constexpr std::string_view kTensorKeys[] = {"local", "kind",  "canonical", "valu
                                             "pad",   "split", "expert",    "block"};
 constexpr std::string_view kFlatKeys[] = {"local", "dtype", "params", "align"};
 
-int LineOf(const toml::node& node) { return static_cast<int>(node.source().begin.line); }
+using toml_text::LineOf;
 std::string Quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }
-
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
 
 class Parser {
  public:
-  explicit Parser(std::string_view source) : source_(source) {}
+  explicit Parser(std::string_view source) : reader_(source) {}
 
-  Status Error(int line, std::string_view message) const {
-    std::string where = source_;
-    if (line > 0) where += ":" + std::to_string(line);
-    return Status::InvalidArgument(where + ": " + std::string(message));
-  }
+  Status Error(int line, std::string_view message) const { return reader_.Error(line, message); }
 
   Result<LayoutDescription> Parse(const toml::table& root) {
     LayoutDescription d;
-    d.source = source_;
+    d.source = reader_.source();
     RETURN_IF_ERROR(CheckKeys(root, "the top level", kTopKeys));
     ASSIGN_OR_RETURN(const toml::table* layout, Table(root, "layout", true));
     RETURN_IF_ERROR(CheckKeys(*layout, "[layout]", kLayoutKeys));
@@ -99,28 +77,7 @@ class Parser {
  private:
   Status CheckKeys(const toml::table& table, std::string_view where,
                    std::span<const std::string_view> known) const {
-    for (auto&& [key, value] : table) {
-      const std::string_view name = key.str();
-      if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-      std::string message = "unknown key " + Quoted(name) + " in " + std::string(where);
-      std::string_view best;
-      size_t best_distance = 3;
-      for (std::string_view k : known) {
-        if (const size_t dist = EditDistance(name, k); dist < best_distance) {
-          best_distance = dist;
-          best = k;
-        }
-      }
-      if (!best.empty()) {
-        message += " (did you mean " + Quoted(best) + "?)";
-      } else {
-        message += " (known keys:";
-        for (std::string_view k : known) message += " " + std::string(k);
-        message += ")";
-      }
-      return Error(static_cast<int>(key.source().begin.line), message);
-    }
-    return Status::Ok();
+    return reader_.CheckKeys(table, where, known);
   }
 
   Result<const toml::table*> Table(const toml::table& root, std::string_view key,
@@ -439,7 +396,7 @@ class Parser {
     return f;
   }
 
-  std::string source_;
+  toml_text::Reader reader_;
 };
 
 }  // namespace
@@ -498,15 +455,7 @@ std::string LayoutDescription::RankName() const {
 }
 
 Result<LayoutDescription> ParseLayout(std::string_view toml_text, std::string_view source_name) {
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, source_name);
-  } catch (const toml::parse_error& e) {
-    const auto& begin = e.source().begin;
-    return Status::InvalidArgument(std::string(source_name) + ":" + std::to_string(begin.line) +
-                                   ":" + std::to_string(begin.column) +
-                                   ": TOML syntax error: " + std::string(e.description()));
-  }
+  ASSIGN_OR_RETURN(const toml::table root, toml_text::Reader(source_name).Parse(toml_text));
   return Parser(source_name).Parse(root);
 }
 

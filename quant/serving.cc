@@ -6,11 +6,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-// toml++ reports syntax errors by throwing toml::parse_error; they are caught in
-// ParseServing and never leave this file.
-#include <toml++/toml.h>
 
 #include "common/file_util.h"
+#include "common/toml_text.h"
 
 namespace deltacast::quant {
 namespace {
@@ -35,17 +33,15 @@ std::string Quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 class Parser {
  public:
-  explicit Parser(std::string_view source) : source_(source) {}
+  explicit Parser(std::string_view source) : reader_(source) {}
 
   Status Error(const toml::node* at, std::string_view message) const {
-    std::string where = source_;
-    if (at != nullptr) where += ":" + std::to_string(at->source().begin.line);
-    return Status::InvalidArgument(where + ": " + std::string(message));
+    return reader_.Error(at != nullptr ? toml_text::LineOf(*at) : 0, message);
   }
 
   Result<ServingDescription> Parse(const toml::table& root) {
     ServingDescription d;
-    d.source = source_;
+    d.source = reader_.source();
     for (auto&& [key, value] : root) {
       if (key.str() != "serving") {
         return Error(&value, "unknown table " + Quoted(key.str()) +
@@ -55,13 +51,7 @@ class Parser {
     }
     const toml::table* serving = root["serving"].as_table();
     if (serving == nullptr) return Error(nullptr, "missing required table [serving]");
-    for (auto&& [key, value] : *serving) {
-      if (std::find(std::begin(kServingKeys), std::end(kServingKeys), key.str()) ==
-          std::end(kServingKeys)) {
-        return Error(&value, "unknown key " + Quoted(key.str()) +
-                                 " in [serving] (known keys: scheme, quantize, not_converted)");
-      }
-    }
+    RETURN_IF_ERROR(reader_.CheckKeys(*serving, "[serving]", kServingKeys));
     const toml::node* scheme = serving->get("scheme");
     if (scheme == nullptr) return Error(serving, "[serving] is missing required key 'scheme'");
     if (!scheme->is_string()) return Error(scheme, "[serving] scheme must be a string");
@@ -101,7 +91,7 @@ class Parser {
     return out;
   }
 
-  std::string source_;
+  toml_text::Reader reader_;
 };
 
 std::string ModuleOf(const std::string& tensor) {
@@ -118,14 +108,7 @@ Result<ServingDescription> ParseServing(std::string_view toml_text, std::string_
   if (toml_text.size() > kMaxServingBytes) {
     return Status::InvalidArgument(std::string(source_name) + ": larger than 1 MiB");
   }
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, source_name);
-  } catch (const toml::parse_error& e) {
-    return Status::InvalidArgument(std::string(source_name) + ":" +
-                                   std::to_string(e.source().begin.line) + ": " +
-                                   std::string(e.description()));
-  }
+  ASSIGN_OR_RETURN(const toml::table root, toml_text::Reader(source_name).Parse(toml_text));
   return Parser(source_name).Parse(root);
 }
 

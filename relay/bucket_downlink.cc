@@ -25,9 +25,9 @@
 #include "relay/event_loop.h"
 #include "relay/internal/bucket_io.h"
 #include "relay/internal/poll_backoff.h"
-#include "relay/refit_children.h"
 #include "relay/replay.h"
 #include "relay/spool.h"
+#include "relay/subtree.h"
 #include "topology/tree_plan.h"
 #include "transport/transport_set.h"
 
@@ -42,7 +42,10 @@ class BucketDownlink::Impl {
       : options_(std::move(options)),
         plan_(std::move(plan)),
         self_(*plan_.Find(options_.node_id)),
-        children_(self_.children),
+        subtree_(self_.children,
+                 {options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
+                  "bucket downlink " + options_.node_id + ": "},
+                 SubtreeOwner()),
         transport_(std::move(transport)),
         layout_(options_.prefix, options_.node_id),
         spool_dir_(options_.spool_dir, "downlink", options_.node_id),
@@ -125,11 +128,11 @@ class BucketDownlink::Impl {
   Downstream::Events DownstreamEvents() {
     Downstream::Events e;
     e.joined = [this](const std::string& child, const Hello& hello) {
-      children_.Joined(child, false, Clock::now());
+      subtree_.Joined(child, false, Clock::now());
       OnJoined(child, hello);
     };
     e.lost = [this](const std::string& child, const Status&) {
-      children_.Lost(child, Clock::now());
+      subtree_.Lost(child, Clock::now());
     };
     e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
       OnChildMessage(child, type, bytes);
@@ -151,8 +154,7 @@ class BucketDownlink::Impl {
     if (!polling_head_ && now >= next_head_poll_) PollHead(now);
     if (!refit_) return;
     Refit& r = *refit_;
-    if (children_.streaming()) TimeAbsentChildren(now);
-    if (children_.deciding() && !children_.GiveUpOnAway(now).empty()) MaybeOutcome();
+    subtree_.Tick(now);
     if (r.frontier && !r.probe_seq && now >= r.next_chunk_poll) {
       r.frontier = false;  // a new round of "is it there yet?"
       r.probe = true;
@@ -211,7 +213,7 @@ class BucketDownlink::Impl {
     io_.Count([](BucketBridgeStats& s) { ++s.refits; });
     log::Info(fmt::format("bucket downlink {}: refit {} begins: {} -> {}", options_.node_id, id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
-    children_.BeginRefit(Clock::now());
+    subtree_.BeginRefit(id, Clock::now());
     downstream_.BeginRefit(id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
     Pump();
@@ -413,8 +415,7 @@ class BucketDownlink::Impl {
                           *type == MessageType::kCommit ? "COMMIT" : "ABORT"));
     if (*type == MessageType::kAbort) downstream_.DropQueued();
     downstream_.Broadcast(r.decision_message);
-    children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
-                      options_.config.tree.connect_timeout);
+    subtree_.Decided(Clock::now());
     MaybeOutcome();  // every child may be excused
   }
 
@@ -423,14 +424,17 @@ class BucketDownlink::Impl {
   void OnJoined(const std::string& child, const Hello& hello) {
     if (!refit_) return;
     const Refit& r = *refit_;
-    if (hello.active_version == r.begin.target_version && hello.inflight_target.IsZero() &&
-        r.decision == MessageType::kCommit) {
-      return downstream_.Requeue(child, {Downstream::Outgoing::Control(r.decision_message)});
+    std::optional<bool> committed;
+    if (r.decision) committed = r.decision == MessageType::kCommit;
+    switch (subtree_.Rejoined(child, hello, r.begin.target_version, committed)) {
+      case Subtree::Rejoin::kDecisionAgain:
+        return downstream_.Requeue(child, {Downstream::Outgoing::Control(r.decision_message)});
+      case Subtree::Rejoin::kNothing:
+        return;
+      case Subtree::Rejoin::kReplay:
+        break;
     }
-    if (r.decision == MessageType::kAbort && hello.inflight_target != r.begin.target_version)
-      return;
     Replay replay = ReplayFor(hello, r.begin, r.spool.get(), r.decision_message);
-    if (!r.decision) children_.Rejoined(child);  // it prepares again
     log::Info(fmt::format("bucket downlink {}: child {} joined during refit {}: {} chunks queued",
                           options_.node_id, child, r.id, replay.chunks));
     downstream_.Requeue(child, std::move(replay.messages));
@@ -458,60 +462,36 @@ class BucketDownlink::Impl {
       case MessageType::kPrepared: {
         auto p = ParsePrepared(bytes);
         if (!p.ok() || p->refit_id != r.id) return;
-        children_.Prepared(child, p->nodes);
-        return MaybePrepared();
+        return subtree_.OnPrepared(child, p->nodes);
       }
       case MessageType::kFailed: {
         auto f = ParseFailed(bytes);
-        if (!f.ok() || f->refit_id != r.id) return;
-        if (Available() && f->node_id == child && children_.streaming() &&
-            f->kind == FailureKind::kNode) {
-          // As a node does: the version goes on without it and its subtree.
-          log::Warn(fmt::format(
-              "bucket downlink {}: child {} cannot reach the target ({}); refit {} goes on "
-              "without it (commit policy available)",
-              options_.node_id, child, log::Escape(f->reason), r.id));
-          Excuse(child);
-          return MaybePrepared();
-        }
-        return WriteFailed(*f);
+        if (f.ok() && f->refit_id == r.id) subtree_.OnFailed(child, *f);
+        return;
       }
       case MessageType::kCommitted:
       case MessageType::kAborted: {
         auto o = ParseOutcome(bytes);
         if (!o.ok() || o->refit_id != r.id || !r.decision) return;
-        children_.Confirmed(child, o->nodes, o->pauses);
-        return MaybeOutcome();
+        return subtree_.OnConfirmed(child, o->nodes, o->pauses);
       }
       default:
         return;
     }
   }
 
-  bool Available() const {
-    return options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable;
-  }
-
-  void Excuse(const std::string& child) {
-    children_.Excuse(child);
-    downstream_.Excuse(child);
-  }
-
-  // Streaming: a child away longer than the connect timeout is left out of the
-  // refit (policy `available`) or fails it (policy `all`), as at a node.
-  void TimeAbsentChildren(Clock::time_point now) {
-    Refit& r = *refit_;
-    for (const auto& child : children_.AwayLongerThan(now, options_.config.tree.connect_timeout)) {
-      if (Available() || r.failed_written) {
-        log::Warn(fmt::format("bucket downlink {}: child {} is away; refit {} goes on without it",
-                              options_.node_id, child, r.id));
-        Excuse(child);
-        MaybePrepared();
-        continue;
-      }
-      WriteFailed(Failed{r.id, child,
-                         "child '" + child + "' has been away longer than the connect timeout"});
-    }
+  // The parent half of the commit is the Subtree's; the downlink acts on what it
+  // reports, as a node does.
+  Subtree::Owner SubtreeOwner() {
+    Subtree::Owner owner;
+    owner.leave_out = [this](const std::string& child) { downstream_.Excuse(child); };
+    owner.fail = [this](const Failed& f, const std::string&) { WriteFailed(f); };
+    owner.changed = [this] {
+      if (!refit_) return;
+      if (subtree_.streaming()) return MaybePrepared();
+      if (subtree_.deciding()) MaybeOutcome();
+    };
+    return owner;
   }
 
   // One PREPARED for every node below once no child is awaited. If every child was
@@ -519,13 +499,13 @@ class BucketDownlink::Impl {
   // source excuses in turn under policy `available`.
   void MaybePrepared() {
     Refit& r = *refit_;
-    if (r.prepared_written || r.failed_written || children_.AwaitingPrepared() > 0) return;
-    if (children_.reports().empty()) {
+    if (r.prepared_written || r.failed_written || !subtree_.prepared()) return;
+    if (subtree_.reports().empty()) {
       return WriteFailed(Failed{r.id, options_.node_id,
                                 "no node below bridge '" + options_.node_id +
                                     "' takes part (every child away or failed)"});
     }
-    Prepared all{r.id, children_.reports()};
+    Prepared all{r.id, subtree_.reports()};
     r.prepared_written = true;
     r.control_backoff.Reset(Clock::now());  // the decision is next
     log::Info(fmt::format("bucket downlink {}: refit {}: prepared ({} nodes)", options_.node_id,
@@ -537,6 +517,7 @@ class BucketDownlink::Impl {
     Refit& r = *refit_;
     if (r.failed_written || r.decision) return;  // after PREPARED too, as a node
     r.failed_written = true;
+    subtree_.FailedHere();
     r.control_backoff.Reset(Clock::now());  // an ABORT is next
     io_.Put(layout_.Failed(r.id), transport::MakeMessage(EncodeFailed(f)), {}, &loop_);
   }
@@ -545,7 +526,7 @@ class BucketDownlink::Impl {
   // one learns the decision when it is back).
   void MaybeOutcome() {
     Refit& r = *refit_;
-    if (!r.decision || r.outcome_written || children_.AwaitingConfirmation() > 0) return;
+    if (!r.decision || r.outcome_written || !subtree_.confirmed()) return;
     const MessageType type =
         *r.decision == MessageType::kCommit ? MessageType::kCommitted : MessageType::kAborted;
     r.outcome_written = true;
@@ -553,10 +534,10 @@ class BucketDownlink::Impl {
     // the uplink can read the outcome and the source report the refit.
     io_.Run([this, id = r.id,
              body = transport::MakeMessage(
-                 EncodeOutcome(type, {r.id, children_.confirmed_nodes(), children_.pauses()}))] {
+                 EncodeOutcome(type, {r.id, subtree_.confirmed_nodes(), subtree_.pauses()}))] {
       if (io_.PutNow(layout_.Outcome(id), *body)) io_.EndRefit(id);
     });
-    children_.EndRefit();
+    subtree_.EndRefit();
     head_backoff_.Reset(Clock::now());  // a next refit may follow at once
   }
 
@@ -619,7 +600,7 @@ class BucketDownlink::Impl {
   BucketBridgeOptions options_;
   const topology::TreePlan plan_;
   const topology::PlannedNode self_;
-  RefitChildren children_;  // loop thread
+  Subtree subtree_;  // loop thread
   std::unique_ptr<transport::Transport> transport_;
   const objstore::BucketLayout layout_;
   std::string listen_address_;

@@ -3,17 +3,11 @@
 #include <fmt/core.h>
 
 #include "codec/chunk.h"
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
 
 namespace deltacast::relay {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(RuntimeClock::now() - t).count();
-}
-
-}  // namespace
 
 CatchUp::CatchUp(std::string node_id, ParentLink& parent, UpRequests& requests, NodeStore& store,
                  const NodeStore::Journal& journal, std::function<void(const Result&)> finished)

@@ -51,7 +51,10 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
       downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
                   Downstream::LimitsFrom(options_.config.limits)),
       parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()),
-      children_(self_.children),
+      subtree_(self_.children,
+               {options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
+                options_.node_id + ": "},
+               SubtreeOwner()),
       requests_(parent_, downstream_),
       catch_up_(options_.node_id, parent_, requests_, store_, journal_,
                 [this](const CatchUp::Result& r) { OnCatchUpFinished(r); }),
@@ -160,7 +163,7 @@ Downstream::Events NodeAgent::Impl::DownstreamEvents() {
   e.joined = [this](const std::string& child, const Hello& hello) { OnChildJoined(child, hello); };
   e.lost = [this](const std::string& child, const Status&) { OnChildLost(child); };
   e.refused = [this](const std::string& child, const std::string& reason) {
-    child_refusals_[child] = reason;
+    subtree_.Refused(child, reason);
   };
   e.message = [this](const std::string& child, MessageType type, ByteSpan m) {
     OnChildMessage(child, type, m);
@@ -260,14 +263,7 @@ void NodeAgent::Impl::OnParentMessage(MessageType type, const transport::Message
 // than the connect timeout does FAILED go up (Tick).
 void NodeAgent::Impl::OnChildLost(const std::string& child) {
   child_holds_.erase(child);
-  const bool adopted = children_.IsAdopted(child);
-  children_.Lost(child, Clock::now());
-  if (!adopted || !refit_) return;
-  // Not ours to wait for: the refit may now prepare or, decided, report its outcome
-  // (else a relay whose last awaited confirmation was an adopted child's that died
-  // waited its commit timeout: the simulator's seeds 3684, 12423).
-  MaybePrepared();
-  if (refit_) MaybeOutcome();
+  subtree_.Lost(child, Clock::now());
 }
 
 void NodeAgent::Impl::OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes) {
@@ -363,12 +359,11 @@ void NodeAgent::Impl::Tick() {
     if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active()) recovery_.Start();
   }
   if (!refit_) return;
-  if (refit_->phase == Phase::kStreaming) TimeAbsentChildren(now);
-  if (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting) {
-    GiveUpOnAwayChildren(now);
+  subtree_.Tick(now);
+  if (refit_ && (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting)) {
     if (refit_->local_outcome_done && now - refit_->decided > options_.config.tree.commit_timeout) {
       log::Warn(fmt::format("{}: refit {}: {} children did not confirm the decision in time",
-                            options_.node_id, refit_->id, children_.AwaitingConfirmation()));
+                            options_.node_id, refit_->id, subtree_.AwaitingConfirmation()));
       ReportOutcome();
     }
   }

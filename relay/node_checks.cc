@@ -68,11 +68,6 @@ void NodeAgent::Impl::OnParentVersion(ByteSpan bytes) {
                      });
 }
 
-std::string NodeAgent::Impl::AbsenceOf(const std::string& child) const {
-  auto it = child_refusals_.find(child);
-  return it == child_refusals_.end() ? "" : " (its last attempt was refused: " + it->second + ")";
-}
-
 Result<NodeStore::Check> NodeAgent::Impl::Verify() {
   if (stopped_) return Status::FailedPrecondition("the node is stopped");
   auto result = std::make_shared<std::promise<Result<NodeStore::Check>>>();

@@ -29,10 +29,10 @@
 #include "relay/node_store.h"
 #include "relay/parent_link.h"
 #include "relay/protocol.h"
-#include "relay/refit_children.h"
 #include "relay/rollback.h"
 #include "relay/spool.h"
 #include "relay/store_recovery.h"
+#include "relay/subtree.h"
 #include "relay/up_requests.h"
 #include "topology/tree_plan.h"
 
@@ -55,7 +55,7 @@ class NodeAgent::Impl {
  private:
   enum class Phase { kStreaming, kCommitting, kAborting, kDone };
 
-  // One refit as this node sees it. Its children's part is in children_.
+  // One refit as this node sees it. Its children's part is in subtree_.
   struct Refit {
     uint64_t id = 0;
     Begin begin;
@@ -67,7 +67,6 @@ class NodeAgent::Impl {
     bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
     bool prepared_sent = false;
     bool failed_sent = false;
-    std::string failed_child;  // the child whose FAILED this node passed up
     // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
     // as the link it went on may have dropped before it arrived.
     std::optional<Failed> failed;
@@ -129,7 +128,6 @@ class NodeAgent::Impl {
   // child's differs).
   void TellVersion(const std::string& child, const Hello& hello);
   // Why `child` is not here, for a FAILED: the refusal of its last HELLO, if any.
-  std::string AbsenceOf(const std::string& child) const;
   void OnChildLost(const std::string& child);
   void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes);
   void OnChildFetch(const std::string& child, ByteSpan bytes);
@@ -153,7 +151,7 @@ class NodeAgent::Impl {
   void OnChildPrepared(const std::string& child, ByteSpan bytes);
   void OnChildFailed(const std::string& child, ByteSpan bytes);
   void OnChildJoined(const std::string& child, const Hello& hello);
-  void TimeAbsentChildren(Clock::time_point now);
+  Subtree::Owner SubtreeOwner();
 
   // node_outcome.cc: decisions and outcome.
   void OnDecision(MessageType type, ByteSpan bytes);
@@ -169,7 +167,6 @@ class NodeAgent::Impl {
   void StartAbort();
   void OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version);
   void OnChildConfirmed(const std::string& child, ByteSpan bytes);
-  void GiveUpOnAwayChildren(Clock::time_point now);
   void MaybeOutcome();
   void ReportOutcome();
 
@@ -200,8 +197,7 @@ class NodeAgent::Impl {
   uint64_t recovery_tried_for_ = 0;  // the BEGIN a recovery was last started for
   NodeStore::Journal journal_;       // the replica's journal, mirrored
   Claimed claimed_;
-  JoinCheck join_;                                     // what joining the parent found
-  std::map<std::string, std::string> child_refusals_;  // the last refused HELLO of each child
+  JoinCheck join_;  // what joining the parent found
   // What each connected child's HELLO said it holds: (active version, delta in flight).
   std::map<std::string, std::pair<Digest128, Digest128>> child_holds_;
   std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
@@ -220,7 +216,7 @@ class NodeAgent::Impl {
   NodeStore store_;
   Downstream downstream_;
   ParentLink parent_;
-  RefitChildren children_;
+  Subtree subtree_;
   UpRequests requests_;
   CatchUp catch_up_;
   Rollback rollback_;

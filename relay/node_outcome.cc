@@ -65,7 +65,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
       // A repeated COMMIT: confirm again.
       parent_.Send(EncodeOutcome(MessageType::kCommitted,
-                                 {d->refit_id, 1 + children_.confirmed_nodes(), {}}));
+                                 {d->refit_id, 1 + subtree_.confirmed_nodes(), {}}));
       return;
     }
     if (!refit_ || refit_->id != d->refit_id) {
@@ -86,16 +86,15 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       // Our children's links died with our previous life: one that is not back
       // within the time a child keeps trying us has failed over (and confirmed
       // there) or is down, and learns the decision when it is back.
-      children_.BeginRefit(Clock::now());
-      children_.Decided(Clock::now(), ParentLink::kFailoverAfter,
-                        options_.config.tree.connect_timeout);
+      subtree_.BeginRefit(d->refit_id, Clock::now());
+      subtree_.Decided(Clock::now(), ParentLink::kFailoverAfter);
       // A child that joined before this refit was known again and holds neither its
       // delta nor its target (adopted from a parent that never had the refit, say)
       // ignores the COMMIT: not waited for, as when it joins after (OnChildJoined).
       // Else the refit waited until it left (the simulator's seed 18830: 9.8 s).
       for (const auto& [child, holds] : child_holds_) {
         if (holds.first != d->target_version && holds.second != d->target_version) {
-          children_.Excuse(child);
+          subtree_.Excuse(child);
         }
       }
       MaybeOutcome();
@@ -135,16 +134,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // Replayed right behind the chunks we lacked: decide once they are applied.
     if (r.end_received) {
       r.pending_decision = type;
-      if (!r.failed_child.empty()) {
-        // A child could not take part and this node said so, but the refit
-        // committed above all the same (a replay to a node back from a crash): the
-        // child is not waited for (it catches up later); this node prepares and
-        // commits without it. Else its parent, decided, ignores the FAILED it
-        // passed up and waits its commit timeout (the simulator's seed 12141).
-        children_.Excuse(r.failed_child);
-        downstream_.Excuse(r.failed_child);
-        MaybePrepared();
-      }
+      subtree_.CommitWaitsForThisNode();
       return;
     }
     // Every chunk the parent sends comes before its decision, and the END did not:
@@ -169,8 +159,7 @@ void NodeAgent::Impl::CommitByCatchingUp(const Decision& d, transport::Message m
   r.resolution = true;  // a child that rejoins is sent the decision, not the delta
   downstream_.DropQueued();
   downstream_.Broadcast(message);
-  children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
-                    options_.config.tree.connect_timeout);
+  subtree_.Decided(Clock::now());
   store_.DropRefit();  // the catch-up resumes the delta
   if (!catch_up_.active()) return catch_up_.Start(d.target_version, r.id, /*resolving=*/true);
   catch_up_.Resolves(r.id);
@@ -192,9 +181,8 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   refit_->decision_message = message;
   downstream_.DropQueued();
   downstream_.Broadcast(message);
-  children_.BeginRefit(Clock::now());
-  children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
-                    options_.config.tree.connect_timeout);
+  subtree_.BeginRefit(d.refit_id, Clock::now());
+  subtree_.Decided(Clock::now());
   const uint64_t id = d.refit_id;
   if (type == MessageType::kCommit && !journal_.prepared) {
     // It committed without us: reach it by fetching what differs.
@@ -221,8 +209,7 @@ void NodeAgent::Impl::Decide(MessageType type) {
   r.phase = Phase::kCommitting;
   r.decided = Clock::now();
   downstream_.Broadcast(DecisionFor(MessageType::kCommit));
-  children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
-                    options_.config.tree.connect_timeout);
+  subtree_.Decided(Clock::now());
   if (r.local_prepared)
     r.hold_seconds = std::chrono::duration<double>(r.decided - r.prepared_at).count();
   const uint64_t id = r.id;
@@ -240,8 +227,7 @@ void NodeAgent::Impl::StartAbort() {
   r.decided = Clock::now();
   downstream_.DropQueued();
   downstream_.Broadcast(DecisionFor(MessageType::kAbort));
-  children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
-                    options_.config.tree.connect_timeout);
+  subtree_.Decided(Clock::now());
   rollback_.Start(r.id, r.spool);
 }
 
@@ -267,18 +253,7 @@ void NodeAgent::Impl::OnChildConfirmed(const std::string& child, ByteSpan bytes)
   if (!refit_) return;
   auto o = ParseOutcome(bytes);
   if (!o.ok() || o->refit_id != refit_->id) return;
-  children_.Confirmed(child, o->nodes, o->pauses);
-  MaybeOutcome();
-}
-
-void NodeAgent::Impl::GiveUpOnAwayChildren(Clock::time_point now) {
-  const auto gone = children_.GiveUpOnAway(now);
-  for (const auto& child : gone) {
-    log::Warn(
-        fmt::format("{}: child {} is away; it learns the decision of refit {} when it is back",
-                    options_.node_id, child, refit_->id));
-  }
-  if (!gone.empty()) MaybeOutcome();
+  subtree_.OnConfirmed(child, o->nodes, o->pauses);
 }
 
 void NodeAgent::Impl::MaybeOutcome() {
@@ -286,8 +261,7 @@ void NodeAgent::Impl::MaybeOutcome() {
   if (!r.local_outcome_done || r.phase == Phase::kDone) return;
   // The next refit's BEGIN is waiting: the parent has moved on (see OnBegin).
   if (!deferred_begin_.empty()) return ReportOutcome();
-  if (children_.AwaitingConfirmation() > 0 &&
-      !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
+  if (!subtree_.confirmed() && !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
     return;
   }
   ReportOutcome();
@@ -299,7 +273,7 @@ void NodeAgent::Impl::ReportOutcome() {
   const bool committed = r.phase == Phase::kCommitting;
   committed_last_ = committed;
   r.phase = Phase::kDone;
-  children_.EndRefit();
+  subtree_.EndRefit();
   // Counted before the parent hears it, so stats() agrees with what the source reports.
   const NodeAgentStats s = [&] {
     std::lock_guard lock(stats_mu_);
@@ -310,7 +284,7 @@ void NodeAgent::Impl::ReportOutcome() {
     return stats_;
   }();
   if (r.outcome_error.ok()) {
-    Outcome outcome{r.id, 1 + children_.confirmed_nodes(), children_.pauses()};
+    Outcome outcome{r.id, 1 + subtree_.confirmed_nodes(), subtree_.pauses()};
     outcome.pauses.push_back({options_.node_id, r.pause_seconds, r.hold_seconds});
     parent_.Send(
         EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, outcome));

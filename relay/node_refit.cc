@@ -6,19 +6,13 @@
 
 #include "codec/chunk.h"
 #include "common/crash_point.h"
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
 #include "relay/node_impl.h"
 #include "relay/replay.h"
 
 namespace deltacast::relay {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(RuntimeClock::now() - t).count();
-}
-
-}  // namespace
 
 void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   auto begin = ParseBegin(bytes);
@@ -48,7 +42,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     } else {
       // We committed this refit (with our whole subtree) before our parent
       // restarted: more than prepared; say so, and confirm when it commits.
-      Prepared prepared{refit_->id, children_.reports()};
+      Prepared prepared{refit_->id, subtree_.reports()};
       prepared.nodes.push_back({options_.node_id, refit_->chunk_bytes, SecondsSince(refit_->start),
                                 refit_->partitions_applied});
       parent_.Send(EncodePrepared(prepared));
@@ -62,7 +56,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     // waiting longer would only hold this one up: report what we have.
     log::Info(fmt::format("{}: refit {} begins; reporting refit {} without {} confirmations",
                           options_.node_id, begin->refit_id, refit_->id,
-                          children_.AwaitingConfirmation()));
+                          subtree_.AwaitingConfirmation()));
     ReportOutcome();
   }
   if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
@@ -177,7 +171,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   // a relay restarted mid-delta whose child rejoined it first ended the refit one
   // chunk short.
   if (holds_delta && refit_->spool) downstream_.QueueHeld(HeldChunks(*begin, refit_->spool));
-  children_.BeginRefit(Clock::now());
+  subtree_.BeginRefit(refit_->id, Clock::now());
   const uint64_t id = refit_->id;
   store_.BeginRefit(id, refit_->identity, begin->manifest_digest, refit_->spool,
                     [this, id](const Status& status) {
@@ -273,11 +267,19 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
     if (refit_ && refit_->id == id) parent_.Send(EncodeCredit({1, id}));
   };
   // Forward first: the children need nothing of this node's (spool, fsync, apply)
-  // to use a verified chunk, so none of it adds to the latency of a hop.
-  downstream_.BroadcastChunk(
-      message,
-      {header->identity.target_version, header->sequence, header->kind == codec::ChunkKind::kData},
-      release);
+  // to use a verified chunk, so none of it adds to the latency of a hop. Not once the
+  // refit is decided here (a replay to this node after it rejoined): its children
+  // were sent the decision, one that rejoins is replayed from this node's spool, and
+  // forwarding would only send them what they had, down every hop below (the
+  // simulator's seed 6628).
+  if (r.phase == Phase::kStreaming) {
+    downstream_.BroadcastChunk(message,
+                               {header->identity.target_version, header->sequence,
+                                header->kind == codec::ChunkKind::kData},
+                               release);
+  } else {
+    release();
+  }
   bool spooled = true;
   if (r.spool) {
     // Into the page cache here; the apply worker makes it durable before the
@@ -381,15 +383,16 @@ void NodeAgent::Impl::SendFailed(const Failed& failed) {
   if (refit_->failed_sent && (!own || refit_->failed->node_id == options_.node_id)) return;
   refit_->failed_sent = true;
   refit_->failed = failed;
+  subtree_.FailedHere();
   parent_.Send(EncodeFailed(failed));
 }
 
 void NodeAgent::Impl::MaybePrepared() {
   Refit& r = *refit_;
   if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
-  if (children_.AwaitingPrepared() > 0 && r.phase == Phase::kStreaming) return;
+  if (!subtree_.prepared() && r.phase == Phase::kStreaming) return;
   r.prepared_sent = true;
-  Prepared prepared{r.id, children_.reports()};
+  Prepared prepared{r.id, subtree_.reports()};
   NodeReport self{options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied};
   self.receive_seconds = r.receive_seconds;
   self.check_seconds = r.check_seconds + r.finish_seconds;
@@ -413,69 +416,26 @@ void NodeAgent::Impl::OnChildPrepared(const std::string& child, ByteSpan bytes) 
   if (!refit_) return;
   auto p = ParsePrepared(bytes);
   if (!p.ok() || p->refit_id != refit_->id) return;
-  children_.Prepared(child, p->nodes);
-  MaybePrepared();
+  subtree_.OnPrepared(child, p->nodes);
 }
 
 void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
   if (!refit_) return;
-  Refit& r = *refit_;
   auto f = ParseFailed(bytes);
-  if (!f.ok() || f->refit_id != r.id) return;
-  if (f->node_id == child && r.phase != Phase::kStreaming) {
-    // Decided already: its confirmation will not come (as at the source).
-    log::Warn(fmt::format("{}: child {} cannot reach the decided target ({}); not waiting for it",
-                          options_.node_id, child, log::Escape(f->reason)));
-    children_.Excuse(child);
-    return MaybeOutcome();
-  }
-  if (f->node_id == child && r.pending_decision == MessageType::kCommit) {
-    // Decided up the tree, the COMMIT waiting for this node to prepare (a replay
-    // after a restart): the child cannot take part, and FAILED sent up would fail
-    // nothing there; the refit goes on without it, which catches up later.
-    log::Warn(fmt::format("{}: child {} cannot reach the committed target ({}); not waiting for it",
-                          options_.node_id, child, log::Escape(f->reason)));
-    children_.Excuse(child);
-    downstream_.Excuse(child);
-    return MaybePrepared();
-  }
-  if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
-      f->node_id == child && r.phase == Phase::kStreaming && f->kind == FailureKind::kNode) {
-    // Like an absent child: the version goes on without it (and its subtree), which
-    // catches up at a later refit. Its own log says why it failed.
-    log::Warn(
-        fmt::format("{}: child {} cannot reach the target ({}); refit {} goes on "
-                    "without it (commit policy available)",
-                    options_.node_id, child, log::Escape(f->reason), r.id));
-    children_.Excuse(child);
-    downstream_.Excuse(child);
-    return MaybePrepared();
-  }
-  if (f->node_id == child) r.failed_child = child;
-  SendFailed(*f);
+  if (f.ok() && f->refit_id == refit_->id) subtree_.OnFailed(child, *f);
 }
 
-// Streaming: a child away longer than the connect timeout fails the refit here
-// (policy `all`), or is left out of it (policy `available`, or once the refit
-// failed here anyway: chunks queued for it would only hold our parent's credit).
-void NodeAgent::Impl::TimeAbsentChildren(Clock::time_point now) {
-  Refit& r = *refit_;
-  for (const auto& child : children_.AwayLongerThan(now, options_.config.tree.connect_timeout)) {
-    if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable || r.failed_sent) {
-      // It does not block the version: it catches up from our spool when it is
-      // back (OnChildJoined replays the refit and its decision).
-      log::Warn(fmt::format(
-          "{}: child {} is away; refit {} goes on without it ({})", options_.node_id, child, r.id,
-          r.failed_sent ? "the refit failed here anyway" : "commit policy available"));
-      children_.Excuse(child);
-      downstream_.Excuse(child);
-      MaybePrepared();
-      continue;
-    }
-    SendFailed(Failed{
-        r.id, child,
-        "child '" + child + "' has been away longer than the connect timeout" + AbsenceOf(child)});
-  }
+// The parent half of the commit is the Subtree's; the node acts on what it reports.
+Subtree::Owner NodeAgent::Impl::SubtreeOwner() {
+  Subtree::Owner owner;
+  owner.leave_out = [this](const std::string& child) { downstream_.Excuse(child); };
+  owner.fail = [this](const Failed& failed, const std::string&) { SendFailed(failed); };
+  owner.changed = [this] {
+    if (!refit_) return;
+    if (subtree_.streaming()) return MaybePrepared();
+    if (subtree_.deciding()) MaybeOutcome();
+  };
+  return owner;
 }
 
 // ---- children that (re)join ------------------------------------------------------
@@ -484,8 +444,7 @@ void NodeAgent::Impl::TimeAbsentChildren(Clock::time_point now) {
 // the spooled chunks it has not applied, and the decision if one was made.
 void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello) {
   const bool adopted = downstream_.IsAdopted(child);
-  children_.Joined(child, adopted, Clock::now());
-  child_refusals_.erase(child);
+  subtree_.Joined(child, adopted, Clock::now());
   child_holds_[child] = {hello.active_version, hello.inflight_target};
   TellVersion(child, hello);
   if (adopted) {
@@ -502,14 +461,9 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
     }
     return;
   }
-  const bool same_delta = hello.inflight_target == r.identity.target_version;
-  if (!same_delta && hello.active_version == r.identity.target_version && committed) {
-    // It committed, then lost the link before confirming: COMMIT again makes it
-    // gather its subtree's confirmations and answer.
-    downstream_.Requeue(child, {Downstream::Outgoing::Control(DecisionFor(MessageType::kCommit))});
-    return;
-  }
-  if (!same_delta && committed && r.begin.refit_id != r.id) {
+  const Digest128& target = r.identity.target_version;
+  if (committed && r.begin.refit_id != r.id && hello.inflight_target != target &&
+      hello.active_version != target) {
     // Known here from its decision alone (this node came back after committing it):
     // there is no BEGIN nor chunk to replay, and a child without the delta cannot
     // reach the target in this refit. Not waited for; it catches up at a later one.
@@ -517,23 +471,26 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
         fmt::format("{}: child {} rejoined without refit {}'s delta, which this node "
                     "knows only from its decision; not waiting for it",
                     options_.node_id, child, r.id));
-    children_.Excuse(child);
+    subtree_.Excuse(child);
     return MaybeOutcome();
   }
-  if (!same_delta && r.phase == Phase::kDone && !committed_last_) return;  // nothing to undo
-  if (!same_delta && r.phase == Phase::kAborting) {
-    // An aborted delta it does not hold: nothing to send and nothing to wait for.
-    children_.Confirmed(child, 1);
-    return MaybeOutcome();
+  std::optional<bool> decided;
+  if (committed) decided = true;
+  if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_)) decided = false;
+  switch (subtree_.Rejoined(child, hello, target, decided)) {
+    case Subtree::Rejoin::kDecisionAgain:
+      return downstream_.Requeue(
+          child, {Downstream::Outgoing::Control(DecisionFor(MessageType::kCommit))});
+    case Subtree::Rejoin::kNothing:
+      return;
+    case Subtree::Rejoin::kReplay:
+      break;
   }
   transport::Message decision;
-  if (committed) decision = DecisionFor(MessageType::kCommit);
-  if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_))
-    decision = DecisionFor(MessageType::kAbort);
+  if (decided) decision = DecisionFor(*decided ? MessageType::kCommit : MessageType::kAbort);
   Replay replay = ReplayFor(hello, r.begin, r.spool, decision);
   log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks",
                         options_.node_id, child, r.id, replay.chunks));
-  children_.Rejoined(child);
   downstream_.Requeue(child, std::move(replay.messages));
 }
 

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "common/crash_point.h"
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
 #include "common/thread_time.h"
@@ -17,10 +18,6 @@ namespace deltacast::relay {
 namespace {
 
 using Clock = RuntimeClock;
-
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Apply workers run below the event loops' priority: on a busy node the loop that
 // forwards a verified chunk to the children gets the CPU before the apply of the
@@ -282,7 +279,7 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
 // The chunk's message (its buffer if the node still holds it, else from the spool),
 // parsed.
 Result<NodeStore::TakenChunk> NodeStore::TakeChunk(const ChunkSlot& slot, uint32_t sequence,
-                                                  Spool* spool) {
+                                                   Spool* spool) {
   TakenChunk taken{slot.Take(), {}};
   if (!taken.message) {
     if (!spool) return Status::Internal("a chunk dropped before it was spooled");
@@ -333,8 +330,8 @@ NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32
 }
 
 // On arrival: written into the store now (false: journaled already, nothing to do).
-bool NodeStore::WriteChunk(apply::DeltaApplier& applier, uint32_t sequence,
-                           const TakenChunk& chunk, ApplyResult& result) {
+bool NodeStore::WriteChunk(apply::DeltaApplier& applier, uint32_t sequence, const TakenChunk& chunk,
+                           ApplyResult& result) {
   {
     std::lock_guard lock(journal_mu_);
     if (replica_->applied_chunks().contains(sequence)) return false;
@@ -428,9 +425,8 @@ void NodeStore::Commit(uint64_t id, CommitDone done) {
     // after, off the critical path.
     Status status = refit_->at_target ? Status::Ok()
                     : !refit_->target ? Status::Internal("commit without a verified target")
-                    : refit_->staged
-                        ? ApplyStaged()
-                        : CommitDelta(*refit_->target);
+                    : refit_->staged  ? ApplyStaged()
+                                      : CommitDelta(*refit_->target);
     CommitTimes times;
     // Kept paused if the commit went ahead of its bytes (a staged delta over a
     // store a crash left not all at the base): resumed once the reconcile mends them.

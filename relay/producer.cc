@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/crash_point.h"
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "relay/producer_protocol.h"
 
@@ -13,10 +14,6 @@ namespace deltacast::relay {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // The messages a producer streams: its chunks, then its pieces in PIECES messages
 // of about a chunk each.
@@ -244,7 +241,7 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
     auto pieces = HashShare(share, coverage.shares, produce.partition_bytes, options_.threads);
     if (!pieces.ok()) return fail(pieces.status());
     coverage.base_pieces = std::move(*pieces);
-    report.hash_seconds = SecondsSince(hash_start);
+    report.hash_seconds = SecondsSince<Clock>(hash_start);
     report.hashed_base = true;
   }
   Send(EncodeCoverage(coverage));
@@ -316,7 +313,7 @@ Result<ProduceReport> Producer::Serve(const ShareInput& input) {
       report.committed = end.committed;
       report.reason = end.reason;
       if (fp8 && end.committed) last_image_ = std::move(fp8);
-      report.seconds = SecondsSince(start);
+      report.seconds = SecondsSince<Clock>(start);
       return report;
     }
     return fail(

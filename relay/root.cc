@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "relay/merge.h"
 #include "relay/producer_protocol.h"
@@ -23,10 +24,6 @@ std::string DefaultProducerAddress(const topology::ClusterConfig& config) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 double ThreadCpuSeconds() {
   timespec ts{};
@@ -189,7 +186,7 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
     ++got;
   }
   report.fp8 = exchange.stats();
-  report.coverage_seconds = SecondsSince(start);
+  report.coverage_seconds = SecondsSince<Clock>(start);
   if (Status s = assembly.SettleBase(); !s.ok()) return fail(s);
   report.base_from_producers = assembly.base_from_producers();
   const codec::Manifest& base = assembly.base();
@@ -212,7 +209,7 @@ Result<RootReport> Root::Publish(const codec::Manifest* base_in) {
   const codec::Manifest* target = &assembly.target();
   const std::map<std::string, Produced>& produced = assembly.produced();
   const std::vector<const ShareReport*> reports = assembly.reports();
-  report.produce_seconds = SecondsSince(start);
+  report.produce_seconds = SecondsSince<Clock>(start);
   uint64_t chunk_changes = 0;
   for (const auto& [id, p] : produced) {
     chunk_changes += p.changed_elements;

@@ -20,6 +20,7 @@
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/parallel.h"
+#include "relay/checkpoint_writer.h"
 
 namespace deltacast::relay {
 
@@ -30,9 +31,9 @@ namespace {
 constexpr std::string_view kSnapshotsDirName = "snapshots";
 constexpr std::string_view kChainDirName = "chain";
 constexpr std::string_view kBuildingSuffix = ".building";
-// How much a build copies or flushes between two looks at the clock (and at Stop).
+// A directory written all at once goes in blocks of this size.
 constexpr uint64_t kBlockBytes = uint64_t{8} << 20;
-constexpr uint64_t kSyncEveryBlocks = 8;  // a paced copy syncs every 64 MiB
+constexpr uint64_t kSyncEveryBlocks = 8;  // a paced copy syncs every 8 blocks
 
 fs::path StateDir(const fs::path& dir) { return dir / apply::kStateDirName; }
 fs::path PointerPath(const fs::path& dir) { return StateDir(dir) / apply::kSnapshotPointerName; }
@@ -58,24 +59,20 @@ Status WritePointer(const fs::path& dir, const Digest128& version) {
   return WriteFileAtomic(PointerPath(dir), AsBytes(text));
 }
 
-// Keeps a copy or flush at most `rate` bytes per second on average (0: no limit).
-class Pacer {
- public:
-  explicit Pacer(uint64_t rate) : rate_(rate), start_(std::chrono::steady_clock::now()) {}
-  void Done(uint64_t bytes) {
-    done_ += bytes;
-    if (rate_ == 0) return;
-    const auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                  std::chrono::duration<double>(double(done_) / double(rate_)));
-    std::this_thread::sleep_until(due);
-  }
-  uint64_t done() const { return done_; }
+// When `done` bytes copied since `start` at most `rate` bytes per second (0: any) may
+// be followed by more.
+RuntimeClock::time_point PacedUntil(RuntimeClock::time_point start, uint64_t done, uint64_t rate) {
+  if (rate == 0) return start;
+  return start + std::chrono::duration_cast<RuntimeClock::duration>(
+                     std::chrono::duration<double>(double(done) / double(rate)));
+}
 
- private:
-  const uint64_t rate_;
-  const std::chrono::steady_clock::time_point start_;
-  uint64_t done_ = 0;
-};
+// Removes `path` and all in it, and tells the disk.
+void RemoveAll(const fs::path& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  disk::Removed(path);
+}
 
 // Applies one committed delta of the chain, read from its file, to `store` (at
 // `current`'s bytes); returns the target's manifest, checked against the link.
@@ -160,7 +157,7 @@ Result<Digest128> MakeFirstSnapshot(const fs::path& dir, uint64_t partition_byte
   const Digest128 version = manifest.VersionId();
   const fs::path folder = SnapshotsDir(dir) / version.ToHex();
   std::error_code ec;
-  fs::remove_all(folder, ec);
+  RemoveAll(folder);
   RETURN_IF_ERROR(CreateDirectoriesDurably(folder));
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (!entry.is_regular_file()) continue;  // .deltacast/ and other folders
@@ -183,6 +180,7 @@ struct Rebuilt {
   MappedSnapshot weights;
   Digest128 snapshot;
   Digest128 active;
+  bool active_written = false;  // false: the store never committed (`active` is the snapshot's)
   std::optional<apply::InflightDelta> inflight;
 };
 Result<Rebuilt> Rebuild(const fs::path& dir, const DeltaHistory& chain, uint64_t partition_bytes,
@@ -195,6 +193,7 @@ Result<Rebuilt> Rebuild(const fs::path& dir, const DeltaHistory& chain, uint64_t
   ASSIGN_OR_RETURN(std::optional<Digest128> active, journal.ReadActive());
   ASSIGN_OR_RETURN(r.inflight, journal.ReadInflight());
   r.active = active.value_or(r.snapshot);
+  r.active_written = active.has_value();
   ASSIGN_OR_RETURN(r.weights, MapSnapshot(SnapshotsDir(dir) / r.snapshot.ToHex(), r.snapshot,
                                           apply::CheckpointDirStore::Access::kPrivate,
                                           partition_bytes, threads));
@@ -235,9 +234,13 @@ Result<SnapshotStore::Opened> SnapshotStore::Open(const fs::path& dir, uint64_t 
   DeltaHistory chain(ChainDir(dir), SIZE_MAX);
   ASSIGN_OR_RETURN(Rebuilt r, Rebuild(dir, chain, partition_bytes, threads));
   apply::CheckpointState journal(dir);
-  if (r.active != r.snapshot && chain.Chain(r.snapshot, r.active).empty()) {
-    // Cut short after a catch-up's snapshot switch, before the active version: the
-    // snapshot was written from the verified target, so the commit stands.
+  // Cut short after a catch-up's snapshot switch, before the active version: the
+  // snapshot was written from the verified target, so the commit stands. A store
+  // that had never committed has no `active` to differ from the snapshot: its
+  // catch-up in flight to the snapshot's version tells.
+  const bool switched_for_catch_up = r.inflight && r.inflight->target == r.snapshot;
+  if ((r.active != r.snapshot && chain.Chain(r.snapshot, r.active).empty()) ||
+      (!r.active_written && switched_for_catch_up)) {
     RETURN_IF_ERROR(journal.WriteActive(r.snapshot));
     RETURN_IF_ERROR(journal.ClearInflight());
     r.active = r.snapshot;
@@ -281,87 +284,16 @@ Result<std::unique_ptr<apply::CheckpointDirStore>> SnapshotStore::OpenCommitted(
 }
 
 Result<uint64_t> SnapshotStore::WriteDirectory(const apply::CheckpointDirStore& weights,
-                                               const fs::path& out, uint64_t rate,
-                                               const std::atomic<bool>* stop) {
-  std::error_code ec;
-  if (fs::exists(out, ec) && !fs::is_empty(out, ec)) {
-    return Status::FailedPrecondition(out.string() + " exists and is not empty");
+                                               const fs::path& out, uint64_t rate) {
+  ASSIGN_OR_RETURN(auto writer, CheckpointWriter::Create(weights, out, kBlockBytes,
+                                                         rate != 0 ? kSyncEveryBlocks : 0));
+  const auto start = std::chrono::steady_clock::now();
+  while (!writer->done()) {
+    RETURN_IF_ERROR(writer->Next().status());
+    if (rate != 0) std::this_thread::sleep_until(PacedUntil(start, writer->written(), rate));
   }
-  RETURN_IF_ERROR(CreateDirectoriesDurably(out));
-  const apply::CheckpointLayout& layout = weights.layout();
-  Pacer pacer(rate);
-  std::vector<std::byte> block(kBlockBytes);
-  for (const auto& entry : fs::directory_iterator(weights.dir(), ec)) {
-    if (!entry.is_regular_file()) continue;
-    const std::string name = entry.path().filename().string();
-    // The tensors this file holds, by offset: their bytes come from memory.
-    std::vector<size_t> tensors;
-    for (size_t i = 0; i < layout.tensors.size(); ++i) {
-      if (layout.files[layout.tensors[i].file].name == name) tensors.push_back(i);
-    }
-    std::sort(tensors.begin(), tensors.end(), [&](size_t a, size_t b) {
-      return layout.tensors[a].file_offset < layout.tensors[b].file_offset;
-    });
-    const int in = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (in < 0) return Status::FromErrno(errno, "open " + entry.path().string());
-    const fs::path to = out / name;
-    const int fd = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      const int error = errno;
-      ::close(in);
-      return Status::FromErrno(error, "create " + to.string());
-    }
-    disk::Created(to);
-    auto copy = [&]() -> Status {
-      const auto size = static_cast<uint64_t>(entry.file_size());
-      size_t next = 0;  // first tensor that may overlap the block
-      for (uint64_t at = 0; at < size; at += kBlockBytes) {
-        if (stop && stop->load()) return Status::Aborted("stopped");
-        const uint64_t n = std::min(kBlockBytes, size - at);
-        uint64_t got = 0;
-        while (got < n) {
-          const ssize_t r = ::pread(in, block.data() + got, n - got, static_cast<off_t>(at + got));
-          if (r < 0 && errno == EINTR) continue;
-          if (r <= 0)
-            return Status::FromErrno(r < 0 ? errno : EIO, "read " + entry.path().string());
-          got += static_cast<uint64_t>(r);
-        }
-        while (next < tensors.size()) {
-          const apply::CheckpointTensor& t = layout.tensors[tensors[next]];
-          if (t.file_offset + t.info.ByteSize() > at) break;
-          ++next;
-        }
-        for (size_t k = next; k < tensors.size(); ++k) {
-          const apply::CheckpointTensor& t = layout.tensors[tensors[k]];
-          if (t.file_offset >= at + n) break;
-          const uint64_t from = std::max(at, t.file_offset);
-          const uint64_t until = std::min(at + n, t.file_offset + t.info.ByteSize());
-          const ByteSpan bytes = weights.TensorData(tensors[k]);
-          std::memcpy(block.data() + (from - at), bytes.data() + (from - t.file_offset),
-                      until - from);
-        }
-        RETURN_IF_ERROR(WriteAll(fd, ByteSpan(block.data(), n), to));
-        // Paced, the bytes go to the disk as they are written, not in one burst at
-        // the fsync when the kernel's dirty limits allow that much.
-        if (rate != 0 && (at / kBlockBytes) % kSyncEveryBlocks == kSyncEveryBlocks - 1 &&
-            ::fdatasync(fd) != 0) {
-          return Status::FromErrno(errno, "fdatasync " + to.string());
-        }
-        pacer.Done(n);
-        CrashPoint("snapshot.copy_block");
-      }
-      if (::fsync(fd) != 0) return Status::FromErrno(errno, "fsync " + to.string());
-      disk::Synced(to);
-      return Status::Ok();
-    };
-    const Status copied = copy();
-    ::close(in);
-    ::close(fd);
-    RETURN_IF_ERROR(copied);
-  }
-  if (ec) return Status::IoError("list " + weights.dir().string() + ": " + ec.message());
-  RETURN_IF_ERROR(FsyncDirectory(out));
-  return pacer.done();
+  RETURN_IF_ERROR(writer->Finish());
+  return writer->written();
 }
 
 SnapshotStore::SnapshotStore(fs::path dir, uint64_t partition_bytes, size_t threads,
@@ -373,9 +305,15 @@ SnapshotStore::SnapshotStore(fs::path dir, uint64_t partition_bytes, size_t thre
       model_bytes_(model_bytes),
       mapped_(snapshot),
       chain_(ChainDir(dir_), SIZE_MAX),
-      snapshot_(snapshot) {}
+      snapshot_(snapshot),
+      sim_(SimRuntime()) {
+  if (sim_) queue_ = sim_->OpenQueue("snapshot");
+}
 
-SnapshotStore::~SnapshotStore() { Stop(); }
+SnapshotStore::~SnapshotStore() {
+  Stop();
+  if (sim_) sim_->CloseQueue(queue_);
+}
 
 fs::path SnapshotStore::SnapshotDir(const Digest128& version) const {
   return SnapshotsDir(dir_) / version.ToHex();
@@ -391,6 +329,21 @@ Status SnapshotStore::Keep(const fs::path& spool_file, const ChainLink& link) {
   return chain_.AddFile(spool_file, link);
 }
 
+struct SnapshotStore::BuildJob {
+  explicit BuildJob(const Digest128& target) : target(target), started(RuntimeClock::now()) {}
+  enum class Phase { kApply, kWrite, kSeal, kSwitch };
+  const Digest128 target;
+  const RuntimeClock::time_point started;
+  Phase phase = Phase::kApply;
+  // The old snapshot, privately mapped, with the chain applied (kApply on).
+  std::unique_ptr<apply::CheckpointDirStore> weights;
+  codec::Manifest manifest;
+  fs::path building;
+  std::unique_ptr<CheckpointWriter> writer;
+  RuntimeClock::time_point write_started;
+  uint64_t written = 0;
+};
+
 void SnapshotStore::MaybeBuild(const Digest128& committed) {
   if (!policy_.background || building_.load()) return;
   Digest128 snapshot;
@@ -403,10 +356,16 @@ void SnapshotStore::MaybeBuild(const Digest128& committed) {
   const bool by_size = policy_.chain_percent != 0 &&
                        chain_.FileBytes() * 100 >= uint64_t{policy_.chain_percent} * model_bytes_;
   if (links == 0 || !(by_count || by_size)) return;
-  if (build_.joinable()) build_.join();  // the last one, finished
   building_ = true;
+  if (sim_) {
+    job_ = std::make_unique<BuildJob>(committed);
+    PostStep(++generation_, sim_->Now());
+    return;
+  }
+  if (build_.joinable()) build_.join();  // the last one, finished
   build_ = std::thread([this, committed] {
-    Status built = Build(committed);
+    BuildJob job(committed);
+    Status built = RunBuild(job);
     if (!built.ok() && built.code() != StatusCode::kAborted) {
       log::Warn("snapshot at " + committed.ShortHex() + " not built: " + built.ToString());
     }
@@ -414,72 +373,137 @@ void SnapshotStore::MaybeBuild(const Digest128& committed) {
   });
 }
 
+void SnapshotStore::PostStep(uint64_t generation, RuntimeClock::time_point at) {
+  sim_->PostAt(queue_, at, [this, generation] {
+    if (!job_ || generation != generation_) return;  // dropped, or run to its end inline
+    auto next = BuildStep(*job_);
+    if (!next.ok()) return EndSimBuild(next.status());
+    if (!*next) return EndSimBuild(Status::Ok());
+    PostStep(generation, **next);
+  });
+}
+
+void SnapshotStore::EndSimBuild(const Status& status) {
+  if (!status.ok() && status.code() != StatusCode::kAborted && job_) {
+    log::Warn("snapshot at " + job_->target.ShortHex() + " not built: " + status.ToString());
+  }
+  job_.reset();
+  building_ = false;
+}
+
+Status SnapshotStore::RunBuild(BuildJob& job) {
+  for (;;) {
+    if (stop_) return Status::Aborted("stopped");
+    ASSIGN_OR_RETURN(std::optional<RuntimeClock::time_point> next, BuildStep(job));
+    if (!next) return Status::Ok();
+    if (!sim_) std::this_thread::sleep_until(*next);
+  }
+}
+
 Status SnapshotStore::BuildNow(const Digest128& committed) {
   WaitForBuild();
-  return Build(committed);
+  BuildJob job(committed);
+  return RunBuild(job);
 }
 
 void SnapshotStore::WaitForBuild() {
+  if (sim_) {
+    if (!job_) return;
+    // The steps left, now: a thread waiting for a build takes no simulated time.
+    Status built = RunBuild(*job_);
+    return EndSimBuild(built);
+  }
   if (build_.joinable()) build_.join();
 }
 
 void SnapshotStore::Stop() {
+  if (sim_) {
+    if (job_) EndSimBuild(Status::Aborted("stopped"));
+    return;
+  }
   stop_ = true;
   WaitForBuild();
   stop_ = false;
 }
 
-Status SnapshotStore::Build(const Digest128& target) {
-  const auto started = std::chrono::steady_clock::now();
-  Digest128 from;
-  {
-    std::lock_guard lock(mu_);
-    from = snapshot_;
+Result<std::optional<RuntimeClock::time_point>> SnapshotStore::BuildStep(BuildJob& job) {
+  using Phase = BuildJob::Phase;
+  switch (job.phase) {
+    case Phase::kApply: {
+      Digest128 from;
+      {
+        std::lock_guard lock(mu_);
+        from = snapshot_;
+      }
+      if (from == job.target) return std::optional<RuntimeClock::time_point>();
+      const std::vector<ChainLink> links = chain_.Chain(from, job.target);
+      if (links.empty()) {
+        return Status::FailedPrecondition("the chain does not lead from " + from.ShortHex() +
+                                          " to " + job.target.ShortHex());
+      }
+      // The old snapshot mapped privately (never the live weights, which the next
+      // refit may be patching), the chain applied to it in memory, then written out
+      // once at the paced rate: each byte of the new snapshot reaches the disk once.
+      ASSIGN_OR_RETURN(MappedSnapshot next, MapSnapshot(SnapshotDir(from), from,
+                                                        apply::CheckpointDirStore::Access::kPrivate,
+                                                        partition_bytes_, threads_));
+      for (const ChainLink& link : links) {
+        if (stop_) return Status::Aborted("stopped");
+        ASSIGN_OR_RETURN(next.manifest,
+                         ReplayLink(*next.store, std::move(next.manifest), chain_, link, 1));
+      }
+      CrashPoint("snapshot.applied");
+      job.weights = std::move(next.store);
+      job.manifest = std::move(next.manifest);
+      job.building = SnapshotsDir(dir_) / (job.target.ToHex() + std::string(kBuildingSuffix));
+      RemoveAll(job.building);
+      ASSIGN_OR_RETURN(job.writer,
+                       CheckpointWriter::Create(*job.weights, job.building, policy_.block_bytes,
+                                                policy_.rate != 0 ? kSyncEveryBlocks : 0));
+      job.write_started = RuntimeClock::now();
+      job.phase = Phase::kWrite;
+      return std::optional(RuntimeClock::now());
+    }
+    case Phase::kWrite: {
+      ASSIGN_OR_RETURN(uint64_t n, job.writer->Next());
+      job.written += n;
+      if (job.writer->done()) job.phase = Phase::kSeal;
+      return std::optional(PacedUntil(job.write_started, job.written, policy_.rate));
+    }
+    case Phase::kSeal: {
+      RETURN_IF_ERROR(job.writer->Finish());
+      job.writer.reset();
+      job.weights.reset();
+      {
+        ASSIGN_OR_RETURN(auto files,
+                         apply::CheckpointDirStore::Open(
+                             job.building, apply::CheckpointDirStore::Access::kReadOnly));
+        RETURN_IF_ERROR(apply::CheckpointState(job.building).SaveManifest(*files, job.manifest));
+      }
+      RETURN_IF_ERROR(FsyncDirectory(job.building));
+      CrashPoint("snapshot.flushed");
+      const fs::path done = SnapshotDir(job.target);
+      RemoveAll(done);
+      std::error_code ec;
+      fs::rename(job.building, done, ec);
+      if (ec) return Status::IoError("rename " + job.building.string() + ": " + ec.message());
+      disk::Renamed(job.building, done);
+      RETURN_IF_ERROR(FsyncDirectory(SnapshotsDir(dir_)));
+      CrashPoint("snapshot.renamed");
+      job.phase = Phase::kSwitch;
+      return std::optional(RuntimeClock::now());
+    }
+    case Phase::kSwitch: {
+      RETURN_IF_ERROR(Switch(job.target));
+      std::lock_guard lock(mu_);
+      ++stats_.snapshots_built;
+      stats_.snapshot_bytes_written += job.written;
+      stats_.last_build_seconds =
+          std::chrono::duration<double>(RuntimeClock::now() - job.started).count();
+      return std::optional<RuntimeClock::time_point>();
+    }
   }
-  if (from == target) return Status::Ok();
-  const std::vector<ChainLink> links = chain_.Chain(from, target);
-  if (links.empty()) {
-    return Status::FailedPrecondition("the chain does not lead from " + from.ShortHex() + " to " +
-                                      target.ShortHex());
-  }
-  // The old snapshot mapped privately (never the live weights, which the next refit
-  // may be patching), the chain applied to it in memory, then written out once at
-  // the paced rate: each byte of the new snapshot reaches the disk once.
-  ASSIGN_OR_RETURN(MappedSnapshot next,
-                   MapSnapshot(SnapshotDir(from), from, apply::CheckpointDirStore::Access::kPrivate,
-                               partition_bytes_, threads_));
-  for (const ChainLink& link : links) {
-    if (stop_) return Status::Aborted("stopped");
-    ASSIGN_OR_RETURN(next.manifest,
-                     ReplayLink(*next.store, std::move(next.manifest), chain_, link, 1));
-  }
-  CrashPoint("snapshot.applied");
-  const fs::path building = SnapshotsDir(dir_) / (target.ToHex() + std::string(kBuildingSuffix));
-  std::error_code ec;
-  fs::remove_all(building, ec);
-  ASSIGN_OR_RETURN(uint64_t written, WriteDirectory(*next.store, building, policy_.rate, &stop_));
-  next.store.reset();
-  {
-    ASSIGN_OR_RETURN(auto files, apply::CheckpointDirStore::Open(
-                                     building, apply::CheckpointDirStore::Access::kReadOnly));
-    RETURN_IF_ERROR(apply::CheckpointState(building).SaveManifest(*files, next.manifest));
-  }
-  RETURN_IF_ERROR(FsyncDirectory(building));
-  CrashPoint("snapshot.flushed");
-  const fs::path done = SnapshotDir(target);
-  fs::remove_all(done, ec);
-  fs::rename(building, done, ec);
-  if (ec) return Status::IoError("rename " + building.string() + ": " + ec.message());
-  disk::Renamed(building, done);
-  RETURN_IF_ERROR(FsyncDirectory(SnapshotsDir(dir_)));
-  CrashPoint("snapshot.renamed");
-  RETURN_IF_ERROR(Switch(target));
-  std::lock_guard lock(mu_);
-  ++stats_.snapshots_built;
-  stats_.snapshot_bytes_written += written;
-  stats_.last_build_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  return Status::Ok();
+  return Status::Internal("a snapshot build in no phase");
 }
 
 Status SnapshotStore::Switch(const Digest128& version) {
@@ -498,11 +522,7 @@ Status SnapshotStore::Switch(const Digest128& version) {
   CrashPoint("snapshot.dropped");
   // The folder the live weights map stays until the next open: their file names
   // stamp the journal's manifest cache, and a catch-up's snapshot reads its headers.
-  if (old != mapped_ && old != version) {
-    std::error_code ec;
-    fs::remove_all(SnapshotDir(old), ec);
-    disk::Removed(SnapshotDir(old));
-  }
+  if (old != mapped_ && old != version) RemoveAll(SnapshotDir(old));
   return Status::Ok();
 }
 
@@ -517,8 +537,7 @@ Status SnapshotStore::SnapshotFrom(const apply::CheckpointDirStore& live,
     if (snapshot_ == version) return Status::Ok();
   }
   const fs::path building = SnapshotsDir(dir_) / (version.ToHex() + std::string(kBuildingSuffix));
-  std::error_code ec;
-  fs::remove_all(building, ec);
+  RemoveAll(building);
   ASSIGN_OR_RETURN(uint64_t written, WriteDirectory(live, building, 0));
   {
     ASSIGN_OR_RETURN(auto files, apply::CheckpointDirStore::Open(
@@ -527,7 +546,8 @@ Status SnapshotStore::SnapshotFrom(const apply::CheckpointDirStore& live,
   }
   RETURN_IF_ERROR(FsyncDirectory(building));
   const fs::path done = SnapshotDir(version);
-  fs::remove_all(done, ec);
+  RemoveAll(done);
+  std::error_code ec;
   fs::rename(building, done, ec);
   if (ec) return Status::IoError("rename " + building.string() + ": " + ec.message());
   disk::Renamed(building, done);

@@ -6,7 +6,11 @@
 // waits for no write-back. A restart maps the snapshot and replays the chain, by
 // hash, to the committed version. Now and then a thread of its own writes a newer
 // snapshot (the old one copied at a bounded rate, the chain applied to the copy)
-// and switches to it with one atomic rename.
+// and switches to it with one atomic rename. Under a simulated runtime
+// (common/runtime.h) that build is a chain of timers on a queue of the runtime,
+// one step at a time (the chain applied; each block written, at the paced rate in
+// simulated time; the folder sealed and renamed; the switch), so a run replays
+// from its seed and faults land between the steps.
 //
 // Layout, in DIR/.deltacast/ beside the node's journal:
 //   snapshot          "snapshot <version hex>": the current snapshot (WriteFileAtomic)
@@ -17,7 +21,8 @@
 //   chain/            relay/delta_history.h: delta-<target>.spool and `history`
 //
 // Thread safety: Keep, MaybeBuild and SnapshotFrom from one thread (the node's apply
-// thread); the build runs on its own thread; stats() from any thread.
+// thread); the build runs on its own thread (simulated: the runtime's one thread);
+// stats() from any thread.
 #pragma once
 
 #include <atomic>
@@ -25,12 +30,14 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "apply/checkpoint_dir.h"
 #include "apply/replica.h"
 #include "codec/manifest.h"
 #include "common/hash.h"
+#include "common/runtime.h"
 #include "common/status.h"
 #include "relay/delta_history.h"
 #include "relay/protocol.h"
@@ -43,6 +50,9 @@ struct SnapshotPolicy {
   uint32_t chain_percent = topology::kDefaultSnapshotChainPercent;  // of the model; 0: none
   uint64_t rate = topology::kDefaultSnapshotRate;  // bytes/s a build copies and flushes; 0: any
   bool background = true;  // false: builds only when asked (BuildNow), for tests
+  // How much a build writes between two looks at the clock (and at Stop). The
+  // simulator's models are small: it uses small blocks so a build spans many steps.
+  uint64_t block_bytes = uint64_t{8} << 20;
 };
 
 class SnapshotStore {
@@ -88,8 +98,7 @@ class SnapshotStore {
   // the tensor bytes from memory, each file fsynced, at most `rate` bytes/s (0: any).
   // `out` must not exist or be empty. Returns the bytes written.
   static Result<uint64_t> WriteDirectory(const apply::CheckpointDirStore& weights,
-                                         const std::filesystem::path& out, uint64_t rate,
-                                         const std::atomic<bool>* stop = nullptr);
+                                         const std::filesystem::path& out, uint64_t rate);
 
   ~SnapshotStore();  // Stop()
   SnapshotStore(const SnapshotStore&) = delete;
@@ -102,25 +111,41 @@ class SnapshotStore {
   // After a commit to `committed`: starts a build in the background if the policy
   // asks for one and none is running. Never blocks on the disk.
   void MaybeBuild(const Digest128& committed);
-  // Builds a snapshot at `committed` now, on the calling thread (tests).
+  // Builds a snapshot at `committed` now, on the calling thread (tests). Simulated,
+  // its steps run back to back, in no simulated time.
   Status BuildNow(const Digest128& committed);
   // A commit the chain cannot describe (a catch-up by partitions): writes `live`, the
   // weights at `manifest`'s version, as the new snapshot now and switches to it,
   // before the commit. O(model), on the caller's thread; waits for a running build.
   Status SnapshotFrom(const apply::CheckpointDirStore& live, const codec::Manifest& manifest);
-  // Waits for a running build to finish.
+  // Waits for a running build to finish. Simulated, runs its remaining steps now
+  // (as WriteBack::Join does), in no simulated time.
   void WaitForBuild();
   // Stops a running build (its folder is removed on the next open) and joins it.
+  // Simulated, drops it where it stands, as a dying process would.
   void Stop();
   Stats stats() const;
+  // Whether a build is running. Takes no lock: callable from a crash point passed
+  // with the store's mutex held (the simulator's).
+  bool building() const { return building_.load(); }
 
  private:
   SnapshotStore(std::filesystem::path dir, uint64_t partition_bytes, size_t threads,
                 SnapshotPolicy policy, Digest128 snapshot, uint64_t model_bytes);
   std::filesystem::path SnapshotDir(const Digest128& version) const;
-  // Applies the chain up to `target` to a private mapping of the current snapshot,
-  // writes it beside it (paced), and switches.
-  Status Build(const Digest128& target);
+  // A build's state between its steps (snapshot_store.cc).
+  struct BuildJob;
+  // Runs the next step of `job`: the chain up to its target applied to a private
+  // mapping of the current snapshot; one block of it written beside it; the folder
+  // sealed and renamed; the switch. Returns when the next step may run (the paced
+  // rate), or nullopt once the build is done.
+  Result<std::optional<RuntimeClock::time_point>> BuildStep(BuildJob& job);
+  // Runs every step of `job` on this thread, sleeping to the paced rate (simulated:
+  // not at all).
+  Status RunBuild(BuildJob& job);
+  // Simulated: the step of build `generation` at `at`, on queue_.
+  void PostStep(uint64_t generation, RuntimeClock::time_point at);
+  void EndSimBuild(const Status& status);
   // Names `version`'s folder (complete, fsynced) the snapshot, then drops the chain
   // before it and the old folder (unless the live weights map it).
   Status Switch(const Digest128& version);
@@ -138,6 +163,11 @@ class SnapshotStore {
   std::thread build_;
   std::atomic<bool> building_{false};
   std::atomic<bool> stop_{false};
+  // Simulated (null without a runtime): the build's queue and the running build.
+  Runtime* const sim_;
+  uint64_t queue_ = 0;
+  std::unique_ptr<BuildJob> job_;
+  uint64_t generation_ = 0;  // of job_: a step posted for an older one does nothing
 };
 
 // Opens a receiver's checkpoint directory as its [[node]] `checkpoint` says: in

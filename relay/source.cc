@@ -11,6 +11,7 @@
 
 #include "codec/chunk.h"
 #include "common/crash_point.h"
+#include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
 #include "relay/decision_log.h"
@@ -18,9 +19,9 @@
 #include "relay/downstream.h"
 #include "relay/event_loop.h"
 #include "relay/node_transports.h"
-#include "relay/refit_children.h"
 #include "relay/replay.h"
 #include "relay/spool.h"
+#include "relay/subtree.h"
 #include "topology/tree_plan.h"
 #include "transport/transport_set.h"
 
@@ -28,10 +29,6 @@ namespace deltacast::relay {
 namespace {
 
 using Clock = RuntimeClock;
-
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 uint64_t RandomId() {
   uint64_t id = 0;
@@ -56,7 +53,9 @@ class Source::Impl {
         transport_(std::move(transport)),
         // Per process by default: Spool::Open clears other deltas' spools in its folder.
         spool_dir_(options_.spool_dir, "source-spool", plan_.source),
-        children_(plan_.Find(plan_.source)->children),
+        subtree_(plan_.Find(plan_.source)->children,
+                 {options_.config.tree.commit_policy, options_.config.tree.connect_timeout, ""},
+                 SubtreeOwner()),
         loop_([this] { Tick(); }),
         downstream_(loop_, plan_.source, plan_.Find(plan_.source)->children, options_.token,
                     Events(), Downstream::LimitsFrom(options_.config.limits)) {
@@ -159,6 +158,7 @@ class Source::Impl {
     });
   }
   Status WaitForChildren(std::unique_lock<std::mutex>& lock);
+  Subtree::Owner SubtreeOwner();
   void Fail(const std::string& why);  // caller holds mu_
   void Tick();
   void RetireLastRefit();
@@ -184,14 +184,12 @@ class Source::Impl {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  RefitChildren children_;      // guarded by mu_
+  Subtree subtree_;             // guarded by mu_ (held across its callbacks)
   std::optional<Refit> refit_;  // guarded by mu_: the current or last refit
   // The version the cluster holds (zero: not known yet) and its manifest (null:
   // not known), told to each child that joins (ACTIVE_VERSION); guarded by mu_.
   Digest128 active_version_;
   std::shared_ptr<const std::vector<std::byte>> active_manifest_;
-  // Why each planned child's last HELLO was refused; guarded by mu_.
-  std::map<std::string, std::string> refusals_;
   Clock::time_point next_heartbeat_ = Clock::now();
 
   EventLoop loop_;
@@ -257,12 +255,12 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
       // of BEGIN, and say what differs.
       SetActive(report.base_version, refit_->manifests.front().second);
     }
-    children_.BeginRefit(Clock::now());
+    subtree_.BeginRefit(report.refit_id, Clock::now());
     Status joined = WaitForChildren(lock);
     if (!joined.ok()) {
       if (refit_->spool) refit_->spool->Discard();
       refit_.reset();
-      children_.EndRefit();
+      subtree_.EndRefit();
       return joined;
     }
   }
@@ -277,7 +275,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   });
   log::Info(fmt::format("refit {}: {} -> {} to {} children", report.refit_id,
                         report.base_version.ShortHex(), report.target_version.ShortHex(),
-                        children_.planned().size()));
+                        subtree_.planned().size()));
 
   progress_ = PublishProgress{};
   PublishProgress& progress = progress_;
@@ -345,13 +343,12 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   {
     std::unique_lock lock(mu_);
     if (!encoded.ok() && !refit_->failed) Fail(encoded.ToString());
-    const bool settled = WaitFor(cv_, lock, options_.config.tree.commit_timeout, [&] {
-      return refit_->failed || children_.AwaitingPrepared() == 0;
-    });
+    const bool settled = WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+                                 [&] { return refit_->failed || subtree_.prepared(); });
     if (!settled) Fail("not every node was PREPARED within the commit timeout");
     commit = !refit_->failed;
     report.abort_reason = refit_->failure;
-    report.nodes = children_.reports();
+    report.nodes = subtree_.reports();
   }
   report.prepare_seconds = SecondsSince(start);
   CrashPoint("source.before_decision");
@@ -378,8 +375,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
       refit_->committed_link =
           ChainLink{report.base_version, report.target_version, target_manifest.partition_bytes, 0};
     }
-    children_.Decided(Clock::now(), options_.config.tree.connect_timeout,
-                      options_.config.tree.connect_timeout);
+    subtree_.Decided(Clock::now());
   }
   loop_.Post([this, decision_message, commit] {
     if (!commit) downstream_.DropQueued();
@@ -387,17 +383,16 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   });
   {
     std::unique_lock lock(mu_);
-    WaitFor(cv_, lock, options_.config.tree.commit_timeout,
-            [&] { return children_.AwaitingConfirmation() == 0; });
-    report.nodes_decided = children_.confirmed_nodes();
-    for (const PauseReport& p : children_.pauses()) {
+    WaitFor(cv_, lock, options_.config.tree.commit_timeout, [&] { return subtree_.confirmed(); });
+    report.nodes_decided = subtree_.confirmed_nodes();
+    for (const PauseReport& p : subtree_.pauses()) {
       for (NodeReport& n : report.nodes) {
         if (n.node_id != p.node_id) continue;
         n.pause_seconds = p.pause_seconds;
         n.hold_seconds = p.hold_seconds;
       }
     }
-    children_.EndRefit();
+    subtree_.EndRefit();
     if (commit) {
       active_version_ = report.target_version;
       active_manifest_ =
@@ -414,29 +409,26 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
 
 // Caller holds mu_ (through `lock`).
 Status Source::Impl::WaitForChildren(std::unique_lock<std::mutex>& lock) {
-  const bool all = WaitFor(cv_, lock, options_.config.tree.connect_timeout,
-                           [&] { return children_.AllPlannedConnected(); });
-  if (all) return Status::Ok();
-  std::string missing;
-  for (const auto& c : children_.AbsentPlanned()) {
-    auto refused = refusals_.find(c);
-    missing += (missing.empty() ? "" : ", ") + c +
-               (refused != refusals_.end() ? " (refused: " + refused->second + ")"
-                                           : " (never connected: not started, or unreachable)");
-  }
-  if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
-      children_.AnyConnected()) {
-    log::Warn("children did not join; the refit goes on without them (commit policy available): " +
-              missing);
-    for (const auto& c : children_.AbsentPlanned()) {
-      children_.Excuse(c);
-      loop_.Post([this, c] { downstream_.Excuse(c); });
+  WaitFor(cv_, lock, options_.config.tree.connect_timeout,
+          [&] { return subtree_.AllPlannedConnected(); });
+  return subtree_.GoOnWithoutAbsent();
+}
+
+// The parent half of the commit is the Subtree's; it runs under mu_.
+Subtree::Owner Source::Impl::SubtreeOwner() {
+  Subtree::Owner owner;
+  // Not under mu_: Downstream completes queued chunks, whose callbacks take mu_.
+  owner.leave_out = [this](const std::string& child) {
+    loop_.Post([this, child] { downstream_.Excuse(child); });
+  };
+  owner.fail = [this](const Failed& f, const std::string& why) {
+    if (f.kind == FailureKind::kBadDelta) {
+      log::Error(fmt::format("node '{}' refused the delta: {}", f.node_id, log::Escape(f.reason)));
     }
-    return Status::Ok();
-  }
-  return Status::Unavailable("children did not join within " +
-                             std::to_string(options_.config.tree.connect_timeout.count()) +
-                             " ms: " + missing);
+    Fail(why);
+  };
+  owner.changed = [this] { cv_.notify_all(); };
+  return owner;
 }
 
 // Caller holds mu_.
@@ -481,30 +473,7 @@ void Source::Impl::Tick() {
     downstream_.Heartbeat();
   }
   std::lock_guard lock(mu_);
-  if (!refit_) return;
-  if (children_.deciding()) {
-    for (const auto& child : children_.GiveUpOnAway(Clock::now())) {
-      log::Warn(fmt::format("child {} is away; it learns the decision when it is back", child));
-      cv_.notify_all();
-    }
-    return;
-  }
-  for (const auto& child :
-       children_.AwayLongerThan(Clock::now(), options_.config.tree.connect_timeout)) {
-    if (options_.config.tree.commit_policy != topology::CommitPolicy::kAvailable) {
-      auto refused = refusals_.find(child);
-      return Fail("child '" + child + "' has been away longer than the connect timeout" +
-                  (refused != refusals_.end()
-                       ? " (its last attempt was refused: " + refused->second + ")"
-                       : ""));
-    }
-    log::Warn(fmt::format(
-        "child {} is away; the refit goes on without it (commit policy available)", child));
-    children_.Excuse(child);
-    // Not under mu_: Downstream completes queued chunks, whose callbacks take mu_.
-    loop_.Post([this, child] { downstream_.Excuse(child); });
-    cv_.notify_all();
-  }
+  if (refit_) subtree_.Tick(Clock::now());
 }
 
 Downstream::Events Source::Impl::Events() {
@@ -512,7 +481,7 @@ Downstream::Events Source::Impl::Events() {
   e.joined = [this](const std::string& child, const Hello& hello) { OnJoined(child, hello); };
   e.lost = [this](const std::string& child, const Status&) {
     std::lock_guard lock(mu_);
-    children_.Lost(child, Clock::now());
+    subtree_.Lost(child, Clock::now());
     cv_.notify_all();
   };
   e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
@@ -520,7 +489,7 @@ Downstream::Events Source::Impl::Events() {
   };
   e.refused = [this](const std::string& child, const std::string& reason) {
     std::lock_guard lock(mu_);
-    refusals_[child] = reason;
+    subtree_.Refused(child, reason);
   };
   return e;
 }
@@ -533,12 +502,11 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
   {
     std::lock_guard lock(mu_);
     if (adopted) log::Info("adopted " + child + ", whose parent is unreachable");
-    children_.Joined(child, adopted, Clock::now());
+    subtree_.Joined(child, adopted, Clock::now());
     const bool other_delta = !hello.inflight_target.IsZero() &&
                              (!refit_ || hello.inflight_target != refit_->begin.target_version);
     if (other_delta) resolution = Resolution(child, hello.inflight_target);
     if (refit_ && refit_->begun) backlog = Backlog(child, hello);
-    refusals_.erase(child);
     const bool same = hello.active_version == active_version_;
     told = transport::MakeMessage(EncodeActiveVersion(
         active_version_, !same && active_manifest_ ? ByteSpan(*active_manifest_) : ByteSpan()));
@@ -556,43 +524,31 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
 std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std::string& child,
                                                                        const Hello& hello) {
   const Begin& begin = refit_->begin;
-  if (hello.active_version == begin.target_version && hello.inflight_target.IsZero() &&
-      refit_->decision == MessageType::kCommit) {
-    // It committed, then lost the link before confirming: COMMIT again makes it
-    // gather its subtree's confirmations and answer.
-    return std::vector<Downstream::Outgoing>{
-        Downstream::Outgoing::Control(refit_->decision_message)};
-  }
-  // An aborted delta it does not hold: nothing to undo, and nothing to wait for (it
-  // would never confirm a refit it never began: found by the simulator, seed 1255).
-  if (refit_->decision == MessageType::kAbort && hello.inflight_target != begin.target_version) {
-    children_.Confirmed(child, 1);
-    return std::nullopt;
-  }
-  if (!refit_->spool_error.ok() && children_.streaming() &&
-      !(hello.active_version == begin.target_version && hello.inflight_target.IsZero())) {
-    // Its replay would lack chunks: it cannot reach the target from here. As for a
-    // child that says so itself: left out under policy `available`, else the refit
-    // fails now rather than at the commit timeout (found by the simulator: seed 1069,
-    // a source whose disk was full).
-    const std::string why = "child " + child +
-                            " rejoined, but the source could not spool the refit's chunks (" +
-                            refit_->spool_error.ToString() + ")";
-    if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable) {
-      log::Warn(why + "; the refit goes on without it (commit policy available)");
-      children_.Excuse(child);
-      loop_.Post([this, child] { downstream_.Excuse(child); });
+  std::optional<bool> committed;
+  if (refit_->decision) committed = refit_->decision == MessageType::kCommit;
+  switch (subtree_.Rejoined(child, hello, begin.target_version, committed)) {
+    case Subtree::Rejoin::kDecisionAgain:
+      return std::vector<Downstream::Outgoing>{
+          Downstream::Outgoing::Control(refit_->decision_message)};
+    case Subtree::Rejoin::kNothing:
       return std::nullopt;
-    }
-    // Replayed what there is all the same: with BEGIN it takes the ABORT and confirms
-    // it (seed 758).
-    log::Warn(why + ": the refit fails");
-    Fail(why);
+    case Subtree::Rejoin::kReplay:
+      break;
+  }
+  if (!refit_->spool_error.ok() && subtree_.streaming() &&
+      !(hello.active_version == begin.target_version && hello.inflight_target.IsZero())) {
+    // Its replay would lack chunks: it cannot reach the target from here (found by
+    // the simulator: seed 1069, a source whose disk was full). Replayed what there is
+    // all the same if it stays: with BEGIN it takes the ABORT and confirms it (seed
+    // 758).
+    const bool left_out = subtree_.CannotTakePart(
+        child, "child " + child + " rejoined, but the source could not spool the refit's chunks (" +
+                   refit_->spool_error.ToString() + ")");
+    if (left_out) return std::nullopt;
   }
   Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision_message);
   log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,
                         begin.refit_id, replay.chunks));
-  children_.Rejoined(child);
   return std::move(replay.messages);
 }
 
@@ -635,50 +591,23 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
   switch (type) {
     case MessageType::kPrepared: {
       auto p = ParsePrepared(bytes);
-      if (p.ok() && p->refit_id == refit_id) children_.Prepared(child, p->nodes);
+      if (p.ok() && p->refit_id == refit_id) subtree_.OnPrepared(child, p->nodes);
       break;
     }
     case MessageType::kFailed: {
       auto f = ParseFailed(bytes);
-      if (!f.ok() || f->refit_id != refit_id) break;
-      if (f->node_id == child && !children_.streaming()) {
-        // Decided already (it rejoined and cannot apply the delta: a full disk): its
-        // confirmation will not come, so it is not waited for; it catches up at a
-        // later refit (found by the simulator: seed 1699).
-        log::Warn(fmt::format("child {} cannot reach the decided target ({}); not waiting for it",
-                              child, log::Escape(f->reason)));
-        children_.Excuse(child);
-        break;
-      }
-      if (options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
-          f->node_id == child && children_.streaming() && f->kind == FailureKind::kNode) {
-        // Like an absent child (commit policy available): the version goes on
-        // without it and its subtree; they catch up at a later refit.
-        log::Warn(
-            fmt::format("child {} cannot reach the target ({}); the refit goes on "
-                        "without it (commit policy available)",
-                        child, log::Escape(f->reason)));
-        children_.Excuse(child);
-        loop_.Post([this, child] { downstream_.Excuse(child); });
-        break;
-      }
-      if (f->kind == FailureKind::kBadDelta) {
-        log::Error(
-            fmt::format("node '{}' refused the delta: {}", f->node_id, log::Escape(f->reason)));
-      }
-      Fail("node '" + f->node_id + "': " + log::Escape(f->reason));
+      if (f.ok() && f->refit_id == refit_id) subtree_.OnFailed(child, *f);
       break;
     }
     case MessageType::kCommitted:
     case MessageType::kAborted: {
       auto o = ParseOutcome(bytes);
-      if (o.ok() && o->refit_id == refit_id) children_.Confirmed(child, o->nodes, o->pauses);
+      if (o.ok() && o->refit_id == refit_id) subtree_.OnConfirmed(child, o->nodes, o->pauses);
       break;
     }
     default:
       break;
   }
-  cv_.notify_all();
 }
 
 // ---- what the source serves ---------------------------------------------------

@@ -18,7 +18,7 @@
 
 #include "apply/weight_store.h"
 #include "codec/manifest.h"
-#include "relay/publisher.h"
+#include "relay/publish_options.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay {

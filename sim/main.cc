@@ -10,6 +10,7 @@
 //                                 checks and merge, with trainer faults
 //                 [--no-staged]   every node applies on arrival with no engine, no
 //                                 crash-point faults: the schedules drawn before them
+//                 [--no-snapshots]  no snapshot stores and none of their faults
 //
 // Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
 #include <fmt/core.h>
@@ -34,7 +35,7 @@ int Usage(const std::string& why) {
       stderr,
       "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log] [--debug]\n"
       "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--no-outages] "
-      "[--producers] [--no-staged] "
+      "[--producers] [--no-staged] [--no-snapshots] "
       "[--shrink] "
       "[--json FILE]\n",
       why.c_str());
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   bool producers = false;
   bool outages = true;
   bool staged = true;
+  bool snapshots = true;
   RunOptions options;
   std::string json;
   std::set<uint64_t> known;  // seeds of known, unfixed bugs: expected to fail
@@ -108,6 +110,8 @@ int main(int argc, char** argv) {
       disk = false;
     } else if (a == "--no-staged") {
       staged = false;
+    } else if (a == "--no-snapshots") {
+      snapshots = false;
     } else if (a == "--no-outages") {
       outages = false;
     } else if (a == "--trace") {
@@ -131,13 +135,15 @@ int main(int argc, char** argv) {
   uint64_t trainer_faults = 0, trainer_refused = 0;
   double sim_seconds = 0;
   uint64_t staged_nodes = 0, engine_nodes = 0, crashes = 0;
+  uint64_t snapshot_nodes = 0, snapshots_built = 0, snapshot_bytes = 0, snapshot_repaired = 0;
+  uint64_t killed_building = 0;
   EngineCounts engine;
   double pause_reported = 0;
   std::array<uint64_t, kFaultKinds> faults{};
   NetworkCounts net;
   std::vector<uint64_t> failing;
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Scenario s = DrawScenario(seed, intensity, disk, outages, producers, staged);
+    const Scenario s = DrawScenario(seed, intensity, disk, outages, producers, staged, snapshots);
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;
@@ -154,6 +160,11 @@ int main(int argc, char** argv) {
     staged_nodes += r.staged_nodes;
     engine_nodes += r.engine_nodes;
     crashes += r.crashes;
+    snapshot_nodes += r.snapshots.nodes;
+    snapshots_built += r.snapshots.built;
+    snapshot_bytes += r.snapshots.bytes_written;
+    snapshot_repaired += r.snapshots.repaired;
+    killed_building += r.snapshots.killed_building;
     engine.pauses += r.engine.pauses;
     engine.failed += r.engine.failed;
     engine.hung += r.engine.hung;
@@ -235,6 +246,14 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(engine.resumes),
       static_cast<unsigned long long>(engine.checked),
       static_cast<unsigned long long>(engine.refits), engine.paused_seconds, pause_reported);
+  std::printf(
+      "snapshot stores %llu: snapshots built %llu (%llu bytes written), kills during a build "
+      "%llu, partitions repaired from the tree %llu\n",
+      static_cast<unsigned long long>(snapshot_nodes),
+      static_cast<unsigned long long>(snapshots_built),
+      static_cast<unsigned long long>(snapshot_bytes),
+      static_cast<unsigned long long>(killed_building),
+      static_cast<unsigned long long>(snapshot_repaired));
   if (producers) {
     std::printf("trainer faults %llu, refused at the root %llu\n",
                 static_cast<unsigned long long>(trainer_faults),
@@ -262,6 +281,11 @@ int main(int argc, char** argv) {
         "  \"refit_pause_reported_seconds\": {:.1f},\n",
         staged_nodes, engine_nodes, crashes, engine.pauses, engine.failed, engine.hung,
         engine.resumes, engine.checked, engine.refits, engine.paused_seconds, pause_reported);
+    out << fmt::format(
+        "  \"snapshot_nodes\": {},\n  \"snapshots_built\": {},\n  \"snapshot_bytes_written\": "
+        "{},\n  \"kills_during_a_snapshot_build\": {},\n  \"snapshot_partitions_repaired\": "
+        "{},\n",
+        snapshot_nodes, snapshots_built, snapshot_bytes, killed_building, snapshot_repaired);
     if (producers) {
       out << fmt::format(
           "  \"producers\": 4,\n  \"trainer_faults\": {},\n"

@@ -1,3 +1,4 @@
+#include "relay/setup.h"
 #include "sim/run_internal.h"
 
 namespace deltacast::sim {
@@ -39,6 +40,14 @@ std::string ConfigToml(const Scenario& s) {
     const NodeEngine e = i < static_cast<int>(s.engines.size()) ? s.engines[i] : NodeEngine{};
     if (e.staged) toml += "apply = \"staged\"\n";
     if (e.small_memory) toml += "staged_memory = \"24KiB\"\n";
+    const NodeSnapshots sn =
+        i < static_cast<int>(s.snapshots.size()) ? s.snapshots[i] : NodeSnapshots{};
+    if (sn.on) {
+      toml += fmt::format(
+          "checkpoint = \"snapshot\"\nsnapshot_every = {}\nsnapshot_chain_percent = {}\n"
+          "snapshot_rate = \"{}\"\n",
+          sn.every, sn.chain_percent, sn.rate);
+    }
   }
   return toml;
 }
@@ -56,7 +65,11 @@ void Run::Setup() {
   }
   fs::remove_all(dir_);
   fs::create_directories(dir_ / "src");
-  decision_log_ = dir_ / "src" / "decisions.log";
+  {
+    relay::PublishOptions state;  // where the source keeps its decisions
+    state.UseStateDir(dir_ / "src");
+    decision_log_ = state.decision_log;
+  }
   auto config = topology::ParseClusterConfig(ConfigToml(s_), "sim.toml");
   if (!config.ok()) throw std::runtime_error(config.status().ToString());
   config_ = *config;
@@ -95,16 +108,47 @@ void Run::Setup() {
     trainer_ = std::make_unique<SimTrainer>(Table(), kPartitionBytes, kChunkBytes);
 }
 
+Result<relay::SnapshotStore::Opened> Run::OpenStore(const Node& n) {
+  const topology::NodeConfig& node = *config_.FindNode(Name(n.i));
+  if (node.checkpoint != topology::CheckpointMode::kSnapshot) {
+    return relay::OpenNodeCheckpoint(n.dir, node, kPartitionBytes, 1);
+  }
+  // OpenNodeCheckpoint's policy, in small blocks: a build spans many steps.
+  relay::SnapshotPolicy policy;
+  policy.every = node.snapshot_every;
+  policy.chain_percent = node.snapshot_chain_percent;
+  policy.rate = node.snapshot_rate;
+  policy.block_bytes = kSnapshotBlockBytes;
+  return relay::SnapshotStore::Open(n.dir, kPartitionBytes, 1, policy);
+}
+
 void Run::StartNode(Node& n) {
   n.restart_pending = false;
   if (n.agent) return;
-  auto replica = apply::Replica::OpenCheckpointDir(n.dir, kPartitionBytes, 1);
-  if (!replica.ok()) {
-    Fail(Name(n.i) + " cannot reopen its store: " + replica.status().ToString());
+  // A snapshot store's build queue is the node's: it dies with it.
+  q_.set_opening_owner(n.i);
+  auto opened = OpenStore(n);
+  q_.set_opening_owner(-1);
+  if (!opened.ok()) {
+    // A snapshot store's open writes (its first snapshot, the chain's index): on a
+    // full disk the process exits with ENOSPC, and its supervisor starts it again.
+    const bool no_space =
+        opened.status().message().find("No space left on device") != std::string::npos;
+    if (no_space && disk_.full(n.dir)) {
+      q_.Note(Scrub(Name(n.i) + " cannot start (its disk is full), again in 1 s: " +
+                    opened.status().ToString()));
+      n.restart_pending = true;
+      q_.PostAt(driver_, q_.Now() + std::chrono::seconds(1), [this, i = n.i] {
+        if (nodes_[i].restart_pending) StartNode(nodes_[i]);
+      });
+      return;
+    }
+    Fail(Name(n.i) + " cannot reopen its store: " + opened.status().ToString());
     return;
   }
-  const Digest128 v = (*replica)->version();
-  n.reconciling = (*replica)->needs_reconcile();
+  std::unique_ptr<apply::Replica>& replica = opened->replica;
+  const Digest128 v = replica->version();
+  n.reconciling = replica->needs_reconcile();
   const auto idx = IndexOf(v);
   if (!idx) {
     // Maybe the version being published right now, committed before the kill.
@@ -117,6 +161,14 @@ void Run::StartNode(Node& n) {
                     "was lost",
                     Name(n.i), *idx, n.last_commit));
   }
+  if (opened->store) {
+    // Its snapshot and chain rebuilt the version in memory: bit-exact at once, and
+    // with nothing to mend from the tree (its files count only once synced).
+    n.snapshots = opened->store;
+    n.live = &replica->store();
+    if (n.reconciling) Fail(Name(n.i) + " (a snapshot store) reopened with its store to mend");
+    if (versions_.count(v)) CheckBytes(n, v, "as it reopened");
+  }
   relay::NodeAgentOptions options;
   options.config = config_;
   options.node_id = Name(n.i);
@@ -125,16 +177,20 @@ void Run::StartNode(Node& n) {
   options.spool_dir = n.dir / apply::kStateDirName / "spool";
   options.write_back_delay = std::chrono::milliseconds(s_.write_back_ms);
   options.on_commit = [this, i = n.i](const relay::CommitEvent& e) { OnCommit(i, e); };
+  options.snapshots = opened->store;
   if (n.engine) {
     n.engine->Started();
     options.engine_hooks = n.engine->Hooks();
   }
   // Every queue the node opens is its own: it can be killed while one waits.
   q_.set_opening_owner(n.i);
-  auto agent = relay::NodeAgent::Start(std::move(options), std::move(*replica),
-                                       net_.MakeTransport(Name(n.i)));
+  auto agent = relay::StartConfiguredNode(
+      std::move(options),
+      relay::NodeParts::Weights(std::move(replica), net_.MakeTransport(Name(n.i))));
   q_.set_opening_owner(-1);
   if (!agent.ok()) {
+    n.snapshots.reset();
+    n.live = nullptr;
     Fail(Name(n.i) + " cannot start: " + agent.status().ToString());
     return;
   }
@@ -154,6 +210,22 @@ void Run::StopNode(Node& n, const char* why) {
   if (n.engine) n.engine->Died();
   n.agent->Stop();
   n.agent.reset();
+  if (n.snapshots) {
+    const relay::SnapshotStore::Stats ss = n.snapshots->stats();
+    r_.snapshots.built += ss.snapshots_built;
+    r_.snapshots.bytes_written += ss.snapshot_bytes_written;
+    r_.snapshots.repaired += st.partitions_repaired;
+    // A snapshot store's disk holds its committed version whole: a recovery that
+    // fetched partitions from the tree found its bytes wrong.
+    if (st.partitions_recovered > 0) {
+      Fail(
+          fmt::format("{} (a snapshot store) fetched {} partitions from the tree to mend its "
+                      "store",
+                      Name(n.i), st.partitions_recovered));
+    }
+  }
+  n.snapshots.reset();
+  n.live = nullptr;
   q_.Note(fmt::format("{} {}", why, Name(n.i)));
 }
 
@@ -164,9 +236,7 @@ void Run::StartSource() {
   options.config = config_;
   options.token = kToken;
   options.encode_threads = 1;
-  options.decision_log = decision_log_;
-  options.spool_dir = dir_ / "src" / "spool";
-  options.history_dir = dir_ / "src" / "history";
+  options.UseStateDir(dir_ / "src");
   options.keep_deltas = s_.keep_deltas;
   q_.set_opening_owner(0);
   auto source = relay::Source::Start(std::move(options), net_.MakeTransport("src"));
@@ -395,7 +465,7 @@ RunResult Run::Go() {
       ScheduleFaults(p);
       Publish(p, s_.change_rates[p], false);
     }
-    if (o_.sabotage) Sabotage();
+    if (o_.sabotage || o_.sabotage_snapshot) Sabotage();
     HealAndRestart();
     Publish(-1, 0.01, true);
     q_.RunFor(std::chrono::seconds(2));
@@ -412,6 +482,8 @@ RunResult Run::Go() {
       n.agent->Stop();
       n.agent.reset();
     }
+    n.snapshots.reset();
+    n.live = nullptr;
   }
   InstallCrashPointHandler(nullptr, nullptr);
   InstallSimDisk(nullptr);
@@ -431,6 +503,7 @@ RunResult Run::Go() {
     r_.staged_nodes += s_.engines[i].staged;
     r_.engine_nodes += s_.engines[i].engine;
   }
+  for (int i = 1; i <= s_.nodes; ++i) r_.snapshots.nodes += IsSnapshotNode(i);
   for (const std::string& gap : disk_.TakeErrors()) Fail(gap);
   r_.enospc_writes = disk_.refused_writes();
   r_.trace_hash = q_.trace_hash();

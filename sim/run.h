@@ -30,6 +30,9 @@ struct RunOptions {
   // Disk checker self-test: the source's power losses also lose its decision log, as
   // a disk that broke its promise would; the run must then fail the durability check.
   bool sabotage_disk = false;
+  // Snapshot checker self-test: flips one byte of n1's current snapshot (n1 must be a
+  // snapshot node) once the workload is done; the run must fail the disk check.
+  bool sabotage_snapshot = false;
 };
 
 struct RunResult {
@@ -56,6 +59,14 @@ struct RunResult {
   EngineCounts engine;
   uint64_t crashes = 0;
   double pause_seconds = 0;
+  // Snapshot stores (relay/snapshot_store.h): nodes with one, the snapshots they
+  // built and switched to (catch-ups' included), the bytes those wrote, and the
+  // partitions they repaired from the tree while applying (counted, not judged).
+  struct SnapshotCounts {
+    int nodes = 0;
+    uint64_t built = 0, bytes_written = 0, repaired = 0;
+    uint64_t killed_building = 0;  // kills (crash points included) that found a build running
+  } snapshots;
   std::vector<std::string> trace;  // readable: the run's own events
 };
 

@@ -3,7 +3,33 @@
 
 namespace deltacast::sim::internal {
 
+void Run::CheckTensors(int i, const Digest128& version, const char* when,
+                       const std::function<std::optional<ByteSpan>(const std::string&)>& tensor) {
+  const Tensors& want = versions_.at(version);
+  const auto table = Table();
+  for (size_t t = 0; t < table.size(); ++t) {
+    const std::optional<ByteSpan> got = tensor(table[t].name);
+    if (!got) continue;
+    if (got->size() != want[t].size() || Hash64(*got) != Hash64(want[t])) {
+      Fail(fmt::format("{} ({}): tensor {} is not bit-exact at version {}", Name(i), when,
+                       table[t].name, version.ShortHex()));
+    }
+  }
+}
+
 void Run::CheckBytes(const Node& n, const Digest128& version, const char* when) {
+  if (IsSnapshotNode(n.i)) {
+    if (!n.live) return CheckSnapshotDisk(n, version, when);
+    // The weights it serves: in memory, the snapshot patched by the chain.
+    const apply::WeightStore& live = *n.live;
+    return CheckTensors(n.i, version, when, [&](const std::string& name) {
+      std::optional<ByteSpan> bytes;
+      for (size_t k = 0; k < live.tensors().size(); ++k) {
+        if (live.tensors()[k].name == name) bytes = live.TensorData(k);
+      }
+      return bytes;
+    });
+  }
   const fs::path file = n.dir / "model.safetensors";
   auto header = apply::ReadSafetensorsHeader(file);
   auto bytes = ReadFile(file, uint64_t{1} << 30);
@@ -11,19 +37,38 @@ void Run::CheckBytes(const Node& n, const Digest128& version, const char* when) 
     Fail(fmt::format("{} ({}): cannot read its store", Name(n.i), when));
     return;
   }
-  const Tensors& want = versions_.at(version);
-  const auto table = Table();
-  for (const auto& entry : header->entries) {
-    size_t t = 0;
-    while (t < table.size() && table[t].name != entry.info.name) ++t;
-    if (t == table.size()) continue;
-    const uint64_t begin = header->data_section_offset + entry.data_begin;
-    const ByteSpan got(bytes->data() + begin, entry.data_end - entry.data_begin);
-    if (got.size() != want[t].size() || Hash64(got) != Hash64(want[t])) {
-      Fail(fmt::format("{} ({}): tensor {} is not bit-exact at version {}", Name(n.i), when,
-                       entry.info.name, version.ShortHex()));
+  CheckTensors(n.i, version, when, [&](const std::string& name) {
+    std::optional<ByteSpan> got;
+    for (const auto& entry : header->entries) {
+      if (entry.info.name != name) continue;
+      const uint64_t begin = header->data_section_offset + entry.data_begin;
+      got = ByteSpan(bytes->data() + begin, entry.data_end - entry.data_begin);
     }
+    return got;
+  });
+}
+
+void Run::CheckSnapshotDisk(const Node& n, const Digest128& version, const char* when) {
+  codec::Manifest manifest;
+  auto store = relay::SnapshotStore::OpenCommitted(n.dir, kPartitionBytes, 1, manifest);
+  if (!store.ok()) {
+    Fail(fmt::format("{} ({}): its snapshot and chain do not rebuild its version: {}", Name(n.i),
+                     when, store.status().ToString()));
+    return;
   }
+  if (manifest.VersionId() != version) {
+    Fail(fmt::format("{} ({}): its snapshot and chain rebuild version {}, not {}", Name(n.i), when,
+                     manifest.VersionId().ShortHex(), version.ShortHex()));
+    return;
+  }
+  const apply::WeightStore& rebuilt = **store;
+  CheckTensors(n.i, version, when, [&](const std::string& name) {
+    std::optional<ByteSpan> bytes;
+    for (size_t k = 0; k < rebuilt.tensors().size(); ++k) {
+      if (rebuilt.tensors()[k].name == name) bytes = rebuilt.TensorData(k);
+    }
+    return bytes;
+  });
 }
 
 bool Run::StoreIsAVersion(const Node& n) {
@@ -61,7 +106,14 @@ void Run::CheckTimeLost(EventQueue::TimePoint started, bool disturbed) {
 }
 
 void Run::Sabotage() {
-  const fs::path file = nodes_[1].dir / "model.safetensors";
+  fs::path file = nodes_[1].dir / "model.safetensors";
+  if (o_.sabotage_snapshot) {
+    // The current snapshot's file (the pointer: "snapshot <hex>").
+    auto pointer = ReadFile(nodes_[1].dir / apply::kStateDirName / "snapshot", 4096);
+    if (!pointer.ok() || pointer->size() < 9 + 32) return;
+    const std::string hex(AsChars(*pointer).substr(9, 32));
+    file = nodes_[1].dir / apply::kStateDirName / "snapshots" / hex / "model.safetensors";
+  }
   auto header = apply::ReadSafetensorsHeader(file);
   if (!header.ok()) return;
   const int fd = ::open(file.c_str(), O_RDWR);
@@ -76,7 +128,9 @@ void Run::Sabotage() {
     (void)::pwrite(fd, &b, 1, at);
   }
   ::close(fd);
-  q_.Note("sabotage: one byte of n1's store changed behind the engine's back");
+  q_.Note(o_.sabotage_snapshot
+              ? "sabotage: one byte of n1's snapshot changed behind its store"
+              : "sabotage: one byte of n1's store changed behind the engine's back");
 }
 
 void Run::FinalChecks() {
@@ -96,8 +150,16 @@ void Run::FinalChecks() {
       if (n.engine->paused()) Fail(Name(i) + ": its engine is still paused at the end");
       n.engine->CheckReported(st.pause_seconds_total);
     }
+    if (IsSnapshotNode(i)) CheckBytes(n, last, "at the end, served");
     StopNode(n, "stop");
     CheckBytes(n, last, "at the end");
+    if (IsSnapshotNode(i)) {
+      auto inflight = apply::CheckpointState(n.dir).ReadInflight();
+      if (!inflight.ok() || *inflight) {
+        Fail(Name(i) + " journal at the end has a delta in flight (or cannot be read)");
+      }
+      continue;
+    }
     auto replica = apply::Replica::OpenCheckpointDir(n.dir, kPartitionBytes, 1);
     if (!replica.ok()) {
       Fail(Name(i) + " cannot reopen its store at the end: " + replica.status().ToString());

@@ -45,6 +45,7 @@ void Run::Inject(size_t index, const Fault& f) {
         // A task of it waits below this one (its pause hook): it unwinds first.
         return KillInPlace(f.a, f.power, f.seconds, "kill");
       }
+      if (n.snapshots && n.snapshots->building()) ++r_.snapshots.killed_building;
       if (f.power) disk_.Cut(n.dir);  // its destructors write nothing durable
       StopNode(n, "kill");
       if (f.power) LosePower(f.a);
@@ -92,6 +93,7 @@ void Run::Inject(size_t index, const Fault& f) {
 void Run::KillInPlace(int i, bool power, double restart_seconds, const std::string& why) {
   Node& n = nodes_[i];
   n.dying = true;
+  if (n.snapshots && n.snapshots->building()) ++r_.snapshots.killed_building;
   if (power) disk_.Cut(n.dir);  // nothing it does from now on is durable
   if (n.engine) n.engine->Died();
   q_.CloseOwner(i);  // none of its tasks runs again

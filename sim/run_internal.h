@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -21,6 +22,7 @@
 #include "common/log.h"
 #include "relay/decision_log.h"
 #include "relay/node_agent.h"
+#include "relay/snapshot_store.h"
 #include "relay/source.h"
 #include "sim/engine_model.h"
 #include "sim/run.h"
@@ -56,6 +58,8 @@ inline constexpr auto kRecovery = std::chrono::seconds(8);
 inline constexpr double kLostSeconds = 10;
 // How long a node waits for its engine's pause hook (EngineHooks::timeout).
 inline constexpr auto kHookTimeout = std::chrono::milliseconds(1000);
+// How much a snapshot build writes per step: the model's ~200 KiB in a dozen steps.
+inline constexpr uint64_t kSnapshotBlockBytes = 16 << 10;
 
 std::vector<codec::TensorInfo> Table();
 std::unique_ptr<apply::WeightStore> Borrow(Tensors& buffers);
@@ -89,6 +93,11 @@ class Run {
     bool reconciling = false;
     std::unique_ptr<EngineModel> engine;  // the inference engine serving from it, if any
     bool dying = false;                   // killed at a crash point; the kill unwinds first
+    // A snapshot store's (relay/snapshot_store.h), while the agent runs: the store,
+    // and the weights it serves (in memory: its files hold the snapshot, not the
+    // version), owned by the agent's replica.
+    std::shared_ptr<relay::SnapshotStore> snapshots;
+    const apply::WeightStore* live = nullptr;
   };
 
   void Fail(const std::string& why_in) {
@@ -115,6 +124,11 @@ class Run {
   }
 
   void Setup();
+  bool IsSnapshotNode(int i) const {
+    return i < static_cast<int>(s_.snapshots.size()) && s_.snapshots[i].on;
+  }
+  // The node's checkpoint opened as its config says (a snapshot store or in place).
+  Result<relay::SnapshotStore::Opened> OpenStore(const Node& n);
   void StartNode(Node& n);
   void StopNode(Node& n, const char* why);
   void StartSource();
@@ -138,6 +152,11 @@ class Run {
   void Publish(int index, double rate, bool liveness);
   Tensors Mutate(const Tensors& base, double rate);
   void CheckBytes(const Node& n, const Digest128& version, const char* when);
+  // Tensor by tensor (by name), `tensor(name)`'s bytes against `version`'s.
+  void CheckTensors(int i, const Digest128& version, const char* when,
+                    const std::function<std::optional<ByteSpan>(const std::string&)>& tensor);
+  // A snapshot node's committed version as its disk rebuilds it (snapshot + chain).
+  void CheckSnapshotDisk(const Node& n, const Digest128& version, const char* when);
   // Whether the node's store holds exactly one version the run published.
   bool StoreIsAVersion(const Node& n);
   void HealAndRestart();

@@ -49,8 +49,67 @@ const char* TrainerFaultName(TrainerFaultKind kind) {
   return "?";
 }
 
+namespace {
+
+// Snapshot stores (relay/snapshot_store.h) for some of the nodes without an engine,
+// and faults aimed at them; from a generator of their own, so the rest of the
+// schedule is the seed's as without. Their faults go after the others (`faults`
+// sorted already), so every other fault keeps its index (--drop).
+void DrawSnapshots(Scenario& s, double intensity, bool disk) {
+  std::mt19937_64 snap(s.seed * 0xA0761D6478BD642Full + 11);
+  auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(snap) < p; };
+  auto pick = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(snap);
+  };
+  s.snapshots.resize(s.nodes + 1);
+  std::vector<int> chosen;
+  for (int i = 1; i <= s.nodes; ++i) {
+    // The engine model checks the store file, which a snapshot store never writes.
+    const bool candidate = !s.engines[i].engine && !s.engines[i].staged;
+    NodeSnapshots& n = s.snapshots[i];
+    n.on = chance(0.7) && candidate;
+    // Often: a build every two or three refits, or once the chain passes 20-90 % of
+    // the model (a large delta's spool is ~40 % of it), at 64 KiB/s-1 MiB/s: the
+    // model's ~200 KiB take 0.2-3 s of simulated time to write, so faults land inside.
+    n.every = 2 + static_cast<uint32_t>(snap() % 2);
+    n.chain_percent = chance(0.5) ? 0 : 20 + static_cast<uint32_t>(snap() % 71);
+    n.rate = static_cast<uint64_t>(std::pow(2.0, pick(16, 20)));
+    if (n.on) chosen.push_back(i);
+  }
+  if (chosen.empty() || intensity <= 0 || s.producers > 0) return;
+  const size_t before = s.faults.size();
+  // Crash points inside the refit's commit, a build and the switch.
+  const int crashes = static_cast<int>(std::round(intensity * (snap() % 4)));
+  for (int k = 0; k < crashes; ++k) {
+    Fault f{0, 0, FaultKind::kCrashAt, chosen[snap() % chosen.size()], 0, 0};
+    f.publish = static_cast<int>(snap() % s.publishes);
+    f.at = pick(0, 0.5);
+    constexpr int kChoices = std::size(kSnapshotCrashPoints);
+    f.point = kSnapshotCrashPoints[snap() % kChoices];
+    f.seconds = chance(0.5) ? pick(0, 0.3) : pick(0.5, 6);
+    f.power = disk && chance(0.5);
+    s.faults.push_back(f);
+  }
+  // Kills at any time (a build runs for seconds after a commit, between publishes too).
+  const int kills = static_cast<int>(std::round(intensity * (snap() % 3)));
+  for (int k = 0; k < kills; ++k) {
+    Fault f{0, 0, FaultKind::kKillNode, chosen[snap() % chosen.size()], 0, 0};
+    f.publish = static_cast<int>(snap() % s.publishes);
+    f.at = pick(0, 1.5);
+    f.seconds = chance(0.3) ? pick(0, 0.2) : pick(0.5, 6);
+    f.power = disk && chance(0.5);
+    s.faults.push_back(f);
+  }
+  std::stable_sort(s.faults.begin() + static_cast<long>(before), s.faults.end(),
+                   [](const Fault& x, const Fault& y) {
+                     return x.publish != y.publish ? x.publish < y.publish : x.at < y.at;
+                   });
+}
+
+}  // namespace
+
 Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, bool producers,
-                      bool staged) {
+                      bool staged, bool snapshots) {
   // Its own generator (not the run's): the scenario is fixed before the run draws.
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 1);
   auto uniform = [&](double lo, double hi) {
@@ -219,6 +278,7 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, 
       s.trainer_faults.push_back(f);
     }
   }
+  if (snapshots) DrawSnapshots(s, intensity, disk);
   return s;
 }
 
@@ -240,6 +300,15 @@ std::string Scenario::Describe() const {
     out += fmt::format("\n  apply:{}; pause hooks fail {:.3f}, hang {:.3f}", modes, hook_fail,
                        hook_hang);
   }
+  std::string stores;
+  for (size_t i = 1; i < snapshots.size(); ++i) {
+    const NodeSnapshots& n = snapshots[i];
+    if (!n.on) continue;
+    stores +=
+        fmt::format(" n{}:every {}{}, {} KiB/s", i, n.every,
+                    n.chain_percent ? fmt::format(" or {} %", n.chain_percent) : "", n.rate >> 10);
+  }
+  if (!stores.empty()) out += "\n  snapshot stores:" + stores;
   for (size_t p = 0; p < trainer_faults.size(); ++p) {
     if (trainer_faults[p].kind == TrainerFaultKind::kNone) continue;
     out += fmt::format("\n  trainer fault: publish {} {} rank {}", p,

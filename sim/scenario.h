@@ -27,11 +27,21 @@ inline constexpr int kFaultKinds = 10;
 // The places a kCrashAt fault kills a node (common/crash_point.h; docs/recovery.md):
 // between PREPARED and the decision, as the COMMIT comes, inside a staged commit's
 // apply (before its first write, between chunks), right after the commit, and as a
-// staged chunk is held.
-inline constexpr const char* kCrashPoints[] = {"agent.prepared",           "agent.commit",
-                                               "agent.staged_apply_begin", "agent.staged_apply",
-                                               "agent.committed",          "agent.staged"};
+// staged chunk is held. Then a snapshot store's (relay/snapshot_store.h): the
+// committed delta kept in the chain before `active`; inside a build (the chain
+// applied in memory, between the blocks it writes, the folder sealed, renamed);
+// right after the switch (the pointer rewritten) and after the chain is trimmed.
+inline constexpr const char* kCrashPoints[] = {
+    "agent.prepared",     "agent.commit",     "agent.staged_apply_begin",
+    "agent.staged_apply", "agent.committed",  "agent.staged",
+    "snapshot.kept",      "snapshot.applied", "snapshot.copy_block",
+    "snapshot.flushed",   "snapshot.renamed", "snapshot.switched",
+    "snapshot.dropped"};
+// The first ones, which the staged draw picks from (its schedules stay as they were).
 inline constexpr int kCrashPointCount = 6;
+// The ones the snapshot draw picks from for a snapshot node: the refit's points any
+// node passes (not the staged ones), then the snapshot store's.
+inline constexpr int kSnapshotCrashPoints[] = {0, 1, 4, 6, 7, 8, 8, 8, 9, 10, 11, 12};
 const char* FaultName(FaultKind kind);
 
 struct Fault {
@@ -50,6 +60,15 @@ struct NodeEngine {
   bool staged = false;        // [[node]] apply = "staged"
   bool engine = false;        // an engine that is paused around every write (EngineHooks)
   bool small_memory = false;  // staged_memory of 24 KiB: the commit reads chunks back
+};
+
+// A node whose checkpoint is a snapshot store ([[node]] checkpoint = "snapshot";
+// relay/snapshot_store.h), with a policy that builds and switches snapshots often.
+struct NodeSnapshots {
+  bool on = false;
+  uint32_t every = 0;          // snapshot_every: refits in the chain
+  uint32_t chain_percent = 0;  // snapshot_chain_percent: of the model
+  uint64_t rate = 0;           // snapshot_rate: bytes per second a build writes
 };
 
 // A trainer's mistake in one publish of a run with producers (sim/trainer.h).
@@ -80,6 +99,8 @@ struct Scenario {
   // hook fails with `hook_fail`, or returns only after its timeout with `hook_hang`.
   std::vector<NodeEngine> engines;
   double hook_fail = 0, hook_hang = 0;
+  // Per node ([i] for n<i>; [0] unused): a snapshot store, or in place.
+  std::vector<NodeSnapshots> snapshots;
   std::string Describe() const;
 };
 
@@ -94,7 +115,11 @@ struct Scenario {
 // each node applies on arrival or staged, with or without an engine, and kCrashAt
 // faults are added; drawn from a generator of their own too, so `staged` false gives
 // the schedules of before (the seeds kept as tests were found so).
+// With `snapshots` (deltacast_sim's default), some nodes without an engine keep
+// their checkpoint as a snapshot store, and kCrashAt and kill faults aimed at them
+// are added (listed after the others, so every other fault keeps its index for
+// --drop); drawn from a generator of their own too.
 Scenario DrawScenario(uint64_t seed, double intensity = 1.0, bool disk = true, bool outages = true,
-                      bool producers = false, bool staged = false);
+                      bool producers = false, bool staged = false, bool snapshots = false);
 
 }  // namespace deltacast::sim

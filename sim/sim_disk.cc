@@ -138,10 +138,34 @@ void SimDisk::Created(const Path& path_in) {
   images_[id] = {};  // nothing of a new file is durable yet
 }
 
+// Moves every path of `paths` under `from` to the same place under `to`.
+template <typename Map>
+void MoveUnder(Map& paths, const fs::path& from, const fs::path& to) {
+  Map moved;
+  for (auto it = paths.begin(); it != paths.end();) {
+    if (!Under(it->first, from)) {
+      ++it;
+      continue;
+    }
+    moved.emplace(to / it->first.lexically_relative(from), it->second);
+    it = paths.erase(it);
+  }
+  for (auto& e : moved) paths.insert_or_assign(e.first, e.second);
+}
+
 void SimDisk::Renamed(const Path& from_in, const Path& to_in) {
   const Path from = from_in.lexically_normal(), to = to_in.lexically_normal();
   Root* r = RootOf(from);
   if (!r) return;
+  std::error_code ec;
+  if (fs::is_directory(to, ec)) {
+    // A directory renamed: everything in it goes with it now; what a crash keeps of
+    // it moves once the new name's directory is synced (DirSynced).
+    std::erase_if(r->names, [&](const auto& e) { return Under(e.first, to); });
+    MoveUnder(r->names, from, to);
+    r->dir_renames.emplace_back(from, to);
+    return;
+  }
   auto it = r->names.find(from);
   if (it == r->names.end()) {
     Gap("renamed " + from.string() + ", which was not created through the seam");
@@ -150,6 +174,23 @@ void SimDisk::Renamed(const Path& from_in, const Path& to_in) {
   const uint64_t id = it->second;
   r->names.erase(it);
   r->names[to] = id;
+}
+
+void SimDisk::Linked(const Path& from_in, const Path& to_in) {
+  const Path from = from_in.lexically_normal(), to = to_in.lexically_normal();
+  Root* r = RootOf(to);
+  if (!r) return;
+  Root* source = RootOf(from);
+  if (source != r) {
+    // A link across roots (the simulator gives each process its own): a new file here.
+    return Created(to);
+  }
+  auto it = r->names.find(from);
+  if (it == r->names.end()) {
+    Gap("linked " + from.string() + ", which was not created through the seam");
+    return;
+  }
+  r->names[to] = it->second;
 }
 
 void SimDisk::Removed(const Path& path_in) {
@@ -188,6 +229,24 @@ void SimDisk::DirSynced(const Path& dir_in) {
   const Path dir = dir_in.lexically_normal();
   Root* r = RootOf(dir / "x");
   if (!r || r->cut) return;
+  // Directories renamed into this one: the durable names in them (their contents'
+  // durability is the directory's own, whatever its name) take the new name.
+  for (auto it = r->dir_renames.begin(); it != r->dir_renames.end();) {
+    const auto [from, to] = *it;
+    if (to.parent_path() != dir) {
+      ++it;
+      continue;
+    }
+    MoveUnder(r->durable, from, to);
+    std::map<Path, bool> dirs;
+    for (const Path& d : r->dirs) dirs.emplace(d, true);
+    const bool durable_dir = dirs.erase(from) > 0;
+    MoveUnder(dirs, from, to);
+    r->dirs.clear();
+    for (const auto& d : dirs) r->dirs.insert(d.first);
+    if (durable_dir) r->dirs.insert(to);
+    it = r->dir_renames.erase(it);
+  }
   std::erase_if(r->durable, [&](const auto& e) { return e.first.parent_path() == dir; });
   std::set<Path> known;
   for (const auto& [path, id] : r->names) {
@@ -257,11 +316,15 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> 
   }
   std::map<uint64_t, Path> bound;  // file -> a name it has now
   for (const auto& [path, id] : r->names) bound.emplace(id, path);
-  std::map<Path, std::vector<std::byte>> after;
+  // What the crash left of each file, once per file whatever names it has.
+  std::map<uint64_t, std::vector<std::byte>> after;
   // A durable name in a directory whose own name is not durable goes with it.
   std::erase_if(r->durable, [&](const auto& e) { return !Reachable(*r, e.first); });
   std::erase_if(r->dirs, [&](const Path& d) { return !Reachable(*r, d); });
   for (const auto& [path, id] : r->durable) {
+    ++rep.files;
+    if (!r->names.count(path)) ++rep.names_back;
+    if (after.count(id)) continue;  // another name of a file already put back
     const std::vector<std::byte>& image = images_[id];
     auto now_name = bound.find(id);
     // An unlinked file's unsynced pages went with its page cache.
@@ -284,9 +347,7 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> 
       for (uint64_t b = page; b < end; ++b) out[b] = b < now.size() ? now[b] : std::byte{0};
     }
     out.resize(size);
-    after[path] = std::move(out);
-    ++rep.files;
-    if (!r->names.count(path)) ++rep.names_back;
+    after[id] = std::move(out);
   }
   for (const auto& [path, id] : r->names) rep.names_lost += r->durable.count(path) ? 0 : 1;
 
@@ -298,8 +359,16 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> 
     fs::remove_all(dir, ec);
   }
   for (const Path& dir : r->dirs) fs::create_directories(dir, ec);
-  for (const auto& [path, bytes] : after) {
+  std::map<uint64_t, Path> written;  // file -> the name it was put back under first
+  for (const auto& [path, id] : r->durable) {
     fs::create_directories(path.parent_path(), ec);
+    if (auto first = written.find(id); first != written.end()) {
+      fs::create_hard_link(first->second, path, ec);
+      if (ec) Gap("cannot link " + path.string() + " back after the power loss");
+      continue;
+    }
+    written.emplace(id, path);
+    const std::vector<std::byte>& bytes = after[id];
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes.data()),
               static_cast<std::streamsize>(bytes.size()));
@@ -307,7 +376,8 @@ PowerLossReport SimDisk::PowerLoss(const Path& root_path, std::optional<double> 
   }
   // What the crash left is what the disk holds now.
   r->names = r->durable;
-  for (const auto& [path, id] : r->durable) images_[id] = after[path];
+  r->dir_renames.clear();
+  for (const auto& [id, bytes] : after) images_[id] = bytes;
   r->cut = false;
   Collect();
   return rep;

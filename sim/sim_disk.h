@@ -3,10 +3,12 @@
 // this keeps, per process directory (a "root"), the image a machine crash would
 // leave, modelled on what a POSIX file system promises:
 //   - a file's bytes are durable once synced (fsync, fdatasync: the whole file and
-//     its size; msync: a range), per file, whatever name it has;
+//     its size; msync: a range), per file, whatever name it has (a hard link is a
+//     second name for the same file);
 //   - a name (create, rename, unlink) is durable once its directory is synced;
-//     a directory's own name too (mkdir, rmdir: once its parent is synced), and a
-//     file survives only where every directory above it (in the root) does.
+//     a directory's own name too (mkdir, rmdir, rename: once its parent is synced,
+//     the names in a renamed directory with it), and a file survives only where
+//     every directory above it (in the root) does.
 // PowerLoss puts a root back to such an image: each durable name bound to its file's
 // durable bytes plus a seeded random subset of the 4 KiB pages written since (torn
 // pages), its size the synced one or the latest, names never made durable gone.
@@ -70,6 +72,7 @@ class SimDisk : public DiskSeam {
   Status WillWrite(const std::filesystem::path& path, uint64_t bytes) override;
   void Created(const std::filesystem::path& path) override;
   void Renamed(const std::filesystem::path& from, const std::filesystem::path& to) override;
+  void Linked(const std::filesystem::path& from, const std::filesystem::path& to) override;
   void Removed(const std::filesystem::path& path) override;
   void SyncedRange(const std::filesystem::path& path, uint64_t offset, uint64_t length) override;
   void Synced(const std::filesystem::path& path) override;
@@ -84,6 +87,8 @@ class SimDisk : public DiskSeam {
     std::map<Path, uint64_t> names;    // now: path -> file
     std::map<Path, uint64_t> durable;  // what a crash keeps: path -> file
     std::set<Path> dirs;               // directories whose names a crash keeps
+    // Directories renamed (from, to) whose new name's directory is not synced yet.
+    std::vector<std::pair<Path, Path>> dir_renames;
   };
 
   Root* RootOf(const Path& path);

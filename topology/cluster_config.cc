@@ -7,11 +7,8 @@
 #include <string>
 #include <utility>
 
-// toml++ reports syntax errors by throwing toml::parse_error (the Debian build has
-// exceptions on); they are caught in ParseClusterConfig and never leave this file.
-#include <toml++/toml.h>
-
 #include "common/file_util.h"
+#include "common/toml_text.h"
 #include "topology/config_keys.h"
 #include "topology/internal/config_text.h"
 #include "topology/internal/objstore_config_parse.h"
@@ -31,61 +28,16 @@ using internal::Quoted;
 
 constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
 
-int LineOf(const toml::node& node) { return static_cast<int>(node.source().begin.line); }
-
-std::string_view TypeName(toml::node_type type) {
-  switch (type) {
-    case toml::node_type::none:
-      return "nothing";
-    case toml::node_type::table:
-      return "a table";
-    case toml::node_type::array:
-      return "an array";
-    case toml::node_type::string:
-      return "a string";
-    case toml::node_type::integer:
-      return "an integer";
-    case toml::node_type::floating_point:
-      return "a float";
-    case toml::node_type::boolean:
-      return "a boolean";
-    case toml::node_type::date:
-      return "a date";
-    case toml::node_type::time:
-      return "a time";
-    case toml::node_type::date_time:
-      return "a date-time";
-  }
-  return "an unknown type";
-}
-
-// Levenshtein distance, for "did you mean" hints on misspelled keys.
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
+using toml_text::LineOf;
+using toml_text::TypeName;
 
 // Turns one TOML document into a ClusterConfig, reporting the first problem with its
 // line. Cross-entry checks are left to ValidateClusterConfig.
 class Parser {
  public:
-  explicit Parser(std::string_view source_name) : source_(source_name) {}
+  explicit Parser(std::string_view source_name) : reader_(source_name), source_(source_name) {}
 
-  Status Error(int line, std::string_view message) const {
-    std::string where = source_;
-    if (line > 0) where += ":" + std::to_string(line);
-    return Status::InvalidArgument(where + ": " + std::string(message));
-  }
+  Status Error(int line, std::string_view message) const { return reader_.Error(line, message); }
 
   Result<ClusterConfig> Parse(const toml::table& root) {
     ClusterConfig config;
@@ -158,33 +110,17 @@ class Parser {
   // Fails on the first key of `table` that is not in `known`, suggesting the nearest.
   Status CheckKeys(const toml::table& table, std::string_view where,
                    std::span<const std::string_view> known) const {
-    for (auto&& [key, value] : table) {
-      const std::string_view name = key.str();
-      if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-      std::string message = "unknown key " + Quoted(name) + " in " + std::string(where);
-      std::string_view best;
-      size_t best_distance = 3;
-      for (std::string_view k : known) {
-        const size_t d = EditDistance(name, k);
-        if (d < best_distance) {
-          best_distance = d;
-          best = k;
-        }
-      }
-      if (!best.empty()) {
-        message += " (did you mean " + Quoted(best) + "?)";
-      } else if (where == "[cluster]" && LowerAscii(name).find("token") != std::string::npos) {
-        message +=
-            ": the token must never be written in the config; put it in an environment "
-            "variable and name that variable in auth_token_env";
-      } else {
-        message += " (known keys:";
-        for (std::string_view k : known) message += " " + std::string(k);
-        message += ")";
-      }
-      return Error(static_cast<int>(key.source().begin.line), message);
+    const toml::key* unknown = toml_text::FirstUnknownKey(table, known);
+    if (unknown != nullptr && where == "[cluster]" &&
+        toml_text::NearestKey(unknown->str(), known).empty() &&
+        LowerAscii(unknown->str()).find("token") != std::string::npos) {
+      return Error(static_cast<int>(unknown->source().begin.line),
+                   "unknown key " + Quoted(unknown->str()) +
+                       " in [cluster]: the token must never be "
+                       "written in the config; put it in an environment variable and name that "
+                       "variable in auth_token_env");
     }
-    return Status::Ok();
+    return reader_.CheckKeys(table, where, known);
   }
 
   Result<const toml::table*> AsTable(const toml::node& node, std::string_view key,
@@ -581,6 +517,7 @@ class Parser {
     return rule;
   }
 
+  toml_text::Reader reader_;
   std::string source_;
 };
 
@@ -677,15 +614,7 @@ const NodeConfig* ClusterConfig::Source() const {
 
 Result<ClusterConfig> ParseClusterConfig(std::string_view toml_text, std::string_view source_name) {
   Parser parser(source_name);
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, source_name);
-  } catch (const toml::parse_error& e) {
-    const auto& begin = e.source().begin;
-    return Status::InvalidArgument(std::string(source_name) + ":" + std::to_string(begin.line) +
-                                   ":" + std::to_string(begin.column) +
-                                   ": TOML syntax error: " + std::string(e.description()));
-  }
+  ASSIGN_OR_RETURN(const toml::table root, toml_text::Reader(source_name).Parse(toml_text));
   ASSIGN_OR_RETURN(ClusterConfig config, parser.Parse(root));
   RETURN_IF_ERROR(ValidateClusterConfig(config));
   return config;

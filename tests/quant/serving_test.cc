@@ -74,11 +74,12 @@ TEST(ParseServing, Refusals) {
       ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\nquantize = \"*\"\n", "s.toml")
           .status(),
       {"s.toml:3:", "array of strings"});
-  ExpectError(ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\nquantize = [\"*\"]\n"
-                           "not_convert = [\"x\"]\n",
-                           "s.toml")
-                  .status(),
-              {"s.toml:4:", "unknown key 'not_convert'"});
+  ExpectError(
+      ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\nquantize = [\"*\"]\n"
+                   "not_convert = [\"x\"]\n",
+                   "s.toml")
+          .status(),
+      {"s.toml:4:", "unknown key \"not_convert\" in [serving]", "did you mean \"not_converted\""});
   ExpectError(ParseServing("[serving]\nscheme = \"fp8_e4m3_block128\"\nquantize = [\"*\"]\n"
                            "[layout]\ncanonical = \"x\"\n",
                            "s.toml")

@@ -347,6 +347,37 @@ TEST_F(SnapshotStoreTest, KillAtEveryStepOfABuildLeavesOneValidSnapshot) {
   ExpectGivenFileUntouched();
 }
 
+// A store that never committed (a late joiner) catches up by partitions: the
+// catch-up's commit writes its target as the snapshot and switches, then writes
+// `active`. Cut short between the two, there is no `active` to tell the switch from
+// the first snapshot: the catch-up in flight to the snapshot's version does, and the
+// commit stands as it does for a store that had committed (found by the simulator,
+// seeds 95, 144, 197: it reopened at version 0 over the target's bytes).
+TEST_F(SnapshotStoreTest, ACatchUpCutShortAfterItsSwitchStandsOnAStoreThatNeverCommitted) {
+  const fs::path caught_up = dir_ / "caught-up";
+  ASSERT_NO_FATAL_FAILURE(WriteCheckpoint(caught_up, steps_[2]));
+  auto live =
+      apply::CheckpointDirStore::Open(caught_up, apply::CheckpointDirStore::Access::kPrivate);
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  const codec::Manifest target = ManifestOf(*Borrow(steps_[2]));
+  {
+    auto opened = SnapshotStore::Open(StoreDir(), kPartitionBytes, 1, NoBackground());
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    ASSERT_TRUE(
+        apply::CheckpointState(StoreDir()).WriteInflight({VersionOf(0), VersionOf(2)}).ok());
+    ASSERT_TRUE(opened->store->SnapshotFrom(**live, target).ok());
+  }  // the process dies here, before `active`
+  auto reopened = SnapshotStore::Open(StoreDir(), kPartitionBytes, 1, NoBackground());
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_EQ(reopened->replica->version(), VersionOf(2));
+  EXPECT_FALSE(reopened->replica->inflight());
+  EXPECT_EQ(reopened->replica->manifest().VersionId(), VersionOf(2));
+  reopened->replica.reset();
+  reopened->store.reset();
+  ExpectCommittedAt(2);
+  ExpectGivenFileUntouched();
+}
+
 TEST_F(SnapshotStoreTest, InPlaceOpenRefusesASnapshotStore) {
   ASSERT_NO_FATAL_FAILURE(StartN1());
   ASSERT_NO_FATAL_FAILURE(StartN2());

@@ -203,6 +203,61 @@ TEST_F(SimDiskTest, DirectoriesCreatedDurablySurviveWithTheirFiles) {
   EXPECT_EQ(Text(root_ / "a" / "b" / "c" / "f"), "f");
 }
 
+// LinkOrCopyDurably's hard link (a snapshot store's first snapshot, its chain): a
+// second name for the same file, durable once its directory is synced; the power
+// loss puts both names back as one file (linked), torn the same way.
+TEST_F(SimDiskTest, AHardLinkIsASecondNameForTheSameFile) {
+  const std::string synced(2 * SimDisk::kPageBytes, 's');
+  ASSERT_TRUE(WriteFileAtomic(root_ / "f", AsBytes(std::string_view(synced))).ok());
+  ASSERT_TRUE(LinkOrCopyDurably(root_ / "f", root_ / "sub" / "g").ok());
+  ASSERT_TRUE(LinkOrCopyDurably(root_ / "f", root_ / "h").ok());
+  ASSERT_TRUE(FsyncDirectory(root_ / "sub").ok());                     // g's name durable, h's not
+  WriteAt(root_ / "f", 0, std::string(2 * SimDisk::kPageBytes, 'u'));  // never synced
+  const PowerLossReport rep = disk_.PowerLoss(root_, 0.5);
+  EXPECT_TRUE(disk_.TakeErrors().empty());
+  EXPECT_EQ(rep.names_lost, 1);  // h
+  EXPECT_FALSE(fs::exists(root_ / "h"));
+  EXPECT_EQ(Text(root_ / "f"), Text(root_ / "sub" / "g"));  // one file, one tear
+  EXPECT_TRUE(fs::equivalent(root_ / "f", root_ / "sub" / "g"));
+  // A sync through one name makes the bytes durable under both.
+  WriteAt(root_ / "sub" / "g", 0, "new");
+  disk_.Synced(root_ / "sub" / "g");
+  disk_.PowerLoss(root_, 0.0);
+  EXPECT_EQ(Text(root_ / "f").substr(0, 3), "new");
+  EXPECT_TRUE(disk_.TakeErrors().empty());
+}
+
+// A snapshot build's folder: written and synced as "x.building", renamed to "x". Its
+// files go with it; the rename is durable once the parent is synced, not before.
+TEST_F(SimDiskTest, ARenamedDirectoryTakesItsFilesAndIsDurableOnceItsParentIsSynced) {
+  ASSERT_TRUE(CreateDirectoriesDurably(root_ / "sub" / "x.building").ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(root_ / "sub" / "x.building" / "f", AsBytes(std::string_view("f"))).ok());
+  fs::rename(root_ / "sub" / "x.building", root_ / "sub" / "x");
+  disk_.Renamed(root_ / "sub" / "x.building", root_ / "sub" / "x");
+  disk_.PowerLoss(root_, 1.0);  // the parent was not synced: the old name is back
+  EXPECT_EQ(Text(root_ / "sub" / "x.building" / "f"), "f");
+  EXPECT_FALSE(fs::exists(root_ / "sub" / "x"));
+
+  fs::rename(root_ / "sub" / "x.building", root_ / "sub" / "x");
+  disk_.Renamed(root_ / "sub" / "x.building", root_ / "sub" / "x");
+  ASSERT_TRUE(FsyncDirectory(root_ / "sub").ok());
+  disk_.PowerLoss(root_, 0.0);
+  EXPECT_EQ(Text(root_ / "sub" / "x" / "f"), "f");
+  EXPECT_FALSE(fs::exists(root_ / "sub" / "x.building"));
+  ASSERT_TRUE(FsyncDirectory(root_ / "sub" / "x").ok());  // the seam knows f under its new name
+  EXPECT_TRUE(disk_.TakeErrors().empty());
+}
+
+TEST_F(SimDiskTest, AHardLinkMadeBehindTheSeamIsReported) {
+  ASSERT_TRUE(WriteFileAtomic(root_ / "f", AsBytes(std::string_view("f"))).ok());
+  fs::create_hard_link(root_ / "f", root_ / "linked");
+  ASSERT_TRUE(FsyncDirectory(root_).ok());
+  const auto errors = disk_.TakeErrors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("linked"), std::string::npos) << errors[0];
+}
+
 TEST_F(SimDiskTest, AFileCreatedBehindTheSeamIsReported) {
   InstallSimDisk(nullptr);
   ASSERT_TRUE(WriteFile(root_ / "sneaky", AsBytes(std::string_view("x"))).ok());

@@ -265,6 +265,18 @@ TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutBehindAStaleBeginOrAHiddenF
   }
 }
 
+// 6628 (with snapshot stores drawn, deltacast_sim's default): a relay already
+// decided and done with a refit was replayed its END by the parent it rejoined and
+// forwarded it to children that had been sent the decision, which took it again down
+// every hop: the re-sent checker (1.7 % > 1 %; relay/node_refit.cc, OnChunk).
+TEST(SimSeedsTest, Seed6628ADecidedRelayDoesNotForwardAReplayedChunk) {
+  const RunResult r = RunScenario(DrawScenario(6628, 1.0, /*disk=*/true, /*outages=*/true,
+                                               /*producers=*/false, /*staged=*/true,
+                                               /*snapshots=*/true));
+  EXPECT_TRUE(r.ok()) << r.failures.front();
+  EXPECT_EQ(r.resent_bytes, 0u) << "a decided relay forwarded a replayed chunk";
+}
+
 // Outages (a node away 25-45 s) make the fix "after a decision, away children are
 // waited for only up to the connect timeout" findable: with the relays' grace set
 // back to the commit timeout (node_outcome.cc), seed 58 (with its outage of n4, the

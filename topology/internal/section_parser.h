@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "common/toml_text.h"
 #include "topology/units.h"
 
 namespace deltacast::topology::internal {
@@ -24,19 +25,11 @@ class SectionParser {
   SectionParser(std::string_view source, std::string_view where) : source_(source), where_(where) {}
 
   Status Error(const toml::node& node, std::string_view message) const {
-    return Status::InvalidArgument(source_ + ":" + std::to_string(node.source().begin.line) + ": " +
-                                   where_ + " " + std::string(message));
+    return toml_text::Reader(source_).Error(node, where_ + " " + std::string(message));
   }
 
   Status CheckKeys(const toml::table& t, std::span<const std::string_view> known) const {
-    for (auto&& [key, value] : t) {
-      if (std::find(known.begin(), known.end(), key.str()) != known.end()) continue;
-      std::string list;
-      for (std::string_view k : known) list += " " + std::string(k);
-      return Error(value,
-                   "has unknown key \"" + std::string(key.str()) + "\" (known keys:" + list + ")");
-    }
-    return Status::Ok();
+    return toml_text::Reader(source_).CheckKeys(t, where_, known);
   }
 
   Result<std::string> String(const toml::node& n, std::string_view key) const {
