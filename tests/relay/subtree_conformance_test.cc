@@ -432,10 +432,6 @@ TEST_P(SubtreeConformance, ChildThatFailsWhileStreaming) {
 // e. A child that prepared and answers the COMMIT with FAILED naming itself: its
 // confirmation will not come, so it is not waited for.
 TEST_P(SubtreeConformance, ChildThatFailsAfterTheDecisionIsNotWaitedFor) {
-  if (owner() == Owner::kBucketDownlink) {
-    GTEST_SKIP() << "engine gap: the bucket downlink ignores a child's FAILED after the "
-                    "decision (WriteFailed returns once decided) and waits for its confirmation";
-  }
   AddChild("c1");
   AddChild("c2");
   AddChild("c3", {.decision = DecisionAnswer::kFailed, .reason = kFailReason});
