@@ -56,6 +56,13 @@ constexpr char kFailReason[] = "scripted disk full";
 
 enum class Owner { kSource, kNode, kBucketDownlink };
 
+// Behind a bucket, PREPARED and the decision each cross S3 (a PUT, the other side's
+// poll): in scenario (f) that round trip must fit in the connect timeout after the
+// prepared child left, so the bucket's tree gets twice the margin on a loaded machine.
+std::chrono::milliseconds ConnectTimeoutFor(Owner owner) {
+  return owner == Owner::kBucketDownlink ? 2 * kConnectTimeout : kConnectTimeout;
+}
+
 // The node whose children the scripted children are.
 std::string OwnerId(Owner owner) {
   switch (owner) {
@@ -95,7 +102,7 @@ fanout = 4
 chunk_size = "16KiB"
 window = 4
 connect_timeout = ")" +
-                     std::to_string(kConnectTimeout.count()) +
+                     std::to_string(ConnectTimeoutFor(owner).count()) +
                      R"(ms"
 commit_timeout = ")" +
                      std::to_string(kCommitTimeout.count()) +
