@@ -157,6 +157,7 @@ class NodeAgent::Impl {
   void OnDecision(MessageType type, ByteSpan bytes);
   void Resolve(MessageType type, const Decision& d, transport::Message message);
   void CommitByCatchingUp(const Decision& d, transport::Message message);
+  void ExcuseChildrenWithout(const Digest128& target);
   // The refit's decision for the children: as received, else (unsigned clusters
   // only) encoded here.
   transport::Message DecisionFor(MessageType type) const;

@@ -88,15 +88,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       // there) or is down, and learns the decision when it is back.
       subtree_.BeginRefit(d->refit_id, Clock::now());
       subtree_.Decided(Clock::now(), ParentLink::kFailoverAfter);
-      // A child that joined before this refit was known again and holds neither its
-      // delta nor its target (adopted from a parent that never had the refit, say)
-      // ignores the COMMIT: not waited for, as when it joins after (OnChildJoined).
-      // Else the refit waited until it left (the simulator's seed 18830: 9.8 s).
-      for (const auto& [child, holds] : child_holds_) {
-        if (holds.first != d->target_version && holds.second != d->target_version) {
-          subtree_.Excuse(child);
-        }
-      }
+      ExcuseChildrenWithout(d->target_version);
       MaybeOutcome();
       return;
     }
@@ -183,6 +175,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   downstream_.Broadcast(message);
   subtree_.BeginRefit(d.refit_id, Clock::now());
   subtree_.Decided(Clock::now());
+  ExcuseChildrenWithout(d.target_version);
   const uint64_t id = d.refit_id;
   if (type == MessageType::kCommit && !journal_.prepared) {
     // It committed without us: reach it by fetching what differs.
@@ -201,6 +194,18 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   refit_->phase = Phase::kAborting;
   auto spool = Spool::Open(options_.spool_dir, d.target_version, /*remove_others=*/false);
   rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
+}
+
+// A refit known here from its decision alone (a resolution, or this node came back
+// after committing it): a child that joined before and holds neither its delta nor
+// its target (adopted from a parent that never had the refit, say) ignores the
+// decision, so it is not waited for, as when it joins after (OnChildJoined). Else the
+// refit waited until the child left (the simulator's seed 18830: 9.8 s) or the commit
+// timeout (seed 14756, a resolution).
+void NodeAgent::Impl::ExcuseChildrenWithout(const Digest128& target) {
+  for (const auto& [child, holds] : child_holds_) {
+    if (holds.first != target && holds.second != target) subtree_.Excuse(child);
+  }
 }
 
 void NodeAgent::Impl::Decide(MessageType type) {

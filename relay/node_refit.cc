@@ -454,19 +454,20 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
   Refit& r = *refit_;
   const bool committed =
       r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_);
-  if (r.resolution) {
-    if (hello.inflight_target == r.identity.target_version) {
-      downstream_.Requeue(child, {Downstream::Outgoing::Control(DecisionFor(
-                                     committed ? MessageType::kCommit : MessageType::kAbort))});
-    }
-    return;
-  }
   const Digest128& target = r.identity.target_version;
-  if (committed && r.begin.refit_id != r.id && hello.inflight_target != target &&
-      hello.active_version != target) {
-    // Known here from its decision alone (this node came back after committing it):
-    // there is no BEGIN nor chunk to replay, and a child without the delta cannot
-    // reach the target in this refit. Not waited for; it catches up at a later one.
+  if (r.resolution || (committed && r.begin.refit_id != r.id)) {
+    // Known here from its decision alone (a resolution, or this node came back after
+    // committing it): there is no BEGIN nor chunk to replay. A child that holds the
+    // delta (or, committed, its target) is sent the decision alone: it resolves its
+    // delta, or confirms again. A replay would send it an empty BEGIN, which it
+    // passes down, and its children then never confirm (the simulator's seed 14756
+    // waited the commit timeout). A child with neither cannot reach the target in
+    // this refit: not waited for; it catches up at a later one.
+    if (hello.inflight_target == target || (committed && hello.active_version == target)) {
+      return downstream_.Requeue(
+          child, {Downstream::Outgoing::Control(
+                     DecisionFor(committed ? MessageType::kCommit : MessageType::kAbort))});
+    }
     log::Warn(
         fmt::format("{}: child {} rejoined without refit {}'s delta, which this node "
                     "knows only from its decision; not waiting for it",

@@ -277,6 +277,18 @@ TEST(SimSeedsTest, Seed6628ADecidedRelayDoesNotForwardAReplayedChunk) {
   EXPECT_EQ(r.resent_bytes, 0u) << "a decided relay forwarded a replayed chunk";
 }
 
+// 14756 (snapshot stores drawn): a relay resolving a delta left in flight (it came
+// back after the decision) replayed a child that held the delta an empty BEGIN,
+// which that child passed down; its other child, holding neither delta nor target,
+// ignored the decision and was waited for to the commit timeout
+// (relay/node_refit.cc OnChildJoined, node_outcome.cc ExcuseChildrenWithout).
+TEST(SimSeedsTest, Seed14756ARefitKnownOnlyFromItsDecisionSendsTheDecisionAlone) {
+  const RunResult r = RunScenario(DrawScenario(14756, 1.0, /*disk=*/true, /*outages=*/true,
+                                               /*producers=*/false, /*staged=*/true,
+                                               /*snapshots=*/true));
+  EXPECT_TRUE(r.ok()) << r.failures.front();
+}
+
 // Outages (a node away 25-45 s) make the fix "after a decision, away children are
 // waited for only up to the connect timeout" findable: with the relays' grace set
 // back to the commit timeout (node_outcome.cc), seed 58 (with its outage of n4, the
