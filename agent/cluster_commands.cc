@@ -12,16 +12,16 @@
 #include "agent/fp8_twin.h"
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
-#include "relay/bucket_bridge.h"
-#include "relay/catch_up.h"
-#include "relay/configured_keys.h"
-#include "relay/fp8_delta.h"
-#include "relay/node_agent.h"
-#include "relay/node_transports.h"
-#include "relay/publisher.h"
-#include "relay/setup.h"
-#include "relay/snapshot_store.h"
-#include "relay/source.h"
+#include "relay/bucket/bucket_bridge.h"
+#include "relay/producers/fp8_delta.h"
+#include "relay/store/snapshot_store.h"
+#include "relay/tree/catch_up.h"
+#include "relay/tree/configured_keys.h"
+#include "relay/tree/node_agent.h"
+#include "relay/tree/node_transports.h"
+#include "relay/tree/publisher.h"
+#include "relay/tree/setup.h"
+#include "relay/tree/source.h"
 #include "topology/plan_format.h"
 #include "topology/tree_plan.h"
 #include "transport/tcp/tls_certs.h"
@@ -70,7 +70,7 @@ int RunPlan(const PlanArgs& args) {
 
 namespace {
 
-// The config's keys for signed versions (relay/signing.h).
+// The config's keys for signed versions (relay/wire/signing.h).
 Result<std::shared_ptr<const relay::VerifyKey>> LoadVerifyKey(const topology::ClusterConfig& c) {
   return relay::LoadConfiguredVerifyKey(c);
 }

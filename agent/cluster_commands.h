@@ -9,7 +9,7 @@
 
 #include "codec/partition_codec.h"
 #include "common/progress.h"
-#include "relay/publisher.h"
+#include "relay/tree/publisher.h"
 #include "topology/cluster_config.h"
 
 namespace deltacast::agent {
@@ -31,7 +31,7 @@ struct AgentArgs {
 // Runs until SIGINT or SIGTERM.
 int RunAgent(const AgentArgs& args);
 
-// One half of a bucket bridge (relay/bucket_bridge.h, docs/object-store.md): the
+// One half of a bucket bridge (relay/bucket/bucket_bridge.h, docs/object-store.md): the
 // uplink beside the source, or the downlink on the region gateway's host.
 struct BucketBridgeArgs {
   std::filesystem::path config;

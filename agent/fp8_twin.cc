@@ -17,12 +17,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-layout::TensorSpec Spec(const codec::TensorInfo& t) { return {t.name, t.dtype, t.shape}; }
-codec::TensorInfo Info(const layout::TensorSpec& t) { return {t.name, t.dtype, t.shape}; }
+TensorSpec Spec(const TensorSpec& t) { return {t.name, t.dtype, t.shape}; }
+TensorSpec Info(const TensorSpec& t) { return {t.name, t.dtype, t.shape}; }
 
 // The served tensors of a plan, in order: each weight, then its scale if quantized.
-std::vector<codec::TensorInfo> ServedInfos(const std::vector<quant::ServedTensor>& plan) {
-  std::vector<codec::TensorInfo> out;
+std::vector<TensorSpec> ServedInfos(const std::vector<quant::ServedTensor>& plan) {
+  std::vector<TensorSpec> out;
   for (const quant::ServedTensor& s : plan) {
     out.push_back(Info(s.weight));
     if (s.quantized()) out.push_back(Info(s.scale));
@@ -33,7 +33,7 @@ std::vector<codec::TensorInfo> ServedInfos(const std::vector<quant::ServedTensor
 // Quantizes (or copies) one served tensor's bytes into `weight` and `scale`.
 Status Serve(const quant::ServedTensor& s, ByteSpan source, MutableByteSpan weight,
              MutableByteSpan scale) {
-  if (source.size() != s.canonical.Elements() * ElementSize(s.canonical.dtype)) {
+  if (source.size() != s.canonical.ByteSize()) {
     return Status::InvalidArgument("tensor '" + s.canonical.name +
                                    "' does not have the size its plan says");
   }
@@ -100,10 +100,10 @@ quant::ServingDescription DefaultFp8Serving(std::string_view scheme) {
   return d;
 }
 
-Result<std::vector<quant::ServedTensor>> PlanFp8Twin(
-    const quant::ServingDescription& serving, const std::vector<codec::TensorInfo>& tensors) {
-  std::vector<layout::TensorSpec> specs;
-  for (const codec::TensorInfo& t : tensors) specs.push_back(Spec(t));
+Result<std::vector<quant::ServedTensor>> PlanFp8Twin(const quant::ServingDescription& serving,
+                                                     const std::vector<TensorSpec>& tensors) {
+  std::vector<TensorSpec> specs;
+  for (const TensorSpec& t : tensors) specs.push_back(Spec(t));
   return quant::PlanServing(serving, specs);
 }
 
@@ -180,7 +180,7 @@ Status WriteFp8Twin(const fs::path& bf16_dir, const fs::path& out_dir,
   uint64_t total_size = 0;
   for (size_t f = 0; f < layout.files.size(); ++f) {
     std::vector<const quant::ServedTensor*> served;
-    std::vector<codec::TensorInfo> infos;
+    std::vector<TensorSpec> infos;
     for (const apply::CheckpointTensor* t : per_file[f]) {
       const quant::ServedTensor* s = by_name.at(t->info.name);
       served.push_back(s);
@@ -191,8 +191,8 @@ Status WriteFp8Twin(const fs::path& bf16_dir, const fs::path& out_dir,
     std::vector<std::vector<std::byte>> weights(served.size()), scales(served.size());
     RETURN_IF_ERROR(ParallelStatus(served.size(), threads, [&](size_t k) -> Status {
       const quant::ServedTensor& s = *served[k];
-      weights[k].resize(s.weight.Elements() * ElementSize(s.weight.dtype));
-      if (s.quantized()) scales[k].resize(s.scale.Elements() * ElementSize(s.scale.dtype));
+      weights[k].resize(s.weight.ByteSize());
+      if (s.quantized()) scales[k].resize(s.scale.ByteSize());
       return Serve(s, source->TensorData(source_index.at(s.canonical.name)), weights[k], scales[k]);
     }));
     ASSIGN_OR_RETURN(auto writer,
@@ -227,8 +227,8 @@ Status CheckFp8CheckpointDir(const fs::path& dir) {
   if (!config || !Checked(*config)) return Status::Ok();
   using Access = apply::CheckpointDirStore::Access;
   ASSIGN_OR_RETURN(auto store, apply::CheckpointDirStore::Open(dir, Access::kReadOnly));
-  std::vector<layout::TensorSpec> specs;
-  for (const codec::TensorInfo& t : store->tensors()) specs.push_back(Spec(t));
+  std::vector<TensorSpec> specs;
+  for (const TensorSpec& t : store->tensors()) specs.push_back(Spec(t));
   return quant::CheckFp8Checkpoint(specs, *config)
       .WithContext(dir.string() + " (FP8 checkpoint, config.json's quantization_config)");
 }

@@ -33,7 +33,7 @@ quant::ServingDescription DefaultFp8Serving(std::string_view scheme = "fp8_e4m3_
 
 // The serving plan of a store's tensors (PlanServing's errors).
 Result<std::vector<quant::ServedTensor>> PlanFp8Twin(const quant::ServingDescription& serving,
-                                                     const std::vector<codec::TensorInfo>& tensors);
+                                                     const std::vector<TensorSpec>& tensors);
 
 // The twin in memory: a HostStore holding the plan's served tensors (weights, then
 // each quantized weight's scale after it), quantized on `threads` threads. Errors

@@ -9,7 +9,7 @@
 #include "layout/engine.h"
 #include "layout/placement.h"
 #include "quant/engine_config.h"
-#include "relay/shard_input.h"
+#include "relay/producers/shard_input.h"
 
 namespace deltacast::agent {
 namespace {
@@ -38,7 +38,7 @@ int RunLayoutEngine(const LayoutEngineArgs& args) {
       args.canonical.empty() ? args.config.parent_path() : args.canonical;
   auto table = relay::LoadCanonicalTable(canonical_path.empty() ? "." : canonical_path);
   if (!table.ok()) return Fail(table.status().WithContext("canonical table (--canonical)"));
-  std::vector<layout::TensorSpec> canonical;
+  std::vector<TensorSpec> canonical;
   for (const auto& t : *table) canonical.push_back({t.name, t.dtype, t.shape});
   if (canonical.empty()) {
     return Fail(Status::InvalidArgument("the canonical table " + canonical_path.string() +
@@ -58,11 +58,11 @@ int RunLayoutEngine(const LayoutEngineArgs& args) {
     if (!d.ok()) return Fail(d.status());
     auto expected = layout::ExpectedLocals(*d, canonical);
     if (!expected.ok()) return Fail(expected.status());
-    std::vector<layout::TensorSpec> locals;
+    std::vector<TensorSpec> locals;
     nlohmann::json params = nlohmann::json::array();
     for (const layout::ExpectedLocal& x : *expected) {
       auto it = std::find_if(canonical.begin(), canonical.end(),
-                             [&](const layout::TensorSpec& t) { return t.name == x.canonical; });
+                             [&](const TensorSpec& t) { return t.name == x.canonical; });
       locals.push_back({x.name, it->dtype, x.shape});
       params.push_back({{"name", x.name}, {"shape", x.shape}, {"dtype", DTypeName(it->dtype)}});
     }

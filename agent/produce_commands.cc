@@ -13,10 +13,10 @@
 #include "apply/checkpoint_state.h"
 #include "apply/safetensors.h"
 #include "common/log.h"
-#include "relay/node_transports.h"
-#include "relay/producer.h"
-#include "relay/root.h"
-#include "relay/shard_input.h"
+#include "relay/producers/producer.h"
+#include "relay/producers/root.h"
+#include "relay/producers/shard_input.h"
+#include "relay/tree/node_transports.h"
 
 namespace deltacast::agent {
 namespace {
@@ -298,7 +298,7 @@ int RunLayoutCheck(const LayoutCheckArgs& args) {
     const fs::path shard = dir / (layout.stem().string() + ".safetensors");
     auto header = apply::ReadSafetensorsHeader(shard);
     if (!header.ok()) return Fail(header.status().WithContext("the shard of " + layout.string()));
-    std::vector<codec::TensorInfo> tensors;
+    std::vector<TensorSpec> tensors;
     for (const auto& e : header->entries) tensors.push_back(e.info);
     auto placement = relay::LoadRankPlacement(layout, tensors);
     if (!placement.ok()) {

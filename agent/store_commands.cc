@@ -9,7 +9,7 @@
 #include "apply/checkpoint_state.h"
 #include "codec/partition.h"
 #include "common/parallel.h"
-#include "relay/snapshot_store.h"
+#include "relay/store/snapshot_store.h"
 
 namespace deltacast::agent {
 
@@ -23,8 +23,8 @@ Result<CommittedCheckpoint> OpenCommittedCheckpoint(const std::filesystem::path&
                                   dir, codec::kDefaultPartitionBytes, threads, c.manifest));
     return c;
   }
-  ASSIGN_OR_RETURN(c.store, apply::CheckpointDirStore::Open(
-                                dir, apply::CheckpointDirStore::Access::kReadOnly));
+  ASSIGN_OR_RETURN(
+      c.store, apply::CheckpointDirStore::Open(dir, apply::CheckpointDirStore::Access::kReadOnly));
   ASSIGN_OR_RETURN(c.manifest, apply::CheckpointState(dir).LoadOrComputeManifest(
                                    *c.store, codec::kDefaultPartitionBytes, threads));
   return c;
@@ -34,12 +34,14 @@ int RunMaterialize(const MaterializeArgs& args) {
   const auto started = std::chrono::steady_clock::now();
   auto committed = OpenCommittedCheckpoint(args.store, args.threads);
   if (!committed.ok()) {
-    fmt::print(stderr, "deltacast: {}\n", committed.status().WithContext(args.store.string()).ToString());
+    fmt::print(stderr, "deltacast: {}\n",
+               committed.status().WithContext(args.store.string()).ToString());
     return kExitFailure;
   }
   auto written = relay::SnapshotStore::WriteDirectory(*committed->store, args.out, /*rate=*/0);
   if (!written.ok()) {
-    fmt::print(stderr, "deltacast: {}\n", written.status().WithContext(args.out.string()).ToString());
+    fmt::print(stderr, "deltacast: {}\n",
+               written.status().WithContext(args.out.string()).ToString());
     return kExitFailure;
   }
   const double seconds =
@@ -54,8 +56,8 @@ int RunMaterialize(const MaterializeArgs& args) {
                                       {"seconds", seconds}}
                            .dump(2));
   } else {
-    fmt::print("materialized {} (version {}) into {}: {} bytes in {:.2f} s\n",
-               args.store.string(), version.substr(0, 12), args.out.string(), *written, seconds);
+    fmt::print("materialized {} (version {}) into {}: {} bytes in {:.2f} s\n", args.store.string(),
+               version.substr(0, 12), args.out.string(), *written, seconds);
   }
   return kExitOk;
 }

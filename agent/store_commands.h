@@ -1,5 +1,5 @@
 // Commands over a node's checkpoint store as it is kept on disk, in place or as a
-// snapshot plus the committed chain (relay/snapshot_store.h): `deltacast
+// snapshot plus the committed chain (relay/store/snapshot_store.h): `deltacast
 // materialize`, and the committed version that verify and audit read.
 #pragma once
 

@@ -311,7 +311,7 @@ ModelShape ChooseShape(uint64_t params) {
 }
 
 struct SynthTensor {
-  codec::TensorInfo info;
+  TensorSpec info;
   InitSpec init;
   uint64_t name_hash = 0;  // seeds its slices, so values do not depend on sharding
   int shard = 0;
@@ -398,7 +398,7 @@ struct Plan {
   ModelShape shape;
   std::vector<SynthTensor> canonical;   // state_dict order
   std::vector<SynthTensor> file_order;  // shard by shard, by name within a shard
-  std::vector<std::vector<codec::TensorInfo>> shard_tensors;
+  std::vector<std::vector<TensorSpec>> shard_tensors;
   std::vector<std::string> shard_names;
   std::vector<SliceDesc> slices;
   uint64_t total_bytes = 0;

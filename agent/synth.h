@@ -25,8 +25,9 @@
 #include <vector>
 
 #include "agent/synth_shards.h"
-#include "codec/tensor.h"
+#include "common/dtype.h"
 #include "common/status.h"
+#include "deltacast/tensor.h"
 
 namespace deltacast::agent {
 
@@ -70,7 +71,7 @@ struct SynthStepStats {
 
 struct SynthReport {
   // Canonical model order (embeddings, layer by layer, final norm, lm_head).
-  std::vector<codec::TensorInfo> tensors;
+  std::vector<TensorSpec> tensors;
   uint64_t params = 0;                       // exact element count of `tensors`
   double lr = 0;                             // the learning rate used (given or calibrated)
   std::vector<double> measured_change_rate;  // per step 1..N: changed / params

@@ -24,7 +24,7 @@ struct Rank {
 
 // One local tensor: its header entry and how to compute its bytes.
 struct LocalDef {
-  codec::TensorInfo info;
+  TensorSpec info;
   std::function<Status(std::byte* out)> fill;
 };
 
@@ -284,7 +284,7 @@ class Sharder {
     return d;
   }
 
-  LocalDef Fsdp2(const codec::TensorInfo& t, uint64_t f) const {
+  LocalDef Fsdp2(const TensorSpec& t, uint64_t f) const {
     const uint64_t rows = t.shape.empty() ? 1 : t.shape[0];
     const uint64_t row = t.ElementCount() / std::max<uint64_t>(rows, 1) * ElementSize(t.dtype);
     const uint64_t c = (rows + s_.fsdp - 1) / s_.fsdp;
@@ -305,7 +305,7 @@ class Sharder {
 };
 
 Status WriteRank(const fs::path& path, const std::vector<LocalDef>& defs) {
-  std::vector<codec::TensorInfo> infos;
+  std::vector<TensorSpec> infos;
   for (const auto& d : defs) infos.push_back(d.info);
   ASSIGN_OR_RETURN(auto writer, apply::SafetensorsWriter::Create(path, infos, {{"format", "pt"}}));
   std::vector<std::byte> buffer;
@@ -317,7 +317,7 @@ Status WriteRank(const fs::path& path, const std::vector<LocalDef>& defs) {
   return writer->Finish();
 }
 
-std::string CanonicalJson(const std::vector<codec::TensorInfo>& tensors) {
+std::string CanonicalJson(const std::vector<TensorSpec>& tensors) {
   nlohmann::json list = nlohmann::json::array();
   for (const auto& t : tensors) {
     list.push_back(

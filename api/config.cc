@@ -40,14 +40,6 @@ Result<std::string> Config::DescribePlan() const {
   return topology::FormatPlanText(*plan, impl_->cluster, uint64_t{1} << 30);
 }
 
-uint64_t TensorSpec::ElementCount() const {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;
-  return n;
-}
-
-uint64_t TensorSpec::ByteSize() const { return ElementCount() * ElementSize(dtype); }
-
 static_assert(static_cast<int>(LogLevel::kOff) == static_cast<int>(log::Level::kOff) &&
                   static_cast<int>(LogLevel::kDebug) == static_cast<int>(log::Level::kDebug),
               "the public log levels mirror the internal ones");
@@ -59,10 +51,10 @@ void SetLogLevel(LogLevel level) {
 namespace api {
 
 Result<std::unique_ptr<apply::WeightStore>> BorrowTensors(const std::vector<TensorView>& tensors) {
-  std::vector<std::pair<codec::TensorInfo, MutableByteSpan>> spans;
+  std::vector<std::pair<TensorSpec, MutableByteSpan>> spans;
   spans.reserve(tensors.size());
   for (const TensorView& t : tensors) {
-    spans.emplace_back(codec::TensorInfo{t.spec.name, t.spec.dtype, t.spec.shape},
+    spans.emplace_back(TensorSpec{t.spec.name, t.spec.dtype, t.spec.shape},
                        MutableByteSpan(t.bytes.data(), t.bytes.size()));
   }
   auto store = apply::HostStore::Borrow(std::move(spans));

@@ -11,7 +11,7 @@
 #include "deltacast/config.h"
 #include "deltacast/source.h"
 #include "deltacast/tensor.h"
-#include "relay/publisher.h"
+#include "relay/tree/publisher.h"
 #include "topology/cluster_config.h"
 
 namespace deltacast {

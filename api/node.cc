@@ -8,17 +8,17 @@
 #include "layout/description.h"
 #include "layout/engine.h"
 #include "quant/engine_config.h"
-#include "relay/node_agent.h"
-#include "relay/node_transports.h"
-#include "relay/setup.h"
-#include "relay/shard_input.h"
+#include "relay/producers/shard_input.h"
+#include "relay/tree/node_agent.h"
+#include "relay/tree/node_transports.h"
+#include "relay/tree/setup.h"
 
 namespace deltacast {
 namespace {
 
 // The node's options from the public ones; its weights are `parts` (a replica the
 // caller opened, or a checkpoint directory), the rest is wired by the relay's
-// composition root (relay/setup.h). `on_gpus`: the weights lie in GPU memory.
+// composition root (relay/tree/setup.h). `on_gpus`: the weights lie in GPU memory.
 // Chunks are entropy-coded, so they are decoded on the host whatever the transport
 // could reach: GPUDirect would not save a copy. What reaches the GPUs goes through
 // each memory's pinned staging ring; the transport's device-memory capability is
@@ -80,7 +80,7 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeO
 // The planned store over `gpus`: one memory per GPU, its plan from its layout.
 Result<std::unique_ptr<apply::WeightStore>> PlanGpus(std::vector<GpuWeights> gpus) {
   if (gpus.empty()) return Status::InvalidArgument("no GPUs given");
-  std::vector<layout::TensorSpec> canonical;
+  std::vector<TensorSpec> canonical;
   std::vector<apply::PlannedStore::PartSpec> parts;
   for (size_t g = 0; g < gpus.size(); ++g) {
     GpuWeights& gpu = gpus[g];

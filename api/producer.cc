@@ -6,15 +6,15 @@
 #include "api/internal.h"
 #include "apply/device/piece_memory.h"
 #include "layout/placement.h"
-#include "relay/node_transports.h"
-#include "relay/producer.h"
-#include "relay/root.h"
-#include "relay/setup.h"
+#include "relay/producers/producer.h"
+#include "relay/producers/root.h"
+#include "relay/tree/node_transports.h"
+#include "relay/tree/setup.h"
 
 namespace deltacast {
 namespace {
 
-layout::TensorSpec ToLayout(const TensorSpec& t) { return {t.name, t.dtype, t.shape}; }
+TensorSpec ToLayout(const TensorSpec& t) { return {t.name, t.dtype, t.shape}; }
 
 // One of the producer's tensors: its previous and new bytes.
 struct TensorPair {
@@ -24,9 +24,9 @@ struct TensorPair {
 
 // The producer's tensors by name, checked against the model; `base` and `target`
 // must list the same tensors.
-Result<std::map<std::string, TensorPair>> MatchViews(
-    const std::map<std::string, layout::TensorSpec>& model, const std::vector<TensorView>& base,
-    const std::vector<TensorView>& target) {
+Result<std::map<std::string, TensorPair>> MatchViews(const std::map<std::string, TensorSpec>& model,
+                                                     const std::vector<TensorView>& base,
+                                                     const std::vector<TensorView>& target) {
   auto check = [&](const TensorView& v, const std::string& which) -> Status {
     auto it = model.find(v.spec.name);
     if (it == model.end()) {
@@ -79,7 +79,7 @@ struct Producer::Impl {
                               const std::vector<TensorView>& target,
                               apply::device::PieceMemory* device);
 
-  std::map<std::string, layout::TensorSpec> model;
+  std::map<std::string, TensorSpec> model;
   std::unique_ptr<relay::Producer> producer;
   // ServeFromGpu's memory, kept between refits (its scratch buffers too).
   std::unique_ptr<apply::device::PieceMemory> memory;
@@ -150,7 +150,7 @@ Result<ProduceReport> Producer::Impl::Serve(const std::vector<TensorView>& base,
   std::vector<std::string> served;
   for (const auto& [name, s] : spans) served.push_back(name);  // sorted, as the map's locals
   if (served != names) {
-    std::vector<layout::TensorSpec> canonical;
+    std::vector<TensorSpec> canonical;
     for (const auto& [name, spec] : model) canonical.push_back(spec);
     ASSIGN_OR_RETURN(map, layout::MapWhole(std::move(canonical), served));
     names = served;

@@ -3,10 +3,10 @@
 #include "api/internal.h"
 #include "codec/manifest.h"
 #include "quant/serving.h"
-#include "relay/fp8_delta.h"
-#include "relay/node_transports.h"
-#include "relay/setup.h"
-#include "relay/source.h"
+#include "relay/producers/fp8_delta.h"
+#include "relay/tree/node_transports.h"
+#include "relay/tree/setup.h"
+#include "relay/tree/source.h"
 
 namespace deltacast {
 

@@ -17,9 +17,10 @@
 #include <vector>
 
 #include "apply/weight_store.h"
-#include "codec/tensor.h"
+#include "common/dtype.h"
 #include "common/hash.h"
 #include "common/status.h"
+#include "deltacast/tensor.h"
 
 namespace deltacast::apply {
 
@@ -33,7 +34,7 @@ struct CheckpointFile {
 };
 
 struct CheckpointTensor {
-  codec::TensorInfo info;
+  TensorSpec info;
   uint32_t file = 0;         // index into CheckpointLayout::files
   uint64_t file_offset = 0;  // absolute offset of the first byte within that file
 };
@@ -73,7 +74,7 @@ Result<std::map<std::string, std::string>> ParseCheckpointIndex(ByteSpan bytes,
 class CheckpointDirStore final : public WeightStore {
  public:
   // kPrivate: writable in memory only (MAP_PRIVATE: a written page is copied, the
-  // file is never written), the weights of a snapshot store (relay/snapshot_store.h).
+  // file is never written), the weights of a snapshot store (relay/store/snapshot_store.h).
   enum class Access { kReadOnly, kReadWrite, kPrivate };
 
   // Reads the layout and maps every file (MAP_SHARED, writable for kReadWrite;
@@ -90,7 +91,7 @@ class CheckpointDirStore final : public WeightStore {
   const std::filesystem::path& dir() const { return dir_; }
   Access access() const { return access_; }
 
-  const std::vector<codec::TensorInfo>& tensors() const override { return tensors_; }
+  const std::vector<TensorSpec>& tensors() const override { return tensors_; }
   // Empty for an out-of-range index.
   ByteSpan TensorData(size_t index) const override;
   // kUnsupported when opened kReadOnly; kInvalidArgument for an out-of-range index.
@@ -166,8 +167,8 @@ class CheckpointDirStore final : public WeightStore {
   ReadPath read_path_;
   CheckpointLayout layout_;
   Digest128 layout_id_;
-  std::vector<codec::TensorInfo> tensors_;  // layout_.tensors[i].info, as WeightStore wants
-  std::vector<Mapping> mappings_;           // parallel to layout_.files
+  std::vector<TensorSpec> tensors_;  // layout_.tensors[i].info, as WeightStore wants
+  std::vector<Mapping> mappings_;    // parallel to layout_.files
 };
 
 }  // namespace deltacast::apply

@@ -17,7 +17,7 @@
 namespace deltacast::apply {
 
 inline constexpr std::string_view kStateDirName = ".deltacast";
-// In a snapshot store's .deltacast/: names its current snapshot (relay/snapshot_store.h).
+// In a snapshot store's .deltacast/: names its current snapshot (relay/store/snapshot_store.h).
 inline constexpr std::string_view kSnapshotPointerName = "snapshot";
 
 // A delta whose apply has started and not yet finished.

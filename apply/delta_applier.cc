@@ -21,7 +21,7 @@ Result<DeltaApplier::Located> DeltaApplier::Locate(const codec::PartitionRecord&
   const std::string name(record.tensor_name);
   const auto index = store_.FindTensor(name);
   if (!index) return Status::NotFound("delta names tensor '" + name + "', which this store lacks");
-  const codec::TensorInfo& info = store_.tensors()[*index];
+  const TensorSpec& info = store_.tensors()[*index];
   if (info.dtype != record.dtype) {
     return Status::Corrupt("tensor '" + name + "' is " + std::string(DTypeName(info.dtype)) +
                            " here but " + std::string(DTypeName(record.dtype)) + " in the delta");
@@ -496,7 +496,7 @@ Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes,
                                    const PartitionHash& expected_hash) {
   const auto index = store_.FindTensor(key.tensor);
   if (!index) return Status::NotFound("no tensor '" + key.tensor + "'");
-  const codec::TensorInfo& info = store_.tensors()[*index];
+  const TensorSpec& info = store_.tensors()[*index];
   const uint64_t per = codec::PartitionElements(info.dtype, identity_.partition_bytes);
   const uint64_t e = ElementSize(info.dtype);
   if (key.element_offset % per != 0 || key.element_offset >= info.ElementCount()) {
@@ -549,7 +549,7 @@ Status DeltaApplier::Repair(const PartitionKey& key, ByteSpan literal) {
                             std::to_string(key.element_offset));
   }
   const auto index = store_.FindTensor(key.tensor);
-  const codec::TensorInfo& info = store_.tensors()[*index];
+  const TensorSpec& info = store_.tensors()[*index];
   const uint64_t per = codec::PartitionElements(info.dtype, identity_.partition_bytes);
   const uint64_t e = ElementSize(info.dtype);
   const uint64_t length = std::min(per, info.ElementCount() - key.element_offset) * e;
@@ -572,7 +572,7 @@ Status DeltaApplier::RepairFrom(const WeightStore& source, const PartitionKey& k
   if (!index || !mine || !(source.tensors()[*index] == store_.tensors()[*mine])) {
     return Status::NotFound("repair source lacks tensor '" + key.tensor + "' with the same shape");
   }
-  const codec::TensorInfo& info = source.tensors()[*index];
+  const TensorSpec& info = source.tensors()[*index];
   const uint64_t per = codec::PartitionElements(info.dtype, identity_.partition_bytes);
   const uint64_t e = ElementSize(info.dtype);
   const uint64_t count = std::min(per, info.ElementCount() - key.element_offset);

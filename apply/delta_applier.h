@@ -24,7 +24,7 @@
 // damaged one: nothing of it is written and it does not count as received, so the
 // caller fetches it again (WasRefused).
 //
-// Staged apply (the mode a node serving from its weights runs in: relay/node_store.h):
+// Staged apply (the mode a node serving from its weights runs in: relay/store/node_store.h):
 // StageChunk does ApplyChunk's validation and check before write and writes
 // nothing; FinishStaged proves that the staged records take the base to the target;
 // at commit each chunk is applied with the records its staging decoded, so the
@@ -35,7 +35,7 @@
 // writing waits for it, so each partition sees one record at a time. The applier
 // also runs its own worker threads within each call. Every other method must not
 // run concurrently with ApplyChunk or with each other (the caller serializes them:
-// relay/node_store.h waits for the chunks in flight first).
+// relay/store/node_store.h waits for the chunks in flight first).
 #pragma once
 
 #include <atomic>

@@ -11,7 +11,7 @@ namespace {
 using internal::Quote;
 
 // The tensor's size in bytes, or kInvalidArgument when it overflows 64 bits.
-Result<uint64_t> ByteSizeOf(const codec::TensorInfo& info) {
+Result<uint64_t> ByteSizeOf(const TensorSpec& info) {
   auto bytes = internal::CheckedByteSize(info.dtype, info.shape);
   if (!bytes) {
     return Status::InvalidArgument("tensor " + Quote(info.name) + ": size overflows 64 bits");
@@ -19,7 +19,7 @@ Result<uint64_t> ByteSizeOf(const codec::TensorInfo& info) {
   return *bytes;
 }
 
-Status CheckNamesUnique(const std::vector<codec::TensorInfo>& sorted) {
+Status CheckNamesUnique(const std::vector<TensorSpec>& sorted) {
   for (size_t i = 1; i < sorted.size(); ++i) {
     if (sorted[i - 1].name == sorted[i].name) {
       return Status::InvalidArgument("duplicate tensor name " + Quote(sorted[i].name));
@@ -30,9 +30,9 @@ Status CheckNamesUnique(const std::vector<codec::TensorInfo>& sorted) {
 
 }  // namespace
 
-Result<std::unique_ptr<HostStore>> HostStore::Create(std::vector<codec::TensorInfo> tensors) {
+Result<std::unique_ptr<HostStore>> HostStore::Create(std::vector<TensorSpec> tensors) {
   std::sort(tensors.begin(), tensors.end(),
-            [](const codec::TensorInfo& a, const codec::TensorInfo& b) { return a.name < b.name; });
+            [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
   RETURN_IF_ERROR(CheckNamesUnique(tensors));
   std::vector<MutableByteSpan> data;
   std::vector<Buffer> owned;
@@ -56,10 +56,10 @@ Result<std::unique_ptr<HostStore>> HostStore::Create(std::vector<codec::TensorIn
 }
 
 Result<std::unique_ptr<HostStore>> HostStore::Borrow(
-    std::vector<std::pair<codec::TensorInfo, MutableByteSpan>> tensors) {
+    std::vector<std::pair<TensorSpec, MutableByteSpan>> tensors) {
   std::sort(tensors.begin(), tensors.end(),
             [](const auto& a, const auto& b) { return a.first.name < b.first.name; });
-  std::vector<codec::TensorInfo> infos;
+  std::vector<TensorSpec> infos;
   std::vector<MutableByteSpan> data;
   infos.reserve(tensors.size());
   data.reserve(tensors.size());
@@ -92,7 +92,7 @@ Result<std::unique_ptr<HostStore>> HostStore::CopyOf(const WeightStore& other) {
   return copy;
 }
 
-HostStore::HostStore(std::vector<codec::TensorInfo> tensors, std::vector<MutableByteSpan> data,
+HostStore::HostStore(std::vector<TensorSpec> tensors, std::vector<MutableByteSpan> data,
                      std::vector<Buffer> owned)
     : tensors_(std::move(tensors)), data_(std::move(data)), owned_(std::move(owned)) {}
 

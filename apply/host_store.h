@@ -13,9 +13,10 @@
 #include <vector>
 
 #include "apply/weight_store.h"
-#include "codec/tensor.h"
 #include "common/bytes.h"
+#include "common/dtype.h"
 #include "common/status.h"
+#include "deltacast/tensor.h"
 
 namespace deltacast::apply {
 
@@ -25,21 +26,21 @@ class HostStore final : public WeightStore {
   // pages until written; aligned to at least 16 bytes). kInvalidArgument for
   // duplicate names or a size that overflows 64 bits; kResourceExhausted if the
   // memory cannot be allocated. The input order does not matter.
-  static Result<std::unique_ptr<HostStore>> Create(std::vector<codec::TensorInfo> tensors);
+  static Result<std::unique_ptr<HostStore>> Create(std::vector<TensorSpec> tensors);
 
   // A store over the embedder's buffers: each span must be exactly
   // info.ByteSize() bytes (else kInvalidArgument, as for duplicate names). The
   // buffers are borrowed, not copied: they must outlive the store, and writes
   // through MutableTensorData land in them directly.
   static Result<std::unique_ptr<HostStore>> Borrow(
-      std::vector<std::pair<codec::TensorInfo, MutableByteSpan>> tensors);
+      std::vector<std::pair<TensorSpec, MutableByteSpan>> tensors);
 
   // An owning store with the same tensors and bytes as `other` (copies every byte).
   static Result<std::unique_ptr<HostStore>> CopyOf(const WeightStore& other);
 
   ~HostStore() override;
 
-  const std::vector<codec::TensorInfo>& tensors() const override { return tensors_; }
+  const std::vector<TensorSpec>& tensors() const override { return tensors_; }
   // Empty for an out-of-range index.
   ByteSpan TensorData(size_t index) const override;
   // kInvalidArgument for an out-of-range index.
@@ -54,12 +55,12 @@ class HostStore final : public WeightStore {
   };
   using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
 
-  HostStore(std::vector<codec::TensorInfo> tensors, std::vector<MutableByteSpan> data,
+  HostStore(std::vector<TensorSpec> tensors, std::vector<MutableByteSpan> data,
             std::vector<Buffer> owned);
 
-  std::vector<codec::TensorInfo> tensors_;  // sorted by name
-  std::vector<MutableByteSpan> data_;       // parallel to tensors_
-  std::vector<Buffer> owned_;               // empty for a borrowing store
+  std::vector<TensorSpec> tensors_;    // sorted by name
+  std::vector<MutableByteSpan> data_;  // parallel to tensors_
+  std::vector<Buffer> owned_;          // empty for a borrowing store
 };
 
 }  // namespace deltacast::apply

@@ -30,11 +30,11 @@ std::string ShapeText(const std::vector<uint64_t>& shape) {
 // Every parameter the part's plan expects is among the engine's: a missing one is
 // named with the rule that expects it and the shape that rule implies.
 Status CheckExpected(const std::string& part, const PlannedStore::PartSpec& spec,
-                     const std::vector<layout::TensorSpec>& canonical) {
+                     const std::vector<TensorSpec>& canonical) {
   auto expected = layout::ExpectedLocals(spec.layout, canonical);
   if (!expected.ok()) return expected.status().WithContext(part);
   std::vector<std::string> names;
-  for (const layout::TensorSpec& t : spec.locals) names.push_back(t.name);
+  for (const TensorSpec& t : spec.locals) names.push_back(t.name);
   std::sort(names.begin(), names.end());
   for (const layout::ExpectedLocal& x : *expected) {
     if (std::binary_search(names.begin(), names.end(), x.name)) continue;
@@ -48,8 +48,8 @@ Status CheckExpected(const std::string& part, const PlannedStore::PartSpec& spec
 
 }  // namespace
 
-Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
-    std::vector<layout::TensorSpec> canonical, std::vector<PartSpec> specs) {
+Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(std::vector<TensorSpec> canonical,
+                                                           std::vector<PartSpec> specs) {
   if (specs.empty()) return Status::InvalidArgument("a planned store needs at least one part");
   std::vector<Part> parts;
   std::vector<layout::PlacementMap> scans;
@@ -92,12 +92,12 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
     }
     Part part{std::move(spec.memory), std::move(load), {}};
     for (size_t l = 0; l < part.plan.locals().size(); ++l) {
-      const layout::TensorSpec& local = part.plan.locals()[l].spec;
+      const TensorSpec& local = part.plan.locals()[l].spec;
       if (!spec.addresses.empty()) {
         if (spec.addresses[l] == nullptr) {
           return Status::InvalidArgument(name + ": parameter '" + local.name + "' has no address");
         }
-        const uint64_t bytes = local.Elements() * ElementSize(local.dtype);
+        const uint64_t bytes = local.ByteSize();
         RETURN_IF_ERROR(part.memory
                             ->CheckRegion(spec.addresses[l], bytes,
                                           static_cast<uint32_t>(ElementSize(local.dtype)))
@@ -108,7 +108,7 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
         continue;
       }
       ASSIGN_OR_RETURN(std::byte * buffer,
-                       part.memory->Allocate(local.Elements() * ElementSize(local.dtype)));
+                       part.memory->Allocate(local.ByteSize()));
       part.buffers.push_back(buffer);
     }
     scans.push_back(std::move(scan));
@@ -136,8 +136,8 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(
             .WithContext("part " + std::to_string(p) + " (" + parts[p].memory->name() + ")"));
   }
 
-  std::vector<codec::TensorInfo> tensors;
-  for (const layout::TensorSpec& t : parts[0].plan.canonical())
+  std::vector<TensorSpec> tensors;
+  for (const TensorSpec& t : parts[0].plan.canonical())
     tensors.push_back({t.name, t.dtype, t.shape});
   uint32_t copies = 1;
   for (const Part& part : parts) {
@@ -156,7 +156,7 @@ Result<std::vector<PlannedStore::Placed>> PlannedStore::Place(size_t index, uint
                                                               uint64_t length) const {
   if (index >= tensors_.size())
     return Status::InvalidArgument("no tensor " + std::to_string(index));
-  const codec::TensorInfo& info = tensors_[index];
+  const TensorSpec& info = tensors_[index];
   const uint64_t e = ElementSize(info.dtype);
   if (offset % e != 0 || length % e != 0 || offset + length > info.ByteSize()) {
     return Status::InvalidArgument("tensor '" + info.name + "': bytes [" + std::to_string(offset) +
@@ -367,10 +367,10 @@ Status PlannedStore::CheckLocal(size_t part, size_t local, size_t bytes) const {
     return Status::InvalidArgument("no parameter " + std::to_string(local) + " on part " +
                                    std::to_string(part));
   }
-  const layout::TensorSpec& spec = parts_[part].plan.locals()[local].spec;
-  if (bytes != spec.Elements() * ElementSize(spec.dtype)) {
+  const TensorSpec& spec = parts_[part].plan.locals()[local].spec;
+  if (bytes != spec.ByteSize()) {
     return Status::InvalidArgument("'" + spec.name + "' has " +
-                                   std::to_string(spec.Elements() * ElementSize(spec.dtype)) +
+                                   std::to_string(spec.ByteSize()) +
                                    " bytes, not " + std::to_string(bytes));
   }
   return Status::Ok();

@@ -41,7 +41,7 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
   struct PartSpec {
     std::unique_ptr<device::PieceMemory> memory;
     layout::LayoutDescription layout;
-    std::vector<layout::TensorSpec> locals;
+    std::vector<TensorSpec> locals;
     std::vector<std::byte*> addresses;
     uintptr_t stream = 0;
   };
@@ -54,12 +54,12 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
   // size, and no two may overlap (tied weights registered twice would take every
   // patch twice: XOR twice is no change, and the partition would read torn forever);
   // each is checked before anything is launched, and a refused store touches none.
-  static Result<std::unique_ptr<PlannedStore>> Create(std::vector<layout::TensorSpec> canonical,
+  static Result<std::unique_ptr<PlannedStore>> Create(std::vector<TensorSpec> canonical,
                                                       std::vector<PartSpec> parts);
 
   // WeightStore. Tensor bytes are not host-addressable: TensorData is empty and
   // MutableTensorData kUnsupported; use PartitionAccess.
-  const std::vector<codec::TensorInfo>& tensors() const override { return tensors_; }
+  const std::vector<TensorSpec>& tensors() const override { return tensors_; }
   ByteSpan TensorData(size_t) const override { return {}; }
   Result<MutableByteSpan> MutableTensorData(size_t index) override;
   Status Flush(size_t, uint64_t, uint64_t) override { return Status::Ok(); }
@@ -102,7 +102,7 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
     device::PlacedRun run;
   };
 
-  PlannedStore(std::vector<codec::TensorInfo> tensors, std::vector<Part> parts, uint32_t copies)
+  PlannedStore(std::vector<TensorSpec> tensors, std::vector<Part> parts, uint32_t copies)
       : tensors_(std::move(tensors)), parts_(std::move(parts)), copies_(copies) {}
   Status CheckLocal(size_t part, size_t local, size_t bytes) const;
   Result<std::vector<Placed>> Place(size_t index, uint64_t offset, uint64_t length) const;
@@ -110,7 +110,7 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
   Status HashPlaced(const std::vector<std::vector<Placed>>& placed,
                     const std::vector<uint64_t>& lengths, std::span<PartitionHash> out);
 
-  std::vector<codec::TensorInfo> tensors_;  // canonical, sorted by name
+  std::vector<TensorSpec> tensors_;  // canonical, sorted by name
   std::vector<Part> parts_;
   uint32_t copies_ = 1;  // one more than the highest copy number of any run
   std::mutex mu_;

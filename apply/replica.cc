@@ -27,7 +27,8 @@ Result<std::unique_ptr<Replica>> Replica::OpenCheckpointDir(const std::filesyste
   if (std::filesystem::exists(dir / kStateDirName / kSnapshotPointerName)) {
     // Its files are the first snapshot's (hard links): patching them would break it.
     return Status::FailedPrecondition(
-        dir.string() + " is a snapshot store (checkpoint = \"snapshot\"): its files are not its "
+        dir.string() +
+        " is a snapshot store (checkpoint = \"snapshot\"): its files are not its "
         "committed version; open it in that mode, or `deltacast materialize` it");
   }
   ASSIGN_OR_RETURN(auto store,
@@ -110,8 +111,8 @@ Result<std::unique_ptr<Replica>> Replica::OpenOverJournal(std::unique_ptr<Checkp
     RETURN_IF_ERROR(state.ClearUnflushed());
   }
   CheckpointDirStore* raw = store.get();
-  auto replica = std::unique_ptr<Replica>(new Replica(std::move(store), raw, journal_dir,
-                                                      std::move(manifest), inflight, threads));
+  auto replica = std::unique_ptr<Replica>(
+      new Replica(std::move(store), raw, journal_dir, std::move(manifest), inflight, threads));
   if (inflight) {
     ASSIGN_OR_RETURN(replica->applied_, state.ReadApplied());
     ASSIGN_OR_RETURN(replica->prepared_, state.ReadPrepared());
@@ -205,7 +206,7 @@ Result<CatchUp> Replica::BeginCatchUp(const codec::Manifest& target, ApplyOption
   }
   CatchUp out;
   for (size_t t = 0; t < target.tensors.size(); ++t) {
-    const codec::TensorInfo& info = target.tensors[t];
+    const TensorSpec& info = target.tensors[t];
     const uint64_t per = codec::PartitionElements(info.dtype, manifest_.partition_bytes);
     const uint64_t e = ElementSize(info.dtype);
     for (size_t p = 0; p < target.partition_hashes[t].size(); ++p) {

@@ -66,14 +66,14 @@ class Replica {
   static Result<std::unique_ptr<Replica>> OpenCheckpointDir(const std::filesystem::path& dir,
                                                             uint64_t partition_bytes,
                                                             size_t threads);
-  // A snapshot store's replica (relay/snapshot_store.h): `store` (kPrivate) holds the
+  // A snapshot store's replica (relay/store/snapshot_store.h): `store` (kPrivate) holds the
   // bytes of `manifest` in memory, the snapshot with the committed chain replayed;
   // the journal is `journal_dir`/.deltacast/, as for a directory. A commit noted
   // unflushed (made ahead of its bytes) is done: the note is cleared. The caller
-  // (relay/snapshot_store.h) has rebuilt `manifest` to the journal's active version.
-  static Result<std::unique_ptr<Replica>> OpenOverJournal(
-      std::unique_ptr<CheckpointDirStore> store, const std::filesystem::path& journal_dir,
-      codec::Manifest manifest, size_t threads);
+  // (relay/store/snapshot_store.h) has rebuilt `manifest` to the journal's active version.
+  static Result<std::unique_ptr<Replica>> OpenOverJournal(std::unique_ptr<CheckpointDirStore> store,
+                                                          const std::filesystem::path& journal_dir,
+                                                          codec::Manifest manifest, size_t threads);
   // Wraps any store; version state is kept in memory only.
   static Result<std::unique_ptr<Replica>> ForStore(std::unique_ptr<WeightStore> store,
                                                    uint64_t partition_bytes, size_t threads);

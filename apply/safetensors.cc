@@ -302,8 +302,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::filesystem::path& pat
 }
 
 std::vector<std::byte> SerializeSafetensorsHeader(
-    const std::vector<codec::TensorInfo>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata) {
   // Compact JSON, as the reference implementation writes it.
   std::string json = "{";
   if (!metadata.empty()) {
@@ -346,7 +345,7 @@ std::vector<std::byte> SerializeSafetensorsHeader(
 }
 
 Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
-    const std::filesystem::path& path, const std::vector<codec::TensorInfo>& tensors,
+    const std::filesystem::path& path, const std::vector<TensorSpec>& tensors,
     const std::map<std::string, std::string>& metadata) {
   // Refuse to write what ParseSafetensorsHeader would refuse to read.
   std::set<std::string_view> names;

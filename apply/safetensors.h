@@ -25,9 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "codec/tensor.h"
 #include "common/bytes.h"
+#include "common/dtype.h"
 #include "common/status.h"
+#include "deltacast/tensor.h"
 
 namespace deltacast::apply {
 
@@ -36,7 +37,7 @@ namespace deltacast::apply {
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 struct SafetensorsEntry {
-  codec::TensorInfo info;
+  TensorSpec info;
   uint64_t data_begin = 0;  // relative to the start of the data section
   uint64_t data_end = 0;
 };
@@ -65,8 +66,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::filesystem::path& pat
 // Serializes a header for `tensors` laid out contiguously in the given order:
 // the 8-byte length, the JSON, and space padding to a multiple of 8.
 std::vector<std::byte> SerializeSafetensorsHeader(
-    const std::vector<codec::TensorInfo>& tensors,
-    const std::map<std::string, std::string>& metadata);
+    const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata);
 
 // Writes a safetensors file tensor by tensor, so a checkpoint of any size is written
 // with memory for one slice at a time.
@@ -77,7 +77,7 @@ class SafetensorsWriter {
   // sizes that overflow). Not atomic: write to a temporary name and rename if a
   // reader must never see a partial file.
   static Result<std::unique_ptr<SafetensorsWriter>> Create(
-      const std::filesystem::path& path, const std::vector<codec::TensorInfo>& tensors,
+      const std::filesystem::path& path, const std::vector<TensorSpec>& tensors,
       const std::map<std::string, std::string>& metadata = {});
   // Closes the file if Finish was not called; a partial file is left behind.
   ~SafetensorsWriter();

@@ -9,9 +9,8 @@ namespace deltacast::apply {
 
 std::optional<size_t> WeightStore::FindTensor(std::string_view name) const {
   const auto& all = tensors();
-  auto it =
-      std::lower_bound(all.begin(), all.end(), name,
-                       [](const codec::TensorInfo& t, std::string_view n) { return t.name < n; });
+  auto it = std::lower_bound(all.begin(), all.end(), name,
+                             [](const TensorSpec& t, std::string_view n) { return t.name < n; });
   if (it == all.end() || it->name != name) return std::nullopt;
   return static_cast<size_t>(it - all.begin());
 }
@@ -98,7 +97,7 @@ Result<codec::Manifest> HashWeightStore(const WeightStore& store, uint64_t parti
     m.partition_hashes[t].resize(codec::PartitionCount(m.tensors[t], partition_bytes));
   }
   for (size_t t = 0; t < m.tensors.size(); ++t) {
-    const codec::TensorInfo& info = m.tensors[t];
+    const TensorSpec& info = m.tensors[t];
     const uint64_t per =
         codec::PartitionElements(info.dtype, partition_bytes) * ElementSize(info.dtype);
     const uint64_t bytes = info.ByteSize();

@@ -17,11 +17,12 @@
 
 #include "codec/manifest.h"
 #include "codec/range_reader.h"
-#include "codec/tensor.h"
 #include "common/bytes.h"
+#include "common/dtype.h"
 #include "common/hash.h"
 #include "common/partition_hash.h"
 #include "common/status.h"
+#include "deltacast/tensor.h"
 
 namespace deltacast::codec {
 struct DecodedRecord;
@@ -72,7 +73,7 @@ class WeightStore {
   virtual ~WeightStore() = default;
 
   // All tensors, sorted by name (canonical order). Stable for the store's lifetime.
-  virtual const std::vector<codec::TensorInfo>& tensors() const = 0;
+  virtual const std::vector<TensorSpec>& tensors() const = 0;
 
   // The bytes of tensor `index` (an index into tensors()). Valid while the store lives.
   virtual ByteSpan TensorData(size_t index) const = 0;

@@ -17,8 +17,8 @@
 #include "bench/bench_util.h"
 #include "common/hash.h"
 #include "common/parallel.h"
-#include "relay/node_agent.h"
-#include "relay/publisher.h"
+#include "relay/tree/node_agent.h"
+#include "relay/tree/publisher.h"
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
 #include "transport/factory.h"
@@ -86,11 +86,11 @@ void Finalize(Checkpoint& c, uint64_t partition_bytes) {
   c.tensor_hashes = TensorHashes(store);
 }
 
-Checkpoint Borrowing(const std::vector<dc::codec::TensorInfo>& tensors,
+Checkpoint Borrowing(const std::vector<dc::TensorSpec>& tensors,
                      std::vector<std::vector<std::byte>> buffers, uint64_t partition_bytes) {
   Checkpoint c;
   c.buffers = std::move(buffers);
-  std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> spans;
+  std::vector<std::pair<dc::TensorSpec, dc::MutableByteSpan>> spans;
   for (size_t i = 0; i < tensors.size(); ++i)
     spans.emplace_back(tensors[i], dc::MutableByteSpan(c.buffers[i]));
   c.store = Check(dc::apply::HostStore::Borrow(std::move(spans)), "borrow checkpoint");
@@ -113,8 +113,7 @@ Checkpoint StepCheckpoint(const SyntheticModel& model, double lr, uint64_t parti
 }
 
 // All-zero tensors: the base of a "full" transfer, where every partition changes.
-Checkpoint ZeroCheckpoint(const std::vector<dc::codec::TensorInfo>& tensors,
-                          uint64_t partition_bytes) {
+Checkpoint ZeroCheckpoint(const std::vector<dc::TensorSpec>& tensors, uint64_t partition_bytes) {
   Checkpoint c;
   c.store = Check(dc::apply::HostStore::Create(tensors), "zero checkpoint");
   Finalize(c, partition_bytes);
@@ -124,7 +123,7 @@ Checkpoint ZeroCheckpoint(const std::vector<dc::codec::TensorInfo>& tensors,
 // Random bytes, for the throughput run: the entropy stage cannot shrink them, so
 // the wire carries the whole checkpoint.
 Checkpoint RandomCheckpoint(uint64_t bytes, uint64_t seed, uint64_t partition_bytes) {
-  std::vector<dc::codec::TensorInfo> tensors;
+  std::vector<dc::TensorSpec> tensors;
   std::vector<std::vector<std::byte>> buffers;
   dc::bench::Rng rng(seed);
   const uint64_t per_tensor = uint64_t{64} << 20;

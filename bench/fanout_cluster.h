@@ -22,7 +22,7 @@ namespace deltacast::bench::fanout {
 // and update direction (realistic_step.h). A version is its BF16 image after a
 // step of some learning rate.
 struct SyntheticModel {
-  std::vector<codec::TensorInfo> tensors;
+  std::vector<TensorSpec> tensors;
   std::vector<std::vector<bench::ElementStep>> elements;  // parallel to tensors
 };
 
@@ -89,7 +89,7 @@ std::map<std::string, uint64_t> TensorHashes(const apply::WeightStore& store);
 // The model's BF16 image after one step of learning rate `lr` (0: the base).
 Checkpoint StepCheckpoint(const SyntheticModel& model, double lr, uint64_t partition_bytes);
 // All-zero tensors: the base of a "full" transfer, where every partition changes.
-Checkpoint ZeroCheckpoint(const std::vector<codec::TensorInfo>& tensors, uint64_t partition_bytes);
+Checkpoint ZeroCheckpoint(const std::vector<TensorSpec>& tensors, uint64_t partition_bytes);
 // Random bytes, which the entropy stage cannot shrink.
 Checkpoint RandomCheckpoint(uint64_t bytes, uint64_t seed, uint64_t partition_bytes);
 

@@ -14,7 +14,7 @@
 // quantization included (quantize + fast encode of the FP8 twin, CPU time). The
 // tensors kept BF16 (embeddings, LM head, norms, router) change alike in both steps;
 // their delta, encoded alone, is reported so the quantized tensors' own ratio shows.
-// The producer path (relay/fp8_share.h, docs/fp8.md "Producers"), on the same step
+// The producer path (relay/producers/fp8_share.h, docs/fp8.md "Producers"), on the same step
 // written as a TP-split training job's shards (--tp; the MLP's TP cut falls inside
 // 128 x 128 blocks when intermediate / tp is not a multiple of 128): per rank,
 // one thread, the amax pass, the split-amax exchange (SPLIT_AMAXES messages, in
@@ -45,9 +45,9 @@
 #include "codec/delta_encoder.h"
 #include "common/parallel.h"
 #include "quant/fp8_quantizer.h"
-#include "relay/fp8_share.h"
-#include "relay/shard_input.h"
-#include "relay/split_amax_exchange.h"
+#include "relay/producers/fp8_share.h"
+#include "relay/producers/shard_input.h"
+#include "relay/producers/split_amax_exchange.h"
 
 namespace dc = deltacast;
 using deltacast::bench::Check;
@@ -117,9 +117,9 @@ CodecRun RunCodec(const dc::apply::WeightStore& a, const dc::apply::WeightStore&
 
 // Elements (of `dtype` width) whose bits differ between two stores with the same
 // tensors, over the tensors `use` selects.
-std::pair<uint64_t, uint64_t> Changed(
-    const dc::apply::WeightStore& a, const dc::apply::WeightStore& b,
-    const std::function<bool(const dc::codec::TensorInfo&)>& use) {
+std::pair<uint64_t, uint64_t> Changed(const dc::apply::WeightStore& a,
+                                      const dc::apply::WeightStore& b,
+                                      const std::function<bool(const dc::TensorSpec&)>& use) {
   uint64_t changed = 0, total = 0;
   for (size_t i = 0; i < a.tensors().size(); ++i) {
     const auto& t = a.tensors()[i];
@@ -148,7 +148,7 @@ std::pair<double, uint64_t> TimeQuantizer(const dc::apply::WeightStore& bf16,
     const auto data = bf16.TensorData(index.at(s.canonical.name));
     const uint64_t rows = s.canonical.shape[0], cols = s.canonical.shape[1];
     weight.resize(rows * cols);
-    scale.resize(s.scale.Elements());
+    scale.resize(s.scale.ElementCount());
     const std::span<const uint16_t> in(reinterpret_cast<const uint16_t*>(data.data()), rows * cols);
     const double t0 = ThreadCpuSeconds();
     Check(dc::quant::QuantizeFp8(*s.scheme, s.canonical.name, in, rows, cols, weight, scale),
@@ -162,8 +162,8 @@ std::pair<double, uint64_t> TimeQuantizer(const dc::apply::WeightStore& bf16,
 
 // A store borrowing the tensors of `store` that `use` selects (encode only).
 std::unique_ptr<dc::apply::HostStore> Subset(
-    dc::apply::HostStore& store, const std::function<bool(const dc::codec::TensorInfo&)>& use) {
-  std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> tensors;
+    dc::apply::HostStore& store, const std::function<bool(const dc::TensorSpec&)>& use) {
+  std::vector<std::pair<dc::TensorSpec, dc::MutableByteSpan>> tensors;
   for (size_t i = 0; i < store.tensors().size(); ++i) {
     if (use(store.tensors()[i])) {
       tensors.emplace_back(store.tensors()[i], Check(store.MutableTensorData(i), "tensor data"));
@@ -359,7 +359,7 @@ int main(int argc, char** argv) {
     for (const auto& s : plan) {
       if (s.quantized()) quantized.insert(s.canonical.name);
     }
-    const auto all = [](const dc::codec::TensorInfo&) { return true; };
+    const auto all = [](const dc::TensorSpec&) { return true; };
     const auto bf16_all = Changed(*a, *b, all);
     const auto bf16_q = Changed(*a, *b, [&](const auto& t) { return quantized.contains(t.name); });
     const auto fp8_w =
@@ -375,7 +375,7 @@ int main(int argc, char** argv) {
 
     // The tensors kept BF16 change alike in both deltas; their own delta, encoded
     // alone, splits each twin delta into its kept and its quantized part.
-    const auto kept = [](const dc::codec::TensorInfo& t) { return t.dtype == dc::DType::kBF16; };
+    const auto kept = [](const dc::TensorSpec& t) { return t.dtype == dc::DType::kBF16; };
     auto kept_a = Subset(*fa, kept), kept_b = Subset(*fb, kept);
 
     json modes = json::array();

@@ -44,8 +44,8 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/partition_hash.h"
-#include "relay/node_agent.h"
-#include "relay/source.h"
+#include "relay/tree/node_agent.h"
+#include "relay/tree/source.h"
 #include "tests/layout/reference.h"
 #include "topology/cluster_config.h"
 #include "transport/tcp/tcp_transport.h"
@@ -66,7 +66,7 @@ dc::ByteSpan BytesOf(const std::vector<int64_t>& v) {
 }
 
 std::unique_ptr<dc::apply::HostStore> StoreOf(const Tensors& tensors) {
-  std::vector<dc::codec::TensorInfo> infos;
+  std::vector<dc::TensorSpec> infos;
   for (const auto& t : tensors) infos.push_back({t.spec.name, t.spec.dtype, t.spec.shape});
   auto store = Check(dc::apply::HostStore::Create(infos), "store");
   for (const auto& t : tensors) {
@@ -87,7 +87,7 @@ std::unique_ptr<dc::apply::device::PieceMemory> NewMemory(int device, size_t gpu
 std::unique_ptr<dc::apply::PlannedStore> Planned(const Job& job, const Tensors& canonical,
                                                  int device) {
   Reference ref(job, canonical);
-  std::vector<dc::layout::TensorSpec> specs;
+  std::vector<dc::TensorSpec> specs;
   for (const auto& t : canonical) specs.push_back(t.spec);
   std::vector<dc::apply::PlannedStore::PartSpec> parts;
   std::vector<Tensors> shards;

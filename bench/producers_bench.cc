@@ -6,7 +6,7 @@
 // loads everything into memory (a trainer's weights are in memory; page faults of
 // mapped files would dominate), and measures, one core at a time:
 // - single-producer fast encode: today's EncodeDelta and a whole-checkpoint
-//   producer (relay/shard_encoder.h) over the canonical pair, GB of checkpoint per
+//   producer (relay/producers/shard_encoder.h) over the canonical pair, GB of checkpoint per
 //   CPU second (manifests known: the steady state of a long-lived trainer);
 // - per N: CPU seconds per checkpoint GB of all N producers (each on one core),
 //   the wall time with the N producers on parallel threads, the base hash pass a
@@ -39,10 +39,10 @@
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 #include "layout/values.h"
-#include "relay/merge.h"
-#include "relay/protocol.h"
-#include "relay/shard_encoder.h"
-#include "relay/shard_input.h"
+#include "relay/producers/merge.h"
+#include "relay/producers/shard_encoder.h"
+#include "relay/producers/shard_input.h"
+#include "relay/wire/protocol.h"
 
 namespace dc = deltacast;
 using deltacast::bench::Check;
@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
         kPartitionBytes, 1);
     const double hash_cpu = Cpu() - hash_start;
 
-    std::vector<dc::layout::TensorSpec> specs = dc::relay::ToSpecs(target_store->tensors());
+    std::vector<dc::TensorSpec> specs = dc::relay::ToSpecs(target_store->tensors());
     auto whole = Check(dc::layout::MapWhole(specs, {}), "MapWhole");
     dc::relay::ShareInput input{&whole, [&](uint32_t i) { return base_store->TensorData(i); },
                                 [&](uint32_t i) { return target_store->TensorData(i); }};

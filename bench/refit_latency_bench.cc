@@ -22,9 +22,9 @@
 #include "bench/bench_util.h"
 #include "codec/manifest.h"
 #include "common/log.h"
-#include "relay/node_agent.h"
-#include "relay/publisher.h"
-#include "relay/source.h"
+#include "relay/tree/node_agent.h"
+#include "relay/tree/publisher.h"
+#include "relay/tree/source.h"
 #include "topology/cluster_config.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -54,9 +54,9 @@ std::string ClusterToml() {
 
 using Buffers = std::vector<std::vector<std::byte>>;
 
-std::unique_ptr<dc::apply::WeightStore> Over(const std::vector<dc::codec::TensorInfo>& tensors,
+std::unique_ptr<dc::apply::WeightStore> Over(const std::vector<dc::TensorSpec>& tensors,
                                              Buffers& buffers) {
-  std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> spans;
+  std::vector<std::pair<dc::TensorSpec, dc::MutableByteSpan>> spans;
   for (size_t i = 0; i < tensors.size(); ++i)
     spans.emplace_back(tensors[i], dc::MutableByteSpan(buffers[i]));
   return Check(dc::apply::HostStore::Borrow(std::move(spans)), "store");
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   dc::log::SetLevel(dc::log::Level::kWarn);
 
-  std::vector<dc::codec::TensorInfo> tensors;
+  std::vector<dc::TensorSpec> tensors;
   for (int t = 0; t < 4; ++t)
     tensors.push_back({"layers." + std::to_string(t) + ".weight", dc::DType::kBF16, {elements}});
   std::mt19937 rng(11);

@@ -1,5 +1,5 @@
 // deltacast_bench_store: what a node's checkpoint store writes to disk per refit,
-// in place against a snapshot store (relay/snapshot_store.h), and how long a refit
+// in place against a snapshot store (relay/store/snapshot_store.h), and how long a refit
 // cycle takes on each against the same store on tmpfs.
 //
 // One source and one leaf in this process (in-process transport). The leaf's store
@@ -28,9 +28,9 @@
 #include "apply/safetensors.h"
 #include "bench/bench_util.h"
 #include "codec/manifest.h"
-#include "relay/node_agent.h"
-#include "relay/publisher.h"
-#include "relay/snapshot_store.h"
+#include "relay/store/snapshot_store.h"
+#include "relay/tree/node_agent.h"
+#include "relay/tree/publisher.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
 
@@ -78,7 +78,7 @@ uint64_t WriteBytes() {
 
 // The model: tensors of kTensorBytes, one version in memory at a time.
 struct Model {
-  std::vector<dc::codec::TensorInfo> table;
+  std::vector<dc::TensorSpec> table;
   std::vector<std::vector<std::byte>> bytes;
 };
 
@@ -87,8 +87,8 @@ Model MakeModel(uint64_t mib) {
   const uint64_t tensors = std::max<uint64_t>(1, (mib << 20) / kTensorBytes);
   uint64_t state = 0x9e3779b97f4a7c15ull;
   for (uint64_t i = 0; i < tensors; ++i) {
-    m.table.push_back({"layer" + std::to_string(1000 + i) + ".weight", dc::DType::kBF16,
-                       {kTensorBytes / 2}});
+    m.table.push_back(
+        {"layer" + std::to_string(1000 + i) + ".weight", dc::DType::kBF16, {kTensorBytes / 2}});
     std::vector<std::byte> b(kTensorBytes);
     for (size_t at = 0; at < b.size(); at += 8) {
       state ^= state << 13, state ^= state >> 7, state ^= state << 17;
@@ -112,15 +112,14 @@ void Step(Model& m, double percent, uint64_t seed) {
 }
 
 std::unique_ptr<dc::apply::WeightStore> Borrow(Model& m) {
-  std::vector<std::pair<dc::codec::TensorInfo, dc::MutableByteSpan>> spans;
+  std::vector<std::pair<dc::TensorSpec, dc::MutableByteSpan>> spans;
   for (size_t i = 0; i < m.table.size(); ++i) spans.emplace_back(m.table[i], m.bytes[i]);
   return std::move(*dc::apply::HostStore::Borrow(std::move(spans)));
 }
 
 dc::codec::Manifest ManifestOf(const dc::apply::WeightStore& s) {
   return dc::codec::ComputeManifest(
-      s.tensors(), [&](size_t i) { return s.TensorData(i); }, dc::codec::kDefaultPartitionBytes,
-      2);
+      s.tensors(), [&](size_t i) { return s.TensorData(i); }, dc::codec::kDefaultPartitionBytes, 2);
 }
 
 struct Options {
@@ -228,7 +227,8 @@ json RunMode(const Options& o, const std::string& name, const fs::path& root, bo
     const double mean_delta = double(total_delta) / o.refits;
     const double by_size = double(dc::topology::kDefaultSnapshotChainPercent) / 100.0 *
                            double(o.model_mib << 20) / mean_delta;
-    const double per = std::min<double>(dc::topology::kDefaultSnapshotEvery, std::max(1.0, by_size));
+    const double per =
+        std::min<double>(dc::topology::kDefaultSnapshotEvery, std::max(1.0, by_size));
     out["snapshot"] = {{"disk_write_bytes", written},
                        {"seconds", seconds},
                        {"rate_limit_bytes_per_s", dc::topology::kDefaultSnapshotRate},
@@ -263,13 +263,14 @@ int main(int argc, char** argv) {
   modes.push_back(RunMode(o, "in-place-tmpfs", o.tmpfs_dir, false));
   fs::remove_all(o.tmpfs_dir);
   const double tmpfs = modes[2]["mean_cycle_seconds"].get<double>();
-  json out{{"bench", "store"},
-           {"model_bytes", o.model_mib << 20},
-           {"change_percent", o.change_percent},
-           {"refits", o.refits},
-           {"modes", modes},
-           {"snapshot_disk_cycle_over_tmpfs", modes[1]["mean_cycle_seconds"].get<double>() / tmpfs},
-           {"in_place_disk_cycle_over_tmpfs", modes[0]["mean_cycle_seconds"].get<double>() / tmpfs}};
+  json out{
+      {"bench", "store"},
+      {"model_bytes", o.model_mib << 20},
+      {"change_percent", o.change_percent},
+      {"refits", o.refits},
+      {"modes", modes},
+      {"snapshot_disk_cycle_over_tmpfs", modes[1]["mean_cycle_seconds"].get<double>() / tmpfs},
+      {"in_place_disk_cycle_over_tmpfs", modes[0]["mean_cycle_seconds"].get<double>() / tmpfs}};
   // The 1T projection (README): 2 TB of BF16 on one 3 GB/s NVMe, with the disk bytes per
   // model byte measured here (a snapshot store's amortised snapshot included).
   constexpr double kModel = 2e12, kNvme = 3e9;

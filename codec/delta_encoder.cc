@@ -170,7 +170,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
 
   auto encode_one = [&](size_t i, WorkerScratch& buffers) {
     const PartitionRef& p = changed[i];
-    const TensorInfo& info = target.tensors[p.tensor];
+    const TensorSpec& info = target.tensors[p.tensor];
     const uint64_t e = ElementSize(info.dtype);
     const uint64_t offset = p.element_offset * e, length = p.element_count * e;
     CodecScratch& scratch = buffers.codec;
@@ -281,7 +281,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
     Encoded result = options.on_calling_thread ? encode_one(i, own_scratch) : results.TakeNext();
     std::optional<EncodedPartition>& encoded = result.record;
     const PartitionRef& p = changed[i];
-    const TensorInfo& info = target.tensors[p.tensor];
+    const TensorSpec& info = target.tensors[p.tensor];
     const uint64_t index = p.element_offset / PartitionElements(info.dtype, partition_bytes);
     if (!result.read.ok()) {
       status = result.read;

@@ -94,7 +94,7 @@ Result<Manifest> Manifest::Parse(ByteSpan bytes) {
     uint16_t name_length;
     ByteSpan name;
     uint8_t dtype, dims;
-    TensorInfo info;
+    TensorSpec info;
     if (!r.Get(name_length) || !r.GetBytes(name_length, name) || !r.Get(dtype) || !r.Get(dims) ||
         dims > kMaxDims) {
       return Status::Corrupt("manifest: truncated tensor " + std::to_string(t));
@@ -122,7 +122,7 @@ Result<Manifest> Manifest::Parse(ByteSpan bytes) {
   return m;
 }
 
-Manifest ComputeManifest(const std::vector<TensorInfo>& tensors,
+Manifest ComputeManifest(const std::vector<TensorSpec>& tensors,
                          const std::function<ByteSpan(size_t)>& tensor_data,
                          uint64_t partition_bytes, size_t threads) {
   Manifest m;
@@ -143,7 +143,7 @@ Manifest ComputeManifest(const std::vector<TensorInfo>& tensors,
   return m;
 }
 
-Result<Manifest> ComputeManifest(const std::vector<TensorInfo>& tensors, const RangeReader& read,
+Result<Manifest> ComputeManifest(const std::vector<TensorSpec>& tensors, const RangeReader& read,
                                  uint64_t partition_bytes, size_t threads) {
   Manifest m;
   m.partition_bytes = partition_bytes;

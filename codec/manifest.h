@@ -12,17 +12,18 @@
 
 #include "codec/partition.h"
 #include "codec/range_reader.h"
-#include "codec/tensor.h"
 #include "common/bytes.h"
+#include "common/dtype.h"
 #include "common/hash.h"
 #include "common/partition_hash.h"
 #include "common/status.h"
+#include "deltacast/tensor.h"
 
 namespace deltacast::codec {
 
 struct Manifest {
   uint64_t partition_bytes = kDefaultPartitionBytes;
-  std::vector<TensorInfo> tensors;                           // sorted by name
+  std::vector<TensorSpec> tensors;                           // sorted by name
   std::vector<std::vector<PartitionHash>> partition_hashes;  // [tensor][partition]
 
   // xxh3-128 over the partition size, every tensor's name, dtype and shape, and
@@ -41,14 +42,14 @@ struct Manifest {
 
 // Hashes every partition of `tensors`; tensor_data(i) returns tensor i's bytes.
 // Blocks; runs on `threads` threads.
-Manifest ComputeManifest(const std::vector<TensorInfo>& tensors,
+Manifest ComputeManifest(const std::vector<TensorSpec>& tensors,
                          const std::function<ByteSpan(size_t)>& tensor_data,
                          uint64_t partition_bytes, size_t threads);
 
 // The same through a RangeReader (a checkpoint directory copies each partition
 // into a buffer of the thread's own instead of touching its mapping). Fails with
 // the first read error: no manifest is made of partitions that were not read.
-Result<Manifest> ComputeManifest(const std::vector<TensorInfo>& tensors, const RangeReader& read,
+Result<Manifest> ComputeManifest(const std::vector<TensorSpec>& tensors, const RangeReader& read,
                                  uint64_t partition_bytes, size_t threads);
 
 }  // namespace deltacast::codec

@@ -6,7 +6,7 @@
 
 namespace deltacast::codec {
 
-ManifestBuilder::ManifestBuilder(std::vector<TensorInfo> tensors, uint64_t partition_bytes)
+ManifestBuilder::ManifestBuilder(std::vector<TensorSpec> tensors, uint64_t partition_bytes)
     : tensors_(std::move(tensors)), partition_bytes_(partition_bytes) {
   sums_.resize(tensors_.size());
   for (size_t t = 0; t < tensors_.size(); ++t) {
@@ -31,7 +31,7 @@ Status ManifestBuilder::AddElements(size_t tensor, uint64_t element_offset, Byte
   if (tensor >= tensors_.size()) {
     return Status::InvalidArgument("no tensor " + std::to_string(tensor));
   }
-  const TensorInfo& info = tensors_[tensor];
+  const TensorSpec& info = tensors_[tensor];
   const uint64_t e = ElementSize(info.dtype);
   const uint64_t n = bytes.size() / e;
   if (bytes.size() % e != 0 || element_offset > info.ElementCount() ||
@@ -49,7 +49,7 @@ Status ManifestBuilder::AddRun(size_t tensor, const std::byte* src, const Run& r
     return Status::InvalidArgument("no tensor " + std::to_string(tensor));
   }
   if (run.count == 0 || run.row_elements == 0) return Status::Ok();
-  const TensorInfo& info = tensors_[tensor];
+  const TensorSpec& info = tensors_[tensor];
   const uint64_t last = run.dst_element + (run.count - 1) * run.dst_stride_elements;
   if ((run.count > 1 && run.dst_stride_elements < run.row_elements) || last > info.ElementCount() ||
       run.row_elements > info.ElementCount() - last) {

@@ -17,17 +17,18 @@
 #include <vector>
 
 #include "codec/manifest.h"
-#include "codec/tensor.h"
 #include "common/bytes.h"
+#include "common/dtype.h"
 #include "common/partition_hash.h"
 #include "common/status.h"
+#include "deltacast/tensor.h"
 
 namespace deltacast::codec {
 
 class ManifestBuilder {
  public:
   // `tensors` in canonical (name) order, as in a Manifest.
-  ManifestBuilder(std::vector<TensorInfo> tensors, uint64_t partition_bytes);
+  ManifestBuilder(std::vector<TensorSpec> tensors, uint64_t partition_bytes);
 
   // `bytes` are the canonical elements [element_offset, element_offset + n) of tensor
   // `tensor` (n = bytes.size() / element size). kInvalidArgument (nothing added) for
@@ -58,7 +59,7 @@ class ManifestBuilder {
  private:
   void AddBytes(size_t tensor, uint64_t byte_offset, ByteSpan bytes);
 
-  std::vector<TensorInfo> tensors_;
+  std::vector<TensorSpec> tensors_;
   uint64_t partition_bytes_;
   std::vector<std::vector<PartitionHash>> sums_;  // [tensor][partition], without L(n)
 };

@@ -91,7 +91,7 @@ ManifestDiff DiffManifests(const Manifest& expected, const Manifest& actual) {
   std::map<std::string, size_t> theirs;
   for (size_t i = 0; i < actual.tensors.size(); ++i) theirs.emplace(actual.tensors[i].name, i);
   for (size_t i = 0; i < expected.tensors.size(); ++i) {
-    const TensorInfo& want = expected.tensors[i];
+    const TensorSpec& want = expected.tensors[i];
     TensorDifference d;
     d.name = want.name;
     auto it = theirs.find(want.name);
@@ -102,7 +102,7 @@ ManifestDiff DiffManifests(const Manifest& expected, const Manifest& actual) {
     }
     const size_t j = it->second;
     theirs.erase(it);
-    const TensorInfo& have = actual.tensors[j];
+    const TensorSpec& have = actual.tensors[j];
     if (have.dtype != want.dtype) {
       d.kind = TensorDifference::Kind::kDtype;
       d.expected = std::string(DTypeName(want.dtype));

@@ -6,7 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "codec/tensor.h"
+#include "common/dtype.h"
+#include "deltacast/tensor.h"
 
 namespace deltacast::codec {
 
@@ -24,14 +25,14 @@ struct PartitionRef {
 uint64_t PartitionElements(DType dtype, uint64_t partition_bytes);
 
 // Number of partitions of `tensor` (0 for an empty tensor).
-uint64_t PartitionCount(const TensorInfo& tensor, uint64_t partition_bytes);
+uint64_t PartitionCount(const TensorSpec& tensor, uint64_t partition_bytes);
 
 // The `index`-th partition of tensor `tensor_index`.
-PartitionRef PartitionAt(const TensorInfo& tensor, uint32_t tensor_index, uint64_t index,
+PartitionRef PartitionAt(const TensorSpec& tensor, uint32_t tensor_index, uint64_t index,
                          uint64_t partition_bytes);
 
 // All partitions of all tensors, tensor by tensor, in canonical order.
-std::vector<PartitionRef> PartitionTensors(const std::vector<TensorInfo>& tensors,
+std::vector<PartitionRef> PartitionTensors(const std::vector<TensorSpec>& tensors,
                                            uint64_t partition_bytes);
 
 }  // namespace deltacast::codec

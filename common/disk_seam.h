@@ -1,6 +1,6 @@
 // DiskSeam: the seam between the engine's files and a simulated disk. The engine
 // reports here what it does to files at the few places it writes, names, links or syncs
-// them (common/file_util.cc, relay/spool.cc, relay/delta_history.cc,
+// them (common/file_util.cc, relay/store/spool.cc, relay/store/delta_history.cc,
 // apply/checkpoint_*.cc, apply/safetensors.cc, apply/delta_file.cc, ...); the files
 // themselves stay real. With no disk installed (always, outside the simulator) every
 // hook is one atomic load and changes nothing. With one (sim/sim_disk.h) the hooks

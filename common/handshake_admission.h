@@ -1,7 +1,7 @@
 // Which link waits in a handshake when a listener's slots for handshakes are all
 // taken: the admission rule shared by the transport's accept side
 // (transport/tcp/tcp_accept.cc, its own hello) and the relay's listeners
-// (relay/internal/handshake_limits.h: the tree's and the root's producers'), so no
+// (relay/wire/internal/handshake_limits.h: the tree's and the root's producers'), so no
 // set of addresses that never finish a handshake can keep the others out.
 //
 // Thread safety: pure functions; a ProvenHosts is its owner's (one thread, or under

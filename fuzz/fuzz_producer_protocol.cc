@@ -1,11 +1,11 @@
-// Every root <-> producer message parser on the same bytes (relay/producer_protocol.h),
+// Every root <-> producer message parser on the same bytes (relay/producers/producer_protocol.h),
 // as the root reads what a producer sends and a producer what the root sends, and
 // what the root then does with a parsed SHARD_CHUNK's chunk (its header).
 #include <cstddef>
 #include <cstdint>
 
 #include "codec/chunk.h"
-#include "relay/producer_protocol.h"
+#include "relay/producers/producer_protocol.h"
 
 using namespace deltacast;
 using namespace deltacast::relay;

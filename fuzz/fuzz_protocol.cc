@@ -4,8 +4,8 @@
 #include <cstdint>
 
 #include "codec/chunk.h"
-#include "relay/protocol.h"
-#include "relay/signing.h"
+#include "relay/wire/protocol.h"
+#include "relay/wire/signing.h"
 
 using namespace deltacast;
 using namespace deltacast::relay;

@@ -11,9 +11,9 @@
 #include "apply/safetensors.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
-#include "relay/producer_protocol.h"
-#include "relay/protocol.h"
-#include "relay/signing.h"
+#include "relay/producers/producer_protocol.h"
+#include "relay/wire/protocol.h"
+#include "relay/wire/signing.h"
 #include "transport/tcp/frame.h"
 
 namespace fs = std::filesystem;
@@ -48,9 +48,9 @@ int main(int argc, char** argv) {
   std::mt19937 rng(17);
 
   // Two small versions of three tensors of different dtypes.
-  std::vector<codec::TensorInfo> tensors = {{"a.weight", DType::kBF16, {256}},
-                                            {"b.bias", DType::kF32, {4, 8}},
-                                            {"c.ids", DType::kI64, {16}}};
+  std::vector<TensorSpec> tensors = {{"a.weight", DType::kBF16, {256}},
+                                     {"b.bias", DType::kF32, {4, 8}},
+                                     {"c.ids", DType::kI64, {16}}};
   std::vector<std::vector<std::byte>> base, target;
   for (const auto& t : tensors) {
     std::vector<std::byte> b(t.ByteSize());

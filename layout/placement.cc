@@ -583,12 +583,12 @@ Result<PlacementMap> MapWhole(std::vector<TensorSpec> canonical, std::vector<std
     const auto c = static_cast<uint32_t>(it - map.canonical_.begin());
     const auto li = static_cast<uint32_t>(map.locals_.size());
     map.locals_.push_back(LocalTensor{*it, Role::kProjected, 0});
-    if (it->Elements() == 0) continue;
+    if (it->ElementCount() == 0) continue;
     Run r;
     r.local = li;
     r.canonical = c;
     r.count = 1;
-    r.len = r.src_stride = r.dst_stride = it->Elements();
+    r.len = r.src_stride = r.dst_stride = it->ElementCount();
     map.runs_.push_back(r);
   }
   map.Index();
@@ -604,8 +604,8 @@ Result<PlacementMap> MapRuns(std::string name, std::vector<TensorSpec> canonical
   }
   for (const Run& r : runs) {
     if (r.local >= locals.size() || r.canonical >= canonical.size() || r.count == 0 ||
-        r.SrcEnd() > locals[r.local].spec.Elements() ||
-        r.DstEnd() > canonical[r.canonical].Elements()) {
+        r.SrcEnd() > locals[r.local].spec.ElementCount() ||
+        r.DstEnd() > canonical[r.canonical].ElementCount()) {
       return Status::InvalidArgument(name + ": a run lies outside its tensors");
     }
   }
@@ -632,10 +632,10 @@ Result<PlacementMap> MapRanges(std::vector<TensorSpec> canonical, std::vector<El
     if (it == map.canonical_.end() || it->name != range.tensor) {
       return Status::InvalidArgument("tensor '" + range.tensor + "' is not in the canonical table");
     }
-    if (range.begin >= range.end || range.end > it->Elements()) {
+    if (range.begin >= range.end || range.end > it->ElementCount()) {
       return Status::InvalidArgument(map.name_ + ": range [" + std::to_string(range.begin) + ", " +
                                      std::to_string(range.end) + ") of tensor '" + range.tensor +
-                                     "' is empty or past its " + std::to_string(it->Elements()) +
+                                     "' is empty or past its " + std::to_string(it->ElementCount()) +
                                      " elements");
     }
     const auto li = static_cast<uint32_t>(map.locals_.size());

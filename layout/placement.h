@@ -23,23 +23,11 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "deltacast/tensor.h"
 #include "layout/description.h"
 #include "layout/runs.h"
 
 namespace deltacast::layout {
-
-struct TensorSpec {
-  std::string name;
-  DType dtype = DType::kBF16;
-  std::vector<uint64_t> shape;
-
-  uint64_t Elements() const {
-    uint64_t n = 1;
-    for (uint64_t d : shape) n *= d;
-    return n;
-  }
-  bool operator==(const TensorSpec&) const = default;
-};
 
 // What happens to a local tensor.
 enum class Role : uint8_t {
@@ -153,7 +141,7 @@ Result<PlacementMap> MapRanges(std::vector<TensorSpec> canonical, std::vector<El
                                std::string name);
 
 // A map made from runs another map was rebuilt from (a share's FP8 image,
-// relay/fp8_share.h): `canonical` sorted by name, each run's local and canonical
+// relay/producers/fp8_share.h): `canonical` sorted by name, each run's local and canonical
 // indices into `locals` and `canonical`. kInvalidArgument for a run that lies
 // outside its local or canonical tensor, or a table that is not sorted.
 Result<PlacementMap> MapRuns(std::string name, std::vector<TensorSpec> canonical,

@@ -39,7 +39,7 @@ Result<Fp8Tensor> QuantizeFp8(const Fp8Scheme& scheme, std::string_view name,
                               std::span<const uint16_t> bf16, uint64_t rows, uint64_t cols);
 
 // Pieces of blocks, for a producer that holds only some rows or columns of a block
-// (relay/fp8_share.h): the block's amax is the max over its pieces' Fp8PieceAmax
+// (relay/producers/fp8_share.h): the block's amax is the max over its pieces' Fp8PieceAmax
 // (as BF16 |x| bits; kBf16NonFinite or more: an Inf or NaN is there), its scale
 // ScaleOfBlock of that, and each piece is quantized on its own with the block's
 // multiplier. The bytes equal QuantizeFp8's for the whole tensor.

@@ -119,14 +119,14 @@ Result<ServingDescription> LoadServing(const std::filesystem::path& path) {
 }
 
 Result<std::vector<ServedTensor>> PlanServing(const ServingDescription& d,
-                                              std::span<const layout::TensorSpec> canonical) {
+                                              std::span<const TensorSpec> canonical) {
   if (d.scheme == nullptr) return Status::InvalidArgument(d.source + ": no scheme");
   std::set<std::string> names;
-  for (const layout::TensorSpec& t : canonical) names.insert(t.name);
+  for (const TensorSpec& t : canonical) names.insert(t.name);
   std::vector<bool> pattern_used(d.quantize.size(), false);
   std::vector<ServedTensor> plan;
   plan.reserve(canonical.size());
-  for (const layout::TensorSpec& t : canonical) {
+  for (const TensorSpec& t : canonical) {
     ServedTensor s;
     s.canonical = t;
     s.weight = t;
@@ -238,7 +238,7 @@ std::string QuantizationConfigJson(std::span<const ServedTensor> plan) {
 }
 
 Status CheckServedCheckpoint(std::span<const ServedTensor> plan,
-                             std::span<const layout::TensorSpec> checkpoint,
+                             std::span<const TensorSpec> checkpoint,
                              const QuantizationConfig& receiver) {
   const Fp8Scheme* scheme = nullptr;
   for (const ServedTensor& s : plan) {
@@ -262,15 +262,15 @@ Status CheckServedCheckpoint(std::span<const ServedTensor> plan,
                                      " writes '" + std::string(scheme->scale_fmt) + "'");
     }
   }
-  std::map<std::string, const layout::TensorSpec*> have;
-  for (const layout::TensorSpec& t : checkpoint) have[t.name] = &t;
-  auto expect = [&](const layout::TensorSpec& want, std::string_view what) -> Status {
+  std::map<std::string, const TensorSpec*> have;
+  for (const TensorSpec& t : checkpoint) have[t.name] = &t;
+  auto expect = [&](const TensorSpec& want, std::string_view what) -> Status {
     const auto it = have.find(want.name);
     if (it == have.end()) {
       return Status::InvalidArgument("the receiver's checkpoint lacks " + std::string(what) + " " +
                                      Quoted(want.name));
     }
-    const layout::TensorSpec& got = *it->second;
+    const TensorSpec& got = *it->second;
     if (got.dtype != want.dtype || got.shape != want.shape) {
       return Status::InvalidArgument(
           "the receiver's " + std::string(what) + " " + Quoted(want.name) + " is " +
@@ -296,7 +296,7 @@ Status CheckServedCheckpoint(std::span<const ServedTensor> plan,
   return Status::Ok();
 }
 
-Status CheckFp8Checkpoint(std::span<const layout::TensorSpec> checkpoint,
+Status CheckFp8Checkpoint(std::span<const TensorSpec> checkpoint,
                           const QuantizationConfig& config) {
   if (config.quant_method != "fp8" || config.weight_block_size.empty()) return Status::Ok();
   const std::vector<uint64_t>& block = config.weight_block_size;
@@ -323,11 +323,11 @@ Status CheckFp8Checkpoint(std::span<const layout::TensorSpec> checkpoint,
   scheme.block_cols = static_cast<uint32_t>(block[1]);
   scheme.scale_fmt = config.scale_fmt;
 
-  std::map<std::string, const layout::TensorSpec*> by_name;
-  for (const layout::TensorSpec& t : checkpoint) by_name[t.name] = &t;
+  std::map<std::string, const TensorSpec*> by_name;
+  for (const TensorSpec& t : checkpoint) by_name[t.name] = &t;
   constexpr std::string_view kScaleSuffix = "_scale_inv";
   std::vector<ServedTensor> plan;
-  for (const layout::TensorSpec& t : checkpoint) {
+  for (const TensorSpec& t : checkpoint) {
     if (t.name.ends_with(kScaleSuffix)) {
       const std::string weight = t.name.substr(0, t.name.size() - kScaleSuffix.size());
       const auto it = by_name.find(weight);

@@ -45,10 +45,10 @@ Result<ServingDescription> LoadServing(const std::filesystem::path& path);
 
 // One tensor of the served checkpoint, from one canonical tensor.
 struct ServedTensor {
-  layout::TensorSpec canonical;       // as trained
+  TensorSpec canonical;               // as trained
   const Fp8Scheme* scheme = nullptr;  // nullptr: served as trained
-  layout::TensorSpec weight;          // served: the canonical tensor, or its FP8 image
-  layout::TensorSpec scale;           // FP8 only: name + "_scale_inv", scheme.ScaleShape
+  TensorSpec weight;                  // served: the canonical tensor, or its FP8 image
+  TensorSpec scale;                   // FP8 only: name + "_scale_inv", scheme.ScaleShape
   bool quantized() const { return scheme != nullptr; }
 };
 
@@ -57,7 +57,7 @@ struct ServedTensor {
 // canonical tensor; and a `quantize` pattern that matches no tensor (a typo would
 // otherwise serve BF16 silently).
 Result<std::vector<ServedTensor>> PlanServing(const ServingDescription& description,
-                                              std::span<const layout::TensorSpec> canonical);
+                                              std::span<const TensorSpec> canonical);
 
 // What a receiver's config.json says about its FP8 checkpoint.
 struct QuantizationConfig {
@@ -84,7 +84,7 @@ std::string QuantizationConfigJson(std::span<const ServedTensor> plan);
 // tensor that differs; a tensor the plan does not serve. Refuses a block size,
 // element format or scale format the receiver's checkpoint does not use.
 Status CheckServedCheckpoint(std::span<const ServedTensor> plan,
-                             std::span<const layout::TensorSpec> checkpoint,
+                             std::span<const TensorSpec> checkpoint,
                              const QuantizationConfig& receiver);
 
 // Checks an FP8 checkpoint on its own, where no serving plan is at hand (a node's
@@ -99,7 +99,6 @@ Status CheckServedCheckpoint(std::span<const ServedTensor> plan,
 // weight_block_size that is not two positive integers. A quant_method other than
 // "fp8", or an fp8 config without weight_block_size (per-tensor scales, another
 // naming), is not checked: Ok.
-Status CheckFp8Checkpoint(std::span<const layout::TensorSpec> checkpoint,
-                          const QuantizationConfig& config);
+Status CheckFp8Checkpoint(std::span<const TensorSpec> checkpoint, const QuantizationConfig& config);
 
 }  // namespace deltacast::quant

@@ -24,7 +24,7 @@
 #include <random>
 #include <string>
 
-#include "relay/node_store.h"
+#include "relay/store/node_store.h"
 #include "sim/event_queue.h"
 
 namespace deltacast::sim {

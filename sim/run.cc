@@ -1,11 +1,11 @@
-#include "relay/setup.h"
+#include "relay/tree/setup.h"
 #include "sim/run_internal.h"
 
 namespace deltacast::sim {
 namespace internal {
 
-std::vector<codec::TensorInfo> Table() {
-  std::vector<codec::TensorInfo> t;
+std::vector<TensorSpec> Table() {
+  std::vector<TensorSpec> t;
   for (int i = 0; i < 3; ++i)
     t.push_back({"layer" + std::to_string(i) + ".weight", DType::kBF16, {kElements}});
   t.push_back({"norm.weight", DType::kF32, {64}});
@@ -14,7 +14,7 @@ std::vector<codec::TensorInfo> Table() {
 
 std::unique_ptr<apply::WeightStore> Borrow(Tensors& buffers) {
   const auto tensors = Table();
-  std::vector<std::pair<codec::TensorInfo, MutableByteSpan>> spans;
+  std::vector<std::pair<TensorSpec, MutableByteSpan>> spans;
   for (size_t i = 0; i < tensors.size(); ++i)
     spans.emplace_back(tensors[i], MutableByteSpan(buffers[i]));
   return std::move(*apply::HostStore::Borrow(std::move(spans)));

@@ -59,7 +59,7 @@ struct RunResult {
   EngineCounts engine;
   uint64_t crashes = 0;
   double pause_seconds = 0;
-  // Snapshot stores (relay/snapshot_store.h): nodes with one, the snapshots they
+  // Snapshot stores (relay/store/snapshot_store.h): nodes with one, the snapshots they
   // built and switched to (catch-ups' included), the bytes those wrote, and the
   // partitions they repaired from the tree while applying (counted, not judged).
   struct SnapshotCounts {

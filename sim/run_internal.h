@@ -20,10 +20,10 @@
 #include "common/crash_point.h"
 #include "common/file_util.h"
 #include "common/log.h"
-#include "relay/decision_log.h"
-#include "relay/node_agent.h"
-#include "relay/snapshot_store.h"
-#include "relay/source.h"
+#include "relay/store/snapshot_store.h"
+#include "relay/tree/decision_log.h"
+#include "relay/tree/node_agent.h"
+#include "relay/tree/source.h"
 #include "sim/engine_model.h"
 #include "sim/run.h"
 #include "sim/sim_disk.h"
@@ -61,7 +61,7 @@ inline constexpr auto kHookTimeout = std::chrono::milliseconds(1000);
 // How much a snapshot build writes per step: the model's ~200 KiB in a dozen steps.
 inline constexpr uint64_t kSnapshotBlockBytes = 16 << 10;
 
-std::vector<codec::TensorInfo> Table();
+std::vector<TensorSpec> Table();
 std::unique_ptr<apply::WeightStore> Borrow(Tensors& buffers);
 codec::Manifest ManifestOf(const Tensors& t);
 std::string ConfigToml(const Scenario& s);
@@ -93,7 +93,7 @@ class Run {
     bool reconciling = false;
     std::unique_ptr<EngineModel> engine;  // the inference engine serving from it, if any
     bool dying = false;                   // killed at a crash point; the kill unwinds first
-    // A snapshot store's (relay/snapshot_store.h), while the agent runs: the store,
+    // A snapshot store's (relay/store/snapshot_store.h), while the agent runs: the store,
     // and the weights it serves (in memory: its files hold the snapshot, not the
     // version), owned by the agent's replica.
     std::shared_ptr<relay::SnapshotStore> snapshots;

@@ -51,7 +51,7 @@ const char* TrainerFaultName(TrainerFaultKind kind) {
 
 namespace {
 
-// Snapshot stores (relay/snapshot_store.h) for some of the nodes without an engine,
+// Snapshot stores (relay/store/snapshot_store.h) for some of the nodes without an engine,
 // and faults aimed at them; from a generator of their own, so the rest of the
 // schedule is the seed's as without. Their faults go after the others (`faults`
 // sorted already), so every other fault keeps its index (--drop).

@@ -27,7 +27,7 @@ inline constexpr int kFaultKinds = 10;
 // The places a kCrashAt fault kills a node (common/crash_point.h; docs/recovery.md):
 // between PREPARED and the decision, as the COMMIT comes, inside a staged commit's
 // apply (before its first write, between chunks), right after the commit, and as a
-// staged chunk is held. Then a snapshot store's (relay/snapshot_store.h): the
+// staged chunk is held. Then a snapshot store's (relay/store/snapshot_store.h): the
 // committed delta kept in the chain before `active`; inside a build (the chain
 // applied in memory, between the blocks it writes, the folder sealed, renamed);
 // right after the switch (the pointer rewritten) and after the chain is trimmed.
@@ -63,7 +63,7 @@ struct NodeEngine {
 };
 
 // A node whose checkpoint is a snapshot store ([[node]] checkpoint = "snapshot";
-// relay/snapshot_store.h), with a policy that builds and switches snapshots often.
+// relay/store/snapshot_store.h), with a policy that builds and switches snapshots often.
 struct NodeSnapshots {
   bool on = false;
   uint32_t every = 0;          // snapshot_every: refits in the chain

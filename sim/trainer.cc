@@ -4,8 +4,8 @@
 
 #include <stdexcept>
 
-#include "relay/merge.h"
-#include "relay/producer_protocol.h"
+#include "relay/producers/merge.h"
+#include "relay/producers/producer_protocol.h"
 
 namespace deltacast::sim {
 namespace {
@@ -16,10 +16,10 @@ std::string RankName(int r) { return fmt::format("rank-{:05d}", r); }
 
 }  // namespace
 
-SimTrainer::SimTrainer(std::vector<codec::TensorInfo> table, uint64_t partition_bytes,
+SimTrainer::SimTrainer(std::vector<TensorSpec> table, uint64_t partition_bytes,
                        uint64_t chunk_bytes)
     : table_(std::move(table)), partition_bytes_(partition_bytes), chunk_bytes_(chunk_bytes) {
-  std::vector<layout::TensorSpec> specs;
+  std::vector<TensorSpec> specs;
   for (const auto& t : table_) specs.push_back({t.name, t.dtype, t.shape});
   ranks_.resize(kTrainerRanks);
   for (size_t t = 0; t + 1 < table_.size(); ++t) {

@@ -25,9 +25,9 @@
 
 #include "codec/manifest.h"
 #include "layout/placement.h"
-#include "relay/refit_assembly.h"
-#include "relay/shard_encoder.h"
-#include "relay/source.h"
+#include "relay/producers/refit_assembly.h"
+#include "relay/producers/shard_encoder.h"
+#include "relay/tree/source.h"
 #include "sim/scenario.h"
 
 namespace deltacast::sim {
@@ -40,7 +40,7 @@ inline constexpr int kTrainerRanks = 4;
 class SimTrainer {
  public:
   // `table`: the canonical tensors (BF16 ones first, one F32 norm last).
-  SimTrainer(std::vector<codec::TensorInfo> table, uint64_t partition_bytes, uint64_t chunk_bytes);
+  SimTrainer(std::vector<TensorSpec> table, uint64_t partition_bytes, uint64_t chunk_bytes);
 
   // One refit's produce phase: every rank compares `base` -> `target` (`stale` is
   // the other step a kStaleBase rank holds as its previous shard) and the root,
@@ -63,7 +63,7 @@ class SimTrainer {
   };
   ByteSpan Local(const Tensors& t, const Rank& rank, uint32_t local) const;
 
-  const std::vector<codec::TensorInfo> table_;
+  const std::vector<TensorSpec> table_;
   const uint64_t partition_bytes_, chunk_bytes_;
   std::vector<Rank> ranks_;
   std::optional<Digest128> checked_mesh_;  // the root's, across refits

@@ -110,9 +110,9 @@ struct NodeConfig {
   ApplyMode apply_mode = ApplyMode::kOnArrival;
   // Staged: memory for records decoded ahead of the commit; the rest decode in the pause.
   uint64_t staged_memory = kDefaultStagedMemory;
-  // With --store: in place, or a snapshot and the committed chain (relay/snapshot_store.h).
+  // With --store: in place, or a snapshot and the committed chain (relay/store/snapshot_store.h).
   CheckpointMode checkpoint = CheckpointMode::kInPlace;
-  uint32_t snapshot_every = kDefaultSnapshotEvery;  // refits; 0: by size only
+  uint32_t snapshot_every = kDefaultSnapshotEvery;                 // refits; 0: by size only
   uint32_t snapshot_chain_percent = kDefaultSnapshotChainPercent;  // of the model; 0: by count
   uint64_t snapshot_rate = kDefaultSnapshotRate;  // bytes/s a snapshot build copies; 0: any
   int line = 0;         // line of this node's [[node]] header; 0 if built in code

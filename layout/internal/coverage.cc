@@ -26,8 +26,8 @@ Result<std::vector<std::vector<Interval>>> Rows(const std::vector<TensorSpec>& c
     for (const Run& r : ranks[m].runs) {
       const bool rows_apart = r.count <= 1 || r.dst_stride >= r.len;
       if (r.canonical >= canonical.size() || r.count == 0 || r.len == 0 || !rows_apart ||
-          r.dst_stride > canonical[r.canonical].Elements() ||
-          r.DstEnd() > canonical[r.canonical].Elements()) {
+          r.dst_stride > canonical[r.canonical].ElementCount() ||
+          r.DstEnd() > canonical[r.canonical].ElementCount()) {
         return Status::InvalidArgument(
             *ranks[m].name + ": a run " +
             (r.canonical < canonical.size()
@@ -80,7 +80,7 @@ Status CheckGaps(const std::vector<TensorSpec>& canonical, std::span<const RankR
   ASSIGN_OR_RETURN(auto rows, Rows(canonical, ranks));
   for (size_t c = 0; c < rows.size(); ++c) {
     uint64_t covered = 0;
-    const uint64_t n = canonical[c].Elements();
+    const uint64_t n = canonical[c].ElementCount();
     auto gap = [&](uint64_t a, uint64_t b) {
       return Status::InvalidArgument("canonical tensor '" + canonical[c].name + "': elements [" +
                                      std::to_string(a) + ", " + std::to_string(b) + ") of " +

@@ -8,11 +8,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "deltacast/tensor.h"
 #include "layout/runs.h"
-
-namespace deltacast::layout {
-struct TensorSpec;
-}
 
 namespace deltacast::layout::internal {
 

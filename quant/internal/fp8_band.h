@@ -48,7 +48,7 @@ static inline void QuantizeBandLoop(const uint16_t* __restrict in, uint64_t rows
 }
 
 // max(amax, |x| bits) over one contiguous piece of a block row (a producer's
-// piece of a block: relay/fp8_share.h).
+// piece of a block: relay/producers/fp8_share.h).
 static inline int16_t SegmentAmaxLoop(const uint16_t* in, uint64_t n, int16_t amax) {
   for (uint64_t c = 0; c < n; ++c) amax = std::max(amax, static_cast<int16_t>(Bf16AbsBits(in[c])));
   return amax;

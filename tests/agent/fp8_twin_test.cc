@@ -28,8 +28,8 @@ uint16_t Bf16(float f) { return static_cast<uint16_t>(std::bit_cast<uint32_t>(f)
 
 void WriteSource(const fs::path& dir, const std::vector<uint16_t>& linear) {
   fs::create_directories(dir);
-  const std::vector<codec::TensorInfo> tensors = {{kLinear, DType::kBF16, {kRows, kCols}},
-                                                  {kNorm, DType::kBF16, {kCols}}};
+  const std::vector<TensorSpec> tensors = {{kLinear, DType::kBF16, {kRows, kCols}},
+                                           {kNorm, DType::kBF16, {kCols}}};
   std::vector<uint16_t> norm(kCols, Bf16(1.0f));
   auto writer = apply::SafetensorsWriter::Create(dir / "model.safetensors", tensors);
   ASSERT_TRUE(writer.ok()) << writer.status().ToString();

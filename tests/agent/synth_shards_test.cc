@@ -10,7 +10,7 @@
 #include "agent/synth.h"
 #include "apply/checkpoint_dir.h"
 #include "layout/values.h"
-#include "relay/shard_input.h"
+#include "relay/producers/shard_input.h"
 #include "tests/temp_dir.h"
 
 namespace deltacast::agent {

@@ -146,7 +146,7 @@ TEST(SynthTest, WritesValidShardedCheckpointsWithIdenticalLayouts) {
   ASSERT_EQ(report->step_stats.size(), 2u);
 
   // The Llama tensor set, with GQA-capable k/v shapes and untied lm_head.
-  std::map<std::string, codec::TensorInfo> tensors;
+  std::map<std::string, TensorSpec> tensors;
   uint64_t params = 0;
   for (const auto& t : report->tensors) {
     tensors[t.name] = t;

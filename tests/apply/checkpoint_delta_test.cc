@@ -247,7 +247,7 @@ class CheckpointDeltaTest : public ::testing::Test {
         .VersionId();
   }
 
-  std::vector<std::pair<std::string, std::vector<codec::TensorInfo>>> files_;
+  std::vector<std::pair<std::string, std::vector<TensorSpec>>> files_;
   Contents v0_, v1_, v2_;
   ScratchDir scratch_;
 };
@@ -521,7 +521,7 @@ TEST_F(CheckpointDeltaTest, DifferentLayoutsAreUnsupported) {
 TEST_F(CheckpointDeltaTest, SameTensorsInAnotherFileLayoutIsRefused) {
   const fs::path delta = Dir("v0-v1.delta");
   Diff(delta, Options());
-  std::vector<codec::TensorInfo> all;
+  std::vector<TensorSpec> all;
   for (const auto& [file, tensors] : files_) all.insert(all.end(), tensors.begin(), tensors.end());
   fs::create_directories(Dir("single"));
   {

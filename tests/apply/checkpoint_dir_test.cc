@@ -28,7 +28,7 @@ class CheckpointDirTest : public ::testing::Test {
  protected:
   // Writes `name` holding `tensors` in that order; each tensor's bytes are
   // Pattern(size, seed of its name) and are remembered in contents_.
-  void WriteFile(const std::string& name, const std::vector<codec::TensorInfo>& tensors,
+  void WriteFile(const std::string& name, const std::vector<TensorSpec>& tensors,
                  const fs::path& in = {}) {
     const fs::path dir = in.empty() ? dir_.path() : in;
     auto writer = SafetensorsWriter::Create(dir / name, tensors, {{"format", "pt"}});

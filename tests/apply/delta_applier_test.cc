@@ -154,7 +154,7 @@ class DeltaApplierTest : public ::testing::Test {
     (*span)[byte] ^= std::byte{0x5A};
   }
 
-  std::vector<codec::TensorInfo> tensors_;
+  std::vector<TensorSpec> tensors_;
   std::vector<Bytes> base_, target_;
   std::unique_ptr<HostStore> base_store_, target_store_;
   codec::Manifest base_manifest_, target_manifest_;
@@ -440,7 +440,7 @@ TEST_F(DeltaApplierTest, OneBitFlippedInAResealedChunkIsRefusedBeforeAnyWrite) {
   codec::ChunkBuilder builder(identity_, 0);
   codec::CodecScratch scratch;
   for (const Pick& p : picks) {
-    const codec::TensorInfo& info = tensors_[p.tensor];
+    const TensorSpec& info = tensors_[p.tensor];
     const uint64_t e = ElementSize(info.dtype);
     const uint64_t per = codec::PartitionElements(info.dtype, kPartitionBytes);
     const uint64_t count = std::min(per, info.ElementCount() - p.element_offset);
@@ -495,7 +495,7 @@ TEST_F(DeltaApplierTest, OneBitFlippedInAResealedChunkIsRefusedBeforeAnyWrite) {
     const Status s = applier.ApplyChunk(*view);
     // Whatever the flip, no partition is left at anything but its base or target.
     for (const Pick& p : picks) {
-      const codec::TensorInfo& info = tensors_[p.tensor];
+      const TensorSpec& info = tensors_[p.tensor];
       const uint64_t e = ElementSize(info.dtype);
       const uint64_t per = codec::PartitionElements(info.dtype, kPartitionBytes);
       const uint64_t n = std::min(per, info.ElementCount() - p.element_offset) * e;

@@ -45,7 +45,7 @@ ByteSpan BytesOf(const std::vector<int64_t>& v) {
 }
 
 std::unique_ptr<HostStore> StoreOf(const Tensors& tensors) {
-  std::vector<codec::TensorInfo> infos;
+  std::vector<TensorSpec> infos;
   for (const auto& t : tensors) infos.push_back({t.spec.name, t.spec.dtype, t.spec.shape});
   auto store = HostStore::Create(infos);
   EXPECT_TRUE(store.ok());
@@ -168,7 +168,7 @@ class EnginePlanTest : public ::testing::TestWithParam<Case> {
   }
 
   Tensors base_, target_;
-  std::vector<layout::TensorSpec> canonical_;
+  std::vector<TensorSpec> canonical_;
   std::unique_ptr<HostStore> base_store_, target_store_;
   codec::Manifest base_manifest_, target_manifest_;
   codec::DeltaIdentity identity_;

@@ -93,7 +93,7 @@ TEST(HostStoreTest, FlushIsANoOpThatChecksTheRange) {
 
 TEST(HostStoreTest, CopyOfCheckpointIsEqualAndIndependent) {
   ScratchDir dir;
-  const std::vector<codec::TensorInfo> tensors = {
+  const std::vector<TensorSpec> tensors = {
       {"w", DType::kBF16, {4, 4}}, {"b", DType::kF32, {4}}, {"e", DType::kF16, {0}}};
   auto writer = SafetensorsWriter::Create(dir.path() / "model.safetensors", tensors);
   ASSERT_TRUE(writer.ok());

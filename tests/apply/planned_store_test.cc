@@ -48,7 +48,7 @@ ByteSpan BytesOf(const std::vector<int64_t>& v) {
 }
 
 std::unique_ptr<HostStore> StoreOf(const Tensors& tensors) {
-  std::vector<codec::TensorInfo> infos;
+  std::vector<TensorSpec> infos;
   for (const auto& t : tensors) infos.push_back({t.spec.name, t.spec.dtype, t.spec.shape});
   auto store = HostStore::Create(infos);
   EXPECT_TRUE(store.ok());
@@ -140,8 +140,8 @@ class PlannedStoreTest : public ::testing::Test {
   // Flips a bit of element `element` of parameter `local` on `part`, behind the
   // store's back.
   static void FlipElement(PlannedStore& store, size_t part, size_t local, uint64_t element) {
-    const layout::TensorSpec& spec = store.plan(part).locals()[local].spec;
-    std::vector<int64_t> values(spec.Elements());
+    const TensorSpec& spec = store.plan(part).locals()[local].spec;
+    std::vector<int64_t> values(spec.ElementCount());
     const MutableByteSpan bytes(reinterpret_cast<std::byte*>(values.data()),
                                 values.size() * sizeof(int64_t));
     ASSERT_TRUE(store.ReadLocal(part, local, bytes).ok());
@@ -165,7 +165,7 @@ class PlannedStoreTest : public ::testing::Test {
 
   Job job_;
   Tensors base_, target_;
-  std::vector<layout::TensorSpec> canonical_;
+  std::vector<TensorSpec> canonical_;
   std::unique_ptr<HostStore> base_store_, target_store_;
   codec::Manifest base_manifest_, target_manifest_;
   codec::DeltaIdentity identity_;
@@ -446,7 +446,7 @@ TEST_F(PlannedStoreTest, MemoryHashesGiveTheHostsBits) {
 // The parts' parameters registered by address in each part's memory (on a GPU,
 // device buffers), with `spoil` applied to the addresses before the store is made.
 Result<std::unique_ptr<PlannedStore>> RegisteredStore(
-    const Job& job, const Tensors& canonical, const std::vector<layout::TensorSpec>& specs,
+    const Job& job, const Tensors& canonical, const std::vector<TensorSpec>& specs,
     const std::function<void(std::vector<std::vector<std::byte*>>&)>& spoil) {
   Reference ref(job, canonical);
   std::vector<PlannedStore::PartSpec> parts;

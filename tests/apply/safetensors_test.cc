@@ -57,7 +57,7 @@ class SafetensorsTest : public ::testing::Test {
 };
 
 TEST_F(SafetensorsTest, RoundTripEveryDTypeIncludingEmptyTensors) {
-  std::vector<codec::TensorInfo> tensors;
+  std::vector<TensorSpec> tensors;
   for (DType dtype : kAllDTypes) {
     const std::string name(DTypeName(dtype));
     tensors.push_back({"model.layers.0." + name + ".weight", dtype, {3, 5}});
@@ -113,8 +113,7 @@ TEST_F(SafetensorsTest, RoundTripEveryDTypeIncludingEmptyTensors) {
 }
 
 TEST_F(SafetensorsTest, SerializedHeaderIsCompactPaddedJsonWithMetadataFirst) {
-  const std::vector<codec::TensorInfo> tensors = {{"b", DType::kBF16, {2}},
-                                                  {"a", DType::kF32, {1, 1}}};
+  const std::vector<TensorSpec> tensors = {{"b", DType::kBF16, {2}}, {"a", DType::kF32, {1, 1}}};
   const auto bytes = SerializeSafetensorsHeader(tensors, {{"format", "pt"}});
   ASSERT_GE(bytes.size(), 8u);
   const uint64_t n = LoadLE<uint64_t>(bytes.data());
@@ -185,7 +184,7 @@ TEST_F(SafetensorsTest, WriterChecksByteCount) {
 
 TEST_F(SafetensorsTest, WriterRefusesTensorsTheParserWouldRefuse) {
   const auto path = File("w.safetensors");
-  auto expect_refused = [&](std::vector<codec::TensorInfo> tensors, const std::string& substring) {
+  auto expect_refused = [&](std::vector<TensorSpec> tensors, const std::string& substring) {
     auto writer = SafetensorsWriter::Create(path, tensors);
     ExpectError(writer, StatusCode::kInvalidArgument, substring);
   };

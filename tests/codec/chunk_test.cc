@@ -121,7 +121,7 @@ Bytes RandomBytes(size_t n, std::mt19937_64& rng) {
   return out;
 }
 
-std::unique_ptr<apply::HostStore> MakeStore(const std::vector<TensorInfo>& tensors,
+std::unique_ptr<apply::HostStore> MakeStore(const std::vector<TensorSpec>& tensors,
                                             const std::vector<Bytes>& data) {
   auto store = apply::HostStore::Create(tensors);
   EXPECT_TRUE(store.ok()) << store.status().ToString();
@@ -180,7 +180,7 @@ class ChunkTest : public ::testing::Test {
     EXPECT_EQ(builder.size_bytes(), kChunkHeaderBytes);
     CodecScratch scratch;
     for (const Planned& p : plan) {
-      const TensorInfo& info = tensors_[p.tensor];
+      const TensorSpec& info = tensors_[p.tensor];
       const uint64_t e = ElementSize(info.dtype);
       const uint64_t per = PartitionElements(info.dtype, kPartitionBytes);
       const uint64_t count = std::min(per, info.ElementCount() - p.element_offset);
@@ -248,7 +248,7 @@ class ChunkTest : public ::testing::Test {
     EncodedPartition encoded;
   };
 
-  std::vector<TensorInfo> tensors_;
+  std::vector<TensorSpec> tensors_;
   std::vector<Bytes> base_, target_;
   Manifest base_manifest_, target_manifest_;
   DeltaIdentity identity_;

@@ -119,7 +119,7 @@ class DeltaEncoderTest : public ::testing::Test {
     return views;
   }
 
-  std::vector<TensorInfo> tensors_;
+  std::vector<TensorSpec> tensors_;
   std::vector<Bytes> base_, target_;
   Manifest base_manifest_, target_manifest_;
   Digest128 layout_ = Hash128(AsBytes("layout"));
@@ -230,7 +230,7 @@ TEST_F(DeltaEncoderTest, CopyingReadersGiveTheSameChunksAsViews) {
 // a dense tile, an unchanged tile), make the very chunks the in-memory views make.
 TEST(DeltaEncoderTiles, CopiedPartitionsComparedTileByTileGiveTheSameChunks) {
   constexpr uint64_t kPartition = 1 << 20;
-  const std::vector<TensorInfo> tensors = {{"a", DType::kBF16, {1300000}},
+  const std::vector<TensorSpec> tensors = {{"a", DType::kBF16, {1300000}},
                                            {"b", DType::kF32, {300000}}};
   std::mt19937_64 rng(9);
   std::vector<Bytes> base, target;
@@ -457,7 +457,7 @@ TEST_F(DeltaEncoderTest, MismatchedTensorTableIsRefused) {
 TEST_F(DeltaEncoderTest, TensorNameTooLongForTheWireIsRefused) {
   for (size_t length : {kMaxTensorNameBytes, kMaxTensorNameBytes + 1, size_t{70000}}) {
     SCOPED_TRACE("name of " + std::to_string(length) + " bytes");
-    std::vector<TensorInfo> tensors = {{std::string(length, 'w'), DType::kBF16, {64}}};
+    std::vector<TensorSpec> tensors = {{std::string(length, 'w'), DType::kBF16, {64}}};
     std::mt19937_64 rng(1);
     const std::vector<Bytes> base = {RandomBytes(128, rng)};
     std::vector<Bytes> target = base;

@@ -26,7 +26,7 @@ Bytes RandomBytes(size_t n, std::mt19937_64& rng) {
 // 200 bytes: not a multiple of any row, so rows straddle partitions, and tails vary.
 constexpr uint64_t kPartitionBytes = 200;
 
-Manifest Direct(const std::vector<TensorInfo>& tensors, const std::vector<Bytes>& data) {
+Manifest Direct(const std::vector<TensorSpec>& tensors, const std::vector<Bytes>& data) {
   return ComputeManifest(
       tensors, [&](size_t i) { return ByteSpan(data[i]); }, kPartitionBytes, 1);
 }
@@ -43,7 +43,7 @@ TEST(ManifestBuilderTest, RowParallelRanksMergeIntoTheCheckpointsManifest) {
     for (uint64_t tp : {1, 2, 3, 4, 8}) {
       const uint64_t rows = 17, cols = tp * 5;
       const uint64_t e = ElementSize(dtype);
-      const std::vector<TensorInfo> tensors = {{"down_proj.weight", dtype, {rows, cols}}};
+      const std::vector<TensorSpec> tensors = {{"down_proj.weight", dtype, {rows, cols}}};
       const std::vector<Bytes> data = {RandomBytes(rows * cols * e, rng)};
       ManifestBuilder merged(tensors, kPartitionBytes);
       for (uint64_t r = 0; r < tp; ++r) {
@@ -70,7 +70,7 @@ TEST(ManifestBuilderTest, FusedQkvRanksMergeIntoTheCheckpointsManifest) {
   const uint64_t nh = 8, ng = 4, hd = 4, hidden = 6, tp = 2, hpg = nh / ng, groups = ng / tp;
   const DType dtype = DType::kBF16;
   const uint64_t row = hidden * 2;  // bytes of one row
-  const std::vector<TensorInfo> tensors = {{"k_proj.weight", dtype, {ng * hd, hidden}},
+  const std::vector<TensorSpec> tensors = {{"k_proj.weight", dtype, {ng * hd, hidden}},
                                            {"q_proj.weight", dtype, {nh * hd, hidden}},
                                            {"v_proj.weight", dtype, {ng * hd, hidden}}};
   const std::vector<Bytes> data = {RandomBytes(ng * hd * row, rng), RandomBytes(nh * hd * row, rng),
@@ -108,7 +108,7 @@ TEST(ManifestBuilderTest, FusedQkvRanksMergeIntoTheCheckpointsManifest) {
 // Any split into 1-64 contiguous pieces, spread over builders merged in any order.
 TEST(ManifestBuilderTest, RandomSlicesOverSeveralBuildersGiveTheSameVersionId) {
   std::mt19937_64 rng(3);
-  const std::vector<TensorInfo> tensors = {{"a", DType::kBool, {333}},
+  const std::vector<TensorSpec> tensors = {{"a", DType::kBool, {333}},
                                            {"b", DType::kI16, {7, 31}},
                                            {"c", DType::kF8E4M3, {1}},
                                            {"d", DType::kU32, {250}},
@@ -136,7 +136,7 @@ TEST(ManifestBuilderTest, RandomSlicesOverSeveralBuildersGiveTheSameVersionId) {
 }
 
 TEST(ManifestBuilderTest, PiecesOutsideTheTensorAreRefused) {
-  const std::vector<TensorInfo> tensors = {{"w", DType::kBF16, {10}}};
+  const std::vector<TensorSpec> tensors = {{"w", DType::kBF16, {10}}};
   ManifestBuilder b(tensors, kPartitionBytes);
   const Bytes four(4);
   EXPECT_EQ(b.AddElements(1, 0, four).code(), StatusCode::kInvalidArgument);

@@ -12,7 +12,7 @@ namespace {
 using ::testing::HasSubstr;
 
 struct Weights {
-  std::vector<TensorInfo> tensors;
+  std::vector<TensorSpec> tensors;
   std::vector<std::vector<std::byte>> data;
 
   Manifest Hash(uint64_t partition_bytes = 256) const {

@@ -16,7 +16,7 @@ using ::testing::HasSubstr;
 
 Manifest Sample() {
   std::vector<std::vector<std::byte>> data;
-  std::vector<TensorInfo> tensors = {{"a", DType::kBF16, {300}}, {"b", DType::kU8, {5}}};
+  std::vector<TensorSpec> tensors = {{"a", DType::kBF16, {300}}, {"b", DType::kU8, {5}}};
   std::mt19937_64 rng(1);
   for (const auto& t : tensors) {
     std::vector<std::byte> bytes(t.ByteSize());
@@ -46,7 +46,7 @@ TEST(ManifestTest, SerializedFormRoundTripsWithItsSixteenBytePartitionHashes) {
 // the manifest the in-memory views give, on any number of threads; a failed read
 // fails the manifest instead of leaving a hash out.
 TEST(ManifestTest, ComputedThroughACopyingReaderOrFailingWithIt) {
-  std::vector<TensorInfo> tensors = {
+  std::vector<TensorSpec> tensors = {
       {"a", DType::kBF16, {3000}}, {"b", DType::kU8, {5}}, {"c", DType::kF32, {0}}};
   std::vector<std::vector<std::byte>> data;
   std::mt19937_64 rng(2);

@@ -6,7 +6,7 @@ namespace deltacast::codec {
 namespace {
 
 TEST(PartitionTest, ElementAlignedAndCoversTensor) {
-  TensorInfo t{"w", DType::kBF16, {3, 1000}};
+  TensorSpec t{"w", DType::kBF16, {3, 1000}};
   auto parts = PartitionTensors({t}, 1000);  // 500 BF16 elements a partition
   ASSERT_EQ(parts.size(), 6u);
   uint64_t next = 0;
@@ -18,18 +18,18 @@ TEST(PartitionTest, ElementAlignedAndCoversTensor) {
 }
 
 TEST(PartitionTest, LastPartitionIsShortAndTinyPartitionSizeStillHoldsOneElement) {
-  TensorInfo t{"w", DType::kF64, {10}};
+  TensorSpec t{"w", DType::kF64, {10}};
   auto parts = PartitionTensors({t}, 3);
   ASSERT_EQ(parts.size(), 10u);
   EXPECT_EQ(parts.back().element_count, 1u);
-  TensorInfo u{"u", DType::kF32, {10}};
+  TensorSpec u{"u", DType::kF32, {10}};
   auto up = PartitionTensors({u}, 16);
   ASSERT_EQ(up.size(), 3u);
   EXPECT_EQ(up[2].element_count, 2u);
 }
 
 TEST(PartitionTest, EmptyTensorHasNoPartitions) {
-  TensorInfo t{"empty", DType::kBF16, {0, 4}};
+  TensorSpec t{"empty", DType::kBF16, {0, 4}};
   EXPECT_TRUE(PartitionTensors({t}, 64).empty());
 }
 

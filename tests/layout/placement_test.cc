@@ -335,7 +335,7 @@ TEST(PlacementErrors, CanonicalRunsFromAnotherProcessMustLieInsideTheirTensor) {
   for (int damage = 0; damage < 3; ++damage) {
     auto bad = ranks;
     layout::Run& run = bad[1].runs[0];
-    if (damage == 0) run.dst = specs[run.canonical].Elements();
+    if (damage == 0) run.dst = specs[run.canonical].ElementCount();
     if (damage == 1) run.canonical = static_cast<uint32_t>(specs.size());
     if (damage == 2) {
       run.count = 2;

@@ -81,7 +81,7 @@ inline std::vector<Tensor> CanonicalTensors(const Job& j) {
             [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
   std::vector<Tensor> out;
   for (uint64_t c = 0; c < specs.size(); ++c) {
-    Tensor t{specs[c], std::vector<int64_t>(specs[c].Elements())};
+    Tensor t{specs[c], std::vector<int64_t>(specs[c].ElementCount())};
     for (uint64_t e = 0; e < t.values.size(); ++e) t.values[e] = Iota(c, e);
     out.push_back(std::move(t));
   }

@@ -124,7 +124,7 @@ TEST(QuantizeFp8, VectorPathsAgree) {
   }
 }
 
-// A producer's pieces of blocks (relay/fp8_share.h): the piece loops, on both
+// A producer's pieces of blocks (relay/producers/fp8_share.h): the piece loops, on both
 // paths, give the element functions' amax and codes, whatever the piece's length.
 TEST(QuantizeFp8, PieceLoopsMatchTheElementCode) {
   const std::vector<uint16_t> x = RandomWeights(1000, 11);

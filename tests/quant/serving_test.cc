@@ -8,7 +8,6 @@
 namespace deltacast::quant {
 namespace {
 
-using layout::TensorSpec;
 
 constexpr char kGood[] = R"([serving]
 scheme = "fp8_e4m3_block128"

@@ -1,5 +1,5 @@
 // The simulated disk (sim/sim_disk.h) driven through the engine's own file code
-// (common/file_util.h, relay/spool.h) and the disk seam: what a power loss keeps and
+// (common/file_util.h, relay/store/spool.h) and the disk seam: what a power loss keeps and
 // loses, and what a full disk refuses.
 #include "sim/sim_disk.h"
 
@@ -10,7 +10,7 @@
 #include <cstdio>
 
 #include "common/file_util.h"
-#include "relay/spool.h"
+#include "relay/store/spool.h"
 
 namespace deltacast::sim {
 namespace {

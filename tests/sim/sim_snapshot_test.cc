@@ -1,4 +1,4 @@
-// The simulator with snapshot stores (issue 33; relay/snapshot_store.h): nodes whose
+// The simulator with snapshot stores (issue 33; relay/store/snapshot_store.h): nodes whose
 // checkpoint is a snapshot plus the committed chain, snapshots built in steps on
 // simulated time, crashes and power losses inside a build and at its switch, and the
 // checkers that read a snapshot node's weights (in memory, and rebuilt from its disk).
@@ -150,7 +150,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Seeds that found bugs (docs/simulation.md, "What it found", 37 and 38), kept:
 // 95, 144 and 197 reopened a snapshot node that had never committed at version 0
 // over its catch-up's bytes (a power loss between a catch-up's snapshot switch and
-// its `active`; relay/snapshot_store.cc); 1430 and 1640 start a snapshot node for
+// its `active`; relay/store/snapshot_store.cc); 1430 and 1640 start a snapshot node for
 // the first time on a full disk (the simulator then failed the run; a supervisor
 // starts it again).
 TEST(SimSnapshotTest, SeedsOfTheSnapshotStoreBugsPass) {

@@ -143,40 +143,39 @@ TEST(SimStagedTest, OneStagedSeedWithCrashesAndHooksPastTheirTimeoutReplays) {
 
 // Found by the staged scenarios and fixed (docs/simulation.md, "What it found", 22-34):
 // 22: a commit retried before the next BEGIN (the engine had not paused) did not
-//     report its pause (relay/node_refit.cc);
+//     report its pause (relay/tree/node_refit.cc);
 // 1: a pause hook that returned late and failed was still followed by a resume
-//    (relay/node_store_staged.cc);
+//    (relay/store/node_store_staged.cc);
 // 36, 101: a staged delta committed ahead of its bytes resumed the engine on a torn
 //     store (the engine now stays paused until the reconcile);
 // 52: a store recovery that failed (the engine refused to pause) was never tried
 //     again, and a relay that knew a refit only from its decision replayed an empty
-//     BEGIN to a child (relay/node_agent.cc, relay/node_refit.cc);
+//     BEGIN to a child (relay/tree/node_agent.cc, relay/tree/node_refit.cc);
 // 8, 113, 245, 892: a catch-up or recovery that gave up resumed the engine on a
 //     store it had half written;
 // 323, 399, 10105: a relay back from a crash, replayed a committed refit, forwarded
 //     a child's FAILED (its pause refused) up to a parent that had decided and
-//     ignored it: the publish waited the commit timeout (relay/node_refit.cc);
+//     ignored it: the publish waited the commit timeout (relay/tree/node_refit.cc);
 // 10014: a BEGIN that came while a failed recovery waited for its retry failed
 //     the refit (the liveness publish did not commit everywhere);
 // 12141, 10226, 10452: the same relay, told the child's FAILED before the COMMIT
-//     (relay/node_outcome.cc);
+//     (relay/tree/node_outcome.cc);
 // 26: a catch-up that resumed a staged delta skipped its journaled chunks
-//     (relay/node_store.cc);
+//     (relay/store/node_store.cc);
 // 3684, 12423: a relay whose last awaited confirmation was an adopted child's, the
 //     child dying after the decision (at agent.commit, at agent.staged_apply_begin),
 //     stopped waiting for it but did not report its outcome until the commit timeout
-//     (relay/node_agent.cc, OnChildLost);
+//     (relay/tree/node_agent.cc, OnChildLost);
 // 5379: a staged node whose engine refused the pause at COMMIT, then told the
 //     COMMIT alone by a relay back from a crash, committed ahead of its bytes without
 //     pausing its engine: it confirmed a version its engine did not serve
-//     (relay/node_store.cc, CommitPrepared);
+//     (relay/store/node_store.cc, CommitPrepared);
 // 18830, 15958: a relay back from a power loss after committing rebuilt the refit
 //     from its decision and waited for a child that had joined it before, holding
-//     neither the delta nor the target (relay/node_outcome.cc, OnDecision).
+//     neither the delta nor the target (relay/tree/node_outcome.cc, OnDecision).
 TEST(SimStagedSeedsTest, SeedsOfTheStagedEngineBugsPass) {
-  for (uint64_t seed :
-       {22, 1, 36, 101, 52, 8, 113, 245, 892, 323, 399, 10105, 10014, 12141, 10226, 10452, 26,
-        3684, 12423, 5379, 18830, 15958}) {
+  for (uint64_t seed : {22,    1,     36,    101,   52,    8,  113,  245,   892,  323,   399,
+                        10105, 10014, 12141, 10226, 10452, 26, 3684, 12423, 5379, 18830, 15958}) {
     const RunResult r = RunScenario(Staged(seed));
     EXPECT_TRUE(r.ok()) << "seed " << seed << ": " << r.failures.front();
     EXPECT_GT(r.engine.pauses, 0u) << "seed " << seed;

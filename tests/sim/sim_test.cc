@@ -109,7 +109,7 @@ TEST(SimSeedsTest, FaultFreeSchedulesCommitEveryPublishEverywhere) {
   }
 }
 
-// Found by the simulator and fixed (relay/replay.cc): seed 1688, shrunk to no fault
+// Found by the simulator and fixed (relay/tree/replay.cc): seed 1688, shrunk to no fault
 // but its late joiner. The first relay of a chain joins late, at version 0, while its
 // child has committed the last refit through its failover parent; when that child
 // comes back during the late relay's replay it was replayed the whole delta, and
@@ -170,7 +170,7 @@ TEST(SimSeedsTest, SeedsWhoseSourceLostPowerKeepItsDecisionLog) {
 // write-back came back with partitions torn, asked up the tree for their bytes at that
 // version and, once the tree had moved on, never got them: it took part in no refit
 // again (20 of seeds 1-3000 failed the stall or liveness check). A BEGIN from a newer
-// base now makes it catch up to that base instead (relay/node_refit.cc).
+// base now makes it catch up to that base instead (relay/tree/node_refit.cc).
 TEST(SimSeedsTest, SeedsWhoseNodeCameBackTornAfterThePowerWentCatchUp) {
   for (uint64_t seed : {145, 267, 711, 1275, 2723}) {
     const RunResult r = RunScenario(Found(seed));
@@ -254,10 +254,10 @@ TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutForANodeThatCouldNotTakePar
 // 15366, 17492: a relay back from a crash forwarded its child's FAILED (its pause
 // refused at COMMIT) before its parent's replayed COMMIT came; its own FAILED (its
 // pause timed out) was then never sent, as if one FAILED per refit were enough, and
-// its parent, decided, waited the commit timeout (relay/node_refit.cc, SendFailed).
+// its parent, decided, waited the commit timeout (relay/tree/node_refit.cc, SendFailed).
 // 8561: a failed catch-up re-ran the BEGIN it held after the next refit's BEGIN and
 // ABORT had come; deferred again, the stale BEGIN took the newer one's place, whose
-// ABORT was then never confirmed (relay/node_agent.cc, RunDeferredBegin).
+// ABORT was then never confirmed (relay/tree/node_agent.cc, RunDeferredBegin).
 TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutBehindAStaleBeginOrAHiddenFailurePass) {
   for (uint64_t seed : {15366, 17492, 8561}) {
     const RunResult r = RunScenario(DrawScenario(seed));
@@ -268,7 +268,7 @@ TEST(SimSeedsTest, SeedsThatWaitedOutTheCommitTimeoutBehindAStaleBeginOrAHiddenF
 // 6628 (with snapshot stores drawn, deltacast_sim's default): a relay already
 // decided and done with a refit was replayed its END by the parent it rejoined and
 // forwarded it to children that had been sent the decision, which took it again down
-// every hop: the re-sent checker (1.7 % > 1 %; relay/node_refit.cc, OnChunk).
+// every hop: the re-sent checker (1.7 % > 1 %; relay/tree/node_refit.cc, OnChunk).
 TEST(SimSeedsTest, Seed6628ADecidedRelayDoesNotForwardAReplayedChunk) {
   const RunResult r = RunScenario(DrawScenario(6628, 1.0, /*disk=*/true, /*outages=*/true,
                                                /*producers=*/false, /*staged=*/true,
@@ -281,7 +281,7 @@ TEST(SimSeedsTest, Seed6628ADecidedRelayDoesNotForwardAReplayedChunk) {
 // back after the decision) replayed a child that held the delta an empty BEGIN,
 // which that child passed down; its other child, holding neither delta nor target,
 // ignored the decision and was waited for to the commit timeout
-// (relay/node_refit.cc OnChildJoined, node_outcome.cc ExcuseChildrenWithout).
+// (relay/tree/node_refit.cc OnChildJoined, node_outcome.cc ExcuseChildrenWithout).
 TEST(SimSeedsTest, Seed14756ARefitKnownOnlyFromItsDecisionSendsTheDecisionAlone) {
   const RunResult r = RunScenario(DrawScenario(14756, 1.0, /*disk=*/true, /*outages=*/true,
                                                /*producers=*/false, /*staged=*/true,

@@ -1,0 +1,75 @@
+#include "common/event_loop.h"
+
+namespace deltacast {
+
+EventLoop::EventLoop(std::function<void()> tick, std::chrono::milliseconds period, const char* kind)
+    : tick_(std::move(tick)), period_(period), sim_(SimRuntime()) {
+  if (sim_) queue_ = sim_->OpenQueue(kind);
+}
+
+void EventLoop::Start() {
+  std::lock_guard lock(mu_);
+  if (sim_) {
+    if (started_ || stopping_) return;
+    started_ = true;
+    for (auto& task : tasks_) sim_->Post(queue_, std::move(task));
+    tasks_.clear();
+    sim_->PostAt(queue_, sim_->Now() + period_, [this] { SimTick(); });
+    return;
+  }
+  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { Run(); });
+}
+
+EventLoop::~EventLoop() { Stop(); }
+
+void EventLoop::Post(std::function<void()> task) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  if (sim_ && started_) return sim_->Post(queue_, std::move(task));
+  tasks_.push_back(std::move(task));
+  wake_.notify_one();
+}
+
+void EventLoop::Stop() {
+  std::deque<std::function<void()>> dropped;  // destroyed outside mu_
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    wake_.notify_one();
+    if (sim_) dropped.swap(tasks_);
+  }
+  if (sim_) return sim_->CloseQueue(queue_);
+  if (thread_.joinable()) thread_.join();
+}
+
+void EventLoop::SimTick() {
+  if (tick_) tick_();
+  std::lock_guard lock(mu_);
+  if (!stopping_) sim_->PostAt(queue_, sim_->Now() + period_, [this] { SimTick(); });
+}
+
+void EventLoop::Run() {
+  auto next_tick = std::chrono::steady_clock::now() + period_;
+  std::unique_lock lock(mu_);
+  for (;;) {
+    wake_.wait_until(lock, next_tick, [&] { return stopping_ || !tasks_.empty(); });
+    while (!tasks_.empty()) {
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+    if (stopping_) return;
+    if (std::chrono::steady_clock::now() >= next_tick) {
+      next_tick = std::chrono::steady_clock::now() + period_;
+      if (tick_) {
+        lock.unlock();
+        tick_();
+        lock.lock();
+      }
+    }
+  }
+}
+
+}  // namespace deltacast

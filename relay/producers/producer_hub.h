@@ -1,0 +1,105 @@
+// ProducerHub: the root's links to its producers. It accepts them on their own
+// listener (the trainer's network, apart from the tree's), authenticates them with
+// the tree's handshake and under its limits (docs/protocol.md, "Handshake":
+// CHALLENGE with a fresh nonce, HELLO proving the cluster token for this producer
+// id and the root's id, WELCOME proving it back over the producer's nonce; REFUSE
+// for a wrong proof, a second link of a joined id, or more producers than
+// expected; a link that has not sent a valid HELLO within the handshake timeout is
+// dropped, and beyond the pending-handshake caps a new link is closed at once), and
+// queues what they say, in arrival order, for the root's refit thread.
+//
+// Thread safety: all methods are thread-safe; transport callbacks only queue. A
+// thread of its own drops handshakes that time out.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "relay/wire/internal/handshake_limits.h"
+#include "relay/wire/protocol.h"
+#include "transport/transport.h"
+
+namespace deltacast::relay {
+
+class ProducerHub {
+ public:
+  // The per-address cap is raised to `capacity` when lower: local producers all
+  // dial from one address and may all be in their handshake at once.
+  ProducerHub(std::string root_id, std::string token, size_t capacity, HandshakeLimits limits = {});
+  ~ProducerHub();  // Close()
+
+  // Listens on `address` of `transport` (which must outlive the hub); returns the
+  // bound address.
+  Result<std::string> Listen(transport::Transport& transport, const std::string& address);
+
+  // Blocks until `count` producers are joined; kUnavailable naming how many did.
+  Status WaitFor(size_t count, std::chrono::milliseconds timeout);
+  std::vector<std::string> Joined() const;  // sorted
+
+  // Sends to one producer; dropped if it is not joined.
+  void Send(const std::string& producer, std::vector<std::byte> bytes);
+
+  // What a producer said, or that it is gone (message null, `lost` says why).
+  struct Event {
+    std::string producer;
+    transport::Message message;
+    Status lost;
+  };
+  // The next event (HEARTBEATs dropped); kTimeout after `timeout`.
+  Result<Event> Next(std::chrono::milliseconds timeout);
+  // Drops queued events (of an earlier refit).
+  void DropEvents();
+
+  // Closes every link and stops the timeout thread. Not from a transport callback.
+  void Close();
+
+  size_t pending_handshakes() const;
+
+ private:
+  struct Pending {
+    std::unique_ptr<transport::Connection> connection;
+    std::array<uint8_t, kNonceBytes> nonce{};
+    std::string host;  // the peer's address without its port: the per-address cap
+    std::chrono::steady_clock::time_point deadline;
+  };
+  // Drops handshakes past their deadline until Close.
+  void ReapLoop();
+  void OnAccept(std::unique_ptr<transport::Connection> connection);
+  void OnMessage(uint64_t serial, transport::Message message);
+  void OnClosed(uint64_t serial, const Status& status);
+  // Sends REFUSE and closes the link once it is sent (caller holds mu_).
+  void Refuse(uint64_t serial, std::unique_ptr<transport::Connection> c, const std::string& why);
+
+  const std::string root_id_;
+  const std::string token_;
+  const size_t capacity_;
+  const HandshakeLimits limits_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable reap_cv_;
+  std::thread reaper_;
+  uint64_t refused_over_caps_ = 0;
+  uint64_t evicted_over_caps_ = 0;  // pending handshakes dropped for a newcomer
+  uint64_t next_serial_ = 1;
+  std::map<uint64_t, Pending> pending_;  // handshakes in progress
+  ProvenHosts proven_;                   // addresses whose producers completed the handshake lately
+  // Refused links, kept until their REFUSE is on its way (closing at once could
+  // drop it).
+  std::map<uint64_t, std::unique_ptr<transport::Connection>> refused_;
+  struct Link {
+    uint64_t serial = 0;
+    std::unique_ptr<transport::Connection> connection;
+  };
+  std::map<std::string, Link> producers_;
+  std::deque<Event> events_;
+  bool closed_ = false;
+};
+
+}  // namespace deltacast::relay

@@ -1,0 +1,186 @@
+#include "relay/store/spool.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "codec/chunk.h"
+#include "common/disk_seam.h"
+#include "common/file_util.h"
+#include "relay/wire/protocol.h"
+
+namespace deltacast::relay {
+
+namespace {
+std::string FileName(const Digest128& target) { return "delta-" + target.ToHex() + ".spool"; }
+}  // namespace
+
+void Spool::RemoveOthers(const std::filesystem::path& dir, const Digest128& target) {
+  std::error_code ec;
+  const std::string name = FileName(target);
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".spool" && entry.path().filename() != name) {
+      std::filesystem::remove(entry.path(), ec);
+      disk::Removed(entry.path());
+    }
+  }
+}
+
+Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
+                                           const Digest128& target, bool remove_others) {
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir));
+  if (remove_others) RemoveOthers(dir, target);
+  const auto path = dir / FileName(target);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  disk::Created(path);
+  auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
+  spool->Recover();
+  // Empty: just made, maybe. As in OpenEmpty, the chunks fdatasynced into it later
+  // must not be lost with its name.
+  if (spool->bytes() == 0) RETURN_IF_ERROR(FsyncDirectory(dir));
+  return spool;
+}
+
+Result<std::unique_ptr<Spool>> Spool::OpenEmpty(const std::filesystem::path& dir,
+                                                const Digest128& target) {
+  RETURN_IF_ERROR(CreateDirectoriesDurably(dir));
+  const auto path = dir / FileName(target);
+  std::error_code ec;
+  // A new file, not the old one truncated: a Spool still open on the old one (a
+  // rollback finishing) keeps reading what it indexed.
+  std::filesystem::remove(path, ec);
+  disk::Removed(path);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
+  disk::Created(path);
+  auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
+  // The chunks fdatasynced into it later must not be lost with its name.
+  RETURN_IF_ERROR(FsyncDirectory(dir));
+  return spool;
+}
+
+Result<std::unique_ptr<Spool>> Spool::OpenFile(const std::filesystem::path& file) {
+  const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + file.string());
+  auto spool = std::unique_ptr<Spool>(new Spool(fd, file));
+  spool->Recover();
+  return spool;
+}
+
+void Spool::Recover() {
+  // Keep every whole, valid message from the start; a crash may have cut the last.
+  for (;;) {
+    std::vector<std::byte> head(kMessageHeaderBytes + codec::kChunkHeaderBytes);
+    if (::pread(fd_, head.data(), head.size(), static_cast<off_t>(end_)) !=
+        static_cast<ssize_t>(head.size()))
+      break;
+    auto header = codec::PeekChunkHeader(ByteSpan(head).subspan(kMessageHeaderBytes));
+    if (!PeekType(head).ok() || !header.ok()) break;
+    // header, codec chunk, signature (docs/protocol.md, CHUNK); the payload length
+    // is capped by PeekChunkHeader, so this cannot overflow.
+    const uint64_t length = head.size() + header->payload_length + kSignatureBytes;
+    auto message = ReadAt(end_, length);
+    if (!message.ok() || !codec::ParseChunk(ChunkOf(**message)).ok()) break;
+    index_[header->sequence] = Entry{end_, length};
+    end_ += length;
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(end_)) != 0) index_.clear(), end_ = 0;
+}
+
+Result<transport::Message> Spool::ReadAt(uint64_t offset, uint64_t length) const {
+  std::vector<std::byte> bytes(length);
+  size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n =
+        ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno(n < 0 ? errno : EIO, "read spool " + path_.string());
+    got += static_cast<size_t>(n);
+  }
+  return transport::MakeMessage(std::move(bytes));
+}
+
+Spool::~Spool() { ::close(fd_); }
+
+Status Spool::Sync() {
+  std::lock_guard lock(mu_);
+  if (!dirty_) return Status::Ok();
+  if (::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fdatasync " + path_.string());
+  disk::Synced(path_);
+  dirty_ = false;
+  return Status::Ok();
+}
+
+void Spool::Discard() {
+  std::error_code ec;
+  std::filesystem::remove(path_, ec);
+  disk::Removed(path_);
+}
+
+Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
+  std::lock_guard lock(mu_);
+  if (index_.contains(sequence)) return Status::Ok();
+  // Recover keeps only whole, checksummed chunks, so a torn tail costs a re-fetch
+  // from the parent, never a wrong byte.
+  if (::lseek(fd_, static_cast<off_t>(end_), SEEK_SET) < 0)
+    return Status::FromErrno(errno, "seek " + path_.string());
+  RETURN_IF_ERROR(WriteAll(fd_, message, path_));
+  if (durable && ::fdatasync(fd_) != 0)
+    return Status::FromErrno(errno, "fdatasync " + path_.string());
+  if (durable) disk::Synced(path_);
+  dirty_ = !durable;
+  index_[sequence] = Entry{end_, message.size()};
+  end_ += message.size();
+  return Status::Ok();
+}
+
+void Spool::Forget(uint32_t sequence) {
+  std::lock_guard lock(mu_);
+  index_.erase(sequence);
+}
+
+Result<transport::Message> Spool::Read(uint32_t sequence) const {
+  Entry entry;
+  {
+    std::lock_guard lock(mu_);
+    auto it = index_.find(sequence);
+    if (it == index_.end())
+      return Status::NotFound("chunk " + std::to_string(sequence) + " is not spooled");
+    entry = it->second;
+  }
+  return ReadAt(entry.offset, entry.length);
+}
+
+std::vector<uint32_t> Spool::sequences() const {
+  std::lock_guard lock(mu_);
+  std::vector<uint32_t> out;
+  for (const auto& [sequence, entry] : index_) out.push_back(sequence);
+  return out;
+}
+
+uint64_t Spool::bytes() const {
+  std::lock_guard lock(mu_);
+  return end_;
+}
+
+SpoolDir::SpoolDir(std::filesystem::path configured, std::string_view kind,
+                   std::string_view node_id)
+    : path_(std::move(configured)) {
+  if (!path_.empty()) return;
+  path_ = std::filesystem::temp_directory_path() /
+          ("deltacast-" + std::string(kind) + "-" + std::string(node_id) + "-" +
+           std::to_string(::getpid()));
+  owned_ = true;
+}
+
+void SpoolDir::Release() {
+  if (!owned_) return;
+  owned_ = false;
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+  disk::Removed(path_);
+}
+
+}  // namespace deltacast::relay

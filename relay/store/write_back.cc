@@ -1,0 +1,94 @@
+#include "relay/store/write_back.h"
+
+#include <utility>
+
+namespace deltacast::relay {
+
+WriteBack::WriteBack(std::chrono::milliseconds delay) : delay_(delay), sim_(SimRuntime()) {
+  if (sim_) queue_ = sim_->OpenQueue("write-back");
+}
+
+WriteBack::~WriteBack() {
+  (void)Abandon();
+  if (sim_) sim_->CloseQueue(queue_);
+}
+
+void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
+                      std::function<void()> done) {
+  (void)Join();
+  {
+    std::lock_guard lock(mu_);
+    hurry_ = false;
+    abandoned_ = false;
+    started_ = false;
+    outcome_.reset();
+  }
+  if (sim_) {
+    sim_flush_ = [this, &store, target, done = std::move(done)] {
+      started_ = true;
+      Status status = store.FlushAll();
+      outcome_ = Outcome{target, std::move(status), 0};
+      if (done) done();
+    };
+    // The timer runs the flush unless Join or Abandon took it first.
+    sim_->PostAt(queue_, sim_->Now() + delay_, [this] {
+      if (auto flush = std::exchange(sim_flush_, nullptr)) flush();
+    });
+    return;
+  }
+  thread_ = std::thread([this, &store, target, done = std::move(done)] {
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait_for(lock, delay_, [&] { return hurry_ || abandoned_; });
+      if (abandoned_) return;
+      started_ = true;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Status status = store.FlushAll();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+      std::lock_guard lock(mu_);
+      outcome_ = Outcome{target, std::move(status), seconds};
+    }
+    if (done) done();
+  });
+}
+
+std::optional<WriteBack::Outcome> WriteBack::Join() {
+  if (sim_) {
+    if (auto flush = std::exchange(sim_flush_, nullptr)) flush();
+    return std::exchange(outcome_, std::nullopt);
+  }
+  if (!thread_.joinable()) return std::nullopt;
+  {
+    std::lock_guard lock(mu_);
+    hurry_ = true;
+    wake_.notify_all();
+  }
+  thread_.join();
+  std::lock_guard lock(mu_);
+  std::optional<Outcome> out = std::move(outcome_);
+  outcome_.reset();
+  return out;
+}
+
+std::optional<WriteBack::Outcome> WriteBack::Abandon() {
+  if (sim_) {
+    sim_flush_ = nullptr;
+    return std::exchange(outcome_, std::nullopt);
+  }
+  if (!thread_.joinable()) return std::nullopt;
+  {
+    std::lock_guard lock(mu_);
+    if (!started_) abandoned_ = true;
+    wake_.notify_all();
+  }
+  thread_.join();
+  std::lock_guard lock(mu_);
+  std::optional<Outcome> out = std::move(outcome_);
+  outcome_.reset();
+  return out;
+}
+
+}  // namespace deltacast::relay

@@ -1,0 +1,510 @@
+#include "relay/tree/downstream.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "common/runtime.h"
+
+namespace deltacast::relay {
+
+std::function<bool(const std::string& child)> TlsRequiredFor(const topology::ClusterConfig& config,
+                                                             const std::string& self_id) {
+  // The config is copied: the predicate may outlive the caller's.
+  return [config, self_id](const std::string& child) {
+    const topology::NodeConfig* self = config.FindNode(self_id);
+    const topology::NodeConfig* node = config.FindNode(child);
+    return self && node && topology::HopUsesTls(config, *self, *node);
+  };
+}
+
+Downstream::Limits Downstream::LimitsFrom(const topology::LimitsConfig& config) {
+  return HandshakeLimitsFrom(config);
+}
+
+Downstream::Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children,
+                       std::string token, Events events, Limits limits)
+    : loop_(loop),
+      self_id_(std::move(self_id)),
+      token_(std::move(token)),
+      events_(std::move(events)),
+      limits_(limits) {
+  for (auto& id : children) children_[id];
+}
+
+Downstream::~Downstream() { CloseAll(); }
+
+void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
+  // Caps first: a peer that has proved nothing gets a slot only while there is one,
+  // or by taking the oldest of the most represented address's (the shared rule,
+  // relay/wire/internal/handshake_limits.h): no set of addresses can keep the others out.
+  const std::string host = HostOf(connection->PeerAddress());
+  const HandshakeAdmission admission = AdmitHandshake(handshakes_, host, limits_, proven_);
+  if (!admission.admit) {
+    // One line per burst, not per connection: a flood must not fill the log.
+    if (refused_over_caps_++ % 100 == 0) {
+      const bool global = admission.refused_by == std::string("max_pending_handshakes");
+      log::Warn(fmt::format(
+          "{}: refusing {}: {} handshakes pending{} (limit {}; [limits] {}; {} refused so far)",
+          self_id_, log::Escape(connection->PeerAddress()), admission.count,
+          global ? "" : " from " + log::Escape(host),
+          global ? limits_.max_pending : limits_.max_pending_per_address, admission.refused_by,
+          refused_over_caps_));
+    }
+    connection->Close();
+    return;
+  }
+  if (admission.evict) {
+    auto victim = handshakes_.find(*admission.evict);
+    if (evicted_over_caps_++ % 100 == 0) {
+      log::Warn(fmt::format(
+          "{}: {} handshakes pending (limit {}; [limits] max_pending_handshakes): dropping the "
+          "oldest from {}, the most represented address, for {} ({} dropped so far)",
+          self_id_, handshakes_.size(), limits_.max_pending, log::Escape(victim->second.host),
+          log::Escape(connection->PeerAddress()), evicted_over_caps_));
+    }
+    victim->second.connection->Close();
+    handshakes_.erase(victim);
+  }
+  const uint64_t serial = next_serial_++;
+  Handshake& h = handshakes_[serial];
+  h.connection = std::move(connection);
+  h.host = host;
+  h.deadline = RuntimeClock::now() + limits_.handshake_timeout;
+  h.nonce = RandomNonce();
+  h.connection->Start(
+      [this, serial](transport::Message m) {
+        loop_.Post([this, serial, m] { OnMessage(serial, m); });
+      },
+      [this, serial](Status s) { loop_.Post([this, serial, s] { OnClosed(serial, s); }); });
+  h.connection->Send(transport::MakeMessage(EncodeChallenge({h.nonce, self_id_})));
+}
+
+void Downstream::Tick(std::chrono::steady_clock::time_point now) {
+  for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+    if (now < it->second.deadline) {
+      ++it;
+      continue;
+    }
+    log::Warn(fmt::format("{}: dropping {}: no valid HELLO within the handshake timeout ({} ms)",
+                          self_id_, log::Escape(it->second.connection->PeerAddress()),
+                          limits_.handshake_timeout.count()));
+    it->second.connection->Close();
+    it = handshakes_.erase(it);
+  }
+}
+
+void Downstream::Refuse(transport::Connection& connection, const std::string& reason) {
+  // `reason` may quote what the peer sent: escaped, it cannot forge log lines.
+  log::Warn(fmt::format("{}: refusing {}: {}", self_id_, log::Escape(connection.PeerAddress()),
+                        log::Escape(reason)));
+  connection.Send(transport::MakeMessage(EncodeRefuse({reason})));
+  connection.Close();
+}
+
+std::string Downstream::ChildId(const Child& child) const {
+  for (const auto& [id, c] : children_) {
+    if (&c == &child) return id;
+  }
+  return {};
+}
+
+Downstream::Child* Downstream::BySerial(uint64_t serial, std::string* id) {
+  for (auto& [name, child] : children_) {
+    if (child.connection && child.serial == serial) {
+      if (id) *id = name;
+      return &child;
+    }
+  }
+  return nullptr;
+}
+
+void Downstream::OnHello(uint64_t serial, ByteSpan message) {
+  auto it = handshakes_.find(serial);
+  Handshake h = std::move(it->second);
+  handshakes_.erase(it);
+  auto hello = ParseHello(message);
+  if (!hello.ok()) return Refuse(*h.connection, "malformed HELLO: " + hello.status().message());
+  auto child = children_.find(hello->node_id);
+  if (child == children_.end() && adoptable_.contains(hello->node_id)) {
+    child = children_.emplace(hello->node_id, Child{}).first;  // checked below like any other
+    child->second.adopted = true;
+  }
+  if (child == children_.end()) {
+    return Refuse(*h.connection,
+                  "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan");
+  }
+  auto refuse_child = [&](const std::string& reason) {
+    if (child->second.adopted && !child->second.connection) children_.erase(child);
+    if (events_.refused) events_.refused(hello->node_id, reason);
+    Refuse(*h.connection, reason);
+  };
+  if (!ProofMatches(hello->proof, ChildProof(token_, h.nonce, hello->node_id, self_id_))) {
+    return refuse_child("node '" + hello->node_id +
+                        "' failed authentication (wrong cluster token)");
+  }
+  if (Status s = CheckIdentity(*h.connection, hello->node_id); !s.ok()) {
+    return refuse_child(s.message());
+  }
+  if (child->second.connection) {
+    return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected");
+  }
+  if (Status s = CheckTransport(*hello); !s.ok()) return refuse_child(s.message());
+  child->second.connection = std::move(h.connection);
+  child->second.excused = false;
+  child->second.serial = serial;
+  child->second.credits = 0;
+  ChunkBook& book = child->second.chunks;
+  book = ChunkBook{hello->inflight_target,
+                   {hello->applied_chunks.begin(), hello->applied_chunks.end()},
+                   {},
+                   hello->active_version};
+  for (const Pending& p : child->second.queue) {
+    if (p.chunk) book.Note(*p.chunk);
+  }
+  proven_.Add(h.host);  // a flood from addresses that never get here cannot displace it
+  child->second.connection->Authenticated();
+  child->second.connection->Send(transport::MakeMessage(
+      EncodeWelcome({ParentProof(token_, h.nonce, hello->nonce, self_id_, hello->node_id)})));
+  log::Info(fmt::format("{}: child {} joined from {}{}{} at version {}", self_id_, hello->node_id,
+                        child->second.connection->PeerAddress(),
+                        hello->transport.empty() ? "" : " over " + hello->transport,
+                        child->second.connection->PeerIdentity().empty() ? "" : " with TLS",
+                        hello->active_version.ShortHex()));
+  if (events_.joined) events_.joined(hello->node_id, *hello);
+  Pump(child->second);
+}
+
+Status Downstream::CheckIdentity(const transport::Connection& connection,
+                                 const std::string& id) const {
+  const std::string identity = connection.PeerIdentity();
+  if (!identity.empty() && identity != id) {
+    return Status::PermissionDenied("node '" + id + "' presented the certificate of '" +
+                                    log::Escape(identity) + "'");
+  }
+  if (identity.empty() && tls_required_ && tls_required_(id)) {
+    return Status::PermissionDenied("node '" + id +
+                                    "' must connect over TLS with its certificate ([security] "
+                                    "tls covers this hop); it came without");
+  }
+  return Status::Ok();
+}
+
+Status Downstream::CheckTransport(const Hello& hello) const {
+  if (transports_.empty() || hello.transport.empty()) return Status::Ok();
+  auto speaks = [&](const std::string& t) {
+    return std::find(transports_.begin(), transports_.end(), t) != transports_.end();
+  };
+  std::string mine;
+  for (const auto& t : transports_) mine += (mine.empty() ? "" : ", ") + t;
+  if (!speaks(hello.transport)) {
+    return Status::FailedPrecondition("node '" + hello.node_id + "' came over " + hello.transport +
+                                      ", which '" + self_id_ + "' does not speak (it speaks " +
+                                      mine + ")");
+  }
+  auto first = std::find_if(hello.transports.begin(), hello.transports.end(), speaks);
+  if (first != hello.transports.end() && *first != hello.transport) {
+    log::Warn(
+        fmt::format("{}: child {} runs over {}, not over {}, which both ends list (it fell "
+                    "back: see its log)",
+                    self_id_, hello.node_id, hello.transport, *first));
+  }
+  return Status::Ok();
+}
+
+void Downstream::OnMessage(uint64_t serial, transport::Message message) {
+  const ByteSpan bytes(*message);
+  auto type = PeekType(bytes);
+  if (handshakes_.contains(serial)) {
+    if (!type.ok() || *type != MessageType::kHello) {
+      Refuse(*handshakes_[serial].connection, "expected HELLO first");
+      handshakes_.erase(serial);
+      return;
+    }
+    return OnHello(serial, bytes);
+  }
+  std::string id;
+  Child* child = BySerial(serial, &id);
+  if (!child) return;  // a link already dropped
+  if (!type.ok()) {
+    Refuse(*child->connection, "malformed message: " + type.status().message());
+    return Lose(id, type.status());
+  }
+  switch (*type) {
+    case MessageType::kCredit: {
+      auto credit = ParseCredit(bytes);
+      if (!credit.ok()) {
+        Refuse(*child->connection, credit.status().message());
+        return Lose(id, credit.status());
+      }
+      if (credit->refit_id != refit_id_) return;  // room for another refit
+      child->credits += credit->chunks;
+      return Pump(*child);
+    }
+    case MessageType::kHeartbeat:
+      return;
+    case MessageType::kPrepared:
+    case MessageType::kFailed:
+    case MessageType::kCommitted:
+    case MessageType::kAborted:
+    case MessageType::kFetch:
+    case MessageType::kFetchManifest:
+    case MessageType::kFetchChain:
+    case MessageType::kFetchDeltaChunk:
+      if (events_.message) events_.message(id, *type, bytes);
+      return;
+    default: {
+      const Status bad =
+          Status::Corrupt(std::string(MessageTypeName(*type)) + " is not a message a child sends");
+      Refuse(*child->connection, bad.message());
+      return Lose(id, bad);
+    }
+  }
+}
+
+void Downstream::OnClosed(uint64_t serial, const Status& status) {
+  if (handshakes_.erase(serial)) return;
+  std::string id;
+  if (BySerial(serial, &id)) Lose(id, status.ok() ? Status::Unavailable("link closed") : status);
+}
+
+void Downstream::Lose(const std::string& id, const Status& why) {
+  Child& child = children_[id];
+  if (child.connection) child.connection->Close();
+  child.connection.reset();
+  child.credits = 0;
+  // Whatever the dead link still held is owed to nobody now (a rejoining child is
+  // replayed from the spool), so release it rather than wait for handlers that the
+  // destroyed connection will never run.
+  for (auto& [send, pending] : child.in_flight) Complete(*pending);
+  child.in_flight.clear();
+  // What the dead link carried may not have arrived: only what is still queued
+  // is sure to reach the child (its next HELLO says what it applied).
+  child.chunks.carried.clear();
+  for (const Pending& p : child.queue) {
+    if (p.chunk) child.chunks.Note(*p.chunk);
+  }
+  if (child.adopted) {
+    // Not ours to wait for: it goes back to its own parent or comes back here.
+    DropUnsent(child);
+    children_.erase(id);
+    log::Info(fmt::format("{}: adopted child {} left: {}", self_id_, id, why.ToString()));
+    if (events_.lost) events_.lost(id, why);
+    return;
+  }
+  // Queued messages stay queued: the child may rejoin and must get them in order.
+  // kAborted is this side shutting down: expected, not worth a warning.
+  const std::string line = fmt::format("{}: lost child {}: {}", self_id_, id, why.ToString());
+  why.code() == StatusCode::kAborted ? log::Debug(line) : log::Warn(line);
+  if (events_.lost) events_.lost(id, why);
+}
+
+void Downstream::Complete(Pending& pending) {
+  if (pending.message) queued_bytes_ -= pending.message->size();
+  if (pending.fanout && --pending.fanout->remaining == 0 && pending.fanout->done)
+    pending.fanout->done();
+}
+
+void Downstream::DropUnsent(Child& child) {
+  while (!child.queue.empty()) {
+    Pending& front = child.queue.front();
+    if (front.chunk) child.chunks.Unnote(*front.chunk);
+    Complete(front);
+    child.queue.pop_front();
+  }
+}
+
+void Downstream::NoteSent(Child& child, const transport::Message& message) {
+  auto type = PeekType(ByteSpan(*message));
+  if (!type.ok() || (*type != MessageType::kCommit && *type != MessageType::kAbort)) return;
+  auto decision = ParseDecision(ByteSpan(*message));
+  if (decision.ok() && decision->target_version == child.chunks.target) {
+    child.chunks = ChunkBook{{}, {}, {}, child.chunks.active};
+  }
+}
+
+void Downstream::Pump(Child& child) {
+  while (child.connection && !child.queue.empty()) {
+    Pending& front = child.queue.front();
+    if (front.chunk) {
+      if (child.credits <= 0) return;
+      --child.credits;
+    }
+    Pending sent = std::move(front);
+    child.queue.pop_front();
+    if (!sent.message) {
+      auto loaded = sent.load();
+      if (!loaded.ok()) {
+        log::Error(
+            fmt::format("{}: cannot replay to a child: {}", self_id_, loaded.status().ToString()));
+        Complete(sent);
+        continue;
+      }
+      sent.message = *loaded;
+      queued_bytes_ += sent.message->size();
+    }
+    // Released only when the transport is done with the bytes, so this node's
+    // memory accounting covers what sits in socket queues too.
+    if (!sent.chunk) NoteSent(child, sent.message);
+    auto shared = std::make_shared<Pending>(std::move(sent));
+    const uint64_t send = next_send_++;
+    child.in_flight[send] = shared;
+    child.connection->Send(shared->message, [this, id = ChildId(child), send](Status) {
+      loop_.Post([this, id, send] {
+        auto it = children_.find(id);
+        if (it == children_.end()) return;
+        auto entry = it->second.in_flight.find(send);
+        if (entry == it->second.in_flight.end()) return;  // completed by Lose
+        Complete(*entry->second);
+        it->second.in_flight.erase(entry);
+      });
+    });
+  }
+}
+
+void Downstream::Broadcast(transport::Message message, std::function<void()> done) {
+  auto fanout = std::make_shared<Fanout>();
+  fanout->done = std::move(done);
+  for (auto& [id, child] : children_) fanout->remaining += child.excused ? 0 : 1;
+  if (fanout->remaining == 0) {
+    if (fanout->done) fanout->done();
+    return;
+  }
+  for (auto& [id, child] : children_) {
+    if (child.excused) continue;
+    queued_bytes_ += message->size();
+    child.queue.push_back(Pending{message, nullptr, std::nullopt, fanout});
+    Pump(child);
+  }
+}
+
+void Downstream::Requeue(const std::string& id, std::vector<Outgoing> backlog) {
+  auto it = children_.find(id);
+  if (it == children_.end()) return;
+  Child& child = it->second;
+  DropUnsent(child);
+  for (auto& out : backlog) {
+    if (out.message) queued_bytes_ += out.message->size();
+    if (out.chunk) child.chunks.Note(*out.chunk);
+    child.queue.push_back(Pending{std::move(out.message), std::move(out.load), out.chunk, nullptr});
+  }
+  Pump(child);
+}
+
+void Downstream::QueueHeld(const std::vector<Outgoing>& held) {
+  for (auto& [id, child] : children_) {
+    if (!child.connection || child.excused) continue;
+    for (const Outgoing& out : held) {
+      if (!out.chunk || child.chunks.Has(*out.chunk)) continue;
+      child.chunks.Note(*out.chunk);
+      child.queue.push_back(Pending{out.message, out.load, out.chunk, nullptr});
+      if (out.message) queued_bytes_ += out.message->size();
+    }
+    Pump(child);
+  }
+}
+
+void Downstream::Excuse(const std::string& id) {
+  auto it = children_.find(id);
+  if (it == children_.end()) return;
+  it->second.excused = true;
+  DropUnsent(it->second);
+}
+
+void Downstream::SendTo(const std::string& id, transport::Message message) {
+  auto it = children_.find(id);
+  if (it == children_.end() || !it->second.connection) return;
+  NoteSent(it->second, message);
+  it->second.connection->Send(std::move(message));
+}
+
+void Downstream::BroadcastChunk(transport::Message message, const ChunkRef& chunk,
+                                std::function<void()> done) {
+  auto fanout = std::make_shared<Fanout>();
+  fanout->done = std::move(done);
+  std::vector<Child*> to;
+  for (auto& [id, child] : children_) {
+    if (child.excused || child.chunks.Has(chunk)) continue;
+    to.push_back(&child);
+  }
+  fanout->remaining = to.size();
+  if (to.empty()) {
+    if (fanout->done) fanout->done();
+    return;
+  }
+  for (Child* child : to) {
+    queued_bytes_ += message->size();
+    child->chunks.Note(chunk);
+    child->queue.push_back(Pending{message, nullptr, chunk, fanout});
+    Pump(*child);
+  }
+}
+
+void Downstream::BeginRefit(uint64_t refit_id) {
+  // What is still queued belongs to an earlier refit (a replay a child has not
+  // finished): it would wait forever for credit that now counts for this one.
+  // The child catches up from the new BEGIN instead.
+  if (refit_id != refit_id_) {
+    DropQueued();
+    // A child excused from the last refit while connected (it failed there) takes
+    // part in this one; an absent one is excused again if it stays away.
+    for (auto& [id, child] : children_) {
+      if (child.connection) child.excused = false;
+      // What a link carried belongs to its refit: a new refit of the same delta
+      // sends again what the child may need in it (its END at least, which
+      // prepares it; data chunks it journaled it skips by itself).
+      child.chunks.carried.clear();
+    }
+  }
+  refit_id_ = refit_id;
+  for (auto& [id, child] : children_) child.credits = 0;
+}
+
+void Downstream::DropQueued() {
+  for (auto& [id, child] : children_) DropUnsent(child);
+}
+
+bool Downstream::IsAdopted(const std::string& id) const {
+  auto it = children_.find(id);
+  return it != children_.end() && it->second.adopted;
+}
+
+size_t Downstream::expected() const {
+  size_t n = 0;
+  for (const auto& [id, child] : children_) n += child.adopted ? 0 : 1;
+  return n;
+}
+
+bool Downstream::AllConnected() const {
+  for (const auto& [id, child] : children_) {
+    if (!child.connection) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> Downstream::Missing() const {
+  std::vector<std::string> out;
+  for (const auto& [id, child] : children_) {
+    if (!child.connection) out.push_back(id);
+  }
+  return out;
+}
+
+void Downstream::Heartbeat() {
+  auto beat = transport::MakeMessage(EncodeHeartbeat());
+  for (auto& [id, child] : children_) {
+    if (child.connection) child.connection->Send(beat);
+  }
+}
+
+void Downstream::CloseAll() {
+  for (auto& [id, child] : children_) {
+    if (child.connection) child.connection->Close();
+    child.connection.reset();
+  }
+  for (auto& [serial, h] : handshakes_) h.connection->Close();
+  handshakes_.clear();
+}
+
+}  // namespace deltacast::relay

@@ -1,0 +1,227 @@
+// NodeAgent::Impl (private to relay/): one relay node's refit state machine, and the
+// parts it wires together. The parts own their state: ParentLink (the link to the
+// parent and rejoining), Downstream (links to children), RefitChildren (what the
+// children did in this refit), UpRequests (requests up the tree: repair bytes,
+// routed catch-up requests), CatchUp, Rollback, StoreRecovery (a store whose last
+// commit's writes may be lost), NodeStore (the replica on the apply thread). What stays here is the
+// refit as this node sees it: receive, forward, apply, prepare (node_refit.cc), and decisions and
+// outcome (node_outcome.cc); node_agent.cc routes messages and ticks.
+//
+// Thread safety: all of it runs on loop_, but stats() (any thread, under stats_mu_).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/event_loop.h"
+#include "common/runtime.h"
+#include "relay/store/node_store.h"
+#include "relay/store/spool.h"
+#include "relay/tree/catch_up.h"
+#include "relay/tree/downstream.h"
+#include "relay/tree/node_agent.h"
+#include "relay/tree/parent_link.h"
+#include "relay/tree/rollback.h"
+#include "relay/tree/store_recovery.h"
+#include "relay/tree/subtree.h"
+#include "relay/tree/up_requests.h"
+#include "relay/wire/protocol.h"
+#include "topology/tree_plan.h"
+
+namespace deltacast::relay {
+
+class NodeAgent::Impl {
+ public:
+  using Clock = RuntimeClock;
+
+  Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
+       std::unique_ptr<transport::Transport> transport, topology::TreePlan plan);
+  ~Impl();  // Stop()
+  Status Listen();
+  void Stop();
+  NodeAgentStats stats() const;
+  const std::string& listen_address() const { return listen_address_; }
+  const JoinCheck& join_check() const { return join_; }
+  Result<NodeStore::Check> Verify();
+
+ private:
+  enum class Phase { kStreaming, kCommitting, kAborting, kDone };
+
+  // One refit as this node sees it. Its children's part is in subtree_.
+  struct Refit {
+    uint64_t id = 0;
+    Begin begin;
+    codec::DeltaIdentity identity;
+    Phase phase = Phase::kStreaming;
+    Status local_error;  // why this node cannot reach the target
+    bool local_prepared = false;
+    bool end_received = false;  // the END chunk came: every chunk the parent sends came
+    bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
+    bool prepared_sent = false;
+    bool failed_sent = false;
+    // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
+    // as the link it went on may have dropped before it arrived.
+    std::optional<Failed> failed;
+    std::optional<MessageType> pending_decision;  // arrived before we had prepared
+    // The decision as the source signed it, once this node has it: what it forwards
+    // to its children and replays to those that rejoin.
+    transport::Message decision_message;
+    bool local_outcome_done = false;
+    // Why the local commit or rollback failed (a full disk under `active`): then this
+    // node says FAILED, not COMMITTED / ABORTED, and again on a replayed BEGIN.
+    Status outcome_error;
+    Clock::time_point start = Clock::now();
+    Clock::time_point decided;
+    Clock::time_point prepared_at;  // the local delta verified (PREPARED's half from here)
+    double apply_seconds = 0;
+    // The engine's pause for this refit's writes, and how long the prepared delta was
+    // held before the decision (staged apply: the engine served all along).
+    double pause_seconds = 0;
+    double hold_seconds = 0;
+    // The phases of this node's prepare, for PREPARED (NodeReport): BEGIN to END
+    // received; the apply thread's CPU, waiting for a CPU and blocked time (summed
+    // over chunks); the applier's check-before-write and write totals; the final
+    // check against the target manifest.
+    double receive_seconds = 0;
+    double apply_cpu_seconds = 0;
+    double apply_runnable_seconds = 0;
+    double apply_blocked_seconds = 0;
+    double check_seconds = 0;
+    double write_seconds = 0;
+    double finish_seconds = 0;
+    uint64_t chunk_bytes = 0;
+    uint64_t resent_bytes = 0;  // of chunk_bytes: chunks this node had already
+    uint64_t chunks = 0;
+    uint64_t partitions_applied = 0;
+    uint64_t repair_bytes = 0;  // literal partition bytes fetched for torn partitions
+    // Every chunk received, durably before it is applied: for replays to children
+    // that rejoin, and so this node can roll the delta back from its own records.
+    std::shared_ptr<Spool> spool;
+  };
+
+  // What the last HELLO said this node had applied, so chunks a parent sends
+  // anyway are counted (stats_.chunk_bytes_resent).
+  struct Claimed {
+    Digest128 target;
+    std::set<uint32_t> applied;
+  };
+
+  // node_agent.cc: wiring.
+  Downstream::Events DownstreamEvents();
+  ParentLink::Events ParentEvents();
+  void Tick();
+  Hello MakeHello();
+  void OnParentJoined();
+  void OnParentLost(const Status& why);
+  void OnParentMessage(MessageType type, const transport::Message& message);
+  // ACTIVE_VERSION: compares this node's weights with the version the parent holds.
+  void OnParentVersion(ByteSpan bytes);
+  // Tells a child that joined the version this node holds (its manifest if the
+  // child's differs).
+  void TellVersion(const std::string& child, const Hello& hello);
+  // Why `child` is not here, for a FAILED: the refusal of its last HELLO, if any.
+  void OnChildLost(const std::string& child);
+  void OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes);
+  void OnChildFetch(const std::string& child, ByteSpan bytes);
+  void OnCatchUpFinished(const CatchUp::Result& result);
+  void OnJournal(const NodeStore::Journal& journal);
+  void OnRecovered(const Status& status, uint64_t fetched);
+  void RunDeferredBegin();
+  void HoldChunk(size_t bytes);
+  void ReleaseChunk(size_t bytes) { held_bytes_ -= bytes; }
+
+  // node_refit.cc: receive, forward, apply, prepare.
+  void OnBegin(ByteSpan bytes);
+  bool Behind(const Begin& b) const;
+  void OnChunk(const transport::Message& received);
+  void OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result);
+  void RequestRepairs(const NodeStore::ApplyResult& result);
+  void OnRepairBytes(uint64_t id, const Fetch& fetch, const PartitionData& data);
+  void LocalFailure(uint64_t id, const Status& status, FailureKind kind = FailureKind::kNode);
+  void SendFailed(const Failed& failed);
+  void MaybePrepared();
+  void OnChildPrepared(const std::string& child, ByteSpan bytes);
+  void OnChildFailed(const std::string& child, ByteSpan bytes);
+  void OnChildJoined(const std::string& child, const Hello& hello);
+  Subtree::Owner SubtreeOwner();
+
+  // node_outcome.cc: decisions and outcome.
+  void OnDecision(MessageType type, ByteSpan bytes);
+  void Resolve(MessageType type, const Decision& d, transport::Message message);
+  void CommitByCatchingUp(const Decision& d, transport::Message message);
+  void ExcuseChildrenWithout(const Digest128& target);
+  // The refit's decision for the children: as received, else (unsigned clusters
+  // only) encoded here.
+  transport::Message DecisionFor(MessageType type) const;
+  // Whether `status` of a signature check lets the message through; logs and
+  // drops the parent link when not.
+  bool Trusted(const Status& status, std::string_view what);
+  void Decide(MessageType type);
+  void StartAbort();
+  void OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version);
+  void OnChildConfirmed(const std::string& child, ByteSpan bytes);
+  void MaybeOutcome();
+  void ReportOutcome();
+
+  NodeAgentOptions options_;
+  topology::TreePlan plan_;
+  topology::PlannedNode self_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::string listen_address_;
+
+  // Loop-thread state.
+  std::optional<Refit> refit_;
+  bool committed_last_ = false;
+  std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
+  uint64_t parent_begins_ = 0;             // BEGINs the parent sent; a newer one supersedes
+  uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
+  uint64_t retried_commit_ = 0;            // the refit whose failed local commit was tried again
+  Status catch_up_failure_;                // why that catch-up failed
+  // COMMIT / ABORT of the deferred BEGIN's refit that came while it waited (the
+  // parent may decide before this node began: a catch-up that fails takes a
+  // while); run right after that BEGIN, in order.
+  std::vector<transport::Message> deferred_decisions_;
+  // A decision that waits for the store's recovery (a node confirms a version only
+  // once its bytes are at it): its type and message.
+  std::optional<std::pair<MessageType, std::vector<std::byte>>> deferred_decision_;
+  // A recovery of the store that failed (the engine did not pause, the disk refused
+  // a write) starts again from this time, between refits (Tick).
+  std::optional<Clock::time_point> recovery_retry_at_;
+  uint64_t recovery_tried_for_ = 0;  // the BEGIN a recovery was last started for
+  NodeStore::Journal journal_;       // the replica's journal, mirrored
+  Claimed claimed_;
+  JoinCheck join_;  // what joining the parent found
+  // What each connected child's HELLO said it holds: (active version, delta in flight).
+  std::map<std::string, std::pair<Digest128, Digest128>> child_holds_;
+  std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
+  Clock::time_point next_heartbeat_ = Clock::now();
+  uint64_t held_bytes_ = 0;
+  uint64_t refetches_ = 0;  // damaged chunks fetched again
+
+  mutable std::mutex stats_mu_;
+  NodeAgentStats stats_;
+  std::atomic<bool> stopped_{false};
+  SpoolDir spool_dir_;  // released on Stop
+
+  // The parts. Declared after the state they use and before the loop, which is
+  // stopped first and destroyed last.
+  EventLoop loop_;
+  NodeStore store_;
+  Downstream downstream_;
+  ParentLink parent_;
+  Subtree subtree_;
+  UpRequests requests_;
+  CatchUp catch_up_;
+  Rollback rollback_;
+  StoreRecovery recovery_;
+};
+
+}  // namespace deltacast::relay

@@ -1,0 +1,314 @@
+// A relay node's refit, decision half: COMMIT or ABORT from the parent (passed down
+// first), the local commit or rollback, the outcome of a delta left in flight by an
+// earlier refit, and the confirmations gathered from the subtree before this node
+// reports COMMITTED or ABORTED up (docs/protocol.md, docs/recovery.md).
+#include <fmt/core.h>
+
+#include "common/log.h"
+#include "relay/tree/node_impl.h"
+
+namespace deltacast::relay {
+
+bool NodeAgent::Impl::Trusted(const Status& status, std::string_view what) {
+  if (status.ok()) return true;
+  // The parent forwards what the source signed; anything else came from the parent
+  // itself or from whoever sits on the link: never applied, never committed.
+  log::Error(fmt::format("{}: refusing {} from {}: {}", options_.node_id, what, parent_.current(),
+                         status.message()));
+  parent_.ProtocolError(status.message());
+  return false;
+}
+
+transport::Message NodeAgent::Impl::DecisionFor(MessageType type) const {
+  if (refit_ && refit_->decision_message) return refit_->decision_message;
+  return transport::MakeMessage(
+      EncodeDecision(type, {refit_->id, refit_->identity.target_version}));
+}
+
+void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
+  auto d = ParseDecision(bytes);
+  if (!d.ok()) return parent_.ProtocolError(d.status().message());
+  log::Debug(fmt::format("{}: {} of refit {} from {}", options_.node_id, MessageTypeName(type),
+                         d->refit_id, parent_.current()));
+  if (options_.verify_key &&
+      !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type))) {
+    return;
+  }
+  auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
+  if (!deferred_begin_.empty()) {
+    // The decision of a refit whose BEGIN waits (behind the store's recovery, a
+    // resolution or a catch-up): it runs right after that BEGIN. Held as a decision
+    // for the recovery instead, it ran before the BEGIN, found no such refit and was
+    // dropped, and the parent waited its commit timeout for this node's confirmation
+    // (the simulator's seed 72955: a node back from a power loss rejoined mid-refit).
+    auto waiting = ParseBegin(deferred_begin_);
+    if (waiting.ok() && waiting->refit_id == d->refit_id) {
+      deferred_decisions_.push_back(message);
+      return;
+    }
+  }
+  if (type == MessageType::kAbort && catch_up_failed_refit_ == d->refit_id &&
+      (!refit_ || refit_->id != d->refit_id) &&
+      !(journal_.inflight && journal_.inflight->target == d->target_version)) {
+    // The ABORT of a refit this node said FAILED to without beginning it (it could
+    // not catch up to its base): nothing of it to undo, so confirmed at once, even
+    // while the store is being mended (the parent would wait for it).
+    parent_.Send(EncodeOutcome(MessageType::kAborted, {d->refit_id, 1, {}}));
+    return;
+  }
+  if (recovery_.active()) {
+    // The store is being mended to its committed version: confirm nothing before.
+    deferred_decision_.emplace(type, std::vector<std::byte>(bytes.begin(), bytes.end()));
+    return;
+  }
+  if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
+    if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
+      // A repeated COMMIT: confirm again.
+      parent_.Send(EncodeOutcome(MessageType::kCommitted,
+                                 {d->refit_id, 1 + subtree_.confirmed_nodes(), {}}));
+      return;
+    }
+    if (!refit_ || refit_->id != d->refit_id) {
+      // We committed before a restart and never confirmed: our subtree's
+      // confirmations were lost with us, so gather them again.
+      refit_.emplace();
+      refit_->id = d->refit_id;
+      refit_->identity.target_version = d->target_version;
+      refit_->phase = Phase::kCommitting;
+      refit_->decided = Clock::now();
+      refit_->local_outcome_done = true;
+      refit_->decision_message = message;
+      {
+        std::lock_guard lock(stats_mu_);
+        stats_.version = journal_.version;
+      }
+      downstream_.Broadcast(message);
+      // Our children's links died with our previous life: one that is not back
+      // within the time a child keeps trying us has failed over (and confirmed
+      // there) or is down, and learns the decision when it is back.
+      subtree_.BeginRefit(d->refit_id, Clock::now());
+      subtree_.Decided(Clock::now(), ParentLink::kFailoverAfter);
+      ExcuseChildrenWithout(d->target_version);
+      MaybeOutcome();
+      return;
+    }
+  }
+  if (!refit_ || refit_->id != d->refit_id) {
+    if (journal_.inflight && journal_.inflight->target == d->target_version)
+      return Resolve(type, *d, message);
+    log::Debug(fmt::format("{}: ignoring {} of refit {}, which is not ours", options_.node_id,
+                           MessageTypeName(type), d->refit_id));
+    return;
+  }
+  Refit& r = *refit_;
+  if (r.phase == Phase::kDone && !r.outcome_error.ok()) {
+    // Its local commit (or rollback) failed: a parent that sends the decision again
+    // (a relay back from a restart, gathering confirmations anew) is told at once
+    // (the simulator's seed 102601 waited its commit timeout for this one's).
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
+    return;
+  }
+  if (r.phase != Phase::kStreaming) return;  // a duplicate
+  if (type == MessageType::kCommit && !r.local_error.ok()) {
+    // Committed without this node, which cannot reach the target: say so (again)
+    // at once, so the parent stops waiting for its confirmation; it catches up at a
+    // later refit. The parent may never have had the first FAILED: a relay that
+    // restarted after the decision is sent the COMMIT alone and gathers its
+    // children's confirmations anew (the simulator's seed 71629 waited its commit
+    // timeout for this node's).
+    log::Warn(fmt::format("{}: refit {} committed without this node ({}); telling {}",
+                          options_.node_id, r.id, r.local_error.ToString(), parent_.current()));
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.local_error.ToString()}));
+    return;
+  }
+  r.decision_message = message;
+  if (type == MessageType::kCommit && !r.prepared_sent) {
+    // Replayed right behind the chunks we lacked: decide once they are applied.
+    if (r.end_received) {
+      r.pending_decision = type;
+      subtree_.CommitWaitsForThisNode();
+      return;
+    }
+    // Every chunk the parent sends comes before its decision, and the END did not:
+    // the parent resolved a delta it does not hold whole (it was down while the
+    // refit committed). Reach the target the way Resolve does.
+    return CommitByCatchingUp(*d, message);
+  }
+  Decide(type);
+}
+
+// The delta of the current refit committed, but this node cannot finish it from
+// the chunks its parent has: it tells its children and catches up to the target
+// (by the kept deltas, else by the partitions that differ).
+void NodeAgent::Impl::CommitByCatchingUp(const Decision& d, transport::Message message) {
+  Refit& r = *refit_;
+  r.decision_message = message;
+  log::Warn(fmt::format(
+      "{}: refit {} committed, but not every chunk of it reached this node; catching up",
+      options_.node_id, r.id));
+  r.phase = Phase::kCommitting;
+  r.decided = Clock::now();
+  r.resolution = true;  // a child that rejoins is sent the decision, not the delta
+  downstream_.DropQueued();
+  downstream_.Broadcast(message);
+  subtree_.Decided(Clock::now());
+  store_.DropRefit();  // the catch-up resumes the delta
+  if (!catch_up_.active()) return catch_up_.Start(d.target_version, r.id, /*resolving=*/true);
+  catch_up_.Resolves(r.id);
+}
+
+// The outcome of a delta this node had in flight from an earlier refit (it
+// restarted, or the source died before deciding): commit it if the source
+// committed it, else roll it back (presumed abort). Children in the same state
+// learn it from us. A BEGIN that arrives meanwhile waits (OnBegin).
+void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Message message) {
+  log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
+                        journal_.inflight->base.ShortHex(), d.target_version.ShortHex(),
+                        MessageTypeName(type)));
+  refit_.emplace();
+  refit_->id = d.refit_id;
+  refit_->identity = {journal_.inflight->base, d.target_version, 0};
+  refit_->decided = Clock::now();
+  refit_->resolution = true;
+  refit_->decision_message = message;
+  downstream_.DropQueued();
+  downstream_.Broadcast(message);
+  subtree_.BeginRefit(d.refit_id, Clock::now());
+  subtree_.Decided(Clock::now());
+  ExcuseChildrenWithout(d.target_version);
+  const uint64_t id = d.refit_id;
+  if (type == MessageType::kCommit && !journal_.prepared) {
+    // It committed without us: reach it by fetching what differs.
+    refit_->phase = Phase::kCommitting;
+    if (!catch_up_.active()) return catch_up_.Start(d.target_version, id, /*resolving=*/true);
+    // Already catching up (to this version or past it): report when it is done.
+    catch_up_.Resolves(id);
+    return;
+  }
+  if (type == MessageType::kCommit) {
+    refit_->phase = Phase::kCommitting;
+    store_.CommitPrepared(
+        [this, id](const Status& s, const Digest128& v) { OnLocalOutcome(id, s, v); });
+    return;
+  }
+  refit_->phase = Phase::kAborting;
+  auto spool = Spool::Open(options_.spool_dir, d.target_version, /*remove_others=*/false);
+  rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
+}
+
+// A refit known here from its decision alone (a resolution, or this node came back
+// after committing it): a child that joined before and holds neither its delta nor
+// its target (adopted from a parent that never had the refit, say) ignores the
+// decision, so it is not waited for, as when it joins after (OnChildJoined). Else the
+// refit waited until the child left (the simulator's seed 18830: 9.8 s) or the commit
+// timeout (seed 14756, a resolution).
+void NodeAgent::Impl::ExcuseChildrenWithout(const Digest128& target) {
+  for (const auto& [child, holds] : child_holds_) {
+    if (holds.first != target && holds.second != target) subtree_.Excuse(child);
+  }
+}
+
+void NodeAgent::Impl::Decide(MessageType type) {
+  if (type != MessageType::kCommit) return StartAbort();
+  Refit& r = *refit_;
+  r.phase = Phase::kCommitting;
+  r.decided = Clock::now();
+  downstream_.Broadcast(DecisionFor(MessageType::kCommit));
+  subtree_.Decided(Clock::now());
+  if (r.local_prepared)
+    r.hold_seconds = std::chrono::duration<double>(r.decided - r.prepared_at).count();
+  const uint64_t id = r.id;
+  store_.Commit(
+      id, [this, id](const Status& s, const Digest128& v, const NodeStore::CommitTimes& times) {
+        if (refit_ && refit_->id == id) refit_->pause_seconds = times.pause_seconds;
+        OnLocalOutcome(id, s, v);
+      });
+}
+
+void NodeAgent::Impl::StartAbort() {
+  Refit& r = *refit_;
+  if (r.phase == Phase::kAborting) return;
+  r.phase = Phase::kAborting;
+  r.decided = Clock::now();
+  downstream_.DropQueued();
+  downstream_.Broadcast(DecisionFor(MessageType::kAbort));
+  subtree_.Decided(Clock::now());
+  rollback_.Start(r.id, r.spool);
+}
+
+void NodeAgent::Impl::OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version) {
+  if (!refit_ || refit_->id != id) return;
+  if (!status.ok()) {
+    log::Error(fmt::format("{}: refit {}: {} failed locally: {}", options_.node_id, id,
+                           refit_->phase == Phase::kCommitting ? "commit" : "rollback",
+                           status.ToString()));
+    refit_->outcome_error = status.WithContext(
+        refit_->phase == Phase::kCommitting ? "commit failed locally" : "rollback failed locally");
+  }
+  refit_->local_outcome_done = true;
+  claimed_ = {};  // committed or rolled back: what it had applied of the delta is moot
+  {
+    std::lock_guard lock(stats_mu_);
+    stats_.version = version;
+  }
+  MaybeOutcome();
+}
+
+void NodeAgent::Impl::OnChildConfirmed(const std::string& child, ByteSpan bytes) {
+  if (!refit_) return;
+  auto o = ParseOutcome(bytes);
+  if (!o.ok() || o->refit_id != refit_->id) return;
+  subtree_.OnConfirmed(child, o->nodes, o->pauses);
+}
+
+void NodeAgent::Impl::MaybeOutcome() {
+  Refit& r = *refit_;
+  if (!r.local_outcome_done || r.phase == Phase::kDone) return;
+  // The next refit's BEGIN is waiting: the parent has moved on (see OnBegin).
+  if (!deferred_begin_.empty()) return ReportOutcome();
+  if (!subtree_.confirmed() && !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
+    return;
+  }
+  ReportOutcome();
+}
+
+void NodeAgent::Impl::ReportOutcome() {
+  Refit& r = *refit_;
+  if (r.phase == Phase::kDone) return;
+  const bool committed = r.phase == Phase::kCommitting;
+  committed_last_ = committed;
+  r.phase = Phase::kDone;
+  subtree_.EndRefit();
+  // Counted before the parent hears it, so stats() agrees with what the source reports.
+  const NodeAgentStats s = [&] {
+    std::lock_guard lock(stats_mu_);
+    (committed ? stats_.refits_committed : stats_.refits_aborted)++;
+    stats_.last_pause_seconds = r.pause_seconds;
+    stats_.last_prepared_hold_seconds = r.hold_seconds;
+    stats_.pause_seconds_total += r.pause_seconds;
+    return stats_;
+  }();
+  if (r.outcome_error.ok()) {
+    Outcome outcome{r.id, 1 + subtree_.confirmed_nodes(), subtree_.pauses()};
+    outcome.pauses.push_back({options_.node_id, r.pause_seconds, r.hold_seconds});
+    parent_.Send(
+        EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, outcome));
+  } else {
+    // Not at the decided version: say so, and the parent stops waiting for this
+    // subtree at once (a decided parent excuses a child that says FAILED); this node
+    // resolves its delta at a later refit.
+    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
+  }
+  RunDeferredBegin();
+  log::Info(fmt::format(
+      "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "
+      "refetched {}, repair {} B, {} partitions applied, apply {:.2f} s, engine paused {:.4f} "
+      "s, prepared delta held {:.2f} s, total {:.2f} s, peak held {:.2f} MiB, {} children",
+      options_.node_id, r.id, committed ? "committed" : "aborted", s.version.ShortHex(),
+      r.chunk_bytes, double(r.chunk_bytes) / (1 << 20), r.chunks, r.resent_bytes, refetches_,
+      r.repair_bytes, r.partitions_applied, r.apply_seconds, r.pause_seconds, r.hold_seconds,
+      std::chrono::duration<double>(Clock::now() - r.start).count(),
+      double(s.peak_held_bytes) / (1 << 20), self_.children.size()));
+}
+
+}  // namespace deltacast::relay

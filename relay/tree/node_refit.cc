@@ -1,0 +1,498 @@
+// A relay node's refit, streaming half: BEGIN, each CHUNK verified, forwarded to the
+// children (the very buffer, before anything local), spooled and applied; torn partitions repaired;
+// PREPARED once this node and its whole subtree verified the target; children that
+// (re)join mid-refit replayed what they lack. The decision half is node_outcome.cc.
+#include <fmt/core.h>
+
+#include "codec/chunk.h"
+#include "common/crash_point.h"
+#include "common/elapsed.h"
+#include "common/log.h"
+#include "common/runtime.h"
+#include "relay/tree/node_impl.h"
+#include "relay/tree/replay.h"
+
+namespace deltacast::relay {
+
+void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
+  auto begin = ParseBegin(bytes);
+  if (!begin.ok()) return parent_.ProtocolError(begin.status().message());
+  log::Debug(fmt::format("{}: BEGIN of refit {} ({} -> {}) from {}", options_.node_id,
+                         begin->refit_id, begin->base_version.ShortHex(),
+                         begin->target_version.ShortHex(), parent_.current()));
+  if (options_.verify_key && !Trusted(VerifyBegin(*options_.verify_key, *begin), "BEGIN")) return;
+  if (refit_ && refit_->id == begin->refit_id &&
+      !(refit_->phase == Phase::kDone && !committed_last_)) {
+    // A replay after a reconnect: what follows is what we lack.
+    parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), refit_->id}));
+    if (refit_->phase == Phase::kStreaming) {
+      refit_->prepared_sent = false;
+      if (refit_->failed) parent_.Send(EncodeFailed(*refit_->failed));
+      // Prepared already: say so now. The replay may hold no END to prompt it (a
+      // source that could not spool the refit: the simulator's seed 1838 waited the
+      // commit timeout for this PREPARED).
+      MaybePrepared();
+    } else if (!refit_->outcome_error.ok()) {
+      // Decided, but this node could not commit (or roll back) locally: it is not at
+      // the version it would claim. FAILED again, at once: the parent stops waiting
+      // for it (the simulator's seed 110590 claimed PREPARED here, ignored the
+      // replayed COMMIT as a duplicate and held its parent to the commit timeout).
+      parent_.Send(
+          EncodeFailed(Failed{refit_->id, options_.node_id, refit_->outcome_error.ToString()}));
+    } else {
+      // We committed this refit (with our whole subtree) before our parent
+      // restarted: more than prepared; say so, and confirm when it commits.
+      Prepared prepared{refit_->id, subtree_.reports()};
+      prepared.nodes.push_back({options_.node_id, refit_->chunk_bytes, SecondsSince(refit_->start),
+                                refit_->partitions_applied});
+      parent_.Send(EncodePrepared(prepared));
+    }
+    return;
+  }
+  if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming &&
+      refit_->local_outcome_done) {
+    // Decided and done here; only confirmations from below are outstanding. The
+    // parent has moved on (it begins a refit only after the last one ended), so
+    // waiting longer would only hold this one up: report what we have.
+    log::Info(fmt::format("{}: refit {} begins; reporting refit {} without {} confirmations",
+                          options_.node_id, begin->refit_id, refit_->id,
+                          subtree_.AwaitingConfirmation()));
+    ReportOutcome();
+  }
+  if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
+    // The previous delta is still being committed or rolled back (a source that
+    // restarted resolves it right before beginning the next): begin after it.
+    deferred_begin_.assign(bytes.begin(), bytes.end());
+    return;
+  }
+  if (refit_ && refit_->phase == Phase::kDone && committed_last_ && !refit_->outcome_error.ok() &&
+      retried_commit_ != refit_->id && journal_.prepared && journal_.inflight &&
+      journal_.inflight->target == begin->base_version) {
+    // The last refit committed, and this node holds its verified delta, but could
+    // not write it (its engine did not pause): commit it now, then begin.
+    retried_commit_ = refit_->id;
+    log::Warn(fmt::format("{}: committing the delta to {} it could not write at refit {} first",
+                          options_.node_id, begin->base_version.ShortHex(), refit_->id));
+    deferred_begin_.assign(bytes.begin(), bytes.end());
+    store_.Commit(refit_->id, [this](const Status& status, const Digest128& version,
+                                     const NodeStore::CommitTimes& times) {
+      if (!status.ok()) {
+        log::Error(fmt::format("{}: the held delta still could not be committed: {}",
+                               options_.node_id, status.ToString()));
+      }
+      {
+        std::lock_guard lock(stats_mu_);
+        stats_.version = version;
+        // The engine paused for that refit's write now: its pause is reported with
+        // the refits' (the refit itself reported none, having failed locally).
+        stats_.last_pause_seconds = times.pause_seconds;
+        stats_.pause_seconds_total += times.pause_seconds;
+      }
+      RunDeferredBegin();
+    });
+    return;
+  }
+  if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active() && !Behind(*begin) &&
+      recovery_tried_for_ != begin->refit_id) {
+    // A recovery that failed waits for its retry (the engine did not pause): try it
+    // now, once for this BEGIN, which runs after it (a refit over an unchecked
+    // store fails at once: the simulator's seed 10014 failed its last refit so).
+    recovery_tried_for_ = begin->refit_id;
+    recovery_retry_at_.reset();
+    recovery_.Start();
+  }
+  if (recovery_.active() && !Behind(*begin)) {
+    if (catch_up_failed_refit_ == begin->refit_id) {
+      // It tried to catch up to this refit's base and could not (its disk refused
+      // the journal, or nobody serves it): it cannot take part, so it says FAILED
+      // now, and the parent acts on it at once. Held behind the recovery that the
+      // failed catch-up restarted, of a version the tree has left, the BEGIN
+      // waited for good and the publish its commit timeout twice (the simulator's
+      // seeds 117639, 117642).
+      log::Warn(fmt::format("{}: refit {}: cannot take part, the catch-up to its base failed",
+                            options_.node_id, begin->refit_id));
+      parent_.Send(EncodeFailed(
+          Failed{begin->refit_id, options_.node_id,
+                 "could not catch up to the refit's base " + begin->base_version.ShortHex() + ": " +
+                     catch_up_failure_.ToString() + join_.NoteFor(begin->base_version)}));
+      return;
+    }
+    // The store is being brought back to its committed version first.
+    deferred_begin_.assign(bytes.begin(), bytes.end());
+    return;
+  }
+  if (recovery_.active()) {
+    // The tree has moved past the version this node is mending: bytes of it may be
+    // nowhere up the tree now (a partition torn by a machine crash and changed since
+    // is never served). Catch up to the base the others hold instead: it goes by the
+    // hashes of the bytes there are. The decision the recovery held back is for a
+    // refit the parent has finished.
+    log::Warn(fmt::format("{}: refit {} begins from {}; catching up to it instead of mending {}",
+                          options_.node_id, begin->refit_id, begin->base_version.ShortHex(),
+                          journal_.version.ShortHex()));
+    recovery_.Abandon();
+    deferred_decision_.reset();
+  }
+  if (catch_up_.active() || Behind(*begin)) {
+    // First reach the base everybody else holds; the BEGIN runs after.
+    deferred_begin_.assign(bytes.begin(), bytes.end());
+    if (!catch_up_.active())
+      catch_up_.Start(begin->base_version, begin->refit_id, /*resolving=*/false);
+    return;
+  }
+  refit_.emplace();
+  refit_->id = begin->refit_id;
+  refit_->begin = *begin;
+  refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
+  received_on_link_.clear();
+  // Other deltas' spools stay until the last commit's writes are flushed (the apply
+  // thread removes them): recovering those writes may need them. This delta's own
+  // spool is kept only if this node holds some of the delta (in flight: a resume) or
+  // all of it (committed: children may still need it); else what it holds is left
+  // from a refit of the same delta this node rolled back, whose chunk N need not be
+  // this refit's chunk N (a root merges producers' chunks as they come).
+  const bool holds_delta = journal_.inflight ? journal_.inflight->target == begin->target_version
+                                             : journal_.version == begin->target_version;
+  auto spool = holds_delta
+                   ? Spool::Open(options_.spool_dir, begin->target_version, /*remove_others=*/false)
+                   : Spool::OpenEmpty(options_.spool_dir, begin->target_version);
+  if (spool.ok()) {
+    refit_->spool = std::move(*spool);
+  } else {
+    LocalFailure(refit_->id, spool.status().WithContext("spool"));
+  }
+  log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
+                        begin->base_version.ShortHex(), begin->target_version.ShortHex()));
+  downstream_.BeginRefit(begin->refit_id);
+  downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
+  // Resuming: the chunks held from before are not sent again by the parent, so the
+  // children connected now get them from here (a child that joined before this BEGIN
+  // was replayed nothing: this node had no refit then). Found by faults.relay_kill_resend:
+  // a relay restarted mid-delta whose child rejoined it first ended the refit one
+  // chunk short.
+  if (holds_delta && refit_->spool) downstream_.QueueHeld(HeldChunks(*begin, refit_->spool));
+  subtree_.BeginRefit(refit_->id, Clock::now());
+  const uint64_t id = refit_->id;
+  store_.BeginRefit(id, refit_->identity, begin->manifest_digest, refit_->spool,
+                    [this, id](const Status& status) {
+                      if (!status.ok()) LocalFailure(id, status);
+                    });
+  parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), begin->refit_id}));
+}
+
+// Whether this node holds neither the refit's base nor its target, nor the refit
+// itself in flight: it missed a version the cluster committed.
+bool NodeAgent::Impl::Behind(const Begin& b) const {
+  if (catch_up_failed_refit_ == b.refit_id) return false;  // tried: let BEGIN report it
+  if (journal_.inflight) {
+    return !(journal_.inflight->base == b.base_version &&
+             journal_.inflight->target == b.target_version);
+  }
+  return journal_.version != b.base_version && journal_.version != b.target_version;
+}
+
+void NodeAgent::Impl::OnChunk(const transport::Message& received) {
+  if (refit_ && refit_->phase == Phase::kAborting) {
+    // A replay of the refit this node is rolling back (it rejoined): not needed,
+    // but its credit keeps the parent's queue, and the decision behind it, moving.
+    return parent_.Send(EncodeCredit({1, refit_->id}));
+  }
+  if (!refit_) return parent_.ProtocolError("CHUNK outside a refit");
+  Refit& r = *refit_;
+  transport::Message message = received;
+  if (FaultPoint("agent.corrupt_chunk")) {  // fault-injection tests: a bit flipped in transit
+    auto copy = std::make_shared<std::vector<std::byte>>(*received);
+    // The chunk's last byte, not the signature after it (which is checked only
+    // with a verify key): the chunk's own checksums must catch the damage.
+    if (copy->size() > kMessageHeaderBytes + kSignatureBytes) {
+      (*copy)[copy->size() - kSignatureBytes - 1] ^= std::byte{0x10};
+    }
+    message = copy;
+  }
+  // Verified before it is forwarded, spooled or applied: a damaged chunk is fetched
+  // again (reconnecting makes the parent replay what we lack), never used.
+  Status intact = codec::VerifyChunkChecksums(ChunkOf(*message));
+  if (intact.ok() && options_.verify_key) {
+    intact = VerifyChunkMessage(*options_.verify_key, *message);
+    if (!intact.ok()) return (void)Trusted(intact, "a CHUNK");
+  }
+  auto header = codec::PeekChunkHeader(ChunkOf(*message));
+  if (!intact.ok() || !header.ok()) {
+    log::Warn(fmt::format("{}: a chunk from {} failed its checks ({}); fetching it again",
+                          options_.node_id, parent_.current(),
+                          (intact.ok() ? header.status() : intact).ToString()));
+    ++refetches_;
+    return parent_.Drop(Status::Corrupt("damaged chunk"));
+  }
+  ++r.chunks;
+  // Timeline marks (scripts/bench-regions reads them): the first chunk and the END.
+  if (r.chunks == 1) log::Info(fmt::format("{}: refit {}: first chunk", options_.node_id, r.id));
+  if (header->kind == codec::ChunkKind::kEnd) {
+    r.end_received = true;
+    r.receive_seconds = SecondsSince(r.start);
+    log::Info(fmt::format("{}: refit {}: END received", options_.node_id, r.id));
+  }
+  const uint64_t payload = message->size() - kMessageHeaderBytes;
+  r.chunk_bytes += payload;
+  const bool had_it = (header->identity.target_version == claimed_.target &&
+                       claimed_.applied.contains(header->sequence)) ||
+                      !received_on_link_.insert(header->sequence).second;
+  if (had_it) {
+    r.resent_bytes += payload;
+    log::Warn(fmt::format("{}: chunk {} of refit {} sent again, though this node had it",
+                          options_.node_id, header->sequence, r.id));
+  }
+  {
+    std::lock_guard lock(stats_mu_);
+    stats_.chunk_bytes_received += payload;
+    if (had_it) stats_.chunk_bytes_resent += payload;
+  }
+  CrashPoint("agent.chunk_received");
+  HoldChunk(message->size());
+  // Released once handed to every child AND spooled: then this node needs the
+  // buffer no more (the apply reads the chunk back from the spool if it has not
+  // taken it yet), so it has room for another and the parent gets credit. Applying
+  // is off the tree's critical path: a node that applies slowly does not slow its
+  // subtree, and its memory stays bounded by the window.
+  auto slot = std::make_shared<NodeStore::ChunkSlot>(message, header->kind);
+  auto pending = std::make_shared<int>(2);
+  const uint64_t id = r.id;
+  const size_t size = message->size();
+  auto release = [this, pending, id, size, slot] {
+    if (--*pending > 0) return;
+    slot->Drop();
+    ReleaseChunk(size);
+    // Credit is owed whatever the phase: a replay to a node that already finished
+    // this refit still has a decision queued behind its chunks.
+    if (refit_ && refit_->id == id) parent_.Send(EncodeCredit({1, id}));
+  };
+  // Forward first: the children need nothing of this node's (spool, fsync, apply)
+  // to use a verified chunk, so none of it adds to the latency of a hop. Not once the
+  // refit is decided here (a replay to this node after it rejoined): its children
+  // were sent the decision, one that rejoins is replayed from this node's spool, and
+  // forwarding would only send them what they had, down every hop below (the
+  // simulator's seed 6628).
+  if (r.phase == Phase::kStreaming) {
+    downstream_.BroadcastChunk(message,
+                               {header->identity.target_version, header->sequence,
+                                header->kind == codec::ChunkKind::kData},
+                               release);
+  } else {
+    release();
+  }
+  bool spooled = true;
+  if (r.spool) {
+    // Into the page cache here; the apply worker makes it durable before the
+    // chunk's partitions are touched.
+    Status appended = r.spool->Append(header->sequence, *message);
+    if (!appended.ok()) {
+      spooled = false;
+      LocalFailure(r.id, appended.WithContext("spool"));
+    }
+  } else {
+    spooled = false;
+  }
+  if (!spooled) return release();  // never applied unless it can be undone from the spool
+  store_.ApplyChunk(
+      id, header->sequence, slot, r.spool,
+      [this, id](const NodeStore::ApplyResult& result) { OnChunkApplied(id, result); });
+  release();
+}
+
+void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result) {
+  if (result.chunk_applied || result.repaired) {
+    std::lock_guard lock(stats_mu_);
+    stats_.chunks_received += result.chunk_applied;
+    stats_.partitions_repaired += result.repaired;
+  }
+  if (!refit_ || refit_->id != id) return;
+  refit_->apply_seconds += result.seconds;
+  refit_->apply_cpu_seconds += result.cpu_seconds;
+  refit_->apply_runnable_seconds += result.runnable_seconds;
+  refit_->apply_blocked_seconds += result.blocked_seconds;
+  if (result.end) {
+    refit_->check_seconds = result.check_seconds;
+    refit_->write_seconds = result.write_seconds;
+    refit_->finish_seconds = result.finish_seconds;
+  }
+  if (result.refused) {
+    // A record that passed the chunk's checksums (and signature) but cannot take its
+    // partition from the base to the target BEGIN announced: the bytes are what the
+    // root sent, so fetching them again would only fetch the same mistake. The delta
+    // is bad, not the link: refuse to prepare, once, and say so (nothing was written).
+    return LocalFailure(id, Status::Corrupt("bad delta: " + result.status.ToString()),
+                        FailureKind::kBadDelta);
+  }
+  if (!result.status.ok()) return LocalFailure(id, result.status);
+  if (!result.torn.empty()) return RequestRepairs(result);
+  if (result.end && refit_->local_error.ok()) {
+    refit_->local_prepared = true;
+    refit_->prepared_at = Clock::now();
+    refit_->partitions_applied = result.applied;
+    MaybePrepared();
+  }
+}
+
+// ---- repair: torn partitions get literal target bytes from up the tree ----------
+
+void NodeAgent::Impl::RequestRepairs(const NodeStore::ApplyResult& result) {
+  const uint64_t id = refit_->id;
+  for (const Fetch& fetch : result.torn) {
+    log::Warn(fmt::format("{}: partition '{}' at element {} is torn; fetching its target bytes",
+                          options_.node_id, log::Escape(fetch.tensor), fetch.element_offset));
+    // A link that drops loses the request: the rejoin replays END, which finds the
+    // partition still torn and asks again.
+    requests_.FetchPartition(
+        fetch, [this, id, fetch](const PartitionData& data) { OnRepairBytes(id, fetch, data); });
+  }
+}
+
+void NodeAgent::Impl::OnRepairBytes(uint64_t id, const Fetch& fetch, const PartitionData& data) {
+  if (!refit_ || refit_->id != id) return;
+  refit_->repair_bytes += data.bytes.size();
+  if (!data.found) {
+    return LocalFailure(id, Status::Unavailable("no node up the tree has the bytes to repair '" +
+                                                fetch.tensor + "'"));
+  }
+  auto owned = std::make_shared<std::vector<std::byte>>(data.bytes.begin(), data.bytes.end());
+  store_.Repair(id, {fetch.tensor, fetch.element_offset}, owned,
+                [this, id](const NodeStore::ApplyResult& result) { OnChunkApplied(id, result); });
+}
+
+// ---- prepare ------------------------------------------------------------------------
+
+void NodeAgent::Impl::LocalFailure(uint64_t id, const Status& status, FailureKind kind) {
+  if (!refit_ || refit_->id != id || !refit_->local_error.ok()) return;
+  refit_->local_error = status;
+  log::Error(fmt::format("{}: refit {} cannot reach the target: {}", options_.node_id, id,
+                         status.ToString()));
+  // A base this node does not hold: what joining found says which weights differ.
+  const std::string note = status.code() == StatusCode::kVersionMismatch
+                               ? join_.NoteFor(refit_->identity.base_version)
+                               : "";
+  SendFailed(Failed{id, options_.node_id, status.ToString() + note, kind});
+}
+
+void NodeAgent::Impl::SendFailed(const Failed& failed) {
+  if (!refit_) return;
+  // Once is enough, except that this node's own failure goes up even after a
+  // child's: a parent that has decided excuses only the child whose FAILED names
+  // itself (the simulator's seed 17492: a child's FAILED, forwarded before the
+  // replayed COMMIT came, hid this node's own and its parent waited the commit timeout).
+  const bool own = failed.node_id == options_.node_id;
+  if (refit_->failed_sent && (!own || refit_->failed->node_id == options_.node_id)) return;
+  refit_->failed_sent = true;
+  refit_->failed = failed;
+  subtree_.FailedHere();
+  parent_.Send(EncodeFailed(failed));
+}
+
+void NodeAgent::Impl::MaybePrepared() {
+  Refit& r = *refit_;
+  if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
+  if (!subtree_.prepared() && r.phase == Phase::kStreaming) return;
+  r.prepared_sent = true;
+  Prepared prepared{r.id, subtree_.reports()};
+  NodeReport self{options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied};
+  self.receive_seconds = r.receive_seconds;
+  self.check_seconds = r.check_seconds + r.finish_seconds;
+  self.write_seconds = r.write_seconds;
+  self.apply_cpu_seconds = r.apply_cpu_seconds;
+  self.cpu_wait_seconds = r.apply_runnable_seconds;
+  self.disk_wait_seconds = r.apply_blocked_seconds;
+  prepared.nodes.push_back(self);
+  parent_.Send(EncodePrepared(prepared));
+  log::Info(fmt::format("{}: refit {}: prepared with {} nodes below", options_.node_id, r.id,
+                        prepared.nodes.size() - 1));
+  CrashPoint("agent.prepared");
+  if (r.pending_decision) {
+    const MessageType decision = *r.pending_decision;
+    r.pending_decision.reset();
+    Decide(decision);
+  }
+}
+
+void NodeAgent::Impl::OnChildPrepared(const std::string& child, ByteSpan bytes) {
+  if (!refit_) return;
+  auto p = ParsePrepared(bytes);
+  if (!p.ok() || p->refit_id != refit_->id) return;
+  subtree_.OnPrepared(child, p->nodes);
+}
+
+void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
+  if (!refit_) return;
+  auto f = ParseFailed(bytes);
+  if (f.ok() && f->refit_id == refit_->id) subtree_.OnFailed(child, *f);
+}
+
+// The parent half of the commit is the Subtree's; the node acts on what it reports.
+Subtree::Owner NodeAgent::Impl::SubtreeOwner() {
+  Subtree::Owner owner;
+  owner.leave_out = [this](const std::string& child) { downstream_.Excuse(child); };
+  owner.fail = [this](const Failed& failed, const std::string&) { SendFailed(failed); };
+  owner.changed = [this] {
+    if (!refit_) return;
+    if (subtree_.streaming()) return MaybePrepared();
+    if (subtree_.deciding()) MaybeOutcome();
+  };
+  return owner;
+}
+
+// ---- children that (re)join ------------------------------------------------------
+
+// A child (re)joined. If it missed part of the current refit, queue for it: BEGIN,
+// the spooled chunks it has not applied, and the decision if one was made.
+void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello) {
+  const bool adopted = downstream_.IsAdopted(child);
+  subtree_.Joined(child, adopted, Clock::now());
+  child_holds_[child] = {hello.active_version, hello.inflight_target};
+  TellVersion(child, hello);
+  if (adopted) {
+    log::Info(fmt::format("{}: adopted {}, whose parent is unreachable", options_.node_id, child));
+  }
+  if (!refit_) return;
+  Refit& r = *refit_;
+  const bool committed =
+      r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_);
+  const Digest128& target = r.identity.target_version;
+  if (r.resolution || (committed && r.begin.refit_id != r.id)) {
+    // Known here from its decision alone (a resolution, or this node came back after
+    // committing it): there is no BEGIN nor chunk to replay. A child that holds the
+    // delta (or, committed, its target) is sent the decision alone: it resolves its
+    // delta, or confirms again. A replay would send it an empty BEGIN, which it
+    // passes down, and its children then never confirm (the simulator's seed 14756
+    // waited the commit timeout). A child with neither cannot reach the target in
+    // this refit: not waited for; it catches up at a later one.
+    if (hello.inflight_target == target || (committed && hello.active_version == target)) {
+      return downstream_.Requeue(
+          child, {Downstream::Outgoing::Control(
+                     DecisionFor(committed ? MessageType::kCommit : MessageType::kAbort))});
+    }
+    log::Warn(
+        fmt::format("{}: child {} rejoined without refit {}'s delta, which this node "
+                    "knows only from its decision; not waiting for it",
+                    options_.node_id, child, r.id));
+    subtree_.Excuse(child);
+    return MaybeOutcome();
+  }
+  std::optional<bool> decided;
+  if (committed) decided = true;
+  if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_)) decided = false;
+  switch (subtree_.Rejoined(child, hello, target, decided)) {
+    case Subtree::Rejoin::kDecisionAgain:
+      return downstream_.Requeue(
+          child, {Downstream::Outgoing::Control(DecisionFor(MessageType::kCommit))});
+    case Subtree::Rejoin::kNothing:
+      return;
+    case Subtree::Rejoin::kReplay:
+      break;
+  }
+  transport::Message decision;
+  if (decided) decision = DecisionFor(*decided ? MessageType::kCommit : MessageType::kAbort);
+  Replay replay = ReplayFor(hello, r.begin, r.spool, decision);
+  log::Info(fmt::format("{}: child {} rejoined during refit {}: replaying {} chunks it lacks",
+                        options_.node_id, child, r.id, replay.chunks));
+  downstream_.Requeue(child, std::move(replay.messages));
+}
+
+}  // namespace deltacast::relay

@@ -1,0 +1,72 @@
+#include "relay/tree/replay.h"
+
+#include <set>
+
+#include "codec/chunk.h"
+
+namespace deltacast::relay {
+namespace {
+
+bool IsEnd(Spool& spool, uint32_t sequence) {
+  auto message = spool.Read(sequence);
+  if (!message.ok()) return false;
+  auto header = codec::PeekChunkHeader(ChunkOf(**message));
+  return header.ok() && header->kind == codec::ChunkKind::kEnd;
+}
+
+// `keep` (may be null) owns `spool` for as long as a loader exists.
+Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_ptr<Spool> keep,
+             transport::Message decision) {
+  Replay replay;
+  replay.messages.push_back(
+      Downstream::Outgoing::Control(transport::MakeMessage(EncodeBegin(begin))));
+  const bool same_delta = hello.inflight_target == begin.target_version;
+  const std::set<uint32_t> applied(hello.applied_chunks.begin(), hello.applied_chunks.end());
+  // A child that holds the target already (it committed through another parent
+  // while this one has no decision yet) needs no data chunk: the END alone makes it
+  // PREPARED, as its store is at the target. Found by the simulator (seed 1688: a
+  // relay back from its failover parent was replayed the whole delta, and forwarded
+  // it to its own children, who had it).
+  const bool at_target =
+      !same_delta && hello.inflight_target.IsZero() && hello.active_version == begin.target_version;
+  if (spool) {
+    for (uint32_t sequence : spool->sequences()) {
+      if (same_delta && applied.contains(sequence)) continue;
+      if (at_target && !IsEnd(*spool, sequence)) continue;
+      replay.messages.push_back(
+          Downstream::Outgoing::Chunk([spool, keep, sequence] { return spool->Read(sequence); },
+                                      {begin.target_version, sequence}));
+      ++replay.chunks;
+    }
+  }
+  if (decision) replay.messages.push_back(Downstream::Outgoing::Control(std::move(decision)));
+  return replay;
+}
+
+}  // namespace
+
+std::vector<Downstream::Outgoing> HeldChunks(const Begin& begin, std::shared_ptr<Spool> spool) {
+  std::vector<Downstream::Outgoing> held;
+  if (!spool) return held;
+  const std::vector<uint32_t> sequences = spool->sequences();
+  for (uint32_t sequence : sequences) {
+    // Only the last can be the END (it has the highest sequence).
+    const bool data = sequence != sequences.back() || !IsEnd(*spool, sequence);
+    held.push_back(Downstream::Outgoing::Chunk([spool, sequence] { return spool->Read(sequence); },
+                                               {begin.target_version, sequence, data}));
+  }
+  return held;
+}
+
+Replay ReplayFor(const Hello& hello, const Begin& begin, Spool* spool,
+                 transport::Message decision) {
+  return Build(hello, begin, spool, nullptr, std::move(decision));
+}
+
+Replay ReplayFor(const Hello& hello, const Begin& begin, std::shared_ptr<Spool> spool,
+                 transport::Message decision) {
+  Spool* raw = spool.get();
+  return Build(hello, begin, raw, std::move(spool), std::move(decision));
+}
+
+}  // namespace deltacast::relay

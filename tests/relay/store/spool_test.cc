@@ -1,0 +1,83 @@
+// Spool: what a new stream of a delta starts from.
+#include "relay/store/spool.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "codec/chunk.h"
+#include "relay/wire/protocol.h"
+
+namespace deltacast::relay {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SpoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "spool_test.XXXXXX").string();
+    dir_ = ::mkdtemp(tmpl.data());
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  // An END chunk message of delta base -> target (the smallest valid chunk).
+  static std::vector<std::byte> Chunk(uint8_t base, uint8_t target, uint32_t sequence) {
+    Digest128 b, t;
+    b.bytes[0] = base;
+    t.bytes[0] = target;
+    codec::DeltaSummary summary;
+    summary.data_chunks = sequence;
+    return EncodeChunk(codec::BuildEndChunk({b, t, 4096}, sequence, summary));
+  }
+  fs::path dir_;
+};
+
+TEST_F(SpoolTest, OpenKeepsAnEarlierStreamsChunksAndOpenEmptyDropsThem) {
+  Digest128 target;
+  target.bytes[0] = 2;
+  Digest128 other;
+  other.bytes[0] = 3;
+  const auto old_chunk = Chunk(1, 2, 0);
+  {
+    auto spool = Spool::Open(dir_, target);
+    ASSERT_TRUE(spool.ok()) << spool.status().ToString();
+    ASSERT_TRUE((*spool)->Append(0, old_chunk, /*durable=*/true).ok());
+    auto kept = Spool::Open(dir_, other, /*remove_others=*/false);
+    ASSERT_TRUE(kept.ok());
+    ASSERT_TRUE((*kept)->Append(0, Chunk(1, 3, 0), true).ok());
+  }
+  auto reopened = Spool::Open(dir_, target, /*remove_others=*/false);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->sequences(), std::vector<uint32_t>{0});  // a resume needs them
+
+  // Another stream of a delta to the same target (here from another base): its
+  // chunk 0 must not be taken for the old one, nor the old one read back for it.
+  auto fresh = Spool::OpenEmpty(dir_, target);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_TRUE((*fresh)->sequences().empty());
+  const auto new_chunk = Chunk(4, 2, 0);
+  ASSERT_TRUE((*fresh)->Append(0, new_chunk, true).ok());
+  auto read = (*fresh)->Read(0);
+  ASSERT_TRUE(read.ok());
+  EXPECT_TRUE(std::equal((*read)->begin(), (*read)->end(), new_chunk.begin(), new_chunk.end()));
+  // A spool still open on the old file (a rollback finishing) reads what it indexed.
+  auto old_read = (*reopened)->Read(0);
+  ASSERT_TRUE(old_read.ok());
+  EXPECT_TRUE(
+      std::equal((*old_read)->begin(), (*old_read)->end(), old_chunk.begin(), old_chunk.end()));
+  // Other deltas' spools are left alone, and a restart finds the new stream.
+  auto other_again = Spool::Open(dir_, other, /*remove_others=*/false);
+  ASSERT_TRUE(other_again.ok());
+  EXPECT_EQ((*other_again)->sequences(), std::vector<uint32_t>{0});
+  fresh->reset();
+  auto after_restart = Spool::Open(dir_, target, /*remove_others=*/false);
+  ASSERT_TRUE(after_restart.ok());
+  auto again = (*after_restart)->Read(0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(std::equal((*again)->begin(), (*again)->end(), new_chunk.begin(), new_chunk.end()));
+}
+
+}  // namespace
+}  // namespace deltacast::relay

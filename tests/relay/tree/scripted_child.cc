@@ -1,0 +1,265 @@
+#include "tests/relay/tree/scripted_child.h"
+
+#include "codec/chunk.h"
+
+namespace deltacast::test_util {
+namespace {
+
+// Often enough that triggers and drops land within a few ms of their cause.
+constexpr std::chrono::milliseconds kTickPeriod{10};
+
+}  // namespace
+
+// Wraps the child's transport to count, on its latest link, the messages sent that
+// the parent has not taken yet (on_sent not run): a link closed before the parent
+// took a message withdraws it (inproc), and a child that drops "after PREPARED"
+// must not lose its PREPARED that way.
+class ScriptedChild::UntakenCounter : public transport::Transport {
+ public:
+  explicit UntakenCounter(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  const transport::Capabilities& capabilities() const override { return inner_->capabilities(); }
+  Result<std::string> Listen(const std::string& address,
+                             transport::AcceptHandler on_accept) override {
+    return inner_->Listen(address, std::move(on_accept));
+  }
+  void Connect(const std::string& address, transport::ConnectHandler on_done) override {
+    inner_->Connect(address, [this, on_done = std::move(on_done)](
+                                 Result<std::unique_ptr<transport::Connection>> c) {
+      if (!c.ok()) return on_done(std::move(c));
+      auto untaken = std::make_shared<std::atomic<int64_t>>(0);
+      {
+        std::lock_guard lock(mu_);
+        latest_ = untaken;
+      }
+      on_done(std::unique_ptr<transport::Connection>(
+          std::make_unique<Link>(std::move(*c), std::move(untaken))));
+    });
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+  int64_t untaken() const {
+    std::lock_guard lock(mu_);
+    return latest_ ? latest_->load() : 0;
+  }
+
+ private:
+  class Link : public transport::Connection {
+   public:
+    Link(std::unique_ptr<transport::Connection> inner,
+         std::shared_ptr<std::atomic<int64_t>> untaken)
+        : inner_(std::move(inner)), untaken_(std::move(untaken)) {}
+    void Start(transport::MessageHandler on_message, transport::CloseHandler on_closed) override {
+      inner_->Start(std::move(on_message), std::move(on_closed));
+    }
+    void Send(transport::Message message, transport::SendHandler on_sent) override {
+      ++*untaken_;
+      inner_->Send(std::move(message),
+                   [untaken = untaken_, on_sent = std::move(on_sent)](Status status) {
+                     --*untaken;
+                     if (on_sent) on_sent(status);
+                   });
+    }
+    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
+    void Close() override { inner_->Close(); }
+    void Abort() override { inner_->Abort(); }
+    std::string PeerAddress() const override { return inner_->PeerAddress(); }
+    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
+    void Authenticated() override { inner_->Authenticated(); }
+
+   private:
+    std::unique_ptr<transport::Connection> inner_;
+    std::shared_ptr<std::atomic<int64_t>> untaken_;
+  };
+
+  std::unique_ptr<transport::Transport> inner_;
+  mutable std::mutex mu_;
+  std::shared_ptr<std::atomic<int64_t>> latest_;
+};
+
+Result<std::unique_ptr<ScriptedChild>> ScriptedChild::Start(
+    const topology::ClusterConfig& config, const std::string& id, std::string token,
+    Digest128 active_version, std::unique_ptr<transport::Transport> transport, ChildScript script) {
+  ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(config));
+  for (size_t i = 0; i < plan.nodes.size(); ++i) {
+    if (plan.nodes[i].id != id || !plan.nodes[i].parent) continue;
+    return std::unique_ptr<ScriptedChild>(
+        new ScriptedChild(config, std::move(plan), i, std::move(token), active_version,
+                          std::move(transport), std::move(script)));
+  }
+  return Status::NotFound("no planned receiver '" + id + "'");
+}
+
+ScriptedChild::ScriptedChild(const topology::ClusterConfig& config, topology::TreePlan plan,
+                             size_t self, std::string token, Digest128 active_version,
+                             std::unique_ptr<transport::Transport> transport, ChildScript script)
+    : config_(config),
+      plan_(std::move(plan)),
+      self_(plan_.nodes[self]),
+      id_(self_.id),
+      active_version_(active_version),
+      script_(std::move(script)),
+      counter_(new UntakenCounter(std::move(transport))),
+      transport_(counter_),
+      loop_([this] { Tick(); }, kTickPeriod, "scripted-child"),
+      parent_(loop_, config_, self_, std::move(token), *transport_, LinkEvents()) {
+  loop_.Start();
+}
+
+ScriptedChild::~ScriptedChild() { Stop(); }
+
+void ScriptedChild::Stop() {
+  if (stopped_.exchange(true)) return;
+  transport_->Shutdown();
+  loop_.Stop();
+  parent_.Close();
+}
+
+ChildRecord ScriptedChild::record() const {
+  std::lock_guard lock(mu_);
+  return record_;
+}
+
+bool ScriptedChild::Wait(const std::function<bool(const ChildRecord&)>& done,
+                         std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(mu_);
+  return changed_.wait_for(lock, timeout, [&] { return done(record_); });
+}
+
+void ScriptedChild::Update(const std::function<void(ChildRecord&)>& change) {
+  {
+    std::lock_guard lock(mu_);
+    change(record_);
+  }
+  changed_.notify_all();
+}
+
+relay::ParentLink::Events ScriptedChild::LinkEvents() {
+  relay::ParentLink::Events e;
+  // What it holds: the active version only, no delta in flight, so a parent replays
+  // a refit whole to it.
+  e.hello = [this] {
+    relay::Hello hello;
+    hello.active_version = active_version_;
+    return hello;
+  };
+  e.joined = [this] { Update([](ChildRecord& r) { ++r.joins; }); };
+  // A link the parent drops is dialled again by the link itself, as a node's is.
+  e.message = [this](relay::MessageType type, const transport::Message& message) {
+    OnMessage(type, message);
+  };
+  return e;
+}
+
+void ScriptedChild::Tick() {
+  if (stopped_) return;
+  if (!dialing_) {
+    const auto& trigger = record().joins == 0 ? script_.join_when : script_.rejoin_when;
+    if (trigger && trigger()) dialing_ = true;
+  }
+  if (drop_due_ && counter_->untaken() == 0) {
+    drop_due_ = false;
+    DropLink();
+  }
+  if (dialing_) parent_.Tick(RuntimeClock::now(), /*between_refits=*/true);
+  MaybePrepared();
+}
+
+void ScriptedChild::DropLink() {
+  parent_.Close();
+  dialing_ = false;
+  Update([](ChildRecord& r) { r.dropped = true; });
+}
+
+void ScriptedChild::OnMessage(relay::MessageType type, const transport::Message& message) {
+  if (!dialing_) return;  // dropped: what was in flight is lost with the link
+  const ByteSpan bytes(*message);
+  switch (type) {
+    case relay::MessageType::kBegin:
+      return OnBegin(bytes);
+    case relay::MessageType::kChunk:
+      return OnChunk(bytes);
+    case relay::MessageType::kCommit:
+    case relay::MessageType::kAbort:
+      return OnDecision(type, bytes);
+    default:
+      return;  // ACTIVE_VERSION and answers to requests this child never makes
+  }
+}
+
+void ScriptedChild::OnBegin(ByteSpan bytes) {
+  auto begin = relay::ParseBegin(bytes);
+  if (!begin.ok()) return parent_.ProtocolError(begin.status().message());
+  bool drop = false;
+  Update([&](ChildRecord& r) {
+    if (r.refit_id != begin->refit_id) {
+      const int joins = r.joins;
+      const bool dropped = r.dropped;
+      r = ChildRecord{};
+      r.joins = joins;
+      r.dropped = dropped;
+      r.refit_id = begin->refit_id;
+    }
+    ++r.begins;
+    // A replayed BEGIN (after a rejoin): the parent waits for a new PREPARED.
+    r.prepared_sent = false;
+    drop = script_.drop_at == DropAt::kBegin && !r.dropped;
+  });
+  // The window, as a node grants it on every BEGIN.
+  parent_.Send(relay::EncodeCredit({static_cast<uint32_t>(config_.tree.window), begin->refit_id}));
+  if (drop) DropLink();
+}
+
+void ScriptedChild::OnChunk(ByteSpan bytes) {
+  auto header = codec::PeekChunkHeader(relay::ChunkOf(bytes));
+  if (!header.ok()) return parent_.ProtocolError(header.status().message());
+  uint64_t refit_id = 0;
+  bool fail = false, drop = false;
+  Update([&](ChildRecord& r) {
+    refit_id = r.refit_id;
+    r.chunks.insert(header->sequence);
+    if (header->kind == codec::ChunkKind::kEnd) r.end = header->sequence;
+    fail = script_.stream == StreamAnswer::kFailed && !r.failed_sent;
+    drop = script_.drop_at == DropAt::kFirstChunk && !r.dropped;
+  });
+  parent_.Send(relay::EncodeCredit({1, refit_id}));
+  if (fail) SendFailed();
+  if (drop) return DropLink();
+  MaybePrepared();
+}
+
+void ScriptedChild::MaybePrepared() {
+  if (!dialing_ || !parent_.joined() || script_.stream != StreamAnswer::kPrepared) return;
+  const ChildRecord r = record();
+  if (r.prepared_sent || r.failed_sent || r.decision || !r.AllChunks()) return;
+  if (script_.prepare_when && !script_.prepare_when()) return;
+  relay::Prepared prepared{r.refit_id, {relay::NodeReport{.node_id = id_}}};
+  // Recorded before it goes: the parent may act on it before this thread goes on.
+  Update([](ChildRecord& rec) { rec.prepared_sent = true; });
+  parent_.Send(relay::EncodePrepared(prepared));
+  if (script_.drop_at == DropAt::kPrepared && !r.dropped) drop_due_ = true;
+}
+
+void ScriptedChild::OnDecision(relay::MessageType type, ByteSpan bytes) {
+  auto d = relay::ParseDecision(bytes);
+  if (!d.ok()) return parent_.ProtocolError(d.status().message());
+  const ChildRecord r = record();
+  if (d->refit_id != r.refit_id) return;
+  Update([&](ChildRecord& rec) { rec.decision = type; });
+  // A node that failed while streaming cannot commit either: it says FAILED again.
+  if (script_.decision == DecisionAnswer::kFailed ||
+      (r.failed_sent && type == relay::MessageType::kCommit)) {
+    return SendFailed();
+  }
+  const relay::MessageType outcome = type == relay::MessageType::kCommit
+                                         ? relay::MessageType::kCommitted
+                                         : relay::MessageType::kAborted;
+  Update([](ChildRecord& rec) { rec.confirmed_sent = true; });
+  parent_.Send(relay::EncodeOutcome(outcome, {d->refit_id, 1, {}}));
+}
+
+void ScriptedChild::SendFailed() {
+  const uint64_t refit_id = record().refit_id;
+  Update([](ChildRecord& rec) { rec.failed_sent = true; });
+  parent_.Send(relay::EncodeFailed({refit_id, id_, script_.reason, relay::FailureKind::kNode}));
+}
+
+}  // namespace deltacast::test_util
