@@ -90,6 +90,14 @@ int RunCerts(const CertsArgs& args) {
   if (!config.ok()) return Fail(config.status());
   std::vector<std::string> ids;
   for (const auto& n : config->nodes) ids.push_back(n.id);
+  for (const auto& p : args.producers) {
+    if (config->FindNode(p)) {
+      return Fail(Status::InvalidArgument("producer id '" + p +
+                                          "' is a node's id: a producer "
+                                          "with it could stand for that node"));
+    }
+    ids.push_back(p);
+  }
   auto files = transport::WriteClusterCertificates(args.out, ids, args.days);
   if (!files.ok()) return Fail(files.status());
   const auto signing = args.out / "signing.key", verify = args.out / "signing.pub";
