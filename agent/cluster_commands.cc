@@ -115,7 +115,8 @@ int RunCerts(const CertsArgs& args) {
              args.out.string());
   fmt::print(
       "give each node its NODE.key (and only its own), every node ca.crt, its NODE.crt and "
-      "signing.pub; signing.key stays on the trainer, ca.key off the cluster.\n"
+      "signing.pub; each producer named with --producer its ID.key, ID.crt and ca.crt; "
+      "signing.key stays on the trainer, ca.key off the cluster.\n"
       "add to {}:\n\n[security]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n"
       "signing_key = \"{}\"   # read by the source only\nverify_key = \"{}\"\n",
       args.config.string(), ConfigRelative(args.out / "ca.crt", args.config),

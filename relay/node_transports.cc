@@ -36,8 +36,14 @@ void ApplyLimits(const topology::LimitsConfig& limits, transport::TransportOptio
 
 transport::TransportOptions ConfiguredTransportOptions(const topology::ClusterConfig& config,
                                                        std::string_view backend,
-                                                       std::string_view identity) {
+                                                       std::string_view identity, size_t backends) {
   transport::TransportOptions options;
+  // A child may have to try each of its backends in turn before one connects; its
+  // parent waits connect_timeout for it in all, so each try gets a share. (It also
+  // bounds how long an accepted socket may take over its transport handshake.)
+  options.connect_timeout = std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(1000),
+      config.tree.connect_timeout / static_cast<int64_t>(std::max<size_t>(1, backends)));
   ApplyLimits(config.limits, options);
   if (backend == "tcp" && config.security.tls_files()) {
     options.tls = transport::TlsFiles{config.security.ca, config.security.CertFor(identity),
@@ -51,7 +57,8 @@ transport::TransportOptions ConfiguredTransportOptions(const topology::ClusterCo
 Result<std::unique_ptr<transport::Transport>> MakeProducerTransport(
     const topology::ClusterConfig& config, const std::string& identity) {
   RETURN_IF_ERROR(CheckProducerLinkSecurity(config));
-  auto made = transport::MakeTransport("tcp", ConfiguredTransportOptions(config, "tcp", identity));
+  auto made =
+      transport::MakeTransport("tcp", ConfiguredTransportOptions(config, "tcp", identity, 1));
   if (!made.ok()) return made.status().WithContext("the producer link of '" + identity + "'");
   return made;
 }
@@ -61,13 +68,8 @@ Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
   std::vector<transport::TransportSet::Member> members;
   std::string failures;
   for (const std::string& name : node.transports) {
-    transport::TransportOptions options = ConfiguredTransportOptions(config, name, node.id);
-    // A child may have to try each of its backends in turn before one connects; its
-    // parent waits connect_timeout for it in all, so each try gets a share.
-    options.connect_timeout = std::max<std::chrono::milliseconds>(
-        std::chrono::milliseconds(1000),
-        config.tree.connect_timeout /
-            static_cast<int64_t>(std::max<size_t>(1, node.transports.size())));
+    const transport::TransportOptions options =
+        ConfiguredTransportOptions(config, name, node.id, node.transports.size());
     auto made = name == "inproc" ? Result<std::unique_ptr<transport::Transport>>(
                                        Status::InvalidArgument("inproc exists only inside tests"))
                                  : transport::MakeTransport(name, options);

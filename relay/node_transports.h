@@ -27,14 +27,15 @@ void ApplyLimits(const topology::LimitsConfig& limits, transport::TransportOptio
 Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
     const topology::ClusterConfig& config, const topology::NodeConfig& node);
 
-// The options of backend `backend` for the process whose certificate names
-// `identity` (a node id, or a producer id): the config's [limits], its [transport]
-// provider, and for tcp with [security] files, TLS with that identity's certificate
-// and key. The one place [security] becomes transport options: nodes, the root and
+// The options of backend `backend`, one of `backends` the process runs, for the
+// process whose certificate names `identity` (a node id, or a producer id): the
+// config's [limits], its [transport] provider, a share of [tree] connect_timeout,
+// and for tcp with [security] files, TLS with that identity's certificate and key.
+// The one place the config becomes transport options: nodes, the root and
 // producers all start from it.
 transport::TransportOptions ConfiguredTransportOptions(const topology::ClusterConfig& config,
                                                        std::string_view backend,
-                                                       std::string_view identity);
+                                                       std::string_view identity, size_t backends);
 
 // The link between producers and the root (docs/producers.md): tcp, as
 // ConfiguredTransportOptions makes it for `identity` (the producer's id on a
