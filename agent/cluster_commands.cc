@@ -90,6 +90,14 @@ int RunCerts(const CertsArgs& args) {
   if (!config.ok()) return Fail(config.status());
   std::vector<std::string> ids;
   for (const auto& n : config->nodes) ids.push_back(n.id);
+  for (const auto& p : args.producers) {
+    if (config->FindNode(p)) {
+      return Fail(Status::InvalidArgument("producer id '" + p +
+                                          "' is a node's id: a producer "
+                                          "with it could stand for that node"));
+    }
+    ids.push_back(p);
+  }
   auto files = transport::WriteClusterCertificates(args.out, ids, args.days);
   if (!files.ok()) return Fail(files.status());
   const auto signing = args.out / "signing.key", verify = args.out / "signing.pub";
@@ -107,7 +115,8 @@ int RunCerts(const CertsArgs& args) {
              args.out.string());
   fmt::print(
       "give each node its NODE.key (and only its own), every node ca.crt, its NODE.crt and "
-      "signing.pub; signing.key stays on the trainer, ca.key off the cluster.\n"
+      "signing.pub; each producer named with --producer its ID.key, ID.crt and ca.crt; "
+      "signing.key stays on the trainer, ca.key off the cluster.\n"
       "add to {}:\n\n[security]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n"
       "signing_key = \"{}\"   # read by the source only\nverify_key = \"{}\"\n",
       args.config.string(), ConfigRelative(args.out / "ca.crt", args.config),

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "codec/partition_codec.h"
 #include "common/progress.h"
@@ -93,8 +94,10 @@ struct CertsArgs {
   std::filesystem::path config;
   std::filesystem::path out;
   int days = 825;
+  std::vector<std::string> producers;  // producer ids that get a certificate too
 };
-// Writes the cluster CA, a key and certificate per node, and the source's signing
+// Writes the cluster CA, a key and certificate per node (and per producer named),
+// and the source's signing
 // key pair into `out` (keeping what is already there), and prints the [security]
 // table that names them.
 int RunCerts(const CertsArgs& args);

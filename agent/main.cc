@@ -5,12 +5,12 @@
 #include <string>
 
 #include "agent/audit_command.h"
-#include "agent/store_commands.h"
 #include "agent/cluster_commands.h"
 #include "agent/commands.h"
 #include "agent/config_command.h"
 #include "agent/layout_commands.h"
 #include "agent/produce_commands.h"
+#include "agent/store_commands.h"
 #include "agent/version.h"
 #include "common/log.h"
 
@@ -231,6 +231,9 @@ int main(int argc, char** argv) {
   ce->add_option("--out", certs.out, "Directory for the files (existing ones are kept)")
       ->required();
   ce->add_option("--days", certs.days, "Certificate lifetime in days")->capture_default_str();
+  ce->add_option("--producer", certs.producers,
+                 "A producer id to issue a certificate for too (repeat; `deltacast produce "
+                 "--rank R` is rank-0000R), for producer links [security] encrypts");
   ce->callback([&] { status = agent::RunCerts(certs); });
 
   // agent

@@ -107,10 +107,11 @@ int RunProduce(const ProduceArgs& args) {
   if (!share.ok()) return Fail(share.status());
   auto serving = LoadServingOf(args.serving);
   if (!serving.ok()) return Fail(serving.status());
-  auto transport = relay::MakeProducerTransport(*config);
+  auto transport = relay::MakeProducerTransport(*config, RankFileStem(args.rank));
   if (!transport.ok()) return Fail(transport.status());
   relay::ProducerOptions options;
   options.id = RankFileStem(args.rank);
+  options.tls = topology::ProducerLinksUseTls(*config);
   options.root_address = args.root.empty() ? relay::DefaultProducerAddress(*config) : args.root;
   options.root_id = config->Source()->id;
   options.token = *token;
@@ -161,7 +162,7 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
   }
   auto tree = relay::MakeNodeTransports(*config, *config->Source());
   if (!tree.ok()) return Fail(tree.status());
-  auto producer_transport = relay::MakeProducerTransport(*config);
+  auto producer_transport = relay::MakeProducerTransport(*config, config->Source()->id);
   if (!producer_transport.ok()) return Fail(producer_transport.status());
   relay::RootOptions options;
   auto publish = MakePublishOptions(args, *config, *token, local ? p.new_shards : args.config);
@@ -205,7 +206,8 @@ int RunPublishFromProducers(const PublishArgs& args, const ProducersArgs& p) {
       o.threads = per_producer_threads;
       o.refit_timeout = config->tree.commit_timeout * 2;
       o.serving = *serving;
-      auto t = relay::MakeProducerTransport(*config);
+      o.tls = topology::ProducerLinksUseTls(*config);
+      auto t = relay::MakeProducerTransport(*config, o.id);
       if (!t.ok()) {
         served[r] = t.status();
         return;

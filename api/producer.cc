@@ -99,10 +99,11 @@ Result<std::unique_ptr<Producer>> Producer::Connect(const Config& config, Produc
     }
   }
   if (options.id.empty()) return Status::InvalidArgument("a producer needs an id");
-  auto transport = relay::MakeProducerTransport(cluster);
+  auto transport = relay::MakeProducerTransport(cluster, options.id);
   if (!transport.ok()) return transport.status();
   relay::ProducerOptions o;
   o.id = options.id;
+  o.tls = topology::ProducerLinksUseTls(cluster);
   o.root_address =
       options.root_address.empty() ? relay::DefaultProducerAddress(cluster) : options.root_address;
   o.root_id = cluster.Source()->id;
@@ -198,7 +199,7 @@ Result<std::unique_ptr<Root>> Root::Start(const Config& config, RootOptions opti
   o.produce_timeout = cluster.tree.commit_timeout;
   auto tree = relay::MakeNodeTransports(cluster, *cluster.Source());
   if (!tree.ok()) return tree.status();
-  auto producers = relay::MakeProducerTransport(cluster);
+  auto producers = relay::MakeProducerTransport(cluster, cluster.Source()->id);
   if (!producers.ok()) return producers.status();
   auto root = relay::Root::Start(std::move(o), std::move(*tree), std::move(*producers));
   if (!root.ok()) return root.status();

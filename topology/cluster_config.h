@@ -194,7 +194,10 @@ struct SecurityConfig {
   std::filesystem::path key;          // a node's private key; "{node}" = its id
   std::filesystem::path signing_key;  // the source's Ed25519 private key (PEM)
   std::filesystem::path verify_key;   // its public key (PEM): nodes verify versions with it
-  int line = 0;                       // of [security]; 0 if absent
+  // Where producers (docs/producers.md) sit for tls = "cross-region"; empty: the
+  // source's region (the trainer's own network).
+  std::string producer_region;
+  int line = 0;  // of [security]; 0 if absent
 
   bool tls_files() const { return !ca.empty() && !cert.empty() && !key.empty(); }
   // cert / key with "{node}" replaced.
@@ -237,6 +240,12 @@ std::vector<std::string> HopTransports(const ClusterConfig& config, const NodeCo
 
 // Whether the hop parent -> child runs TLS under [security] tls.
 bool HopUsesTls(const ClusterConfig& config, const NodeConfig& parent, const NodeConfig& child);
+
+// The region producers sit in: [security] producer_region, else the source's.
+std::string ProducerRegion(const ClusterConfig& config);
+// Whether the links between producers and the root (the source) run TLS under
+// [security] tls, as a hop from the source to a node in ProducerRegion would.
+bool ProducerLinksUseTls(const ClusterConfig& config);
 
 // Reads and validates a config file. kNotFound / kIoError if it cannot be read.
 Result<ClusterConfig> LoadClusterConfig(const std::filesystem::path& path);

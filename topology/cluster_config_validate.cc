@@ -244,6 +244,17 @@ Status ValidateClusterConfig(const ClusterConfig& config) {
                              "wan_latency");
     }
   }
+  // Producers sit in a region too (for tls = "cross-region"): the source's or a
+  // declared one, so a misspelled name is caught rather than quietly encrypting.
+  if (const std::string& p = config.security.producer_region; !p.empty()) {
+    if (p != source->region && regions.find(p) == regions.end()) {
+      return ConfigError(config, config.security.line,
+                         "[security] producer_region = " + Quoted(p) +
+                             " is not the source's region (" + Quoted(source->region) +
+                             ") nor a [[region]] entry");
+    }
+    used_regions.insert(p);
+  }
   for (const RegionConfig& r : config.regions) {
     if (used_regions.count(r.name) == 0) {
       return ConfigError(config, r.line,

@@ -128,6 +128,7 @@ std::vector<Section> Sections(const ClusterConfig& c) {
     for (const auto& [key, path] : paths) {
       if (!path->empty()) v[key] = AbsolutePath(*path);
     }
+    v["producer_region"] = ProducerRegion(c);  // the source's unless the file says
   }
   if (c.objstore) {
     const ObjectStoreConfig& o = *c.objstore;

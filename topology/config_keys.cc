@@ -117,6 +117,8 @@ constexpr ConfigKey kKeys[] = {
      "the source's Ed25519 private key: versions go out signed"},
     {"security", "verify_key", "path", false, "not set", false,
      "its public key: nodes check BEGIN, chunks and decisions"},
+    {"security", "producer_region", "string", false, "the source's region", false,
+     "where producers sit for tls = \"cross-region\""},
     // [objstore]
     {"objstore", "endpoint", "string", true, "", true, "http:// or https:// URL of the S3 service"},
     {"objstore", "bucket", "string", true, "", true, "the bucket"},

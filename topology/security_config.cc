@@ -54,6 +54,20 @@ bool HopUsesTls(const ClusterConfig& config, const NodeConfig& parent, const Nod
   return false;
 }
 
+std::string ProducerRegion(const ClusterConfig& config) {
+  if (!config.security.producer_region.empty()) return config.security.producer_region;
+  const NodeConfig* source = config.Source();
+  return source ? source->region : std::string();
+}
+
+bool ProducerLinksUseTls(const ClusterConfig& config) {
+  const NodeConfig* source = config.Source();
+  if (!source) return config.security.tls == TlsHops::kAll;
+  NodeConfig producer = *source;  // the hop's other end, as a node of ProducerRegion
+  producer.region = ProducerRegion(config);
+  return HopUsesTls(config, *source, producer);
+}
+
 namespace internal {
 namespace {
 
@@ -102,6 +116,14 @@ Status ParseSecurity(const toml::table& t, std::string_view source, SecurityConf
   RETURN_IF_ERROR(p.Path(t, "key", dir, security.key));
   RETURN_IF_ERROR(p.Path(t, "signing_key", dir, security.signing_key));
   RETURN_IF_ERROR(p.Path(t, "verify_key", dir, security.verify_key));
+  if (const toml::node* n = t.get("producer_region")) {
+    ASSIGN_OR_RETURN(security.producer_region, p.String(*n, "producer_region"));
+    if (security.producer_region.empty()) {
+      return p.Error(*n,
+                     "producer_region = \"\": name a region, or leave the key out for the "
+                     "source's");
+    }
+  }
   const int named = !security.ca.empty() + !security.cert.empty() + !security.key.empty();
   if (named != 0 && named != 3) {
     return p.Error(t, "names some of ca, cert and key but not all three: TLS needs each");

@@ -28,7 +28,10 @@ namespace deltacast {
 
 struct ProducerOptions {
   std::string token;  // the cluster's shared secret
-  std::string id;     // unique among the root's producers, e.g. "rank-3"
+  // Unique among the root's producers, e.g. "rank-3"; where [security] encrypts
+  // producer links (docs/producers.md, "TLS on producer links") also the name of its
+  // certificate ({node} in [security] cert and key) and the CN the root checks.
+  std::string id;
   // The root's producer listener, "host:port"; empty: the config's source host,
   // its port + 1000 (what RootOptions::producer_address defaults to).
   std::string root_address;
@@ -49,7 +52,11 @@ struct ProduceReport {
 
 class Producer {
  public:
-  // Dials the root and joins it (retrying for a few connect timeouts). `model` lists
+  // Dials the root and joins it (retrying for a few connect timeouts), over TLS where
+  // [security] encrypts producer links. kFailedPrecondition with the root's reason
+  // when it refuses this producer (a certificate that is not this id's, no TLS where
+  // it is required), or when TLS is required and [security] names no certificates;
+  // kPermissionDenied when the root's certificate is not the source's. `model` lists
   // every tensor of the model the root publishes (names, dtypes, shapes: the
   // canonical table); this producer's tensors are named among them.
   static Result<std::unique_ptr<Producer>> Connect(const Config& config, ProducerOptions options,

@@ -9,6 +9,7 @@
 #include "common/elapsed.h"
 #include "common/log.h"
 #include "relay/producers/producer_protocol.h"
+#include "relay/wire/internal/peer_identity.h"
 
 namespace deltacast::relay {
 namespace {
@@ -70,9 +71,10 @@ Result<std::unique_ptr<Producer>> Producer::Connect(
 Status Producer::Join() {
   const auto deadline = Clock::now() + options_.connect_timeout;
   Status last = Status::Unavailable("no attempt");
+  const std::string address = (options_.tls ? "tls://" : "") + options_.root_address;
   while (Clock::now() < deadline) {
     auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    auto c = transport::ConnectBlocking(*transport_, options_.root_address,
+    auto c = transport::ConnectBlocking(*transport_, address,
                                         std::min(remaining, std::chrono::milliseconds(2000)));
     if (c.ok()) {
       link_ = std::move(*c);
@@ -82,8 +84,20 @@ Status Producer::Join() {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!link_) {
-    return Status::Unavailable("producer " + options_.id + " cannot reach the root at " +
-                               options_.root_address + ": " + last.ToString());
+    return Status::Unavailable("producer " + options_.id + " cannot reach the root at " + address +
+                               ": " + last.ToString());
+  }
+  // As a node checks its parent: before saying anything, the root's certificate
+  // must be the root's (a cluster certificate of another node or producer is not).
+  if (Status s =
+          CheckDialledIdentity(link_->PeerIdentity(), options_.root_id, options_.tls,
+                               "the producer link " + options_.id + " -> " + options_.root_id);
+      !s.ok()) {
+    log::Error(
+        fmt::format("producer {}: refusing the root at {}: {}", options_.id, address, s.message()));
+    link_->Close();
+    link_.reset();
+    return s.WithContext("producer " + options_.id + ": the root at " + address);
   }
   link_->Start(
       [this](transport::Message m) {
@@ -133,8 +147,8 @@ Status Producer::Join() {
                                       "cluster token)");
     }
     link_->Authenticated();
-    log::Info(fmt::format("producer {}: joined root {} at {}", options_.id, options_.root_id,
-                          options_.root_address));
+    log::Info(fmt::format("producer {}: joined root {} at {}{}", options_.id, options_.root_id,
+                          options_.root_address, link_->PeerIdentity().empty() ? "" : " with TLS"));
     return Status::Ok();
   }
   auto refused = ParseRefuse(ByteSpan(*answer));

@@ -31,6 +31,11 @@ struct ProducerOptions {
   std::string root_address;  // the root's producer listener, "host:port"
   std::string root_id;       // the root's node id: its CHALLENGE must name it
   std::string token;         // the cluster token
+  // Dial the root over TLS ("tls://", the transport needs this producer's
+  // certificate) and accept only a root whose certificate names root_id: where
+  // [security] encrypts producer links (topology::ProducerLinksUseTls), as the root
+  // then refuses a producer that comes without.
+  bool tls = false;
   codec::EncodeOptions codec;
   size_t threads = 0;  // encode threads; 0 = all cores
   std::chrono::milliseconds connect_timeout{10'000};
@@ -70,7 +75,8 @@ class Producer {
  public:
   // Dials the root and joins (retrying until connect_timeout). kUnavailable when it
   // cannot; kFailedPrecondition when the root refuses it (the reason is in the
-  // message).
+  // message); kPermissionDenied when the root fails its proof or, with tls, its
+  // certificate is not root_id's.
   static Result<std::unique_ptr<Producer>> Connect(ProducerOptions options,
                                                    std::unique_ptr<transport::Transport> transport);
   ~Producer();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "relay/wire/internal/peer_identity.h"
 
 namespace deltacast::relay {
 
@@ -56,6 +57,11 @@ void ProducerHub::ReapLoop() {
 size_t ProducerHub::pending_handshakes() const {
   std::lock_guard lock(mu_);
   return pending_.size();
+}
+
+void ProducerHub::RequireTls(bool required) {
+  std::lock_guard lock(mu_);
+  tls_required_ = required;
 }
 
 Result<std::string> ProducerHub::Listen(transport::Transport& transport,
@@ -119,8 +125,12 @@ void ProducerHub::OnAccept(std::unique_ptr<transport::Connection> connection) {
 void ProducerHub::Refuse(uint64_t serial, std::unique_ptr<transport::Connection> c,
                          const std::string& why) {
   // `why` may quote what the peer sent: escaped, it cannot forge log lines.
-  log::Warn(fmt::format("root {}: refusing producer at {}: {}", root_id_,
-                        log::Escape(c->PeerAddress()), log::Escape(why)));
+  const std::string line = fmt::format("refused the producer at {}: {}",
+                                       log::Escape(c->PeerAddress()), log::Escape(why));
+  log::Warn(fmt::format("root {}: {}", root_id_, line));
+  // Kept for WaitFor's error: the root's caller learns why a producer is missing.
+  refusals_.push_back(line);
+  while (refusals_.size() > kRefusalsKept) refusals_.pop_front();
   c->Send(transport::MakeMessage(EncodeRefuse({why})), [this, serial](Status) {
     std::lock_guard lock(mu_);
     if (auto it = refused_.find(serial); it != refused_.end()) it->second->Close();
@@ -149,6 +159,12 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
           serial, std::move(doomed),
           "producer '" + hello->node_id + "' failed authentication (wrong cluster token)");
     }
+    if (Status s =
+            CheckJoiningIdentity(doomed->PeerIdentity(), "producer", hello->node_id, tls_required_,
+                                 "[security] tls covers the producers' links");
+        !s.ok()) {
+      return Refuse(serial, std::move(doomed), std::string(s.message()));
+    }
     if (producers_.contains(hello->node_id)) {
       return Refuse(serial, std::move(doomed),
                     "producer '" + hello->node_id + "' is already joined");
@@ -162,8 +178,9 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
     doomed->Authenticated();
     doomed->Send(transport::MakeMessage(
         EncodeWelcome({ParentProof(token_, nonce, hello->nonce, root_id_, hello->node_id)})));
-    log::Info(fmt::format("root {}: producer {} joined from {}", root_id_, hello->node_id,
-                          doomed->PeerAddress()));
+    log::Info(fmt::format("root {}: producer {} joined from {}{}", root_id_, hello->node_id,
+                          doomed->PeerAddress(),
+                          doomed->PeerIdentity().empty() ? "" : " with TLS"));
     producers_[hello->node_id] = Link{serial, std::move(doomed)};
     cv_.notify_all();
     return;
@@ -211,8 +228,11 @@ Status ProducerHub::WaitFor(size_t count, std::chrono::milliseconds timeout) {
       !closed_) {
     return Status::Ok();
   }
+  std::string refused;
+  for (const std::string& r : refusals_) refused += "; " + r;
   return Status::Unavailable(std::to_string(producers_.size()) + " of " + std::to_string(count) +
-                             " producers joined within " + std::to_string(timeout.count()) + " ms");
+                             " producers joined within " + std::to_string(timeout.count()) + " ms" +
+                             refused);
 }
 
 std::vector<std::string> ProducerHub::Joined() const {

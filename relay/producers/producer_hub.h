@@ -3,8 +3,9 @@
 // the tree's handshake and under its limits (docs/protocol.md, "Handshake":
 // CHALLENGE with a fresh nonce, HELLO proving the cluster token for this producer
 // id and the root's id, WELCOME proving it back over the producer's nonce; REFUSE
-// for a wrong proof, a second link of a joined id, or more producers than
-// expected; a link that has not sent a valid HELLO within the handshake timeout is
+// for a wrong proof, a certificate that is not the producer's own or no TLS where
+// [security] encrypts producer links, a second link of a joined id, or more
+// producers than expected; a link that has not sent a valid HELLO within the handshake timeout is
 // dropped, and beyond the pending-handshake caps a new link is closed at once), and
 // queues what they say, in arrival order, for the root's refit thread.
 //
@@ -35,11 +36,19 @@ class ProducerHub {
   ProducerHub(std::string root_id, std::string token, size_t capacity, HandshakeLimits limits = {});
   ~ProducerHub();  // Close()
 
+  // Whether every producer must come over TLS with its own certificate
+  // (Connection::PeerIdentity() equal to its id), as the tree's listener requires of
+  // a child on an encrypted hop (relay/wire/internal/peer_identity.h): where [security]
+  // encrypts producer links (topology::ProducerLinksUseTls). Without, a producer that
+  // does come over TLS must still show its own certificate. Call before Listen.
+  void RequireTls(bool required);
+
   // Listens on `address` of `transport` (which must outlive the hub); returns the
   // bound address.
   Result<std::string> Listen(transport::Transport& transport, const std::string& address);
 
-  // Blocks until `count` producers are joined; kUnavailable naming how many did.
+  // Blocks until `count` producers are joined; kUnavailable naming how many did and
+  // the latest refusals (a producer without TLS where it is required, say).
   Status WaitFor(size_t count, std::chrono::milliseconds timeout);
   std::vector<std::string> Joined() const;  // sorted
 
@@ -85,6 +94,10 @@ class ProducerHub {
   std::condition_variable cv_;
   std::condition_variable reap_cv_;
   std::thread reaper_;
+  bool tls_required_ = false;
+  // The latest refusals (newest last), which WaitFor's error lists.
+  static constexpr size_t kRefusalsKept = 4;
+  std::deque<std::string> refusals_;
   uint64_t refused_over_caps_ = 0;
   uint64_t evicted_over_caps_ = 0;  // pending handshakes dropped for a newcomer
   uint64_t next_serial_ = 1;

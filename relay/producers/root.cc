@@ -13,6 +13,7 @@
 #include "relay/producers/merge.h"
 #include "relay/producers/producer_protocol.h"
 #include "relay/producers/refit_assembly.h"
+#include "relay/tree/node_transports.h"
 
 namespace deltacast::relay {
 
@@ -110,6 +111,9 @@ Result<std::unique_ptr<Root>> Root::Start(
     RootOptions options, std::unique_ptr<transport::Transport> tree_transport,
     std::unique_ptr<transport::Transport> producer_transport) {
   if (options.producers == 0) return Status::InvalidArgument("a root needs at least one producer");
+  // Checked before anything listens: a root that must encrypt producer links but
+  // cannot would refuse every producer, later and less clearly.
+  RETURN_IF_ERROR(CheckProducerLinkSecurity(options.publish.config));
   const std::string root_id = options.publish.config.Source()->id;
   const std::string token = options.publish.token;
   ASSIGN_OR_RETURN(auto source, Source::Start(options.publish, std::move(tree_transport)));
@@ -118,6 +122,7 @@ Result<std::unique_ptr<Root>> Root::Start(
   root->hub_ =
       std::make_unique<ProducerHub>(root_id, token, root->options_.producers,
                                     HandshakeLimitsFrom(root->options_.publish.config.limits));
+  root->hub_->RequireTls(topology::ProducerLinksUseTls(root->options_.publish.config));
   ASSIGN_OR_RETURN(root->producer_address_,
                    root->hub_->Listen(*root->producer_transport_, root->options_.producer_address));
   return root;

@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "common/runtime.h"
+#include "relay/wire/internal/peer_identity.h"
 
 namespace deltacast::relay {
 
@@ -178,17 +179,8 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
 
 Status Downstream::CheckIdentity(const transport::Connection& connection,
                                  const std::string& id) const {
-  const std::string identity = connection.PeerIdentity();
-  if (!identity.empty() && identity != id) {
-    return Status::PermissionDenied("node '" + id + "' presented the certificate of '" +
-                                    log::Escape(identity) + "'");
-  }
-  if (identity.empty() && tls_required_ && tls_required_(id)) {
-    return Status::PermissionDenied("node '" + id +
-                                    "' must connect over TLS with its certificate ([security] "
-                                    "tls covers this hop); it came without");
-  }
-  return Status::Ok();
+  return CheckJoiningIdentity(connection.PeerIdentity(), "node", id,
+                              tls_required_ && tls_required_(id), "[security] tls covers this hop");
 }
 
 Status Downstream::CheckTransport(const Hello& hello) const {

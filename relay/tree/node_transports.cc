@@ -12,6 +12,18 @@
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
+namespace {
+
+// Which [security] rule encrypts a link between these regions, for messages.
+std::string WhyTls(const topology::ClusterConfig& config, const std::string& from,
+                   const std::string& to) {
+  return config.security.tls == topology::TlsHops::kAll
+             ? "[security] tls = \"all\""
+             : fmt::format("it crosses regions ({} -> {}) and [security] tls = \"cross-region\"{}",
+                           from, to, config.security.line ? "" : " (the default)");
+}
+
+}  // namespace
 
 void ApplyLimits(const topology::LimitsConfig& limits, transport::TransportOptions& options) {
   options.handshake_max_message_bytes = limits.handshake_max_message;
@@ -22,11 +34,33 @@ void ApplyLimits(const topology::LimitsConfig& limits, transport::TransportOptio
   options.receive_pool_idle = limits.receive_pool_idle;
 }
 
-Result<std::unique_ptr<transport::Transport>> MakeProducerTransport(
-    const topology::ClusterConfig& config) {
+transport::TransportOptions ConfiguredTransportOptions(const topology::ClusterConfig& config,
+                                                       std::string_view backend,
+                                                       std::string_view identity, size_t backends) {
   transport::TransportOptions options;
+  // A child may have to try each of its backends in turn before one connects; its
+  // parent waits connect_timeout for it in all, so each try gets a share. (It also
+  // bounds how long an accepted socket may take over its transport handshake.)
+  options.connect_timeout = std::max<std::chrono::milliseconds>(
+      std::chrono::milliseconds(1000),
+      config.tree.connect_timeout / static_cast<int64_t>(std::max<size_t>(1, backends)));
   ApplyLimits(config.limits, options);
-  return transport::MakeTransport("tcp", options);
+  if (backend == "tcp" && config.security.tls_files()) {
+    options.tls = transport::TlsFiles{config.security.ca, config.security.CertFor(identity),
+                                      config.security.KeyFor(identity)};
+  }
+  if (backend == "ucx") options.provider = config.transport.ucx_provider;
+  if (backend == "ofi") options.provider = config.transport.ofi_provider;
+  return options;
+}
+
+Result<std::unique_ptr<transport::Transport>> MakeProducerTransport(
+    const topology::ClusterConfig& config, const std::string& identity) {
+  RETURN_IF_ERROR(CheckProducerLinkSecurity(config));
+  auto made =
+      transport::MakeTransport("tcp", ConfiguredTransportOptions(config, "tcp", identity, 1));
+  if (!made.ok()) return made.status().WithContext("the producer link of '" + identity + "'");
+  return made;
 }
 
 Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
@@ -34,20 +68,8 @@ Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
   std::vector<transport::TransportSet::Member> members;
   std::string failures;
   for (const std::string& name : node.transports) {
-    transport::TransportOptions options;
-    // A child may have to try each of its backends in turn before one connects; its
-    // parent waits connect_timeout for it in all, so each try gets a share.
-    options.connect_timeout = std::max<std::chrono::milliseconds>(
-        std::chrono::milliseconds(1000),
-        config.tree.connect_timeout /
-            static_cast<int64_t>(std::max<size_t>(1, node.transports.size())));
-    ApplyLimits(config.limits, options);
-    if (name == "tcp" && config.security.tls_files()) {
-      options.tls = transport::TlsFiles{config.security.ca, config.security.CertFor(node.id),
-                                        config.security.KeyFor(node.id)};
-    }
-    if (name == "ucx") options.provider = config.transport.ucx_provider;
-    if (name == "ofi") options.provider = config.transport.ofi_provider;
+    const transport::TransportOptions options =
+        ConfiguredTransportOptions(config, name, node.id, node.transports.size());
     auto made = name == "inproc" ? Result<std::unique_ptr<transport::Transport>>(
                                        Status::InvalidArgument("inproc exists only inside tests"))
                                  : transport::MakeTransport(name, options);
@@ -94,11 +116,7 @@ Status CheckHopSecurity(const topology::ClusterConfig& config, const topology::T
     const topology::NodeConfig* parent = config.FindNode(hop.parent);
     const topology::NodeConfig* child = config.FindNode(hop.child);
     if (!topology::HopUsesTls(config, *parent, *child)) continue;
-    const std::string why =
-        security.tls == topology::TlsHops::kAll
-            ? "[security] tls = \"all\""
-            : fmt::format("it crosses regions ({} -> {}) and [security] tls = \"cross-region\"{}",
-                          parent->region, child->region, security.line ? "" : " (the default)");
+    const std::string why = WhyTls(config, parent->region, child->region);
     if (!security.tls_files()) {
       return Status::FailedPrecondition(fmt::format(
           "{}: the hop {} -> {} must run TLS ({}), but [security] names no ca, cert and key: "
@@ -114,6 +132,18 @@ Status CheckHopSecurity(const topology::ClusterConfig& config, const topology::T
     }
   }
   return Status::Ok();
+}
+
+Status CheckProducerLinkSecurity(const topology::ClusterConfig& config) {
+  if (!topology::ProducerLinksUseTls(config) || config.security.tls_files()) return Status::Ok();
+  const std::string source = config.Source() ? config.Source()->region : "";
+  return Status::FailedPrecondition(fmt::format(
+      "{}: the links between producers and the root must run TLS ({}), but [security] names "
+      "no ca, cert and key: run `deltacast certs --config {} --out DIR --producer ID ...` and "
+      "name its files in [security], set [security] producer_region to the source's region "
+      "if the producers share its network, or set [security] tls = \"none\"",
+      config.source_file.string(), WhyTls(config, source, topology::ProducerRegion(config)),
+      config.source_file.string()));
 }
 
 }  // namespace deltacast::relay

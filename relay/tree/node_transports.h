@@ -6,6 +6,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "topology/cluster_config.h"
@@ -25,10 +27,28 @@ void ApplyLimits(const topology::LimitsConfig& limits, transport::TransportOptio
 Result<std::unique_ptr<transport::Transport>> MakeNodeTransports(
     const topology::ClusterConfig& config, const topology::NodeConfig& node);
 
-// The link between producers and the root: tcp (both sit in the trainer's own
-// network), under the config's [limits].
+// The options of backend `backend`, one of `backends` the process runs, for the
+// process whose certificate names `identity` (a node id, or a producer id): the
+// config's [limits], its [transport] provider, a share of [tree] connect_timeout,
+// and for tcp with [security] files, TLS with that identity's certificate and key.
+// The one place the config becomes transport options: nodes, the root and
+// producers all start from it.
+transport::TransportOptions ConfiguredTransportOptions(const topology::ClusterConfig& config,
+                                                       std::string_view backend,
+                                                       std::string_view identity, size_t backends);
+
+// The link between producers and the root (docs/producers.md): tcp, as
+// ConfiguredTransportOptions makes it for `identity` (the producer's id on a
+// producer, the source's on the root). kFailedPrecondition when [security]
+// encrypts producer links but names no certificates (CheckProducerLinkSecurity);
+// certificate files that do not load fail with the path.
 Result<std::unique_ptr<transport::Transport>> MakeProducerTransport(
-    const topology::ClusterConfig& config);
+    const topology::ClusterConfig& config, const std::string& identity);
+
+// Whether producer links that [security] encrypts (topology::ProducerLinksUseTls)
+// can be: kFailedPrecondition naming the rule and the ways out when no TLS files
+// are named.
+Status CheckProducerLinkSecurity(const topology::ClusterConfig& config);
 
 // Whether every hop of `node_id` in `plan` that [security] tls encrypts can be: the
 // config names TLS files, and tcp (the one backend that carries TLS) is among the

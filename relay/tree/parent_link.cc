@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "relay/wire/internal/peer_identity.h"
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
@@ -180,18 +181,11 @@ void ParentLink::Send(std::vector<std::byte> bytes) {
 }
 
 Status ParentLink::CheckParentIdentity() const {
-  const std::string identity = link_->PeerIdentity();
   const topology::NodeConfig* me = config_.FindNode(self_.id);
   const topology::NodeConfig* parent = config_.FindNode(current_);
-  if (!identity.empty() && identity != current_) {
-    return Status::PermissionDenied("its certificate is that of '" + log::Escape(identity) +
-                                    "', not of '" + current_ + "'");
-  }
-  if (identity.empty() && topology::HopUsesTls(config_, *parent, *me)) {
-    return Status::PermissionDenied("the hop " + current_ + " -> " + self_.id +
-                                    " must run TLS ([security] tls), but this link does not");
-  }
-  return Status::Ok();
+  return CheckDialledIdentity(link_->PeerIdentity(), current_,
+                              topology::HopUsesTls(config_, *parent, *me),
+                              "the hop " + current_ + " -> " + self_.id);
 }
 
 void ParentLink::ProtocolError(const std::string& what) {

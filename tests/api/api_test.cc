@@ -33,6 +33,35 @@ TEST(ApiConfig, ListsTheNodesAndDescribesThePlan) {
   EXPECT_NE(plan->find("w2"), std::string::npos);
 }
 
+// Producers in another region than the root's, under the default tls =
+// "cross-region": their links must run TLS, and without certificates the root and
+// every producer fail through the API, naming the rule, before they listen or dial.
+TEST(ApiProducers, ProducerLinksThatMustRunTlsNeedCertificatesAtBothEnds) {
+  auto config = deltacast::Config::Parse(
+      Toml("api", BasePort()) +
+          "[[region]]\nname = \"eu\"\nwan_bandwidth = \"1Gbit\"\nwan_latency = \"1ms\"\n"
+          "[security]\nproducer_region = \"eu\"\n",
+      "api.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const std::string why = "the links between producers and the root must run TLS";
+  deltacast::RootOptions root_options;
+  root_options.token = "t";
+  root_options.producer_address = "127.0.0.1:0";
+  auto root = deltacast::Root::Start(*config, root_options);
+  ASSERT_FALSE(root.ok());
+  EXPECT_EQ(root.status().code(), deltacast::StatusCode::kFailedPrecondition);
+  EXPECT_NE(root.status().message().find(why), std::string::npos) << root.status().ToString();
+  deltacast::ProducerOptions o;
+  o.token = "t";
+  o.id = "rank-0";
+  o.root_address = "127.0.0.1:1";
+  auto producer = deltacast::Producer::Connect(*config, o, Model(1).specs);
+  ASSERT_FALSE(producer.ok());
+  EXPECT_EQ(producer.status().code(), deltacast::StatusCode::kFailedPrecondition);
+  EXPECT_NE(producer.status().message().find(why), std::string::npos)
+      << producer.status().ToString();
+}
+
 TEST(ApiNode, AnUnknownNodeIsRefusedByName) {
   auto config = deltacast::Config::Parse(Toml("api", BasePort()), "api.toml");
   ASSERT_TRUE(config.ok());

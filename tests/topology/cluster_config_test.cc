@@ -671,5 +671,33 @@ TEST(ClusterConfigTest, TlsCoversCrossRegionHopsByDefault) {
   EXPECT_FALSE(HopUsesTls(config, a, c));
 }
 
+// Producers are not [[node]]s: for tls = "cross-region" they sit in the source's
+// region (the trainer's network) unless [security] producer_region names another.
+TEST(ClusterConfigTest, ProducersSitInTheSourcesRegionUnlessProducerRegionSaysOtherwise) {
+  auto same = ParseClusterConfig(kSourceAndReceiver, "c.toml");
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(ProducerRegion(*same), same->Source()->region);
+  EXPECT_FALSE(ProducerLinksUseTls(*same));
+  same->security.tls = TlsHops::kAll;
+  EXPECT_TRUE(ProducerLinksUseTls(*same));
+  const std::string eu =
+      std::string(kSourceAndReceiver) +
+      "[[region]]\nname = \"eu\"\nwan_bandwidth = \"1Gbit\"\nwan_latency = \"1ms\"\n";
+  auto away = ParseClusterConfig(eu + "[security]\nproducer_region = \"eu\"\n", "c.toml");
+  ASSERT_TRUE(away.ok()) << away.status().ToString();
+  EXPECT_EQ(ProducerRegion(*away), "eu");
+  EXPECT_TRUE(ProducerLinksUseTls(*away));
+  away->security.tls = TlsHops::kNone;
+  EXPECT_FALSE(ProducerLinksUseTls(*away));
+  // A misspelled region would quietly change which links encrypt: refused.
+  auto typo = ParseClusterConfig(eu + "[security]\nproducer_region = \"ue\"\n", "c.toml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("producer_region = \"ue\""), std::string::npos)
+      << typo.status().message();
+  auto empty = ParseClusterConfig(eu + "[security]\nproducer_region = \"\"\n", "c.toml");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("producer_region"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace deltacast::topology

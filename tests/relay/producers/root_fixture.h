@@ -91,7 +91,8 @@ class RootTest : public ::testing::Test {
     ASSERT_TRUE(signing.ok()) << signing.status().ToString();
     auto signing_key = std::make_shared<const SigningKey>(std::move(*signing));
     auto verify_key = std::make_shared<const VerifyKey>(signing_key->Public());
-    auto config = topology::ParseClusterConfig(ConfigToml(receivers), "root-test.toml");
+    auto config = topology::ParseClusterConfig(
+        config_toml_.empty() ? ConfigToml(receivers) : config_toml_, "root-test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
     network_ = std::make_shared<transport::InprocNetwork>();
@@ -116,7 +117,7 @@ class RootTest : public ::testing::Test {
       options.verify_key = verify_key;
       options.apply_threads = 1;
       auto agent = NodeAgent::Start(std::move(options), std::move(*replica),
-                                    transport::MakeInprocTransport(network_));
+                                    TreeTransport("n" + std::to_string(i + 1)));
       ASSERT_TRUE(agent.ok()) << agent.status().ToString();
       agents_.push_back(std::move(*agent));
     }
@@ -125,13 +126,13 @@ class RootTest : public ::testing::Test {
     options.publish.token = kToken;
     options.publish.signing_key = signing_key;
     options.publish.decision_log = dir_.path() / "decisions.log";
-    options.producer_address = "producers:1";
+    options.producer_address = producer_address_;
     options.producers = ranks_.size();
     options.partition_bytes = kPartitionBytes;
-    options.join_timeout = std::chrono::seconds(10);
+    options.join_timeout = join_timeout_;
     options.produce_timeout = std::chrono::seconds(20);
-    auto root = Root::Start(std::move(options), transport::MakeInprocTransport(network_),
-                            transport::MakeInprocTransport(network_));
+    auto root =
+        Root::Start(std::move(options), TreeTransport("trainer"), ProducerLinkTransport("trainer"));
     ASSERT_TRUE(root.ok()) << root.status().ToString();
     root_ = std::move(*root);
   }
@@ -146,7 +147,8 @@ class RootTest : public ::testing::Test {
     o.die_at = std::move(die_at);
     if (auto it = serving_.find(r); it != serving_.end()) o.serving = it->second;
     o.refit_timeout = std::chrono::seconds(20);
-    auto p = Producer::Connect(std::move(o), transport::MakeInprocTransport(network_));
+    o.tls = topology::ProducerLinksUseTls(config_);
+    auto p = Producer::Connect(std::move(o), ProducerLinkTransport(agent::RankFileStem(r)));
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     return p.ok() ? std::move(*p) : nullptr;
   }
@@ -179,6 +181,16 @@ class RootTest : public ::testing::Test {
     for (auto& t : threads) t.join();
     if (producer_results) *producer_results = results;
     return report;
+  }
+
+  // The transports of node `id`'s tree links and of the producer links of `id`
+  // (a producer's, or the root's: "trainer"): inproc here; over tcp and TLS in
+  // tests/relay/producers/producer_tls_test.cc.
+  virtual std::unique_ptr<transport::Transport> TreeTransport(const std::string& /*id*/) {
+    return transport::MakeInprocTransport(network_);
+  }
+  virtual std::unique_ptr<transport::Transport> ProducerLinkTransport(const std::string& /*id*/) {
+    return transport::MakeInprocTransport(network_);
   }
 
   std::unique_ptr<apply::CheckpointDirStore> Canonical(int step) {
@@ -222,6 +234,9 @@ class RootTest : public ::testing::Test {
     for (auto& a : agents_) a->Stop();
   }
 
+  std::string config_toml_;                       // empty: ConfigToml(receivers)
+  std::string producer_address_ = "producers:1";  // the root's producer listener
+  std::chrono::milliseconds join_timeout_{10'000};
   test_util::TempDir dir_{"root_test"};
   std::vector<std::unique_ptr<RankFiles>> ranks_;
   topology::ClusterConfig config_;
