@@ -332,9 +332,11 @@ void Run::Publish(int index, double rate, bool liveness) {
   versions_[target] = target_bytes;
   pending_ = target;
   ++r_.publishes;
-  q_.Note(fmt::format("publish #{} {} -> {} ({:.4f} % changed){}{}", lineage_.size(),
-                      base.ShortHex(), target.ShortHex(), 100 * rate, liveness ? " [liveness]" : "",
-                      restreaming ? " [restream]" : ""));
+  q_.Note(fmt::format("publish #{} {} -> {} ({}){}", lineage_.size(), base.ShortHex(),
+                      target.ShortHex(),
+                      restreaming ? "the same delta again, renumbered [restream]"
+                                  : fmt::format("{:.4f} % changed", 100 * rate),
+                      liveness ? " [liveness]" : ""));
   if (trainer_) {
     // The producers compare their shares and the root checks them, as it knows the
     // tree's version (the last committed one); a refusal sends nothing.

@@ -77,8 +77,12 @@ TEST(ProtocolTest, MalformedMessagesAreRefused) {
   bad_magic[0] = std::byte{0};
   EXPECT_EQ(PeekType(bad_magic).status().code(), StatusCode::kCorrupt);
   auto bad_version = good;
-  bad_version[4] = std::byte{9};
-  EXPECT_NE(PeekType(bad_version).status().message().find("version 9"), std::string::npos);
+  bad_version[4] = std::byte{kProtocolVersion + 1};
+  EXPECT_NE(PeekType(bad_version)
+                .status()
+                .message()
+                .find("version " + std::to_string(kProtocolVersion + 1)),
+            std::string::npos);
   auto bad_type = good;
   bad_type[5] = std::byte{200};
   EXPECT_NE(PeekType(bad_type).status().message().find("unknown message type"), std::string::npos);
