@@ -144,8 +144,11 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   const bool same_delta_inflight = journal_.inflight &&
                                    journal_.inflight->base == begin->base_version &&
                                    journal_.inflight->target == begin->target_version;
+  // What it applied: the journal, and the spool too, which is ahead of the journal
+  // this thread last saw (a chunk is spooled before it is applied).
   if (same_delta_inflight && held_stream != begin->stream_id &&
-      (!journal_.applied.empty() || journal_.prepared)) {
+      (!journal_.applied.empty() || journal_.prepared ||
+       Spool::HoldsChunks(options_.spool_dir, begin->target_version))) {
     if (stream_rollback_for_ != begin->refit_id) return RollBackAnotherStream(*begin, bytes);
     // Its rollback failed: it cannot take this stream (its journal names the other
     // one's chunks). FAILED, and the ABORT resolves the delta it holds.

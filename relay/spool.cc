@@ -34,6 +34,12 @@ uint64_t Spool::StreamOf(const std::filesystem::path& dir, const Digest128& targ
   return stream;
 }
 
+bool Spool::HoldsChunks(const std::filesystem::path& dir, const Digest128& target) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(dir / FileName(target), ec);
+  return !ec && size > 0;
+}
+
 Status Spool::RecordStream(uint64_t stream) {
   const std::string text = fmt::format("{:016x}\n", stream);
   return WriteFileAtomic(StreamFile(path_),
