@@ -149,10 +149,12 @@ transports = ["ucx", "tcp"]
   // protocol: one of every message.
   Hello hello;
   hello.node_id = "n1";
+  hello.inflight_stream = 0x5eed5eed5eed5eedULL;
   hello.applied_chunks = {0, 1, 2, 5};
   hello.transport = "tcp";
   hello.transports = {"ucx", "tcp"};
   Begin begin{7, base_manifest.VersionId(), target_manifest.VersionId(), 256};
+  begin.stream_id = 0x5eed5eed5eed5eedULL;
   const std::vector<std::vector<std::byte>> messages = {
       EncodeChallenge({RandomNonce(), "src"}),
       EncodeHello(hello),

@@ -6,6 +6,8 @@
 //                 [--no-disk]     no power losses, no full disks, no outages: the
 //                                 schedules drawn before the disk was simulated
 //                 [--no-outages]  no outages: the schedules drawn before them
+//                 [--restream]    each publish's source killed before END, the same
+//                                 delta streamed again renumbered (docs/simulation.md)
 //                 [--producers]   the delta from four producers through the root's
 //                                 checks and merge, with trainer faults
 //                 [--no-staged]   every node applies on arrival with no engine, no
@@ -35,7 +37,7 @@ int Usage(const std::string& why) {
       stderr,
       "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log] [--debug]\n"
       "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--no-outages] "
-      "[--producers] [--no-staged] [--no-snapshots] "
+      "[--producers] [--restream] [--no-staged] [--no-snapshots] "
       "[--shrink] "
       "[--json FILE]\n",
       why.c_str());
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
   double intensity = 1.0;
   bool disk = true;
   bool producers = false;
+  bool restream = false;
   bool outages = true;
   bool staged = true;
   bool snapshots = true;
@@ -106,6 +109,8 @@ int main(int argc, char** argv) {
       intensity = std::atof(value().c_str());
     } else if (a == "--producers") {
       producers = true;
+    } else if (a == "--restream") {
+      restream = true;
     } else if (a == "--no-disk") {
       disk = false;
     } else if (a == "--no-staged") {
@@ -133,6 +138,7 @@ int main(int argc, char** argv) {
   uint64_t runs = 0, publishes = 0, committed = 0, node_refits = 0, tasks = 0;
   uint64_t chunk_bytes = 0, resent = 0, power_losses = 0, enospc = 0;
   uint64_t trainer_faults = 0, trainer_refused = 0;
+  uint64_t restreams = 0, stream_rollbacks = 0;
   double sim_seconds = 0;
   uint64_t staged_nodes = 0, engine_nodes = 0, crashes = 0;
   uint64_t snapshot_nodes = 0, snapshots_built = 0, snapshot_bytes = 0, snapshot_repaired = 0;
@@ -143,7 +149,8 @@ int main(int argc, char** argv) {
   NetworkCounts net;
   std::vector<uint64_t> failing;
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Scenario s = DrawScenario(seed, intensity, disk, outages, producers, staged, snapshots);
+    Scenario s = DrawScenario(seed, intensity, disk, outages, producers, staged, snapshots);
+    s.restream = restream;
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;
@@ -160,6 +167,8 @@ int main(int argc, char** argv) {
     staged_nodes += r.staged_nodes;
     engine_nodes += r.engine_nodes;
     crashes += r.crashes;
+    restreams += r.restreams;
+    stream_rollbacks += r.stream_rollbacks;
     snapshot_nodes += r.snapshots.nodes;
     snapshots_built += r.snapshots.built;
     snapshot_bytes += r.snapshots.bytes_written;
@@ -254,6 +263,12 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(snapshot_bytes),
       static_cast<unsigned long long>(killed_building),
       static_cast<unsigned long long>(snapshot_repaired));
+  if (restream) {
+    std::printf(
+        "restreamed after a kill mid-stream %llu, nodes that rolled back a lost stream %llu\n",
+        static_cast<unsigned long long>(restreams),
+        static_cast<unsigned long long>(stream_rollbacks));
+  }
   if (producers) {
     std::printf("trainer faults %llu, refused at the root %llu\n",
                 static_cast<unsigned long long>(trainer_faults),

@@ -205,6 +205,7 @@ void Run::StopNode(Node& n, const char* why) {
   const relay::NodeAgentStats st = n.agent->stats();
   r_.chunk_bytes += st.chunk_bytes_received;
   r_.resent_bytes += st.chunk_bytes_resent;
+  r_.stream_rollbacks += st.stream_rollbacks;
   r_.peak_held_bytes = std::max(r_.peak_held_bytes, st.peak_held_bytes);
   r_.pause_seconds += st.pause_seconds_total;
   if (n.engine) n.engine->Died();
@@ -318,15 +319,24 @@ void Run::Publish(int index, double rate, bool liveness) {
   }
   const Digest128 base = lineage_.back();
   Tensors base_bytes = versions_.at(base);
-  Tensors target_bytes = Mutate(base_bytes, rate);
+  // --restream: the delta the killed source was streaming, again (its base is still
+  // the tree's: nothing of it was decided).
+  const bool restreaming = restream_ && restream_->first == base && !trainer_;
+  Tensors target_bytes = restreaming ? versions_.at(restream_->second) : Mutate(base_bytes, rate);
+  restream_.reset();
+  const bool kill_mid_stream = s_.restream && !trainer_ && !liveness && !restreaming;
+  if (restreaming) ++r_.restreams;
   const codec::Manifest base_manifest = ManifestOf(base_bytes);
   const codec::Manifest target_manifest = ManifestOf(target_bytes);
   const Digest128 target = target_manifest.VersionId();
   versions_[target] = target_bytes;
   pending_ = target;
   ++r_.publishes;
-  q_.Note(fmt::format("publish #{} {} -> {} ({:.4f} % changed){}", lineage_.size(), base.ShortHex(),
-                      target.ShortHex(), 100 * rate, liveness ? " [liveness]" : ""));
+  q_.Note(fmt::format("publish #{} {} -> {} ({}){}", lineage_.size(), base.ShortHex(),
+                      target.ShortHex(),
+                      restreaming ? "the same delta again, renumbered [restream]"
+                                  : fmt::format("{:.4f} % changed", 100 * rate),
+                      liveness ? " [liveness]" : ""));
   if (trainer_) {
     // The producers compare their shares and the root checks them, as it knows the
     // tree's version (the last committed one); a refusal sends nothing.
@@ -358,12 +368,21 @@ void Run::Publish(int index, double rate, bool liveness) {
   for (int i = 1; i <= s_.nodes; ++i) quiet &= !nodes_[i].joined || nodes_[i].agent != nullptr;
   std::optional<Result<relay::PublishReport>> report;
   try {
-    report = trainer_
-                 ? source_->PublishStream(
-                       trainer_->base(), trainer_->target(),
-                       [this](const relay::Source::ChunkMessageSink& sink,
-                              codec::DeltaStats* stats) { return trainer_->Stream(sink, stats); })
-                 : source_->Publish(*base_store, base_manifest, *target_store, target_manifest);
+    if (trainer_) {
+      report = source_->PublishStream(
+          trainer_->base(), trainer_->target(),
+          [this](const relay::Source::ChunkMessageSink& sink, codec::DeltaStats* stats) {
+            return trainer_->Stream(sink, stats);
+          });
+    } else if (s_.restream) {
+      if (kill_mid_stream) restream_.emplace(base, target);
+      report = source_->PublishStream(
+          base_manifest, target_manifest,
+          RestreamStream(base_bytes, target_bytes, restreaming, kill_mid_stream), base_store.get(),
+          target_store.get());
+    } else {
+      report = source_->Publish(*base_store, base_manifest, *target_store, target_manifest);
+    }
   } catch (const Killed&) {
     source_.reset();
     q_.Note("kill src (while publishing)");

@@ -58,6 +58,9 @@ struct RunResult {
   int staged_nodes = 0, engine_nodes = 0;
   EngineCounts engine;
   uint64_t crashes = 0;
+  // --restream: publishes streamed again after their source was killed mid-stream,
+  // and the nodes that rolled back what they held of the lost stream first.
+  uint64_t restreams = 0, stream_rollbacks = 0;
   double pause_seconds = 0;
   // Snapshot stores (relay/store/snapshot_store.h): nodes with one, the snapshots they
   // built and switched to (catch-ups' included), the bytes those wrote, and the

@@ -151,6 +151,12 @@ class Run {
   // `index`: the publish's place in the workload (-1: the liveness publish).
   void Publish(int index, double rate, bool liveness);
   Tensors Mutate(const Tensors& base, double rate);
+  // --restream (run_restream.cc): base -> target as the source's encoder makes it,
+  // the data chunks in a seeded order and renumbered when `renumber`; with
+  // `kill_before_end` the source dies (Killed) once the data chunks are sent and
+  // the nodes have had time to apply them, before the END.
+  relay::Source::DeltaStream RestreamStream(const Tensors& base, const Tensors& target,
+                                            bool renumber, bool kill_before_end);
   void CheckBytes(const Node& n, const Digest128& version, const char* when);
   // Tensor by tensor (by name), `tensor(name)`'s bytes against `version`'s.
   void CheckTensors(int i, const Digest128& version, const char* when,
@@ -184,7 +190,10 @@ class Run {
   std::map<Digest128, Tensors> versions_;
   std::vector<Digest128> lineage_;  // committed versions, in order; [0] the start
   std::map<Digest128, int> index_;
-  std::optional<Digest128> pending_;    // the target being published
+  std::optional<Digest128> pending_;  // the target being published
+  // --restream: the delta (base, target) whose stream the source was killed in, to
+  // publish again.
+  std::optional<std::pair<Digest128, Digest128>> restream_;
   uint64_t injected_ = 0;               // faults injected so far
   EventQueue::TimePoint quiet_from_{};  // no fault acts on the tree from then on
   // The latest end of a fault so far: a link healed, a killed process restarted.

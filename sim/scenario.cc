@@ -289,6 +289,7 @@ std::string Scenario::Describe() const {
       seed, nodes, fanout, policy_available ? "available" : "all", keep_deltas, write_back_ms,
       publishes, faults.size());
   if (producers > 0) out += fmt::format(", {} producers", producers);
+  if (restream) out += ", restream";
   std::string modes;
   for (size_t i = 1; i < engines.size(); ++i) {
     const NodeEngine& e = engines[i];

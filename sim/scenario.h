@@ -95,6 +95,13 @@ struct Scenario {
   // (0: the single-checkpoint source), with a trainer fault per publish.
   int producers = 0;
   std::vector<TrainerFault> trainer_faults;
+  // deltacast_sim --restream (not drawn: a mode, like --producers): every publish
+  // under faults has its source killed after streaming its data chunks, before END
+  // (the nodes hold part of the delta), and the restarted source publishes the
+  // same delta again, its data chunks in another (seeded) order and numbered anew,
+  // as a root restarted mid-refit does (docs/protocol.md, "Chunk identity").
+  // Single-checkpoint source only.
+  bool restream = false;
   // Per node ([i] for n<i>; [0] unused): apply mode and engine. An engine's pause
   // hook fails with `hook_fail`, or returns only after its timeout with `hook_hang`.
   std::vector<NodeEngine> engines;

@@ -214,7 +214,7 @@ class BucketDownlink::Impl {
     log::Info(fmt::format("bucket downlink {}: refit {} begins: {} -> {}", options_.node_id, id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
     subtree_.BeginRefit(id, Clock::now());
-    downstream_.BeginRefit(id);
+    downstream_.BeginRefit(id, begin->stream_id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
     Pump();
   }

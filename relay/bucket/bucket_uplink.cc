@@ -110,6 +110,7 @@ class BucketUplink::Impl {
       h.inflight_base = refit_->begin.base_version;
       h.inflight_target = refit_->begin.target_version;
       h.prepared = refit_->prepared_sent;
+      h.inflight_stream = refit_->begin.stream_id;
       for (const auto& [seq, entry] : refit_->stored) h.applied_chunks.push_back(seq);
     }
     return h;

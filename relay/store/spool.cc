@@ -1,9 +1,11 @@
 #include "relay/store/spool.h"
 
 #include <fcntl.h>
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
 
 #include "codec/chunk.h"
 #include "common/disk_seam.h"
@@ -14,13 +16,43 @@ namespace deltacast::relay {
 
 namespace {
 std::string FileName(const Digest128& target) { return "delta-" + target.ToHex() + ".spool"; }
+std::filesystem::path StreamFile(std::filesystem::path spool) {
+  return spool.replace_extension(".stream");
+}
 }  // namespace
+
+uint64_t Spool::StreamOf(const std::filesystem::path& dir, const Digest128& target) {
+  auto bytes = ReadFile(StreamFile(dir / FileName(target)));
+  if (!bytes.ok()) return 0;
+  const std::string text(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+  uint64_t stream = 0;
+  try {
+    stream = std::stoull(text, nullptr, 16);
+  } catch (const std::exception&) {
+    return 0;  // unreadable: unknown, so nothing it holds counts as this stream's
+  }
+  return stream;
+}
+
+bool Spool::HoldsChunks(const std::filesystem::path& dir, const Digest128& target) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(dir / FileName(target), ec);
+  return !ec && size > 0;
+}
+
+Status Spool::RecordStream(uint64_t stream) {
+  const std::string text = fmt::format("{:016x}\n", stream);
+  return WriteFileAtomic(StreamFile(path_),
+                         ByteSpan(reinterpret_cast<const std::byte*>(text.data()), text.size()));
+}
 
 void Spool::RemoveOthers(const std::filesystem::path& dir, const Digest128& target) {
   std::error_code ec;
   const std::string name = FileName(target);
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (entry.path().extension() == ".spool" && entry.path().filename() != name) {
+    const auto extension = entry.path().extension();
+    if ((extension == ".spool" || extension == ".stream") &&
+        entry.path().stem() != std::filesystem::path(name).stem()) {
       std::filesystem::remove(entry.path(), ec);
       disk::Removed(entry.path());
     }
@@ -52,6 +84,8 @@ Result<std::unique_ptr<Spool>> Spool::OpenEmpty(const std::filesystem::path& dir
   // rollback finishing) keeps reading what it indexed.
   std::filesystem::remove(path, ec);
   disk::Removed(path);
+  std::filesystem::remove(StreamFile(path), ec);  // its chunks are gone: so is their stream
+  disk::Removed(StreamFile(path));
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
   disk::Created(path);
@@ -117,6 +151,8 @@ void Spool::Discard() {
   std::error_code ec;
   std::filesystem::remove(path_, ec);
   disk::Removed(path_);
+  std::filesystem::remove(StreamFile(path_), ec);
+  disk::Removed(StreamFile(path_));
 }
 
 Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {

@@ -41,6 +41,16 @@ class Spool {
   // Deletes every spool in `dir` but `target`'s (a node, once the last commit's
   // writes are flushed and its spool is no longer needed to recover them).
   static void RemoveOthers(const std::filesystem::path& dir, const Digest128& target);
+  // The stream (BEGIN's stream_id) that numbered the chunks spooled for `target`
+  // in `dir`, as RecordStream noted it; 0 when none was noted. A node's journaled
+  // chunks are spooled before they are applied, so this names its HELLO's list too.
+  static uint64_t StreamOf(const std::filesystem::path& dir, const Digest128& target);
+  // Whether `dir` holds a non-empty spool for `target`: a node spools each chunk
+  // before it applies it, so with none it applied nothing of the delta.
+  static bool HoldsChunks(const std::filesystem::path& dir, const Digest128& target);
+  // Notes, durably, that `stream` numbers this spool's chunks (before any of them
+  // is applied): delta-<target>.stream beside the spool.
+  Status RecordStream(uint64_t stream);
   // Opens one spool file as it is (the source's retained deltas), touching nothing
   // else.
   static Result<std::unique_ptr<Spool>> OpenFile(const std::filesystem::path& file);

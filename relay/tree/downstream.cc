@@ -160,7 +160,8 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   book = ChunkBook{hello->inflight_target,
                    {hello->applied_chunks.begin(), hello->applied_chunks.end()},
                    {},
-                   hello->active_version};
+                   hello->active_version,
+                   hello->inflight_stream};
   for (const Pending& p : child->second.queue) {
     if (p.chunk) book.Note(*p.chunk);
   }
@@ -312,7 +313,7 @@ void Downstream::NoteSent(Child& child, const transport::Message& message) {
   if (!type.ok() || (*type != MessageType::kCommit && *type != MessageType::kAbort)) return;
   auto decision = ParseDecision(ByteSpan(*message));
   if (decision.ok() && decision->target_version == child.chunks.target) {
-    child.chunks = ChunkBook{{}, {}, {}, child.chunks.active};
+    child.chunks = ChunkBook{{}, {}, {}, child.chunks.active, 0};
   }
 }
 
@@ -388,7 +389,7 @@ void Downstream::QueueHeld(const std::vector<Outgoing>& held) {
   for (auto& [id, child] : children_) {
     if (!child.connection || child.excused) continue;
     for (const Outgoing& out : held) {
-      if (!out.chunk || child.chunks.Has(*out.chunk)) continue;
+      if (!out.chunk || child.chunks.Has(*out.chunk, stream_id_)) continue;
       child.chunks.Note(*out.chunk);
       child.queue.push_back(Pending{out.message, out.load, out.chunk, nullptr});
       if (out.message) queued_bytes_ += out.message->size();
@@ -417,7 +418,7 @@ void Downstream::BroadcastChunk(transport::Message message, const ChunkRef& chun
   fanout->done = std::move(done);
   std::vector<Child*> to;
   for (auto& [id, child] : children_) {
-    if (child.excused || child.chunks.Has(chunk)) continue;
+    if (child.excused || child.chunks.Has(chunk, stream_id_)) continue;
     to.push_back(&child);
   }
   fanout->remaining = to.size();
@@ -433,7 +434,7 @@ void Downstream::BroadcastChunk(transport::Message message, const ChunkRef& chun
   }
 }
 
-void Downstream::BeginRefit(uint64_t refit_id) {
+void Downstream::BeginRefit(uint64_t refit_id, uint64_t stream_id) {
   // What is still queued belongs to an earlier refit (a replay a child has not
   // finished): it would wait forever for credit that now counts for this one.
   // The child catches up from the new BEGIN instead.
@@ -450,6 +451,7 @@ void Downstream::BeginRefit(uint64_t refit_id) {
     }
   }
   refit_id_ = refit_id;
+  stream_id_ = stream_id;
   for (auto& [id, child] : children_) child.credits = 0;
 }
 

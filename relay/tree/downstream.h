@@ -137,7 +137,9 @@ class Downstream {
   // fresh window of credit, and credit for any other refit is ignored from now on;
   // whatever is still queued for an earlier refit is dropped (completing its
   // callbacks); a connected child excused from the last refit takes part again.
-  void BeginRefit(uint64_t refit_id);
+  // `stream_id` (BEGIN's) numbers its chunks: what a child's HELLO says it applied
+  // counts only for the stream it names.
+  void BeginRefit(uint64_t refit_id, uint64_t stream_id);
   // Drops everything queued (completing it) — after a decision nothing more is owed.
   void DropQueued();
 
@@ -170,17 +172,24 @@ class Downstream {
   // A child whose HELLO said it is at a delta's target already (it committed that
   // version through another parent) has every data chunk of it: forwarding them
   // would only make it forward them again to children that have them too.
+  // A chunk is named by its delta's target, the stream that numbered it and its
+  // sequence: the HELLO's applied chunks count only while the refit streams the
+  // stream they were numbered by (`stream`; a restarted root numbers the same delta
+  // otherwise). What the link carries is this refit's, so this stream's.
   struct ChunkBook {
     Digest128 target;
     std::set<uint32_t> applied;  // from its HELLO
     std::set<uint32_t> carried;  // queued for it or sent on this link
     Digest128 active;            // its active version, from its HELLO
-    bool Has(const ChunkRef& c) const {
+    uint64_t stream = 0;         // the stream `applied` was numbered by, from its HELLO
+    bool Has(const ChunkRef& c, uint64_t current_stream) const {
       if (c.data && !c.target.IsZero() && c.target == active) return true;
-      return c.target == target && (applied.contains(c.sequence) || carried.contains(c.sequence));
+      if (c.target != target) return false;
+      return (stream == current_stream && applied.contains(c.sequence)) ||
+             carried.contains(c.sequence);
     }
     void Note(const ChunkRef& c) {
-      if (c.target != target) *this = ChunkBook{c.target, {}, {}, active};
+      if (c.target != target) *this = ChunkBook{c.target, {}, {}, active, 0};
       carried.insert(c.sequence);
     }
     void Unnote(const ChunkRef& c) {
@@ -235,7 +244,8 @@ class Downstream {
   ProvenHosts proven_;  // addresses whose children completed the handshake lately
   std::set<std::string> adoptable_;
   std::vector<std::string> transports_;
-  uint64_t refit_id_ = 0;  // the refit credit counts for
+  uint64_t refit_id_ = 0;   // the refit credit counts for
+  uint64_t stream_id_ = 0;  // the stream that numbers that refit's chunks
   uint64_t next_serial_ = 1;
   uint64_t next_send_ = 1;
   uint64_t queued_bytes_ = 0;

@@ -191,6 +191,7 @@ Hello NodeAgent::Impl::MakeHello() {
     hello.inflight_target = journal_.inflight->target;
     hello.prepared = journal_.prepared;
     hello.applied_chunks.assign(journal_.applied.begin(), journal_.applied.end());
+    hello.inflight_stream = Spool::StreamOf(options_.spool_dir, journal_.inflight->target);
   }
   claimed_ = {hello.inflight_target, journal_.inflight ? journal_.applied : std::set<uint32_t>{}};
   received_on_link_.clear();

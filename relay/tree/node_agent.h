@@ -77,6 +77,10 @@ struct NodeAgentStats {
   uint64_t chunk_bytes_resent = 0;
   uint64_t peak_held_bytes = 0;  // most chunk bytes held at once (received, not yet released)
   uint64_t partitions_repaired = 0;
+  // BEGINs of the delta this node held in flight, streamed anew (a restarted root):
+  // it rolled back what it applied of the lost stream first (docs/protocol.md,
+  // "Chunk identity").
+  uint64_t stream_rollbacks = 0;
   uint64_t parent_joins = 0;          // times it joined a parent (1 + reconnects)
   uint64_t partitions_caught_up = 0;  // overwritten to reach a version this node missed
   uint64_t deltas_caught_up = 0;      // kept deltas applied to reach such a version

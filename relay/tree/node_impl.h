@@ -65,6 +65,9 @@ class NodeAgent::Impl {
     bool local_prepared = false;
     bool end_received = false;  // the END chunk came: every chunk the parent sends came
     bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
+    // Rolling back what another stream of the delta left in flight, before the
+    // deferred BEGIN that streams it anew (RollBackAnotherStream).
+    bool stream_rollback = false;
     bool prepared_sent = false;
     bool failed_sent = false;
     // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
@@ -156,6 +159,7 @@ class NodeAgent::Impl {
   // node_outcome.cc: decisions and outcome.
   void OnDecision(MessageType type, ByteSpan bytes);
   void Resolve(MessageType type, const Decision& d, transport::Message message);
+  void RollBackAnotherStream(const Begin& begin, ByteSpan bytes);
   void CommitByCatchingUp(const Decision& d, transport::Message message);
   void ExcuseChildrenWithout(const Digest128& target);
   // The refit's decision for the children: as received, else (unsigned clusters
@@ -195,8 +199,9 @@ class NodeAgent::Impl {
   // A recovery of the store that failed (the engine did not pause, the disk refused
   // a write) starts again from this time, between refits (Tick).
   std::optional<Clock::time_point> recovery_retry_at_;
-  uint64_t recovery_tried_for_ = 0;  // the BEGIN a recovery was last started for
-  NodeStore::Journal journal_;       // the replica's journal, mirrored
+  uint64_t recovery_tried_for_ = 0;   // the BEGIN a recovery was last started for
+  uint64_t stream_rollback_for_ = 0;  // the BEGIN another stream was last rolled back for
+  NodeStore::Journal journal_;        // the replica's journal, mirrored
   Claimed claimed_;
   JoinCheck join_;  // what joining the parent found
   // What each connected child's HELLO said it holds: (active version, delta in flight).

@@ -140,6 +140,23 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       catch_up_.Start(begin->base_version, begin->refit_id, /*resolving=*/false);
     return;
   }
+  const uint64_t held_stream = Spool::StreamOf(options_.spool_dir, begin->target_version);
+  const bool same_delta_inflight = journal_.inflight &&
+                                   journal_.inflight->base == begin->base_version &&
+                                   journal_.inflight->target == begin->target_version;
+  // What it applied: the journal, and the spool too, which is ahead of the journal
+  // this thread last saw (a chunk is spooled before it is applied).
+  if (same_delta_inflight && held_stream != begin->stream_id &&
+      (!journal_.applied.empty() || journal_.prepared ||
+       Spool::HoldsChunks(options_.spool_dir, begin->target_version))) {
+    if (stream_rollback_for_ != begin->refit_id) return RollBackAnotherStream(*begin, bytes);
+    // Its rollback failed: it cannot take this stream (its journal names the other
+    // one's chunks). FAILED, and the ABORT resolves the delta it holds.
+    parent_.Send(
+        EncodeFailed(Failed{begin->refit_id, options_.node_id,
+                            "could not roll back what it holds of another stream of this delta"}));
+    return;
+  }
   refit_.emplace();
   refit_->id = begin->refit_id;
   refit_->begin = *begin;
@@ -151,11 +168,22 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   // all of it (committed: children may still need it); else what it holds is left
   // from a refit of the same delta this node rolled back, whose chunk N need not be
   // this refit's chunk N (a root merges producers' chunks as they come).
-  const bool holds_delta = journal_.inflight ? journal_.inflight->target == begin->target_version
-                                             : journal_.version == begin->target_version;
+  // Only chunks of this stream: another stream's sequence N is another chunk. What
+  // this node applied of one was rolled back above; a committed delta's spool is
+  // kept while its writes are unflushed (a reconcile redoes them from it), and not
+  // replayed.
+  const bool same_stream = held_stream == begin->stream_id;
+  const bool holds_delta = journal_.inflight
+                               ? journal_.inflight->target == begin->target_version && same_stream
+                               : journal_.version == begin->target_version &&
+                                     (same_stream || journal_.unflushed.has_value());
   auto spool = holds_delta
                    ? Spool::Open(options_.spool_dir, begin->target_version, /*remove_others=*/false)
                    : Spool::OpenEmpty(options_.spool_dir, begin->target_version);
+  // Opened empty: its chunks will be this stream's (noted before any is applied).
+  if (spool.ok() && !holds_delta) {
+    if (Status noted = (*spool)->RecordStream(begin->stream_id); !noted.ok()) spool = noted;
+  }
   if (spool.ok()) {
     refit_->spool = std::move(*spool);
   } else {
@@ -163,14 +191,15 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   }
   log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
                         begin->base_version.ShortHex(), begin->target_version.ShortHex()));
-  downstream_.BeginRefit(begin->refit_id);
+  downstream_.BeginRefit(begin->refit_id, begin->stream_id);
   downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
   // Resuming: the chunks held from before are not sent again by the parent, so the
   // children connected now get them from here (a child that joined before this BEGIN
   // was replayed nothing: this node had no refit then). Found by faults.relay_kill_resend:
   // a relay restarted mid-delta whose child rejoined it first ended the refit one
   // chunk short.
-  if (holds_delta && refit_->spool) downstream_.QueueHeld(HeldChunks(*begin, refit_->spool));
+  if (holds_delta && same_stream && refit_->spool)
+    downstream_.QueueHeld(HeldChunks(*begin, refit_->spool));
   subtree_.BeginRefit(refit_->id, Clock::now());
   const uint64_t id = refit_->id;
   store_.BeginRefit(id, refit_->identity, begin->manifest_digest, refit_->spool,
@@ -178,6 +207,42 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                       if (!status.ok()) LocalFailure(id, status);
                     });
   parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), begin->refit_id}));
+}
+
+// A BEGIN of the delta this node holds in flight, but streamed anew (a root
+// restarted mid-refit): the chunks it applied were numbered by the lost stream, so
+// neither its journal nor its spool names this stream's chunks. The lost stream was
+// never decided (a root logs its decision before it sends it), so this node does
+// what a presumed abort does: rolls back from its spool, then runs the BEGIN from
+// the base, taking the new stream whole. Nothing is sent down: its children hold
+// the same stream and do the same when this node passes the BEGIN on.
+void NodeAgent::Impl::RollBackAnotherStream(const Begin& begin, ByteSpan bytes) {
+  log::Warn(fmt::format(
+      "{}: refit {} streams delta {} -> {} anew (stream {:016x}; this node holds {} chunks of "
+      "stream {:016x}): rolling back what it applied first",
+      options_.node_id, begin.refit_id, begin.base_version.ShortHex(),
+      begin.target_version.ShortHex(), begin.stream_id, journal_.applied.size(),
+      Spool::StreamOf(options_.spool_dir, begin.target_version)));
+  stream_rollback_for_ = begin.refit_id;
+  {
+    std::lock_guard lock(stats_mu_);
+    ++stats_.stream_rollbacks;
+  }
+  deferred_begin_.assign(bytes.begin(), bytes.end());
+  downstream_.DropQueued();
+  // Its own refit id, known to nobody else: the ABORTED it reports is ignored above.
+  const uint64_t id = begin.refit_id ^ 0x53545245414dULL;  // "STREAM"
+  refit_.emplace();
+  refit_->id = id;
+  refit_->identity = {journal_.inflight->base, begin.target_version, begin.partition_bytes};
+  refit_->decided = Clock::now();
+  refit_->stream_rollback = true;
+  refit_->phase = Phase::kAborting;
+  subtree_.BeginRefit(id, Clock::now());
+  subtree_.Decided(Clock::now());
+  claimed_ = {};
+  auto spool = Spool::Open(options_.spool_dir, begin.target_version, /*remove_others=*/false);
+  rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
 }
 
 // Whether this node holds neither the refit's base nor its target, nor the refit
@@ -452,6 +517,9 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
   }
   if (!refit_) return;
   Refit& r = *refit_;
+  // Rolling back another stream of the delta: the child is sent the BEGIN that
+  // waits, and does the same.
+  if (r.stream_rollback) return;
   const bool committed =
       r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_);
   const Digest128& target = r.identity.target_version;

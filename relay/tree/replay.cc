@@ -20,7 +20,10 @@ Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_p
   Replay replay;
   replay.messages.push_back(
       Downstream::Outgoing::Control(transport::MakeMessage(EncodeBegin(begin))));
+  // Its applied chunks name this refit's chunks only if the same stream numbered
+  // them (a restarted root streams the delta anew, numbered otherwise).
   const bool same_delta = hello.inflight_target == begin.target_version;
+  const bool same_stream = same_delta && hello.inflight_stream == begin.stream_id;
   const std::set<uint32_t> applied(hello.applied_chunks.begin(), hello.applied_chunks.end());
   // A child that holds the target already (it committed through another parent
   // while this one has no decision yet) needs no data chunk: the END alone makes it
@@ -31,7 +34,7 @@ Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_p
       !same_delta && hello.inflight_target.IsZero() && hello.active_version == begin.target_version;
   if (spool) {
     for (uint32_t sequence : spool->sequences()) {
-      if (same_delta && applied.contains(sequence)) continue;
+      if (same_stream && applied.contains(sequence)) continue;
       if (at_target && !IsEnd(*spool, sequence)) continue;
       replay.messages.push_back(
           Downstream::Outgoing::Chunk([spool, keep, sequence] { return spool->Read(sequence); },

@@ -228,7 +228,10 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     }
   }
   RetireLastRefit();
-  auto spool = Spool::Open(spool_dir_.path(), report.target_version);
+  // A stream of its own (docs/protocol.md, "Chunk identity"): what an earlier stream
+  // of the same delta left here (a restarted root's state dir) is numbered otherwise.
+  Spool::RemoveOthers(spool_dir_.path(), report.target_version);
+  auto spool = Spool::OpenEmpty(spool_dir_.path(), report.target_version);
   if (!spool.ok()) {
     log::Warn("no spool (" + spool.status().ToString() +
               "); children that rejoin cannot be replayed to");
@@ -236,6 +239,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   Begin begin{report.refit_id, report.base_version, report.target_version,
               target_manifest.partition_bytes};
   begin.manifest_digest = Sha256(target_manifest.Serialize());
+  begin.stream_id = RandomId();
   if (options_.signing_key) SignBegin(*options_.signing_key, begin);
   {
     std::unique_lock lock(mu_);
@@ -270,7 +274,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     refit_->begun = true;
   }
   loop_.Post([this, begin] {
-    downstream_.BeginRefit(begin.refit_id);
+    downstream_.BeginRefit(begin.refit_id, begin.stream_id);
     downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)));
   });
   log::Info(fmt::format("refit {}: {} -> {} to {} children", report.refit_id,

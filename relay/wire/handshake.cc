@@ -86,6 +86,7 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
   PutDigest(w, m.inflight_base);
   PutDigest(w, m.inflight_target);
   w.Put<uint8_t>(m.prepared ? 1 : 0);
+  w.Put<uint64_t>(m.inflight_stream);
   const auto runs = Runs(m.applied_chunks);
   w.Put<uint32_t>(static_cast<uint32_t>(runs.size()));
   for (const auto& [first, count] : runs) {
@@ -130,6 +131,7 @@ Result<Hello> ParseHello(ByteSpan message) {
     uint8_t prepared = 0;
     uint32_t runs = 0;
     r.Get(prepared);
+    r.Get(m.inflight_stream);
     r.Get(runs);
     if (prepared > 1) return Status::Corrupt("HELLO prepared flag is " + std::to_string(prepared));
     if (runs > kMaxAppliedRunsInHello || runs > r.remaining() / 8) {

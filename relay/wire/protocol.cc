@@ -133,6 +133,7 @@ std::vector<std::byte> EncodeBegin(const Begin& m) {
   PutDigest(w, m.target_version);
   w.Put<uint64_t>(m.partition_bytes);
   PutArray(w, m.manifest_digest);
+  w.Put<uint64_t>(m.stream_id);
   PutArray(w, m.signature);
   return out;
 }
@@ -240,6 +241,7 @@ Result<Begin> ParseBegin(ByteSpan message) {
     r.GetDigest(m.target_version);
     r.Get(m.partition_bytes);
     r.GetArray(m.manifest_digest);
+    r.Get(m.stream_id);
     r.GetArray(m.signature);
   });
 }

@@ -18,6 +18,9 @@
 namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
+// 9: chunks are named by stream: BEGIN carries the stream id that numbers them, a
+// HELLO the stream its applied chunks were numbered by (a root restarted mid-refit
+// numbers the same delta otherwise).
 // 6: PREPARED reports where each node's time went (receive, check, write, CPU, waiting
 // for a CPU, waiting for the disk).
 // 5: a parent tells a child that joined the version it holds (ACTIVE_VERSION), with
@@ -27,7 +30,7 @@ inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
 // 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
 // parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 8;
+inline constexpr uint8_t kProtocolVersion = 9;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
@@ -104,6 +107,9 @@ struct Hello {
   Digest128 inflight_base;
   Digest128 inflight_target;
   bool prepared = false;
+  // The stream that numbered applied_chunks (BEGIN's stream_id; 0: unknown): a
+  // parent streaming another stream of the delta counts none of them as held.
+  uint64_t inflight_stream = 0;
   std::vector<uint32_t> applied_chunks;
   // The backend this link runs over and the child's preference list for the hop
   // (what both ends list, [[link]] rules applied): the parent refuses a backend it
@@ -125,6 +131,10 @@ struct Begin {
   // SHA-256 of the target manifest's serialization (docs/wire-format.md); all zero:
   // not given. A node checks the manifest it derives against it.
   std::array<uint8_t, 32> manifest_digest{};
+  // Names the numbering of this refit's chunks: random per stream the source (or a
+  // root) starts, never 0. A chunk is (target, stream_id, sequence): the same delta
+  // streamed again (a restarted root) may number its chunks otherwise.
+  uint64_t stream_id = 0;
   Signature signature{};  // the source's, over the fields above (relay/wire/signing.h)
 };
 struct Credit {

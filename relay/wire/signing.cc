@@ -142,7 +142,8 @@ Status SigningKey::Write(const std::filesystem::path& path) const {
 }
 
 std::vector<std::byte> SignedBytesOfBegin(const Begin& begin) {
-  auto out = Labelled("deltacast-v3 BEGIN");
+  // v9: the stream id is signed too (a forged one would make nodes roll back).
+  auto out = Labelled("deltacast-v9 BEGIN");
   ByteWriter w(out);
   w.Put<uint64_t>(begin.refit_id);
   PutDigest(w, begin.base_version);
@@ -150,6 +151,7 @@ std::vector<std::byte> SignedBytesOfBegin(const Begin& begin) {
   w.Put<uint64_t>(begin.partition_bytes);
   w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(begin.manifest_digest.data()),
                       begin.manifest_digest.size()));
+  w.Put<uint64_t>(begin.stream_id);
   return out;
 }
 

@@ -34,6 +34,49 @@ class SpoolTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// The stream that numbered a spool's chunks outlives the process beside it (a node
+// names it in its HELLO after a restart), goes with the chunks when the spool is
+// opened empty or discarded, and with the other deltas' spools.
+TEST_F(SpoolTest, TheStreamThatNumberedTheChunksIsKeptBesideThemAndGoesWithThem) {
+  Digest128 target;
+  target.bytes[0] = 5;
+  Digest128 other;
+  other.bytes[0] = 6;
+  EXPECT_EQ(Spool::StreamOf(dir_, target), 0u);
+  EXPECT_FALSE(Spool::HoldsChunks(dir_, target));
+  {
+    auto spool = Spool::OpenEmpty(dir_, target);
+    ASSERT_TRUE(spool.ok()) << spool.status().ToString();
+    ASSERT_TRUE((*spool)->RecordStream(0xabcdef0123456789ULL).ok());
+    EXPECT_FALSE(Spool::HoldsChunks(dir_, target));
+    ASSERT_TRUE((*spool)->Append(0, Chunk(1, 5, 0), /*durable=*/true).ok());
+    auto kept = Spool::OpenEmpty(dir_, other);
+    ASSERT_TRUE(kept.ok());
+    ASSERT_TRUE((*kept)->RecordStream(7).ok());
+  }
+  EXPECT_EQ(Spool::StreamOf(dir_, target), 0xabcdef0123456789ULL);
+  EXPECT_TRUE(Spool::HoldsChunks(dir_, target));
+  // Reopened as it is (a resume): the stream stays.
+  ASSERT_TRUE(Spool::Open(dir_, target, /*remove_others=*/false).ok());
+  EXPECT_EQ(Spool::StreamOf(dir_, target), 0xabcdef0123456789ULL);
+  EXPECT_EQ(Spool::StreamOf(dir_, other), 7u);
+  // Another delta's spool is removed with its stream.
+  Spool::RemoveOthers(dir_, target);
+  EXPECT_EQ(Spool::StreamOf(dir_, other), 0u);
+  EXPECT_EQ(Spool::StreamOf(dir_, target), 0xabcdef0123456789ULL);
+  // Opened empty, the chunks and their stream are gone.
+  {
+    auto fresh = Spool::OpenEmpty(dir_, target);
+    ASSERT_TRUE(fresh.ok());
+    EXPECT_EQ(Spool::StreamOf(dir_, target), 0u);
+    EXPECT_FALSE(Spool::HoldsChunks(dir_, target));
+    ASSERT_TRUE((*fresh)->RecordStream(9).ok());
+    EXPECT_EQ(Spool::StreamOf(dir_, target), 9u);
+    (*fresh)->Discard();
+  }
+  EXPECT_EQ(Spool::StreamOf(dir_, target), 0u);
+}
+
 TEST_F(SpoolTest, OpenKeepsAnEarlierStreamsChunksAndOpenEmptyDropsThem) {
   Digest128 target;
   target.bytes[0] = 2;

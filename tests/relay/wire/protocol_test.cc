@@ -13,6 +13,7 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ(b->refit_id, 42u);
   EXPECT_EQ(b->target_version, begin.target_version);
+  EXPECT_EQ(b->stream_id, 0u);
 
   Prepared prepared{7, {{"n1", 100, 1.5, 3}, {"n2", 200, 2.5, 4}}};
   auto p = ParsePrepared(EncodePrepared(prepared));
@@ -76,8 +77,12 @@ TEST(ProtocolTest, MalformedMessagesAreRefused) {
   bad_magic[0] = std::byte{0};
   EXPECT_EQ(PeekType(bad_magic).status().code(), StatusCode::kCorrupt);
   auto bad_version = good;
-  bad_version[4] = std::byte{9};
-  EXPECT_NE(PeekType(bad_version).status().message().find("version 9"), std::string::npos);
+  bad_version[4] = std::byte{kProtocolVersion + 1};
+  EXPECT_NE(PeekType(bad_version)
+                .status()
+                .message()
+                .find("version " + std::to_string(kProtocolVersion + 1)),
+            std::string::npos);
   auto bad_type = good;
   bad_type[5] = std::byte{200};
   EXPECT_NE(PeekType(bad_type).status().message().find("unknown message type"), std::string::npos);
@@ -175,6 +180,38 @@ TEST(ProtocolTest, FetchCarriesTheSixteenBytePartitionHashAndVersionOneIsRefused
   EXPECT_NE(PeekType(old).status().message().find("version 1"), std::string::npos);
 }
 
+// Version 9: a chunk is named by the stream that numbered it. BEGIN carries the
+// stream id, a HELLO the stream its applied chunks belong to; a version-8 peer (no
+// stream anywhere) is refused at the header, never misread.
+TEST(ProtocolTest, BeginAndHelloCarryTheStreamAndVersion8IsRefused) {
+  Begin begin{42, Hash128(AsBytes("a")), Hash128(AsBytes("b")), 4096};
+  begin.stream_id = 0x0123456789abcdefULL;
+  auto b = ParseBegin(EncodeBegin(begin));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->stream_id, begin.stream_id);
+  Hello hello;
+  hello.node_id = "n1";
+  hello.inflight_target = begin.target_version;
+  hello.inflight_stream = 0xfedcba9876543210ULL;
+  hello.applied_chunks = {0, 1, 2};
+  auto h = ParseHello(EncodeHello(hello));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->inflight_stream, hello.inflight_stream);
+  EXPECT_EQ(h->applied_chunks, hello.applied_chunks);
+  // A BEGIN cut before its stream id is refused, not read with a zero stream.
+  auto cut = EncodeBegin(begin);
+  cut.resize(cut.size() - kSignatureBytes - 8);
+  EXPECT_EQ(ParseBegin(cut).status().code(), StatusCode::kCorrupt);
+  for (auto bytes : {EncodeBegin(begin), EncodeHello(hello)}) {
+    bytes[4] = std::byte{8};
+    const Status refused = PeekType(bytes).status();
+    EXPECT_EQ(refused.code(), StatusCode::kCorrupt);
+    EXPECT_NE(refused.message().find("protocol version 8 is not supported (this build speaks 9)"),
+              std::string::npos)
+        << refused.message();
+  }
+}
+
 TEST(ProtocolTest, ProofsBindTokenNoncesAndBothEndsAndNeverStandInForEachOther) {
   auto nonce = RandomNonce();
   auto proof = ChildProof("secret", nonce, "child", "parent");
@@ -232,8 +269,9 @@ TEST(ProtocolTest, HelloListsAppliedChunksAsRunsAndRefusesMalformedRuns) {
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(f->applied_chunks.size(), kMaxAppliedRunsInHello);
 
-  // Runs are located after id, proof, nonce, three digests and the prepared flag.
-  const size_t runs_at = kMessageHeaderBytes + 2 + 2 + kProofBytes + kNonceBytes + 3 * 16 + 1;
+  // Runs are located after id, proof, nonce, three digests, the prepared flag and
+  // the in-flight stream.
+  const size_t runs_at = kMessageHeaderBytes + 2 + 2 + kProofBytes + kNonceBytes + 3 * 16 + 1 + 8;
   auto patch = [&](uint32_t first, uint32_t count) {
     Hello one = hello;
     one.applied_chunks = {5};
