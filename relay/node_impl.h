@@ -15,13 +15,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 #include "relay/catch_up.h"
 #include "relay/downstream.h"
 #include "relay/event_loop.h"
@@ -206,8 +206,8 @@ class NodeAgent::Impl {
   uint64_t held_bytes_ = 0;
   uint64_t refetches_ = 0;  // damaged chunks fetched again
 
-  mutable std::mutex stats_mu_;
-  NodeAgentStats stats_;
+  mutable Mutex stats_mu_;
+  NodeAgentStats stats_ GUARDED_BY(stats_mu_);
   std::atomic<bool> stopped_{false};
   SpoolDir spool_dir_;  // released on Stop
 

@@ -9,6 +9,7 @@
 #include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 #include "relay/node_impl.h"
 #include "relay/replay.h"
 
@@ -81,7 +82,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                                options_.node_id, status.ToString()));
       }
       {
-        std::lock_guard lock(stats_mu_);
+        MutexLock lock(stats_mu_);
         stats_.version = version;
         // The engine paused for that refit's write now: its pause is reported with
         // the refits' (the refit itself reported none, having failed locally).
@@ -140,7 +141,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       catch_up_.Start(begin->base_version, begin->refit_id, /*resolving=*/false);
     return;
   }
-  refit_.emplace();
+  refit_.emplace(Refit{});
   refit_->id = begin->refit_id;
   refit_->begin = *begin;
   refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
@@ -243,7 +244,7 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
                           options_.node_id, header->sequence, r.id));
   }
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_.chunk_bytes_received += payload;
     if (had_it) stats_.chunk_bytes_resent += payload;
   }
@@ -301,7 +302,7 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
 
 void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result) {
   if (result.chunk_applied || result.repaired) {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_.chunks_received += result.chunk_applied;
     stats_.partitions_repaired += result.repaired;
   }

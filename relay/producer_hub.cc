@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::relay {
 
@@ -23,7 +24,7 @@ ProducerHub::ProducerHub(std::string root_id, std::string token, size_t capacity
 ProducerHub::~ProducerHub() { Close(); }
 
 void ProducerHub::ReapLoop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!closed_) {
     auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     for (const auto& [serial, p] : pending_) next = std::min(next, p.deadline);
@@ -46,15 +47,15 @@ void ProducerHub::ReapLoop() {
     }
     // Outside mu_: a connection's destructor waits for its running handlers, which
     // take mu_.
-    lock.unlock();
+    lock.Unlock();
     for (auto& c : expired) c->Close();
     expired.clear();
-    lock.lock();
+    lock.Lock();
   }
 }
 
 size_t ProducerHub::pending_handshakes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return pending_.size();
 }
 
@@ -69,7 +70,7 @@ Result<std::string> ProducerHub::Listen(transport::Transport& transport,
 
 void ProducerHub::OnAccept(std::unique_ptr<transport::Connection> connection) {
   std::unique_ptr<transport::Connection> doomed;  // destroyed after mu_ is released
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) {
     doomed = std::move(connection);
     return;
@@ -122,7 +123,7 @@ void ProducerHub::Refuse(uint64_t serial, std::unique_ptr<transport::Connection>
   log::Warn(fmt::format("root {}: refusing producer at {}: {}", root_id_,
                         log::Escape(c->PeerAddress()), log::Escape(why)));
   c->Send(transport::MakeMessage(EncodeRefuse({why})), [this, serial](Status) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = refused_.find(serial); it != refused_.end()) it->second->Close();
   });
   refused_[serial] = std::move(c);
@@ -132,7 +133,7 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
   // Destroyed after mu_ is released: a connection's destructor may wait for its
   // other handlers, which take mu_.
   std::unique_ptr<transport::Connection> doomed;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) return;
   if (auto it = pending_.find(serial); it != pending_.end()) {
     Pending& p = it->second;
@@ -180,7 +181,7 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
 
 void ProducerHub::OnClosed(uint64_t serial, const Status& status) {
   std::unique_ptr<transport::Connection> doomed;  // destroyed after mu_ is released
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = pending_.find(serial); it != pending_.end()) {
     doomed = std::move(it->second.connection);
     pending_.erase(it);
@@ -206,8 +207,9 @@ void ProducerHub::OnClosed(uint64_t serial, const Status& status) {
 }
 
 Status ProducerHub::WaitFor(size_t count, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  if (cv_.wait_for(lock, timeout, [&] { return closed_ || producers_.size() >= count; }) &&
+  MutexLock lock(mu_);
+  if (cv_.wait_for(lock, timeout,
+                   [&]() REQUIRES(mu_) { return closed_ || producers_.size() >= count; }) &&
       !closed_) {
     return Status::Ok();
   }
@@ -216,21 +218,21 @@ Status ProducerHub::WaitFor(size_t count, std::chrono::milliseconds timeout) {
 }
 
 std::vector<std::string> ProducerHub::Joined() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> out;
   for (const auto& [id, j] : producers_) out.push_back(id);
   return out;
 }
 
 void ProducerHub::Send(const std::string& producer, std::vector<std::byte> bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = producers_.find(producer);
   if (it != producers_.end()) it->second.connection->Send(transport::MakeMessage(std::move(bytes)));
 }
 
 Result<ProducerHub::Event> ProducerHub::Next(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return closed_ || !events_.empty(); })) {
+  MutexLock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&]() REQUIRES(mu_) { return closed_ || !events_.empty(); })) {
     return Status::Timeout("no producer said anything for " + std::to_string(timeout.count()) +
                            " ms");
   }
@@ -241,7 +243,7 @@ Result<ProducerHub::Event> ProducerHub::Next(std::chrono::milliseconds timeout) 
 }
 
 void ProducerHub::DropEvents() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // Losses stay: they matter to the next refit too (the producer must rejoin).
   std::deque<Event> kept;
   for (auto& e : events_) {
@@ -255,7 +257,7 @@ void ProducerHub::Close() {
   std::map<std::string, Link> producers;
   std::map<uint64_t, std::unique_ptr<transport::Connection>> refused;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
     pending.swap(pending_);
     producers.swap(producers_);
