@@ -10,7 +10,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <string>
@@ -22,6 +21,7 @@
 #include "common/file_util.h"
 #include "common/hash.h"
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::agent {
 namespace {
@@ -513,20 +513,20 @@ struct SliceResult {
 class ScratchPool {
  public:
   std::unique_ptr<SliceState> Take() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (free_.empty()) return std::make_unique<SliceState>();
     auto s = std::move(free_.back());
     free_.pop_back();
     return s;
   }
   void Return(std::unique_ptr<SliceState> s) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     free_.push_back(std::move(s));
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<SliceState>> free_;
+  Mutex mu_;
+  std::vector<std::unique_ptr<SliceState>> free_ GUARDED_BY(mu_);
 };
 
 void CountChanges(const uint16_t* before2, const uint16_t* before, const uint16_t* after, size_t n,

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::apply {
 namespace {
@@ -78,17 +79,17 @@ void DeltaApplier::ReleaseUndo(const codec::PartitionRecord& record, const Locat
 // Waits until no other ApplyChunk holds any of `partitions`, then holds them all.
 // All or nothing, so two chunks never wait on each other.
 void DeltaApplier::Claim(const std::vector<std::pair<size_t, uint64_t>>& partitions) {
-  std::unique_lock lock(mu_);
-  claims_released_.wait(lock, [&] {
+  MutexLock lock(mu_);
+  claims_released_.wait(lock, [&]() REQUIRES(mu_) {
     return std::none_of(partitions.begin(), partitions.end(),
-                        [&](const auto& p) { return claimed_.contains(p); });
+                        [&](const auto& p) REQUIRES(mu_) { return claimed_.contains(p); });
   });
   claimed_.insert(partitions.begin(), partitions.end());
 }
 
 void DeltaApplier::Release(const std::vector<std::pair<size_t, uint64_t>>& partitions) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& p : partitions) claimed_.erase(p);
   }
   claims_released_.notify_all();
@@ -165,7 +166,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk, StagedChunk* stag
   std::vector<Action> action(located.size(), Action::kUnknown);
   std::vector<char> presumed_base(located.size(), 0);
   if (options_.store_at_manifest) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 0; i < located.size(); ++i) {
       const codec::PartitionRecord& record = chunk.records[i];
       if (torn_.contains(PartitionKey{std::string(record.tensor_name), record.element_offset}))
@@ -186,7 +187,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk, StagedChunk* stag
   std::atomic<size_t> held_bytes{0};
   std::vector<codec::DecodedRecord> decoded;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!decoded_pool_.empty()) {
       decoded = std::move(decoded_pool_.back());
       decoded_pool_.pop_back();
@@ -197,7 +198,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk, StagedChunk* stag
     DeltaApplier* self;
     std::vector<codec::DecodedRecord>& decoded;
     ~ReturnDecoded() {
-      std::lock_guard lock(self->mu_);
+      MutexLock lock(self->mu_);
       self->decoded_pool_.push_back(std::move(decoded));
     }
   } return_decoded{this, decoded};
@@ -324,7 +325,7 @@ Status DeltaApplier::ApplyChunk(const codec::ChunkView& chunk, StagedChunk* stag
 }
 
 Status DeltaApplier::Refuse(uint32_t sequence, const Status& error) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   refused_.insert(sequence);
   report_.refused_chunks++;
   return error.WithContext("chunk " + std::to_string(sequence) + " refused, nothing written");
@@ -333,7 +334,7 @@ Status DeltaApplier::Refuse(uint32_t sequence, const Status& error) {
 Status DeltaApplier::Conclude(const codec::ChunkView& chunk, const std::vector<Located>& located,
                               ChunkOutcome& outcome, std::chrono::steady_clock::time_point start) {
   const std::vector<Status>& errors = outcome.errors;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Status first_error;
   for (size_t i = 0; i < located.size(); ++i) {
     const bool torn = outcome.torn[i], patched = outcome.patched[i], kept = outcome.kept[i];
@@ -365,7 +366,7 @@ Status DeltaApplier::Conclude(const codec::ChunkView& chunk, const std::vector<L
 }
 
 Result<codec::Manifest> DeltaApplier::Finish(const codec::DeltaSummary& summary) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   report_.torn.clear();
   for (const auto& [key, hash] : torn_) report_.torn.push_back(key);
   if (sequences_seen_.size() != summary.data_chunks ||
@@ -395,12 +396,12 @@ Result<codec::Manifest> DeltaApplier::Finish(const codec::DeltaSummary& summary)
 }
 
 void DeltaApplier::MarkApplied(uint32_t sequence) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   sequences_seen_.insert(sequence);
 }
 
 Status DeltaApplier::FlushApplied() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const Located& p : dirty_)
     RETURN_IF_ERROR(store_.Flush(p.tensor, p.byte_offset, p.byte_length));
   dirty_.clear();
@@ -408,7 +409,7 @@ Status DeltaApplier::FlushApplied() {
 }
 
 Status DeltaApplier::Rollback() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!options_.keep_undo)
     return Status::FailedPrecondition("rollback needs ApplyOptions::keep_undo");
   if (repaired_)
@@ -447,12 +448,12 @@ Status DeltaApplier::Rollback() {
 }
 
 codec::Manifest DeltaApplier::current_manifest() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return manifest_;
 }
 
 std::vector<PartitionKey> DeltaApplier::torn() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<PartitionKey> out;
   for (const auto& [key, hash] : torn_) out.push_back(key);
   return out;
@@ -481,7 +482,7 @@ Status DeltaApplier::RevertChunk(const codec::ChunkView& chunk,
       back.target_hash = record.base_hash;
       if (codec::ApplyEncodedPartition(back, bytes, scratch).ok()) {
         RETURN_IF_ERROR(store_.Flush(where.tensor, where.byte_offset, where.byte_length));
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         manifest_.partition_hashes[where.tensor][where.partition_index] = record.base_hash;
         continue;
       }
@@ -511,7 +512,7 @@ Status DeltaApplier::WriteVerified(const PartitionKey& key, ByteSpan bytes,
   }
   RETURN_IF_ERROR(WriteBytes(*index, key.element_offset * e, bytes));
   RETURN_IF_ERROR(store_.Flush(*index, key.element_offset * e, length));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   manifest_.partition_hashes[*index][key.element_offset / per] = expected_hash;
   return Status::Ok();
 }
@@ -526,23 +527,23 @@ Status DeltaApplier::WriteBytes(size_t tensor, uint64_t offset, ByteSpan bytes) 
 }
 
 PartitionHash DeltaApplier::TornTargetHash(const PartitionKey& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = torn_.find(key);
   return it == torn_.end() ? PartitionHash{} : it->second;
 }
 
 bool DeltaApplier::WasRefused(uint32_t sequence) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return refused_.contains(sequence);
 }
 
 bool DeltaApplier::HasRefusedChunks() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return !refused_.empty();
 }
 
 Status DeltaApplier::Repair(const PartitionKey& key, ByteSpan literal) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = torn_.find(key);
   if (it == torn_.end()) {
     return Status::NotFound("no torn partition '" + key.tensor + "' at element " +

@@ -40,10 +40,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -54,6 +52,7 @@
 #include "codec/manifest.h"
 #include "common/parallel.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::apply {
 
@@ -237,19 +236,19 @@ class DeltaApplier {
   void Release(const std::vector<std::pair<size_t, uint64_t>>& partitions);
 
   WeightStore& store_;
-  codec::Manifest manifest_;  // becomes the target manifest as records apply
+  codec::Manifest manifest_ GUARDED_BY(mu_);  // becomes the target manifest as records apply
   codec::DeltaIdentity identity_;
   ApplyOptions options_;
-  ApplyReport report_;
-  std::set<uint32_t> sequences_seen_;
-  std::set<uint32_t> refused_;                  // refused by the check, not applied since
-  std::map<PartitionKey, PartitionHash> torn_;  // -> target hash
+  ApplyReport report_ GUARDED_BY(mu_);
+  std::set<uint32_t> sequences_seen_ GUARDED_BY(mu_);
+  std::set<uint32_t> refused_ GUARDED_BY(mu_);  // refused by the check, not applied since
+  std::map<PartitionKey, PartitionHash> torn_ GUARDED_BY(mu_);  // -> target hash
   // Partitions (tensor, partition index) some ApplyChunk call is working on.
-  std::set<std::pair<size_t, uint64_t>> claimed_;
-  std::condition_variable claims_released_;
+  std::set<std::pair<size_t, uint64_t>> claimed_ GUARDED_BY(mu_);
+  CondVar claims_released_;
   // Decoded records held from the check to the write of one chunk: one set per
   // ApplyChunk in flight, reused so steady state does not allocate.
-  std::vector<std::vector<codec::DecodedRecord>> decoded_pool_;
+  std::vector<std::vector<codec::DecodedRecord>> decoded_pool_ GUARDED_BY(mu_);
   struct Undo {
     Located where;
     PartitionHash base_hash;
@@ -279,7 +278,7 @@ class DeltaApplier {
   Status ApplyChunkByParts(PartitionAccess& access, const codec::ChunkView& chunk,
                            const std::vector<Located>& located, StagedChunk* staged,
                            std::chrono::steady_clock::time_point start);
-  Status RollbackByParts(PartitionAccess& access);  // under mu_
+  Status RollbackByParts(PartitionAccess& access) REQUIRES(mu_);
   // RevertChunk's work for one record; `needs_base` as there.
   Status RevertByParts(PartitionAccess& access, const codec::PartitionRecord& record,
                        const Located& where, std::vector<NeedsBase>& needs_base);
@@ -288,14 +287,14 @@ class DeltaApplier {
 
   // Staged apply: the chunks staged, and the base manifest with their records'
   // target hashes (set by the first StageChunk).
-  std::set<uint32_t> staged_seen_;
-  std::optional<codec::Manifest> staged_target_;
+  std::set<uint32_t> staged_seen_ GUARDED_BY(mu_);
+  std::optional<codec::Manifest> staged_target_ GUARDED_BY(mu_);
 
-  std::vector<Located> dirty_;  // applied partitions not yet flushed
-  std::vector<Undo> undo_;
+  std::vector<Located> dirty_ GUARDED_BY(mu_);  // applied partitions not yet flushed
+  std::vector<Undo> undo_ GUARDED_BY(mu_);
   std::atomic<uint64_t> undo_bytes_{0};  // reserved under undo_from_records
-  bool repaired_ = false;
-  mutable std::mutex mu_;
+  bool repaired_ GUARDED_BY(mu_) = false;
+  mutable Mutex mu_;
 };
 
 }  // namespace deltacast::apply

@@ -12,6 +12,7 @@
 #include "apply/delta_applier.h"
 #include "apply/internal/size_only.h"
 #include "codec/partition_codec.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::apply {
 namespace {
@@ -32,7 +33,7 @@ Status DeltaApplier::ApplyChunkByParts(PartitionAccess& access, const codec::Chu
   std::vector<Action> action(n, Action::kUnknown);
   std::vector<char> presumed(n, 0);
   if (options_.store_at_manifest) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 0; i < n; ++i) {
       const codec::PartitionRecord& record = chunk.records[i];
       if (torn_.contains(PartitionKey{std::string(record.tensor_name), record.element_offset}))
@@ -229,7 +230,7 @@ Status DeltaApplier::RevertByParts(PartitionAccess& access, const codec::Partiti
       PartitionHash now;
       RETURN_IF_ERROR(access.ApplyPatches({&patch, 1}, {&now, 1}));
       if (now == record.base_hash) {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         manifest_.partition_hashes[where.tensor][where.partition_index] = record.base_hash;
         return Status::Ok();
       }

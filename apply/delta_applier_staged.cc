@@ -11,6 +11,7 @@
 #include "apply/delta_applier.h"
 #include "apply/internal/size_only.h"
 #include "codec/partition_codec.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::apply {
 
@@ -32,8 +33,8 @@ namespace {
 // checkpoint store (bench/apply_path_bench.cc: its pause against a host store's).
 // So the kernel faults them in writable (MADV_POPULATE_WRITE; Linux 5.14) and then
 // one byte of each page is OR-ed with zero, atomically: a write that changes no
-// byte, so an engine serving from them sees nothing. The pages become dirty; a write-back of them before the
-// commit writes the same bytes. Read-only mappings are left alone.
+// byte, so an engine serving from them sees nothing. The pages become dirty; a write-back of them
+// before the commit writes the same bytes. Read-only mappings are left alone.
 void PrepareForWrite(ByteSpan bytes) {
   static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   static std::atomic<bool> populate_refused{false};  // the kernel lacks it
@@ -48,7 +49,8 @@ void PrepareForWrite(ByteSpan bytes) {
     }
   }
   for (uintptr_t at = first; at < end; at = (at & ~(page - 1)) + page) {
-    std::atomic_ref<uint8_t>(*reinterpret_cast<uint8_t*>(at)).fetch_or(0, std::memory_order_relaxed);
+    std::atomic_ref<uint8_t>(*reinterpret_cast<uint8_t*>(at))
+        .fetch_or(0, std::memory_order_relaxed);
   }
 }
 
@@ -66,7 +68,7 @@ Result<StagedChunk> DeltaApplier::StageChunk(const codec::ChunkView& chunk,
   // decoded against the stored bytes.
   std::vector<char> at_base(n, 0);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 0; i < n; ++i) {
       at_base[i] = manifest_.partition_hashes[located[i].tensor][located[i].partition_index] ==
                    chunk.records[i].base_hash;
@@ -124,7 +126,7 @@ Result<StagedChunk> DeltaApplier::StageChunk(const codec::ChunkView& chunk,
     }
   }
   staged.held_bytes = held_bytes;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!staged_target_) staged_target_ = manifest_;
   for (size_t i = 0; i < n; ++i) {
     staged_target_->partition_hashes[located[i].tensor][located[i].partition_index] =
@@ -136,7 +138,7 @@ Result<StagedChunk> DeltaApplier::StageChunk(const codec::ChunkView& chunk,
 }
 
 Result<codec::Manifest> DeltaApplier::FinishStaged(const codec::DeltaSummary& summary) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (staged_seen_.size() != summary.data_chunks ||
       (!staged_seen_.empty() && *staged_seen_.rbegin() >= summary.data_chunks)) {
     return Status::FailedPrecondition("delta incomplete: staged " +

@@ -4,6 +4,7 @@
 
 #include "codec/partition_codec.h"
 #include "common/gf128.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::apply {
 namespace {
@@ -107,8 +108,7 @@ Result<std::unique_ptr<PlannedStore>> PlannedStore::Create(std::vector<TensorSpe
         part.buffers.push_back(spec.addresses[l]);
         continue;
       }
-      ASSIGN_OR_RETURN(std::byte * buffer,
-                       part.memory->Allocate(local.ByteSize()));
+      ASSIGN_OR_RETURN(std::byte * buffer, part.memory->Allocate(local.ByteSize()));
       part.buffers.push_back(buffer);
     }
     scans.push_back(std::move(scan));
@@ -236,7 +236,7 @@ Status PlannedStore::HashPlaced(const std::vector<std::vector<Placed>>& placed,
 }
 
 Result<PartitionHash> PlannedStore::HashPartition(size_t index, uint64_t offset, uint64_t length) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ASSIGN_OR_RETURN(std::vector<Placed> placed, Place(index, offset, length));
   PartitionHash out;
   RETURN_IF_ERROR(HashPlaced({std::move(placed)}, {length}, {&out, 1}));
@@ -246,7 +246,7 @@ Result<PartitionHash> PlannedStore::HashPartition(size_t index, uint64_t offset,
 Status PlannedStore::HashPartitions(std::span<const PartitionRef> partitions,
                                     std::span<PartitionHash> out) {
   if (out.size() != partitions.size()) return Status::InvalidArgument("one hash per partition");
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::vector<Placed>> placed(partitions.size());
   std::vector<uint64_t> lengths(partitions.size());
   for (size_t k = 0; k < partitions.size(); ++k) {
@@ -258,7 +258,7 @@ Status PlannedStore::HashPartitions(std::span<const PartitionRef> partitions,
 }
 
 Status PlannedStore::ReadPartition(size_t index, uint64_t offset, MutableByteSpan out) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ASSIGN_OR_RETURN(std::vector<Placed> placed, Place(index, offset, out.size()));
   for (const Placed& pl : placed) {
     if (pl.copy != 0) continue;
@@ -272,7 +272,7 @@ Status PlannedStore::ReadPartition(size_t index, uint64_t offset, MutableByteSpa
 }
 
 Status PlannedStore::WritePartition(size_t index, uint64_t offset, ByteSpan bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ASSIGN_OR_RETURN(std::vector<Placed> placed, Place(index, offset, bytes.size()));
   for (const Placed& pl : placed) {
     const uint64_t e = pl.element_size;
@@ -286,7 +286,7 @@ Status PlannedStore::WritePartition(size_t index, uint64_t offset, ByteSpan byte
 
 Status PlannedStore::ApplyPatches(std::span<const Patch> patches, std::span<PartitionHash> after) {
   if (after.size() != patches.size()) return Status::InvalidArgument("one hash per patch");
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::vector<Placed>> placed(patches.size());
   std::vector<uint64_t> lengths(patches.size());
   std::vector<device::PatchBatch> batches(parts_.size());
@@ -369,21 +369,20 @@ Status PlannedStore::CheckLocal(size_t part, size_t local, size_t bytes) const {
   }
   const TensorSpec& spec = parts_[part].plan.locals()[local].spec;
   if (bytes != spec.ByteSize()) {
-    return Status::InvalidArgument("'" + spec.name + "' has " +
-                                   std::to_string(spec.ByteSize()) +
+    return Status::InvalidArgument("'" + spec.name + "' has " + std::to_string(spec.ByteSize()) +
                                    " bytes, not " + std::to_string(bytes));
   }
   return Status::Ok();
 }
 
 Status PlannedStore::ReadLocal(size_t part, size_t local, MutableByteSpan out) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   RETURN_IF_ERROR(CheckLocal(part, local, out.size()));
   return parts_[part].memory->Read(parts_[part].buffers[local], out);
 }
 
 Status PlannedStore::WriteLocal(size_t part, size_t local, ByteSpan bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   RETURN_IF_ERROR(CheckLocal(part, local, bytes.size()));
   return parts_[part].memory->Write(parts_[part].buffers[local], bytes);
 }

@@ -19,12 +19,12 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "apply/device/piece_memory.h"
 #include "apply/weight_store.h"
+#include "common/thread_annotations.h"
 #include "layout/description.h"
 #include "layout/placement.h"
 
@@ -108,12 +108,13 @@ class PlannedStore final : public WeightStore, public PartitionAccess {
   Result<std::vector<Placed>> Place(size_t index, uint64_t offset, uint64_t length) const;
   // Hashes of `placed` groups (one per partition), combined over their copies.
   Status HashPlaced(const std::vector<std::vector<Placed>>& placed,
-                    const std::vector<uint64_t>& lengths, std::span<PartitionHash> out);
+                    const std::vector<uint64_t>& lengths, std::span<PartitionHash> out)
+      REQUIRES(mu_);
 
   std::vector<TensorSpec> tensors_;  // canonical, sorted by name
   std::vector<Part> parts_;
   uint32_t copies_ = 1;  // one more than the highest copy number of any run
-  std::mutex mu_;
+  Mutex mu_;  // one device operation at a time (a hash is queued on every part, then collected)
 };
 
 }  // namespace deltacast::apply

@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include "codec/change_detect.h"
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::codec {
 namespace {
@@ -87,20 +86,20 @@ class OrderedResults {
 
   // Blocks until slot `index` is within the window; false once cancelled.
   bool WaitForRoom(size_t index) {
-    std::unique_lock lock(mu_);
-    room_.wait(lock, [&] { return cancelled_ || index < next_ + slots_.size(); });
+    MutexLock lock(mu_);
+    room_.wait(lock, [&]() REQUIRES(mu_) { return cancelled_ || index < next_ + slots_.size(); });
     return !cancelled_;
   }
   void Put(size_t index, Encoded result) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     slots_[index % slots_.size()] = Slot{true, std::move(result)};
     ready_.notify_all();
   }
   // Blocks until the next result in order is ready and takes it.
   Encoded TakeNext() {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     Slot& slot = slots_[next_ % slots_.size()];
-    ready_.wait(lock, [&] { return slot.filled; });
+    ready_.wait(lock, [&]() REQUIRES(mu_) { return slot.filled; });
     Encoded out = std::move(slot.result);
     slot = Slot{};
     ++next_;
@@ -108,7 +107,7 @@ class OrderedResults {
     return out;
   }
   void Cancel() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     cancelled_ = true;
     room_.notify_all();
   }
@@ -118,11 +117,11 @@ class OrderedResults {
     bool filled = false;
     Encoded result;
   };
-  std::mutex mu_;
-  std::condition_variable room_, ready_;
-  std::vector<Slot> slots_;
-  size_t next_ = 0;
-  bool cancelled_ = false;
+  Mutex mu_;
+  CondVar room_, ready_;
+  std::vector<Slot> slots_ GUARDED_BY(mu_);
+  size_t next_ GUARDED_BY(mu_) = 0;
+  bool cancelled_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

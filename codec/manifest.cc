@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <string>
 
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::codec {
 namespace {
@@ -155,7 +155,7 @@ Result<Manifest> ComputeManifest(const std::vector<TensorSpec>& tensors, const R
   }
   threads = std::clamp<size_t>(threads, 1, std::max<size_t>(parts.size(), 1));
   std::atomic<size_t> next{0};
-  std::mutex mu;
+  Mutex mu;
   Status first_error;
   // One scratch buffer per thread, reused for every partition it reads: a fresh
   // buffer per partition would fault in its pages each time.
@@ -168,7 +168,7 @@ Result<Manifest> ComputeManifest(const std::vector<TensorSpec>& tensors, const R
       if (scratch.size() < length) scratch.resize(length);
       Result<ByteSpan> bytes = read(p.tensor, p.element_offset * e, length, scratch);
       if (!bytes.ok()) {
-        std::lock_guard lock(mu);
+        MutexLock lock(mu);
         if (first_error.ok()) first_error = bytes.status();
         next = parts.size();  // the others stop after their current partition
         return;

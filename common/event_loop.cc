@@ -1,5 +1,7 @@
 #include "common/event_loop.h"
 
+#include "common/thread_annotations.h"
+
 namespace deltacast {
 
 EventLoop::EventLoop(std::function<void()> tick, std::chrono::milliseconds period, const char* kind)
@@ -8,7 +10,7 @@ EventLoop::EventLoop(std::function<void()> tick, std::chrono::milliseconds perio
 }
 
 void EventLoop::Start() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (sim_) {
     if (started_ || stopping_) return;
     started_ = true;
@@ -23,7 +25,7 @@ void EventLoop::Start() {
 EventLoop::~EventLoop() { Stop(); }
 
 void EventLoop::Post(std::function<void()> task) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) return;
   if (sim_ && started_) return sim_->Post(queue_, std::move(task));
   tasks_.push_back(std::move(task));
@@ -33,7 +35,7 @@ void EventLoop::Post(std::function<void()> task) {
 void EventLoop::Stop() {
   std::deque<std::function<void()>> dropped;  // destroyed outside mu_
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     wake_.notify_one();
     if (sim_) dropped.swap(tasks_);
@@ -44,29 +46,29 @@ void EventLoop::Stop() {
 
 void EventLoop::SimTick() {
   if (tick_) tick_();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!stopping_) sim_->PostAt(queue_, sim_->Now() + period_, [this] { SimTick(); });
 }
 
 void EventLoop::Run() {
   auto next_tick = std::chrono::steady_clock::now() + period_;
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    wake_.wait_until(lock, next_tick, [&] { return stopping_ || !tasks_.empty(); });
+    wake_.wait_until(lock, next_tick, [&]() REQUIRES(mu_) { return stopping_ || !tasks_.empty(); });
     while (!tasks_.empty()) {
       auto task = std::move(tasks_.front());
       tasks_.pop_front();
-      lock.unlock();
+      lock.Unlock();
       task();
-      lock.lock();
+      lock.Lock();
     }
     if (stopping_) return;
     if (std::chrono::steady_clock::now() >= next_tick) {
       next_tick = std::chrono::steady_clock::now() + period_;
       if (tick_) {
-        lock.unlock();
+        lock.Unlock();
         tick_();
-        lock.lock();
+        lock.Lock();
       }
     }
   }

@@ -10,13 +10,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast {
 
@@ -47,10 +46,10 @@ class EventLoop {
 
   std::function<void()> tick_;
   std::chrono::milliseconds period_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar wake_;
+  std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread thread_;
   // Simulated: the runtime's queue (0: real thread).
   Runtime* sim_ = nullptr;

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast {
 
@@ -39,10 +40,15 @@ WorkerPool::~WorkerPool() { Stop(); }
 
 void WorkerPool::Post(std::function<void()> task) {
   if (inline_) {
-    if (!stopping_) task();
+    bool stopping;
+    {
+      MutexLock lock(mu_);
+      stopping = stopping_;
+    }
+    if (!stopping) task();
     return;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) return;
   tasks_.push_back(std::move(task));
   wake_.notify_one();
@@ -50,7 +56,7 @@ void WorkerPool::Post(std::function<void()> task) {
 
 void WorkerPool::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     wake_.notify_all();
   }
@@ -64,15 +70,15 @@ void WorkerPool::Run() {
     // Best effort: a thread that may not lower its priority runs at the default.
     (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice_);
   }
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    wake_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+    wake_.wait(lock, [&]() REQUIRES(mu_) { return stopping_ || !tasks_.empty(); });
     if (tasks_.empty()) return;  // stopping, and nothing left
     auto task = std::move(tasks_.front());
     tasks_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     task();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -89,8 +95,8 @@ void WorkerPool::ParallelFor(size_t count, const std::function<void(size_t)>& fn
     std::atomic<size_t> done{0};
     const std::function<void(size_t)>* fn = nullptr;
     size_t count = 0;
-    std::mutex mu;
-    std::condition_variable all_done;
+    Mutex mu;
+    CondVar all_done;
   };
   auto state = std::make_shared<State>();
   state->fn = &fn;
@@ -99,7 +105,7 @@ void WorkerPool::ParallelFor(size_t count, const std::function<void(size_t)>& fn
     for (size_t i = s.next++; i < s.count; i = s.next++) {
       (*s.fn)(i);
       if (s.done.fetch_add(1) + 1 == s.count) {
-        std::lock_guard lock(s.mu);
+        MutexLock lock(s.mu);
         s.all_done.notify_all();
       }
     }
@@ -107,7 +113,7 @@ void WorkerPool::ParallelFor(size_t count, const std::function<void(size_t)>& fn
   const size_t helpers = std::min(threads_.size(), count) - 1;
   for (size_t h = 0; h < helpers; ++h) Post([state, work] { work(*state); });
   work(*state);
-  std::unique_lock lock(state->mu);
+  MutexLock lock(state->mu);
   state->all_done.wait(lock, [&] { return state->done.load() == count; });
 }
 

@@ -4,13 +4,13 @@
 // for different indices. WorkerPool: Post and ParallelFor from any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/thread_annotations.h"
 
 namespace deltacast {
 
@@ -51,10 +51,10 @@ class WorkerPool {
  private:
   void Run();
 
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar wake_;
+  std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   int nice_ = 0;
   size_t size_ = 0;
   // Under a simulated runtime (common/runtime.h) the pool has no threads: tasks run

@@ -6,13 +6,15 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "common/thread_annotations.h"
+
 namespace deltacast::progress {
 namespace {
 
 // The stderr line shared by every bar drawn on the terminal and the log.
-std::mutex g_terminal_mu;
-bool g_line_drawn = false;            // guarded by g_terminal_mu
-std::atomic<int> g_terminal_bars{0};  // bars drawing on stderr now
+Mutex g_terminal_mu;
+bool g_line_drawn GUARDED_BY(g_terminal_mu) = false;  // guarded by g_terminal_mu
+std::atomic<int> g_terminal_bars{0};                  // bars drawing on stderr now
 
 void WriteStderr(std::string_view text) {
   std::fwrite(text.data(), 1, text.size(), stderr);
@@ -65,7 +67,7 @@ std::unique_ptr<Progress> Progress::ForTerminal(Options options, bool enabled) {
   if (enabled && ::isatty(STDERR_FILENO)) {
     options.width = TerminalWidth();
     sink = [](std::string_view text) {
-      std::lock_guard lock(g_terminal_mu);
+      MutexLock lock(g_terminal_mu);
       WriteStderr(text);
       g_line_drawn = !text.ends_with('\n');
     };
@@ -112,7 +114,7 @@ void Progress::SetTotal(uint64_t total) {
 
 void Progress::Finish() {
   if (!sink_ || finished_.load()) return;
-  std::lock_guard lock(draw_mu_);
+  MutexLock lock(draw_mu_);
   if (finished_.exchange(true)) return;
   if (!drawn_) return;  // nothing on the terminal to complete (it failed early, or was quick)
   // The rate and time of the work itself, up to its last update, not of whatever the
@@ -128,8 +130,9 @@ void Progress::MaybeDraw() {
   last_update_ns_.store(since_start, std::memory_order_relaxed);
   if (since_start < next_draw_ns_.load(std::memory_order_relaxed)) return;
   // One redraw at a time; an update that finds one under way skips its own.
-  std::unique_lock lock(draw_mu_, std::try_to_lock);
-  if (!lock.owns_lock() || finished_.load()) return;
+  if (!draw_mu_.try_lock()) return;
+  MutexLock lock(draw_mu_, std::adopt_lock);
+  if (finished_.load()) return;
   if (since_start < next_draw_ns_.load()) return;
   next_draw_ns_.store(since_start + Nanos(options_.min_interval));
   const double seconds = double(since_start) / 1e9;
@@ -199,7 +202,7 @@ void WithTerminalLine(const std::function<void()>& write) {
     write();
     return;
   }
-  std::lock_guard lock(g_terminal_mu);
+  MutexLock lock(g_terminal_mu);
   if (g_line_drawn) {
     WriteStderr("\r\x1b[K");
     g_line_drawn = false;

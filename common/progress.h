@@ -21,9 +21,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
+
+#include "common/thread_annotations.h"
 
 namespace deltacast::progress {
 
@@ -92,8 +93,8 @@ class Progress {
   std::atomic<int64_t> next_draw_ns_{0};    // since the start; earliest next redraw
   std::atomic<int64_t> last_update_ns_{0};  // since the start
   std::atomic<bool> finished_{false};
-  std::mutex draw_mu_;
-  bool drawn_ = false;  // guarded by draw_mu_
+  Mutex draw_mu_;
+  bool drawn_ GUARDED_BY(draw_mu_) = false;  // guarded by draw_mu_
 };
 
 // Runs `write` (which writes whole lines to stderr) with any progress line on the

@@ -14,10 +14,10 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
+
+#include "common/thread_annotations.h"
 
 namespace deltacast {
 
@@ -63,27 +63,28 @@ struct RuntimeClock {
 
 // cv.wait_until(lock, deadline, done) for a thread that blocks on engine state: under
 // a runtime, runs tasks (with the lock released) until done() or the deadline.
+// Unchecked by the thread-safety analysis: done() needs the caller's mutex, which
+// `lock` holds, but the analysis cannot name it through the MutexLock parameter.
 template <typename Pred>
-bool WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-               RuntimeClock::time_point deadline, Pred done) {
+bool WaitUntil(CondVar& cv, MutexLock& lock, RuntimeClock::time_point deadline,
+               Pred done) NO_THREAD_SAFETY_ANALYSIS {
   Runtime* r = SimRuntime();
   if (!r) return cv.wait_until(lock, deadline, done);
   if (done()) return true;
-  lock.unlock();
-  const bool ok = r->RunUntil(deadline, [&] { return done(); });
-  lock.lock();
+  lock.Unlock();
+  const bool ok = r->RunUntil(deadline, [&]() NO_THREAD_SAFETY_ANALYSIS { return done(); });
+  lock.Lock();
   return ok || done();
 }
 
 template <typename Pred>
-bool WaitFor(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-             RuntimeClock::duration timeout, Pred done) {
+bool WaitFor(CondVar& cv, MutexLock& lock, RuntimeClock::duration timeout, Pred done) {
   if (!SimRuntime()) return cv.wait_for(lock, timeout, done);
   return WaitUntil(cv, lock, RuntimeClock::now() + timeout, done);
 }
 
 template <typename Pred>
-void Wait(std::condition_variable& cv, std::unique_lock<std::mutex>& lock, Pred done) {
+void Wait(CondVar& cv, MutexLock& lock, Pred done) {
   if (!SimRuntime()) return cv.wait(lock, done);
   (void)WaitUntil(cv, lock, RuntimeClock::time_point::max(), done);
 }

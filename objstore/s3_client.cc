@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/hash.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::objstore {
 
@@ -145,7 +146,7 @@ S3Client::~S3Client() {
 
 void* S3Client::TakeHandle() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!idle_.empty()) {
       void* h = idle_.back();
       idle_.pop_back();
@@ -157,7 +158,7 @@ void* S3Client::TakeHandle() {
 }
 
 void S3Client::ReturnHandle(void* handle) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   idle_.push_back(handle);
 }
 
@@ -242,7 +243,7 @@ Status S3Client::Perform(std::string_view method, std::string_view key, std::str
 }
 
 void S3Client::Count(std::string_view method, std::string_view key, long http) {
-  std::lock_guard lock(counts_mu_);
+  MutexLock lock(counts_mu_);
   if (method == "GET" && key.empty()) {
     ++counts_.list;
   } else if (method == "GET") {
@@ -258,7 +259,7 @@ void S3Client::Count(std::string_view method, std::string_view key, long http) {
 }
 
 RequestCounts S3Client::requests() const {
-  std::lock_guard lock(counts_mu_);
+  MutexLock lock(counts_mu_);
   return counts_;
 }
 

@@ -21,7 +21,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -29,6 +28,7 @@
 
 #include "common/bytes.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::objstore {
 
@@ -114,10 +114,10 @@ class S3Client {
   void Count(std::string_view method, std::string_view key, long http);
 
   const S3Options options_;
-  std::mutex mu_;
-  std::vector<void*> idle_;  // CURL* handles kept for their connections
-  mutable std::mutex counts_mu_;
-  RequestCounts counts_;
+  Mutex mu_;
+  std::vector<void*> idle_ GUARDED_BY(mu_);  // CURL* handles kept for their connections
+  mutable Mutex counts_mu_;
+  RequestCounts counts_ GUARDED_BY(counts_mu_);
 };
 
 }  // namespace deltacast::objstore

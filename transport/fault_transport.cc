@@ -5,12 +5,12 @@
 #include <cassert>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <random>
 #include <string>
 #include <utility>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/internal/link_connection.h"
 #include "transport/internal/task_thread.h"
@@ -69,7 +69,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
         rng_(plan_.seed ^ (number * 0x9e3779b97f4a7c15ull)) {}
 
   void Start(MessageHandler on_message, CloseHandler on_closed) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (started_) return;
     started_ = true;
     on_message_ = std::move(on_message);
@@ -86,7 +86,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   }
 
   void Send(Message message, SendHandler on_sent) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const uint64_t index = next_index_++;
     Status reject;
     if (closed_) {
@@ -138,13 +138,13 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   }
 
   uint64_t QueuedBytes() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return waiting_bytes_ + (inner_ ? inner_->QueuedBytes() : 0);
   }
 
   void Close(bool abortive) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!closed_) {
         closed_ = true;
         send_abort_status_ =
@@ -169,7 +169,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     gate_.Close();
     std::unique_ptr<Connection> inner;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       inner = std::move(inner_);
     }
     inner.reset();  // waits for the inner connection's handlers
@@ -178,7 +178,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   const std::string& peer() const { return peer_; }
   const std::string& identity() const { return identity_; }
   void Authenticated() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (inner_) inner_->Authenticated();
   }
 
@@ -191,7 +191,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     bool drop;
   };
 
-  double Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+  double Uniform() REQUIRES(mu_) { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
   Status ResetStatus() const {
     return Status::Unavailable("fault injection: link reset after " +
@@ -204,7 +204,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     gate_.Run(std::forward<F>(fn));
   }
 
-  void RecordLocked(uint64_t index, SendHandler on_sent, Status status) {
+  void RecordLocked(uint64_t index, SendHandler on_sent, Status status) REQUIRES(mu_) {
     done_.emplace(index, std::make_pair(std::move(on_sent), std::move(status)));
   }
 
@@ -215,7 +215,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   }
 
   void ReleaseDue() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const Clock::time_point now = Clock::now();
     while (!waiting_.empty() && waiting_.front().release <= now) {
       Held held = std::move(waiting_.front());
@@ -225,7 +225,8 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     }
   }
 
-  void ForwardLocked(uint64_t index, Message message, SendHandler on_sent, bool drop) {
+  void ForwardLocked(uint64_t index, Message message, SendHandler on_sent, bool drop)
+      REQUIRES(mu_) {
     const int64_t reset_after = plan_.reset_after_messages;
     Status reject;
     if (closed_) {
@@ -259,7 +260,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
 
   void OnInnerSent(uint64_t index, SendHandler on_sent, Status status, bool last) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       const bool reset = last && status.ok();
       RecordLocked(index, std::move(on_sent), std::move(status));
       if (reset) TriggerResetLocked();
@@ -267,7 +268,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     Drain();
   }
 
-  void TriggerResetLocked() {
+  void TriggerResetLocked() REQUIRES(mu_) {
     if (reset_triggered_) return;
     reset_triggered_ = true;
     reset_pending_ = true;
@@ -278,7 +279,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
     if (inner_) inner_->Abort();
   }
 
-  void AbortHeldLocked(const Status& status) {
+  void AbortHeldLocked(const Status& status) REQUIRES(mu_) {
     for (auto& held : waiting_) RecordLocked(held.index, std::move(held.on_sent), status);
     waiting_.clear();
     waiting_bytes_ = 0;
@@ -290,7 +291,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
 
   void OnInnerClosed(Status status) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       inner_closed_ = true;
       close_status_ = reset_triggered_ ? ResetStatus() : std::move(status);
       if (!closed_) {
@@ -309,7 +310,7 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   // Runs recorded on_sent handlers in index order, then on_closed once every Send
   // issued before the close has completed. One thread drains at a time.
   void Drain() {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (draining_) return;
     draining_ = true;
     while (true) {
@@ -320,9 +321,9 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
         Status status = std::move(first->second.second);
         done_.erase(first);
         ++next_complete_;
-        lock.unlock();
+        lock.Unlock();
         if (on_sent) Invoke([&] { on_sent(std::move(status)); });
-        lock.lock();
+        lock.Lock();
         continue;
       }
       if (inner_closed_ && started_ && !close_notified_ && next_complete_ >= close_barrier_) {
@@ -330,9 +331,9 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
         CloseHandler on_closed = std::move(on_closed_);
         on_closed_ = nullptr;
         Status status = close_status_;
-        lock.unlock();
+        lock.Unlock();
         if (on_closed) Invoke([&] { on_closed(std::move(status)); });
-        lock.lock();
+        lock.Lock();
         continue;
       }
       break;
@@ -346,30 +347,31 @@ class FaultLink : public std::enable_shared_from_this<FaultLink> {
   const std::string identity_;
   HandlerGate gate_;
 
-  mutable std::mutex mu_;
-  std::unique_ptr<Connection> inner_;  // null once the wrapping Connection is destroyed
-  const bool stalls_;                  // stall_after_messages applies to this link
-  std::mt19937_64 rng_;
-  bool started_ = false;
-  MessageHandler on_message_;
-  CloseHandler on_closed_;
-  uint64_t next_index_ = 0;  // index of the next Send
-  uint64_t forwarded_ = 0;   // messages handed to inner_
-  Clock::time_point link_free_{};
-  Clock::time_point last_release_{};
-  std::deque<Held> waiting_;
-  uint64_t waiting_bytes_ = 0;
-  std::map<uint64_t, std::pair<SendHandler, Status>> done_;
-  uint64_t next_complete_ = 0;
-  bool draining_ = false;
-  bool closed_ = false;
-  bool reset_pending_ = false;  // the last message before the reset is out
-  bool reset_triggered_ = false;
-  Status send_abort_status_;
-  bool inner_closed_ = false;
-  bool close_notified_ = false;
-  Status close_status_;
-  uint64_t close_barrier_ = 0;  // Sends below this index complete before on_closed
+  mutable Mutex mu_;
+  std::unique_ptr<Connection> inner_
+      GUARDED_BY(mu_);  // null once the wrapping Connection is destroyed
+  const bool stalls_;   // stall_after_messages applies to this link
+  std::mt19937_64 rng_ GUARDED_BY(mu_);
+  bool started_ GUARDED_BY(mu_) = false;
+  MessageHandler on_message_;  // set by Start, before the inner link delivers
+  CloseHandler on_closed_ GUARDED_BY(mu_);
+  uint64_t next_index_ GUARDED_BY(mu_) = 0;  // index of the next Send
+  uint64_t forwarded_ GUARDED_BY(mu_) = 0;   // messages handed to inner_
+  Clock::time_point link_free_ GUARDED_BY(mu_){};
+  Clock::time_point last_release_ GUARDED_BY(mu_){};
+  std::deque<Held> waiting_ GUARDED_BY(mu_);
+  uint64_t waiting_bytes_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::pair<SendHandler, Status>> done_ GUARDED_BY(mu_);
+  uint64_t next_complete_ GUARDED_BY(mu_) = 0;
+  bool draining_ GUARDED_BY(mu_) = false;
+  bool closed_ GUARDED_BY(mu_) = false;
+  bool reset_pending_ GUARDED_BY(mu_) = false;  // the last message before the reset is out
+  bool reset_triggered_ GUARDED_BY(mu_) = false;
+  Status send_abort_status_ GUARDED_BY(mu_);
+  bool inner_closed_ GUARDED_BY(mu_) = false;
+  bool close_notified_ GUARDED_BY(mu_) = false;
+  Status close_status_ GUARDED_BY(mu_);
+  uint64_t close_barrier_ GUARDED_BY(mu_) = 0;  // Sends below this index complete before on_closed
 };
 
 std::unique_ptr<Connection> FaultCore::Wrap(std::unique_ptr<Connection> connection) {

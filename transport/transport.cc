@@ -1,10 +1,9 @@
 #include "transport/transport.h"
 
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <utility>
 
+#include "common/thread_annotations.h"
 #include "transport/internal/address.h"
 
 namespace deltacast::transport {
@@ -81,23 +80,24 @@ Result<std::unique_ptr<Connection>> ConnectBlocking(Transport& transport,
                                                     std::chrono::milliseconds timeout) {
   // Shared with the handler, which may run after this function gave up.
   struct Waiter {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<Result<std::unique_ptr<Connection>>> result;
-    bool abandoned = false;
+    Mutex mu;
+    CondVar cv;
+    std::optional<Result<std::unique_ptr<Connection>>> result GUARDED_BY(mu);
+    bool abandoned GUARDED_BY(mu) = false;
   };
   auto waiter = std::make_shared<Waiter>();
   transport.Connect(address, [waiter](Result<std::unique_ptr<Connection>> result) {
-    std::unique_lock lock(waiter->mu);
+    MutexLock lock(waiter->mu);
     if (waiter->abandoned) {
-      lock.unlock();
+      lock.Unlock();
       return;  // `result` (a late connection) is destroyed here, closing it
     }
     waiter->result.emplace(std::move(result));
     waiter->cv.notify_all();
   });
-  std::unique_lock lock(waiter->mu);
-  if (!waiter->cv.wait_for(lock, timeout, [&] { return waiter->result.has_value(); })) {
+  MutexLock lock(waiter->mu);
+  if (!waiter->cv.wait_for(lock, timeout,
+                           [&]() REQUIRES(waiter->mu) { return waiter->result.has_value(); })) {
     waiter->abandoned = true;
     return Status::Timeout("connecting to " + address + ": no answer within " +
                            std::to_string(timeout.count()) + " ms");

@@ -1,5 +1,7 @@
 #include "dispatcher.h"
 
+#include "common/thread_annotations.h"
+
 namespace deltacast::python {
 
 Dispatcher::Dispatcher() : thread_([this] { Run(); }) {}
@@ -7,7 +9,7 @@ Dispatcher::Dispatcher() : thread_([this] { Run(); }) {}
 Dispatcher::~Dispatcher() { Stop(); }
 
 void Dispatcher::Post(std::function<void()> call) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) return;
   queue_.push_back(std::move(call));
   wake_.notify_one();
@@ -15,7 +17,7 @@ void Dispatcher::Post(std::function<void()> call) {
 
 void Dispatcher::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
     wake_.notify_one();
@@ -27,8 +29,8 @@ void Dispatcher::Run() {
   for (;;) {
     std::function<void()> call;
     {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      wake_.wait(lock, [&]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;
       call = std::move(queue_.front());
       queue_.pop_front();

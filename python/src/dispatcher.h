@@ -8,11 +8,11 @@
 
 #include <pybind11/pybind11.h>
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
+
+#include "common/thread_annotations.h"
 
 namespace deltacast::python {
 
@@ -27,10 +27,10 @@ class Dispatcher {
 
  private:
   void Run();
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar wake_;
+  std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

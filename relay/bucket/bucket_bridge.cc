@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "common/thread_annotations.h"
 #include "relay/bucket/internal/bucket_io.h"
 
 namespace deltacast::relay {
@@ -50,14 +51,14 @@ std::vector<std::byte> ToBytes(const std::string& s) {
 }
 
 BucketBridgeStats BucketIo::Stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   BucketBridgeStats out = stats_;
   out.requests = client_->requests();
   return out;
 }
 
 void BucketIo::BadObject(const std::string& key, const std::string& why) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (stats_.bad_objects++ % 20 == 0) {
     log::Warn(fmt::format("{}: object '{}' refused: {}", who_, key, why));
   }
@@ -69,7 +70,7 @@ void BucketIo::EndRefit(uint64_t refit_id) {
   objstore::RequestCounts spent;
   double seconds = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     spent = now - at_last_end_;
     seconds = std::chrono::duration<double>(t - last_end_).count();
     at_last_end_ = now;

@@ -19,6 +19,7 @@
 #include "common/event_loop.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "objstore/bucket_layout.h"
 #include "relay/bucket/bucket_bridge.h"
 #include "relay/bucket/bucket_requests.h"
@@ -566,7 +567,7 @@ class BucketDownlink::Impl {
         if (auto chain = objstore::ParseChain(AsChars(*text)); chain.ok()) {
           for (const auto& k : PathOf(*chain, f.from, f.to)) {
             reply.links.push_back({k.base, k.target, k.partition_bytes, k.chunks});
-            std::lock_guard lock(chain_mu_);
+            MutexLock lock(chain_mu_);
             kept_by_target_[k.target.ToHex()] = k.refit_id;
           }
         }
@@ -584,7 +585,7 @@ class BucketDownlink::Impl {
     io_.Run([this, child, f = *f] {
       std::optional<uint64_t> id;
       {
-        std::lock_guard lock(chain_mu_);
+        MutexLock lock(chain_mu_);
         auto it = kept_by_target_.find(f.target.ToHex());
         if (it != kept_by_target_.end()) id = it->second;
       }
@@ -614,8 +615,9 @@ class BucketDownlink::Impl {
   Clock::time_point next_heartbeat_ = Clock::now();
   std::atomic<uint64_t> last_head_{0};  // the refit head named when last begun
 
-  std::mutex chain_mu_;
-  std::map<std::string, uint64_t> kept_by_target_;  // target hex -> refit id (pool threads)
+  Mutex chain_mu_;
+  std::map<std::string, uint64_t> kept_by_target_
+      GUARDED_BY(chain_mu_);  // target hex -> refit id (pool threads)
 
   std::atomic<bool> stopped_{false};
   internal::BucketIo io_;

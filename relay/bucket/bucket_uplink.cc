@@ -149,7 +149,7 @@ class BucketUplink::Impl {
       log::Warn(fmt::format("bucket uplink {}: refit {} begins before refit {} was decided",
                             options_.node_id, begin->refit_id, refit_->id));
     }
-    refit_.emplace();
+    refit_.emplace(Refit{});
     refit_->id = begin->refit_id;
     refit_->begin = *begin;
     refit_->generation = ++generation_;

@@ -8,6 +8,7 @@
 #include "common/crash_point.h"
 #include "common/elapsed.h"
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "relay/producers/producer_protocol.h"
 #include "relay/wire/internal/peer_identity.h"
 
@@ -49,7 +50,7 @@ Producer::~Producer() {
 
 void Producer::Close() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!closed_) close_status_ = Status::Aborted("producer closed");
     closed_ = true;
     cv_.notify_all();
@@ -101,12 +102,12 @@ Status Producer::Join() {
   }
   link_->Start(
       [this](transport::Message m) {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         inbox_.push_back(std::move(m));
         cv_.notify_all();
       },
       [this](Status s) {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         if (!closed_) close_status_ = s.ok() ? Status::Unavailable("the root closed the link") : s;
         closed_ = true;
         cv_.notify_all();
@@ -158,7 +159,7 @@ Status Producer::Join() {
 }
 
 Result<transport::Message> Producer::Next(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   const auto deadline = Clock::now() + timeout;
   while (true) {
     while (!inbox_.empty()) {

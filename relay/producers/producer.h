@@ -11,13 +11,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "common/thread_annotations.h"
 #include "quant/serving.h"
 #include "relay/producers/fp8_share.h"
 #include "relay/producers/shard_encoder.h"
@@ -102,14 +101,14 @@ class Producer {
   ProducerOptions options_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<transport::Connection> link_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<transport::Message> inbox_;  // guarded by mu_
-  bool closed_ = false;                   // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<transport::Message> inbox_ GUARDED_BY(mu_);  // guarded by mu_
+  bool closed_ GUARDED_BY(mu_) = false;                   // guarded by mu_
   // Serving FP8: the image of the last refit that committed, whose new version the
   // next refit starts from (what the receivers hold); Serve's thread only.
   std::unique_ptr<Fp8Share> last_image_;
-  Status close_status_;  // guarded by mu_
+  Status close_status_ GUARDED_BY(mu_);  // guarded by mu_
 };
 
 }  // namespace deltacast::relay

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "relay/wire/internal/peer_identity.h"
 
 namespace deltacast::relay {
@@ -24,7 +25,7 @@ ProducerHub::ProducerHub(std::string root_id, std::string token, size_t capacity
 ProducerHub::~ProducerHub() { Close(); }
 
 void ProducerHub::ReapLoop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!closed_) {
     auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     for (const auto& [serial, p] : pending_) next = std::min(next, p.deadline);
@@ -47,20 +48,20 @@ void ProducerHub::ReapLoop() {
     }
     // Outside mu_: a connection's destructor waits for its running handlers, which
     // take mu_.
-    lock.unlock();
+    lock.Unlock();
     for (auto& c : expired) c->Close();
     expired.clear();
-    lock.lock();
+    lock.Lock();
   }
 }
 
 size_t ProducerHub::pending_handshakes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return pending_.size();
 }
 
 void ProducerHub::RequireTls(bool required) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   tls_required_ = required;
 }
 
@@ -75,7 +76,7 @@ Result<std::string> ProducerHub::Listen(transport::Transport& transport,
 
 void ProducerHub::OnAccept(std::unique_ptr<transport::Connection> connection) {
   std::unique_ptr<transport::Connection> doomed;  // destroyed after mu_ is released
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) {
     doomed = std::move(connection);
     return;
@@ -132,7 +133,7 @@ void ProducerHub::Refuse(uint64_t serial, std::unique_ptr<transport::Connection>
   refusals_.push_back(line);
   while (refusals_.size() > kRefusalsKept) refusals_.pop_front();
   c->Send(transport::MakeMessage(EncodeRefuse({why})), [this, serial](Status) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = refused_.find(serial); it != refused_.end()) it->second->Close();
   });
   refused_[serial] = std::move(c);
@@ -142,7 +143,7 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
   // Destroyed after mu_ is released: a connection's destructor may wait for its
   // other handlers, which take mu_.
   std::unique_ptr<transport::Connection> doomed;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) return;
   if (auto it = pending_.find(serial); it != pending_.end()) {
     Pending& p = it->second;
@@ -197,7 +198,7 @@ void ProducerHub::OnMessage(uint64_t serial, transport::Message message) {
 
 void ProducerHub::OnClosed(uint64_t serial, const Status& status) {
   std::unique_ptr<transport::Connection> doomed;  // destroyed after mu_ is released
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = pending_.find(serial); it != pending_.end()) {
     doomed = std::move(it->second.connection);
     pending_.erase(it);
@@ -223,8 +224,9 @@ void ProducerHub::OnClosed(uint64_t serial, const Status& status) {
 }
 
 Status ProducerHub::WaitFor(size_t count, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  if (cv_.wait_for(lock, timeout, [&] { return closed_ || producers_.size() >= count; }) &&
+  MutexLock lock(mu_);
+  if (cv_.wait_for(lock, timeout,
+                   [&]() REQUIRES(mu_) { return closed_ || producers_.size() >= count; }) &&
       !closed_) {
     return Status::Ok();
   }
@@ -236,21 +238,21 @@ Status ProducerHub::WaitFor(size_t count, std::chrono::milliseconds timeout) {
 }
 
 std::vector<std::string> ProducerHub::Joined() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> out;
   for (const auto& [id, j] : producers_) out.push_back(id);
   return out;
 }
 
 void ProducerHub::Send(const std::string& producer, std::vector<std::byte> bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = producers_.find(producer);
   if (it != producers_.end()) it->second.connection->Send(transport::MakeMessage(std::move(bytes)));
 }
 
 Result<ProducerHub::Event> ProducerHub::Next(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return closed_ || !events_.empty(); })) {
+  MutexLock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&]() REQUIRES(mu_) { return closed_ || !events_.empty(); })) {
     return Status::Timeout("no producer said anything for " + std::to_string(timeout.count()) +
                            " ms");
   }
@@ -261,7 +263,7 @@ Result<ProducerHub::Event> ProducerHub::Next(std::chrono::milliseconds timeout) 
 }
 
 void ProducerHub::DropEvents() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // Losses stay: they matter to the next refit too (the producer must rejoin).
   std::deque<Event> kept;
   for (auto& e : events_) {
@@ -275,7 +277,7 @@ void ProducerHub::Close() {
   std::map<std::string, Link> producers;
   std::map<uint64_t, std::unique_ptr<transport::Connection>> refused;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
     pending.swap(pending_);
     producers.swap(producers_);

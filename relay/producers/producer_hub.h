@@ -14,15 +14,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "relay/wire/internal/handshake_limits.h"
 #include "relay/wire/protocol.h"
 #include "transport/transport.h"
@@ -84,35 +83,36 @@ class ProducerHub {
   void OnMessage(uint64_t serial, transport::Message message);
   void OnClosed(uint64_t serial, const Status& status);
   // Sends REFUSE and closes the link once it is sent (caller holds mu_).
-  void Refuse(uint64_t serial, std::unique_ptr<transport::Connection> c, const std::string& why);
+  void Refuse(uint64_t serial, std::unique_ptr<transport::Connection> c, const std::string& why)
+      REQUIRES(mu_);
 
   const std::string root_id_;
   const std::string token_;
   const size_t capacity_;
   const HandshakeLimits limits_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable reap_cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  CondVar reap_cv_;
   std::thread reaper_;
-  bool tls_required_ = false;
+  bool tls_required_ GUARDED_BY(mu_) = false;
   // The latest refusals (newest last), which WaitFor's error lists.
   static constexpr size_t kRefusalsKept = 4;
-  std::deque<std::string> refusals_;
-  uint64_t refused_over_caps_ = 0;
-  uint64_t evicted_over_caps_ = 0;  // pending handshakes dropped for a newcomer
-  uint64_t next_serial_ = 1;
-  std::map<uint64_t, Pending> pending_;  // handshakes in progress
-  ProvenHosts proven_;                   // addresses whose producers completed the handshake lately
+  std::deque<std::string> refusals_ GUARDED_BY(mu_);
+  uint64_t refused_over_caps_ GUARDED_BY(mu_) = 0;
+  uint64_t evicted_over_caps_ GUARDED_BY(mu_) = 0;  // pending handshakes dropped for a newcomer
+  uint64_t next_serial_ GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Pending> pending_ GUARDED_BY(mu_);  // handshakes in progress
+  ProvenHosts proven_ GUARDED_BY(mu_);  // addresses whose producers completed the handshake lately
   // Refused links, kept until their REFUSE is on its way (closing at once could
   // drop it).
-  std::map<uint64_t, std::unique_ptr<transport::Connection>> refused_;
+  std::map<uint64_t, std::unique_ptr<transport::Connection>> refused_ GUARDED_BY(mu_);
   struct Link {
     uint64_t serial = 0;
     std::unique_ptr<transport::Connection> connection;
   };
-  std::map<std::string, Link> producers_;
-  std::deque<Event> events_;
-  bool closed_ = false;
+  std::map<std::string, Link> producers_ GUARDED_BY(mu_);
+  std::deque<Event> events_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace deltacast::relay

@@ -6,6 +6,7 @@
 
 #include "common/disk_seam.h"
 #include "common/file_util.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::relay {
 
@@ -40,7 +41,7 @@ Status DeltaHistory::WriteIndex() const {
 }
 
 Status DeltaHistory::Add(std::unique_ptr<Spool> spool, const ChainLink& link) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (keep_ == 0) {
     spool->Discard();
     return Status::Ok();
@@ -60,7 +61,7 @@ Status DeltaHistory::Add(std::unique_ptr<Spool> spool, const ChainLink& link) {
 }
 
 Status DeltaHistory::AddFile(const std::filesystem::path& spool_file, const ChainLink& link) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   RETURN_IF_ERROR(CreateDirectoriesDurably(dir_));
   const std::filesystem::path to = FileOf(link.target);
   std::error_code ec;
@@ -87,9 +88,9 @@ Status DeltaHistory::Adopt(const ChainLink& link) {
   // Spool files no line names (a crash between the move and the index) go too.
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     if (entry.path().extension() != ".spool") continue;
-    const bool named = std::any_of(links_.begin(), links_.end(), [&](const ChainLink& l) {
-      return entry.path() == FileOf(l.target);
-    });
+    const bool named = std::any_of(links_.begin(), links_.end(),
+                                   [&](const ChainLink& l)
+                                       REQUIRES(mu_) { return entry.path() == FileOf(l.target); });
     if (named) continue;
     std::filesystem::remove(entry.path(), ec);
     disk::Removed(entry.path());
@@ -98,12 +99,12 @@ Status DeltaHistory::Adopt(const ChainLink& link) {
 }
 
 std::vector<ChainLink> DeltaHistory::Chain(const Digest128& from, const Digest128& to) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return ChainLocked(from, to);
 }
 
 Status DeltaHistory::Retain(const Digest128& from, const Digest128& to) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<ChainLink> kept = ChainLocked(from, to);
   if (kept.size() == links_.size()) return Status::Ok();
   std::vector<ChainLink> dropped;
@@ -125,12 +126,12 @@ Status DeltaHistory::Retain(const Digest128& from, const Digest128& to) {
 }
 
 std::vector<ChainLink> DeltaHistory::links() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return links_;
 }
 
 uint64_t DeltaHistory::FileBytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   uint64_t bytes = 0;
   std::error_code ec;
   for (const ChainLink& l : links_) {
@@ -154,7 +155,7 @@ std::vector<ChainLink> DeltaHistory::ChainLocked(const Digest128& from, const Di
 }
 
 Result<transport::Message> DeltaHistory::Read(const Digest128& target, uint32_t sequence) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string key = target.ToHex();
   const bool retained = std::any_of(links_.begin(), links_.end(),
                                     [&](const ChainLink& l) { return l.target == target; });
@@ -168,7 +169,7 @@ Result<transport::Message> DeltaHistory::Read(const Digest128& target, uint32_t 
 }
 
 size_t DeltaHistory::size() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return links_.size();
 }
 

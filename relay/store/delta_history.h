@@ -18,11 +18,11 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "relay/store/spool.h"
 #include "relay/wire/protocol.h"
 #include "transport/transport.h"
@@ -61,16 +61,18 @@ class DeltaHistory {
   size_t size() const;
 
  private:
-  Status WriteIndex() const;
+  Status WriteIndex() const REQUIRES(mu_);
   // With mu_ held: names the file now in place as `link`'s, trims, rewrites the index.
-  Status Adopt(const ChainLink& link);
-  std::vector<ChainLink> ChainLocked(const Digest128& from, const Digest128& to) const;
+  Status Adopt(const ChainLink& link) REQUIRES(mu_);
+  std::vector<ChainLink> ChainLocked(const Digest128& from, const Digest128& to) const
+      REQUIRES(mu_);
 
   const std::filesystem::path dir_;
   const size_t keep_;
-  mutable std::mutex mu_;
-  std::vector<ChainLink> links_;                                // oldest first
-  mutable std::map<std::string, std::unique_ptr<Spool>> open_;  // target hex -> spool
+  mutable Mutex mu_;
+  std::vector<ChainLink> links_ GUARDED_BY(mu_);  // oldest first
+  mutable std::map<std::string, std::unique_ptr<Spool>> open_
+      GUARDED_BY(mu_);  // target hex -> spool
 };
 
 }  // namespace deltacast::relay

@@ -8,6 +8,7 @@
 #include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 #include "common/thread_time.h"
 #include "relay/store/internal/node_store_state.h"
 #include "relay/store/snapshot_store.h"
@@ -79,7 +80,7 @@ void NodeStore::Stop() {
 }
 
 NodeStore::Journal NodeStore::journal() const {
-  std::lock_guard lock(journal_mu_);
+  MutexLock lock(journal_mu_);
   return {replica_->version(),        replica_->inflight(),  replica_->prepared(),
           replica_->applied_chunks(), replica_->unflushed(), replica_->needs_reconcile()};
 }
@@ -106,8 +107,8 @@ apply::ApplyOptions NodeStore::RefitOptions() const {
 }
 
 void NodeStore::WaitForChunks() {
-  std::unique_lock lock(chunks_mu_);
-  chunks_done_.wait(lock, [&] { return chunks_in_flight_ == 0; });
+  MutexLock lock(chunks_mu_);
+  chunks_done_.wait(lock, [&]() REQUIRES(chunks_mu_) { return chunks_in_flight_ == 0; });
 }
 
 Status NodeStore::Settle() {
@@ -118,7 +119,7 @@ Status NodeStore::Settle() {
                " failed: " + flushed->status.ToString());
     return flushed->status.WithContext("write-back of the last commit");
   }
-  std::lock_guard lock(journal_mu_);
+  MutexLock lock(journal_mu_);
   return replica_->MarkFlushed(flushed->target);
 }
 
@@ -209,7 +210,7 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
   const bool data = chunk->kind() == codec::ChunkKind::kData;
   if (data && refit_->id == id && refit_->applier && !refit_->at_target) {
     {
-      std::lock_guard lock(chunks_mu_);
+      MutexLock lock(chunks_mu_);
       ++chunks_in_flight_;
     }
     apply::DeltaApplier* applier = refit_->applier.get();
@@ -238,7 +239,7 @@ void NodeStore::DispatchChunk(uint64_t id, uint32_t sequence, std::shared_ptr<Ch
       } else {
         Reply([done, result] { done(result); });
       }
-      std::lock_guard lock(chunks_mu_);
+      MutexLock lock(chunks_mu_);
       if (--chunks_in_flight_ == 0) chunks_done_.notify_all();
     });
     return;
@@ -307,7 +308,7 @@ NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32
                                        : WriteChunk(applier, sequence, *taken, result);
   if (!taken_in) return result;
   {
-    std::lock_guard lock(journal_mu_);
+    MutexLock lock(journal_mu_);
     for (const auto& record : taken->view.records) {
       refit_->changed_tensors.emplace(record.tensor_name);
     }
@@ -315,7 +316,7 @@ NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32
   CrashPoint(refit_->staged ? "agent.staged" : "agent.apply_flushed");
   bool journaled = false;
   if (result.status.ok()) {
-    std::lock_guard lock(journal_mu_);
+    MutexLock lock(journal_mu_);
     if (!replica_->applied_chunks().contains(sequence)) {
       result.status = replica_->RecordApplied(sequence);
       journaled = result.status.ok();
@@ -332,7 +333,7 @@ NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32
 bool NodeStore::WriteChunk(apply::DeltaApplier& applier, uint32_t sequence, const TakenChunk& chunk,
                            ApplyResult& result) {
   {
-    std::lock_guard lock(journal_mu_);
+    MutexLock lock(journal_mu_);
     if (replica_->applied_chunks().contains(sequence)) return false;
   }
   result.status = applier.ApplyChunk(chunk.view);
@@ -369,7 +370,7 @@ NodeStore::ApplyResult NodeStore::FinishRefit() {
   result.status = target.status();
   result.applied = applier.report().applied;
   if (refit_->staged && target.ok()) {
-    std::lock_guard lock(staged_mu_);
+    MutexLock lock(staged_mu_);
     result.applied = 0;
     for (const auto& [sequence, held] : refit_->held) result.applied += held.records->held.size();
   }

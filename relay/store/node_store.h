@@ -40,11 +40,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -57,6 +55,7 @@
 #include "common/event_loop.h"
 #include "common/hash.h"
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "relay/store/spool.h"
 #include "relay/store/write_back.h"
 #include "relay/wire/protocol.h"
@@ -101,18 +100,18 @@ class NodeStore {
         : message_(std::move(message)), kind_(kind) {}
     // The buffer, or null once dropped.
     transport::Message Take() const {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       return message_;
     }
     void Drop() {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       message_.reset();
     }
     codec::ChunkKind kind() const { return kind_; }
 
    private:
-    mutable std::mutex mu_;
-    transport::Message message_;
+    mutable Mutex mu_;
+    transport::Message message_ GUARDED_BY(mu_);
     const codec::ChunkKind kind_;
   };
 
@@ -359,10 +358,10 @@ class NodeStore {
   std::unique_ptr<ReconcileState> reconcile_;
   WriteBack write_back_;
   // The replica's journal and refit_->changed_tensors, which workers update.
-  mutable std::mutex journal_mu_;
-  std::mutex chunks_mu_;
-  std::condition_variable chunks_done_;
-  size_t chunks_in_flight_ = 0;
+  mutable Mutex journal_mu_;
+  Mutex chunks_mu_;
+  CondVar chunks_done_;
+  size_t chunks_in_flight_ GUARDED_BY(chunks_mu_) = 0;
   // The refit whose END came while a refused chunk was still to be fetched again
   // (0: none): its delta is verified once that chunk applies, which may come after
   // the END on a new link. Read by workers.
@@ -370,7 +369,7 @@ class NodeStore {
   std::unique_ptr<WorkerPool> workers_;
   // Staged apply: what the held chunks may take (decoded records and chunk buffers).
   std::atomic<int64_t> staged_budget_{0};
-  std::mutex staged_mu_;        // RefitState::staged, which workers fill
+  Mutex staged_mu_;             // RefitState::staged, which workers fill
   bool engine_paused_ = false;  // apply thread
   std::chrono::steady_clock::time_point paused_at_;
   // Runs the engine hooks, so a hook that hangs holds up only itself.

@@ -1,11 +1,10 @@
 // NodeStore's staged apply (node_store.h): chunks checked and decoded while the
 // engine serves, written at commit between the engine's hooks.
-#include <condition_variable>
-#include <mutex>
 
 #include "common/crash_point.h"
 #include "common/log.h"
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 #include "relay/store/internal/node_store_state.h"
 #include "relay/store/node_store.h"
 
@@ -32,7 +31,7 @@ void RunResume(const std::function<void()>& resume) {
 bool NodeStore::StageChunk(apply::DeltaApplier& applier, uint32_t sequence, const TakenChunk& chunk,
                            ApplyResult& result) {
   {
-    std::lock_guard lock(staged_mu_);
+    MutexLock lock(staged_mu_);
     if (refit_->held.contains(sequence)) return false;
   }
   auto staged = applier.StageChunk(chunk.view, staged_budget_);
@@ -49,7 +48,7 @@ bool NodeStore::StageChunk(apply::DeltaApplier& applier, uint32_t sequence, cons
   } else {
     staged_budget_ += size;
   }
-  std::lock_guard lock(staged_mu_);
+  MutexLock lock(staged_mu_);
   refit_->held.emplace(sequence, std::move(held));
   return true;
 }
@@ -63,7 +62,7 @@ Status NodeStore::ApplyStaged() {
   apply::DeltaApplier& applier = *refit_->applier;
   std::map<uint32_t, RefitState::Held> held;
   {
-    std::lock_guard lock(staged_mu_);
+    MutexLock lock(staged_mu_);
     held.swap(refit_->held);
   }
   Status first_error;
@@ -138,11 +137,11 @@ Status NodeStore::RunPauseHook() {
   // Through the runtime's wait (common/runtime.h): under the simulator the hook
   // loop is a queue of its and the hook takes simulated time.
   struct Returned {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    Status status;
-    RuntimeClock::time_point at;
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
+    Status status GUARDED_BY(mu);
+    RuntimeClock::time_point at GUARDED_BY(mu);
   };
   auto returned = std::make_shared<Returned>();
   hook_loop_.Post([pause = options_.hooks.pause, returned] {
@@ -154,18 +153,20 @@ Status NodeStore::RunPauseHook() {
     } catch (...) {
       status = Status::Internal("it threw");
     }
-    std::lock_guard lock(returned->mu);
+    MutexLock lock(returned->mu);
     returned->status = status;
     returned->at = RuntimeClock::now();
     returned->done = true;
     returned->cv.notify_all();
   });
   const auto deadline = RuntimeClock::now() + options_.hooks.timeout;
-  std::unique_lock lock(returned->mu);
+  MutexLock lock(returned->mu);
   // Returned in time: by the time it returned (a simulated wait may see it late).
-  const bool in_time = WaitUntil(returned->cv, lock, deadline, [&] { return returned->done; }) &&
+  const bool in_time = WaitUntil(returned->cv, lock, deadline,
+                                 [&]() REQUIRES(returned->mu) { return returned->done; }) &&
                        returned->at <= deadline;
-  lock.unlock();
+  Status status = returned->status;  // final once done: the hook ran once
+  lock.Unlock();
   if (!in_time) {
     // It may still pause the engine: resume it once it does (the hook thread runs
     // one hook at a time, in order, so the pause has returned by then), and only if
@@ -173,7 +174,7 @@ Status NodeStore::RunPauseHook() {
     if (options_.hooks.resume) {
       hook_loop_.Post([resume = options_.hooks.resume, returned] {
         {
-          std::lock_guard lock(returned->mu);
+          MutexLock lock(returned->mu);
           if (!returned->done || !returned->status.ok()) return;
         }
         RunResume(resume);
@@ -183,7 +184,6 @@ Status NodeStore::RunPauseHook() {
                            std::to_string(options_.hooks.timeout.count()) +
                            " ms; nothing was written");
   }
-  Status status = returned->status;
   if (!status.ok()) {
     // A pause that failed paused nothing, by its contract; nothing is written.
     return status.WithContext("the engine's pause hook failed; nothing was written");

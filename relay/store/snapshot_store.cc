@@ -20,6 +20,7 @@
 #include "common/file_util.h"
 #include "common/log.h"
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "relay/store/checkpoint_writer.h"
 
 namespace deltacast::relay {
@@ -320,7 +321,7 @@ fs::path SnapshotStore::SnapshotDir(const Digest128& version) const {
 }
 
 Status SnapshotStore::Keep(const fs::path& spool_file, const ChainLink& link) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // Back to a version the snapshot and chain already reach (a rollback to an earlier
   // step): nothing to keep. Its file name is taken by the older link, which stays.
   if (link.target == snapshot_ || !chain_.Chain(snapshot_, link.target).empty()) {
@@ -348,7 +349,7 @@ void SnapshotStore::MaybeBuild(const Digest128& committed) {
   if (!policy_.background || building_.load()) return;
   Digest128 snapshot;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     snapshot = snapshot_;
   }
   const size_t links = chain_.Chain(snapshot, committed).size();
@@ -432,7 +433,7 @@ Result<std::optional<RuntimeClock::time_point>> SnapshotStore::BuildStep(BuildJo
     case Phase::kApply: {
       Digest128 from;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         from = snapshot_;
       }
       if (from == job.target) return std::optional<RuntimeClock::time_point>();
@@ -495,7 +496,7 @@ Result<std::optional<RuntimeClock::time_point>> SnapshotStore::BuildStep(BuildJo
     }
     case Phase::kSwitch: {
       RETURN_IF_ERROR(Switch(job.target));
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       ++stats_.snapshots_built;
       stats_.snapshot_bytes_written += job.written;
       stats_.last_build_seconds =
@@ -507,7 +508,7 @@ Result<std::optional<RuntimeClock::time_point>> SnapshotStore::BuildStep(BuildJo
 }
 
 Status SnapshotStore::Switch(const Digest128& version) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // The switch: from here a restart maps `version`'s folder.
   RETURN_IF_ERROR(WritePointer(dir_, version));
   CrashPoint("snapshot.switched");
@@ -533,7 +534,7 @@ Status SnapshotStore::SnapshotFrom(const apply::CheckpointDirStore& live,
   {
     // Already the snapshot (a catch-up by the chain wrote it, then one by partitions
     // reached the same version): rewriting it would replace the folder in use.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (snapshot_ == version) return Status::Ok();
   }
   const fs::path building = SnapshotsDir(dir_) / (version.ToHex() + std::string(kBuildingSuffix));
@@ -553,14 +554,14 @@ Status SnapshotStore::SnapshotFrom(const apply::CheckpointDirStore& live,
   disk::Renamed(building, done);
   RETURN_IF_ERROR(FsyncDirectory(SnapshotsDir(dir_)));
   RETURN_IF_ERROR(Switch(version));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.snapshots_built;
   stats_.snapshot_bytes_written += written;
   return Status::Ok();
 }
 
 SnapshotStore::Stats SnapshotStore::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Stats s = stats_;
   s.snapshot = snapshot_;
   s.chain_links = chain_.links().size();

@@ -26,10 +26,8 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -39,6 +37,7 @@
 #include "common/hash.h"
 #include "common/runtime.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "relay/store/delta_history.h"
 #include "relay/wire/protocol.h"
 #include "topology/cluster_config.h"
@@ -157,9 +156,9 @@ class SnapshotStore {
   const uint64_t model_bytes_;
   const Digest128 mapped_;  // the snapshot the live weights map (opened with the store)
   DeltaHistory chain_;
-  mutable std::mutex mu_;
-  Digest128 snapshot_;  // mu_
-  Stats stats_;         // mu_
+  mutable Mutex mu_;
+  Digest128 snapshot_ GUARDED_BY(mu_);  // mu_
+  Stats stats_ GUARDED_BY(mu_);         // mu_
   std::thread build_;
   std::atomic<bool> building_{false};
   std::atomic<bool> stop_{false};

@@ -10,13 +10,13 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <vector>
 
 #include "common/bytes.h"
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay {
@@ -87,10 +87,10 @@ class Spool {
   };
   int fd_;
   std::filesystem::path path_;
-  mutable std::mutex mu_;
-  std::map<uint32_t, Entry> index_;
-  uint64_t end_ = 0;
-  bool dirty_ = false;
+  mutable Mutex mu_;
+  std::map<uint32_t, Entry> index_ GUARDED_BY(mu_);
+  uint64_t end_ GUARDED_BY(mu_) = 0;
+  bool dirty_ GUARDED_BY(mu_) = false;
 };
 
 // The folder a process spools in: the configured one, else a folder of its own per

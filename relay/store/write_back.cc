@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "common/thread_annotations.h"
+
 namespace deltacast::relay {
 
 WriteBack::WriteBack(std::chrono::milliseconds delay) : delay_(delay), sim_(SimRuntime()) {
@@ -17,7 +19,7 @@ void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
                       std::function<void()> done) {
   (void)Join();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     hurry_ = false;
     abandoned_ = false;
     started_ = false;
@@ -25,9 +27,15 @@ void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
   }
   if (sim_) {
     sim_flush_ = [this, &store, target, done = std::move(done)] {
-      started_ = true;
+      {
+        MutexLock lock(mu_);
+        started_ = true;
+      }
       Status status = store.FlushAll();
-      outcome_ = Outcome{target, std::move(status), 0};
+      {
+        MutexLock lock(mu_);
+        outcome_ = Outcome{target, std::move(status), 0};
+      }
       if (done) done();
     };
     // The timer runs the flush unless Join or Abandon took it first.
@@ -38,8 +46,8 @@ void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
   }
   thread_ = std::thread([this, &store, target, done = std::move(done)] {
     {
-      std::unique_lock lock(mu_);
-      wake_.wait_for(lock, delay_, [&] { return hurry_ || abandoned_; });
+      MutexLock lock(mu_);
+      wake_.wait_for(lock, delay_, [&]() REQUIRES(mu_) { return hurry_ || abandoned_; });
       if (abandoned_) return;
       started_ = true;
     }
@@ -48,7 +56,7 @@ void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       outcome_ = Outcome{target, std::move(status), seconds};
     }
     if (done) done();
@@ -58,16 +66,17 @@ void WriteBack::Start(apply::WeightStore& store, const Digest128& target,
 std::optional<WriteBack::Outcome> WriteBack::Join() {
   if (sim_) {
     if (auto flush = std::exchange(sim_flush_, nullptr)) flush();
+    MutexLock lock(mu_);
     return std::exchange(outcome_, std::nullopt);
   }
   if (!thread_.joinable()) return std::nullopt;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     hurry_ = true;
     wake_.notify_all();
   }
   thread_.join();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::optional<Outcome> out = std::move(outcome_);
   outcome_.reset();
   return out;
@@ -76,16 +85,17 @@ std::optional<WriteBack::Outcome> WriteBack::Join() {
 std::optional<WriteBack::Outcome> WriteBack::Abandon() {
   if (sim_) {
     sim_flush_ = nullptr;
+    MutexLock lock(mu_);
     return std::exchange(outcome_, std::nullopt);
   }
   if (!thread_.joinable()) return std::nullopt;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!started_) abandoned_ = true;
     wake_.notify_all();
   }
   thread_.join();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::optional<Outcome> out = std::move(outcome_);
   outcome_.reset();
   return out;

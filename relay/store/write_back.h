@@ -16,9 +16,7 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -26,6 +24,7 @@
 #include "common/hash.h"
 #include "common/runtime.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::relay {
 
@@ -58,12 +57,12 @@ class WriteBack {
 
  private:
   const std::chrono::milliseconds delay_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool hurry_ = false;      // start now
-  bool abandoned_ = false;  // do not start at all
-  bool started_ = false;
-  std::optional<Outcome> outcome_;
+  Mutex mu_;
+  CondVar wake_;
+  bool hurry_ GUARDED_BY(mu_) = false;      // start now
+  bool abandoned_ GUARDED_BY(mu_) = false;  // do not start at all
+  bool started_ GUARDED_BY(mu_) = false;
+  std::optional<Outcome> outcome_ GUARDED_BY(mu_);
   std::thread thread_;
   // Simulated: the flush waiting for its timer (or Join), and the runtime's queue.
   std::function<void()> sim_flush_;

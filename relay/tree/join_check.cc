@@ -1,9 +1,11 @@
 #include "relay/tree/join_check.h"
 
+#include "common/thread_annotations.h"
+
 namespace deltacast::relay {
 
 void JoinCheck::Refused(const std::string& parent, const Status& why) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   state_.joined = false;
   state_.parent = parent;
   state_.status = why;
@@ -12,7 +14,7 @@ void JoinCheck::Refused(const std::string& parent, const Status& why) {
 }
 
 void JoinCheck::Joined(const std::string& parent) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   state_.joined = true;
   state_.parent = parent;
   // A refusal is over; an earlier check stands until the parent says its version.
@@ -25,7 +27,7 @@ void JoinCheck::Joined(const std::string& parent) {
 
 void JoinCheck::Told(const std::string& parent, const Digest128& parent_version,
                      const Digest128& own_version, std::optional<codec::ManifestDiff> differences) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   state_.checked = true;
   state_.parent = parent;
   state_.parent_version = parent_version;
@@ -48,18 +50,18 @@ void JoinCheck::Told(const std::string& parent, const Digest128& parent_version,
 }
 
 JoinCheck::State JoinCheck::Current() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return state_;
 }
 
 JoinCheck::State JoinCheck::Wait(std::chrono::milliseconds timeout) const {
-  std::unique_lock lock(mu_);
-  changed_.wait_for(lock, timeout, [&] { return settled_; });
+  MutexLock lock(mu_);
+  changed_.wait_for(lock, timeout, [&]() REQUIRES(mu_) { return settled_; });
   return state_;
 }
 
 std::string JoinCheck::NoteFor(const Digest128& base) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!state_.checked || state_.parent_version != base || !state_.differences ||
       state_.differences->empty()) {
     return "";

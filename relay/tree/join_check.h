@@ -12,14 +12,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "codec/manifest_diff.h"
 #include "common/hash.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace deltacast::relay {
 
@@ -56,10 +55,10 @@ class JoinCheck {
   std::string NoteFor(const Digest128& base) const;
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable changed_;
-  State state_;
-  bool settled_ = false;  // a check or a refusal happened
+  mutable Mutex mu_;
+  mutable CondVar changed_;
+  State state_ GUARDED_BY(mu_);
+  bool settled_ GUARDED_BY(mu_) = false;  // a check or a refusal happened
 };
 
 }  // namespace deltacast::relay

@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "relay/tree/node_impl.h"
 #include "relay/tree/node_transports.h"
 #include "transport/transport_set.h"
@@ -82,7 +83,7 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
 void NodeAgent::Impl::OnJournal(const NodeStore::Journal& journal) {
   journal_ = journal;
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_.store_unflushed = journal_.unflushed.has_value();
   }
   // A restart found the last commit's writes possibly lost, or a commit was made
@@ -94,7 +95,7 @@ void NodeAgent::Impl::OnJournal(const NodeStore::Journal& journal) {
 
 void NodeAgent::Impl::OnRecovered(const Status& status, uint64_t fetched) {
   if (status.ok()) {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     ++stats_.stores_recovered;
     stats_.partitions_recovered += fetched;
   } else {
@@ -107,7 +108,7 @@ void NodeAgent::Impl::OnRecovered(const Status& status, uint64_t fetched) {
   if (deferred_decision_) {
     auto [type, bytes] = std::move(*deferred_decision_);
     deferred_decision_.reset();
-    loop_.Post([this, type, bytes] { OnDecision(type, bytes); });
+    loop_.Post([this, type = type, bytes = bytes] { OnDecision(type, bytes); });
   }
   RunDeferredBegin();
 }
@@ -152,7 +153,7 @@ void NodeAgent::Impl::Stop() {
 }
 
 NodeAgentStats NodeAgent::Impl::stats() const {
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   return stats_;
 }
 
@@ -200,7 +201,7 @@ Hello NodeAgent::Impl::MakeHello() {
 
 void NodeAgent::Impl::OnParentJoined() {
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     ++stats_.parent_joins;
   }
   join_.Joined(parent_.current());
@@ -304,7 +305,7 @@ void NodeAgent::Impl::OnChildFetch(const std::string& child, ByteSpan bytes) {
 
 void NodeAgent::Impl::OnCatchUpFinished(const CatchUp::Result& r) {
   if (r.status.ok()) {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_.partitions_caught_up += r.partitions;
     stats_.deltas_caught_up += r.deltas;
     stats_.catch_up_bytes += r.bytes;
@@ -374,7 +375,7 @@ void NodeAgent::Impl::Tick() {
 
 void NodeAgent::Impl::HoldChunk(size_t bytes) {
   held_bytes_ += bytes;
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   stats_.peak_held_bytes = std::max(stats_.peak_held_bytes, held_bytes_);
 }
 

@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -23,6 +22,7 @@
 
 #include "common/event_loop.h"
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 #include "relay/store/node_store.h"
 #include "relay/store/spool.h"
 #include "relay/tree/catch_up.h"
@@ -211,8 +211,8 @@ class NodeAgent::Impl {
   uint64_t held_bytes_ = 0;
   uint64_t refetches_ = 0;  // damaged chunks fetched again
 
-  mutable std::mutex stats_mu_;
-  NodeAgentStats stats_;
+  mutable Mutex stats_mu_;
+  NodeAgentStats stats_ GUARDED_BY(stats_mu_);
   std::atomic<bool> stopped_{false};
   SpoolDir spool_dir_;  // released on Stop
 

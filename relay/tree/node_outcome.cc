@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "relay/tree/node_impl.h"
 
 namespace deltacast::relay {
@@ -71,7 +72,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     if (!refit_ || refit_->id != d->refit_id) {
       // We committed before a restart and never confirmed: our subtree's
       // confirmations were lost with us, so gather them again.
-      refit_.emplace();
+      refit_.emplace(Refit{});
       refit_->id = d->refit_id;
       refit_->identity.target_version = d->target_version;
       refit_->phase = Phase::kCommitting;
@@ -79,7 +80,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       refit_->local_outcome_done = true;
       refit_->decision_message = message;
       {
-        std::lock_guard lock(stats_mu_);
+        MutexLock lock(stats_mu_);
         stats_.version = journal_.version;
       }
       downstream_.Broadcast(message);
@@ -165,7 +166,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
                         journal_.inflight->base.ShortHex(), d.target_version.ShortHex(),
                         MessageTypeName(type)));
-  refit_.emplace();
+  refit_.emplace(Refit{});
   refit_->id = d.refit_id;
   refit_->identity = {journal_.inflight->base, d.target_version, 0};
   refit_->decided = Clock::now();
@@ -248,7 +249,7 @@ void NodeAgent::Impl::OnLocalOutcome(uint64_t id, const Status& status, const Di
   refit_->local_outcome_done = true;
   claimed_ = {};  // committed or rolled back: what it had applied of the delta is moot
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_.version = version;
   }
   MaybeOutcome();
@@ -281,7 +282,7 @@ void NodeAgent::Impl::ReportOutcome() {
   subtree_.EndRefit();
   // Counted before the parent hears it, so stats() agrees with what the source reports.
   const NodeAgentStats s = [&] {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     (committed ? stats_.refits_committed : stats_.refits_aborted)++;
     stats_.last_pause_seconds = r.pause_seconds;
     stats_.last_prepared_hold_seconds = r.hold_seconds;

@@ -9,6 +9,7 @@
 #include "common/elapsed.h"
 #include "common/log.h"
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 #include "relay/tree/node_impl.h"
 #include "relay/tree/replay.h"
 
@@ -81,7 +82,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                                options_.node_id, status.ToString()));
       }
       {
-        std::lock_guard lock(stats_mu_);
+        MutexLock lock(stats_mu_);
         stats_.version = version;
         // The engine paused for that refit's write now: its pause is reported with
         // the refits' (the refit itself reported none, having failed locally).
@@ -157,7 +158,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                             "could not roll back what it holds of another stream of this delta"}));
     return;
   }
-  refit_.emplace();
+  refit_.emplace(Refit{});
   refit_->id = begin->refit_id;
   refit_->begin = *begin;
   refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
@@ -225,14 +226,14 @@ void NodeAgent::Impl::RollBackAnotherStream(const Begin& begin, ByteSpan bytes) 
       Spool::StreamOf(options_.spool_dir, begin.target_version)));
   stream_rollback_for_ = begin.refit_id;
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     ++stats_.stream_rollbacks;
   }
   deferred_begin_.assign(bytes.begin(), bytes.end());
   downstream_.DropQueued();
   // Its own refit id, known to nobody else: the ABORTED it reports is ignored above.
   const uint64_t id = begin.refit_id ^ 0x53545245414dULL;  // "STREAM"
-  refit_.emplace();
+  refit_.emplace(Refit{});
   refit_->id = id;
   refit_->identity = {journal_.inflight->base, begin.target_version, begin.partition_bytes};
   refit_->decided = Clock::now();
@@ -308,7 +309,7 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
                           options_.node_id, header->sequence, r.id));
   }
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_.chunk_bytes_received += payload;
     if (had_it) stats_.chunk_bytes_resent += payload;
   }
@@ -366,7 +367,7 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
 
 void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result) {
   if (result.chunk_applied || result.repaired) {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_.chunks_received += result.chunk_applied;
     stats_.partitions_repaired += result.repaired;
   }

@@ -4,9 +4,7 @@
 #include <openssl/rand.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <optional>
 
 #include "codec/chunk.h"
@@ -15,6 +13,7 @@
 #include "common/event_loop.h"
 #include "common/log.h"
 #include "common/runtime.h"
+#include "common/thread_annotations.h"
 #include "relay/store/delta_history.h"
 #include "relay/store/spool.h"
 #include "relay/tree/decision_log.h"
@@ -112,11 +111,11 @@ class Source::Impl {
   const std::string& listen_address() const { return listen_address_; }
   const PublishOptions& options() const { return options_; }
   Digest128 version() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return active_version_;
   }
   void Announce(const codec::Manifest& manifest) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     SetActive(manifest.VersionId(), manifest.Serialize());
   }
 
@@ -150,23 +149,23 @@ class Source::Impl {
   };
 
   // Caller holds mu_: the cluster holds `version` now; the children are told.
-  void SetActive(const Digest128& version, std::vector<std::byte> manifest) {
+  void SetActive(const Digest128& version, std::vector<std::byte> manifest) REQUIRES(mu_) {
     active_version_ = version;
     active_manifest_ = std::make_shared<const std::vector<std::byte>>(std::move(manifest));
     loop_.Post([this, m = transport::MakeMessage(EncodeActiveVersion(version, *active_manifest_))] {
       downstream_.Broadcast(m);
     });
   }
-  Status WaitForChildren(std::unique_lock<std::mutex>& lock);
+  Status WaitForChildren(MutexLock& lock) REQUIRES(mu_);
   Subtree::Owner SubtreeOwner();
-  void Fail(const std::string& why);  // caller holds mu_
+  void Fail(const std::string& why) REQUIRES(mu_);
   void Tick();
   void RetireLastRefit();
   Downstream::Events Events();
   void OnJoined(const std::string& child, const Hello& hello);
   void OnMessage(const std::string& child, MessageType type, ByteSpan bytes);
   std::optional<std::vector<Downstream::Outgoing>> Backlog(const std::string& child,
-                                                           const Hello& hello);
+                                                           const Hello& hello) REQUIRES(mu_);
   transport::Message Resolution(const std::string& child, const Digest128& target) const;
   void ServeFetch(const std::string& child, ByteSpan bytes);
   void ServeManifest(const std::string& child, ByteSpan bytes);
@@ -182,14 +181,14 @@ class Source::Impl {
   bool stopped_ = false;
   PublishProgress progress_;  // the calling thread's, during Publish
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  Subtree subtree_;             // guarded by mu_ (held across its callbacks)
-  std::optional<Refit> refit_;  // guarded by mu_: the current or last refit
+  Mutex mu_;
+  CondVar cv_;
+  Subtree subtree_ GUARDED_BY(mu_);             // guarded by mu_ (held across its callbacks)
+  std::optional<Refit> refit_ GUARDED_BY(mu_);  // guarded by mu_: the current or last refit
   // The version the cluster holds (zero: not known yet) and its manifest (null:
   // not known), told to each child that joins (ACTIVE_VERSION); guarded by mu_.
-  Digest128 active_version_;
-  std::shared_ptr<const std::vector<std::byte>> active_manifest_;
+  Digest128 active_version_ GUARDED_BY(mu_);
+  std::shared_ptr<const std::vector<std::byte>> active_manifest_ GUARDED_BY(mu_);
   Clock::time_point next_heartbeat_ = Clock::now();
 
   EventLoop loop_;
@@ -214,11 +213,11 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   // RetireLastRefit may delete: drop it first, on the loop (the new BEGIN would drop
   // it anyway). Found by the simulator: a use after free in that replay's loader.
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     auto dropped = std::make_shared<bool>(false);  // the task may outlive this wait
     loop_.Post([this, dropped] {
       downstream_.DropQueued();  // not under mu_: dropped chunks' callbacks take it
-      std::lock_guard done(mu_);
+      MutexLock done(mu_);
       *dropped = true;
       cv_.notify_all();
     });
@@ -242,8 +241,8 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   begin.stream_id = RandomId();
   if (options_.signing_key) SignBegin(*options_.signing_key, begin);
   {
-    std::unique_lock lock(mu_);
-    refit_.emplace();
+    MutexLock lock(mu_);
+    refit_.emplace(Refit{});
     refit_->begin = begin;
     if (spool.ok()) {
       refit_->spool = std::move(*spool);
@@ -269,9 +268,13 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     }
   }
   const auto start = Clock::now();
+  size_t planned_children = 0;
+  Spool* spooled = nullptr;  // the refit's, which only this thread replaces
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     refit_->begun = true;
+    planned_children = subtree_.planned().size();
+    spooled = refit_->spool.get();
   }
   loop_.Post([this, begin] {
     downstream_.BeginRefit(begin.refit_id, begin.stream_id);
@@ -279,13 +282,12 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   });
   log::Info(fmt::format("refit {}: {} -> {} to {} children", report.refit_id,
                         report.base_version.ShortHex(), report.target_version.ShortHex(),
-                        subtree_.planned().size()));
+                        planned_children));
 
   progress_ = PublishProgress{};
   PublishProgress& progress = progress_;
   progress.tensor_bytes = target_manifest.TotalBytes();
   const size_t window = static_cast<size_t>(options_.config.tree.window);
-  Spool* spooled = refit_->spool.get();
   Status encoded = stream(
       [&](std::vector<std::byte> bytes) -> Status {
         auto header = codec::PeekChunkHeader(ChunkOf(bytes));
@@ -294,7 +296,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
         auto message = transport::MakeMessage(std::move(bytes));
         if (spooled) {
           if (Status kept = spooled->Append(header->sequence, *message); !kept.ok()) {
-            std::lock_guard lock(mu_);
+            MutexLock lock(mu_);
             if (refit_->spool_error.ok()) {
               log::Warn(
                   fmt::format("refit {}: chunk {} not spooled ({}); children that rejoin "
@@ -309,9 +311,10 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
           // Not forever: a chunk no child releases within the commit timeout fails
           // the refit (the simulator's seed 14094 waited here for good once a relay
           // excused at the start rejoined mid-refit, its child adopted by the source).
-          std::unique_lock lock(mu_);
-          const bool room = WaitFor(cv_, lock, options_.config.tree.commit_timeout,
-                                    [&] { return refit_->held < window || refit_->failed; });
+          MutexLock lock(mu_);
+          const bool room =
+              WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+                      [&]() REQUIRES(mu_) { return refit_->held < window || refit_->failed; });
           if (!room) Fail("no chunk was released by the children within the commit timeout");
           if (refit_->failed) return Status::Aborted(refit_->failure);
           ++refit_->held;
@@ -325,7 +328,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
           // 119: `held` wrapped below zero and the next publish waited its whole
           // commit timeout for room; the root of seeds 14094, 14818 and 14958).
           downstream_.BroadcastChunk(message, ref, [this, refit_id] {
-            std::lock_guard lock(mu_);
+            MutexLock lock(mu_);
             if (!refit_ || refit_->begin.refit_id != refit_id) return;
             --refit_->held;
             cv_.notify_all();
@@ -345,10 +348,11 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
 
   bool commit = false;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     if (!encoded.ok() && !refit_->failed) Fail(encoded.ToString());
-    const bool settled = WaitFor(cv_, lock, options_.config.tree.commit_timeout,
-                                 [&] { return refit_->failed || subtree_.prepared(); });
+    const bool settled =
+        WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+                [&]() REQUIRES(mu_) { return refit_->failed || subtree_.prepared(); });
     if (!settled) Fail("not every node was PREPARED within the commit timeout");
     commit = !refit_->failed;
     report.abort_reason = refit_->failure;
@@ -372,7 +376,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   if (options_.signing_key) SignDecision(*options_.signing_key, decision, d);
   auto decision_message = transport::MakeMessage(EncodeDecision(decision, d));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     refit_->decision = decision;
     refit_->decision_message = decision_message;
     if (commit) {
@@ -386,8 +390,9 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     downstream_.Broadcast(decision_message);
   });
   {
-    std::unique_lock lock(mu_);
-    WaitFor(cv_, lock, options_.config.tree.commit_timeout, [&] { return subtree_.confirmed(); });
+    MutexLock lock(mu_);
+    WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+            [&]() REQUIRES(mu_) { return subtree_.confirmed(); });
     report.nodes_decided = subtree_.confirmed_nodes();
     for (const PauseReport& p : subtree_.pauses()) {
       for (NodeReport& n : report.nodes) {
@@ -412,9 +417,9 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
 }
 
 // Caller holds mu_ (through `lock`).
-Status Source::Impl::WaitForChildren(std::unique_lock<std::mutex>& lock) {
+Status Source::Impl::WaitForChildren(MutexLock& lock) {
   WaitFor(cv_, lock, options_.config.tree.connect_timeout,
-          [&] { return subtree_.AllPlannedConnected(); });
+          [&]() REQUIRES(mu_) { return subtree_.AllPlannedConnected(); });
   return subtree_.GoOnWithoutAbsent();
 }
 
@@ -425,7 +430,7 @@ Subtree::Owner Source::Impl::SubtreeOwner() {
   owner.leave_out = [this](const std::string& child) {
     loop_.Post([this, child] { downstream_.Excuse(child); });
   };
-  owner.fail = [this](const Failed& f, const std::string& why) {
+  owner.fail = [this](const Failed& f, const std::string& why) REQUIRES(mu_) {
     if (f.kind == FailureKind::kBadDelta) {
       log::Error(fmt::format("node '{}' refused the delta: {}", f.node_id, log::Escape(f.reason)));
     }
@@ -449,7 +454,7 @@ void Source::Impl::RetireLastRefit() {
   std::unique_ptr<Spool> spool;
   std::optional<ChainLink> link;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!refit_) return;
     spool = std::move(refit_->spool);
     link = refit_->committed_link;
@@ -476,7 +481,7 @@ void Source::Impl::Tick() {
     next_heartbeat_ = Clock::now() + options_.config.tree.HeartbeatInterval();
     downstream_.Heartbeat();
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (refit_) subtree_.Tick(Clock::now());
 }
 
@@ -484,7 +489,7 @@ Downstream::Events Source::Impl::Events() {
   Downstream::Events e;
   e.joined = [this](const std::string& child, const Hello& hello) { OnJoined(child, hello); };
   e.lost = [this](const std::string& child, const Status&) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     subtree_.Lost(child, Clock::now());
     cv_.notify_all();
   };
@@ -492,7 +497,7 @@ Downstream::Events Source::Impl::Events() {
     OnMessage(child, type, bytes);
   };
   e.refused = [this](const std::string& child, const std::string& reason) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     subtree_.Refused(child, reason);
   };
   return e;
@@ -504,7 +509,7 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
   std::optional<std::vector<Downstream::Outgoing>> backlog;
   transport::Message told;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (adopted) log::Info("adopted " + child + ", whose parent is unreachable");
     subtree_.Joined(child, adopted, Clock::now());
     const bool other_delta = !hello.inflight_target.IsZero() &&
@@ -589,7 +594,7 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
     default:
       break;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!refit_) return;
   const uint64_t refit_id = refit_->begin.refit_id;
   switch (type) {
@@ -620,7 +625,7 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
 void Source::Impl::ServeFetch(const std::string& child, ByteSpan bytes) {
   auto f = ParseFetch(bytes);
   if (!f.ok()) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const apply::WeightStore* store :
        {refit_ ? refit_->target : nullptr, refit_ ? refit_->base : nullptr}) {
     if (!store) continue;
@@ -648,7 +653,7 @@ void Source::Impl::ServeFetch(const std::string& child, ByteSpan bytes) {
 void Source::Impl::ServeManifest(const std::string& child, ByteSpan bytes) {
   auto f = ParseFetchManifest(bytes);
   if (!f.ok()) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (refit_ && !refit_->manifests.empty()) {
     const Digest128& base = refit_->manifests.front().first;
     const std::vector<LoggedDecision> decisions = ReadDecisions(options_.decision_log);

@@ -4,10 +4,10 @@
 #include <atomic>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 
+#include "common/thread_annotations.h"
 #include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/internal/task_thread.h"
@@ -18,17 +18,17 @@ class Core;
 }  // namespace
 
 struct InprocNetwork::Registry {
-  std::mutex mu;
-  std::map<std::string, std::weak_ptr<Core>> listeners;
-  uint64_t next_auto = 1;
-  uint64_t next_transport = 1;
+  Mutex mu;
+  std::map<std::string, std::weak_ptr<Core>> listeners GUARDED_BY(mu);
+  uint64_t next_auto GUARDED_BY(mu) = 1;
+  uint64_t next_transport GUARDED_BY(mu) = 1;
 };
 
 InprocNetwork::InprocNetwork() : registry_(std::make_shared<Registry>()) {}
 InprocNetwork::~InprocNetwork() = default;
 
 std::vector<std::string> InprocNetwork::ListenerNames() const {
-  std::lock_guard lock(registry_->mu);
+  MutexLock lock(registry_->mu);
   std::vector<std::string> names;
   for (const auto& [name, core] : registry_->listeners) {
     if (!core.expired()) names.push_back(name);
@@ -58,18 +58,18 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Tracks one end of a pipe for Shutdown; false if shutting down.
   bool AddEnd(const std::shared_ptr<Pipe>& pipe, int side) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closing_) return false;
     ends_.emplace(std::make_pair(pipe.get(), side), pipe);
     return true;
   }
   void ForgetEnd(const Pipe* pipe, int side) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ends_.erase(std::make_pair(pipe, side));
   }
   // The accept handler for `address`, or null if not listening there.
   std::shared_ptr<AcceptHandler> Acceptor(const std::string& address) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closing_) return nullptr;
     auto it = handlers_.find(address);
     return it == handlers_.end() ? nullptr : it->second;
@@ -83,12 +83,12 @@ class Core : public std::enable_shared_from_this<Core> {
   TaskThread executor;  // every handler of this transport runs here
 
  private:
-  std::mutex mu_;
-  bool closing_ = false;
+  Mutex mu_;
+  bool closing_ GUARDED_BY(mu_) = false;
   std::atomic<bool> stopped_{false};
-  std::map<std::string, std::shared_ptr<AcceptHandler>> handlers_;
-  std::map<std::pair<const Pipe*, int>, std::weak_ptr<Pipe>> ends_;
-  std::mutex shutdown_mu_;
+  std::map<std::string, std::shared_ptr<AcceptHandler>> handlers_ GUARDED_BY(mu_);
+  std::map<std::pair<const Pipe*, int>, std::weak_ptr<Pipe>> ends_ GUARDED_BY(mu_);
+  Mutex shutdown_mu_;  // one Shutdown at a time; guards no member
 };
 
 enum class CloseKind { kClose, kAbort, kShutdown };
@@ -121,7 +121,7 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   Side& side(int i) { return sides_[i]; }
 
   void Start(int i, MessageHandler on_message, CloseHandler on_closed) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Side& me = sides_[i];
     if (me.started) return;
     me.started = true;
@@ -135,7 +135,7 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   }
 
   void Send(int i, Message message, SendHandler on_sent) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Side& me = sides_[i];
     Side& peer = sides_[1 - i];
     Status reject;
@@ -158,7 +158,7 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
   }
 
   void Close(int i, CloseKind kind) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     switch (kind) {
       case CloseKind::kClose:
         CloseLocked(i, Status::Ok(),
@@ -203,7 +203,7 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
       CloseHandler on_closed;
       Status status;
       {
-        std::lock_guard lock(self->mu_);
+        MutexLock lock(self->mu_);
         Side& me = self->sides_[i];
         if (me.close_notified) return;
         me.close_notified = true;
@@ -222,7 +222,7 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
     Entry entry;
     std::shared_ptr<MessageHandler> handler;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       Side& me = sides_[i];
       Side& peer = sides_[1 - i];
       if (me.closed || me.inbox.empty()) {
@@ -290,7 +290,9 @@ class Pipe : public std::enable_shared_from_this<Pipe> {
     }
   }
 
-  std::mutex mu_;
+  Mutex mu_;
+  // Not GUARDED_BY: a Side mixes what mu_ guards (inbox, the flags, the handlers)
+  // with what is fixed or safe alone (core, peer_name, queued_bytes, gate).
   Side sides_[2];
 };
 
@@ -324,8 +326,8 @@ Result<std::string> Core::Listen(const std::string& address, AcceptHandler on_ac
   auto& registry = network->registry();
   std::string bound = address;
   {
-    std::lock_guard registry_lock(registry.mu);
-    auto taken = [&](const std::string& candidate) {
+    MutexLock registry_lock(registry.mu);
+    auto taken = [&](const std::string& candidate) REQUIRES(registry.mu) {
       auto it = registry.listeners.find(candidate);
       return it != registry.listeners.end() && !it->second.expired();
     };
@@ -338,7 +340,7 @@ Result<std::string> Core::Listen(const std::string& address, AcceptHandler on_ac
       return Status::FailedPrecondition("inproc listen: address " + bound + " already in use");
     }
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (closing_)
         return Status::FailedPrecondition("listen on " + address + ": transport shut down");
       handlers_[bound] = std::make_shared<AcceptHandler>(std::move(on_accept));
@@ -358,7 +360,7 @@ void Core::Connect(const std::string& address, ConnectHandler on_done) {
   std::shared_ptr<Core> listener;
   {
     auto& registry = network->registry();
-    std::lock_guard lock(registry.mu);
+    MutexLock lock(registry.mu);
     auto it = registry.listeners.find(address);
     if (it != registry.listeners.end()) listener = it->second.lock();
   }
@@ -400,11 +402,11 @@ void Core::Connect(const std::string& address, ConnectHandler on_done) {
 }
 
 void Core::Shutdown() {
-  std::lock_guard shutdown_lock(shutdown_mu_);
+  MutexLock shutdown_lock(shutdown_mu_);
   std::vector<std::pair<std::shared_ptr<Pipe>, int>> ends;
   std::vector<std::string> names;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closing_ && stopped()) return;
     closing_ = true;
     for (auto& [key, weak] : ends_) {
@@ -415,7 +417,7 @@ void Core::Shutdown() {
   }
   {
     auto& registry = network->registry();
-    std::lock_guard lock(registry.mu);
+    MutexLock lock(registry.mu);
     for (const auto& listen_name : names) {
       auto it = registry.listeners.find(listen_name);
       if (it != registry.listeners.end() && it->second.lock().get() == this) {
@@ -440,7 +442,7 @@ std::unique_ptr<Transport> MakeInprocTransport(std::shared_ptr<InprocNetwork> ne
   if (options.max_message_bytes == 0) options.max_message_bytes = kDefaultMaxMessageBytes;
   uint64_t id;
   {
-    std::lock_guard lock(network->registry().mu);
+    MutexLock lock(network->registry().mu);
     id = network->registry().next_transport++;
   }
   auto core = std::make_shared<Core>(network, options, "inproc-transport-" + std::to_string(id));

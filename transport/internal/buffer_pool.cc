@@ -1,5 +1,7 @@
 #include "transport/internal/buffer_pool.h"
 
+#include "common/thread_annotations.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -38,7 +40,7 @@ Buffer BufferPool::Acquire(size_t size) {
   std::vector<Buffer> freed;
   Buffer reused;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ExpireLocked(Clock::now(), freed);
     auto it = idle_.lower_bound(size);
     // Reuse only a buffer that is not much larger than asked: a 64 MiB buffer
@@ -65,7 +67,7 @@ void BufferPool::Release(Buffer buffer) {
   const size_t capacity = buffer->capacity();
   std::vector<Buffer> freed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto now = Clock::now();
     ExpireLocked(now, freed);
     if (capacity == 0 || idle_bytes_ + capacity > max_idle_bytes_) {
@@ -86,7 +88,7 @@ void BufferPool::Release(Buffer buffer) {
 uint64_t BufferPool::Trim(Clock::time_point now) {
   std::vector<Buffer> freed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ExpireLocked(now, freed);
   }
   uint64_t bytes = 0;
@@ -115,7 +117,7 @@ std::shared_ptr<std::vector<std::byte>> BufferPool::AcquireShared(size_t size) {
 }
 
 uint64_t BufferPool::idle_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return idle_bytes_;
 }
 

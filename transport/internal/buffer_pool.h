@@ -20,9 +20,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "transport/transport.h"
 
 namespace deltacast::transport {
@@ -63,13 +63,13 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
     Clock::time_point since;
   };
   // Caller holds mu_; moves expired buffers into `freed` (destroyed outside the lock).
-  void ExpireLocked(Clock::time_point now, std::vector<Buffer>& freed);
+  void ExpireLocked(Clock::time_point now, std::vector<Buffer>& freed) REQUIRES(mu_);
 
   const uint64_t max_idle_bytes_;
   const std::chrono::milliseconds max_idle_time_;
-  mutable std::mutex mu_;
-  std::multimap<size_t, Idle> idle_;  // by capacity
-  uint64_t idle_bytes_ = 0;
+  mutable Mutex mu_;
+  std::multimap<size_t, Idle> idle_ GUARDED_BY(mu_);  // by capacity
+  uint64_t idle_bytes_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace deltacast::transport

@@ -10,11 +10,11 @@
 #pragma once
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "common/thread_annotations.h"
 
 namespace deltacast::transport {
 
@@ -24,7 +24,7 @@ class HandlerGate {
   template <typename F>
   bool Run(F&& fn) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (closed_) return false;
       running_.push_back(std::this_thread::get_id());
     }
@@ -39,30 +39,30 @@ class HandlerGate {
   // Blocks until no handler runs on another thread; later Run() calls do nothing.
   void Close() {
     const std::thread::id self = std::this_thread::get_id();
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
-    cv_.wait(lock, [&] {
+    cv_.wait(lock, [&]() REQUIRES(mu_) {
       return std::all_of(running_.begin(), running_.end(),
                          [&](std::thread::id id) { return id == self; });
     });
   }
 
   bool closed() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return closed_;
   }
 
  private:
   void Exit() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     running_.erase(std::find(running_.begin(), running_.end(), std::this_thread::get_id()));
     cv_.notify_all();
   }
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool closed_ = false;
-  std::vector<std::thread::id> running_;  // one entry per handler now running
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool closed_ GUARDED_BY(mu_) = false;
+  std::vector<std::thread::id> running_ GUARDED_BY(mu_);  // one entry per handler now running
 };
 
 }  // namespace deltacast::transport

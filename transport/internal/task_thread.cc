@@ -1,28 +1,28 @@
 #include "transport/internal/task_thread.h"
 
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/thread_annotations.h"
+
 namespace deltacast::transport {
 
 struct TaskThread::State {
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   // Keyed by (deadline, post order): FIFO among equal deadlines.
-  std::map<std::pair<Clock::time_point, uint64_t>, std::function<void()>> tasks;
-  uint64_t next_order = 0;
-  bool stop_requested = false;
-  bool drain = false;
-  bool stopped = false;  // Post refuses from here on
+  std::map<std::pair<Clock::time_point, uint64_t>, std::function<void()>> tasks GUARDED_BY(mu);
+  uint64_t next_order GUARDED_BY(mu) = 0;
+  bool stop_requested GUARDED_BY(mu) = false;
+  bool drain GUARDED_BY(mu) = false;
+  bool stopped GUARDED_BY(mu) = false;  // Post refuses from here on
   std::thread thread;
   std::thread::id thread_id;
 
   void Loop() {
-    std::unique_lock lock(mu);
+    MutexLock lock(mu);
     while (true) {
       if (stop_requested && (!drain || tasks.empty())) break;
       if (tasks.empty()) {
@@ -36,21 +36,21 @@ struct TaskThread::State {
       }
       std::function<void()> task = std::move(first->second);
       tasks.erase(first);
-      lock.unlock();
+      lock.Unlock();
       task();
       task = nullptr;  // destroy captures outside the lock as well
-      lock.lock();
+      lock.Lock();
     }
     stopped = true;
     auto dropped = std::move(tasks);
     tasks.clear();
-    lock.unlock();
+    lock.Unlock();
     dropped.clear();
   }
 };
 
 TaskThread::TaskThread() : state_(std::make_shared<State>()) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->thread = std::thread([state = state_] { state->Loop(); });
   state_->thread_id = state_->thread.get_id();
 }
@@ -62,7 +62,7 @@ bool TaskThread::Post(std::function<void()> task) {
 }
 
 bool TaskThread::PostAt(Clock::time_point when, std::function<void()> task) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   if (state_->stopped || (state_->stop_requested && !state_->drain)) return false;
   state_->tasks.emplace(std::make_pair(when, state_->next_order++), std::move(task));
   state_->cv.notify_one();
@@ -72,7 +72,7 @@ bool TaskThread::PostAt(Clock::time_point when, std::function<void()> task) {
 void TaskThread::Stop(bool drain) {
   std::thread thread;
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     if (!state_->stop_requested) {
       state_->stop_requested = true;
       state_->drain = drain;

@@ -24,7 +24,6 @@
 #include <boost/asio/write.hpp>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <random>
@@ -37,6 +36,7 @@
 
 #include "common/handshake_admission.h"
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "transport/internal/address.h"
 #include "transport/internal/buffer_pool.h"
 #include "transport/internal/core_transport.h"
@@ -142,7 +142,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // Posts `fn` to `strand` unless the transport has stopped (then drops it).
   template <typename F>
   bool Post(const Strand& strand, F&& fn) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopped_.load(std::memory_order_relaxed)) return false;
     asio::post(strand, std::forward<F>(fn));
     return true;
@@ -151,12 +151,12 @@ class Core : public std::enable_shared_from_this<Core> {
   bool Register(const std::shared_ptr<Link>& link);
   void Unregister(const Link* link);
   bool closing() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return closing_;
   }
   bool stopped() const { return stopped_.load(std::memory_order_acquire); }
   uint64_t NewLinkId() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return rng_();
   }
 
@@ -194,7 +194,7 @@ class Core : public std::enable_shared_from_this<Core> {
     if (it->second == 0) pending_by_host.erase(it);
   }
   size_t LinksFrom(const std::string& host) const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = links_by_host_.find(host);
     return it == links_by_host_.end() ? 0 : it->second;
   }
@@ -213,14 +213,14 @@ class Core : public std::enable_shared_from_this<Core> {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;
   std::vector<std::thread::id> thread_ids_;
-  mutable std::mutex mu_;
-  bool closing_ = false;
+  mutable Mutex mu_;
+  bool closing_ GUARDED_BY(mu_) = false;
   std::atomic<bool> stopped_{false};
-  std::unordered_map<const Link*, std::weak_ptr<Link>> links_;
-  std::map<std::string, size_t> links_by_host_;  // accepted links, by peer IP
-  std::mt19937_64 rng_{std::random_device{}()};
-  std::mutex shutdown_mu_;
-  bool shut_down_ = false;
+  std::unordered_map<const Link*, std::weak_ptr<Link>> links_ GUARDED_BY(mu_);
+  std::map<std::string, size_t> links_by_host_ GUARDED_BY(mu_);  // accepted links, by peer IP
+  std::mt19937_64 rng_ GUARDED_BY(mu_){std::random_device{}()};
+  Mutex shutdown_mu_;
+  bool shut_down_ GUARDED_BY(shutdown_mu_) = false;
 };
 
 // One logical connection: 1..N sockets, a send queue, a reorder buffer. All state

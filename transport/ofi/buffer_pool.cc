@@ -1,9 +1,11 @@
 #include "transport/ofi/buffer_pool.h"
 
+#include "common/thread_annotations.h"
+
 namespace deltacast::transport::ofi {
 
 std::unique_ptr<std::vector<std::byte>> BufferPool::TakeFree(size_t size, MemoryRegion* mr) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = free_.find(size);
   if (it == free_.end() || it->second.empty()) return nullptr;
   PooledBuffer buffer = std::move(it->second.back());
@@ -41,7 +43,7 @@ Message BufferPool::Wrap(PooledBuffer buffer) {
     return Message(std::move(buffer.bytes));
   }
   if (buffer.mr) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     lent_[buffer.bytes->data()] = Lent{buffer.bytes->size(), std::move(buffer.mr)};
   }
   std::weak_ptr<BufferPool> pool = weak_from_this();
@@ -56,7 +58,7 @@ Message BufferPool::Wrap(PooledBuffer buffer) {
 }
 
 void* BufferPool::DescOf(const std::byte* data, size_t size) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = lent_.find(data);
   if (it == lent_.end() || it->second.size != size) return nullptr;
   forwarded_sends_.fetch_add(1, std::memory_order_relaxed);
@@ -66,7 +68,7 @@ void* BufferPool::DescOf(const std::byte* data, size_t size) {
 void BufferPool::Return(std::vector<std::byte>* bytes) {
   PooledBuffer buffer;
   buffer.bytes.reset(bytes);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = lent_.find(bytes->data()); it != lent_.end()) {
     buffer.mr = std::move(it->second.mr);
     lent_.erase(it);
@@ -84,7 +86,7 @@ void BufferPool::Return(std::vector<std::byte>* bytes) {
 void BufferPool::CloseRetired() {
   std::vector<PooledBuffer> retired;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     retired.swap(retired_);
   }
 }
@@ -94,7 +96,7 @@ void BufferPool::CloseRegistrations() {
   std::unordered_map<const std::byte*, Lent> lent;
   std::vector<PooledBuffer> retired;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     register_ = nullptr;
     free.swap(free_);
     lent.swap(lent_);
@@ -104,7 +106,7 @@ void BufferPool::CloseRegistrations() {
 }
 
 uint64_t BufferPool::cached_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return cached_bytes_;
 }
 

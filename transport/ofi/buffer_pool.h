@@ -25,10 +25,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "transport/ofi/mr_cache.h"
 #include "transport/transport.h"
 
@@ -79,15 +79,16 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
   const uint64_t max_cached_bytes_;
   MrCache::RegisterFn register_;
-  mutable std::mutex mu_;
-  std::map<size_t, std::vector<PooledBuffer>> free_;
+  mutable Mutex mu_;
+  std::map<size_t, std::vector<PooledBuffer>> free_ GUARDED_BY(mu_);
   struct Lent {
     size_t size;
     MemoryRegion mr;
   };
-  std::unordered_map<const std::byte*, Lent> lent_;  // registered, held by the application
-  std::vector<PooledBuffer> retired_;                // MR to close on the progress thread
-  uint64_t cached_bytes_ = 0;
+  std::unordered_map<const std::byte*, Lent> lent_
+      GUARDED_BY(mu_);                                 // registered, held by the application
+  std::vector<PooledBuffer> retired_ GUARDED_BY(mu_);  // MR to close on the progress thread
+  uint64_t cached_bytes_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> forwarded_sends_{0};
   std::atomic<uint64_t> registrations_{0};
 };

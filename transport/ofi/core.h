@@ -18,9 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -29,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/ofi/buffer_pool.h"
 #include "transport/ofi/fabric.h"
@@ -108,11 +107,11 @@ struct Resources {
 // a local name that is gone fails like a refused connection, and torn-down shm
 // resources wait in the graveyard until the process's last shm transport is done.
 struct LocalNames {
-  std::shared_mutex mu;
-  std::unordered_set<std::string> live;
-  std::unordered_set<std::string> ever;
-  int live_cores = 0;                // shm transports of this process not torn down
-  std::vector<Resources> graveyard;  // torn down while others were live
+  SharedMutex mu;
+  std::unordered_set<std::string> live GUARDED_BY(mu);
+  std::unordered_set<std::string> ever GUARDED_BY(mu);
+  int live_cores GUARDED_BY(mu) = 0;                // shm transports of this process not torn down
+  std::vector<Resources> graveyard GUARDED_BY(mu);  // torn down while others were live
 };
 LocalNames& Local();
 
@@ -292,14 +291,14 @@ class Core : public std::enable_shared_from_this<Core> {
   std::unique_ptr<MrCache> mr_cache_;        // progress thread; cleared (MRs closed) at teardown
   std::vector<ControlBuffer> control_free_;  // progress thread
 
-  std::mutex mu_;  // guards the command queue and the flags next to it
-  std::deque<std::function<void()>> commands_;
-  bool accepting_ = true;
-  bool shutdown_requested_ = false;
-  bool sleeping_ = false;
+  Mutex mu_;  // guards the command queue and the flags next to it
+  std::deque<std::function<void()>> commands_ GUARDED_BY(mu_);
+  bool accepting_ GUARDED_BY(mu_) = true;
+  bool shutdown_requested_ GUARDED_BY(mu_) = false;
+  bool sleeping_ GUARDED_BY(mu_) = false;
 
-  std::mutex join_mu_;
-  std::thread thread_;
+  Mutex join_mu_;
+  std::thread thread_ GUARDED_BY(join_mu_);
   std::thread::id thread_id_;
 
   // Progress thread only.

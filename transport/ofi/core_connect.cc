@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "transport/internal/address.h"
 #include "transport/ofi/connection.h"
 #include "transport/ofi/core.h"
@@ -45,9 +46,10 @@ Result<EndpointState*> Core::AddEndpoint(const char* node, const char* service, 
   EndpointState* raw = state.get();
   if (named_) {
     const auto& name = raw->endpoint->name();
-    std::unique_lock lock(Local().mu);
-    Local().live.emplace(reinterpret_cast<const char*>(name.data()), name.size());
-    Local().ever.emplace(reinterpret_cast<const char*>(name.data()), name.size());
+    LocalNames& local = Local();
+    WriterMutexLock lock(local.mu);
+    local.live.emplace(reinterpret_cast<const char*>(name.data()), name.size());
+    local.ever.emplace(reinterpret_cast<const char*>(name.data()), name.size());
   }
   endpoints_.push_back(std::move(state));
   for (size_t i = 0; i < kControlRecvsPerEndpoint; ++i) {
@@ -122,8 +124,9 @@ Result<std::string> Core::ListenOnThread(const std::string& address, AcceptHandl
     std::string name = mapped.value_or(address);
     if (mapped) {
       // A config address is one listener, as a port is for tcp.
-      std::shared_lock lock(Local().mu);
-      for (const auto& live : Local().live) {
+      LocalNames& local = Local();
+      ReaderMutexLock lock(local.mu);
+      for (const auto& live : local.live) {
         if (std::string_view(live.c_str()) == name) {
           return Status::FailedPrecondition("listening on \"" + address + "\": shm name " + name +
                                             " is in use in this process");

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "transport/ofi/connection.h"
 #include "transport/ofi/core.h"
 
@@ -40,8 +41,9 @@ Core::Core(const OfiOptions& options, std::unique_ptr<Fabric> fabric)
   mr_cache_ = std::make_unique<MrCache>(options.mr_cache_bytes, register_fn);
   if (register_) pool_->EnableRegistration(register_fn);
   if (named_) {
-    std::unique_lock lock(Local().mu);
-    ++Local().live_cores;
+    LocalNames& local = Local();
+    WriterMutexLock lock(local.mu);
+    ++local.live_cores;
   }
 }
 
@@ -76,7 +78,7 @@ OfiStats Core::Stats() const {
 }
 
 void Core::StartThread() {
-  std::lock_guard lock(join_mu_);
+  MutexLock lock(join_mu_);
   // The thread holds the core: a handler may drop the last other reference.
   thread_ = std::thread([self = shared_from_this()] { self->Loop(); });
   thread_id_ = thread_.get_id();
@@ -85,7 +87,7 @@ void Core::StartThread() {
 bool Core::Post(std::function<void()> fn) {
   bool wake = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!accepting_) return false;
     commands_.push_back(std::move(fn));
     wake = sleeping_;
@@ -100,7 +102,7 @@ bool Core::Post(std::function<void()> fn) {
 void Core::Shutdown() {
   bool first = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!shutdown_requested_) {
       shutdown_requested_ = true;
       first = true;
@@ -110,7 +112,7 @@ void Core::Shutdown() {
     // Bypasses Post's accepting_ check on purpose: this is the last command.
     bool wake = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       commands_.push_back([this] { ShutdownOnThread(); });
       wake = sleeping_;
     }
@@ -120,14 +122,14 @@ void Core::Shutdown() {
     }
   }
   if (OnThread()) return;  // from a handler: the loop finishes after it returns
-  std::lock_guard lock(join_mu_);
+  MutexLock lock(join_mu_);
   if (thread_.joinable()) thread_.join();
 }
 
 bool Core::RunCommands() {
   std::deque<std::function<void()>> batch;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     batch.swap(commands_);
   }
   for (auto& fn : batch) {
@@ -161,7 +163,7 @@ void Core::Loop() {
 
 void Core::WaitForWork(int idle_waits) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!commands_.empty()) return;
     sleeping_ = true;
   }
@@ -193,7 +195,7 @@ void Core::WaitForWork(int idle_waits) {
     ppoll(fds, nfds, &ts, nullptr);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     sleeping_ = false;
   }
   uint64_t drained;
@@ -205,9 +207,10 @@ int Core::DrainCompletions() {
   fi_cq_tagged_entry entries[32];
   while (true) {
     ssize_t n;
-    {
-      std::shared_lock<std::shared_mutex> lock;
-      if (named_) lock = std::shared_lock(Local().mu);
+    if (named_) {
+      ReaderMutexLock lock(Local().mu);
+      n = fi_cq_read(fabric_->cq(), entries, 32);
+    } else {
       n = fi_cq_read(fabric_->cq(), entries, 32);
     }
     if (n > 0) {
@@ -285,7 +288,7 @@ void Core::TickTimers() {
 
 void Core::ShutdownOnThread() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     accepting_ = false;
   }
   RunCommands();  // what was queued before Shutdown still happens, then aborts
@@ -333,32 +336,24 @@ void Core::Teardown() {
   // regions and touch it in its own progress; keep them until the last one is done.
   std::vector<Resources> bury;
   {
-    std::unique_lock lock(Local().mu);
+    LocalNames& local = Local();
+    WriterMutexLock lock(local.mu);
     for (auto& endpoint : resources.endpoints) {
       const auto& name = endpoint->endpoint->name();
-      Local().live.erase(std::string(reinterpret_cast<const char*>(name.data()), name.size()));
+      local.live.erase(std::string(reinterpret_cast<const char*>(name.data()), name.size()));
     }
-    Local().graveyard.push_back(std::move(resources));
-    if (--Local().live_cores == 0) bury.swap(Local().graveyard);
+    local.graveyard.push_back(std::move(resources));
+    if (--local.live_cores == 0) bury.swap(local.graveyard);
   }
 }
 
 // ---------------------------------------------------------------------------
 // Posting operations.
 
-int Core::PostOp(Op* op) {
-  if (op->post_error != 0) return -op->post_error;
-  std::shared_lock<std::shared_mutex> lock;
-  if (named_) {
-    lock = std::shared_lock(Local().mu);
-    if (op->kind == OpKind::kControlSend || op->kind == OpKind::kDataSend) {
-      auto name = op->endpoint->names.find(op->peer);
-      if (name != op->endpoint->names.end() && Local().ever.count(name->second) &&
-          !Local().live.count(name->second)) {
-        return -FI_ECONNREFUSED;
-      }
-    }
-  }
+namespace {
+
+// Hands `op` to libfabric; shm callers hold LocalNames::mu shared around it.
+int PostToProvider(Op* op) {
   fid_ep* ep = op->endpoint->endpoint->ep();
   switch (op->kind) {
     case OpKind::kControlRecv:
@@ -375,6 +370,23 @@ int Core::PostOp(Op* op) {
                                        op->desc, FI_ADDR_UNSPEC, op->tag, 0, op));
   }
   return -FI_EINVAL;
+}
+
+}  // namespace
+
+int Core::PostOp(Op* op) {
+  if (op->post_error != 0) return -op->post_error;
+  if (!named_) return PostToProvider(op);
+  LocalNames& local = Local();
+  ReaderMutexLock lock(local.mu);
+  if (op->kind == OpKind::kControlSend || op->kind == OpKind::kDataSend) {
+    auto name = op->endpoint->names.find(op->peer);
+    if (name != op->endpoint->names.end() && local.ever.count(name->second) &&
+        !local.live.count(name->second)) {
+      return -FI_ECONNREFUSED;
+    }
+  }
+  return PostToProvider(op);
 }
 
 void Core::Submit(Op* op) {

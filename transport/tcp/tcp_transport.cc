@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include "common/thread_annotations.h"
 #include "transport/internal/tcp_core.h"
 
 namespace deltacast::transport {
@@ -25,7 +26,7 @@ void Core::StartThreads() {
 }
 
 bool Core::Register(const std::shared_ptr<Link>& link) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closing_) return false;
   links_.emplace(link.get(), link);
   if (!link->inbound_host().empty()) ++links_by_host_[link->inbound_host()];
@@ -33,7 +34,7 @@ bool Core::Register(const std::shared_ptr<Link>& link) {
 }
 
 void Core::Unregister(const Link* link) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (links_.erase(link) == 0) return;
   if (!link->inbound_host().empty()) {
     auto it = links_by_host_.find(link->inbound_host());
@@ -70,11 +71,11 @@ void Core::CloseControlState() {
 }
 
 void Core::Shutdown() {
-  std::lock_guard shutdown_lock(shutdown_mu_);
+  MutexLock shutdown_lock(shutdown_mu_);
   if (shut_down_) return;
   std::vector<std::shared_ptr<Link>> links;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     closing_ = true;
     for (auto& [raw, weak] : links_) {
       if (auto link = weak.lock()) links.push_back(std::move(link));
@@ -97,7 +98,7 @@ void Core::Shutdown() {
   }
   threads_.clear();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopped_.store(true, std::memory_order_release);
   }
   if (!on_io_thread) {

@@ -15,7 +15,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,6 +22,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "transport/internal/buffer_pool.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/transport.h"
@@ -116,12 +116,12 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<bool> closing_{false};  // Shutdown began: refuse Listen/Connect
   std::atomic<bool> stopped_{false};  // handlers suppressed, loop gone
 
-  std::mutex post_mu_;
-  std::vector<std::function<void()>> posted_;
-  bool accepting_posts_ = true;
+  Mutex post_mu_;
+  std::vector<std::function<void()>> posted_ GUARDED_BY(post_mu_);
+  bool accepting_posts_ GUARDED_BY(post_mu_) = true;
 
-  std::mutex shutdown_mu_;
-  bool shut_down_ = false;
+  Mutex shutdown_mu_;
+  bool shut_down_ GUARDED_BY(shutdown_mu_) = false;
 
   // Progress thread state.
   std::deque<std::function<void()>> deferred_;

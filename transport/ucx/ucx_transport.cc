@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "common/thread_annotations.h"
 #include "transport/internal/address.h"
 #include "transport/internal/core_transport.h"
 #include "transport/internal/link_connection.h"
@@ -104,7 +105,7 @@ void Core::StartThread() {
 
 bool Core::Post(std::function<void()> fn) {
   {
-    std::lock_guard lock(post_mu_);
+    MutexLock lock(post_mu_);
     if (!accepting_posts_) return false;
     posted_.push_back(std::move(fn));
     // Under the lock: Teardown destroys the worker once it has stopped posts, and
@@ -317,7 +318,7 @@ void Core::DoConnect(const std::string& address, ConnectHandler on_done) {
 bool Core::RunPosted() {
   std::vector<std::function<void()>> batch;
   {
-    std::lock_guard lock(post_mu_);
+    MutexLock lock(post_mu_);
     batch.swap(posted_);
   }
   for (auto& fn : batch) fn();
@@ -390,13 +391,19 @@ void Core::BeginShutdown() {
 
 void Core::Teardown() {
   {
-    std::lock_guard lock(post_mu_);
+    MutexLock lock(post_mu_);
     accepting_posts_ = false;
   }
   stopped_.store(true, std::memory_order_release);
   RunDeferred();  // releases what completions hold; user handlers are silenced
   deferred_.clear();
-  posted_.clear();
+  {
+    std::vector<std::function<void()>> dropped;  // destroyed outside the lock, as before
+    {
+      MutexLock lock(post_mu_);
+      dropped.swap(posted_);
+    }
+  }
   ucx_.reset();  // destroys the worker and the context
   for (RequestCtx* ctx : live_) delete ctx;
   live_.clear();
@@ -405,7 +412,7 @@ void Core::Teardown() {
 }
 
 void Core::Shutdown() {
-  std::lock_guard shutdown_lock(shutdown_mu_);
+  MutexLock shutdown_lock(shutdown_mu_);
   if (shut_down_) return;
   closing_.store(true);
   Post([self = shared_from_this()] { self->BeginShutdown(); });

@@ -14,7 +14,6 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,6 +22,7 @@
 #include "common/event_loop.h"
 #include "common/log.h"
 #include "common/parallel.h"
+#include "common/thread_annotations.h"
 #include "objstore/s3_client.h"
 #include "relay/bucket/bucket_bridge.h"
 #include "transport/transport.h"
@@ -50,7 +50,7 @@ class BucketIo {
   // Runs `update(stats)` under the stats' lock.
   template <class F>
   void Count(F&& update) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     update(stats_);
   }
   // Counts an object that failed its checks; logs one in 20.
@@ -79,7 +79,7 @@ class BucketIo {
       if (s.ok()) break;
       Retried(s, attempt);
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++stats_.objects_written;
     stats_.bytes_written += body.size();
     return true;
@@ -106,7 +106,7 @@ class BucketIo {
   std::optional<std::vector<std::byte>> GetIfThere(const std::string& key) {
     auto got = client_->Get(key);
     if (got.ok()) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       ++stats_.objects_read;
       stats_.bytes_read += got->size();
       return std::move(*got);
@@ -121,7 +121,7 @@ class BucketIo {
     for (int attempt = 0;; ++attempt) {
       auto got = client_->Get(key);
       if (got.ok()) {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         ++stats_.objects_read;
         stats_.bytes_read += got->size();
         return std::move(*got);
@@ -136,7 +136,7 @@ class BucketIo {
   void Retried(const Status& why, int attempt) {
     uint64_t n = 0;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       n = stats_.retries++;
     }
     if (n % 50 == 0) log::Warn(fmt::format("bucket: {} (retrying)", why.ToString()));
@@ -150,10 +150,11 @@ class BucketIo {
   std::unique_ptr<objstore::S3Client> client_;
   const std::atomic<bool>& stopped_;
   const std::string who_;
-  mutable std::mutex mu_;
-  BucketBridgeStats stats_;
-  objstore::RequestCounts at_last_end_;
-  std::chrono::steady_clock::time_point last_end_ = std::chrono::steady_clock::now();
+  mutable Mutex mu_;
+  BucketBridgeStats stats_ GUARDED_BY(mu_);
+  objstore::RequestCounts at_last_end_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_end_ GUARDED_BY(mu_) =
+      std::chrono::steady_clock::now();
   WorkerPool pool_;
 };
 
