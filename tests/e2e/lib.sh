@@ -12,6 +12,10 @@
 # publish_step FROM TO NAME: publishes $work/steps/stepFROM -> stepTO with the state
 #   in $work/run/source; the report in $work/run/NAME.json.
 
+# free_port_base COUNT: a random base (26000-29184, a multiple of 16) below the
+#   ephemeral range such that no TCP socket of this machine, in any state, holds one
+#   of base .. base+COUNT-1. UCX's listener refuses a port that a closed connection
+#   still holds in TIME_WAIT (a minute after an earlier run on the same ports).
 # json_holds FILE FILTER: whether FILE holds JSON for which FILTER is true. Unlike a
 #   bare `jq -e` (jq 1.6 exits 0 on empty input), a missing or empty FILE fails.
 json_holds() { [[ -s $1 ]] && jq -e "$2" "$1" >/dev/null 2>&1; }
@@ -20,6 +24,22 @@ json_holds() { [[ -s $1 ]] && jq -e "$2" "$1" >/dev/null 2>&1; }
 # network interface: keep their network providers on loopback (UCX's tcp transport
 # otherwise also opens eth0, libfabric's tcp binds outgoing endpoints there).
 export UCX_NET_DEVICES=lo FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
+
+free_port_base() {
+  local count=$1 base used
+  # Local ports of every socket, from the kernel's tables (hex after the colon).
+  used=$(for hex in $(awk 'FNR > 1 { sub(/.*:/, "", $2); print $2 }' /proc/net/tcp \
+    /proc/net/tcp6 2>/dev/null); do echo $((16#$hex)); done | sort -un)
+  for _ in $(seq 1 100); do
+    base=$((26000 + (RANDOM % 200) * 16))
+    if ! awk -v b="$base" -v n="$count" '$1 >= b && $1 < b + n { found = 1 } END { exit !found }' \
+      <<<"$used"; then
+      echo "$base"
+      return 0
+    fi
+  done
+  echo "$base"  # all busy: the test will say which port it could not use
+}
 
 start_work() {
   work=$(mktemp -d "/tmp/deltacast-$1.XXXXXX")

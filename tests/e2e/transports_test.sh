@@ -8,7 +8,7 @@ set -uo pipefail
 dc=$1
 source "$(dirname "$0")/lib.sh"
 start_work transports
-base=$((26000 + (RANDOM % 200) * 16))  # below the ephemeral range; 3 ports per node
+base=$(free_port_base 12)  # 3 ports per node, none held by another socket
 cat >"$work/cluster.toml" <<TOML
 [cluster]
 name = "transports"
