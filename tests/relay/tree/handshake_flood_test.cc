@@ -243,6 +243,22 @@ class ProducerFloodTest : public FloodTest {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
+  // Floods the producer port (`hello`: links that pass the transport's hello, else
+  // silent sockets) until `slots` are full; a producer must still join within 2 s.
+  void FloodThenJoin(bool hello, const std::string& slots) {
+    StartFlood(hello);
+    ASSERT_GE(flood_.size(), 1030u);
+    ASSERT_GE(redialled_.load(), 200u) << "the flood never filled " << slots;
+    Status joined;
+    const double seconds = JoinProducer(&joined);
+    StopFlood();
+    EXPECT_TRUE(joined.ok()) << "the producer was refused while the flood lasted: "
+                             << joined.ToString();
+    EXPECT_LT(seconds, 2.0) << "the producer took " << seconds << " s to join";
+    RecordProperty("join_ms", static_cast<int>(seconds * 1000));
+    RecordProperty("flood_redialled", static_cast<int>(redialled_.load()));
+  }
+
   test_util::TempDir dir_{"producer_flood_test"};
   topology::ClusterConfig config_;
   std::unique_ptr<Root> root_;
@@ -251,33 +267,13 @@ class ProducerFloodTest : public FloodTest {
 // Links that pass the transport's hello and never answer the root's CHALLENGE fill
 // the producer hub's 64 slots (relay/producers/producer_hub.cc).
 TEST_F(ProducerFloodTest, AProducerJoinsOverTlsWhileHalfOpenLinksFillTheRootsSlots) {
-  StartFlood(/*hello=*/true);
-  ASSERT_GE(flood_.size(), 1030u);
-  ASSERT_GE(redialled_.load(), 200u) << "the flood never filled the root's handshake slots";
-  Status joined;
-  const double seconds = JoinProducer(&joined);
-  StopFlood();
-  EXPECT_TRUE(joined.ok()) << "the producer was refused while the flood lasted: "
-                           << joined.ToString();
-  EXPECT_LT(seconds, 2.0) << "the producer took " << seconds << " s to join";
-  RecordProperty("join_ms", static_cast<int>(seconds * 1000));
-  RecordProperty("flood_redialled", static_cast<int>(redialled_.load()));
+  FloodThenJoin(/*hello=*/true, "the root's handshake slots");
 }
 
 // Sockets that never say even the transport's hello fill its 512 slots on the
 // producer listener too.
 TEST_F(ProducerFloodTest, AProducerJoinsOverTlsWhileSilentSocketsFillTheTransportsSlots) {
-  StartFlood(/*hello=*/false);
-  ASSERT_GE(flood_.size(), 1030u);
-  ASSERT_GE(redialled_.load(), 200u) << "the flood never filled the transport's handshake slots";
-  Status joined;
-  const double seconds = JoinProducer(&joined);
-  StopFlood();
-  EXPECT_TRUE(joined.ok()) << "the producer was refused while the flood lasted: "
-                           << joined.ToString();
-  EXPECT_LT(seconds, 2.0) << "the producer took " << seconds << " s to join";
-  RecordProperty("join_ms", static_cast<int>(seconds * 1000));
-  RecordProperty("flood_redialled", static_cast<int>(redialled_.load()));
+  FloodThenJoin(/*hello=*/false, "the transport's handshake slots");
 }
 
 // [limits] handshake_max_message holds on the producer listener too: frame headers
