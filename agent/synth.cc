@@ -265,8 +265,10 @@ uint64_t RoundTo(double x, uint64_t multiple) {
 // intermediate about 8/3 hidden (tuned within [2, 4] x hidden to hit the count),
 // from 512 wide a head count divisible by 4 and, once there are 8 heads, GQA with 4
 // query heads per KV head (Llama-3 style), vocabulary 32000
-// (Llama-2), shrunk for small models so embeddings stay near a quarter of the total.
-ModelShape ChooseShape(uint64_t params) {
+// (Llama-2), shrunk for small models so embeddings stay near a quarter of the total;
+// or, with `embedding_share` > 0, the vocabulary that gives embeddings and LM head
+// that share of the total.
+ModelShape ChooseShape(uint64_t params, double embedding_share) {
   const double target = static_cast<double>(params);
   ModelShape best;
   double best_score = std::numeric_limits<double>::infinity();
@@ -280,8 +282,11 @@ ModelShape ChooseShape(uint64_t params) {
     s.heads = h / s.head_dim;
     if (h >= 512 && s.heads % 4 != 0) continue;  // real widths allow GQA groups of 4
     s.kv_heads = (s.heads >= 8 && s.heads % 4 == 0) ? s.heads / 4 : s.heads;
-    s.vocab =
-        std::clamp<uint64_t>(RoundTo(0.125 * target / static_cast<double>(h), 64), 256, 32000);
+    s.vocab = embedding_share > 0
+                  ? std::max<uint64_t>(
+                        RoundTo(embedding_share / 2 * target / static_cast<double>(h), 64), 64)
+                  : std::clamp<uint64_t>(RoundTo(0.125 * target / static_cast<double>(h), 64), 256,
+                                         32000);
     const uint64_t multiple = h >= 2048 ? 256 : 64;
     const double ideal_layers =
         h <= 1024 ? std::max(2.0, h / 64.0) : std::sqrt(static_cast<double>(h)) / 2;
@@ -404,9 +409,9 @@ struct Plan {
   uint64_t total_bytes = 0;
 };
 
-Plan MakePlan(uint64_t params, uint64_t max_shard_bytes, uint64_t experts) {
+Plan MakePlan(uint64_t params, uint64_t max_shard_bytes, uint64_t experts, double embedding_share) {
   Plan plan;
-  plan.shape = ChooseShape(params);
+  plan.shape = ChooseShape(params, embedding_share);
   plan.shape.experts = experts;
   plan.canonical = BuildTensors(plan.shape);
   for (const auto& t : plan.canonical) plan.total_bytes += t.info.ByteSize();
@@ -672,6 +677,10 @@ Status ValidateOptions(const SynthOptions& o) {
     return Status::InvalidArgument("synth: experts " + std::to_string(o.experts) +
                                    " is outside [2, 64] (0 = a dense MLP)");
   }
+  if (o.embedding_share != 0 && !(o.embedding_share >= 0.001 && o.embedding_share <= 0.5)) {
+    return Status::InvalidArgument("synth: embedding share " + std::to_string(o.embedding_share) +
+                                   " is outside [0.001, 0.5] (0 = the default shape's)");
+  }
   if (o.lr == 0 &&
       !(o.change_rate >= kMinSynthChangeRate && o.change_rate <= kMaxSynthChangeRate)) {
     return Status::InvalidArgument("synth: change rate " + std::to_string(o.change_rate) +
@@ -723,7 +732,8 @@ Status PrepareDirectories(const Plan& plan, const std::vector<fs::path>& dirs) {
 
 Result<SynthReport> Synthesize(const SynthOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
-  const Plan plan = MakePlan(options.params, options.max_shard_bytes, options.experts);
+  const Plan plan =
+      MakePlan(options.params, options.max_shard_bytes, options.experts, options.embedding_share);
   if (plan.shape.experts > 0 && plan.shape.intermediate % plan.shape.experts != 0) {
     return Status::InvalidArgument("synth: " + std::to_string(plan.shape.experts) +
                                    " experts do not divide the intermediate size " +

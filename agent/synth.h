@@ -44,6 +44,11 @@ struct SynthOptions {
   // > 0: a mixture-of-experts MLP in every layer (a router and this many experts,
   // each with intermediate / experts rows), as in Qwen-MoE / OLMoE checkpoints.
   uint64_t experts = 0;
+  // Share of the parameters in the embeddings and the LM head (both kept BF16 in an
+  // FP8 serving twin). 0: the default shape's (about a quarter, vocabulary at most
+  // 32000, so a few percent from 7B up). Else in [0.001, 0.5]: a small model with a
+  // large model's proportions (Llama-3-70B: 0.03, DeepSeek-V3: 0.003).
+  double embedding_share = 0;
   // Also write the training job's shards for every step (synth_shards.h).
   ShardSpec shards;
   // Called on the calling thread as the checkpoints' bytes are computed: BF16

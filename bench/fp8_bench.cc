@@ -324,6 +324,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> rates_text = {"1%", "2.29%", "3%"};
   std::filesystem::path work = std::filesystem::temp_directory_path() / "deltacast-bench-fp8";
   uint64_t seed = 1, tp = 4;
+  std::vector<double> embedding_shares = {0};
   app.add_option("--params", params_text, "Model size")->capture_default_str();
   app.add_option("--tp", tp, "TP degree of the producers' shards (0: no producer run)")
       ->capture_default_str();
@@ -333,6 +334,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--out", out_path, "Also write the JSON here");
   app.add_option("--seed", seed, "Synthesis seed")->capture_default_str();
+  app.add_option("--embedding-shares", embedding_shares,
+                 "Shares of the model in embeddings + LM head (kept BF16) to synthesize; "
+                 "0: synth's default shape (a quarter at this size)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const uint64_t params = Check(dc::agent::ParseParamCount(params_text), "--params");
   const size_t cores = dc::DefaultThreadCount();
@@ -343,111 +348,118 @@ int main(int argc, char** argv) {
   }
 
   json results = json::array();
-  for (const auto& rate_text : rates_text) {
-    const double rate = Check(dc::agent::ParseRate(rate_text), "--rates");
-    dc::agent::ShardSpec shards;
-    if (tp > 0) shards = Check(dc::agent::ParseShardSpec("tp=" + std::to_string(tp)), "--tp");
-    auto pair = SynthesizeStepPair(work, params, rate, seed, shards);
-    const auto& report = pair.report;
-    const auto& a = pair.base;
-    const auto& b = pair.target;
-    const auto plan = Check(dc::agent::PlanFp8Twin(serving, a->tensors()), "plan");
-    auto fa = Check(dc::agent::QuantizeStore(*a, plan, cores), "quantize step0");
-    auto fb = Check(dc::agent::QuantizeStore(*b, plan, cores), "quantize step1");
+  for (const double embedding_share : embedding_shares)
+    for (const auto& rate_text : rates_text) {
+      const double rate = Check(dc::agent::ParseRate(rate_text), "--rates");
+      dc::agent::ShardSpec shards;
+      if (tp > 0) shards = Check(dc::agent::ParseShardSpec("tp=" + std::to_string(tp)), "--tp");
+      auto pair = SynthesizeStepPair(work, params, rate, seed, shards, embedding_share);
+      const auto& report = pair.report;
+      const auto& a = pair.base;
+      const auto& b = pair.target;
+      const auto plan = Check(dc::agent::PlanFp8Twin(serving, a->tensors()), "plan");
+      auto fa = Check(dc::agent::QuantizeStore(*a, plan, cores), "quantize step0");
+      auto fb = Check(dc::agent::QuantizeStore(*b, plan, cores), "quantize step1");
 
-    std::set<std::string> quantized;
-    for (const auto& s : plan) {
-      if (s.quantized()) quantized.insert(s.canonical.name);
-    }
-    const auto all = [](const dc::TensorSpec&) { return true; };
-    const auto bf16_all = Changed(*a, *b, all);
-    const auto bf16_q = Changed(*a, *b, [&](const auto& t) { return quantized.contains(t.name); });
-    const auto fp8_w =
-        Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kF8E4M3; });
-    const auto fp8_s =
-        Changed(*fa, *fb, [](const auto& t) { return t.name.ends_with("_scale_inv"); });
-    const auto fp8_kept =
-        Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kBF16; });
-
-    const auto [avx_s, q_bytes] = TimeQuantizer(*b, plan, false);
-    const auto [base_s, q_bytes2] = TimeQuantizer(*b, plan, true);
-    (void)q_bytes2;
-
-    // The tensors kept BF16 change alike in both deltas; their own delta, encoded
-    // alone, splits each twin delta into its kept and its quantized part.
-    const auto kept = [](const dc::TensorSpec& t) { return t.dtype == dc::DType::kBF16; };
-    auto kept_a = Subset(*fa, kept), kept_b = Subset(*fb, kept);
-
-    json modes = json::array();
-    for (const auto mode : {dc::codec::CodecMode::kFast, dc::codec::CodecMode::kContext}) {
-      const CodecRun bf = RunCodec(*a, *b, mode, false);
-      const CodecRun f8 = RunCodec(*fa, *fb, mode, true);
-      const CodecRun kp = RunCodec(*kept_a, *kept_b, mode, false);
-      const bool fast = mode == dc::codec::CodecMode::kFast;
-      json m = {{"mode", fast ? "fast" : "context"},
-                {"bf16_delta_bytes", bf.delta_bytes},
-                {"fp8_delta_bytes", f8.delta_bytes},
-                {"fp8_to_bf16", double(f8.delta_bytes) / double(bf.delta_bytes)},
-                {"fp8_le_0_2_bf16", double(f8.delta_bytes) <= 0.2 * double(bf.delta_bytes)},
-                {"bit_exact", f8.bit_exact},
-                {"kept_bf16_delta_bytes", kp.delta_bytes},
-                {"fp8_to_bf16_quantized_tensors",
-                 double(f8.delta_bytes - std::min(f8.delta_bytes, kp.delta_bytes)) /
-                     double(bf.delta_bytes - std::min(bf.delta_bytes, kp.delta_bytes))},
-                {"fp8_encode_cpu_seconds", f8.encode_cpu_seconds}};
-      if (fast) {
-        // The producer's work per BF16 byte: quantize the step, then encode the twin.
-        m["producer_gbps_per_core_bf16_input"] =
-            double(q_bytes) / 1e9 / (avx_s + f8.encode_cpu_seconds);
+      std::set<std::string> quantized;
+      for (const auto& s : plan) {
+        if (s.quantized()) quantized.insert(s.canonical.name);
       }
-      modes.push_back(m);
-    }
-    json row = {
-        {"change_rate_target", rate},
-        {"params", report.params},
-        {"lr", report.lr},
-        {"bf16_changed_fraction", double(bf16_all.first) / double(bf16_all.second)},
-        {"bf16_changed_fraction_quantized_tensors", double(bf16_q.first) / double(bf16_q.second)},
-        {"fp8_changed_fraction", double(fp8_w.first) / double(fp8_w.second)},
-        {"fp8_scales_changed", fp8_s.first},
-        {"fp8_scales", fp8_s.second},
-        {"kept_bf16_changed_fraction",
-         fp8_kept.second ? double(fp8_kept.first) / double(fp8_kept.second) : 0.0},
-        {"bf16_checkpoint_bytes", uint64_t{report.params} * 2},
-        {"quantized_bf16_bytes", q_bytes},
-        {"quantizer_gbps_per_core", double(q_bytes) / 1e9 / avx_s},
-        {"quantizer_path", std::string(dc::quant::Fp8CpuPath())},
-        {"quantizer_baseline_gbps_per_core", double(q_bytes) / 1e9 / base_s},
-        {"modes", modes},
-    };
-    if (tp > 0) {
-      row["producers"] = RunProducers(work, shards.Ranks(), serving);
-      row["producers"]["tp"] = tp;
-      const auto& pr = row["producers"];
+      const auto all = [](const dc::TensorSpec&) { return true; };
+      const auto bf16_all = Changed(*a, *b, all);
+      const auto bf16_q =
+          Changed(*a, *b, [&](const auto& t) { return quantized.contains(t.name); });
+      const auto fp8_w =
+          Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kF8E4M3; });
+      const auto fp8_s =
+          Changed(*fa, *fb, [](const auto& t) { return t.name.ends_with("_scale_inv"); });
+      const auto fp8_kept =
+          Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kBF16; });
+
+      const auto [avx_s, q_bytes] = TimeQuantizer(*b, plan, false);
+      const auto [base_s, q_bytes2] = TimeQuantizer(*b, plan, true);
+      (void)q_bytes2;
+
+      // The tensors kept BF16 change alike in both deltas; their own delta, encoded
+      // alone, splits each twin delta into its kept and its quantized part.
+      const auto kept = [](const dc::TensorSpec& t) { return t.dtype == dc::DType::kBF16; };
+      auto kept_a = Subset(*fa, kept), kept_b = Subset(*fb, kept);
+
+      json modes = json::array();
+      for (const auto mode : {dc::codec::CodecMode::kFast, dc::codec::CodecMode::kContext}) {
+        const CodecRun bf = RunCodec(*a, *b, mode, false);
+        const CodecRun f8 = RunCodec(*fa, *fb, mode, true);
+        const CodecRun kp = RunCodec(*kept_a, *kept_b, mode, false);
+        const bool fast = mode == dc::codec::CodecMode::kFast;
+        json m = {{"mode", fast ? "fast" : "context"},
+                  {"bf16_delta_bytes", bf.delta_bytes},
+                  {"fp8_delta_bytes", f8.delta_bytes},
+                  {"fp8_to_bf16", double(f8.delta_bytes) / double(bf.delta_bytes)},
+                  {"fp8_le_0_2_bf16", double(f8.delta_bytes) <= 0.2 * double(bf.delta_bytes)},
+                  {"bit_exact", f8.bit_exact},
+                  {"kept_bf16_delta_bytes", kp.delta_bytes},
+                  {"fp8_to_bf16_quantized_tensors",
+                   double(f8.delta_bytes - std::min(f8.delta_bytes, kp.delta_bytes)) /
+                       double(bf.delta_bytes - std::min(bf.delta_bytes, kp.delta_bytes))},
+                  {"fp8_encode_cpu_seconds", f8.encode_cpu_seconds}};
+        if (fast) {
+          // The producer's work per BF16 byte: quantize the step, then encode the twin.
+          m["producer_gbps_per_core_bf16_input"] =
+              double(q_bytes) / 1e9 / (avx_s + f8.encode_cpu_seconds);
+        }
+        modes.push_back(m);
+      }
+      json row = {
+          {"change_rate_target", rate},
+          {"params", report.params},
+          {"embedding_share_asked", embedding_share},
+          {"vocab", report.vocab},
+          {"kept_bf16_share", 1.0 - double(q_bytes) / double(uint64_t{report.params} * 2)},
+          {"lr", report.lr},
+          {"bf16_changed_fraction", double(bf16_all.first) / double(bf16_all.second)},
+          {"bf16_changed_fraction_quantized_tensors", double(bf16_q.first) / double(bf16_q.second)},
+          {"fp8_changed_fraction", double(fp8_w.first) / double(fp8_w.second)},
+          {"fp8_scales_changed", fp8_s.first},
+          {"fp8_scales", fp8_s.second},
+          {"kept_bf16_changed_fraction",
+           fp8_kept.second ? double(fp8_kept.first) / double(fp8_kept.second) : 0.0},
+          {"bf16_checkpoint_bytes", uint64_t{report.params} * 2},
+          {"quantized_bf16_bytes", q_bytes},
+          {"quantizer_gbps_per_core", double(q_bytes) / 1e9 / avx_s},
+          {"quantizer_path", std::string(dc::quant::Fp8CpuPath())},
+          {"quantizer_baseline_gbps_per_core", double(q_bytes) / 1e9 / base_s},
+          {"modes", modes},
+      };
+      if (tp > 0) {
+        row["producers"] = RunProducers(work, shards.Ranks(), serving);
+        row["producers"]["tp"] = tp;
+        const auto& pr = row["producers"];
+        fmt::print(stderr,
+                   "rate {}: {} producers (tp={}): {:.2f} GB/s/core of new BF16 shard from the "
+                   "committed image ({:.2f} on a first refit); {} split blocks, {} B exchanged vs "
+                   "{} B to gather\n",
+                   rate_text, shards.Ranks(), tp,
+                   pr["steady_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
+                   pr["first_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
+                   pr["split_blocks"].get<uint64_t>(),
+                   pr["split_amax_exchange_bytes"].get<uint64_t>(),
+                   pr["split_blocks_gather_bytes"].get<uint64_t>());
+      }
       fmt::print(stderr,
-                 "rate {}: {} producers (tp={}): {:.2f} GB/s/core of new BF16 shard from the "
-                 "committed image ({:.2f} on a first refit); {} split blocks, {} B exchanged vs "
-                 "{} B to gather\n",
-                 rate_text, shards.Ranks(), tp,
-                 pr["steady_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
-                 pr["first_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
-                 pr["split_blocks"].get<uint64_t>(),
-                 pr["split_amax_exchange_bytes"].get<uint64_t>(),
-                 pr["split_blocks_gather_bytes"].get<uint64_t>());
+                 "rate {} (kept BF16 {:.1f}% of the model): BF16 {:.3f}% changed, FP8 {:.3f}% of "
+                 "bytes, {} of {} scales; fast {:.3f}x "
+                 "BF16, context {:.3f}x (quantized tensors alone: {:.3f}x, {:.3f}x); quantizer "
+                 "{:.2f} GB/s/core ({} ), baseline {:.2f}\n",
+                 rate_text, 100 * row["kept_bf16_share"].get<double>(),
+                 100 * row["bf16_changed_fraction"].get<double>(),
+                 100 * row["fp8_changed_fraction"].get<double>(), fp8_s.first, fp8_s.second,
+                 modes[0]["fp8_to_bf16"].get<double>(), modes[1]["fp8_to_bf16"].get<double>(),
+                 modes[0]["fp8_to_bf16_quantized_tensors"].get<double>(),
+                 modes[1]["fp8_to_bf16_quantized_tensors"].get<double>(),
+                 row["quantizer_gbps_per_core"].get<double>(), dc::quant::Fp8CpuPath(),
+                 row["quantizer_baseline_gbps_per_core"].get<double>());
+      results.push_back(row);
     }
-    fmt::print(stderr,
-               "rate {}: BF16 {:.3f}% changed, FP8 {:.3f}% of bytes, {} of {} scales; fast {:.3f}x "
-               "BF16, context {:.3f}x (quantized tensors alone: {:.3f}x, {:.3f}x); quantizer "
-               "{:.2f} GB/s/core ({} ), baseline {:.2f}\n",
-               rate_text, 100 * row["bf16_changed_fraction"].get<double>(),
-               100 * row["fp8_changed_fraction"].get<double>(), fp8_s.first, fp8_s.second,
-               modes[0]["fp8_to_bf16"].get<double>(), modes[1]["fp8_to_bf16"].get<double>(),
-               modes[0]["fp8_to_bf16_quantized_tensors"].get<double>(),
-               modes[1]["fp8_to_bf16_quantized_tensors"].get<double>(),
-               row["quantizer_gbps_per_core"].get<double>(), dc::quant::Fp8CpuPath(),
-               row["quantizer_baseline_gbps_per_core"].get<double>());
-    results.push_back(row);
-  }
   std::filesystem::remove_all(work);
   json doc = {{"benchmark", "fp8"},
               {"cores", cores},

@@ -19,9 +19,9 @@ struct StepPair {
 };
 
 // `shards`: also write each step's training shards (synth --shards).
-inline StepPair SynthesizeStepPair(const std::filesystem::path& work, uint64_t params,
-                                   double rate, uint64_t seed,
-                                   const agent::ShardSpec& shards = {}) {
+inline StepPair SynthesizeStepPair(const std::filesystem::path& work, uint64_t params, double rate,
+                                   uint64_t seed, const agent::ShardSpec& shards = {},
+                                   double embedding_share = 0) {
   std::filesystem::remove_all(work);
   agent::SynthOptions synth;
   synth.out_dir = work;
@@ -30,10 +30,12 @@ inline StepPair SynthesizeStepPair(const std::filesystem::path& work, uint64_t p
   synth.change_rate = rate;
   synth.seed = seed;
   synth.shards = shards;
+  synth.embedding_share = embedding_share;
   StepPair pair;
   pair.report = Check(agent::Synthesize(synth), "synth");
   using Access = apply::CheckpointDirStore::Access;
-  pair.base = Check(apply::CheckpointDirStore::Open(work / "step0", Access::kReadOnly), "open step0");
+  pair.base =
+      Check(apply::CheckpointDirStore::Open(work / "step0", Access::kReadOnly), "open step0");
   pair.target =
       Check(apply::CheckpointDirStore::Open(work / "step1", Access::kReadOnly), "open step1");
   return pair;

@@ -54,6 +54,11 @@ struct Layout {
 using Bf16Layout = Layout<uint16_t, 7, 8>;
 using F16Layout = Layout<uint16_t, 10, 5>;
 using F32Layout = Layout<uint32_t, 23, 8>;
+// FP8 serving weights (docs/fp8.md): the block scale is shared by 128 x 128 elements,
+// so the element's own exponent still says how wide its unit in the last place is
+// against an AdamW step, as it does for BF16.
+using F8E4M3Layout = Layout<uint8_t, 3, 4>;
+using F8E5M2Layout = Layout<uint8_t, 2, 5>;
 
 // Bit length of a magnitude difference or XOR: 0..kMagBits. The sign-change
 // escape codes it with a 5-level binary tree, enough for 31 magnitude bits.
@@ -354,7 +359,8 @@ Status CheckBase(std::string_view what, DType dtype, ByteSpan base) {
 }  // namespace
 
 bool ContextModeSupports(DType dtype) {
-  return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
+  return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32 ||
+         dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
 }
 
 Result<std::vector<std::byte>> ContextEncode(DType dtype, ByteSpan base,
@@ -378,6 +384,12 @@ Result<std::vector<std::byte>> ContextEncode(DType dtype, ByteSpan base,
       break;
     case DType::kF16:
       s = EncodeWith<F16Layout>(base, changes, out);
+      break;
+    case DType::kF8E4M3:
+      s = EncodeWith<F8E4M3Layout>(base, changes, out);
+      break;
+    case DType::kF8E5M2:
+      s = EncodeWith<F8E5M2Layout>(base, changes, out);
       break;
     default:
       s = EncodeWith<F32Layout>(base, changes, out);
@@ -419,6 +431,12 @@ Status ContextDecode(DType dtype, ByteSpan payload, ByteSpan base, uint64_t chan
       break;
     case DType::kF16:
       s = DecodeWith<F16Layout>(stream, base, change_count, out);
+      break;
+    case DType::kF8E4M3:
+      s = DecodeWith<F8E4M3Layout>(stream, base, change_count, out);
+      break;
+    case DType::kF8E5M2:
+      s = DecodeWith<F8E5M2Layout>(stream, base, change_count, out);
       break;
     default:
       s = DecodeWith<F32Layout>(stream, base, change_count, out);

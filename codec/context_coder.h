@@ -32,7 +32,8 @@ namespace deltacast::codec {
 // First byte of every context-mode payload. A decoder rejects other values.
 inline constexpr uint8_t kContextFormatVersion = 1;
 
-// True for the dtypes whose bit fields context mode models: BF16, F16, F32.
+// True for the dtypes whose bit fields context mode models: BF16, F16, F32 and the
+// FP8 formats E4M3 and E5M2 (the serving twins, docs/fp8.md).
 bool ContextModeSupports(DType dtype);
 
 // Encodes the changes of one partition given its base bytes. `base` is the whole

@@ -376,6 +376,9 @@ TEST(SynthTest, RejectsBadOptionsBeforeWriting) {
   bad.lr = -1;
   expect_invalid(bad, "negative lr");
   bad = o;
+  bad.embedding_share = 0.9;
+  expect_invalid(bad, "embedding share too high");
+  bad = o;
   bad.out_dir.clear();
   expect_invalid(bad, "no directory");
   EXPECT_FALSE(fs::exists(tmp.path() / "out"));
@@ -410,6 +413,21 @@ TEST(SynthTest, TinyModelsStillHaveTwoLayersAndTwoFiles) {
   EXPECT_GE(r->layers, 2);
   EXPECT_GE(r->shards, 2);
   EXPECT_NEAR(static_cast<double>(r->params), 1e6, 0.05e6);
+}
+
+// A small model with a large one's proportions: embeddings and LM head take the share
+// asked for, and the parameter count stays on target.
+TEST(SynthTest, EmbeddingShareSetsTheVocabulary) {
+  test_util::TempDir tmp{"synth_test"};
+  SynthOptions o = SmallOptions(tmp.path());
+  o.params = 20'000'000;
+  o.steps = 1;
+  o.embedding_share = 0.03;
+  auto r = Synthesize(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const double share = 2.0 * static_cast<double>(r->vocab * r->hidden) / r->params;
+  EXPECT_NEAR(share, 0.03, 0.006) << "vocab " << r->vocab << " hidden " << r->hidden;
+  EXPECT_NEAR(static_cast<double>(r->params), 20e6, 0.02 * 20e6);
 }
 
 }  // namespace

@@ -2,12 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "bench/realistic_step.h"
+#include "quant/fp8_element.h"
 
 namespace deltacast::codec {
 namespace {
@@ -98,7 +102,9 @@ TEST(ContextCoderTest, SupportsOnlyFloatDtypesItModels) {
   EXPECT_TRUE(ContextModeSupports(DType::kF32));
   EXPECT_FALSE(ContextModeSupports(DType::kU8));
   EXPECT_FALSE(ContextModeSupports(DType::kF64));
-  EXPECT_FALSE(ContextModeSupports(DType::kF8E4M3));
+  EXPECT_TRUE(ContextModeSupports(DType::kF8E4M3));
+  EXPECT_TRUE(ContextModeSupports(DType::kF8E5M2));
+  EXPECT_FALSE(ContextModeSupports(DType::kF8E8M0));
   EXPECT_FALSE(ContextModeSupports(DType::kI16));
   EXPECT_FALSE(ContextModeSupports(static_cast<DType>(0)));
   EXPECT_FALSE(ContextModeSupports(static_cast<DType>(200)));
@@ -120,6 +126,62 @@ TEST(ContextCoderTest, SpecialBitPatternsRoundTripInEveryDtype) {
     AllPairs(SpecialF32(), base, target);
     ExpectRoundTrip(DType::kF32, base, target);
   }
+}
+
+// FP8 has 256 patterns: every one against every other (NaNs, +-0, subnormals, the
+// largest finite values and, in E5M2, infinities) in one partition.
+TEST(ContextCoderTest, EveryFp8PairRoundTrips) {
+  std::vector<uint8_t> every(256);
+  for (int i = 0; i < 256; ++i) every[i] = static_cast<uint8_t>(i);
+  for (DType dtype : {DType::kF8E4M3, DType::kF8E5M2}) {
+    std::vector<uint8_t> base, target;
+    AllPairs(every, base, target);
+    ExpectRoundTrip(dtype, base, target);
+  }
+}
+
+// An AdamW-like step of block-scaled E4M3 weights (one scale per 128 elements, from
+// each step's own amax, as the serving twin has): exact, and the element's exponent
+// predicts which bytes change, so context mode beats the order-0 entropy of the
+// changed positions and XOR bytes.
+TEST(ContextCoderTest, RealisticFp8StepRoundTripsBelowOrder0Entropy) {
+  const double lr = bench::CalibrateLr(0.03);
+  const auto elements = bench::DrawElements(7, 1 << 20, false);
+  std::vector<float> before, after;
+  for (const auto& e : elements) {
+    before.push_back(e.w);
+    after.push_back(e.w - static_cast<float>(lr) * e.update);
+  }
+  auto quantize = [](const std::vector<float>& v) {
+    std::vector<uint8_t> out(v.size());
+    for (size_t b = 0; b < v.size(); b += 128) {
+      float amax = 0;
+      for (size_t i = b; i < b + 128; ++i) amax = std::max(amax, std::abs(v[i]));
+      const float multiplier = quant::kE4m3Max / std::max(amax, quant::kAmaxFloor);
+      for (size_t i = b; i < b + 128; ++i) out[i] = quant::E4m3FromFloat(v[i] * multiplier);
+    }
+    return out;
+  };
+  const std::vector<uint8_t> base = quantize(before), target = quantize(after);
+  const SparseChanges changes = Diff(base, target);
+  ASSERT_GT(changes.size(), 100u);
+  const size_t payload = ExpectRoundTrip(DType::kF8E4M3, base, target);
+  // Order-0 entropy of the change flags plus that of the changed XOR bytes.
+  const double n = static_cast<double>(base.size()), k = static_cast<double>(changes.size());
+  const double p = k / n;
+  double flag_bits = -n * (p * std::log2(p) + (1 - p) * std::log2(1 - p));
+  std::array<double, 256> counts{};
+  for (std::byte x : changes.xors) counts[static_cast<uint8_t>(x)] += 1;
+  double xor_bits = 0;
+  for (double c : counts) {
+    if (c > 0) xor_bits -= c * std::log2(c / k);
+  }
+  const double order0_bytes = (flag_bits + xor_bits) / 8;
+  RecordProperty("changed_fraction", std::to_string(p));
+  RecordProperty("ratio_to_order0", std::to_string(payload / order0_bytes));
+  EXPECT_LT(static_cast<double>(payload), 0.9 * order0_bytes)
+      << payload << " payload bytes for " << changes.size() << " changes vs order-0 "
+      << order0_bytes;
 }
 
 TEST(ContextCoderTest, OneUlpStepsAcrossExponentAndIntoInfinityAndNan) {

@@ -316,7 +316,8 @@ TEST(PartitionCodecTest, ContextXorIsUnsupportedForDtypesItDoesNotModel) {
     FindChanges(base, target, e, found);
     auto encoded =
         EncodePartitionAs(Encoding::kContextXor, dtype, base, target, found, {}, scratch);
-    const bool supported = dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
+    const bool supported = dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32 ||
+                           dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
     EXPECT_EQ(encoded.ok(), supported) << DTypeName(dtype);
     if (!supported) {
       EXPECT_EQ(encoded.status().code(), StatusCode::kUnsupported);
