@@ -261,7 +261,13 @@ Status Fp8Share::TakeBaseFrom(Fp8Share& previous) {
     same = p.map.locals()[l].spec == s.map.locals()[l].spec;
   }
   if (!same) return Status::FailedPrecondition("the previous FP8 image has another layout");
-  for (size_t l = s.bf16_locals; l < s.base.size(); ++l) s.base[l] = std::move(p.target[l]);
+  for (size_t l = s.bf16_locals; l < s.base.size(); ++l) {
+    s.base[l] = std::move(p.target[l]);
+    // The previous refit's base is stale now: its buffers, already the right size
+    // and faulted in, take this refit's new image, so a steady refit allocates and
+    // zero-fills nothing (Quantize overwrites every byte of them).
+    s.target[l] = std::move(p.base[l]);
+  }
   p.quantized = false;
   s.stats.base_kept = true;
   return Status::Ok();
