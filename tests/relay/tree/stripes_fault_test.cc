@@ -178,5 +178,38 @@ TEST_F(StripesTest, AResetLinkOfOneStripeRejoinsThatStripeAlone) {
   EXPECT_EQ(spied->chunks_received[0].size(), (chunks + 1) / 2);
 }
 
+// n7 starts after the refit began: it joins both stripes' parents (n3 in stripe 0,
+// n4 in stripe 1), each of which queued its stripe's chunks for it, and commits.
+TEST_F(StripesTest, ALateJoinerJoinsEveryStripeAndCommitsBitExact) {
+  Versions v = MakeVersions(1 << 19, 57);
+  UseRotatedPlan(2);
+  source_bytes_per_second_ = 512 << 10;
+  ASSERT_NO_FATAL_FAILURE(StartAgents(v, /*later=*/{6}));
+  std::atomic<uint64_t> n1_had = 0;
+  std::thread late([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline && agents_[0]->stats().chunks_received < 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    n1_had = agents_[0]->stats().chunks_received;
+    StartAgent(6, v);
+  });
+  auto report = Publish(v);
+  late.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_LT(n1_had.load(), report->delta.chunks) << "n7 started after n1 had every chunk";
+  EXPECT_EQ(report->nodes.size(), static_cast<size_t>(kReceivers));
+  for (int i = 0; i < kReceivers; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.target[t])) << "n" << i + 1 << " tensor " << t;
+    }
+  }
+  const NodeAgentStats n7 = agents_[6]->stats();
+  EXPECT_EQ(n7.parent_joins, 2u);  // one link per stripe
+  EXPECT_EQ(n7.chunk_bytes_resent, 0u);
+  EXPECT_EQ(n7.refits_committed, 1u);
+}
+
 }  // namespace
 }  // namespace deltacast::relay::stripes_test

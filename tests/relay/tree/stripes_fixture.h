@@ -232,23 +232,31 @@ class StripesTest : public ::testing::Test {
     return std::make_unique<CountingTransport>(std::move(*t), std::move(sent));
   }
 
-  void StartAgents(const Versions& v) {
+  // Starts receiver n<i+1> over stores_[i].
+  void StartAgent(int i, const Versions& v) {
+    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
+    ASSERT_TRUE(replica.ok());
+    NodeAgentOptions options;
+    options.config = config_;
+    options.node_id = "n" + std::to_string(i + 1);
+    options.token = kToken;
+    options.apply_threads = 1;
+    sent_[i] = std::make_shared<Sent>();
+    auto transport = Tcp(sent_[i]);
+    if (wrap_) transport = wrap_(i, std::move(transport));
+    auto agent =
+        NodeAgent::Start(std::move(options), std::move(*replica), std::move(transport), plan_);
+    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+    agents_[i] = std::move(*agent);
+  }
+
+  // Starts every receiver but those in `later`.
+  void StartAgents(const Versions& v, const std::set<int>& later = {}) {
     if (stores_.empty()) stores_.assign(kReceivers, v.base);
+    agents_.resize(kReceivers);
+    sent_.resize(kReceivers);
     for (int i = 0; i < kReceivers; ++i) {
-      auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
-      ASSERT_TRUE(replica.ok());
-      NodeAgentOptions options;
-      options.config = config_;
-      options.node_id = "n" + std::to_string(i + 1);
-      options.token = kToken;
-      options.apply_threads = 1;
-      sent_.push_back(std::make_shared<Sent>());
-      auto transport = Tcp(sent_.back());
-      if (wrap_) transport = wrap_(i, std::move(transport));
-      auto agent =
-          NodeAgent::Start(std::move(options), std::move(*replica), std::move(transport), plan_);
-      ASSERT_TRUE(agent.ok()) << agent.status().ToString();
-      agents_.push_back(std::move(*agent));
+      if (!later.contains(i)) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v));
     }
   }
 
@@ -273,7 +281,9 @@ class StripesTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    for (auto& a : agents_) a->Stop();
+    for (auto& a : agents_) {
+      if (a) a->Stop();
+    }
   }
 
   std::string policy_ = "all";
