@@ -21,9 +21,9 @@
 #include "relay/tree/node_agent.h"
 #include "relay/tree/publisher.h"
 #include "relay/tree/source.h"
-#include "relay/tree/stripes_for.h"
 #include "relay/wire/protocol.h"
 #include "topology/cluster_config.h"
+#include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 #include "transport/factory.h"
 #include "transport/fault_transport.h"
@@ -416,7 +416,7 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     const std::string toml = ConfigToml(s.receivers, s.fanout.value_or(0), base_port, p, s.stripes);
     const auto config =
         Check(dc::topology::ParseClusterConfig(toml, "fanout-bench.toml"), "config");
-    const auto striped = Check(dc::relay::PlanStripesFor(config), "plan");
+    const auto striped = Check(dc::topology::PlanStripes(config), "plan");
     if (static_cast<int>(striped.stripes.size()) != s.stripes) {
       Die(fmt::format("{}: planned {} stripes, not {}", what, striped.stripes.size(), s.stripes));
     }
@@ -471,7 +471,7 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     r.prepare_seconds = report.prepare_seconds;
     r.stream_seconds = report.stream_seconds;
     r.first_chunk_seconds = report.first_chunk_seconds;
-    r.planner_seconds = plan.PredictSeconds(r.delta_bytes);
+    r.planner_seconds = striped.PredictSeconds(r.delta_bytes);
     r.stripes = static_cast<int>(striped.stripes.size());
     for (const auto& n : plan.nodes) {
       r.max_upload_copies =

@@ -10,7 +10,6 @@
 #include "relay/tree/node_impl.h"
 #include "relay/tree/node_transports.h"
 #include "relay/tree/stripe_links.h"
-#include "relay/tree/stripes_for.h"
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
@@ -497,7 +496,7 @@ void NodeAgent::Impl::HoldChunk(size_t bytes) {
 Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(
     NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
     std::unique_ptr<transport::Transport> transport) {
-  ASSIGN_OR_RETURN(topology::StripedPlan striped, PlanStripesFor(options.config));
+  ASSIGN_OR_RETURN(topology::StripedPlan striped, topology::PlanStripes(options.config));
   return Start(std::move(options), std::move(replica), std::move(transport), striped);
 }
 
@@ -518,9 +517,10 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(NodeAgentOptions options,
     return Status::InvalidArgument("node '" + options.node_id +
                                    "' is the source; run `deltacast publish` there");
   for (const auto& stripe : striped.stripes) {
-    if (stripe.root != plan.source) {
+    const std::string& source = options.config.Source()->id;
+    if (stripe.root != source || stripe.tree.source != source) {
       return Status::Unsupported("stripe " + std::to_string(stripe.index) + "'s root is '" +
-                                 stripe.root + "', not the source '" + plan.source +
+                                 stripe.root + "', not the source '" + source +
                                  "': sender nodes that root a stripe are not supported yet");
     }
     if (!stripe.tree.Find(options.node_id)) {

@@ -21,7 +21,6 @@
 #include "relay/tree/node_transports.h"
 #include "relay/tree/replay.h"
 #include "relay/tree/stripe_links.h"
-#include "relay/tree/stripes_for.h"
 #include "relay/tree/subtree.h"
 #include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
@@ -791,7 +790,7 @@ void Source::Impl::ServeDeltaChunk(const std::string& child, ByteSpan bytes) {
 
 Result<std::unique_ptr<Source>> Source::Start(PublishOptions options,
                                               std::unique_ptr<transport::Transport> transport) {
-  ASSIGN_OR_RETURN(topology::StripedPlan plan, PlanStripesFor(options.config));
+  ASSIGN_OR_RETURN(topology::StripedPlan plan, topology::PlanStripes(options.config));
   return Start(std::move(options), std::move(transport), plan);
 }
 

@@ -207,9 +207,14 @@ class StripesTest : public ::testing::Test {
 
   // `orders[s]`: the receivers of stripe s's tree, breadth-first.
   void UsePlan(const std::vector<std::vector<std::string>>& orders) {
-    plan_.stripes.clear();
+    plan_ = topology::StripedPlan{};
+    plan_.source = "src";
     for (size_t s = 0; s < orders.size(); ++s) {
-      plan_.stripes.push_back({static_cast<int>(s), "src", TreeOf(base_tree_, orders[s], 2)});
+      topology::StripeTree stripe;
+      stripe.index = static_cast<int>(s);
+      stripe.root = "src";
+      stripe.tree = TreeOf(base_tree_, orders[s], 2);
+      plan_.stripes.push_back(std::move(stripe));
     }
   }
   // S stripes, stripe s's order the receivers rotated by 3s: with fanout 2 the first
@@ -256,7 +261,8 @@ class StripesTest : public ::testing::Test {
     agents_.resize(kReceivers);
     sent_.resize(kReceivers);
     for (int i = 0; i < kReceivers; ++i) {
-      if (!later.contains(i)) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v));
+      if (later.contains(i)) continue;
+      ASSERT_NO_FATAL_FAILURE(StartAgent(i, v));
     }
   }
 

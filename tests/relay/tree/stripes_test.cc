@@ -119,9 +119,7 @@ TEST_F(StripesTest, ANodeOfAnotherStripeCountIsRefusedWithAClearReason) {
   UseRotatedPlan(2);
   ASSERT_NO_FATAL_FAILURE(StartAgents(v));
   // The source plans one tree: every node's HELLO names 2 stripes, and is refused.
-  topology::StripedPlan single;
-  single.stripes.push_back({0, "src", base_tree_});
-  plan_ = single;
+  UsePlan({Receivers()});  // one tree
   PublishOptions options;
   options.config = config_;
   options.config.tree.connect_timeout = std::chrono::milliseconds(1500);
