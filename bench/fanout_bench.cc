@@ -26,6 +26,14 @@
 // full checkpoint, next to a single iperf3 stream on the same loopback and to the
 // source's encoder alone on the same pair.
 //
+// Striped trees (issue 31 part 4; docs/protocol.md, "Stripes"): at the summary rate
+// every N > 1 also runs the planner's trees with `[tree] stripes = --stripes`
+// ("striped(S)"), and so does the link-bound check. Every run reports each node's
+// upload per refit (bytes of the CHUNK messages it sent) over the delta's size,
+// "upload_share": a single tree's interior nodes send k copies and its leaves none;
+// striped, about one each. "summary.upload_share" sets the planner's single tree
+// beside the striped trees at the largest N.
+//
 // Prints one JSON document (and writes it to --out).
 #include <fcntl.h>
 #include <fmt/core.h>

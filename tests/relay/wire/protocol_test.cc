@@ -65,7 +65,8 @@ TEST(ProtocolTest, HelloCarriesTheHopTransports) {
   EXPECT_EQ(h->transports, (std::vector<std::string>{"ucx", "tcp"}));
   // A count above the limit is refused before reading the names.
   auto bytes = EncodeHello(hello);
-  const size_t count_at = bytes.size() - (2 + 3) - (2 + 3) - 1;
+  // Before the names, and the stripe (index, count) at the end.
+  const size_t count_at = bytes.size() - 2 - (2 + 3) - (2 + 3) - 1;
   ASSERT_EQ(bytes[count_at], std::byte{2});
   bytes[count_at] = std::byte{200};
   EXPECT_NE(ParseHello(bytes).status().message().find("200 transports"), std::string::npos);
@@ -233,7 +234,12 @@ TEST(ProtocolTest, BeginAndHelloNameTheirStripe) {
   EXPECT_EQ(h->stripe, 1u);
   EXPECT_EQ(h->stripes, 2u);
   // Defaults: stripe 0 of 1 (one tree).
-  EXPECT_EQ(ParseHello(EncodeHello(Hello{})).value().stripes, 1u);
+  Hello plain;
+  plain.node_id = "n2";
+  auto p = ParseHello(EncodeHello(plain));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->stripe, 0u);
+  EXPECT_EQ(p->stripes, 1u);
   for (auto [stripe, stripes] : {std::pair{2u, 2u}, std::pair{0u, 0u}, std::pair{0u, 65u}}) {
     begin.stripe = hello.stripe = stripe;
     begin.stripes = hello.stripes = stripes;
