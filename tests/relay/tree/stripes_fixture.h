@@ -3,7 +3,11 @@
 // plans given by the test, every node's transport wrapped to count what it sends.
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -76,6 +80,22 @@ inline topology::TreePlan TreeOf(const topology::TreePlan& base,
     tree.nodes.push_back(node);
   }
   return tree;
+}
+
+// Whether `count` tcp ports from `first` can be bound on 127.0.0.1 now.
+inline bool PortsFree(int first, int count) {
+  for (int port = first; port < first + count; ++port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+    ::close(fd);
+    if (!bound) return false;
+  }
+  return true;
 }
 
 inline std::vector<std::string> Receivers() {
@@ -194,8 +214,12 @@ class CountingTransport : public transport::Transport {
 class StripesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // A fresh port range per run (below the ephemeral range).
-    base_port_ = 24000 + static_cast<int>(std::random_device{}() % 1000) * 10;
+    // A fresh port range per run, below the ephemeral range (32768 up), whose
+    // ports are free now: other tests on the machine take ports there too.
+    for (int tries = 0; tries < 100; ++tries) {
+      base_port_ = 20000 + static_cast<int>(std::random_device{}() % 1200) * 10;
+      if (PortsFree(base_port_, kReceivers + 1)) break;
+    }
     auto config = topology::ParseClusterConfig(ConfigToml(base_port_, policy_, connect_timeout_),
                                                "stripes-test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
