@@ -26,6 +26,14 @@
 // full checkpoint, next to a single iperf3 stream on the same loopback and to the
 // source's encoder alone on the same pair.
 //
+// Striped trees (issue 31 part 4; docs/protocol.md, "Stripes"): at the summary rate
+// every N > 1 also runs the planner's trees with `[tree] stripes = --stripes`
+// ("striped(S)"), and so does the link-bound check. Every run reports each node's
+// upload per refit (bytes of the CHUNK messages it sent) over the delta's size,
+// "upload_share": a single tree's interior nodes send k copies and its leaves none;
+// striped, about one each. "summary.upload_share" sets the planner's single tree
+// beside the striped trees at the largest N.
+//
 // Prints one JSON document (and writes it to --out).
 #include <fcntl.h>
 #include <fmt/core.h>
@@ -104,6 +112,7 @@ struct BenchOptions {
   uint64_t link_bound_chunk_bytes = 0;
   uint64_t link_bound_partition_bytes = 0;
   int repeats = 3;
+  int stripes = 2;  // the striped runs' [tree] stripes (1: none)
   size_t encode_threads = 0;
   size_t apply_threads = 1;
   uint64_t seed = 1;
@@ -139,15 +148,20 @@ int PlannedFanout(const Scenario& s, const ClusterParams& p) {
   return Check(dc::topology::PlanTree(config), "plan").fanout_used;
 }
 
+// The planner's striped trees for N receivers ([tree] stripes = S).
+Scenario Striped(int n, int stripes) {
+  return Scenario{"striped", n, std::nullopt, UplinkModel::kShared, false, {}, stripes};
+}
+
 // Star, chain, the planner's tree and the fanout-2 tree for N receivers, each
 // distinct tree once (a scenario planning the same tree as an earlier one becomes
 // its alias).
 std::vector<Scenario> ScenariosFor(int n, UplinkModel model, const ClusterParams& p) {
-  if (n == 1) return {Scenario{"single", 1, 1, model, false, {}}};
-  std::vector<Scenario> candidates = {Scenario{"star", n, n, model, false, {}},
-                                      Scenario{"chain", n, 1, model, false, {}},
-                                      Scenario{"tree", n, std::nullopt, model, false, {}},
-                                      Scenario{"tree", n, 2, model, false, {}}};
+  if (n == 1) return {Scenario{"single", 1, 1, model, false, {}, 1}};
+  std::vector<Scenario> candidates = {Scenario{"star", n, n, model, false, {}, 1},
+                                      Scenario{"chain", n, 1, model, false, {}, 1},
+                                      Scenario{"tree", n, std::nullopt, model, false, {}, 1},
+                                      Scenario{"tree", n, 2, model, false, {}, 1}};
   std::vector<Scenario> out;
   std::vector<int> fanouts;
   for (auto& c : candidates) {
@@ -213,7 +227,25 @@ json RunJson(const RunResult& r, const std::vector<RunResult>& runs, double link
       {"load_average_1m", r.load_average},
       {"samples_seconds", r.samples_seconds},
       {"bit_exact", true},
+      {"stripes", r.stripes},
   };
+  // Each node's upload per refit over the delta's size (issue 31 part 4): a single
+  // tree's interior nodes send k copies and its leaves none; striped, about one each.
+  json share = json::object();
+  double most = 0, least = 1e300;
+  int idle = 0;
+  for (const auto& [id, bytes] : r.upload_bytes) {
+    const double x = r.delta_bytes ? double(bytes) / double(r.delta_bytes) : 0;
+    share[id] = x;
+    if (id == "src") continue;
+    most = std::max(most, x);
+    least = std::min(least, x);
+    idle += bytes == 0;
+  }
+  j["upload_share"] = share;
+  j["upload_share_receivers_max"] = most;
+  j["upload_share_receivers_min"] = r.upload_bytes.size() > 1 ? least : 0;
+  j["receivers_uploading_nothing"] = idle;
   if (single) {
     j["ratio_to_single"] = r.seconds / single->seconds;
     j["prepare_ratio_to_single"] = r.prepare_seconds / single->prepare_seconds;
@@ -308,12 +340,43 @@ json DeltaVsFull(const std::vector<RunResult>& runs, const BenchOptions& o) {
   return full;
 }
 
+// Issue 31 part 4: each receiver's upload per refit over the delta size, the
+// planner's single tree against `stripes` striped trees, N receivers.
+json UploadShares(const std::vector<RunResult>& runs, int n, double rate, int stripes) {
+  auto shares = [&](const RunResult* r) -> json {
+    if (!r) return {{"available", false}};
+    double most = 0, least = 1e300;
+    int idle = 0;
+    for (const auto& [id, bytes] : r->upload_bytes) {
+      if (id == "src") continue;
+      const double x = double(bytes) / double(std::max<uint64_t>(1, r->delta_bytes));
+      most = std::max(most, x);
+      least = std::min(least, x);
+      idle += bytes == 0;
+    }
+    return {{"topology", ScenarioName(r->scenario)},
+            {"stripes", r->stripes},
+            {"seconds", r->seconds},
+            {"receivers_max", most},
+            {"receivers_min", least},
+            {"receivers_uploading_nothing", idle},
+            {"source", double(r->upload_bytes.count("src") ? r->upload_bytes.at("src") : 0) /
+                           double(std::max<uint64_t>(1, r->delta_bytes))}};
+  };
+  return {{"receivers", n},
+          {"single_tree", shares(Find(runs, "tree(auto)", n, rate, false))},
+          {"striped", shares(stripes > 1 ? Find(runs, "striped(" + std::to_string(stripes) + ")", n,
+                                                rate, false)
+                                         : nullptr)}};
+}
+
 json Summaries(const std::vector<RunResult>& runs, const BenchOptions& o) {
   const int big = o.receivers.back();
   json s = TreeAndStar(runs, big, o.summary_rate, o.per_connection_n == big);
   s["chain_seconds_per_hop"] =
       ChainHops(runs, o.receivers, o.summary_rate, o.link_bytes_per_second);
   s["delta_vs_full"] = DeltaVsFull(runs, o);
+  s["upload_share"] = UploadShares(runs, big, o.summary_rate, o.stripes);
   return s;
 }
 
@@ -342,6 +405,7 @@ json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937&
     // The star is left out: ~N x the single time is long here and is shown above.
     if (s.topology != "star") run(s);
   }
+  if (o.stripes > 1) run(Striped(n, o.stripes));
   json results = json::array();
   for (const auto& r : runs) results.push_back(RunJson(r, runs, p.link_bytes_per_second));
   json j = {{"link_rate_bytes_per_second", p.link_bytes_per_second},
@@ -352,6 +416,7 @@ json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937&
             {"summary", TreeAndStar(runs, n, o.summary_rate, false)}};
   j["summary"]["chain_seconds_per_hop"] =
       ChainHops(runs, {1, n}, o.summary_rate, p.link_bytes_per_second);
+  j["summary"]["upload_share"] = UploadShares(runs, n, o.summary_rate, o.stripes);
   return j;
 }
 
@@ -441,7 +506,7 @@ json RelayThroughput(const BenchOptions& o, std::mt19937& rng) {
              o.relay_bytes);
   const Checkpoint target = RandomCheckpoint(o.relay_bytes, o.seed + 7, p.partition_bytes);
   const Checkpoint zero = ZeroCheckpoint(target.store->tensors(), p.partition_bytes);
-  const Scenario s{"chain", 2, 1, UplinkModel::kUncapped, true, {}};
+  const Scenario s{"chain", 2, 1, UplinkModel::kUncapped, true, {}, 1};
   const RunResult r = RunMedian(s, p, zero, target, 1, 1, rng);
   const double encoder_only = EncoderOnlyBytesPerSecond(zero, target, p);
   const json iperf = RunIperf(o.iperf_seconds, rng);
@@ -505,6 +570,8 @@ void RunRate(const BenchOptions& o, const ClusterParams& p, const SyntheticModel
   };
   for (int n : ns) {
     for (const auto& s : ScenariosFor(n, UplinkModel::kShared, p)) run(s, base, o.repeats);
+    if (n > 1 && o.stripes > 1 && rate == o.summary_rate)
+      run(Striped(n, o.stripes), base, o.repeats);
     if (n == o.per_connection_n && n > 1 && rate == o.summary_rate) {
       for (const auto& s : ScenariosFor(n, UplinkModel::kPerConnection, p)) {
         if (s.fanout && *s.fanout > 1)
@@ -645,6 +712,10 @@ int main(int argc, char** argv) {
                  "Partition size of the link-bound check")
       ->capture_default_str();
   app.add_option("--repeats", o.repeats, "Fresh clusters per scenario; the median run is reported")
+      ->capture_default_str();
+  app.add_option("--stripes", o.stripes,
+                 "Striped runs ([tree] stripes) at the summary rate and in the link-bound check "
+                 "(1: none)")
       ->capture_default_str();
   app.add_option("--encode-threads", o.encode_threads, "Source encoder threads (0: all cores)")
       ->capture_default_str();

@@ -15,11 +15,15 @@
 #include "apply/host_store.h"
 #include "apply/replica.h"
 #include "bench/bench_util.h"
+#include "codec/chunk.h"
 #include "common/hash.h"
 #include "common/parallel.h"
 #include "relay/tree/node_agent.h"
 #include "relay/tree/publisher.h"
+#include "relay/tree/source.h"
+#include "relay/wire/protocol.h"
 #include "topology/cluster_config.h"
+#include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 #include "transport/factory.h"
 #include "transport/fault_transport.h"
@@ -156,13 +160,15 @@ std::string_view UplinkModelName(UplinkModel m) {
 }
 
 std::string ScenarioName(const Scenario& s) {
+  if (s.topology == "striped") return "striped(" + std::to_string(s.stripes) + ")";
   if (s.topology != "tree") return s.topology;
   return "tree(" + (s.fanout ? std::to_string(*s.fanout) : std::string("auto")) + ")";
 }
 
 // The cluster config: "src" and receivers "n01".."nNN" on consecutive ports of
 // 127.0.0.1, every uplink at the link rate.
-std::string ConfigToml(int receivers, int fanout, int base_port, const ClusterParams& p) {
+std::string ConfigToml(int receivers, int fanout, int base_port, const ClusterParams& p,
+                       int stripes) {
   // The planner needs an uplink; an uncapped run plans with a nominal 10 Gbit/s.
   const double uplink_bits = p.link_bytes_per_second > 0 ? p.link_bytes_per_second * 8 : 10e9;
   std::string toml = "[cluster]\nname = \"fanout-bench\"\n\n[tree]\n";
@@ -170,6 +176,7 @@ std::string ConfigToml(int receivers, int fanout, int base_port, const ClusterPa
   toml += fmt::format("chunk_size = \"{}B\"\nwindow = {}\n", p.chunk_bytes, p.window);
   toml += "connect_timeout = \"20s\"\nidle_timeout = \"60s\"\ncommit_timeout = \"300s\"\n";
   toml += fmt::format("default_uplink = \"{:.0f}bit\"\n", uplink_bits);
+  if (stripes > 1) toml += fmt::format("stripes = {}\n", stripes);
   auto node = [&](const std::string& id, int port, const char* role) {
     toml += fmt::format(
         "\n[[node]]\nid = \"{}\"\nhost = \"127.0.0.1\"\nport = {}\nregion = \"local\"\nrole = "
@@ -182,6 +189,61 @@ std::string ConfigToml(int receivers, int fanout, int base_port, const ClusterPa
 }
 
 namespace {
+
+// What one node's uplink carried: bytes of the CHUNK messages it sent.
+using UploadCounter = std::shared_ptr<std::atomic<uint64_t>>;
+
+// Wraps a transport to count the CHUNK bytes its connections send.
+class UploadMeter : public dc::transport::Transport {
+ public:
+  UploadMeter(std::unique_ptr<dc::transport::Transport> inner, UploadCounter sent)
+      : inner_(std::move(inner)), sent_(std::move(sent)) {}
+  const dc::transport::Capabilities& capabilities() const override {
+    return inner_->capabilities();
+  }
+  dc::Result<std::string> Listen(const std::string& address,
+                                 dc::transport::AcceptHandler on_accept) override {
+    return inner_->Listen(address, [sent = sent_, on_accept](auto connection) {
+      on_accept(std::make_unique<Link>(std::move(connection), sent));
+    });
+  }
+  void Connect(const std::string& address, dc::transport::ConnectHandler on_done) override {
+    inner_->Connect(address, [sent = sent_, on_done](auto connection) {
+      if (!connection.ok()) return on_done(std::move(connection));
+      on_done(std::unique_ptr<dc::transport::Connection>(
+          std::make_unique<Link>(std::move(*connection), sent)));
+    });
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+
+ private:
+  class Link : public dc::transport::Connection {
+   public:
+    Link(std::unique_ptr<dc::transport::Connection> inner, UploadCounter sent)
+        : inner_(std::move(inner)), sent_(std::move(sent)) {}
+    void Start(dc::transport::MessageHandler on_message,
+               dc::transport::CloseHandler on_closed) override {
+      inner_->Start(std::move(on_message), std::move(on_closed));
+    }
+    void Send(dc::transport::Message message, dc::transport::SendHandler on_sent) override {
+      auto type = dc::relay::PeekType(*message);
+      if (type.ok() && *type == dc::relay::MessageType::kChunk) *sent_ += message->size();
+      inner_->Send(std::move(message), std::move(on_sent));
+    }
+    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
+    void Close() override { inner_->Close(); }
+    void Abort() override { inner_->Abort(); }
+    std::string PeerAddress() const override { return inner_->PeerAddress(); }
+    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
+    void Authenticated() override { inner_->Authenticated(); }
+
+   private:
+    std::unique_ptr<dc::transport::Connection> inner_;
+    UploadCounter sent_;
+  };
+  std::unique_ptr<dc::transport::Transport> inner_;
+  UploadCounter sent_;
+};
 
 // The transport of one node (--transport), each connection paced per the uplink model.
 std::unique_ptr<dc::transport::Transport> NodeTransport(const ClusterParams& p, UplinkModel model,
@@ -212,6 +274,7 @@ size_t ReceiverIndex(const std::string& id) { return std::stoul(id.substr(1)) - 
 
 struct Cluster {
   std::vector<std::unique_ptr<dc::relay::NodeAgent>> agents;  // [i]: receiver n(i+1)
+  std::map<std::string, UploadCounter> uploads;               // by node id, "src" too
   // Each agent's store, owned by its replica inside the agent: valid while the
   // agent lives. Read only once the refit committed (the agent is idle then).
   std::vector<const dc::apply::WeightStore*> stores;
@@ -229,9 +292,17 @@ struct Cluster {
 
 // Starts every receiver at `base`. False (everything stopped) when a port is
 // taken; dies on any other error.
-bool StartReceivers(const dc::topology::ClusterConfig& config, const dc::topology::TreePlan& plan,
-                    const Scenario& s, const ClusterParams& p, const Checkpoint& base,
-                    Cluster& cluster) {
+// A node's children in every stripe's tree: the links its uplink is shared by.
+size_t ChildLinks(const dc::topology::StripedPlan& plan, const std::string& id) {
+  size_t links = 0;
+  for (const auto& stripe : plan.stripes) links += stripe.tree.Find(id)->children.size();
+  return links;
+}
+
+bool StartReceivers(const dc::topology::ClusterConfig& config,
+                    const dc::topology::StripedPlan& striped, const Scenario& s,
+                    const ClusterParams& p, const Checkpoint& base, Cluster& cluster) {
+  const dc::topology::TreePlan& plan = striped.stripes.front().tree;
   // Copies and manifests first, so the agents then start (and join) within
   // milliseconds of each other and of the source.
   std::vector<std::unique_ptr<dc::apply::Replica>> replicas;
@@ -253,8 +324,13 @@ bool StartReceivers(const dc::topology::ClusterConfig& config, const dc::topolog
     options.token = kToken;
     options.apply_threads = p.apply_threads;
     options.spool_dir = SpoolRoot() / node.id;
-    auto agent = dc::relay::NodeAgent::Start(std::move(options), std::move(replicas[i]),
-                                             NodeTransport(p, s.model, node.children.size()));
+    auto& sent = cluster.uploads[node.id];
+    sent = std::make_shared<std::atomic<uint64_t>>(0);
+    auto agent = dc::relay::NodeAgent::Start(
+        std::move(options), std::move(replicas[i]),
+        std::make_unique<UploadMeter>(NodeTransport(p, s.model, ChildLinks(striped, node.id)),
+                                      sent),
+        striped);
     if (!agent.ok()) {
       fmt::print(stderr, "fanout bench: {} cannot start ({}); retrying on other ports\n", node.id,
                  agent.status().ToString());
@@ -337,24 +413,38 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
       fmt::format("{} N={}{}", ScenarioName(s), s.receivers, s.full ? " full" : "");
   for (int attempt = 1; attempt <= 8; ++attempt) {
     const int base_port = RandomBasePort(s.receivers + 1, rng);
-    const std::string toml = ConfigToml(s.receivers, s.fanout.value_or(0), base_port, p);
+    const std::string toml = ConfigToml(s.receivers, s.fanout.value_or(0), base_port, p, s.stripes);
     const auto config =
         Check(dc::topology::ParseClusterConfig(toml, "fanout-bench.toml"), "config");
-    const auto plan = Check(dc::topology::PlanTree(config), "plan");
+    const auto striped = Check(dc::topology::PlanStripes(config), "plan");
+    if (static_cast<int>(striped.stripes.size()) != s.stripes) {
+      Die(fmt::format("{}: planned {} stripes, not {}", what, striped.stripes.size(), s.stripes));
+    }
+    const dc::topology::TreePlan& plan = striped.stripes.front().tree;
     Cluster cluster;
-    if (!StartReceivers(config, plan, s, p, base, cluster)) continue;
+    if (!StartReceivers(config, striped, s, p, base, cluster)) continue;
 
     dc::relay::PublishOptions options;
     options.config = config;
     options.token = kToken;
     options.encode_threads = p.encode_threads;
     options.spool_dir = SpoolRoot() / "src";
-    const size_t source_children = plan.nodes[0].children.size();
+    const size_t source_children = ChildLinks(striped, plan.source);
     const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
-    auto published =
-        dc::relay::Publish(options, *base.store, base.manifest, *target.store, target.manifest,
-                           NodeTransport(p, s.model, source_children));
+    auto& source_sent = cluster.uploads[plan.source];
+    source_sent = std::make_shared<std::atomic<uint64_t>>(0);
+    // Publish (relay/tree/publisher.h) along the striped plan.
+    auto published = [&]() -> dc::Result<dc::relay::PublishReport> {
+      auto source = dc::relay::Source::Start(
+          options,
+          std::make_unique<UploadMeter>(NodeTransport(p, s.model, source_children), source_sent),
+          striped);
+      if (!source.ok()) return source.status();
+      auto report = (*source)->Publish(*base.store, base.manifest, *target.store, target.manifest);
+      (*source)->Stop();
+      return report;
+    }();
     const double wall = Seconds(t0);
     const double cpu = CpuSeconds() - cpu0;
     if (!published.ok()) {
@@ -381,7 +471,13 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     r.prepare_seconds = report.prepare_seconds;
     r.stream_seconds = report.stream_seconds;
     r.first_chunk_seconds = report.first_chunk_seconds;
-    r.planner_seconds = plan.PredictSeconds(r.delta_bytes);
+    r.planner_seconds = striped.PredictSeconds(r.delta_bytes);
+    r.stripes = static_cast<int>(striped.stripes.size());
+    for (const auto& n : plan.nodes) {
+      r.max_upload_copies =
+          std::max(r.max_upload_copies, double(ChildLinks(striped, n.id)) / r.stripes);
+    }
+    for (const auto& [id, sent] : cluster.uploads) r.upload_bytes[id] = sent->load();
     r.cpu_seconds = cpu;
     r.wall_seconds = wall;
     for (const auto& a : cluster.agents)
@@ -390,7 +486,7 @@ RunResult RunCluster(const Scenario& s, const ClusterParams& p, const Checkpoint
     r.stats_lagged = lagged;
     r.max_children = 0;
     for (const auto& n : plan.nodes)
-      r.max_children = std::max(r.max_children, int(n.children.size()));
+      r.max_children = std::max(r.max_children, int(ChildLinks(striped, n.id)));
     cluster.Stop();
     return r;
   }
@@ -425,7 +521,7 @@ RunResult RunMedian(const Scenario& s, const ClusterParams& p, const Checkpoint&
 // send the delta once per child; with per-connection caps every link moves it once.
 double UplinkLowerBound(const RunResult& r, double link) {
   const double one = double(r.delta_bytes) / link;
-  return r.scenario.model == UplinkModel::kShared ? one * std::max(1, r.max_children) : one;
+  return r.scenario.model == UplinkModel::kShared ? one * std::max(1.0, r.max_upload_copies) : one;
 }
 
 void PrintRun(const RunResult& r, double link) {

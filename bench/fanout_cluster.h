@@ -38,12 +38,13 @@ struct Checkpoint {
 enum class UplinkModel { kShared, kPerConnection, kUncapped };
 
 struct Scenario {
-  std::string topology;  // "single", "star", "chain", "tree"
+  std::string topology;  // "single", "star", "chain", "tree", "striped"
   int receivers = 1;
   std::optional<int> fanout;  // nullopt: "auto", the planner's choice
   UplinkModel model = UplinkModel::kShared;
   bool full = false;                 // the whole target from an all-zero base
   std::vector<std::string> aliases;  // other scenario names that plan the same tree
+  int stripes = 1;  // trees the delta is split over ([tree] stripes; "striped" only)
 };
 
 struct ClusterParams {
@@ -80,6 +81,13 @@ struct RunResult {
   double load_average = 0;  // the machine's 1-minute load average when the run started
   std::vector<double> samples_seconds;  // every repeat's seconds (this run is their median)
   int max_children = 0;                 // the largest fanout of any node in the plan
+  int stripes = 1;                      // the trees the plan split the delta over
+  // The most copies of the delta any node's uplink sends under the plan: its
+  // children summed over the stripes, over the number of stripes.
+  double max_upload_copies = 0;
+  // Bytes of CHUNK messages each node sent ("src" and the receivers): its uplink's
+  // share of the refit (docs/protocol.md, "Stripes").
+  std::map<std::string, uint64_t> upload_bytes;
 };
 
 // The model's tensors and per-element steps, drawn from `seed` (realistic_step.h).
@@ -96,7 +104,9 @@ Checkpoint RandomCheckpoint(uint64_t bytes, uint64_t seed, uint64_t partition_by
 std::string_view UplinkModelName(UplinkModel m);
 // The cluster config: "src" and receivers "n01".."nNN" on consecutive ports of
 // 127.0.0.1 from `base_port`; fanout 0 = the planner's choice.
-std::string ConfigToml(int receivers, int fanout, int base_port, const ClusterParams& p);
+// `stripes` > 1: `[tree] stripes` (striped trees).
+std::string ConfigToml(int receivers, int fanout, int base_port, const ClusterParams& p,
+                       int stripes = 1);
 // The machine's 1-minute load average (-1 if unknown).
 double LoadAverage();
 std::string ScenarioName(const Scenario& s);

@@ -22,6 +22,7 @@ using internal::IsValidEnvName;
 using internal::IsValidId;
 using internal::kMaxFanout;
 using internal::kMaxIdLength;
+using internal::kMaxStripes;
 using internal::kMaxWindow;
 using internal::LowerAscii;
 using internal::Quoted;
@@ -275,6 +276,23 @@ class Parser {
       }
     }
 
+    ASSIGN_OR_RETURN(Field stripes, Get(t, "stripes", kWhere, false));
+    if (stripes.node != nullptr) {
+      tree.stripes_line = stripes.line;
+      if (const auto* s = stripes.node->as_string()) {
+        if (s->get() != "auto") {
+          return Error(stripes.line, "[tree] stripes = " + Quoted(s->get()) +
+                                         ": must be \"auto\" or an integer >= 1");
+        }
+        tree.stripes.reset();
+      } else if (stripes.node->is_integer()) {
+        ASSIGN_OR_RETURN(int64_t k, Integer(stripes, 1, kMaxStripes));
+        tree.stripes = static_cast<int>(k);
+      } else {
+        return WrongType(stripes, "\"auto\" or an integer >= 1");
+      }
+    }
+
     ASSIGN_OR_RETURN(Field chunk, Get(t, "chunk_size", kWhere, false));
     if (chunk.node != nullptr) {
       ASSIGN_OR_RETURN(tree.chunk_size, Size(chunk));
@@ -340,6 +358,11 @@ class Parser {
     ASSIGN_OR_RETURN(region.wan_bps, Bandwidth(bandwidth));
     ASSIGN_OR_RETURN(Field latency, Get(t, "wan_latency", where, true));
     ASSIGN_OR_RETURN(region.wan_latency, Duration(latency, true));
+    ASSIGN_OR_RETURN(Field flow, Get(t, "flow_bandwidth", where, false));
+    if (flow.node != nullptr) {
+      ASSIGN_OR_RETURN(region.flow_bps, Bandwidth(flow));
+      if (!(region.flow_bps > 0)) return Error(flow.line, flow.name + " must be greater than zero");
+    }
     return region;
   }
 
@@ -378,9 +401,11 @@ class Parser {
         node.role = Role::kSource;
       } else if (r == "receiver") {
         node.role = Role::kReceiver;
+      } else if (r == "sender") {
+        node.role = Role::kSender;
       } else {
-        return Error(role.line,
-                     role.name + " = " + Quoted(r) + ": must be \"source\" or \"receiver\"");
+        return Error(role.line, role.name + " = " + Quoted(r) +
+                                    ": must be \"source\", \"receiver\" or \"sender\"");
       }
     }
 
@@ -401,6 +426,13 @@ class Parser {
       ASSIGN_OR_RETURN(std::string p, Identifier(parent, "node id"));
       node.parent = std::move(p);
       node.parent_line = parent.line;
+    }
+
+    ASSIGN_OR_RETURN(Field gateway, Get(t, "gateway", where, false));
+    if (gateway.node != nullptr) {
+      const auto* b = gateway.node->as_boolean();
+      if (b == nullptr) return WrongType(gateway, "true or false");
+      node.gateway = b->get();
     }
 
     ASSIGN_OR_RETURN(Field apply, Get(t, "apply", where, false));
@@ -564,6 +596,8 @@ std::string_view RoleName(Role role) {
       return "source";
     case Role::kReceiver:
       return "receiver";
+    case Role::kSender:
+      return "sender";
   }
   return "unknown";
 }

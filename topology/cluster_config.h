@@ -9,17 +9,22 @@
 //   [cluster]   name (required), auth_token_env (default "DELTACAST_TOKEN": the NAME of
 //               the environment variable that holds the shared token; the token itself
 //               never appears in the file)
-//   [tree]      optional; fanout ("auto" or integer >= 1), chunk_size, window,
+//   [tree]      optional; fanout ("auto" or integer >= 1), stripes ("auto" or integer
+//               >= 1: the relay's stripes, topology/stripe_plan.h), chunk_size, window,
 //               commit_policy ("all" | "available"), hop_latency, connect_timeout,
 //               idle_timeout, commit_timeout, default_uplink
-//   [[region]]  name, wan_bandwidth, wan_latency: the WAN link INTO that region. Every
+//   [[region]]  name, wan_bandwidth, wan_latency: the WAN link INTO that region;
+//               flow_bandwidth (optional): what one TCP connection into it can get. Every
 //               region a node uses, other than the source's, must be declared (the
 //               planner needs its WAN figures, and it catches misspelled region names);
 //               a declared region that no node uses is an error too, for the same reason.
 //   [[node]]    id, host, port are required; role ("source" | "receiver", default
-//               "receiver"), region (default: the source's region), uplink (default [tree]
-//               default_uplink), transports (default ["tcp"]: the backends it listens on and
-//               prefers, in order), parent (a manual override of the planner).
+//               "receiver"; "sender": a trainer-side host in the source's region that roots
+//               a stripe and holds no weights), region (default: the source's region),
+//               uplink (default [tree] default_uplink: the node's egress, shared by every
+//               flow it sends), transports (default ["tcp"]: the backends it listens on and
+//               prefers, in order), parent (a manual override of the planner), gateway
+//               (a receiver in a remote region that stripes may enter it through).
 //   [transport] optional; ucx_provider (the UCX transports to use, UCX_TLS syntax, e.g.
 //               "tcp" or "shm"; default "": UCX's own choice), ofi_provider (the libfabric
 //               provider, e.g. "verbs;ofi_rxm", "efa", "tcp;ofi_rxm", "shm"; default "").
@@ -63,7 +68,9 @@
 
 namespace deltacast::topology {
 
-enum class Role { kSource, kReceiver };
+// kSender: a trainer-side node that receives one stripe from the source over the
+// source region's LAN and roots that stripe's tree; it holds no weights.
+enum class Role { kSource, kReceiver, kSender };
 enum class CommitPolicy {
   kAll,        // a version commits only when every node is PREPARED
   kAvailable,  // nodes that are down do not block; they catch up later
@@ -107,6 +114,7 @@ struct NodeConfig {
   double uplink_bps = 0;                // egress bandwidth, bits per second
   std::vector<std::string> transports;  // preference order; names from KnownTransports()
   std::optional<std::string> parent;    // manual override of the planned parent
+  bool gateway = false;                 // a gateway candidate of its (remote) region
   ApplyMode apply_mode = ApplyMode::kOnArrival;
   // Staged: memory for records decoded ahead of the commit; the rest decode in the pause.
   uint64_t staged_memory = kDefaultStagedMemory;
@@ -139,12 +147,20 @@ struct TransportSettings {
 struct RegionConfig {
   std::string name;
   double wan_bps = 0;  // bandwidth of the WAN link into this region, bits per second
+  // What one flow (TCP connection) into the region can get, bits per second; 0: no
+  // per-flow cap (a flow can use all of wan_bps).
+  double flow_bps = 0;
   std::chrono::milliseconds wan_latency{0};  // one-way
   int line = 0;
+
+  // The most one flow into the region can carry: flow_bps capped by wan_bps.
+  double FlowCapBps() const { return flow_bps > 0 ? std::min(flow_bps, wan_bps) : wan_bps; }
 };
 
 struct TreeConfig {
-  std::optional<int> fanout;  // nullopt: "auto" (the planner picks it)
+  std::optional<int> fanout;   // nullopt: "auto" (the planner picks it)
+  std::optional<int> stripes;  // nullopt: "auto" (topology/stripe_plan.h picks S)
+  int stripes_line = 0;        // line of the `stripes` key; 0 if absent or built in code
   uint64_t chunk_size = uint64_t{4} << 20;
   int window = 8;  // chunks in flight per link
   CommitPolicy commit_policy = CommitPolicy::kAll;

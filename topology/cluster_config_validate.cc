@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@ namespace {
 using internal::IsValidEnvName;
 using internal::IsValidId;
 using internal::kMaxFanout;
+using internal::kMaxStripes;
 using internal::kMaxWindow;
 using internal::LowerAscii;
 using internal::Quoted;
@@ -117,6 +119,64 @@ Status ValidateLinks(const ClusterConfig& config,
       if (std::find(known.begin(), known.end(), t) == known.end()) {
         return ConfigError(config, rule.line, "[[link]] unknown transport " + Quoted(t));
       }
+    }
+  }
+  return Status::Ok();
+}
+
+// Senders, gateways and the stripe count (topology/stripe_plan.h): a sender is a
+// trainer-side host fed by the source over its LAN, so it sits in the source's region
+// and has no manual parent; a gateway is where a stripe enters a remote region, so it
+// is a receiver outside the source's region whose parent the planner picks.
+Status ValidateStripeRoles(const ClusterConfig& config, const NodeConfig& source) {
+  int senders = 0;
+  for (const NodeConfig& n : config.nodes) {
+    if (n.role == Role::kSender) {
+      ++senders;
+      if (n.region != source.region) {
+        return ConfigError(config, n.line,
+                           NodeName(n) + " has role = \"sender\" but region = " + Quoted(n.region) +
+                               ": a sender is fed by the source over its LAN "
+                               "and must be in the source's region (" +
+                               Quoted(source.region) + ")");
+      }
+      if (n.parent) {
+        return ConfigError(config, n.parent_line > 0 ? n.parent_line : n.line,
+                           NodeName(n) + " has role = \"sender\" and parent = " +
+                               Quoted(*n.parent) + ": a sender's parent is always the source");
+      }
+    }
+    if (!n.gateway) continue;
+    if (n.role != Role::kReceiver) {
+      return ConfigError(config, n.line,
+                         NodeName(n) + " has gateway = true but role = \"" +
+                             std::string(RoleName(n.role)) + "\": only receivers are gateways");
+    }
+    if (n.region == source.region) {
+      return ConfigError(config, n.line,
+                         NodeName(n) + " has gateway = true but is in the source's region (" +
+                             Quoted(n.region) +
+                             "): a gateway is where the WAN enters a remote "
+                             "region");
+    }
+    if (n.parent) {
+      return ConfigError(config, n.parent_line > 0 ? n.parent_line : n.line,
+                         NodeName(n) + " has gateway = true and a manual parent = " +
+                             Quoted(*n.parent) + ": the planner picks a gateway's parent");
+    }
+  }
+  if (const std::optional<int>& s = config.tree.stripes) {
+    if (*s < 1 || *s > kMaxStripes) {
+      return ConfigError(config, config.tree.stripes_line,
+                         "[tree] stripes = " + std::to_string(*s) + " is out of range [1, " +
+                             std::to_string(kMaxStripes) + "]");
+    }
+    if (senders > 0 && *s > senders) {
+      return ConfigError(config, config.tree.stripes_line,
+                         "[tree] stripes = " + std::to_string(*s) + " but only " +
+                             std::to_string(senders) + " node" + (senders == 1 ? "" : "s") +
+                             " have role = \"sender\": each stripe needs its own sender to "
+                             "root it (list more senders, or lower stripes)");
     }
   }
   return Status::Ok();
@@ -228,6 +288,10 @@ Status ValidateClusterConfig(const ClusterConfig& config) {
           config, r.line,
           "[[region]] " + Quoted(r.name) + ": wan_bandwidth must be > 0 and wan_latency >= 0");
     }
+    if (!(r.flow_bps >= 0) || !std::isfinite(r.flow_bps)) {  // 0: no per-flow cap
+      return ConfigError(config, r.line,
+                         "[[region]] " + Quoted(r.name) + ": flow_bandwidth must be > 0");
+    }
   }
   std::set<std::string_view> used_regions;
   for (const NodeConfig& n : config.nodes) {
@@ -263,6 +327,7 @@ Status ValidateClusterConfig(const ClusterConfig& config) {
     }
   }
   RETURN_IF_ERROR(ValidateLinks(config, regions));
+  RETURN_IF_ERROR(ValidateStripeRoles(config, *source));
   RETURN_IF_ERROR(ValidateObjectStoreConfig(config));
   return ValidateParents(config);
 }

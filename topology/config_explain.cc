@@ -53,6 +53,7 @@ std::vector<Section> Sections(const ClusterConfig& c) {
   {
     auto& v = add("tree");
     v["fanout"] = c.tree.fanout ? json(*c.tree.fanout) : json("auto");
+    v["stripes"] = c.tree.stripes ? json(*c.tree.stripes) : json("auto");
     v["chunk_size"] = ExactSize(c.tree.chunk_size);
     v["window"] = c.tree.window;
     v["commit_policy"] = std::string(CommitPolicyName(c.tree.commit_policy));
@@ -68,6 +69,7 @@ std::vector<Section> Sections(const ClusterConfig& c) {
     v["name"] = r.name;
     v["wan_bandwidth"] = ExactBandwidth(r.wan_bps);
     v["wan_latency"] = ExactDuration(r.wan_latency);
+    v["flow_bandwidth"] = ExactBandwidth(r.flow_bps > 0 ? r.flow_bps : r.wan_bps);
   }
   for (size_t i = 0; i < c.nodes.size(); ++i) {
     const NodeConfig& n = c.nodes[i];
@@ -81,6 +83,7 @@ std::vector<Section> Sections(const ClusterConfig& c) {
     v["transports"] = Strings(n.transports);
     if (n.parent) v["parent"] = *n.parent;
     if (n.role == Role::kReceiver) {  // how a receiver writes; a source writes nothing
+      v["gateway"] = n.gateway;
       v["apply"] = std::string(ApplyModeName(n.apply_mode));
       v["staged_memory"] = ExactSize(n.staged_memory);
       v["checkpoint"] = std::string(CheckpointModeName(n.checkpoint));
@@ -214,7 +217,7 @@ std::string RenderToml(const ClusterConfig& config, const std::vector<Section>& 
       if (it == section.values.end()) {
         // Not set and without a value to show: a manual parent nobody chose, or a
         // receiver's setting on the source.
-        const bool receivers_only = key == "apply" || key == "staged_memory" ||
+        const bool receivers_only = key == "apply" || key == "staged_memory" || key == "gateway" ||
                                     key == "checkpoint" || key.starts_with("snapshot_");
         out += "# " + std::string(key) + ": " +
                (receivers_only ? "receivers only" : std::string(k.default_value)) + "\n";

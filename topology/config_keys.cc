@@ -29,6 +29,9 @@ constexpr ConfigKey kKeys[] = {
     // [tree]
     {"tree", "fanout", "\"auto\" | integer", false, "\"auto\"", true,
      "children per relay inside a region; auto: the planner's choice"},
+    {"tree", "stripes", "\"auto\" | integer", false, "\"auto\"", true,
+     "stripes of the delta, each over its own tree from its own root (1-64); auto: the number "
+     "of senders (1 without), capped by the fewest gateways of a region that lists several"},
     {"tree", "chunk_size", "size", false, "\"4MiB\"", true,
      "a chunk is sent once it holds this many bytes (4KiB-1GiB)"},
     {"tree", "window", "integer", false, "8", true, "chunks in flight per link (1-4096)"},
@@ -48,6 +51,8 @@ constexpr ConfigKey kKeys[] = {
     {"region", "name", "string", true, "", true, "the region's name, as nodes' region names it"},
     {"region", "wan_bandwidth", "bandwidth", true, "", true, "bandwidth of the WAN link into it"},
     {"region", "wan_latency", "duration", true, "", true, "one-way latency of that link"},
+    {"region", "flow_bandwidth", "bandwidth", false, "wan_bandwidth", false,
+     "what one flow (TCP connection) into it can get; stripes cross as several flows"},
     // [[node]]
     {"node", "id", "string", true, "", true, "unique id (A-Z a-z 0-9 . _ -, 1-128 characters)"},
     {"node", "host", "string", true, "", true, "host name or address it listens on"},
@@ -55,13 +60,16 @@ constexpr ConfigKey kKeys[] = {
      "tcp port; ucx listens on port + 1, ofi on port + 2"},
     {"node", "region", "string", false, "the source's region (\"default\" if it has none)", false,
      "the region it sits in"},
-    {"node", "role", "\"source\" | \"receiver\"", false, "\"receiver\"", true,
-     "exactly one node is the source"},
+    {"node", "role", "\"source\" | \"receiver\" | \"sender\"", false, "\"receiver\"", true,
+     "exactly one node is the source; a sender (source's region) roots a stripe, holds no "
+     "weights"},
     {"node", "uplink", "bandwidth", false, "[tree] default_uplink", false,
      "its egress bandwidth (planner model: fast uplinks relay)"},
     {"node", "transports", "array of strings", false, "[\"tcp\"]", true,
      "backends it listens on and prefers, in order: tcp, ucx, ofi, inproc"},
     {"node", "parent", "string", false, "the planner's choice", false, "manual parent: a node id"},
+    {"node", "gateway", "boolean", false, "false", true,
+     "a receiver in a remote region that stripes may cross the WAN to; list several"},
     {"node", "apply", "\"on-arrival\" | \"staged\"", false, "\"on-arrival\"", true,
      "a receiver's writes: each chunk as it comes, or all at COMMIT (an engine serving from the "
      "weights pauses only for that; docs/serving.md)"},

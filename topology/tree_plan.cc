@@ -66,6 +66,10 @@ Layout MakeLayout(const ClusterConfig& config) {
   std::sort(layout.source_region.begin(), layout.source_region.end(), faster_first);
   for (auto& [name, members] : layout.other_regions) {
     std::sort(members.begin(), members.end(), faster_first);
+    // A region that lists gateway candidates enters through the fastest of them.
+    const auto gateway =
+        std::find_if(members.begin(), members.end(), [&](size_t m) { return nodes[m].gateway; });
+    if (gateway != members.end()) std::rotate(members.begin(), gateway, gateway + 1);
   }
   return layout;
 }
@@ -175,7 +179,7 @@ Result<TreePlan> Build(const Layout& layout, int fanout) {
         // The source's own region may have no [[region]] entry (only a manual parent
         // leads back into it); then its WAN is not modelled.
         if (const RegionConfig* r = config.FindRegion(n.region)) {
-          p.link_bps = std::min(p.link_bps, r->wan_bps);
+          p.link_bps = std::min(p.link_bps, r->FlowCapBps());  // one flow: <= wan_bps
           p.link_latency_s += static_cast<double>(r->wan_latency.count()) / 1000.0;
         }
       }

@@ -4,8 +4,9 @@
 //
 // Shape rules:
 //   * One WAN crossing per region. For each region other than the source's, a gateway
-//     (highest uplink, tie: smallest id) is a child of the source; the rest of that
-//     region hangs below its gateway. Nodes of the source's region hang below the source.
+//     (highest uplink, tie: smallest id; among the nodes with gateway = true when the
+//     region lists any) is a child of the source; the rest of that region hangs below
+//     its gateway. Nodes of the source's region (senders too) hang below the source.
 //   * Inside a region, a k-ary tree filled breadth-first, nodes ordered by uplink
 //     (descending) then id, so the fastest uplinks relay and the slowest are leaves.
 //     The source's egress is shared by its in-region children and all gateways.
@@ -17,7 +18,8 @@
 //
 // Model (pipelined cut-through; delta D bytes, chunk c = min(chunk_size, D)):
 //   edge bps   = min(parent uplink / parent's child count,
-//                    the child region's wan_bandwidth if the edge crosses regions,
+//                    the child region's per-flow cap (flow_bandwidth, at most its
+//                    wan_bandwidth) if the edge crosses regions,
 //                    window * chunk_size * 8 / (2 * edge latency))   <- credit window
 //   edge latency = hop_latency (+ the child region's wan_latency on a WAN edge)
 //   T(node)    = (D + depth * c) / (min edge bps on its path / 8) + sum of edge latencies

@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "common/runtime.h"
+#include "relay/tree/stripe_links.h"
 #include "relay/wire/internal/peer_identity.h"
 
 namespace deltacast::relay {
@@ -31,7 +32,11 @@ Downstream::Downstream(EventLoop& loop, std::string self_id, std::vector<std::st
       token_(std::move(token)),
       events_(std::move(events)),
       limits_(limits) {
-  for (auto& id : children) children_[id];
+  for (auto& id : children) children_[id].stripe = StripeOfLink(id);
+}
+
+bool Downstream::Carries(const Child& child, const ChunkRef& chunk) const {
+  return StripeCarries(child.stripe, stripes_, chunk.sequence, chunk.data);
 }
 
 Downstream::~Downstream() { CloseAll(); }
@@ -127,18 +132,34 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   handshakes_.erase(it);
   auto hello = ParseHello(message);
   if (!hello.ok()) return Refuse(*h.connection, "malformed HELLO: " + hello.status().message());
-  auto child = children_.find(hello->node_id);
-  if (child == children_.end() && adoptable_.contains(hello->node_id)) {
-    child = children_.emplace(hello->node_id, Child{}).first;  // checked below like any other
+  if (hello->stripes != stripes_) {
+    const std::string reason = "node '" + hello->node_id + "' joins stripe " +
+                               std::to_string(hello->stripe) + " of " +
+                               std::to_string(hello->stripes) + ", but '" + self_id_ + "' serves " +
+                               std::to_string(stripes_) + " stripes (the configs differ)";
+    // Said where the reports that name absent children look.
+    const std::string planned = StripeLinkKey(hello->node_id, 0);
+    if (children_.contains(planned) && events_.refused) events_.refused(planned, reason);
+    return Refuse(*h.connection, reason);
+  }
+  // A link is named by its node and stripe: a child joins this node once per stripe
+  // whose tree makes it this node's child.
+  const std::string key = StripeLinkKey(hello->node_id, hello->stripe);
+  auto child = children_.find(key);
+  if (child == children_.end() && adoptable_.contains(key)) {
+    child = children_.emplace(key, Child{}).first;  // checked below like any other
     child->second.adopted = true;
+    child->second.stripe = hello->stripe;
   }
   if (child == children_.end()) {
-    return Refuse(*h.connection,
-                  "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan");
+    return Refuse(
+        *h.connection,
+        "node '" + hello->node_id + "' is not a child of '" + self_id_ + "' in the plan" +
+            (stripes_ > 1 ? " of stripe " + std::to_string(hello->stripe) : std::string()));
   }
   auto refuse_child = [&](const std::string& reason) {
     if (child->second.adopted && !child->second.connection) children_.erase(child);
-    if (events_.refused) events_.refused(hello->node_id, reason);
+    if (events_.refused) events_.refused(key, reason);
     Refuse(*h.connection, reason);
   };
   if (!ProofMatches(hello->proof, ChildProof(token_, h.nonce, hello->node_id, self_id_))) {
@@ -149,7 +170,9 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
     return refuse_child(s.message());
   }
   if (child->second.connection) {
-    return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected");
+    return Refuse(*h.connection, "node '" + hello->node_id + "' is already connected" +
+                                     (stripes_ > 1 ? " on stripe " + std::to_string(hello->stripe)
+                                                   : std::string()));
   }
   if (Status s = CheckTransport(*hello); !s.ok()) return refuse_child(s.message());
   child->second.connection = std::move(h.connection);
@@ -169,12 +192,12 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   child->second.connection->Authenticated();
   child->second.connection->Send(transport::MakeMessage(
       EncodeWelcome({ParentProof(token_, h.nonce, hello->nonce, self_id_, hello->node_id)})));
-  log::Info(fmt::format("{}: child {} joined from {}{}{} at version {}", self_id_, hello->node_id,
+  log::Info(fmt::format("{}: child {} joined from {}{}{} at version {}", self_id_, key,
                         child->second.connection->PeerAddress(),
                         hello->transport.empty() ? "" : " over " + hello->transport,
                         child->second.connection->PeerIdentity().empty() ? "" : " with TLS",
                         hello->active_version.ShortHex()));
-  if (events_.joined) events_.joined(hello->node_id, *hello);
+  if (events_.joined) events_.joined(key, *hello);
   Pump(child->second);
 }
 
@@ -372,12 +395,29 @@ void Downstream::Broadcast(transport::Message message, std::function<void()> don
   }
 }
 
+void Downstream::BroadcastBegin(Begin begin) {
+  std::vector<transport::Message> per_stripe;
+  begin.stripes = stripes_;
+  for (uint32_t s = 0; s < stripes_; ++s) {
+    begin.stripe = s;
+    per_stripe.push_back(transport::MakeMessage(EncodeBegin(begin)));
+  }
+  for (auto& [id, child] : children_) {
+    if (child.excused) continue;
+    const transport::Message& message = per_stripe[child.stripe];
+    queued_bytes_ += message->size();
+    child.queue.push_back(Pending{message, nullptr, std::nullopt, nullptr});
+    Pump(child);
+  }
+}
+
 void Downstream::Requeue(const std::string& id, std::vector<Outgoing> backlog) {
   auto it = children_.find(id);
   if (it == children_.end()) return;
   Child& child = it->second;
   DropUnsent(child);
   for (auto& out : backlog) {
+    if (out.chunk && !Carries(child, *out.chunk)) continue;  // another stripe's
     if (out.message) queued_bytes_ += out.message->size();
     if (out.chunk) child.chunks.Note(*out.chunk);
     child.queue.push_back(Pending{std::move(out.message), std::move(out.load), out.chunk, nullptr});
@@ -389,7 +429,8 @@ void Downstream::QueueHeld(const std::vector<Outgoing>& held) {
   for (auto& [id, child] : children_) {
     if (!child.connection || child.excused) continue;
     for (const Outgoing& out : held) {
-      if (!out.chunk || child.chunks.Has(*out.chunk, stream_id_)) continue;
+      if (!out.chunk || !Carries(child, *out.chunk) || child.chunks.Has(*out.chunk, stream_id_))
+        continue;
       child.chunks.Note(*out.chunk);
       child.queue.push_back(Pending{out.message, out.load, out.chunk, nullptr});
       if (out.message) queued_bytes_ += out.message->size();
@@ -413,12 +454,15 @@ void Downstream::SendTo(const std::string& id, transport::Message message) {
 }
 
 void Downstream::BroadcastChunk(transport::Message message, const ChunkRef& chunk,
-                                std::function<void()> done) {
+                                std::function<void()> done, std::optional<uint32_t> stripe) {
   auto fanout = std::make_shared<Fanout>();
   fanout->done = std::move(done);
   std::vector<Child*> to;
   for (auto& [id, child] : children_) {
-    if (child.excused || child.chunks.Has(chunk, stream_id_)) continue;
+    if (child.excused || (stripe && child.stripe != *stripe) || !Carries(child, chunk) ||
+        child.chunks.Has(chunk, stream_id_)) {
+      continue;
+    }
     to.push_back(&child);
   }
   fanout->remaining = to.size();
@@ -473,6 +517,13 @@ size_t Downstream::expected() const {
 bool Downstream::AllConnected() const {
   for (const auto& [id, child] : children_) {
     if (!child.connection) return false;
+  }
+  return true;
+}
+
+bool Downstream::AllConnected(uint32_t stripe) const {
+  for (const auto& [id, child] : children_) {
+    if (child.stripe == stripe && !child.connection) return false;
   }
   return true;
 }

@@ -7,6 +7,11 @@
 // child that joins late still receives the whole refit in order; the queue is
 // bounded by the credit window the parent grants this node.
 //
+// Striped trees (relay/tree/stripe_links.h): children are links, named by their key
+// (the child's id for stripe 0, "id#s" for stripe s); a HELLO says which stripe it
+// joins. A data chunk goes only to the links of its stripe (k mod S), the END and
+// control messages to every link.
+//
 // Thread safety: everything runs on the owner's EventLoop thread; transport
 // callbacks only post to that loop.
 #pragma once
@@ -50,13 +55,19 @@ class Downstream {
   };
 
   // `loop` and this object must outlive every connection handed to Accept.
+  // `children` are link keys (StripeLinkKey); events name children by key too.
   Downstream(EventLoop& loop, std::string self_id, std::vector<std::string> children,
              std::string token, Events events, Limits limits = {});
+
+  // How many stripes the refit is split into (default 1: one tree). A HELLO that
+  // names another count, or a stripe beyond it, is refused.
+  void SetStripes(uint32_t stripes) { stripes_ = stripes; }
+  uint32_t stripes() const { return stripes_; }
   ~Downstream();
 
-  // Nodes that may join as adopted children: grandchildren whose own parent died
-  // (this node is their failover parent). An adopted child is served like any
-  // other while it is connected and forgotten when it leaves.
+  // Links that may join as adopted children (keys): grandchildren whose own parent
+  // in that stripe died (this node is their failover parent there). An adopted child is served like
+  // any other while it is connected and forgotten when it leaves.
   void AllowAdoption(std::set<std::string> ids) { adoptable_ = std::move(ids); }
   bool IsAdopted(const std::string& id) const;
 
@@ -86,6 +97,8 @@ class Downstream {
   // Queues the control message `message` (not a CHUNK) for every expected child.
   // `done` runs once every child was handed the message or is gone.
   void Broadcast(transport::Message message, std::function<void()> done = {});
+  // BEGIN for every expected child, each naming the stripe of its link.
+  void BroadcastBegin(Begin begin);
 
   // Which chunk of which delta a CHUNK message carries.
   struct ChunkRef {
@@ -99,8 +112,11 @@ class Downstream {
   // HELLO said it applied that chunk, or this link already carries it (queued or
   // sent). So a child is sent each chunk it lacks once per link, whether it comes
   // from a replay or from the parent's stream (docs/recovery.md).
+  // `stripe`: only to that stripe's links (a relay forwards a stripe's END down that
+  // stripe alone); else to every link that carries the chunk.
   void BroadcastChunk(transport::Message message, const ChunkRef& chunk,
-                      std::function<void()> done = {});
+                      std::function<void()> done = {},
+                      std::optional<uint32_t> stripe = std::nullopt);
 
   // One message for a child's queue: either the bytes, or a loader that reads them
   // (from a spool) only when the message is about to be sent. `chunk` is set for
@@ -144,6 +160,8 @@ class Downstream {
   void DropQueued();
 
   bool AllConnected() const;
+  // Whether every link of stripe `stripe` is connected.
+  bool AllConnected(uint32_t stripe) const;
   std::vector<std::string> Missing() const;
   // Planned children (adopted ones are not expected).
   size_t expected() const;
@@ -197,6 +215,7 @@ class Downstream {
     }
   };
   struct Child {
+    uint32_t stripe = 0;  // the stripe this link belongs to (from its key)
     std::unique_ptr<transport::Connection> connection;
     ChunkBook chunks;
     uint64_t serial = 0;
@@ -231,6 +250,8 @@ class Downstream {
   void NoteSent(Child& child, const transport::Message& message);
   void Lose(const std::string& id, const Status& why);
   Child* BySerial(uint64_t serial, std::string* id);
+  // Whether `child`'s link carries `chunk` (its stripe's data chunks, and the END).
+  bool Carries(const Child& child, const ChunkRef& chunk) const;
   std::string ChildId(const Child& child) const;
 
   EventLoop& loop_;
@@ -244,6 +265,7 @@ class Downstream {
   ProvenHosts proven_;  // addresses whose children completed the handshake lately
   std::set<std::string> adoptable_;
   std::vector<std::string> transports_;
+  uint32_t stripes_ = 1;
   uint64_t refit_id_ = 0;   // the refit credit counts for
   uint64_t stream_id_ = 0;  // the stream that numbers that refit's chunks
   uint64_t next_serial_ = 1;

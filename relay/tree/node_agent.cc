@@ -9,6 +9,7 @@
 #include "common/thread_annotations.h"
 #include "relay/tree/node_impl.h"
 #include "relay/tree/node_transports.h"
+#include "relay/tree/stripe_links.h"
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
@@ -33,13 +34,54 @@ NodeStore::Options StoreOptions(const NodeAgentOptions& options,
   return o;
 }
 
+// This node's children in every stripe's tree, as link keys.
+std::vector<std::string> ChildLinks(const std::vector<topology::PlannedNode>& selves) {
+  std::vector<std::string> links;
+  for (uint32_t s = 0; s < selves.size(); ++s) {
+    for (const auto& child : selves[s].children) links.push_back(StripeLinkKey(child, s));
+  }
+  return links;
+}
+
+std::vector<topology::PlannedNode> SelvesIn(const topology::StripedPlan& plan,
+                                            const std::string& id) {
+  std::vector<topology::PlannedNode> selves;
+  for (const auto& stripe : plan.stripes) selves.push_back(*stripe.tree.Find(id));
+  return selves;
+}
+
 }  // namespace
 
+std::vector<std::unique_ptr<Subtree>> NodeAgent::Impl::MakeSubtrees() {
+  std::vector<std::unique_ptr<Subtree>> trees;
+  for (uint32_t s = 0; s < selves_.size(); ++s) {
+    std::vector<std::string> links;
+    for (const auto& child : selves_[s].children) links.push_back(StripeLinkKey(child, s));
+    trees.push_back(std::make_unique<Subtree>(
+        links,
+        Subtree::Rules{options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
+                       options_.node_id + (s == 0 ? "" : "#" + std::to_string(s)) + ": "},
+        SubtreeOwner()));
+  }
+  return trees;
+}
+
+std::vector<std::unique_ptr<ParentLink>> NodeAgent::Impl::MakeParents() {
+  std::vector<std::unique_ptr<ParentLink>> parents;
+  for (uint32_t s = 0; s < selves_.size(); ++s) {
+    parents.push_back(std::make_unique<ParentLink>(loop_, options_.config, selves_[s],
+                                                   options_.token, *transport_, ParentEvents(s)));
+  }
+  return parents;
+}
+
 NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
-                      std::unique_ptr<transport::Transport> transport, topology::TreePlan plan)
+                      std::unique_ptr<transport::Transport> transport, topology::StripedPlan plan)
     : options_(std::move(options)),
-      plan_(std::move(plan)),
+      striped_(std::move(plan)),
+      plan_(striped_.stripes.front().tree),
       self_(*plan_.Find(options_.node_id)),
+      selves_(SelvesIn(striped_, options_.node_id)),
       transport_(std::move(transport)),
       // The configured folder, else one per process (a store without a directory
       // does not survive a restart, and neither need its spool; per process, so
@@ -49,13 +91,11 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
       store_(
           std::move(replica), StoreOptions(options_, spool_dir_.path()), loop_,
           [this](const NodeStore::Journal& j) { OnJournal(j); }, options_.on_commit),
-      downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
+      downstream_(loop_, options_.node_id, ChildLinks(selves_), options_.token, DownstreamEvents(),
                   Downstream::LimitsFrom(options_.config.limits)),
-      parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()),
-      subtree_(self_.children,
-               {options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
-                options_.node_id + ": "},
-               SubtreeOwner()),
+      parents_(MakeParents()),
+      parent_(*parents_.front()),
+      subtrees_(MakeSubtrees()),
       requests_(parent_, downstream_),
       catch_up_(options_.node_id, parent_, requests_, store_, journal_,
                 [this](const CatchUp::Result& r) { OnCatchUpFinished(r); }),
@@ -65,10 +105,16 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
       recovery_(options_.node_id, parent_, requests_, store_,
                 [this](const Status& s, uint64_t fetched) { OnRecovered(s, fetched); }) {
   std::set<std::string> adoptable;
-  for (const auto& node : plan_.nodes) {
-    if (node.failover_parent == options_.node_id) adoptable.insert(node.id);
+  for (uint32_t s = 0; s < striped_.stripes.size(); ++s) {
+    for (const auto& node : striped_.stripes[s].tree.nodes) {
+      if (node.failover_parent == options_.node_id) adoptable.insert(StripeLinkKey(node.id, s));
+    }
   }
   downstream_.AllowAdoption(std::move(adoptable));
+  downstream_.SetStripes(stripes());
+  begin_on_.assign(stripes(), 0);
+  window_on_.assign(stripes(), 0);
+  received_on_link_.assign(stripes(), {});
   downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
   catch_up_.SetVerifyKey(options_.verify_key.get());
   catch_up_.SetProgress(options_.on_catch_up_progress);
@@ -108,7 +154,9 @@ void NodeAgent::Impl::OnRecovered(const Status& status, uint64_t fetched) {
   if (deferred_decision_) {
     auto [type, bytes] = std::move(*deferred_decision_);
     deferred_decision_.reset();
-    loop_.Post([this, type = type, bytes = bytes] { OnDecision(type, bytes); });
+    loop_.Post([this, type = type, bytes = bytes, stripe = deferred_decision_stripe_] {
+      OnDecision(stripe, type, bytes);
+    });
   }
   RunDeferredBegin();
 }
@@ -129,9 +177,14 @@ Status NodeAgent::Impl::Listen() {
     loop_.Post([this, names = set->Accepting()] { downstream_.SetTransports(names); });
   }
   const auto* parent = options_.config.FindNode(*self_.parent);
+  std::string striped;
+  for (uint32_t s = 1; s < selves_.size(); ++s) {
+    striped += fmt::format("; stripe {}: parent {}, {} children", s, *selves_[s].parent,
+                           selves_[s].children.size());
+  }
   log::Info(fmt::format(
-      "{}: listening on {}, parent {} at {}:{}, {} children, version {}{}", options_.node_id,
-      listen_address_, *self_.parent, parent->host, parent->port, self_.children.size(),
+      "{}: listening on {}, parent {} at {}:{}, {} children{}, version {}{}", options_.node_id,
+      listen_address_, *self_.parent, parent->host, parent->port, self_.children.size(), striped,
       journal_.version.ShortHex(),
       journal_.inflight
           ? fmt::format(", delta {} -> {} in flight ({} chunks applied{})",
@@ -147,7 +200,7 @@ void NodeAgent::Impl::Stop() {
   loop_.Stop();
   store_.Stop();
   downstream_.CloseAll();
-  parent_.Close();
+  for (auto& p : parents_) p->Close();
   refit_.reset();  // closes the spool
   spool_dir_.Release();
 }
@@ -164,7 +217,7 @@ Downstream::Events NodeAgent::Impl::DownstreamEvents() {
   e.joined = [this](const std::string& child, const Hello& hello) { OnChildJoined(child, hello); };
   e.lost = [this](const std::string& child, const Status&) { OnChildLost(child); };
   e.refused = [this](const std::string& child, const std::string& reason) {
-    subtree_.Refused(child, reason);
+    subtree(StripeOfLink(child)).Refused(child, reason);
   };
   e.message = [this](const std::string& child, MessageType type, ByteSpan m) {
     OnChildMessage(child, type, m);
@@ -172,20 +225,43 @@ Downstream::Events NodeAgent::Impl::DownstreamEvents() {
   return e;
 }
 
-ParentLink::Events NodeAgent::Impl::ParentEvents() {
+ParentLink::Events NodeAgent::Impl::ParentEvents(uint32_t stripe) {
   ParentLink::Events e;
-  e.hello = [this] { return MakeHello(); };
-  e.joined = [this] { OnParentJoined(); };
-  e.lost = [this](const Status& why) { OnParentLost(why); };
-  e.refused = [this](const Status& why) { join_.Refused(parent_.current(), why); };
-  e.message = [this](MessageType type, const transport::Message& m) { OnParentMessage(type, m); };
+  e.hello = [this, stripe] { return MakeHello(stripe); };
+  e.joined = [this, stripe] { OnParentJoined(stripe); };
+  e.lost = [this, stripe](const Status& why) { OnParentLost(stripe, why); };
+  e.refused = [this, stripe](const Status& why) {
+    join_.Refused(parents_[stripe]->current(), why);
+  };
+  e.message = [this, stripe](MessageType type, const transport::Message& m) {
+    OnParentMessage(stripe, type, m);
+  };
   return e;
+}
+
+void NodeAgent::Impl::NewRefit() {
+  refit_.emplace(Refit{});
+  refit_->prepared_on.assign(stripes(), 0);
+  refit_->outcome_on.assign(stripes(), 0);
+}
+
+void NodeAgent::Impl::SendUpAll(const std::vector<std::byte>& bytes) {
+  for (auto& p : parents_) p->Send(bytes);
+}
+
+void NodeAgent::Impl::GrantWindow(uint32_t stripe) {
+  if (!refit_ || window_on_[stripe] == refit_->id) return;
+  window_on_[stripe] = refit_->id;
+  parents_[stripe]->Send(
+      EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), refit_->id}));
 }
 
 // What this node holds, for the HELLO that answers a parent's CHALLENGE. A new
 // link starts counting what it carries from here.
-Hello NodeAgent::Impl::MakeHello() {
+Hello NodeAgent::Impl::MakeHello(uint32_t stripe) {
   Hello hello;
+  hello.stripe = stripe;
+  hello.stripes = stripes();
   hello.active_version = journal_.version;
   if (journal_.inflight) {
     hello.inflight_base = journal_.inflight->base;
@@ -195,44 +271,76 @@ Hello NodeAgent::Impl::MakeHello() {
     hello.inflight_stream = Spool::StreamOf(options_.spool_dir, journal_.inflight->target);
   }
   claimed_ = {hello.inflight_target, journal_.inflight ? journal_.applied : std::set<uint32_t>{}};
-  received_on_link_.clear();
+  received_on_link_[stripe].clear();
+  // A new link: the parent grants it nothing of what the old one was granted.
+  begin_on_[stripe] = window_on_[stripe] = 0;
   return hello;
 }
 
-void NodeAgent::Impl::OnParentJoined() {
+void NodeAgent::Impl::OnParentJoined(uint32_t stripe) {
   {
     MutexLock lock(stats_mu_);
     ++stats_.parent_joins;
   }
+  // Requests up the tree, and the join check, go by stripe 0's parent.
+  if (stripe != 0) return;
   join_.Joined(parent_.current());
   if (catch_up_.active()) loop_.Post([this] { catch_up_.Pump(); });
   loop_.Post([this] { rollback_.AskAgain(); });
   loop_.Post([this] { recovery_.AskAgain(); });
 }
 
-void NodeAgent::Impl::OnParentLost(const Status& why) {
-  requests_.LinkLost();
-  catch_up_.LinkLost();
+void NodeAgent::Impl::OnParentLost(uint32_t stripe, const Status& why) {
+  if (stripe == 0) {
+    requests_.LinkLost();
+    catch_up_.LinkLost();
+  }
   if (refit_ && refit_->phase == Phase::kStreaming) {
     // The delta stays in flight and journaled: when the parent (or its replacement)
     // is back, the refit resumes with only what is missing; a PREPARED node learns
     // the outcome then. Nothing is guessed.
-    log::Warn(fmt::format("{}: lost parent during refit {} ({}); will resume on reconnect",
-                          options_.node_id, refit_->id, why.ToString()));
+    log::Warn(fmt::format(
+        "{}: lost parent{} during refit {} ({}); will resume on reconnect", options_.node_id,
+        stripes() > 1 ? " of stripe " + std::to_string(stripe) : "", refit_->id, why.ToString()));
   }
 }
 
-void NodeAgent::Impl::OnParentMessage(MessageType type, const transport::Message& message) {
+void NodeAgent::Impl::OnParentMessage(uint32_t stripe, MessageType type,
+                                      const transport::Message& message) {
   const ByteSpan bytes(*message);
   switch (type) {
-    case MessageType::kBegin:
-      ++parent_begins_;
+    case MessageType::kBegin: {
+      auto begin = ParseBegin(bytes);
+      if (!begin.ok()) return parents_[stripe]->ProtocolError(begin.status().message());
+      if (begin->stripe != stripe || begin->stripes != stripes()) {
+        return parents_[stripe]->ProtocolError(
+            fmt::format("BEGIN names stripe {} of {} on the link of stripe {} of {}", begin->stripe,
+                        begin->stripes, stripe, stripes()));
+      }
+      begin_on_[stripe] = begin->refit_id;
+      // Every stripe carries the refit's BEGIN: one refit, counted once.
+      if (begin->refit_id != last_parent_begin_) {
+        last_parent_begin_ = begin->refit_id;
+        ++parent_begins_;
+      }
       return OnBegin(bytes);
+    }
     case MessageType::kChunk:
-      return OnChunk(message);
+      return OnChunk(stripe, message);
     case MessageType::kCommit:
     case MessageType::kAbort:
-      return OnDecision(type, bytes);
+      return OnDecision(stripe, type, bytes);
+    default:
+      break;
+  }
+  // The rest answers what this node asked of stripe 0's parent.
+  if (stripe != 0) {
+    if (type == MessageType::kActiveVersion) return;  // stripe 0's parent tells it too
+    return parents_[stripe]->ProtocolError(std::string(MessageTypeName(type)) +
+                                           " is not a message a parent of stripe " +
+                                           std::to_string(stripe) + " sends");
+  }
+  switch (type) {
     case MessageType::kActiveVersion:
       return OnParentVersion(bytes);
     case MessageType::kPartition: {
@@ -265,7 +373,7 @@ void NodeAgent::Impl::OnParentMessage(MessageType type, const transport::Message
 // than the connect timeout does FAILED go up (Tick).
 void NodeAgent::Impl::OnChildLost(const std::string& child) {
   child_holds_.erase(child);
-  subtree_.Lost(child, Clock::now());
+  subtree(StripeOfLink(child)).Lost(child, Clock::now());
 }
 
 void NodeAgent::Impl::OnChildMessage(const std::string& child, MessageType type, ByteSpan bytes) {
@@ -322,7 +430,7 @@ void NodeAgent::Impl::RunDeferredBegin() {
   if (deferred_begin_.empty()) return;
   std::vector<std::byte> begin = std::move(deferred_begin_);
   deferred_begin_.clear();
-  std::vector<transport::Message> decisions = std::move(deferred_decisions_);
+  std::vector<std::pair<uint32_t, transport::Message>> decisions = std::move(deferred_decisions_);
   deferred_decisions_.clear();
   // Run after what the loop holds already, unless a newer BEGIN from the parent is
   // among it: the parent has moved on, and this one, deferred again, would take the
@@ -334,11 +442,11 @@ void NodeAgent::Impl::RunDeferredBegin() {
     if (parent_begins_ == begins) OnBegin(begin);
   });
   // After it, as they came (a BEGIN deferred again defers them again).
-  for (auto& d : decisions) {
-    loop_.Post([this, d, begins] {
+  for (auto& [stripe, d] : decisions) {
+    loop_.Post([this, stripe = stripe, d = d, begins] {
       if (parent_begins_ != begins) return;  // of the superseded BEGIN's refit
       auto type = PeekType(ByteSpan(*d));
-      if (type.ok()) OnParentMessage(*type, d);
+      if (type.ok()) OnParentMessage(stripe, *type, d);
     });
   }
 }
@@ -349,7 +457,7 @@ void NodeAgent::Impl::Tick() {
   if (stopped_) return;
   const auto now = Clock::now();
   downstream_.Tick(now);
-  parent_.Tick(now, !refit_ || refit_->phase == Phase::kDone);
+  for (auto& p : parents_) p->Tick(now, !refit_ || refit_->phase == Phase::kDone);
   if (now >= next_heartbeat_) {
     next_heartbeat_ = now + options_.config.tree.HeartbeatInterval();
     downstream_.Heartbeat();
@@ -361,11 +469,15 @@ void NodeAgent::Impl::Tick() {
     if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active()) recovery_.Start();
   }
   if (!refit_) return;
-  subtree_.Tick(now);
+  ForEachSubtree([&](Subtree& t) {
+    if (refit_) t.Tick(now);
+  });
   if (refit_ && (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting)) {
     if (refit_->local_outcome_done && now - refit_->decided > options_.config.tree.commit_timeout) {
+      size_t awaiting = 0;
+      ForEachSubtree([&](Subtree& t) { awaiting += t.AwaitingConfirmation(); });
       log::Warn(fmt::format("{}: refit {}: {} children did not confirm the decision in time",
-                            options_.node_id, refit_->id, subtree_.AwaitingConfirmation()));
+                            options_.node_id, refit_->id, awaiting));
       ReportOutcome();
     }
   }
@@ -384,7 +496,19 @@ void NodeAgent::Impl::HoldChunk(size_t bytes) {
 Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(
     NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
     std::unique_ptr<transport::Transport> transport) {
-  ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
+  ASSIGN_OR_RETURN(topology::StripedPlan striped, topology::PlanStripes(options.config));
+  return Start(std::move(options), std::move(replica), std::move(transport), striped);
+}
+
+Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(NodeAgentOptions options,
+                                                    std::unique_ptr<apply::Replica> replica,
+                                                    std::unique_ptr<transport::Transport> transport,
+                                                    const topology::StripedPlan& striped) {
+  if (striped.stripes.empty() || striped.stripes.size() > kMaxStripes) {
+    return Status::InvalidArgument(
+        fmt::format("a plan of {} stripes (1 to {})", striped.stripes.size(), kMaxStripes));
+  }
+  const topology::TreePlan& plan = striped.stripes.front().tree;
   const topology::PlannedNode* self = plan.Find(options.node_id);
   if (!self)
     return Status::NotFound("node '" + options.node_id + "' is not in " +
@@ -392,9 +516,23 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(
   if (!self->parent)
     return Status::InvalidArgument("node '" + options.node_id +
                                    "' is the source; run `deltacast publish` there");
-  RETURN_IF_ERROR(CheckHopSecurity(options.config, plan, options.node_id));
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(replica), std::move(transport),
-                                     std::move(plan));
+  for (const auto& stripe : striped.stripes) {
+    const std::string& source = options.config.Source()->id;
+    if (stripe.root != source || stripe.tree.source != source) {
+      return Status::Unsupported("stripe " + std::to_string(stripe.index) + "'s root is '" +
+                                 stripe.root + "', not the source '" + source +
+                                 "': sender nodes that root a stripe are not supported yet");
+    }
+    if (!stripe.tree.Find(options.node_id)) {
+      return Status::InvalidArgument("node '" + options.node_id + "' is not in stripe " +
+                                     std::to_string(stripe.index) + "'s tree");
+    }
+  }
+  for (const auto& stripe : striped.stripes) {
+    RETURN_IF_ERROR(CheckHopSecurity(options.config, stripe.tree, options.node_id));
+  }
+  auto impl =
+      std::make_unique<Impl>(std::move(options), std::move(replica), std::move(transport), striped);
   RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<NodeAgent>(new NodeAgent(std::move(impl)));
 }

@@ -29,6 +29,10 @@
 #include "topology/cluster_config.h"
 #include "transport/transport.h"
 
+namespace deltacast::topology {
+struct StripedPlan;  // topology/stripe_plan.h
+}  // namespace deltacast::topology
+
 namespace deltacast::relay {
 
 struct CatchUpProgress;
@@ -110,6 +114,13 @@ class NodeAgent {
   static Result<std::unique_ptr<NodeAgent>> Start(NodeAgentOptions options,
                                                   std::unique_ptr<apply::Replica> replica,
                                                   std::unique_ptr<transport::Transport> transport);
+  // The same along a plan given (every stripe's tree) instead of the config's
+  // (PlanStripes): for tests that need a tree of a given shape. The source and every
+  // agent must be given the same plan, over the config's nodes.
+  static Result<std::unique_ptr<NodeAgent>> Start(NodeAgentOptions options,
+                                                  std::unique_ptr<apply::Replica> replica,
+                                                  std::unique_ptr<transport::Transport> transport,
+                                                  const topology::StripedPlan& plan);
   ~NodeAgent();  // Stop()
   // Closes every link and joins the agent's threads. Idempotent.
   void Stop();

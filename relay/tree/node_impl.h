@@ -7,6 +7,13 @@
 // refit as this node sees it: receive, forward, apply, prepare (node_refit.cc), and decisions and
 // outcome (node_outcome.cc); node_agent.cc routes messages and ticks.
 //
+// Striped trees (docs/protocol.md, "Stripes"): one ParentLink and one Subtree per
+// stripe (this node's parent and children in that stripe's tree); one Downstream
+// (children of every stripe, by link key), one store, one spool. A chunk goes down
+// only its own stripe's links; PREPARED and the outcome go up each stripe once that
+// stripe's children have sent theirs; the decision is acted on at its first copy.
+// Requests up the tree (repair, catch-up) go to stripe 0's parent.
+//
 // Thread safety: all of it runs on loop_, but stats() (any thread, under stats_mu_).
 #pragma once
 
@@ -34,6 +41,7 @@
 #include "relay/tree/subtree.h"
 #include "relay/tree/up_requests.h"
 #include "relay/wire/protocol.h"
+#include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 
 namespace deltacast::relay {
@@ -43,7 +51,7 @@ class NodeAgent::Impl {
   using Clock = RuntimeClock;
 
   Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
-       std::unique_ptr<transport::Transport> transport, topology::TreePlan plan);
+       std::unique_ptr<transport::Transport> transport, topology::StripedPlan plan);
   ~Impl();  // Stop()
   Status Listen();
   void Stop();
@@ -68,7 +76,12 @@ class NodeAgent::Impl {
     // Rolling back what another stream of the delta left in flight, before the
     // deferred BEGIN that streams it anew (RollBackAnotherStream).
     bool stream_rollback = false;
-    bool prepared_sent = false;
+    bool prepared_sent = false;     // PREPARED went up on some stripe
+    std::vector<char> prepared_on;  // per stripe: PREPARED went up there
+    std::vector<char> outcome_on;   // per stripe: COMMITTED / ABORTED (or FAILED) went up there
+    // The stripes whose END came. The END goes to the store only once every
+    // stripe's has come (then every data chunk has).
+    std::set<uint32_t> ends;
     bool failed_sent = false;
     // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
     // as the link it went on may have dropped before it arrived.
@@ -119,12 +132,23 @@ class NodeAgent::Impl {
 
   // node_agent.cc: wiring.
   Downstream::Events DownstreamEvents();
-  ParentLink::Events ParentEvents();
+  ParentLink::Events ParentEvents(uint32_t stripe);
+  uint32_t stripes() const { return static_cast<uint32_t>(parents_.size()); }
+  Subtree& subtree(uint32_t stripe) { return *subtrees_[stripe]; }
+  template <typename F>
+  void ForEachSubtree(F f) {
+    for (auto& t : subtrees_) f(*t);
+  }
+  // Sends `bytes` up every stripe's parent link.
+  void SendUpAll(const std::vector<std::byte>& bytes);
+  // Grants the parent of `stripe` a window of credit for the current refit, once per
+  // link and refit.
+  void GrantWindow(uint32_t stripe);
   void Tick();
-  Hello MakeHello();
-  void OnParentJoined();
-  void OnParentLost(const Status& why);
-  void OnParentMessage(MessageType type, const transport::Message& message);
+  Hello MakeHello(uint32_t stripe);
+  void OnParentJoined(uint32_t stripe);
+  void OnParentLost(uint32_t stripe, const Status& why);
+  void OnParentMessage(uint32_t stripe, MessageType type, const transport::Message& message);
   // ACTIVE_VERSION: compares this node's weights with the version the parent holds.
   void OnParentVersion(ByteSpan bytes);
   // Tells a child that joined the version this node holds (its manifest if the
@@ -144,7 +168,7 @@ class NodeAgent::Impl {
   // node_refit.cc: receive, forward, apply, prepare.
   void OnBegin(ByteSpan bytes);
   bool Behind(const Begin& b) const;
-  void OnChunk(const transport::Message& received);
+  void OnChunk(uint32_t stripe, const transport::Message& received);
   void OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result);
   void RequestRepairs(const NodeStore::ApplyResult& result);
   void OnRepairBytes(uint64_t id, const Fetch& fetch, const PartitionData& data);
@@ -155,9 +179,14 @@ class NodeAgent::Impl {
   void OnChildFailed(const std::string& child, ByteSpan bytes);
   void OnChildJoined(const std::string& child, const Hello& hello);
   Subtree::Owner SubtreeOwner();
+  // A fresh refit_, its per-stripe state sized.
+  void NewRefit();
+  std::vector<std::unique_ptr<Subtree>> MakeSubtrees();
+  std::vector<std::unique_ptr<ParentLink>> MakeParents();
 
   // node_outcome.cc: decisions and outcome.
-  void OnDecision(MessageType type, ByteSpan bytes);
+  // `stripe`: the link it came on (replies go back there).
+  void OnDecision(uint32_t stripe, MessageType type, ByteSpan bytes);
   void Resolve(MessageType type, const Decision& d, transport::Message message);
   void RollBackAnotherStream(const Begin& begin, ByteSpan bytes);
   void CommitByCatchingUp(const Decision& d, transport::Message message);
@@ -167,17 +196,22 @@ class NodeAgent::Impl {
   transport::Message DecisionFor(MessageType type) const;
   // Whether `status` of a signature check lets the message through; logs and
   // drops the parent link when not.
-  bool Trusted(const Status& status, std::string_view what);
+  bool Trusted(const Status& status, std::string_view what, uint32_t stripe = 0);
   void Decide(MessageType type);
   void StartAbort();
   void OnLocalOutcome(uint64_t id, const Status& status, const Digest128& version);
   void OnChildConfirmed(const std::string& child, ByteSpan bytes);
   void MaybeOutcome();
+  // Sends this node's outcome up `stripe` (once per refit and stripe).
+  void SendOutcome(uint32_t stripe);
   void ReportOutcome();
 
   NodeAgentOptions options_;
-  topology::TreePlan plan_;
-  topology::PlannedNode self_;
+  topology::StripedPlan striped_;
+  topology::TreePlan plan_;     // stripe 0's tree (the only one when not striped)
+  topology::PlannedNode self_;  // this node in stripe 0's tree
+  // This node in each stripe's tree (ParentLink keeps a reference: never resized).
+  std::vector<topology::PlannedNode> selves_;
   std::unique_ptr<transport::Transport> transport_;
   std::string listen_address_;
 
@@ -186,16 +220,22 @@ class NodeAgent::Impl {
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t parent_begins_ = 0;             // BEGINs the parent sent; a newer one supersedes
-  uint64_t catch_up_failed_refit_ = 0;     // its BEGIN then runs (and fails) as usual
-  uint64_t retried_commit_ = 0;            // the refit whose failed local commit was tried again
-  Status catch_up_failure_;                // why that catch-up failed
+  uint64_t last_parent_begin_ = 0;         // the refit of the last counted one (stripes repeat it)
+  // Per stripe: the refit of the last BEGIN that stripe's link carried, and the refit
+  // that link was granted its window for (0: none since it joined).
+  std::vector<uint64_t> begin_on_;
+  std::vector<uint64_t> window_on_;
+  uint64_t catch_up_failed_refit_ = 0;  // its BEGIN then runs (and fails) as usual
+  uint64_t retried_commit_ = 0;         // the refit whose failed local commit was tried again
+  Status catch_up_failure_;             // why that catch-up failed
   // COMMIT / ABORT of the deferred BEGIN's refit that came while it waited (the
   // parent may decide before this node began: a catch-up that fails takes a
   // while); run right after that BEGIN, in order.
-  std::vector<transport::Message> deferred_decisions_;
+  std::vector<std::pair<uint32_t, transport::Message>> deferred_decisions_;  // (stripe, decision)
   // A decision that waits for the store's recovery (a node confirms a version only
   // once its bytes are at it): its type and message.
   std::optional<std::pair<MessageType, std::vector<std::byte>>> deferred_decision_;
+  uint32_t deferred_decision_stripe_ = 0;  // the link it came on
   // A recovery of the store that failed (the engine did not pause, the disk refused
   // a write) starts again from this time, between refits (Tick).
   std::optional<Clock::time_point> recovery_retry_at_;
@@ -206,7 +246,8 @@ class NodeAgent::Impl {
   JoinCheck join_;  // what joining the parent found
   // What each connected child's HELLO said it holds: (active version, delta in flight).
   std::map<std::string, std::pair<Digest128, Digest128>> child_holds_;
-  std::set<uint32_t> received_on_link_;  // chunks the current parent link carried this refit
+  // Per stripe: chunks the current parent link carried this refit.
+  std::vector<std::set<uint32_t>> received_on_link_;
   Clock::time_point next_heartbeat_ = Clock::now();
   uint64_t held_bytes_ = 0;
   uint64_t refetches_ = 0;  // damaged chunks fetched again
@@ -221,8 +262,9 @@ class NodeAgent::Impl {
   EventLoop loop_;
   NodeStore store_;
   Downstream downstream_;
-  ParentLink parent_;
-  Subtree subtree_;
+  std::vector<std::unique_ptr<ParentLink>> parents_;  // per stripe
+  ParentLink& parent_;                                // stripe 0's: requests up the tree
+  std::vector<std::unique_ptr<Subtree>> subtrees_;    // per stripe
   UpRequests requests_;
   CatchUp catch_up_;
   Rollback rollback_;

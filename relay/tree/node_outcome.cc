@@ -7,16 +7,18 @@
 #include "common/log.h"
 #include "common/thread_annotations.h"
 #include "relay/tree/node_impl.h"
+#include "relay/tree/stripe_links.h"
 
 namespace deltacast::relay {
 
-bool NodeAgent::Impl::Trusted(const Status& status, std::string_view what) {
+bool NodeAgent::Impl::Trusted(const Status& status, std::string_view what, uint32_t stripe) {
   if (status.ok()) return true;
   // The parent forwards what the source signed; anything else came from the parent
   // itself or from whoever sits on the link: never applied, never committed.
-  log::Error(fmt::format("{}: refusing {} from {}: {}", options_.node_id, what, parent_.current(),
+  ParentLink& up = *parents_[stripe];
+  log::Error(fmt::format("{}: refusing {} from {}: {}", options_.node_id, what, up.current(),
                          status.message()));
-  parent_.ProtocolError(status.message());
+  up.ProtocolError(status.message());
   return false;
 }
 
@@ -26,13 +28,16 @@ transport::Message NodeAgent::Impl::DecisionFor(MessageType type) const {
       EncodeDecision(type, {refit_->id, refit_->identity.target_version}));
 }
 
-void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
+// Every stripe carries the decision: the first copy is acted on, the others are
+// duplicates (answered on their own link where the parent there waits for an answer).
+void NodeAgent::Impl::OnDecision(uint32_t stripe, MessageType type, ByteSpan bytes) {
+  ParentLink& up = *parents_[stripe];
   auto d = ParseDecision(bytes);
-  if (!d.ok()) return parent_.ProtocolError(d.status().message());
+  if (!d.ok()) return up.ProtocolError(d.status().message());
   log::Debug(fmt::format("{}: {} of refit {} from {}", options_.node_id, MessageTypeName(type),
-                         d->refit_id, parent_.current()));
+                         d->refit_id, up.current()));
   if (options_.verify_key &&
-      !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type))) {
+      !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type), stripe)) {
     return;
   }
   auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
@@ -44,7 +49,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // (the simulator's seed 72955: a node back from a power loss rejoined mid-refit).
     auto waiting = ParseBegin(deferred_begin_);
     if (waiting.ok() && waiting->refit_id == d->refit_id) {
-      deferred_decisions_.push_back(message);
+      deferred_decisions_.emplace_back(stripe, message);
       return;
     }
   }
@@ -54,25 +59,26 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // The ABORT of a refit this node said FAILED to without beginning it (it could
     // not catch up to its base): nothing of it to undo, so confirmed at once, even
     // while the store is being mended (the parent would wait for it).
-    parent_.Send(EncodeOutcome(MessageType::kAborted, {d->refit_id, 1, {}}));
+    up.Send(EncodeOutcome(MessageType::kAborted, {d->refit_id, 1, {}}));
     return;
   }
   if (recovery_.active()) {
     // The store is being mended to its committed version: confirm nothing before.
     deferred_decision_.emplace(type, std::vector<std::byte>(bytes.begin(), bytes.end()));
+    deferred_decision_stripe_ = stripe;
     return;
   }
   if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
       // A repeated COMMIT: confirm again.
-      parent_.Send(EncodeOutcome(MessageType::kCommitted,
-                                 {d->refit_id, 1 + subtree_.confirmed_nodes(), {}}));
+      up.Send(EncodeOutcome(MessageType::kCommitted,
+                            {d->refit_id, 1 + subtree(stripe).confirmed_nodes(), {}}));
       return;
     }
     if (!refit_ || refit_->id != d->refit_id) {
       // We committed before a restart and never confirmed: our subtree's
       // confirmations were lost with us, so gather them again.
-      refit_.emplace(Refit{});
+      NewRefit();
       refit_->id = d->refit_id;
       refit_->identity.target_version = d->target_version;
       refit_->phase = Phase::kCommitting;
@@ -87,8 +93,10 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
       // Our children's links died with our previous life: one that is not back
       // within the time a child keeps trying us has failed over (and confirmed
       // there) or is down, and learns the decision when it is back.
-      subtree_.BeginRefit(d->refit_id, Clock::now());
-      subtree_.Decided(Clock::now(), ParentLink::kFailoverAfter);
+      ForEachSubtree([&](Subtree& t) {
+        t.BeginRefit(d->refit_id, Clock::now());
+        t.Decided(Clock::now(), ParentLink::kFailoverAfter);
+      });
       ExcuseChildrenWithout(d->target_version);
       MaybeOutcome();
       return;
@@ -106,7 +114,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // Its local commit (or rollback) failed: a parent that sends the decision again
     // (a relay back from a restart, gathering confirmations anew) is told at once
     // (the simulator's seed 102601 waited its commit timeout for this one's).
-    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
+    up.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
     return;
   }
   if (r.phase != Phase::kStreaming) return;  // a duplicate
@@ -118,8 +126,8 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // children's confirmations anew (the simulator's seed 71629 waited its commit
     // timeout for this node's).
     log::Warn(fmt::format("{}: refit {} committed without this node ({}); telling {}",
-                          options_.node_id, r.id, r.local_error.ToString(), parent_.current()));
-    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.local_error.ToString()}));
+                          options_.node_id, r.id, r.local_error.ToString(), up.current()));
+    up.Send(EncodeFailed(Failed{r.id, options_.node_id, r.local_error.ToString()}));
     return;
   }
   r.decision_message = message;
@@ -127,7 +135,7 @@ void NodeAgent::Impl::OnDecision(MessageType type, ByteSpan bytes) {
     // Replayed right behind the chunks we lacked: decide once they are applied.
     if (r.end_received) {
       r.pending_decision = type;
-      subtree_.CommitWaitsForThisNode();
+      ForEachSubtree([](Subtree& t) { t.CommitWaitsForThisNode(); });
       return;
     }
     // Every chunk the parent sends comes before its decision, and the END did not:
@@ -152,7 +160,7 @@ void NodeAgent::Impl::CommitByCatchingUp(const Decision& d, transport::Message m
   r.resolution = true;  // a child that rejoins is sent the decision, not the delta
   downstream_.DropQueued();
   downstream_.Broadcast(message);
-  subtree_.Decided(Clock::now());
+  ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
   store_.DropRefit();  // the catch-up resumes the delta
   if (!catch_up_.active()) return catch_up_.Start(d.target_version, r.id, /*resolving=*/true);
   catch_up_.Resolves(r.id);
@@ -166,7 +174,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
                         journal_.inflight->base.ShortHex(), d.target_version.ShortHex(),
                         MessageTypeName(type)));
-  refit_.emplace(Refit{});
+  NewRefit();
   refit_->id = d.refit_id;
   refit_->identity = {journal_.inflight->base, d.target_version, 0};
   refit_->decided = Clock::now();
@@ -174,8 +182,10 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   refit_->decision_message = message;
   downstream_.DropQueued();
   downstream_.Broadcast(message);
-  subtree_.BeginRefit(d.refit_id, Clock::now());
-  subtree_.Decided(Clock::now());
+  ForEachSubtree([&](Subtree& t) {
+    t.BeginRefit(d.refit_id, Clock::now());
+    t.Decided(Clock::now());
+  });
   ExcuseChildrenWithout(d.target_version);
   const uint64_t id = d.refit_id;
   if (type == MessageType::kCommit && !journal_.prepared) {
@@ -205,7 +215,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
 // timeout (seed 14756, a resolution).
 void NodeAgent::Impl::ExcuseChildrenWithout(const Digest128& target) {
   for (const auto& [child, holds] : child_holds_) {
-    if (holds.first != target && holds.second != target) subtree_.Excuse(child);
+    if (holds.first != target && holds.second != target) subtree(StripeOfLink(child)).Excuse(child);
   }
 }
 
@@ -215,7 +225,7 @@ void NodeAgent::Impl::Decide(MessageType type) {
   r.phase = Phase::kCommitting;
   r.decided = Clock::now();
   downstream_.Broadcast(DecisionFor(MessageType::kCommit));
-  subtree_.Decided(Clock::now());
+  ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
   if (r.local_prepared)
     r.hold_seconds = std::chrono::duration<double>(r.decided - r.prepared_at).count();
   const uint64_t id = r.id;
@@ -233,7 +243,7 @@ void NodeAgent::Impl::StartAbort() {
   r.decided = Clock::now();
   downstream_.DropQueued();
   downstream_.Broadcast(DecisionFor(MessageType::kAbort));
-  subtree_.Decided(Clock::now());
+  ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
   rollback_.Start(r.id, r.spool);
 }
 
@@ -259,18 +269,49 @@ void NodeAgent::Impl::OnChildConfirmed(const std::string& child, ByteSpan bytes)
   if (!refit_) return;
   auto o = ParseOutcome(bytes);
   if (!o.ok() || o->refit_id != refit_->id) return;
-  subtree_.OnConfirmed(child, o->nodes, o->pauses);
+  subtree(StripeOfLink(child)).OnConfirmed(child, o->nodes, o->pauses);
 }
 
+// The outcome goes up each stripe once this node's own is done and that stripe's
+// children confirmed (per stripe: trees whose interior nodes differ never wait on
+// each other); the refit is done here once it went up every stripe.
 void NodeAgent::Impl::MaybeOutcome() {
   Refit& r = *refit_;
   if (!r.local_outcome_done || r.phase == Phase::kDone) return;
   // The next refit's BEGIN is waiting: the parent has moved on (see OnBegin).
   if (!deferred_begin_.empty()) return ReportOutcome();
-  if (!subtree_.confirmed() && !(r.phase == Phase::kAborting && !downstream_.AllConnected())) {
-    return;
+  std::vector<uint32_t> ready;
+  bool all = true;
+  for (uint32_t s = 0; s < stripes(); ++s) {
+    if (r.outcome_on[s]) continue;
+    if (subtree(s).confirmed() || (r.phase == Phase::kAborting && !downstream_.AllConnected(s))) {
+      ready.push_back(s);
+    } else {
+      all = false;
+    }
   }
-  ReportOutcome();
+  // The last stripes go up from ReportOutcome, after the refit is counted here.
+  if (all) return ReportOutcome();
+  for (uint32_t s : ready) SendOutcome(s);
+}
+
+void NodeAgent::Impl::SendOutcome(uint32_t stripe) {
+  Refit& r = *refit_;
+  if (r.outcome_on[stripe]) return;
+  r.outcome_on[stripe] = true;
+  const bool committed = r.phase == Phase::kCommitting;
+  if (r.outcome_error.ok()) {
+    Outcome outcome{r.id, 1 + subtree(stripe).confirmed_nodes(), subtree(stripe).pauses()};
+    outcome.pauses.push_back({options_.node_id, r.pause_seconds, r.hold_seconds});
+    parents_[stripe]->Send(
+        EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, outcome));
+  } else {
+    // Not at the decided version: say so, and the parent stops waiting for this
+    // subtree at once (a decided parent excuses a child that says FAILED); this node
+    // resolves its delta at a later refit.
+    parents_[stripe]->Send(
+        EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
+  }
 }
 
 void NodeAgent::Impl::ReportOutcome() {
@@ -278,8 +319,7 @@ void NodeAgent::Impl::ReportOutcome() {
   if (r.phase == Phase::kDone) return;
   const bool committed = r.phase == Phase::kCommitting;
   committed_last_ = committed;
-  r.phase = Phase::kDone;
-  subtree_.EndRefit();
+  ForEachSubtree([](Subtree& t) { t.EndRefit(); });
   // Counted before the parent hears it, so stats() agrees with what the source reports.
   const NodeAgentStats s = [&] {
     MutexLock lock(stats_mu_);
@@ -289,17 +329,8 @@ void NodeAgent::Impl::ReportOutcome() {
     stats_.pause_seconds_total += r.pause_seconds;
     return stats_;
   }();
-  if (r.outcome_error.ok()) {
-    Outcome outcome{r.id, 1 + subtree_.confirmed_nodes(), subtree_.pauses()};
-    outcome.pauses.push_back({options_.node_id, r.pause_seconds, r.hold_seconds});
-    parent_.Send(
-        EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, outcome));
-  } else {
-    // Not at the decided version: say so, and the parent stops waiting for this
-    // subtree at once (a decided parent excuses a child that says FAILED); this node
-    // resolves its delta at a later refit.
-    parent_.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
-  }
+  for (uint32_t s = 0; s < stripes(); ++s) SendOutcome(s);
+  r.phase = Phase::kDone;
   RunDeferredBegin();
   log::Info(fmt::format(
       "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "

@@ -4,6 +4,8 @@
 // (re)join mid-refit replayed what they lack. The decision half is node_outcome.cc.
 #include <fmt/core.h>
 
+#include <algorithm>
+
 #include "codec/chunk.h"
 #include "common/crash_point.h"
 #include "common/elapsed.h"
@@ -12,6 +14,7 @@
 #include "common/thread_annotations.h"
 #include "relay/tree/node_impl.h"
 #include "relay/tree/replay.h"
+#include "relay/tree/stripe_links.h"
 
 namespace deltacast::relay {
 
@@ -21,14 +24,21 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   log::Debug(fmt::format("{}: BEGIN of refit {} ({} -> {}) from {}", options_.node_id,
                          begin->refit_id, begin->base_version.ShortHex(),
                          begin->target_version.ShortHex(), parent_.current()));
-  if (options_.verify_key && !Trusted(VerifyBegin(*options_.verify_key, *begin), "BEGIN")) return;
+  const uint32_t stripe = begin->stripe;  // checked against its link's (OnParentMessage)
+  ParentLink& up = *parents_[stripe];
+  if (options_.verify_key && !Trusted(VerifyBegin(*options_.verify_key, *begin), "BEGIN", stripe)) {
+    return;
+  }
   if (refit_ && refit_->id == begin->refit_id &&
       !(refit_->phase == Phase::kDone && !committed_last_)) {
-    // A replay after a reconnect: what follows is what we lack.
-    parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), refit_->id}));
+    // A replay after a reconnect, or this refit's BEGIN on another stripe: what
+    // follows on this link is what we lack.
+    GrantWindow(stripe);
     if (refit_->phase == Phase::kStreaming) {
-      refit_->prepared_sent = false;
-      if (refit_->failed) parent_.Send(EncodeFailed(*refit_->failed));
+      refit_->prepared_on[stripe] = false;
+      refit_->prepared_sent = std::find(refit_->prepared_on.begin(), refit_->prepared_on.end(),
+                                        true) != refit_->prepared_on.end();
+      if (refit_->failed) up.Send(EncodeFailed(*refit_->failed));
       // Prepared already: say so now. The replay may hold no END to prompt it (a
       // source that could not spool the refit: the simulator's seed 1838 waited the
       // commit timeout for this PREPARED).
@@ -38,15 +48,14 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // the version it would claim. FAILED again, at once: the parent stops waiting
       // for it (the simulator's seed 110590 claimed PREPARED here, ignored the
       // replayed COMMIT as a duplicate and held its parent to the commit timeout).
-      parent_.Send(
-          EncodeFailed(Failed{refit_->id, options_.node_id, refit_->outcome_error.ToString()}));
+      up.Send(EncodeFailed(Failed{refit_->id, options_.node_id, refit_->outcome_error.ToString()}));
     } else {
       // We committed this refit (with our whole subtree) before our parent
       // restarted: more than prepared; say so, and confirm when it commits.
-      Prepared prepared{refit_->id, subtree_.reports()};
+      Prepared prepared{refit_->id, subtree(stripe).reports()};
       prepared.nodes.push_back({options_.node_id, refit_->chunk_bytes, SecondsSince(refit_->start),
                                 refit_->partitions_applied});
-      parent_.Send(EncodePrepared(prepared));
+      up.Send(EncodePrepared(prepared));
     }
     return;
   }
@@ -55,9 +64,10 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     // Decided and done here; only confirmations from below are outstanding. The
     // parent has moved on (it begins a refit only after the last one ended), so
     // waiting longer would only hold this one up: report what we have.
+    size_t awaiting = 0;
+    ForEachSubtree([&](Subtree& t) { awaiting += t.AwaitingConfirmation(); });
     log::Info(fmt::format("{}: refit {} begins; reporting refit {} without {} confirmations",
-                          options_.node_id, begin->refit_id, refit_->id,
-                          subtree_.AwaitingConfirmation()));
+                          options_.node_id, begin->refit_id, refit_->id, awaiting));
     ReportOutcome();
   }
   if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
@@ -112,7 +122,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // seeds 117639, 117642).
       log::Warn(fmt::format("{}: refit {}: cannot take part, the catch-up to its base failed",
                             options_.node_id, begin->refit_id));
-      parent_.Send(EncodeFailed(
+      SendUpAll(EncodeFailed(
           Failed{begin->refit_id, options_.node_id,
                  "could not catch up to the refit's base " + begin->base_version.ShortHex() + ": " +
                      catch_up_failure_.ToString() + join_.NoteFor(begin->base_version)}));
@@ -153,16 +163,16 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     if (stream_rollback_for_ != begin->refit_id) return RollBackAnotherStream(*begin, bytes);
     // Its rollback failed: it cannot take this stream (its journal names the other
     // one's chunks). FAILED, and the ABORT resolves the delta it holds.
-    parent_.Send(
+    SendUpAll(
         EncodeFailed(Failed{begin->refit_id, options_.node_id,
                             "could not roll back what it holds of another stream of this delta"}));
     return;
   }
-  refit_.emplace(Refit{});
+  NewRefit();
   refit_->id = begin->refit_id;
   refit_->begin = *begin;
   refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
-  received_on_link_.clear();
+  for (auto& carried : received_on_link_) carried.clear();
   // Other deltas' spools stay until the last commit's writes are flushed (the apply
   // thread removes them): recovering those writes may need them. This delta's own
   // spool is kept only if this node holds some of the delta (in flight: a resume) or
@@ -193,7 +203,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   log::Info(fmt::format("{}: refit {} begins: {} -> {}", options_.node_id, refit_->id,
                         begin->base_version.ShortHex(), begin->target_version.ShortHex()));
   downstream_.BeginRefit(begin->refit_id, begin->stream_id);
-  downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
+  downstream_.BroadcastBegin(*begin);
   // Resuming: the chunks held from before are not sent again by the parent, so the
   // children connected now get them from here (a child that joined before this BEGIN
   // was replayed nothing: this node had no refit then). Found by faults.relay_kill_resend:
@@ -201,13 +211,16 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   // chunk short.
   if (holds_delta && same_stream && refit_->spool)
     downstream_.QueueHeld(HeldChunks(*begin, refit_->spool));
-  subtree_.BeginRefit(refit_->id, Clock::now());
+  ForEachSubtree([&](Subtree& t) { t.BeginRefit(refit_->id, Clock::now()); });
   const uint64_t id = refit_->id;
   store_.BeginRefit(id, refit_->identity, begin->manifest_digest, refit_->spool,
                     [this, id](const Status& status) {
                       if (!status.ok()) LocalFailure(id, status);
                     });
-  parent_.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), begin->refit_id}));
+  // Every stripe whose BEGIN came (this one, and any that came while it waited).
+  for (uint32_t s = 0; s < stripes(); ++s) {
+    if (begin_on_[s] == id) GrantWindow(s);
+  }
 }
 
 // A BEGIN of the delta this node holds in flight, but streamed anew (a root
@@ -233,14 +246,16 @@ void NodeAgent::Impl::RollBackAnotherStream(const Begin& begin, ByteSpan bytes) 
   downstream_.DropQueued();
   // Its own refit id, known to nobody else: the ABORTED it reports is ignored above.
   const uint64_t id = begin.refit_id ^ 0x53545245414dULL;  // "STREAM"
-  refit_.emplace(Refit{});
+  NewRefit();
   refit_->id = id;
   refit_->identity = {journal_.inflight->base, begin.target_version, begin.partition_bytes};
   refit_->decided = Clock::now();
   refit_->stream_rollback = true;
   refit_->phase = Phase::kAborting;
-  subtree_.BeginRefit(id, Clock::now());
-  subtree_.Decided(Clock::now());
+  ForEachSubtree([&](Subtree& t) {
+    t.BeginRefit(id, Clock::now());
+    t.Decided(Clock::now());
+  });
   claimed_ = {};
   auto spool = Spool::Open(options_.spool_dir, begin.target_version, /*remove_others=*/false);
   rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
@@ -257,13 +272,14 @@ bool NodeAgent::Impl::Behind(const Begin& b) const {
   return journal_.version != b.base_version && journal_.version != b.target_version;
 }
 
-void NodeAgent::Impl::OnChunk(const transport::Message& received) {
+void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& received) {
+  ParentLink& up = *parents_[stripe];
   if (refit_ && refit_->phase == Phase::kAborting) {
     // A replay of the refit this node is rolling back (it rejoined): not needed,
     // but its credit keeps the parent's queue, and the decision behind it, moving.
-    return parent_.Send(EncodeCredit({1, refit_->id}));
+    return up.Send(EncodeCredit({1, refit_->id}));
   }
-  if (!refit_) return parent_.ProtocolError("CHUNK outside a refit");
+  if (!refit_) return up.ProtocolError("CHUNK outside a refit");
   Refit& r = *refit_;
   transport::Message message = received;
   if (FaultPoint("agent.corrupt_chunk")) {  // fault-injection tests: a bit flipped in transit
@@ -280,29 +296,43 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
   Status intact = codec::VerifyChunkChecksums(ChunkOf(*message));
   if (intact.ok() && options_.verify_key) {
     intact = VerifyChunkMessage(*options_.verify_key, *message);
-    if (!intact.ok()) return (void)Trusted(intact, "a CHUNK");
+    if (!intact.ok()) return (void)Trusted(intact, "a CHUNK", stripe);
   }
   auto header = codec::PeekChunkHeader(ChunkOf(*message));
   if (!intact.ok() || !header.ok()) {
     log::Warn(fmt::format("{}: a chunk from {} failed its checks ({}); fetching it again",
-                          options_.node_id, parent_.current(),
+                          options_.node_id, up.current(),
                           (intact.ok() ? header.status() : intact).ToString()));
     ++refetches_;
-    return parent_.Drop(Status::Corrupt("damaged chunk"));
+    return up.Drop(Status::Corrupt("damaged chunk"));
+  }
+  const bool data = header->kind == codec::ChunkKind::kData;
+  if (!StripeCarries(stripe, stripes(), header->sequence, data)) {
+    // Only its stripe's parent sends a chunk: from any other it is an unplanned
+    // parent's, refused like one.
+    return up.ProtocolError(fmt::format("chunk {} travels on stripe {}, not on stripe {}",
+                                        header->sequence, header->sequence % stripes(), stripe));
   }
   ++r.chunks;
   // Timeline marks (scripts/bench-regions reads them): the first chunk and the END.
   if (r.chunks == 1) log::Info(fmt::format("{}: refit {}: first chunk", options_.node_id, r.id));
-  if (header->kind == codec::ChunkKind::kEnd) {
-    r.end_received = true;
-    r.receive_seconds = SecondsSince(r.start);
-    log::Info(fmt::format("{}: refit {}: END received", options_.node_id, r.id));
+  // Every stripe carries the END after its own data chunks: once each has come, so
+  // has every chunk (each link delivers in order).
+  bool apply = true;
+  if (!data) {
+    const bool first_all = r.ends.insert(stripe).second && r.ends.size() == stripes();
+    apply = r.ends.size() == stripes();
+    if (first_all) {
+      r.end_received = true;
+      r.receive_seconds = SecondsSince(r.start);
+      log::Info(fmt::format("{}: refit {}: END received", options_.node_id, r.id));
+    }
   }
   const uint64_t payload = message->size() - kMessageHeaderBytes;
   r.chunk_bytes += payload;
   const bool had_it = (header->identity.target_version == claimed_.target &&
                        claimed_.applied.contains(header->sequence)) ||
-                      !received_on_link_.insert(header->sequence).second;
+                      !received_on_link_[stripe].insert(header->sequence).second;
   if (had_it) {
     r.resent_bytes += payload;
     log::Warn(fmt::format("{}: chunk {} of refit {} sent again, though this node had it",
@@ -324,13 +354,13 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
   auto pending = std::make_shared<int>(2);
   const uint64_t id = r.id;
   const size_t size = message->size();
-  auto release = [this, pending, id, size, slot] {
+  auto release = [this, pending, id, size, slot, stripe] {
     if (--*pending > 0) return;
     slot->Drop();
     ReleaseChunk(size);
     // Credit is owed whatever the phase: a replay to a node that already finished
     // this refit still has a decision queued behind its chunks.
-    if (refit_ && refit_->id == id) parent_.Send(EncodeCredit({1, id}));
+    if (refit_ && refit_->id == id) parents_[stripe]->Send(EncodeCredit({1, id}));
   };
   // Forward first: the children need nothing of this node's (spool, fsync, apply)
   // to use a verified chunk, so none of it adds to the latency of a hop. Not once the
@@ -339,10 +369,10 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
   // forwarding would only send them what they had, down every hop below (the
   // simulator's seed 6628).
   if (r.phase == Phase::kStreaming) {
-    downstream_.BroadcastChunk(message,
-                               {header->identity.target_version, header->sequence,
-                                header->kind == codec::ChunkKind::kData},
-                               release);
+    // Down this stripe's links only (the END too: another stripe's links may still
+    // be carrying their data chunks).
+    downstream_.BroadcastChunk(message, {header->identity.target_version, header->sequence, data},
+                               release, stripe);
   } else {
     release();
   }
@@ -359,6 +389,7 @@ void NodeAgent::Impl::OnChunk(const transport::Message& received) {
     spooled = false;
   }
   if (!spooled) return release();  // never applied unless it can be undone from the spool
+  if (!apply) return release();    // an END before the other stripes' ENDs: not yet
   store_.ApplyChunk(
       id, header->sequence, slot, r.spool,
       [this, id](const NodeStore::ApplyResult& result) { OnChunkApplied(id, result); });
@@ -449,16 +480,17 @@ void NodeAgent::Impl::SendFailed(const Failed& failed) {
   if (refit_->failed_sent && (!own || refit_->failed->node_id == options_.node_id)) return;
   refit_->failed_sent = true;
   refit_->failed = failed;
-  subtree_.FailedHere();
-  parent_.Send(EncodeFailed(failed));
+  ForEachSubtree([](Subtree& t) { t.FailedHere(); });
+  // Up every stripe: each parent stops waiting for this subtree.
+  SendUpAll(EncodeFailed(failed));
 }
 
+// PREPARED goes up each stripe once this node verified the target and that stripe's
+// children have prepared: per stripe, so trees whose interior nodes differ never
+// wait on each other.
 void NodeAgent::Impl::MaybePrepared() {
   Refit& r = *refit_;
-  if (r.prepared_sent || !r.local_prepared || !r.local_error.ok()) return;
-  if (!subtree_.prepared() && r.phase == Phase::kStreaming) return;
-  r.prepared_sent = true;
-  Prepared prepared{r.id, subtree_.reports()};
+  if (!r.local_prepared || !r.local_error.ok()) return;
   NodeReport self{options_.node_id, r.chunk_bytes, SecondsSince(r.start), r.partitions_applied};
   self.receive_seconds = r.receive_seconds;
   self.check_seconds = r.check_seconds + r.finish_seconds;
@@ -466,10 +498,21 @@ void NodeAgent::Impl::MaybePrepared() {
   self.apply_cpu_seconds = r.apply_cpu_seconds;
   self.cpu_wait_seconds = r.apply_runnable_seconds;
   self.disk_wait_seconds = r.apply_blocked_seconds;
-  prepared.nodes.push_back(self);
-  parent_.Send(EncodePrepared(prepared));
-  log::Info(fmt::format("{}: refit {}: prepared with {} nodes below", options_.node_id, r.id,
-                        prepared.nodes.size() - 1));
+  bool sent = false;
+  for (uint32_t s = 0; s < stripes(); ++s) {
+    if (r.prepared_on[s]) continue;
+    if (!subtree(s).prepared() && r.phase == Phase::kStreaming) continue;
+    r.prepared_on[s] = true;
+    Prepared prepared{r.id, subtree(s).reports()};
+    prepared.nodes.push_back(self);
+    parents_[s]->Send(EncodePrepared(prepared));
+    log::Info(fmt::format("{}: refit {}: prepared with {} nodes below{}", options_.node_id, r.id,
+                          prepared.nodes.size() - 1,
+                          stripes() > 1 ? " in stripe " + std::to_string(s) : ""));
+    sent = true;
+  }
+  if (!sent || r.prepared_sent) return;
+  r.prepared_sent = true;
   CrashPoint("agent.prepared");
   if (r.pending_decision) {
     const MessageType decision = *r.pending_decision;
@@ -482,13 +525,13 @@ void NodeAgent::Impl::OnChildPrepared(const std::string& child, ByteSpan bytes) 
   if (!refit_) return;
   auto p = ParsePrepared(bytes);
   if (!p.ok() || p->refit_id != refit_->id) return;
-  subtree_.OnPrepared(child, p->nodes);
+  subtree(StripeOfLink(child)).OnPrepared(child, p->nodes);
 }
 
 void NodeAgent::Impl::OnChildFailed(const std::string& child, ByteSpan bytes) {
   if (!refit_) return;
   auto f = ParseFailed(bytes);
-  if (f.ok() && f->refit_id == refit_->id) subtree_.OnFailed(child, *f);
+  if (f.ok() && f->refit_id == refit_->id) subtree(StripeOfLink(child)).OnFailed(child, *f);
 }
 
 // The parent half of the commit is the Subtree's; the node acts on what it reports.
@@ -498,8 +541,9 @@ Subtree::Owner NodeAgent::Impl::SubtreeOwner() {
   owner.fail = [this](const Failed& failed, const std::string&) { SendFailed(failed); };
   owner.changed = [this] {
     if (!refit_) return;
-    if (subtree_.streaming()) return MaybePrepared();
-    if (subtree_.deciding()) MaybeOutcome();
+    // Every stripe's subtree is in the same phase.
+    if (subtree(0).streaming()) return MaybePrepared();
+    if (subtree(0).deciding()) MaybeOutcome();
   };
   return owner;
 }
@@ -510,9 +554,11 @@ Subtree::Owner NodeAgent::Impl::SubtreeOwner() {
 // the spooled chunks it has not applied, and the decision if one was made.
 void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello) {
   const bool adopted = downstream_.IsAdopted(child);
-  subtree_.Joined(child, adopted, Clock::now());
+  Subtree& tree = subtree(StripeOfLink(child));
+  tree.Joined(child, adopted, Clock::now());
   child_holds_[child] = {hello.active_version, hello.inflight_target};
-  TellVersion(child, hello);
+  // Told once, on its stripe-0 link (it checks what stripe 0's parent says).
+  if (hello.stripe == 0) TellVersion(child, hello);
   if (adopted) {
     log::Info(fmt::format("{}: adopted {}, whose parent is unreachable", options_.node_id, child));
   }
@@ -541,13 +587,13 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
         fmt::format("{}: child {} rejoined without refit {}'s delta, which this node "
                     "knows only from its decision; not waiting for it",
                     options_.node_id, child, r.id));
-    subtree_.Excuse(child);
+    tree.Excuse(child);
     return MaybeOutcome();
   }
   std::optional<bool> decided;
   if (committed) decided = true;
   if (r.phase == Phase::kAborting || (r.phase == Phase::kDone && !committed_last_)) decided = false;
-  switch (subtree_.Rejoined(child, hello, target, decided)) {
+  switch (tree.Rejoined(child, hello, target, decided)) {
     case Subtree::Rejoin::kDecisionAgain:
       return downstream_.Requeue(
           child, {Downstream::Outgoing::Control(DecisionFor(MessageType::kCommit))});

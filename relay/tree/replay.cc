@@ -18,8 +18,13 @@ bool IsEnd(Spool& spool, uint32_t sequence) {
 Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_ptr<Spool> keep,
              transport::Message decision) {
   Replay replay;
+  // The BEGIN names the stripe of the link it goes on (the child's HELLO says it);
+  // Downstream::Requeue drops the chunks another stripe carries.
+  Begin named = begin;
+  named.stripe = hello.stripe;
+  named.stripes = hello.stripes;
   replay.messages.push_back(
-      Downstream::Outgoing::Control(transport::MakeMessage(EncodeBegin(begin))));
+      Downstream::Outgoing::Control(transport::MakeMessage(EncodeBegin(named))));
   // Its applied chunks name this refit's chunks only if the same stream numbered
   // them (a restarted root streams the delta anew, numbered otherwise).
   const bool same_delta = hello.inflight_target == begin.target_version;
@@ -33,12 +38,17 @@ Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_p
   const bool at_target =
       !same_delta && hello.inflight_target.IsZero() && hello.active_version == begin.target_version;
   if (spool) {
-    for (uint32_t sequence : spool->sequences()) {
+    const std::vector<uint32_t> sequences = spool->sequences();
+    for (uint32_t sequence : sequences) {
       if (same_stream && applied.contains(sequence)) continue;
-      if (at_target && !IsEnd(*spool, sequence)) continue;
+      // Only the last can be the END (it has the highest sequence); it goes on every
+      // stripe, a data chunk only on its own.
+      const bool end = sequence == sequences.back() && IsEnd(*spool, sequence);
+      if (at_target && !end) continue;
+      if (!end && hello.stripes > 1 && sequence % hello.stripes != hello.stripe) continue;
       replay.messages.push_back(
           Downstream::Outgoing::Chunk([spool, keep, sequence] { return spool->Read(sequence); },
-                                      {begin.target_version, sequence}));
+                                      {begin.target_version, sequence, !end}));
       ++replay.chunks;
     }
   }

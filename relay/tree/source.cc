@@ -20,7 +20,9 @@
 #include "relay/tree/downstream.h"
 #include "relay/tree/node_transports.h"
 #include "relay/tree/replay.h"
+#include "relay/tree/stripe_links.h"
 #include "relay/tree/subtree.h"
+#include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 #include "transport/transport_set.h"
 
@@ -39,6 +41,23 @@ uint64_t RandomId() {
   return id;
 }
 
+// The source's children in every stripe's tree, as link keys.
+std::vector<std::string> SourceLinks(const topology::StripedPlan& plan, uint32_t stripe) {
+  const topology::TreePlan& tree = plan.stripes[stripe].tree;
+  std::vector<std::string> links;
+  for (const auto& child : tree.Find(tree.source)->children)
+    links.push_back(StripeLinkKey(child, stripe));
+  return links;
+}
+
+std::vector<std::string> AllSourceLinks(const topology::StripedPlan& plan) {
+  std::vector<std::string> links;
+  for (uint32_t s = 0; s < plan.stripes.size(); ++s) {
+    for (auto& link : SourceLinks(plan, s)) links.push_back(std::move(link));
+  }
+  return links;
+}
+
 }  // namespace
 
 // State shared between the publishing (calling) thread and the loop thread is
@@ -46,22 +65,34 @@ uint64_t RandomId() {
 class Source::Impl {
  public:
   Impl(PublishOptions options, std::unique_ptr<transport::Transport> transport,
-       topology::TreePlan plan)
+       topology::StripedPlan plan)
       : options_(std::move(options)),
-        plan_(std::move(plan)),
+        striped_(std::move(plan)),
+        plan_(striped_.stripes.front().tree),
         transport_(std::move(transport)),
         // Per process by default: Spool::Open clears other deltas' spools in its folder.
         spool_dir_(options_.spool_dir, "source-spool", plan_.source),
-        subtree_(plan_.Find(plan_.source)->children,
-                 {options_.config.tree.commit_policy, options_.config.tree.connect_timeout, ""},
-                 SubtreeOwner()),
         loop_([this] { Tick(); }),
-        downstream_(loop_, plan_.source, plan_.Find(plan_.source)->children, options_.token,
-                    Events(), Downstream::LimitsFrom(options_.config.limits)) {
+        downstream_(loop_, plan_.source, AllSourceLinks(striped_), options_.token, Events(),
+                    Downstream::LimitsFrom(options_.config.limits)) {
+    {
+      // One Subtree per stripe: the root of each stripe's tree (all in this process).
+      MutexLock lock(mu_);
+      for (uint32_t s = 0; s < striped_.stripes.size(); ++s) {
+        subtrees_.push_back(std::make_unique<Subtree>(
+            SourceLinks(striped_, s),
+            Subtree::Rules{options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
+                           s == 0 ? "" : "stripe " + std::to_string(s) + ": "},
+            SubtreeOwner()));
+      }
+    }
+    downstream_.SetStripes(static_cast<uint32_t>(striped_.stripes.size()));
     downstream_.RequireTls(TlsRequiredFor(options_.config, plan_.source));
     std::set<std::string> adoptable;
-    for (const auto& node : plan_.nodes) {
-      if (node.failover_parent == plan_.source) adoptable.insert(node.id);
+    for (uint32_t s = 0; s < striped_.stripes.size(); ++s) {
+      for (const auto& node : striped_.stripes[s].tree.nodes) {
+        if (node.failover_parent == plan_.source) adoptable.insert(StripeLinkKey(node.id, s));
+      }
     }
     downstream_.AllowAdoption(std::move(adoptable));
     if (!options_.history_dir.empty() && options_.keep_deltas > 0) {
@@ -157,6 +188,18 @@ class Source::Impl {
     });
   }
   Status WaitForChildren(MutexLock& lock) REQUIRES(mu_);
+  Subtree& SubtreeOf(const std::string& link) REQUIRES(mu_) {
+    return *subtrees_[StripeOfLink(link)];
+  }
+  template <typename F>
+  void ForEachSubtree(F f) REQUIRES(mu_) {
+    for (auto& t : subtrees_) f(*t);
+  }
+  // Every node prepared: every stripe's subtree says so, or the nodes' reports,
+  // whichever stripe they came up, name every receiver.
+  bool AllPrepared() REQUIRES(mu_);
+  // Every stripe's reports, one per node.
+  std::vector<NodeReport> Reports() REQUIRES(mu_);
   Subtree::Owner SubtreeOwner();
   void Fail(const std::string& why) REQUIRES(mu_);
   void Tick();
@@ -173,7 +216,8 @@ class Source::Impl {
   void ServeDeltaChunk(const std::string& child, ByteSpan bytes);
 
   const PublishOptions options_;
-  const topology::TreePlan plan_;
+  const topology::StripedPlan striped_;
+  const topology::TreePlan plan_;  // stripe 0's tree (the only one when not striped)
   std::unique_ptr<transport::Transport> transport_;
   std::string listen_address_;
   SpoolDir spool_dir_;                     // released at Stop
@@ -183,7 +227,8 @@ class Source::Impl {
 
   Mutex mu_;
   CondVar cv_;
-  Subtree subtree_ GUARDED_BY(mu_);             // guarded by mu_ (held across its callbacks)
+  // Per stripe; guarded by mu_ (held across their callbacks).
+  std::vector<std::unique_ptr<Subtree>> subtrees_ GUARDED_BY(mu_);
   std::optional<Refit> refit_ GUARDED_BY(mu_);  // guarded by mu_: the current or last refit
   // The version the cluster holds (zero: not known yet) and its manifest (null:
   // not known), told to each child that joins (ACTIVE_VERSION); guarded by mu_.
@@ -258,12 +303,12 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
       // of BEGIN, and say what differs.
       SetActive(report.base_version, refit_->manifests.front().second);
     }
-    subtree_.BeginRefit(report.refit_id, Clock::now());
+    ForEachSubtree([&](Subtree& t) { t.BeginRefit(report.refit_id, Clock::now()); });
     Status joined = WaitForChildren(lock);
     if (!joined.ok()) {
       if (refit_->spool) refit_->spool->Discard();
       refit_.reset();
-      subtree_.EndRefit();
+      ForEachSubtree([](Subtree& t) { t.EndRefit(); });
       return joined;
     }
   }
@@ -273,21 +318,25 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   {
     MutexLock lock(mu_);
     refit_->begun = true;
-    planned_children = subtree_.planned().size();
+    for (auto& t : subtrees_) planned_children += t->planned().size();
     spooled = refit_->spool.get();
   }
   loop_.Post([this, begin] {
     downstream_.BeginRefit(begin.refit_id, begin.stream_id);
-    downstream_.Broadcast(transport::MakeMessage(EncodeBegin(begin)));
+    downstream_.BroadcastBegin(begin);
   });
-  log::Info(fmt::format("refit {}: {} -> {} to {} children", report.refit_id,
+  const size_t stripes = striped_.stripes.size();
+  log::Info(fmt::format("refit {}: {} -> {} to {} children{}", report.refit_id,
                         report.base_version.ShortHex(), report.target_version.ShortHex(),
-                        planned_children));
+                        planned_children,
+                        stripes > 1 ? fmt::format(" over {} stripes", stripes) : ""));
 
   progress_ = PublishProgress{};
   PublishProgress& progress = progress_;
   progress.tensor_bytes = target_manifest.TotalBytes();
-  const size_t window = static_cast<size_t>(options_.config.tree.window);
+  // Each stripe's links have their own window of credit: the source holds up to a
+  // window per stripe (chunk k travels on stripe k mod S).
+  const size_t window = static_cast<size_t>(options_.config.tree.window) * stripes;
   Status encoded = stream(
       [&](std::vector<std::byte> bytes) -> Status {
         auto header = codec::PeekChunkHeader(ChunkOf(bytes));
@@ -350,13 +399,12 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   {
     MutexLock lock(mu_);
     if (!encoded.ok() && !refit_->failed) Fail(encoded.ToString());
-    const bool settled =
-        WaitFor(cv_, lock, options_.config.tree.commit_timeout,
-                [&]() REQUIRES(mu_) { return refit_->failed || subtree_.prepared(); });
+    const bool settled = WaitFor(cv_, lock, options_.config.tree.commit_timeout,
+                                 [&]() REQUIRES(mu_) { return refit_->failed || AllPrepared(); });
     if (!settled) Fail("not every node was PREPARED within the commit timeout");
     commit = !refit_->failed;
     report.abort_reason = refit_->failure;
-    report.nodes = subtree_.reports();
+    report.nodes = Reports();
   }
   report.prepare_seconds = SecondsSince(start);
   CrashPoint("source.before_decision");
@@ -383,7 +431,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
       refit_->committed_link =
           ChainLink{report.base_version, report.target_version, target_manifest.partition_bytes, 0};
     }
-    subtree_.Decided(Clock::now());
+    ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
   }
   loop_.Post([this, decision_message, commit] {
     if (!commit) downstream_.DropQueued();
@@ -391,17 +439,24 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   });
   {
     MutexLock lock(mu_);
-    WaitFor(cv_, lock, options_.config.tree.commit_timeout,
-            [&]() REQUIRES(mu_) { return subtree_.confirmed(); });
-    report.nodes_decided = subtree_.confirmed_nodes();
-    for (const PauseReport& p : subtree_.pauses()) {
-      for (NodeReport& n : report.nodes) {
-        if (n.node_id != p.node_id) continue;
-        n.pause_seconds = p.pause_seconds;
-        n.hold_seconds = p.hold_seconds;
+    WaitFor(cv_, lock, options_.config.tree.commit_timeout, [&]() REQUIRES(mu_) {
+      bool all = true;
+      for (auto& t : subtrees_) all = all && t->confirmed();
+      return all;
+    });
+    // Each stripe's tree spans every receiver: the count is the best stripe's.
+    report.nodes_decided = 0;
+    for (auto& t : subtrees_) {
+      report.nodes_decided = std::max(report.nodes_decided, t->confirmed_nodes());
+      for (const PauseReport& p : t->pauses()) {
+        for (NodeReport& n : report.nodes) {
+          if (n.node_id != p.node_id) continue;
+          n.pause_seconds = p.pause_seconds;
+          n.hold_seconds = p.hold_seconds;
+        }
       }
     }
-    subtree_.EndRefit();
+    ForEachSubtree([](Subtree& t) { t.EndRefit(); });
     if (commit) {
       active_version_ = report.target_version;
       active_manifest_ =
@@ -418,9 +473,40 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
 
 // Caller holds mu_ (through `lock`).
 Status Source::Impl::WaitForChildren(MutexLock& lock) {
-  WaitFor(cv_, lock, options_.config.tree.connect_timeout,
-          [&]() REQUIRES(mu_) { return subtree_.AllPlannedConnected(); });
-  return subtree_.GoOnWithoutAbsent();
+  WaitFor(cv_, lock, options_.config.tree.connect_timeout, [&]() REQUIRES(mu_) {
+    bool all = true;
+    for (auto& t : subtrees_) all = all && t->AllPlannedConnected();
+    return all;
+  });
+  for (auto& t : subtrees_) RETURN_IF_ERROR(t->GoOnWithoutAbsent());
+  return Status::Ok();
+}
+
+// Caller holds mu_.
+bool Source::Impl::AllPrepared() {
+  bool all = true;
+  for (auto& t : subtrees_) all = all && t->prepared();
+  if (all || subtrees_.size() == 1) return all;
+  std::set<std::string> prepared;
+  for (auto& t : subtrees_) {
+    for (const NodeReport& n : t->reports()) prepared.insert(n.node_id);
+  }
+  for (size_t i = 1; i < plan_.nodes.size(); ++i) {
+    if (!prepared.contains(plan_.nodes[i].id)) return false;
+  }
+  return true;
+}
+
+// Caller holds mu_.
+std::vector<NodeReport> Source::Impl::Reports() {
+  std::vector<NodeReport> reports;
+  std::set<std::string> seen;
+  for (auto& t : subtrees_) {
+    for (const NodeReport& n : t->reports()) {
+      if (seen.insert(n.node_id).second) reports.push_back(n);
+    }
+  }
+  return reports;
 }
 
 // The parent half of the commit is the Subtree's; it runs under mu_.
@@ -482,7 +568,7 @@ void Source::Impl::Tick() {
     downstream_.Heartbeat();
   }
   MutexLock lock(mu_);
-  if (refit_) subtree_.Tick(Clock::now());
+  if (refit_) ForEachSubtree([](Subtree& t) { t.Tick(Clock::now()); });
 }
 
 Downstream::Events Source::Impl::Events() {
@@ -490,7 +576,7 @@ Downstream::Events Source::Impl::Events() {
   e.joined = [this](const std::string& child, const Hello& hello) { OnJoined(child, hello); };
   e.lost = [this](const std::string& child, const Status&) {
     MutexLock lock(mu_);
-    subtree_.Lost(child, Clock::now());
+    SubtreeOf(child).Lost(child, Clock::now());
     cv_.notify_all();
   };
   e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
@@ -498,7 +584,7 @@ Downstream::Events Source::Impl::Events() {
   };
   e.refused = [this](const std::string& child, const std::string& reason) {
     MutexLock lock(mu_);
-    subtree_.Refused(child, reason);
+    SubtreeOf(child).Refused(child, reason);
   };
   return e;
 }
@@ -511,10 +597,12 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
   {
     MutexLock lock(mu_);
     if (adopted) log::Info("adopted " + child + ", whose parent is unreachable");
-    subtree_.Joined(child, adopted, Clock::now());
+    SubtreeOf(child).Joined(child, adopted, Clock::now());
+    // Told on one link only (stripe 0's): a presumed abort's refit id is drawn
+    // anew for each resolution, and a node acts on the first decision it gets.
     const bool other_delta = !hello.inflight_target.IsZero() &&
                              (!refit_ || hello.inflight_target != refit_->begin.target_version);
-    if (other_delta) resolution = Resolution(child, hello.inflight_target);
+    if (other_delta && hello.stripe == 0) resolution = Resolution(child, hello.inflight_target);
     if (refit_ && refit_->begun) backlog = Backlog(child, hello);
     const bool same = hello.active_version == active_version_;
     told = transport::MakeMessage(EncodeActiveVersion(
@@ -523,7 +611,7 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
   }
   // Outside mu_: Downstream may complete queued chunks here, and their callbacks
   // take mu_.
-  downstream_.SendTo(child, told);
+  if (hello.stripe == 0) downstream_.SendTo(child, told);  // the node checks stripe 0's only
   if (resolution) downstream_.SendTo(child, *resolution);
   if (backlog) downstream_.Requeue(child, std::move(*backlog));
 }
@@ -535,7 +623,8 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
   const Begin& begin = refit_->begin;
   std::optional<bool> committed;
   if (refit_->decision) committed = refit_->decision == MessageType::kCommit;
-  switch (subtree_.Rejoined(child, hello, begin.target_version, committed)) {
+  Subtree& tree = SubtreeOf(child);
+  switch (tree.Rejoined(child, hello, begin.target_version, committed)) {
     case Subtree::Rejoin::kDecisionAgain:
       return std::vector<Downstream::Outgoing>{
           Downstream::Outgoing::Control(refit_->decision_message)};
@@ -544,13 +633,13 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
     case Subtree::Rejoin::kReplay:
       break;
   }
-  if (!refit_->spool_error.ok() && subtree_.streaming() &&
+  if (!refit_->spool_error.ok() && tree.streaming() &&
       !(hello.active_version == begin.target_version && hello.inflight_target.IsZero())) {
     // Its replay would lack chunks: it cannot reach the target from here (found by
     // the simulator: seed 1069, a source whose disk was full). Replayed what there is
     // all the same if it stays: with BEGIN it takes the ABORT and confirms it (seed
     // 758).
-    const bool left_out = subtree_.CannotTakePart(
+    const bool left_out = tree.CannotTakePart(
         child, "child " + child + " rejoined, but the source could not spool the refit's chunks (" +
                    refit_->spool_error.ToString() + ")");
     if (left_out) return std::nullopt;
@@ -600,18 +689,19 @@ void Source::Impl::OnMessage(const std::string& child, MessageType type, ByteSpa
   switch (type) {
     case MessageType::kPrepared: {
       auto p = ParsePrepared(bytes);
-      if (p.ok() && p->refit_id == refit_id) subtree_.OnPrepared(child, p->nodes);
+      if (p.ok() && p->refit_id == refit_id) SubtreeOf(child).OnPrepared(child, p->nodes);
       break;
     }
     case MessageType::kFailed: {
       auto f = ParseFailed(bytes);
-      if (f.ok() && f->refit_id == refit_id) subtree_.OnFailed(child, *f);
+      if (f.ok() && f->refit_id == refit_id) SubtreeOf(child).OnFailed(child, *f);
       break;
     }
     case MessageType::kCommitted:
     case MessageType::kAborted: {
       auto o = ParseOutcome(bytes);
-      if (o.ok() && o->refit_id == refit_id) subtree_.OnConfirmed(child, o->nodes, o->pauses);
+      if (o.ok() && o->refit_id == refit_id)
+        SubtreeOf(child).OnConfirmed(child, o->nodes, o->pauses);
       break;
     }
     default:
@@ -700,9 +790,26 @@ void Source::Impl::ServeDeltaChunk(const std::string& child, ByteSpan bytes) {
 
 Result<std::unique_ptr<Source>> Source::Start(PublishOptions options,
                                               std::unique_ptr<transport::Transport> transport) {
-  ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
-  RETURN_IF_ERROR(CheckHopSecurity(options.config, plan, plan.source));
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(transport), std::move(plan));
+  ASSIGN_OR_RETURN(topology::StripedPlan plan, topology::PlanStripes(options.config));
+  return Start(std::move(options), std::move(transport), plan);
+}
+
+Result<std::unique_ptr<Source>> Source::Start(PublishOptions options,
+                                              std::unique_ptr<transport::Transport> transport,
+                                              const topology::StripedPlan& plan) {
+  if (plan.stripes.empty() || plan.stripes.size() > kMaxStripes) {
+    return Status::InvalidArgument(
+        fmt::format("a plan of {} stripes (1 to {})", plan.stripes.size(), kMaxStripes));
+  }
+  for (const auto& stripe : plan.stripes) {
+    if (stripe.root != options.config.Source()->id || stripe.tree.source != stripe.root) {
+      return Status::Unsupported("stripe " + std::to_string(stripe.index) + "'s root is '" +
+                                 stripe.root + "', not the source '" + options.config.Source()->id +
+                                 "': sender nodes that root a stripe are not supported yet");
+    }
+    RETURN_IF_ERROR(CheckHopSecurity(options.config, stripe.tree, stripe.tree.source));
+  }
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(transport), plan);
   RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<Source>(new Source(std::move(impl)));
 }

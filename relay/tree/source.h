@@ -21,6 +21,10 @@
 #include "relay/tree/publish_options.h"
 #include "transport/transport.h"
 
+namespace deltacast::topology {
+struct StripedPlan;  // topology/stripe_plan.h
+}  // namespace deltacast::topology
+
 namespace deltacast::relay {
 
 class Source {
@@ -29,6 +33,11 @@ class Source {
   // they come. Fails if the address cannot be bound.
   static Result<std::unique_ptr<Source>> Start(PublishOptions options,
                                                std::unique_ptr<transport::Transport> transport);
+  // The same along a plan given (every stripe's tree) instead of the config's
+  // (PlanStripes): for tests that need a tree of a given shape; see NodeAgent::Start.
+  static Result<std::unique_ptr<Source>> Start(PublishOptions options,
+                                               std::unique_ptr<transport::Transport> transport,
+                                               const topology::StripedPlan& plan);
   ~Source();  // Stop()
 
   // Publishes `base` -> `target` as the next version. Waits up to the connect

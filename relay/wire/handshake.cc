@@ -98,6 +98,8 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
   for (size_t i = 0; i < m.transports.size() && i < kMaxHopTransports; ++i) {
     PutString(w, m.transports[i]);
   }
+  w.Put<uint8_t>(static_cast<uint8_t>(m.stripe));
+  w.Put<uint8_t>(static_cast<uint8_t>(m.stripes));
   return out;
 }
 
@@ -174,6 +176,15 @@ Result<Hello> ParseHello(ByteSpan message) {
         return Status::Corrupt("HELLO lists a transport that is not a transport name");
       }
     }
+    uint8_t stripe = 0;
+    uint8_t stripes = 0;
+    if (!r.Get(stripe) || !r.Get(stripes)) return Status::Ok();  // truncated: Close says so
+    if (stripes == 0 || stripes > kMaxStripes || stripe >= stripes) {
+      return Status::Corrupt("HELLO names stripe " + std::to_string(stripe) + " of " +
+                             std::to_string(stripes));
+    }
+    m.stripe = stripe;
+    m.stripes = stripes;
     return Status::Ok();
   });
 }

@@ -135,6 +135,8 @@ std::vector<std::byte> EncodeBegin(const Begin& m) {
   PutArray(w, m.manifest_digest);
   w.Put<uint64_t>(m.stream_id);
   PutArray(w, m.signature);
+  w.Put<uint8_t>(static_cast<uint8_t>(m.stripe));
+  w.Put<uint8_t>(static_cast<uint8_t>(m.stripes));
   return out;
 }
 
@@ -243,6 +245,16 @@ Result<Begin> ParseBegin(ByteSpan message) {
     r.GetArray(m.manifest_digest);
     r.Get(m.stream_id);
     r.GetArray(m.signature);
+    uint8_t stripe = 0;
+    uint8_t stripes = 0;
+    if (!r.Get(stripe) || !r.Get(stripes)) return Status::Ok();  // truncated: Close says so
+    if (stripes == 0 || stripes > kMaxStripes || stripe >= stripes) {
+      return Status::Corrupt("BEGIN names stripe " + std::to_string(stripe) + " of " +
+                             std::to_string(stripes));
+    }
+    m.stripe = stripe;
+    m.stripes = stripes;
+    return Status::Ok();
   });
 }
 

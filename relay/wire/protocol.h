@@ -18,6 +18,8 @@
 namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
+// 10: striped trees (docs/protocol.md, "Stripes"): HELLO and BEGIN name the stripe a
+// link belongs to (index, count); chunk k of a refit travels on stripe k mod count.
 // 9: chunks are named by stream: BEGIN carries the stream id that numbers them, a
 // HELLO the stream its applied chunks were numbered by (a root restarted mid-refit
 // numbers the same delta otherwise).
@@ -30,7 +32,7 @@ inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
 // 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
 // parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 9;
+inline constexpr uint8_t kProtocolVersion = 10;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
@@ -38,6 +40,8 @@ inline constexpr size_t kSignatureBytes = 64;  // Ed25519 (relay/wire/signing.h)
 using Signature = std::array<uint8_t, kSignatureBytes>;
 inline constexpr size_t kMaxNodeIdBytes = 128;
 inline constexpr size_t kMaxReasonBytes = 4096;
+// The most stripes a refit is split into (HELLO and BEGIN refuse more).
+inline constexpr uint32_t kMaxStripes = 64;
 
 enum class MessageType : uint8_t {
   kChallenge = 1,   // parent -> child, first message on a link: a nonce to prove the token against
@@ -116,6 +120,10 @@ struct Hello {
   // does not speak and logs a hop that fell back from the first choice.
   std::string transport;
   std::vector<std::string> transports;
+  // The stripe this link belongs to (docs/protocol.md, "Stripes"): a node joins its
+  // parent in every stripe's tree, one link each. 0 of 1: not striped.
+  uint32_t stripe = 0;
+  uint32_t stripes = 1;
 };
 struct Welcome {
   std::array<uint8_t, kProofBytes> proof{};  // ParentProof: the parent holds the token too
@@ -136,6 +144,11 @@ struct Begin {
   // streamed again (a restarted root) may number its chunks otherwise.
   uint64_t stream_id = 0;
   Signature signature{};  // the source's, over the fields above (relay/wire/signing.h)
+  // The stripe of the link this BEGIN came on, and how many there are; not signed:
+  // one signed BEGIN serves every stripe, and a node refuses a BEGIN whose stripe is
+  // not its link's.
+  uint32_t stripe = 0;
+  uint32_t stripes = 1;
 };
 struct Credit {
   uint32_t chunks = 0;

@@ -313,7 +313,7 @@ role = "source"
 )");
   ExpectError(two, "[[node]]\nid = \"src2\"", {"\"src2\"", "role = \"source\"", "\"src\""});
   ExpectError(WithHead(std::string(kTwoNodes) + "role = \"relay\"\n"), "role = \"relay\"",
-              {"role = \"relay\"", "\"source\" or \"receiver\""});
+              {"role = \"relay\"", "\"source\", \"receiver\" or \"sender\""});
 }
 
 TEST(ClusterConfigTest, PortRange) {

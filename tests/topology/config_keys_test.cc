@@ -199,6 +199,7 @@ TEST(ConfigReference, ExplainWritesEveryKeyAndParsesBack) {
     std::string value(k.default_value);
     if (k.table == "node" && k.key == "uplink") value = "\"2.5Gbit\"";
     if (k.table == "node" && k.key == "parent") value = "\"s\"";
+    if (k.table == "region" && k.key == "flow_bandwidth") value = "\"500Mbit\"";
     if (k.table == "security" && k.key == "producer_region") value = "\"far\"";
     if (k.table == "security" && k.type == "path") value = "\"certs/" + std::string(k.key) + "\"";
     if (k.table == "objstore" && k.key == "prefix") value = "\"p\"";

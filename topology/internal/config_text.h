@@ -14,6 +14,9 @@ namespace deltacast::topology::internal {
 
 inline constexpr int kMaxWindow = 4096;
 inline constexpr int kMaxFanout = 65535;
+// More stripes than this gain nothing (each is a tree and a link per node) and make
+// chunks of a stripe rare; topology/stripe_plan.h.
+inline constexpr int kMaxStripes = 64;
 inline constexpr size_t kMaxIdLength = 128;
 
 inline std::string Quoted(std::string_view s) { return "\"" + std::string(s) + "\""; }

@@ -65,7 +65,8 @@ TEST(ProtocolTest, HelloCarriesTheHopTransports) {
   EXPECT_EQ(h->transports, (std::vector<std::string>{"ucx", "tcp"}));
   // A count above the limit is refused before reading the names.
   auto bytes = EncodeHello(hello);
-  const size_t count_at = bytes.size() - (2 + 3) - (2 + 3) - 1;
+  // Before the names, and the stripe (index, count) at the end.
+  const size_t count_at = bytes.size() - 2 - (2 + 3) - (2 + 3) - 1;
   ASSERT_EQ(bytes[count_at], std::byte{2});
   bytes[count_at] = std::byte{200};
   EXPECT_NE(ParseHello(bytes).status().message().find("200 transports"), std::string::npos);
@@ -182,8 +183,9 @@ TEST(ProtocolTest, FetchCarriesTheSixteenBytePartitionHashAndVersionOneIsRefused
 
 // Version 9: a chunk is named by the stream that numbered it. BEGIN carries the
 // stream id, a HELLO the stream its applied chunks belong to; a version-8 peer (no
-// stream anywhere) is refused at the header, never misread.
-TEST(ProtocolTest, BeginAndHelloCarryTheStreamAndVersion8IsRefused) {
+// stream anywhere) is refused at the header, never misread; so is a version-9 peer
+// (no stripe in HELLO and BEGIN).
+TEST(ProtocolTest, BeginAndHelloCarryTheStreamAndVersion9IsRefused) {
   Begin begin{42, Hash128(AsBytes("a")), Hash128(AsBytes("b")), 4096};
   begin.stream_id = 0x0123456789abcdefULL;
   auto b = ParseBegin(EncodeBegin(begin));
@@ -203,13 +205,55 @@ TEST(ProtocolTest, BeginAndHelloCarryTheStreamAndVersion8IsRefused) {
   cut.resize(cut.size() - kSignatureBytes - 8);
   EXPECT_EQ(ParseBegin(cut).status().code(), StatusCode::kCorrupt);
   for (auto bytes : {EncodeBegin(begin), EncodeHello(hello)}) {
-    bytes[4] = std::byte{8};
+    bytes[4] = std::byte{9};
     const Status refused = PeekType(bytes).status();
     EXPECT_EQ(refused.code(), StatusCode::kCorrupt);
-    EXPECT_NE(refused.message().find("protocol version 8 is not supported (this build speaks 9)"),
+    EXPECT_NE(refused.message().find("protocol version 9 is not supported (this build speaks 10)"),
               std::string::npos)
         << refused.message();
   }
+}
+
+// Version 10: HELLO and BEGIN name the stripe of their link (index, count); a
+// stripe out of range or a count over kMaxStripes is refused.
+TEST(ProtocolTest, BeginAndHelloNameTheirStripe) {
+  Begin begin{7, Hash128(AsBytes("a")), Hash128(AsBytes("b")), 4096};
+  begin.stream_id = 9;
+  begin.stripe = 2;
+  begin.stripes = 3;
+  auto b = ParseBegin(EncodeBegin(begin));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->stripe, 2u);
+  EXPECT_EQ(b->stripes, 3u);
+  Hello hello;
+  hello.node_id = "n1";
+  hello.stripe = 1;
+  hello.stripes = 2;
+  auto h = ParseHello(EncodeHello(hello));
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->stripe, 1u);
+  EXPECT_EQ(h->stripes, 2u);
+  // Defaults: stripe 0 of 1 (one tree).
+  Hello plain;
+  plain.node_id = "n2";
+  auto p = ParseHello(EncodeHello(plain));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->stripe, 0u);
+  EXPECT_EQ(p->stripes, 1u);
+  for (auto [stripe, stripes] : {std::pair{2u, 2u}, std::pair{0u, 0u}, std::pair{0u, 65u}}) {
+    begin.stripe = hello.stripe = stripe;
+    begin.stripes = hello.stripes = stripes;
+    const Status bad_begin = ParseBegin(EncodeBegin(begin)).status();
+    EXPECT_EQ(bad_begin.code(), StatusCode::kCorrupt);
+    EXPECT_NE(bad_begin.message().find("BEGIN names stripe"), std::string::npos);
+    EXPECT_EQ(ParseHello(EncodeHello(hello)).status().code(), StatusCode::kCorrupt);
+  }
+  // Without its stripe bytes (a version-9 body under a version-10 header): truncated.
+  begin.stripe = 0;
+  begin.stripes = 1;
+  auto cut = EncodeBegin(begin);
+  cut.resize(cut.size() - 2);
+  EXPECT_EQ(ParseBegin(cut).status().code(), StatusCode::kCorrupt);
 }
 
 TEST(ProtocolTest, ProofsBindTokenNoncesAndBothEndsAndNeverStandInForEachOther) {
