@@ -585,7 +585,7 @@ def stripes_report(a):
                      "wire_bound_seconds": bound, "wire_bounds": bounds,
                      "over_wire_bound": run["refit_seconds"] / bound if bound else None,
                      "wan_flows_into_region": flows_into,
-                     "predicted_seconds": plan.get("predicted_seconds"),
+                     "plan_predicted_seconds_1GiB": plan.get("predicted_seconds"),
                      "upload_share_measured": {h: round(v, 3) for h, v in
                                                sorted(measured_share.items())},
                      "upload_share_planned": planned, "upload_matches_plan": matches,
@@ -616,23 +616,33 @@ def stripes_report(a):
                     speedups[f"{kind}_S{S}_over_S1"] = (by[(1, kind)]["refit_seconds"] /
                                                         by[(S, kind)]["refit_seconds"])
     projection = None
-    fast1 = by.get((1, "fast"))
-    if fast1:
+    base = [by[(1, k)] for k in ("full", "fast", "context") if (1, k) in by]
+    if len(base) >= 2:
+        # refit = fixed + stream x wire bound, fitted to the S = 1 runs (as tree_report
+        # fits the tree's): `fixed` is latency and process work, `stream` how far above
+        # the wire the capped flows stream.
+        points = [(r["wire_bound_seconds"], r["refit_seconds"]) for r in base]
+        mx = sum(x for x, _ in points) / len(points)
+        my = sum(y for _, y in points) / len(points)
+        stream = (sum((x - mx) * (y - my) for x, y in points) /
+                  max(sum((x - mx) ** 2 for x, _ in points), 1e-12))
+        fixed = max(my - stream * mx, 0.0)
         params = float(a.params.rstrip("MBG")) * {"M": 1e6, "B": 1e9, "G": 1e9}.get(a.params[-1], 1)
-        bpp = fast1["delta_bytes"] / params
+        bpp = by[(1, "fast")]["delta_bytes"] / params if (1, "fast") in by else None
         rows = []
         for S in sorted(set(counts) | {1, 4, 8}):
             usable = min(PROJECTION_REGION_BPS, S * PROJECTION_FLOW_BPS, PROJECTION_NODE_BPS)
-            wire = bpp * 1e12 * 8 / usable
-            efficiency = fast1["refit_seconds"] / fast1["wire_bound_seconds"]
-            rows.append({"model": "1T", "stripes": S, "usable_bps": usable,
-                         "wire_seconds": wire, "seconds_at_this_runs_efficiency": wire * efficiency})
+            wire = bpp * 1e12 * 8 / usable if bpp else None
+            rows.append({"model": "1T", "stripes": S, "usable_bps": usable, "wire_seconds": wire,
+                         "seconds": fixed + stream * wire if wire else None})
         projection = {
-            "label": "projection: a 1T model's fast delta at this run's bytes per parameter, over "
-                     "one region pair whose flows are capped: min(region, S x flow cap, node "
-                     "egress); times this run's S = 1 fast refit over its wire bound",
+            "label": "projection: a 1T model's 3 % fast delta (this run's bytes per parameter) "
+                     "over one region pair with the caps stated; usable = min(region pair, S x "
+                     "per-flow cap, node egress); seconds = fixed + stream x wire, fitted to "
+                     "this run's S = 1 publishes (assumes S stripes stream as one does)",
             "caps_stated": {"flow_bps": PROJECTION_FLOW_BPS, "node_egress_bps": PROJECTION_NODE_BPS,
                             "region_pair_bps": PROJECTION_REGION_BPS},
+            "fit": {"fixed_seconds": fixed, "stream_factor": stream, "points": points},
             "bytes_per_param": bpp, "rows": rows}
     shaping = {"uplink_mbit": float(a.uplink_mbit), "flow_mbit": float(a.flow_mbit) or None,
                "wan_mbit": a.wan_mbit_list, "gateways_per_region": int(a.gateways),
