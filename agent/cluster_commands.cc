@@ -23,6 +23,7 @@
 #include "relay/tree/setup.h"
 #include "relay/tree/source.h"
 #include "topology/plan_format.h"
+#include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 #include "transport/tcp/tls_certs.h"
 
@@ -61,10 +62,11 @@ class SignalWaiter {
 int RunPlan(const PlanArgs& args) {
   auto config = topology::LoadClusterConfig(args.config);
   if (!config.ok()) return Fail(config.status());
-  auto plan = topology::PlanTree(*config);
+  auto plan = args.stripes > 0 ? topology::PlanStripesWithCount(*config, args.stripes)
+                               : topology::PlanStripes(*config);
   if (!plan.ok()) return Fail(plan.status());
-  fmt::print("{}\n", args.json ? topology::FormatPlanJson(*plan, *config, args.delta_bytes)
-                               : topology::FormatPlanText(*plan, *config, args.delta_bytes));
+  fmt::print("{}\n", args.json ? topology::FormatStripedPlanJson(*plan, *config, args.delta_bytes)
+                               : topology::FormatStripedPlanText(*plan, *config, args.delta_bytes));
   return kExitOk;
 }
 

@@ -19,6 +19,7 @@ struct PlanArgs {
   std::filesystem::path config;
   uint64_t delta_bytes = uint64_t{1} << 30;
   bool json = false;
+  int stripes = 0;  // 0: the config's [tree] stripes; else plan this many (what would S cost?)
 };
 int RunPlan(const PlanArgs& args);
 

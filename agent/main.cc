@@ -194,6 +194,9 @@ int main(int argc, char** argv) {
   pl->add_option("--delta-bytes", plan_delta, "Delta size for the predicted refit time")
       ->capture_default_str();
   pl->add_flag("--json", plan.json, "Report as JSON");
+  pl->add_option("--stripes", plan.stripes,
+                 "Plan this many stripes instead of the config's [tree] stripes")
+      ->check(CLI::Range(1, 64));
   pl->callback([&] {
     plan.delta_bytes = SizeFlag(plan_delta, "--delta-bytes");
     status = agent::RunPlan(plan);

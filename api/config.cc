@@ -25,7 +25,7 @@ std::string Config::source() const { return impl_->cluster.Source()->id; }
 std::vector<std::string> Config::receivers() const {
   std::vector<std::string> out;
   for (const auto& node : impl_->cluster.nodes) {
-    if (node.role != topology::Role::kSource) out.push_back(node.id);
+    if (node.role == topology::Role::kReceiver) out.push_back(node.id);  // not senders
   }
   return out;
 }

@@ -1,6 +1,9 @@
 #include "topology/plan_format.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -62,7 +65,10 @@ std::string JoinFallbacks(const std::vector<std::string>& transports) {
   return transports.size() > 1 ? out + ")" : out;
 }
 
-void AppendNode(const TreePlan& plan, const ClusterConfig& config, uint64_t delta_bytes,
+// The model's time until a node has what its tree carries.
+using SecondsTo = std::function<double(const PlannedNode&)>;
+
+void AppendNode(const SecondsTo& seconds_to, const ClusterConfig& config,
                 const std::map<std::string_view, const PlannedNode*>& by_id, const PlannedNode& n,
                 std::string& out) {
   const NodeConfig* nc = config.FindNode(n.id);
@@ -70,7 +76,7 @@ void AppendNode(const TreePlan& plan, const ClusterConfig& config, uint64_t delt
   out += n.id + "  [" + n.region + "]  " + Address(*nc) + "  uplink " +
          FormatBandwidth(nc->uplink_bps);
   if (!n.parent) {
-    out += "  source";
+    out += nc->role == Role::kSource ? "  source" : "  root";
   } else {
     out += "  <- " + *n.parent + " " + FormatBandwidth(n.link_bps);
     if (n.crosses_wan) {
@@ -93,11 +99,47 @@ void AppendNode(const TreePlan& plan, const ClusterConfig& config, uint64_t delt
     }
   }
   out += "  children " + Join(n.children);
-  if (n.parent) out += "  done " + FormatSeconds(plan.PredictSecondsTo(n, delta_bytes));
+  if (n.parent) out += "  done " + FormatSeconds(seconds_to(n));
   out += "\n";
-  for (const std::string& c : n.children) {
-    AppendNode(plan, config, delta_bytes, by_id, *by_id.at(c), out);
-  }
+  for (const std::string& c : n.children) AppendNode(seconds_to, config, by_id, *by_id.at(c), out);
+}
+
+void AppendTree(const TreePlan& plan, const ClusterConfig& config, const SecondsTo& seconds_to,
+                std::string& out) {
+  std::map<std::string_view, const PlannedNode*> by_id;
+  for (const PlannedNode& n : plan.nodes) by_id.emplace(n.id, &n);
+  AppendNode(seconds_to, config, by_id, plan.nodes.front(), out);
+}
+
+nlohmann::json NodeJson(const PlannedNode& n, const ClusterConfig& config, double seconds) {
+  using nlohmann::json;
+  auto optional_string = [](const std::optional<std::string>& s) -> json {
+    return s ? json(*s) : json(nullptr);
+  };
+  const NodeConfig* nc = config.FindNode(n.id);
+  json j;
+  j["id"] = n.id;
+  j["region"] = n.region;
+  j["host"] = nc->host;
+  j["port"] = nc->port;
+  j["role"] = RoleName(nc->role);
+  j["uplink_bps"] = nc->uplink_bps;
+  j["parent"] = optional_string(n.parent);
+  j["children"] = n.children;
+  j["failover_parent"] = optional_string(n.failover_parent);
+  j["transports"] = n.transports;
+  j["failover_transports"] = n.failover_transports;
+  j["tls"] = n.parent && HopUsesTls(config, *config.FindNode(*n.parent), *nc);
+  j["depth"] = n.depth;
+  j["crosses_wan"] = n.crosses_wan;
+  j["manual_parent"] = n.manual_parent;
+  j["bucket_bridge"] = IsBridge(config, n.id);
+  j["link_bps"] = n.link_bps;
+  j["link_latency_ms"] = n.link_latency_s * 1000.0;
+  // JSON has no infinity: the root's path is unconstrained.
+  j["path_bps"] = std::isfinite(n.path_bps) ? json(n.path_bps) : json(nullptr);
+  j["predicted_seconds"] = seconds;
+  return j;
 }
 
 }  // namespace
@@ -152,10 +194,9 @@ std::string FormatPlanText(const TreePlan& plan, const ClusterConfig& config,
            ", bottleneck " + FormatBandwidth(slowest.path_bps) + ")";
   }
   out += "\n\n";
-
-  std::map<std::string_view, const PlannedNode*> by_id;
-  for (const PlannedNode& n : plan.nodes) by_id.emplace(n.id, &n);
-  AppendNode(plan, config, delta_bytes, by_id, plan.nodes.front(), out);
+  AppendTree(
+      plan, config, [&](const PlannedNode& n) { return plan.PredictSecondsTo(n, delta_bytes); },
+      out);
   return out;
 }
 
@@ -170,9 +211,6 @@ std::string FormatPlanText(const TreePlan& plan, const ClusterConfig& config,
 std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
                            uint64_t delta_bytes) {
   using nlohmann::json;
-  auto optional_string = [](const std::optional<std::string>& s) -> json {
-    return s ? json(*s) : json(nullptr);
-  };
   json out;
   out["cluster"] = config.name;
   out["config"] = config.source_file.string();
@@ -218,32 +256,205 @@ std::string FormatPlanJson(const TreePlan& plan, const ClusterConfig& config,
 
   json nodes = json::array();
   for (const PlannedNode& n : plan.nodes) {
-    const NodeConfig* nc = config.FindNode(n.id);
-    json j;
-    j["id"] = n.id;
-    j["region"] = n.region;
-    j["host"] = nc->host;
-    j["port"] = nc->port;
-    j["role"] = RoleName(nc->role);
-    j["uplink_bps"] = nc->uplink_bps;
-    j["parent"] = optional_string(n.parent);
-    j["children"] = n.children;
-    j["failover_parent"] = optional_string(n.failover_parent);
-    j["transports"] = n.transports;
-    j["failover_transports"] = n.failover_transports;
-    j["tls"] = n.parent && HopUsesTls(config, *config.FindNode(*n.parent), *nc);
-    j["depth"] = n.depth;
-    j["crosses_wan"] = n.crosses_wan;
-    j["manual_parent"] = n.manual_parent;
-    j["bucket_bridge"] = IsBridge(config, n.id);
-    j["link_bps"] = n.link_bps;
-    j["link_latency_ms"] = n.link_latency_s * 1000.0;
-    // JSON has no infinity: the source's path is unconstrained.
-    j["path_bps"] = std::isfinite(n.path_bps) ? json(n.path_bps) : json(nullptr);
-    j["predicted_seconds"] = plan.PredictSecondsTo(n, delta_bytes);
-    nodes.push_back(std::move(j));
+    nodes.push_back(NodeJson(n, config, plan.PredictSecondsTo(n, delta_bytes)));
   }
   out["nodes"] = std::move(nodes);
+  return out.dump(2);
+}
+
+namespace {
+
+// "snd0 1.00, snd1 1.00, ...": shares, largest first then by id, six to a line.
+std::string FormatShares(const std::map<std::string, double>& shares) {
+  std::vector<std::pair<std::string, double>> sorted(shares.begin(), shares.end());
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string out;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    char share[32];
+    std::snprintf(share, sizeof share, "%.2f", sorted[i].second);
+    out += (i % 6 == 0 ? "\n  " : ", ") + sorted[i].first + " " + share;
+  }
+  return out + "\n";
+}
+
+std::string UploadLine(const StripedPlan& plan) {
+  return "upload per refit, in deltas (a stripe is 1/" + std::to_string(plan.stripes.size()) +
+         "):" + FormatShares(plan.UploadShare());
+}
+
+// Per region of the first stripe's tree: the node each stripe enters it by.
+std::map<std::string, std::vector<std::string>> GatewaysByStripe(const StripedPlan& plan) {
+  std::map<std::string, std::vector<std::string>> entries;
+  for (const StripeTree& st : plan.stripes) {
+    for (const PlannedNode& n : st.tree.nodes) {
+      if (!n.crosses_wan) continue;
+      auto& list = entries[n.region];
+      list.resize(plan.stripes.size());
+      list[static_cast<size_t>(st.index)] +=
+          (list[static_cast<size_t>(st.index)].empty() ? "" : "+") + n.id;
+    }
+  }
+  return entries;
+}
+
+// The stripe and node that finish last.
+std::pair<int, const PlannedNode*> Slowest(const StripedPlan& plan, uint64_t delta_bytes) {
+  std::pair<int, const PlannedNode*> slowest = {0, &plan.stripes.front().tree.nodes.front()};
+  double worst = 0;
+  for (const StripeTree& st : plan.stripes) {
+    for (const PlannedNode& n : st.tree.nodes) {
+      const double t = plan.PredictSecondsTo(st.index, n, delta_bytes);
+      if (t > worst) {
+        worst = t;
+        slowest = {st.index, &n};
+      }
+    }
+  }
+  return slowest;
+}
+
+}  // namespace
+
+std::string FormatStripedPlanText(const StripedPlan& plan, const ClusterConfig& config,
+                                  uint64_t delta_bytes) {
+  if (plan.stripes.size() == 1 && plan.stripes[0].feeder.empty()) {
+    return FormatPlanText(plan.stripes[0].tree, config, delta_bytes) + "\nstripes 1" +
+           (plan.stripes_auto ? " (auto)" : "") + ": the single tree above\n" + UploadLine(plan);
+  }
+  const TreePlan& first = plan.stripes.front().tree;
+  std::string out = "cluster \"" + config.name + "\"";
+  if (!config.source_file.empty()) out += " (" + config.source_file.string() + ")";
+  out += ": " + std::to_string(config.nodes.size()) + " nodes, source " + plan.source + "\n";
+  out += "stripes " + std::to_string(plan.stripes.size());
+  if (plan.stripes_auto) out += " (auto: senders, capped by the gateways a region lists)";
+  out += ", partition p in stripe p mod " + std::to_string(plan.stripes.size()) + ", fanout " +
+         std::to_string(first.fanout_used);
+  if (first.fanout_auto) {
+    out += " (auto, best for a " + FormatSize(kAutoFanoutReferenceBytes) + " delta)";
+  }
+  out += ", chunk " + FormatSize(config.tree.chunk_size) + ", window " +
+         std::to_string(config.tree.window) + ", hop latency " +
+         FormatDuration(config.tree.hop_latency) + ", commit policy " +
+         std::string(CommitPolicyName(config.tree.commit_policy)) + ", fingerprint " +
+         plan.Fingerprint().ShortHex() + "\n";
+  out += "regions:\n";
+  const std::map<std::string, std::vector<std::string>> entries = GatewaysByStripe(plan);
+  for (const RegionSummary& r : SummarizeRegions(first, config)) {
+    out += "  " + r.name + ": " + std::to_string(r.nodes) + (r.nodes == 1 ? " node" : " nodes");
+    if (r.name == first.nodes.front().region) {
+      out += " of the trees (source region)";
+    } else if (r.config != nullptr) {
+      out += ", WAN in " + FormatBandwidth(r.config->wan_bps) + " +" +
+             FormatDuration(r.config->wan_latency) + ", per flow " +
+             FormatBandwidth(r.config->FlowCapBps());
+    }
+    if (const auto it = entries.find(r.name); it != entries.end()) {
+      out += ", entered by stripe";
+      for (size_t s = 0; s < it->second.size(); ++s) {
+        out += (s == 0 ? " " : ", ") + std::to_string(s) + ": " +
+               (it->second[s].empty() ? "-" : it->second[s]);
+      }
+    }
+    out += "\n";
+  }
+  const auto [slow_stripe, slow_node] = Slowest(plan, delta_bytes);
+  out += "predicted refit for a " + FormatSize(delta_bytes) + " delta (" +
+         FormatSize(plan.StripeBytes(delta_bytes)) +
+         " per stripe): " + FormatSeconds(plan.PredictSeconds(delta_bytes)) +
+         " (slowest: " + slow_node->id + " in stripe " + std::to_string(slow_stripe) + ", depth " +
+         std::to_string(slow_node->depth) + ", bottleneck " +
+         FormatBandwidth(std::min(slow_node->path_bps,
+                                  plan.stripes[static_cast<size_t>(slow_stripe)].feeder.empty()
+                                      ? slow_node->path_bps
+                                      : plan.stripes[static_cast<size_t>(slow_stripe)].feed_bps)) +
+         ")\n";
+  out += UploadLine(plan);
+  for (const StripeTree& st : plan.stripes) {
+    out += "\nstripe " + std::to_string(st.index) + ": root " + st.root;
+    if (!st.feeder.empty()) {
+      out += ", fed by " + st.feeder + " at " + FormatBandwidth(st.feed_bps) + " via " +
+             JoinFallbacks(st.feeder_transports);
+    }
+    out += ", fingerprint " + st.tree.Fingerprint().ShortHex() + "\n";
+    AppendTree(
+        st.tree, config,
+        [&](const PlannedNode& n) { return plan.PredictSecondsTo(st.index, n, delta_bytes); }, out);
+  }
+  return out;
+}
+
+std::string FormatStripedPlanJson(const StripedPlan& plan, const ClusterConfig& config,
+                                  uint64_t delta_bytes) {
+  using nlohmann::json;
+  json shares = json::object();
+  for (const auto& [id, share] : plan.UploadShare()) shares[id] = share;
+  if (plan.stripes.size() == 1 && plan.stripes[0].feeder.empty()) {
+    json out = json::parse(FormatPlanJson(plan.stripes[0].tree, config, delta_bytes));
+    out["stripe_count"] = 1;
+    out["stripes_auto"] = plan.stripes_auto;
+    out["fingerprint"] = plan.Fingerprint().ToHex();
+    out["upload_share"] = std::move(shares);
+    return out.dump(2);
+  }
+  json out;
+  out["cluster"] = config.name;
+  out["config"] = config.source_file.string();
+  out["source"] = plan.source;
+  out["stripe_count"] = plan.stripes.size();
+  out["stripes_auto"] = plan.stripes_auto;
+  out["fingerprint"] = plan.Fingerprint().ToHex();
+  out["chunk_size"] = config.tree.chunk_size;
+  out["window"] = config.tree.window;
+  out["hop_latency_ms"] = config.tree.hop_latency.count();
+  out["commit_policy"] = CommitPolicyName(config.tree.commit_policy);
+  out["delta_bytes"] = delta_bytes;
+  out["stripe_bytes"] = plan.StripeBytes(delta_bytes);
+  out["predicted_seconds"] = plan.PredictSeconds(delta_bytes);
+  const auto [slow_stripe, slow_node] = Slowest(plan, delta_bytes);
+  out["slowest"] = {{"stripe", slow_stripe}, {"node", slow_node->id}};
+  out["upload_share"] = std::move(shares);
+
+  const TreePlan& first = plan.stripes.front().tree;
+  const std::map<std::string, std::vector<std::string>> entries = GatewaysByStripe(plan);
+  json regions = json::array();
+  for (const RegionSummary& r : SummarizeRegions(first, config)) {
+    json j;
+    j["name"] = r.name;
+    j["nodes"] = r.nodes;
+    j["source_region"] = r.name == first.nodes.front().region;
+    j["wan_bps"] = r.config ? json(r.config->wan_bps) : json(nullptr);
+    j["flow_bps"] = r.config ? json(r.config->FlowCapBps()) : json(nullptr);
+    j["wan_latency_ms"] = r.config ? json(r.config->wan_latency.count()) : json(nullptr);
+    const auto it = entries.find(r.name);
+    j["gateways"] = it == entries.end() ? json::array() : json(it->second);
+    regions.push_back(std::move(j));
+  }
+  out["regions"] = std::move(regions);
+
+  json stripes = json::array();
+  for (const StripeTree& st : plan.stripes) {
+    json j;
+    j["index"] = st.index;
+    j["root"] = st.root;
+    j["feeder"] = st.feeder.empty() ? json(nullptr) : json(st.feeder);
+    j["feeder_transports"] = st.feeder_transports;
+    j["feed_bps"] = st.feeder.empty() ? json(nullptr) : json(st.feed_bps);
+    j["fanout"] = st.tree.fanout_used;
+    j["fanout_auto"] = st.tree.fanout_auto;
+    j["fingerprint"] = st.tree.Fingerprint().ToHex();
+    double worst = 0;
+    json nodes = json::array();
+    for (const PlannedNode& n : st.tree.nodes) {
+      const double t = plan.PredictSecondsTo(st.index, n, delta_bytes);
+      worst = std::max(worst, t);
+      nodes.push_back(NodeJson(n, config, t));
+    }
+    j["predicted_seconds"] = worst;
+    j["nodes"] = std::move(nodes);
+    stripes.push_back(std::move(j));
+  }
+  out["stripes"] = std::move(stripes);
   return out.dump(2);
 }
 

@@ -33,6 +33,16 @@ TEST(ApiConfig, ListsTheNodesAndDescribesThePlan) {
   EXPECT_NE(plan->find("w2"), std::string::npos);
 }
 
+TEST(ApiConfig, SendersAreNotReceivers) {
+  // A sender roots a stripe and holds no weights (topology/stripe_plan.h).
+  auto config = deltacast::Config::Parse(
+      Toml("api", BasePort()) + "[[node]]\nid = \"snd1\"\nhost = \"127.0.0.1\"\nport = " +
+          std::to_string(BasePort() + 9) + "\nrole = \"sender\"\n",
+      "api.toml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->receivers(), (std::vector<std::string>{"w1", "w2"}));
+}
+
 // Producers in another region than the root's, under the default tls =
 // "cross-region": their links must run TLS, and without certificates the root and
 // every producer fail through the API, naming the rule, before they listen or dial.

@@ -144,14 +144,15 @@ TEST(StripePlanTest, GeneratedConfigsWithoutSendersPlanOneStripeAsBefore) {
       const std::string region = i == 0 ? "us" : regions[rng() % regions.size()];
       used.insert(region);
       std::string extra = i == 0 ? "role = \"source\"\n" : "";
-      if (i > 0 && region != "us" && rng() % 4 == 0) extra += "gateway = true\n";  // at most one
+      // Gateways without senders leave S at 1; the single tree enters by the fastest.
+      if (i > 0 && region != "us" && rng() % 4 == 0) extra += "gateway = true\n";
       c.Node("n" + std::to_string(i), region, uplinks[rng() % uplinks.size()], extra);
     }
     for (const std::string r : {"eu", "ap"}) {
       if (used.count(r)) c.Region(r, "5Gbit", "40ms", rng() % 2 ? "1Gbit" : "");
     }
     const ClusterConfig config = ParseOrDie(c.Render());
-    if (AutoStripeCount(config) != 1) continue;  // two gateways in a region, no senders: still 1
+    ASSERT_EQ(AutoStripeCount(config), 1);
     ExpectSingleStripeIsPlanTree(config);
     if (HasFailure()) return;
   }
@@ -365,6 +366,20 @@ TEST(StripePlanTest, AutoStripeCountFollowsSendersAndGateways) {
       }
     }
   }
+}
+
+TEST(StripePlanTest, SingleTreeEntersByTheFastestListedGateway) {
+  ConfigText c;
+  c.Region("eu", "10Gbit", "40ms");
+  c.Node("src", "us", "10Gbit", "role = \"source\"\n");
+  c.Node("fast", "eu", "100Gbit");
+  c.Node("slow-gw", "eu", "1Gbit", "gateway = true\n");
+  c.Node("mid-gw", "eu", "10Gbit", "gateway = true\n");
+  const TreePlan tree = *PlanTree(ParseOrDie(c.Render()));
+  EXPECT_EQ(tree.Find("mid-gw")->parent, "src");
+  EXPECT_TRUE(tree.Find("mid-gw")->crosses_wan);
+  EXPECT_EQ(tree.Find("fast")->parent, "mid-gw");
+  EXPECT_FALSE(tree.Find("fast")->crosses_wan);
 }
 
 TEST(StripePlanTest, ManualParentsAreKeptInEveryStripe) {
