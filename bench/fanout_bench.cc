@@ -34,19 +34,19 @@
 // striped, about one each. "summary.upload_share" sets the planner's single tree
 // beside the striped trees at the largest N.
 //
+// --relay-forward measures one relay's forwarding path alone (bench/relay_forward.h):
+// a pre-encoded delta from the source to ONE relay that forwards it to two children,
+// next to iperf3 with one and two streams.
+//
 // Prints one JSON document (and writes it to --out).
-#include <fcntl.h>
 #include <fmt/core.h>
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -66,6 +66,7 @@
 #include "bench/bench_util.h"
 #include "bench/fanout_cluster.h"
 #include "bench/realistic_step.h"
+#include "bench/relay_forward.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 #include "common/log.h"
@@ -77,8 +78,6 @@
 #include "topology/units.h"
 #include "transport/factory.h"
 #include "transport/fault_transport.h"
-
-extern char** environ;
 
 namespace dc = deltacast;
 using deltacast::bench::Check;
@@ -124,6 +123,9 @@ struct BenchOptions {
   int iperf_seconds = 3;
   std::string transport = "tcp";
   std::string provider;
+  // --relay-forward
+  bool relay_forward = false;
+  RelayForwardOptions forward;
 };
 
 // The parameters every scenario takes from the command line as they are.
@@ -422,64 +424,6 @@ json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937&
 
 // ---- relay throughput ----------------------------------------------------------
 
-// A child process started by this benchmark (iperf3 -s), stopped by its pid.
-struct ChildProcess {
-  pid_t pid = -1;
-  ~ChildProcess() {
-    if (pid <= 0) return;
-    // iperf3 -s -1 exits after one test; a server that never got its client is killed.
-    for (int i = 0; i < 50; ++i) {
-      if (waitpid(pid, nullptr, WNOHANG) == pid) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
-  }
-};
-
-// One iperf3 TCP stream over loopback: `iperf3 -s -1` and `iperf3 -c -J`.
-json RunIperf(int seconds, std::mt19937& rng) {
-  if (std::system("command -v iperf3 >/dev/null 2>&1") != 0) {
-    return {{"available", false}, {"note", "iperf3 not installed; relay throughput has no peer"}};
-  }
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    const std::string port = std::to_string(std::uniform_int_distribution<int>(30000, 60000)(rng));
-    ChildProcess server;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-    std::vector<std::string> args = {"iperf3", "-s", "-1", "-p", port};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int rc = posix_spawnp(&server.pid, "iperf3", &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) return {{"available", false}, {"note", "cannot start iperf3 -s"}};
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    const std::string cmd =
-        fmt::format("iperf3 -c 127.0.0.1 -p {} -t {} -J 2>/dev/null", port, seconds);
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (!pipe) return {{"available", false}, {"note", "cannot run iperf3 -c"}};
-    std::string out;
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-    pclose(pipe);
-    const json doc = json::parse(out, nullptr, /*allow_exceptions=*/false);
-    if (doc.is_discarded() || !doc.contains("end") || !doc["end"].contains("sum_received"))
-      continue;
-    const double bps = doc["end"]["sum_received"]["bits_per_second"].get<double>();
-    json j = {{"available", true},
-              {"seconds", seconds},
-              {"bits_per_second", bps},
-              {"bytes_per_second", bps / 8}};
-    if (doc["end"].contains("cpu_utilization_percent"))
-      j["cpu_utilization_percent"] = doc["end"]["cpu_utilization_percent"];
-    return j;
-  }
-  return {{"available", false}, {"note", "iperf3 ran but gave no result (port in use?)"}};
-}
-
 // The source's encoder alone on the same pair (chunks dropped): the ceiling the
 // encoder puts on the relay when both share the same cores.
 double EncoderOnlyBytesPerSecond(const Checkpoint& base, const Checkpoint& target,
@@ -509,7 +453,7 @@ json RelayThroughput(const BenchOptions& o, std::mt19937& rng) {
   const Scenario s{"chain", 2, 1, UplinkModel::kUncapped, true, {}, 1};
   const RunResult r = RunMedian(s, p, zero, target, 1, 1, rng);
   const double encoder_only = EncoderOnlyBytesPerSecond(zero, target, p);
-  const json iperf = RunIperf(o.iperf_seconds, rng);
+  const json iperf = RunIperf(o.iperf_seconds, 1, rng);
   const double wire_rate = double(r.delta_bytes) / r.prepare_seconds;
   json j = {{"topology", "chain source -> n01 -> n02, uncapped loopback TCP (no fault wrapper)"},
             {"data",
@@ -726,7 +670,7 @@ int main(int argc, char** argv) {
   app.add_flag("--relay-throughput", o.relay_throughput,
                "Also measure uncapped relay throughput against iperf3");
   app.add_flag("!--no-fanout", o.fanout,
-               "Skip the fan-out runs (with --relay-throughput: only that)");
+               "Skip the fan-out runs (with --relay-throughput or --relay-forward: only those)");
   app.add_option("--relay-size", relay_text, "Checkpoint size of the throughput run")
       ->capture_default_str();
   app.add_option("--relay-chunk", relay_chunk_text, "Chunk size of the throughput run")
@@ -737,6 +681,26 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--provider", o.provider,
                  "The backend's provider (ucx: e.g. tcp or shm; ofi: e.g. \"tcp;ofi_rxm\" or shm)");
+  std::string forward_text = "512MiB";
+  bool no_forward_diagnostics = false;
+  app.add_flag("--relay-forward", o.relay_forward,
+               "Also measure one relay's forwarding path alone (to two children) against "
+               "iperf3 with one and two streams");
+  app.add_option("--forward-size", forward_text, "Checkpoint size of the --relay-forward run")
+      ->capture_default_str();
+  app.add_option("--forward-repeats", o.forward.repeats,
+                 "Runs per --relay-forward row; the median is kept")
+      ->capture_default_str();
+  app.add_option("--forward-spool-dir", o.forward.spool_dir,
+                 "Where the relay of --relay-forward spools (default: the temporary directory)");
+  app.add_option("--forward-tmpfs-dir", o.forward.tmpfs_dir,
+                 "A tmpfs folder for the diagnostic row with the spool in memory (\"\": none)")
+      ->capture_default_str();
+  app.add_option("--forward-perf", o.forward.perf_file,
+                 "Run `perf record -g` on the relay's process in the first --relay-forward run, "
+                 "into this file");
+  app.add_flag("--no-forward-diagnostics", no_forward_diagnostics,
+               "--relay-forward: only the measured row (no source-only, tmpfs, staged rows)");
   app.add_option("--out", out_path, "Also write the JSON here");
   app.add_flag("-v,--verbose", verbose, "Log the agents (info level)");
   CLI11_PARSE(app, argc, argv);
@@ -768,6 +732,15 @@ int main(int argc, char** argv) {
       Check(dc::topology::ParseSize(link_bound_partition_text), "--link-bound-partition");
   o.relay_bytes = Check(dc::topology::ParseSize(relay_text), "--relay-size");
   o.relay_chunk_bytes = Check(dc::topology::ParseSize(relay_chunk_text), "--relay-chunk");
+  o.forward.bytes = Check(dc::topology::ParseSize(forward_text), "--forward-size");
+  o.forward.chunk_bytes = o.relay_chunk_bytes;
+  o.forward.window = o.window;
+  o.forward.apply_threads = o.apply_threads;
+  o.forward.iperf_seconds = o.iperf_seconds;
+  o.forward.transport = o.transport;
+  o.forward.provider = o.provider;
+  o.forward.seed = o.seed;
+  o.forward.diagnostics = !no_forward_diagnostics;
   if (o.receivers.empty() || *std::min_element(o.receivers.begin(), o.receivers.end()) < 1) {
     Die("--receivers: need N >= 1");
   }
@@ -782,6 +755,7 @@ int main(int argc, char** argv) {
   json doc = DocHeader(o, link_text);
   if (o.fanout) FanoutRuns(o, rng, doc);
   if (o.relay_throughput) doc["relay_throughput"] = RelayThroughput(o, rng);
+  if (o.relay_forward) doc["relay_forward"] = RelayForward(o.forward, rng);
   doc["total_seconds"] = Seconds(start);
   doc["total_cpu_seconds"] = CpuSeconds() - cpu_start;
   doc["load_average_1m"] = {{"start", load_start}, {"end", LoadAverage()}};

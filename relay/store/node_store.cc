@@ -296,13 +296,17 @@ Result<NodeStore::TakenChunk> NodeStore::TakeChunk(const ChunkSlot& slot, uint32
 NodeStore::ApplyResult NodeStore::ApplyData(apply::DeltaApplier& applier, uint32_t sequence,
                                             const ChunkSlot& slot, Spool* spool) {
   ApplyResult result;
-  if (spool) result.status = spool->Sync();
-  if (!result.status.ok()) return result;
+  // Taken before the sync, which may be long: the buffer is still held then, so the
+  // apply reads memory rather than the chunk back from the spool (released once
+  // forwarded and spooled, the slot would be empty after the sync). Bounded: one
+  // chunk per worker.
   auto taken = TakeChunk(slot, sequence, spool);
   if (!taken.ok()) {
     result.status = taken.status();
     return result;
   }
+  if (spool) result.status = spool->Sync(sequence);
+  if (!result.status.ok()) return result;
   // Written (on arrival) or held checked (staged); false: nothing to journal.
   const bool taken_in = refit_->staged ? StageChunk(applier, sequence, *taken, result)
                                        : WriteChunk(applier, sequence, *taken, result);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -56,7 +57,14 @@ class Spool {
   static Result<std::unique_ptr<Spool>> OpenFile(const std::filesystem::path& file);
   const std::filesystem::path& path() const { return path_; }
   // Makes everything appended so far durable (fdatasync; nothing if nothing new).
-  Status Sync();
+  // Appends may go on meanwhile (the disk is never waited for under the lock Append
+  // takes); concurrent Syncs share one fdatasync where one covers the other's bytes.
+  // With `taken` (the chunk an apply holds in memory, about to be applied), the
+  // durable bytes up to its end leave the page cache: they are read again only by a
+  // replay or a rollback.
+  Status Sync(std::optional<uint32_t> taken = std::nullopt);
+  // fdatasyncs done so far (Sync and durable Appends): how well syncs are grouped.
+  uint64_t syncs() const;
   // Deletes the file (the delta was decided and nobody needs a replay of it).
   void Discard();
   ~Spool();
@@ -81,16 +89,23 @@ class Spool {
   Spool(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
   void Recover();
   Result<transport::Message> ReadAt(uint64_t offset, uint64_t length) const;
+  uint64_t SyncedEnd() const;
+  void DropTaken(uint32_t sequence);
   struct Entry {
     uint64_t offset = 0;
     uint64_t length = 0;
   };
   int fd_;
   std::filesystem::path path_;
+  Mutex sync_mu_ ACQUIRED_BEFORE(mu_);  // held across one fdatasync
   mutable Mutex mu_;
   std::map<uint32_t, Entry> index_ GUARDED_BY(mu_);
   uint64_t end_ GUARDED_BY(mu_) = 0;
-  bool dirty_ GUARDED_BY(mu_) = false;
+  // Bytes [0, synced_end_) are known durable (0 after Open: what a crashed run left
+  // may still be only in the page cache, so the first Sync syncs it).
+  uint64_t synced_end_ GUARDED_BY(mu_) = 0;
+  uint64_t dropped_end_ GUARDED_BY(mu_) = 0;  // [0, dropped_end_) left the page cache
+  uint64_t syncs_ GUARDED_BY(mu_) = 0;
 };
 
 // The folder a process spools in: the configured one, else a folder of its own per
