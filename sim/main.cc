@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
       coord_counts.sources_lost[k] += r.coord.sources_lost[k];
     coord_counts.store_down += r.coord.store_down;
     coord_counts.answers_lost += r.coord.answers_lost;
+    coord_counts.answer_lost_then_down += r.coord.answer_lost_then_down;
     coord_counts.commit_records += r.coord.commit_records;
     coord_counts.abort_records += r.coord.abort_records;
     coord_counts.coordinator_aborts += r.coord.coordinator_aborts;
@@ -288,7 +289,8 @@ int main(int argc, char** argv) {
   if (coord) {
     std::printf(
         "sources lost: early %llu, midway %llu, after all PREPARED %llu, after the record %llu; "
-        "store down %llu, answers lost %llu; records COMMIT %llu, ABORT %llu (by the "
+        "store down %llu, answers lost %llu, an answer lost then down %llu; records COMMIT "
+        "%llu, ABORT %llu (by the "
         "coordinator %llu); publishes ended with the outcome unknown %llu\n",
         static_cast<unsigned long long>(coord_counts.sources_lost[0]),
         static_cast<unsigned long long>(coord_counts.sources_lost[1]),
@@ -296,6 +298,7 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(coord_counts.sources_lost[3]),
         static_cast<unsigned long long>(coord_counts.store_down),
         static_cast<unsigned long long>(coord_counts.answers_lost),
+        static_cast<unsigned long long>(coord_counts.answer_lost_then_down),
         static_cast<unsigned long long>(coord_counts.commit_records),
         static_cast<unsigned long long>(coord_counts.abort_records),
         static_cast<unsigned long long>(coord_counts.coordinator_aborts),
@@ -344,11 +347,11 @@ int main(int argc, char** argv) {
       out << fmt::format(
           "  \"coord\": {{\"sources_lost\": {{\"early\": {}, \"midway\": {}, "
           "\"after_all_prepared\": {}, \"after_the_record\": {}}}, \"store_down\": {}, "
-          "\"answers_lost\": {}, \"commit_records\": {}, \"abort_records\": {}, "
-          "\"coordinator_aborts\": {}, \"unknown_outcomes\": {}}},\n",
+          "\"answers_lost\": {}, \"answer_lost_then_down\": {}, \"commit_records\": {}, "
+          "\"abort_records\": {}, \"coordinator_aborts\": {}, \"unknown_outcomes\": {}}},\n",
           c.sources_lost[0], c.sources_lost[1], c.sources_lost[2], c.sources_lost[3], c.store_down,
-          c.answers_lost, c.commit_records, c.abort_records, c.coordinator_aborts,
-          c.unknown_outcomes);
+          c.answers_lost, c.answer_lost_then_down, c.commit_records, c.abort_records,
+          c.coordinator_aborts, c.unknown_outcomes);
     }
     out << "  \"failing_seeds\": [";
     for (size_t i = 0; i < failing.size(); ++i) out << (i ? ", " : "") << failing[i];

@@ -74,7 +74,7 @@ struct RunResult {
   // that stood at the end (the coordinator's ABORTs among them).
   struct CoordCounts {
     std::array<uint64_t, kSourceLossStages> sources_lost{};
-    uint64_t store_down = 0, answers_lost = 0;
+    uint64_t store_down = 0, answers_lost = 0, answer_lost_then_down = 0;
     uint64_t commit_records = 0, abort_records = 0, coordinator_aborts = 0;
     uint64_t unknown_outcomes = 0;  // publishes that ended with the outcome unknown
   } coord;

@@ -52,12 +52,20 @@ void Run::InjectCoord(const CoordFault& f) {
   quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
   disturbed_until_ = std::max(disturbed_until_, q_.Now() + secs);
   if (f.kind == CoordFaultKind::kLoseSource) return LoseSource(f);
+  using StoreFault = relay::InMemoryCommitRecords::Fault;
   const bool down = f.kind == CoordFaultKind::kStoreDown;
-  ++(down ? r_.coord.store_down : r_.coord.answers_lost);
-  records_->SetFault(down ? relay::InMemoryCommitRecords::Fault::kUnavailable
-                          : relay::InMemoryCommitRecords::Fault::kOutcomeLost);
+  const bool then_down = f.kind == CoordFaultKind::kAnswerLostThenDown;
+  ++(down        ? r_.coord.store_down
+     : then_down ? r_.coord.answer_lost_then_down
+                 : r_.coord.answers_lost);
+  records_->SetFault(down        ? StoreFault::kUnavailable
+                     : then_down ? StoreFault::kOutcomeLostThenUnavailable
+                                 : StoreFault::kOutcomeLost);
   q_.Note(fmt::format("coord fault: the store {} for {:.2f} s",
-                      down ? "is down" : "loses its answers to Decide", f.seconds));
+                      down        ? "is down"
+                      : then_down ? "loses its next answer to Decide and is then down"
+                                  : "loses its answers to Decide",
+                      f.seconds));
   const uint64_t gen = ++store_fault_gen_;
   q_.PostAt(driver_, q_.Now() + secs, [this, gen] {
     if (gen != store_fault_gen_) return;  // a later fault holds the store now

@@ -318,9 +318,13 @@ void DrawCoordination(Scenario& s) {
     if (below(5) == 0) {
       CoordFault f;
       f.publish = p;
-      f.kind = below(2) == 0 ? CoordFaultKind::kStoreDown : CoordFaultKind::kAnswersLost;
+      const int kind = below(6);
+      f.kind = kind < 3   ? CoordFaultKind::kStoreDown
+               : kind < 5 ? CoordFaultKind::kAnswersLost
+                          : CoordFaultKind::kAnswerLostThenDown;
       f.at = uniform(0, 0.5);
-      f.seconds = uniform(0.1, 4);
+      // Past the commit timeout (20 s), for the source's wait to end unknown.
+      f.seconds = f.kind == CoordFaultKind::kAnswerLostThenDown ? uniform(21, 26) : uniform(0.1, 4);
       s.coordination.faults.push_back(f);
     }
   }
@@ -348,6 +352,9 @@ std::string Scenario::Describe() const {
           break;
         case CoordFaultKind::kAnswersLost:
           out += fmt::format("=answers-lost {:.2f}s", f.seconds);
+          break;
+        case CoordFaultKind::kAnswerLostThenDown:
+          out += fmt::format("=answer-lost-then-down {:.2f}s", f.seconds);
           break;
       }
     }

@@ -87,6 +87,9 @@ enum class CoordFaultKind {
   kLoseSource,   // the source's machine is lost: killed and its state directory deleted
   kStoreDown,    // the store answers nothing (kUnavailable) for a while
   kAnswersLost,  // the store writes but its answers to Decide are lost (kTimeout) for a while
+  // The store takes the next decision, loses its answer and is then unreachable for
+  // longer than the commit timeout: the source cannot learn its outcome in time.
+  kAnswerLostThenDown,
 };
 // When a kLoseSource fault strikes its publish: early in it (no node PREPARED yet, as a
 // rule), midway (some), at the crash point after every node PREPARED and before the

@@ -29,8 +29,9 @@ Result<CommitRecord> InMemoryCommitRecords::Decide(const CommitRecord& record) {
     written_order_.push_back(record.refit_id);
     announced_.erase(record.refit_id);
   }
-  if (fault_ == Fault::kOutcomeLost) {
+  if (fault_ == Fault::kOutcomeLost || fault_ == Fault::kOutcomeLostThenUnavailable) {
     ++counts_.lost;
+    if (fault_ == Fault::kOutcomeLostThenUnavailable) fault_ = Fault::kUnavailable;
     return Status::Timeout(fmt::format(
         "commit record store (in memory): the answer to the decision of refit {} was lost "
         "(fault injected)",

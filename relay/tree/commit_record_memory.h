@@ -29,6 +29,9 @@ class InMemoryCommitRecords final : public CommitRecordStore {
     // Decide writes as usual but answers kTimeout (the reply was lost); the other
     // calls answer as usual.
     kOutcomeLost,
+    // The next Decide writes and answers kTimeout, and the store is unreachable from
+    // then on (kUnavailable): the writer cannot learn its outcome until it is back.
+    kOutcomeLostThenUnavailable,
   };
   struct Counts {
     uint64_t decides = 0;      // Decide calls answered (any answer)

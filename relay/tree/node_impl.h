@@ -224,6 +224,7 @@ class NodeAgent::Impl {
   uint64_t refetches_ = 0;  // damaged chunks fetched again
   // The commit record: a read in flight on records_loop_, and when the next may go.
   bool record_read_pending_ = false;
+  uint64_t record_refused_for_ = 0;  // the refit whose record was refused (logged once)
   Clock::time_point next_record_read_{};
 
   mutable Mutex stats_mu_;

@@ -41,6 +41,8 @@ void NodeAgent::Impl::OnRecord(uint64_t refit_id, const Result<std::optional<Com
   if (record.cluster != options_.config.name || record.refit_id != r.id ||
       record.base_version != r.identity.base_version ||
       record.target_version != r.identity.target_version) {
+    if (record_refused_for_ == r.id) return;  // said once; read again, never followed
+    record_refused_for_ = r.id;
     log::Error(fmt::format(
         "{}: refit {} ({} -> {}): the commit record names cluster '{}', refit {}, {} -> {}: "
         "not followed",

@@ -88,8 +88,17 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
       // Announced before the BEGIN goes out, so a coordinator can abort it for good
       // if this source is lost; not announced, not sent.
       lock.Unlock();
-      joined = records_.Announce({options_.config.name, report.refit_id, report.base_version,
-                                  report.target_version, true});
+      joined = records_.Announce(
+          {options_.config.name, report.refit_id, report.base_version, report.target_version, true},
+          [this, id = report.refit_id](const CommitRecord& record) {
+            // Decided without this source (its announcement lapsed): stop waiting.
+            MutexLock decided(mu_);
+            if (record.commit || !refit_ || refit_->begin.refit_id != id || refit_->decision) {
+              return;
+            }
+            Fail("the commit record says ABORT, written by " + record.decided_by +
+                 " (this source's announcement lapsed)");
+          });
       lock.Lock();
     }
     if (!joined.ok()) {
@@ -305,7 +314,7 @@ Status Source::Impl::SettleRecords() {
   if (!synced) RETURN_IF_ERROR(SyncRecords().WithContext("nothing was sent"));
   if (!unresolved) return Status::Ok();
   const StandingDecision standing =
-      records_.Resolve(*unresolved, options_.config.tree.commit_timeout);
+      records_.Resolve(*unresolved, std::chrono::milliseconds(0));  // asked once: fail fast
   if (standing.kind == StandingDecision::Kind::kUnknown) {
     return Status::Unavailable(
         fmt::format("the outcome of refit {} is still unknown ({}); nothing was sent",

@@ -46,7 +46,8 @@ SourceRecords::~SourceRecords() {
   if (renew_loop_) renew_loop_->Stop();
 }
 
-Status SourceRecords::Announce(const RefitInProgress& refit) {
+Status SourceRecords::Announce(const RefitInProgress& refit,
+                               std::function<void(const CommitRecord&)> decided) {
   if (!store_) return Status::Ok();
   Status announced =
       store_->Announce(refit, std::chrono::duration<double>(source_timeout_).count());
@@ -57,28 +58,46 @@ Status SourceRecords::Announce(const RefitInProgress& refit) {
   }
   MutexLock lock(mu_);
   announced_ = refit.refit_id;
+  renewal_failed_ = false;
+  decided_ = std::move(decided);
   return Status::Ok();
 }
 
 void SourceRecords::RenewTick() {
   uint64_t id = 0;
+  bool failed = false;
+  std::function<void(const CommitRecord&)> decided;
   {
     MutexLock lock(mu_);
     id = announced_;
+    failed = renewal_failed_;
+    decided = decided_;
   }
   if (id == 0) return;
   Status renewed = store_->Renew(id);
-  if (!renewed.ok() && renewed.code() != StatusCode::kNotFound) {
-    log::Warn(fmt::format("refit {}: the commit record store did not take the renewal: {}", id,
-                          renewed.ToString()));
+  if (!renewed.ok()) {
+    if (renewed.code() != StatusCode::kNotFound) {
+      log::Warn(fmt::format("refit {}: the commit record store did not take the renewal: {}", id,
+                            renewed.ToString()));
+    }
+    failed = true;
+    MutexLock lock(mu_);
+    if (announced_ == id) renewal_failed_ = true;
   }
+  if (!failed || !decided) return;
+  // The announcement may have lapsed: a coordinator may have decided the refit.
+  Result<std::optional<CommitRecord>> read = store_->Read(id);
+  if (read.ok() && read->has_value()) decided(**read);
 }
 
 void SourceRecords::Withdraw(uint64_t refit_id) {
   if (!store_) return;
   {
     MutexLock lock(mu_);
-    if (announced_ == refit_id) announced_ = 0;
+    if (announced_ == refit_id) {
+      announced_ = 0;
+      decided_ = nullptr;
+    }
   }
   Status withdrawn = store_->Withdraw(refit_id);
   if (!withdrawn.ok()) {
@@ -179,11 +198,23 @@ StandingDecision SourceRecords::Decide(const CommitRecord& mine, std::chrono::mi
 
 StandingDecision SourceRecords::Resolve(const CommitRecord& abort,
                                         std::chrono::milliseconds bound) {
-  if (store_) {
+  StandingDecision unknown;
+  unknown.kind = StandingDecision::Kind::kUnknown;
+  unknown.why = "the commit record store cannot be read";
+  if (!store_) return unknown;
+  // Unlike a first decision, a failure here says nothing: the earlier write whose
+  // answer was lost may stand. Only a record, or an ABORT written now, is an outcome.
+  const auto deadline = RuntimeClock::now() + bound;
+  for (;;) {
     Result<std::optional<CommitRecord>> read = store_->Read(abort.refit_id);
     if (read.ok() && read->has_value()) return Follow(**read, abort);
+    if (read.ok()) {
+      Result<CommitRecord> decided = store_->Decide(abort);
+      if (decided.ok()) return Follow(*decided, abort);
+    }
+    if (RuntimeClock::now() + poll_interval_ > deadline) return unknown;
+    Pause(poll_interval_);
   }
-  return Decide(abort, bound);
 }
 
 Status SourceRecords::Sync(const std::filesystem::path& log_path) {

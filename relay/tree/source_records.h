@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,9 +42,13 @@ class SourceRecords {
   bool enabled() const { return store_ != nullptr; }
 
   // Announces `refit` (time to live: the source timeout) and renews it every
-  // source_timeout / 6 until Withdraw. Fails with an error naming the store; then
-  // nothing is announced.
-  Status Announce(const RefitInProgress& refit);
+  // source_timeout / 6 until Withdraw. Once a renewal failed (the announcement may
+  // have lapsed, and a coordinator decided), each renewal also reads the refit's
+  // record and hands a record it finds to `decided` (on the renewal loop), so the
+  // source stops waiting for a refit that was aborted without it. Fails with an error
+  // naming the store; then nothing is announced.
+  Status Announce(const RefitInProgress& refit,
+                  std::function<void(const CommitRecord&)> decided = nullptr);
   // Stops renewing and withdraws the announcement; a failure is logged (the
   // announcement then lapses by itself).
   void Withdraw(uint64_t refit_id);
@@ -56,8 +61,10 @@ class SourceRecords {
   // nothing may be sent. A record that names other versions than `mine` stands for
   // nothing: ABORT (no COMMIT of this refit can stand either).
   StandingDecision Decide(const CommitRecord& mine, std::chrono::milliseconds bound);
-  // The outcome of an earlier refit of this source that is not known here: its record,
-  // else ABORT by compare-and-set (`abort` names it).
+  // The outcome of an earlier refit of this source that is not known here (a Decide
+  // whose answer was lost): its record, else ABORT by compare-and-set (`abort` names
+  // it), asked every poll interval within `bound`. The store out of reach is kUnknown,
+  // never ABORT: the lost write may stand.
   StandingDecision Resolve(const CommitRecord& abort, std::chrono::milliseconds bound);
 
   // A (re)started source reads the store before anything else: every undecided refit
@@ -89,7 +96,9 @@ class SourceRecords {
   Mutex mu_;
   CondVar cv_;
   uint64_t announced_ GUARDED_BY(mu_) = 0;  // the refit being renewed (0: none)
-  std::unique_ptr<EventLoop> renew_loop_;   // only with a store
+  bool renewal_failed_ GUARDED_BY(mu_) = false;
+  std::function<void(const CommitRecord&)> decided_ GUARDED_BY(mu_);
+  std::unique_ptr<EventLoop> renew_loop_;  // only with a store
 };
 
 // The name a record gives as its writer when the source wrote it.

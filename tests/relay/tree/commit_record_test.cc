@@ -131,6 +131,18 @@ TEST(SourceRecordsTest, AnUnreachableStoreMeansAbortAndNoRecordMeansUnknownNotCo
   EXPECT_TRUE(store->All().empty());
 }
 
+// The seed that found it (--coord, seed 6): a COMMIT whose answer was lost, then the
+// store down; the next publish settled the refit as ABORT and told the tree so.
+TEST(SourceRecordsTest, ALostCommitIsNeverResolvedAsAbortWhileTheStoreIsDown) {
+  auto store = std::make_shared<InMemoryCommitRecords>("c1");
+  store->SetFault(Fault::kOutcomeLostThenUnavailable);
+  SourceRecords records(store, "c1", 1000ms, 10ms);
+  EXPECT_EQ(records.Decide(Record(3, true), 50ms).kind, StandingDecision::Kind::kUnknown);
+  EXPECT_EQ(records.Resolve(Record(3, false), 0ms).kind, StandingDecision::Kind::kUnknown);
+  store->SetFault(Fault::kNone);
+  EXPECT_EQ(records.Resolve(Record(3, false), 0ms).kind, StandingDecision::Kind::kCommit);
+}
+
 TEST(SourceRecordsTest, ARecordNamingOtherVersionsIsNotFollowed) {
   auto store = std::make_shared<InMemoryCommitRecords>("c1");
   CommitRecord other = Record(3, true);
