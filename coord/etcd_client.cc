@@ -359,6 +359,11 @@ Result<json> EtcdClient::Impl::Call(const EtcdOptions& o, std::string_view path,
     json answer = json::parse(first_line, nullptr, false);
     if (!answer.is_object()) {
       impl.Give(curl);
+      if (a.http_status >= 400 && a.http_status < 500) {
+        return Status::InvalidArgument("etcd at " + endpoint + " refused the request (HTTP " +
+                                       std::to_string(a.http_status) +
+                                       "): " + log::Escape(first_line.substr(0, 200)));
+      }
       return Status::Corrupt("etcd at " + endpoint + " answered HTTP " +
                              std::to_string(a.http_status) +
                              " with no JSON: " + log::Escape(first_line.substr(0, 200)));

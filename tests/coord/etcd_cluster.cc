@@ -76,8 +76,9 @@ bool Healthy(const std::string& url, const EtcdCluster::Tls& tls) {
 
 bool EtcdCluster::Available() { return ::access(kEtcd, X_OK) == 0; }
 
-EtcdCluster::EtcdCluster(std::filesystem::path dir, int members, Tls tls)
-    : dir_(std::move(dir)), tls_(std::move(tls)) {
+EtcdCluster::EtcdCluster(std::filesystem::path dir, int members, Tls tls,
+                         std::vector<std::string> flags)
+    : dir_(std::move(dir)), tls_(std::move(tls)), flags_(std::move(flags)) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   const std::vector<int> ports = FreePorts(2 * members);
   for (int i = 0; i < members; ++i) {
@@ -138,6 +139,7 @@ bool EtcdCluster::Spawn(size_t i) {
       args.push_back("--trusted-ca-file=" + tls_.client_ca.string());
     }
   }
+  args.insert(args.end(), flags_.begin(), flags_.end());
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) return false;

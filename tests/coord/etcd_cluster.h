@@ -39,7 +39,9 @@ class EtcdCluster {
     std::filesystem::path client_key;
   };
 
-  EtcdCluster(std::filesystem::path dir, int members, Tls tls = {});
+  // `flags` go to every member after the harness's own (e.g. "--auth-token-ttl=1").
+  EtcdCluster(std::filesystem::path dir, int members, Tls tls = {},
+              std::vector<std::string> flags = {});
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
@@ -84,6 +86,7 @@ class EtcdCluster {
   Tls tls_;
   std::vector<Member> members_;
   std::string initial_cluster_;
+  std::vector<std::string> flags_;
 };
 
 }  // namespace deltacast::test_util
