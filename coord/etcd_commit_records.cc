@@ -340,6 +340,9 @@ Result<std::vector<RefitInProgress>> EtcdCommitRecords::Undecided() {
   ranges[1].range.range_end = PrefixEnd(alive_prefix);
   ranges[1].range.keys_only = true;
   ASSIGN_OR_RETURN(TxnResult seen, client_->Txn({}, {}, ranges));
+  if (!seen.succeeded || seen.ranges.size() != 2) {
+    return Status::Corrupt("etcd: an unconditional transaction did not run");
+  }
   std::set<std::string> alive;
   for (const KeyValue& kv : seen.ranges[1]) alive.insert(kv.key.substr(alive_prefix.size()));
   std::vector<RefitInProgress> candidates;
@@ -367,6 +370,9 @@ Result<std::vector<RefitInProgress>> EtcdCommitRecords::Undecided() {
       reads[i - at].range.keys_only = true;
     }
     ASSIGN_OR_RETURN(TxnResult records, client_->Txn({}, {}, reads));
+    if (!records.succeeded || records.ranges.size() != reads.size()) {
+      return Status::Corrupt("etcd: an unconditional transaction did not run");
+    }
     for (size_t i = at; i < end; ++i) {
       if (records.ranges[i - at].empty()) out.push_back(std::move(candidates[i]));
     }
