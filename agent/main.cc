@@ -268,17 +268,19 @@ int main(int argc, char** argv) {
 
   // coordinator
   agent::CoordinatorArgs coordinator;
-  auto* co = app.add_subcommand(
+  auto* coord_cmd = app.add_subcommand(
       "coordinator",
       "Run a standby coordinator: abort, in the commit record store, the refits whose source "
       "was lost (until SIGINT/SIGTERM; docs/recovery.md, \"The commit record\")");
-  co->add_option("--config", coordinator.config,
-                 "Cluster config (TOML) with a [coordination] table")
+  coord_cmd
+      ->add_option("--config", coordinator.config,
+                   "Cluster config (TOML) with a [coordination] table")
       ->required();
-  co->add_option("--id", coordinator.id,
-                 "This coordinator's name in the records it writes (\"coordinator:ID\")")
+  coord_cmd
+      ->add_option("--id", coordinator.id,
+                   "This coordinator's name in the records it writes (\"coordinator:ID\")")
       ->required();
-  co->callback([&status, &coordinator] { status = agent::RunCoordinator(coordinator); });
+  coord_cmd->callback([&status, &coordinator] { status = agent::RunCoordinator(coordinator); });
 
   // publish
   agent::PublishArgs publish;
