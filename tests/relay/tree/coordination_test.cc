@@ -21,6 +21,7 @@
 #include "relay/tree/coordinator.h"
 #include "relay/tree/node_agent.h"
 #include "relay/tree/source.h"
+#include "relay/wire/signing.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
 
@@ -93,6 +94,12 @@ class CoordinationTest : public ::testing::Test {
     on_crash_ = [this] { source_transport_->Shutdown(); };
     g_on_crash = &on_crash_;
     InstallCrashPointHandler(&OnCrashPoint, nullptr);
+    if (signed_) {
+      auto key = SigningKey::Generate();
+      ASSERT_TRUE(key.ok()) << key.status().ToString();
+      signing_key_ = std::make_shared<const SigningKey>(*key);
+      verify_key_ = std::make_shared<const VerifyKey>(key->Public());
+    }
     stores_.assign(kReceivers, base_);
     for (int i = 0; i < kReceivers; ++i) {
       auto replica = apply::Replica::ForStore(Borrow(stores_[i]), kPartitionBytes, 1);
@@ -105,6 +112,7 @@ class CoordinationTest : public ::testing::Test {
       options.commit_records = store_;
       options.source_timeout = kSourceTimeout;
       options.poll_interval = kPoll;
+      options.verify_key = verify_key_;
       auto agent = NodeAgent::Start(std::move(options), std::move(*replica),
                                     transport::MakeInprocTransport(network_));
       ASSERT_TRUE(agent.ok()) << agent.status().ToString();
@@ -132,6 +140,7 @@ class CoordinationTest : public ::testing::Test {
     o.commit_records = store_;
     o.source_timeout = kSourceTimeout;
     o.poll_interval = kPoll;
+    o.signing_key = signing_key_;
     o.on_progress = [this](const PublishProgress&) {
       if (fail_store_mid_refit_) store_->SetFault(InMemoryCommitRecords::Fault::kUnavailable);
     };
@@ -203,6 +212,9 @@ class CoordinationTest : public ::testing::Test {
     return undecided.ok() && !undecided->empty() ? (*undecided)[0].refit_id : 0;
   }
 
+  bool signed_ = false;  // the source signs, the nodes check ([security])
+  std::shared_ptr<const SigningKey> signing_key_;
+  std::shared_ptr<const VerifyKey> verify_key_;
   std::vector<TensorSpec> tensors_;
   Tensors base_, target_;
   topology::ClusterConfig config_;
@@ -266,6 +278,20 @@ TEST_F(CoordinationTest, CommitRecordWrittenThenSourceLostTheNodesCommitFromTheR
   // Back with its state deleted: the record gives it the cluster's version.
   StartSource("second");
   EXPECT_EQ(source_->version(), ManifestOf(target_).VersionId());
+}
+
+// Signatures checked: a relay that took the decision from the record does not pass
+// an unsigned one down (its children would refuse it and drop the link); they read
+// the record themselves.
+class SignedCoordinationTest : public CoordinationTest {
+ protected:
+  SignedCoordinationTest() { signed_ = true; }
+};
+
+TEST_F(SignedCoordinationTest, EveryNodeCommitsFromTheRecordWithNoUnsignedDecisionSent) {
+  PublishAndLoseSourceAt("source.decided");
+  ASSERT_TRUE(AllEnded(1, 0)) << "not every node committed from the record within the bound";
+  ExpectAllAre(target_, "the target");
 }
 
 TEST_F(CoordinationTest, StoreUnavailableBeforeTheRefitNothingIsSent) {
