@@ -7,7 +7,7 @@
 #
 #   lost_streaming   the source's machine lost (process killed, state deleted) while
 #                    it streams, before any PREPARED: the coordinator aborts.
-#   lost_some        a2 crashes as it prepares, the others prepared, then the
+#   lost_some        a2 crashes before it prepared, the others prepared, then the
 #                    source's machine is lost: the coordinator aborts and a1, a3 roll
 #                    back; a2 comes back with the next source and rolls back too.
 #   lost_all         lost after every node PREPARED, before the decision: abort.
@@ -135,21 +135,26 @@ for scenario in "${scenarios[@]}"; do
     lost_some)
       kill "${agent_pid[a2]}" 2>/dev/null
       wait "${agent_pid[a2]}" 2>/dev/null
-      run_agent a2 DELTACAST_CRASH_AT=agent.prepared
+      # a2 dies with its first chunk applied, before it could say PREPARED.
+      run_agent a2 DELTACAST_CRASH_AT=agent.applied:1
       agent_pid[a2]=$!
       publish_bg 0 1 "$state"
-      # a2 dies as it prepares (bounded: a crash point it never reaches fails below).
+      # Until a2 is dead and a1 and a3 PREPARED (bounded; a miss fails below); the
+      # source waits for a2 meanwhile (connect_timeout), so it cannot decide.
       for _ in $(seq 1 150); do
-        kill -0 "${agent_pid[a2]}" 2>/dev/null || break
+        kill -0 "${agent_pid[a2]}" 2>/dev/null ||
+          { grep -qs "prepared with" "$work/run/a1.log" && grep -qs "prepared with" "$work/run/a3.log" &&
+            break; }
         sleep 0.1
       done
-      kill -0 "${agent_pid[a2]}" 2>/dev/null && verdict="a2 did not crash as it prepared"
-      sleep 0.5                            # a1 and a3 have prepared by now
+      kill -0 "${agent_pid[a2]}" 2>/dev/null && verdict="a2 did not crash"
+      grep -qs "prepared with" "$work/run/a1.log" || verdict="a1 did not prepare"
+      grep -qs "prepared with" "$work/run/a3.log" || verdict="a3 did not prepare"
       kill -9 "$source_pid" 2>/dev/null
       wait "$source_pid" 2>/dev/null
       rm -rf "$state"
-      # a2 stays down until a source is back: a node restarted with a prepared delta
-      # learns its outcome from a source, not from the record (docs/recovery.md).
+      # a2 stays down until a source is back: a node restarted with a delta in flight
+      # waits for a source to tell it the outcome (it does not read the record).
       settle_nodes="a1 a3"
       expect=0
       ;;
