@@ -7,8 +7,9 @@
 #
 #   lost_streaming   the source's machine lost (process killed, state deleted) while
 #                    it streams, before any PREPARED: the coordinator aborts.
-#   lost_some        a2 crashes as it prepares, the others prepared, then the
-#                    source's machine is lost: the coordinator aborts; a2 restarts.
+#   lost_some        a2 crashes before it prepared, the others prepared, then the
+#                    source's machine is lost: the coordinator aborts and a1, a3 roll
+#                    back; a2 comes back with the next source and rolls back too.
 #   lost_all         lost after every node PREPARED, before the decision: abort.
 #   lost_recorded    lost after the COMMIT record was written, before any COMMIT
 #                    was sent: the nodes commit from the record.
@@ -54,16 +55,26 @@ publish() {  # from to state-dir [env...]: the report in $work/run/publish.json
     >"$work/run/publish.json" 2>>"$work/run/publish.log"
 }
 
-# settled STEP SECONDS: every agent holds stepSTEP, active, nothing in flight, within
-# SECONDS; else prints what differs.
+publish_bg() {  # from to state-dir: publish in the background; its pid in $source_pid
+  "$dc" publish --config "$work/cluster.toml" --base "$work/steps/step$1" \
+    --new "$work/steps/step$2" --json --no-progress --state-dir "$3" \
+    >"$work/run/publish.json" 2>>"$work/run/publish.log" &
+  source_pid=$!
+  pids+=($source_pid)
+}
+
+# settled STEP SECONDS [NODES]: every agent (or those of NODES) holds stepSTEP, active,
+# nothing in flight, within SECONDS; else prints what differs.
 settled() {
-  local step=$1 deadline=$((SECONDS + $2)) n why target
+  local step=$1 deadline=$((SECONDS + $2)) nodes=${3:-a1 a2 a3} n why target
   target=$("$dc" manifest "$work/steps/step$step" --json 2>/dev/null | jq -r .version)
   while true; do
     why=""
-    for n in a1 a2 a3; do
+    for n in $nodes; do
       if [[ -e $work/run/$n/.deltacast/inflight ]]; then
         why+="$n has a delta in flight; "
+      elif [[ $step == 0 && ! -e $work/run/$n/.deltacast/active ]]; then
+        :  # never refitted: the copy of step0 it started with (checked below)
       elif ! grep -q "^active $target " "$work/run/$n/.deltacast/active" 2>/dev/null; then
         why+="$n is not at step$step; "
       fi
@@ -75,7 +86,7 @@ settled() {
     fi
     sleep 0.2
   done
-  for n in a1 a2 a3; do
+  for n in $nodes; do
     "$dc" verify "$work/run/$n" "$work/steps/step$step" >/dev/null ||
       why+="$n differs from step$step (torn); "
   done
@@ -108,6 +119,7 @@ for scenario in "${scenarios[@]}"; do
   pids+=($coordinator)
   start_agents
   verdict=ok
+  settle_nodes="a1 a2 a3"
   started=$SECONDS
   state=$work/run/source
   case $scenario in
@@ -123,28 +135,31 @@ for scenario in "${scenarios[@]}"; do
     lost_some)
       kill "${agent_pid[a2]}" 2>/dev/null
       wait "${agent_pid[a2]}" 2>/dev/null
-      run_agent a2 DELTACAST_CRASH_AT=agent.prepared
+      # a2 dies with its first chunk applied, before it could say PREPARED.
+      run_agent a2 DELTACAST_CRASH_AT=agent.applied:1
       agent_pid[a2]=$!
-      publish 0 1 "$state" &
-      source_pid=$!
-      pids+=($source_pid)
-      # a2 dies as it prepares (bounded: a crash point it never reaches fails below).
+      publish_bg 0 1 "$state"
+      # Until a2 is dead and a1 and a3 PREPARED (bounded; a miss fails below); the
+      # source waits for a2 meanwhile (connect_timeout), so it cannot decide.
       for _ in $(seq 1 150); do
-        kill -0 "${agent_pid[a2]}" 2>/dev/null || break
+        kill -0 "${agent_pid[a2]}" 2>/dev/null ||
+          { grep -qs "prepared with" "$work/run/a1.log" && grep -qs "prepared with" "$work/run/a3.log" &&
+            break; }
         sleep 0.1
       done
-      kill -0 "${agent_pid[a2]}" 2>/dev/null && verdict="a2 did not crash as it prepared"
-      sleep 0.5                            # a1 and a3 have prepared by now
+      kill -0 "${agent_pid[a2]}" 2>/dev/null && verdict="a2 did not crash"
+      grep -qs "prepared with" "$work/run/a1.log" || verdict="a1 did not prepare"
+      grep -qs "prepared with" "$work/run/a3.log" || verdict="a3 did not prepare"
       kill -9 "$source_pid" 2>/dev/null
       wait "$source_pid" 2>/dev/null
       rm -rf "$state"
-      run_agent a2  # a2 comes back with its prepared delta
-      agent_pid[a2]=$!
+      # a2 stays down until a source is back: a node restarted with a delta in flight
+      # waits for a source to tell it the outcome (it does not read the record).
+      settle_nodes="a1 a3"
       expect=0
       ;;
     etcd_member)
-      publish 0 1 "$state" &
-      source_pid=$!
+      publish_bg 0 1 "$state"
       sleep 0.3
       etcd_kill 0
       wait "$source_pid" || verdict="the publish failed with one etcd member down"
@@ -157,8 +172,12 @@ for scenario in "${scenarios[@]}"; do
       expect=0
       ;;
   esac
-  if [[ $verdict == ok ]]; then why=$(settled $expect 30) || verdict=$why; fi
+  if [[ $verdict == ok ]]; then why=$(settled $expect 30 "$settle_nodes") || verdict=$why; fi
   settle_seconds=$((SECONDS - started))
+  if [[ $scenario == lost_some ]]; then
+    run_agent a2  # back with its prepared delta, beside the new source
+    agent_pid[a2]=$!
+  fi
   # The store back (where it was down), a new source on a new machine publishes on.
   etcd_restart_all >/dev/null || verdict="etcd did not come back"
   if [[ $verdict == ok ]]; then
