@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "agent/commands.h"
+#include "agent/coordinator_command.h"
 #include "agent/fp8_twin.h"
 #include "apply/checkpoint_state.h"
 #include "common/log.h"
@@ -169,6 +170,7 @@ int RunAgent(const AgentArgs& args) {
   options.node_id = args.node;
   options.token = *token;
   options.apply_threads = args.threads;
+  if (Status records = AttachCommitRecords(*config, options); !records.ok()) return Fail(records);
   if (args.progress) options.on_catch_up_progress = CatchUpProgressBar();
   auto agent =
       relay::StartConfiguredNode(std::move(options), relay::NodeParts::Checkpoint(args.store));
@@ -224,6 +226,7 @@ Result<relay::PublishOptions> SourceOptions(const topology::ClusterConfig& confi
                    relay::ConfiguredPublishOptions(config, std::move(token), state, keep_deltas));
   options.codec = codec;
   options.encode_threads = threads;
+  RETURN_IF_ERROR(AttachCommitRecords(config, options));
   return options;
 }
 

@@ -8,6 +8,7 @@
 #include "agent/cluster_commands.h"
 #include "agent/commands.h"
 #include "agent/config_command.h"
+#include "agent/coordinator_command.h"
 #include "agent/layout_commands.h"
 #include "agent/produce_commands.h"
 #include "agent/store_commands.h"
@@ -267,6 +268,22 @@ int main(int argc, char** argv) {
     b->add_option("--state", args->state, "Folder for its spool (default: a temporary one)");
     b->callback([&status, args] { status = agent::RunBucketBridge(*args); });
   }
+
+  // coordinator
+  agent::CoordinatorArgs coordinator;
+  auto* coord_cmd = app.add_subcommand(
+      "coordinator",
+      "Run a standby coordinator: abort, in the commit record store, the refits whose source "
+      "was lost (until SIGINT/SIGTERM; docs/recovery.md, \"The commit record\")");
+  coord_cmd
+      ->add_option("--config", coordinator.config,
+                   "Cluster config (TOML) with a [coordination] table")
+      ->required();
+  coord_cmd
+      ->add_option("--id", coordinator.id,
+                   "This coordinator's name in the records it writes (\"coordinator:ID\")")
+      ->required();
+  coord_cmd->callback([&status, &coordinator] { status = agent::RunCoordinator(coordinator); });
 
   // publish
   agent::PublishArgs publish;

@@ -74,6 +74,7 @@ Result<std::unique_ptr<relay::NodeAgent>> StartAgent(const Config& config, NodeO
       on_commit({e.refit_id, e.version.ToHex(), e.changed_tensors});
     };
   }
+  RETURN_IF_ERROR(api::AttachCommitRecords(agent.config, agent));
   return relay::StartConfiguredNode(std::move(agent), std::move(parts));
 }
 

@@ -192,6 +192,7 @@ Result<std::unique_ptr<Root>> Root::Start(const Config& config, RootOptions opti
   relay::RootOptions o;
   ASSIGN_OR_RETURN(o.publish, relay::ConfiguredPublishOptions(
                                   cluster, options.token, options.state_dir, options.keep_deltas));
+  RETURN_IF_ERROR(api::AttachCommitRecords(cluster, o.publish));
   o.producers = options.producers;
   o.producer_address = options.producer_address.empty() ? relay::DefaultProducerAddress(cluster)
                                                         : options.producer_address;

@@ -72,6 +72,7 @@ Result<std::unique_ptr<Source>> Source::Start(const Config& config, SourceOption
                                                    options.keep_deltas));
   publish.codec.mode = options.context_mode ? codec::CodecMode::kContext : codec::CodecMode::kFast;
   publish.encode_threads = options.encode_threads;
+  RETURN_IF_ERROR(api::AttachCommitRecords(cluster, publish));
   auto transport = relay::MakeNodeTransports(cluster, *cluster.Source());
   if (!transport.ok()) return transport.status();
   auto source = relay::Source::Start(std::move(publish), std::move(*transport));

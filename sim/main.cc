@@ -13,6 +13,9 @@
 //                 [--no-staged]   every node applies on arrival with no engine, no
 //                                 crash-point faults: the schedules drawn before them
 //                 [--no-snapshots]  no snapshot stores and none of their faults
+//                 [--coord]       the commit record store and a standby coordinator,
+//                                 with sources lost at every stage of a refit and the
+//                                 store down or losing answers (docs/simulation.md)
 //
 // Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
 #include <fmt/core.h>
@@ -37,7 +40,7 @@ int Usage(const std::string& why) {
       stderr,
       "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log] [--debug]\n"
       "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--no-outages] "
-      "[--producers] [--restream] [--no-staged] [--no-snapshots] "
+      "[--producers] [--restream] [--coord] [--no-staged] [--no-snapshots] "
       "[--shrink] "
       "[--json FILE]\n",
       why.c_str());
@@ -65,6 +68,7 @@ int main(int argc, char** argv) {
   bool disk = true;
   bool producers = false;
   bool restream = false;
+  bool coord = false;
   bool outages = true;
   bool staged = true;
   bool snapshots = true;
@@ -111,6 +115,8 @@ int main(int argc, char** argv) {
       producers = true;
     } else if (a == "--restream") {
       restream = true;
+    } else if (a == "--coord") {
+      coord = true;
     } else if (a == "--no-disk") {
       disk = false;
     } else if (a == "--no-staged") {
@@ -139,6 +145,7 @@ int main(int argc, char** argv) {
   uint64_t chunk_bytes = 0, resent = 0, power_losses = 0, enospc = 0;
   uint64_t trainer_faults = 0, trainer_refused = 0;
   uint64_t restreams = 0, stream_rollbacks = 0;
+  RunResult::CoordCounts coord_counts;
   double sim_seconds = 0;
   uint64_t staged_nodes = 0, engine_nodes = 0, crashes = 0;
   uint64_t snapshot_nodes = 0, snapshots_built = 0, snapshot_bytes = 0, snapshot_repaired = 0;
@@ -151,6 +158,7 @@ int main(int argc, char** argv) {
   for (uint64_t seed = first; seed <= last; ++seed) {
     Scenario s = DrawScenario(seed, intensity, disk, outages, producers, staged, snapshots);
     s.restream = restream;
+    if (coord) DrawCoordination(s);
     RunResult r = RunScenario(s, options);
     ++runs;
     publishes += r.publishes;
@@ -169,6 +177,15 @@ int main(int argc, char** argv) {
     crashes += r.crashes;
     restreams += r.restreams;
     stream_rollbacks += r.stream_rollbacks;
+    for (int k = 0; k < kSourceLossStages; ++k)
+      coord_counts.sources_lost[k] += r.coord.sources_lost[k];
+    coord_counts.store_down += r.coord.store_down;
+    coord_counts.answers_lost += r.coord.answers_lost;
+    coord_counts.answer_lost_then_down += r.coord.answer_lost_then_down;
+    coord_counts.commit_records += r.coord.commit_records;
+    coord_counts.abort_records += r.coord.abort_records;
+    coord_counts.coordinator_aborts += r.coord.coordinator_aborts;
+    coord_counts.unknown_outcomes += r.coord.unknown_outcomes;
     snapshot_nodes += r.snapshots.nodes;
     snapshots_built += r.snapshots.built;
     snapshot_bytes += r.snapshots.bytes_written;
@@ -269,6 +286,24 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(restreams),
         static_cast<unsigned long long>(stream_rollbacks));
   }
+  if (coord) {
+    std::printf(
+        "sources lost: early %llu, midway %llu, after all PREPARED %llu, after the record %llu; "
+        "store down %llu, answers lost %llu, an answer lost then down %llu; records COMMIT "
+        "%llu, ABORT %llu (by the "
+        "coordinator %llu); publishes ended with the outcome unknown %llu\n",
+        static_cast<unsigned long long>(coord_counts.sources_lost[0]),
+        static_cast<unsigned long long>(coord_counts.sources_lost[1]),
+        static_cast<unsigned long long>(coord_counts.sources_lost[2]),
+        static_cast<unsigned long long>(coord_counts.sources_lost[3]),
+        static_cast<unsigned long long>(coord_counts.store_down),
+        static_cast<unsigned long long>(coord_counts.answers_lost),
+        static_cast<unsigned long long>(coord_counts.answer_lost_then_down),
+        static_cast<unsigned long long>(coord_counts.commit_records),
+        static_cast<unsigned long long>(coord_counts.abort_records),
+        static_cast<unsigned long long>(coord_counts.coordinator_aborts),
+        static_cast<unsigned long long>(coord_counts.unknown_outcomes));
+  }
   if (producers) {
     std::printf("trainer faults %llu, refused at the root %llu\n",
                 static_cast<unsigned long long>(trainer_faults),
@@ -306,6 +341,17 @@ int main(int argc, char** argv) {
           "  \"producers\": 4,\n  \"trainer_faults\": {},\n"
           "  \"trainer_refused_at_root\": {},\n",
           trainer_faults, trainer_refused);
+    }
+    if (coord) {
+      const auto& c = coord_counts;
+      out << fmt::format(
+          "  \"coord\": {{\"sources_lost\": {{\"early\": {}, \"midway\": {}, "
+          "\"after_all_prepared\": {}, \"after_the_record\": {}}}, \"store_down\": {}, "
+          "\"answers_lost\": {}, \"answer_lost_then_down\": {}, \"commit_records\": {}, "
+          "\"abort_records\": {}, \"coordinator_aborts\": {}, \"unknown_outcomes\": {}}},\n",
+          c.sources_lost[0], c.sources_lost[1], c.sources_lost[2], c.sources_lost[3], c.store_down,
+          c.answers_lost, c.answer_lost_then_down, c.commit_records, c.abort_records,
+          c.coordinator_aborts, c.unknown_outcomes);
     }
     out << "  \"failing_seeds\": [";
     for (size_t i = 0; i < failing.size(); ++i) out << (i ? ", " : "") << failing[i];

@@ -104,6 +104,7 @@ void Run::Setup() {
         [this, i] { return StoreIsAVersion(nodes_[i]); });
   }
   for (int p = 0; p <= s_.nodes; ++p) disk_.Adopt(DirOf(p));
+  if (s_.coordination.on) records_ = std::make_shared<relay::InMemoryCommitRecords>(config_.name);
   if (s_.producers > 0)
     trainer_ = std::make_unique<SimTrainer>(Table(), kPartitionBytes, kChunkBytes);
 }
@@ -178,6 +179,14 @@ void Run::StartNode(Node& n) {
   options.write_back_delay = std::chrono::milliseconds(s_.write_back_ms);
   options.on_commit = [this, i = n.i](const relay::CommitEvent& e) { OnCommit(i, e); };
   options.snapshots = opened->store;
+  if (records_) {
+    options.commit_records = records_;
+    options.source_timeout = kSourceTimeout;
+    options.poll_interval = kRecordPoll;
+    options.on_outcome = [this, i = n.i](uint64_t id, const Digest128& target, bool committed) {
+      OnOutcome(i, id, target, committed);
+    };
+  }
   if (n.engine) {
     n.engine->Started();
     options.engine_hooks = n.engine->Hooks();
@@ -239,6 +248,11 @@ void Run::StartSource() {
   options.encode_threads = 1;
   options.UseStateDir(dir_ / "src");
   options.keep_deltas = s_.keep_deltas;
+  if (records_) {
+    options.commit_records = records_;
+    options.source_timeout = kSourceTimeout;
+    options.poll_interval = kRecordPoll;
+  }
   q_.set_opening_owner(0);
   auto source = relay::Source::Start(std::move(options), net_.MakeTransport("src"));
   q_.set_opening_owner(-1);
@@ -387,6 +401,7 @@ void Run::Publish(int index, double rate, bool liveness) {
     source_.reset();
     q_.Note("kill src (while publishing)");
     if (std::exchange(source_power_loss_, false)) LosePower(0);
+    if (std::exchange(source_lost_, false)) WipeSource();
   }
   const bool committed = LoggedCommit(target);
   if (committed && trainer_) trainer_->Committed();
@@ -407,6 +422,9 @@ void Run::Publish(int index, double rate, bool liveness) {
   CheckTimeLost(started, injected_ != injected_before || !quiet);
   if (!report->ok()) {
     q_.Note(Scrub("publish failed: " + report->status().ToString()));
+    if (report->status().message().find("no decision was sent") != std::string::npos) {
+      ++r_.coord.unknown_outcomes;
+    }
     if (liveness) Fail("liveness: publish failed: " + report->status().ToString());
     return;
   }
@@ -456,6 +474,8 @@ void Run::HealAndRestart() {
   }
   net_.Heal();
   for (int p = 0; p <= s_.nodes; ++p) disk_.SetFull(DirOf(p), false);
+  armed_loss_.reset();
+  if (records_) records_->SetFault(relay::InMemoryCommitRecords::Fault::kNone);
   q_.Note("faults stop; heal and restart everything");
   if (!source_) StartSource();
   for (int i = 1; i <= s_.nodes; ++i) {
@@ -474,6 +494,7 @@ RunResult Run::Go() {
   InstallSimDisk(&disk_);
   InstallCrashPointHandler(&Run::OnCrashPoint, this);
   try {
+    SetupCoordination();
     StartSource();
     for (int i = 1; i <= s_.nodes; ++i) {
       if (!s_.late.count(i)) StartNode(nodes_[i]);
@@ -482,6 +503,7 @@ RunResult Run::Go() {
       q_.RunFor(std::chrono::duration_cast<EventQueue::Duration>(
           std::chrono::duration<double>(s_.gaps[p])));
       ScheduleFaults(p);
+      if (records_) ScheduleCoordFaults(p);
       Publish(p, s_.change_rates[p], false);
     }
     if (o_.sabotage || o_.sabotage_snapshot) Sabotage();
@@ -489,12 +511,14 @@ RunResult Run::Go() {
     Publish(-1, 0.01, true);
     q_.RunFor(std::chrono::seconds(2));
     FinalChecks();
+    if (records_) CoordFinalChecks();
   } catch (const Stuck& stuck) {
     Fail("liveness: the run is stuck: " + stuck.why);
   } catch (const Killed&) {
     Fail("internal: a kill escaped the publish");
   }
   // Everything engine-side goes before the runtime.
+  coordinator_.reset();
   source_.reset();
   for (auto& n : nodes_) {
     if (n.agent) {

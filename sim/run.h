@@ -70,6 +70,14 @@ struct RunResult {
     uint64_t built = 0, bytes_written = 0, repaired = 0;
     uint64_t killed_building = 0;  // kills (crash points included) that found a build running
   } snapshots;
+  // --coord: sources lost per stage (SourceLossStage), store faults, and the records
+  // that stood at the end (the coordinator's ABORTs among them).
+  struct CoordCounts {
+    std::array<uint64_t, kSourceLossStages> sources_lost{};
+    uint64_t store_down = 0, answers_lost = 0, answer_lost_then_down = 0;
+    uint64_t commit_records = 0, abort_records = 0, coordinator_aborts = 0;
+    uint64_t unknown_outcomes = 0;  // publishes that ended with the outcome unknown
+  } coord;
   std::vector<std::string> trace;  // readable: the run's own events
 };
 

@@ -126,6 +126,7 @@ void Run::FinishKill(int i, bool power, double restart_seconds, std::string why)
 // for this point dies here; the throw unwinds its task (EventQueue::Step).
 void Run::OnCrashPoint(std::string_view name, void* self) {
   Run& run = *static_cast<Run*>(self);
+  if (name.starts_with("source.")) return run.OnSourceCrashPoint(name);  // --coord
   const int i = run.q_.RunningOwner();
   if (i <= 0 || !run.faults_on_) return;
   Node& n = run.nodes_[i];

@@ -21,6 +21,8 @@
 #include "common/file_util.h"
 #include "common/log.h"
 #include "relay/store/snapshot_store.h"
+#include "relay/tree/commit_record_memory.h"
+#include "relay/tree/coordinator.h"
 #include "relay/tree/decision_log.h"
 #include "relay/tree/node_agent.h"
 #include "relay/tree/source.h"
@@ -60,6 +62,10 @@ inline constexpr double kLostSeconds = 10;
 inline constexpr auto kHookTimeout = std::chrono::milliseconds(1000);
 // How much a snapshot build writes per step: the model's ~200 KiB in a dozen steps.
 inline constexpr uint64_t kSnapshotBlockBytes = 16 << 10;
+// --coord: the announcement's time to live (a node reads the record after as long
+// without a decision) and how often the nodes and the coordinator read the store.
+inline constexpr auto kSourceTimeout = std::chrono::milliseconds(1500);
+inline constexpr auto kRecordPoll = std::chrono::milliseconds(250);
 
 std::vector<TensorSpec> Table();
 std::unique_ptr<apply::WeightStore> Borrow(Tensors& buffers);
@@ -119,9 +125,12 @@ class Run {
     return it->second;
   }
   bool LoggedCommit(const Digest128& v) const {
+    if (records_) return RecordedCommit(v);  // --coord: the record decides, the log caches
     auto d = relay::RecordedDecision(decision_log_, v);
     return d && d->commit;
   }
+  // --coord (run_coord.cc): a COMMIT record of the cluster to `v` stands.
+  bool RecordedCommit(const Digest128& v) const;
 
   void Setup();
   bool IsSnapshotNode(int i) const {
@@ -148,6 +157,16 @@ class Run {
   };
   std::vector<ArmedCrash> armed_;  // kCrashAt faults waiting for their point
   void ScheduleFaults(int publish);
+  // --coord (run_coord.cc): the store and the coordinator, their faults, the source's
+  // machine lost (killed, its state directory gone), and the record's checkers.
+  void SetupCoordination();
+  void ScheduleCoordFaults(int publish);
+  void InjectCoord(const CoordFault& f);
+  void LoseSource(const CoordFault& f);
+  void WipeSource();
+  void OnSourceCrashPoint(std::string_view name);
+  void OnOutcome(int i, uint64_t refit_id, const Digest128& target, bool committed);
+  void CoordFinalChecks();
   // `index`: the publish's place in the workload (-1: the liveness publish).
   void Publish(int index, double rate, bool liveness);
   Tensors Mutate(const Tensors& base, double rate);
@@ -194,6 +213,14 @@ class Run {
   // --restream: the delta (base, target) whose stream the source was killed in, to
   // publish again.
   std::optional<std::pair<Digest128, Digest128>> restream_;
+  // --coord: the store (null without --coord), the standby coordinator, a source loss
+  // armed for a crash point of the source, the source being lost (its state goes
+  // once its Publish has unwound), and which store fault is the latest.
+  std::shared_ptr<relay::InMemoryCommitRecords> records_;
+  std::unique_ptr<relay::StandbyCoordinator> coordinator_;
+  std::optional<CoordFault> armed_loss_;
+  bool source_lost_ = false;
+  uint64_t store_fault_gen_ = 0;
   uint64_t injected_ = 0;               // faults injected so far
   EventQueue::TimePoint quiet_from_{};  // no fault acts on the tree from then on
   // The latest end of a fault so far: a link healed, a killed process restarted.

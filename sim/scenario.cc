@@ -282,6 +282,54 @@ Scenario DrawScenario(uint64_t seed, double intensity, bool disk, bool outages, 
   return s;
 }
 
+const char* SourceLossStageName(SourceLossStage stage) {
+  switch (stage) {
+    case SourceLossStage::kEarly:
+      return "early";
+    case SourceLossStage::kMidway:
+      return "midway";
+    case SourceLossStage::kAllPrepared:
+      return "after all PREPARED";
+    case SourceLossStage::kRecordWritten:
+      return "after the record was written";
+  }
+  return "?";
+}
+
+void DrawCoordination(Scenario& s) {
+  std::mt19937_64 rng(s.seed * 0xC2B2AE3D27D4EB4Full + 32);
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  auto below = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  s.coordination.on = true;
+  s.coordination.faults.clear();
+  for (int p = 0; p < s.publishes; ++p) {
+    if (below(2) == 0) {
+      CoordFault f;
+      f.publish = p;
+      f.kind = CoordFaultKind::kLoseSource;
+      f.stage = static_cast<SourceLossStage>(below(kSourceLossStages));
+      f.at = f.stage == SourceLossStage::kEarly ? uniform(0, 0.02) : uniform(0.05, 0.4);
+      // Back before the nodes read the record, or long after the coordinator decided.
+      f.seconds = below(2) == 0 ? uniform(0.05, 1) : uniform(2, 8);
+      s.coordination.faults.push_back(f);
+    }
+    if (below(5) == 0) {
+      CoordFault f;
+      f.publish = p;
+      const int kind = below(6);
+      f.kind = kind < 3   ? CoordFaultKind::kStoreDown
+               : kind < 5 ? CoordFaultKind::kAnswersLost
+                          : CoordFaultKind::kAnswerLostThenDown;
+      f.at = uniform(0, 0.5);
+      // Past the commit timeout (20 s), for the source's wait to end unknown.
+      f.seconds = f.kind == CoordFaultKind::kAnswerLostThenDown ? uniform(21, 26) : uniform(0.1, 4);
+      s.coordination.faults.push_back(f);
+    }
+  }
+}
+
 std::string Scenario::Describe() const {
   std::string out = fmt::format(
       "seed {}: {} nodes, fanout {}, policy {}, keep_deltas {}, write-back {} ms, {} publishes, "
@@ -290,6 +338,28 @@ std::string Scenario::Describe() const {
       publishes, faults.size());
   if (producers > 0) out += fmt::format(", {} producers", producers);
   if (restream) out += ", restream";
+  if (coordination.on) {
+    out += fmt::format(", coord ({} faults:", coordination.faults.size());
+    for (const CoordFault& f : coordination.faults) {
+      out += fmt::format(" p{}@{:.3f}", f.publish, f.at);
+      switch (f.kind) {
+        case CoordFaultKind::kLoseSource:
+          out +=
+              fmt::format("=lose-source[{}] for {:.2f}s", SourceLossStageName(f.stage), f.seconds);
+          break;
+        case CoordFaultKind::kStoreDown:
+          out += fmt::format("=store-down {:.2f}s", f.seconds);
+          break;
+        case CoordFaultKind::kAnswersLost:
+          out += fmt::format("=answers-lost {:.2f}s", f.seconds);
+          break;
+        case CoordFaultKind::kAnswerLostThenDown:
+          out += fmt::format("=answer-lost-then-down {:.2f}s", f.seconds);
+          break;
+      }
+    }
+    out += ")";
+  }
   std::string modes;
   for (size_t i = 1; i < engines.size(); ++i) {
     const NodeEngine& e = engines[i];

@@ -79,6 +79,36 @@ struct TrainerFault {
   int rank = 1;  // the trainer rank at fault (1..3)
 };
 
+// deltacast_sim --coord (issue 32; docs/simulation.md, "The commit record"): the
+// commit record store (InMemoryCommitRecords on simulated time), a standby
+// coordinator, and these faults, drawn from a generator of their own after the rest
+// of the scenario (so without --coord every seed replays as before).
+enum class CoordFaultKind {
+  kLoseSource,   // the source's machine is lost: killed and its state directory deleted
+  kStoreDown,    // the store answers nothing (kUnavailable) for a while
+  kAnswersLost,  // the store writes but its answers to Decide are lost (kTimeout) for a while
+  // The store takes the next decision, loses its answer and is then unreachable for
+  // longer than the commit timeout: the source cannot learn its outcome in time.
+  kAnswerLostThenDown,
+};
+// When a kLoseSource fault strikes its publish: early in it (no node PREPARED yet, as a
+// rule), midway (some), at the crash point after every node PREPARED and before the
+// decision, or at the one after the record was written and before any COMMIT was sent.
+enum class SourceLossStage { kEarly, kMidway, kAllPrepared, kRecordWritten };
+inline constexpr int kSourceLossStages = 4;
+const char* SourceLossStageName(SourceLossStage stage);
+struct CoordFault {
+  int publish = 0;
+  double at = 0;  // simulated seconds after that publish starts (kEarly, kMidway, store faults)
+  CoordFaultKind kind{};
+  SourceLossStage stage{};
+  double seconds = 0;  // a store fault: how long; a lost source: until its restart
+};
+struct Coordination {
+  bool on = false;
+  std::vector<CoordFault> faults;
+};
+
 struct Scenario {
   uint64_t seed = 0;
   int nodes = 3;
@@ -108,8 +138,16 @@ struct Scenario {
   double hook_fail = 0, hook_hang = 0;
   // Per node ([i] for n<i>; [0] unused): a snapshot store, or in place.
   std::vector<NodeSnapshots> snapshots;
+  // --coord: the commit record store, the coordinator and their faults.
+  Coordination coordination;
   std::string Describe() const;
 };
+
+// --coord: turns the commit record store on for `s` and draws its faults from a
+// generator of its own (every other part of the scenario stays as drawn): about one
+// publish in two loses its source at one of the four stages, and some publishes see
+// the store down or its answers lost.
+void DrawCoordination(Scenario& s);
 
 // Draws a scenario from `seed`. `intensity` scales the number of faults (0: none).
 // With `disk` false no kill is a power loss, no disk fills and no outage is drawn

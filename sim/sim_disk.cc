@@ -96,6 +96,16 @@ void SimDisk::Adopt(const Path& root_path) {
   roots_.push_back(std::move(r));
 }
 
+void SimDisk::Replace(const Path& root_path) {
+  const Path root = root_path.lexically_normal();
+  std::erase_if(roots_, [&](const Root& r) { return r.path == root; });
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  fs::create_directories(root, ec);
+  Adopt(root);
+  Collect();
+}
+
 void SimDisk::SetFull(const Path& root, bool full) {
   for (Root& r : roots_) {
     if (r.path == root.lexically_normal()) r.full = full;

@@ -55,6 +55,9 @@ class SimDisk : public DiskSeam {
   // While full, every write under `root` fails with ENOSPC.
   void SetFull(const std::filesystem::path& root, bool full);
   bool full(const std::filesystem::path& root) const;
+  // The machine of `root` is lost and replaced (--coord): every file under it is gone,
+  // durable or not, and the empty folder is tracked from now on.
+  void Replace(const std::filesystem::path& root);
   // The machine of `root` loses power now: nothing done there from now on becomes
   // durable (its process may still run its destructors) until PowerLoss.
   void Cut(const std::filesystem::path& root);

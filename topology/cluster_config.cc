@@ -11,6 +11,7 @@
 #include "common/toml_text.h"
 #include "topology/config_keys.h"
 #include "topology/internal/config_text.h"
+#include "topology/internal/coordination_config_parse.h"
 #include "topology/internal/objstore_config_parse.h"
 #include "topology/internal/security_config.h"
 #include "topology/units.h"
@@ -70,6 +71,7 @@ class Parser {
 
     RETURN_IF_ERROR(internal::ParseLimitsAndSecurity(root, source_, config));
     RETURN_IF_ERROR(internal::ParseObjectStore(root, source_, config));
+    RETURN_IF_ERROR(internal::ParseCoordination(root, source_, config));
 
     if (const toml::node* links = root.get("link")) {
       ASSIGN_OR_RETURN(std::vector<const toml::table*> tables, AsTableArray(*links, "link"));

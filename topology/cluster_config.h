@@ -44,6 +44,8 @@
 //               `deltacast certs --config C --out DIR` writes every file.
 //   [objstore]  optional; the bucket that bridge nodes' hops go through
 //               (topology/objstore_config.h, docs/object-store.md).
+//   [coordination] optional; the etcd cluster that keeps each refit's commit record
+//               (topology/coordination_config.h, docs/recovery.md).
 // A node listens on each of its transports at port + TransportPortOffset(transport).
 // Units are those of topology/units.h.
 //
@@ -64,6 +66,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "topology/coordination_config.h"
 #include "topology/objstore_config.h"
 
 namespace deltacast::topology {
@@ -231,8 +234,9 @@ struct ClusterConfig {
   TransportSettings transport;
   LimitsConfig limits;
   SecurityConfig security;
-  std::optional<ObjectStoreConfig> objstore;  // [objstore] (topology/objstore_config.h)
-  std::filesystem::path source_file;          // for messages; the name given to ParseClusterConfig
+  std::optional<ObjectStoreConfig> objstore;       // [objstore] (topology/objstore_config.h)
+  std::optional<CoordinationConfig> coordination;  // [coordination] (coordination_config.h)
+  std::filesystem::path source_file;  // for messages; the name given to ParseClusterConfig
 
   // nullptr when no node has that id. The pointer lives as long as `nodes` is unchanged.
   const NodeConfig* FindNode(std::string_view id) const;

@@ -149,6 +149,20 @@ std::vector<Section> Sections(const ClusterConfig& c) {
     v["poll_max"] = ExactDuration(o.poll_max);
     v["request_timeout"] = ExactDuration(o.request_timeout);
   }
+  if (c.coordination) {
+    const CoordinationConfig& o = *c.coordination;
+    auto& v = add("coordination");
+    v["endpoints"] = Strings(o.endpoints);
+    v["prefix"] = o.prefix;
+    v["source_timeout"] = ExactDuration(o.source_timeout);
+    v["request_timeout"] = ExactDuration(o.request_timeout);
+    v["poll_interval"] = ExactDuration(o.poll_interval);
+    const std::pair<std::string_view, const std::string*> paths[] = {
+        {"ca_file", &o.ca_file}, {"cert_file", &o.cert_file}, {"key_file", &o.key_file}};
+    for (const auto& [key, path] : paths) {
+      if (!path->empty()) v[key] = AbsolutePath(*path);
+    }
+  }
   return out;
 }
 

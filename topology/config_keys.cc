@@ -6,7 +6,8 @@
 namespace deltacast::topology {
 namespace {
 
-// Defaults here must equal the parser's (cluster_config.h, objstore_config.h):
+// Defaults here must equal the parser's (cluster_config.h, objstore_config.h,
+// coordination_config.h):
 // tests/topology/config_keys_test.cc writes each literal default into a config
 // and checks the parsed value does not change.
 constexpr ConfigTable kTables[] = {
@@ -19,6 +20,7 @@ constexpr ConfigTable kTables[] = {
     {"limits", false, false, "what a peer may cost a node, before and after it authenticates"},
     {"security", false, false, "TLS certificates and the source's signing keys"},
     {"objstore", false, false, "the S3-compatible bucket that bridge nodes' hops go through"},
+    {"coordination", false, false, "the etcd cluster that keeps each refit's commit record"},
 };
 
 constexpr ConfigKey kKeys[] = {
@@ -147,6 +149,22 @@ constexpr ConfigKey kKeys[] = {
      "the longest wait between polls when idle (at least poll)"},
     {"objstore", "request_timeout", "duration", false, "\"30s\"", true,
      "how long a FETCH passed up through the bucket waits for its answer"},
+    // [coordination]
+    {"coordination", "endpoints", "array of strings", true, "", true,
+     "etcd client URLs (http://host:port or https), tried in order"},
+    {"coordination", "prefix", "string", false, "\"/deltacast\"", true,
+     "prefix of every key; the cluster name follows it"},
+    {"coordination", "source_timeout", "duration", false, "\"10s\"", true,
+     "a source silent this long counts as lost (its announcement's time to live)"},
+    {"coordination", "request_timeout", "duration", false, "\"2s\"", true,
+     "how long one etcd request may take"},
+    {"coordination", "poll_interval", "duration", false, "\"1s\"", true,
+     "how often a prepared node awaiting a decision, and the standby coordinator, read etcd"},
+    {"coordination", "ca_file", "path", false, "not set", false,
+     "CA certificate that signed etcd's (https endpoints); unset: the system's"},
+    {"coordination", "cert_file", "path", false, "not set", false,
+     "client certificate for etcd (with key_file)"},
+    {"coordination", "key_file", "path", false, "not set", false, "its private key"},
 };
 
 }  // namespace

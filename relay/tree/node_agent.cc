@@ -121,6 +121,11 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
   options_.spool_dir = spool_dir_.path();
   journal_ = store_.journal();
   stats_.version = journal_.version;
+  if (options_.commit_records) {
+    records_loop_ =
+        std::make_unique<EventLoop>(nullptr, std::chrono::milliseconds(1000), "records");
+    records_loop_->Start();
+  }
   store_.Start();
   loop_.Start();
   loop_.Post([this] { OnJournal(journal_); });
@@ -197,6 +202,7 @@ Status NodeAgent::Impl::Listen() {
 void NodeAgent::Impl::Stop() {
   if (stopped_.exchange(true)) return;
   transport_->Shutdown();
+  if (records_loop_) records_loop_->Stop();
   loop_.Stop();
   store_.Stop();
   downstream_.CloseAll();
@@ -468,6 +474,8 @@ void NodeAgent::Impl::Tick() {
     recovery_retry_at_.reset();
     if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active()) recovery_.Start();
   }
+  if (!refit_) return;
+  PollRecord(now);
   if (!refit_) return;
   ForEachSubtree([&](Subtree& t) {
     if (refit_) t.Tick(now);

@@ -24,6 +24,7 @@
 #include "common/hash.h"
 #include "common/status.h"
 #include "relay/store/node_store.h"
+#include "relay/tree/commit_record.h"
 #include "relay/tree/join_check.h"
 #include "relay/wire/signing.h"
 #include "topology/cluster_config.h"
@@ -68,6 +69,18 @@ struct NodeAgentOptions {
   // How a catch-up to a version this node missed is coming along (relay/tree/catch_up.h);
   // on the node's loop thread, so it must not block. Optional.
   std::function<void(const CatchUpProgress&)> on_catch_up_progress;
+  // The commit record store ([coordination]; docs/recovery.md, "The commit record"):
+  // a node whose refit has had no decision for `source_timeout` reads the refit's
+  // record every `poll_interval` and follows a record that names its refit, base and
+  // target, as it would its parent's decision (a record is trusted through the store's
+  // TLS and authentication, not the source's signature). Shared with whoever else
+  // uses the store in the process. Null: the node waits for its parent, as before.
+  std::shared_ptr<CommitRecordStore> commit_records;
+  std::chrono::milliseconds source_timeout{10'000};
+  std::chrono::milliseconds poll_interval{1'000};
+  // Called as the node reports a refit's outcome up (committed or aborted; the
+  // simulator's checks compare it with the record). On the loop thread. Optional.
+  std::function<void(uint64_t refit_id, const Digest128& target, bool committed)> on_outcome;
 };
 
 struct NodeAgentStats {

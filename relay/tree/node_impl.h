@@ -87,6 +87,9 @@ class NodeAgent::Impl {
     // as the link it went on may have dropped before it arrived.
     std::optional<Failed> failed;
     std::optional<MessageType> pending_decision;  // arrived before we had prepared
+    // Decided by the commit record (the parent was silent): with signatures checked,
+    // the children are not sent the unsigned decision; they read the record too.
+    bool decided_by_record = false;
     // The decision as the source signed it, once this node has it: what it forwards
     // to its children and replays to those that rejoin.
     transport::Message decision_message;
@@ -184,9 +187,20 @@ class NodeAgent::Impl {
   std::vector<std::unique_ptr<Subtree>> MakeSubtrees();
   std::vector<std::unique_ptr<ParentLink>> MakeParents();
 
+  // node_records.cc: the commit record, read when the parent is silent.
+  void PollRecord(Clock::time_point now);
+  void OnRecord(uint64_t refit_id, const Result<std::optional<CommitRecord>>& read);
+
   // node_outcome.cc: decisions and outcome.
   // `stripe`: the link it came on (replies go back there).
   void OnDecision(uint32_t stripe, MessageType type, ByteSpan bytes);
+  // A decision as checked (signed, or from the record): what OnDecision does next.
+  // `stripe`: the link whose parent is answered (stripe 0 for a decision from the record).
+  void HandleDecision(uint32_t stripe, MessageType type, const Decision& d,
+                      transport::Message message);
+  // Sends the refit's decision on to the children, unless it came from the record in
+  // a cluster that checks signatures (they read the record themselves).
+  void TellChildren(MessageType type);
   void Resolve(MessageType type, const Decision& d, transport::Message message);
   void RollBackAnotherStream(const Begin& begin, ByteSpan bytes);
   void CommitByCatchingUp(const Decision& d, transport::Message message);
@@ -251,6 +265,10 @@ class NodeAgent::Impl {
   Clock::time_point next_heartbeat_ = Clock::now();
   uint64_t held_bytes_ = 0;
   uint64_t refetches_ = 0;  // damaged chunks fetched again
+  // The commit record: a read in flight on records_loop_, and when the next may go.
+  bool record_read_pending_ = false;
+  uint64_t record_refused_for_ = 0;  // the refit whose record was refused (logged once)
+  Clock::time_point next_record_read_{};
 
   mutable Mutex stats_mu_;
   NodeAgentStats stats_ GUARDED_BY(stats_mu_);
@@ -269,6 +287,9 @@ class NodeAgent::Impl {
   CatchUp catch_up_;
   Rollback rollback_;
   StoreRecovery recovery_;
+  // Reads of the commit record, off the loop (a store that is slow to answer never
+  // stalls the links); only with a store. Stopped before loop_.
+  std::unique_ptr<EventLoop> records_loop_;
 };
 
 }  // namespace deltacast::relay

@@ -40,7 +40,15 @@ void NodeAgent::Impl::OnDecision(uint32_t stripe, MessageType type, ByteSpan byt
       !Trusted(VerifyDecision(*options_.verify_key, type, *d), MessageTypeName(type), stripe)) {
     return;
   }
-  auto message = transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end()));
+  HandleDecision(stripe, type, *d,
+                 transport::MakeMessage(std::vector<std::byte>(bytes.begin(), bytes.end())));
+}
+
+void NodeAgent::Impl::HandleDecision(uint32_t stripe, MessageType type, const Decision& decision,
+                                     transport::Message message) {
+  ParentLink& up = *parents_[stripe];
+  const Decision* d = &decision;
+  const ByteSpan bytes(*message);
   if (!deferred_begin_.empty()) {
     // The decision of a refit whose BEGIN waits (behind the store's recovery, a
     // resolution or a catch-up): it runs right after that BEGIN. Held as a decision
@@ -159,7 +167,7 @@ void NodeAgent::Impl::CommitByCatchingUp(const Decision& d, transport::Message m
   r.decided = Clock::now();
   r.resolution = true;  // a child that rejoins is sent the decision, not the delta
   downstream_.DropQueued();
-  downstream_.Broadcast(message);
+  if (!(r.decided_by_record && options_.verify_key)) downstream_.Broadcast(message);
   ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
   store_.DropRefit();  // the catch-up resumes the delta
   if (!catch_up_.active()) return catch_up_.Start(d.target_version, r.id, /*resolving=*/true);
@@ -219,12 +227,17 @@ void NodeAgent::Impl::ExcuseChildrenWithout(const Digest128& target) {
   }
 }
 
+void NodeAgent::Impl::TellChildren(MessageType type) {
+  if (refit_->decided_by_record && options_.verify_key) return;
+  downstream_.Broadcast(DecisionFor(type));
+}
+
 void NodeAgent::Impl::Decide(MessageType type) {
   if (type != MessageType::kCommit) return StartAbort();
   Refit& r = *refit_;
   r.phase = Phase::kCommitting;
   r.decided = Clock::now();
-  downstream_.Broadcast(DecisionFor(MessageType::kCommit));
+  TellChildren(MessageType::kCommit);
   ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
   if (r.local_prepared)
     r.hold_seconds = std::chrono::duration<double>(r.decided - r.prepared_at).count();
@@ -242,7 +255,7 @@ void NodeAgent::Impl::StartAbort() {
   r.phase = Phase::kAborting;
   r.decided = Clock::now();
   downstream_.DropQueued();
-  downstream_.Broadcast(DecisionFor(MessageType::kAbort));
+  TellChildren(MessageType::kAbort);
   ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
   rollback_.Start(r.id, r.spool);
 }
@@ -319,6 +332,7 @@ void NodeAgent::Impl::ReportOutcome() {
   if (r.phase == Phase::kDone) return;
   const bool committed = r.phase == Phase::kCommitting;
   committed_last_ = committed;
+  if (options_.on_outcome) options_.on_outcome(r.id, r.identity.target_version, committed);
   ForEachSubtree([](Subtree& t) { t.EndRefit(); });
   // Counted before the parent hears it, so stats() agrees with what the source reports.
   const NodeAgentStats s = [&] {

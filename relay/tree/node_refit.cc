@@ -567,6 +567,16 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
   // Rolling back another stream of the delta: the child is sent the BEGIN that
   // waits, and does the same.
   if (r.stream_rollback) return;
+  if (r.decided_by_record && options_.verify_key && r.phase != Phase::kStreaming) {
+    // Decided from the commit record: there is no signed decision to send, and the
+    // child would refuse an unsigned one. A child that holds the delta reads the
+    // record itself and confirms; one that does not has nothing to do in this refit.
+    if (hello.inflight_target != r.identity.target_version) {
+      subtree(StripeOfLink(child)).Excuse(child);
+      return MaybeOutcome();
+    }
+    return;
+  }
   const bool committed =
       r.phase == Phase::kCommitting || (r.phase == Phase::kDone && committed_last_);
   const Digest128& target = r.identity.target_version;

@@ -5,6 +5,7 @@
 // Thread safety: plain values.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "codec/delta_encoder.h"
+#include "relay/tree/commit_record.h"
 #include "relay/wire/protocol.h"
 #include "relay/wire/signing.h"
 #include "topology/cluster_config.h"
@@ -49,6 +51,18 @@ struct PublishOptions {
   // decision go out signed, for nodes that check them (NodeAgentOptions::
   // verify_key). Null: unsigned.
   std::shared_ptr<const SigningKey> signing_key;
+
+  // The commit record store ([coordination]; relay/tree/commit_record.h, docs/recovery.md
+  // "The commit record"): each refit is announced there before its BEGIN, decided there
+  // by compare-and-set before the decision is sent, and a restarted source reads it
+  // first. Shared: the caller may hand the same store to a coordinator or to checks.
+  // Null: the decision log alone, as before.
+  std::shared_ptr<CommitRecordStore> commit_records;
+  // With a store: the announcement's time to live (renewed every source_timeout / 6
+  // while the refit runs; a standby coordinator aborts a refit whose announcement
+  // lapsed), and how often an unknown outcome is asked again.
+  std::chrono::milliseconds source_timeout{10'000};
+  std::chrono::milliseconds poll_interval{1'000};
 
   std::function<void(const PublishProgress&)> on_progress;
 

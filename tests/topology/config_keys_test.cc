@@ -137,6 +137,7 @@ struct ConfigText {
     lines["link"] = {"transports = [\"tcp\"]"};
     lines["objstore"] = {"endpoint = \"http://127.0.0.1:1\"", "bucket = \"b\"",
                          "bridges = [\"n\"]"};
+    lines["coordination"] = {"endpoints = [\"http://127.0.0.1:2379\"]"};
   }
 
   void Set(std::string_view table, std::string_view key, std::string_view value) {
@@ -203,6 +204,9 @@ TEST(ConfigReference, ExplainWritesEveryKeyAndParsesBack) {
     if (k.table == "security" && k.key == "producer_region") value = "\"far\"";
     if (k.table == "security" && k.type == "path") value = "\"certs/" + std::string(k.key) + "\"";
     if (k.table == "objstore" && k.key == "prefix") value = "\"p\"";
+    if (k.table == "coordination" && k.type == "path") {
+      value = "\"etcd/" + std::string(k.key) + "\"";
+    }
     if (k.key == "window") value = "16";
     if (k.key == "commit_timeout") value = "\"1500ms\"";
     if (k.key == "chunk_size") value = "4097";
