@@ -649,7 +649,7 @@ def stripes_report(a):
                "senders": int(a.senders),
                "node_egress": "tbf at uplink_mbit on the egress of each node's veth",
                "per_flow": "htb at the region's rate over 256 leaf classes of ceil flow_mbit, by "
-                           "the low byte of the TCP source port (no fq in this kernel)"
+                           "the low byte of the flow's ephemeral TCP port (no fq in this kernel)"
                            if float(a.flow_mbit) > 0 else None}
     for r in runs:
         print(f"stripes {r['stripes']} {r['kind']:>7}: {r['refit_seconds']:.2f} s "

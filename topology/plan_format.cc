@@ -328,7 +328,7 @@ std::string FormatStripedPlanText(const StripedPlan& plan, const ClusterConfig& 
   out += ": " + std::to_string(config.nodes.size()) + " nodes, source " + plan.source + "\n";
   out += "stripes " + std::to_string(plan.stripes.size());
   if (plan.stripes_auto) out += " (auto: senders, capped by the gateways a region lists)";
-  out += ", partition p in stripe p mod " + std::to_string(plan.stripes.size()) + ", fanout " +
+  out += ", chunk k in stripe k mod " + std::to_string(plan.stripes.size()) + ", fanout " +
          std::to_string(first.fanout_used);
   if (first.fanout_auto) {
     out += " (auto, best for a " + FormatSize(kAutoFanoutReferenceBytes) + " delta)";

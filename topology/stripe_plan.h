@@ -1,5 +1,5 @@
 // Striped relay trees (issue 31; docs/architecture.md, "Striped trees"): the delta's
-// partitions are split into S stripes, and each stripe crosses its own tree over the
+// chunks are split into S stripes, and each stripe crosses its own tree over the
 // same receivers, from its own root on the trainer side. Planned so that each
 // receiver is interior in at most one stripe's tree where it can be, and the WAN
 // edges of different stripes land on different gateway hosts of a region when it
@@ -85,8 +85,9 @@ struct StripedPlan {
   std::string source;               // the config's source
   bool stripes_auto = false;        // S was picked by the planner ([tree] stripes = "auto")
 
-  // The stripe that carries a partition (by its index in the target manifest).
-  int StripeOf(uint64_t partition) const { return static_cast<int>(partition % stripes.size()); }
+  // The stripe that carries a refit's chunk `chunk` (its sequence number): k mod S, as
+  // the engine sends them (docs/protocol.md, "Stripes").
+  int StripeOf(uint64_t chunk) const { return static_cast<int>(chunk % stripes.size()); }
   // Predicted bytes each node uploads per refit, as a multiple of the delta's size
   // (single tree: an interior node k x, a leaf 0; striped: about 1 x each). Every
   // node of any stripe (and the feeding source) has an entry; stripes count 1/S each.

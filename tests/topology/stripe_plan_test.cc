@@ -273,7 +273,7 @@ TEST(StripePlanTest, FourSendersFourGatewaysSpreadTheLoad) {
   }
   EXPECT_EQ(MaxShare(single), static_cast<double>(k));
   EXPECT_GT(MaxShare(single), 1.3);
-  // Stripes map partitions round-robin.
+  // Stripes take chunks round-robin.
   EXPECT_EQ(plan.StripeOf(0), 0);
   EXPECT_EQ(plan.StripeOf(5), 1);
   EXPECT_EQ(plan.StripeOf(11), 3);
