@@ -13,6 +13,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -265,8 +266,13 @@ struct PerfRecord {
   pid_t pid = -1;
   PerfRecord(pid_t target, const std::string& out_file) {
     if (out_file.empty()) return;
-    std::vector<std::string> args = {"perf", "record", "-g", "-q",
-                                     "-o",   out_file, "-p", std::to_string(target)};
+    // Frame pointers by default; RELAY_FORWARD_PERF_DWARF=1 unwinds by DWARF (user
+    // stacks through code built without frame pointers; much larger files).
+    const char* dwarf = std::getenv("RELAY_FORWARD_PERF_DWARF");
+    const std::string graph =
+        dwarf && std::string(dwarf) == "1" ? "--call-graph=dwarf,16384" : "-g";
+    std::vector<std::string> args = {"perf", "record", graph, "-q",
+                                     "-o",   out_file, "-p",  std::to_string(target)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
