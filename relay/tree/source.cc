@@ -243,17 +243,15 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
       report.abort_reason = standing.why;
     }
   }
-  Status recorded = RecordDecision(
-      options_.decision_log,
-      {report.refit_id, report.base_version.ToHex(), report.target_version.ToHex(), commit});
-  if (!recorded.ok() && !records_.enabled()) {
+  const LoggedDecision logged{report.refit_id, report.base_version.ToHex(),
+                              report.target_version.ToHex(), commit};
+  if (records_.enabled()) {
+    // The record is the decision; the log only caches it (a restart reads the record).
+    CacheDecision(logged);
+  } else if (Status recorded = RecordDecision(options_.decision_log, logged); !recorded.ok()) {
     // Without a durable decision the source must not commit anything.
     commit = false;
     report.abort_reason = recorded.ToString();
-  } else if (!recorded.ok()) {
-    // The record is the decision; the log only caches it (a restart reads the record).
-    log::Warn(fmt::format("refit {}: decision not cached in the decision log: {}", report.refit_id,
-                          recorded.ToString()));
   }
   CrashPoint("source.decided");
   log::Info(fmt::format("refit {}: decision {}{}", report.refit_id, commit ? "COMMIT" : "ABORT",
@@ -382,10 +380,8 @@ Status Source::Impl::SettleRecords() {
   const bool commit = standing.kind == StandingDecision::Kind::kCommit;
   log::Info(fmt::format("refit {}: its outcome is known now: {}", unresolved->refit_id,
                         commit ? "COMMIT" : "ABORT"));
-  Status cached =
-      RecordDecision(options_.decision_log, {unresolved->refit_id, unresolved->base_version.ToHex(),
-                                             unresolved->target_version.ToHex(), commit});
-  if (!cached.ok()) log::Warn("decision not cached in the decision log: " + cached.ToString());
+  CacheDecision({unresolved->refit_id, unresolved->base_version.ToHex(),
+                 unresolved->target_version.ToHex(), commit});
   MutexLock lock(mu_);
   unresolved_.reset();
   if (!refit_ || refit_->begin.refit_id != unresolved->refit_id) return Status::Ok();

@@ -96,7 +96,10 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
 // The message goes ahead of anything else, so the child resolves it first.
 std::optional<transport::Message> Source::Impl::Resolution(const std::string& child,
                                                            const Digest128& target) {
-  auto recorded = RecordedDecision(options_.decision_log, target);
+  std::optional<LoggedDecision> recorded;
+  for (const LoggedDecision& d : Decisions()) {
+    if (d.target == target.ToHex()) recorded = d;
+  }
   if (!recorded && records_.enabled()) {
     auto found = records_.ForTarget(target);
     if (!found.ok()) {
@@ -200,7 +203,7 @@ void Source::Impl::ServeManifest(const std::string& child, ByteSpan bytes) {
   MutexLock lock(mu_);
   if (refit_ && !refit_->manifests.empty()) {
     const Digest128& base = refit_->manifests.front().first;
-    const std::vector<LoggedDecision> decisions = ReadDecisions(options_.decision_log);
+    const std::vector<LoggedDecision> decisions = Decisions();
     if (InLineage(decisions, base, f->from) && InLineage(decisions, base, f->version)) {
       for (const auto& [version, serialized] : refit_->manifests) {
         if (version != f->version) continue;

@@ -81,7 +81,10 @@ class Source::Impl {
       history_ = std::make_unique<DeltaHistory>(options_.history_dir, options_.keep_deltas);
     }
     // The cluster's version until the first Publish says it: the last commit logged.
-    active_version_ = LastCommitLogged();
+    for (const LoggedDecision& d : ReadDecisions(options_.decision_log)) {
+      if (!d.commit) continue;
+      if (auto v = Digest128::FromHex(d.target)) active_version_ = *v;
+    }
     loop_.Start();
   }
 
@@ -90,7 +93,8 @@ class Source::Impl {
   // records, and so are the version and lineage it gives.
   Status SyncRecords() {
     if (!records_.enabled()) return Status::Ok();
-    Status synced = records_.Sync(options_.decision_log);
+    std::vector<LoggedDecision> uncached;
+    Status synced = records_.Sync(options_.decision_log, &uncached);
     if (!synced.ok()) {
       return synced.WithContext(
           "the commit record store could not be read, so this source does not know the "
@@ -98,6 +102,7 @@ class Source::Impl {
     }
     MutexLock lock(mu_);
     synced_ = true;
+    uncached_.insert(uncached_.end(), uncached.begin(), uncached.end());
     const Digest128 logged = LastCommitLogged();
     if (!logged.IsZero() && logged != active_version_) {
       active_version_ = logged;
@@ -141,9 +146,25 @@ class Source::Impl {
 
   const std::string& listen_address() const { return listen_address_; }
   const PublishOptions& options() const { return options_; }
-  Digest128 LastCommitLogged() const {
+  // The decisions this source knows: its log, then those the log could not take.
+  std::vector<LoggedDecision> Decisions() const REQUIRES(mu_) {
+    std::vector<LoggedDecision> all = ReadDecisions(options_.decision_log);
+    all.insert(all.end(), uncached_.begin(), uncached_.end());
+    return all;
+  }
+  // Caches a decision the record holds in the log; where the log cannot take it (a
+  // full disk) it is kept in memory, since the record, not the log, decided it.
+  void CacheDecision(const LoggedDecision& d) EXCLUDES(mu_) {
+    Status cached = RecordDecision(options_.decision_log, d);
+    if (cached.ok()) return;
+    log::Warn(fmt::format("refit {}: decision not cached in the decision log: {} (kept in memory)",
+                          d.refit_id, cached.ToString()));
+    MutexLock lock(mu_);
+    uncached_.push_back(d);
+  }
+  Digest128 LastCommitLogged() const REQUIRES(mu_) {
     Digest128 last;
-    for (const LoggedDecision& d : ReadDecisions(options_.decision_log)) {
+    for (const LoggedDecision& d : Decisions()) {
       if (!d.commit) continue;
       if (auto v = Digest128::FromHex(d.target)) last = *v;
     }
@@ -223,7 +244,8 @@ class Source::Impl {
   void OnMessage(const std::string& child, MessageType type, ByteSpan bytes);
   std::optional<std::vector<Downstream::Outgoing>> Backlog(const std::string& child,
                                                            const Hello& hello) REQUIRES(mu_);
-  std::optional<transport::Message> Resolution(const std::string& child, const Digest128& target);
+  std::optional<transport::Message> Resolution(const std::string& child, const Digest128& target)
+      REQUIRES(mu_);
   void ServeFetch(const std::string& child, ByteSpan bytes);
   void ServeManifest(const std::string& child, ByteSpan bytes);
   void ServeChain(const std::string& child, ByteSpan bytes);
@@ -252,6 +274,7 @@ class Source::Impl {
   // With a store: whether it was read since the start, and the refit (its ABORT record)
   // whose outcome the store left unknown; the next Publish settles it first.
   bool synced_ GUARDED_BY(mu_) = false;
+  std::vector<LoggedDecision> uncached_ GUARDED_BY(mu_);  // decisions the log could not take
   std::optional<CommitRecord> unresolved_ GUARDED_BY(mu_);
 
   EventLoop loop_;

@@ -217,7 +217,8 @@ StandingDecision SourceRecords::Resolve(const CommitRecord& abort,
   }
 }
 
-Status SourceRecords::Sync(const std::filesystem::path& log_path) {
+Status SourceRecords::Sync(const std::filesystem::path& log_path,
+                           std::vector<LoggedDecision>* uncached) {
   if (!store_) return Status::Ok();
   ASSIGN_OR_RETURN(std::vector<RefitInProgress> undecided, store_->Undecided());
   for (const RefitInProgress& refit : undecided) {
@@ -243,8 +244,15 @@ Status SourceRecords::Sync(const std::filesystem::path& log_path) {
       continue;
     }
     if (logged.count(r.refit_id)) continue;
-    RETURN_IF_ERROR(RecordDecision(
-        log_path, {r.refit_id, r.base_version.ToHex(), r.target_version.ToHex(), r.commit}));
+    const LoggedDecision d{r.refit_id, r.base_version.ToHex(), r.target_version.ToHex(), r.commit};
+    Status cached = RecordDecision(log_path, d);
+    if (!cached.ok() && !uncached) return cached;
+    if (!cached.ok()) {
+      log::Warn("decision log not brought up to " + Describe(r) + ": " + cached.ToString() +
+                " (kept in memory)");
+      uncached->push_back(d);
+      continue;
+    }
     log::Info("decision log brought up to the commit record: " + Describe(r));
   }
   return Status::Ok();

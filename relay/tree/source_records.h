@@ -20,6 +20,7 @@
 #include "common/event_loop.h"
 #include "common/thread_annotations.h"
 #include "relay/tree/commit_record.h"
+#include "relay/tree/decision_log.h"
 
 namespace deltacast::relay {
 
@@ -70,8 +71,10 @@ class SourceRecords {
   // A (re)started source reads the store before anything else: every undecided refit
   // of the cluster is aborted by compare-and-set (a source holds no refit when it
   // syncs), and every recent record that `log` lacks is appended to it. Fails, with
-  // nothing decided here, when the store cannot be reached.
-  Status Sync(const std::filesystem::path& log);
+  // nothing decided here, when the store cannot be reached. A record the log cannot
+  // take (a full disk) goes to `uncached` when given (the caller keeps it in memory),
+  // else fails the call.
+  Status Sync(const std::filesystem::path& log, std::vector<LoggedDecision>* uncached = nullptr);
 
   // The record of the delta to `target` that a (re)joining child still holds in
   // flight: among the recent records, else an undecided refit to it, aborted here by
