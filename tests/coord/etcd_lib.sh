@@ -66,6 +66,12 @@ etcd_wait_all() {
     ok=1
     for i in "${!etcd_urls[@]}"; do
       [[ ${etcd_pids[$i]} != 0 ]] || continue
+      if ! kill -0 "${etcd_pids[$i]}" 2>/dev/null; then
+        # Not killed by the test: say so (with its log) and start it again.
+        echo "etcd m$i exited by itself; restarting it" >&2
+        tail -n 5 "$work/etcd/m$i.log" >&2
+        etcd_spawn "$i"
+      fi
       etcd_healthy "$i" || ok=0
     done
     ((ok)) && return 0
