@@ -80,6 +80,9 @@ EtcdCluster::EtcdCluster(std::filesystem::path dir, int members, Tls tls,
                          std::vector<std::string> flags)
     : dir_(std::move(dir)), tls_(std::move(tls)), flags_(std::move(flags)) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
+  std::string shm = "/dev/shm/deltacast-etcd.XXXXXX";
+  data_dir_ =
+      ::access("/dev/shm", W_OK) == 0 && ::mkdtemp(shm.data()) ? std::filesystem::path(shm) : dir_;
   const std::vector<int> ports = FreePorts(2 * members);
   for (int i = 0; i < members; ++i) {
     Member m;
@@ -92,7 +95,11 @@ EtcdCluster::EtcdCluster(std::filesystem::path dir, int members, Tls tls,
   }
 }
 
-EtcdCluster::~EtcdCluster() { KillAll(); }
+EtcdCluster::~EtcdCluster() {
+  KillAll();
+  std::error_code ec;
+  if (data_dir_ != dir_) std::filesystem::remove_all(data_dir_, ec);
+}
 
 std::string EtcdCluster::endpoint(int member) const {
   return Scheme() +
@@ -108,7 +115,7 @@ std::vector<std::string> EtcdCluster::endpoints() const {
 bool EtcdCluster::Spawn(size_t i) {
   Member& m = members_[i];
   std::filesystem::create_directories(dir_);
-  const std::string data = (dir_ / (m.name + ".data")).string();
+  const std::string data = (data_dir_ / (m.name + ".data")).string();
   const std::string log = (dir_ / (m.name + ".log")).string();
   const std::string client = endpoint(static_cast<int>(i));
   const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
@@ -123,9 +130,9 @@ bool EtcdCluster::Spawn(size_t i) {
       "--initial-cluster=" + initial_cluster_,
       "--initial-cluster-state=new",
       "--initial-cluster-token=deltacast-test",
-      // Elections in about a quarter second; leases as short as a second.
+      // Elections within about a second; leases as short as a second.
       "--heartbeat-interval=50",
-      "--election-timeout=250",
+      "--election-timeout=500",
       "--snapshot-count=10000",
       "--quota-backend-bytes=67108864",
       "--log-level=warn",

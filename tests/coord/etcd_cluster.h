@@ -1,8 +1,10 @@
 // EtcdCluster: a real etcd cluster (Debian's etcd-server, /usr/bin/etcd; scripts/setup
-// installs it) of one or more members on 127.0.0.1 for a test: free ports, a data
-// folder per member under the folder the test owns, each member's log beside it.
-// Short heartbeat and election times, so a leader is elected well under a second
-// after a member is lost. Members are killed with SIGKILL (a crash) and restarted on
+// installs it) of one or more members on 127.0.0.1 for a test: free ports, each
+// member's log in the folder the test owns, its data in a folder on /dev/shm (where
+// there is one: etcd fsyncs every write, and a loaded machine's disk stalls fsync for
+// seconds, long enough to lose the leader), removed with the object. Short heartbeat
+// and election times, so a leader is elected within about a second after a member is
+// lost. Members are killed with SIGKILL (a crash) and restarted on
 // their ports and data; a member dies with the test process (PR_SET_PDEATHSIG).
 //
 // Available() is false without /usr/bin/etcd; tests then GTEST_SKIP with kSkipMessage.
@@ -83,6 +85,7 @@ class EtcdCluster {
   std::string Scheme() const { return tls_.cert.empty() ? "http" : "https"; }
 
   std::filesystem::path dir_;
+  std::filesystem::path data_dir_;  // the members' data: on /dev/shm, else dir_
   Tls tls_;
   std::vector<Member> members_;
   std::string initial_cluster_;

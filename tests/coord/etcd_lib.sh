@@ -2,7 +2,8 @@
 # same cluster tests/coord/etcd_cluster.h starts for the C++ tests. Needs
 # tests/e2e/lib.sh sourced first ($work, $pids, free_port_base).
 #
-# etcd_start N: N members (m0..), data and logs under $work/etcd, client URLs in
+# etcd_start N: N members (m0..), logs under $work/etcd, data on /dev/shm (removed on
+#   exit; $work/etcd without /dev/shm), client URLs in
 #   ${etcd_urls[@]} and "$etcd_endpoints_toml" (a TOML list for [coordination]
 #   endpoints); waits until every member reports a leader. Returns 1 (and prints the
 #   logs' tails) if not within 20 s; 77 if etcd is not installed.
@@ -30,18 +31,26 @@ etcd_start() {
   done
   etcd_endpoints_toml="[$(printf '"%s", ' "${etcd_urls[@]}" | sed 's/, $//')]"
   mkdir -p "$work/etcd"
+  # The members' data on /dev/shm where there is one: etcd fsyncs every write, and a
+  # loaded machine's disk can stall an fsync long enough to lose the leader.
+  etcd_data=$work/etcd
+  if [[ -w /dev/shm ]] && etcd_data=$(mktemp -d /dev/shm/deltacast-etcd.XXXXXX); then
+    trap 'cleanup; rm -rf "$etcd_data"' EXIT
+  else
+    etcd_data=$work/etcd
+  fi
   for ((i = 0; i < n; i++)); do etcd_spawn "$i"; done
   etcd_wait_all
 }
 
 etcd_spawn() {
   local i=$1
-  "$etcd_bin" --name "m$i" --data-dir "$work/etcd/m$i.data" \
+  "$etcd_bin" --name "m$i" --data-dir "$etcd_data/m$i.data" \
     --listen-client-urls "${etcd_urls[$i]}" --advertise-client-urls "${etcd_urls[$i]}" \
     --listen-peer-urls "http://127.0.0.1:${etcd_peer_ports[$i]}" \
     --initial-advertise-peer-urls "http://127.0.0.1:${etcd_peer_ports[$i]}" \
     --initial-cluster "$etcd_initial" --initial-cluster-state new \
-    --initial-cluster-token deltacast-test --heartbeat-interval 50 --election-timeout 250 \
+    --initial-cluster-token deltacast-test --heartbeat-interval 50 --election-timeout 500 \
     --log-level warn --logger zap >>"$work/etcd/m$i.log" 2>&1 &
   etcd_pids[$i]=$!
   pids+=($!)
@@ -57,6 +66,12 @@ etcd_wait_all() {
     ok=1
     for i in "${!etcd_urls[@]}"; do
       [[ ${etcd_pids[$i]} != 0 ]] || continue
+      if ! kill -0 "${etcd_pids[$i]}" 2>/dev/null; then
+        # Not killed by the test: say so (with its log) and start it again.
+        echo "etcd m$i exited by itself; restarting it" >&2
+        tail -n 5 "$work/etcd/m$i.log" >&2
+        etcd_spawn "$i"
+      fi
       etcd_healthy "$i" || ok=0
     done
     ((ok)) && return 0
