@@ -31,9 +31,9 @@ std::filesystem::path DeltaHistory::FileOf(const Digest128& target) const {
   return dir_ / ("delta-" + target.ToHex() + ".spool");
 }
 
-Status DeltaHistory::WriteIndex() const {
+Status DeltaHistory::WriteIndex(const std::vector<ChainLink>& links) const {
   std::string text;
-  for (const ChainLink& l : links_) {
+  for (const ChainLink& l : links) {
     text += l.base.ToHex() + " " + l.target.ToHex() + " " + std::to_string(l.partition_bytes) +
             " " + std::to_string(l.chunks) + "\n";
   }
@@ -75,16 +75,25 @@ Status DeltaHistory::AddFile(const std::filesystem::path& spool_file, const Chai
 }
 
 Status DeltaHistory::Adopt(const ChainLink& link) {
-  std::error_code ec;
-  std::erase_if(links_, [&](const ChainLink& l) { return l.target == link.target; });
-  links_.push_back(link);
-  while (links_.size() > keep_) {
-    open_.erase(links_.front().target.ToHex());
-    std::filesystem::remove(FileOf(links_.front().target), ec);
-    disk::Removed(FileOf(links_.front().target));
-    links_.erase(links_.begin());
+  std::vector<ChainLink> next = links_;
+  std::erase_if(next, [&](const ChainLink& l) { return l.target == link.target; });
+  next.push_back(link);
+  std::vector<ChainLink> evicted;
+  while (next.size() > keep_) {
+    evicted.push_back(next.front());
+    next.erase(next.begin());
   }
-  RETURN_IF_ERROR(WriteIndex());
+  // The index first, then memory and the files: an index that cannot be written (a
+  // full disk) leaves the chain as it was, so a retry writes it (the simulator's seed
+  // 4022 with --coord: a link kept only in memory was missing after a restart).
+  RETURN_IF_ERROR(WriteIndex(next));
+  links_ = std::move(next);
+  std::error_code ec;
+  for (const ChainLink& l : evicted) {
+    open_.erase(l.target.ToHex());
+    std::filesystem::remove(FileOf(l.target), ec);
+    disk::Removed(FileOf(l.target));
+  }
   // Spool files no line names (a crash between the move and the index) go too.
   for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
     if (entry.path().extension() != ".spool") continue;
@@ -113,9 +122,9 @@ Status DeltaHistory::Retain(const Digest128& from, const Digest128& to) {
                                   [&](const ChainLink& k) { return k.target == l.target; });
     if (!keep) dropped.push_back(l);
   }
-  links_ = std::move(kept);
   // The index first: a file it no longer names is removed by a later Add if not now.
-  RETURN_IF_ERROR(WriteIndex());
+  RETURN_IF_ERROR(WriteIndex(kept));
+  links_ = std::move(kept);
   std::error_code ec;
   for (const ChainLink& l : dropped) {
     open_.erase(l.target.ToHex());

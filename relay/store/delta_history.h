@@ -61,8 +61,9 @@ class DeltaHistory {
   size_t size() const;
 
  private:
-  Status WriteIndex() const REQUIRES(mu_);
-  // With mu_ held: names the file now in place as `link`'s, trims, rewrites the index.
+  Status WriteIndex(const std::vector<ChainLink>& links) const REQUIRES(mu_);
+  // With mu_ held: names the file now in place as `link`'s, trims, rewrites the index;
+  // where the index cannot be written, the chain stays as it was.
   Status Adopt(const ChainLink& link) REQUIRES(mu_);
   std::vector<ChainLink> ChainLocked(const Digest128& from, const Digest128& to) const
       REQUIRES(mu_);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <map>
 #include <optional>
 
@@ -154,13 +155,22 @@ class Source::Impl {
   }
   // Caches a decision the record holds in the log; where the log cannot take it (a
   // full disk) it is kept in memory, since the record, not the log, decided it.
+  // Decisions reach the log in the order they were made: while one waits in memory,
+  // later ones wait behind it (the log's order is the lineage, and its last COMMIT
+  // the active version).
   void CacheDecision(const LoggedDecision& d) EXCLUDES(mu_) {
-    Status cached = RecordDecision(options_.decision_log, d);
-    if (cached.ok()) return;
-    log::Warn(fmt::format("refit {}: decision not cached in the decision log: {} (kept in memory)",
-                          d.refit_id, cached.ToString()));
     MutexLock lock(mu_);
     uncached_.push_back(d);
+    size_t cached = 0;
+    for (; cached < uncached_.size(); ++cached) {
+      Status written = RecordDecision(options_.decision_log, uncached_[cached]);
+      if (written.ok()) continue;
+      log::Warn(
+          fmt::format("refit {}: decision not cached in the decision log: {} (kept in memory)",
+                      uncached_[cached].refit_id, written.ToString()));
+      break;
+    }
+    uncached_.erase(uncached_.begin(), uncached_.begin() + static_cast<std::ptrdiff_t>(cached));
   }
   Digest128 LastCommitLogged() const REQUIRES(mu_) {
     Digest128 last;

@@ -245,6 +245,12 @@ Status SourceRecords::Sync(const std::filesystem::path& log_path,
     }
     if (logged.count(r.refit_id)) continue;
     const LoggedDecision d{r.refit_id, r.base_version.ToHex(), r.target_version.ToHex(), r.commit};
+    // Once one record waits in memory, the later ones wait behind it: the log keeps
+    // the records' order (the lineage).
+    if (uncached && !uncached->empty()) {
+      uncached->push_back(d);
+      continue;
+    }
     Status cached = RecordDecision(log_path, d);
     if (!cached.ok() && !uncached) return cached;
     if (!cached.ok()) {

@@ -72,8 +72,9 @@ class SourceRecords {
   // of the cluster is aborted by compare-and-set (a source holds no refit when it
   // syncs), and every recent record that `log` lacks is appended to it. Fails, with
   // nothing decided here, when the store cannot be reached. A record the log cannot
-  // take (a full disk) goes to `uncached` when given (the caller keeps it in memory),
-  // else fails the call.
+  // take (a full disk) goes to `uncached` when given, with every later one, in order
+  // (the caller keeps them in memory and logs them before anything newer), else
+  // fails the call.
   Status Sync(const std::filesystem::path& log, std::vector<LoggedDecision>* uncached = nullptr);
 
   // The record of the delta to `target` that a (re)joining child still holds in

@@ -128,6 +128,30 @@ TEST_F(DeltaHistoryTest, KeepingNoneDeletesTheSpool) {
   EXPECT_EQ(history.size(), 0u);
 }
 
+// An index that cannot be written (a full disk; here a directory where its temporary
+// file goes) leaves the chain as it was, in memory and on disk, so a retry writes it.
+// Before, the link stayed in memory only: the retry saw it kept and wrote nothing, and
+// the store reopened without it (the simulator's seed 4022 with --coord).
+TEST_F(DeltaHistoryTest, AnIndexThatCannotBeWrittenLeavesTheChainAsItWas) {
+  const Lineage l = MakeLineage(3);
+  const auto v = [&](size_t k) { return l.Manifest(k).VersionId(); };
+  DeltaHistory history(dir_ / "history", 1);
+  std::unique_ptr<Spool> first, second;
+  const ChainLink link0 = SpoolDelta(l, 0, &first);
+  ASSERT_TRUE(history.AddFile(first->path(), link0).ok());
+  const ChainLink link1 = SpoolDelta(l, 1, &second);
+  fs::create_directories(dir_ / "history" / "history.tmp");
+  EXPECT_FALSE(history.AddFile(second->path(), link1).ok());
+  EXPECT_TRUE(history.Chain(v(1), v(2)).empty());
+  EXPECT_EQ(history.Chain(v(0), v(1)).size(), 1u);         // not evicted either
+  EXPECT_TRUE(history.Read(v(1), link0.chunks - 1).ok());  // nor its file
+  fs::remove_all(dir_ / "history" / "history.tmp");
+  ASSERT_TRUE(history.AddFile(second->path(), link1).ok());
+  DeltaHistory reopened(dir_ / "history", 1);
+  EXPECT_EQ(reopened.Chain(v(1), v(2)).size(), 1u);
+  EXPECT_TRUE(reopened.Chain(v(0), v(1)).empty());
+}
+
 TEST(CatchUpProtocolTest, RequestsAndAnswersRoundTripAndAreRenumbered) {
   const Digest128 a = Hash128(AsBytes("a")), b = Hash128(AsBytes("b"));
   auto fc = ParseFetchChain(EncodeFetchChain({7, a, b}));
