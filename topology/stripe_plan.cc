@@ -10,17 +10,13 @@
 #include <utility>
 
 #include "topology/internal/config_text.h"
+#include "topology/internal/plan_tree.h"
 
 namespace deltacast::topology {
 namespace {
 
-constexpr size_t kNone = std::numeric_limits<size_t>::max();
+constexpr size_t kNone = kNoParent;
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
-
-bool FasterFirst(const NodeConfig& a, const NodeConfig& b) {
-  if (a.uplink_bps != b.uplink_bps) return a.uplink_bps > b.uplink_bps;
-  return a.id < b.id;
-}
 
 // One region's planned receivers and how they split into the stripes' groups.
 struct RegionPart {
@@ -322,76 +318,17 @@ double PredictShape(const Layout& layout, const Shape& shape, const Rates& rates
   return worst;
 }
 
-Status NoCommonTransport(const ClusterConfig& config, const NodeConfig& parent,
-                         const NodeConfig& child, std::string_view edge, int stripe) {
-  return Status::InvalidArgument(config.source_file.string() + ": stripe " +
-                                 std::to_string(stripe) + "'s " + std::string(edge) + "edge " +
-                                 parent.id + " -> " + child.id +
-                                 " has no transport both ends list (after [[link]] rules)");
-}
-
 // One stripe's TreePlan from the shape, with the striped rates.
 Result<TreePlan> BuildTree(const Layout& layout, const Shape& shape, const Rates& rates, int stripe,
                            int fanout) {
   const ClusterConfig& config = *layout.config;
   const std::vector<NodeConfig>& nodes = config.nodes;
   const size_t s = static_cast<size_t>(stripe);
-  const std::vector<size_t>& parent_of = shape[s];
-  std::vector<std::vector<size_t>> children_of(nodes.size());
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (parent_of[i] != kNone) children_of[parent_of[i]].push_back(i);
-  }
-  for (std::vector<size_t>& children : children_of) {
-    std::sort(children.begin(), children.end(),
-              [&](size_t a, size_t b) { return FasterFirst(nodes[a], nodes[b]); });
-  }
   const size_t root = layout.roots[s];
   const NodeConfig* feeder = layout.fed ? &nodes[layout.source] : nullptr;
-
-  TreePlan plan;
-  plan.source = nodes[root].id;
-  plan.fanout_used = fanout;
-  plan.chunk_size = config.tree.chunk_size;
-  std::vector<size_t> position(nodes.size(), kNone);
-  std::deque<size_t> queue = {root};
-  while (!queue.empty()) {
-    const size_t i = queue.front();
-    queue.pop_front();
-    const NodeConfig& n = nodes[i];
-    PlannedNode p;
-    p.id = n.id;
-    p.region = n.region;
-    p.manual_parent = n.parent.has_value();
-    p.path_bps = kInfinity;
-    if (parent_of[i] != kNone) {
-      const NodeConfig& parent = nodes[parent_of[i]];
-      const PlannedNode& pp = plan.nodes[position[parent_of[i]]];
-      p.parent = parent.id;
-      p.transports = HopTransports(config, parent, n);
-      if (p.transports.empty()) return NoCommonTransport(config, parent, n, "", stripe);
-      const NodeConfig* failover = pp.parent ? config.FindNode(*pp.parent) : feeder;
-      if (failover != nullptr) {
-        p.failover_parent = failover->id;
-        p.failover_transports = HopTransports(config, *failover, n);
-        if (p.failover_transports.empty()) {
-          return NoCommonTransport(config, *failover, n, "failover ", stripe);
-        }
-      }
-      p.depth = pp.depth + 1;
-      p.crosses_wan = parent.region != n.region;
-      p.link_bps = rates.link_bps[s][i];
-      p.link_latency_s = rates.link_latency_s[s][i];
-      p.path_bps = std::min(pp.path_bps, p.link_bps);
-      p.path_latency_s = pp.path_latency_s + p.link_latency_s;
-    }
-    for (size_t c : children_of[i]) {
-      p.children.push_back(nodes[c].id);
-      queue.push_back(c);
-    }
-    position[i] = plan.nodes.size();
-    plan.nodes.push_back(std::move(p));
-  }
-  return plan;
+  return WalkTree(config, shape[s], root, feeder, fanout, stripe, [&](size_t child, size_t) {
+    return HopRate{rates.link_bps[s][child], rates.link_latency_s[s][child]};
+  });
 }
 
 Result<StripedPlan> Materialize(const Layout& layout, int fanout, bool fanout_auto) {

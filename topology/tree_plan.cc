@@ -6,30 +6,12 @@
 #include <map>
 #include <utility>
 
+#include "topology/internal/plan_tree.h"
+
 namespace deltacast::topology {
 namespace {
 
-Status NoCommonTransport(const ClusterConfig& config, const NodeConfig& parent,
-                         const NodeConfig& child, std::string_view edge) {
-  auto list = [](const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& t : v) out += (out.empty() ? "" : ", ") + t;
-    return "[" + out + "]";
-  };
-  return Status::InvalidArgument(
-      config.source_file.string() + ": the " + std::string(edge) + "edge " + parent.id + " -> " +
-      child.id + " has no transport both ends list (after [[link]] rules): " + parent.id +
-      " lists " + list(parent.transports) + ", " + child.id + " lists " + list(child.transports));
-}
-
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
-
-// Faster uplinks first so they relay; ids break ties so the order is the same on
-// every agent whatever the file order.
-bool FasterFirst(const NodeConfig* a, const NodeConfig* b) {
-  if (a->uplink_bps != b->uplink_bps) return a->uplink_bps > b->uplink_bps;
-  return a->id < b->id;
-}
 
 // The parts of the plan that do not depend on the fanout. Nodes are named by their
 // index in config.nodes.
@@ -62,7 +44,7 @@ Layout MakeLayout(const ClusterConfig& config) {
       layout.other_regions[nodes[i].region].push_back(i);
     }
   }
-  auto faster_first = [&](size_t a, size_t b) { return FasterFirst(&nodes[a], &nodes[b]); };
+  auto faster_first = [&](size_t a, size_t b) { return FasterFirst(nodes[a], nodes[b]); };
   std::sort(layout.source_region.begin(), layout.source_region.end(), faster_first);
   for (auto& [name, members] : layout.other_regions) {
     std::sort(members.begin(), members.end(), faster_first);
@@ -114,8 +96,7 @@ Result<TreePlan> Build(const Layout& layout, int fanout) {
   const ClusterConfig& config = *layout.config;
   const std::vector<NodeConfig>& nodes = config.nodes;
   const size_t k = static_cast<size_t>(fanout);
-  constexpr size_t kNone = std::numeric_limits<size_t>::max();
-  std::vector<size_t> parent_of(nodes.size(), kNone);
+  std::vector<size_t> parent_of(nodes.size(), kNoParent);
 
   std::vector<size_t> source_tree = {layout.source};
   source_tree.insert(source_tree.end(), layout.source_region.begin(), layout.source_region.end());
@@ -126,76 +107,29 @@ Result<TreePlan> Build(const Layout& layout, int fanout) {
   }
   for (const auto& [node, parent] : layout.manual) parent_of[node] = parent;
 
-  std::vector<std::vector<size_t>> children_of(nodes.size());
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (parent_of[i] != kNone) children_of[parent_of[i]].push_back(i);
-  }
-  for (std::vector<size_t>& children : children_of) {
-    std::sort(children.begin(), children.end(),
-              [&](size_t a, size_t b) { return FasterFirst(&nodes[a], &nodes[b]); });
-  }
-
+  const std::vector<std::vector<size_t>> children_of = ChildrenFastestFirst(config, parent_of);
   const TreeConfig& tree = config.tree;
   const double hop_latency_s = static_cast<double>(tree.hop_latency.count()) / 1000.0;
   // Bits a link may have unacknowledged; with the round trip it caps the link's rate.
   const double window_bits =
       static_cast<double>(tree.window) * static_cast<double>(tree.chunk_size) * 8.0;
-
-  TreePlan plan;
-  plan.source = nodes[layout.source].id;
-  plan.fanout_used = fanout;
-  plan.chunk_size = tree.chunk_size;
-  plan.nodes.reserve(nodes.size());
-  std::vector<size_t> position(nodes.size(), kNone);  // node -> index in plan.nodes
-  std::deque<size_t> queue = {layout.source};
-  while (!queue.empty()) {
-    const size_t i = queue.front();
-    queue.pop_front();
-    const NodeConfig& n = nodes[i];
-    PlannedNode p;
-    p.id = n.id;
-    p.region = n.region;
-    p.manual_parent = n.parent.has_value();
-    p.path_bps = kInfinity;
-    if (parent_of[i] != kNone) {
-      const NodeConfig& parent = nodes[parent_of[i]];
-      const PlannedNode& pp = plan.nodes[position[parent_of[i]]];
-      p.parent = parent.id;
-      p.failover_parent = pp.parent;
-      p.transports = HopTransports(config, parent, n);
-      if (p.transports.empty()) return NoCommonTransport(config, parent, n, "");
-      if (pp.parent) {
-        const NodeConfig& grandparent = *config.FindNode(*pp.parent);
-        p.failover_transports = HopTransports(config, grandparent, n);
-        if (p.failover_transports.empty()) {
-          return NoCommonTransport(config, grandparent, n, "failover ");
-        }
+  auto hop = [&](size_t child, size_t parent) {
+    const NodeConfig& n = nodes[child];
+    HopRate link{nodes[parent].uplink_bps / static_cast<double>(children_of[parent].size()),
+                 hop_latency_s};
+    if (nodes[parent].region != n.region) {
+      // The source's own region may have no [[region]] entry (only a manual parent
+      // leads back into it); then its WAN is not modelled.
+      if (const RegionConfig* r = config.FindRegion(n.region)) {
+        link.bps = std::min(link.bps, r->FlowCapBps());  // one flow: <= wan_bps
+        link.latency_s += static_cast<double>(r->wan_latency.count()) / 1000.0;
       }
-      p.depth = pp.depth + 1;
-      p.crosses_wan = parent.region != n.region;
-      p.link_bps = parent.uplink_bps / static_cast<double>(children_of[parent_of[i]].size());
-      p.link_latency_s = hop_latency_s;
-      if (p.crosses_wan) {
-        // The source's own region may have no [[region]] entry (only a manual parent
-        // leads back into it); then its WAN is not modelled.
-        if (const RegionConfig* r = config.FindRegion(n.region)) {
-          p.link_bps = std::min(p.link_bps, r->FlowCapBps());  // one flow: <= wan_bps
-          p.link_latency_s += static_cast<double>(r->wan_latency.count()) / 1000.0;
-        }
-      }
-      if (p.link_latency_s > 0) {
-        p.link_bps = std::min(p.link_bps, window_bits / (2.0 * p.link_latency_s));
-      }
-      p.path_bps = std::min(pp.path_bps, p.link_bps);
-      p.path_latency_s = pp.path_latency_s + p.link_latency_s;
     }
-    for (size_t c : children_of[i]) {
-      p.children.push_back(nodes[c].id);
-      queue.push_back(c);
-    }
-    position[i] = plan.nodes.size();
-    plan.nodes.push_back(std::move(p));
-  }
+    if (link.latency_s > 0) link.bps = std::min(link.bps, window_bits / (2.0 * link.latency_s));
+    return link;
+  };
+  ASSIGN_OR_RETURN(TreePlan plan, WalkTree(config, parent_of, layout.source,
+                                           /*root_failover=*/nullptr, fanout, std::nullopt, hop));
   if (plan.nodes.size() != nodes.size()) {
     // ValidateClusterConfig rules out unreachable nodes, so this is a planner bug.
     return Status::Internal("tree plan reached " + std::to_string(plan.nodes.size()) + " of " +
