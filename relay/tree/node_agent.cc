@@ -432,6 +432,22 @@ void NodeAgent::Impl::OnCatchUpFinished(const CatchUp::Result& r) {
   RunDeferredBegin();
 }
 
+// A BEGIN that waits (behind the store's recovery, a resolution or a catch-up). One
+// that replaces another refit's BEGIN drops the decisions held for that refit: the
+// parent has moved on, and they would run after the new BEGIN as if they were its
+// own (the simulator's seed 9368 with --coord: a relay mending its store held a lost
+// source's COMMIT of a refit it had committed, then a restarted source's BEGIN; the
+// COMMIT ran after that BEGIN, took the refit's place, and the publish waited its
+// commit timeout for this node).
+void NodeAgent::Impl::DeferBegin(ByteSpan begin) {
+  auto incoming = ParseBegin(begin);
+  std::erase_if(deferred_decisions_, [&](const std::pair<uint32_t, transport::Message>& held) {
+    auto d = ParseDecision(ByteSpan(*held.second));
+    return !incoming.ok() || !d.ok() || d->refit_id != incoming->refit_id;
+  });
+  deferred_begin_.assign(begin.begin(), begin.end());
+}
+
 void NodeAgent::Impl::RunDeferredBegin() {
   if (deferred_begin_.empty()) return;
   std::vector<std::byte> begin = std::move(deferred_begin_);

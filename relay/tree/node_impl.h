@@ -164,6 +164,8 @@ class NodeAgent::Impl {
   void OnCatchUpFinished(const CatchUp::Result& result);
   void OnJournal(const NodeStore::Journal& journal);
   void OnRecovered(const Status& status, uint64_t fetched);
+  // Holds a BEGIN until what runs first is done (see the definition).
+  void DeferBegin(ByteSpan begin);
   void RunDeferredBegin();
   void HoldChunk(size_t bytes);
   void ReleaseChunk(size_t bytes) { held_bytes_ -= bytes; }

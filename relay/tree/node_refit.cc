@@ -73,7 +73,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
     // The previous delta is still being committed or rolled back (a source that
     // restarted resolves it right before beginning the next): begin after it.
-    deferred_begin_.assign(bytes.begin(), bytes.end());
+    DeferBegin(bytes);
     return;
   }
   if (refit_ && refit_->phase == Phase::kDone && committed_last_ && !refit_->outcome_error.ok() &&
@@ -84,7 +84,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     retried_commit_ = refit_->id;
     log::Warn(fmt::format("{}: committing the delta to {} it could not write at refit {} first",
                           options_.node_id, begin->base_version.ShortHex(), refit_->id));
-    deferred_begin_.assign(bytes.begin(), bytes.end());
+    DeferBegin(bytes);
     store_.Commit(refit_->id, [this](const Status& status, const Digest128& version,
                                      const NodeStore::CommitTimes& times) {
       if (!status.ok()) {
@@ -129,7 +129,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       return;
     }
     // The store is being brought back to its committed version first.
-    deferred_begin_.assign(bytes.begin(), bytes.end());
+    DeferBegin(bytes);
     return;
   }
   if (recovery_.active()) {
@@ -146,7 +146,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   }
   if (catch_up_.active() || Behind(*begin)) {
     // First reach the base everybody else holds; the BEGIN runs after.
-    deferred_begin_.assign(bytes.begin(), bytes.end());
+    DeferBegin(bytes);
     if (!catch_up_.active())
       catch_up_.Start(begin->base_version, begin->refit_id, /*resolving=*/false);
     return;
@@ -242,7 +242,7 @@ void NodeAgent::Impl::RollBackAnotherStream(const Begin& begin, ByteSpan bytes) 
     MutexLock lock(stats_mu_);
     ++stats_.stream_rollbacks;
   }
-  deferred_begin_.assign(bytes.begin(), bytes.end());
+  DeferBegin(bytes);
   downstream_.DropQueued();
   // Its own refit id, known to nobody else: the ABORTED it reports is ignored above.
   const uint64_t id = begin.refit_id ^ 0x53545245414dULL;  // "STREAM"
