@@ -9,6 +9,7 @@
 #include <set>
 
 #include "codec/chunk.h"
+#include "common/crash_point.h"
 #include "common/event_loop.h"
 #include "common/log.h"
 #include "common/runtime.h"
@@ -148,6 +149,7 @@ class SenderAgent::Impl {
     std::set<uint32_t> spooled;  // the chunks taken this refit (spooled unless spool_error)
     Status spool_error;          // a chunk not spooled: children that rejoin cannot be replayed
     bool end_received = false;
+    bool first_forwarded = false;  // a data chunk went down
     bool prepared_sent = false;
     std::optional<Failed> failed;         // sent up (a child's, or this sender's)
     std::optional<MessageType> decision;  // the source's, once it came
@@ -276,7 +278,15 @@ class SenderAgent::Impl {
     downstream_.Broadcast(message);
   }
 
+  // As a relay tells it: mid-refit nothing settled (zero: the refit checks); else the
+  // version the source last said or committed, with its manifest when the child's
+  // version differs and the source sent it (after a COMMIT the sender knows the new
+  // version's id but not its manifest: the child learns that it differs, not where).
   void TellVersion(const std::string& child, const Hello& hello) {
+    if (refit_ && !refit_->decision) {
+      downstream_.SendTo(child, transport::MakeMessage(EncodeActiveVersion(Digest128{}, {})));
+      return;
+    }
     if (active_version_.IsZero()) return;  // told when the source says it
     const bool same = hello.active_version == active_version_;
     downstream_.SendTo(child,
@@ -393,6 +403,10 @@ class SenderAgent::Impl {
     // stripe's links; the source's credit comes back once every child was handed it.
     downstream_.BroadcastChunk(message, {header->identity.target_version, header->sequence, data},
                                release, stripe_);
+    if (data && !r.first_forwarded) {
+      r.first_forwarded = true;
+      CrashPoint("sender.first_chunk_forwarded");  // tests/e2e/senders_test.sh
+    }
     if (r.spool && r.spool_error.ok()) {
       if (Status kept = r.spool->Append(header->sequence, *message); !kept.ok()) {
         log::Warn(
@@ -437,6 +451,10 @@ class SenderAgent::Impl {
     }
     r.decision = type;
     r.decision_message = message;
+    if (type == MessageType::kCommit && active_version_ != d->target_version) {
+      active_version_ = d->target_version;
+      active_manifest_.clear();
+    }
     r.decided = Clock::now();
     log::Info(
         fmt::format("{}: refit {}: {}", options_.node_id, d->refit_id, MessageTypeName(type)));
@@ -475,6 +493,10 @@ class SenderAgent::Impl {
       if (*r.decision == MessageType::kCommit) stats_.last_committed_refit = r.begin.refit_id;
     }
     SendOutcome();
+    log::Info(fmt::format("{}: refit {} {} by {} nodes of stripe {}", options_.node_id,
+                          r.begin.refit_id,
+                          *r.decision == MessageType::kCommit ? "committed" : "aborted",
+                          subtree_.confirmed_nodes(), stripe_));
   }
 
   void SendOutcome() {
@@ -483,9 +505,6 @@ class SenderAgent::Impl {
     Outcome outcome{r.begin.refit_id, subtree_.confirmed_nodes(), subtree_.pauses()};
     parent_.Send(
         EncodeOutcome(committed ? MessageType::kCommitted : MessageType::kAborted, outcome));
-    log::Info(fmt::format("{}: refit {} {} by {} nodes of stripe {}", options_.node_id,
-                          r.begin.refit_id, committed ? "committed" : "aborted", outcome.nodes,
-                          stripe_));
   }
 
   void OnChildJoined(const std::string& child, const Hello& hello) {

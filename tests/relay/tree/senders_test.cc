@@ -86,28 +86,36 @@ class SendersTest : public ::testing::Test {
     senders_[j] = std::move(*sender);
   }
 
-  void StartAll(const Versions& v) {
+  // Receiver n<i+1> over stores_[i].
+  void StartReceiver(int i, const Versions& v) {
+    auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
+    ASSERT_TRUE(replica.ok());
+    NodeAgentOptions options;
+    options.config = config_;
+    options.node_id = "n" + std::to_string(i + 1);
+    options.token = kToken;
+    options.apply_threads = 1;
+    auto agent = NodeAgent::Start(std::move(options), std::move(*replica),
+                                  Tcp(std::make_shared<Sent>()), plan_);
+    ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+    agents_[i] = std::move(*agent);
+  }
+
+  // The senders, the receivers but those in `later`, and the source.
+  void StartAll(const Versions& v, const std::set<int>& later = {}) {
     stores_.assign(kReceiverCount, v.base);
     agents_.resize(kReceiverCount);
     senders_.resize(kSenders);
     sender_sent_.resize(kSenders);
     for (int j = 0; j < kSenders; ++j) ASSERT_NO_FATAL_FAILURE(StartSender(j));
     for (int i = 0; i < kReceiverCount; ++i) {
-      auto replica = apply::Replica::ForStore(Borrow(v.tensors, stores_[i]), kPartitionBytes, 1);
-      ASSERT_TRUE(replica.ok());
-      NodeAgentOptions options;
-      options.config = config_;
-      options.node_id = "n" + std::to_string(i + 1);
-      options.token = kToken;
-      options.apply_threads = 1;
-      auto agent = NodeAgent::Start(std::move(options), std::move(*replica),
-                                    Tcp(std::make_shared<Sent>()), plan_);
-      ASSERT_TRUE(agent.ok()) << agent.status().ToString();
-      agents_[i] = std::move(*agent);
+      if (later.contains(i)) continue;
+      ASSERT_NO_FATAL_FAILURE(StartReceiver(i, v));
     }
     PublishOptions options;
     options.config = config_;
     options.token = kToken;
+    if (!state_dir_.empty()) options.UseStateDir(state_dir_);
     source_sent_ = std::make_shared<Sent>();
     auto transport = Tcp(source_sent_);
     if (source_bytes_per_second_ > 0) {
@@ -156,10 +164,12 @@ class SendersTest : public ::testing::Test {
     for (auto& a : agents_) {
       if (a) a->Stop();
     }
+    if (!state_dir_.empty()) std::filesystem::remove_all(state_dir_);
   }
 
   int base_port_ = 0;
   double source_bytes_per_second_ = 0;
+  std::filesystem::path state_dir_;  // the source's decision log and kept deltas, if set
   topology::ClusterConfig config_;
   topology::StripedPlan plan_;
   std::vector<std::vector<std::vector<std::byte>>> stores_;
@@ -265,6 +275,47 @@ TEST_F(SendersTest, ASenderKilledMidRefitFailsItsStripeOverAndCommitsBitExact) {
       WaitUntil([&] { return senders_[kKilled]->stats().last_committed_refit == report->refit_id; },
                 std::chrono::seconds(5)));
   EXPECT_EQ(report->nodes_decided, static_cast<uint32_t>(kReceiverCount));
+}
+
+// A receiver whose stripe-0 parent is a sender joins late, a version behind: its
+// catch-up requests (FETCH_CHAIN, FETCH_DELTA_CHUNK; FETCH_MANIFEST and FETCH if it
+// goes by partitions) go to that sender, which forwards them to the source and passes
+// the answers back; it catches up, takes the next refit and ends bit-exact.
+TEST_F(SendersTest, ALateReceiverBelowASenderCatchesUpThroughIt) {
+  ASSERT_NO_FATAL_FAILURE(Configure("available", "1s"));
+  state_dir_ =
+      std::filesystem::temp_directory_path() /
+      ("deltacast-senders-test-" + std::to_string(base_port_) + "-" + std::to_string(::getpid()));
+  // A child of s1 in stripe 0 (its stripe-0 parent, where requests up go).
+  const std::string late_id = plan_.stripes[0].tree.nodes.front().children.front();
+  const int late = std::stoi(late_id.substr(1)) - 1;
+  Versions v = MakeVersions(64 << 10, 51);
+  const Versions first = v;
+  ASSERT_NO_FATAL_FAILURE(StartAll(v, {late}));
+  auto report = Publish(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), static_cast<size_t>(kReceiverCount - 1));
+
+  stores_[late] = first.base;  // a version behind
+  ASSERT_NO_FATAL_FAILURE(StartReceiver(late, first));
+  // Its join check, through s1: told the version the cluster committed (the sender
+  // knows its id from the COMMIT), which its weights are not.
+  const JoinCheck::State joined = agents_[late]->WaitForJoin(std::chrono::seconds(10));
+  EXPECT_TRUE(joined.checked) << joined.status.ToString();
+  EXPECT_EQ(joined.parent, "s1");
+  EXPECT_EQ(joined.parent_version, ManifestOf(*Borrow(v.tensors, v.target)).VersionId());
+  EXPECT_EQ(joined.status.code(), StatusCode::kFailedPrecondition) << joined.status.ToString();
+  const uint64_t forwarded_before = senders_[0]->stats().requests_forwarded;
+  NextVersion(v, 52, 15);
+  report = Publish(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), static_cast<size_t>(kReceiverCount));
+  ExpectAllAtTarget(v);
+  EXPECT_GT(agents_[late]->stats().deltas_caught_up + agents_[late]->stats().partitions_caught_up,
+            0u);
+  EXPECT_GT(senders_[0]->stats().requests_forwarded, forwarded_before);
 }
 
 // A sender is not a receiver: NodeAgent refuses to run one, SenderAgent refuses a
