@@ -169,12 +169,7 @@ int RunSender(const AgentArgs& args, const topology::ClusterConfig& config, std:
   options.node_id = args.node;
   options.token = std::move(token);
   if (!args.store.empty()) options.spool_dir = args.store / "spool";
-  auto verify_key = LoadVerifyKey(config);
-  if (!verify_key.ok()) return Fail(verify_key.status());
-  options.verify_key = *verify_key;
-  auto transport = relay::MakeNodeTransports(config, *config.FindNode(args.node));
-  if (!transport.ok()) return Fail(transport.status());
-  auto sender = relay::SenderAgent::Start(std::move(options), std::move(*transport));
+  auto sender = relay::StartConfiguredSender(std::move(options));
   if (!sender.ok()) return Fail(sender.status());
   const int signal = signals.Wait();
   log::Info(fmt::format("{}: stopping on signal {}", args.node, signal));
