@@ -21,6 +21,7 @@
 #include "relay/tree/node_agent.h"
 #include "relay/tree/node_transports.h"
 #include "relay/tree/publisher.h"
+#include "relay/tree/sender_agent.h"
 #include "relay/tree/setup.h"
 #include "relay/tree/source.h"
 #include "topology/plan_format.h"
@@ -157,12 +158,46 @@ std::function<void(const relay::CatchUpProgress&)> CatchUpProgressBar() {
 
 }  // namespace
 
+namespace {
+
+// A sender that roots a stripe (relay/tree/sender_agent.h): no weights; `--store`, if
+// given, is where it spools its stripe's chunks.
+int RunSender(const AgentArgs& args, const topology::ClusterConfig& config, std::string token,
+              SignalWaiter& signals) {
+  relay::SenderAgentOptions options;
+  options.config = config;
+  options.node_id = args.node;
+  options.token = std::move(token);
+  if (!args.store.empty()) options.spool_dir = args.store / "spool";
+  auto sender = relay::StartConfiguredSender(std::move(options));
+  if (!sender.ok()) return Fail(sender.status());
+  const int signal = signals.Wait();
+  log::Info(fmt::format("{}: stopping on signal {}", args.node, signal));
+  (*sender)->Stop();
+  return kExitOk;
+}
+
+}  // namespace
+
 int RunAgent(const AgentArgs& args) {
   SignalWaiter signals;
   auto config = topology::LoadClusterConfig(args.config);
   if (!config.ok()) return Fail(config.status());
   auto token = topology::ReadAuthToken(*config);
   if (!token.ok()) return Fail(token.status());
+  if (const topology::NodeConfig* node = config->FindNode(args.node);
+      node && node->role == topology::Role::kSender) {
+    auto plan = topology::PlanStripes(*config);
+    if (!plan.ok()) return Fail(plan.status());
+    // With one stripe a sender relays inside the tree like a receiver (it needs a store).
+    if (relay::StripeRootedBy(*plan, args.node) >= 0) {
+      return RunSender(args, *config, std::move(*token), signals);
+    }
+  }
+  if (args.store.empty()) {
+    return Fail(Status::InvalidArgument(
+        "node '" + args.node + "' holds weights: give its checkpoint directory (--store)"));
+  }
   // An FP8 store that does not hold together is refused before anything is written.
   if (Status fp8 = CheckFp8CheckpointDir(args.store); !fp8.ok()) return Fail(fp8);
   relay::NodeAgentOptions options;

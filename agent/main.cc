@@ -245,7 +245,9 @@ int main(int argc, char** argv) {
   auto* ag = app.add_subcommand("agent", "Run a node agent of the relay tree until SIGINT/SIGTERM");
   ag->add_option("--config", node.config, "Cluster config (TOML)")->required();
   ag->add_option("--node", node.node, "This node's id in the config")->required();
-  ag->add_option("--store", node.store, "This node's checkpoint directory")->required();
+  ag->add_option("--store", node.store,
+                 "This node's checkpoint directory (a sender that roots a stripe holds no "
+                 "weights: optional, its spool goes there)");
   ag->add_option("--threads", node.threads, "Apply threads (0 = all cores)");
   ag->callback([&] {
     node.progress = !json_log;  // machines read stderr then

@@ -9,6 +9,7 @@
 #include "common/thread_annotations.h"
 #include "relay/tree/node_impl.h"
 #include "relay/tree/node_transports.h"
+#include "relay/tree/sender_agent.h"
 #include "relay/tree/stripe_links.h"
 #include "transport/transport_set.h"
 
@@ -532,6 +533,11 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(NodeAgentOptions options,
     return Status::InvalidArgument(
         fmt::format("a plan of {} stripes (1 to {})", striped.stripes.size(), kMaxStripes));
   }
+  if (StripeRootedBy(striped, options.node_id) >= 0) {
+    return Status::InvalidArgument("node '" + options.node_id +
+                                   "' is a sender that roots a stripe: it holds no weights and "
+                                   "runs as a SenderAgent (`deltacast agent` starts one)");
+  }
   const topology::TreePlan& plan = striped.stripes.front().tree;
   const topology::PlannedNode* self = plan.Find(options.node_id);
   if (!self)
@@ -541,11 +547,13 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::Start(NodeAgentOptions options,
     return Status::InvalidArgument("node '" + options.node_id +
                                    "' is the source; run `deltacast publish` there");
   for (const auto& stripe : striped.stripes) {
+    // Rooted at the source, or at a sender the source feeds (relay/tree/sender_agent.h).
     const std::string& source = options.config.Source()->id;
-    if (stripe.root != source || stripe.tree.source != source) {
-      return Status::Unsupported("stripe " + std::to_string(stripe.index) + "'s root is '" +
-                                 stripe.root + "', not the source '" + source +
-                                 "': sender nodes that root a stripe are not supported yet");
+    const bool fed = !stripe.feeder.empty();
+    if ((fed ? stripe.feeder : stripe.root) != source || stripe.tree.source != stripe.root) {
+      return Status::InvalidArgument("stripe " + std::to_string(stripe.index) + "'s root '" +
+                                     stripe.root + "' is neither the source '" + source +
+                                     "' nor a sender it feeds");
     }
     if (!stripe.tree.Find(options.node_id)) {
       return Status::InvalidArgument("node '" + options.node_id + "' is not in stripe " +

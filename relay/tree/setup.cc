@@ -41,6 +41,22 @@ Result<std::unique_ptr<NodeAgent>> StartConfiguredNode(NodeAgentOptions options,
   return NodeAgent::Start(std::move(options), std::move(parts.replica), std::move(parts.transport));
 }
 
+Result<std::unique_ptr<SenderAgent>> StartConfiguredSender(
+    SenderAgentOptions options, std::unique_ptr<transport::Transport> transport) {
+  const topology::NodeConfig* node = options.config.FindNode(options.node_id);
+  if (node == nullptr) {
+    return Status::InvalidArgument("node '" + options.node_id + "' is not in " +
+                                   options.config.source_file.string());
+  }
+  if (!transport) {
+    ASSIGN_OR_RETURN(transport, MakeNodeTransports(options.config, *node));
+  }
+  if (!options.verify_key) {
+    ASSIGN_OR_RETURN(options.verify_key, LoadConfiguredVerifyKey(options.config));
+  }
+  return SenderAgent::Start(std::move(options), std::move(transport));
+}
+
 Result<PublishOptions> ConfiguredPublishOptions(const topology::ClusterConfig& config,
                                                 std::string token,
                                                 const std::filesystem::path& state_dir,

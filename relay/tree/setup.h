@@ -15,6 +15,7 @@
 #include "relay/store/snapshot_store.h"
 #include "relay/tree/node_agent.h"
 #include "relay/tree/publish_options.h"
+#include "relay/tree/sender_agent.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay {
@@ -48,6 +49,13 @@ struct NodeParts {
 // options.verify_key is set; the spool defaults to the checkpoint directory's state
 // folder (.deltacast/spool), which survives restarts.
 Result<std::unique_ptr<NodeAgent>> StartConfiguredNode(NodeAgentOptions options, NodeParts parts);
+
+// Starts `options.node_id`, a sender that roots a stripe (relay/tree/sender_agent.h):
+// its transports from the config unless `transport` is given, the verify key from
+// [security] unless options.verify_key is set. kInvalidArgument when the node is not
+// such a sender.
+Result<std::unique_ptr<SenderAgent>> StartConfiguredSender(
+    SenderAgentOptions options, std::unique_ptr<transport::Transport> transport = nullptr);
 
 // A source's options from the config: its signing key from [security], its state
 // (decision log, spool, kept deltas) in `state_dir` when given (PublishOptions::

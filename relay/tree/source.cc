@@ -6,6 +6,7 @@
 #include "common/crash_point.h"
 #include "common/elapsed.h"
 #include "common/log.h"
+#include "relay/tree/sender_agent.h"
 #include "relay/tree/source_impl.h"
 
 namespace deltacast::relay {
@@ -21,7 +22,10 @@ uint64_t SourceRandomId() {
 }
 
 std::vector<std::string> SourceLinks(const topology::StripedPlan& plan, uint32_t stripe) {
-  const topology::TreePlan& tree = plan.stripes[stripe].tree;
+  const topology::StripeTree& striped = plan.stripes[stripe];
+  // A stripe rooted at a sender: the source feeds its root alone (sender_agent.h).
+  if (!striped.feeder.empty()) return {StripeLinkKey(striped.root, stripe)};
+  const topology::TreePlan& tree = striped.tree;
   std::vector<std::string> links;
   for (const auto& child : tree.Find(tree.source)->children)
     links.push_back(StripeLinkKey(child, stripe));
@@ -482,13 +486,20 @@ Result<std::unique_ptr<Source>> Source::Start(PublishOptions options,
     return Status::InvalidArgument(
         fmt::format("a plan of {} stripes (1 to {})", plan.stripes.size(), kMaxStripes));
   }
+  const std::string& source = options.config.Source()->id;
   for (const auto& stripe : plan.stripes) {
-    if (stripe.root != options.config.Source()->id || stripe.tree.source != stripe.root) {
-      return Status::Unsupported("stripe " + std::to_string(stripe.index) + "'s root is '" +
-                                 stripe.root + "', not the source '" + options.config.Source()->id +
-                                 "': sender nodes that root a stripe are not supported yet");
+    // Rooted here, or at a sender node this source feeds (it runs a SenderAgent).
+    const bool fed = !stripe.feeder.empty();
+    const topology::NodeConfig* root = options.config.FindNode(stripe.root);
+    if (stripe.tree.source != stripe.root ||
+        (fed ? stripe.feeder != source || !root || root->role != topology::Role::kSender
+             : stripe.root != source)) {
+      return Status::InvalidArgument(
+          "stripe " + std::to_string(stripe.index) + "'s root is '" + stripe.root + "'" +
+          (fed ? ", fed by '" + stripe.feeder + "'" : "") + ": a stripe is rooted at the source '" +
+          source + "' or at a node with role = \"sender\" that the source feeds");
     }
-    RETURN_IF_ERROR(CheckHopSecurity(options.config, stripe.tree, stripe.tree.source));
+    RETURN_IF_ERROR(CheckHopSecurity(options.config, TreeWithFeeder(stripe), source));
   }
   auto impl = std::make_unique<Impl>(std::move(options), std::move(transport), plan);
   if (Status synced = impl->SyncRecords(); !synced.ok()) {

@@ -52,10 +52,10 @@ class Source::Impl {
         plan_(striped_.stripes.front().tree),
         transport_(std::move(transport)),
         // Per process by default: Spool::Open clears other deltas' spools in its folder.
-        spool_dir_(options_.spool_dir, "source-spool", plan_.source),
+        spool_dir_(options_.spool_dir, "source-spool", options_.config.Source()->id),
         loop_([this] { Tick(); }),
-        downstream_(loop_, plan_.source, AllSourceLinks(striped_), options_.token, Events(),
-                    Downstream::LimitsFrom(options_.config.limits)),
+        downstream_(loop_, options_.config.Source()->id, AllSourceLinks(striped_), options_.token,
+                    Events(), Downstream::LimitsFrom(options_.config.limits)),
         records_(options_.commit_records, options_.config.name, options_.source_timeout,
                  options_.poll_interval) {
     {
@@ -70,11 +70,14 @@ class Source::Impl {
       }
     }
     downstream_.SetStripes(static_cast<uint32_t>(striped_.stripes.size()));
-    downstream_.RequireTls(TlsRequiredFor(options_.config, plan_.source));
+    downstream_.RequireTls(TlsRequiredFor(options_.config, options_.config.Source()->id));
     std::set<std::string> adoptable;
     for (uint32_t s = 0; s < striped_.stripes.size(); ++s) {
       for (const auto& node : striped_.stripes[s].tree.nodes) {
-        if (node.failover_parent == plan_.source) adoptable.insert(StripeLinkKey(node.id, s));
+        // A stripe rooted at a sender: its root's children fail over to the source.
+        if (node.failover_parent == options_.config.Source()->id) {
+          adoptable.insert(StripeLinkKey(node.id, s));
+        }
       }
     }
     downstream_.AllowAdoption(std::move(adoptable));
@@ -263,7 +266,9 @@ class Source::Impl {
 
   const PublishOptions options_;
   const topology::StripedPlan striped_;
-  const topology::TreePlan plan_;  // stripe 0's tree (the only one when not striped)
+  // Stripe 0's tree (the only one when not striped); its root is a sender when the
+  // source feeds senders (the source's id is the config's, never plan_.source).
+  const topology::TreePlan plan_;
   std::unique_ptr<transport::Transport> transport_;
   std::string listen_address_;
   SpoolDir spool_dir_;                     // released at Stop
