@@ -59,6 +59,14 @@ TEST_F(StripesTest, AbortUnderTwoStripesRollsBackExactly) {
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_FALSE(report->committed);
   EXPECT_NE(report->abort_reason.find("n6"), std::string::npos) << report->abort_reason;
+  // n6 fails fast, so the source may decide before a node has begun the refit; that
+  // node takes BEGIN and ABORT after Publish returns. Wait for every node's outcome.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (int i = 0; i < kReceivers; ++i) {
+    while (agents_[i]->stats().refits_aborted == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   for (int i = 0; i < kReceivers; ++i) {
     for (size_t t = 0; t < v.tensors.size(); ++t) {
       std::vector<std::byte> expected = v.base[t];
