@@ -28,6 +28,7 @@
 #include "relay/tree/coordinator.h"
 #include "relay/tree/node_agent.h"
 #include "relay/tree/source.h"
+#include "relay/tree/source_records.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
 
