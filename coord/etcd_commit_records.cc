@@ -380,6 +380,65 @@ Result<std::vector<RefitInProgress>> EtcdCommitRecords::Undecided() {
   return out;
 }
 
+Result<relay::PruneCounts> EtcdCommitRecords::Prune(size_t keep) {
+  relay::PruneCounts pruned;
+  // Announcements of decided refits (a Withdraw that failed): each deleted only while
+  // its record exists, so an undecided refit's announcement is never lost. Before the
+  // records: once a record is gone, an announcement left of its refit would read as
+  // undecided.
+  const std::string announced_prefix = base_ + std::string(kAnnounced);
+  RangeOptions announced_range;
+  announced_range.range_end = PrefixEnd(announced_prefix);
+  announced_range.keys_only = true;
+  ASSIGN_OR_RETURN(std::vector<KeyValue> announced,
+                   client_->Range(announced_prefix, announced_range));
+  for (const KeyValue& kv : announced) {
+    const std::optional<uint64_t> id =
+        ParseIdHex(std::string_view(kv.key).substr(announced_prefix.size()));
+    if (!id) continue;  // Undecided logs it
+    std::vector<TxnOp> ops(2);
+    ops[0].kind = TxnOp::Kind::kDelete;
+    ops[0].key = AnnouncedKey(*id);
+    ops[1].kind = TxnOp::Kind::kDelete;
+    ops[1].key = AliveKey(*id);
+    ASSIGN_OR_RETURN(TxnResult done, client_->Txn({RecordKey(*id)}, {}, ops));
+    if (done.succeeded) ++pruned.announcements;
+  }
+  // Records past the newest `keep`. One written after this range is newer than every
+  // key in it, so it is never among those deleted.
+  const std::string records_prefix = base_ + std::string(kRecords);
+  RangeOptions records_range;
+  records_range.range_end = PrefixEnd(records_prefix);
+  records_range.keys_only = true;
+  records_range.newest_first = true;
+  ASSIGN_OR_RETURN(std::vector<KeyValue> records, client_->Range(records_prefix, records_range));
+  if (records.size() <= keep) return pruned;
+  std::vector<std::string> old;
+  for (size_t i = keep; i < records.size(); ++i) old.push_back(records[i].key);
+  constexpr size_t kOpsPerRecord = 3;  // the record, its announced/ and alive/ keys
+  for (size_t at = 0; at < old.size(); at += kMaxTxnOps / kOpsPerRecord) {
+    const size_t end = std::min(old.size(), at + kMaxTxnOps / kOpsPerRecord);
+    std::vector<TxnOp> ops;
+    for (size_t i = at; i < end; ++i) {
+      TxnOp del;
+      del.kind = TxnOp::Kind::kDelete;
+      del.key = old[i];
+      ops.push_back(del);
+      // A key that does not end in a refit id has no announcement to go with it.
+      if (const auto id = ParseIdHex(std::string_view(old[i]).substr(records_prefix.size()))) {
+        del.key = AnnouncedKey(*id);
+        ops.push_back(del);
+        del.key = AliveKey(*id);
+        ops.push_back(del);
+      }
+    }
+    ASSIGN_OR_RETURN(TxnResult done, client_->Txn({}, {}, ops));
+    if (!done.succeeded) return Status::Corrupt("etcd: an unconditional transaction did not run");
+    pruned.records += end - at;
+  }
+  return pruned;
+}
+
 Result<std::shared_ptr<relay::CommitRecordStore>> MakeCommitRecordStore(
     const topology::ClusterConfig& config) {
   if (!config.coordination) {

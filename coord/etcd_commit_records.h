@@ -64,6 +64,12 @@ class EtcdCommitRecords : public relay::CommitRecordStore {
   // kFailedPrecondition, leaving it in place, when there is none.
   Status Withdraw(uint64_t refit_id) override;
   Result<std::vector<relay::RefitInProgress>> Undecided() override;
+  // Records: one keys-only range of records/ newest first (by mod_revision: a record
+  // is never changed, so that is the order written); those past the newest `keep`
+  // are deleted by key, each with its announced/ and alive/ keys, in transactions of
+  // at most 100 operations (etcd's default limit is 128). Announcements: each one whose record
+  // exists is deleted by a transaction that runs only while that record exists.
+  Result<relay::PruneCounts> Prune(size_t keep) override;
 
   // The keys, for tests and docs: P records/<id>, P announced/<id>, P alive/<id>.
   std::string RecordKey(uint64_t refit_id) const;

@@ -186,6 +186,7 @@ int main(int argc, char** argv) {
     coord_counts.abort_records += r.coord.abort_records;
     coord_counts.coordinator_aborts += r.coord.coordinator_aborts;
     coord_counts.unknown_outcomes += r.coord.unknown_outcomes;
+    coord_counts.held_settled_from_record += r.coord.held_settled_from_record;
     snapshot_nodes += r.snapshots.nodes;
     snapshots_built += r.snapshots.built;
     snapshot_bytes += r.snapshots.bytes_written;
@@ -291,7 +292,8 @@ int main(int argc, char** argv) {
         "sources lost: early %llu, midway %llu, after all PREPARED %llu, after the record %llu; "
         "store down %llu, answers lost %llu, an answer lost then down %llu; records COMMIT "
         "%llu, ABORT %llu (by the "
-        "coordinator %llu); publishes ended with the outcome unknown %llu\n",
+        "coordinator %llu); publishes ended with the outcome unknown %llu; held deltas "
+        "settled from the record %llu\n",
         static_cast<unsigned long long>(coord_counts.sources_lost[0]),
         static_cast<unsigned long long>(coord_counts.sources_lost[1]),
         static_cast<unsigned long long>(coord_counts.sources_lost[2]),
@@ -302,7 +304,8 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(coord_counts.commit_records),
         static_cast<unsigned long long>(coord_counts.abort_records),
         static_cast<unsigned long long>(coord_counts.coordinator_aborts),
-        static_cast<unsigned long long>(coord_counts.unknown_outcomes));
+        static_cast<unsigned long long>(coord_counts.unknown_outcomes),
+        static_cast<unsigned long long>(coord_counts.held_settled_from_record));
   }
   if (producers) {
     std::printf("trainer faults %llu, refused at the root %llu\n",
@@ -348,10 +351,11 @@ int main(int argc, char** argv) {
           "  \"coord\": {{\"sources_lost\": {{\"early\": {}, \"midway\": {}, "
           "\"after_all_prepared\": {}, \"after_the_record\": {}}}, \"store_down\": {}, "
           "\"answers_lost\": {}, \"answer_lost_then_down\": {}, \"commit_records\": {}, "
-          "\"abort_records\": {}, \"coordinator_aborts\": {}, \"unknown_outcomes\": {}}},\n",
+          "\"abort_records\": {}, \"coordinator_aborts\": {}, \"unknown_outcomes\": {}, "
+          "\"held_settled_from_record\": {}}},\n",
           c.sources_lost[0], c.sources_lost[1], c.sources_lost[2], c.sources_lost[3], c.store_down,
           c.answers_lost, c.answer_lost_then_down, c.commit_records, c.abort_records,
-          c.coordinator_aborts, c.unknown_outcomes);
+          c.coordinator_aborts, c.unknown_outcomes, c.held_settled_from_record);
     }
     out << "  \"failing_seeds\": [";
     for (size_t i = 0; i < failing.size(); ++i) out << (i ? ", " : "") << failing[i];

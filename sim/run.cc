@@ -215,6 +215,7 @@ void Run::StopNode(Node& n, const char* why) {
   r_.chunk_bytes += st.chunk_bytes_received;
   r_.resent_bytes += st.chunk_bytes_resent;
   r_.stream_rollbacks += st.stream_rollbacks;
+  r_.coord.held_settled_from_record += st.held_settled_from_record;
   r_.peak_held_bytes = std::max(r_.peak_held_bytes, st.peak_held_bytes);
   r_.pause_seconds += st.pause_seconds_total;
   if (n.engine) n.engine->Died();

@@ -77,6 +77,9 @@ struct RunResult {
     uint64_t store_down = 0, answers_lost = 0, answer_lost_then_down = 0;
     uint64_t commit_records = 0, abort_records = 0, coordinator_aborts = 0;
     uint64_t unknown_outcomes = 0;  // publishes that ended with the outcome unknown
+    // Deltas nodes held from before a restart, settled from the record (no parent
+    // decided them within the source timeout).
+    uint64_t held_settled_from_record = 0;
   } coord;
   std::vector<std::string> trace;  // readable: the run's own events
 };

@@ -4,11 +4,17 @@
 // its state directory gone), the store down or losing its answers, and the checkers
 // that hold the tree to the record.
 #include "sim/run_internal.h"
+#include "topology/stripe_plan.h"
 
 namespace deltacast::sim::internal {
 
 namespace {
 constexpr char kCoordinatorId[] = "standby";
+// A source away this long comes back after the coordinator decided (the 2-8 s draw).
+constexpr double kLongSourceLoss = 2.0;
+// When the source's child is killed after the source is lost, and how long it stays down.
+constexpr double kChildKillAfter = 0.2;
+constexpr double kChildDownFor = 0.3;
 }  // namespace
 
 bool Run::RecordedCommit(const Digest128& v) const {
@@ -98,6 +104,36 @@ void Run::LoseSource(const CoordFault& f) {
   q_.PostAt(driver_, q_.Now() + secs, [this] {
     if (source_restart_pending_) StartSource();
   });
+  KillSourceChildWhileLost(f);
+}
+
+void Run::KillSourceChildWhileLost(const CoordFault& f) {
+  // Only a loss long enough for the record to be the one to settle it, and past the
+  // point where the children may hold the delta.
+  if (f.seconds < kLongSourceLoss || f.stage == SourceLossStage::kEarly) return;
+  auto striped = topology::PlanStripes(config_);
+  if (!striped.ok()) return;
+  const topology::TreePlan& plan = striped->stripes.front().tree;
+  std::vector<int> children;
+  for (int i = 1; i < static_cast<int>(nodes_.size()); ++i) {
+    const topology::PlannedNode* p = plan.Find(Name(i));
+    if (p && p->parent && *p->parent == plan.source) children.push_back(i);
+  }
+  if (children.empty()) return;
+  // Chosen without a draw of its own: the other faults' schedule stays as it was.
+  const int i = children[static_cast<size_t>(f.publish) % children.size()];
+  const auto after = std::chrono::duration_cast<EventQueue::Duration>(
+      std::chrono::duration<double>(kChildKillAfter));
+  quiet_from_ = std::max(quiet_from_, q_.Now() + after +
+                                          std::chrono::duration_cast<EventQueue::Duration>(
+                                              std::chrono::duration<double>(kChildDownFor)) +
+                                          kRecovery);
+  q_.PostAt(driver_, q_.Now() + after, [this, i] {
+    Node& n = nodes_[i];
+    if (!faults_on_ || !n.agent || n.dying || !source_restart_pending_) return;
+    ++injected_;
+    KillInPlace(i, /*power=*/false, kChildDownFor, "kill (the source away)");
+  });
 }
 
 void Run::WipeSource() {
@@ -128,6 +164,7 @@ void Run::OnSourceCrashPoint(std::string_view name) {
   q_.PostAt(driver_, q_.Now() + secs, [this] {
     if (source_restart_pending_) StartSource();
   });
+  KillSourceChildWhileLost(f);
   throw Killed{};
 }
 

@@ -165,6 +165,10 @@ class Run {
   void LoseSource(const CoordFault& f);
   void WipeSource();
   void OnSourceCrashPoint(std::string_view name);
+  // A child of the source killed and restarted while the source is away for long
+  // (past the coordinator's ABORT): it holds the delta in flight with no parent to
+  // decide it, and settles it from the record.
+  void KillSourceChildWhileLost(const CoordFault& f);
   void OnOutcome(int i, uint64_t refit_id, const Digest128& target, bool committed);
   void CoordFinalChecks();
   // `index`: the publish's place in the workload (-1: the liveness publish).

@@ -157,6 +157,7 @@ std::vector<Section> Sections(const ClusterConfig& c) {
     v["source_timeout"] = ExactDuration(o.source_timeout);
     v["request_timeout"] = ExactDuration(o.request_timeout);
     v["poll_interval"] = ExactDuration(o.poll_interval);
+    v["keep_records"] = static_cast<int64_t>(o.keep_records);
     const std::pair<std::string_view, const std::string*> paths[] = {
         {"ca_file", &o.ca_file}, {"cert_file", &o.cert_file}, {"key_file", &o.key_file}};
     for (const auto& [key, path] : paths) {

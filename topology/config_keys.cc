@@ -160,6 +160,8 @@ constexpr ConfigKey kKeys[] = {
      "how long one etcd request may take"},
     {"coordination", "poll_interval", "duration", false, "\"1s\"", true,
      "how often a prepared node awaiting a decision, and the standby coordinator, read etcd"},
+    {"coordination", "keep_records", "integer", false, "1000", true,
+     "records kept when the source prunes older ones (at least 64)"},
     {"coordination", "ca_file", "path", false, "not set", false,
      "CA certificate that signed etcd's (https endpoints); unset: the system's"},
     {"coordination", "cert_file", "path", false, "not set", false,

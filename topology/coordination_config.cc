@@ -84,6 +84,16 @@ Status ParseCoordination(const toml::table& root, std::string_view source, Clust
     return p.Error(*t->get("source_timeout"),
                    "source_timeout must be at least 1s (etcd leases count whole seconds)");
   }
+  if (const toml::node* n = t->get("keep_records")) {
+    const auto* i = n->as_integer();
+    if (!i) return p.Error(*n, "keep_records must be an integer");
+    if (i->get() < static_cast<int64_t>(kRecordsReadOnRestart)) {
+      return p.Error(*n, "keep_records = " + std::to_string(i->get()) + " is below " +
+                             std::to_string(kRecordsReadOnRestart) +
+                             ", the records a restarted source reads (its lineage)");
+    }
+    c.keep_records = static_cast<size_t>(i->get());
+  }
   const std::filesystem::path dir = std::filesystem::path(source).parent_path();
   std::filesystem::path ca, cert, key;
   RETURN_IF_ERROR(p.Path(*t, "ca_file", dir, ca));

@@ -11,7 +11,9 @@
 //                   decision, and the standby coordinator, read the store, default
 //                   "1s"), ca_file, cert_file, key_file (TLS to etcd: the CA that signed
 //                   etcd's certificate, and a client certificate and key for etcd's
-//                   --client-cert-auth; relative paths are relative to the config file).
+//                   --client-cert-auth; relative paths are relative to the config file),
+//                   keep_records (how many of the newest records the source keeps when
+//                   it prunes older ones, default 1000, at least kRecordsReadOnRestart).
 // The etcd user and password come only from the environment (DELTACAST_ETCD_USER,
 // DELTACAST_ETCD_PASSWORD); a user or password key in the file is an error.
 //
@@ -19,10 +21,15 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <vector>
 
 namespace deltacast::topology {
+
+// How many of the newest commit records a restarted source reads (its lineage and
+// the outcome of deltas children may hold): keep_records may not be smaller.
+inline constexpr size_t kRecordsReadOnRestart = 64;
 
 struct CoordinationConfig {
   std::vector<std::string> endpoints;
@@ -30,6 +37,8 @@ struct CoordinationConfig {
   std::chrono::milliseconds source_timeout{10000};
   std::chrono::milliseconds request_timeout{2000};
   std::chrono::milliseconds poll_interval{1000};
+  // Records beyond the newest keep_records are deleted after each decision.
+  size_t keep_records = 1000;
   std::string ca_file;    // empty: the system's CAs (https endpoints)
   std::string cert_file;  // client certificate; set together with key_file
   std::string key_file;

@@ -21,19 +21,36 @@ std::string FileName(const Digest128& target) { return "delta-" + target.ToHex()
 std::filesystem::path StreamFile(std::filesystem::path spool) {
   return spool.replace_extension(".stream");
 }
-}  // namespace
 
-uint64_t Spool::StreamOf(const std::filesystem::path& dir, const Digest128& target) {
+// The stream file: "<stream, 16 hex>\n", or "<stream, 16 hex> <refit, 16 hex>\n" since
+// the refit is kept too; field `index` of it, 0 when absent or unreadable.
+uint64_t StreamFileField(const std::filesystem::path& dir, const Digest128& target, size_t index) {
   auto bytes = ReadFile(StreamFile(dir / FileName(target)));
   if (!bytes.ok()) return 0;
   const std::string text(reinterpret_cast<const char*>(bytes->data()), bytes->size());
-  uint64_t stream = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < index; ++i) {
+    at = text.find(' ', at);
+    if (at == std::string::npos) return 0;
+    ++at;
+  }
+  uint64_t value = 0;
   try {
-    stream = std::stoull(text, nullptr, 16);
+    value = std::stoull(text.substr(at), nullptr, 16);
   } catch (const std::exception&) {
     return 0;  // unreadable: unknown, so nothing it holds counts as this stream's
   }
-  return stream;
+  return value;
+}
+
+}  // namespace
+
+uint64_t Spool::StreamOf(const std::filesystem::path& dir, const Digest128& target) {
+  return StreamFileField(dir, target, 0);
+}
+
+uint64_t Spool::RefitOf(const std::filesystem::path& dir, const Digest128& target) {
+  return StreamFileField(dir, target, 1);
 }
 
 bool Spool::HoldsChunks(const std::filesystem::path& dir, const Digest128& target) {
@@ -42,8 +59,10 @@ bool Spool::HoldsChunks(const std::filesystem::path& dir, const Digest128& targe
   return !ec && size > 0;
 }
 
-Status Spool::RecordStream(uint64_t stream) {
-  const std::string text = fmt::format("{:016x}\n", stream);
+Status Spool::RecordStream(uint64_t stream, uint64_t refit_id) {
+  // Older versions read the stream alone (up to the space) and ignore the refit.
+  const std::string text = refit_id == 0 ? fmt::format("{:016x}\n", stream)
+                                         : fmt::format("{:016x} {:016x}\n", stream, refit_id);
   return WriteFileAtomic(StreamFile(path_),
                          ByteSpan(reinterpret_cast<const std::byte*>(text.data()), text.size()));
 }

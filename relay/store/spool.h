@@ -49,9 +49,14 @@ class Spool {
   // Whether `dir` holds a non-empty spool for `target`: a node spools each chunk
   // before it applies it, so with none it applied nothing of the delta.
   static bool HoldsChunks(const std::filesystem::path& dir, const Digest128& target);
+  // The refit whose BEGIN opened the spool for `target` in `dir`, as RecordStream
+  // noted it; 0 when unknown (none noted, or noted by a version that did not keep it).
+  static uint64_t RefitOf(const std::filesystem::path& dir, const Digest128& target);
   // Notes, durably, that `stream` numbers this spool's chunks (before any of them
-  // is applied): delta-<target>.stream beside the spool.
-  Status RecordStream(uint64_t stream);
+  // is applied), and the refit that streams it (0: unknown): delta-<target>.stream
+  // beside the spool. A node that restarts with the delta in flight reads its
+  // commit record by that refit (docs/recovery.md, "The commit record").
+  Status RecordStream(uint64_t stream, uint64_t refit_id = 0);
   // Opens one spool file as it is (the source's retained deltas), touching nothing
   // else.
   static Result<std::unique_ptr<Spool>> OpenFile(const std::filesystem::path& file);

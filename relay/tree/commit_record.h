@@ -46,6 +46,12 @@ struct RefitInProgress {
   bool source_alive = true;
 };
 
+// What one Prune deleted.
+struct PruneCounts {
+  size_t records = 0;
+  size_t announcements = 0;
+};
+
 class CommitRecordStore {
  public:
   virtual ~CommitRecordStore() = default;
@@ -71,6 +77,13 @@ class CommitRecordStore {
 
   // Announced refits of this cluster that have no record yet.
   virtual Result<std::vector<RefitInProgress>> Undecided() = 0;
+
+  // Deletes the cluster's records older than its newest `keep` (never one of those,
+  // nor one written while it runs) and the announcements of refits that have a
+  // record; never the announcement of a refit without one (it may be undecided).
+  // A pruned record's announcement goes with it. Safe to run concurrently with
+  // every other call; a failure part way leaves what is left as it was.
+  virtual Result<PruneCounts> Prune(size_t keep) = 0;
 };
 
 }  // namespace deltacast::relay

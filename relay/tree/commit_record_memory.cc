@@ -109,6 +109,31 @@ Result<std::vector<RefitInProgress>> InMemoryCommitRecords::Undecided() {
   return out;
 }
 
+Result<PruneCounts> InMemoryCommitRecords::Prune(size_t keep) {
+  MutexLock lock(mu_);
+  RETURN_IF_ERROR(Reachable());
+  PruneCounts pruned;
+  // Announcements of decided refits first, as etcd's Prune does.
+  for (auto it = announced_.begin(); it != announced_.end();) {
+    if (records_.count(it->first)) {
+      it = announced_.erase(it);
+      ++pruned.announcements;
+    } else {
+      ++it;
+    }
+  }
+  if (written_order_.size() <= keep) return pruned;
+  const size_t drop = written_order_.size() - keep;
+  for (size_t i = 0; i < drop; ++i) {
+    records_.erase(written_order_[i]);
+    pruned.announcements += announced_.erase(written_order_[i]);
+  }
+  written_order_.erase(written_order_.begin(),
+                       written_order_.begin() + static_cast<std::ptrdiff_t>(drop));
+  pruned.records = drop;
+  return pruned;
+}
+
 void InMemoryCommitRecords::SetFault(Fault fault) {
   MutexLock lock(mu_);
   fault_ = fault;

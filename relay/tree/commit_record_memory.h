@@ -51,6 +51,7 @@ class InMemoryCommitRecords final : public CommitRecordStore {
   Status Renew(uint64_t refit_id) override;
   Status Withdraw(uint64_t refit_id) override;
   Result<std::vector<RefitInProgress>> Undecided() override;
+  Result<PruneCounts> Prune(size_t keep) override;
 
   void SetFault(Fault fault);
   Fault fault() const;

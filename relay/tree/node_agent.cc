@@ -491,6 +491,7 @@ void NodeAgent::Impl::Tick() {
     recovery_retry_at_.reset();
     if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active()) recovery_.Start();
   }
+  PollHeldRecord(now);
   if (!refit_) return;
   PollRecord(now);
   if (!refit_) return;

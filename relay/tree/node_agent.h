@@ -98,6 +98,10 @@ struct NodeAgentStats {
   // it rolled back what it applied of the lost stream first (docs/protocol.md,
   // "Chunk identity").
   uint64_t stream_rollbacks = 0;
+  // Deltas held in flight from before a restart, settled (committed, caught up to
+  // or rolled back) from the commit record because no parent decided them within
+  // source_timeout (docs/recovery.md, "The commit record").
+  uint64_t held_settled_from_record = 0;
   uint64_t parent_joins = 0;          // times it joined a parent (1 + reconnects)
   uint64_t partitions_caught_up = 0;  // overwritten to reach a version this node missed
   uint64_t deltas_caught_up = 0;      // kept deltas applied to reach such a version

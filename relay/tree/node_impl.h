@@ -192,6 +192,14 @@ class NodeAgent::Impl {
   // node_records.cc: the commit record, read when the parent is silent.
   void PollRecord(Clock::time_point now);
   void OnRecord(uint64_t refit_id, const Result<std::optional<CommitRecord>>& read);
+  // A delta held in flight with no refit here (from before a restart) whose parent
+  // has not decided it for source_timeout: its record, by the refit id kept with
+  // the spool, else by base and target among the recent records.
+  void PollHeldRecord(Clock::time_point now);
+  void OnHeldRecord(const apply::InflightDelta& held, uint64_t refit_id,
+                    const Result<std::optional<CommitRecord>>& found);
+  // Whether this node holds a delta in flight that no refit of it here decides.
+  bool HoldsUndecidedDelta() const;
 
   // node_outcome.cc: decisions and outcome.
   // `stripe`: the link it came on (replies go back there).
@@ -203,7 +211,10 @@ class NodeAgent::Impl {
   // Sends the refit's decision on to the children, unless it came from the record in
   // a cluster that checks signatures (they read the record themselves).
   void TellChildren(MessageType type);
-  void Resolve(MessageType type, const Decision& d, transport::Message message);
+  // `from_record`: decided by the commit record, not a parent (with signatures
+  // checked, the unsigned decision is not sent on to the children).
+  void Resolve(MessageType type, const Decision& d, transport::Message message,
+               bool from_record = false);
   void RollBackAnotherStream(const Begin& begin, ByteSpan bytes);
   void CommitByCatchingUp(const Decision& d, transport::Message message);
   void ExcuseChildrenWithout(const Digest128& target);
@@ -271,6 +282,10 @@ class NodeAgent::Impl {
   bool record_read_pending_ = false;
   uint64_t record_refused_for_ = 0;  // the refit whose record was refused (logged once)
   Clock::time_point next_record_read_{};
+  // The held delta's record (PollHeldRecord): since when it has waited undecided
+  // here, and the refit whose record this life followed (never followed twice).
+  std::optional<Clock::time_point> held_undecided_since_;
+  uint64_t held_followed_refit_ = 0;
 
   mutable Mutex stats_mu_;
   NodeAgentStats stats_ GUARDED_BY(stats_mu_);

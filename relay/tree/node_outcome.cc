@@ -178,7 +178,8 @@ void NodeAgent::Impl::CommitByCatchingUp(const Decision& d, transport::Message m
 // restarted, or the source died before deciding): commit it if the source
 // committed it, else roll it back (presumed abort). Children in the same state
 // learn it from us. A BEGIN that arrives meanwhile waits (OnBegin).
-void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Message message) {
+void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Message message,
+                              bool from_record) {
   log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
                         journal_.inflight->base.ShortHex(), d.target_version.ShortHex(),
                         MessageTypeName(type)));
@@ -187,9 +188,10 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   refit_->identity = {journal_.inflight->base, d.target_version, 0};
   refit_->decided = Clock::now();
   refit_->resolution = true;
+  refit_->decided_by_record = from_record;
   refit_->decision_message = message;
   downstream_.DropQueued();
-  downstream_.Broadcast(message);
+  if (!(from_record && options_.verify_key)) downstream_.Broadcast(message);
   ForEachSubtree([&](Subtree& t) {
     t.BeginRefit(d.refit_id, Clock::now());
     t.Decided(Clock::now());

@@ -193,7 +193,8 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                    : Spool::OpenEmpty(options_.spool_dir, begin->target_version);
   // Opened empty: its chunks will be this stream's (noted before any is applied).
   if (spool.ok() && !holds_delta) {
-    if (Status noted = (*spool)->RecordStream(begin->stream_id); !noted.ok()) spool = noted;
+    if (Status noted = (*spool)->RecordStream(begin->stream_id, begin->refit_id); !noted.ok())
+      spool = noted;
   }
   if (spool.ok()) {
     refit_->spool = std::move(*spool);

@@ -39,6 +39,14 @@ void Rollback::Start(uint64_t refit_id, std::shared_ptr<Spool> spool) {
 }
 
 void Rollback::Ask(const Fetch& fetch) {
+  // No parent to ask (a node that settled a held delta from the commit record while
+  // its parent is away): a request sent now would go nowhere and never be answered
+  // or lost, and the rollback would wait forever (the simulator's --coord seed
+  // 1566). Asked when a parent joins (AskAgain).
+  if (!parent_.joined()) {
+    lost_.push_back(fetch);
+    return;
+  }
   const uint64_t refit_id = refit_id_;
   requests_.FetchPartition(
       fetch,

@@ -57,7 +57,9 @@ class Source::Impl {
         downstream_(loop_, options_.config.Source()->id, AllSourceLinks(striped_), options_.token,
                     Events(), Downstream::LimitsFrom(options_.config.limits)),
         records_(options_.commit_records, options_.config.name, options_.source_timeout,
-                 options_.poll_interval) {
+                 options_.poll_interval,
+                 options_.config.coordination ? options_.config.coordination->keep_records
+                                              : topology::CoordinationConfig{}.keep_records) {
     {
       // One Subtree per stripe: the root of each stripe's tree (all in this process).
       MutexLock lock(mu_);

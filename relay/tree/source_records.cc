@@ -8,13 +8,15 @@
 #include "common/log.h"
 #include "common/runtime.h"
 #include "relay/tree/decision_log.h"
+#include "topology/coordination_config.h"
 
 namespace deltacast::relay {
 namespace {
 
 // How many recent records a restarted source reads: the cluster's lineage for
-// catch-up and the outcome of any delta a child may still hold.
-constexpr size_t kRecentRecords = 64;
+// catch-up and the outcome of any delta a child may still hold. Pruning keeps at
+// least these ([coordination] keep_records).
+constexpr size_t kRecentRecords = topology::kRecordsReadOnRestart;
 
 std::chrono::milliseconds RenewPeriod(std::chrono::milliseconds source_timeout) {
   return std::clamp(source_timeout / 6, std::chrono::milliseconds(10),
@@ -31,11 +33,12 @@ std::string Describe(const CommitRecord& r) {
 
 SourceRecords::SourceRecords(std::shared_ptr<CommitRecordStore> store, std::string cluster,
                              std::chrono::milliseconds source_timeout,
-                             std::chrono::milliseconds poll_interval)
+                             std::chrono::milliseconds poll_interval, size_t keep_records)
     : store_(std::move(store)),
       cluster_(std::move(cluster)),
       source_timeout_(source_timeout),
-      poll_interval_(poll_interval) {
+      poll_interval_(poll_interval),
+      keep_records_(std::max(keep_records, kRecentRecords)) {
   if (!store_) return;
   renew_loop_ =
       std::make_unique<EventLoop>([this] { RenewTick(); }, RenewPeriod(source_timeout_), "renew");
@@ -104,6 +107,27 @@ void SourceRecords::Withdraw(uint64_t refit_id) {
     log::Warn(fmt::format("refit {}: announcement not withdrawn ({}); it lapses by itself",
                           refit_id, withdrawn.ToString()));
   }
+  // The decision is sent: prune behind it, on the renewal loop, so a slow store
+  // never holds up the refit's confirmations (the next renewal waits behind it,
+  // and none is due: nothing is announced now).
+  renew_loop_->Post([this] { (void)Prune(); });
+}
+
+Result<PruneCounts> SourceRecords::Prune() {
+  if (!store_) return PruneCounts{};
+  Result<PruneCounts> pruned = store_->Prune(keep_records_);
+  if (!pruned.ok()) {
+    log::Warn(fmt::format("the commit record store was not pruned to its newest {} records: {}",
+                          keep_records_, pruned.status().ToString()));
+    return pruned;
+  }
+  if (pruned->records > 0 || pruned->announcements > 0) {
+    log::Info(
+        fmt::format("commit record store pruned: {} records older than the newest {}, {} "
+                    "announcements of decided refits",
+                    pruned->records, keep_records_, pruned->announcements));
+  }
+  return pruned;
 }
 
 bool SourceRecords::Names(const CommitRecord& r, uint64_t refit_id, const Digest128& base,

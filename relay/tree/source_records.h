@@ -37,8 +37,11 @@ class SourceRecords {
  public:
   // `store` may be null: then every call is a no-op that lets the source go on as
   // without a store (Decide answers what the source asked for).
+  // `keep_records`: how many of the newest records each prune keeps ([coordination]
+  // keep_records; at least topology::kRecordsReadOnRestart).
   SourceRecords(std::shared_ptr<CommitRecordStore> store, std::string cluster,
-                std::chrono::milliseconds source_timeout, std::chrono::milliseconds poll_interval);
+                std::chrono::milliseconds source_timeout, std::chrono::milliseconds poll_interval,
+                size_t keep_records = 1000);
   ~SourceRecords();
   bool enabled() const { return store_ != nullptr; }
 
@@ -51,8 +54,13 @@ class SourceRecords {
   Status Announce(const RefitInProgress& refit,
                   std::function<void(const CommitRecord&)> decided = nullptr);
   // Stops renewing and withdraws the announcement; a failure is logged (the
-  // announcement then lapses by itself).
+  // announcement then lapses by itself). Then, on the renewal loop (off the refit's
+  // critical path), prunes the store to the newest keep_records records.
   void Withdraw(uint64_t refit_id);
+  // Prunes now, on the calling thread: records beyond the newest keep_records and
+  // announcements of decided refits (CommitRecordStore::Prune). A failure is logged
+  // and returned; it never fails a refit.
+  Result<PruneCounts> Prune();
 
   // Compare-and-set of `mine` (the source's decision), then the record that stands,
   // within `bound`: kUnavailable (nothing written) tries ABORT instead, and with no
@@ -97,6 +105,7 @@ class SourceRecords {
   const std::string cluster_;
   const std::chrono::milliseconds source_timeout_;
   const std::chrono::milliseconds poll_interval_;
+  const size_t keep_records_;
   Mutex mu_;
   CondVar cv_;
   uint64_t announced_ GUARDED_BY(mu_) = 0;  // the refit being renewed (0: none)

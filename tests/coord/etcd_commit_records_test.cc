@@ -274,6 +274,63 @@ TEST(EtcdCommitRecords, RecentIsTheNewestRecordsOldestFirst) {
   EXPECT_TRUE(Store("recent-other")->Recent(10)->empty());  // clusters do not mix
 }
 
+// Pruning (CommitRecordStore::Prune): more records than one transaction deletes,
+// written in an order unlike their ids; the newest K stay, Recent still answers, and
+// announcements are deleted only for refits that have a record.
+TEST(EtcdCommitRecords, PruneKeepsTheNewestRecordsAndUndecidedAnnouncements) {
+  REQUIRE_ETCD();
+  auto store = Store("prune");
+  auto other = Store("prune-other");
+  for (uint64_t refit = 1; refit <= 5; ++refit) {
+    ASSERT_TRUE(other->Decide(Record("prune-other", refit, true)).ok());
+  }
+  // Refit 3's announcement never withdrawn (its source died after the record).
+  ASSERT_TRUE(store->Announce(Refit("prune", 3 * 7919 % 1000), 30.0).ok());
+  constexpr uint64_t kWritten = 150, kKept = 20;
+  std::vector<uint64_t> order;
+  for (uint64_t i = 1; i <= kWritten; ++i) order.push_back(i * 7919 % 1000);  // distinct ids
+  for (uint64_t refit : order) {
+    ASSERT_TRUE(store->Decide(Record("prune", refit, refit % 3 != 0)).ok());
+  }
+  // Undecided refits: their announcements must survive. A decided one's left behind
+  // (a Withdraw that failed) must go.
+  ASSERT_TRUE(store->Announce(Refit("prune", 5001), 30.0).ok());
+  ASSERT_TRUE(store->Announce(Refit("prune", 5002), 30.0).ok());
+  ASSERT_TRUE(store->Announce(Refit("prune", 5003), 30.0).ok());
+  ASSERT_TRUE(store->Decide(Record("prune", 5003, true)).ok());
+
+  auto pruned = store->Prune(kKept);
+  ASSERT_TRUE(pruned.ok()) << pruned.status().ToString();
+  EXPECT_EQ(pruned->records, kWritten + 1 - kKept);
+  EXPECT_EQ(pruned->announcements, 2u);  // refit 3 * 7919 % 1000's and 5003's
+
+  auto recent = store->Recent(1000);
+  ASSERT_TRUE(recent.ok()) << recent.status().ToString();
+  ASSERT_EQ(recent->size(), kKept);
+  // The newest K, oldest first: order's last K - 1, then 5003.
+  for (size_t i = 0; i + 1 < kKept; ++i) {
+    EXPECT_EQ((*recent)[i].refit_id, order[kWritten - (kKept - 1) + i]) << "at " << i;
+  }
+  EXPECT_EQ(recent->back().refit_id, 5003u);
+  EXPECT_FALSE(store->Read(order.front())->has_value()) << "the oldest record survived";
+  EXPECT_TRUE(store->Read(order.back())->has_value()) << "the newest record was pruned";
+  EXPECT_TRUE(store->client().Range(store->AnnouncedKey(3 * 7919 % 1000))->empty());
+  EXPECT_TRUE(store->client().Range(store->AliveKey(3 * 7919 % 1000))->empty());
+  auto undecided = store->Undecided();
+  ASSERT_TRUE(undecided.ok()) << undecided.status().ToString();
+  ASSERT_EQ(undecided->size(), 2u) << "an undecided refit's announcement was pruned";
+  EXPECT_EQ((*undecided)[0].refit_id, 5001u);
+  EXPECT_EQ((*undecided)[1].refit_id, 5002u);
+  EXPECT_EQ(other->Recent(100)->size(), 5u) << "another cluster's records were pruned";
+
+  // Again: nothing left to prune. A record written after still stands.
+  pruned = store->Prune(kKept);
+  ASSERT_TRUE(pruned.ok());
+  EXPECT_EQ(pruned->records + pruned->announcements, 0u);
+  ASSERT_TRUE(store->Decide(Record("prune", 5001, false, "coordinator:x")).ok());
+  EXPECT_EQ(store->Recent(1)->back().refit_id, 5001u);
+}
+
 TEST(EtcdCommitRecords, AnnouncementLapsesWhenNotRenewedAndStaysUndecided) {
   REQUIRE_ETCD();
   auto store = Store("lease");

@@ -44,6 +44,7 @@ TEST(CoordinationConfig, Defaults) {
   EXPECT_EQ(c.source_timeout, std::chrono::seconds(10));
   EXPECT_EQ(c.request_timeout, std::chrono::seconds(2));
   EXPECT_EQ(c.poll_interval, std::chrono::seconds(1));
+  EXPECT_EQ(c.keep_records, 1000u);
   EXPECT_TRUE(c.ca_file.empty());
   EXPECT_TRUE(c.cert_file.empty());
   EXPECT_TRUE(c.key_file.empty());
@@ -53,6 +54,7 @@ TEST(CoordinationConfig, EveryKeySet) {
   auto r = Parse(
       "[coordination]\nendpoints = [\"https://10.0.0.1:2379\"]\nprefix = \"/prod/dc\"\n"
       "source_timeout = \"3s\"\nrequest_timeout = \"500ms\"\npoll_interval = \"250ms\"\n"
+      "keep_records = 64\n"
       "ca_file = \"etcd/ca.crt\"\ncert_file = \"/abs/client.crt\"\nkey_file = \"client.key\"\n");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const CoordinationConfig& c = *r->coordination;
@@ -60,6 +62,7 @@ TEST(CoordinationConfig, EveryKeySet) {
   EXPECT_EQ(c.source_timeout, std::chrono::seconds(3));
   EXPECT_EQ(c.request_timeout, std::chrono::milliseconds(500));
   EXPECT_EQ(c.poll_interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(c.keep_records, 64u);
   // Relative to the config file's folder.
   EXPECT_EQ(c.ca_file, "/etc/deltacast/etcd/ca.crt");
   EXPECT_EQ(c.cert_file, "/abs/client.crt");
@@ -92,6 +95,13 @@ TEST(CoordinationConfig, BadValuesNameTheKey) {
               HasSubstr("source_timeout must be at least 1s"));
   EXPECT_THAT(ErrorOf("[coordination]\nendpoints = [\"http://e:1\"]\npoll_interval = \"0s\"\n"),
               HasSubstr("poll_interval must be greater than zero"));
+  // Fewer than a restarted source reads would cut its lineage short.
+  const std::string few =
+      ErrorOf("[coordination]\nendpoints = [\"http://e:1\"]\nkeep_records = 63\n");
+  EXPECT_THAT(few, HasSubstr("keep_records = 63 is below 64"));
+  EXPECT_THAT(few, HasSubstr("lab.toml:5:"));
+  EXPECT_THAT(ErrorOf("[coordination]\nendpoints = [\"http://e:1\"]\nkeep_records = \"1k\"\n"),
+              HasSubstr("keep_records must be an integer"));
   EXPECT_THAT(ErrorOf("[coordination]\nendpoints = [\"http://e:1\"]\ncert_file = \"c.crt\"\n"),
               HasSubstr("cert_file and key_file go together"));
   EXPECT_THAT(ErrorOf("[coordination]\nendpoints = [\"http://e:1\"]\nendpoint = \"x\"\n"),

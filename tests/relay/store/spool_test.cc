@@ -80,6 +80,29 @@ TEST_F(SpoolTest, TheStreamThatNumberedTheChunksIsKeptBesideThemAndGoesWithThem)
   EXPECT_EQ(Spool::StreamOf(dir_, target), 0u);
 }
 
+// The refit that opened the spool is kept with its stream (a node restarted with the
+// delta in flight reads that refit's commit record); a file written before it was
+// kept names the stream alone, and the refit is then unknown (0).
+TEST_F(SpoolTest, TheRefitIsKeptWithTheStreamAndAnOldFileLeavesItUnknown) {
+  Digest128 target;
+  target.bytes[0] = 8;
+  EXPECT_EQ(Spool::RefitOf(dir_, target), 0u);
+  {
+    auto spool = Spool::OpenEmpty(dir_, target);
+    ASSERT_TRUE(spool.ok()) << spool.status().ToString();
+    ASSERT_TRUE((*spool)->RecordStream(0x1234, 0xfedcba9876543210ULL).ok());
+  }
+  EXPECT_EQ(Spool::StreamOf(dir_, target), 0x1234u);
+  EXPECT_EQ(Spool::RefitOf(dir_, target), 0xfedcba9876543210ULL);
+  {
+    auto spool = Spool::OpenEmpty(dir_, target);
+    ASSERT_TRUE(spool.ok());
+    ASSERT_TRUE((*spool)->RecordStream(0x99).ok());  // as an older version wrote it
+  }
+  EXPECT_EQ(Spool::StreamOf(dir_, target), 0x99u);
+  EXPECT_EQ(Spool::RefitOf(dir_, target), 0u);
+}
+
 TEST_F(SpoolTest, OpenKeepsAnEarlierStreamsChunksAndOpenEmptyDropsThem) {
   Digest128 target;
   target.bytes[0] = 2;

@@ -103,6 +103,67 @@ TEST(InMemoryCommitRecordsTest, UnavailableWritesNothingAndLostAnswersStillWrite
   EXPECT_TRUE((*read)->commit);
 }
 
+TEST(InMemoryCommitRecordsTest, PruneKeepsTheNewestRecordsAndUndecidedAnnouncements) {
+  InMemoryCommitRecords store("c1");
+  // Written out of id order: the newest are the last written, not the highest ids.
+  const std::vector<uint64_t> ids = {50, 3, 41, 7, 12, 99, 1, 23};
+  for (uint64_t id : ids) ASSERT_TRUE(store.Decide(Record(id, id % 2 == 0)).ok());
+  // An undecided refit, and a decided one whose announcement was left (a failed
+  // Withdraw: Decide drops it here, so put it back by hand after the record).
+  ASSERT_TRUE(store.Announce({"c1", 200, V(2), V(3), true}, 60).ok());
+  ASSERT_TRUE(store.Announce({"c1", 201, V(2), V(4), true}, 60).ok());
+  ASSERT_TRUE(store.Decide(Record(201, true)).ok());
+  ASSERT_TRUE(store.Announce({"c1", 201, V(2), V(4), true}, 60).ok());
+  auto pruned = store.Prune(3);
+  ASSERT_TRUE(pruned.ok()) << pruned.status().ToString();
+  EXPECT_EQ(pruned->records, ids.size() + 1 - 3);
+  EXPECT_EQ(pruned->announcements, 1u);
+  auto recent = store.Recent(64);
+  ASSERT_TRUE(recent.ok());
+  ASSERT_EQ(recent->size(), 3u);
+  EXPECT_EQ((*recent)[0].refit_id, 1u);
+  EXPECT_EQ((*recent)[1].refit_id, 23u);
+  EXPECT_EQ((*recent)[2].refit_id, 201u);
+  EXPECT_FALSE(store.Read(50)->has_value()) << "a pruned record can still be read";
+  auto undecided = store.Undecided();
+  ASSERT_TRUE(undecided.ok());
+  ASSERT_EQ(undecided->size(), 1u) << "an undecided refit's announcement was pruned";
+  EXPECT_EQ((*undecided)[0].refit_id, 200u);
+  // Nothing more to prune; and the store down fails it, deleting nothing.
+  pruned = store.Prune(3);
+  ASSERT_TRUE(pruned.ok());
+  EXPECT_EQ(pruned->records + pruned->announcements, 0u);
+  store.SetFault(Fault::kUnavailable);
+  EXPECT_EQ(store.Prune(0).status().code(), StatusCode::kUnavailable);
+  store.SetFault(Fault::kNone);
+  EXPECT_EQ(store.Recent(64)->size(), 3u);
+}
+
+TEST(SourceRecordsTest, AfterADecisionThePrunedStoreKeepsAtLeastWhatARestartReads) {
+  auto store = std::make_shared<InMemoryCommitRecords>("c1");
+  for (uint64_t id = 1; id <= 80; ++id) ASSERT_TRUE(store->Decide(Record(id, true)).ok());
+  // Asked for 10, it keeps the 64 a restarted source reads.
+  SourceRecords records(store, "c1", 1000ms, 10ms, /*keep_records=*/10);
+  ASSERT_TRUE(records.Announce({"c1", 81, V(1), V(2), true}).ok());
+  EXPECT_EQ(records.Decide(Record(81, true), 1000ms).kind, StandingDecision::Kind::kCommit);
+  records.Withdraw(81);  // prunes on the renewal loop: wait for it
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (store->Recent(1000)->size() != 64u && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  auto recent = store->Recent(1000);
+  ASSERT_TRUE(recent.ok());
+  ASSERT_EQ(recent->size(), 64u);
+  EXPECT_EQ(recent->front().refit_id, 18u);
+  EXPECT_EQ(recent->back().refit_id, 81u);
+  // Pruning again finds nothing; the store down is an error that names it.
+  auto again = records.Prune();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->records, 0u);
+  store->SetFault(Fault::kUnavailable);
+  EXPECT_FALSE(records.Prune().ok());
+}
+
 TEST(SourceRecordsTest, ACoordinatorsAbortWinsOverTheSourcesCommit) {
   auto store = std::make_shared<InMemoryCommitRecords>("c1");
   ASSERT_TRUE(store->Decide(Record(3, false, "coordinator:x")).ok());
