@@ -65,7 +65,8 @@ class Source::Impl {
         subtrees_.push_back(std::make_unique<Subtree>(
             SourceLinks(striped_, s),
             Subtree::Rules{options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
-                           s == 0 ? "" : "stripe " + std::to_string(s) + ": "},
+                           s == 0 ? "" : "stripe " + std::to_string(s) + ": ",
+                           striped_.stripes.size() > 1},
             SubtreeOwner()));
       }
     }
