@@ -60,8 +60,7 @@ std::vector<std::unique_ptr<Subtree>> NodeAgent::Impl::MakeSubtrees() {
     trees.push_back(std::make_unique<Subtree>(
         links,
         Subtree::Rules{options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
-                       options_.node_id + (s == 0 ? "" : "#" + std::to_string(s)) + ": ",
-                       selves_.size() > 1},
+                       options_.node_id + (s == 0 ? "" : "#" + std::to_string(s)) + ": "},
         SubtreeOwner()));
   }
   return trees;

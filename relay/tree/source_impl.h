@@ -65,8 +65,7 @@ class Source::Impl {
         subtrees_.push_back(std::make_unique<Subtree>(
             SourceLinks(striped_, s),
             Subtree::Rules{options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
-                           s == 0 ? "" : "stripe " + std::to_string(s) + ": ",
-                           striped_.stripes.size() > 1},
+                           s == 0 ? "" : "stripe " + std::to_string(s) + ": "},
             SubtreeOwner()));
       }
     }

@@ -151,14 +151,6 @@ void Subtree::OnFailed(const std::string& child, const Failed& failed) {
     if (commit_waits_) owner_.leave_out(child);
     return Changed();
   }
-  if (own && failed.kind == FailureKind::kNode && MayGoOnWithout() && rules_.stream_to_failed) {
-    log::Warn(
-        fmt::format("{}child {} cannot reach the target ({}); refit {} goes on without it "
-                    "(commit policy available), still relaying its stripe through it",
-                    rules_.log_prefix, child, log::Escape(failed.reason), refit_id_));
-    Excuse(child);
-    return Changed();
-  }
   if (own && failed.kind == FailureKind::kNode && MayGoOnWithout()) {
     GoOnWithout(child, fmt::format("child {} cannot reach the target ({})", child,
                                    log::Escape(failed.reason)));

@@ -53,11 +53,6 @@ class Subtree {
     topology::CommitPolicy policy = topology::CommitPolicy::kAll;
     std::chrono::milliseconds connect_timeout{10000};
     std::string log_prefix;  // ahead of every log line: "n3: ", "bucket downlink eu1: "
-    // Striped trees: a child that cannot take part (its own FAILED, policy
-    // `available`) is not waited for, but its chunks still go to it: it relays them
-    // to its subtree in this stripe, whose nodes the other stripes wait for (the
-    // simulator's --stripes seed 50 starved them and aborted at the commit timeout).
-    bool stream_to_failed = false;
   };
   struct Owner {
     // The refit goes on without `child`: stop holding chunks for it.
