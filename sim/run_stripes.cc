@@ -127,6 +127,7 @@ void Run::ObserveLink(const LinkEvent& e) {
   const LinkInfo& link = e.link;
   if (link.stripe < 0) return;  // before its HELLO
   StripeWatch& w = *watch_;
+  if (r_.failures.size() > 50) return;  // enough said (a livelock repeats itself)
   const ByteSpan bytes(e.message.data(), e.message.size());
   auto type = relay::PeekType(bytes);
   if (!type.ok()) return;
