@@ -40,12 +40,12 @@ struct Run::StripeWatch {
   // (stripe, child) -> the parents the plan allows it there: planned and failover.
   std::map<std::pair<int, std::string>, std::set<std::string>> parents;
   std::map<uint64_t, uint64_t> refit_sent;  // link id -> the refit of the last BEGIN sent on it
-  std::map<uint64_t, uint64_t> refit_got;   // link id -> ... delivered on it
   std::map<uint64_t, Digest128> targets;    // refit id -> target
   // (link id, refit, sequence, END?) of every chunk sent on a link.
   std::set<std::tuple<uint64_t, uint64_t, uint32_t, bool>> sent;
-  // (node, refit) -> the stripes whose END reached it (any incarnation).
-  std::map<std::pair<std::string, uint64_t>, std::set<int>> ends;
+  // (node, target) -> the stripes whose END of the delta to it reached it (any
+  // incarnation; a delta streamed again under another refit id counts too).
+  std::map<std::pair<std::string, Digest128>, std::set<int>> ends;
   // (node, target) it said in a HELLO it had PREPARED (a restart; its ENDs may have
   // come to the process before).
   std::set<std::pair<std::string, Digest128>> prepared_hello;
@@ -136,7 +136,7 @@ void Run::ObserveLink(const LinkEvent& e) {
     auto begin = relay::ParseBegin(bytes);
     if (!begin.ok()) return;
     w.targets[begin->refit_id] = begin->target_version;
-    (e.delivered ? w.refit_got : w.refit_sent)[link.id] = begin->refit_id;
+    if (!e.delivered) w.refit_sent[link.id] = begin->refit_id;
     if (!e.delivered && static_cast<int>(begin->stripe) != link.stripe) {
       Fail(fmt::format("stripes: {} sent a BEGIN for stripe {} on {}'s stripe-{} link", e.from,
                        begin->stripe, e.to, link.stripe));
@@ -150,8 +150,9 @@ void Run::ObserveLink(const LinkEvent& e) {
     if (!header.ok()) return;
     const bool data = header->kind == codec::ChunkKind::kData;
     if (e.delivered) {
-      auto refit = w.refit_got.find(link.id);
-      if (!data && refit != w.refit_got.end()) w.ends[{e.to, refit->second}].insert(link.stripe);
+      // By the delta's target (the chunk names it): a replay on a new link may bring
+      // the END with no BEGIN before it.
+      if (!data) w.ends[{e.to, header->identity.target_version}].insert(link.stripe);
       return;
     }
     ++r_.stripes.chunks_checked;
@@ -194,10 +195,11 @@ void Run::ObserveLink(const LinkEvent& e) {
     auto prepared = relay::ParsePrepared(bytes);
     if (!prepared.ok()) return;
     ++r_.stripes.prepared_checked;
-    const auto ends = w.ends.find({e.from, prepared->refit_id});
+    const auto target = w.targets.find(prepared->refit_id);
+    const auto ends =
+        target == w.targets.end() ? w.ends.end() : w.ends.find({e.from, target->second});
     const size_t got = ends == w.ends.end() ? 0 : ends->second.size();
     if (got == static_cast<size_t>(link.stripes)) return;
-    const auto target = w.targets.find(prepared->refit_id);
     if (target != w.targets.end() && w.prepared_hello.count({e.from, target->second})) return;
     if (w.commit_got.count({e.from, prepared->refit_id})) return;
     Fail(
