@@ -16,10 +16,15 @@
 //                 [--coord]       the commit record store and a standby coordinator,
 //                                 with sources lost at every stage of a refit and the
 //                                 store down or losing answers (docs/simulation.md)
+//                 [--stripes]     striped trees (2-4 stripes), with one stripe's link
+//                                 cut, reset or stalled and nodes interior in one stripe
+//                                 and a leaf in another killed mid-refit
 //
 // Exit status 0 when every run passed every checker, 1 otherwise, 2 on bad usage.
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -40,7 +45,7 @@ int Usage(const std::string& why) {
       stderr,
       "deltacast_sim: %s\nusage: deltacast_sim --seed S [--drop I,J] [--trace] [--log] [--debug]\n"
       "       deltacast_sim --seeds A-B [--known S,T] [--intensity X] [--no-disk] [--no-outages] "
-      "[--producers] [--restream] [--coord] [--no-staged] [--no-snapshots] "
+      "[--producers] [--restream] [--coord] [--stripes] [--no-staged] [--no-snapshots] "
       "[--shrink] "
       "[--json FILE]\n",
       why.c_str());
@@ -69,6 +74,7 @@ int main(int argc, char** argv) {
   bool producers = false;
   bool restream = false;
   bool coord = false;
+  bool stripes = false;
   bool outages = true;
   bool staged = true;
   bool snapshots = true;
@@ -117,6 +123,8 @@ int main(int argc, char** argv) {
       restream = true;
     } else if (a == "--coord") {
       coord = true;
+    } else if (a == "--stripes") {
+      stripes = true;
     } else if (a == "--no-disk") {
       disk = false;
     } else if (a == "--no-staged") {
@@ -146,6 +154,13 @@ int main(int argc, char** argv) {
   uint64_t trainer_faults = 0, trainer_refused = 0;
   uint64_t restreams = 0, stream_rollbacks = 0;
   RunResult::CoordCounts coord_counts;
+  // --stripes: runs per S, stripe faults per kind, what the checkers looked at, and
+  // each receiver's upload in copies of the delta (its CHUNK bytes / one copy).
+  std::array<uint64_t, 5> runs_by_stripes{};
+  std::array<uint64_t, kStripeFaultKinds> stripe_faults{};
+  uint64_t chunks_checked = 0, prepared_checked = 0;
+  uint64_t upload_nodes = 0, upload_idle = 0;
+  double upload_sum = 0, upload_max = 0, source_sum = 0;
   double sim_seconds = 0;
   uint64_t staged_nodes = 0, engine_nodes = 0, crashes = 0;
   uint64_t snapshot_nodes = 0, snapshots_built = 0, snapshot_bytes = 0, snapshot_repaired = 0;
@@ -159,7 +174,33 @@ int main(int argc, char** argv) {
     Scenario s = DrawScenario(seed, intensity, disk, outages, producers, staged, snapshots);
     s.restream = restream;
     if (coord) DrawCoordination(s);
+    if (stripes) DrawStriping(s, intensity);
     RunResult r = RunScenario(s, options);
+    if (stripes) {
+      const auto& st = r.stripes;
+      ++runs_by_stripes[std::min<size_t>(st.stripes, 4)];
+      for (int k = 0; k < kStripeFaultKinds; ++k) stripe_faults[k] += st.faults[k];
+      chunks_checked += st.chunks_checked;
+      prepared_checked += st.prepared_checked;
+      if (st.delta_bytes > 0 && !st.upload_bytes.empty()) {
+        const double copy = static_cast<double>(st.delta_bytes);
+        source_sum += st.upload_bytes[0] / copy;
+        for (size_t i = 1; i < st.upload_bytes.size(); ++i) {
+          const double share = st.upload_bytes[i] / copy;
+          ++upload_nodes;
+          upload_sum += share;
+          upload_max = std::max(upload_max, share);
+          upload_idle += st.upload_bytes[i] == 0;
+        }
+        if (one) {
+          std::printf("upload in copies of the delta (%.0f bytes a copy): src %.2f", copy,
+                      st.upload_bytes[0] / copy);
+          for (size_t i = 1; i < st.upload_bytes.size(); ++i)
+            std::printf(", n%zu %.2f", i, st.upload_bytes[i] / copy);
+          std::printf("\n");
+        }
+      }
+    }
     ++runs;
     publishes += r.publishes;
     committed += r.committed;
@@ -307,6 +348,26 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(coord_counts.unknown_outcomes),
         static_cast<unsigned long long>(coord_counts.held_settled_from_record));
   }
+  if (stripes) {
+    const double runs_with_upload = static_cast<double>(std::max<uint64_t>(1, runs));
+    std::printf(
+        "stripes: runs with 2/3/4 stripes %llu/%llu/%llu; stripe faults: cut %llu, reset %llu, "
+        "stall %llu, kill of a node interior in one stripe and a leaf in another %llu; chunk "
+        "sends checked %llu, PREPAREDs checked %llu; upload per receiver in copies of the "
+        "delta: mean %.2f, max %.2f, none %llu of %llu; the source %.2f a run\n",
+        static_cast<unsigned long long>(runs_by_stripes[2]),
+        static_cast<unsigned long long>(runs_by_stripes[3]),
+        static_cast<unsigned long long>(runs_by_stripes[4]),
+        static_cast<unsigned long long>(stripe_faults[0]),
+        static_cast<unsigned long long>(stripe_faults[1]),
+        static_cast<unsigned long long>(stripe_faults[2]),
+        static_cast<unsigned long long>(stripe_faults[3]),
+        static_cast<unsigned long long>(chunks_checked),
+        static_cast<unsigned long long>(prepared_checked),
+        upload_nodes ? upload_sum / upload_nodes : 0.0, upload_max,
+        static_cast<unsigned long long>(upload_idle), static_cast<unsigned long long>(upload_nodes),
+        source_sum / runs_with_upload);
+  }
   if (producers) {
     std::printf("trainer faults %llu, refused at the root %llu\n",
                 static_cast<unsigned long long>(trainer_faults),
@@ -356,6 +417,18 @@ int main(int argc, char** argv) {
           c.sources_lost[0], c.sources_lost[1], c.sources_lost[2], c.sources_lost[3], c.store_down,
           c.answers_lost, c.answer_lost_then_down, c.commit_records, c.abort_records,
           c.coordinator_aborts, c.unknown_outcomes, c.held_settled_from_record);
+    }
+    if (stripes) {
+      out << fmt::format(
+          "  \"stripes\": {{\"runs_by_stripes\": {{\"2\": {}, \"3\": {}, \"4\": {}}}, "
+          "\"faults\": {{\"cut\": {}, \"reset\": {}, \"stall\": {}, \"kill_mixed_node\": {}}}, "
+          "\"chunk_sends_checked\": {}, \"prepared_checked\": {}, "
+          "\"upload_copies_per_receiver\": {{\"mean\": {:.3f}, \"max\": {:.3f}, \"none\": {}, "
+          "\"receivers\": {}}}, \"source_upload_copies_per_run\": {:.3f}}},\n",
+          runs_by_stripes[2], runs_by_stripes[3], runs_by_stripes[4], stripe_faults[0],
+          stripe_faults[1], stripe_faults[2], stripe_faults[3], chunks_checked, prepared_checked,
+          upload_nodes ? upload_sum / upload_nodes : 0.0, upload_max, upload_idle, upload_nodes,
+          source_sum / std::max<uint64_t>(1, runs));
     }
     out << "  \"failing_seeds\": [";
     for (size_t i = 0; i < failing.size(); ++i) out << (i ? ", " : "") << failing[i];

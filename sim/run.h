@@ -81,6 +81,17 @@ struct RunResult {
     // decided them within the source timeout).
     uint64_t held_settled_from_record = 0;
   } coord;
+  // --stripes: S, the stripe faults injected per kind (StripeFaultKind), what the
+  // checkers looked at, and each process's upload: the CHUNK bytes it sent down stripe
+  // links ([0] the source, [i] n<i>), against one copy of every refit the source
+  // streamed (delta_bytes: each of its chunks counted once).
+  struct StripeCounts {
+    int stripes = 0;
+    std::array<uint64_t, kStripeFaultKinds> faults{};
+    uint64_t chunks_checked = 0, prepared_checked = 0;
+    std::vector<uint64_t> upload_bytes;
+    uint64_t delta_bytes = 0;
+  } stripes;
   std::vector<std::string> trace;  // readable: the run's own events
 };
 

@@ -171,6 +171,14 @@ class Run {
   void KillSourceChildWhileLost(const CoordFault& f);
   void OnOutcome(int i, uint64_t refit_id, const Digest128& target, bool committed);
   void CoordFinalChecks();
+  // --stripes (run_stripes.cc): the stripe faults and the checkers on stripe links.
+  struct StripeWatch;
+  void SetupStripes();
+  void ScheduleStripeFaults(int publish);
+  void InjectStripe(size_t index, const StripeFault& f);
+  void ObserveLink(const LinkEvent& e);
+  void StripeFinalChecks();
+  std::shared_ptr<StripeWatch> watch_;  // null without --stripes
   // `index`: the publish's place in the workload (-1: the liveness publish).
   void Publish(int index, double rate, bool liveness);
   Tensors Mutate(const Tensors& base, double rate);

@@ -330,6 +330,64 @@ void DrawCoordination(Scenario& s) {
   }
 }
 
+const char* StripeFaultName(StripeFaultKind kind) {
+  switch (kind) {
+    case StripeFaultKind::kCutLink:
+      return "stripe-cut";
+    case StripeFaultKind::kResetLink:
+      return "stripe-reset";
+    case StripeFaultKind::kStallLink:
+      return "stripe-stall";
+    case StripeFaultKind::kKillMixedNode:
+      return "kill-mixed-node";
+  }
+  return "?";
+}
+
+void DrawStriping(Scenario& s, double intensity) {
+  std::mt19937_64 rng(s.seed * 0x8EBC6AF09C88C6E3ull + 31);
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  auto below = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  // 2..4 stripes, never more than there are receivers (each stripe's tree wants a
+  // node to be interior in it).
+  s.striping.stripes = 2 + below(std::max(1, std::min(3, s.nodes - 1)));
+  s.striping.faults.clear();
+  const int links = static_cast<int>(std::round(intensity * (1 + below(4))));
+  for (int k = 0; k < links; ++k) {
+    StripeFault f;
+    f.publish = below(s.publishes);
+    f.at = uniform(0, 0.5);
+    const int kind = below(3);
+    f.kind = kind == 0   ? StripeFaultKind::kCutLink
+             : kind == 1 ? StripeFaultKind::kResetLink
+                         : StripeFaultKind::kStallLink;
+    f.node = 1 + below(s.nodes);
+    f.stripe = below(s.striping.stripes);
+    f.seconds = f.kind == StripeFaultKind::kCutLink     ? uniform(0.3, 8)
+                : f.kind == StripeFaultKind::kStallLink ? uniform(0.05, 8)
+                                                        : 0;
+    s.striping.faults.push_back(f);
+  }
+  const std::vector<int> mixed = MixedStripeNodes(s);
+  const int kills = mixed.empty() ? 0 : static_cast<int>(std::round(intensity * below(3)));
+  for (int k = 0; k < kills; ++k) {
+    StripeFault f;
+    f.publish = below(s.publishes);
+    f.at = uniform(0, 0.4);  // mid-refit: a publish takes 0.1-0.5 s without faults
+    f.kind = StripeFaultKind::kKillMixedNode;
+    f.node = mixed[below(static_cast<int>(mixed.size()))];
+    f.seconds = below(3) == 0 ? uniform(0, 0.2) : uniform(0.5, 6);
+    f.power = below(2) == 1;
+    s.striping.faults.push_back(f);
+  }
+  std::stable_sort(s.striping.faults.begin(), s.striping.faults.end(),
+                   [](const StripeFault& x, const StripeFault& y) {
+                     return x.publish != y.publish ? x.publish < y.publish : x.at < y.at;
+                   });
+}
+
 std::string Scenario::Describe() const {
   std::string out = fmt::format(
       "seed {}: {} nodes, fanout {}, policy {}, keep_deltas {}, write-back {} ms, {} publishes, "
@@ -338,6 +396,16 @@ std::string Scenario::Describe() const {
       publishes, faults.size());
   if (producers > 0) out += fmt::format(", {} producers", producers);
   if (restream) out += ", restream";
+  if (striping.stripes > 0) {
+    out += fmt::format(", {} stripes ({} stripe faults:", striping.stripes, striping.faults.size());
+    for (const StripeFault& f : striping.faults) {
+      out += fmt::format(" p{}@{:.3f}={} n{}", f.publish, f.at, StripeFaultName(f.kind), f.node);
+      if (f.kind != StripeFaultKind::kKillMixedNode) out += fmt::format(" stripe {}", f.stripe);
+      if (f.power) out += " power-loss";
+      if (f.seconds > 0) out += fmt::format(" for {:.2f}s", f.seconds);
+    }
+    out += ")";
+  }
   if (coordination.on) {
     out += fmt::format(", coord ({} faults:", coordination.faults.size());
     for (const CoordFault& f : coordination.faults) {

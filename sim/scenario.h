@@ -109,6 +109,34 @@ struct Coordination {
   std::vector<CoordFault> faults;
 };
 
+// deltacast_sim --stripes (issue 31; docs/simulation.md, "Striped trees"): the run's
+// config has [tree] stripes = S (2..4, at most the node count), and these faults,
+// drawn from a generator of their own after the rest of the scenario (so without
+// --stripes every seed replays as before, and every other fault keeps its --drop
+// index).
+enum class StripeFaultKind {
+  kCutLink,    // the link between a node and its parent in one stripe is cut for a while
+  kResetLink,  // ... breaks once
+  kStallLink,  // ... sends nothing for a while
+  // A node interior in one stripe and a leaf in another is killed mid-refit.
+  kKillMixedNode,
+};
+inline constexpr int kStripeFaultKinds = 4;
+const char* StripeFaultName(StripeFaultKind kind);
+struct StripeFault {
+  int publish = 0;
+  double at = 0;  // simulated seconds after that publish starts
+  StripeFaultKind kind{};
+  int node = 0;        // the child of the link, or the node killed
+  int stripe = 0;      // the link's stripe
+  double seconds = 0;  // how long (a kill: until the restart)
+  bool power = false;  // a kill: a power loss
+};
+struct Striping {
+  int stripes = 0;  // 0: not striped (one tree)
+  std::vector<StripeFault> faults;
+};
+
 struct Scenario {
   uint64_t seed = 0;
   int nodes = 3;
@@ -140,6 +168,8 @@ struct Scenario {
   std::vector<NodeSnapshots> snapshots;
   // --coord: the commit record store, the coordinator and their faults.
   Coordination coordination;
+  // --stripes: the stripe count and the stripe faults.
+  Striping striping;
   std::string Describe() const;
 };
 
@@ -148,6 +178,13 @@ struct Scenario {
 // publish in two loses its source at one of the four stages, and some publishes see
 // the store down or its answers lost.
 void DrawCoordination(Scenario& s);
+
+// --stripes: draws S (2..4, at most the node count) and the stripe faults for `s`
+// from a generator of their own, scaled by `intensity` (0: none).
+void DrawStriping(Scenario& s, double intensity);
+// The nodes interior in one stripe's tree and a leaf in another's, for `s`'s config
+// (run_stripes.cc plans it); kills of them are drawn from these.
+std::vector<int> MixedStripeNodes(const Scenario& s);
 
 // Draws a scenario from `seed`. `intensity` scales the number of faults (0: none).
 // With `disk` false no kill is a power loss, no disk fills and no outage is drawn

@@ -4,6 +4,8 @@
 #include <deque>
 #include <optional>
 
+#include "relay/wire/protocol.h"
+
 namespace deltacast::sim {
 
 using transport::Message;
@@ -17,6 +19,7 @@ struct SimNetwork::End {
   std::string node, peer_node, peer_address;
   uint64_t queue = 0;  // the owning transport's handler queue
   std::weak_ptr<End> peer;
+  std::shared_ptr<LinkInfo> info;  // shared by both ends
   bool open = true;
   bool started = false;
   bool handed_out = true;  // its Connection object exists: its handlers may run
@@ -35,7 +38,8 @@ struct SimNetwork::End {
   }
   TimePoint StalledUntil() const {
     auto it = net->stalled_until().find(key());
-    return it == net->stalled_until().end() ? TimePoint{} : it->second;
+    const TimePoint keyed = it == net->stalled_until().end() ? TimePoint{} : it->second;
+    return std::max(keyed, info->stalled_until);
   }
 
   // Runs on this end's queue: pending sends fail, then on_closed.
@@ -94,7 +98,27 @@ struct SimNetwork::End {
       inbox.push_back(m);
       return;
     }
-    if (handed_out && on_message) on_message(m);
+    if (handed_out && on_message) {
+      Observe(m, true);
+      on_message(m);
+    }
+  }
+  void Observe(const transport::Message& m, bool delivered) {
+    if (!net->observer()) return;
+    net->observer()(LinkEvent{*info, delivered ? peer_node : node, delivered ? node : peer_node,
+                              delivered, *m});
+  }
+  // A HELLO names the link's stripe and its child (the sender).
+  void Tag(const transport::Message& m) {
+    const ByteSpan bytes(m->data(), m->size());
+    auto type = relay::PeekType(bytes);
+    if (!type.ok() || *type != relay::MessageType::kHello) return;
+    auto hello = relay::ParseHello(bytes);
+    if (!hello.ok()) return;
+    info->stripe = static_cast<int>(hello->stripe);
+    info->stripes = static_cast<int>(hello->stripes);
+    info->child = node;
+    info->parent = peer_node;
   }
   std::shared_ptr<End> Self() {
     // Ends are always owned by shared_ptr (made in Connect).
@@ -126,7 +150,9 @@ class SimConnection final : public transport::Connection {
       auto inbox = std::move(end->inbox);
       end->inbox.clear();
       for (auto& m : inbox) {
-        if (end->handed_out && end->on_message) end->on_message(m);
+        if (!end->handed_out || !end->on_message) continue;
+        end->Observe(m, true);
+        end->on_message(m);
       }
       if (end->closed_before_start && end->handed_out) {
         auto h = std::move(end->on_closed);
@@ -145,6 +171,16 @@ class SimConnection final : public transport::Connection {
       });
       return;
     }
+    if (end_->open) {
+      end_->Tag(message);
+      // A cut stripe link breaks as its HELLO names the stripe.
+      if (end_->info->stripe >= 0 && end_->net->StripeCut(end_->info->child, end_->info->stripe)) {
+        ++end_->net->mutable_counts().resets;
+        end_->Close(Status::Unavailable("stripe link cut (simulated)"),
+                    Status::Unavailable("stripe link cut (simulated)"));
+      }
+    }
+    if (end_->open) end_->Observe(message, false);
     if (!end_->open) {
       q.Post(end_->queue, [end = end_, h = std::move(on_sent)] {
         if (end->handed_out && h) h(Status::Unavailable("link closed"));
@@ -303,6 +339,8 @@ class SimNetwork::Transport final : public transport::Transport {
     client_end->queue = client->queue_;
     server_end->peer = client_end;
     client_end->peer = server_end;
+    server_end->info = client_end->info = std::make_shared<LinkInfo>();
+    server_end->info->id = net_.NextLinkId();
     server_end->peer_address = client->node_ + ":" + std::to_string(client->serial_++);
     client_end->peer_address = address;
     ends_.push_back(server_end);
@@ -373,9 +411,54 @@ void SimNetwork::Partition(const std::string& a, const std::string& b, Duration 
   s = std::max(s, queue_.Now() + d);
 }
 
+namespace {
+template <typename Fn>
+void ForStripeLink(
+    std::multimap<std::pair<std::string, std::string>, std::weak_ptr<SimNetwork::End>>& links,
+    const std::string& child, int stripe, Fn&& fn) {
+  for (auto& [key, weak] : links) {
+    auto end = weak.lock();
+    if (!end || !end->open || end->node != child || end->info->child != child ||
+        end->info->stripe != stripe)
+      continue;
+    fn(*end);
+  }
+}
+}  // namespace
+
+void SimNetwork::ResetStripeLink(const std::string& child, int stripe) {
+  ForStripeLink(links_, child, stripe, [&](End& end) {
+    ++counts_.resets;
+    end.Close(Status::Unavailable("stripe link reset (simulated)"),
+              Status::Unavailable("stripe link reset (simulated)"));
+  });
+}
+
+void SimNetwork::StallStripeLink(const std::string& child, int stripe, Duration d) {
+  ++counts_.stalls;
+  ForStripeLink(links_, child, stripe, [&](End& end) {
+    end.info->stalled_until = std::max(end.info->stalled_until, queue_.Now() + d);
+  });
+}
+
+void SimNetwork::CutStripeLink(const std::string& child, int stripe, Duration d) {
+  auto& until = cut_until_[{child, stripe}];
+  until = std::max(until, queue_.Now() + d);
+  ResetStripeLink(child, stripe);
+}
+
+bool SimNetwork::StripeCut(const std::string& child, int stripe) const {
+  auto it = cut_until_.find({child, stripe});
+  return it != cut_until_.end() && it->second > queue_.Now();
+}
+
 void SimNetwork::Heal() {
   partitioned_until_.clear();
   stalled_until_.clear();
+  cut_until_.clear();
+  for (auto& [key, weak] : links_) {
+    if (auto end = weak.lock()) end->info->stalled_until = TimePoint{};
+  }
   loss_probability_ = 0;
 }
 

@@ -14,6 +14,7 @@
 // Thread safety: none; one simulation thread.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -29,6 +30,26 @@ namespace deltacast::sim {
 struct LinkShape {
   EventQueue::Duration latency;
   double bytes_per_second = 0;
+};
+
+// What the network knows of a link from the HELLO that opened it (docs/protocol.md,
+// "Stripes"): which stripe it joins, of how many, and which end is the child.
+// stripe -1: no HELLO seen yet (or not a tree link).
+struct LinkInfo {
+  uint64_t id = 0;  // unique per connection of the run
+  int stripe = -1, stripes = 0;
+  std::string child, parent;
+  EventQueue::TimePoint stalled_until{};  // a stall of this connection alone
+};
+
+// One message on a link, for the simulator's checkers: handed to Send (`delivered`
+// false) or handed to the receiver's handler (true).
+struct LinkEvent {
+  const LinkInfo& link;
+  const std::string& from;
+  const std::string& to;
+  bool delivered = false;
+  const std::vector<std::byte>& message;
 };
 
 struct NetworkCounts {
@@ -49,6 +70,20 @@ class SimNetwork {
   void StallLinks(const std::string& a, const std::string& b, EventQueue::Duration d);
   void Partition(const std::string& a, const std::string& b, EventQueue::Duration d);
   void set_loss_probability(double p) { loss_probability_ = p; }
+  // Striped trees: faults on the link between `child` and its parent in one stripe
+  // only (the links of its other stripes, to the same parent or not, go on). A cut
+  // resets it and, for `d`, closes every new link of that child and stripe as its
+  // HELLO names the stripe.
+  void ResetStripeLink(const std::string& child, int stripe);
+  void StallStripeLink(const std::string& child, int stripe, EventQueue::Duration d);
+  void CutStripeLink(const std::string& child, int stripe, EventQueue::Duration d);
+  bool StripeCut(const std::string& child, int stripe) const;
+  // Called for every message sent and delivered (checkers; must post nothing).
+  void set_observer(std::function<void(const LinkEvent&)> observer) {
+    observer_ = std::move(observer);
+  }
+  const std::function<void(const LinkEvent&)>& observer() const { return observer_; }
+  uint64_t NextLinkId() { return ++link_ids_; }
   // Ends every partition, stall and loss now.
   void Heal();
   // The processes that have (or had) links, for choosing faults.
@@ -91,6 +126,9 @@ class SimNetwork {
   std::multimap<std::pair<std::string, std::string>, std::weak_ptr<End>> links_;
   double loss_probability_ = 0;
   NetworkCounts counts_;
+  std::map<std::pair<std::string, int>, EventQueue::TimePoint> cut_until_;
+  std::function<void(const LinkEvent&)> observer_;
+  uint64_t link_ids_ = 0;
 };
 
 }  // namespace deltacast::sim

@@ -125,7 +125,20 @@ void NodeAgent::Impl::HandleDecision(uint32_t stripe, MessageType type, const De
     up.Send(EncodeFailed(Failed{r.id, options_.node_id, r.outcome_error.ToString()}));
     return;
   }
-  if (r.phase != Phase::kStreaming) return;  // a duplicate
+  if (r.phase != Phase::kStreaming) {
+    // Striped: this stripe's outcome may have gone up already, to a parent that then
+    // restarted and sends the decision again to gather confirmations anew, while
+    // another stripe's children still hold this refit here. Answer it again (the
+    // simulator's --stripes seed 17: relays of different stripes waited on each
+    // other until the commit timeout). With one stripe the outcome goes up only as
+    // the refit ends: nothing to answer here.
+    const bool same = (type == MessageType::kCommit) == (r.phase == Phase::kCommitting);
+    if (same && r.phase != Phase::kDone && r.local_outcome_done && r.outcome_on[stripe]) {
+      r.outcome_on[stripe] = false;
+      SendOutcome(stripe);
+    }
+    return;  // a duplicate
+  }
   if (type == MessageType::kCommit && !r.local_error.ok()) {
     // Committed without this node, which cannot reach the target: say so (again)
     // at once, so the parent stops waiting for its confirmation; it catches up at a

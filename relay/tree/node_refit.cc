@@ -49,6 +49,11 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // for it (the simulator's seed 110590 claimed PREPARED here, ignored the
       // replayed COMMIT as a duplicate and held its parent to the commit timeout).
       up.Send(EncodeFailed(Failed{refit_->id, options_.node_id, refit_->outcome_error.ToString()}));
+    } else if (refit_->phase == Phase::kAborting) {
+      // Rolling it back (its ABORT came first on another stripe, or from the record):
+      // not prepared, nor committed; the ABORT reaches this link's parent from
+      // above, and ABORTED follows once the rollback is done (the simulator's
+      // --stripes seed 42 sent PREPARED here, claiming a refit it was aborting).
     } else {
       // We committed this refit (with our whole subtree) before our parent
       // restarted: more than prepared; say so, and confirm when it commits.

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "relay/tree/stripe_links.h"
 
 namespace deltacast::relay {
 
@@ -135,7 +136,10 @@ void Subtree::OnPrepared(const std::string& child, const std::vector<NodeReport>
 }
 
 void Subtree::OnFailed(const std::string& child, const Failed& failed) {
-  const bool own = failed.node_id == child;
+  // `child` is the link's key ("n4#1" on stripe 1): its node's own FAILED names the
+  // node (the simulator's --stripes seed 1: a relay waited the commit timeout for a
+  // stripe-1 child that had said FAILED).
+  const bool own = failed.node_id == NodeOfLink(child);
   if (own && (phase_ != Phase::kStreaming || commit_waits_)) {
     // The decision is known: its confirmation will not come (it rejoined and cannot
     // apply the delta: a full disk), and a FAILED sent up would fail nothing. Not
