@@ -318,12 +318,23 @@ void NodeAgent::Impl::OnParentJoined(uint32_t stripe) {
   // runs on the first ACTIVE_VERSION that follows, whichever stripe's parent says it.
   if (!OtherParentJoined(stripe)) join_.Joined(parents_[stripe]->current());
   // Requests up the tree that waited for a parent go now.
-  requests_.LinkJoined();
+  if (const size_t sent = requests_.LinkJoined()) {
+    log::Info(fmt::format("{}: asking again for {} requests up the tree, of {}", options_.node_id,
+                          sent, up_.current()));
+  }
 }
 
 void NodeAgent::Impl::OnParentLost(uint32_t stripe, const Status& why) {
   // What was asked on this link goes to another joined parent (or waits for one).
-  requests_.LinkLost(stripe);
+  const UpRequests::Moved moved = requests_.LinkLost(stripe);
+  if (moved.again > 0) {
+    log::Info(fmt::format("{}: asking again for {} requests up the tree, of {} (stripe {})",
+                          options_.node_id, moved.again, up_.current(), up_.Chosen()));
+  }
+  if (moved.waiting > 0) {
+    log::Info(fmt::format("{}: {} requests up the tree wait for a parent to join", options_.node_id,
+                          moved.waiting));
+  }
   if (stripe == version_stripe_) version_stripe_ = UpLink::kNone;  // the next to say it
   if (refit_ && refit_->phase == Phase::kStreaming) {
     // The delta stays in flight and journaled: when the parent (or its replacement)

@@ -81,7 +81,8 @@ bool UpRequests::PassDown(ByteSpan message) {
   return true;
 }
 
-void UpRequests::LinkLost(uint32_t stripe) {
+UpRequests::Moved UpRequests::LinkLost(uint32_t stripe) {
+  Moved moved;
   for (auto it = pending_.begin(); it != pending_.end();) {
     Pending& p = it->second;
     if (p.stripe != stripe) {
@@ -95,16 +96,24 @@ void UpRequests::LinkLost(uint32_t stripe) {
       // would of a relay with no parent.
       downstream_.SendTo(p.child, transport::MakeMessage(NotFoundReply(p.type, p.child_request)));
       it = pending_.erase(it);
+      ++moved.not_found;
       continue;
     }
-    ++it;  // sent again, or (this node's own) waiting for a link to join
+    // Sent again, or (this node's own) waiting for a link to join.
+    ++(p.stripe == UpLink::kNone ? moved.waiting : moved.again);
+    ++it;
   }
+  return moved;
 }
 
-void UpRequests::LinkJoined() {
+size_t UpRequests::LinkJoined() {
+  size_t sent = 0;
   for (auto& [request, p] : pending_) {
-    if (p.stripe == UpLink::kNone) SendUp(p);
+    if (p.stripe != UpLink::kNone) continue;
+    SendUp(p);
+    sent += p.stripe != UpLink::kNone;
   }
+  return sent;
 }
 
 std::vector<std::byte> UpRequests::NotFoundReply(MessageType request_type, uint64_t request_id) {

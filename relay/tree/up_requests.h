@@ -60,10 +60,17 @@ class UpRequests {
   // A MANIFEST / CHAIN / DELTA_CHUNK from a parent: passed down and true when it
   // answers a child's request; false when it is this node's own (or nobody's).
   bool PassDown(ByteSpan message);
+  // What LinkLost did with the requests that went on the dropped link.
+  struct Moved {
+    size_t again = 0;      // sent again to another joined parent
+    size_t waiting = 0;    // this node's own, waiting for a parent to join
+    size_t not_found = 0;  // a child's, answered "not found" (no parent joined)
+  };
   // The link of `stripe` dropped: what went on it is sent again (see above).
-  void LinkLost(uint32_t stripe);
-  // A link joined: this node's requests that waited for one go up now.
-  void LinkJoined();
+  Moved LinkLost(uint32_t stripe);
+  // A link joined: this node's requests that waited for one go up now. Returns how
+  // many.
+  size_t LinkJoined();
 
  private:
   // A request in flight. `child` empty: this node's own.
