@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,12 @@ class UpRequests {
 
   // `up` and `downstream` must outlive this object.
   UpRequests(UpLink& up, Downstream& downstream) : up_(up), downstream_(downstream) {}
+  // A node with one parent link (a sender): every request goes on it. `parent` and
+  // `downstream` must outlive this object.
+  UpRequests(ParentLink& parent, Downstream& downstream)
+      : single_(std::make_unique<UpLink>(std::vector<ParentLink*>{&parent}, nullptr)),
+        up_(*single_),
+        downstream_(downstream) {}
 
   // A fresh request id for one of this node's own requests (not a FETCH).
   uint64_t NextId() { return next_id_++; }
@@ -66,8 +73,9 @@ class UpRequests {
     size_t waiting = 0;    // this node's own, waiting for a parent to join
     size_t not_found = 0;  // a child's, answered "not found" (no parent joined)
   };
-  // The link of `stripe` dropped: what went on it is sent again (see above).
-  Moved LinkLost(uint32_t stripe);
+  // The link of `stripe` dropped (0: the one link of a node with one): what went on
+  // it is sent again (see above).
+  Moved LinkLost(uint32_t stripe = 0);
   // A link joined: this node's requests that waited for one go up now. Returns how
   // many.
   size_t LinkJoined();
@@ -87,6 +95,7 @@ class UpRequests {
   void SendUp(Pending& p);
   static std::vector<std::byte> NotFoundReply(MessageType request_type, uint64_t request_id);
 
+  std::unique_ptr<UpLink> single_;  // the one-link constructor's
   UpLink& up_;
   Downstream& downstream_;
   uint64_t next_id_ = 1;
