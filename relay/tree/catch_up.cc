@@ -9,10 +9,9 @@
 
 namespace deltacast::relay {
 
-CatchUp::CatchUp(std::string node_id, ParentLink& parent, UpRequests& requests, NodeStore& store,
+CatchUp::CatchUp(std::string node_id, UpRequests& requests, NodeStore& store,
                  const NodeStore::Journal& journal, std::function<void(const Result&)> finished)
     : node_id_(std::move(node_id)),
-      parent_(parent),
       requests_(requests),
       store_(store),
       journal_(journal),
@@ -44,12 +43,12 @@ void CatchUp::Resolves(uint64_t refit_id) {
 // Asks for the chain; then keeps kWindow chunks of it, or (without a chain) the
 // manifest and then kWindow partitions, requested.
 void CatchUp::Pump() {
-  if (!state_ || !parent_.joined()) return;
+  if (!state_) return;
   State& c = *state_;
   if (!c.chain_answered) {
     if (c.chain_request == 0) {
       c.chain_request = requests_.NextId();
-      parent_.Send(EncodeFetchChain({c.chain_request, journal_.version, c.to}));
+      requests_.Ask(EncodeFetchChain({c.chain_request, journal_.version, c.to}));
     }
     return;
   }
@@ -57,7 +56,7 @@ void CatchUp::Pump() {
   if (!c.have_manifest) {
     if (c.manifest_request == 0) {
       c.manifest_request = requests_.NextId();
-      parent_.Send(EncodeFetchManifest({c.manifest_request, c.to, journal_.version}));
+      requests_.Ask(EncodeFetchManifest({c.manifest_request, c.to, journal_.version}));
     }
     return;
   }
@@ -70,24 +69,8 @@ void CatchUp::Pump() {
         {0, part.key.tensor, part.key.element_offset, part.byte_length, part.target_hash},
         [this, part, generation](const PartitionData& data) {
           if (generation == generation_) OnPartitionBytes(part, data);
-        },
-        [this, part, generation] {
-          if (generation != generation_ || !state_) return;
-          state_->queue.push_front(part);  // asked again on the next link
-          --state_->outstanding;
         });
   }
-}
-
-void CatchUp::LinkLost() {
-  if (!state_) return;
-  // Asked again on the next link (Pump after WELCOME).
-  State& c = *state_;
-  c.manifest_request = 0;
-  c.chain_request = 0;
-  for (const auto& [request, sequence] : c.pending_chunks) c.missing.insert(sequence);
-  c.pending_chunks.clear();
-  if (c.chain_mode) c.outstanding = 0;
 }
 
 void CatchUp::OnChain(const Chain& chain) {
@@ -140,7 +123,6 @@ void CatchUp::StartLink(size_t i) {
 }
 
 void CatchUp::PumpChain() {
-  if (!parent_.joined()) return;  // asked for on the next link (WELCOME)
   State& c = *state_;
   const ChainLink& link = c.links[c.link];
   while (c.outstanding < kWindow && !c.missing.empty()) {
@@ -149,7 +131,7 @@ void CatchUp::PumpChain() {
     const uint64_t request = requests_.NextId();
     c.pending_chunks[request] = sequence;
     ++c.outstanding;
-    parent_.Send(EncodeFetchDeltaChunk({request, link.target, sequence}));
+    requests_.Ask(EncodeFetchDeltaChunk({request, link.target, sequence}));
   }
 }
 

@@ -5,7 +5,9 @@
 // otherwise (no chain, a chunk no longer kept, a torn partition) every partition
 // that differs from `to`'s manifest, overwritten with bytes fetched by hash up the
 // tree. Every request travels up to the source, which answers only for versions of
-// its lineage.
+// its lineage; it goes by UpRequests, which sends it again to another joined parent
+// if the link it went on drops (or when one joins), so a lost link never fails a
+// catch-up.
 //
 // Owns: the catch-up's progress (chain, link, chunks or partitions in flight,
 // bytes). It reads the node's journal mirror and drives the node's store; the
@@ -25,7 +27,6 @@
 #include <vector>
 
 #include "relay/store/node_store.h"
-#include "relay/tree/parent_link.h"
 #include "relay/tree/up_requests.h"
 #include "relay/wire/protocol.h"
 #include "relay/wire/signing.h"
@@ -84,7 +85,7 @@ class CatchUp {
 
   // Everything given must outlive this object. `journal` is the node's mirror of
   // its replica's journal (kept current by the node).
-  CatchUp(std::string node_id, ParentLink& parent, UpRequests& requests, NodeStore& store,
+  CatchUp(std::string node_id, UpRequests& requests, NodeStore& store,
           const NodeStore::Journal& journal, std::function<void(const Result&)> finished);
 
   bool active() const { return state_.has_value(); }
@@ -103,9 +104,8 @@ class CatchUp {
   // A catch-up already running now ends (also) refit `refit_id`'s resolution.
   void Resolves(uint64_t refit_id);
 
-  // Sends what the catch-up may have in flight now (after a WELCOME too).
+  // Sends what the catch-up may have in flight now.
   void Pump();
-  void LinkLost();
   // Answers from the parent (parsed by the node).
   void OnChain(const Chain& chain);
   void OnManifest(const PartitionData& reply);
@@ -129,7 +129,6 @@ class CatchUp {
   void ReportProgress(bool finished = false) const;
 
   const std::string node_id_;
-  ParentLink& parent_;
   UpRequests& requests_;
   NodeStore& store_;
   const NodeStore::Journal& journal_;

@@ -76,6 +76,16 @@ std::vector<std::unique_ptr<ParentLink>> NodeAgent::Impl::MakeParents() {
   return parents;
 }
 
+UpLink NodeAgent::Impl::MakeUpLink() {
+  std::vector<ParentLink*> links;
+  for (auto& p : parents_) links.push_back(p.get());
+  return UpLink(std::move(links), [this](uint32_t stripe, bool again) {
+    MutexLock lock(stats_mu_);
+    ++stats_.stripe_up_requests[stripe];
+    stats_.up_requests_resent += again;
+  });
+}
+
 NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> replica,
                       std::unique_ptr<transport::Transport> transport, topology::StripedPlan plan)
     : options_(std::move(options)),
@@ -97,14 +107,22 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
       parents_(MakeParents()),
       parent_(*parents_.front()),
       subtrees_(MakeSubtrees()),
-      requests_(parent_, downstream_),
-      catch_up_(options_.node_id, parent_, requests_, store_, journal_,
+      up_(MakeUpLink()),
+      requests_(up_, downstream_),
+      catch_up_(options_.node_id, requests_, store_, journal_,
                 [this](const CatchUp::Result& r) { OnCatchUpFinished(r); }),
       rollback_(
-          options_.node_id, parent_, requests_, store_,
+          options_.node_id, up_, requests_, store_,
           [this](uint64_t id, const Status& s, const Digest128& v) { OnLocalOutcome(id, s, v); }),
-      recovery_(options_.node_id, parent_, requests_, store_,
+      recovery_(options_.node_id, requests_, store_,
                 [this](const Status& s, uint64_t fetched) { OnRecovered(s, fetched); }) {
+  {
+    MutexLock lock(stats_mu_);
+    for (auto* counts : {&stats_.stripe_chunks, &stats_.stripe_chunk_bytes_resent,
+                         &stats_.stripe_parent_joins, &stats_.stripe_up_requests}) {
+      counts->assign(stripes(), 0);
+    }
+  }
   std::set<std::string> adoptable;
   for (uint32_t s = 0; s < striped_.stripes.size(); ++s) {
     for (const auto& node : striped_.stripes[s].tree.nodes) {
@@ -284,24 +302,41 @@ Hello NodeAgent::Impl::MakeHello(uint32_t stripe) {
   return hello;
 }
 
+bool NodeAgent::Impl::OtherParentJoined(uint32_t except) const {
+  for (uint32_t s = 0; s < parents_.size(); ++s) {
+    if (s != except && parents_[s]->joined()) return true;
+  }
+  return false;
+}
+
 void NodeAgent::Impl::OnParentJoined(uint32_t stripe) {
   {
     MutexLock lock(stats_mu_);
     ++stats_.parent_joins;
+    ++stats_.stripe_parent_joins[stripe];
   }
-  // Requests up the tree, and the join check, go by stripe 0's parent.
-  if (stripe != 0) return;
-  join_.Joined(parent_.current());
-  if (catch_up_.active()) loop_.Post([this] { catch_up_.Pump(); });
-  loop_.Post([this] { rollback_.AskAgain(); });
-  loop_.Post([this] { recovery_.AskAgain(); });
+  // The first link up (of any stripe) joins the node to the tree; the join check
+  // runs on the first ACTIVE_VERSION that follows, whichever stripe's parent says it.
+  if (!OtherParentJoined(stripe)) join_.Joined(parents_[stripe]->current());
+  // Requests up the tree that waited for a parent go now.
+  if (const size_t sent = requests_.LinkJoined()) {
+    log::Info(fmt::format("{}: asking again for {} requests up the tree, of {}", options_.node_id,
+                          sent, up_.current()));
+  }
 }
 
 void NodeAgent::Impl::OnParentLost(uint32_t stripe, const Status& why) {
-  if (stripe == 0) {
-    requests_.LinkLost();
-    catch_up_.LinkLost();
+  // What was asked on this link goes to another joined parent (or waits for one).
+  const UpRequests::Moved moved = requests_.LinkLost(stripe);
+  if (moved.again > 0) {
+    log::Info(fmt::format("{}: asking again for {} requests up the tree, of {} (stripe {})",
+                          options_.node_id, moved.again, up_.current(), up_.Chosen()));
   }
+  if (moved.waiting > 0) {
+    log::Info(fmt::format("{}: {} requests up the tree wait for a parent to join", options_.node_id,
+                          moved.waiting));
+  }
+  if (stripe == version_stripe_) version_stripe_ = UpLink::kNone;  // the next to say it
   if (refit_ && refit_->phase == Phase::kStreaming) {
     // The delta stays in flight and journaled: when the parent (or its replacement)
     // is back, the refit resumes with only what is missing; a PREPARED node learns
@@ -340,19 +375,19 @@ void NodeAgent::Impl::OnParentMessage(uint32_t stripe, MessageType type,
     default:
       break;
   }
-  // The rest answers what this node asked of stripe 0's parent.
-  if (stripe != 0) {
-    if (type == MessageType::kActiveVersion) return;  // stripe 0's parent tells it too
-    return parents_[stripe]->ProtocolError(std::string(MessageTypeName(type)) +
-                                           " is not a message a parent of stripe " +
-                                           std::to_string(stripe) + " sends");
-  }
+  // The rest: the join check, and answers to what this node asked up the tree (on
+  // whichever stripe's link the request went).
+  ParentLink& up = *parents_[stripe];
   switch (type) {
     case MessageType::kActiveVersion:
-      return OnParentVersion(bytes);
+      // Every stripe's parent says it (after WELCOME; a source again when it learns
+      // the version): the check follows the first stripe that did.
+      if (version_stripe_ != UpLink::kNone && version_stripe_ != stripe) return;
+      version_stripe_ = stripe;
+      return OnParentVersion(stripe, bytes);
     case MessageType::kPartition: {
       auto p = ParsePartition(bytes);
-      if (!p.ok()) return parent_.ProtocolError(p.status().message());
+      if (!p.ok()) return up.ProtocolError(p.status().message());
       return requests_.OnPartition(*p);
     }
     case MessageType::kManifest:
@@ -362,17 +397,17 @@ void NodeAgent::Impl::OnParentMessage(uint32_t stripe, MessageType type,
       if (requests_.PassDown(bytes)) return;
       if (type == MessageType::kChain) {
         auto chain = ParseChain(bytes);
-        if (!chain.ok()) return parent_.ProtocolError(chain.status().message());
+        if (!chain.ok()) return up.ProtocolError(chain.status().message());
         return catch_up_.OnChain(*chain);
       }
       auto reply = type == MessageType::kManifest ? ParseManifest(bytes) : ParseDeltaChunk(bytes);
-      if (!reply.ok()) return parent_.ProtocolError(reply.status().message());
+      if (!reply.ok()) return up.ProtocolError(reply.status().message());
       return type == MessageType::kManifest ? catch_up_.OnManifest(*reply)
                                             : catch_up_.OnDeltaChunk(*reply);
     }
     default:
-      return parent_.ProtocolError(std::string(MessageTypeName(type)) +
-                                   " is not a message a parent sends");
+      return up.ProtocolError(std::string(MessageTypeName(type)) +
+                              " is not a message a parent sends");
   }
 }
 

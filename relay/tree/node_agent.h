@@ -102,7 +102,19 @@ struct NodeAgentStats {
   // or rolled back) from the commit record because no parent decided them within
   // source_timeout (docs/recovery.md, "The commit record").
   uint64_t held_settled_from_record = 0;
-  uint64_t parent_joins = 0;          // times it joined a parent (1 + reconnects)
+  uint64_t parent_joins = 0;  // times it joined a parent (1 + reconnects)
+  // Per stripe s (one entry when not striped; docs/protocol.md, "Stripes"): the
+  // CHUNK messages that came on its parent link (data and END, replays included),
+  // the bytes of those this node had already (as chunk_bytes_resent), and the times
+  // it joined that stripe's parent.
+  std::vector<uint64_t> stripe_chunks;
+  std::vector<uint64_t> stripe_chunk_bytes_resent;
+  std::vector<uint64_t> stripe_parent_joins;
+  // Requests up the tree (FETCH, catch-up's requests, its children's routed up) sent
+  // on each stripe's parent link, and of them, those sent again because the link they
+  // went on first dropped.
+  std::vector<uint64_t> stripe_up_requests;
+  uint64_t up_requests_resent = 0;
   uint64_t partitions_caught_up = 0;  // overwritten to reach a version this node missed
   uint64_t deltas_caught_up = 0;      // kept deltas applied to reach such a version
   uint64_t catch_up_bytes = 0;

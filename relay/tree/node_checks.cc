@@ -30,10 +30,11 @@ void NodeAgent::Impl::TellVersion(const std::string& child, const Hello& hello) 
       });
 }
 
-void NodeAgent::Impl::OnParentVersion(ByteSpan bytes) {
+void NodeAgent::Impl::OnParentVersion(uint32_t stripe, ByteSpan bytes) {
+  ParentLink& up = *parents_[stripe];
   auto told = ParseActiveVersion(bytes);
-  if (!told.ok()) return parent_.ProtocolError(told.status().message());
-  const std::string parent = parent_.current();
+  if (!told.ok()) return up.ProtocolError(told.status().message());
+  const std::string parent = up.current();
   Digest128 theirs = told->version;
   const Digest128 mine = journal_.version;
   // A delta of its own in flight between those versions: the refit settles it.
@@ -55,7 +56,7 @@ void NodeAgent::Impl::OnParentVersion(ByteSpan bytes) {
   }
   auto manifest = codec::Manifest::Parse(told->manifest);
   if (!manifest.ok()) {
-    return parent_.ProtocolError("ACTIVE_VERSION manifest: " + manifest.status().message());
+    return up.ProtocolError("ACTIVE_VERSION manifest: " + manifest.status().message());
   }
   store_.CompareWith(std::move(*manifest),
                      [this, parent, theirs, mine, report](Result<NodeStore::Check> check) {

@@ -12,7 +12,9 @@
 // (children of every stripe, by link key), one store, one spool. A chunk goes down
 // only its own stripe's links; PREPARED and the outcome go up each stripe once that
 // stripe's children have sent theirs; the decision is acted on at its first copy.
-// Requests up the tree (repair, catch-up) go to stripe 0's parent.
+// Requests up the tree (repair, catch-up) go to a joined stripe's parent (UpLink:
+// stripe 0's when joined), and move to another if their link drops. The join check
+// follows the first stripe whose parent says ACTIVE_VERSION.
 //
 // Thread safety: all of it runs on loop_, but stats() (any thread, under stats_mu_).
 #pragma once
@@ -39,6 +41,7 @@
 #include "relay/tree/rollback.h"
 #include "relay/tree/store_recovery.h"
 #include "relay/tree/subtree.h"
+#include "relay/tree/up_link.h"
 #include "relay/tree/up_requests.h"
 #include "relay/wire/protocol.h"
 #include "topology/stripe_plan.h"
@@ -121,6 +124,11 @@ class NodeAgent::Impl {
     uint64_t chunks = 0;
     uint64_t partitions_applied = 0;
     uint64_t repair_bytes = 0;  // literal partition bytes fetched for torn partitions
+    // Torn partitions (tensor, element) whose bytes are asked for and not yet come:
+    // an END replayed on a rejoin finds them still torn, and must not ask twice (the
+    // request is UpRequests' to send again; a second answer would repair a partition
+    // that is no longer torn, and fail).
+    std::set<std::pair<std::string, uint64_t>> repairs_asked;
     // Every chunk received, durably before it is applied: for replays to children
     // that rejoin, and so this node can roll the delta back from its own records.
     std::shared_ptr<Spool> spool;
@@ -152,8 +160,12 @@ class NodeAgent::Impl {
   void OnParentJoined(uint32_t stripe);
   void OnParentLost(uint32_t stripe, const Status& why);
   void OnParentMessage(uint32_t stripe, MessageType type, const transport::Message& message);
-  // ACTIVE_VERSION: compares this node's weights with the version the parent holds.
-  void OnParentVersion(ByteSpan bytes);
+  // ACTIVE_VERSION from `stripe`'s parent: compares this node's weights with the
+  // version that parent holds.
+  void OnParentVersion(uint32_t stripe, ByteSpan bytes);
+  // Whether a parent of any stripe but `except` is joined.
+  bool OtherParentJoined(uint32_t except) const;
+  UpLink MakeUpLink();
   // Tells a child that joined the version this node holds (its manifest if the
   // child's differs).
   void TellVersion(const std::string& child, const Hello& hello);
@@ -271,6 +283,10 @@ class NodeAgent::Impl {
   NodeStore::Journal journal_;        // the replica's journal, mirrored
   Claimed claimed_;
   JoinCheck join_;  // what joining the parent found
+  // The stripe whose parent's ACTIVE_VERSION the join check follows: the first to
+  // say it (kNone until one has, and again once that link drops). The others' are
+  // not checked: one check, never waiting on a given stripe.
+  uint32_t version_stripe_ = UpLink::kNone;
   // What each connected child's HELLO said it holds: (active version, delta in flight).
   std::map<std::string, std::pair<Digest128, Digest128>> child_holds_;
   // Per stripe: chunks the current parent link carried this refit.
@@ -298,8 +314,9 @@ class NodeAgent::Impl {
   NodeStore store_;
   Downstream downstream_;
   std::vector<std::unique_ptr<ParentLink>> parents_;  // per stripe
-  ParentLink& parent_;                                // stripe 0's: requests up the tree
+  ParentLink& parent_;                                // stripe 0's (named in logs)
   std::vector<std::unique_ptr<Subtree>> subtrees_;    // per stripe
+  UpLink up_;                                         // which parent answers requests up the tree
   UpRequests requests_;
   CatchUp catch_up_;
   Rollback rollback_;

@@ -348,6 +348,8 @@ void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& receive
     MutexLock lock(stats_mu_);
     stats_.chunk_bytes_received += payload;
     if (had_it) stats_.chunk_bytes_resent += payload;
+    ++stats_.stripe_chunks[stripe];
+    if (had_it) stats_.stripe_chunk_bytes_resent[stripe] += payload;
   }
   CrashPoint("agent.chunk_received");
   HoldChunk(message->size());
@@ -441,10 +443,11 @@ void NodeAgent::Impl::OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& 
 void NodeAgent::Impl::RequestRepairs(const NodeStore::ApplyResult& result) {
   const uint64_t id = refit_->id;
   for (const Fetch& fetch : result.torn) {
+    // Asked once: a link that drops is UpRequests' to mend (it asks another joined
+    // parent), and an END replayed on a rejoin finds the partition still torn.
+    if (!refit_->repairs_asked.emplace(fetch.tensor, fetch.element_offset).second) continue;
     log::Warn(fmt::format("{}: partition '{}' at element {} is torn; fetching its target bytes",
                           options_.node_id, log::Escape(fetch.tensor), fetch.element_offset));
-    // A link that drops loses the request: the rejoin replays END, which finds the
-    // partition still torn and asks again.
     requests_.FetchPartition(
         fetch, [this, id, fetch](const PartitionData& data) { OnRepairBytes(id, fetch, data); });
   }
@@ -452,6 +455,7 @@ void NodeAgent::Impl::RequestRepairs(const NodeStore::ApplyResult& result) {
 
 void NodeAgent::Impl::OnRepairBytes(uint64_t id, const Fetch& fetch, const PartitionData& data) {
   if (!refit_ || refit_->id != id) return;
+  refit_->repairs_asked.erase({fetch.tensor, fetch.element_offset});
   refit_->repair_bytes += data.bytes.size();
   if (!data.found) {
     return LocalFailure(id, Status::Unavailable("no node up the tree has the bytes to repair '" +
@@ -563,8 +567,8 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
   Subtree& tree = subtree(StripeOfLink(child));
   tree.Joined(child, adopted, Clock::now());
   child_holds_[child] = {hello.active_version, hello.inflight_target};
-  // Told once, on its stripe-0 link (it checks what stripe 0's parent says).
-  if (hello.stripe == 0) TellVersion(child, hello);
+  // Told on every stripe's link: the child checks the first it gets after it joined.
+  TellVersion(child, hello);
   if (adopted) {
     log::Info(fmt::format("{}: adopted {}, whose parent is unreachable", options_.node_id, child));
   }

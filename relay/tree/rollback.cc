@@ -7,10 +7,10 @@
 
 namespace deltacast::relay {
 
-Rollback::Rollback(std::string node_id, ParentLink& parent, UpRequests& requests, NodeStore& store,
+Rollback::Rollback(std::string node_id, UpLink& up, UpRequests& requests, NodeStore& store,
                    Finished finished)
     : node_id_(std::move(node_id)),
-      parent_(parent),
+      up_(up),
       requests_(requests),
       store_(store),
       finished_(std::move(finished)) {}
@@ -19,7 +19,6 @@ void Rollback::Start(uint64_t refit_id, std::shared_ptr<Spool> spool) {
   refit_id_ = refit_id;
   outstanding_ = 0;
   error_ = Status::Ok();
-  lost_.clear();
   store_.Revert(std::move(spool), [this, refit_id](auto needs) {
     if (!needs.ok() || needs->empty()) {
       return store_.FinishRollback(
@@ -33,38 +32,19 @@ void Rollback::Start(uint64_t refit_id, std::shared_ptr<Spool> spool) {
     // Fault-injection tests: the parent link breaks while base bytes are awaited.
     if (FaultPoint("agent.rollback_link_lost")) {
       log::Warn(fmt::format("{}: fault injection: link lost during a rollback", node_id_));
-      parent_.Drop(Status::Unavailable("fault injection: link lost during a rollback"));
+      up_.Drop(Status::Unavailable("fault injection: link lost during a rollback"));
     }
   });
 }
 
 void Rollback::Ask(const Fetch& fetch) {
-  // No parent to ask (a node that settled a held delta from the commit record while
-  // its parent is away): a request sent now would go nowhere and never be answered
-  // or lost, and the rollback would wait forever (the simulator's --coord seed
-  // 1566). Asked when a parent joins (AskAgain).
-  if (!parent_.joined()) {
-    lost_.push_back(fetch);
-    return;
-  }
+  // With no parent joined (a node that settled a held delta from the commit record
+  // while its parent is away: the simulator's --coord seed 1566) the request waits in
+  // UpRequests for a parent to join.
   const uint64_t refit_id = refit_id_;
-  requests_.FetchPartition(
-      fetch,
-      [this, fetch, refit_id](const PartitionData& data) {
-        if (refit_id == refit_id_) OnBaseBytes(fetch, data);
-      },
-      [this, fetch, refit_id] {
-        if (refit_id == refit_id_) lost_.push_back(fetch);
-      });
-}
-
-void Rollback::AskAgain() {
-  if (lost_.empty()) return;
-  log::Info(fmt::format("{}: asking again for {} partitions' base bytes for the rollback", node_id_,
-                        lost_.size()));
-  std::vector<Fetch> again = std::move(lost_);
-  lost_.clear();
-  for (const Fetch& fetch : again) Ask(fetch);
+  requests_.FetchPartition(fetch, [this, fetch, refit_id](const PartitionData& data) {
+    if (refit_id == refit_id_) OnBaseBytes(fetch, data);
+  });
 }
 
 void Rollback::OnBaseBytes(const Fetch& fetch, const PartitionData& data) {

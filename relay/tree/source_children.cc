@@ -48,7 +48,9 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
   }
   // Outside mu_: Downstream may complete queued chunks here, and their callbacks
   // take mu_.
-  if (hello.stripe == 0) downstream_.SendTo(child, told);  // the node checks stripe 0's only
+  // On every stripe's link: the node checks the first it gets after it joined
+  // (whichever of its stripes joined first), so the check never waits on one stripe.
+  downstream_.SendTo(child, told);
   if (resolution) downstream_.SendTo(child, *resolution);
   if (backlog) downstream_.Requeue(child, std::move(*backlog));
 }

@@ -11,10 +11,9 @@ namespace {
 constexpr auto kRetryAfter = std::chrono::seconds(2);
 }  // namespace
 
-StoreRecovery::StoreRecovery(std::string node_id, ParentLink& parent, UpRequests& requests,
-                             NodeStore& store, Finished finished)
+StoreRecovery::StoreRecovery(std::string node_id, UpRequests& requests, NodeStore& store,
+                             Finished finished)
     : node_id_(std::move(node_id)),
-      parent_(parent),
       requests_(requests),
       store_(store),
       finished_(std::move(finished)) {}
@@ -24,7 +23,6 @@ void StoreRecovery::Start() {
   active_ = true;
   fetched_ = 0;
   const uint64_t generation = ++generation_;
-  waiting_.clear();
   retry_.clear();
   log::Warn(fmt::format("{}: the last commit's writes may not all be on disk; checking the store",
                         node_id_));
@@ -38,26 +36,10 @@ void StoreRecovery::Start() {
 }
 
 void StoreRecovery::Ask(const Fetch& fetch) {
-  if (!parent_.joined()) {
-    waiting_.push_back(fetch);
-    return;
-  }
   const uint64_t generation = generation_;
-  requests_.FetchPartition(
-      fetch,
-      [this, fetch, generation](const PartitionData& data) {
-        if (generation == generation_) OnBytes(fetch, data);
-      },
-      [this, fetch, generation] {
-        if (generation == generation_) waiting_.push_back(fetch);
-      });
-}
-
-void StoreRecovery::AskAgain() {
-  if (!active_) return;
-  std::vector<Fetch> again = std::move(waiting_);
-  waiting_.clear();
-  for (const Fetch& f : again) Ask(f);
+  requests_.FetchPartition(fetch, [this, fetch, generation](const PartitionData& data) {
+    if (generation == generation_) OnBytes(fetch, data);
+  });
 }
 
 void StoreRecovery::Tick(Clock::time_point now) {
@@ -97,14 +79,12 @@ void StoreRecovery::Abandon() {
   if (!active_) return;
   active_ = false;
   ++generation_;
-  waiting_.clear();
   retry_.clear();
 }
 
 void StoreRecovery::Finish(const Status& status) {
   active_ = false;
   ++generation_;
-  waiting_.clear();
   retry_.clear();
   if (status.ok()) {
     log::Info(fmt::format("{}: the store is at its committed version again", node_id_));

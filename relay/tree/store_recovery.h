@@ -5,9 +5,9 @@
 // spool) is fetched by hash from up the tree and written verified. Until it is done
 // the node takes part in no refit (its BEGIN waits, as for a catch-up).
 //
-// Bytes asked for on a link that dropped are asked again on the next one; bytes no
-// node up the tree has (between refits the source may hold only the newest
-// version) are asked again every few seconds.
+// Bytes asked for on a link that dropped are asked again (UpRequests: of another
+// joined parent, or the next to join); bytes no node up the tree has (between refits the source may
+// hold only the newest version) are asked again every few seconds.
 //
 // Owns: the recovery in progress (the fetches outstanding).
 //
@@ -21,7 +21,6 @@
 
 #include "common/runtime.h"
 #include "relay/store/node_store.h"
-#include "relay/tree/parent_link.h"
 #include "relay/tree/up_requests.h"
 
 namespace deltacast::relay {
@@ -34,13 +33,10 @@ class StoreRecovery {
   // at its committed version again (or the recovery failed: the status says why),
   // with the number of partitions fetched for it.
   using Finished = std::function<void(const Status&, uint64_t fetched)>;
-  StoreRecovery(std::string node_id, ParentLink& parent, UpRequests& requests, NodeStore& store,
-                Finished finished);
+  StoreRecovery(std::string node_id, UpRequests& requests, NodeStore& store, Finished finished);
 
   bool active() const { return active_; }
   void Start();
-  // After a WELCOME: the fetches a dropped link lost, and the ones not yet asked.
-  void AskAgain();
   // Asks again for bytes nobody had, once their retry time came.
   void Tick(Clock::time_point now);
   // Gives the recovery up, for a catch-up to a newer version (the tree moved past the
@@ -54,14 +50,12 @@ class StoreRecovery {
   void Finish(const Status& status);
 
   const std::string node_id_;
-  ParentLink& parent_;
   UpRequests& requests_;
   NodeStore& store_;
   Finished finished_;
   bool active_ = false;
   uint64_t fetched_ = 0;
-  uint64_t generation_ = 0;     // so answers to an earlier recovery are ignored
-  std::vector<Fetch> waiting_;  // to ask on the next link
+  uint64_t generation_ = 0;  // so answers to an earlier recovery are ignored
   std::vector<std::pair<Clock::time_point, Fetch>> retry_;  // nobody had them
 };
 

@@ -2,82 +2,124 @@
 
 namespace deltacast::relay {
 
-uint64_t UpRequests::FetchPartition(Fetch fetch, PartitionHandler on_answer,
-                                    std::function<void()> on_lost) {
+void UpRequests::SendUp(Pending& p) {
+  p.stripe = up_.Send(p.bytes, /*again=*/p.sent);
+  p.sent = p.sent || p.stripe != UpLink::kNone;
+}
+
+uint64_t UpRequests::FetchPartition(Fetch fetch, PartitionHandler on_answer) {
   fetch.request_id = next_id_++;
-  fetches_[fetch.request_id] = Pending{"", 0, std::move(on_answer), std::move(on_lost)};
-  parent_.Send(EncodeFetch(fetch));
+  Pending& p = pending_[fetch.request_id];
+  p.type = MessageType::kFetch;
+  p.bytes = EncodeFetch(fetch);
+  p.on_answer = std::move(on_answer);
+  SendUp(p);  // with no parent joined, it waits for one (LinkJoined)
   return fetch.request_id;
+}
+
+void UpRequests::Ask(std::vector<std::byte> request) {
+  const uint64_t id = RequestIdOf(request);
+  auto type = PeekType(request);
+  Pending& p = pending_[id];
+  p.type = type.ok() ? *type : MessageType::kFetchManifest;
+  p.bytes = std::move(request);
+  SendUp(p);
 }
 
 void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   const uint64_t child_request = fetch.request_id;
   // Without a parent nobody answers; and a child may not make this node remember
   // requests without bound: both get "not found" now, and may ask again.
-  if (!parent_.joined() || fetches_.size() + routed_.size() >= kMaxRoutedRequests) {
+  if (!up_.joined() || pending_.size() >= kMaxRoutedRequests) {
     downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
     return;
   }
   fetch.request_id = next_id_++;
-  fetches_[fetch.request_id] = Pending{child, child_request, nullptr, nullptr};
-  parent_.Send(EncodeFetch(fetch));
+  Pending& p = pending_[fetch.request_id];
+  p.child = child;
+  p.child_request = child_request;
+  p.type = MessageType::kFetch;
+  p.bytes = EncodeFetch(fetch);
+  SendUp(p);
 }
 
 void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan bytes) {
   const uint64_t child_request = RequestIdOf(bytes);
-  if (!parent_.joined() || fetches_.size() + routed_.size() >= kMaxRoutedRequests) {
+  if (!up_.joined() || pending_.size() >= kMaxRoutedRequests) {
     downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
     return;
   }
   const uint64_t request = next_id_++;
-  routed_[request] = Routed{child, child_request, type};
-  parent_.Send(WithRequestId(bytes, request));
+  Pending& p = pending_[request];
+  p.child = child;
+  p.child_request = child_request;
+  p.type = type;
+  p.bytes = WithRequestId(bytes, request);
+  SendUp(p);
 }
 
 void UpRequests::OnPartition(const PartitionData& data) {
-  auto it = fetches_.find(data.request_id);
-  if (it == fetches_.end()) return;
-  Pending pending = std::move(it->second);
-  fetches_.erase(it);
-  if (!pending.child.empty()) {  // a relay passing an answer down
-    downstream_.SendTo(pending.child, transport::MakeMessage(EncodePartition(
-                                          pending.child_request, data.found, data.bytes)));
+  auto it = pending_.find(data.request_id);
+  if (it == pending_.end() || it->second.type != MessageType::kFetch) return;
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  if (!p.child.empty()) {  // a relay passing an answer down
+    downstream_.SendTo(
+        p.child, transport::MakeMessage(EncodePartition(p.child_request, data.found, data.bytes)));
     return;
   }
-  if (pending.on_answer) pending.on_answer(data);
+  if (p.on_answer) p.on_answer(data);
 }
 
 bool UpRequests::PassDown(ByteSpan message) {
-  auto it = routed_.find(RequestIdOf(message));
-  if (it == routed_.end()) return false;
-  downstream_.SendTo(it->second.child,
-                     transport::MakeMessage(WithRequestId(message, it->second.child_request)));
-  routed_.erase(it);
+  auto it = pending_.find(RequestIdOf(message));
+  if (it == pending_.end() || it->second.type == MessageType::kFetch) return false;
+  const Pending p = std::move(it->second);
+  pending_.erase(it);
+  if (p.child.empty()) return false;  // this node's own: the caller takes it
+  downstream_.SendTo(p.child, transport::MakeMessage(WithRequestId(message, p.child_request)));
   return true;
 }
 
-void UpRequests::LinkLost() {
-  // Handlers may ask again (on the next link): run them over a detached map.
-  std::map<uint64_t, Pending> lost = std::move(fetches_);
-  fetches_.clear();
-  for (auto& [request, pending] : lost) {
-    if (!pending.child.empty()) {
-      // This path is gone; the child may ask again.
-      downstream_.SendTo(pending.child,
-                         transport::MakeMessage(EncodePartition(pending.child_request, false, {})));
-    } else if (pending.on_lost) {
-      pending.on_lost();
+UpRequests::Moved UpRequests::LinkLost(uint32_t stripe) {
+  Moved moved;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    Pending& p = it->second;
+    if (p.stripe != stripe) {
+      ++it;
+      continue;
     }
+    // Any joined parent answers alike: the request goes there now.
+    SendUp(p);
+    if (p.stripe == UpLink::kNone && !p.child.empty()) {
+      // No parent at all: the child hears "not found" now and may ask again, as it
+      // would of a relay with no parent.
+      downstream_.SendTo(p.child, transport::MakeMessage(NotFoundReply(p.type, p.child_request)));
+      it = pending_.erase(it);
+      ++moved.not_found;
+      continue;
+    }
+    // Sent again, or (this node's own) waiting for a link to join.
+    ++(p.stripe == UpLink::kNone ? moved.waiting : moved.again);
+    ++it;
   }
-  for (const auto& [request, asker] : routed_) {
-    downstream_.SendTo(asker.child,
-                       transport::MakeMessage(NotFoundReply(asker.type, asker.child_request)));
+  return moved;
+}
+
+size_t UpRequests::LinkJoined() {
+  size_t sent = 0;
+  for (auto& [request, p] : pending_) {
+    if (p.stripe != UpLink::kNone) continue;
+    SendUp(p);
+    sent += p.stripe != UpLink::kNone;
   }
-  routed_.clear();
+  return sent;
 }
 
 std::vector<std::byte> UpRequests::NotFoundReply(MessageType request_type, uint64_t request_id) {
   switch (request_type) {
+    case MessageType::kFetch:
+      return EncodePartition(request_id, false, {});
     case MessageType::kFetchChain: {
       Chain none;
       none.request_id = request_id;

@@ -1,6 +1,7 @@
 // Striped trees under faults (docs/protocol.md, "Stripes", "Recovery"): a node that
 // loses one stripe's parent rejoins that stripe alone and is replayed only that
 // stripe's chunks it lacks; the others commit bit-exact.
+#include "relay/tree/stripe_links.h"
 #include "tests/relay/tree/stripes_fixture.h"
 
 namespace deltacast::relay::stripes_test {
@@ -137,6 +138,15 @@ TEST_F(StripesTest, AStripeOneRelayKilledMidRefitLeavesEveryOtherNodeBitExact) {
   EXPECT_EQ(agents_[1]->stats().parent_joins, 3u);
   // The others never lost a parent.
   for (int i : {2, 3, 5, 6}) EXPECT_EQ(agents_[i]->stats().parent_joins, 2u) << "n" << i + 1;
+  // By the engine's counters per stripe: n1 and n2 rejoined stripe 1 alone (at its
+  // failover parent), and their stripe-0 link carried each of its chunks once.
+  const uint64_t data_chunks = report->delta.chunks - 1;  // not the END
+  for (int i : {0, 1}) {
+    const NodeAgentStats s = agents_[i]->stats();
+    EXPECT_EQ(s.stripe_parent_joins, (std::vector<uint64_t>{1, 2})) << "n" << i + 1;
+    EXPECT_EQ(s.stripe_chunks[0], StripeChunkCount(0, 2, data_chunks)) << "n" << i + 1;
+    EXPECT_EQ(s.stripe_chunk_bytes_resent[0], 0u) << "n" << i + 1;
+  }
 }
 
 // n1's stripe-1 link (to n5) is reset mid-refit: n1 joins stripe 1 again and is

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -296,6 +297,11 @@ class StripesTest : public ::testing::Test {
     PublishOptions options;
     options.config = config_;
     options.token = kToken;
+    // The decision log and kept deltas outlive each Source: a later one vouches for
+    // the versions an earlier one committed (catch-up).
+    options.decision_log = decision_log_;
+    options.history_dir = history_dir_;
+    options.keep_deltas = keep_deltas_;
     source_sent_ = std::make_shared<Sent>();
     auto transport = Tcp(source_sent_);
     if (source_bytes_per_second_ > 0) {
@@ -322,6 +328,9 @@ class StripesTest : public ::testing::Test {
   std::function<std::unique_ptr<transport::Transport>(int, std::unique_ptr<transport::Transport>)>
       wrap_;
   double source_bytes_per_second_ = 0;  // 0: the source's links are uncapped
+  std::filesystem::path decision_log_;  // empty: none (the source knows only its base)
+  std::filesystem::path history_dir_;   // empty: no deltas kept
+  size_t keep_deltas_ = 0;
   int base_port_ = 0;
   topology::ClusterConfig config_;
   topology::TreePlan base_tree_;

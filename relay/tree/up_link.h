@@ -1,0 +1,73 @@
+// UpLink: which parent answers a node's requests up the tree (docs/protocol.md,
+// "Stripes"): FETCH for repair, rollback and recovery bytes, catch-up's
+// FETCH_CHAIN / FETCH_MANIFEST / FETCH_DELTA_CHUNK, and children's requests routed
+// up. The one home of the rule: stripe 0's parent when it is joined, else the
+// joined parent of the lowest stripe.
+//
+// Why that order: any joined parent can answer (each serves from its store or passes
+// the request up to the source, on any stripe's link), so the choice is only about
+// being predictable: a fixed first choice keeps S = 1 exactly as before, and sends a
+// node's requests one way while every link is up (its logs and its parent's cache of
+// partitions show one path). The lowest joined stripe next, for the same reason.
+//
+// Owns nothing but the choice and the count of what it sent: the ParentLinks are the
+// node's. Requests in flight are the UpRequests' (they remember the stripe each went
+// on and send it again here when that link drops).
+//
+// Thread safety: the node's loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "relay/tree/parent_link.h"
+
+namespace deltacast::relay {
+
+class UpLink {
+ public:
+  static constexpr uint32_t kNone = UINT32_MAX;
+  // Called for each request sent: the stripe it went on, and whether it is one sent
+  // again because the link it went on first dropped.
+  using Counted = std::function<void(uint32_t stripe, bool again)>;
+
+  // `parents`: one per stripe, stripe 0 first; they must outlive this object.
+  UpLink(std::vector<ParentLink*> parents, Counted counted)
+      : parents_(std::move(parents)), counted_(std::move(counted)) {}
+
+  // The stripe whose parent answers now; kNone when no parent is joined.
+  uint32_t Chosen() const {
+    for (uint32_t s = 0; s < parents_.size(); ++s) {
+      if (parents_[s]->joined()) return s;
+    }
+    return kNone;
+  }
+  bool joined() const { return Chosen() != kNone; }
+  // The parent that answers now ("" when none is joined).
+  std::string current() const {
+    const uint32_t s = Chosen();
+    return s == kNone ? std::string() : parents_[s]->current();
+  }
+  // Sends a request to the parent that answers now; returns the stripe it went on, or
+  // kNone (nothing sent) when no parent is joined.
+  uint32_t Send(std::vector<std::byte> bytes, bool again = false) {
+    const uint32_t s = Chosen();
+    if (s == kNone) return s;
+    parents_[s]->Send(std::move(bytes));
+    if (counted_) counted_(s, again);
+    return s;
+  }
+  // Drops the link that answers now (fault injection).
+  void Drop(const Status& why) {
+    const uint32_t s = Chosen();
+    if (s != kNone) parents_[s]->Drop(why);
+  }
+
+ private:
+  std::vector<ParentLink*> parents_;
+  Counted counted_;
+};
+
+}  // namespace deltacast::relay
