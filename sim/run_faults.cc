@@ -114,6 +114,10 @@ void Run::FinishKill(int i, bool power, double restart_seconds, std::string why)
   StopNode(n, why.c_str());
   if (power) LosePower(i);
   n.restart_pending = true;
+  // A kill that finishes after the faults stopped (it began at the instant they did,
+  // its task on the stack) comes back at once: HealAndRestart saw it still running
+  // and restarted nothing (--coord seed 38406: n2 stayed down to the end).
+  if (!faults_on_) restart_seconds = 0;
   const auto secs = std::chrono::duration_cast<EventQueue::Duration>(
       std::chrono::duration<double>(restart_seconds));
   disturbed_until_ = std::max(disturbed_until_, q_.Now() + secs);
