@@ -36,6 +36,15 @@ struct CommitRecord {
   std::string decided_by;  // "source" or "coordinator:<id>"
 };
 
+// Whether `r` is cluster `cluster`'s record of the delta `base` -> `target` and, when
+// `refit_id` is given, of that refit. The one test every reader applies before it
+// follows a record (a record that names anything else is refused).
+inline bool RecordNames(const CommitRecord& r, const std::string& cluster, const Digest128& base,
+                        const Digest128& target, std::optional<uint64_t> refit_id = std::nullopt) {
+  return r.cluster == cluster && r.base_version == base && r.target_version == target &&
+         (!refit_id || r.refit_id == *refit_id);
+}
+
 // A refit its source announced and has not decided yet. `source_alive` is false once
 // the source has not renewed the announcement within the time to live it gave.
 struct RefitInProgress {

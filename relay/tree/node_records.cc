@@ -41,9 +41,7 @@ Result<std::optional<CommitRecord>> FindHeldRecord(CommitRecordStore& store,
   // PREPARED this node may have sent, and the source counted, for that COMMIT.
   std::optional<CommitRecord> found;
   for (const CommitRecord& r : recent) {  // oldest first: the newest match stays
-    if (r.cluster != cluster || r.base_version != held.base || r.target_version != held.target) {
-      continue;
-    }
+    if (!RecordNames(r, cluster, held.base, held.target)) continue;
     if (!found || r.commit || !found->commit) found = r;
   }
   return found;
@@ -79,9 +77,8 @@ void NodeAgent::Impl::OnRecord(uint64_t refit_id, const Result<std::optional<Com
   if (!read->has_value()) return;  // undecided: the parent or the record will say
   const CommitRecord& record = **read;
   const Refit& r = *refit_;
-  if (record.cluster != options_.config.name || record.refit_id != r.id ||
-      record.base_version != r.identity.base_version ||
-      record.target_version != r.identity.target_version) {
+  if (!RecordNames(record, options_.config.name, r.identity.base_version, r.identity.target_version,
+                   r.id)) {
     if (record_refused_for_ == r.id) return;  // said once; read again, never followed
     record_refused_for_ = r.id;
     log::Error(fmt::format(
@@ -151,8 +148,9 @@ void NodeAgent::Impl::OnHeldRecord(const apply::InflightDelta& held, uint64_t re
   }
   if (!found->has_value()) return;  // undecided: the parent or the record will say
   const CommitRecord& record = **found;
-  if (record.cluster != options_.config.name || record.base_version != held.base ||
-      record.target_version != held.target || (refit_id != 0 && record.refit_id != refit_id)) {
+  const std::optional<uint64_t> known_refit =
+      refit_id != 0 ? std::optional<uint64_t>(refit_id) : std::nullopt;
+  if (!RecordNames(record, options_.config.name, held.base, held.target, known_refit)) {
     if (record_refused_for_ == record.refit_id) return;  // said once; never followed
     record_refused_for_ = record.refit_id;
     log::Error(fmt::format(

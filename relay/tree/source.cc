@@ -252,7 +252,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   if (records_.enabled()) {
     // The record is the decision; the log only caches it (a restart reads the record).
     CacheDecision(logged);
-  } else if (Status recorded = RecordDecision(options_.decision_log, logged); !recorded.ok()) {
+  } else if (Status recorded = LogDecision(logged); !recorded.ok()) {
     // Without a durable decision the source must not commit anything.
     commit = false;
     report.abort_reason = recorded.ToString();

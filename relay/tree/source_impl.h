@@ -108,7 +108,10 @@ class Source::Impl {
     }
     MutexLock lock(mu_);
     synced_ = true;
-    uncached_.insert(uncached_.end(), uncached.begin(), uncached.end());
+    {
+      MutexLock log_lock(log_mu_);
+      uncached_.insert(uncached_.end(), uncached.begin(), uncached.end());
+    }
     const Digest128 logged = LastCommitLogged();
     if (!logged.IsZero() && logged != active_version_) {
       active_version_ = logged;
@@ -154,6 +157,7 @@ class Source::Impl {
   const PublishOptions& options() const { return options_; }
   // The decisions this source knows: its log, then those the log could not take.
   std::vector<LoggedDecision> Decisions() const REQUIRES(mu_) {
+    MutexLock log_lock(log_mu_);
     std::vector<LoggedDecision> all = ReadDecisions(options_.decision_log);
     all.insert(all.end(), uncached_.begin(), uncached_.end());
     return all;
@@ -162,9 +166,10 @@ class Source::Impl {
   // full disk) it is kept in memory, since the record, not the log, decided it.
   // Decisions reach the log in the order they were made: while one waits in memory,
   // later ones wait behind it (the log's order is the lineage, and its last COMMIT
-  // the active version).
-  void CacheDecision(const LoggedDecision& d) EXCLUDES(mu_) {
-    MutexLock lock(mu_);
+  // the active version). Only log_mu_ is held across the log's fsync: the tree's
+  // messages, which take mu_, go on meanwhile.
+  void CacheDecision(const LoggedDecision& d) EXCLUDES(mu_, log_mu_) {
+    MutexLock lock(log_mu_);
     uncached_.push_back(d);
     size_t cached = 0;
     for (; cached < uncached_.size(); ++cached) {
@@ -176,6 +181,12 @@ class Source::Impl {
       break;
     }
     uncached_.erase(uncached_.begin(), uncached_.begin() + static_cast<std::ptrdiff_t>(cached));
+  }
+  // Writes a decision to the log (a source without a commit record store: the log is
+  // the decision, so a failure fails the commit).
+  Status LogDecision(const LoggedDecision& d) EXCLUDES(mu_, log_mu_) {
+    MutexLock lock(log_mu_);
+    return RecordDecision(options_.decision_log, d);
   }
   Digest128 LastCommitLogged() const REQUIRES(mu_) {
     Digest128 last;
@@ -291,7 +302,10 @@ class Source::Impl {
   // With a store: whether it was read since the start, and the refit (its ABORT record)
   // whose outcome the store left unknown; the next Publish settles it first.
   bool synced_ GUARDED_BY(mu_) = false;
-  std::vector<LoggedDecision> uncached_ GUARDED_BY(mu_);  // decisions the log could not take
+  // The decision log's writes and the decisions it could not take (a full disk), in
+  // the order they were made; taken after mu_ where both are held.
+  mutable Mutex log_mu_ ACQUIRED_AFTER(mu_);
+  std::vector<LoggedDecision> uncached_ GUARDED_BY(log_mu_);
   std::optional<CommitRecord> unresolved_ GUARDED_BY(mu_);
 
   EventLoop loop_;

@@ -132,8 +132,7 @@ Result<PruneCounts> SourceRecords::Prune() {
 
 bool SourceRecords::Names(const CommitRecord& r, uint64_t refit_id, const Digest128& base,
                           const Digest128& target) const {
-  return r.cluster == cluster_ && r.refit_id == refit_id && r.base_version == base &&
-         r.target_version == target;
+  return RecordNames(r, cluster_, base, target, refit_id);
 }
 
 StandingDecision SourceRecords::Follow(const CommitRecord& standing,
