@@ -512,10 +512,53 @@ def uploads(path):
 
 
 # Stated caps of the striped 1T projection (assumptions, not measured): one
-# cross-region TCP flow as clouds cap it, a node's NIC, a region pair's capacity.
+# cross-region TCP flow as clouds cap it, a node's egress across regions, a region
+# pair's capacity, and how many inference regions each stripe's root serves.
 PROJECTION_FLOW_BPS = 5e9
-PROJECTION_NODE_BPS = 100e9
+PROJECTION_NODE_BPS = 25e9
 PROJECTION_REGION_BPS = 100e9
+PROJECTION_REGIONS = 3
+
+
+def projected_wire(delta_bits, S, fed):
+    """Seconds on the wire of one refit under the stated caps, and which cap binds:
+    each of the S stripes crosses into each region as one flow (S x the flow cap),
+    each root sends its 1/S to every region through its node's egress, the region
+    pair carries it all, and with `fed` (sender hosts, as in this benchmark; not
+    producers' hosts, which hold their shards) the trainer's node uploads the delta
+    once to its senders first."""
+    bounds = {"per_flow": delta_bits / (S * PROJECTION_FLOW_BPS),
+              "root_node_egress": PROJECTION_REGIONS * delta_bits / (S * PROJECTION_NODE_BPS),
+              "region_pair": delta_bits / PROJECTION_REGION_BPS}
+    if fed and S > 1:
+        bounds["trainer_feeds_senders"] = delta_bits / PROJECTION_NODE_BPS
+    binds = max(bounds, key=bounds.get)
+    return bounds[binds], binds
+
+
+def publish_stages(region_times, delta, flows_into, bounds):
+    """Where a publish's time went, per region (seconds after the publish call):
+    `start` to its first chunk, `stream` from first to last chunk (the only part the
+    caps act on; against that region's wire bound, and the rate each WAN flow got),
+    `apply_tail` from the last chunk to PREPARED, `commit` from PREPARED to the
+    commit; and `slowest`, those of the region that committed last."""
+    out = {}
+    for region, t in region_times.items():
+        if None in (t.get("first_chunk"), t.get("last_chunk"), t.get("prepared"),
+                    t.get("committed")):
+            continue
+        stream = t["last_chunk"] - t["first_chunk"]
+        wire = bounds.get(f"into_{region}")
+        flows = flows_into.get(region, 1)
+        out[region] = {"start": t["first_chunk"], "stream": stream,
+                       "apply_tail": t["prepared"] - t["last_chunk"],
+                       "commit": t["committed"] - t["prepared"],
+                       "stream_over_wire": stream / wire if wire else None,
+                       "mbit_per_flow": delta * 8 / stream / flows / 1e6 if stream > 0 else None}
+    if out:
+        slowest = max(out, key=lambda r: region_times[r]["committed"])
+        out["slowest"] = dict(out[slowest], region=slowest)
+    return out
 
 
 def stripes_report(a):
@@ -568,7 +611,10 @@ def stripes_report(a):
         bounds["out_of_train"] = delta * 8 * 3 / sum(wan_bps.values())
         roots = {t.get("root", plan["source"]) for t in trees}
         bounds["root_uplinks"] = delta * 8 * 3 / (uplink_bps * len(roots))
+        if plan["source"] not in roots:  # sender hosts: the trainer feeds each its stripe
+            bounds["trainer_feeds_senders"] = delta * 8 / uplink_bps
         bound = max(bounds.values())
+        stages = publish_stages(run["region_times"], delta, flows_into, bounds)
         before = uploads(os.path.join(a.work, name + ".before"))
         after = uploads(os.path.join(a.work, name + ".after"))
         measured_share = {h: (after[h] - before.get(h, 0)) / delta for h in after if delta}
@@ -589,7 +635,8 @@ def stripes_report(a):
                      "upload_share_measured": {h: round(v, 3) for h, v in
                                                sorted(measured_share.items())},
                      "upload_share_planned": planned, "upload_matches_plan": matches,
-                     "wan_bytes_by_region": run["wan_bytes"], "region_times": run["region_times"]})
+                     "wan_bytes_by_region": run["wan_bytes"], "region_times": run["region_times"],
+                     "stages": stages, "cpu_seconds": run["cpu_seconds"]})
     iperf = {}
     for path in sorted(glob.glob(os.path.join(a.work, "iperf-*.json"))):
         streams = int(os.path.basename(path)[6:-5])
@@ -615,6 +662,12 @@ def stripes_report(a):
                 if (1, kind) in by and (S, kind) in by:
                     speedups[f"{kind}_S{S}_over_S1"] = (by[(1, kind)]["refit_seconds"] /
                                                         by[(S, kind)]["refit_seconds"])
+                    # The part the caps act on alone: the slowest region's stream.
+                    one = by[(1, kind)]["stages"].get("slowest", {}).get("stream")
+                    many = by[(S, kind)]["stages"].get("slowest", {}).get("stream")
+                    if one and many:
+                        speedups[f"{kind}_S{S}_over_S1_stream"] = one / many
+                    speedups[f"{kind}_S{S}_target"] = 0.7 * S
     projection = None
     base = [by[(1, k)] for k in ("full", "fast", "context") if (1, k) in by]
     if len(base) >= 2:
@@ -630,18 +683,31 @@ def stripes_report(a):
         params = float(a.params.rstrip("MBG")) * {"M": 1e6, "B": 1e9, "G": 1e9}.get(a.params[-1], 1)
         bpp = by[(1, "fast")]["delta_bytes"] / params if (1, "fast") in by else None
         rows = []
-        for S in sorted(set(counts) | {1, 4, 8}):
-            usable = min(PROJECTION_REGION_BPS, S * PROJECTION_FLOW_BPS, PROJECTION_NODE_BPS)
-            wire = bpp * 1e12 * 8 / usable if bpp else None
-            rows.append({"model": "1T", "stripes": S, "usable_bps": usable, "wire_seconds": wire,
-                         "seconds": fixed + stream * wire if wire else None})
+        for S in sorted(set(counts) | {1, 2, 4, 8}):
+            for fed in (True, False):
+                if not bpp or (S == 1 and not fed):
+                    continue
+                wire, binds = projected_wire(bpp * 1e12 * 8, S, fed)
+                rows.append({"model": "1T", "stripes": S,
+                             "roots": "sender hosts fed by the trainer" if fed and S > 1 else
+                             "the trainer" if S == 1 else "producers' hosts (no feed)",
+                             "wire_seconds": wire, "binding_cap": binds,
+                             "seconds": fixed + stream * wire,
+                             "wire_speedup_over_S1": None})
+        one = next((r["wire_seconds"] for r in rows if r["stripes"] == 1), None)
+        for r in rows:
+            r["wire_speedup_over_S1"] = one / r["wire_seconds"] if one else None
         projection = {
             "label": "projection: a 1T model's 3 % fast delta (this run's bytes per parameter) "
-                     "over one region pair with the caps stated; usable = min(region pair, S x "
-                     "per-flow cap, node egress); seconds = fixed + stream x wire, fitted to "
-                     "this run's S = 1 publishes (assumes S stripes stream as one does)",
+                     "from one trainer region to 3 inference regions with the caps stated; "
+                     "wire = the largest of delta / (S x per-flow cap), 3 x delta / (S x node "
+                     "egress) at each stripe's root, delta / region pair, and with sender hosts "
+                     "delta / node egress for the trainer's feed; seconds = fixed + stream x "
+                     "wire, fitted to this run's S = 1 publishes (assumes S stripes stream as "
+                     "one does and that the fixed part, start + apply + commit, does not grow)",
             "caps_stated": {"flow_bps": PROJECTION_FLOW_BPS, "node_egress_bps": PROJECTION_NODE_BPS,
-                            "region_pair_bps": PROJECTION_REGION_BPS},
+                            "region_pair_bps": PROJECTION_REGION_BPS,
+                            "inference_regions": PROJECTION_REGIONS},
             "fit": {"fixed_seconds": fixed, "stream_factor": stream, "points": points},
             "bytes_per_param": bpp, "rows": rows}
     shaping = {"uplink_mbit": float(a.uplink_mbit), "flow_mbit": float(a.flow_mbit) or None,
@@ -656,12 +722,24 @@ def stripes_report(a):
               f"(wire bound {r['wire_bound_seconds']:.2f} s, x{r['over_wire_bound']:.2f}), WAN "
               f"{r['wan_bytes']} B, bit_exact={r['bit_exact']}, upload as planned="
               f"{r['upload_matches_plan']}")
+        st = r["stages"].get("slowest")
+        if st:
+            print(f"    slowest region {st['region']}: start {st['start']:.2f} s, stream "
+                  f"{st['stream']:.2f} s (x{st['stream_over_wire']:.2f} its wire bound, "
+                  f"{st['mbit_per_flow']:.1f} Mbit/s per flow), apply tail "
+                  f"{st['apply_tail']:.2f} s, commit {st['commit']:.2f} s")
     for f in failures:
         print(f"stripes {f['stripes']} {f['kind']}: FAILED: {f['failed']}")
     if iperf:
         print(f"iperf3: {iperf}")
+    machine = {"cores": os.cpu_count()}
+    for when in ("start", "end"):  # the load others put on this shared machine
+        path = os.path.join(a.work, f"loadavg.{when}")
+        if os.path.exists(path):
+            machine[f"loadavg_{when}"] = [float(x) for x in open(path).read().split()[:3]]
     return {"stripes": runs, "stripes_failed": failures, "stripes_speedups": speedups,
-            "shaping": shaping, "iperf": iperf, "stripes_projection": projection}
+            "shaping": shaping, "iperf": iperf, "stripes_projection": projection,
+            "stripes_machine": machine}
 
 
 def main():
@@ -676,6 +754,7 @@ def main():
     ap.add_argument("--senders", default="0")
     ap.add_argument("--stripes", default="")
     ap.add_argument("--stripes-only", default="0")
+    ap.add_argument("--command", default="", help="the run's command line and date, as recorded")
     a = ap.parse_args()
     a.wan_mbit_list = [float(x) for x in a.wan_mbit.split(",")]
     a.wan_ms_list = [float(x) for x in a.wan_ms.split(",")]
@@ -694,6 +773,17 @@ def main():
         if "tree_vs_bucket" in b:
             result["tree_vs_bucket"] = b["tree_vs_bucket"]
         result["bit_exact"] = result.get("bit_exact", True) and b["bit_exact"]
+    if a.command:
+        result["stripes_command" if a.stripes_only == "1" else "command"] = a.command
+    if a.stripes_only == "1" and os.path.exists(a.out):
+        # A striped run alone keeps what a full run wrote there (measured, projection):
+        # its own keys replace their earlier values, bit_exact holds for both.
+        earlier = json.load(open(a.out))
+        for key in [k for k in earlier if k.startswith("stripes") or k in ("shaping", "iperf")]:
+            del earlier[key]
+        result["bit_exact"] = result["bit_exact"] and earlier.get("bit_exact", True)
+        earlier.update(result)
+        result = earlier
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=2)
