@@ -538,10 +538,12 @@ def projected_wire(delta_bits, S, fed):
 
 def publish_stages(region_times, delta, flows_into, bounds):
     """Where a publish's time went, per region (seconds after the publish call):
-    `start` to its first chunk, `stream` from first to last chunk (the only part the
-    caps act on; against that region's wire bound, and the rate each WAN flow got),
-    `apply_tail` from the last chunk to PREPARED, `commit` from PREPARED to the
-    commit; and `slowest`, those of the region that committed last."""
+    `start` to its first chunk received whole (that chunk's own transfer included: a
+    chunk holds whole partition records, up to 4 MiB each, whatever chunk_size says),
+    `stream` from first to last chunk (against that region's wire bound, and the rate
+    each WAN flow got), `to_last_chunk_over_wire` the call to the last chunk against
+    the wire bound, `apply_tail` from the last chunk to PREPARED, `commit` from
+    PREPARED to the commit; and `slowest`, those of the region that committed last."""
     out = {}
     for region, t in region_times.items():
         if None in (t.get("first_chunk"), t.get("last_chunk"), t.get("prepared"),
@@ -554,6 +556,7 @@ def publish_stages(region_times, delta, flows_into, bounds):
                        "apply_tail": t["prepared"] - t["last_chunk"],
                        "commit": t["committed"] - t["prepared"],
                        "stream_over_wire": stream / wire if wire else None,
+                       "to_last_chunk_over_wire": t["last_chunk"] / wire if wire else None,
                        "mbit_per_flow": delta * 8 / stream / flows / 1e6 if stream > 0 else None}
     if out:
         slowest = max(out, key=lambda r: region_times[r]["committed"])
