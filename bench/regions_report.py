@@ -522,6 +522,7 @@ def main():
     if tree:
         result.update(tree)
     if a.stripes:
+        sys.dont_write_bytecode = True  # no __pycache__ left in bench/
         from regions_stripes import stripes_report  # it imports this module's helpers
         striped = stripes_report(a)
         result.update(striped)

@@ -74,6 +74,17 @@ def publish_stages(region_times, delta, flows_into, bounds):
     return out
 
 
+def phase_failovers(work, S):
+    """Failovers in the S run's logs ("parent P unreachable; failing over to Q"): a
+    node served by another parent than the plan's for that phase."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(work, f"logs-stripes{S}", "*.log"))):
+        for line in open(path, errors="replace"):
+            if "failing over to" in line:
+                out.append(line.split(" ", 2)[2].strip() + " at " + line.split(" ", 1)[0])
+    return out
+
+
 def stripes_report(a):
     """The `stripes` runs (full, fast, context per stripe count S), each against its
     wire bound, with the measured upload per node against the plan's shares; the
@@ -149,7 +160,8 @@ def stripes_report(a):
                                                sorted(measured_share.items())},
                      "upload_share_planned": planned, "upload_matches_plan": matches,
                      "wan_bytes_by_region": run["wan_bytes"], "region_times": run["region_times"],
-                     "stages": stages, "cpu_seconds": run["cpu_seconds"]})
+                     "stages": stages, "cpu_seconds": run["cpu_seconds"],
+                     "failovers_in_phase": phase_failovers(a.work, S)})
     iperf = {}
     for path in sorted(glob.glob(os.path.join(a.work, "iperf-*.json"))):
         streams = int(os.path.basename(path)[6:-5])
