@@ -501,169 +501,6 @@ def bucket_report(a, tree):
     return out
 
 
-def uploads(path):
-    """Bytes each host's veth had carried out (its upload) at a snapshot."""
-    out = {}
-    for line in open(path):
-        parts = line.split()
-        if parts[0] == "up" and len(parts) == 3:
-            out[parts[1]] = int(parts[2])
-    return out
-
-
-# Stated caps of the striped 1T projection (assumptions, not measured): one
-# cross-region TCP flow as clouds cap it, a node's NIC, a region pair's capacity.
-PROJECTION_FLOW_BPS = 5e9
-PROJECTION_NODE_BPS = 100e9
-PROJECTION_REGION_BPS = 100e9
-
-
-def stripes_report(a):
-    """The `stripes` runs (full, fast, context per stripe count S), each against its
-    wire bound, with the measured upload per node against the plan's shares; the
-    iperf3 reference of what one flow gets; and the striped 1T projection."""
-    regions = REGIONS
-    wan_bps = {k + 1: m * 1e6 for k, m in enumerate(a.wan_mbit_list)}
-    flow_bps = float(a.flow_mbit) * 1e6 if float(a.flow_mbit) > 0 else None
-    uplink_bps = float(a.uplink_mbit) * 1e6
-    runs, failures = [], []
-    lines = open(os.path.join(a.work, "stripes_runs.txt")).read().split("\n") if os.path.exists(
-        os.path.join(a.work, "stripes_runs.txt")) else []
-    for line in filter(None, lines):
-        parts = line.split()
-        S = int(parts[0])
-        if len(parts) == 2 or parts[-1] == "failed":
-            name = parts[2] if len(parts) > 2 else None
-            why = ""
-            if name and os.path.exists(os.path.join(a.work, name + ".failed")):
-                why = open(os.path.join(a.work, name + ".failed")).read().strip()
-            elif len(parts) == 2:
-                why = open(os.path.join(a.work, f"plan-stripes{S}.err")).read().strip()
-            failures.append({"stripes": S, "kind": parts[1] if len(parts) > 2 else None,
-                             "failed": why})
-            continue
-        kind, name = parts[1], parts[2]
-        plan = json.load(open(os.path.join(a.work, f"plan-stripes{S}.json")))
-        trees = plan["stripes"] if "stripes" in plan else [{"nodes": plan["nodes"]}]
-        nodes_by_region, flows_into = {}, {}
-        for n in trees[0]["nodes"]:
-            if n["role"] == "receiver":
-                nodes_by_region.setdefault(n["region"], []).append(n["id"])
-        for t in trees:
-            for n in t["nodes"]:
-                if n["crosses_wan"]:
-                    flows_into[n["region"]] = flows_into.get(n["region"], 0) + 1
-        run = measure_publish(a.work, name, dict(enumerate(regions)), nodes_by_region,
-                              min(wan_bps.values()), logs=f"logs-stripes{S}")
-        delta = run["delta_bytes"]
-        # The wire bound: the delta over the sum of usable caps into each region (its WAN,
-        # its flows x the per-flow cap), out of the trainer's region (its WAN link) and
-        # out of the trainer's node (or, with senders, the senders' nodes).
-        bounds = {}
-        for k, region in enumerate(regions[1:], start=1):
-            usable = wan_bps[k]
-            if flow_bps:
-                usable = min(usable, flows_into.get(region, 1) * flow_bps)
-            bounds[f"into_{region}"] = delta * 8 / usable
-        bounds["out_of_train"] = delta * 8 * 3 / sum(wan_bps.values())
-        roots = {t.get("root", plan["source"]) for t in trees}
-        bounds["root_uplinks"] = delta * 8 * 3 / (uplink_bps * len(roots))
-        bound = max(bounds.values())
-        before = uploads(os.path.join(a.work, name + ".before"))
-        after = uploads(os.path.join(a.work, name + ".after"))
-        measured_share = {h: (after[h] - before.get(h, 0)) / delta for h in after if delta}
-        planned = plan.get("upload_share", {})
-        # Control traffic and TCP/TLS framing add a little; a striped plan and a single
-        # tree differ by whole stripes (1/S of the delta) per node.
-        matches = bool(planned) and all(abs(measured_share.get(h, 0) - v) <= 0.25 + 0.1 * v
-                                        for h, v in planned.items())
-        wan_total = sum(v["into_region"] for r, v in run["wan_bytes"].items()
-                        if r != regions[0])  # into the inference regions
-        runs.append({"kind": kind, "stripes": S, "refit_seconds": run["refit_seconds"],
-                     "wan_bytes": wan_total, "bit_exact": run.get("bit_exact", False),
-                     "committed": run["committed"], "delta_bytes": delta,
-                     "wire_bound_seconds": bound, "wire_bounds": bounds,
-                     "over_wire_bound": run["refit_seconds"] / bound if bound else None,
-                     "wan_flows_into_region": flows_into,
-                     "plan_predicted_seconds_1GiB": plan.get("predicted_seconds"),
-                     "upload_share_measured": {h: round(v, 3) for h, v in
-                                               sorted(measured_share.items())},
-                     "upload_share_planned": planned, "upload_matches_plan": matches,
-                     "wan_bytes_by_region": run["wan_bytes"], "region_times": run["region_times"]})
-    iperf = {}
-    for path in sorted(glob.glob(os.path.join(a.work, "iperf-*.json"))):
-        streams = int(os.path.basename(path)[6:-5])
-        try:
-            j = json.load(open(path))
-            iperf[f"{streams}_streams_mbit"] = j["end"]["sum_received"]["bits_per_second"] / 1e6
-        except (ValueError, KeyError):
-            iperf[f"{streams}_streams_mbit"] = None
-    if iperf:
-        iperf["path"] = (f"trainer -> {regions[1]}1, routed across the {regions[1]} WAN link "
-                         "(no proxy), iperf3 -t 4 -O 1")
-        iperf["flow_cap_mbit"] = float(a.flow_mbit) or None
-        iperf["region_cap_mbit"] = a.wan_mbit_list[0]
-        one = iperf.get("1_streams_mbit")
-        iperf["flow_cap_binds"] = bool(one and flow_bps and one <= 1.1 * flow_bps / 1e6 and
-                                       a.wan_mbit_list[0] > 1.5 * flow_bps / 1e6)
-    by = {(r["stripes"], r["kind"]): r for r in runs}
-    counts = sorted({r["stripes"] for r in runs})
-    speedups = {}
-    if len(counts) > 1 and counts[0] == 1:
-        for S in counts[1:]:
-            for kind in ("full", "fast", "context"):
-                if (1, kind) in by and (S, kind) in by:
-                    speedups[f"{kind}_S{S}_over_S1"] = (by[(1, kind)]["refit_seconds"] /
-                                                        by[(S, kind)]["refit_seconds"])
-    projection = None
-    base = [by[(1, k)] for k in ("full", "fast", "context") if (1, k) in by]
-    if len(base) >= 2:
-        # refit = fixed + stream x wire bound, fitted to the S = 1 runs (as tree_report
-        # fits the tree's): `fixed` is latency and process work, `stream` how far above
-        # the wire the capped flows stream.
-        points = [(r["wire_bound_seconds"], r["refit_seconds"]) for r in base]
-        mx = sum(x for x, _ in points) / len(points)
-        my = sum(y for _, y in points) / len(points)
-        stream = (sum((x - mx) * (y - my) for x, y in points) /
-                  max(sum((x - mx) ** 2 for x, _ in points), 1e-12))
-        fixed = max(my - stream * mx, 0.0)
-        params = float(a.params.rstrip("MBG")) * {"M": 1e6, "B": 1e9, "G": 1e9}.get(a.params[-1], 1)
-        bpp = by[(1, "fast")]["delta_bytes"] / params if (1, "fast") in by else None
-        rows = []
-        for S in sorted(set(counts) | {1, 4, 8}):
-            usable = min(PROJECTION_REGION_BPS, S * PROJECTION_FLOW_BPS, PROJECTION_NODE_BPS)
-            wire = bpp * 1e12 * 8 / usable if bpp else None
-            rows.append({"model": "1T", "stripes": S, "usable_bps": usable, "wire_seconds": wire,
-                         "seconds": fixed + stream * wire if wire else None})
-        projection = {
-            "label": "projection: a 1T model's 3 % fast delta (this run's bytes per parameter) "
-                     "over one region pair with the caps stated; usable = min(region pair, S x "
-                     "per-flow cap, node egress); seconds = fixed + stream x wire, fitted to "
-                     "this run's S = 1 publishes (assumes S stripes stream as one does)",
-            "caps_stated": {"flow_bps": PROJECTION_FLOW_BPS, "node_egress_bps": PROJECTION_NODE_BPS,
-                            "region_pair_bps": PROJECTION_REGION_BPS},
-            "fit": {"fixed_seconds": fixed, "stream_factor": stream, "points": points},
-            "bytes_per_param": bpp, "rows": rows}
-    shaping = {"uplink_mbit": float(a.uplink_mbit), "flow_mbit": float(a.flow_mbit) or None,
-               "wan_mbit": a.wan_mbit_list, "gateways_per_region": int(a.gateways),
-               "senders": int(a.senders),
-               "node_egress": "tbf at uplink_mbit on the egress of each node's veth",
-               "per_flow": "htb at the region's rate over 256 leaf classes of ceil flow_mbit, by "
-                           "the low byte of the flow's ephemeral TCP port (no fq in this kernel)"
-                           if float(a.flow_mbit) > 0 else None}
-    for r in runs:
-        print(f"stripes {r['stripes']} {r['kind']:>7}: {r['refit_seconds']:.2f} s "
-              f"(wire bound {r['wire_bound_seconds']:.2f} s, x{r['over_wire_bound']:.2f}), WAN "
-              f"{r['wan_bytes']} B, bit_exact={r['bit_exact']}, upload as planned="
-              f"{r['upload_matches_plan']}")
-    for f in failures:
-        print(f"stripes {f['stripes']} {f['kind']}: FAILED: {f['failed']}")
-    if iperf:
-        print(f"iperf3: {iperf}")
-    return {"stripes": runs, "stripes_failed": failures, "stripes_speedups": speedups,
-            "shaping": shaping, "iperf": iperf, "stripes_projection": projection}
-
-
 def main():
     ap = argparse.ArgumentParser()
     for flag in ("--work", "--out", "--params", "--rate", "--wan-mbit", "--wan-ms", "--intra-mbit",
@@ -676,6 +513,7 @@ def main():
     ap.add_argument("--senders", default="0")
     ap.add_argument("--stripes", default="")
     ap.add_argument("--stripes-only", default="0")
+    ap.add_argument("--command", default="", help="the run's command line and date, as recorded")
     a = ap.parse_args()
     a.wan_mbit_list = [float(x) for x in a.wan_mbit.split(",")]
     a.wan_ms_list = [float(x) for x in a.wan_ms.split(",")]
@@ -684,6 +522,8 @@ def main():
     if tree:
         result.update(tree)
     if a.stripes:
+        sys.dont_write_bytecode = True  # no __pycache__ left in bench/
+        from regions_stripes import stripes_report  # it imports this module's helpers
         striped = stripes_report(a)
         result.update(striped)
         result["bit_exact"] = (result.get("bit_exact", True) and not striped["stripes_failed"] and
@@ -694,6 +534,17 @@ def main():
         if "tree_vs_bucket" in b:
             result["tree_vs_bucket"] = b["tree_vs_bucket"]
         result["bit_exact"] = result.get("bit_exact", True) and b["bit_exact"]
+    if a.command:
+        result["stripes_command" if a.stripes_only == "1" else "command"] = a.command
+    if a.stripes_only == "1" and os.path.exists(a.out):
+        # A striped run alone keeps what a full run wrote there (measured, projection):
+        # its own keys replace their earlier values, bit_exact holds for both.
+        earlier = json.load(open(a.out))
+        for key in [k for k in earlier if k.startswith("stripes") or k in ("shaping", "iperf")]:
+            del earlier[key]
+        result["bit_exact"] = result["bit_exact"] and earlier.get("bit_exact", True)
+        earlier.update(result)
+        result = earlier
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=2)
