@@ -332,10 +332,18 @@ bool NodeAgent::Impl::Behind(const Begin& b) const {
 
 void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& received) {
   ParentLink& up = *parents_[stripe];
-  if (stale_on_[stripe] != 0) {
-    // A replay of a refit this node is past (OnStaleBegin): not used, not passed
-    // down; its credit lets the decision queued behind it come.
-    return up.Send(EncodeCredit({1, stale_on_[stripe]}));
+  if (stale_on_[stripe] != 0 ||
+      (refit_ && begin_on_[stripe] != 0 && begin_on_[stripe] != refit_->id)) {
+    // A chunk of another refit than this node's: a replay of one it is past
+    // (OnStaleBegin), or of the last one, whose BEGIN came on this link before
+    // another stripe's parent began the next. Not this refit's chunk N, so neither
+    // applied, spooled nor passed down: taken for it, a replayed END went down again
+    // to children that had this refit's END of that number, and into the spool,
+    // from which a snapshot store's chain then did not rebuild ("chunk 1 belongs to
+    // another delta": the simulator's --stripes seed 1053). Its credit lets the
+    // decision queued behind it come.
+    return up.Send(
+        EncodeCredit({1, stale_on_[stripe] != 0 ? stale_on_[stripe] : begin_on_[stripe]}));
   }
   if (refit_ && refit_->phase == Phase::kAborting) {
     // A replay of the refit this node is rolling back (it rejoined): not needed,
