@@ -187,9 +187,8 @@ class NodeAgent::Impl {
   void OnBegin(ByteSpan bytes);
   bool Behind(const Begin& b) const;
   // Whether refit `refit_id` finished here in this life, and if so whether it
-  // committed (finished_refits_); NoteFinished adds one.
+  // committed (finished_refits_).
   std::optional<bool> FinishedRefit(uint64_t refit_id) const;
-  void NoteFinished(uint64_t refit_id, bool committed);
   // Whether this node is past refit `refit_id` to `target` (it finished it in this
   // life, or holds its target and went on from it), and if so whether that refit
   // committed.

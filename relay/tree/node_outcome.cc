@@ -376,7 +376,10 @@ void NodeAgent::Impl::ReportOutcome() {
   r.phase = Phase::kDone;
   // Done for good here, unless its local commit or rollback failed (then a replayed
   // BEGIN or decision is told FAILED again, above).
-  if (r.outcome_error.ok()) NoteFinished(r.id, committed);
+  if (r.outcome_error.ok()) {
+    finished_refits_.emplace_back(r.id, committed);
+    if (finished_refits_.size() > kFinishedKept) finished_refits_.pop_front();
+  }
   RunDeferredBegin();
   log::Info(fmt::format(
       "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "

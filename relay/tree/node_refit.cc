@@ -179,14 +179,6 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                             "could not roll back what it holds of another stream of this delta"}));
     return;
   }
-  if (refit_ && refit_->phase == Phase::kStreaming && !refit_->resolution &&
-      refit_->identity.base_version == begin->base_version) {
-    // Superseded: a parent begins a refit only once the last one ended, and one
-    // from the same base cannot have committed: it aborted. A lagging stripe parent
-    // that replays it later is answered as for any refit this node is past (the
-    // simulator's --stripes seed 2180 began it again and sent its END twice).
-    NoteFinished(refit_->id, /*committed=*/false);
-  }
   NewRefit();
   refit_->id = begin->refit_id;
   refit_->begin = *begin;
@@ -279,11 +271,6 @@ void NodeAgent::Impl::RollBackAnotherStream(const Begin& begin, ByteSpan bytes) 
   claimed_ = {};
   auto spool = Spool::Open(options_.spool_dir, begin.target_version, /*remove_others=*/false);
   rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
-}
-
-void NodeAgent::Impl::NoteFinished(uint64_t refit_id, bool committed) {
-  finished_refits_.emplace_back(refit_id, committed);
-  if (finished_refits_.size() > kFinishedKept) finished_refits_.pop_front();
 }
 
 std::optional<bool> NodeAgent::Impl::FinishedRefit(uint64_t refit_id) const {
