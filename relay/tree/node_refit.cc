@@ -283,11 +283,16 @@ std::optional<bool> NodeAgent::Impl::FinishedRefit(uint64_t refit_id) const {
 std::optional<bool> NodeAgent::Impl::PastRefit(uint64_t refit_id, const Digest128& target) const {
   if (const std::optional<bool> finished = FinishedRefit(refit_id)) return finished;
   if (refit_ && refit_->id == refit_id) return std::nullopt;
-  // Its target is the base of the delta this node holds in flight or of the refit
-  // it is in: it committed that version (before a restart, by catching up, or
-  // through another stripe's parent) and went on from it.
+  // Its target is the base of the delta this node holds in flight, or of the refit
+  // it is in while it holds that version or committed that refit: it committed the
+  // version (before a restart, by catching up, or through another stripe's parent)
+  // and went on from it. (A node whose catch-up failed runs a refit whose base it
+  // does not hold: it is behind, not past.)
   if (journal_.inflight && journal_.inflight->base == target) return true;
-  if (refit_ && refit_->identity.base_version == target) return true;
+  if (refit_ && refit_->identity.base_version == target &&
+      (journal_.version == target || (refit_->phase == Phase::kDone && committed_last_))) {
+    return true;
+  }
   return std::nullopt;
 }
 
