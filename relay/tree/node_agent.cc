@@ -133,6 +133,7 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
   downstream_.SetStripes(stripes());
   begin_on_.assign(stripes(), 0);
   window_on_.assign(stripes(), 0);
+  stale_on_.assign(stripes(), 0);
   received_on_link_.assign(stripes(), {});
   downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
   catch_up_.SetVerifyKey(options_.verify_key.get());
@@ -298,7 +299,7 @@ Hello NodeAgent::Impl::MakeHello(uint32_t stripe) {
   claimed_ = {hello.inflight_target, journal_.inflight ? journal_.applied : std::set<uint32_t>{}};
   received_on_link_[stripe].clear();
   // A new link: the parent grants it nothing of what the old one was granted.
-  begin_on_[stripe] = window_on_[stripe] = 0;
+  begin_on_[stripe] = window_on_[stripe] = stale_on_[stripe] = 0;
   return hello;
 }
 
@@ -360,6 +361,7 @@ void NodeAgent::Impl::OnParentMessage(uint32_t stripe, MessageType type,
                         begin->stripes, stripe, stripes()));
       }
       begin_on_[stripe] = begin->refit_id;
+      stale_on_[stripe] = 0;
       // Every stripe carries the refit's BEGIN: one refit, counted once.
       if (begin->refit_id != last_parent_begin_) {
         last_parent_begin_ = begin->refit_id;

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -185,6 +186,15 @@ class NodeAgent::Impl {
   // node_refit.cc: receive, forward, apply, prepare.
   void OnBegin(ByteSpan bytes);
   bool Behind(const Begin& b) const;
+  // Whether refit `refit_id` finished here in this life, and if so whether it
+  // committed (finished_refits_).
+  std::optional<bool> FinishedRefit(uint64_t refit_id) const;
+  // Whether this node is past refit `refit_id` to `target` (it finished it in this
+  // life, or holds its target and went on from it), and if so whether that refit
+  // committed.
+  std::optional<bool> PastRefit(uint64_t refit_id, const Digest128& target) const;
+  // A BEGIN of a refit this node is past, on `stripe`'s link: answered, never run again.
+  void OnStaleBegin(uint32_t stripe, const Begin& begin, bool committed);
   void OnChunk(uint32_t stripe, const transport::Message& received);
   void OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result);
   void RequestRepairs(const NodeStore::ApplyResult& result);
@@ -264,6 +274,14 @@ class NodeAgent::Impl {
   // that link was granted its window for (0: none since it joined).
   std::vector<uint64_t> begin_on_;
   std::vector<uint64_t> window_on_;
+  // The refits finished here in this life, newest last (at most kFinishedKept), and
+  // whether each committed: a BEGIN or decision of one of them comes from a parent
+  // that lags behind (or repeats itself) and is answered, never run again.
+  static constexpr size_t kFinishedKept = 16;
+  std::deque<std::pair<uint64_t, bool>> finished_refits_;
+  // Per stripe: the finished refit whose BEGIN that link carried last (0: none). Its
+  // chunks are dropped, with credit, so the decision queued behind them comes.
+  std::vector<uint64_t> stale_on_;
   uint64_t catch_up_failed_refit_ = 0;  // its BEGIN then runs (and fails) as usual
   uint64_t retried_commit_ = 0;         // the refit whose failed local commit was tried again
   Status catch_up_failure_;             // why that catch-up failed

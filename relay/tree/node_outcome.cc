@@ -76,6 +76,20 @@ void NodeAgent::Impl::HandleDecision(uint32_t stripe, MessageType type, const De
     deferred_decision_stripe_ = stripe;
     return;
   }
+  if (const std::optional<bool> committed = PastRefit(d->refit_id, d->target_version)) {
+    // The decision of a refit this node is past (finished here, or committed and
+    // gone on from), from a parent that lags behind (the end of the replay
+    // OnStaleBegin let through) or repeats it: confirmed on its link, with this
+    // node's subtree there if the refit is still the current one. Not acted on: a
+    // COMMIT taken for one this node "committed before a restart" switched it off
+    // the refit it is in.
+    if (*committed != (type == MessageType::kCommit)) return;  // no such thing: decisions are final
+    const bool current = refit_ && refit_->id == d->refit_id;
+    up.Send(
+        EncodeOutcome(*committed ? MessageType::kCommitted : MessageType::kAborted,
+                      {d->refit_id, 1 + (current ? subtree(stripe).confirmed_nodes() : 0), {}}));
+    return;
+  }
   if (type == MessageType::kCommit && journal_.version == d->target_version && !journal_.inflight) {
     if (refit_ && refit_->id == d->refit_id && refit_->phase == Phase::kDone) {
       // A repeated COMMIT: confirm again.
@@ -360,6 +374,12 @@ void NodeAgent::Impl::ReportOutcome() {
   }();
   for (uint32_t s = 0; s < stripes(); ++s) SendOutcome(s);
   r.phase = Phase::kDone;
+  // Done for good here, unless its local commit or rollback failed (then a replayed
+  // BEGIN or decision is told FAILED again, above).
+  if (r.outcome_error.ok()) {
+    finished_refits_.emplace_back(r.id, committed);
+    if (finished_refits_.size() > kFinishedKept) finished_refits_.pop_front();
+  }
   RunDeferredBegin();
   log::Info(fmt::format(
       "{}: refit {} {}: version {}, received {} B ({:.2f} MiB) in {} chunks, resent {} B, "

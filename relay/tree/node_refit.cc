@@ -29,6 +29,12 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   if (options_.verify_key && !Trusted(VerifyBegin(*options_.verify_key, *begin), "BEGIN", stripe)) {
     return;
   }
+  // (A refit committed here that is still the current one is answered below, with
+  // its subtree's reports: more than prepared.)
+  if (const std::optional<bool> committed = PastRefit(begin->refit_id, begin->target_version);
+      committed && !(*committed && refit_ && refit_->id == begin->refit_id)) {
+    return OnStaleBegin(stripe, *begin, *committed);
+  }
   if (refit_ && refit_->id == begin->refit_id &&
       !(refit_->phase == Phase::kDone && !committed_last_)) {
     // A replay after a reconnect, or this refit's BEGIN on another stripe: what
@@ -267,6 +273,57 @@ void NodeAgent::Impl::RollBackAnotherStream(const Begin& begin, ByteSpan bytes) 
   rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
 }
 
+std::optional<bool> NodeAgent::Impl::FinishedRefit(uint64_t refit_id) const {
+  for (const auto& [id, committed] : finished_refits_) {
+    if (id == refit_id) return committed;
+  }
+  return std::nullopt;
+}
+
+std::optional<bool> NodeAgent::Impl::PastRefit(uint64_t refit_id, const Digest128& target) const {
+  if (const std::optional<bool> finished = FinishedRefit(refit_id)) return finished;
+  if (refit_ && refit_->id == refit_id) return std::nullopt;
+  // Its target is the base of the delta this node holds in flight, or of the refit
+  // it is in while it holds that version or committed that refit: it committed the
+  // version (before a restart, by catching up, or through another stripe's parent)
+  // and went on from it. (A node whose catch-up failed runs a refit whose base it
+  // does not hold: it is behind, not past.)
+  if (journal_.inflight && journal_.inflight->base == target) return true;
+  if (refit_ && refit_->identity.base_version == target &&
+      (journal_.version == target || (refit_->phase == Phase::kDone && committed_last_))) {
+    return true;
+  }
+  return std::nullopt;
+}
+
+// A BEGIN of a refit this node is past (PastRefit: committed or aborted, and
+// decisions are final): a parent that lags behind replays it to this node, which
+// rejoined it (that parent is still in the refit while another stripe's moved
+// on), or it is the replay behind an ABORT that another stripe brought first. Run
+// again, it switched the node off the refit it is in (the next one) or began an
+// aborted one anew and passed the BEGIN down; a relay that is its child's child in
+// another stripe then got it back and began it again: BEGINs, chunks and ENDs went
+// round those links until the task budget ran out, and a node told to catch up to
+// the stale refit's base wrote it over the version that committed meanwhile (the
+// simulator's --stripes seeds 284, 1201). Only this link's parent is answered:
+// credit, so its replay drains (the chunks are dropped, OnChunk) and the decision
+// queued behind them comes (confirmed in HandleDecision).
+void NodeAgent::Impl::OnStaleBegin(uint32_t stripe, const Begin& begin, bool committed) {
+  ParentLink& up = *parents_[stripe];
+  log::Info(fmt::format("{}: refit {} {} here already; not running its BEGIN from {} again",
+                        options_.node_id, begin.refit_id, committed ? "committed" : "aborted",
+                        up.current()));
+  stale_on_[stripe] = begin.refit_id;
+  up.Send(EncodeCredit({static_cast<uint32_t>(options_.config.tree.window), begin.refit_id}));
+  // Committed through this refit here (not only at its target by a catch-up or
+  // before a restart): more than prepared; a parent that has not decided yet may be
+  // waiting for it.
+  if (!committed || FinishedRefit(begin.refit_id) != true) return;
+  Prepared prepared{begin.refit_id, {}};
+  prepared.nodes.push_back({options_.node_id, 0, 0, 0});
+  up.Send(EncodePrepared(prepared));
+}
+
 // Whether this node holds neither the refit's base nor its target, nor the refit
 // itself in flight: it missed a version the cluster committed.
 bool NodeAgent::Impl::Behind(const Begin& b) const {
@@ -280,6 +337,19 @@ bool NodeAgent::Impl::Behind(const Begin& b) const {
 
 void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& received) {
   ParentLink& up = *parents_[stripe];
+  if (stale_on_[stripe] != 0 ||
+      (refit_ && begin_on_[stripe] != 0 && begin_on_[stripe] != refit_->id)) {
+    // A chunk of another refit than this node's: a replay of one it is past
+    // (OnStaleBegin), or of the last one, whose BEGIN came on this link before
+    // another stripe's parent began the next. Not this refit's chunk N, so neither
+    // applied, spooled nor passed down: taken for it, a replayed END went down again
+    // to children that had this refit's END of that number, and into the spool,
+    // from which a snapshot store's chain then did not rebuild ("chunk 1 belongs to
+    // another delta": the simulator's --stripes seed 1053). Its credit lets the
+    // decision queued behind it come.
+    return up.Send(
+        EncodeCredit({1, stale_on_[stripe] != 0 ? stale_on_[stripe] : begin_on_[stripe]}));
+  }
   if (refit_ && refit_->phase == Phase::kAborting) {
     // A replay of the refit this node is rolling back (it rejoined): not needed,
     // but its credit keeps the parent's queue, and the decision behind it, moving.
