@@ -26,13 +26,15 @@
 // full checkpoint, next to a single iperf3 stream on the same loopback and to the
 // source's encoder alone on the same pair.
 //
-// Striped trees (issue 31 part 4; docs/protocol.md, "Stripes"): at the summary rate
-// every N > 1 also runs the planner's trees with `[tree] stripes = --stripes`
-// ("striped(S)"), and so does the link-bound check. Every run reports each node's
-// upload per refit (bytes of the CHUNK messages it sent) over the delta's size,
-// "upload_share": a single tree's interior nodes send k copies and its leaves none;
-// striped, about one each. "summary.upload_share" sets the planner's single tree
-// beside the striped trees at the largest N.
+// Striped trees (issue 31 parts 3-4; docs/protocol.md, "Stripes"): at the summary
+// rate every N > 1 also runs the planner's trees with `[tree] stripes = S` for each S
+// of --stripes ("striped(S)"), and so does the link-bound check, whose summary holds
+// "stripedS_N_over_single" against the issue's 1.1 x target. Every run reports each
+// node's upload per refit (bytes of the CHUNK messages it sent) over the delta's
+// size, "upload_share": a single tree's interior nodes send k copies and its leaves
+// none; striped, about one each. "summary.upload_share" sets the planner's single
+// tree beside the striped trees at the largest N. The planner's default ("auto") is
+// one stripe here, as the cluster has no sender nodes ("planner_default_stripes").
 //
 // --relay-forward measures one relay's forwarding path alone (bench/relay_forward.h):
 // a pre-encoded delta from the source to ONE relay that forwards it to two children,
@@ -74,6 +76,7 @@
 #include "relay/tree/node_agent.h"
 #include "relay/tree/publisher.h"
 #include "topology/cluster_config.h"
+#include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 #include "topology/units.h"
 #include "transport/factory.h"
@@ -111,7 +114,7 @@ struct BenchOptions {
   uint64_t link_bound_chunk_bytes = 0;
   uint64_t link_bound_partition_bytes = 0;
   int repeats = 3;
-  int stripes = 2;  // the striped runs' [tree] stripes (1: none)
+  std::vector<int> stripes = {2, 4};  // the striped runs' [tree] stripes (values > 1)
   size_t encode_threads = 0;
   size_t apply_threads = 1;
   uint64_t seed = 1;
@@ -343,8 +346,9 @@ json DeltaVsFull(const std::vector<RunResult>& runs, const BenchOptions& o) {
 }
 
 // Issue 31 part 4: each receiver's upload per refit over the delta size, the
-// planner's single tree against `stripes` striped trees, N receivers.
-json UploadShares(const std::vector<RunResult>& runs, int n, double rate, int stripes) {
+// planner's single tree against each count of striped trees in `stripes`, N receivers.
+json UploadShares(const std::vector<RunResult>& runs, int n, double rate,
+                  const std::vector<int>& stripes) {
   auto shares = [&](const RunResult* r) -> json {
     if (!r) return {{"available", false}};
     double most = 0, least = 1e300;
@@ -365,11 +369,24 @@ json UploadShares(const std::vector<RunResult>& runs, int n, double rate, int st
             {"source", double(r->upload_bytes.count("src") ? r->upload_bytes.at("src") : 0) /
                            double(std::max<uint64_t>(1, r->delta_bytes))}};
   };
+  json striped = json::array();
+  for (int k : stripes)
+    striped.push_back(shares(Find(runs, "striped(" + std::to_string(k) + ")", n, rate, false)));
   return {{"receivers", n},
           {"single_tree", shares(Find(runs, "tree(auto)", n, rate, false))},
-          {"striped", shares(stripes > 1 ? Find(runs, "striped(" + std::to_string(stripes) + ")", n,
-                                                rate, false)
-                                         : nullptr)}};
+          {"striped", striped}};
+}
+
+// Striped trees against one receiver at N receivers, one entry per stripe count.
+void StripedRatios(json& s, const std::vector<RunResult>& runs, int n, double rate,
+                   const std::vector<int>& stripes, double target) {
+  const RunResult* single = Find(runs, "single", 1, rate, false);
+  for (int k : stripes) {
+    s[fmt::format("striped{}_{}_over_single", k, n)] =
+        Ratio(Find(runs, fmt::format("striped({})", k), n, rate, false), single, target,
+              fmt::format("the planner's {} striped trees, shared uplinks{}", k,
+                          target > 0 ? fmt::format("; target <= {}", target) : ""));
+  }
 }
 
 json Summaries(const std::vector<RunResult>& runs, const BenchOptions& o) {
@@ -379,6 +396,7 @@ json Summaries(const std::vector<RunResult>& runs, const BenchOptions& o) {
       ChainHops(runs, o.receivers, o.summary_rate, o.link_bytes_per_second);
   s["delta_vs_full"] = DeltaVsFull(runs, o);
   s["upload_share"] = UploadShares(runs, big, o.summary_rate, o.stripes);
+  StripedRatios(s, runs, big, o.summary_rate, o.stripes, 0);
   return s;
 }
 
@@ -389,6 +407,11 @@ json Summaries(const std::vector<RunResult>& runs, const BenchOptions& o) {
 // 10 Gbit/s: 256 chunks, ~0.9 s). At the default rate a 50 MB model's delta takes
 // ~40 ms, less than 31 hops of processing on 2 shared cores; so the largest N is
 // also run on slower links with small chunks, a scaled copy of that regime.
+// Scaling the chunk down does not scale a node's CPU per chunk down, and here all
+// 32 nodes share 2 cores: at 10 Mbit the 31-receiver refit of 256 chunks took ~3.2
+// CPU s against 0.93 s of wire time (3.4 cores' worth), so that run measured the
+// machine's cores, not the links. At 2 Mbit (4.7 s of wire time) the same refit
+// needs about one core: the default.
 json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937& rng) {
   ClusterParams p = CommonParams(o);
   p.link_bytes_per_second = o.link_bound_bytes_per_second;
@@ -407,7 +430,7 @@ json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937&
     // The star is left out: ~N x the single time is long here and is shown above.
     if (s.topology != "star") run(s);
   }
-  if (o.stripes > 1) run(Striped(n, o.stripes));
+  for (int k : o.stripes) run(Striped(n, k));
   json results = json::array();
   for (const auto& r : runs) results.push_back(RunJson(r, runs, p.link_bytes_per_second));
   json j = {{"link_rate_bytes_per_second", p.link_bytes_per_second},
@@ -419,6 +442,8 @@ json LinkBound(const BenchOptions& o, const SyntheticModel& model, std::mt19937&
   j["summary"]["chain_seconds_per_hop"] =
       ChainHops(runs, {1, n}, o.summary_rate, p.link_bytes_per_second);
   j["summary"]["upload_share"] = UploadShares(runs, n, o.summary_rate, o.stripes);
+  // Issue 31 part 3: striped, 31 receivers <= 1.1 x one receiver on the link-bound check.
+  StripedRatios(j["summary"], runs, n, o.summary_rate, o.stripes, 1.1);
   return j;
 }
 
@@ -514,8 +539,9 @@ void RunRate(const BenchOptions& o, const ClusterParams& p, const SyntheticModel
   };
   for (int n : ns) {
     for (const auto& s : ScenariosFor(n, UplinkModel::kShared, p)) run(s, base, o.repeats);
-    if (n > 1 && o.stripes > 1 && rate == o.summary_rate)
-      run(Striped(n, o.stripes), base, o.repeats);
+    if (n > 1 && rate == o.summary_rate) {
+      for (int k : o.stripes) run(Striped(n, k), base, o.repeats);
+    }
     if (n == o.per_connection_n && n > 1 && rate == o.summary_rate) {
       for (const auto& s : ScenariosFor(n, UplinkModel::kPerConnection, p)) {
         if (s.fanout && *s.fanout > 1)
@@ -545,6 +571,16 @@ ClusterParams FanoutParams(const BenchOptions& o) {
   return p;
 }
 
+// The S that `[tree] stripes = "auto"` (the default) picks for the bench's cluster
+// at its largest N: the number of sender nodes, and the bench has none.
+int DefaultStripes(const BenchOptions& o) {
+  const auto config =
+      Check(dc::topology::ParseClusterConfig(
+                ConfigToml(o.receivers.back(), 0, 40000, FanoutParams(o)), "fanout-bench.toml"),
+            "config");
+  return dc::topology::AutoStripeCount(config);
+}
+
 json DocHeader(const BenchOptions& o, const std::string& link_text) {
   return {
       {"benchmark", "fanout"},
@@ -559,6 +595,8 @@ json DocHeader(const BenchOptions& o, const std::string& link_text) {
       {"repeats", o.repeats},
       {"transport", o.transport},
       {"provider", o.provider},
+      {"stripes", o.stripes},
+      {"planner_default_stripes", DefaultStripes(o)},
       {"transport_setup",
        "loopback 127.0.0.1, one transport per node, each wrapped by WrapWithFaults with a "
        "bandwidth cap"},
@@ -614,7 +652,7 @@ int main(int argc, char** argv) {
   BenchOptions o;
   std::string params_text = "25M", link_text = "200Mbit", chunk_text = "32KiB",
               partition_text = "256KiB", summary_rate_text = "3%", relay_text = "512MiB",
-              relay_chunk_text = "4MiB", link_bound_text = "10Mbit", link_bound_chunk_text = "4KiB",
+              relay_chunk_text = "4MiB", link_bound_text = "2Mbit", link_bound_chunk_text = "4KiB",
               link_bound_partition_text = "64KiB", out_path;
   std::vector<std::string> rate_texts = {"1%", "3%", "5%"}, large_rate_texts = {"1%", "3%", "5%"};
   o.receivers = {1, 3, 7, 15, 31};
@@ -658,8 +696,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", o.repeats, "Fresh clusters per scenario; the median run is reported")
       ->capture_default_str();
   app.add_option("--stripes", o.stripes,
-                 "Striped runs ([tree] stripes) at the summary rate and in the link-bound check "
-                 "(1: none)")
+                 "Stripe counts of the striped runs ([tree] stripes) at the summary rate and in "
+                 "the link-bound check (1: none)")
       ->capture_default_str();
   app.add_option("--encode-threads", o.encode_threads, "Source encoder threads (0: all cores)")
       ->capture_default_str();
@@ -741,6 +779,9 @@ int main(int argc, char** argv) {
   o.forward.provider = o.provider;
   o.forward.seed = o.seed;
   o.forward.diagnostics = !no_forward_diagnostics;
+  if (std::any_of(o.stripes.begin(), o.stripes.end(), [](int k) { return k < 1 || k > 64; }))
+    Die("--stripes: each count must be 1-64");
+  std::erase_if(o.stripes, [](int k) { return k == 1; });  // 1: the single tree, run anyway
   if (o.receivers.empty() || *std::min_element(o.receivers.begin(), o.receivers.end()) < 1) {
     Die("--receivers: need N >= 1");
   }

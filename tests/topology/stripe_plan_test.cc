@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "topology/cluster_config.h"
@@ -294,6 +295,46 @@ TEST(StripePlanTest, StripesFromTheSourceAloneStayDisjoint) {
   }
   for (const auto& [id, count] : InteriorCounts(plan)) EXPECT_LE(count, 1) << id;
   EXPECT_LE(MaxShare(plan) - plan.UploadShare().at("src"), 1.3);  // receivers
+}
+
+// The fan-out benchmark's cluster: the source and N receivers in one region, equal
+// uplinks, no senders. The source roots every stripe, and sends each stripe to one
+// head (SplitStream's source), so its uplink carries one copy of the delta, not k.
+TEST(StripePlanTest, ASourceRootingEveryStripeSendsEachStripeOnce) {
+  for (const auto& [receivers, stripes, most] :
+       std::vector<std::tuple<int, int, double>>{{7, 2, 1.0}, {31, 2, 1.0}, {31, 4, 1.25}}) {
+    SCOPED_TRACE(std::to_string(receivers) + " receivers, " + std::to_string(stripes) + " stripes");
+    ConfigText c;
+    c.tree = "stripes = " + std::to_string(stripes) + "\n";
+    c.Node("src", "us", "10Mbit", "role = \"source\"\n");
+    for (int i = 1; i <= receivers; ++i) {
+      char id[16];
+      std::snprintf(id, sizeof id, "n%02d", i);
+      c.Node(id, "us", "10Mbit");
+    }
+    const ClusterConfig config = ParseOrDie(c.Render());
+    const StripedPlan plan = PlanOrDie(config);
+    ASSERT_EQ(plan.stripes.size(), static_cast<size_t>(stripes));
+    CheckStripes(config, plan);
+    std::set<std::string> heads;
+    for (const StripeTree& st : plan.stripes) {
+      ASSERT_EQ(st.tree.nodes[0].children.size(), 1u);  // one head per stripe
+      heads.insert(st.tree.nodes[0].children[0]);
+    }
+    EXPECT_EQ(heads.size(), static_cast<size_t>(stripes));  // a different head in each
+    EXPECT_EQ(plan.UploadShare().at("src"), 1.0);
+    for (const auto& [id, count] : InteriorCounts(plan)) EXPECT_LE(count, 1) << id;
+    // 31 = 1 + 2 + 4 + 8 + 16 under each of 2 heads: every receiver's share is at
+    // most 1; with 4 stripes a group of 7 relays 30 nodes at fanout 5 (5/4 copies).
+    EXPECT_LE(MaxShare(plan), most);
+    // The busiest uplink sends `most` copies; the plan's time is that plus a few
+    // chunk times of pipeline fill (a 1 GiB delta in 4 MiB chunks: 5 hops, 2 %).
+    const double one_copy = 8.0 * kGiB / 10e6;
+    EXPECT_LT(plan.PredictSeconds(kGiB), one_copy * most * 1.1);
+    if (most == 1.0) {  // and beats the single tree (a chain: 31 hops of fill)
+      EXPECT_LT(plan.PredictSeconds(kGiB), PlanStripesWithCount(config, 1)->PredictSeconds(kGiB));
+    }
+  }
 }
 
 TEST(StripePlanTest, PerFlowCapMakesStripesFaster) {
