@@ -527,6 +527,7 @@ void NodeAgent::Impl::Tick() {
     if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active()) recovery_.Start();
   }
   PollHeldRecord(now);
+  ShedChildrenIfLeftOut();
   if (!refit_) return;
   PollRecord(now);
   if (!refit_) return;

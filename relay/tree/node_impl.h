@@ -192,6 +192,9 @@ class NodeAgent::Impl {
   void LocalFailure(uint64_t id, const Status& status, FailureKind kind = FailureKind::kNode);
   void SendFailed(const Failed& failed);
   void MaybePrepared();
+  // Striped, policy `available`: while this node's own failure leaves it out of the
+  // streaming refit, its children are refused so that they fail over (Downstream::Shed).
+  void ShedChildrenIfLeftOut();
   void OnChildPrepared(const std::string& child, ByteSpan bytes);
   void OnChildFailed(const std::string& child, ByteSpan bytes);
   void OnChildJoined(const std::string& child, const Hello& hello);
@@ -256,6 +259,8 @@ class NodeAgent::Impl {
 
   // Loop-thread state.
   std::optional<Refit> refit_;
+  // The refit whose children this node refused (ShedChildrenIfLeftOut); 0: none.
+  uint64_t shed_refit_ = 0;
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t parent_begins_ = 0;             // BEGINs the parent sent; a newer one supersedes
