@@ -528,6 +528,27 @@ void NodeAgent::Impl::ShedChildrenIfLeftOut() {
   downstream_.Shed(std::nullopt);
 }
 
+void NodeAgent::Impl::GiveUpOnAwayStripe(Clock::time_point now) {
+  if (stripes() < 2 || options_.config.tree.commit_policy != topology::CommitPolicy::kAvailable ||
+      !refit_ || refit_->phase != Phase::kStreaming || refit_->resolution ||
+      !refit_->local_error.ok()) {
+    return;
+  }
+  // As long as its parent there waits for it, and its failover parent had its turn
+  // (ParentLink dials it after kFailoverAfter and the planned one again after twice that).
+  const auto timeout = std::max<std::chrono::milliseconds>(options_.config.tree.connect_timeout,
+                                                           2 * ParentLink::kFailoverAfter);
+  for (uint32_t s = 0; s < stripes(); ++s) {
+    if (refit_->ends.contains(s) || !stripe_away_since_[s]) continue;
+    if (now - std::max(*stripe_away_since_[s], refit_->start) <= timeout) continue;
+    return LocalFailure(refit_->id,
+                        Status::Unavailable(fmt::format(
+                            "no parent of stripe {} for {} ms: its chunks of this refit cannot "
+                            "come",
+                            s, timeout.count())));
+  }
+}
+
 // PREPARED goes up each stripe once this node verified the target and that stripe's
 // children have prepared: per stripe, so trees whose interior nodes differ never
 // wait on each other.
