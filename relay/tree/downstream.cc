@@ -142,6 +142,11 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
     if (children_.contains(planned) && events_.refused) events_.refused(planned, reason);
     return Refuse(*h.connection, reason);
   }
+  if (shedding_ && shed_stripes_.contains(hello->stripe)) {
+    // Refused until the refit ends: said once, at Shed, not at every redial.
+    h.connection->Send(transport::MakeMessage(EncodeRefuse({*shedding_})));
+    return h.connection->Close();
+  }
   // A link is named by its node and stripe: a child joins this node once per stripe
   // whose tree makes it this node's child.
   const std::string key = StripeLinkKey(hello->node_id, hello->stripe);
@@ -540,6 +545,22 @@ void Downstream::Heartbeat() {
   auto beat = transport::MakeMessage(EncodeHeartbeat());
   for (auto& [id, child] : children_) {
     if (child.connection) child.connection->Send(beat);
+  }
+}
+
+void Downstream::Shed(std::optional<std::string> reason, std::set<uint32_t> stripes) {
+  shedding_ = std::move(reason);
+  shed_stripes_ = shedding_ ? std::move(stripes) : std::set<uint32_t>{};
+  std::vector<std::string> shed;
+  for (const auto& [id, child] : children_) {
+    if (child.connection && shed_stripes_.contains(StripeOfLink(id))) shed.push_back(id);
+  }
+  for (const auto& id : shed) {
+    auto it = children_.find(id);
+    if (it == children_.end() || !it->second.connection) continue;
+    log::Warn(fmt::format("{}: refusing child {}: {}", self_id_, id, *shedding_));
+    it->second.connection->Send(transport::MakeMessage(EncodeRefuse({*shedding_})));
+    Lose(id, Status::Unavailable(*shedding_));
   }
 }
 

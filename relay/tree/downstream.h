@@ -149,6 +149,16 @@ class Downstream {
   // what it lacks when it is back.
   void Excuse(const std::string& child);
 
+  // This node cannot take part in the refit and its parents stop streaming to it
+  // (striped, policy `available`): its children on the stripes in `stripes` (those
+  // whose END it lacks) would wait for chunks that never come while their other
+  // stripes' parents wait for them. With `reason` set, each connected child link of
+  // those stripes is sent REFUSE and closed, and their HELLOs are refused, so the
+  // children fail over (ParentLink, kFailoverAfter) to their failover parents,
+  // which replay them the refit. nullopt: every child is welcome again.
+  void Shed(std::optional<std::string> reason, std::set<uint32_t> stripes = {});
+  bool shedding() const { return shedding_.has_value(); }
+
   // A refit begins (call before broadcasting its BEGIN): every child grants a
   // fresh window of credit, and credit for any other refit is ignored from now on;
   // whatever is still queued for an earlier refit is dropped (completing its
@@ -264,6 +274,8 @@ class Downstream {
   std::map<uint64_t, Handshake> handshakes_;
   ProvenHosts proven_;  // addresses whose children completed the handshake lately
   std::set<std::string> adoptable_;
+  std::optional<std::string> shedding_;  // Shed: why the children of shed_stripes_ are refused
+  std::set<uint32_t> shed_stripes_;
   std::vector<std::string> transports_;
   uint32_t stripes_ = 1;
   uint64_t refit_id_ = 0;   // the refit credit counts for

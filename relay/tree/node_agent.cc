@@ -311,6 +311,7 @@ bool NodeAgent::Impl::OtherParentJoined(uint32_t except) const {
 }
 
 void NodeAgent::Impl::OnParentJoined(uint32_t stripe) {
+  stripe_away_since_[stripe].reset();
   {
     MutexLock lock(stats_mu_);
     ++stats_.parent_joins;
@@ -327,6 +328,7 @@ void NodeAgent::Impl::OnParentJoined(uint32_t stripe) {
 }
 
 void NodeAgent::Impl::OnParentLost(uint32_t stripe, const Status& why) {
+  if (!stripe_away_since_[stripe]) stripe_away_since_[stripe] = Clock::now();
   // What was asked on this link goes to another joined parent (or waits for one).
   const UpRequests::Moved moved = requests_.LinkLost(stripe);
   if (moved.again > 0) {
@@ -529,6 +531,8 @@ void NodeAgent::Impl::Tick() {
     if (journal_.needs_reconcile && !recovery_.active() && !catch_up_.active()) recovery_.Start();
   }
   PollHeldRecord(now);
+  GiveUpOnAwayStripe(now);
+  ShedChildrenIfLeftOut();
   if (!refit_) return;
   PollRecord(now);
   if (!refit_) return;

@@ -202,6 +202,14 @@ class NodeAgent::Impl {
   void LocalFailure(uint64_t id, const Status& status, FailureKind kind = FailureKind::kNode);
   void SendFailed(const Failed& failed);
   void MaybePrepared();
+  // Striped, policy `available`: while this node's own failure leaves it out of the
+  // streaming refit, its children are refused so that they fail over (Downstream::Shed).
+  void ShedChildrenIfLeftOut();
+  // Striped, policy `available`: a stripe whose parents have been away longer than
+  // the connect timeout (and the failover's turn) while the refit streams, its END
+  // not in, leaves this node out there, as its parent there leaves it out: it cannot
+  // prepare, so it says FAILED up the other stripes, whose parents would wait for it.
+  void GiveUpOnAwayStripe(Clock::time_point now);
   void OnChildPrepared(const std::string& child, ByteSpan bytes);
   void OnChildFailed(const std::string& child, ByteSpan bytes);
   void OnChildJoined(const std::string& child, const Hello& hello);
@@ -266,6 +274,8 @@ class NodeAgent::Impl {
 
   // Loop-thread state.
   std::optional<Refit> refit_;
+  // The refit whose children this node refused (ShedChildrenIfLeftOut); 0: none.
+  uint64_t shed_refit_ = 0;
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t parent_begins_ = 0;             // BEGINs the parent sent; a newer one supersedes
@@ -336,6 +346,10 @@ class NodeAgent::Impl {
   std::vector<std::unique_ptr<Subtree>> subtrees_;    // per stripe
   UpLink up_;                                         // which parent answers requests up the tree
   UpRequests requests_;
+
+  // Per stripe: since when no parent of that stripe has been joined (nullopt: one is).
+  std::vector<std::optional<Clock::time_point>> stripe_away_since_ =
+      std::vector<std::optional<Clock::time_point>>(parents_.size(), Clock::now());
   CatchUp catch_up_;
   Rollback rollback_;
   StoreRecovery recovery_;

@@ -181,6 +181,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   }
   NewRefit();
   refit_->id = begin->refit_id;
+  ShedChildrenIfLeftOut();  // children refused for another refit take part in this one
   refit_->begin = *begin;
   refit_->identity = {begin->base_version, begin->target_version, begin->partition_bytes};
   for (auto& carried : received_on_link_) carried.clear();
@@ -563,6 +564,59 @@ void NodeAgent::Impl::SendFailed(const Failed& failed) {
   ForEachSubtree([](Subtree& t) { t.FailedHere(); });
   // Up every stripe: each parent stops waiting for this subtree.
   SendUpAll(EncodeFailed(failed));
+  ShedChildrenIfLeftOut();
+}
+
+// Its parents leave this node out (policy `available`) and stop streaming to it. With
+// one tree its subtree is left out with it; striped, its children's other stripes'
+// parents still wait for them, and its children on a stripe whose END it lacks would
+// wait for chunks that never come until the commit timeout (the simulator's
+// --stripes seeds 6, 50 and most of the known ones). Refused, they fail over to their
+// failover parents, which replay them the refit; they come home between refits. The
+// children of a stripe whose END came have been forwarded all of it.
+void NodeAgent::Impl::ShedChildrenIfLeftOut() {
+  const bool streaming = refit_ && refit_->phase == Phase::kStreaming;
+  if (stripes() > 1 && options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
+      streaming && refit_->id != shed_refit_ && refit_->failed &&
+      refit_->failed->node_id == options_.node_id && refit_->failed->kind == FailureKind::kNode) {
+    std::set<uint32_t> lacking;
+    for (uint32_t s = 0; s < stripes(); ++s) {
+      if (!refit_->ends.contains(s)) lacking.insert(s);
+    }
+    if (lacking.empty()) return;
+    shed_refit_ = refit_->id;
+    log::Warn(fmt::format("{}: left out of refit {}: its children fail over", options_.node_id,
+                          refit_->id));
+    return downstream_.Shed(
+        fmt::format("'{}' cannot take part in refit {}; join your failover parent",
+                    options_.node_id, refit_->id),
+        std::move(lacking));
+  }
+  // Left out until the refit is decided here or another begins (a BEGIN replayed for
+  // the same refit does not bring back what this node's parents stopped sending).
+  if (!downstream_.shedding() || (streaming && refit_->id == shed_refit_)) return;
+  downstream_.Shed(std::nullopt);
+}
+
+void NodeAgent::Impl::GiveUpOnAwayStripe(Clock::time_point now) {
+  if (stripes() < 2 || options_.config.tree.commit_policy != topology::CommitPolicy::kAvailable ||
+      !refit_ || refit_->phase != Phase::kStreaming || refit_->resolution ||
+      !refit_->local_error.ok()) {
+    return;
+  }
+  // As long as its parent there waits for it, and its failover parent had its turn
+  // (ParentLink dials it after kFailoverAfter and the planned one again after twice that).
+  const auto timeout = std::max<std::chrono::milliseconds>(options_.config.tree.connect_timeout,
+                                                           2 * ParentLink::kFailoverAfter);
+  for (uint32_t s = 0; s < stripes(); ++s) {
+    if (refit_->ends.contains(s) || !stripe_away_since_[s]) continue;
+    if (now - std::max(*stripe_away_since_[s], refit_->start) <= timeout) continue;
+    return LocalFailure(refit_->id,
+                        Status::Unavailable(fmt::format(
+                            "no parent of stripe {} for {} ms: its chunks of this refit cannot "
+                            "come",
+                            s, timeout.count())));
+  }
 }
 
 // PREPARED goes up each stripe once this node verified the target and that stripe's

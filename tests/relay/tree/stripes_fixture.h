@@ -271,6 +271,8 @@ class StripesTest : public ::testing::Test {
     options.node_id = "n" + std::to_string(i + 1);
     options.token = kToken;
     options.apply_threads = 1;
+    if (auto hooks = engine_hooks_.find(i); hooks != engine_hooks_.end())
+      options.engine_hooks = hooks->second;
     sent_[i] = std::make_shared<Sent>();
     auto transport = Tcp(sent_[i]);
     if (wrap_) transport = wrap_(i, std::move(transport));
@@ -331,6 +333,8 @@ class StripesTest : public ::testing::Test {
   std::filesystem::path decision_log_;  // empty: none (the source knows only its base)
   std::filesystem::path history_dir_;   // empty: no deltas kept
   size_t keep_deltas_ = 0;
+  // Receiver i's engine hooks, if any (a pause that fails: a node that cannot take part).
+  std::map<int, EngineHooks> engine_hooks_;
   int base_port_ = 0;
   topology::ClusterConfig config_;
   topology::TreePlan base_tree_;
