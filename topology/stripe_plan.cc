@@ -376,6 +376,8 @@ Status CheckStripeCount(const ClusterConfig& config, int stripes) {
 }  // namespace
 
 int AutoStripeCount(const ClusterConfig& config) {
+  // A bucket bridge carries one tree link (ValidateObjectStoreConfig refuses more).
+  if (config.objstore && !config.objstore->bridges.empty()) return 1;
   int senders = 0;
   for (const NodeConfig& n : config.nodes) senders += n.role == Role::kSender;
   int stripes = std::max(senders, 1);

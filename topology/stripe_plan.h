@@ -17,7 +17,8 @@
 // the source are in no stripe's TreePlan; every receiver is in every one.
 //
 // S: [tree] stripes, or for "auto" the number of senders (1 without any), capped by
-// the fewest gateway candidates of any remote region that lists several. With S = 1
+// the fewest gateway candidates of any remote region that lists several, and 1 when
+// the config has [objstore] bridges (a bridge carries one tree link). With S = 1
 // the single stripe is PlanTree's plan (senders, if any, relay inside it like any
 // node of the source's region), whatever else the config says.
 //
