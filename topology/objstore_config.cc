@@ -50,21 +50,6 @@ Status ValidateObjectStoreConfig(const ClusterConfig& config) {
       return Status::InvalidArgument(Where(config, o.line) + "bridges names \"" + id + "\" twice");
     }
   }
-  // A bridge carries one tree link: its uplink joins the source on one link and its
-  // downlink takes one link per child, so a striped tree through it would not reach
-  // its region ("auto" plans one stripe here: AutoStripeCount).
-  if (!o.bridges.empty() && config.tree.stripes && *config.tree.stripes > 1) {
-    const int line = config.tree.stripes_line > 0 ? config.tree.stripes_line : o.line;
-    std::string names;
-    for (const std::string& id : o.bridges) names += (names.empty() ? "\"" : ", \"") + id + "\"";
-    return Status::InvalidArgument(
-        config.source_file.string() + (line > 0 ? ":" + std::to_string(line) : "") +
-        ": [tree] stripes = " + std::to_string(*config.tree.stripes) +
-        " with [objstore] bridges = [" + names +
-        "]: a bucket bridge does not serve striped trees (it carries one tree link, not "
-        "one per stripe); set [tree] stripes = 1 or \"auto\" (which plans one stripe "
-        "when the config has bridges), or take the bridges out");
-  }
   return Status::Ok();
 }
 

@@ -53,8 +53,7 @@ struct ObjectStoreConfig {
 // Whether `node_id` is one of the config's bridge nodes.
 bool IsBridge(const ClusterConfig& config, std::string_view node_id);
 
-// The checks that need the nodes: bridges name distinct receiver nodes, and [tree]
-// stripes is not above 1 (a bridge carries one tree link, not one per stripe). (That a
+// The checks that need the nodes: bridges name distinct receiver nodes. (That a
 // bridge's children share its region is a property of the plan: CheckBridgePlan.)
 // ValidateClusterConfig runs it.
 Status ValidateObjectStoreConfig(const ClusterConfig& config);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "topology/cluster_config.h"
+#include "topology/objstore_config.h"
 #include "topology/tree_plan.h"
 
 namespace deltacast::topology {
@@ -479,9 +480,10 @@ TEST(StripePlanTest, InvalidStripeCountsAndRolesAreRefused) {
   ExpectRefused(flow.Render(), "flow_bandwidth");
 }
 
-// A bucket bridge carries one tree link (docs/object-store.md, "Limits of this
-// version"): more than one stripe is refused at validation, and "auto" plans one.
-TEST(StripePlanTest, BucketBridgesRefuseStripesAndAutoPlansOne) {
+// A bucket bridge serves striped trees (docs/object-store.md, "Striped trees"): the
+// example with stripes = 2 plans the bridge in every stripe, under the source,
+// with the same children (their manual parents), and CheckBridgePlan accepts each.
+TEST(StripePlanTest, BucketBridgeIsInEveryStripeWithItsChildren) {
   const std::filesystem::path example =
       std::filesystem::path(DELTACAST_CONFIGS_DIR) / "bucket-region.toml";
   std::ifstream in(example);
@@ -489,30 +491,18 @@ TEST(StripePlanTest, BucketBridgesRefuseStripesAndAutoPlansOne) {
   const std::string tree = "[tree]\n";
   const size_t at = text.find(tree);
   ASSERT_NE(at, std::string::npos);
-  const int stripes_line = static_cast<int>(std::count(text.begin(), text.begin() + at, '\n')) + 2;
   text.insert(at + tree.size(), "stripes = 2\n");
-  ExpectRefused(text, "stripe_test.toml:" + std::to_string(stripes_line) +
-                          ": [tree] stripes = 2 with [objstore] bridges = [\"bucket-eu\"]: a "
-                          "bucket bridge does not serve striped trees");
-
-  // Two senders and two gateways per region would stripe twice: with a bridge,
-  // "auto" plans the single tree and an explicit count above 1 is refused.
-  ConfigText c = TwoRegions(2, 4, 2);
-  c.entries.push_back(
-      "[objstore]\nendpoint = \"http://127.0.0.1:1\"\nbucket = \"b\"\nbridges = [\"eu01\"]\n");
-  const ClusterConfig config = ParseOrDie(c.Render());
-  EXPECT_EQ(AutoStripeCount(config), 1);
-  EXPECT_EQ(PlanOrDie(config).stripes.size(), 1u);
-  Result<StripedPlan> two = PlanStripesWithCount(config, 2);
-  ASSERT_FALSE(two.ok());
-  EXPECT_THAT(two.status().message(), HasSubstr("a bucket bridge does not serve striped trees"));
-  c.tree = "stripes = 1\n";
-  EXPECT_EQ(PlanOrDie(ParseOrDie(c.Render())).stripes.size(), 1u);
-  c.tree = "stripes = 2\n";
-  ExpectRefused(c.Render(), "set [tree] stripes = 1 or \"auto\"");
-  // Without the bridge the same config stripes.
-  c.entries.pop_back();
-  EXPECT_EQ(PlanOrDie(ParseOrDie(c.Render())).stripes.size(), 2u);
+  const ClusterConfig config = ParseOrDie(text);
+  const StripedPlan plan = PlanOrDie(config);
+  ASSERT_EQ(plan.stripes.size(), 2u);
+  for (const StripeTree& st : plan.stripes) {
+    SCOPED_TRACE("stripe " + std::to_string(st.index));
+    const PlannedNode* bridge = st.tree.Find("bucket-eu");
+    ASSERT_NE(bridge, nullptr);
+    EXPECT_EQ(bridge->parent, "trainer");
+    EXPECT_EQ(bridge->children, std::vector<std::string>{"eu-gw"});
+    EXPECT_TRUE(CheckBridgePlan(config, st.tree).ok());
+  }
 }
 
 }  // namespace
