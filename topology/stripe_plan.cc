@@ -61,15 +61,6 @@ std::vector<std::vector<size_t>> SplitGroups(const std::vector<size_t>& members,
 
 std::vector<size_t> StripeOrder(const Layout& layout, const RegionPart& part, int s);
 
-// Whether `part`'s subtree root in each stripe is one of its members, a child of
-// the stripe's root: in a remote region (its gateway), and at home when the source
-// roots every stripe itself. The source then sends each stripe to one head, as
-// SplitStream's source does, so its uplink carries one copy of the delta in all,
-// not k copies (k children in each of S stripes, each 1/S of the delta).
-bool HangsBelowRoot(const Layout& layout, const RegionPart& part) {
-  return part.remote || !layout.fed;
-}
-
 Layout MakeLayout(const ClusterConfig& config, int stripes) {
   Layout layout;
   layout.config = &config;
@@ -127,15 +118,7 @@ Layout MakeLayout(const ClusterConfig& config, int stripes) {
 // [subtree root, group s, everyone else].
 std::vector<size_t> StripeOrder(const Layout& layout, const RegionPart& part, int s) {
   const size_t si = static_cast<size_t>(s);
-  size_t top = layout.roots[si];
-  if (part.remote) {
-    top = part.gateways[si % part.gateways.size()];
-  } else if (HangsBelowRoot(layout, part)) {
-    // Group s's fastest member; with fewer members than stripes some groups are
-    // empty and their stripes take heads round-robin.
-    top =
-        part.groups[si].empty() ? part.members[si % part.members.size()] : part.groups[si].front();
-  }
+  const size_t top = part.remote ? part.gateways[si % part.gateways.size()] : layout.roots[si];
   std::vector<size_t> order = {top};
   for (size_t m : part.groups[si]) {
     if (m != top) order.push_back(m);
@@ -171,9 +154,7 @@ int DisjointFanout(const Layout& layout) {
 int MaxUsefulFanout(const Layout& layout) {
   size_t most = 1;
   for (const RegionPart& part : layout.regions) {
-    if (part.members.empty()) continue;
-    const size_t below =
-        HangsBelowRoot(layout, part) ? part.members.size() - 1 : part.members.size();
+    const size_t below = part.remote ? part.members.size() - 1 : part.members.size();
     most = std::max(most, below);
   }
   return static_cast<int>(most);
@@ -192,7 +173,7 @@ Shape MakeShape(const Layout& layout, int fanout) {
     for (size_t r = 0; r < layout.regions.size(); ++r) {
       if (layout.orders[r].empty()) continue;
       const std::vector<size_t>& order = layout.orders[r][static_cast<size_t>(s)];
-      if (HangsBelowRoot(layout, layout.regions[r])) parent_of[order.front()] = root;
+      if (layout.regions[r].remote) parent_of[order.front()] = root;
       for (size_t p = 1; p < order.size(); ++p) parent_of[order[p]] = order[(p - 1) / k];
     }
     for (const auto& [node, parent] : layout.manual) {

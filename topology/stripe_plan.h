@@ -26,14 +26,10 @@
 // group j starts with gateway candidate j (the nodes with gateway = true, or the
 // region's fastest node when it lists none), and every other member joins the
 // smallest group (ties: lowest index). In stripe i a region hangs below its subtree
-// root as a k-ary tree filled breadth-first from the order [subtree root, group i,
-// everyone else], so group i relays and the others are leaves when k is large
-// enough. The subtree root is gateway candidate i mod G in a remote region, a child
-// of the stripe's root; in the source's region it is the stripe's root when that is
-// a sender, and when the source roots every stripe itself it is group i's fastest
-// member, the source's one child there in stripe i: the source sends each stripe
-// once, so its uplink carries one copy of the delta in all (with k children in each
-// stripe it would carry k). Fanout "auto" searches k from the
+// root (the stripe's root in the source's region; gateway candidate i mod G in a
+// remote region, a child of the stripe's root) as a k-ary tree filled breadth-first
+// from the order [subtree root, group i, everyone else], so group i relays and the
+// others are leaves when k is large enough. Fanout "auto" searches k from the
 // smallest that keeps every stripe's relays inside its group (SplitStream's
 // disjointness) up to the largest that changes a tree, and keeps the smallest k
 // whose PredictSeconds for kAutoFanoutReferenceBytes is within kFanoutTieTolerance
