@@ -5,6 +5,8 @@
 // s3rver on loopback. Every node's bytes are checked by hash against the target.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "objstore/bucket_layout.h"
 #include "relay/bucket/bucket_bridge.h"
 #include "tests/relay/bucket/bucket_fixture.h"
@@ -121,6 +123,33 @@ TEST_F(BucketBridgeTest, UplinkStripeLinkResetRejoinsThatStripeAlone) {
   }
   // BEGIN, head, each chunk once, the seal, the decision, the chain.
   EXPECT_EQ(uplink_->stats().objects_written, report->delta.chunks + 5);
+}
+
+// S = 2, policy `available`, eu2 (a child of the bridge) away: both stripes'
+// subtrees at the downlink leave it out after the connect timeout, the region
+// prepares without it, and back for the next refit (two versions behind its
+// target) it commits bit-exact with the rest.
+TEST_F(BucketBridgeTest, StripedAwayChildIsExcusedInEveryStripe) {
+  Versions v = MakeVersions(1 << 19, 3, 13);
+  ASSERT_NO_FATAL_FAILURE(UseConfig("available", "bucket-eu", 2));
+  ASSERT_NO_FATAL_FAILURE(StartBridge());
+  for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v, 0));  // not eu2
+  ASSERT_NO_FATAL_FAILURE(StartSource());
+  auto first = PublishStep(v, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(first->committed) << first->abort_reason;
+  std::set<std::string> nodes;
+  for (const auto& n : first->nodes) nodes.insert(n.node_id);
+  EXPECT_EQ(nodes, (std::set<std::string>{"us1", "eu1"}));
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], first->target_version));
+  ExpectAllAt(v, 1);
+
+  ASSERT_NO_FATAL_FAILURE(StartAgent(2, v, 0));
+  auto second = PublishStep(v, 1);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(second->committed) << second->abort_reason;
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(WaitForVersion(*agents_[i], second->target_version));
+  ExpectAllAt(v, 2);
 }
 
 }  // namespace
