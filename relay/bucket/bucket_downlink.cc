@@ -8,6 +8,14 @@
 // the bucket and names this refit. Catch-up requests are answered from the kept
 // chain; FETCH and FETCH_MANIFEST go up to the source through the bucket
 // (relay/bucket/bucket_requests.h).
+//
+// Striped trees (docs/protocol.md, "Stripes"): the bridge node is its children's
+// parent in every stripe's tree, so the downlink takes their links of every stripe
+// (keyed "child#s", relay/tree/stripe_links.h) and sends chunk k only on stripe
+// k mod S's links, BEGIN, the END and the decision on every link. It keeps a
+// Subtree per stripe, as a node does, and writes one PREPARED (every stripe's
+// subtree prepared) and one outcome for the bucket, whose objects are the same
+// whatever S is.
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -28,7 +36,9 @@
 #include "relay/store/spool.h"
 #include "relay/tree/downstream.h"
 #include "relay/tree/replay.h"
+#include "relay/tree/stripe_links.h"
 #include "relay/tree/subtree.h"
+#include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 #include "transport/transport_set.h"
 
@@ -39,23 +49,20 @@ class BucketDownlink::Impl {
   using Clock = std::chrono::steady_clock;
 
   Impl(BucketBridgeOptions options, std::unique_ptr<objstore::S3Client> s3,
-       std::unique_ptr<transport::Transport> transport, topology::TreePlan plan)
+       std::unique_ptr<transport::Transport> transport, topology::StripedPlan plan)
       : options_(std::move(options)),
         plan_(std::move(plan)),
-        self_(*plan_.Find(options_.node_id)),
-        subtree_(self_.children,
-                 {options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
-                  "bucket downlink " + options_.node_id + ": "},
-                 SubtreeOwner()),
+        subtrees_(MakeSubtrees()),
         transport_(std::move(transport)),
         layout_(options_.prefix, options_.node_id),
         spool_dir_(options_.spool_dir, "downlink", options_.node_id),
         io_(std::move(s3), options_.parallel, stopped_, "bucket downlink " + options_.node_id),
         head_backoff_(options_.poll, options_.poll_max),
         loop_([this] { Tick(); }, std::min(options_.poll, std::chrono::milliseconds(100))),
-        downstream_(loop_, options_.node_id, self_.children, options_.token, DownstreamEvents(),
+        downstream_(loop_, options_.node_id, ChildLinks(), options_.token, DownstreamEvents(),
                     Downstream::LimitsFrom(options_.config.limits)),
         requests_(io_, layout_, loop_, downstream_, options_) {
+    downstream_.SetStripes(stripes());
     downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
   }
   ~Impl() { Stop(); }
@@ -91,6 +98,49 @@ class BucketDownlink::Impl {
   const std::string& listen_address() const { return listen_address_; }
 
  private:
+  uint32_t stripes() const { return static_cast<uint32_t>(plan_.stripes.size()); }
+  Subtree& subtree(uint32_t stripe) { return *subtrees_[stripe]; }
+  Subtree& SubtreeOf(const std::string& link) { return subtree(StripeOfLink(link)); }
+  template <typename F>
+  void ForEachSubtree(F f) {
+    for (auto& t : subtrees_) f(*t);
+  }
+  template <typename F>
+  bool AllSubtrees(F f) const {
+    for (const auto& t : subtrees_) {
+      if (!f(*t)) return false;
+    }
+    return true;
+  }
+
+  // This node's children in stripe s's tree, as link keys.
+  std::vector<std::string> ChildLinksOf(uint32_t s) const {
+    std::vector<std::string> links;
+    for (const auto& child : plan_.stripes[s].tree.Find(options_.node_id)->children) {
+      links.push_back(StripeLinkKey(child, s));
+    }
+    return links;
+  }
+  std::vector<std::string> ChildLinks() const {
+    std::vector<std::string> links;
+    for (uint32_t s = 0; s < stripes(); ++s) {
+      for (auto& link : ChildLinksOf(s)) links.push_back(std::move(link));
+    }
+    return links;
+  }
+  std::vector<std::unique_ptr<Subtree>> MakeSubtrees() {
+    std::vector<std::unique_ptr<Subtree>> trees;
+    for (uint32_t s = 0; s < stripes(); ++s) {
+      trees.push_back(std::make_unique<Subtree>(
+          ChildLinksOf(s),
+          Subtree::Rules{options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
+                         "bucket downlink " + options_.node_id +
+                             (s == 0 ? "" : "#" + std::to_string(s)) + ": "},
+          SubtreeOwner()));
+    }
+    return trees;
+  }
+
   struct Refit {
     explicit Refit(const BucketBridgeOptions& o)
         : chunk_backoff(o.poll, o.poll_max), control_backoff(o.poll, o.poll_max) {}
@@ -129,11 +179,11 @@ class BucketDownlink::Impl {
   Downstream::Events DownstreamEvents() {
     Downstream::Events e;
     e.joined = [this](const std::string& child, const Hello& hello) {
-      subtree_.Joined(child, false, Clock::now());
+      SubtreeOf(child).Joined(child, false, Clock::now());
       OnJoined(child, hello);
     };
     e.lost = [this](const std::string& child, const Status&) {
-      subtree_.Lost(child, Clock::now());
+      SubtreeOf(child).Lost(child, Clock::now());
     };
     e.message = [this](const std::string& child, MessageType type, ByteSpan bytes) {
       OnChildMessage(child, type, bytes);
@@ -155,7 +205,7 @@ class BucketDownlink::Impl {
     if (!polling_head_ && now >= next_head_poll_) PollHead(now);
     if (!refit_) return;
     Refit& r = *refit_;
-    subtree_.Tick(now);
+    ForEachSubtree([&](Subtree& t) { t.Tick(now); });
     if (r.frontier && !r.probe_seq && now >= r.next_chunk_poll) {
       r.frontier = false;  // a new round of "is it there yet?"
       r.probe = true;
@@ -214,9 +264,11 @@ class BucketDownlink::Impl {
     io_.Count([](BucketBridgeStats& s) { ++s.refits; });
     log::Info(fmt::format("bucket downlink {}: refit {} begins: {} -> {}", options_.node_id, id,
                           begin->base_version.ShortHex(), begin->target_version.ShortHex()));
-    subtree_.BeginRefit(id, Clock::now());
+    const auto now = Clock::now();
+    ForEachSubtree([&](Subtree& t) { t.BeginRefit(id, now); });
     downstream_.BeginRefit(id, begin->stream_id);
-    downstream_.Broadcast(transport::MakeMessage(EncodeBegin(*begin)));
+    // Each link's copy names its stripe (not signed: one signed BEGIN serves all).
+    downstream_.BroadcastBegin(*begin);
     Pump();
   }
 
@@ -347,7 +399,9 @@ class BucketDownlink::Impl {
       if (r.spool) (void)r.spool->Append(seq, *message);
       ++r.held;
       const uint64_t gen = r.generation;
-      downstream_.BroadcastChunk(message, {r.begin.target_version, seq}, [this, gen] {
+      // A data chunk goes down its stripe's links only, the END down every link.
+      const bool data = !(r.end_sequence && seq == *r.end_sequence);
+      downstream_.BroadcastChunk(message, {r.begin.target_version, seq, data}, [this, gen] {
         if (!refit_ || refit_->generation != gen) return;
         --refit_->held;
         Pump();
@@ -416,7 +470,8 @@ class BucketDownlink::Impl {
                           *type == MessageType::kCommit ? "COMMIT" : "ABORT"));
     if (*type == MessageType::kAbort) downstream_.DropQueued();
     downstream_.Broadcast(r.decision_message);
-    subtree_.Decided(Clock::now());
+    const auto now = Clock::now();
+    ForEachSubtree([&](Subtree& t) { t.Decided(now); });
     MaybeOutcome();  // every child may be excused
   }
 
@@ -427,7 +482,7 @@ class BucketDownlink::Impl {
     const Refit& r = *refit_;
     std::optional<bool> committed;
     if (r.decision) committed = r.decision == MessageType::kCommit;
-    switch (subtree_.Rejoined(child, hello, r.begin.target_version, committed)) {
+    switch (SubtreeOf(child).Rejoined(child, hello, r.begin.target_version, committed)) {
       case Subtree::Rejoin::kDecisionAgain:
         return downstream_.Requeue(child, {Downstream::Outgoing::Control(r.decision_message)});
       case Subtree::Rejoin::kNothing:
@@ -463,18 +518,18 @@ class BucketDownlink::Impl {
       case MessageType::kPrepared: {
         auto p = ParsePrepared(bytes);
         if (!p.ok() || p->refit_id != r.id) return;
-        return subtree_.OnPrepared(child, p->nodes);
+        return SubtreeOf(child).OnPrepared(child, p->nodes);
       }
       case MessageType::kFailed: {
         auto f = ParseFailed(bytes);
-        if (f.ok() && f->refit_id == r.id) subtree_.OnFailed(child, *f);
+        if (f.ok() && f->refit_id == r.id) SubtreeOf(child).OnFailed(child, *f);
         return;
       }
       case MessageType::kCommitted:
       case MessageType::kAborted: {
         auto o = ParseOutcome(bytes);
         if (!o.ok() || o->refit_id != r.id || !r.decision) return;
-        return subtree_.OnConfirmed(child, o->nodes, o->pauses);
+        return SubtreeOf(child).OnConfirmed(child, o->nodes, o->pauses);
       }
       default:
         return;
@@ -489,24 +544,42 @@ class BucketDownlink::Impl {
     owner.fail = [this](const Failed& f, const std::string&) { WriteFailed(f); };
     owner.changed = [this] {
       if (!refit_) return;
-      if (subtree_.streaming()) return MaybePrepared();
-      if (subtree_.deciding()) MaybeOutcome();
+      // Every stripe's subtree is in the same phase.
+      if (subtree(0).streaming()) return MaybePrepared();
+      if (subtree(0).deciding()) MaybeOutcome();
     };
     return owner;
   }
 
-  // One PREPARED for every node below once no child is awaited. If every child was
-  // excused, nothing below takes part: FAILED in the bridge's name, which the
-  // source excuses in turn under policy `available`.
+  // Every node below that prepared in any stripe, once each (a node reports itself
+  // up each of its stripes).
+  std::vector<NodeReport> Reports() const {
+    std::vector<NodeReport> all;
+    std::set<std::string> seen;
+    for (const auto& t : subtrees_) {
+      for (const NodeReport& n : t->reports()) {
+        if (seen.insert(n.node_id).second) all.push_back(n);
+      }
+    }
+    return all;
+  }
+
+  // One PREPARED for every node below once no child is awaited in any stripe. If
+  // every child was excused, nothing below takes part: FAILED in the bridge's name,
+  // which the source excuses in turn under policy `available`.
   void MaybePrepared() {
     Refit& r = *refit_;
-    if (r.prepared_written || r.failed_written || !subtree_.prepared()) return;
-    if (subtree_.reports().empty()) {
+    if (r.prepared_written || r.failed_written ||
+        !AllSubtrees([](const Subtree& t) { return t.prepared(); })) {
+      return;
+    }
+    const std::vector<NodeReport> reports = Reports();
+    if (reports.empty()) {
       return WriteFailed(Failed{r.id, options_.node_id,
                                 "no node below bridge '" + options_.node_id +
                                     "' takes part (every child away or failed)"});
     }
-    Prepared all{r.id, subtree_.reports()};
+    Prepared all{r.id, reports};
     r.prepared_written = true;
     r.control_backoff.Reset(Clock::now());  // the decision is next
     log::Info(fmt::format("bucket downlink {}: refit {}: prepared ({} nodes)", options_.node_id,
@@ -518,7 +591,7 @@ class BucketDownlink::Impl {
     Refit& r = *refit_;
     if (r.failed_written || r.decision) return;  // after PREPARED too, as a node
     r.failed_written = true;
-    subtree_.FailedHere();
+    ForEachSubtree([](Subtree& t) { t.FailedHere(); });
     r.control_backoff.Reset(Clock::now());  // an ABORT is next
     io_.Put(layout_.Failed(r.id), transport::MakeMessage(EncodeFailed(f)), {}, &loop_);
   }
@@ -527,18 +600,31 @@ class BucketDownlink::Impl {
   // one learns the decision when it is back).
   void MaybeOutcome() {
     Refit& r = *refit_;
-    if (!r.decision || r.outcome_written || !subtree_.confirmed()) return;
+    if (!r.decision || r.outcome_written ||
+        !AllSubtrees([](const Subtree& t) { return t.confirmed(); })) {
+      return;
+    }
     const MessageType type =
         *r.decision == MessageType::kCommit ? MessageType::kCommitted : MessageType::kAborted;
     r.outcome_written = true;
+    // Each stripe counts the nodes below that confirmed in it; a node confirms in
+    // every stripe it is in, so the most any stripe counted, and each pause once.
+    uint32_t confirmed = 0;
+    std::vector<PauseReport> pauses;
+    std::set<std::string> paused;
+    for (const auto& t : subtrees_) {
+      confirmed = std::max(confirmed, t->confirmed_nodes());
+      for (const PauseReport& p : t->pauses()) {
+        if (paused.insert(p.node_id).second) pauses.push_back(p);
+      }
+    }
     // The refit's requests are counted once its last PUT is acknowledged, so before
     // the uplink can read the outcome and the source report the refit.
     io_.Run([this, id = r.id,
-             body = transport::MakeMessage(
-                 EncodeOutcome(type, {r.id, subtree_.confirmed_nodes(), subtree_.pauses()}))] {
+             body = transport::MakeMessage(EncodeOutcome(type, {r.id, confirmed, pauses}))] {
       if (io_.PutNow(layout_.Outcome(id), *body)) io_.EndRefit(id);
     });
-    subtree_.EndRefit();
+    ForEachSubtree([](Subtree& t) { t.EndRefit(); });
     head_backoff_.Reset(Clock::now());  // a next refit may follow at once
   }
 
@@ -599,9 +685,8 @@ class BucketDownlink::Impl {
   }
 
   BucketBridgeOptions options_;
-  const topology::TreePlan plan_;
-  const topology::PlannedNode self_;
-  Subtree subtree_;  // loop thread
+  const topology::StripedPlan plan_;
+  std::vector<std::unique_ptr<Subtree>> subtrees_;  // per stripe; loop thread
   std::unique_ptr<transport::Transport> transport_;
   const objstore::BucketLayout layout_;
   std::string listen_address_;
@@ -633,11 +718,13 @@ Result<std::unique_ptr<BucketDownlink>> BucketDownlink::Start(
     return Status::InvalidArgument("bucket downlink: '" + options.node_id +
                                    "' is not one of [objstore] bridges");
   }
-  ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
-  RETURN_IF_ERROR(topology::CheckBridgePlan(options.config, plan));
-  if (!plan.Find(options.node_id)) {
-    return Status::InvalidArgument("bucket downlink: no node '" + options.node_id +
-                                   "' in the plan");
+  ASSIGN_OR_RETURN(topology::StripedPlan plan, topology::PlanStripes(options.config));
+  for (const topology::StripeTree& stripe : plan.stripes) {
+    RETURN_IF_ERROR(topology::CheckBridgePlan(options.config, stripe.tree));
+    if (!stripe.tree.Find(options.node_id)) {
+      return Status::InvalidArgument("bucket downlink: no node '" + options.node_id +
+                                     "' in the plan");
+    }
   }
   ASSIGN_OR_RETURN(auto s3, objstore::S3Client::Create(options.s3));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(s3), std::move(transport),

@@ -4,6 +4,12 @@
 // the seal after END, the decision and the kept chain. What the region reports
 // (PREPARED, FAILED, COMMITTED, ABORTED) it polls for and sends up, and the
 // region's FETCH / FETCH_MANIFEST requests too (relay/bucket/bucket_requests.h).
+//
+// Striped trees (docs/protocol.md, "Stripes"): the bridge node is the source's
+// child in every stripe's tree, so the uplink joins on one link per stripe and
+// takes each stripe's chunks from it (credit back on the link a chunk came on). The
+// bucket holds one refit as before: each chunk is written once (the END, which
+// comes on every stripe, too), and what the region reports goes up every stripe.
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -24,6 +30,7 @@
 #include "relay/bucket/internal/poll_backoff.h"
 #include "relay/store/spool.h"
 #include "relay/tree/parent_link.h"
+#include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 
 namespace deltacast::relay {
@@ -33,18 +40,18 @@ class BucketUplink::Impl {
   using Clock = std::chrono::steady_clock;
 
   Impl(BucketBridgeOptions options, std::unique_ptr<objstore::S3Client> s3,
-       std::unique_ptr<transport::Transport> transport, topology::TreePlan plan)
+       std::unique_ptr<transport::Transport> transport, topology::StripedPlan plan)
       : options_(std::move(options)),
         plan_(std::move(plan)),
-        self_(*plan_.Find(options_.node_id)),
+        selves_(SelvesIn(plan_, options_.node_id)),
         transport_(std::move(transport)),
         layout_(options_.prefix, options_.node_id),
         spool_dir_(options_.spool_dir, "uplink", options_.node_id),
         io_(std::move(s3), options_.parallel, stopped_, "bucket uplink " + options_.node_id),
         backoff_(options_.poll, options_.poll_max),
         loop_([this] { Tick(); }, std::min(options_.poll, std::chrono::milliseconds(100))),
-        parent_(loop_, options_.config, self_, options_.token, *transport_, ParentEvents()),
-        requests_(io_, layout_, loop_, parent_, options_) {}
+        parents_(MakeParents()),
+        requests_(io_, layout_, loop_, *parents_.front(), options_) {}
   ~Impl() { Stop(); }
 
   Status Init() {
@@ -67,7 +74,7 @@ class BucketUplink::Impl {
     transport_->Shutdown();
     io_.Stop();
     loop_.Stop();
-    parent_.Close();
+    for (auto& parent : parents_) parent->Close();
     spool_dir_.Release();
   }
 
@@ -91,19 +98,52 @@ class BucketUplink::Impl {
     std::set<uint32_t> refetching;
   };
 
-  ParentLink::Events ParentEvents() {
+  static std::vector<topology::PlannedNode> SelvesIn(const topology::StripedPlan& plan,
+                                                     const std::string& id) {
+    std::vector<topology::PlannedNode> selves;
+    for (const auto& stripe : plan.stripes) selves.push_back(*stripe.tree.Find(id));
+    return selves;
+  }
+
+  // One link per stripe (ParentLink keeps a reference to selves_[s]).
+  std::vector<std::unique_ptr<ParentLink>> MakeParents() {
+    std::vector<std::unique_ptr<ParentLink>> parents;
+    for (uint32_t s = 0; s < selves_.size(); ++s) {
+      parents.push_back(std::make_unique<ParentLink>(loop_, options_.config, selves_[s],
+                                                     options_.token, *transport_, ParentEvents(s)));
+    }
+    return parents;
+  }
+  uint32_t stripes() const { return static_cast<uint32_t>(selves_.size()); }
+
+  ParentLink::Events ParentEvents(uint32_t stripe) {
     ParentLink::Events e;
-    e.hello = [this] { return MakeHello(); };
-    e.joined = [this] {
-      log::Info(fmt::format("bucket uplink {}: joined {}", options_.node_id, parent_.current()));
+    e.hello = [this, stripe] { return MakeHello(stripe); };
+    e.joined = [this, stripe] {
+      log::Info(fmt::format("bucket uplink {}: joined {}{}", options_.node_id,
+                            parents_[stripe]->current(),
+                            stripes() > 1 ? " in stripe " + std::to_string(stripe) : ""));
     };
-    e.lost = [this](const Status&) { requests_.LinkLost(); };
-    e.message = [this](MessageType type, const transport::Message& m) { OnMessage(type, m); };
+    // Requests go up stripe 0's link (BucketRequestsUp).
+    e.lost = [this, stripe](const Status&) {
+      if (stripe == 0) requests_.LinkLost();
+    };
+    e.message = [this, stripe](MessageType type, const transport::Message& m) {
+      OnMessage(stripe, type, m);
+    };
     return e;
   }
 
-  Hello MakeHello() const {
+  // What the region reports goes up every stripe: the source waits for each
+  // stripe's subtree, and the bridge is in every one.
+  void SendUpAll(const std::vector<std::byte>& bytes) {
+    for (auto& parent : parents_) parent->Send(bytes);
+  }
+
+  Hello MakeHello(uint32_t stripe) const {
     Hello h;
+    h.stripe = stripe;
+    h.stripes = stripes();
     h.active_version = active_;
     if (refit_ && !refit_->decided) {
       // What is in the bucket counts as applied: the parent replays only the rest.
@@ -116,15 +156,15 @@ class BucketUplink::Impl {
     return h;
   }
 
-  void OnMessage(MessageType type, const transport::Message& m) {
+  void OnMessage(uint32_t stripe, MessageType type, const transport::Message& m) {
     switch (type) {
       case MessageType::kBegin:
-        return OnBegin(m);
+        return OnBegin(stripe, m);
       case MessageType::kChunk:
-        return OnChunk(m);
+        return OnChunk(stripe, m);
       case MessageType::kCommit:
       case MessageType::kAbort:
-        return OnDecision(type, m);
+        return OnDecision(stripe, type, m);
       case MessageType::kPartition:
       case MessageType::kManifest:
         (void)requests_.OnAnswer(*m);  // a region's request's answer
@@ -134,16 +174,18 @@ class BucketUplink::Impl {
     }
   }
 
-  void Credit(uint32_t chunks) {
-    if (refit_) parent_.Send(EncodeCredit({chunks, refit_->id}));
+  // Credit goes back on the link the chunks came on: each has its own window.
+  void Credit(uint32_t stripe, uint32_t chunks) {
+    if (refit_) parents_[stripe]->Send(EncodeCredit({chunks, refit_->id}));
   }
 
-  void OnBegin(const transport::Message& m) {
+  void OnBegin(uint32_t stripe, const transport::Message& m) {
     auto begin = ParseBegin(*m);
-    if (!begin.ok()) return parent_.ProtocolError(begin.status().message());
+    if (!begin.ok()) return parents_[stripe]->ProtocolError(begin.status().message());
     if (refit_ && refit_->id == begin->refit_id) {
-      // A replay after a reconnect: what follows is what the bucket lacks.
-      return Credit(static_cast<uint32_t>(options_.config.tree.window));
+      // Another stripe's copy, or a replay after a reconnect: what follows on this
+      // link is what the bucket lacks of its stripe.
+      return Credit(stripe, static_cast<uint32_t>(options_.config.tree.window));
     }
     if (refit_ && !refit_->decided) {
       log::Warn(fmt::format("bucket uplink {}: refit {} begins before refit {} was decided",
@@ -175,33 +217,36 @@ class BucketUplink::Impl {
     io_.Put(layout_.Begin(id), m, {}, &loop_);
     io_.Put(layout_.Head(), transport::MakeMessage(internal::ToBytes(objstore::EncodeHead(id))), {},
             &loop_);
-    Credit(static_cast<uint32_t>(options_.config.tree.window));
+    Credit(stripe, static_cast<uint32_t>(options_.config.tree.window));
   }
 
-  void OnChunk(const transport::Message& m) {
-    if (!refit_) return parent_.ProtocolError("CHUNK outside a refit");
+  void OnChunk(uint32_t stripe, const transport::Message& m) {
+    if (!refit_) return parents_[stripe]->ProtocolError("CHUNK outside a refit");
     auto header = codec::PeekChunkHeader(ChunkOf(*m));
     if (!header.ok() || header->identity.target_version != refit_->begin.target_version) {
       // The source checked what it signed; a bridge never alters or drops what
       // passes, but it must not file a chunk of another delta under this refit.
       log::Warn(fmt::format("bucket uplink {}: a CHUNK not of refit {}: dropped", options_.node_id,
                             refit_->id));
-      return Credit(1);
+      return Credit(stripe, 1);
     }
     const uint32_t seq = header->sequence;
     if (header->kind == codec::ChunkKind::kEnd) refit_->end_sequence = seq;
-    if (refit_->stored.contains(seq) || !refit_->writing.insert(seq).second) return Credit(1);
+    // The END comes on every stripe: written once, credited on each.
+    if (refit_->stored.contains(seq) || !refit_->writing.insert(seq).second) {
+      return Credit(stripe, 1);
+    }
     if (refit_->spool) (void)refit_->spool->Append(seq, *m);
     const uint64_t gen = refit_->generation;
     const uint64_t hash = Hash64(*m);
     const uint64_t bytes = m->size();
     io_.Put(
         layout_.Chunk(refit_->id, seq), m,
-        [this, gen, seq, hash, bytes] {
+        [this, gen, seq, hash, bytes, stripe] {
           if (!refit_ || refit_->generation != gen) return;
           refit_->writing.erase(seq);
           refit_->stored[seq] = {seq, bytes, hash};
-          Credit(1);
+          Credit(stripe, 1);
           MaybeSeal();
         },
         &loop_);
@@ -218,9 +263,10 @@ class BucketUplink::Impl {
             transport::MakeMessage(internal::ToBytes(objstore::EncodeSeal(seal))), {}, &loop_);
   }
 
-  void OnDecision(MessageType type, const transport::Message& m) {
+  // The decision comes on every stripe: the first copy is acted on.
+  void OnDecision(uint32_t stripe, MessageType type, const transport::Message& m) {
     auto d = ParseDecision(*m);
-    if (!d.ok()) return parent_.ProtocolError(d.status().message());
+    if (!d.ok()) return parents_[stripe]->ProtocolError(d.status().message());
     const uint64_t id = d->refit_id;
     if (!refit_ || refit_->id != id) {
       // The outcome of a refit this bridge lost track of (it restarted): the
@@ -268,7 +314,7 @@ class BucketUplink::Impl {
   void Tick() {
     if (stopped_) return;
     const auto now = Clock::now();
-    parent_.Tick(now, !refit_ || refit_->decided);
+    for (auto& parent : parents_) parent->Tick(now, !refit_ || refit_->decided);
     // The source serves partitions and manifests only while a refit runs.
     requests_.Tick(now, refit_ && !refit_->outcome_sent);
     if (!refit_ || polls_in_flight_ >= kPollsInFlight || now < next_poll_) return;
@@ -335,7 +381,7 @@ class BucketUplink::Impl {
         r.prepared_sent = true;
         log::Info(fmt::format("bucket uplink {}: refit {}: the region prepared ({} nodes)",
                               options_.node_id, r.id, p->nodes.size()));
-        parent_.Send(*poll.prepared);
+        SendUpAll(*poll.prepared);
       } else {
         io_.BadObject(layout_.Prepared(r.id),
                       p.ok() ? "names another refit" : p.status().ToString());
@@ -345,7 +391,7 @@ class BucketUplink::Impl {
       auto f = ParseFailed(*poll.failed);
       if (f.ok() && f->refit_id == r.id) {
         r.failed_sent = true;
-        parent_.Send(*poll.failed);
+        SendUpAll(*poll.failed);
       } else {
         io_.BadObject(layout_.Failed(r.id), f.ok() ? "names another refit" : f.status().ToString());
       }
@@ -358,7 +404,7 @@ class BucketUplink::Impl {
       if (o.ok() && o->refit_id == r.id && type.ok()) {
         r.outcome_sent = true;
         io_.EndRefit(r.id);  // counted before the source can report the refit
-        parent_.Send(*poll.outcome);
+        SendUpAll(*poll.outcome);
       } else {
         io_.BadObject(layout_.Outcome(r.id),
                       o.ok() ? "names another refit" : o.status().ToString());
@@ -392,8 +438,9 @@ class BucketUplink::Impl {
   }
 
   BucketBridgeOptions options_;
-  const topology::TreePlan plan_;
-  const topology::PlannedNode self_;
+  const topology::StripedPlan plan_;
+  // This node in each stripe's tree (never resized: the ParentLinks keep references).
+  const std::vector<topology::PlannedNode> selves_;
   std::unique_ptr<transport::Transport> transport_;
   const objstore::BucketLayout layout_;
   SpoolDir spool_dir_;
@@ -415,8 +462,8 @@ class BucketUplink::Impl {
   internal::BucketIo io_;
   internal::PollBackoff backoff_;  // of the polls for the region's reports
   EventLoop loop_;
-  ParentLink parent_;
-  BucketRequestsUp requests_;  // loop thread
+  std::vector<std::unique_ptr<ParentLink>> parents_;  // per stripe
+  BucketRequestsUp requests_;                         // loop thread; up stripe 0's link
 };
 
 Result<std::unique_ptr<BucketUplink>> BucketUplink::Start(
@@ -425,10 +472,13 @@ Result<std::unique_ptr<BucketUplink>> BucketUplink::Start(
     return Status::InvalidArgument("bucket uplink: '" + options.node_id +
                                    "' is not one of [objstore] bridges");
   }
-  ASSIGN_OR_RETURN(topology::TreePlan plan, topology::PlanTree(options.config));
-  RETURN_IF_ERROR(topology::CheckBridgePlan(options.config, plan));
-  if (!plan.Find(options.node_id)) {
-    return Status::InvalidArgument("bucket uplink: no node '" + options.node_id + "' in the plan");
+  ASSIGN_OR_RETURN(topology::StripedPlan plan, topology::PlanStripes(options.config));
+  for (const topology::StripeTree& stripe : plan.stripes) {
+    RETURN_IF_ERROR(topology::CheckBridgePlan(options.config, stripe.tree));
+    if (!stripe.tree.Find(options.node_id)) {
+      return Status::InvalidArgument("bucket uplink: no node '" + options.node_id +
+                                     "' in the plan");
+    }
   }
   ASSIGN_OR_RETURN(auto s3, objstore::S3Client::Create(options.s3));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(s3), std::move(transport),

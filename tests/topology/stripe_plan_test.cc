@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "topology/cluster_config.h"
+#include "topology/objstore_config.h"
 #include "topology/tree_plan.h"
 
 namespace deltacast::topology {
@@ -518,6 +519,31 @@ TEST(StripePlanTest, InvalidStripeCountsAndRolesAreRefused) {
   ExpectRefused(role.Render(), "must be \"source\", \"receiver\" or \"sender\"");
   ConfigText flow = TwoRegions(0, 2, 0, "0bit");
   ExpectRefused(flow.Render(), "flow_bandwidth");
+}
+
+// A bucket bridge serves striped trees (docs/object-store.md, "Striped trees"): the
+// example with stripes = 2 plans the bridge in every stripe, under the source,
+// with the same children (their manual parents), and CheckBridgePlan accepts each.
+TEST(StripePlanTest, BucketBridgeIsInEveryStripeWithItsChildren) {
+  const std::filesystem::path example =
+      std::filesystem::path(DELTACAST_CONFIGS_DIR) / "bucket-region.toml";
+  std::ifstream in(example);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string tree = "[tree]\n";
+  const size_t at = text.find(tree);
+  ASSERT_NE(at, std::string::npos);
+  text.insert(at + tree.size(), "stripes = 2\n");
+  const ClusterConfig config = ParseOrDie(text);
+  const StripedPlan plan = PlanOrDie(config);
+  ASSERT_EQ(plan.stripes.size(), 2u);
+  for (const StripeTree& st : plan.stripes) {
+    SCOPED_TRACE("stripe " + std::to_string(st.index));
+    const PlannedNode* bridge = st.tree.Find("bucket-eu");
+    ASSERT_NE(bridge, nullptr);
+    EXPECT_EQ(bridge->parent, "trainer");
+    EXPECT_EQ(bridge->children, std::vector<std::string>{"eu-gw"});
+    EXPECT_TRUE(CheckBridgePlan(config, st.tree).ok());
+  }
 }
 
 }  // namespace

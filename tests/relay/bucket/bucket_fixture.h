@@ -32,19 +32,20 @@
 
 namespace deltacast::relay::bucket_test {
 
-
 inline constexpr char kToken[] = "bucket-test-token";
 inline constexpr uint64_t kPartitionBytes = 8 << 10;
 inline constexpr char kBucket[] = "deltacast";
 
 // `eu2_parent`: "eu1" (the bridge serves one gateway) or "bucket-eu" (two children).
+// `stripes` > 0: [tree] stripes (docs/protocol.md, "Stripes").
 inline std::string ConfigToml(const std::string& endpoint, const std::string& policy,
-                              const std::string& eu2_parent = "eu1") {
+                              const std::string& eu2_parent = "eu1", int stripes = 0) {
   return R"([cluster]
 name = "bucket-test"
 
 [tree]
-fanout = 2
+)" + (stripes > 0 ? "stripes = " + std::to_string(stripes) + "\n" : std::string()) +
+         R"(fanout = 2
 chunk_size = "16KiB"
 window = 4
 connect_timeout = "2s"
@@ -181,9 +182,10 @@ class BucketBridgeTest : public ::testing::Test {
 
   objstore::S3Options S3() const { return S3OptionsOf(server_); }
 
-  void UseConfig(const std::string& policy = "all", const std::string& eu2_parent = "eu1") {
-    auto config = topology::ParseClusterConfig(ConfigToml(server_.endpoint(), policy, eu2_parent),
-                                               "test.toml");
+  void UseConfig(const std::string& policy = "all", const std::string& eu2_parent = "eu1",
+                 int stripes = 0) {
+    auto config = topology::ParseClusterConfig(
+        ConfigToml(server_.endpoint(), policy, eu2_parent, stripes), "test.toml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     config_ = *config;
   }
@@ -197,7 +199,9 @@ class BucketBridgeTest : public ::testing::Test {
   }
 
   void StartBridge() {
-    auto up = BucketUplink::Start(BridgeOptions(), transport::MakeInprocTransport(network_));
+    auto transport = transport::MakeInprocTransport(network_);
+    if (wrap_uplink_) transport = wrap_uplink_(std::move(transport));
+    auto up = BucketUplink::Start(BridgeOptions(), std::move(transport));
     ASSERT_TRUE(up.ok()) << up.status().ToString();
     uplink_ = std::move(*up);
     StartDownlink();
@@ -222,8 +226,9 @@ class BucketBridgeTest : public ::testing::Test {
     options.apply_threads = 1;
     options.spool_dir = dir_.path() / ("spool-" + std::string(kNodes[i]));
     options.verify_key = verify_key_;
-    auto agent = NodeAgent::Start(std::move(options), std::move(*replica),
-                                  transport::MakeInprocTransport(network_));
+    auto transport = transport::MakeInprocTransport(network_);
+    if (wrap_) transport = wrap_(i, std::move(transport));
+    auto agent = NodeAgent::Start(std::move(options), std::move(*replica), std::move(transport));
     ASSERT_TRUE(agent.ok()) << agent.status().ToString();
     agents_[i] = std::move(*agent);
   }
@@ -282,6 +287,12 @@ class BucketBridgeTest : public ::testing::Test {
   // A signed cluster: set both before starting anything.
   std::shared_ptr<const SigningKey> signing_key_;
   std::shared_ptr<const VerifyKey> verify_key_;
+  // Wraps node kNodes[i]'s transport (a spy, a fault); set before StartAgent.
+  std::function<std::unique_ptr<transport::Transport>(int, std::unique_ptr<transport::Transport>)>
+      wrap_;
+  // Wraps the uplink's transport; set before StartBridge.
+  std::function<std::unique_ptr<transport::Transport>(std::unique_ptr<transport::Transport>)>
+      wrap_uplink_;
   // The bridge's: set before StartBridge.
   size_t keep_refits_ = 4;
   std::chrono::milliseconds request_timeout_{30000};
