@@ -77,6 +77,9 @@ class NodeAgent::Impl {
     bool local_prepared = false;
     bool end_received = false;  // the END chunk came: every chunk the parent sends came
     bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
+    // A resolution's: the refit of this life that streamed the delta here and that it
+    // ends (noted finished with it, so a lagging parent's replay of it is past).
+    std::optional<uint64_t> resolves_refit;
     // Rolling back what another stream of the delta left in flight, before the
     // deferred BEGIN that streams it anew (RollBackAnotherStream).
     bool stream_rollback = false;

@@ -210,8 +210,20 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   log::Info(fmt::format("{}: delta {} -> {} left in flight is resolved: {}", options_.node_id,
                         journal_.inflight->base.ShortHex(), d.target_version.ShortHex(),
                         MessageTypeName(type)));
+  // The refit that streamed this delta here, under a source since lost, ends with
+  // this decision: its BEGIN replayed later by a stripe parent that lags behind is
+  // past, not a refit to run again (the simulator's --stripes seed 4789: run again,
+  // its base taken for the cluster's version sent the node back over the commit it
+  // had made since).
+  std::optional<uint64_t> streamed_by;
+  if (refit_ && refit_->id != d.refit_id && refit_->phase != Phase::kDone &&
+      refit_->identity.base_version == journal_.inflight->base &&
+      refit_->identity.target_version == d.target_version) {
+    streamed_by = refit_->id;
+  }
   NewRefit();
   refit_->id = d.refit_id;
+  refit_->resolves_refit = streamed_by;
   refit_->identity = {journal_.inflight->base, d.target_version, 0};
   refit_->decided = Clock::now();
   refit_->resolution = true;
@@ -378,7 +390,8 @@ void NodeAgent::Impl::ReportOutcome() {
   // BEGIN or decision is told FAILED again, above).
   if (r.outcome_error.ok()) {
     finished_refits_.emplace_back(r.id, committed);
-    if (finished_refits_.size() > kFinishedKept) finished_refits_.pop_front();
+    if (r.resolves_refit) finished_refits_.emplace_back(*r.resolves_refit, committed);
+    while (finished_refits_.size() > kFinishedKept) finished_refits_.pop_front();
   }
   RunDeferredBegin();
   log::Info(fmt::format(
