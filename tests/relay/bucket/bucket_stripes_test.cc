@@ -10,12 +10,14 @@
 #include "objstore/bucket_layout.h"
 #include "relay/bucket/bucket_bridge.h"
 #include "tests/relay/bucket/bucket_fixture.h"
-#include "tests/relay/bucket/stripe_spy.h"
+#include "tests/relay/stripe_spy.h"
 
 namespace deltacast::relay {
 namespace {
 
 using namespace bucket_test;  // NOLINT: the fixture and its helpers
+using stripe_test::StripeSpied;
+using stripe_test::StripeSpyTransport;
 
 // S = 2, both region nodes the bridge's children (four links at the downlink). In
 // the first refit eu1's stripe-1 link to the downlink is reset after its window and

@@ -1,8 +1,8 @@
 // A transport wrapper for a node's links to its parents in a striped tree: it
 // counts the HELLOs sent and the data chunks received per stripe, and aborts one
 // stripe's link once, after it sent a given number of CREDITs (mid-refit), as a
-// reset connection breaks. (The same spy as tests/relay/tree/stripes_fault_test.cc,
-// for the bucket bridge's downlink as that parent.)
+// reset connection breaks. Used by the striped tree's fault tests and the bucket
+// bridge's (its downlink as that parent).
 #pragma once
 
 #include <atomic>
@@ -14,7 +14,7 @@
 #include "relay/wire/protocol.h"
 #include "transport/transport.h"
 
-namespace deltacast::relay::bucket_test {
+namespace deltacast::relay::stripe_test {
 
 struct StripeSpied {
   std::mutex mu;
@@ -100,4 +100,4 @@ class StripeSpyTransport : public transport::Transport {
   std::shared_ptr<StripeSpied> spied_;
 };
 
-}  // namespace deltacast::relay::bucket_test
+}  // namespace deltacast::relay::stripe_test
