@@ -50,9 +50,9 @@ class WriteBack {
   // Starts the flush now if it is still waiting out the delay, waits for it, and
   // returns its outcome; nullopt if there was none since the last Join.
   std::optional<Outcome> Join();
-  // Drops a flush that has not started (the journal still notes the store as
-  // unflushed, so the next start reconciles it); waits for one that has and
-  // returns its outcome.
+  // Drops a flush still waiting out its delay (the journal still notes the store as
+  // unflushed, so the next start reconciles it); runs one that is due, waits for
+  // one that has started, and returns its outcome.
   std::optional<Outcome> Abandon();
 
  private:
