@@ -551,19 +551,6 @@ class BucketDownlink::Impl {
     return owner;
   }
 
-  // Every node below that prepared in any stripe, once each (a node reports itself
-  // up each of its stripes).
-  std::vector<NodeReport> Reports() const {
-    std::vector<NodeReport> all;
-    std::set<std::string> seen;
-    for (const auto& t : subtrees_) {
-      for (const NodeReport& n : t->reports()) {
-        if (seen.insert(n.node_id).second) all.push_back(n);
-      }
-    }
-    return all;
-  }
-
   // One PREPARED for every node below once no child is awaited in any stripe. If
   // every child was excused, nothing below takes part: FAILED in the bridge's name,
   // which the source excuses in turn under policy `available`.
@@ -573,7 +560,7 @@ class BucketDownlink::Impl {
         !AllSubtrees([](const Subtree& t) { return t.prepared(); })) {
       return;
     }
-    const std::vector<NodeReport> reports = Reports();
+    const std::vector<NodeReport> reports = MergedReports(subtrees_);
     if (reports.empty()) {
       return WriteFailed(Failed{r.id, options_.node_id,
                                 "no node below bridge '" + options_.node_id +
@@ -607,17 +594,9 @@ class BucketDownlink::Impl {
     const MessageType type =
         *r.decision == MessageType::kCommit ? MessageType::kCommitted : MessageType::kAborted;
     r.outcome_written = true;
-    // Each stripe counts the nodes below that confirmed in it; a node confirms in
-    // every stripe it is in, so the most any stripe counted, and each pause once.
-    uint32_t confirmed = 0;
-    std::vector<PauseReport> pauses;
-    std::set<std::string> paused;
-    for (const auto& t : subtrees_) {
-      confirmed = std::max(confirmed, t->confirmed_nodes());
-      for (const PauseReport& p : t->pauses()) {
-        if (paused.insert(p.node_id).second) pauses.push_back(p);
-      }
-    }
+    // A node confirms in every stripe it is in: each counted once (NodesConfirmed).
+    const uint32_t confirmed = NodesConfirmed(subtrees_);
+    const std::vector<PauseReport> pauses = MergedPauses(subtrees_);
     // The refit's requests are counted once its last PUT is acknowledged, so before
     // the uplink can read the outcome and the source report the refit.
     io_.Run([this, id = r.id,

@@ -286,16 +286,9 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
       for (auto& t : subtrees_) all = all && t->confirmed();
       return all;
     });
-    // Each stripe's tree spans every receiver: the count is the best stripe's. Striped,
-    // the nodes that confirmed up any stripe, each once: every confirming node adds its
-    // own pause report, while a stripe's count can hold a node twice (one that
-    // confirmed to its parent and, failed over, to its grandparent: the simulator's
-    // --stripes seed 19 counted 5 of 4 nodes).
-    report.nodes_decided = 0;
-    std::set<std::string> confirmed;
+    // Striped, each node once (NodesConfirmed: a stripe's count can hold a node twice).
+    report.nodes_decided = NodesConfirmed(subtrees_);
     for (auto& t : subtrees_) {
-      if (subtrees_.size() == 1) report.nodes_decided = t->confirmed_nodes();
-      for (const PauseReport& p : t->pauses()) confirmed.insert(p.node_id);
       for (const PauseReport& p : t->pauses()) {
         for (NodeReport& n : report.nodes) {
           if (n.node_id != p.node_id) continue;
@@ -304,7 +297,6 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
         }
       }
     }
-    if (subtrees_.size() > 1) report.nodes_decided = static_cast<uint32_t>(confirmed.size());
     ForEachSubtree([](Subtree& t) { t.EndRefit(); });
     if (commit) {
       active_version_ = report.target_version;
@@ -347,16 +339,7 @@ bool Source::Impl::AllPrepared() {
 }
 
 // Caller holds mu_.
-std::vector<NodeReport> Source::Impl::Reports() {
-  std::vector<NodeReport> reports;
-  std::set<std::string> seen;
-  for (auto& t : subtrees_) {
-    for (const NodeReport& n : t->reports()) {
-      if (seen.insert(n.node_id).second) reports.push_back(n);
-    }
-  }
-  return reports;
-}
+std::vector<NodeReport> Source::Impl::Reports() { return MergedReports(subtrees_); }
 
 StandingDecision Source::Impl::DecideOnRecord(const PublishReport& report, bool commit) {
   const StandingDecision standing =

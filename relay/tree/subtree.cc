@@ -292,4 +292,33 @@ std::vector<std::string> Subtree::AbsentPlanned() const {
   return out;
 }
 
+// ---- striped relays -------------------------------------------------------------
+
+std::vector<NodeReport> MergedReports(const std::vector<std::unique_ptr<Subtree>>& trees) {
+  std::vector<NodeReport> all;
+  std::set<std::string> seen;
+  for (const auto& t : trees) {
+    for (const NodeReport& n : t->reports()) {
+      if (seen.insert(n.node_id).second) all.push_back(n);
+    }
+  }
+  return all;
+}
+
+std::vector<PauseReport> MergedPauses(const std::vector<std::unique_ptr<Subtree>>& trees) {
+  std::vector<PauseReport> all;
+  std::set<std::string> seen;
+  for (const auto& t : trees) {
+    for (const PauseReport& p : t->pauses()) {
+      if (seen.insert(p.node_id).second) all.push_back(p);
+    }
+  }
+  return all;
+}
+
+uint32_t NodesConfirmed(const std::vector<std::unique_ptr<Subtree>>& trees) {
+  if (trees.size() == 1) return trees.front()->confirmed_nodes();
+  return static_cast<uint32_t>(MergedPauses(trees).size());
+}
+
 }  // namespace deltacast::relay

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -164,5 +165,15 @@ class Subtree {
   uint32_t confirmed_nodes_ = 0;
   std::vector<PauseReport> pauses_;  // the confirmed subtrees' engine pauses
 };
+
+// What a striped relay's subtrees (one per stripe) report together. A node reports up
+// every stripe it is in, and one stripe may hold a node twice (it confirmed to its
+// parent and, failed over, to its grandparent: the simulator's --stripes seed 19), so
+// each node counts once: the PREPARED reports and pause reports merged by node, and
+// the nodes that confirmed (one tree: its own count; striped: the distinct nodes of
+// the pause reports, which every confirming node adds).
+std::vector<NodeReport> MergedReports(const std::vector<std::unique_ptr<Subtree>>& trees);
+std::vector<PauseReport> MergedPauses(const std::vector<std::unique_ptr<Subtree>>& trees);
+uint32_t NodesConfirmed(const std::vector<std::unique_ptr<Subtree>>& trees);
 
 }  // namespace deltacast::relay
