@@ -17,6 +17,7 @@
 #include "relay/tree/node_agent.h"
 #include "relay/tree/publisher.h"
 #include "relay/wire/protocol.h"
+#include "tests/relay/intercept_transport.h"
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
 #include "transport/factory.h"
@@ -25,7 +26,6 @@
 
 namespace deltacast::relay {
 namespace {
-
 
 constexpr char kToken[] = "relay-test-token";
 // Small partitions, so a few MiB of tensors make hundreds of records and many chunks.
@@ -105,80 +105,54 @@ bool WaitUntil(const std::function<bool()>& done) {
 // Wraps a transport so that the `nth` data CHUNK it sends (over all its links) has
 // one bit of its first record's target hash flipped and its checksums recomputed:
 // well-formed, checksums intact, but wrong, as from a peer that lies or a bug.
-class WrongRecordTransport : public transport::Transport {
+class WrongRecordTransport : public test_util::InterceptTransport {
  public:
   WrongRecordTransport(std::unique_ptr<transport::Transport> inner, int nth)
-      : inner_(std::move(inner)), state_(std::make_shared<State>()) {
-    state_->nth = nth;
-  }
-  const transport::Capabilities& capabilities() const override { return inner_->capabilities(); }
-  Result<std::string> Listen(const std::string& address,
-                             transport::AcceptHandler on_accept) override {
-    return inner_->Listen(address, [state = state_, on_accept](auto connection) {
-      on_accept(std::make_unique<Link>(std::move(connection), state));
-    });
-  }
-  void Connect(const std::string& address, transport::ConnectHandler on_done) override {
-    inner_->Connect(address, [state = state_, on_done](auto connection) {
-      if (!connection.ok()) return on_done(std::move(connection));
-      on_done(std::unique_ptr<transport::Connection>(
-          std::make_unique<Link>(std::move(*connection), state)));
-    });
-  }
-  void Shutdown() override { inner_->Shutdown(); }
+      : WrongRecordTransport(std::move(inner), std::make_shared<State>(nth)) {}
   int tampered() const { return state_->tampered; }
 
  private:
   struct State {
+    explicit State(int n) : nth(n) {}
     std::atomic<int> data_chunks{0};
     std::atomic<int> tampered{0};
     int nth = 0;
   };
-  class Link : public transport::Connection {
-   public:
-    Link(std::unique_ptr<transport::Connection> inner, std::shared_ptr<State> state)
-        : inner_(std::move(inner)), state_(std::move(state)) {}
-    void Start(transport::MessageHandler on_message, transport::CloseHandler on_closed) override {
-      inner_->Start(std::move(on_message), std::move(on_closed));
+  WrongRecordTransport(std::unique_ptr<transport::Transport> inner, std::shared_ptr<State> state)
+      : InterceptTransport(std::move(inner), Hooks(state)), state_(std::move(state)) {}
+  static test_util::InterceptHooks Hooks(std::shared_ptr<State> state) {
+    test_util::InterceptHooks hooks;
+    hooks.accepted_links = true;
+    hooks.on_send = [state](test_util::InterceptedLink&, transport::Message& message,
+                            transport::SendHandler&) {
+      message = MaybeTamper(*state, std::move(message));
+      return test_util::SendAction::kForward;
+    };
+    return hooks;
+  }
+  static transport::Message MaybeTamper(State& state, transport::Message message) {
+    auto type = PeekType(*message);
+    if (!type.ok() || *type != MessageType::kChunk) return message;
+    const size_t c = kMessageHeaderBytes;  // the chunk inside the message
+    if (message->size() < c + codec::kChunkHeaderBytes + 2 ||
+        static_cast<uint8_t>((*message)[c + 6]) != 1) {  // not a data chunk
+      return message;
     }
-    void Send(transport::Message message, transport::SendHandler on_sent) override {
-      inner_->Send(MaybeTamper(std::move(message)), std::move(on_sent));
-    }
-    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
-    void Close() override { inner_->Close(); }
-    void Abort() override { inner_->Abort(); }
-    std::string PeerAddress() const override { return inner_->PeerAddress(); }
-    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
-    void Authenticated() override { inner_->Authenticated(); }
+    if (++state.data_chunks != state.nth) return message;
+    auto copy = std::make_shared<std::vector<std::byte>>(*message);
+    std::byte* chunk = copy->data() + c;
+    const size_t name = LoadLE<uint16_t>(chunk + codec::kChunkHeaderBytes);
+    // name length, name, dtype/encoding/entropy/reserved, offset, count, changes,
+    // base hash: then the target hash.
+    chunk[codec::kChunkHeaderBytes + 2 + name + 4 + 3 * 8 + 16] ^= std::byte{1};
+    const size_t size = copy->size() - c - kSignatureBytes;  // the chunk, not its signature
+    StoreLE<uint64_t>(chunk + 64, Hash64(ByteSpan(chunk + codec::kChunkHeaderBytes,
+                                                  size - codec::kChunkHeaderBytes)));
+    StoreLE<uint64_t>(chunk + 72, Hash64(ByteSpan(chunk, 72)));
+    ++state.tampered;
+    return copy;
+  }
 
-   private:
-    transport::Message MaybeTamper(transport::Message message) {
-      auto type = PeekType(*message);
-      if (!type.ok() || *type != MessageType::kChunk) return message;
-      const size_t c = kMessageHeaderBytes;  // the chunk inside the message
-      if (message->size() < c + codec::kChunkHeaderBytes + 2 ||
-          static_cast<uint8_t>((*message)[c + 6]) != 1) {  // not a data chunk
-        return message;
-      }
-      if (++state_->data_chunks != state_->nth) return message;
-      auto copy = std::make_shared<std::vector<std::byte>>(*message);
-      std::byte* chunk = copy->data() + c;
-      const size_t name = LoadLE<uint16_t>(chunk + codec::kChunkHeaderBytes);
-      // name length, name, dtype/encoding/entropy/reserved, offset, count, changes,
-      // base hash: then the target hash.
-      chunk[codec::kChunkHeaderBytes + 2 + name + 4 + 3 * 8 + 16] ^= std::byte{1};
-      const size_t size = copy->size() - c - kSignatureBytes;  // the chunk, not its signature
-      StoreLE<uint64_t>(chunk + 64, Hash64(ByteSpan(chunk + codec::kChunkHeaderBytes,
-                                                    size - codec::kChunkHeaderBytes)));
-      StoreLE<uint64_t>(chunk + 72, Hash64(ByteSpan(chunk, 72)));
-      ++state_->tampered;
-      return copy;
-    }
-    std::unique_ptr<transport::Connection> inner_;
-    std::shared_ptr<State> state_;
-  };
-
-  std::unique_ptr<transport::Transport> inner_;
   std::shared_ptr<State> state_;
 };
 

@@ -1,6 +1,7 @@
 #include "tests/relay/tree/scripted_child.h"
 
 #include "codec/chunk.h"
+#include "tests/relay/intercept_transport.h"
 
 namespace deltacast::test_util {
 namespace {
@@ -14,65 +15,40 @@ constexpr std::chrono::milliseconds kTickPeriod{10};
 // the parent has not taken yet (on_sent not run): a link closed before the parent
 // took a message withdraws it (inproc), and a child that drops "after PREPARED"
 // must not lose its PREPARED that way.
-class ScriptedChild::UntakenCounter : public transport::Transport {
+class ScriptedChild::UntakenCounter : public InterceptTransport {
  public:
-  explicit UntakenCounter(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
-  const transport::Capabilities& capabilities() const override { return inner_->capabilities(); }
-  Result<std::string> Listen(const std::string& address,
-                             transport::AcceptHandler on_accept) override {
-    return inner_->Listen(address, std::move(on_accept));
-  }
-  void Connect(const std::string& address, transport::ConnectHandler on_done) override {
-    inner_->Connect(address, [this, on_done = std::move(on_done)](
-                                 Result<std::unique_ptr<transport::Connection>> c) {
-      if (!c.ok()) return on_done(std::move(c));
-      auto untaken = std::make_shared<std::atomic<int64_t>>(0);
-      {
-        std::lock_guard lock(mu_);
-        latest_ = untaken;
-      }
-      on_done(std::unique_ptr<transport::Connection>(
-          std::make_unique<Link>(std::move(*c), std::move(untaken))));
-    });
-  }
-  void Shutdown() override { inner_->Shutdown(); }
+  explicit UntakenCounter(std::unique_ptr<transport::Transport> inner)
+      : UntakenCounter(std::move(inner), std::make_shared<Latest>()) {}
   int64_t untaken() const {
-    std::lock_guard lock(mu_);
-    return latest_ ? latest_->load() : 0;
+    std::lock_guard lock(latest_->mu);
+    return latest_->link ? latest_->link->count.load() : 0;
   }
 
  private:
-  class Link : public transport::Connection {
-   public:
-    Link(std::unique_ptr<transport::Connection> inner,
-         std::shared_ptr<std::atomic<int64_t>> untaken)
-        : inner_(std::move(inner)), untaken_(std::move(untaken)) {}
-    void Start(transport::MessageHandler on_message, transport::CloseHandler on_closed) override {
-      inner_->Start(std::move(on_message), std::move(on_closed));
-    }
-    void Send(transport::Message message, transport::SendHandler on_sent) override {
-      ++*untaken_;
-      inner_->Send(std::move(message),
-                   [untaken = untaken_, on_sent = std::move(on_sent)](Status status) {
-                     --*untaken;
-                     if (on_sent) on_sent(status);
-                   });
-    }
-    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
-    void Close() override { inner_->Close(); }
-    void Abort() override { inner_->Abort(); }
-    std::string PeerAddress() const override { return inner_->PeerAddress(); }
-    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
-    void Authenticated() override { inner_->Authenticated(); }
-
-   private:
-    std::unique_ptr<transport::Connection> inner_;
-    std::shared_ptr<std::atomic<int64_t>> untaken_;
+  struct Latest {
+    mutable std::mutex mu;
+    std::shared_ptr<InterceptedLink> link;
   };
-
-  std::unique_ptr<transport::Transport> inner_;
-  mutable std::mutex mu_;
-  std::shared_ptr<std::atomic<int64_t>> latest_;
+  UntakenCounter(std::unique_ptr<transport::Transport> inner, std::shared_ptr<Latest> latest)
+      : InterceptTransport(std::move(inner), Hooks(latest)), latest_(std::move(latest)) {}
+  static InterceptHooks Hooks(std::shared_ptr<Latest> latest) {
+    InterceptHooks hooks;
+    hooks.on_link = [latest](const std::shared_ptr<InterceptedLink>& link) {
+      std::lock_guard lock(latest->mu);
+      latest->link = link;
+    };
+    hooks.on_send = [](InterceptedLink& link, transport::Message&,
+                       transport::SendHandler& on_sent) {
+      ++link.count;
+      on_sent = [link = link.shared_from_this(), on_sent = std::move(on_sent)](Status status) {
+        --link->count;
+        if (on_sent) on_sent(status);
+      };
+      return SendAction::kForward;
+    };
+    return hooks;
+  }
+  std::shared_ptr<Latest> latest_;
 };
 
 Result<std::unique_ptr<ScriptedChild>> ScriptedChild::Start(

@@ -26,6 +26,7 @@
 #include "relay/tree/node_agent.h"
 #include "relay/tree/source.h"
 #include "relay/wire/protocol.h"
+#include "tests/relay/intercept_transport.h"
 #include "topology/cluster_config.h"
 #include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
@@ -151,65 +152,36 @@ struct Sent {
   int ends = 0;
 };
 
-// Wraps a transport to count the CHUNK messages it sends.
-class CountingTransport : public transport::Transport {
+// Wraps a transport to count the CHUNK messages it sends, on every link.
+class CountingTransport : public test_util::InterceptTransport {
  public:
   CountingTransport(std::unique_ptr<transport::Transport> inner, std::shared_ptr<Sent> sent)
-      : inner_(std::move(inner)), sent_(std::move(sent)) {}
-  const transport::Capabilities& capabilities() const override { return inner_->capabilities(); }
-  Result<std::string> Listen(const std::string& address,
-                             transport::AcceptHandler on_accept) override {
-    return inner_->Listen(address, [sent = sent_, on_accept](auto connection) {
-      on_accept(std::make_unique<Link>(std::move(connection), sent));
-    });
-  }
-  void Connect(const std::string& address, transport::ConnectHandler on_done) override {
-    inner_->Connect(address, [sent = sent_, on_done](auto connection) {
-      if (!connection.ok()) return on_done(std::move(connection));
-      on_done(std::unique_ptr<transport::Connection>(
-          std::make_unique<Link>(std::move(*connection), sent)));
-    });
-  }
-  void Shutdown() override { inner_->Shutdown(); }
+      : InterceptTransport(std::move(inner), Hooks(std::move(sent))) {}
 
  private:
-  class Link : public transport::Connection {
-   public:
-    Link(std::unique_ptr<transport::Connection> inner, std::shared_ptr<Sent> sent)
-        : inner_(std::move(inner)), sent_(std::move(sent)) {}
-    void Start(transport::MessageHandler on_message, transport::CloseHandler on_closed) override {
-      inner_->Start(std::move(on_message), std::move(on_closed));
+  static test_util::InterceptHooks Hooks(std::shared_ptr<Sent> sent) {
+    test_util::InterceptHooks hooks;
+    hooks.accepted_links = true;
+    hooks.on_send = [sent](test_util::InterceptedLink&, transport::Message& message,
+                           transport::SendHandler&) {
+      Count(*sent, *message);
+      return test_util::SendAction::kForward;
+    };
+    return hooks;
+  }
+  static void Count(Sent& sent, const std::vector<std::byte>& message) {
+    auto type = PeekType(message);
+    if (!type.ok() || *type != MessageType::kChunk) return;
+    auto header = codec::PeekChunkHeader(ChunkOf(message));
+    if (!header.ok()) return;
+    std::lock_guard lock(sent.mu);
+    if (header->kind == codec::ChunkKind::kEnd) {
+      ++sent.ends;
+      return;
     }
-    void Send(transport::Message message, transport::SendHandler on_sent) override {
-      Count(*message);
-      inner_->Send(std::move(message), std::move(on_sent));
-    }
-    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
-    void Close() override { inner_->Close(); }
-    void Abort() override { inner_->Abort(); }
-    std::string PeerAddress() const override { return inner_->PeerAddress(); }
-    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
-    void Authenticated() override { inner_->Authenticated(); }
-
-   private:
-    void Count(const std::vector<std::byte>& message) {
-      auto type = PeekType(message);
-      if (!type.ok() || *type != MessageType::kChunk) return;
-      auto header = codec::PeekChunkHeader(ChunkOf(message));
-      if (!header.ok()) return;
-      std::lock_guard lock(sent_->mu);
-      if (header->kind == codec::ChunkKind::kEnd) {
-        ++sent_->ends;
-        return;
-      }
-      ++sent_->data_chunks[header->sequence];
-      sent_->data_bytes += message.size();
-    }
-    std::unique_ptr<transport::Connection> inner_;
-    std::shared_ptr<Sent> sent_;
-  };
-  std::unique_ptr<transport::Transport> inner_;
-  std::shared_ptr<Sent> sent_;
+    ++sent.data_chunks[header->sequence];
+    sent.data_bytes += message.size();
+  }
 };
 
 class StripesTest : public ::testing::Test {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 
+#include "tests/relay/intercept_transport.h"
 #include "tests/relay/tree/stripes_fixture.h"
 
 namespace deltacast::relay::stripes_test {
@@ -55,64 +56,36 @@ TEST_F(StripesTest, ARelayThatCannotTakePartSendsItsChildrenToTheirFailoverParen
 
 // Wraps a transport so that every link whose HELLO joins `stripe`, after the first
 // such link, is aborted at that HELLO: the node can never rejoin that stripe.
-class NoRejoinTransport : public transport::Transport {
+class NoRejoinTransport : public test_util::InterceptTransport {
  public:
   NoRejoinTransport(std::unique_ptr<transport::Transport> inner, uint32_t stripe)
-      : inner_(std::move(inner)), state_(std::make_shared<State>()) {
-    state_->stripe = stripe;
-  }
-  const transport::Capabilities& capabilities() const override { return inner_->capabilities(); }
-  Result<std::string> Listen(const std::string& address,
-                             transport::AcceptHandler on_accept) override {
-    return inner_->Listen(address, std::move(on_accept));
-  }
-  void Connect(const std::string& address, transport::ConnectHandler on_done) override {
-    inner_->Connect(address, [state = state_, on_done](auto connection) {
-      if (!connection.ok()) return on_done(std::move(connection));
-      on_done(std::unique_ptr<transport::Connection>(
-          std::make_unique<Link>(std::move(*connection), state)));
-    });
-  }
-  void Shutdown() override { inner_->Shutdown(); }
-  int refused() const { return state_->refused.load(); }
+      : NoRejoinTransport(std::move(inner), stripe, std::make_shared<Counts>()) {}
+  int refused() const { return counts_->refused.load(); }
 
  private:
-  struct State {
-    uint32_t stripe = 0;
+  struct Counts {
     std::atomic<int> joins{0};
     std::atomic<int> refused{0};
   };
-  class Link : public transport::Connection {
-   public:
-    Link(std::unique_ptr<transport::Connection> inner, std::shared_ptr<State> state)
-        : inner_(std::move(inner)), state_(std::move(state)) {}
-    void Start(transport::MessageHandler on_message, transport::CloseHandler on_closed) override {
-      inner_->Start(std::move(on_message), std::move(on_closed));
-    }
-    void Send(transport::Message message, transport::SendHandler on_sent) override {
+  NoRejoinTransport(std::unique_ptr<transport::Transport> inner, uint32_t stripe,
+                    std::shared_ptr<Counts> counts)
+      : InterceptTransport(std::move(inner), Hooks(static_cast<int>(stripe), counts)),
+        counts_(std::move(counts)) {}
+  static test_util::InterceptHooks Hooks(int stripe, std::shared_ptr<Counts> counts) {
+    test_util::InterceptHooks hooks;
+    hooks.on_send = [stripe, counts](test_util::InterceptedLink& link, transport::Message& message,
+                                     transport::SendHandler&) {
       auto type = PeekType(*message);
-      if (type.ok() && *type == MessageType::kHello) {
-        auto hello = ParseHello(*message);
-        if (hello.ok() && hello->stripe == state_->stripe && state_->joins++ > 0) {
-          ++state_->refused;
-          return inner_->Abort();
-        }
+      if (type.ok() && *type == MessageType::kHello && link.stripe == stripe &&
+          counts->joins++ > 0) {
+        ++counts->refused;
+        return test_util::SendAction::kAbort;
       }
-      inner_->Send(std::move(message), std::move(on_sent));
-    }
-    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
-    void Close() override { inner_->Close(); }
-    void Abort() override { inner_->Abort(); }
-    std::string PeerAddress() const override { return inner_->PeerAddress(); }
-    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
-    void Authenticated() override { inner_->Authenticated(); }
-
-   private:
-    std::unique_ptr<transport::Connection> inner_;
-    std::shared_ptr<State> state_;
-  };
-  std::unique_ptr<transport::Transport> inner_;
-  std::shared_ptr<State> state_;
+      return test_util::SendAction::kForward;
+    };
+    return hooks;
+  }
+  std::shared_ptr<Counts> counts_;
 };
 
 // As above, n5 cannot take part and refuses its stripe-1 children n1 and n2; but n1

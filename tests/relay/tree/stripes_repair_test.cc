@@ -8,6 +8,7 @@
 // interior in stripe 0 alone, so killing it takes only n7's stripe-0 parent.
 #include <condition_variable>
 
+#include "tests/relay/intercept_transport.h"
 #include "tests/relay/tree/stripes_fixture.h"
 
 namespace deltacast::relay::stripes_test {
@@ -28,65 +29,25 @@ struct Held {
   int held = 0;  // requests up the tree held back on the stripe-0 link
 };
 
-// Wraps a node's transport: its links to parents learn their stripe from the HELLO
-// they carry; up-requests on the stripe-0 link are held back.
-class HoldUpRequests : public transport::Transport {
- public:
-  HoldUpRequests(std::unique_ptr<transport::Transport> inner, std::shared_ptr<Held> held)
-      : inner_(std::move(inner)), held_(std::move(held)) {}
-  const transport::Capabilities& capabilities() const override { return inner_->capabilities(); }
-  Result<std::string> Listen(const std::string& address,
-                             transport::AcceptHandler on_accept) override {
-    return inner_->Listen(address, std::move(on_accept));
-  }
-  void Connect(const std::string& address, transport::ConnectHandler on_done) override {
-    inner_->Connect(address, [held = held_, on_done](auto connection) {
-      if (!connection.ok()) return on_done(std::move(connection));
-      on_done(std::unique_ptr<transport::Connection>(
-          std::make_unique<Link>(std::move(*connection), held)));
-    });
-  }
-  void Shutdown() override { inner_->Shutdown(); }
-
- private:
-  class Link : public transport::Connection {
-   public:
-    Link(std::unique_ptr<transport::Connection> inner, std::shared_ptr<Held> held)
-        : inner_(std::move(inner)), held_(std::move(held)) {}
-    void Start(transport::MessageHandler on_message, transport::CloseHandler on_closed) override {
-      inner_->Start(std::move(on_message), std::move(on_closed));
+// Wraps a node's transport: up-requests on its stripe-0 parent link are held back.
+std::unique_ptr<transport::Transport> HoldUpRequests(std::unique_ptr<transport::Transport> inner,
+                                                     std::shared_ptr<Held> held) {
+  test_util::InterceptHooks hooks;
+  hooks.on_send = [held](test_util::InterceptedLink& link, transport::Message& message,
+                         transport::SendHandler&) {
+    auto type = PeekType(*message);
+    if (!type.ok() || !IsUpRequest(*type) || link.stripe != 0 || !held->armed) {
+      return test_util::SendAction::kForward;
     }
-    void Send(transport::Message message, transport::SendHandler on_sent) override {
-      auto type = PeekType(*message);
-      if (type.ok() && *type == MessageType::kHello) {
-        auto hello = ParseHello(*message);
-        if (hello.ok()) stripe_ = static_cast<int>(hello->stripe);
-      } else if (type.ok() && IsUpRequest(*type) && stripe_ == 0 && held_->armed) {
-        {
-          std::lock_guard lock(held_->mu);
-          ++held_->held;
-        }
-        held_->cv.notify_all();
-        if (on_sent) on_sent(Status::Ok());
-        return;
-      }
-      inner_->Send(std::move(message), std::move(on_sent));
+    {
+      std::lock_guard lock(held->mu);
+      ++held->held;
     }
-    uint64_t QueuedBytes() const override { return inner_->QueuedBytes(); }
-    void Close() override { inner_->Close(); }
-    void Abort() override { inner_->Abort(); }
-    std::string PeerAddress() const override { return inner_->PeerAddress(); }
-    std::string PeerIdentity() const override { return inner_->PeerIdentity(); }
-    void Authenticated() override { inner_->Authenticated(); }
-
-   private:
-    std::unique_ptr<transport::Connection> inner_;
-    std::shared_ptr<Held> held_;
-    std::atomic<int> stripe_{-1};
+    held->cv.notify_all();
+    return test_util::SendAction::kSwallow;
   };
-  std::unique_ptr<transport::Transport> inner_;
-  std::shared_ptr<Held> held_;
-};
+  return std::make_unique<test_util::InterceptTransport>(std::move(inner), std::move(hooks));
+}
 
 // The step after `v`: its target becomes the base, ~3 % of the elements change.
 Versions NextStep(const Versions& v, uint32_t seed) {
@@ -123,8 +84,7 @@ class StripesRepairTest : public StripesTest {
   std::thread KillN3OnceN7Asks(std::shared_ptr<Held> held) {
     wrap_ = [held](int node, std::unique_ptr<transport::Transport> t) {
       if (node != 6) return t;
-      return std::unique_ptr<transport::Transport>(
-          std::make_unique<HoldUpRequests>(std::move(t), held));
+      return HoldUpRequests(std::move(t), held);
     };
     return std::thread([this, held] {
       std::unique_lock lock(held->mu);
