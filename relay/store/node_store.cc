@@ -658,6 +658,7 @@ void NodeStore::BeginLink(const ChainLink& link,
     std::set<uint32_t> journaled;
     if (applier.ok()) {
       catch_up_applier_ = std::move(*applier);
+      catch_up_untouched_ = false;  // a chain link: not a catch-up by partitions
       journaled = replica_->applied_chunks();
     }
     if (!journaled.empty()) {
@@ -737,12 +738,14 @@ void NodeStore::BeginCatchUp(
     WaitForChunks();
     Status settled = Settle();
     if (settled.ok()) settled = PauseEngine();  // resumed when the catch-up ends
+    const bool clean = !replica_->inflight() && !replica_->needs_reconcile();
     auto begun = settled.ok()
                      ? replica_->BeginCatchUp(target, apply::ApplyOptions{options_.apply_threads})
                      : Result<apply::CatchUp>(settled);
     std::vector<apply::CatchUpPartition> parts;
     if (begun.ok()) {
       catch_up_applier_ = std::move(begun->applier);
+      catch_up_untouched_ = clean;
       parts = std::move(begun->partitions);
     }
     PostJournal();
@@ -755,6 +758,7 @@ void NodeStore::WriteCatchUp(apply::PartitionKey key, std::shared_ptr<std::vecto
   apply_loop_.Post([this, key, bytes, hash, done] {
     WaitForChunks();
     // Verified against the hash the manifest gives before a byte is written.
+    catch_up_untouched_ = false;
     Status written = catch_up_applier_ ? catch_up_applier_->WriteVerified(key, *bytes, hash)
                                        : Status::Internal("no catch-up in progress");
     CrashPoint("agent.catch_up_partition");
@@ -777,9 +781,19 @@ void NodeStore::CommitCatchUp(Done done) {
 void NodeStore::DropCatchUp() {
   apply_loop_.Post([this] {
     WaitForChunks();
+    const bool untouched = catch_up_applier_ && catch_up_untouched_;
     catch_up_applier_.reset();
+    catch_up_untouched_ = false;
     // What it wrote is left in flight: the engine stays paused until a catch-up or
-    // refit that succeeds resumes it.
+    // refit that succeeds resumes it. One that wrote nothing over the committed
+    // version leaves it as it was: left in flight, its record kept the store from
+    // taking a chain of kept deltas from that version ever after (a chain resumes
+    // only the delta in flight), and with the root of producers, which serves no
+    // partitions, the node stayed behind, paused, to the end (the simulator's
+    // --stripes --producers seed 31).
+    if (!untouched || !replica_->DropUnwritten().ok()) return;
+    ResumeEngine();
+    PostJournal();
   });
 }
 

@@ -262,6 +262,10 @@ class NodeStore {
   void WriteCatchUp(apply::PartitionKey key, std::shared_ptr<std::vector<std::byte>> bytes,
                     PartitionHash hash, Done done);
   void CommitCatchUp(Done done);
+  // Ends a catch-up that did not commit. One by partitions that began on a settled
+  // store with nothing in flight and wrote no partition leaves it as it was: the
+  // in-flight record cleared and the engine resumed. Otherwise what it wrote stays in
+  // flight and the engine paused, until a catch-up or refit that succeeds.
   void DropCatchUp();
 
   // ---- checks (node_store_checks.cc) ---------------------------------------
@@ -355,6 +359,9 @@ class NodeStore {
   // when none does).
   std::unique_ptr<RefitState> refit_;
   std::unique_ptr<apply::DeltaApplier> catch_up_applier_;
+  // The catch-up by partitions began on the committed version, nothing in flight,
+  // and has written nothing yet (DropCatchUp).
+  bool catch_up_untouched_ = false;
   std::unique_ptr<ReconcileState> reconcile_;
   WriteBack write_back_;
   // The replica's journal and refit_->changed_tensors, which workers update.

@@ -341,7 +341,13 @@ void Downstream::NoteSent(Child& child, const transport::Message& message) {
   if (!type.ok() || (*type != MessageType::kCommit && *type != MessageType::kAbort)) return;
   auto decision = ParseDecision(ByteSpan(*message));
   if (decision.ok() && decision->target_version == child.chunks.target) {
-    child.chunks = ChunkBook{{}, {}, {}, child.chunks.active, 0};
+    // What it applied no longer counts (it commits or rolls back the delta); what
+    // this link carried in the refit still does: a relay that runs the decided
+    // refit again (its rollback failed; a replayed BEGIN retries it) sent its END
+    // down again to a child that had it and the ABORT (the simulator's --stripes
+    // seeds 2843, 12919). A new refit clears it (BeginRefit).
+    child.chunks.applied.clear();
+    child.chunks.stream = 0;
   }
 }
 

@@ -193,9 +193,9 @@ class Downstream {
   };
   // The chunks of one delta a child has: what its HELLO said it applied, and what
   // its current link carries in this refit (queued or handed to the transport).
-  // Forgotten when the child is sent a decision for that delta (it commits or rolls
-  // back, so what it applied no longer counts) and replaced by its next HELLO; what
-  // the link carried is forgotten when a new refit begins.
+  // What it applied is forgotten when the child is sent a decision for that delta
+  // (it commits or rolls back, so that no longer counts) and replaced by its next
+  // HELLO; what the link carried is forgotten when a new refit begins.
   //
   // A child whose HELLO said it is at a delta's target already (it committed that
   // version through another parent) has every data chunk of it: forwarding them

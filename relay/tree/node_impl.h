@@ -77,6 +77,9 @@ class NodeAgent::Impl {
     bool local_prepared = false;
     bool end_received = false;  // the END chunk came: every chunk the parent sends came
     bool resolution = false;    // resolving an earlier refit's delta; there is no BEGIN
+    // Committed, and reaching the target by a catch-up (the delta did not all come
+    // here): neither prepared nor at the target until that ends.
+    bool commits_by_catch_up = false;
     // A resolution's: the refit of this life that streamed the delta here and that it
     // ends (noted finished with it, so a lagging parent's replay of it is past).
     std::optional<uint64_t> resolves_refit;

@@ -193,6 +193,7 @@ void NodeAgent::Impl::CommitByCatchingUp(const Decision& d, transport::Message m
   r.phase = Phase::kCommitting;
   r.decided = Clock::now();
   r.resolution = true;  // a child that rejoins is sent the decision, not the delta
+  r.commits_by_catch_up = true;
   downstream_.DropQueued();
   if (!(r.decided_by_record && options_.verify_key)) downstream_.Broadcast(message);
   ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
@@ -240,6 +241,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
   if (type == MessageType::kCommit && !journal_.prepared) {
     // It committed without us: reach it by fetching what differs.
     refit_->phase = Phase::kCommitting;
+    refit_->commits_by_catch_up = true;
     if (!catch_up_.active()) return catch_up_.Start(d.target_version, id, /*resolving=*/true);
     // Already catching up (to this version or past it): report when it is done.
     catch_up_.Resolves(id);

@@ -60,6 +60,12 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // not prepared, nor committed; the ABORT reaches this link's parent from
       // above, and ABORTED follows once the rollback is done (the simulator's
       // --stripes seed 42 sent PREPARED here, claiming a refit it was aborting).
+    } else if (refit_->commits_by_catch_up && !refit_->local_outcome_done) {
+      // Committed (by its parent, or the commit record), and reaching the target by
+      // a catch-up: it holds neither the verified delta nor the target yet, and the
+      // catch-up may fail. COMMITTED, or FAILED, goes up once it ends (the
+      // simulator's --stripes --coord seeds 32, 153, 258, 359, 464, 473 sent
+      // PREPARED here, to a failover parent replaying the refit, then failed).
     } else {
       // We committed this refit (with our whole subtree) before our parent
       // restarted: more than prepared; say so, and confirm when it commits.

@@ -14,6 +14,14 @@ bool IsEnd(Spool& spool, uint32_t sequence) {
   return header.ok() && header->kind == codec::ChunkKind::kEnd;
 }
 
+// Whether `sequences` (ascending, the END last) hold every data chunk of `stripe`.
+bool StripeWhole(const std::vector<uint32_t>& sequences, uint32_t stripe, uint32_t stripes) {
+  const uint32_t end = sequences.back();
+  size_t have = 0;
+  for (uint32_t sequence : sequences) have += sequence < end && sequence % stripes == stripe;
+  return have == (end > stripe ? (end - stripe - 1) / stripes + 1 : 0);
+}
+
 // `keep` (may be null) owns `spool` for as long as a loader exists.
 Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_ptr<Spool> keep,
              transport::Message decision) {
@@ -45,6 +53,14 @@ Replay Build(const Hello& hello, const Begin& begin, Spool* spool, std::shared_p
       // stripe, a data chunk only on its own.
       const bool end = sequence == sequences.back() && IsEnd(*spool, sequence);
       if (at_target && !end) continue;
+      // Striped, the END this node holds may have come on another stripe than the
+      // child's, before this one's data chunks: replayed now, it reached the child
+      // ahead of them (each stripe's END must follow its data chunks: the child
+      // takes its ENDs for the whole delta and failed it, "received 0 of 1 data
+      // chunks"; the simulator's --stripes --coord seed 144). It goes down with the
+      // rest of that stripe once it comes here.
+      if (end && hello.stripes > 1 && !StripeWhole(sequences, hello.stripe, hello.stripes))
+        continue;
       if (!end && hello.stripes > 1 && sequence % hello.stripes != hello.stripe) continue;
       replay.messages.push_back(
           Downstream::Outgoing::Chunk([spool, keep, sequence] { return spool->Read(sequence); },
@@ -65,6 +81,10 @@ std::vector<Downstream::Outgoing> HeldChunks(const Begin& begin, std::shared_ptr
   for (uint32_t sequence : sequences) {
     // Only the last can be the END (it has the highest sequence).
     const bool data = sequence != sequences.back() || !IsEnd(*spool, sequence);
+    // Striped, it goes down every stripe: held, it may have come before a stripe's
+    // data chunks, which it must follow (Build); then its parents send it again, as
+    // it was not applied, and it goes down with the rest.
+    if (!data && begin.stripes > 1 && sequences.size() != size_t{sequence} + 1) continue;
     held.push_back(Downstream::Outgoing::Chunk([spool, sequence] { return spool->Read(sequence); },
                                                {begin.target_version, sequence, data}));
   }

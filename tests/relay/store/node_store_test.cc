@@ -136,6 +136,7 @@ class NodeStoreTest : public ::testing::Test {
     options.apply_threads = 2;
     options.spool_dir = Spools();
     options.write_back_delay = write_back_delay;
+    options.hooks = hooks_;
     loop_ = std::make_unique<EventLoop>();
     store_ = std::make_unique<NodeStore>(
         std::move(*replica), options, *loop_,
@@ -244,6 +245,7 @@ class NodeStoreTest : public ::testing::Test {
     }
   }
 
+  EngineHooks hooks_;  // Open's
   fs::path dir_;
   std::vector<std::vector<Bytes>> versions_;
   std::unique_ptr<EventLoop> loop_;
@@ -433,6 +435,66 @@ TEST_F(NodeStoreTest, ATornStoreIsCaughtUpToANewerVersionInsteadOfReconciled) {
   ASSERT_TRUE(reopened.ok());
   EXPECT_EQ((*reopened)->version(), ManifestOf(3).VersionId());
   EXPECT_FALSE((*reopened)->needs_reconcile());
+}
+
+// A catch-up by partitions that fails before it writes anything (nobody up the tree
+// has the bytes: the root of producers serves none) leaves the store as it was: at
+// its version, nothing in flight, the engine running. Left in flight, its record
+// kept a chain of kept deltas from that version from ever being taken (a chain
+// resumes only the delta in flight), and the node stayed behind, paused, to the
+// end (the simulator's --stripes --producers seed 31).
+TEST_F(NodeStoreTest, ACatchUpThatWroteNothingLeavesTheStoreAtItsVersion) {
+  std::atomic<int> pauses{0};
+  std::promise<void> resumed;
+  hooks_.pause = [&] {
+    ++pauses;
+    return Status::Ok();
+  };
+  std::atomic<int> resumes{0};
+  hooks_.resume = [&] {
+    if (++resumes == 1) resumed.set_value();
+  };
+  Open(std::chrono::milliseconds(0));
+  auto [begun, parts] =
+      Await<std::pair<Status, std::vector<apply::CatchUpPartition>>>([&](auto done) {
+        store_->BeginCatchUp(ManifestOf(2), [done](const Status& s, auto p) { done({s, p}); });
+      });
+  ASSERT_TRUE(begun.ok()) << begun.ToString();
+  ASSERT_FALSE(parts.empty());
+  EXPECT_EQ(pauses, 1);
+  store_->DropCatchUp();
+  EXPECT_EQ(resumed.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  // The chain from its version is taken now: the delta 0 -> 1, applied and verified.
+  const auto chunks = Delta(0);
+  const Status linked = Await<Status>([&](auto done) {
+    store_->BeginLink({ManifestOf(0).VersionId(), ManifestOf(1).VersionId(), kPartitionBytes,
+                       static_cast<uint32_t>(chunks.size())},
+                      [done](const Status& s, const std::set<uint32_t>&) { done(s); });
+  });
+  ASSERT_TRUE(linked.ok()) << linked.ToString();
+  std::optional<codec::DeltaSummary> end;
+  for (const auto& m : chunks) {
+    auto h = codec::PeekChunkHeader(ChunkOf(*m));
+    ASSERT_TRUE(h.ok());
+    auto bytes = std::make_shared<Bytes>(m->begin(), m->end());
+    auto [applied,
+          summary] = Await<std::pair<Status, std::optional<codec::DeltaSummary>>>([&](auto done) {
+      store_->ApplyLinkChunk(h->sequence, bytes, [done](const Status& s, auto e) { done({s, e}); });
+    });
+    ASSERT_TRUE(applied.ok()) << applied.ToString();
+    if (summary) end = summary;
+  }
+  ASSERT_TRUE(end.has_value());
+  const Status finished = Await<Status>([&](auto done) { store_->FinishLink(*end, done); });
+  ASSERT_TRUE(finished.ok()) << finished.ToString();
+  Close();
+  EXPECT_EQ(pauses, 2);  // the catch-up's and the chain's, each resumed
+  EXPECT_EQ(resumes, 2);
+  ExpectFileAt(1);
+  auto reopened = apply::Replica::OpenCheckpointDir(Dir(), kPartitionBytes, 1);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->version(), ManifestOf(1).VersionId());
+  EXPECT_FALSE((*reopened)->inflight().has_value());
 }
 
 }  // namespace
