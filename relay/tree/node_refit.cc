@@ -615,12 +615,18 @@ void NodeAgent::Impl::GiveUpOnAwayStripe(Clock::time_point now) {
   const auto timeout = std::max<std::chrono::milliseconds>(options_.config.tree.connect_timeout,
                                                            2 * ParentLink::kFailoverAfter);
   for (uint32_t s = 0; s < stripes(); ++s) {
-    if (refit_->ends.contains(s) || !stripe_away_since_[s]) continue;
-    if (now - std::max(*stripe_away_since_[s], refit_->start) <= timeout) continue;
+    // A parent there that has not begun this refit on the link serves it nothing
+    // either: one left out of the refit, one not in it at all, a source that cannot
+    // replay it (the simulator's --stripes seeds 10284, 10298 waited the commit
+    // timeout for a node whose stripe parent was joined but silent).
+    const bool served = parents_[s]->joined() && begin_on_[s] == refit_->id;
+    if (refit_->ends.contains(s) || served) continue;
+    const auto since = std::max(stripe_away_since_[s].value_or(refit_->start), refit_->start);
+    if (now - since <= timeout) continue;
     return LocalFailure(refit_->id,
                         Status::Unavailable(fmt::format(
-                            "no parent of stripe {} for {} ms: its chunks of this refit cannot "
-                            "come",
+                            "no parent of stripe {} has served this refit for {} ms: its chunks "
+                            "of this refit cannot come",
                             s, timeout.count())));
   }
 }

@@ -1,9 +1,11 @@
 #include "relay/tree/up_requests.h"
 
+#include "relay/tree/stripe_links.h"
+
 namespace deltacast::relay {
 
 void UpRequests::SendUp(Pending& p) {
-  p.stripe = up_.Send(p.bytes, /*again=*/p.sent);
+  p.stripe = up_.Send(p.bytes, /*again=*/p.sent, p.child.empty() ? "" : NodeOfLink(p.child));
   p.sent = p.sent || p.stripe != UpLink::kNone;
 }
 
@@ -41,6 +43,10 @@ void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   p.type = MessageType::kFetch;
   p.bytes = EncodeFetch(fetch);
   SendUp(p);
+  if (p.stripe == UpLink::kNone) {  // its only joined parent is that child
+    downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
+    pending_.erase(fetch.request_id);
+  }
 }
 
 void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan bytes) {
@@ -56,6 +62,10 @@ void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan by
   p.type = type;
   p.bytes = WithRequestId(bytes, request);
   SendUp(p);
+  if (p.stripe == UpLink::kNone) {  // its only joined parent is that child
+    downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
+    pending_.erase(request);
+  }
 }
 
 void UpRequests::OnPartition(const PartitionData& data) {
