@@ -10,6 +10,10 @@
 //   compares each tile), nothing else: the floor of the path;
 // - `encode_in_memory`: EncodeDelta over both versions loaded into memory (the
 //   producers benchmark's figure: the engine without its input);
+// - `find_changes_in_memory`: the change detection alone over the same changed
+//   partitions in memory, a 128 KiB tile at a time;
+// - `memcpy_one_version` / `memcmp_one_version_pair`: the machine's ceilings in the
+//   same run, one version copied whole, and compared whole with that copy;
 // - `encode_via_mapping`: EncodeDelta reading the files through their mappings,
 //   faulted in a page at a time (the path `deltacast diff` took before ReadRange);
 // - `encode_via_pread`: EncodeDelta through ReadRange's default path, pread tile by
@@ -33,6 +37,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -42,6 +47,7 @@
 #include "apply/checkpoint_state.h"
 #include "apply/host_store.h"
 #include "bench/bench_util.h"
+#include "codec/change_detect.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 
@@ -199,6 +205,61 @@ int main(int argc, char** argv) {
   {
     auto base_mem = Check(dc::apply::HostStore::CopyOf(*base_store), "copy");
     auto new_mem = Check(dc::apply::HostStore::CopyOf(*new_store), "copy");
+    // Ceilings of this machine, in the same run: one version copied whole (memcpy
+    // into a buffer faulted in beforehand) and compared whole with that copy (memcmp
+    // of equal bytes reads both to the end): what one thread moves through memory.
+    {
+      std::vector<std::byte> copy(bytes, std::byte{1});
+      out["memcpy_one_version"] =
+          Figure(Best(runs,
+                      [&] {
+                        uint64_t at = 0;
+                        for (size_t t = 0; t < new_mem->tensors().size(); ++t) {
+                          const auto span = new_mem->TensorData(t);
+                          std::memcpy(copy.data() + at, span.data(), span.size());
+                          at += span.size();
+                        }
+                      }),
+                 bytes);
+      int sign = 0;
+      out["memcmp_one_version_pair"] =
+          Figure(Best(runs,
+                      [&] {
+                        uint64_t at = 0;
+                        for (size_t t = 0; t < new_mem->tensors().size(); ++t) {
+                          const auto span = new_mem->TensorData(t);
+                          sign |= std::memcmp(copy.data() + at, span.data(), span.size());
+                          at += span.size();
+                        }
+                      }),
+                 bytes);
+      Check(sign == 0 ? dc::Status::Ok() : dc::Status::Internal("copy differs"), "memcmp");
+    }
+    // The change detection alone, every changed partition of both versions where they
+    // lie in memory, one 128 KiB tile at a time as the encoder compares copied tiles.
+    {
+      dc::codec::SparseChanges changes;
+      out["find_changes_in_memory"] =
+          Figure(Best(runs,
+                      [&] {
+                        constexpr uint64_t kTile = uint64_t{128} << 10;
+                        for (const auto& p : changed) {
+                          const auto dtype = new_manifest.tensors[p.tensor].dtype;
+                          const auto e = static_cast<uint32_t>(dc::ElementSize(dtype));
+                          const auto x = base_mem->TensorData(p.tensor).subspan(
+                              p.element_offset * e, p.element_count * e);
+                          const auto y = new_mem->TensorData(p.tensor).subspan(p.element_offset * e,
+                                                                               p.element_count * e);
+                          changes.clear();
+                          for (uint64_t at = 0; at < x.size(); at += kTile) {
+                            const uint64_t n = std::min(kTile, x.size() - at);
+                            dc::codec::FindChangesAppend(x.subspan(at, n), y.subspan(at, n), e,
+                                                         static_cast<uint32_t>(at / e), changes);
+                          }
+                        }
+                      }),
+                 bytes);
+    }
     out["encode_in_memory"] =
         Figure(Best(runs,
                     [&] {
