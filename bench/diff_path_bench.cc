@@ -26,12 +26,14 @@
 //   process: its own encode_gbps, and the process's wall time (startup included);
 //   `diff_command_map`: the same with DELTACAST_CHECKPOINT_READS=map;
 //   `diff_command_cold`: the same after dropping both checkpoints' pages from the
-//   page cache (posix_fadvise DONTNEED), so the reads go to the disk;
+//   page cache (posix_fadvise DONTNEED), so the reads go to the disk; each with the
+//   CPU seconds of the process (and of the shell popen starts);
 // - `process_startup_seconds`: `deltacast --version`, the process alone.
 // Every figure is GB of checkpoint (one version's tensor bytes) per second, wall
 // time, with the CPU seconds beside it. Prints one JSON document (and writes --out).
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,6 +102,14 @@ void DropFromPageCache(const fs::path& dir) {
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
   }
+}
+
+// CPU seconds of this process's children that have been waited for.
+double ChildrenCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return secs(usage.ru_utime) + secs(usage.ru_stime);
 }
 
 // Runs `command`, returns its stdout and wall seconds.
@@ -355,11 +365,14 @@ int main(int argc, char** argv) {
         DropFromPageCache(base_dir);
         DropFromPageCache(new_dir);
       }
+      const double cpu0 = ChildrenCpuSeconds();
       auto [text, wall] = RunCommand(env + diff);
+      const double cpu = ChildrenCpuSeconds() - cpu0;  // the shell's and the command's
       if (wall < best_wall) {
         best_wall = wall;
         const json reported = json::parse(text);
         best = {{"process_seconds", wall},
+                {"process_cpu_seconds", cpu},
                 {"process_gb_per_s", double(bytes) / wall / 1e9},
                 {"encode_seconds", reported["encode_seconds"]},
                 {"encode_gbps", reported["encode_gbps"]},
