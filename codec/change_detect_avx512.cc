@@ -69,10 +69,17 @@ inline void StageBlock(__m512i x, __mmask64 m, uint16_t index, std::byte*& xr, u
 template <uint32_t kSize>
 inline void AppendStage(Stage<kSize>& stage, size_t count, uint32_t first, SparseChanges& out) {
   const __m512i base = _mm512_set1_epi32(static_cast<int>(first));
-  for (size_t i = 0; i < count; i += 16) {
+  size_t i = 0;
+  for (; i + 16 <= count; i += 16) {
     const __m256i n16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(stage.numbers + i));
     _mm512_storeu_si512(stage.positions + i,
                         _mm512_add_epi32(_mm512_maskz_cvtepu16_epi32(0xFFFF, n16), base));
+  }
+  if (i < count) {  // masked: the stage past `count` holds nothing of this stripe
+    const auto lanes = static_cast<__mmask16>((1u << (count - i)) - 1);
+    const __m256i n16 = _mm256_maskz_loadu_epi16(lanes, stage.numbers + i);
+    _mm512_mask_storeu_epi32(stage.positions + i, lanes,
+                             _mm512_add_epi32(_mm512_maskz_cvtepu16_epi32(lanes, n16), base));
   }
   out.positions.insert(out.positions.end(), stage.positions, stage.positions + count);
   out.xors.insert(out.xors.end(), stage.xors, stage.xors + count * kSize);
