@@ -10,6 +10,10 @@
 //   compares each tile), nothing else: the floor of the path;
 // - `encode_in_memory`: EncodeDelta over both versions loaded into memory (the
 //   producers benchmark's figure: the engine without its input);
+// - `find_changes_in_memory`: the change detection alone over the same changed
+//   partitions in memory, a 128 KiB tile at a time;
+// - `memcpy_one_version` / `memcmp_one_version_pair`: the machine's ceilings in the
+//   same run, one version copied whole, and compared whole with that copy;
 // - `encode_via_mapping`: EncodeDelta reading the files through their mappings,
 //   faulted in a page at a time (the path `deltacast diff` took before ReadRange);
 // - `encode_via_pread`: EncodeDelta through ReadRange's default path, pread tile by
@@ -22,17 +26,20 @@
 //   process: its own encode_gbps, and the process's wall time (startup included);
 //   `diff_command_map`: the same with DELTACAST_CHECKPOINT_READS=map;
 //   `diff_command_cold`: the same after dropping both checkpoints' pages from the
-//   page cache (posix_fadvise DONTNEED), so the reads go to the disk;
+//   page cache (posix_fadvise DONTNEED), so the reads go to the disk; each with the
+//   CPU seconds of the process (and of the shell popen starts);
 // - `process_startup_seconds`: `deltacast --version`, the process alone.
 // Every figure is GB of checkpoint (one version's tensor bytes) per second, wall
 // time, with the CPU seconds beside it. Prints one JSON document (and writes --out).
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -42,6 +49,7 @@
 #include "apply/checkpoint_state.h"
 #include "apply/host_store.h"
 #include "bench/bench_util.h"
+#include "codec/change_detect.h"
 #include "codec/delta_encoder.h"
 #include "codec/manifest.h"
 
@@ -94,6 +102,14 @@ void DropFromPageCache(const fs::path& dir) {
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
   }
+}
+
+// CPU seconds of this process's children that have been waited for.
+double ChildrenCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return secs(usage.ru_utime) + secs(usage.ru_stime);
 }
 
 // Runs `command`, returns its stdout and wall seconds.
@@ -199,6 +215,61 @@ int main(int argc, char** argv) {
   {
     auto base_mem = Check(dc::apply::HostStore::CopyOf(*base_store), "copy");
     auto new_mem = Check(dc::apply::HostStore::CopyOf(*new_store), "copy");
+    // Ceilings of this machine, in the same run: one version copied whole (memcpy
+    // into a buffer faulted in beforehand) and compared whole with that copy (memcmp
+    // of equal bytes reads both to the end): what one thread moves through memory.
+    {
+      std::vector<std::byte> copy(bytes, std::byte{1});
+      out["memcpy_one_version"] =
+          Figure(Best(runs,
+                      [&] {
+                        uint64_t at = 0;
+                        for (size_t t = 0; t < new_mem->tensors().size(); ++t) {
+                          const auto span = new_mem->TensorData(t);
+                          std::memcpy(copy.data() + at, span.data(), span.size());
+                          at += span.size();
+                        }
+                      }),
+                 bytes);
+      int sign = 0;
+      out["memcmp_one_version_pair"] =
+          Figure(Best(runs,
+                      [&] {
+                        uint64_t at = 0;
+                        for (size_t t = 0; t < new_mem->tensors().size(); ++t) {
+                          const auto span = new_mem->TensorData(t);
+                          sign |= std::memcmp(copy.data() + at, span.data(), span.size());
+                          at += span.size();
+                        }
+                      }),
+                 bytes);
+      Check(sign == 0 ? dc::Status::Ok() : dc::Status::Internal("copy differs"), "memcmp");
+    }
+    // The change detection alone, every changed partition of both versions where they
+    // lie in memory, one 128 KiB tile at a time as the encoder compares copied tiles.
+    {
+      dc::codec::SparseChanges changes;
+      out["find_changes_in_memory"] =
+          Figure(Best(runs,
+                      [&] {
+                        constexpr uint64_t kTile = uint64_t{128} << 10;
+                        for (const auto& p : changed) {
+                          const auto dtype = new_manifest.tensors[p.tensor].dtype;
+                          const auto e = static_cast<uint32_t>(dc::ElementSize(dtype));
+                          const auto x = base_mem->TensorData(p.tensor).subspan(
+                              p.element_offset * e, p.element_count * e);
+                          const auto y = new_mem->TensorData(p.tensor).subspan(p.element_offset * e,
+                                                                               p.element_count * e);
+                          changes.clear();
+                          for (uint64_t at = 0; at < x.size(); at += kTile) {
+                            const uint64_t n = std::min(kTile, x.size() - at);
+                            dc::codec::FindChangesAppend(x.subspan(at, n), y.subspan(at, n), e,
+                                                         static_cast<uint32_t>(at / e), changes);
+                          }
+                        }
+                      }),
+                 bytes);
+    }
     out["encode_in_memory"] =
         Figure(Best(runs,
                     [&] {
@@ -294,11 +365,14 @@ int main(int argc, char** argv) {
         DropFromPageCache(base_dir);
         DropFromPageCache(new_dir);
       }
+      const double cpu0 = ChildrenCpuSeconds();
       auto [text, wall] = RunCommand(env + diff);
+      const double cpu = ChildrenCpuSeconds() - cpu0;  // the shell's and the command's
       if (wall < best_wall) {
         best_wall = wall;
         const json reported = json::parse(text);
         best = {{"process_seconds", wall},
+                {"process_cpu_seconds", cpu},
                 {"process_gb_per_s", double(bytes) / wall / 1e9},
                 {"encode_seconds", reported["encode_seconds"]},
                 {"encode_gbps", reported["encode_gbps"]},

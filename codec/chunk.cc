@@ -167,6 +167,12 @@ void ChunkBuilder::AddPieces(std::string_view tensor_name, DType dtype, uint64_t
   AppendPiecesPayload(pieces, buffer_);
 }
 
+void ChunkBuilder::Recycle(std::vector<std::byte>&& storage) {
+  if (record_count_ != 0 || storage.capacity() <= buffer_.capacity()) return;
+  storage.assign(headroom_ + kChunkHeaderBytes, std::byte{0});
+  buffer_.swap(storage);
+}
+
 std::vector<std::byte> ChunkBuilder::Finish() {
   std::byte* h = buffer_.data() + headroom_;
   WriteHeader(h, ChunkKind::kData, identity_, sequence_, record_count_,

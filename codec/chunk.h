@@ -108,6 +108,10 @@ class ChunkBuilder {
   size_t record_count() const { return record_count_; }
   // Room for a chunk of `bytes` without growing (and copying) the buffer on the way.
   void Reserve(size_t bytes) { buffer_.reserve(headroom_ + bytes); }
+  // Builds in `storage`'s memory instead when it holds more (a finished chunk that a
+  // sink did not keep: its pages are already faulted in, where a fresh buffer of a
+  // few MiB is a fresh mapping whose every page faults). Only before the first record.
+  void Recycle(std::vector<std::byte>&& storage);
   // Bytes the chunk will have if finished now.
   size_t size_bytes() const { return buffer_.size() - headroom_; }
   // The finished chunk (after `headroom` bytes); the builder is then empty.

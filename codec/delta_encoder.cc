@@ -267,6 +267,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
   Status status;
   uint32_t sequence = 0;
   std::optional<ChunkBuilder> builder;
+  std::vector<std::byte> spare;  // a chunk the sink gave back, for the next one
   auto flush = [&]() -> Status {
     if (!builder || builder->record_count() == 0) return Status::Ok();
     std::vector<std::byte> chunk = builder->Finish();
@@ -274,7 +275,9 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
     ++s.chunks;
     ++sequence;
     builder.reset();
-    return sink(std::move(chunk));
+    Status sunk = sink(std::move(chunk));
+    if (chunk.capacity() > spare.capacity()) spare = std::move(chunk);  // not kept by the sink
+    return sunk;
   };
   for (size_t i = 0; i < changed.size() && status.ok(); ++i) {
     Encoded result = options.on_calling_thread ? encode_one(i, own_scratch) : results.TakeNext();
@@ -302,6 +305,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
     }
     if (!builder) {
       builder.emplace(identity, sequence);
+      builder->Recycle(std::move(spare));
       // Room for the chunk and the record that takes it past chunk_bytes: grown by
       // doubling instead, a chunk was copied and faulted in again some ten times.
       builder->Reserve(options.chunk_bytes + std::min(options.chunk_bytes, partition_bytes));

@@ -117,6 +117,57 @@ TEST(ChangeDetect, AppendingTileByTileGivesTheChangesOfOnePass) {
   }
 }
 
+// Changes placed where a kernel's loops turn: the first and last element, the ends of
+// a group of four blocks and of a 64-block stripe, a ragged tail, every element, none;
+// numbered from a first position far above 16 bits (the AVX-512 kernel stages numbers
+// within a stripe in 16 bits). Every kernel against the reference.
+TEST(ChangeDetect, KernelsAgreeWhereTheirLoopsTurn) {
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vbmi2");
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  for (uint32_t e : {1u, 2u, 4u, 8u}) {
+    for (size_t bytes : {size_t{64}, size_t{64} * 3, size_t{64} * 4, size_t{64} * 5, size_t{4096},
+                         size_t{4096} + 64 * 3, size_t{8192} + 24, size_t{3} * 4096 + 8}) {
+      const size_t elements = bytes / e;
+      // Sets of changed elements.
+      std::vector<std::vector<size_t>> layouts = {{}, {0}, {elements - 1}, {0, elements - 1}};
+      std::vector<size_t> every(elements), edges;
+      for (size_t i = 0; i < elements; ++i) every[i] = i;
+      layouts.push_back(every);
+      for (size_t block : {size_t{3}, size_t{4}, size_t{63}, size_t{64}, size_t{67}}) {
+        for (size_t i = block * 64 / e; i < (block + 1) * 64 / e && i < elements; ++i) {
+          edges.push_back(i);
+        }
+      }
+      layouts.push_back(edges);
+      for (const auto& changed : layouts) {
+        std::vector<std::byte> a(bytes), b;
+        for (size_t i = 0; i < bytes; ++i) a[i] = std::byte(i * 131 % 251);
+        b = a;
+        // The element's last byte: a kernel must test every byte of it.
+        for (size_t i : changed) b[i * e + e - 1] ^= std::byte(0x80);
+        for (uint32_t first : {0u, 0xF0000000u}) {
+          SparseChanges want = Reference(a, b, e);
+          for (auto& p : want.positions) p += first;
+          for (int kernel = 0; kernel < 3; ++kernel) {
+            if ((kernel == 1 && !avx2) || (kernel == 2 && !avx512)) continue;
+            SparseChanges got;
+            got.element_size = e;
+            if (kernel == 0) FindChangesAppend(a, b, e, first, got);
+            if (kernel == 1) internal::FindChangesAvx2(a, b, e, first, got);
+            if (kernel == 2 && !internal::FindChangesAvx512(a, b, e, first, got)) continue;
+            EXPECT_EQ(got.positions, want.positions)
+                << "e " << e << " bytes " << bytes << " changes " << changed.size() << " first "
+                << first << " kernel " << kernel;
+            EXPECT_EQ(got.xors, want.xors)
+                << "e " << e << " bytes " << bytes << " kernel " << kernel;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(ChangeDetect, HashingTheBaseWhileComparingGivesTheSameChangesAndItsPieceHash) {
   std::mt19937_64 rng(11);
   for (uint32_t e : {1u, 2u, 4u, 8u}) {

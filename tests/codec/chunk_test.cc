@@ -296,6 +296,43 @@ TEST_F(ChunkTest, RoundTripKeepsEveryFieldAndAppliesBitExactly) {
   }
 }
 
+// A builder given a finished chunk's storage (garbage in it, more room than it has)
+// builds in that memory, and the chunk's bytes are those of a fresh builder; once a
+// record is in, storage offered is refused and the chunk is unchanged.
+TEST_F(ChunkTest, RecycledStorageBuildsTheSameChunkInPlace) {
+  for (size_t headroom : {size_t{0}, size_t{24}}) {
+    auto build = [&](ChunkBuilder& builder) {
+      for (const ExpectedRecord& r : expected_) {
+        builder.Add(r.name, r.dtype, r.element_offset, r.element_count, r.base_hash, r.target_hash,
+                    r.encoded);
+      }
+      return builder.Finish();
+    };
+    ChunkBuilder fresh(identity_, kSequence, headroom);
+    const Bytes want = build(fresh);
+    Bytes storage(want.size() + 4096, std::byte{0xAB});
+    const std::byte* memory = storage.data();
+    ChunkBuilder recycled(identity_, kSequence, headroom);
+    recycled.Recycle(std::move(storage));
+    const Bytes got = build(recycled);
+    EXPECT_EQ(got, want) << "headroom " << headroom;
+    EXPECT_EQ(got.data(), memory) << "built in the storage given";
+
+    ChunkBuilder late(identity_, kSequence, headroom);
+    late.Add(expected_[0].name, expected_[0].dtype, expected_[0].element_offset,
+             expected_[0].element_count, expected_[0].base_hash, expected_[0].target_hash,
+             expected_[0].encoded);
+    Bytes refused(want.size() + 4096, std::byte{0xAB});
+    late.Recycle(std::move(refused));
+    for (size_t i = 1; i < expected_.size(); ++i) {
+      const ExpectedRecord& r = expected_[i];
+      late.Add(r.name, r.dtype, r.element_offset, r.element_count, r.base_hash, r.target_hash,
+               r.encoded);
+    }
+    EXPECT_EQ(late.Finish(), want) << "headroom " << headroom;
+  }
+}
+
 TEST_F(ChunkTest, HeaderLengthReaderValidatesTheHeaderAlone) {
   auto length = ParseChunkHeaderPayloadLength(ByteSpan(chunk_).first(kChunkHeaderBytes));
   ASSERT_TRUE(length.ok()) << length.status().ToString();
