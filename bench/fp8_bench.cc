@@ -136,8 +136,8 @@ std::pair<uint64_t, uint64_t> Changed(const dc::apply::WeightStore& a,
 // One thread quantizing every quantized tensor of `bf16`: CPU seconds and BF16 bytes.
 std::pair<double, uint64_t> TimeQuantizer(const dc::apply::WeightStore& bf16,
                                           const std::vector<dc::quant::ServedTensor>& plan,
-                                          bool baseline) {
-  dc::quant::ForceFp8BaselinePath(baseline);
+                                          dc::quant::Fp8CpuLoops loops) {
+  dc::quant::LimitFp8CpuPath(loops);
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < bf16.tensors().size(); ++i) index[bf16.tensors()[i].name] = i;
   std::vector<uint8_t> weight;
@@ -398,9 +398,12 @@ int main(int argc, char** argv) {
       const auto fp8_kept =
           Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kBF16; });
 
-      const auto [avx_s, q_bytes] = TimeQuantizer(*b, plan, false);
-      const auto [base_s, q_bytes2] = TimeQuantizer(*b, plan, true);
+      using dc::quant::Fp8CpuLoops;
+      const auto [avx_s, q_bytes] = TimeQuantizer(*b, plan, Fp8CpuLoops::kAvx512);
+      const auto [avx2_s, q_bytes2] = TimeQuantizer(*b, plan, Fp8CpuLoops::kAvx2);
+      const auto [base_s, q_bytes3] = TimeQuantizer(*b, plan, Fp8CpuLoops::kBaseline);
       (void)q_bytes2;
+      (void)q_bytes3;
 
       // The tensors kept BF16 change alike in both deltas; their own delta, encoded
       // alone, splits each twin delta into its kept and its quantized part.
@@ -449,6 +452,7 @@ int main(int argc, char** argv) {
           {"quantized_bf16_bytes", q_bytes},
           {"quantizer_gbps_per_core", double(q_bytes) / 1e9 / avx_s},
           {"quantizer_path", std::string(dc::quant::Fp8CpuPath())},
+          {"quantizer_avx2_gbps_per_core", double(q_bytes) / 1e9 / avx2_s},
           {"quantizer_baseline_gbps_per_core", double(q_bytes) / 1e9 / base_s},
           {"modes", modes},
       };

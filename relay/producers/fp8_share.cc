@@ -30,9 +30,6 @@ struct QTensor {
   std::vector<uint64_t> held;  // elements held, per block
   std::vector<uint8_t> owner;  // holds the block's first element
   std::vector<uint8_t> split;  // held in part (a flag, not a division per piece)
-  // Held whole through one banded run (QRun::banded): its amax is taken in Quantize,
-  // a band at a time, while the band's BF16 bytes are in cache for the quantize.
-  std::vector<uint8_t> fused;
   std::vector<uint16_t> amax_base, amax_target;
   std::vector<uint8_t> reduced;       // split block: the exchange set its amax
   std::vector<size_t> runs;           // indices into State::qruns
@@ -77,42 +74,7 @@ struct QRun {
   Run run;  // the BF16 map's run
   uint32_t local = 0;
   size_t tensor = 0;  // index into State::tensors
-  // The run cuts into bands of whole block rows (ForEachBand): one contiguous row,
-  // or rows that each lie in one canonical row at canonical-row strides.
-  bool banded = false;
 };
-
-// Calls fn(sub_run, packed_offset) for the pieces of `r` in each block row of `q`,
-// in run order (the sub-run's packed bytes start at packed_offset of r's).
-template <class Fn>
-void ForEachBand(const QTensor& q, const Run& r, Fn&& fn) {
-  const uint64_t band = q.br * q.cols;  // elements of one block row
-  if (r.count == 1) {
-    for (uint64_t off = 0; off < r.len;) {
-      const uint64_t d = r.dst + off;
-      const uint64_t n = std::min(r.len - off, (d / band + 1) * band - d);
-      Run sub = r;
-      sub.src += off;
-      sub.dst = d;
-      sub.len = n;
-      fn(sub, off);
-      off += n;
-    }
-    return;
-  }
-  const uint64_t row0 = r.dst / q.cols, row_stride = r.dst_stride / q.cols;
-  for (uint64_t i0 = 0; i0 < r.count;) {
-    const uint64_t next_band_row = ((row0 + i0 * row_stride) / q.br + 1) * q.br;
-    const uint64_t i1 =
-        std::min(r.count, (next_band_row - row0 + row_stride - 1) / row_stride);  // > i0
-    Run sub = r;
-    sub.src += i0 * r.src_stride;
-    sub.dst += i0 * r.dst_stride;
-    sub.count = i1 - i0;
-    fn(sub, i0 * r.len);
-    i0 = i1;
-  }
-}
 
 struct Fp8Share::State {
   ShareInput bf16;
@@ -219,26 +181,14 @@ Result<std::unique_ptr<Fp8Share>> Fp8Share::Plan(const ShareInput& bf16,
     s->tensors[qr.tensor].runs.push_back(s->qruns.size());
     s->qruns.push_back(qr);
   }
-  // Geometry: which blocks the share holds, whole or in part, and whose scale it
-  // writes; which whole blocks one banded run holds (their amax is fused).
+  // Geometry: which blocks the share holds, whole or in part, and whose scale it writes.
   for (QTensor& q : s->tensors) {
-    constexpr size_t kNoRun = SIZE_MAX, kManyRuns = SIZE_MAX - 1;
-    std::vector<size_t> run_of(q.blocks, kNoRun);
     for (size_t k : q.runs) {
-      QRun& qr = s->qruns[k];
-      const Run& r = qr.run;
-      qr.banded = r.count == 1 || (r.dst_stride % q.cols == 0 && r.dst_stride > 0 &&
-                                   r.dst % q.cols + r.len <= q.cols);
-      q.Walk(r, [&](uint64_t b, uint64_t, uint64_t, uint64_t row, uint64_t col, uint64_t n) {
-        q.held[b] += n;
-        if (row % q.br == 0 && col % q.bc == 0) q.owner[b] = 1;
-        run_of[b] = run_of[b] == kNoRun || run_of[b] == k ? k : kManyRuns;
-      });
-    }
-    q.fused.assign(q.blocks, 0);
-    for (uint64_t b = 0; b < q.blocks; ++b) {
-      q.fused[b] =
-          run_of[b] < kManyRuns && s->qruns[run_of[b]].banded && q.held[b] == q.BlockElements(b);
+      q.Walk(s->qruns[k].run,
+             [&](uint64_t b, uint64_t, uint64_t, uint64_t row, uint64_t col, uint64_t n) {
+               q.held[b] += n;
+               if (row % q.br == 0 && col % q.bc == 0) q.owner[b] = 1;
+             });
     }
     std::vector<Run> scale_runs;
     for (uint64_t b = 0; b < q.blocks; ++b) {
@@ -345,7 +295,6 @@ Status Fp8Share::ComputeAmaxes(size_t threads) {
         return;
       }
       q.Walk(r, [&](uint64_t b, uint64_t src, uint64_t, uint64_t row, uint64_t col, uint64_t n) {
-        if (q.fused[b]) return;  // taken in Quantize
         // A kept base still reports its split blocks' partial amaxes: a producer
         // that lost its image (restarted) quantizes the base again and needs them.
         if (!base_kept || q.split[b]) {
@@ -421,9 +370,8 @@ Status Fp8Share::Quantize(size_t threads) {
       }
     }
   }
-  std::vector<Status> statuses(s.tensors.size());
   ParallelFor(s.tensors.size(), threads ? threads : DefaultThreadCount(), [&](size_t t) {
-    QTensor& q = s.tensors[t];
+    const QTensor& q = s.tensors[t];
     std::vector<float> mult_base(q.blocks), mult_target(q.blocks);
     const quant::Fp8Scheme& scheme = *q.scheme;
     if (q.scale_local != UINT32_MAX) {
@@ -435,7 +383,8 @@ Status Fp8Share::Quantize(size_t threads) {
         writes_scales ? reinterpret_cast<float*>(s.base[q.scale_local].data()) : nullptr;
     auto* scale_target =
         writes_scales ? reinterpret_cast<float*>(s.target[q.scale_local].data()) : nullptr;
-    auto scale_block = [&](uint64_t b) {
+    for (uint64_t b = 0; b < q.blocks; ++b) {
+      if (q.held[b] == 0) continue;
       const quant::BlockScale sb =
           quant::ScaleOfBlock(q.amax_base[b], scheme.scale_format, scheme.multiplier);
       const quant::BlockScale st =
@@ -446,12 +395,7 @@ Status Fp8Share::Quantize(size_t threads) {
         if (!base_kept) scale_base[b] = sb.scale_inv;
         scale_target[b] = st.scale_inv;
       }
-    };
-    for (uint64_t b = 0; b < q.blocks; ++b) {
-      if (q.held[b] != 0 && !q.fused[b]) scale_block(b);
     }
-    std::vector<uint64_t> band_blocks;  // fused blocks of the band at hand
-    std::vector<uint8_t> listed(q.blocks, 0);
     for (size_t k : q.runs) {
       const QRun& qr = s.qruns[k];
       const auto base = Bf16(s.bf16.base(qr.run.local)), target = Bf16(s.bf16.target(qr.run.local));
@@ -461,47 +405,12 @@ Status Fp8Share::Quantize(size_t threads) {
       out_target.resize(qr.run.Elements());
       auto* ob = reinterpret_cast<uint8_t*>(out_base.data());
       auto* ot = reinterpret_cast<uint8_t*>(out_target.data());
-      auto quantize = [&](const Run& r, uint64_t at) {
-        q.Walk(r, [&](uint64_t b, uint64_t src, uint64_t off, uint64_t, uint64_t, uint64_t n) {
-          off += at;
-          if (!base_kept)
-            quant::QuantizeFp8Piece(base.subspan(src, n), mult_base[b], {ob + off, n});
-          quant::QuantizeFp8Piece(target.subspan(src, n), mult_target[b], {ot + off, n});
-        });
-      };
-      if (!qr.banded) {
-        quantize(qr.run, 0);
-        continue;
-      }
-      // A band of whole block rows at a time: the amaxes of the blocks it holds
-      // whole, then their scales, then the quantize, while the band is in cache.
-      ForEachBand(q, qr.run, [&](const Run& band, uint64_t at) {
-        if (!statuses[t].ok()) return;
-        band_blocks.clear();
-        q.Walk(
-            band, [&](uint64_t b, uint64_t src, uint64_t, uint64_t row, uint64_t col, uint64_t n) {
-              if (!q.fused[b] || !statuses[t].ok()) return;
-              if (!listed[b]) {
-                listed[b] = 1;
-                band_blocks.push_back(b);
-              }
-              if (!base_kept)
-                q.amax_base[b] = quant::Fp8PieceAmax(base.subspan(src, n), q.amax_base[b]);
-              q.amax_target[b] = quant::Fp8PieceAmax(target.subspan(src, n), q.amax_target[b]);
-              if (std::max(q.amax_base[b], q.amax_target[b]) >= quant::kBf16NonFinite) {
-                const bool in_base = q.amax_base[b] >= quant::kBf16NonFinite;
-                statuses[t] =
-                    Status::InvalidArgument(NonFinite(q, (in_base ? base : target).subspan(src, n),
-                                                      row, col, in_base ? "previous" : "new"));
-              }
-            });
-        if (!statuses[t].ok()) return;
-        for (uint64_t b : band_blocks) scale_block(b);
-        quantize(band, at);
+      q.Walk(qr.run, [&](uint64_t b, uint64_t src, uint64_t off, uint64_t, uint64_t, uint64_t n) {
+        if (!base_kept) quant::QuantizeFp8Piece(base.subspan(src, n), mult_base[b], {ob + off, n});
+        quant::QuantizeFp8Piece(target.subspan(src, n), mult_target[b], {ot + off, n});
       });
     }
   });
-  RETURN_IF_ERROR(FirstError(statuses));
   s.stats.quantized_bf16_bytes = 0;
   for (const QRun& qr : s.qruns) s.stats.quantized_bf16_bytes += qr.run.Elements() * 2;
   s.stats.quantize_seconds += Since(start);

@@ -286,7 +286,7 @@ namespace banded {
 
 // A share holding a rectangle of the linear weight as a packed local tensor, as a
 // TP rank holds a column-parallel slice: one run of `rows` rows at canonical-row
-// strides (the banded runs whose whole blocks' amaxes Quantize takes band by band).
+// strides.
 struct Rect {
   uint64_t row0, rows, col0, cols;
 };
@@ -393,11 +393,11 @@ void ExpectWholeTensorBytes(const std::vector<std::unique_ptr<Fp8Share>>& shares
 }
 
 // Column cuts inside blocks (a TP rank's slice) and a row cut inside a block row:
-// whole blocks (their amaxes taken in Quantize a band at a time, edge blocks cut
-// short among them) and split ones (exchanged) make the whole-tensor quantizer's
+// whole blocks (edge blocks cut short among them) and split ones (exchanged) make
+// the whole-tensor quantizer's
 // bytes and scales, on a first refit, a steady one from the committed image, with
 // zero blocks (signed zeros) and outliers in whole blocks.
-TEST(Fp8ShareTest, ColumnSlicesWithBandedAmaxesMatchTheWholeTensorQuantizer) {
+TEST(Fp8ShareTest, ColumnSlicesMatchTheWholeTensorQuantizer) {
   // Blocks are 128 x 128 over [300, 260]: block rows 0-127, 128-255, 256-299 (edge),
   // block columns 0-127, 128-255, 256-259 (edge).
   const std::vector<Rect> rects = {
@@ -433,8 +433,8 @@ TEST(Fp8ShareTest, ColumnSlicesWithBandedAmaxesMatchTheWholeTensorQuantizer) {
   ExpectWholeTensorBytes(steady, true, next, "steady refit, new version");
 }
 
-// A NaN or Inf is refused naming the element and the version, in a whole block
-// (found by Quantize's band pass) as in a split one (by ComputeAmaxes).
+// A NaN or Inf is refused naming the element and the version, in a whole block as
+// in a split one, whole edge blocks included.
 TEST(Fp8ShareTest, NonFiniteInWholeAndSplitBlocksIsRefusedNamingTheElement) {
   const std::vector<Rect> rects = {{0, kRows, 0, 140}, {0, kRows, 140, 120}};
   RectShares rs = MakeShares(rects);
