@@ -19,8 +19,9 @@
 // 128 x 128 blocks when intermediate / tp is not a multiple of 128): per rank,
 // one thread, the amax pass, the split-amax exchange (SPLIT_AMAXES messages, in
 // process), quantizing both versions and the fast encode of the FP8 image, in CPU
-// seconds per BF16 byte of the rank's new shard (best of three), on a first refit
-// (both versions quantized) and on a steady one (from the committed image); and the
+// seconds per BF16 byte of the rank's new shard (best of --producer-reps) and in
+// wall time (the least wall; one thread, so per core), on a first refit (both
+// versions quantized) and on a steady one (from the committed image); and the
 // exchange's bytes against gathering the split blocks' elements.
 // Prints one JSON document (and writes it to --out).
 #include <fmt/core.h>
@@ -135,8 +136,8 @@ std::pair<uint64_t, uint64_t> Changed(const dc::apply::WeightStore& a,
 // One thread quantizing every quantized tensor of `bf16`: CPU seconds and BF16 bytes.
 std::pair<double, uint64_t> TimeQuantizer(const dc::apply::WeightStore& bf16,
                                           const std::vector<dc::quant::ServedTensor>& plan,
-                                          bool baseline) {
-  dc::quant::ForceFp8BaselinePath(baseline);
+                                          dc::quant::Fp8CpuLoops loops) {
+  dc::quant::LimitFp8CpuPath(loops);
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < bf16.tensors().size(); ++i) index[bf16.tensors()[i].name] = i;
   std::vector<uint8_t> weight;
@@ -187,6 +188,7 @@ struct Rank {
 
 struct ProducerPass {
   double amax_cpu = 0, quantize_cpu = 0, encode_cpu = 0;
+  double wall = 0;  // the same work's wall time (one thread: wall per core)
   uint64_t delta_bytes = 0, quantized = 0;
   dc::relay::SplitAmaxStats exchange;
 };
@@ -207,11 +209,13 @@ ProducerPass Pass(std::vector<Rank>& rs, int from, int to,
                          [&k, to](uint32_t i) { return k.steps[to]->TensorData(i); }};
     auto plan = Check(dc::quant::PlanServing(serving, k.placement.map.canonical()), "plan");
     const double t0 = ProcessCpuSeconds();
+    const auto w0 = Clock::now();
     shares[r] = Check(relay::Fp8Share::Plan(in, std::move(plan)), "fp8 share");
     if (reuse) Check(shares[r]->TakeBaseFrom(*k.image), "reuse the image");
     Check(shares[r]->ComputeAmaxes(1), "amaxes");
     const auto message = relay::EncodeSplitAmaxes({1, shares[r]->SplitBlocks()});
     out.amax_cpu += ProcessCpuSeconds() - t0;
+    out.wall += Seconds(w0);
     Check(exchange.Add(dc::agent::RankFileStem(r), Check(relay::ParseSplitAmaxes(message), "parse"),
                        message.size()),
           "exchange");
@@ -223,9 +227,11 @@ ProducerPass Pass(std::vector<Rank>& rs, int from, int to,
     const auto answer =
         Check(relay::ParseSplitAmaxes(answers.at(dc::agent::RankFileStem(r))), "answer");
     const double t0 = ProcessCpuSeconds();
+    const auto w0 = Clock::now();
     Check(share.SetSplitAmaxes(answer.blocks), "set amaxes");
     Check(share.Quantize(1), "quantize");
     out.quantize_cpu += ProcessCpuSeconds() - t0;
+    out.wall += Seconds(w0);
     out.quantized += share.stats().quantized_bf16_bytes;
     if (encode) {
       const relay::ShareInput image = share.Input();
@@ -242,8 +248,10 @@ ProducerPass Pass(std::vector<Rank>& rs, int from, int to,
       relay::ShareEncodeOptions options;
       options.threads = 1;
       const double t1 = ProcessCpuSeconds();
+      const auto w1 = Clock::now();
       auto encoded = Check(relay::EncodeShare(image, coverage, hashes, options), "encode share");
       out.encode_cpu += ProcessCpuSeconds() - t1;
+      out.wall += Seconds(w1);
       out.delta_bytes += encoded.stats.chunk_bytes + encoded.stats.piece_bytes;
     }
     rs[r].image = std::move(shares[r]);
@@ -258,6 +266,9 @@ json PassJson(const ProducerPass& p, uint64_t shard_bytes) {
           {"encode_cpu_seconds", p.encode_cpu},
           {"quantized_bf16_bytes", p.quantized},
           {"producer_gbps_per_core_bf16_input", double(shard_bytes) / 1e9 / cpu},
+          {"cpu_seconds_per_gb_bf16_input", cpu / (double(shard_bytes) / 1e9)},
+          {"wall_seconds", p.wall},
+          {"producer_gbps_per_core_wall", double(shard_bytes) / 1e9 / p.wall},
           {"delta_bytes_before_merge", p.delta_bytes}};
 }
 
@@ -265,7 +276,7 @@ json PassJson(const ProducerPass& p, uint64_t shard_bytes) {
 // versions quantized) and a steady one (starting from the committed image of the
 // previous refit, as a long-lived relay::Producer does).
 json RunProducers(const std::filesystem::path& work, uint64_t ranks,
-                  const dc::quant::ServingDescription& serving) {
+                  const dc::quant::ServingDescription& serving, int reps) {
   std::vector<Rank> rs(ranks);
   uint64_t shard_bytes = 0;
   for (uint64_t r = 0; r < ranks; ++r) {
@@ -295,13 +306,17 @@ json RunProducers(const std::filesystem::path& work, uint64_t ranks,
   // Best of three (least CPU): the machine may be shared.
   const auto cpu = [](const ProducerPass& p) { return p.amax_cpu + p.quantize_cpu + p.encode_cpu; };
   ProducerPass first, steady;
-  for (int rep = 0; rep < 3; ++rep) {
+  double first_wall = 0, steady_wall = 0;  // the least wall, whichever pass had it
+  for (int rep = 0; rep < reps; ++rep) {
     const ProducerPass f = Pass(rs, 0, 1, serving, false, true);
     if (rep == 0 || cpu(f) < cpu(first)) first = f;
+    if (rep == 0 || f.wall < first_wall) first_wall = f.wall;
     (void)Pass(rs, 1, 0, serving, false, false);  // the committed image of step 0
     const ProducerPass s = Pass(rs, 0, 1, serving, true, true);
     if (rep == 0 || cpu(s) < cpu(steady)) steady = s;
+    if (rep == 0 || s.wall < steady_wall) steady_wall = s.wall;
   }
+  const double gb = double(shard_bytes) / 1e9;
   const auto& x = first.exchange;
   return {{"ranks", ranks},
           {"new_shard_bf16_bytes", shard_bytes},
@@ -309,6 +324,9 @@ json RunProducers(const std::filesystem::path& work, uint64_t ranks,
           {"steady_refit", PassJson(steady, shard_bytes)},
           {"producer_gbps_per_core_bf16_input",
            PassJson(steady, shard_bytes)["producer_gbps_per_core_bf16_input"]},
+          {"producer_cpu_seconds_per_gb_bf16_input", cpu(steady) / gb},
+          {"producer_gbps_per_core_wall", gb / steady_wall},
+          {"first_refit_gbps_per_core_wall", gb / first_wall},
           {"split_blocks", x.split_blocks},
           {"split_block_pieces", x.pieces},
           {"split_amax_exchange_bytes", x.exchange_bytes},
@@ -324,10 +342,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> rates_text = {"1%", "2.29%", "3%"};
   std::filesystem::path work = std::filesystem::temp_directory_path() / "deltacast-bench-fp8";
   uint64_t seed = 1, tp = 4;
+  int producer_reps = 3;
   std::vector<double> embedding_shares = {0};
   app.add_option("--params", params_text, "Model size")->capture_default_str();
   app.add_option("--tp", tp, "TP degree of the producers' shards (0: no producer run)")
       ->capture_default_str();
+  app.add_option("--producer-reps", producer_reps, "Producer passes to take the best of")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--rates", rates_text, "BF16 change rates of the step")->capture_default_str();
   app.add_option("--scheme", scheme, "FP8 scheme (quant/fp8_scheme.cc)")->capture_default_str();
   app.add_option("--work-dir", work, "Scratch directory (removed afterwards)")
@@ -376,9 +398,12 @@ int main(int argc, char** argv) {
       const auto fp8_kept =
           Changed(*fa, *fb, [](const auto& t) { return t.dtype == dc::DType::kBF16; });
 
-      const auto [avx_s, q_bytes] = TimeQuantizer(*b, plan, false);
-      const auto [base_s, q_bytes2] = TimeQuantizer(*b, plan, true);
+      using dc::quant::Fp8CpuLoops;
+      const auto [avx_s, q_bytes] = TimeQuantizer(*b, plan, Fp8CpuLoops::kAvx512);
+      const auto [avx2_s, q_bytes2] = TimeQuantizer(*b, plan, Fp8CpuLoops::kAvx2);
+      const auto [base_s, q_bytes3] = TimeQuantizer(*b, plan, Fp8CpuLoops::kBaseline);
       (void)q_bytes2;
+      (void)q_bytes3;
 
       // The tensors kept BF16 change alike in both deltas; their own delta, encoded
       // alone, splits each twin delta into its kept and its quantized part.
@@ -427,19 +452,22 @@ int main(int argc, char** argv) {
           {"quantized_bf16_bytes", q_bytes},
           {"quantizer_gbps_per_core", double(q_bytes) / 1e9 / avx_s},
           {"quantizer_path", std::string(dc::quant::Fp8CpuPath())},
+          {"quantizer_avx2_gbps_per_core", double(q_bytes) / 1e9 / avx2_s},
           {"quantizer_baseline_gbps_per_core", double(q_bytes) / 1e9 / base_s},
           {"modes", modes},
       };
       if (tp > 0) {
-        row["producers"] = RunProducers(work, shards.Ranks(), serving);
+        row["producers"] = RunProducers(work, shards.Ranks(), serving, producer_reps);
         row["producers"]["tp"] = tp;
         const auto& pr = row["producers"];
         fmt::print(stderr,
                    "rate {}: {} producers (tp={}): {:.2f} GB/s/core of new BF16 shard from the "
-                   "committed image ({:.2f} on a first refit); {} split blocks, {} B exchanged vs "
-                   "{} B to gather\n",
+                   "committed image by CPU time ({:.3f} CPU s/GB; {:.2f} by wall; {:.2f} on a "
+                   "first refit); {} split blocks, {} B exchanged vs {} B to gather\n",
                    rate_text, shards.Ranks(), tp,
                    pr["steady_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
+                   pr["producer_cpu_seconds_per_gb_bf16_input"].get<double>(),
+                   pr["producer_gbps_per_core_wall"].get<double>(),
                    pr["first_refit"]["producer_gbps_per_core_bf16_input"].get<double>(),
                    pr["split_blocks"].get<uint64_t>(),
                    pr["split_amax_exchange_bytes"].get<uint64_t>(),

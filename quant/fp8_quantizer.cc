@@ -1,5 +1,6 @@
 #include "quant/fp8_quantizer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -10,15 +11,51 @@
 namespace deltacast::quant {
 namespace {
 
-std::atomic<bool> force_baseline{false};
+std::atomic<Fp8CpuLoops> limit{Fp8CpuLoops::kAvx512};
 
-bool UseAvx2() {
+// The best loops this CPU runs.
+Fp8CpuLoops Supported() {
 #if defined(__x86_64__)
-  static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  return has_avx2 && !force_baseline.load(std::memory_order_relaxed);
+  static const Fp8CpuLoops best = [] {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      return Fp8CpuLoops::kAvx512;
+    }
+    return __builtin_cpu_supports("avx2") ? Fp8CpuLoops::kAvx2 : Fp8CpuLoops::kBaseline;
+  }();
+  return best;
 #else
-  return false;
+  return Fp8CpuLoops::kBaseline;
 #endif
+}
+
+// One build of fp8_band.h's loops.
+struct Loops {
+  void (*band_amax)(const uint16_t*, uint64_t, uint64_t, uint64_t, int16_t*);
+  void (*quantize_band)(const uint16_t*, uint64_t, uint64_t, uint64_t, const float*, uint8_t*);
+  int16_t (*segment_amax)(const uint16_t*, uint64_t, int16_t);
+  void (*quantize_segment)(const uint16_t*, uint64_t, float, uint8_t*);
+};
+
+constexpr Loops kBaselineLoops{internal::BandAmaxLoop, internal::QuantizeBandLoop,
+                               internal::SegmentAmaxLoop, internal::QuantizeSegmentLoop};
+constexpr Loops kAvx2Loops{internal::BandAmaxAvx2, internal::QuantizeBandAvx2,
+                           internal::SegmentAmaxAvx2, internal::QuantizeSegmentAvx2};
+constexpr Loops kAvx512Loops{internal::BandAmaxAvx512, internal::QuantizeBandAvx512,
+                             internal::SegmentAmaxAvx512, internal::QuantizeSegmentAvx512};
+
+Fp8CpuLoops Chosen() { return std::min(Supported(), limit.load(std::memory_order_relaxed)); }
+
+const Loops& ChosenLoops() {
+  switch (Chosen()) {
+    case Fp8CpuLoops::kAvx512:
+      return kAvx512Loops;
+    case Fp8CpuLoops::kAvx2:
+      return kAvx2Loops;
+    case Fp8CpuLoops::kBaseline:
+      break;
+  }
+  return kBaselineLoops;
 }
 
 std::string Hex16(uint16_t v) {
@@ -29,8 +66,21 @@ std::string Hex16(uint16_t v) {
 
 }  // namespace
 
-std::string_view Fp8CpuPath() { return UseAvx2() ? "avx2" : "baseline"; }
-void ForceFp8BaselinePath(bool force) { force_baseline.store(force); }
+std::string_view Fp8CpuPath() {
+  switch (Chosen()) {
+    case Fp8CpuLoops::kAvx512:
+      return "avx512";
+    case Fp8CpuLoops::kAvx2:
+      return "avx2";
+    case Fp8CpuLoops::kBaseline:
+      break;
+  }
+  return "baseline";
+}
+void LimitFp8CpuPath(Fp8CpuLoops most) { limit.store(most); }
+void ForceFp8BaselinePath(bool force) {
+  LimitFp8CpuPath(force ? Fp8CpuLoops::kBaseline : Fp8CpuLoops::kAvx512);
+}
 
 Status CheckFinite(std::string_view name, std::span<const uint16_t> bf16, uint64_t rows,
                    uint64_t cols) {
@@ -66,16 +116,12 @@ Status QuantizeFp8(const Fp8Scheme& scheme, std::string_view name, std::span<con
   const uint64_t block_cols = scale_shape[1];
   std::vector<int16_t> amax(block_cols);
   std::vector<float> multipliers(block_cols);
-  const bool avx2 = UseAvx2();
+  const Loops& loops = ChosenLoops();
   for (uint64_t b = 0, r0 = 0; r0 < rows; ++b, r0 += br) {
     const uint64_t band_rows = std::min(br, rows - r0);
     const uint16_t* in = bf16.data() + r0 * cols;
     std::fill(amax.begin(), amax.end(), int16_t{0});
-    if (avx2) {
-      internal::BandAmaxAvx2(in, band_rows, cols, bc, amax.data());
-    } else {
-      internal::BandAmaxLoop(in, band_rows, cols, bc, amax.data());
-    }
+    loops.band_amax(in, band_rows, cols, bc, amax.data());
     for (uint64_t j = 0; j < block_cols; ++j) {
       if (static_cast<uint16_t>(amax[j]) >= kBf16NonFinite) {
         // Rows are counted from the band's start; name the tensor's row.
@@ -89,28 +135,19 @@ Status QuantizeFp8(const Fp8Scheme& scheme, std::string_view name, std::span<con
       multipliers[j] = s.multiplier;
     }
     uint8_t* out = weight.data() + r0 * cols;
-    if (avx2) {
-      internal::QuantizeBandAvx2(in, band_rows, cols, bc, multipliers.data(), out);
-    } else {
-      internal::QuantizeBandLoop(in, band_rows, cols, bc, multipliers.data(), out);
-    }
+    loops.quantize_band(in, band_rows, cols, bc, multipliers.data(), out);
   }
   return Status::Ok();
 }
 
 uint16_t Fp8PieceAmax(std::span<const uint16_t> bf16, uint16_t amax) {
   const auto start = static_cast<int16_t>(amax & 0x7FFF);
-  const int16_t m = UseAvx2() ? internal::SegmentAmaxAvx2(bf16.data(), bf16.size(), start)
-                              : internal::SegmentAmaxLoop(bf16.data(), bf16.size(), start);
+  const int16_t m = ChosenLoops().segment_amax(bf16.data(), bf16.size(), start);
   return static_cast<uint16_t>(m);
 }
 
 void QuantizeFp8Piece(std::span<const uint16_t> bf16, float multiplier, std::span<uint8_t> out) {
-  if (UseAvx2()) {
-    internal::QuantizeSegmentAvx2(bf16.data(), bf16.size(), multiplier, out.data());
-  } else {
-    internal::QuantizeSegmentLoop(bf16.data(), bf16.size(), multiplier, out.data());
-  }
+  ChosenLoops().quantize_segment(bf16.data(), bf16.size(), multiplier, out.data());
 }
 
 Result<Fp8Tensor> QuantizeFp8(const Fp8Scheme& scheme, std::string_view name,

@@ -48,9 +48,14 @@ uint16_t Fp8PieceAmax(std::span<const uint16_t> bf16, uint16_t amax);
 // out[i] = E4M3(bf16[i] * multiplier); out.size() >= bf16.size().
 void QuantizeFp8Piece(std::span<const uint16_t> bf16, float multiplier, std::span<uint8_t> out);
 
-// The loops the CPU path runs on this machine: "avx2" or "baseline".
+// The builds of the CPU loops (one source, fp8_band.h), in order.
+enum class Fp8CpuLoops : uint8_t { kBaseline, kAvx2, kAvx512 };
+// The loops the CPU path runs on this machine: "avx512", "avx2" or "baseline".
 std::string_view Fp8CpuPath();
-// For tests and the benchmark: run the baseline loops even where AVX2 is present.
+// For tests and the benchmark: run the best loops this CPU has up to `most`
+// (process-wide; kAvx512 is the default).
+void LimitFp8CpuPath(Fp8CpuLoops most);
+// LimitFp8CpuPath(kBaseline) if `force`, else back to the default.
 void ForceFp8BaselinePath(bool force);
 
 // The first Inf or NaN element of a row-major [rows, cols] BF16 tensor, as a

@@ -1,6 +1,7 @@
 // The CPU quantizer's two loops over one band of block rows, written as plain loops
-// that the compiler vectorises. Included by fp8_quantizer.cc (baseline x86-64) and
-// fp8_band_avx2.cc (-mavx2), which wrap them under their own names; hence static.
+// that the compiler vectorises. Included by fp8_quantizer.cc (baseline x86-64),
+// fp8_band_avx2.cc (-mavx2) and fp8_band_avx512.cc (-mavx512f/bw/vl/dq), which wrap
+// them under their own names; hence static.
 //
 // Thread safety: pure functions over caller buffers.
 #pragma once

@@ -29,6 +29,7 @@ struct QTensor {
   uint64_t rows = 0, cols = 0, br = 0, bc = 0, grid_cols = 0, blocks = 0;
   std::vector<uint64_t> held;  // elements held, per block
   std::vector<uint8_t> owner;  // holds the block's first element
+  std::vector<uint8_t> split;  // held in part (a flag, not a division per piece)
   std::vector<uint16_t> amax_base, amax_target;
   std::vector<uint8_t> reduced;       // split block: the exchange set its amax
   std::vector<size_t> runs;           // indices into State::qruns
@@ -160,6 +161,7 @@ Result<std::unique_ptr<Fp8Share>> Fp8Share::Plan(const ShareInput& bf16,
       q.blocks = served.scale.shape[0] * served.scale.shape[1];
       q.held.assign(q.blocks, 0);
       q.owner.assign(q.blocks, 0);
+      q.split.assign(q.blocks, 0);
       qtensor_of[r0.canonical] = s->tensors.size();
       s->tensors.push_back(std::move(q));
     }
@@ -193,6 +195,7 @@ Result<std::unique_ptr<Fp8Share>> Fp8Share::Plan(const ShareInput& bf16,
       if (q.held[b] == 0) continue;
       ++s->stats.blocks;
       if (q.held[b] < q.BlockElements(b)) {
+        q.split[b] = 1;
         ++s->stats.split_blocks;
         s->stats.split_elements += q.held[b];
       }
@@ -294,7 +297,7 @@ Status Fp8Share::ComputeAmaxes(size_t threads) {
       q.Walk(r, [&](uint64_t b, uint64_t src, uint64_t, uint64_t row, uint64_t col, uint64_t n) {
         // A kept base still reports its split blocks' partial amaxes: a producer
         // that lost its image (restarted) quantizes the base again and needs them.
-        if (!base_kept || q.held[b] != q.BlockElements(b)) {
+        if (!base_kept || q.split[b]) {
           q.amax_base[b] = quant::Fp8PieceAmax(base.subspan(src, n), q.amax_base[b]);
         }
         q.amax_target[b] = quant::Fp8PieceAmax(target.subspan(src, n), q.amax_target[b]);
@@ -318,7 +321,7 @@ std::vector<SplitBlockAmax> Fp8Share::SplitBlocks() const {
   std::vector<SplitBlockAmax> out;
   for (const QTensor& q : state_->tensors) {
     for (uint64_t b = 0; b < q.blocks; ++b) {
-      if (q.held[b] == 0 || q.held[b] == q.BlockElements(b)) continue;
+      if (!q.split[b]) continue;
       out.push_back({q.bf16, b, q.amax_base[b], q.amax_target[b], q.held[b]});
     }
   }
@@ -336,8 +339,7 @@ Status Fp8Share::SetSplitAmaxes(std::span<const SplitBlockAmax> reduced) {
       return Status::InvalidArgument("a reduced amax for a tensor this share holds no block of");
     }
     QTensor& q = s.tensors[it->second];
-    if (a.block >= q.blocks || q.held[a.block] == 0 ||
-        q.held[a.block] == q.BlockElements(a.block)) {
+    if (a.block >= q.blocks || !q.split[a.block]) {
       return Status::InvalidArgument("tensor '" + q.name + "' block " + std::to_string(a.block) +
                                      ": a reduced amax for a block not split in this share");
     }
@@ -361,7 +363,7 @@ Status Fp8Share::Quantize(size_t threads) {
   const bool base_kept = s.stats.base_kept;
   for (const QTensor& q : s.tensors) {
     for (uint64_t b = 0; b < q.blocks; ++b) {
-      if (q.held[b] != 0 && q.held[b] != q.BlockElements(b) && !q.reduced[b]) {
+      if (q.split[b] && !q.reduced[b]) {
         return Status::FailedPrecondition("tensor '" + q.name + "' block " + std::to_string(b) +
                                           " is split across shares and its amax was not "
                                           "exchanged");

@@ -42,7 +42,7 @@ def run_tool(bits, scheme, path="cpu"):
             np.fromfile(scale, dtype="<f4"))
 
 
-def compare(bits, label, paths=("cpu", "baseline")):
+def compare(bits, label, paths=("cpu", "avx2", "baseline")):
     for scheme in SCHEMES:
         want_q, want_s = ref.quantize(bits, scheme)
         for path in paths:

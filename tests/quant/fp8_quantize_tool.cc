@@ -1,7 +1,7 @@
 // For tests/python/test_fp8_reference.py: quantizes a raw little-endian BF16 file
 // with the C++ quantizer and writes the E4M3 bytes and the FP32 scales, so the
 // Python reference can compare them byte for byte.
-//   fp8_quantize_tool SCHEME ROWS COLS IN.bf16 OUT.fp8 OUT.scale [cpu|baseline|cuda]
+//   fp8_quantize_tool SCHEME ROWS COLS IN.bf16 OUT.fp8 OUT.scale [cpu|avx2|baseline|cuda]
 // Exit 0 on success, 1 with the error on stderr, 77 when "cuda" has no device.
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +17,8 @@
 int main(int argc, char** argv) {
   using namespace deltacast::quant;
   if (argc < 7) {
-    std::fprintf(stderr, "usage: %s SCHEME ROWS COLS IN OUT_FP8 OUT_SCALE [cpu|baseline|cuda]\n",
+    std::fprintf(stderr,
+                 "usage: %s SCHEME ROWS COLS IN OUT_FP8 OUT_SCALE [cpu|avx2|baseline|cuda]\n",
                  argv[0]);
     return 2;
   }
@@ -41,7 +42,10 @@ int main(int argc, char** argv) {
     if (!Fp8CudaAvailable()) return 77;
     st = QuantizeFp8Cuda(*scheme, "input", x, rows, cols, w, s);
   } else {
-    ForceFp8BaselinePath(path == "baseline");
+    // "cpu": the best loops here; "avx2" / "baseline": at most those.
+    LimitFp8CpuPath(path == "baseline" ? Fp8CpuLoops::kBaseline
+                    : path == "avx2"   ? Fp8CpuLoops::kAvx2
+                                       : Fp8CpuLoops::kAvx512);
     st = QuantizeFp8(*scheme, "input", x, rows, cols, w, s);
   }
   if (!st.ok()) {

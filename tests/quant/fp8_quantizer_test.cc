@@ -109,38 +109,48 @@ TEST(QuantizeFp8, SizesThatDoNotMatchAreRefused) {
   EXPECT_TRUE(QuantizeFp8(scheme, "t", x, 2, 5, w, s).ok());
 }
 
-// The AVX2 loops and the baseline loops write the same bytes.
+constexpr Fp8CpuLoops kVectorPaths[] = {Fp8CpuLoops::kAvx2, Fp8CpuLoops::kAvx512};
+
+// The AVX2 and AVX-512 loops (where the CPU has them) and the baseline loops write
+// the same bytes.
 TEST(QuantizeFp8, VectorPathsAgree) {
   const uint64_t rows = 257, cols = 389;
   const std::vector<uint16_t> x = RandomWeights(rows * cols, 7);
   for (const Fp8Scheme& scheme : Fp8Schemes()) {
     ForceFp8BaselinePath(true);
     auto base = QuantizeFp8(scheme, "t", x, rows, cols);
-    ForceFp8BaselinePath(false);
-    auto fast = QuantizeFp8(scheme, "t", x, rows, cols);
-    ASSERT_TRUE(base.ok() && fast.ok());
-    EXPECT_EQ(base->weight, fast->weight) << scheme.name << " on " << Fp8CpuPath();
-    EXPECT_EQ(base->scale_inv, fast->scale_inv) << scheme.name;
+    ASSERT_TRUE(base.ok());
+    for (const Fp8CpuLoops path : kVectorPaths) {
+      LimitFp8CpuPath(path);
+      auto fast = QuantizeFp8(scheme, "t", x, rows, cols);
+      ASSERT_TRUE(fast.ok());
+      EXPECT_EQ(base->weight, fast->weight) << scheme.name << " on " << Fp8CpuPath();
+      EXPECT_EQ(base->scale_inv, fast->scale_inv) << scheme.name << " on " << Fp8CpuPath();
+    }
   }
+  ForceFp8BaselinePath(false);
 }
 
 // A producer's pieces of blocks (relay/producers/fp8_share.h): the piece loops, on both
 // paths, give the element functions' amax and codes, whatever the piece's length.
 TEST(QuantizeFp8, PieceLoopsMatchTheElementCode) {
   const std::vector<uint16_t> x = RandomWeights(1000, 11);
-  for (const bool baseline : {true, false}) {
-    ForceFp8BaselinePath(baseline);
-    for (const size_t n : {size_t{1}, size_t{7}, size_t{33}, size_t{128}, size_t{1000}}) {
+  for (const Fp8CpuLoops path :
+       {Fp8CpuLoops::kBaseline, Fp8CpuLoops::kAvx2, Fp8CpuLoops::kAvx512}) {
+    LimitFp8CpuPath(path);
+    for (const size_t n :
+         {size_t{1}, size_t{7}, size_t{33}, size_t{64}, size_t{65}, size_t{128}, size_t{1000}}) {
       const std::span<const uint16_t> piece(x.data(), n);
       uint16_t want = 3;
       for (uint16_t v : piece) want = std::max<uint16_t>(want, Bf16AbsBits(v));
-      EXPECT_EQ(Fp8PieceAmax(piece, 3), want) << n << (baseline ? " baseline" : " vector");
+      EXPECT_EQ(Fp8PieceAmax(piece, 3), want) << n << " on " << Fp8CpuPath();
       const float m =
           ScaleOfBlock(want, ScaleFormat::kF32, Multiplier::kReciprocalOfScale).multiplier;
       std::vector<uint8_t> got(n);
       QuantizeFp8Piece(piece, m, got);
       for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(got[i], QuantizeElement(x[i], m)) << "element " << i << " of " << n;
+        ASSERT_EQ(got[i], QuantizeElement(x[i], m))
+            << "element " << i << " of " << n << " on " << Fp8CpuPath();
       }
     }
   }

@@ -282,5 +282,184 @@ TEST(Fp8DeltaTest, ADescriptionThatDoesNotFitIsRefusedNamingTheTensor) {
   EXPECT_NE(delta.status().ToString().find(kNorm), std::string::npos) << delta.status().ToString();
 }
 
+namespace banded {
+
+// A share holding a rectangle of the linear weight as a packed local tensor, as a
+// TP rank holds a column-parallel slice: one run of `rows` rows at canonical-row
+// strides.
+struct Rect {
+  uint64_t row0, rows, col0, cols;
+};
+
+struct RectShares {
+  std::vector<layout::PlacementMap> maps;
+  // Per share, the local bytes of each version (kept alive for the ShareInputs).
+  std::vector<std::vector<uint16_t>> base, target;
+};
+
+std::vector<uint16_t> Cut(const std::vector<uint16_t>& whole, const Rect& r) {
+  std::vector<uint16_t> out;
+  for (uint64_t i = 0; i < r.rows; ++i) {
+    const auto row = whole.begin() + static_cast<long>((r.row0 + i) * kCols + r.col0);
+    out.insert(out.end(), row, row + static_cast<long>(r.cols));
+  }
+  return out;
+}
+
+RectShares MakeShares(const std::vector<Rect>& rects) {
+  RectShares out;
+  const std::vector<TensorSpec> canonical = {{kLinear, DType::kBF16, {kRows, kCols}}};
+  for (size_t s = 0; s < rects.size(); ++s) {
+    const Rect& r = rects[s];
+    layout::Run run;
+    run.src_stride = r.cols;
+    run.dst = r.row0 * kCols + r.col0;
+    run.dst_stride = kCols;
+    run.count = r.rows;
+    run.len = r.cols;
+    auto map = layout::MapRuns(
+        "rect " + std::to_string(s), canonical,
+        {{{"slice", DType::kBF16, {r.rows, r.cols}}, layout::Role::kProjected, 0}}, {run});
+    EXPECT_TRUE(map.ok()) << map.status().ToString();
+    out.maps.push_back(std::move(*map));
+  }
+  return out;
+}
+
+// Plans, takes amaxes, exchanges and quantizes every share (share 0 from `previous`
+// when given); the first error of any step.
+Status RunShares(RectShares& rs, const std::vector<Rect>& rects, const std::vector<uint16_t>& base,
+                 const std::vector<uint16_t>& target, std::vector<std::unique_ptr<Fp8Share>>& out,
+                 Fp8Share* previous = nullptr) {
+  auto plan = quant::PlanServing(
+      quant::ServingDescription{.source = "test",
+                                .scheme = quant::FindFp8Scheme("fp8_e4m3_block128"),
+                                .quantize = {"*"},
+                                .not_converted = {}},
+      rs.maps[0].canonical());
+  RETURN_IF_ERROR(plan.status());
+  rs.base.clear();
+  rs.target.clear();
+  for (const Rect& r : rects) {
+    rs.base.push_back(Cut(base, r));
+    rs.target.push_back(Cut(target, r));
+  }
+  out.clear();
+  std::vector<std::vector<SplitBlockAmax>> split;
+  for (size_t s = 0; s < rects.size(); ++s) {
+    ShareInput in;
+    in.map = &rs.maps[s];
+    in.base = [&rs, s](uint32_t) { return ByteSpan(std::as_bytes(std::span(rs.base[s]))); };
+    in.target = [&rs, s](uint32_t) { return ByteSpan(std::as_bytes(std::span(rs.target[s]))); };
+    ASSIGN_OR_RETURN(auto share, Fp8Share::Plan(in, *plan));
+    if (s == 0 && previous != nullptr) RETURN_IF_ERROR(share->TakeBaseFrom(*previous));
+    RETURN_IF_ERROR(share->ComputeAmaxes(1));
+    split.push_back(share->SplitBlocks());
+    out.push_back(std::move(share));
+  }
+  const std::vector<SplitBlockAmax> reduced = ReduceSplitAmaxes(split);
+  for (size_t s = 0; s < out.size(); ++s) {
+    std::vector<SplitBlockAmax> mine;
+    for (const SplitBlockAmax& a : split[s]) {
+      for (const SplitBlockAmax& r : reduced) {
+        if (r.tensor == a.tensor && r.block == a.block) mine.push_back(r);
+      }
+    }
+    RETURN_IF_ERROR(out[s]->SetSplitAmaxes(mine));
+    RETURN_IF_ERROR(out[s]->Quantize(1));
+  }
+  return Status::Ok();
+}
+
+void ExpectWholeTensorBytes(const std::vector<std::unique_ptr<Fp8Share>>& shares, bool at_target,
+                            const std::vector<uint16_t>& bf16, const std::string& label) {
+  Assembled got;
+  for (const auto& share : shares) Assemble(*share, at_target, got);
+  auto want =
+      quant::QuantizeFp8(*quant::FindFp8Scheme("fp8_e4m3_block128"), kLinear, bf16, kRows, kCols);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(0, std::memcmp(got.bytes[kLinear].data(), want->weight.data(), kRows * kCols))
+      << label << ": FP8 bytes differ";
+  const std::string scale = std::string(kLinear) + "_scale_inv";
+  ASSERT_EQ(got.bytes[scale].size(), want->scale_inv.size() * 4) << label;
+  EXPECT_EQ(
+      0, std::memcmp(got.bytes[scale].data(), want->scale_inv.data(), want->scale_inv.size() * 4))
+      << label << ": scales differ";
+  for (const auto& [name, writes] : got.writes) {
+    for (size_t i = 0; i < writes.size(); ++i) {
+      ASSERT_EQ(writes[i], 1) << label << ": " << name << " element " << i;
+    }
+  }
+}
+
+// Column cuts inside blocks (a TP rank's slice) and a row cut inside a block row:
+// whole blocks (edge blocks cut short among them) and split ones (exchanged) make
+// the whole-tensor quantizer's
+// bytes and scales, on a first refit, a steady one from the committed image, with
+// zero blocks (signed zeros) and outliers in whole blocks.
+TEST(Fp8ShareTest, ColumnSlicesMatchTheWholeTensorQuantizer) {
+  // Blocks are 128 x 128 over [300, 260]: block rows 0-127, 128-255, 256-299 (edge),
+  // block columns 0-127, 128-255, 256-259 (edge).
+  const std::vector<Rect> rects = {
+      {0, kRows, 0, 140},     // block column 0 whole, 128-139 of column 1
+      {0, 200, 140, 120},     // column 2's block row 0 whole, the rest split
+      {200, 100, 140, 120}};  // the edge block (2, 2) whole
+  RectShares rs = MakeShares(rects);
+  std::vector<uint16_t> base = RandomBf16(kRows * kCols, 21), target;
+  for (uint64_t r = 0; r < 128; ++r) {
+    for (uint64_t c = 0; c < 128; ++c) base[r * kCols + c] = (r + c) % 7 ? 0x0000 : 0x8000;
+  }
+  base[140 * kCols + 5] = Bf16(2.5f);     // an outlier in a whole block of share 0
+  base[270 * kCols + 258] = Bf16(-4.0f);  // in the whole edge block of share 2
+  target = Step(base, 22);
+  for (uint64_t r = 256; r < kRows; ++r) {
+    for (uint64_t c = 256; c < kCols; ++c) target[r * kCols + c] = 0;  // a zero edge block
+  }
+  target[130 * kCols + 200] = Bf16(6.0f);  // a split block's outlier (share 1)
+
+  std::vector<std::unique_ptr<Fp8Share>> first;
+  Status s = RunShares(rs, rects, base, target, first);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GT(first[0]->stats().split_blocks, 0u);
+  ExpectWholeTensorBytes(first, false, base, "first refit, previous version");
+  ExpectWholeTensorBytes(first, true, target, "first refit, new version");
+
+  const std::vector<uint16_t> next = Step(target, 23);
+  std::vector<std::unique_ptr<Fp8Share>> steady;
+  s = RunShares(rs, rects, target, next, steady, first[0].get());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(steady[0]->stats().base_kept);
+  ExpectWholeTensorBytes(steady, false, target, "steady refit, previous version");
+  ExpectWholeTensorBytes(steady, true, next, "steady refit, new version");
+}
+
+// A NaN or Inf is refused naming the element and the version, in a whole block as
+// in a split one, whole edge blocks included.
+TEST(Fp8ShareTest, NonFiniteInWholeAndSplitBlocksIsRefusedNamingTheElement) {
+  const std::vector<Rect> rects = {{0, kRows, 0, 140}, {0, kRows, 140, 120}};
+  RectShares rs = MakeShares(rects);
+  const std::vector<uint16_t> base = RandomBf16(kRows * kCols, 31);
+  struct Case {
+    uint64_t row, col;
+    uint16_t bits;
+    bool in_base;
+    const char* what;
+  };
+  for (const Case& c : {Case{5, 7, 0x7FC0, false, "NaN"},         // whole block (0, 0)
+                        Case{260, 258, 0xFF80, true, "-Inf"},     // whole edge block (2, 2)
+                        Case{100, 130, 0x7F80, false, "Inf"}}) {  // split block (0, 1)
+    std::vector<uint16_t> v0 = base, v1 = Step(base, 32);
+    (c.in_base ? v0 : v1)[c.row * kCols + c.col] = c.bits;
+    std::vector<std::unique_ptr<Fp8Share>> shares;
+    const Status s = RunShares(rs, rects, v0, v1, shares);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.what;
+    const std::string want = "element [" + std::to_string(c.row) + ", " + std::to_string(c.col) +
+                             "] of the " + (c.in_base ? "previous" : "new") + " version is " +
+                             c.what;
+    EXPECT_NE(s.message().find(want), std::string::npos) << s.ToString() << "\nwant: " << want;
+  }
+}
+
+}  // namespace banded
 }  // namespace
 }  // namespace deltacast::relay

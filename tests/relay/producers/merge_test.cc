@@ -119,6 +119,9 @@ void RunJob(const std::string& shards, uint64_t experts, uint64_t params,
     auto encoded = EncodeShare(r->input, r->report.coverage, base_hashes, options);
     ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
     r->encoded = std::move(*encoded);
+    // The compare pass's base proof (row by row, or a tile of packed rows at a
+    // time) is the separate hash pass's, piece for piece.
+    EXPECT_EQ(r->encoded.base_pieces, r->report.base_pieces) << r->report.producer;
     r->report.changes = r->encoded.changes;
   }
   auto target_manifest = CombineTargetManifest(*base_manifest, reports);
