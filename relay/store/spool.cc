@@ -11,6 +11,7 @@
 #include "codec/chunk.h"
 #include "common/disk_seam.h"
 #include "common/file_util.h"
+#include "common/large_buffer.h"
 #include "common/thread_annotations.h"
 #include "relay/wire/protocol.h"
 
@@ -146,16 +147,18 @@ void Spool::Recover() {
 }
 
 Result<transport::Message> Spool::ReadAt(uint64_t offset, uint64_t length) const {
-  std::vector<std::byte> bytes(length);
+  // A chunk read back (the apply's, a replay's) is MiBs: fresh memory for it is
+  // prefaulted in bulk rather than page by page.
+  auto bytes = NewLargeBuffer(length);
   size_t got = 0;
-  while (got < bytes.size()) {
+  while (got < bytes->size()) {
     const ssize_t n =
-        ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
+        ::pread(fd_, bytes->data() + got, bytes->size() - got, static_cast<off_t>(offset + got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Status::FromErrno(n < 0 ? errno : EIO, "read spool " + path_.string());
     got += static_cast<size_t>(n);
   }
-  return transport::MakeMessage(std::move(bytes));
+  return transport::MakeMessage(std::move(*bytes));
 }
 
 Spool::~Spool() { ::close(fd_); }
