@@ -377,6 +377,20 @@ Status Spool::AppendBuffered(ByteSpan message) {
 // damage a chunk spooled before.
 Result<bool> Spool::AppendDirect(ByteSpan message) {
   std::byte* staging = staging_.get();
+  // Nothing past end_ counts after a failure: cut it, and give the staging buffer back
+  // the file's partial block (a piece written before may have overwritten it there).
+  // A file system that opens O_DIRECT but will not do it (EINVAL): buffered from now on.
+  auto fail = [&](int error, std::string_view what) -> Result<bool> {
+    const bool restored = ::ftruncate(fd_, static_cast<off_t>(end_)) == 0 && LoadTail();
+    if (error == EINVAL || !restored) {
+      ::close(direct_fd_);
+      direct_fd_ = -1;
+      staging_.reset();
+      tail_ = 0;
+    }
+    if (error == EINVAL) return false;
+    return Status::FromErrno(error, std::string(what) + " " + path_.string());
+  };
   uint64_t offset = end_ - tail_;
   size_t filled = tail_;
   size_t at = 0;
@@ -388,31 +402,17 @@ Result<bool> Spool::AppendDirect(ByteSpan message) {
     const bool last = at == message.size();
     const size_t length = last ? RoundUp(filled, kDirectAlign) : filled;  // full: aligned
     std::memset(staging + filled, 0, length - filled);
-    if (const int error = PwriteAll(direct_fd_, staging, length, offset); error != 0) {
-      // Nothing past end_ counts: cut it, and give the staging buffer back the file's
-      // partial block (a piece written before may have overwritten it there).
-      const bool restored = ::ftruncate(fd_, static_cast<off_t>(end_)) == 0 && LoadTail();
-      // A file system that opens O_DIRECT but will not do it: buffered from now on.
-      if (error == EINVAL || !restored) {
-        ::close(direct_fd_);
-        direct_fd_ = -1;
-        staging_.reset();
-        tail_ = 0;
-      }
-      if (error == EINVAL) return false;
-      return Status::FromErrno(error, "write " + path_.string());
-    }
-    if (last) {
-      const size_t keep_from = RoundDown(filled, kDirectAlign);
-      tail_ = filled - keep_from;
-      std::memmove(staging, staging + keep_from, tail_);
-      break;
-    }
+    if (const int error = PwriteAll(direct_fd_, staging, length, offset); error != 0)
+      return fail(error, "write");
+    if (last) break;
     offset += length;
     filled = 0;
   }
-  if (tail_ != 0 && ::ftruncate(fd_, static_cast<off_t>(end_ + message.size())) != 0)
-    return Status::FromErrno(errno, "truncate " + path_.string());
+  const size_t keep_from = RoundDown(filled, kDirectAlign);
+  if (keep_from != filled && ::ftruncate(fd_, static_cast<off_t>(end_ + message.size())) != 0)
+    return fail(errno, "truncate");
+  tail_ = filled - keep_from;
+  std::memmove(staging, staging + keep_from, tail_);
   return true;
 }
 
