@@ -24,6 +24,7 @@
 #include "bench/fanout_cluster.h"
 #include "codec/delta_encoder.h"
 #include "common/parallel.h"
+#include "relay/store/spool.h"
 #include "relay/tree/node_agent.h"
 #include "relay/tree/source.h"
 #include "relay/wire/protocol.h"
@@ -416,28 +417,36 @@ RowResult RunRow(const Row& row, const RelayForwardOptions& o, const Checkpoint&
 json RowJson(const Row& row, const RowResult& r, const EncodedDelta& delta, const json& iperf1,
              const json& iperf2, const std::vector<double>& samples) {
   const double per_child = double(delta.wire_bytes) / r.forward_seconds;
-  json j = {{"row", row.name},
-            {"topology", row.relay ? "src -> n01 (relay, NodeAgent) -> {n02, n03} (scripted)"
-                                   : "src -> n01 (scripted): no relay"},
-            {"relay_spool",
-             row.relay ? (row.spool_dir.empty() ? std::filesystem::temp_directory_path().string()
-                                                : row.spool_dir)
-                       : ""},
-            {"relay_apply", row.relay ? (row.staged_apply ? "staged" : "on-arrival") : ""},
-            {"note", row.note},
-            {"wire_bytes", delta.wire_bytes},
-            {"forward_seconds", r.forward_seconds},
-            {"forward_seconds_samples", samples},
-            {"forward_bytes_per_second_per_child", per_child},
-            {"prepare_seconds", r.prepare_seconds},
-            {"seconds", r.seconds},
-            {"cpu_seconds", r.cpu_seconds},
-            {"relay_cpu_seconds", r.relay_cpu_seconds},
-            {"relay_cpu_seconds_per_gb_forwarded",
-             row.relay ? r.relay_cpu_seconds / (double(delta.wire_bytes) / 1e9) : 0.0},
-            {"relay_peak_held_bytes", r.relay_peak_held_bytes},
-            {"committed", r.committed},
-            {"bit_exact", row.relay}};
+  json j = {
+      {"row", row.name},
+      {"topology", row.relay ? "src -> n01 (relay, NodeAgent) -> {n02, n03} (scripted)"
+                             : "src -> n01 (scripted): no relay"},
+      {"relay_spool", row.relay
+                          ? (row.spool_dir.empty() ? std::filesystem::temp_directory_path().string()
+                                                   : row.spool_dir)
+                          : ""},
+      {"relay_apply", row.relay ? (row.staged_apply ? "staged" : "on-arrival") : ""},
+      // Which path the relay's spool appends took there (relay/store/spool.h).
+      {"relay_spool_writes", !row.relay ? ""
+                             : dc::relay::Spool::DirectWritesWork(
+                                   row.spool_dir.empty() ? std::filesystem::temp_directory_path()
+                                                         : std::filesystem::path(row.spool_dir))
+                                 ? "direct (O_DIRECT)"
+                                 : "buffered (page cache)"},
+      {"note", row.note},
+      {"wire_bytes", delta.wire_bytes},
+      {"forward_seconds", r.forward_seconds},
+      {"forward_seconds_samples", samples},
+      {"forward_bytes_per_second_per_child", per_child},
+      {"prepare_seconds", r.prepare_seconds},
+      {"seconds", r.seconds},
+      {"cpu_seconds", r.cpu_seconds},
+      {"relay_cpu_seconds", r.relay_cpu_seconds},
+      {"relay_cpu_seconds_per_gb_forwarded",
+       row.relay ? r.relay_cpu_seconds / (double(delta.wire_bytes) / 1e9) : 0.0},
+      {"relay_peak_held_bytes", r.relay_peak_held_bytes},
+      {"committed", r.committed},
+      {"bit_exact", row.relay}};
   if (iperf1.value("available", false)) {
     j["ratio_to_iperf3_one_stream"] = per_child / iperf1["bytes_per_second"].get<double>();
   }

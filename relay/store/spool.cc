@@ -2,15 +2,19 @@
 
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "codec/chunk.h"
 #include "common/disk_seam.h"
 #include "common/file_util.h"
+#include "common/large_buffer.h"
 #include "common/thread_annotations.h"
 #include "relay/wire/protocol.h"
 
@@ -43,7 +47,107 @@ uint64_t StreamFileField(const std::filesystem::path& dir, const Digest128& targ
   return value;
 }
 
+// O_DIRECT wants the file offset, the length and the memory aligned to the device's
+// logical block; 4 KiB is a multiple of every common one.
+constexpr size_t kDirectAlign = 4096;
+// The staging buffer: a chunk larger than this is written in pieces of it. 2 MiB
+// aligned, so that it is backed by huge pages and its first touch is cheap.
+constexpr size_t kStagingBytes = size_t{8} << 20;
+constexpr size_t kStagingAlign = size_t{2} << 20;
+
+size_t RoundDown(size_t value, size_t to) { return value / to * to; }
+size_t RoundUp(size_t value, size_t to) { return RoundDown(value + to - 1, to); }
+
+// An operator's (and the tests') way to the buffered path on any file system.
+bool BufferedByRequest() {
+  const char* buffered = std::getenv("DELTACAST_SPOOL_BUFFERED");
+  return buffered && *buffered && std::string_view(buffered) != "0";
+}
+
+int OpenDirect(const std::filesystem::path& path) {
+  return ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+}
+
+// pwrite of all `length` bytes at `offset`, retrying EINTR and short writes (a short
+// O_DIRECT write stops on a block boundary, so what is left stays aligned).
+int PwriteAll(int fd, const std::byte* data, size_t length, uint64_t offset) {
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pwrite(fd, data + done, length - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
 }  // namespace
+
+void Spool::FreeStaging::operator()(std::byte* p) const { std::free(p); }
+
+bool Spool::DirectWritesWork(const std::filesystem::path& dir) {
+  if (BufferedByRequest()) return false;
+  const auto probe = dir / fmt::format(".direct-probe-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  void* block = std::aligned_alloc(kDirectAlign, kDirectAlign);
+  bool works = false;
+  if (block) {
+    std::memset(block, 0, kDirectAlign);
+    works = ::pwrite(fd, block, kDirectAlign, 0) == static_cast<ssize_t>(kDirectAlign);
+    std::free(block);
+  }
+  ::close(fd);
+  std::error_code ec;
+  std::filesystem::remove(probe, ec);
+  return works;
+}
+
+bool Spool::direct_writes() const {
+  MutexLock lock(mu_);
+  return direct_fd_ >= 0;
+}
+
+void Spool::StartDirect() {
+  // The simulator's disk model sees plain appends (disk::WillWrite, Synced): the
+  // direct path stays out of it.
+  if (SimDisk() != nullptr) return;
+  // An operator's (and the tests') way to the buffered path on any file system.
+  if (BufferedByRequest()) return;
+  MutexLock lock(mu_);
+  const int fd = OpenDirect(path_);
+  if (fd < 0) return;  // refused (tmpfs: EINVAL): buffered writes
+  auto* staging = static_cast<std::byte*>(std::aligned_alloc(kStagingAlign, kStagingBytes));
+  if (!staging) {
+    ::close(fd);
+    return;
+  }
+  (void)::madvise(staging, kStagingBytes, MADV_HUGEPAGE);  // advice only
+  staging_.reset(staging);
+  if (!LoadTail()) {
+    ::close(fd);  // cannot read it: leave the spool buffered
+    staging_.reset();
+    tail_ = 0;
+    return;
+  }
+  direct_fd_ = fd;
+}
+
+// The partial block at the end of the file, which the next direct append rewrites
+// whole, into the start of the staging buffer.
+bool Spool::LoadTail() {
+  tail_ = end_ - RoundDown(end_, kDirectAlign);
+  size_t got = 0;
+  while (got < tail_) {
+    const ssize_t n =
+        ::pread(fd_, staging_.get() + got, tail_ - got, static_cast<off_t>(end_ - tail_ + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    got += static_cast<size_t>(n);
+  }
+  return true;
+}
 
 uint64_t Spool::StreamOf(const std::filesystem::path& dir, const Digest128& target) {
   return StreamFileField(dir, target, 0);
@@ -90,6 +194,7 @@ Result<std::unique_ptr<Spool>> Spool::Open(const std::filesystem::path& dir,
   disk::Created(path);
   auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
   spool->Recover();
+  spool->StartDirect();
   // Empty: just made, maybe. As in OpenEmpty, the chunks fdatasynced into it later
   // must not be lost with its name.
   if (spool->bytes() == 0) RETURN_IF_ERROR(FsyncDirectory(dir));
@@ -111,6 +216,7 @@ Result<std::unique_ptr<Spool>> Spool::OpenEmpty(const std::filesystem::path& dir
   if (fd < 0) return Status::FromErrno(errno, "open " + path.string());
   disk::Created(path);
   auto spool = std::unique_ptr<Spool>(new Spool(fd, path));
+  spool->StartDirect();
   // The chunks fdatasynced into it later must not be lost with its name.
   RETURN_IF_ERROR(FsyncDirectory(dir));
   return spool;
@@ -146,19 +252,25 @@ void Spool::Recover() {
 }
 
 Result<transport::Message> Spool::ReadAt(uint64_t offset, uint64_t length) const {
-  std::vector<std::byte> bytes(length);
+  // A chunk read back (the apply's, a replay's) is MiBs: fresh memory for it is
+  // prefaulted in bulk rather than page by page.
+  auto bytes = NewLargeBuffer(length);
   size_t got = 0;
-  while (got < bytes.size()) {
+  while (got < bytes->size()) {
     const ssize_t n =
-        ::pread(fd_, bytes.data() + got, bytes.size() - got, static_cast<off_t>(offset + got));
+        ::pread(fd_, bytes->data() + got, bytes->size() - got, static_cast<off_t>(offset + got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Status::FromErrno(n < 0 ? errno : EIO, "read spool " + path_.string());
     got += static_cast<size_t>(n);
   }
-  return transport::MakeMessage(std::move(bytes));
+  return transport::MakeMessage(std::move(*bytes));
 }
 
-Spool::~Spool() { ::close(fd_); }
+Spool::~Spool() {
+  MutexLock lock(mu_);  // not shared any more: taken for the analysis
+  if (direct_fd_ >= 0) ::close(direct_fd_);
+  ::close(fd_);
+}
 
 Status Spool::Sync(std::optional<uint32_t> taken) {
   uint64_t needed = 0;
@@ -234,9 +346,11 @@ Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
   if (index_.contains(sequence)) return Status::Ok();
   // Recover keeps only whole, checksummed chunks, so a torn tail costs a re-fetch
   // from the parent, never a wrong byte.
-  if (::lseek(fd_, static_cast<off_t>(end_), SEEK_SET) < 0)
-    return Status::FromErrno(errno, "seek " + path_.string());
-  RETURN_IF_ERROR(WriteAll(fd_, message, path_));
+  bool written = false;
+  if (direct_fd_ >= 0) {
+    ASSIGN_OR_RETURN(written, AppendDirect(message));
+  }
+  if (!written) RETURN_IF_ERROR(AppendBuffered(message));
   if (durable && ::fdatasync(fd_) != 0)
     return Status::FromErrno(errno, "fdatasync " + path_.string());
   index_[sequence] = Entry{end_, message.size()};
@@ -247,6 +361,59 @@ Status Spool::Append(uint32_t sequence, ByteSpan message, bool durable) {
     ++syncs_;
   }
   return Status::Ok();
+}
+
+Status Spool::AppendBuffered(ByteSpan message) {
+  if (::lseek(fd_, static_cast<off_t>(end_), SEEK_SET) < 0)
+    return Status::FromErrno(errno, "seek " + path_.string());
+  return WriteAll(fd_, message, path_);
+}
+
+// The file's bytes [end_ - tail_, end_) wait at the start of the staging buffer; the
+// message is copied after them and written from that aligned offset, the last block
+// padded with zeros, which the ftruncate then cuts off (the file ends where its last
+// chunk does, as a buffered append leaves it). Rewriting the partial block rewrites
+// bytes already there with the same bytes, so a crash in the middle of it cannot
+// damage a chunk spooled before.
+Result<bool> Spool::AppendDirect(ByteSpan message) {
+  std::byte* staging = staging_.get();
+  // Nothing past end_ counts after a failure: cut it, and give the staging buffer back
+  // the file's partial block (a piece written before may have overwritten it there).
+  // A file system that opens O_DIRECT but will not do it (EINVAL): buffered from now on.
+  auto fail = [&](int error, std::string_view what) -> Result<bool> {
+    const bool restored = ::ftruncate(fd_, static_cast<off_t>(end_)) == 0 && LoadTail();
+    if (error == EINVAL || !restored) {
+      ::close(direct_fd_);
+      direct_fd_ = -1;
+      staging_.reset();
+      tail_ = 0;
+    }
+    if (error == EINVAL) return false;
+    return Status::FromErrno(error, std::string(what) + " " + path_.string());
+  };
+  uint64_t offset = end_ - tail_;
+  size_t filled = tail_;
+  size_t at = 0;
+  for (;;) {
+    const size_t n = std::min(message.size() - at, kStagingBytes - filled);
+    std::memcpy(staging + filled, message.data() + at, n);
+    filled += n;
+    at += n;
+    const bool last = at == message.size();
+    const size_t length = last ? RoundUp(filled, kDirectAlign) : filled;  // full: aligned
+    std::memset(staging + filled, 0, length - filled);
+    if (const int error = PwriteAll(direct_fd_, staging, length, offset); error != 0)
+      return fail(error, "write");
+    if (last) break;
+    offset += length;
+    filled = 0;
+  }
+  const size_t keep_from = RoundDown(filled, kDirectAlign);
+  if (keep_from != filled && ::ftruncate(fd_, static_cast<off_t>(end_ + message.size())) != 0)
+    return fail(errno, "truncate");
+  tail_ = filled - keep_from;
+  std::memmove(staging, staging + keep_from, tail_);
+  return true;
 }
 
 void Spool::Forget(uint32_t sequence) {

@@ -3,6 +3,15 @@
 // delta's own records after a restart. Only an index (sequence -> offset, length)
 // stays in memory, so a node's memory does not grow with the delta.
 //
+// Appends bypass the page cache where the file system allows it (O_DIRECT from a
+// page-aligned staging buffer the spool keeps warm): a chunk is written once and read
+// again only by a lagging apply, a replay or a rollback, and on a VM a copy into the
+// page cache costs a fault-like allocation per page. Where O_DIRECT is refused
+// (tmpfs, some network file systems) and in the simulator (whose disk model knows
+// plain writes), appends are ordinary buffered writes, as they are with
+// DELTACAST_SPOOL_BUFFERED=1 in the environment; direct_writes() says which.
+// Either way the file holds the same bytes, and durability is still fdatasync's.
+//
 // Thread safety: Append and Read may be called from different threads.
 #pragma once
 
@@ -70,6 +79,13 @@ class Spool {
   Status Sync(std::optional<uint32_t> taken = std::nullopt);
   // fdatasyncs done so far (Sync and durable Appends): how well syncs are grouped.
   uint64_t syncs() const;
+  // Whether appends go to the disk directly (O_DIRECT) rather than through the page
+  // cache: false where the file system refused it, in the simulator, or after a
+  // direct write was refused (the spool then goes on with buffered writes).
+  bool direct_writes() const;
+  // Whether a spool in `dir` would append with O_DIRECT (a probe file is made and
+  // removed); what a benchmark reports as the path that ran.
+  static bool DirectWritesWork(const std::filesystem::path& dir);
   // Deletes the file (the delta was decided and nobody needs a replay of it).
   void Discard();
   ~Spool();
@@ -93,6 +109,15 @@ class Spool {
  private:
   Spool(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
   void Recover();
+  // Opens the O_DIRECT descriptor and loads the last partial block of the file into
+  // the staging buffer; leaves the spool buffered where that is not possible.
+  void StartDirect();
+  // Writes `message` at end_ through the O_DIRECT descriptor. False with an OK
+  // status: the file system refused the direct write (EINVAL), nothing past end_ is
+  // relied on, and the caller writes it buffered.
+  Result<bool> AppendDirect(ByteSpan message) REQUIRES(mu_);
+  Status AppendBuffered(ByteSpan message) REQUIRES(mu_);
+  bool LoadTail() REQUIRES(mu_);
   Result<transport::Message> ReadAt(uint64_t offset, uint64_t length) const;
   uint64_t SyncedEnd() const;
   void DropTaken(uint32_t sequence);
@@ -111,6 +136,15 @@ class Spool {
   uint64_t synced_end_ GUARDED_BY(mu_) = 0;
   uint64_t dropped_end_ GUARDED_BY(mu_) = 0;  // [0, dropped_end_) left the page cache
   uint64_t syncs_ GUARDED_BY(mu_) = 0;
+  // The direct path: its descriptor (-1: buffered writes), and a staging buffer,
+  // aligned for O_DIRECT and reused for every append, whose first tail_ bytes are
+  // the file's bytes [end_ - tail_, end_), the partial block a next append rewrites.
+  int direct_fd_ GUARDED_BY(mu_) = -1;
+  struct FreeStaging {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte, FreeStaging> staging_ GUARDED_BY(mu_);
+  size_t tail_ GUARDED_BY(mu_) = 0;
 };
 
 // The folder a process spools in: the configured one, else a folder of its own per

@@ -2,6 +2,7 @@
 // findings 3, 4 and 6), measured with a peer that speaks the framing by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -246,6 +247,35 @@ TEST(BufferPoolTest, IdleBuffersExpireAndAreReusedBeforeThat) {
   EXPECT_EQ(pool->Trim(BufferPool::Clock::now() + 500ms), 0u);
   EXPECT_EQ(pool->Trim(BufferPool::Clock::now() + 1500ms), uint64_t{1} << 20);
   EXPECT_EQ(pool->idle_bytes(), 0u);
+}
+
+// Chunk-sized buffers (made with huge-page advice) go back to the pool and come out
+// again as the same memory, warm: one chunk's buffer serves the next, even when the
+// next is a little larger or smaller, and its contents are whatever the last user
+// left (a receive overwrites them).
+TEST(BufferPoolTest, ChunkSizedBuffersAreReusedWarm) {
+  auto pool = std::make_shared<BufferPool>(uint64_t{64} << 20, 10000ms);
+  const size_t chunk = (size_t{4} << 20) + 257;
+  auto first = pool->Acquire(chunk);
+  ASSERT_EQ(first->size(), chunk);
+  std::fill(first->begin(), first->end(), std::byte{7});
+  std::byte* data = first->data();
+  pool->Release(std::move(first));
+  EXPECT_EQ(pool->idle_bytes(), chunk);
+  auto smaller = pool->Acquire(chunk - 4096);
+  EXPECT_EQ(smaller->data(), data) << "a slightly smaller chunk reuses the buffer";
+  EXPECT_EQ(smaller->size(), chunk - 4096);
+  pool->Release(std::move(smaller));
+  auto again = pool->Acquire(chunk);
+  EXPECT_EQ(again->data(), data) << "and so does the full size again";
+  EXPECT_EQ(again->size(), chunk);
+  EXPECT_EQ((*again)[0], std::byte{7});
+  EXPECT_EQ(pool->idle_bytes(), 0u);
+  // A much smaller message does not pin it.
+  pool->Release(std::move(again));
+  auto tiny = pool->Acquire(1024);
+  EXPECT_NE(tiny->data(), data);
+  EXPECT_EQ(pool->idle_bytes(), chunk);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "transport/internal/buffer_pool.h"
 
+#include "common/large_buffer.h"
 #include "common/thread_annotations.h"
 
 #if defined(__GLIBC__)
@@ -59,7 +60,7 @@ Buffer BufferPool::Acquire(size_t size) {
     reused->resize(size);  // within capacity: no reallocation
     return reused;
   }
-  return std::make_unique<std::vector<std::byte>>(size);
+  return NewLargeBuffer(size);
 }
 
 void BufferPool::Release(Buffer buffer) {

@@ -5,9 +5,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <random>
 #include <thread>
 
 #include "codec/chunk.h"
+#include "codec/partition_codec.h"
 #include "relay/wire/protocol.h"
 
 namespace deltacast::relay {
@@ -34,8 +39,98 @@ class SpoolTest : public ::testing::Test {
     summary.data_chunks = sequence;
     return EncodeChunk(codec::BuildEndChunk({b, t, 4096}, sequence, summary));
   }
+  // A data chunk message with one literal record of `payload_bytes` random bytes:
+  // any size, so appends straddle the spool's blocks and staging buffer unevenly.
+  static std::vector<std::byte> DataChunk(uint8_t target, uint32_t sequence, size_t payload_bytes,
+                                          uint32_t seed) {
+    Digest128 t;
+    t.bytes[0] = target;
+    codec::EncodedPartition literal;
+    literal.encoding = codec::Encoding::kLiteral;
+    literal.raw_size = payload_bytes;
+    literal.change_count = payload_bytes;
+    literal.payload.resize(payload_bytes);
+    std::mt19937 rng(seed);
+    for (auto& b : literal.payload) b = static_cast<std::byte>(rng());
+    codec::ChunkBuilder builder({Digest128{}, t, uint64_t{16} << 20}, sequence);  // one partition
+    builder.Add("w", DType::kU8, 0, payload_bytes, {}, {}, literal);
+    return EncodeChunk(builder.Finish());
+  }
+  static std::vector<std::byte> FileBytes(const fs::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::byte> bytes(chars.size());
+    std::memcpy(bytes.data(), chars.data(), chars.size());
+    return bytes;
+  }
+  // Appends chunks of uneven sizes (one larger than the staging buffer), checks the
+  // file after each: exactly the messages so far, back to back, whichever path wrote
+  // them; then reopens it and appends more after the partial block it ends in.
+  void AppendUnevenChunksAndReopen(const fs::path& dir, bool expect_direct) {
+    Digest128 target;
+    target.bytes[0] = 9;
+    const std::vector<size_t> sizes = {
+        10, 4095, 4096 - 97, (size_t{4} << 20) + 257, 1, (size_t{9} << 20) + 4321, 300000};
+    std::vector<std::vector<std::byte>> chunks;
+    for (uint32_t s = 0; s < sizes.size(); ++s) chunks.push_back(DataChunk(9, s, sizes[s], s));
+    std::vector<std::byte> expected;
+    fs::path file;
+    {
+      auto spool = Spool::OpenEmpty(dir, target);
+      ASSERT_TRUE(spool.ok()) << spool.status().ToString();
+      EXPECT_EQ((*spool)->direct_writes(), expect_direct);
+      file = (*spool)->path();
+      for (uint32_t s = 0; s < 4; ++s) {
+        ASSERT_TRUE((*spool)->Append(s, chunks[s], /*durable=*/s == 2).ok());
+        expected.insert(expected.end(), chunks[s].begin(), chunks[s].end());
+        ASSERT_EQ((*spool)->bytes(), expected.size());
+        ASSERT_EQ(FileBytes(file), expected) << "after chunk " << s;
+      }
+      ASSERT_TRUE((*spool)->Sync().ok());
+    }
+    auto reopened = Spool::Open(dir, target, /*remove_others=*/false);
+    ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+    EXPECT_EQ((*reopened)->direct_writes(), expect_direct);
+    EXPECT_EQ((*reopened)->sequences(), (std::vector<uint32_t>{0, 1, 2, 3}));
+    for (uint32_t s = 4; s < chunks.size(); ++s) {
+      ASSERT_TRUE((*reopened)->Append(s, chunks[s]).ok());
+      expected.insert(expected.end(), chunks[s].begin(), chunks[s].end());
+      ASSERT_EQ(FileBytes(file), expected) << "after chunk " << s;
+    }
+    ASSERT_TRUE((*reopened)->Sync(/*taken=*/5).ok());
+    for (uint32_t s = 0; s < chunks.size(); ++s) {
+      auto read = (*reopened)->Read(s);
+      ASSERT_TRUE(read.ok()) << read.status().ToString();
+      EXPECT_EQ(**read, chunks[s]) << "chunk " << s;
+    }
+  }
   fs::path dir_;
 };
+
+// On a file system that takes O_DIRECT (the test's temporary directory is expected
+// to be one, as a spool directory on a disk is), appends bypass the page cache, and
+// the file is exactly what buffered appends leave.
+TEST_F(SpoolTest, DirectAppendsLeaveExactlyTheChunksBackToBack) {
+  if (!Spool::DirectWritesWork(dir_)) GTEST_SKIP() << dir_ << " refuses O_DIRECT";
+  AppendUnevenChunksAndReopen(dir_, /*expect_direct=*/true);
+}
+
+// Where O_DIRECT is refused (tmpfs before Linux 6.6), the spool says so and appends
+// buffered: the same file, the same reads. Where every file system here takes it,
+// DELTACAST_SPOOL_BUFFERED=1 forces the buffered path the same way.
+TEST_F(SpoolTest, BufferedAppendsLeaveTheSameFileWhereDirectIsRefusedOrOff) {
+  const fs::path shm = "/dev/shm";
+  if (fs::is_directory(shm) && !Spool::DirectWritesWork(shm)) {
+    std::string tmpl = (shm / "spool_test.XXXXXX").string();
+    const fs::path dir = ::mkdtemp(tmpl.data());
+    AppendUnevenChunksAndReopen(dir, /*expect_direct=*/false);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  ::setenv("DELTACAST_SPOOL_BUFFERED", "1", 1);
+  AppendUnevenChunksAndReopen(dir_, /*expect_direct=*/false);
+  ::unsetenv("DELTACAST_SPOOL_BUFFERED");
+}
 
 // The stream that numbered a spool's chunks outlives the process beside it (a node
 // names it in its HELLO after a restart), goes with the chunks when the spool is
