@@ -1,13 +1,11 @@
 #include <fmt/core.h>
 #include <openssl/rand.h>
 
-#include <algorithm>
 #include <set>
 
 #include "common/crash_point.h"
 #include "common/elapsed.h"
 #include "common/log.h"
-#include "relay/tree/parent_link.h"
 #include "relay/tree/sender_agent.h"
 #include "relay/tree/source_impl.h"
 
@@ -330,7 +328,6 @@ bool Source::Impl::AllPrepared() {
   bool all = true;
   for (auto& t : subtrees_) all = all && t->prepared();
   if (all || subtrees_.size() == 1) return all;
-  if (StripeSettled(Clock::now())) return true;
   std::set<std::string> prepared;
   for (auto& t : subtrees_) {
     for (const NodeReport& n : t->reports()) prepared.insert(n.node_id);
@@ -339,36 +336,6 @@ bool Source::Impl::AllPrepared() {
     if (!prepared.contains(plan_.nodes[i].id)) return false;
   }
   return true;
-}
-
-// Caller holds mu_. A node is PREPARED only once every stripe's part reached it, and
-// says so up every stripe: one that has not up a stripe whose subtree awaits no one
-// was left out there (itself or a node above it), and its report can come up that
-// stripe only if it rejoins a parent there that still waits (an adopted child is
-// awaited). Once the stripe has awaited no one for as long as such a node takes to
-// fail over and be replayed, the refit is decided without the nodes that did not
-// come back: waiting on the other stripes for them lasted the commit timeout (the
-// simulator's --stripes seeds 10284, 10298: the nodes below a child the source could
-// not replay, and below a relay left out, in one stripe). With every node prepared
-// the stripes settle at once and nothing changes. Not exact: a node left out in one
-// stripe may still prepare through a failover parent there whose PREPARED went up
-// already, and say so up its other stripes; decided before, it takes the decision
-// as a left-out node does (seeds 11038, 11086 waited longer so).
-bool Source::Impl::StripeSettled(Clock::time_point now) {
-  const auto grace = std::max<std::chrono::milliseconds>(options_.config.tree.connect_timeout,
-                                                         2 * ParentLink::kFailoverAfter);
-  auto& since = refit_->stripe_settled_since;
-  since.resize(subtrees_.size());
-  bool settled = false;
-  for (size_t s = 0; s < subtrees_.size(); ++s) {
-    if (!subtrees_[s]->streaming() || !subtrees_[s]->prepared()) {
-      since[s].reset();
-      continue;
-    }
-    if (!since[s]) since[s] = now;
-    settled = settled || now - *since[s] >= grace;
-  }
-  return settled;
 }
 
 // Caller holds mu_.
@@ -491,10 +458,7 @@ void Source::Impl::Tick() {
     downstream_.Heartbeat();
   }
   MutexLock lock(mu_);
-  if (!refit_) return;
-  ForEachSubtree([](Subtree& t) { t.Tick(Clock::now()); });
-  // Publish waits on cv_: a stripe that settled by the clock alone wakes it.
-  if (subtrees_.size() > 1 && StripeSettled(Clock::now())) cv_.notify_all();
+  if (refit_) ForEachSubtree([](Subtree& t) { t.Tick(Clock::now()); });
 }
 
 // ---- the public object ------------------------------------------------------------

@@ -228,9 +228,6 @@ class Source::Impl {
     bool failed = false;
     std::string failure;
     size_t held = 0;  // chunks handed to the children and not yet released by all
-    // Striped, per stripe: since when no child has been awaited in that stripe's
-    // subtree while streaming (nullopt: one is). StripeSettled.
-    std::vector<std::optional<Clock::time_point>> stripe_settled_since;
     // Valid only while Publish runs (the caller's stores and manifests).
     const apply::WeightStore* base = nullptr;
     const apply::WeightStore* target = nullptr;
@@ -256,10 +253,6 @@ class Source::Impl {
   // Every node prepared: every stripe's subtree says so, or the nodes' reports,
   // whichever stripe they came up, name every receiver.
   bool AllPrepared() REQUIRES(mu_);
-  // Striped: whether one stripe's subtree has awaited no child for the time a node
-  // left out there takes to fail over and be served again (its nodes not reported
-  // there are out of the refit, as a left-out child's subtree is with one tree).
-  bool StripeSettled(Clock::time_point now) REQUIRES(mu_);
   // Every stripe's reports, one per node.
   std::vector<NodeReport> Reports() REQUIRES(mu_);
   // Before a refit: the store read (SyncRecords) and the last refit's outcome, if it
