@@ -381,6 +381,7 @@ Result<bool> Spool::AppendDirect(ByteSpan message) {
   // the file's partial block (a piece written before may have overwritten it there).
   // A file system that opens O_DIRECT but will not do it (EINVAL): buffered from now on.
   auto fail = [&](int error, std::string_view what) -> Result<bool> {
+    mu_.AssertHeld();  // called only from here, under AppendDirect's lock
     const bool restored = ::ftruncate(fd_, static_cast<off_t>(end_)) == 0 && LoadTail();
     if (error == EINVAL || !restored) {
       ::close(direct_fd_);
