@@ -294,26 +294,33 @@ std::vector<std::string> Subtree::AbsentPlanned() const {
 
 // ---- striped relays -------------------------------------------------------------
 
-std::vector<NodeReport> MergedReports(const std::vector<std::unique_ptr<Subtree>>& trees) {
-  std::vector<NodeReport> all;
+namespace {
+
+// Each node's first entry over every stripe's subtree: a node in several stripes (or
+// twice in one, confirmed to its parent and, failed over, to its grandparent) once.
+template <typename Entry, typename EntriesOf>
+std::vector<Entry> FirstPerNode(const std::vector<std::unique_ptr<Subtree>>& trees,
+                                EntriesOf entries_of) {
+  std::vector<Entry> all;
   std::set<std::string> seen;
   for (const auto& t : trees) {
-    for (const NodeReport& n : t->reports()) {
-      if (seen.insert(n.node_id).second) all.push_back(n);
+    for (const Entry& e : entries_of(*t)) {
+      if (seen.insert(e.node_id).second) all.push_back(e);
     }
   }
   return all;
 }
 
+}  // namespace
+
+std::vector<NodeReport> MergedReports(const std::vector<std::unique_ptr<Subtree>>& trees) {
+  return FirstPerNode<NodeReport>(
+      trees, [](const Subtree& t) -> const auto& { return t.reports(); });
+}
+
 std::vector<PauseReport> MergedPauses(const std::vector<std::unique_ptr<Subtree>>& trees) {
-  std::vector<PauseReport> all;
-  std::set<std::string> seen;
-  for (const auto& t : trees) {
-    for (const PauseReport& p : t->pauses()) {
-      if (seen.insert(p.node_id).second) all.push_back(p);
-    }
-  }
-  return all;
+  return FirstPerNode<PauseReport>(
+      trees, [](const Subtree& t) -> const auto& { return t.pauses(); });
 }
 
 uint32_t NodesConfirmed(const std::vector<std::unique_ptr<Subtree>>& trees) {
