@@ -228,6 +228,14 @@ NodeStats Node::stats() const {
   out.last_pause_seconds = s.last_pause_seconds;
   out.last_prepared_hold_seconds = s.last_prepared_hold_seconds;
   out.pause_seconds_total = s.pause_seconds_total;
+  // The engine keeps one entry even with one stripe; that one is the totals.
+  if (s.stripe_chunks.size() > 1) {
+    out.stripes.resize(s.stripe_chunks.size());
+    for (size_t i = 0; i < out.stripes.size(); ++i) {
+      out.stripes[i] = {s.stripe_chunks[i], s.stripe_chunk_bytes_resent[i],
+                        s.stripe_parent_joins[i]};
+    }
+  }
   return out;
 }
 

@@ -71,6 +71,19 @@ struct NodeOptions {
   std::chrono::milliseconds hook_timeout{10'000};
 };
 
+// One stripe's share of a node's traffic (docs/protocol.md, "Stripes"): what came
+// on its parent link in that stripe's tree. A node that lost one stripe's parent
+// shows it here: that stripe's parent_joins rise, the others' do not.
+struct StripeStats {
+  // CHUNK messages that came on the stripe's parent link: data chunks and the
+  // stripe's END, replays included.
+  uint64_t chunks = 0;
+  // Of those, the payload bytes this node already had (as chunk_bytes_resent).
+  uint64_t chunk_bytes_resent = 0;
+  // Times this node joined the stripe's parent (1 + reconnects, failovers included).
+  uint64_t parent_joins = 0;
+};
+
 struct NodeStats {
   uint64_t refits_committed = 0;
   uint64_t refits_aborted = 0;
@@ -88,6 +101,11 @@ struct NodeStats {
   double last_pause_seconds = 0;
   double last_prepared_hold_seconds = 0;
   double pause_seconds_total = 0;
+  // Indexed by stripe, one entry per stripe of the config's plan ([tree] stripes);
+  // empty when the tree is not striped (one stripe: the totals above say it all).
+  // Each counter summed over the stripes is its total above (chunk_bytes_resent,
+  // parent_joins).
+  std::vector<StripeStats> stripes;
 };
 
 // One tensor whose bytes or description differ from a version (Node::Verify,

@@ -20,6 +20,7 @@ from ._deltacast import (  # noqa: F401
     NodeStats,
     ProduceReport,
     PublishReport,
+    StripeStats,
     TensorMismatch,
     VerifyReport,
     _Node,
@@ -32,8 +33,8 @@ from ._deltacast import (  # noqa: F401
 from ._toml import dumps as _toml_dumps
 
 __all__ = ["Config", "Error", "Node", "NodeReport", "NodeStats", "ProduceReport", "Producer",
-           "PublishReport", "Root", "Source", "TensorMismatch", "VerifyReport", "config",
-           "engine_layouts", "set_log_level"]
+           "PublishReport", "Root", "Source", "StripeStats", "TensorMismatch", "VerifyReport",
+           "config", "engine_layouts", "set_log_level"]
 
 Tensors = Union[Mapping[str, Any], Sequence[Tuple[str, Any]]]
 

@@ -56,16 +56,30 @@ class PublishReport:
     nodes_decided: int
     nodes: List[NodeReport]
 
+class StripeStats:
+    # One stripe's parent link (docs/protocol.md, "Stripes"): CHUNK messages that
+    # came on it (data and END, replays included), the bytes of those this node had
+    # already, and the times it joined that stripe's parent.
+    chunks: int
+    chunk_bytes_resent: int
+    parent_joins: int
+
 class NodeStats:
     refits_committed: int
     refits_aborted: int
     chunk_bytes_received: int
     chunk_bytes_resent: int
     parent_joins: int
+    partitions_repaired: int
+    partitions_caught_up: int
+    deltas_caught_up: int
     last_pause_seconds: float
     last_prepared_hold_seconds: float
     pause_seconds_total: float
     version: str
+    # Indexed by stripe; empty when the tree is not striped. Summed over the
+    # stripes, chunk_bytes_resent and parent_joins are the totals above.
+    stripes: List[StripeStats]
 
 class TensorMismatch:
     tensor: str

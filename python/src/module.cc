@@ -266,16 +266,30 @@ PYBIND11_MODULE(_deltacast, m) {
                r.target_version.substr(0, 12) + ", " + std::to_string(r.delta_bytes) + " B>";
       });
 
+  py::class_<StripeStats>(m, "StripeStats",
+                          "One stripe's share of a node's traffic (NodeStats.stripes).")
+      .def_readonly("chunks", &StripeStats::chunks)
+      .def_readonly("chunk_bytes_resent", &StripeStats::chunk_bytes_resent)
+      .def_readonly("parent_joins", &StripeStats::parent_joins)
+      .def("__repr__", [](const StripeStats& s) {
+        return "<StripeStats " + std::to_string(s.chunks) + " chunks, " +
+               std::to_string(s.parent_joins) + " joins>";
+      });
+
   py::class_<NodeStats>(m, "NodeStats")
       .def_readonly("refits_committed", &NodeStats::refits_committed)
       .def_readonly("refits_aborted", &NodeStats::refits_aborted)
       .def_readonly("chunk_bytes_received", &NodeStats::chunk_bytes_received)
       .def_readonly("chunk_bytes_resent", &NodeStats::chunk_bytes_resent)
       .def_readonly("parent_joins", &NodeStats::parent_joins)
+      .def_readonly("partitions_repaired", &NodeStats::partitions_repaired)
+      .def_readonly("partitions_caught_up", &NodeStats::partitions_caught_up)
+      .def_readonly("deltas_caught_up", &NodeStats::deltas_caught_up)
       .def_readonly("last_pause_seconds", &NodeStats::last_pause_seconds)
       .def_readonly("last_prepared_hold_seconds", &NodeStats::last_prepared_hold_seconds)
       .def_readonly("pause_seconds_total", &NodeStats::pause_seconds_total)
-      .def_readonly("version", &NodeStats::version);
+      .def_readonly("version", &NodeStats::version)
+      .def_readonly("stripes", &NodeStats::stripes);
 
   py::class_<TensorMismatch>(m, "TensorMismatch")
       .def_readonly("tensor", &TensorMismatch::tensor)

@@ -247,7 +247,7 @@ class NodeStore {
   // `prior` (a revert or base write that failed) says otherwise.
   void FinishRollback(Status prior, Outcome done);
 
-  // ---- catch-up ----------------------------------------------------------
+  // ---- catch-up (node_store_catch_up.cc) ------------------------------------
   // Chain of kept deltas: begins (or resumes) `link`, reporting the chunks already
   // journaled; applies and journals one of its chunks; verifies and commits it.
   void BeginLink(const ChainLink& link,

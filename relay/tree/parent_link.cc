@@ -46,9 +46,14 @@ ParentLink::~ParentLink() {
 // for kFailoverAfter) the failover parent from the plan; back to the planned one
 // when the failover parent is unreachable too.
 void ParentLink::ChooseParent(Clock::time_point now) {
-  // Only with commit policy `available`: under `all` a dead relay fails the refit
-  // anyway, and a relay that comes back must find its children at home.
-  if (!self_.failover_parent || config_.tree.commit_policy != topology::CommitPolicy::kAvailable) {
+  // With commit policy `available`; under `all` a dead relay fails the refit anyway,
+  // and a relay that comes back must find its children at home. A sender holds no
+  // weights: its death fails nothing, so its children fail over under `all` too (to
+  // the source that feeds it, which replays them its stripe).
+  const topology::NodeConfig* planned = config_.FindNode(*self_.parent);
+  const bool sender = planned && planned->role == topology::Role::kSender;
+  if (!self_.failover_parent ||
+      (config_.tree.commit_policy != topology::CommitPolicy::kAvailable && !sender)) {
     return;
   }
   if (!on_failover() && lost_at_ && now - *lost_at_ > kFailoverAfter) {

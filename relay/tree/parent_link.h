@@ -38,7 +38,7 @@ class ParentLink {
  public:
   using Clock = RuntimeClock;
   // How long a node keeps trying its planned parent before it dials its failover
-  // parent (policy `available`).
+  // parent (policy `available`, or a planned parent that is a sender).
   static constexpr std::chrono::milliseconds kFailoverAfter{3000};
 
   struct Events {

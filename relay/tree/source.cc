@@ -327,7 +327,19 @@ Status Source::Impl::WaitForChildren(MutexLock& lock) {
 bool Source::Impl::AllPrepared() {
   bool all = true;
   for (auto& t : subtrees_) all = all && t->prepared();
-  if (all || subtrees_.size() == 1) return all;
+  if (subtrees_.size() == 1) return all;
+  // A stripe whose sender was left out (Subtree::HoldsNoWeights) is prepared with no
+  // node in it until its first level, failed over, joins here: under `all` only
+  // reports that name every receiver say they all prepared (with every sender dead,
+  // every stripe would be prepared at once).
+  bool sender_left_out = false;
+  for (uint32_t s = 0; s < striped_.stripes.size(); ++s) {
+    const topology::StripeTree& stripe = striped_.stripes[s];
+    sender_left_out = sender_left_out || (!stripe.feeder.empty() &&
+                                          subtrees_[s]->Excused(StripeLinkKey(stripe.root, s)));
+  }
+  const bool exact = options_.config.tree.commit_policy == topology::CommitPolicy::kAll;
+  if (all && !(exact && sender_left_out)) return true;
   std::set<std::string> prepared;
   for (auto& t : subtrees_) {
     for (const NodeReport& n : t->reports()) prepared.insert(n.node_id);

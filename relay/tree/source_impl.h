@@ -69,6 +69,11 @@ class Source::Impl {
             Subtree::Rules{options_.config.tree.commit_policy, options_.config.tree.connect_timeout,
                            s == 0 ? "" : "stripe " + std::to_string(s) + ": "},
             SubtreeOwner()));
+        // A sender's death fails no refit, whatever the policy: its stripe's first
+        // level fails over to this source (docs/protocol.md, "Senders").
+        if (!striped_.stripes[s].feeder.empty()) {
+          subtrees_.back()->HoldsNoWeights(StripeLinkKey(striped_.stripes[s].root, s));
+        }
       }
     }
     downstream_.SetStripes(static_cast<uint32_t>(striped_.stripes.size()));

@@ -107,13 +107,15 @@ Status Subtree::GoOnWithoutAbsent() {
                                           : " (never connected: not started, or unreachable)");
   }
   const bool any = !connected_.empty() || !adopted_.empty();
-  if (rules_.policy != topology::CommitPolicy::kAvailable || !any) {
+  const bool weightless = std::all_of(
+      absent.begin(), absent.end(), [&](const std::string& c) { return weightless_.contains(c); });
+  const bool available = rules_.policy == topology::CommitPolicy::kAvailable;
+  if ((!available && !weightless) || !any) {
     return Status::Unavailable("children did not join within " +
                                std::to_string(rules_.connect_timeout.count()) + " ms: " + missing);
   }
-  log::Warn(rules_.log_prefix +
-            "children did not join; the refit goes on without them (commit policy available): " +
-            missing);
+  log::Warn(rules_.log_prefix + "children did not join; the refit goes on without them (" +
+            (available ? "commit policy available" : "they hold no weights") + "): " + missing);
   for (const auto& c : absent) {
     Excuse(c);
     owner_.leave_out(c);
@@ -241,13 +243,16 @@ void Subtree::Tick(Clock::time_point now) {
   }
   bool left_out = false;
   for (const auto& child : away) {
-    if (rules_.policy == topology::CommitPolicy::kAvailable || failed_here_) {
+    const bool weightless = weightless_.contains(child);
+    if (rules_.policy == topology::CommitPolicy::kAvailable || failed_here_ || weightless) {
       // It does not block the version: it catches up when it is back (its parent
-      // replays the refit and its decision).
-      LeaveOut(
-          child,
-          fmt::format("child {} is away; refit {} goes on without it ({})", child, refit_id_,
-                      failed_here_ ? "the refit failed here anyway" : "commit policy available"));
+      // replays the refit and its decision). One without weights has nothing to catch
+      // up; its children failed over past it.
+      LeaveOut(child,
+               fmt::format("child {} is away; refit {} goes on without it ({})", child, refit_id_,
+                           failed_here_ ? "the refit failed here anyway"
+                           : weightless ? "it holds no weights"
+                                        : "commit policy available"));
       left_out = true;
       continue;
     }

@@ -5,8 +5,9 @@
 // Subtree keeps the bookkeeping (who is connected, adopted, excused, prepared,
 // confirmed, how long each absent child has been away) and applies the rules:
 //   - streaming, a child away longer than the connect timeout fails the refit here
-//     (policy `all`), or is left out of it (`available`, or once the refit failed
-//     here anyway: chunks queued for it would only hold the parent's credit);
+//     (policy `all`), or is left out of it (`available`, a child that holds no
+//     weights, or once the refit failed here anyway: chunks queued for it would
+//     only hold the parent's credit);
 //   - streaming, a child that cannot reach the target (its own FAILED, or a replay
 //     that would lack chunks) fails the refit (`all`) or is left out (`available`);
 //     a FAILED from further below always fails it;
@@ -114,6 +115,11 @@ class Subtree {
   // The refit stops waiting for `child` (and stops timing it) until the next one;
   // for reasons of the owner's own (it knows the child cannot take part).
   void Excuse(const std::string& child);
+  // `child` holds no weights (a sender the source feeds: sender_agent.h): away longer
+  // than the connect timeout, or absent at the start, it is left out under either
+  // policy. Its children fail over past it, and the refit still commits only once
+  // every receiver has prepared. For the whole life of this object.
+  void HoldsNoWeights(const std::string& child) { weightless_.insert(child); }
   // The clock: absent children are timed (streaming) or given up on (deciding).
   void Tick(Clock::time_point now);
 
@@ -149,6 +155,7 @@ class Subtree {
   std::set<std::string> connected_;             // planned children with a link now
   std::set<std::string> adopted_;               // adopted children with a link now
   std::map<std::string, std::string> refused_;  // the last refused HELLO of each child
+  std::set<std::string> weightless_;            // HoldsNoWeights
   Phase phase_ = Phase::kIdle;
   // Refit-scoped.
   uint64_t refit_id_ = 0;

@@ -16,12 +16,12 @@ import deltacast
 deltacast.set_log_level("warn")
 
 
-def cluster(base_port: int, receivers=("w1", "w2")):
+def cluster(base_port: int, receivers=("w1", "w2"), **tree):
     nodes = [{"id": "trainer", "host": "127.0.0.1", "port": base_port, "role": "source"}]
     nodes += [{"id": r, "host": "127.0.0.1", "port": base_port + 3 * (i + 1)}
               for i, r in enumerate(receivers)]
-    return deltacast.config({"cluster": {"name": "py"}, "tree": {"connect_timeout": "5s"},
-                             "node": nodes})
+    return deltacast.config({"cluster": {"name": "py"},
+                             "tree": {"connect_timeout": "5s", **tree}, "node": nodes})
 
 
 def port() -> int:
@@ -73,6 +73,7 @@ class BindingTest(unittest.TestCase):
                         self.assertTrue(torch.equal(workers[n][k].view(torch.uint8),
                                                     trainer[k].view(torch.uint8)), (n, k, step))
                 self.assertEqual(nodes[0].version, report.target_version)
+                self.assertEqual(nodes[0].stats().stripes, [])  # one tree: no stripes
             future = source.publish_async()  # nothing changed: an empty delta commits too
             self.assertTrue(future.result().committed)
         self.assertTrue(done.wait(10))
@@ -159,6 +160,41 @@ class BindingTest(unittest.TestCase):
                     for name, want in slices(trainer, rank).items():
                         self.assertTrue(torch.equal(engine[name].view(torch.int16),
                                                     want.view(torch.int16)), (rank, name))
+
+    def test_a_striped_node_counts_each_stripe(self):
+        """NodeStats.stripes: one entry per stripe, adding up to the totals; each
+        stripe's link carried its chunks and its END once, joined once."""
+        cfg = cluster(port() + 2, stripes=2, chunk_size="4KiB")
+        g = torch.Generator().manual_seed(6)
+        # Twelve tensors, a partition each: the delta takes a dozen chunks or more.
+        trainer = {f"layers.{i}.weight": torch.randn(64, 128, generator=g).to(torch.bfloat16)
+                   for i in range(12)}
+        workers = {n: {k: v.clone() for k, v in trainer.items()} for n in ("w1", "w2")}
+        nodes = [deltacast.Node(cfg, n, workers[n], token="t", apply_threads=1)
+                 for n in ("w1", "w2")]
+        with deltacast.Source(cfg, trainer, token="t", encode_threads=1) as source:
+            with torch.no_grad():  # a training step that moves every tensor
+                for t in trainer.values():
+                    t += torch.randn(64, 128, generator=g).to(torch.bfloat16)
+            report = source.publish()
+            self.assertTrue(report.committed, report.abort_reason)
+        self.assertGreater(report.chunks, 8)
+        for node in nodes:
+            stats = node.stats()
+            self.assertEqual(len(stats.stripes), 2)
+            self.assertEqual([s.parent_joins for s in stats.stripes], [1, 1])
+            self.assertEqual(sum(s.parent_joins for s in stats.stripes), stats.parent_joins)
+            self.assertEqual(sum(s.chunk_bytes_resent for s in stats.stripes),
+                             stats.chunk_bytes_resent)
+            self.assertEqual(stats.chunk_bytes_resent, 0)
+            # Every data chunk on one stripe, and each stripe's own END.
+            self.assertEqual(sum(s.chunks for s in stats.stripes), report.chunks - 1 + 2)
+            self.assertTrue(all(s.chunks > 1 for s in stats.stripes), stats.stripes)
+            node.stop()
+        for n in workers:
+            for k in trainer:
+                self.assertTrue(torch.equal(workers[n][k].view(torch.uint8),
+                                            trainer[k].view(torch.uint8)), (n, k))
 
     def test_misuse_is_refused_with_the_tensor_named(self):
         cfg = cluster(port() + 1)

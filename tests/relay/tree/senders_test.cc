@@ -279,6 +279,77 @@ TEST_F(SendersTest, ASenderKilledMidRefitFailsItsStripeOverAndCommitsBitExact) {
   EXPECT_EQ(report->nodes_decided, static_cast<uint32_t>(kReceiverCount));
 }
 
+// Under commit policy `all` too: a sender holds no weights, so its death mid-refit
+// fails nothing. Its stripe's first level fails over to the source, which replays
+// them the stripe; every receiver prepares and the refit commits bit-exact. Each of
+// them joined the dead sender's stripe twice and the other stripe once.
+TEST_F(SendersTest, UnderPolicyAllASenderKilledMidRefitFailsItsStripeOverAndCommits) {
+  ASSERT_NO_FATAL_FAILURE(Configure("all", "2s"));
+  source_bytes_per_second_ = 256 << 10;  // long enough a refit to kill a sender in it
+  Versions v = MakeVersions(256 << 10, 43);
+  ASSERT_NO_FATAL_FAILURE(StartAll(v));
+  constexpr int kKilled = 1;  // s2, the root of stripe 1
+  std::atomic<uint64_t> n1_had = 0;
+  std::thread killer([&] {
+    const bool began = WaitUntil([&] { return senders_[kKilled]->stats().chunks_received >= 2; },
+                                 std::chrono::seconds(20));
+    EXPECT_TRUE(began) << "s2 never received its stripe's chunks";
+    senders_[kKilled]->Stop();
+    n1_had = agents_[0]->stats().chunks_received;
+  });
+  auto report = Publish(v);
+  killer.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_LT(n1_had.load(), report->delta.chunks) << "s2 died after n1 had every chunk";
+  EXPECT_EQ(report->nodes.size(), static_cast<size_t>(kReceiverCount));
+  ExpectAllAtTarget(v);
+  const std::vector<std::string>& first_level = plan_.stripes[kKilled].tree.nodes.front().children;
+  ASSERT_FALSE(first_level.empty());
+  for (const std::string& id : first_level) {
+    const NodeAgentStats s = agents_[std::stoi(id.substr(1)) - 1]->stats();
+    EXPECT_EQ(s.refits_committed, 1u) << id;
+    EXPECT_EQ(s.stripe_parent_joins, (std::vector<uint64_t>{1, 2})) << id;
+  }
+  // Nor does a sender that stays dead stop the next refit: it is left out at the start.
+  NextVersion(v, 44, 15);
+  report = Publish(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), static_cast<size_t>(kReceiverCount));
+  ExpectAllAtTarget(v);
+}
+
+// Every sender killed mid-refit under `all`: while their stripes' first levels have
+// not failed over yet, no stripe at the source has a node in it, and the refit must
+// not commit then; it commits once every receiver prepared through the source.
+TEST_F(SendersTest, UnderPolicyAllEverySenderKilledMidRefitCommitsOnceEveryReceiverPrepared) {
+  ASSERT_NO_FATAL_FAILURE(Configure("all", "2s"));
+  source_bytes_per_second_ = 256 << 10;
+  Versions v = MakeVersions(256 << 10, 45);
+  ASSERT_NO_FATAL_FAILURE(StartAll(v));
+  std::thread killer([&] {
+    const bool began = WaitUntil(
+        [&] {
+          return senders_[0]->stats().chunks_received >= 2 &&
+                 senders_[1]->stats().chunks_received >= 2;
+        },
+        std::chrono::seconds(20));
+    EXPECT_TRUE(began) << "the senders never received their stripes' chunks";
+    for (auto& s : senders_) s->Stop();
+  });
+  auto report = Publish(v);
+  killer.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->nodes.size(), static_cast<size_t>(kReceiverCount))
+      << "committed before every receiver prepared";
+  ExpectAllAtTarget(v);
+  for (int i = 0; i < kReceiverCount; ++i) {
+    EXPECT_EQ(agents_[i]->stats().refits_committed, 1u) << "n" << i + 1;
+  }
+}
+
 // A receiver whose stripe-0 parent is a sender joins late, two versions behind: its
 // catch-up requests (FETCH_CHAIN, FETCH_DELTA_CHUNK; FETCH_MANIFEST and FETCH if it
 // goes by partitions) go to that sender, which forwards them to the source and passes

@@ -88,6 +88,48 @@ TEST(Subtree, UnderPolicyAllAnAwayChildFailsTheRefitNamingIt) {
   EXPECT_EQ(h.failed.size(), 1u);
 }
 
+// A child that holds no weights (a sender the source feeds): under `all` its absence
+// fails nothing, mid-refit or at the start, while an adopted child (its child, failed
+// over) is still waited for; any other child away still fails the refit.
+TEST(Subtree, UnderPolicyAllAChildWithoutWeightsIsLeftOutNotFailed) {
+  Harness h({"sender#1"});
+  Subtree& c = h.tree;
+  c.HoldsNoWeights("sender#1");
+  const auto t0 = Clock::now();
+  c.Joined("sender#1", false, t0);
+  c.BeginRefit(7, t0);
+  c.Lost("sender#1", t0 + milliseconds(100));
+  c.Joined("n1#1", /*adopted=*/true, t0 + milliseconds(900));
+  c.Tick(t0 + milliseconds(1200));
+  EXPECT_TRUE(h.failed.empty()) << (h.why.empty() ? "" : h.why[0]);
+  EXPECT_EQ(h.left_out, std::vector<std::string>{"sender#1"});
+  EXPECT_FALSE(c.prepared()) << "the adopted child has not prepared";
+  c.OnPrepared("n1#1", {{"n1", 1, 0, 1}});
+  EXPECT_TRUE(c.prepared());
+  c.Decided(t0 + milliseconds(1300));
+  c.OnConfirmed("n1#1", 1);
+  EXPECT_TRUE(c.confirmed());
+  c.EndRefit();
+  // Still away at the next refit's start: left out there too, as its child is here.
+  h.left_out.clear();
+  EXPECT_TRUE(c.GoOnWithoutAbsent().ok());
+  EXPECT_EQ(h.left_out, std::vector<std::string>{"sender#1"});
+
+  // Without weights but with no child here at all: the refit cannot start.
+  Harness alone({"sender#1"});
+  alone.tree.HoldsNoWeights("sender#1");
+  EXPECT_FALSE(alone.tree.GoOnWithoutAbsent().ok());
+
+  // A child with weights fails the refit under `all`, as ever.
+  Harness other({"sender#1", "n2"});
+  other.tree.HoldsNoWeights("sender#1");
+  other.tree.Joined("sender#1", false, t0);
+  other.tree.BeginRefit(8, t0);  // n2 is absent from the start
+  other.tree.Tick(t0 + milliseconds(1500));
+  ASSERT_EQ(other.failed.size(), 1u);
+  EXPECT_EQ(other.failed[0].node_id, "n2");
+}
+
 TEST(Subtree, UnderPolicyAvailableAnAwayChildIsLeftOut) {
   Harness h({"a", "b"}, CommitPolicy::kAvailable);
   Subtree& c = h.tree;
