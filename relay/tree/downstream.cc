@@ -349,6 +349,11 @@ void Downstream::NoteSent(Child& child, const transport::Message& message) {
     child.chunks.applied.clear();
     child.chunks.stream = 0;
   }
+  // A COMMIT moves the child to its target: what its HELLO said it held is past.
+  // Kept, it made a later refit back to that version (A -> B, then B -> A) look
+  // applied already, and its data chunks were never sent down.
+  if (decision.ok() && *type == MessageType::kCommit)
+    child.chunks.active = decision->target_version;
 }
 
 void Downstream::Pump(Child& child) {

@@ -208,7 +208,7 @@ class Downstream {
     Digest128 target;
     std::set<uint32_t> applied;  // from its HELLO
     std::set<uint32_t> carried;  // queued for it or sent on this link
-    Digest128 active;            // its active version, from its HELLO
+    Digest128 active;            // its active version: its HELLO, then each COMMIT sent it
     uint64_t stream = 0;         // the stream `applied` was numbered by, from its HELLO
     bool Has(const ChunkRef& c, uint64_t current_stream) const {
       if (c.data && !c.target.IsZero() && c.target == active) return true;

@@ -31,8 +31,14 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   }
   // (A refit committed here that is still the current one is answered below, with
   // its subtree's reports: more than prepared.)
+  // A refit this node never finished whose base is exactly what it holds is new,
+  // even when its target is a version this node held before (a trainer that
+  // publishes a step back: A -> B, then B -> A): only its id says it is past then.
+  const bool runs_from_here = !journal_.inflight && journal_.version == begin->base_version &&
+                              !FinishedRefit(begin->refit_id) &&
+                              !(refit_ && refit_->id == begin->refit_id);
   if (const std::optional<bool> committed = PastRefit(begin->refit_id, begin->target_version);
-      committed && !(*committed && refit_ && refit_->id == begin->refit_id)) {
+      committed && !runs_from_here && !(*committed && refit_ && refit_->id == begin->refit_id)) {
     return OnStaleBegin(stripe, *begin, *committed);
   }
   if (refit_ && refit_->id == begin->refit_id &&

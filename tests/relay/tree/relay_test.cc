@@ -251,6 +251,29 @@ TEST_F(RelayTest, SevenNodesCommitBitExact) {
   }
 }
 
+// A trainer that publishes a step back (A -> B, then B -> A, as a revert of a bad
+// step does): the second refit's target is a version every node held before, and
+// they must run it, not take its BEGIN for a replay of a refit they are past.
+TEST_F(RelayTest, ARefitBackToTheVersionBeforeCommitsBitExact) {
+  Versions v = MakeVersions(1 << 16, 9);
+  StartCluster(ConfigToml(3, 2, "16KiB", 2), v, 3);
+  auto forward = PublishVersions(v);
+  ASSERT_TRUE(forward.ok()) << forward.status().ToString();
+  ASSERT_TRUE(forward->committed) << forward->abort_reason;
+  Versions back{v.tensors, v.target, v.base};
+  auto report = PublishVersions(back);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  EXPECT_EQ(report->target_version, forward->base_version);
+  for (int i = 0; i < 3; ++i) {
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(v.base[t])) << "node n" << i + 1 << " tensor " << t;
+    }
+    EXPECT_EQ(agents_[i]->stats().refits_committed, 2u);
+    EXPECT_EQ(agents_[i]->stats().version, forward->base_version);
+  }
+}
+
 TEST_F(RelayTest, OneNodeAtTheWrongBaseAbortsEverywhere) {
   Versions v = MakeVersions(1 << 16, 2);
   ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(5, 2, "32KiB", 2)));
