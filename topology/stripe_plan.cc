@@ -151,14 +151,22 @@ std::vector<size_t> StripeOrder(const Layout& layout, const RegionPart& part, in
   return order;
 }
 
-// The largest fanout that changes a tree: beyond it every subtree is a star.
+// The edges of region r's subtrees in all stripes together.
+size_t RegionEdges(const Layout& layout, size_t r) {
+  size_t edges = 0;
+  for (const std::vector<size_t>& order : layout.orders[r]) edges += order.size() - 1;
+  return edges;
+}
+
+// The largest fanout that changes a balanced tree: from a region's edges in all
+// stripes on, its subtree roots take every child of their stripes and each subtree
+// is a star. (A subtree root of several stripes, a region's only gateway, needs that
+// much room before its stripes' subtrees flatten: a smaller bound missed the plans
+// where a WAN flow's cap, not the uplinks, is the bottleneck and depth decides.)
 int MaxUsefulFanout(const Layout& layout) {
   size_t most = 1;
-  for (const RegionPart& part : layout.regions) {
-    if (part.members.empty()) continue;
-    const size_t below =
-        HangsBelowRoot(layout, part) ? part.members.size() - 1 : part.members.size();
-    most = std::max(most, below);
+  for (size_t r = 0; r < layout.regions.size(); ++r) {
+    most = std::max(most, RegionEdges(layout, r));
   }
   return static_cast<int>(most);
 }
@@ -272,8 +280,7 @@ std::optional<Shape> BalancedShape(const Layout& layout, int fanout) {
       if (missing[s] == 0) continue;
       std::vector<size_t> lenders;
       for (size_t m : part.members) {
-        if (spare(m) > 0 &&
-            std::find(relays[s].begin(), relays[s].end(), m) == relays[s].end()) {
+        if (spare(m) > 0 && std::find(relays[s].begin(), relays[s].end(), m) == relays[s].end()) {
           lenders.push_back(m);
         }
       }
@@ -307,8 +314,7 @@ std::optional<Shape> BalancedShape(const Layout& layout, int fanout) {
 int LowestBalancedFanout(const Layout& layout) {
   size_t lowest = 1, highest = 1;
   for (size_t r = 0; r < layout.regions.size(); ++r) {
-    size_t edges = 0;
-    for (const std::vector<size_t>& order : layout.orders[r]) edges += order.size() - 1;
+    const size_t edges = RegionEdges(layout, r);
     if (edges == 0) continue;
     const size_t uploaders = layout.regions[r].members.size() +
                              (HangsBelowRoot(layout, layout.regions[r]) ? 0 : layout.roots.size());
@@ -320,9 +326,10 @@ int LowestBalancedFanout(const Layout& layout) {
   return static_cast<int>(k);
 }
 
-// The shape planned at `fanout`: balanced for "auto", else the configured k-ary fill.
-Shape MakeShape(const Layout& layout, int fanout, bool fanout_auto) {
-  if (fanout_auto) {
+// The shape at `fanout`: the balanced fill, or the k-ary one (also when no balanced
+// fill fits in `fanout`).
+Shape MakeShape(const Layout& layout, int fanout, bool balanced) {
+  if (balanced) {
     if (std::optional<Shape> shape = BalancedShape(layout, fanout)) return std::move(*shape);
   }
   return KaryShape(layout, fanout);
@@ -474,10 +481,10 @@ Result<TreePlan> BuildTree(const Layout& layout, const Shape& shape, const Rates
   });
 }
 
-Result<StripedPlan> Materialize(const Layout& layout, int fanout, bool fanout_auto) {
+Result<StripedPlan> Materialize(const Layout& layout, int fanout, bool fanout_auto, bool balanced) {
   const ClusterConfig& config = *layout.config;
   const std::vector<NodeConfig>& nodes = config.nodes;
-  const Shape shape = MakeShape(layout, fanout, fanout_auto);
+  const Shape shape = MakeShape(layout, fanout, balanced);
   const Rates rates = ModelRates(layout, shape);
   StripedPlan plan;
   plan.source = nodes[layout.source].id;
@@ -556,29 +563,41 @@ Result<StripedPlan> PlanStripesWithCount(const ClusterConfig& config, int stripe
     return plan;
   }
   const Layout layout = MakeLayout(config, stripes);
-  if (config.tree.fanout) return Materialize(layout, *config.tree.fanout, false);
+  if (config.tree.fanout) return Materialize(layout, *config.tree.fanout, false, false);
 
-  // Every k from the lowest the balanced fill can serve up; the smallest within the
-  // tie tolerance of the best.
+  // Every k from the lowest the balanced fill can serve up, the balanced fill and the
+  // k-ary one at each; the first within the tie tolerance of the best, balanced
+  // before k-ary at the same k. Where the uplinks bind, the balanced fill wins (its
+  // busiest uplink sends the fewest flows); where a WAN flow's cap binds, the uplinks
+  // do not matter and the k-ary fill's shallower subtrees can be a little faster.
+  struct Candidate {
+    int fanout;
+    bool balanced;
+    double seconds;
+  };
   const int lowest = LowestBalancedFanout(layout);
   const int highest = std::max(lowest, MaxUsefulFanout(layout));
   double best = kInfinity;
-  std::vector<double> seconds;
+  std::vector<Candidate> candidates;
   for (int k = lowest; k <= highest; ++k) {
     if (LowerBoundSeconds(layout, k, kAutoFanoutReferenceBytes) >
         best * (1 + kFanoutTieTolerance)) {
       break;
     }
-    const Shape shape = MakeShape(layout, k, true);
-    seconds.push_back(
-        PredictShape(layout, shape, ModelRates(layout, shape), kAutoFanoutReferenceBytes));
-    best = std::min(best, seconds.back());
+    for (const bool balanced : {true, false}) {
+      const Shape shape = MakeShape(layout, k, balanced);
+      const double seconds =
+          PredictShape(layout, shape, ModelRates(layout, shape), kAutoFanoutReferenceBytes);
+      candidates.push_back({k, balanced, seconds});
+      best = std::min(best, seconds);
+    }
   }
-  int chosen = lowest;
-  while (seconds[static_cast<size_t>(chosen - lowest)] > best * (1 + kFanoutTieTolerance)) {
-    ++chosen;
+  for (const Candidate& c : candidates) {
+    if (c.seconds <= best * (1 + kFanoutTieTolerance)) {
+      return Materialize(layout, c.fanout, true, c.balanced);
+    }
   }
-  return Materialize(layout, chosen, true);
+  return Status::Internal("no fanout was searched");
 }
 
 Result<StripedPlan> PlanStripes(const ClusterConfig& config) {

@@ -71,7 +71,9 @@ Load CheckAndLoad(const ClusterConfig& config, const StripedPlan& plan) {
       if (n.parent) {
         const PlannedNode* parent = st.tree.Find(*n.parent);
         EXPECT_NE(parent, nullptr) << n.id;
-        if (parent != nullptr) EXPECT_EQ(n.depth, parent->depth + 1) << n.id;
+        if (parent != nullptr) {
+          EXPECT_EQ(n.depth, parent->depth + 1) << n.id;
+        }
       }
       edges += n.children.size();
       load.children[n.id] += static_cast<int>(n.children.size());
@@ -94,7 +96,8 @@ TEST(StripeBalanceTest, NoReceiverUploadsMoreThanTheLeastPossible) {
   for (int stripes = 2; stripes <= 5; ++stripes) {
     for (int n = 7; n <= 64; ++n) {
       SCOPED_TRACE(std::to_string(n) + " receivers, " + std::to_string(stripes) + " stripes");
-      const ClusterConfig config = Parse("stripes = " + std::to_string(stripes) + "\n", OneRegion(n));
+      const ClusterConfig config =
+          Parse("stripes = " + std::to_string(stripes) + "\n", OneRegion(n));
       Result<StripedPlan> plan = PlanStripes(config);
       ASSERT_TRUE(plan.ok()) << plan.status().ToString();
       ASSERT_EQ(plan->stripes.size(), static_cast<size_t>(stripes));
@@ -153,9 +156,10 @@ TEST(StripeBalanceTest, ThirtyOneReceiversFourStripesSendOneCopyEach) {
   EXPECT_EQ(idle, 0);
   EXPECT_LE(load.depth, 4);
   // The model: every flow at a quarter of a 10 Mbit/s uplink, each stripe a quarter
-  // of the delta, so one copy's time plus a few chunks of fill.
+  // of the delta, so one copy's time plus a few chunks of fill (4 hops of 4 MiB
+  // chunks behind a 256 MiB stripe: 6 %).
   const uint64_t delta = uint64_t{1} << 30;
-  EXPECT_LT(plan.PredictSeconds(delta), 8.0 * static_cast<double>(delta) / 10e6 * 1.05);
+  EXPECT_LT(plan.PredictSeconds(delta), 8.0 * static_cast<double>(delta) / 10e6 * 1.1);
 }
 
 // Every agent plans the same: the config in any order gives the same fingerprint.
