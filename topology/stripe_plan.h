@@ -47,8 +47,12 @@
 // ceil(S (N - 1) / N) / S deltas on its busiest receiver; the balanced fill reaches
 // it at that k (tests/topology/stripe_plan_test.cc checks S = 2..5, N = 7..64).
 // "auto" searches k from the smallest whose balanced fill covers every stripe up to
-// the largest that changes a tree, and keeps the smallest k whose PredictSeconds for
-// kAutoFanoutReferenceBytes is within kFanoutTieTolerance of the best. A configured
+// the largest that changes a tree (a region's edges in all stripes), the balanced
+// and the k-ary fill at each, and keeps the first whose PredictSeconds for
+// kAutoFanoutReferenceBytes is within kFanoutTieTolerance of the best (smaller k
+// first, balanced before k-ary): where the uplinks bind the balanced fill wins;
+// where a WAN flow's cap binds the uplinks do not matter and the k-ary fill's
+// shallower subtrees can be faster. A configured
 // fanout is used as is: the k-ary fill of the same orders, k children per relay in
 // each stripe (the simulator's scenarios and the engine's tests plan with it). A
 // manual parent is kept in every stripe (a parent that is not in a stripe's tree,
