@@ -7,6 +7,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "topology/internal/config_text.h"
@@ -150,31 +151,22 @@ std::vector<size_t> StripeOrder(const Layout& layout, const RegionPart& part, in
   return order;
 }
 
-// The smallest fanout at which every stripe's relays in every region are its subtree
-// root and its group: ceil((n - 1) / (1 + group members besides the root)).
-int DisjointFanout(const Layout& layout) {
-  size_t k = 1;
-  for (size_t r = 0; r < layout.regions.size(); ++r) {
-    for (size_t s = 0; s < layout.orders[r].size(); ++s) {
-      const std::vector<size_t>& order = layout.orders[r][s];
-      const size_t below = order.size() - 1;
-      if (below == 0) continue;
-      size_t relays = 1;
-      for (size_t m : layout.regions[r].groups[s]) relays += m != order.front();
-      k = std::max(k, (below + relays - 1) / relays);
-    }
-  }
-  return static_cast<int>(k);
+// The edges of region r's subtrees in all stripes together.
+size_t RegionEdges(const Layout& layout, size_t r) {
+  size_t edges = 0;
+  for (const std::vector<size_t>& order : layout.orders[r]) edges += order.size() - 1;
+  return edges;
 }
 
-// The largest fanout that changes a tree: beyond it every subtree is a star.
+// The largest fanout that changes a balanced tree: from a region's edges in all
+// stripes on, its subtree roots take every child of their stripes and each subtree
+// is a star. (A subtree root of several stripes, a region's only gateway, needs that
+// much room before its stripes' subtrees flatten: a smaller bound missed the plans
+// where a WAN flow's cap, not the uplinks, is the bottleneck and depth decides.)
 int MaxUsefulFanout(const Layout& layout) {
   size_t most = 1;
-  for (const RegionPart& part : layout.regions) {
-    if (part.members.empty()) continue;
-    const size_t below =
-        HangsBelowRoot(layout, part) ? part.members.size() - 1 : part.members.size();
-    most = std::max(most, below);
+  for (size_t r = 0; r < layout.regions.size(); ++r) {
+    most = std::max(most, RegionEdges(layout, r));
   }
   return static_cast<int>(most);
 }
@@ -182,10 +174,24 @@ int MaxUsefulFanout(const Layout& layout) {
 // Every stripe's parent of every node (kNone: not in that stripe's tree, or its root).
 using Shape = std::vector<std::vector<size_t>>;
 
-Shape MakeShape(const Layout& layout, int fanout) {
+// A manual parent is kept in every stripe; one outside a stripe's tree (the feeding
+// source, another stripe's sender) is replaced by the stripe's root.
+void AddManualParents(const Layout& layout, Shape& shape) {
   const std::vector<NodeConfig>& nodes = layout.config->nodes;
+  for (size_t s = 0; s < shape.size(); ++s) {
+    const size_t root = layout.roots[s];
+    for (const auto& [node, parent] : layout.manual) {
+      const bool in_tree = parent == root || nodes[parent].role == Role::kReceiver;
+      shape[s][node] = in_tree ? parent : root;
+    }
+  }
+}
+
+// A configured fanout (used as is): each region's k-ary fill of its stripe order.
+Shape KaryShape(const Layout& layout, int fanout) {
   const size_t k = static_cast<size_t>(fanout);
-  Shape shape(static_cast<size_t>(layout.stripes), std::vector<size_t>(nodes.size(), kNone));
+  Shape shape(static_cast<size_t>(layout.stripes),
+              std::vector<size_t>(layout.config->nodes.size(), kNone));
   for (int s = 0; s < layout.stripes; ++s) {
     std::vector<size_t>& parent_of = shape[static_cast<size_t>(s)];
     const size_t root = layout.roots[static_cast<size_t>(s)];
@@ -195,14 +201,138 @@ Shape MakeShape(const Layout& layout, int fanout) {
       if (HangsBelowRoot(layout, layout.regions[r])) parent_of[order.front()] = root;
       for (size_t p = 1; p < order.size(); ++p) parent_of[order[p]] = order[(p - 1) / k];
     }
-    for (const auto& [node, parent] : layout.manual) {
-      // A parent outside this stripe's tree (the feeding source, another stripe's
-      // sender) is replaced by the stripe's root.
-      const bool in_tree = parent == root || nodes[parent].role == Role::kReceiver;
-      parent_of[node] = in_tree ? parent : root;
+  }
+  AddManualParents(layout, shape);
+  return shape;
+}
+
+// Each stripe's subtree of `part` as parent links in `parent_of`: `fill` is the order
+// (relays first, each with at least one child), `children[i]` what fill[i] sends.
+void FillBreadthFirst(const std::vector<size_t>& fill, const std::vector<size_t>& children,
+                      std::vector<size_t>& parent_of) {
+  size_t q = 0, used = 0;
+  for (size_t p = 1; p < fill.size(); ++p) {
+    if (used == children[q]) {
+      ++q;
+      used = 0;
+    }
+    parent_of[fill[p]] = fill[q];
+    ++used;
+  }
+}
+
+// fanout = "auto": every node sends at most `fanout` children in all stripes together
+// (see the header, "Balanced fill"). nullopt when that cannot cover every stripe.
+std::optional<Shape> BalancedShape(const Layout& layout, int fanout) {
+  const std::vector<NodeConfig>& nodes = layout.config->nodes;
+  const size_t k = static_cast<size_t>(fanout);
+  const size_t stripes = static_cast<size_t>(layout.stripes);
+  Shape shape(stripes, std::vector<size_t>(nodes.size(), kNone));
+  std::vector<size_t> load(nodes.size(), 0);  // children in all stripes
+  auto spare = [&](size_t m) { return load[m] < k ? k - load[m] : size_t{0}; };
+  for (size_t r = 0; r < layout.regions.size(); ++r) {
+    const RegionPart& part = layout.regions[r];
+    const auto& orders = layout.orders[r];
+    if (orders.empty()) continue;
+    // Per stripe: the relays in fill order, what each sends, and the edges not yet
+    // given (every node of the order but its first needs a parent).
+    std::vector<std::vector<size_t>> relays(stripes), children(stripes);
+    std::vector<size_t> missing(stripes);
+    auto give = [&](size_t s, size_t m, size_t n) {
+      if (n == 0) return;
+      const auto at = std::find(relays[s].begin(), relays[s].end(), m);
+      if (at == relays[s].end()) {
+        relays[s].push_back(m);
+        children[s].push_back(n);
+      } else {
+        children[s][static_cast<size_t>(at - relays[s].begin())] += n;
+      }
+      load[m] += n;
+      missing[s] -= n;
+    };
+    // The subtree root sends its stripe's first child, whatever else it does.
+    for (size_t s = 0; s < stripes; ++s) {
+      missing[s] = orders[s].size() - 1;
+      if (missing[s] > 0) give(s, orders[s].front(), 1);
+    }
+    for (size_t s = 0; s < stripes; ++s) {
+      if (load[orders[s].front()] > k) return std::nullopt;
+    }
+    // Group s relays stripe s (the order's [subtree root, group s] prefix).
+    for (size_t s = 0; s < stripes; ++s) {
+      const std::vector<size_t>& group = part.groups[s];
+      const size_t own =
+          1 + group.size() -
+          static_cast<size_t>(std::count(group.begin(), group.end(), orders[s].front()));
+      for (size_t i = 0; i < own && missing[s] > 0; ++i) {
+        give(s, orders[s][i], std::min(spare(orders[s][i]), missing[s]));
+      }
+    }
+    // A stripe whose group cannot cover it borrows the spare children of the other
+    // groups' members: those that relay in the fewest stripes first (a node that
+    // relays nowhere before one that relays its own stripe), then the most spare, so
+    // a node is interior in a second stripe only where it must be.
+    std::vector<size_t> interior(nodes.size(), 0);
+    for (size_t s = 0; s < stripes; ++s) {
+      for (size_t m : relays[s]) ++interior[m];
+    }
+    for (size_t s = 0; s < stripes; ++s) {
+      if (missing[s] == 0) continue;
+      std::vector<size_t> lenders;
+      for (size_t m : part.members) {
+        if (spare(m) > 0 && std::find(relays[s].begin(), relays[s].end(), m) == relays[s].end()) {
+          lenders.push_back(m);
+        }
+      }
+      std::stable_sort(lenders.begin(), lenders.end(), [&](size_t a, size_t b) {
+        return interior[a] != interior[b] ? interior[a] < interior[b] : spare(a) > spare(b);
+      });
+      for (size_t m : lenders) {
+        if (missing[s] == 0) break;
+        give(s, m, std::min(spare(m), missing[s]));
+        ++interior[m];
+      }
+      if (missing[s] > 0) return std::nullopt;
+    }
+    for (size_t s = 0; s < stripes; ++s) {
+      std::vector<size_t> fill = relays[s];
+      if (fill.empty()) fill.push_back(orders[s].front());
+      for (size_t m : orders[s]) {
+        if (std::find(fill.begin(), fill.end(), m) == fill.end()) fill.push_back(m);
+      }
+      if (HangsBelowRoot(layout, part)) shape[s][fill.front()] = layout.roots[s];
+      FillBreadthFirst(fill, children[s], shape[s]);
     }
   }
+  AddManualParents(layout, shape);
   return shape;
+}
+
+// The smallest fanout whose balanced fill covers every stripe. Below
+// ceil(edges / uploaders) of some region none can; at the sum of a region's edges
+// its subtree roots alone can, so the search ends.
+int LowestBalancedFanout(const Layout& layout) {
+  size_t lowest = 1, highest = 1;
+  for (size_t r = 0; r < layout.regions.size(); ++r) {
+    const size_t edges = RegionEdges(layout, r);
+    if (edges == 0) continue;
+    const size_t uploaders = layout.regions[r].members.size() +
+                             (HangsBelowRoot(layout, layout.regions[r]) ? 0 : layout.roots.size());
+    lowest = std::max(lowest, (edges + uploaders - 1) / uploaders);
+    highest = std::max(highest, edges);
+  }
+  size_t k = lowest;
+  while (k < highest && !BalancedShape(layout, static_cast<int>(k))) ++k;
+  return static_cast<int>(k);
+}
+
+// The shape at `fanout`: the balanced fill, or the k-ary one (also when no balanced
+// fill fits in `fanout`).
+Shape MakeShape(const Layout& layout, int fanout, bool balanced) {
+  if (balanced) {
+    if (std::optional<Shape> shape = BalancedShape(layout, fanout)) return std::move(*shape);
+  }
+  return KaryShape(layout, fanout);
 }
 
 // The striped model's rates for a shape (see the header): per stripe, per node, the
@@ -287,7 +417,8 @@ double SecondsTo(int depth, double path_bps, double path_latency_s, bool fed, do
 }
 
 // A lower bound on T(plan) for fanout k, to end the "auto" search early: each
-// subtree root with m nodes below it sends at least min(k, m) flows of a stripe, so
+// subtree root with m nodes below it sends at least min(k, m) flows in all (the
+// balanced fill gives it its stripe's first children up to k in all stripes), so
 // some node gets its stripe no faster than uplink / min(k, m). It never decreases
 // as k grows.
 double LowerBoundSeconds(const Layout& layout, int fanout, uint64_t delta_bytes) {
@@ -350,10 +481,10 @@ Result<TreePlan> BuildTree(const Layout& layout, const Shape& shape, const Rates
   });
 }
 
-Result<StripedPlan> Materialize(const Layout& layout, int fanout, bool fanout_auto) {
+Result<StripedPlan> Materialize(const Layout& layout, int fanout, bool fanout_auto, bool balanced) {
   const ClusterConfig& config = *layout.config;
   const std::vector<NodeConfig>& nodes = config.nodes;
-  const Shape shape = MakeShape(layout, fanout);
+  const Shape shape = MakeShape(layout, fanout, balanced);
   const Rates rates = ModelRates(layout, shape);
   StripedPlan plan;
   plan.source = nodes[layout.source].id;
@@ -432,28 +563,41 @@ Result<StripedPlan> PlanStripesWithCount(const ClusterConfig& config, int stripe
     return plan;
   }
   const Layout layout = MakeLayout(config, stripes);
-  if (config.tree.fanout) return Materialize(layout, *config.tree.fanout, false);
+  if (config.tree.fanout) return Materialize(layout, *config.tree.fanout, false, false);
 
-  // Every k from the disjoint one up; the smallest within the tie tolerance of the best.
-  const int lowest = DisjointFanout(layout);
+  // Every k from the lowest the balanced fill can serve up, the balanced fill and the
+  // k-ary one at each; the first within the tie tolerance of the best, balanced
+  // before k-ary at the same k. Where the uplinks bind, the balanced fill wins (its
+  // busiest uplink sends the fewest flows); where a WAN flow's cap binds, the uplinks
+  // do not matter and the k-ary fill's shallower subtrees can be a little faster.
+  struct Candidate {
+    int fanout;
+    bool balanced;
+    double seconds;
+  };
+  const int lowest = LowestBalancedFanout(layout);
   const int highest = std::max(lowest, MaxUsefulFanout(layout));
   double best = kInfinity;
-  std::vector<double> seconds;
+  std::vector<Candidate> candidates;
   for (int k = lowest; k <= highest; ++k) {
     if (LowerBoundSeconds(layout, k, kAutoFanoutReferenceBytes) >
         best * (1 + kFanoutTieTolerance)) {
       break;
     }
-    const Shape shape = MakeShape(layout, k);
-    seconds.push_back(
-        PredictShape(layout, shape, ModelRates(layout, shape), kAutoFanoutReferenceBytes));
-    best = std::min(best, seconds.back());
+    for (const bool balanced : {true, false}) {
+      const Shape shape = MakeShape(layout, k, balanced);
+      const double seconds =
+          PredictShape(layout, shape, ModelRates(layout, shape), kAutoFanoutReferenceBytes);
+      candidates.push_back({k, balanced, seconds});
+      best = std::min(best, seconds);
+    }
   }
-  int chosen = lowest;
-  while (seconds[static_cast<size_t>(chosen - lowest)] > best * (1 + kFanoutTieTolerance)) {
-    ++chosen;
+  for (const Candidate& c : candidates) {
+    if (c.seconds <= best * (1 + kFanoutTieTolerance)) {
+      return Materialize(layout, c.fanout, true, c.balanced);
+    }
   }
-  return Materialize(layout, chosen, true);
+  return Status::Internal("no fanout was searched");
 }
 
 Result<StripedPlan> PlanStripes(const ClusterConfig& config) {

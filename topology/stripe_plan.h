@@ -26,21 +26,39 @@
 // group j starts with gateway candidate j (the nodes with gateway = true, or the
 // region's fastest node when it lists none), and every other member joins the
 // smallest group (ties: lowest index). In stripe i a region hangs below its subtree
-// root as a k-ary tree filled breadth-first from the order [subtree root, group i,
-// everyone else], so group i relays and the others are leaves when k is large
-// enough. The subtree root is gateway candidate i mod G in a remote region, a child
-// of the stripe's root; in the source's region it is the stripe's root when that is
-// a sender, and when the source roots every stripe itself it is group i's fastest
-// member, the source's one child there in stripe i: the source sends each stripe
-// once, so its uplink carries one copy of the delta in all (with k children in each
-// stripe it would carry k). Fanout "auto" searches k from the
-// smallest that keeps every stripe's relays inside its group (SplitStream's
-// disjointness) up to the largest that changes a tree, and keeps the smallest k
-// whose PredictSeconds for kAutoFanoutReferenceBytes is within kFanoutTieTolerance
-// of the best; a configured fanout is used as is. A manual parent is kept in every
-// stripe (a parent that is not in a stripe's tree, the feeding source or another
-// stripe's sender, becomes that stripe's root). Failover parent: the grandparent in
-// the stripe; the root's children fail over to the feeder when there is one.
+// root, filled breadth-first from the order [subtree root, group i, everyone else],
+// so group i relays and the others are leaves. The subtree root is gateway candidate
+// i mod G in a remote region, a child of the stripe's root; in the source's region it
+// is the stripe's root when that is a sender, and when the source roots every stripe
+// itself it is group i's fastest member, the source's one child there in stripe i:
+// the source sends each stripe once, so its uplink carries one copy of the delta in
+// all (with k children in each stripe it would carry k).
+//
+// Balanced fill (fanout "auto"). k bounds the children a node sends in all stripes
+// together, so its upload is at most k / S deltas: each subtree root sends its
+// stripe's first child; group i's members (the subtree root first) then take stripe
+// i's children, up to k each in all; a stripe whose group is still short (a group of
+// 7 under 31 receivers at S = 4 and k = 4: 28 of 30) borrows the spare children of
+// other groups' members, the most spare first, so a receiver is interior in a
+// second stripe only where its own group cannot cover one, and no one exceeds k.
+// Each stripe's relays come first in its breadth-first fill, in that order. With
+// the source rooting every stripe over N receivers in one region the stripes have
+// S (N - 1) edges among N receivers, so no plan does better than
+// ceil(S (N - 1) / N) / S deltas on its busiest receiver; the balanced fill reaches
+// it at that k (tests/topology/stripe_plan_test.cc checks S = 2..5, N = 7..64).
+// "auto" searches k from the smallest whose balanced fill covers every stripe up to
+// the largest that changes a tree (a region's edges in all stripes), the balanced
+// and the k-ary fill at each, and keeps the first whose PredictSeconds for
+// kAutoFanoutReferenceBytes is within kFanoutTieTolerance of the best (smaller k
+// first, balanced before k-ary): where the uplinks bind the balanced fill wins;
+// where a WAN flow's cap binds the uplinks do not matter and the k-ary fill's
+// shallower subtrees can be faster. A configured
+// fanout is used as is: the k-ary fill of the same orders, k children per relay in
+// each stripe (the simulator's scenarios and the engine's tests plan with it). A
+// manual parent is kept in every stripe (a parent that is not in a stripe's tree,
+// the feeding source or another stripe's sender, becomes that stripe's root).
+// Failover parent: the grandparent in the stripe; the root's children fail over to
+// the feeder when there is one.
 //
 // Model (tree_plan.h's pipelined cut-through model, with the flows of all stripes
 // sharing the caps). A stripe carries D_s = ceil(D / S) bytes in chunks of
