@@ -94,8 +94,10 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
                             " rejoined, but the source could not spool the refit's chunks (" +
                             refit_->spool_error.ToString() + ")";
     if (tree.CannotTakePart(child, why)) {
-      *refused = "the source cannot replay refit " + std::to_string(begin.refit_id) +
-                 " (it could not spool its chunks)";
+      // Striped only: with one tree the child has no other stripe to fail for.
+      if (striped_.stripes.size() > 1)
+        *refused = "the source cannot replay refit " + std::to_string(begin.refit_id) +
+                   " (it could not spool its chunks)";
       return std::nullopt;
     }
   }
