@@ -143,9 +143,8 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
     return Refuse(*h.connection, reason);
   }
   if (shedding_ && shed_stripes_.contains(hello->stripe)) {
-    // Refused until the refit ends: said once, at Shed, not at every redial.
-    h.connection->Send(transport::MakeMessage(EncodeRefuse({*shedding_})));
-    return h.connection->Close();
+    // Refused until the refit ends (logged once, at Shed, not at every redial).
+    return RefuseThenClose(std::move(h.connection), relay::Refuse{*shedding_, shed_refit_});
   }
   // A link is named by its node and stripe: a child joins this node once per stripe
   // whose tree makes it this node's child.
@@ -559,9 +558,11 @@ void Downstream::Heartbeat() {
   }
 }
 
-void Downstream::Shed(std::optional<std::string> reason, std::set<uint32_t> stripes) {
+void Downstream::Shed(std::optional<std::string> reason, std::set<uint32_t> stripes,
+                      uint64_t refit_id) {
   shedding_ = std::move(reason);
   shed_stripes_ = shedding_ ? std::move(stripes) : std::set<uint32_t>{};
+  shed_refit_ = shedding_ ? refit_id : 0;
   std::vector<std::string> shed;
   for (const auto& [id, child] : children_) {
     if (child.connection && shed_stripes_.contains(StripeOfLink(id))) shed.push_back(id);
@@ -570,9 +571,34 @@ void Downstream::Shed(std::optional<std::string> reason, std::set<uint32_t> stri
     auto it = children_.find(id);
     if (it == children_.end() || !it->second.connection) continue;
     log::Warn(fmt::format("{}: refusing child {}: {}", self_id_, id, *shedding_));
-    it->second.connection->Send(transport::MakeMessage(EncodeRefuse({*shedding_})));
+    std::unique_ptr<transport::Connection> link = std::move(it->second.connection);
     Lose(id, Status::Unavailable(*shedding_));
+    RefuseThenClose(std::move(link), relay::Refuse{*shedding_, shed_refit_});
   }
+}
+
+void Downstream::RefuseForRefit(const std::string& id, const std::string& reason,
+                                uint64_t refit_id) {
+  auto it = children_.find(id);
+  if (it == children_.end() || !it->second.connection) return;
+  std::unique_ptr<transport::Connection> link = std::move(it->second.connection);
+  Lose(id, Status::Unavailable(reason));
+  RefuseThenClose(std::move(link), relay::Refuse{reason, refit_id});
+}
+
+void Downstream::RefuseThenClose(std::unique_ptr<transport::Connection> connection,
+                                 const relay::Refuse& refuse) {
+  transport::Connection* link = connection.get();
+  refusing_.push_back(std::move(connection));
+  link->Send(transport::MakeMessage(EncodeRefuse(refuse)), [this, link](Status) {
+    loop_.Post([this, link] {
+      auto it = std::find_if(refusing_.begin(), refusing_.end(),
+                             [&](const auto& c) { return c.get() == link; });
+      if (it == refusing_.end()) return;
+      (*it)->Close();
+      refusing_.erase(it);
+    });
+  });
 }
 
 void Downstream::CloseAll() {
@@ -582,6 +608,8 @@ void Downstream::CloseAll() {
   }
   for (auto& [serial, h] : handshakes_) h.connection->Close();
   handshakes_.clear();
+  for (auto& c : refusing_) c->Close();
+  refusing_.clear();
 }
 
 }  // namespace deltacast::relay

@@ -149,15 +149,21 @@ class Downstream {
   // what it lacks when it is back.
   void Excuse(const std::string& child);
 
-  // This node cannot take part in the refit and its parents stop streaming to it
-  // (striped, policy `available`): its children on the stripes in `stripes` (those
+  // This node cannot take part in refit `refit_id` and its parents stop streaming to
+  // it (striped, policy `available`): its children on the stripes in `stripes` (those
   // whose END it lacks) would wait for chunks that never come while their other
   // stripes' parents wait for them. With `reason` set, each connected child link of
-  // those stripes is sent REFUSE and closed, and their HELLOs are refused, so the
-  // children fail over (ParentLink, kFailoverAfter) to their failover parents,
-  // which replay them the refit. nullopt: every child is welcome again.
-  void Shed(std::optional<std::string> reason, std::set<uint32_t> stripes = {});
+  // those stripes is sent REFUSE naming the refit and closed once it is out, and
+  // their HELLOs are refused alike, so the children fail over to their failover
+  // parents at once, which replay them the refit (or, shed there too, give it up:
+  // NodeAgent). nullopt: every child is welcome again.
+  void Shed(std::optional<std::string> reason, std::set<uint32_t> stripes = {},
+            uint64_t refit_id = 0);
   bool shedding() const { return shedding_.has_value(); }
+  // `child` cannot be served refit `refit_id` here (the source could not spool it):
+  // its link is sent REFUSE naming the refit and closed once that is out, as Shed
+  // does. Nothing if it is not connected.
+  void RefuseForRefit(const std::string& child, const std::string& reason, uint64_t refit_id);
 
   // A refit begins (call before broadcasting its BEGIN): every child grants a
   // fresh window of credit, and credit for any other refit is ignored from now on;
@@ -252,6 +258,10 @@ class Downstream {
   // Whether the child came over a backend this node speaks; logs a fallback.
   Status CheckTransport(const Hello& hello) const;
   void Refuse(transport::Connection& connection, const std::string& reason);
+  // Sends `refuse` and closes the link once it is out: closing at once aborts the
+  // queued send (transport.h), and the peer would see the close without the reason.
+  void RefuseThenClose(std::unique_ptr<transport::Connection> connection,
+                       const relay::Refuse& refuse);
   void Pump(Child& child);
   void Complete(Pending& pending);
   // Completes everything queued for `child` that was never sent.
@@ -276,6 +286,9 @@ class Downstream {
   std::set<std::string> adoptable_;
   std::optional<std::string> shedding_;  // Shed: why the children of shed_stripes_ are refused
   std::set<uint32_t> shed_stripes_;
+  uint64_t shed_refit_ = 0;  // the refit a Shed leaves this node out of
+  // Links refused and closed once their REFUSE is out (RefuseThenClose).
+  std::vector<std::unique_ptr<transport::Connection>> refusing_;
   std::vector<std::string> transports_;
   uint32_t stripes_ = 1;
   uint64_t refit_id_ = 0;   // the refit credit counts for

@@ -134,6 +134,7 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
   begin_on_.assign(stripes(), 0);
   window_on_.assign(stripes(), 0);
   stale_on_.assign(stripes(), 0);
+  shed_by_.assign(stripes(), {});
   received_on_link_.assign(stripes(), {});
   downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
   catch_up_.SetVerifyKey(options_.verify_key.get());
@@ -259,6 +260,11 @@ ParentLink::Events NodeAgent::Impl::ParentEvents(uint32_t stripe) {
   e.refused = [this, stripe](const Status& why) {
     join_.Refused(parents_[stripe]->current(), why);
   };
+  e.shed = [this, stripe](const std::string& parent, uint64_t refit_id) {
+    shed_by_[stripe][parent] = refit_id;
+    // Welcomed, then refused (the source does so): no parent served the stripe meanwhile.
+    if (parents_[stripe]->joined()) stripe_away_since_[stripe] = stripe_away_before_join_[stripe];
+  };
   e.message = [this, stripe](MessageType type, const transport::Message& m) {
     OnParentMessage(stripe, type, m);
   };
@@ -311,7 +317,9 @@ bool NodeAgent::Impl::OtherParentJoined(uint32_t except) const {
 }
 
 void NodeAgent::Impl::OnParentJoined(uint32_t stripe) {
+  stripe_away_before_join_[stripe] = stripe_away_since_[stripe];
   stripe_away_since_[stripe].reset();
+  shed_by_[stripe].erase(parents_[stripe]->current());  // it takes this node again
   {
     MutexLock lock(stats_mu_);
     ++stats_.parent_joins;

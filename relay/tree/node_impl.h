@@ -216,6 +216,9 @@ class NodeAgent::Impl {
   // not in, leaves this node out there, as its parent there leaves it out: it cannot
   // prepare, so it says FAILED up the other stripes, whose parents would wait for it.
   void GiveUpOnAwayStripe(Clock::time_point now);
+  // Whether every parent this node may join in `stripe` (the planned one and its
+  // failover parent) refused it because it cannot serve the current refit there.
+  bool ShedByEveryParent(uint32_t stripe) const;
   void OnChildPrepared(const std::string& child, ByteSpan bytes);
   void OnChildFailed(const std::string& child, ByteSpan bytes);
   void OnChildJoined(const std::string& child, const Hello& hello);
@@ -282,6 +285,8 @@ class NodeAgent::Impl {
   std::optional<Refit> refit_;
   // The refit whose children this node refused (ShedChildrenIfLeftOut); 0: none.
   uint64_t shed_refit_ = 0;
+  // The last refit this node failed itself (FAILED, kind node) in this life; 0: none.
+  uint64_t failed_refit_ = 0;
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t parent_begins_ = 0;             // BEGINs the parent sent; a newer one supersedes
@@ -298,6 +303,9 @@ class NodeAgent::Impl {
   // Per stripe: the finished refit whose BEGIN that link carried last (0: none). Its
   // chunks are dropped, with credit, so the decision queued behind them comes.
   std::vector<uint64_t> stale_on_;
+  // Per stripe: the parents (planned, failover) that refused this node because they
+  // cannot serve a refit there (left out of it: Downstream::Shed), and that refit.
+  std::vector<std::map<std::string, uint64_t>> shed_by_;
   uint64_t catch_up_failed_refit_ = 0;  // its BEGIN then runs (and fails) as usual
   uint64_t retried_commit_ = 0;         // the refit whose failed local commit was tried again
   Status catch_up_failure_;             // why that catch-up failed
@@ -356,6 +364,10 @@ class NodeAgent::Impl {
   // Per stripe: since when no parent of that stripe has been joined (nullopt: one is).
   std::vector<std::optional<Clock::time_point>> stripe_away_since_ =
       std::vector<std::optional<Clock::time_point>>(parents_.size(), Clock::now());
+  // Per stripe: stripe_away_since_ as it was when the last link joined (a parent that
+  // welcomes this node and then refuses it for the refit never served it).
+  std::vector<std::optional<Clock::time_point>> stripe_away_before_join_ =
+      std::vector<std::optional<Clock::time_point>>(parents_.size());
   CatchUp catch_up_;
   Rollback rollback_;
   StoreRecovery recovery_;

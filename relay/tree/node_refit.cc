@@ -41,6 +41,20 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       committed && !runs_from_here && !(*committed && refit_ && refit_->id == begin->refit_id)) {
     return OnStaleBegin(stripe, *begin, *committed);
   }
+  if (begin->refit_id == failed_refit_ && !(refit_ && refit_->id == begin->refit_id) &&
+      stripes() > 1) {
+    // This node said it cannot take part in this refit, and its parents left it out
+    // (stopped streaming to it, its children sent away); it has since moved on (a
+    // held delta resolved, a catch-up). Begun again, it would wait for stripes that
+    // nobody streams to it while a parent that adopts it waits for its PREPARED (the
+    // simulator's --stripes seeds 10474, 10552): FAILED again on this link, and the
+    // node catches up at the next refit.
+    log::Warn(fmt::format("{}: refit {} failed here already; not beginning it again",
+                          options_.node_id, begin->refit_id));
+    up.Send(EncodeFailed(Failed{begin->refit_id, options_.node_id,
+                                "this node failed this refit already and left it"}));
+    return;
+  }
   if (refit_ && refit_->id == begin->refit_id &&
       !(refit_->phase == Phase::kDone && !committed_last_)) {
     // A replay after a reconnect, or this refit's BEGIN on another stripe: what
@@ -573,6 +587,7 @@ void NodeAgent::Impl::SendFailed(const Failed& failed) {
   if (refit_->failed_sent && (!own || refit_->failed->node_id == options_.node_id)) return;
   refit_->failed_sent = true;
   refit_->failed = failed;
+  if (own && failed.kind == FailureKind::kNode) failed_refit_ = failed.refit_id;
   ForEachSubtree([](Subtree& t) { t.FailedHere(); });
   // Up every stripe: each parent stops waiting for this subtree.
   SendUpAll(EncodeFailed(failed));
@@ -602,7 +617,7 @@ void NodeAgent::Impl::ShedChildrenIfLeftOut() {
     return downstream_.Shed(
         fmt::format("'{}' cannot take part in refit {}; join your failover parent",
                     options_.node_id, refit_->id),
-        std::move(lacking));
+        std::move(lacking), refit_->id);
   }
   // Left out until the refit is decided here or another begins (a BEGIN replayed for
   // the same refit does not bring back what this node's parents stopped sending).
@@ -627,6 +642,17 @@ void NodeAgent::Impl::GiveUpOnAwayStripe(Clock::time_point now) {
     // timeout for a node whose stripe parent was joined but silent).
     const bool served = parents_[s]->joined() && begin_on_[s] == refit_->id;
     if (refit_->ends.contains(s) || served) continue;
+    if (ShedByEveryParent(s)) {
+      // Each said so itself: nothing of this stripe can come in this refit, and
+      // waiting out the timeout below would hold every other stripe's parents, level
+      // after level down the stripe (the simulator's --stripes seed 10284).
+      return LocalFailure(
+          refit_->id, Status::Unavailable(fmt::format(
+                          "every parent of stripe {} ({}{}) is left out of this refit: its "
+                          "chunks of this refit cannot come",
+                          s, *selves_[s].parent,
+                          selves_[s].failover_parent ? ", " + *selves_[s].failover_parent : "")));
+    }
     const auto since = std::max(stripe_away_since_[s].value_or(refit_->start), refit_->start);
     if (now - since <= timeout) continue;
     return LocalFailure(refit_->id,
@@ -635,6 +661,15 @@ void NodeAgent::Impl::GiveUpOnAwayStripe(Clock::time_point now) {
                             "of this refit cannot come",
                             s, timeout.count())));
   }
+}
+
+bool NodeAgent::Impl::ShedByEveryParent(uint32_t stripe) const {
+  const auto shed = [&](const std::optional<std::string>& parent) {
+    auto it = parent ? shed_by_[stripe].find(*parent) : shed_by_[stripe].end();
+    return it != shed_by_[stripe].end() && it->second == refit_->id;
+  };
+  const topology::PlannedNode& self = selves_[stripe];
+  return shed(self.parent) && (!self.failover_parent || shed(self.failover_parent));
 }
 
 // PREPARED goes up each stripe once this node verified the target and that stripe's

@@ -267,6 +267,7 @@ void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {
       }
       link_->Authenticated();
       joined_ = true;
+      lost_before_join_ = lost_at_;
       lost_at_.reset();
       log::Info(fmt::format("{}: joined parent {} over {}{}{}", self_.id, current_, backend_,
                             link_->PeerIdentity().empty() ? "" : " with TLS",
@@ -281,6 +282,29 @@ void ParentLink::OnMessage(uint64_t serial, const transport::Message& message) {
       backoff_ = std::chrono::milliseconds(2000);
       const Status why =
           Status::PermissionDenied("parent '" + current_ + "' refused this node: " + reason);
+      if (r.ok() && r->refit_id != 0) {
+        // A parent that cannot serve this refit here (it may have welcomed us first,
+        // as the source does): the link was never of use, so it does not count as
+        // joined for the failover's timing.
+        if (joined_) lost_at_ = lost_before_join_;
+        if (events_.shed) events_.shed(current_, r->refit_id);
+        if (self_.failover_parent &&
+            config_.tree.commit_policy == topology::CommitPolicy::kAvailable) {
+          // Said outright: try the other parent of this stripe now rather than after
+          // kFailoverAfter (the planned one again only after the backoff, so that two
+          // parents that both refuse are not dialled in a loop).
+          const std::string other = on_failover() ? *self_.parent : *self_.failover_parent;
+          log::Warn(fmt::format("{}: parent {} cannot serve refit {}; trying {}", self_.id,
+                                current_, r->refit_id, other));
+          if (!on_failover()) {
+            next_primary_try_ = Clock::now() + std::chrono::seconds(10);
+            backoff_ = std::chrono::milliseconds(100);
+          }
+          current_ = other;
+          address_ = AddressOf(current_);
+          lost_at_ = Clock::now();
+        }
+      }
       if (events_.refused) events_.refused(why);
       return Drop(why);
     }

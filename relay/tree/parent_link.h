@@ -53,6 +53,11 @@ class ParentLink {
     // node (REFUSE: a wrong token, another node's certificate), or this node refused
     // the parent (it could not prove the token; a TLS identity that is not its).
     std::function<void(const Status& why)> refused;
+    // The parent dialled (`parent`) refused this node because it cannot serve refit
+    // `refit_id` on this link's stripe (it is left out of it; before `refused`). With
+    // policy `available` the link fails over at once when that parent is the
+    // planned one: waiting out kFailoverAfter would only delay the replay.
+    std::function<void(const std::string& parent, uint64_t refit_id)> shed;
     // Any message after the handshake but HEARTBEAT; valid during the call.
     std::function<void(MessageType type, const transport::Message& message)> message;
   };
@@ -103,10 +108,11 @@ class ParentLink {
 
   std::unique_ptr<transport::Connection> link_;
   std::vector<std::unique_ptr<transport::Connection>> refusing_;  // closed once REFUSE is out
-  std::string current_;                       // the planned parent, or its failover parent
-  std::string address_;                       // of current_
-  std::string backend_;                       // the backend the link runs over
-  std::optional<Clock::time_point> lost_at_;  // unreachable since
+  std::string current_;                                // the planned parent, or its failover parent
+  std::string address_;                                // of current_
+  std::string backend_;                                // the backend the link runs over
+  std::optional<Clock::time_point> lost_at_;           // unreachable since
+  std::optional<Clock::time_point> lost_before_join_;  // lost_at_ when the link last joined
   Clock::time_point next_primary_try_ = Clock::now();
   Clock::time_point next_connect_ = Clock::now();
   Clock::time_point next_heartbeat_ = Clock::now();

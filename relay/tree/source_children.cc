@@ -30,6 +30,8 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
   const bool adopted = downstream_.IsAdopted(child);
   std::optional<transport::Message> resolution;
   std::optional<std::vector<Downstream::Outgoing>> backlog;
+  std::string refused;  // left out of the refit here: why
+  uint64_t refit_id = 0;
   transport::Message told;
   {
     MutexLock lock(mu_);
@@ -40,7 +42,10 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
     const bool other_delta = !hello.inflight_target.IsZero() &&
                              (!refit_ || hello.inflight_target != refit_->begin.target_version);
     if (other_delta && hello.stripe == 0) resolution = Resolution(child, hello.inflight_target);
-    if (refit_ && refit_->begun) backlog = Backlog(child, hello);
+    if (refit_ && refit_->begun) {
+      backlog = Backlog(child, hello, &refused);
+      refit_id = refit_->begin.refit_id;
+    }
     const bool same = hello.active_version == active_version_;
     told = transport::MakeMessage(EncodeActiveVersion(
         active_version_, !same && active_manifest_ ? ByteSpan(*active_manifest_) : ByteSpan()));
@@ -50,6 +55,12 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
   // take mu_.
   // On every stripe's link: the node checks the first it gets after it joined
   // (whichever of its stripes joined first), so the check never waits on one stripe.
+  if (!refused.empty()) {
+    // Said outright, naming the refit, so that the child gives this stripe up at once
+    // if its other parent there cannot serve it either (NodeAgent::ShedByEveryParent),
+    // rather than sit joined to a parent that sends it nothing.
+    return downstream_.RefuseForRefit(child, refused, refit_id);
+  }
   downstream_.SendTo(child, told);
   if (resolution) downstream_.SendTo(child, *resolution);
   if (backlog) downstream_.Requeue(child, std::move(*backlog));
@@ -58,7 +69,8 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
 // Caller holds mu_: what a child that (re)joined during or after the refit still
 // needs: BEGIN, the spooled chunks it lacks, and the decision if there is one.
 std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std::string& child,
-                                                                       const Hello& hello) {
+                                                                       const Hello& hello,
+                                                                       std::string* refused) {
   const Begin& begin = refit_->begin;
   std::optional<bool> committed;
   if (refit_->decision) committed = refit_->decision == MessageType::kCommit;
@@ -78,10 +90,16 @@ std::optional<std::vector<Downstream::Outgoing>> Source::Impl::Backlog(const std
     // the simulator: seed 1069, a source whose disk was full). Replayed what there is
     // all the same if it stays: with BEGIN it takes the ABORT and confirms it (seed
     // 758).
-    const bool left_out = tree.CannotTakePart(
-        child, "child " + child + " rejoined, but the source could not spool the refit's chunks (" +
-                   refit_->spool_error.ToString() + ")");
-    if (left_out) return std::nullopt;
+    const std::string why = "child " + child +
+                            " rejoined, but the source could not spool the refit's chunks (" +
+                            refit_->spool_error.ToString() + ")";
+    if (tree.CannotTakePart(child, why)) {
+      // Striped only: with one tree the child has no other stripe to fail for.
+      if (striped_.stripes.size() > 1)
+        *refused = "the source cannot replay refit " + std::to_string(begin.refit_id) +
+                   " (it could not spool its chunks)";
+      return std::nullopt;
+    }
   }
   Replay replay = ReplayFor(hello, begin, refit_->spool.get(), refit_->decision_message);
   log::Info(fmt::format("child {} rejoined during refit {}: replaying {} chunks it lacks", child,

@@ -273,8 +273,11 @@ class Source::Impl {
   Downstream::Events Events();
   void OnJoined(const std::string& child, const Hello& hello);
   void OnMessage(const std::string& child, MessageType type, ByteSpan bytes);
+  // `refused`: set when the child cannot be served this refit here and is left out
+  // (the caller refuses its link, outside mu_).
   std::optional<std::vector<Downstream::Outgoing>> Backlog(const std::string& child,
-                                                           const Hello& hello) REQUIRES(mu_);
+                                                           const Hello& hello, std::string* refused)
+      REQUIRES(mu_);
   std::optional<transport::Message> Resolution(const std::string& child, const Digest128& target)
       REQUIRES(mu_);
   void ServeFetch(const std::string& child, ByteSpan bytes);

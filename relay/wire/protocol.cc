@@ -122,6 +122,7 @@ std::vector<std::byte> EncodeRefuse(const Refuse& m) {
   auto out = Header(MessageType::kRefuse);
   ByteWriter w(out);
   PutString(w, m.reason.substr(0, kMaxReasonBytes));
+  w.Put<uint64_t>(m.refit_id);
   return out;
 }
 
@@ -233,6 +234,7 @@ std::vector<std::byte> EncodeOutcome(MessageType type, const Outcome& m) {
 Result<Refuse> ParseRefuse(ByteSpan message) {
   return ParseBody<Refuse>(message, MessageType::kRefuse, [&](BodyReader& r, Refuse& m) {
     r.GetString(m.reason, kMaxReasonBytes);
+    r.Get(m.refit_id);
   });
 }
 

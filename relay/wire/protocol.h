@@ -32,7 +32,7 @@ inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
 // 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
 // parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 10;
+inline constexpr uint8_t kProtocolVersion = 11;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
@@ -130,6 +130,9 @@ struct Welcome {
 };
 struct Refuse {
   std::string reason;
+  // A parent that cannot serve this refit on the link's stripe (it is left out of it:
+  // docs/protocol.md, "Stripes", "A node left out"); 0: any other refusal.
+  uint64_t refit_id = 0;
 };
 struct Begin {
   uint64_t refit_id = 0;

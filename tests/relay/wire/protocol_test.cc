@@ -208,7 +208,8 @@ TEST(ProtocolTest, BeginAndHelloCarryTheStreamAndVersion9IsRefused) {
     bytes[4] = std::byte{9};
     const Status refused = PeekType(bytes).status();
     EXPECT_EQ(refused.code(), StatusCode::kCorrupt);
-    EXPECT_NE(refused.message().find("protocol version 9 is not supported (this build speaks 10)"),
+    EXPECT_NE(refused.message().find("protocol version 9 is not supported (this build speaks " +
+                                     std::to_string(kProtocolVersion) + ")"),
               std::string::npos)
         << refused.message();
   }
@@ -342,6 +343,22 @@ TEST(ProtocolTest, PeerStringsThatAreNotIdsAreRefused) {
   EXPECT_TRUE(ValidNodeId("euw-1.a_b"));
   EXPECT_FALSE(ValidNodeId(""));
   EXPECT_FALSE(ValidNodeId(std::string(kMaxNodeIdBytes + 1, 'a')));
+}
+
+// Version 11: a parent left out of a refit names it in the REFUSE it sheds its
+// children with (docs/protocol.md, "Stripes", "A node left out"); any other REFUSE
+// names none. A REFUSE of version 10 (no refit id) is truncated here.
+TEST(ProtocolTest, RefuseNamesTheRefitAParentCannotServe) {
+  auto shed = ParseRefuse(EncodeRefuse({"'n1' cannot take part in refit 7", 7}));
+  ASSERT_TRUE(shed.ok()) << shed.status().ToString();
+  EXPECT_EQ(shed->reason, "'n1' cannot take part in refit 7");
+  EXPECT_EQ(shed->refit_id, 7u);
+  auto plain = ParseRefuse(EncodeRefuse({"wrong token proof"}));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->refit_id, 0u);
+  std::vector<std::byte> old = EncodeRefuse({"no", 7});
+  old.resize(old.size() - sizeof(uint64_t));
+  EXPECT_FALSE(ParseRefuse(old).ok());
 }
 
 }  // namespace
