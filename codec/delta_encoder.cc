@@ -271,7 +271,7 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
   auto flush = [&]() -> Status {
     if (!builder || builder->record_count() == 0) return Status::Ok();
     std::vector<std::byte> chunk = builder->Finish();
-    s.delta_bytes += chunk.size();
+    s.delta_bytes += chunk.size() - options.chunk_headroom;
     ++s.chunks;
     ++sequence;
     builder.reset();
@@ -304,11 +304,14 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
       break;
     }
     if (!builder) {
-      builder.emplace(identity, sequence);
-      builder->Recycle(std::move(spare));
       // Room for the chunk and the record that takes it past chunk_bytes: grown by
       // doubling instead, a chunk was copied and faulted in again some ten times.
-      builder->Reserve(options.chunk_bytes + std::min(options.chunk_bytes, partition_bytes));
+      const size_t room = options.chunk_bytes + std::min(options.chunk_bytes, partition_bytes) +
+                          options.chunk_tailroom;
+      builder.emplace(identity, sequence, options.chunk_headroom);
+      builder->Recycle(options.chunk_buffer ? options.chunk_buffer(options.chunk_headroom + room)
+                                            : std::move(spare));
+      builder->Reserve(room);
     }
     builder->Add(info.name, info.dtype, p.element_offset, p.element_count,
                  base.partition_hashes[p.tensor][index], target.partition_hashes[p.tensor][index],
@@ -331,6 +334,9 @@ Status EncodeDelta(const Manifest& base, const Manifest& target, const RangeRead
                          s.changed_elements};
     std::vector<std::byte> end = BuildEndChunk(identity, sequence, summary);
     s.delta_bytes += end.size();
+    if (options.chunk_headroom > 0) {  // a few dozen bytes: copied, unlike the data chunks
+      end.insert(end.begin(), options.chunk_headroom, std::byte{0});
+    }
     ++s.chunks;
     status = sink(std::move(end));
   }

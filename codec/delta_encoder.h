@@ -36,6 +36,17 @@ struct DeltaEncoderOptions {
   // encoded: tensor bytes of the changed partitions encoded so far, and in all
   // (unchanged partitions are skipped unread). Optional; for progress bars.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> on_progress;
+  // Bytes left free before every chunk handed to the sink, data and END alike, and
+  // room reserved after it: a caller frames each chunk as a message in the chunk's
+  // own buffer instead of copying it into a new one.
+  size_t chunk_headroom = 0;
+  size_t chunk_tailroom = 0;
+  // Where each data chunk is built: an empty buffer of at least `capacity` bytes,
+  // called when a chunk is begun (a caller that keeps chunks hands back the buffers
+  // of those it is done with: their pages are faulted in, where a fresh buffer of a
+  // few MiB faults every page). Optional: by default a chunk the sink did not keep,
+  // else a fresh buffer.
+  std::function<std::vector<std::byte>(size_t capacity)> chunk_buffer;
 };
 
 struct DeltaStats {
@@ -51,8 +62,9 @@ struct DeltaStats {
   double seconds = 0;
 };
 
-// Receives each finished chunk in order. A non-OK status stops the encoder, which
-// then returns that status.
+// Receives each finished chunk in order (after DeltaEncoderOptions::chunk_headroom
+// bytes). A non-OK status stops the encoder, which then returns that status. A sink
+// that does not keep the chunk (leaves it in place) lends its buffer to the next one.
 using ChunkSink = std::function<Status(std::vector<std::byte>&& chunk)>;
 
 // Encodes the delta from `base` to `target`; *_data(i) returns tensor i's bytes.

@@ -239,16 +239,14 @@ void DeltaMerger::ExpectPieces(std::span<const ShareReport* const> shares) {
   }
 }
 
-// `message` is a CHUNK message whose chunk's sequence is not set yet.
+// `message` holds kMessageHeaderBytes free, then a chunk whose sequence is not set yet.
 Status DeltaMerger::Emit(std::vector<std::byte>&& message, uint32_t records) {
-  WriteMessageHeader(MessageType::kChunk, message.data());
   RETURN_IF_ERROR(codec::RestampChunk(MutableByteSpan(message).subspan(kMessageHeaderBytes),
                                       identity_, sequence_));
   delta_bytes_ += message.size() - kMessageHeaderBytes;
   records_ += records;
   ++sequence_;
-  message.resize(message.size() + kSignatureBytes);  // the signature's place, all zero
-  return sink_(std::move(message));
+  return sink_(FrameChunk(std::move(message)));
 }
 
 Status DeltaMerger::AddChunk(ByteSpan chunk) {

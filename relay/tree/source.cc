@@ -160,7 +160,9 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
         auto header = codec::PeekChunkHeader(ChunkOf(bytes));
         if (!header.ok()) return header.status();
         if (options_.signing_key) RETURN_IF_ERROR(SignChunkMessage(*options_.signing_key, bytes));
-        auto message = transport::MakeMessage(std::move(bytes));
+        // Its buffer comes back to chunk_buffers_ once every child and the spool are done.
+        auto message =
+            chunk_buffers_->Wrap(std::make_unique<std::vector<std::byte>>(std::move(bytes)));
         if (spooled) {
           if (Status kept = spooled->Append(header->sequence, *message); !kept.ok()) {
             MutexLock lock(mu_);
@@ -536,6 +538,11 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
   encoder.codec = codec;
   encoder.chunk_bytes = impl_->options().config.tree.chunk_size;
   encoder.threads = impl_->options().encode_threads;
+  // Each chunk is framed as its CHUNK message where it was built (FrameChunk).
+  encoder.chunk_headroom = kMessageHeaderBytes;
+  encoder.chunk_tailroom = kSignatureBytes;
+  // Built in buffers that earlier chunks' messages gave back.
+  encoder.chunk_buffer = [this](size_t capacity) { return impl_->TakeChunkBuffer(capacity); };
   // Under the simulator every step runs on its one thread, in the order it sets.
   encoder.on_calling_thread = SimRuntime() != nullptr;
   if (impl_->options().on_progress) {
@@ -547,7 +554,8 @@ Result<PublishReport> Source::Publish(const apply::WeightStore& base,
         return codec::EncodeDelta(
             base_manifest, target_manifest, apply::RangeReaderOf(base),
             apply::RangeReaderOf(target), target.LayoutId(), encoder,
-            [&](std::vector<std::byte>&& chunk) { return sink(EncodeChunk(chunk)); }, stats);
+            [&](std::vector<std::byte>&& chunk) { return sink(FrameChunk(std::move(chunk))); },
+            stats);
       },
       &base, &target);
 }

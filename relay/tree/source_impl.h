@@ -27,12 +27,17 @@
 #include "relay/tree/subtree.h"
 #include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
+#include "transport/buffer_pool.h"
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
 
 // A refit id or stream id: random, never zero (the simulator's seeded generator under it).
 uint64_t SourceRandomId();
+
+// Chunk buffers the source keeps idle for its next chunks: a window's worth of 4 MiB
+// chunks and more, not a model's.
+inline constexpr uint64_t kIdleChunkBufferBytes = uint64_t{64} << 20;
 
 // The source's children in one stripe's tree, and in all of them, as link keys
 // (stripe_links.h).
@@ -156,6 +161,14 @@ class Source::Impl {
     downstream_.CloseAll();
     RetireLastRefit();
     spool_dir_.Release();
+  }
+
+  // An empty buffer of at least `capacity` bytes for the encoder's next chunk: one a
+  // chunk's message gave back (its pages faulted in already) or a fresh one.
+  std::vector<std::byte> TakeChunkBuffer(size_t capacity) {
+    std::vector<std::byte> buffer = std::move(*chunk_buffers_->Acquire(capacity));
+    buffer.clear();
+    return buffer;
   }
 
   const std::string& listen_address() const { return listen_address_; }
@@ -296,6 +309,10 @@ class Source::Impl {
   std::unique_ptr<DeltaHistory> history_;  // null: no deltas kept (loop thread and Publish)
   bool stopped_ = false;
   PublishProgress progress_;  // the calling thread's, during Publish
+  // Chunk messages' buffers, back from the children's queues and the spool; reused
+  // for the next chunks (a fresh buffer of a few MiB faults in every page). Bounded.
+  const std::shared_ptr<transport::BufferPool> chunk_buffers_ =
+      std::make_shared<transport::BufferPool>(kIdleChunkBufferBytes);
 
   Mutex mu_;
   CondVar cv_;

@@ -150,6 +150,13 @@ std::vector<std::byte> EncodeChunk(ByteSpan chunk, const Signature& signature) {
   return out;
 }
 
+std::vector<std::byte> FrameChunk(std::vector<std::byte>&& headroom_and_chunk) {
+  std::vector<std::byte> message = std::move(headroom_and_chunk);
+  WriteMessageHeader(MessageType::kChunk, message.data());
+  message.resize(message.size() + kSignatureBytes);
+  return message;
+}
+
 Result<ChunkParts> SplitChunkMessage(ByteSpan message) {
   ASSIGN_OR_RETURN(MessageType type, PeekType(message));
   if (type != MessageType::kChunk) {

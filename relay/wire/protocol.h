@@ -276,6 +276,10 @@ std::vector<std::byte> EncodeBegin(const Begin& m);
 // A CHUNK message: the header, the codec chunk, then the source's signature over
 // it (all zero: unsigned; relay/wire/signing.h signs).
 std::vector<std::byte> EncodeChunk(ByteSpan chunk, const Signature& signature = {});
+// The same made in the chunk's own buffer, which holds kMessageHeaderBytes free
+// before the chunk: the header is written there and the signature's place (all zero)
+// appended; the chunk is not copied.
+std::vector<std::byte> FrameChunk(std::vector<std::byte>&& headroom_and_chunk);
 std::vector<std::byte> EncodeCredit(const Credit& m);
 std::vector<std::byte> EncodePrepared(const Prepared& m);
 std::vector<std::byte> EncodeFailed(const Failed& m);

@@ -422,6 +422,54 @@ TEST_F(DeltaEncoderTest, ThreadCountsGiveByteIdenticalOutput) {
   }
 }
 
+TEST_F(DeltaEncoderTest, HeadroomFramesChunksInPlaceInTheBuffersLentForThem) {
+  DeltaEncoderOptions options;
+  options.chunk_bytes = 200;  // several data chunks
+  options.threads = 1;
+  std::vector<Bytes> plain;
+  DeltaStats plain_stats;
+  ASSERT_TRUE(Encode(options, plain, &plain_stats).ok());
+  ASSERT_GT(plain.size(), 3u);
+
+  options.chunk_headroom = 24;
+  options.chunk_tailroom = 64;
+  std::vector<const std::byte*> lent;  // each buffer chunk_buffer gave
+  options.chunk_buffer = [&](size_t capacity) {
+    std::vector<std::byte> buffer;
+    buffer.reserve(capacity + 100);
+    buffer.push_back(std::byte{0x55});  // contents are dropped
+    lent.push_back(buffer.data());
+    return buffer;
+  };
+  std::vector<Bytes> framed;
+  std::vector<const std::byte*> built_in;  // each chunk's buffer
+  DeltaStats stats;
+  ASSERT_TRUE(EncodeDelta(
+                  base_manifest_, target_manifest_, DataOf(base_), DataOf(target_), layout_,
+                  options,
+                  [&](std::vector<std::byte>&& chunk) {
+                    built_in.push_back(chunk.data());
+                    framed.push_back(std::move(chunk));
+                    return Status::Ok();
+                  },
+                  &stats)
+                  .ok());
+  ASSERT_EQ(framed.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    ASSERT_EQ(framed[i].size(), 24 + plain[i].size()) << "chunk " << i;
+    EXPECT_TRUE(std::equal(plain[i].begin(), plain[i].end(), framed[i].begin() + 24))
+        << "chunk " << i << " differs after its headroom";
+  }
+  // Each data chunk was built in the buffer lent for it, and only those asked for
+  // one (the END chunk is built apart).
+  ASSERT_EQ(lent.size(), framed.size() - 1);
+  for (size_t i = 0; i < lent.size(); ++i) {
+    EXPECT_EQ(built_in[i], lent[i]) << "chunk " << i << " was not built in its buffer";
+  }
+  EXPECT_EQ(stats.delta_bytes, plain_stats.delta_bytes);  // chunk bytes, not headroom
+  EXPECT_EQ(stats.chunks, plain_stats.chunks);
+}
+
 TEST_F(DeltaEncoderTest, MismatchedTensorTableIsRefused) {
   auto expect_refused = [&](const Manifest& base, const Manifest& target, const std::string& what) {
     size_t calls = 0;

@@ -9,7 +9,7 @@
 
 #include "tests/transport/raw_peer.h"
 #include "tests/transport/test_util.h"
-#include "transport/internal/buffer_pool.h"
+#include "transport/buffer_pool.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace deltacast::transport {

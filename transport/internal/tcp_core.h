@@ -38,7 +38,7 @@
 #include "common/log.h"
 #include "common/thread_annotations.h"
 #include "transport/internal/address.h"
-#include "transport/internal/buffer_pool.h"
+#include "transport/buffer_pool.h"
 #include "transport/internal/core_transport.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/internal/link_connection.h"

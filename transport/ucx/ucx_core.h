@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "common/thread_annotations.h"
-#include "transport/internal/buffer_pool.h"
+#include "transport/buffer_pool.h"
 #include "transport/internal/handler_gate.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_transport.h"

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace deltacast::relay {
@@ -50,6 +51,16 @@ TEST(ProtocolTest, MessagesRoundTrip) {
   EXPECT_EQ(*PeekType(chunk), MessageType::kChunk);
   EXPECT_EQ(AsChars(ChunkOf(chunk)), "chunk bytes");
   EXPECT_EQ(chunk.size(), kMessageHeaderBytes + 11 + kSignatureBytes);
+  // Framed in the chunk's own buffer: the same message, not copied.
+  const ByteSpan body = AsBytes("chunk bytes");
+  std::vector<std::byte> in_place;
+  in_place.reserve(kMessageHeaderBytes + body.size() + kSignatureBytes);
+  in_place.resize(kMessageHeaderBytes + body.size());
+  std::copy(body.begin(), body.end(), in_place.begin() + kMessageHeaderBytes);
+  const std::byte* buffer = in_place.data();
+  auto framed = FrameChunk(std::move(in_place));
+  EXPECT_EQ(framed, chunk);
+  EXPECT_EQ(framed.data(), buffer);
 }
 
 TEST(ProtocolTest, HelloCarriesTheHopTransports) {

@@ -1,4 +1,4 @@
-#include "transport/internal/buffer_pool.h"
+#include "transport/buffer_pool.h"
 
 #include "common/large_buffer.h"
 #include "common/thread_annotations.h"
