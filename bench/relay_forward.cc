@@ -16,12 +16,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
 #include <thread>
 
 #include "apply/host_store.h"
 #include "apply/replica.h"
 #include "bench/bench_util.h"
 #include "bench/fanout_cluster.h"
+#include "bench/thread_cpu.h"
 #include "codec/delta_encoder.h"
 #include "common/parallel.h"
 #include "relay/store/spool.h"
@@ -47,17 +50,29 @@ constexpr char kToken[] = "relay-forward-bench-token";
 // A child process started by this benchmark (iperf3 -s), stopped by its pid.
 struct ChildProcess {
   pid_t pid = -1;
-  ~ChildProcess() {
+  ~ChildProcess() { Reap(); }
+  void Reap() {
     if (pid <= 0) return;
+    const pid_t child = pid;
+    pid = -1;
     // iperf3 -s -1 exits after one test; a server that never got its client is killed.
     for (int i = 0; i < 50; ++i) {
-      if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+      if (waitpid(child, nullptr, WNOHANG) == child) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
+    kill(child, SIGTERM);
+    waitpid(child, nullptr, 0);
   }
 };
+
+// CPU seconds of this process's children that have exited and been waited for
+// (their own waited-for children included: iperf3 -c under popen's shell).
+double ChildrenCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return secs(usage.ru_utime) + secs(usage.ru_stime);
+}
 
 }  // namespace
 
@@ -67,6 +82,7 @@ json RunIperf(int seconds, int streams, std::mt19937& rng) {
   }
   for (int attempt = 0; attempt < 4; ++attempt) {
     const std::string port = std::to_string(std::uniform_int_distribution<int>(30000, 60000)(rng));
+    const double children_cpu0 = ChildrenCpuSeconds();
     ChildProcess server;
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
@@ -99,6 +115,15 @@ json RunIperf(int seconds, int streams, std::mt19937& rng) {
               {"bytes_per_second", bps / 8}};
     if (doc["end"].contains("cpu_utilization_percent"))
       j["cpu_utilization_percent"] = doc["end"]["cpu_utilization_percent"];
+    // Both ends' CPU per GB received, from the kernel's accounting of the two
+    // processes once they exited (iperf3's own percentages came out far below it
+    // here): two socket copies per byte, the client's send and the server's receive.
+    server.Reap();
+    const double cpu = ChildrenCpuSeconds() - children_cpu0;
+    const double bytes = doc["end"]["sum_received"].value("bytes", 0.0);
+    j["cpu_seconds"] = cpu;
+    j["cores_used"] = cpu / doc["end"]["sum_received"].value("seconds", double(seconds));
+    if (bytes > 0) j["cpu_seconds_per_gb"] = cpu / (bytes / 1e9);
     return j;
   }
   return {{"available", false}, {"note", "iperf3 ran but gave no result (port in use?)"}};
@@ -185,6 +210,26 @@ struct RowResult {
   double relay_cpu_seconds = 0;  // the relay's process, start to stop
   uint64_t relay_peak_held_bytes = 0;
   bool committed = false;
+  // The relay's CPU by phase (bench/thread_cpu.h): fork to listening (the harness
+  // copies the base and builds the replica), the forwarding window (the source's
+  // first chunk to the last child holding END), from there to the commit decided at
+  // the source, and the rest (the harness's bit-exactness hash, stopping).
+  double relay_setup_cpu_seconds = 0;
+  double relay_window_cpu_seconds = 0;
+  double relay_to_commit_cpu_seconds = 0;
+  double relay_check_cpu_seconds = 0;
+  std::map<std::string, double> relay_window_by_thread;
+  // This process (the source, both children, the harness) over the same window.
+  double local_window_cpu_seconds = 0;
+  std::map<std::string, double> local_window_by_thread;
+};
+
+// Both processes' threads at one moment.
+struct Samples {
+  ThreadSample relay, local;
+  static Samples Take(pid_t relay_pid) {
+    return {relay_pid > 0 ? SampleThreads(relay_pid) : ThreadSample{}, SampleThreads(::getpid())};
+  }
 };
 
 // Waits (on its own thread) until `child` holds every chunk up to END, and notes when.
@@ -315,6 +360,7 @@ RowResult RunRow(const Row& row, const RelayForwardOptions& o, const Checkpoint&
         continue;  // a port taken: other ports
       }
     }
+    const ThreadSample relay_started = relay > 0 ? SampleThreads(relay) : ThreadSample{};
     auto stop_relay = [&] {
       if (relay <= 0) return;
       kill(relay, SIGKILL);
@@ -353,29 +399,36 @@ RowResult RunRow(const Row& row, const RelayForwardOptions& o, const Checkpoint&
         Die(row.name + ": a child did not join");
     }
     std::vector<std::unique_ptr<ChildWatch>> watches;
+    // The window's end: sampled by the watch that sees the last child hold END.
+    Samples at_end;
+    std::atomic<size_t> watching{children.size()};
     for (auto& c : children) {
       auto w = std::make_unique<ChildWatch>();
       ChildWatch* raw = w.get();
       dc::test_util::ScriptedChild* child = c.get();
-      w->thread = std::thread([raw, child] {
+      w->thread = std::thread([raw, child, &at_end, &watching, relay] {
         raw->done = child->Wait([](const dc::test_util::ChildRecord& r) { return r.AllChunks(); },
                                 std::chrono::minutes(5));
         raw->at = Clock::now();
+        if (--watching == 0) at_end = Samples::Take(relay);
       });
       watches.push_back(std::move(w));
     }
     auto perf = std::make_unique<PerfRecord>(relay, row.relay ? perf_file : std::string());
     Clock::time_point first{};
+    Samples at_first;
     const double cpu0 = CpuSeconds();
     auto report = (*source)->PublishStream(
         zero.manifest, target.manifest,
         [&](const dc::relay::Source::ChunkMessageSink& sink, dc::codec::DeltaStats* stats) {
+          at_first = Samples::Take(relay);
           first = Clock::now();
           for (const auto& m : delta.messages) RETURN_IF_ERROR(sink(m));
           *stats = delta.stats;
           return dc::Status::Ok();
         },
         zero.store.get(), target.store.get());
+    const ThreadSample relay_decided = relay > 0 ? SampleThreads(relay) : ThreadSample{};
     RowResult r;
     r.cpu_seconds = CpuSeconds() - cpu0;
     for (auto& w : watches) w->thread.join();
@@ -403,7 +456,19 @@ RowResult RunRow(const Row& row, const RelayForwardOptions& o, const Checkpoint&
       relay = -1;
       auto secs = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
       r.relay_cpu_seconds = secs(usage.ru_utime) + secs(usage.ru_stime);
+      if (relay_started.ok && at_first.relay.ok && at_end.relay.ok && relay_decided.ok) {
+        r.relay_setup_cpu_seconds = relay_started.process_cpu_seconds;
+        r.relay_window_cpu_seconds =
+            at_end.relay.process_cpu_seconds - at_first.relay.process_cpu_seconds;
+        r.relay_to_commit_cpu_seconds =
+            relay_decided.process_cpu_seconds - at_end.relay.process_cpu_seconds;
+        r.relay_check_cpu_seconds = r.relay_cpu_seconds - relay_decided.process_cpu_seconds;
+        r.relay_window_by_thread = CpuByName(at_first.relay, at_end.relay);
+      }
     }
+    r.local_window_cpu_seconds =
+        at_end.local.process_cpu_seconds - at_first.local.process_cpu_seconds;
+    r.local_window_by_thread = CpuByName(at_first.local, at_end.local);
     (*source)->Stop();
     children.clear();
     std::error_code ignored;
@@ -449,6 +514,43 @@ json RowJson(const Row& row, const RowResult& r, const EncodedDelta& delta, cons
       {"bit_exact", row.relay}};
   if (iperf1.value("available", false)) {
     j["ratio_to_iperf3_one_stream"] = per_child / iperf1["bytes_per_second"].get<double>();
+  }
+  if (row.relay && r.relay_window_cpu_seconds > 0) {
+    // Per GB forwarded (each child receives every byte once): the relay's CPU in the
+    // forwarding window, in total and per thread (docs/architecture.md, "What one
+    // relay's forwarding costs", says which thread does what).
+    const double gb = double(delta.wire_bytes) / 1e9;
+    j["relay_cpu_seconds_setup"] = r.relay_setup_cpu_seconds;
+    j["relay_cpu_seconds_forwarding"] = r.relay_window_cpu_seconds;
+    j["relay_cpu_seconds_forwarding_to_commit"] = r.relay_to_commit_cpu_seconds;
+    j["relay_cpu_seconds_check_and_stop"] = r.relay_check_cpu_seconds;
+    j["relay_cpu_seconds_per_gb_forwarding"] = r.relay_window_cpu_seconds / gb;
+    json by_thread = json::object();
+    double busiest = 0;
+    for (const auto& [name, secs] : r.relay_window_by_thread) {
+      if (secs <= 0) continue;
+      by_thread[name] = secs / gb;
+      busiest = std::max(busiest, secs / gb);
+    }
+    j["relay_cpu_seconds_per_gb_forwarding_by_thread"] = by_thread;
+    // What one core given to the relay alone would forward at, its CPU per byte as
+    // measured; and with a core per thread, the busiest thread's bound.
+    j["relay_bytes_per_second_one_core"] = 1e9 / (r.relay_window_cpu_seconds / gb);
+    if (busiest > 0) j["relay_bytes_per_second_one_core_per_thread"] = 1e9 / busiest;
+    json local = json::object();
+    for (const auto& [name, secs] : r.local_window_by_thread) {
+      if (secs > 0) local[name] = secs / gb;
+    }
+    j["source_and_children_cpu_seconds_per_gb_forwarding"] = r.local_window_cpu_seconds / gb;
+    j["source_and_children_cpu_seconds_per_gb_forwarding_by_thread"] = local;
+    const double all = (r.relay_window_cpu_seconds + r.local_window_cpu_seconds) / gb;
+    j["all_cpu_seconds_per_gb_forwarding"] = all;
+    // Were every core of this machine busy with the bench alone, at that CPU per
+    // byte, no faster per child than this; and as a fraction of one iperf3 stream.
+    const double bound = double(dc::DefaultThreadCount()) * 1e9 / all;
+    j["cpu_bound_bytes_per_second_per_child"] = bound;
+    if (iperf1.value("available", false))
+      j["cpu_bound_ratio_to_iperf3_one_stream"] = bound / iperf1["bytes_per_second"].get<double>();
   }
   if (row.relay && iperf2.value("available", false)) {
     // The relay's egress (two children) against two iperf3 streams.
@@ -499,9 +601,10 @@ json RelayForward(const RelayForwardOptions& o, std::mt19937& rng) {
     results.push_back(RowJson(row, median, delta, iperf1, iperf2, samples));
     fmt::print(stderr,
                "relay forward {:<24}: {:7.1f} MB/s per child ({:.2f} s, cpu {:.2f} s here, {:.2f} "
-               "s relay)\n",
+               "s relay, {:.2f} s of it forwarding)\n",
                row.name, double(delta.wire_bytes) / median.forward_seconds / 1e6,
-               median.forward_seconds, median.cpu_seconds, median.relay_cpu_seconds);
+               median.forward_seconds, median.cpu_seconds, median.relay_cpu_seconds,
+               median.relay_window_cpu_seconds);
   }
   json j = {
       {"data", "random bytes from an all-zero base (literal records), encoded before the clock"},
@@ -518,6 +621,11 @@ json RelayForward(const RelayForwardOptions& o, std::mt19937& rng) {
       {"forward_seconds_definition",
        "the source's first chunk handed to its sink to the last child holding every chunk up "
        "to END; forward_bytes_per_second_per_child = wire_bytes / forward_seconds"},
+      // Socket copies per byte each child receives, counted from the topology: the
+      // source's send, the relay's receive, its two sends, the children's two
+      // receives; iperf3 does two (a send and a receive).
+      {"socket_copies_per_forwarded_byte", 6},
+      {"iperf3_socket_copies_per_byte", 2},
       {"iperf3_one_stream", iperf1},
       {"iperf3_two_streams", iperf2},
       {"rows", results}};

@@ -274,7 +274,9 @@ Status VerifyChunkChecksums(ByteSpan chunk) {
   return Status::Ok();
 }
 
-Result<ChunkView> ParseChunk(ByteSpan chunk) {
+namespace {
+
+Result<ChunkView> ParseChunkChecking(ByteSpan chunk, bool payload_hash) {
   ASSIGN_OR_RETURN(uint64_t length, ParseChunkHeaderPayloadLength(chunk));
   if (chunk.size() != kChunkHeaderBytes + length) {
     return Status::Corrupt("chunk is " + std::to_string(chunk.size()) + " bytes, header declares " +
@@ -282,7 +284,7 @@ Result<ChunkView> ParseChunk(ByteSpan chunk) {
   }
   const std::byte* h = chunk.data();
   const ByteSpan payload = chunk.subspan(kChunkHeaderBytes);
-  if (LoadLE<uint64_t>(h + kOffPayloadHash) != Hash64(payload)) {
+  if (payload_hash && LoadLE<uint64_t>(h + kOffPayloadHash) != Hash64(payload)) {
     return Status::Corrupt("chunk payload checksum mismatch");
   }
   ChunkView view;
@@ -335,5 +337,11 @@ Result<ChunkView> ParseChunk(ByteSpan chunk) {
   }
   return view;
 }
+
+}  // namespace
+
+Result<ChunkView> ParseChunk(ByteSpan chunk) { return ParseChunkChecking(chunk, true); }
+
+Result<ChunkView> ParseVerifiedChunk(ByteSpan chunk) { return ParseChunkChecking(chunk, false); }
 
 }  // namespace deltacast::codec

@@ -163,5 +163,11 @@ Result<uint64_t> ParseChunkHeaderPayloadLength(ByteSpan header);
 // Validates a whole chunk (header, checksums, every record's structure) and returns
 // views into `chunk`, which must outlive the result. Corrupt on any violation.
 Result<ChunkView> ParseChunk(ByteSpan chunk);
+// As ParseChunk without hashing the payload again: only for bytes whose
+// VerifyChunkChecksums passed and that stayed in this process's memory since (a
+// relay applying the very buffer it verified on arrival). The header's checksum
+// and every record's structure are still checked; bytes read back from a file or a
+// socket go through ParseChunk.
+Result<ChunkView> ParseVerifiedChunk(ByteSpan chunk);
 
 }  // namespace deltacast::codec

@@ -1,11 +1,12 @@
 #include "common/event_loop.h"
 
 #include "common/thread_annotations.h"
+#include "common/thread_name.h"
 
 namespace deltacast {
 
 EventLoop::EventLoop(std::function<void()> tick, std::chrono::milliseconds period, const char* kind)
-    : tick_(std::move(tick)), period_(period), sim_(SimRuntime()) {
+    : tick_(std::move(tick)), period_(period), kind_(kind), sim_(SimRuntime()) {
   if (sim_) queue_ = sim_->OpenQueue(kind);
 }
 
@@ -51,6 +52,7 @@ void EventLoop::SimTick() {
 }
 
 void EventLoop::Run() {
+  NameThisThread(kind_);
   auto next_tick = std::chrono::steady_clock::now() + period_;
   MutexLock lock(mu_);
   for (;;) {

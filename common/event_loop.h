@@ -22,7 +22,8 @@ namespace deltacast {
 class EventLoop {
  public:
   // `tick` (may be empty) runs on the loop thread about every `period` once
-  // Start has been called. `kind` names the loop to a simulator (common/runtime.h).
+  // Start has been called. `kind` names the loop to a simulator (common/runtime.h)
+  // and its thread (NameThisThread).
   explicit EventLoop(std::function<void()> tick = {},
                      std::chrono::milliseconds period = std::chrono::milliseconds(100),
                      const char* kind = "loop");
@@ -46,6 +47,7 @@ class EventLoop {
 
   std::function<void()> tick_;
   std::chrono::milliseconds period_;
+  const char* kind_;
   Mutex mu_;
   CondVar wake_;
   std::deque<std::function<void()>> tasks_ GUARDED_BY(mu_);

@@ -10,6 +10,7 @@
 
 #include "common/runtime.h"
 #include "common/thread_annotations.h"
+#include "common/thread_name.h"
 
 namespace deltacast {
 
@@ -66,6 +67,7 @@ void WorkerPool::Stop() {
 }
 
 void WorkerPool::Run() {
+  NameThisThread("worker");
   if (nice_ > 0) {
     // Best effort: a thread that may not lower its priority runs at the default.
     (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice_);

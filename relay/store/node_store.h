@@ -89,9 +89,11 @@ struct EngineHooks {
 
 class NodeStore {
  public:
-  // A received chunk on its way to the apply workers. The node keeps its buffer
-  // only while it still forwards it (which credit bounds); once it drops it, the
-  // worker reads the chunk back from the spool. So however far applying lags, the
+  // A received chunk on its way to the apply workers, its checksums verified on
+  // arrival (so the apply parses the buffer without hashing its payload again:
+  // codec::ParseVerifiedChunk). The node keeps its buffer only while it still
+  // forwards it (which credit bounds); once it drops it, the worker reads the chunk
+  // back from the spool (and checks it whole). So however far applying lags, the
   // apply path holds at most the credit window of chunks plus the ones being
   // applied (one per worker), and a slow apply never holds back the children.
   class ChunkSlot {

@@ -425,6 +425,37 @@ TEST_F(ChunkTest, PayloadChecksumMismatch) {
   }
 }
 
+// A relay's apply parses the buffer it verified on arrival without hashing the
+// payload again; everything else is still checked.
+TEST_F(ChunkTest, VerifiedChunkSkipsOnlyThePayloadHash) {
+  auto whole = ParseChunk(chunk_);
+  auto verified = ParseVerifiedChunk(chunk_);
+  ASSERT_TRUE(whole.ok() && verified.ok()) << verified.status().ToString();
+  ASSERT_EQ(verified->records.size(), whole->records.size());
+  for (size_t i = 0; i < whole->records.size(); ++i) {
+    EXPECT_EQ(verified->records[i].tensor_name, whole->records[i].tensor_name);
+    EXPECT_EQ(verified->records[i].payload.data(), whole->records[i].payload.data());
+  }
+  // A flipped payload byte (the hash unchanged) passes only the verified parse: the
+  // caller vouches for the payload.
+  Bytes flipped = chunk_;
+  flipped[chunk_.size() - 1] ^= std::byte{0x04};
+  EXPECT_FALSE(ParseChunk(flipped).ok());
+  EXPECT_TRUE(ParseVerifiedChunk(flipped).ok());
+  // The header's checksum and the records' structure are still checked.
+  Bytes header = chunk_;
+  header[kOffSequence] ^= std::byte{0x10};
+  auto bad_header = ParseVerifiedChunk(header);
+  ASSERT_FALSE(bad_header.ok());
+  EXPECT_THAT(bad_header.status().message(), HasSubstr("chunk header checksum mismatch"));
+  Bytes trailing = chunk_;
+  trailing.insert(trailing.end(), 3, std::byte{0});
+  ResealWithLength(trailing);
+  auto bad_records = ParseVerifiedChunk(trailing);
+  ASSERT_FALSE(bad_records.ok());
+  EXPECT_THAT(bad_records.status().message(), HasSubstr("trailing bytes after the last record"));
+}
+
 TEST_F(ChunkTest, ZeroRecords) {
   Bytes chunk = chunk_;
   Put<uint32_t>(chunk, kOffRecordCount, 0);

@@ -1,6 +1,7 @@
 #include "transport/tcp/tcp_transport.h"
 
 #include "common/thread_annotations.h"
+#include "common/thread_name.h"
 #include "transport/internal/tcp_core.h"
 
 namespace deltacast::transport {
@@ -20,7 +21,10 @@ void Core::StartThreads() {
   for (size_t i = 0; i < options.io_threads; ++i) {
     // The thread keeps the core alive: it may be detached by a Shutdown called from
     // one of its own handlers.
-    threads_.emplace_back([self = shared_from_this()] { self->io.run(); });
+    threads_.emplace_back([self = shared_from_this()] {
+      NameThisThread("tcp-io");
+      self->io.run();
+    });
     thread_ids_.push_back(threads_.back().get_id());
   }
 }
