@@ -187,9 +187,10 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
     return refuse_child(s.message());
   }
   if (child->second.connection) {
-    return Refuse(std::move(h.connection), "node '" + hello->node_id + "' is already connected" +
-                                     (stripes_ > 1 ? " on stripe " + std::to_string(hello->stripe)
-                                                   : std::string()));
+    return Refuse(
+        std::move(h.connection),
+        "node '" + hello->node_id + "' is already connected" +
+            (stripes_ > 1 ? " on stripe " + std::to_string(hello->stripe) : std::string()));
   }
   if (Status s = CheckTransport(*hello); !s.ok()) return refuse_child(s.message());
   child->second.connection = std::move(h.connection);
@@ -295,7 +296,8 @@ void Downstream::OnMessage(uint64_t serial, transport::Message message) {
       return Lose(id, Status::PermissionDenied(why));
     }
     default:
-      return RefuseChild(id, std::string(MessageTypeName(*type)) + " is not a message a child sends");
+      return RefuseChild(id,
+                         std::string(MessageTypeName(*type)) + " is not a message a child sends");
   }
 }
 
