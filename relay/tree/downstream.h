@@ -95,7 +95,8 @@ class Downstream {
   void Tick(std::chrono::steady_clock::time_point now);
   size_t pending_handshakes() const { return handshakes_.size(); }
 
-  // Queues the control message `message` (not a CHUNK) for every expected child.
+  // Queues the control message `message` (not a CHUNK) for every expected child
+  // (a decision, COMMIT or ABORT, for an excused child that is connected too).
   // `done` runs once every child was handed the message or is gone.
   void Broadcast(transport::Message message, std::function<void()> done = {});
   // BEGIN for every expected child, each naming the stripe of its link.
