@@ -47,7 +47,8 @@ class Downstream {
     std::function<void(const std::string& child, const Status& why)> lost;
     // A planned child's HELLO was refused (a wrong token proof, another node's
     // certificate, a backend this node does not speak): why, for the reports that
-    // name the children that did not join.
+    // name the children that did not join. Also a child that refused this node as
+    // its parent (its REFUSE: this node's WELCOME did not prove the token).
     std::function<void(const std::string& child, const std::string& reason)> refused;
     // PREPARED, FAILED, COMMITTED, ABORTED, FETCH from a child (HELLO, CREDIT and
     // HEARTBEAT are handled here). The span is valid during the call only.
@@ -94,7 +95,8 @@ class Downstream {
   void Tick(std::chrono::steady_clock::time_point now);
   size_t pending_handshakes() const { return handshakes_.size(); }
 
-  // Queues the control message `message` (not a CHUNK) for every expected child.
+  // Queues the control message `message` (not a CHUNK) for every expected child
+  // (a decision, COMMIT or ABORT, for an excused child that is connected too).
   // `done` runs once every child was handed the message or is gone.
   void Broadcast(transport::Message message, std::function<void()> done = {});
   // BEGIN for every expected child, each naming the stripe of its link.
@@ -257,11 +259,19 @@ class Downstream {
   Status CheckIdentity(const transport::Connection& connection, const std::string& id) const;
   // Whether the child came over a backend this node speaks; logs a fallback.
   Status CheckTransport(const Hello& hello) const;
-  void Refuse(transport::Connection& connection, const std::string& reason);
+  // Logs `reason` and refuses the link with it (RefuseThenClose).
+  void Refuse(std::unique_ptr<transport::Connection> connection, const std::string& reason);
   // Sends `refuse` and closes the link once it is out: closing at once aborts the
   // queued send (transport.h), and the peer would see the close without the reason.
+  // Closed by Tick at the handshake timeout if the REFUSE is still not out by then.
   void RefuseThenClose(std::unique_ptr<transport::Connection> connection,
                        const relay::Refuse& refuse);
+  // A joined child broke the protocol: lost, and refused with `reason`.
+  void RefuseChild(const std::string& id, const std::string& reason);
+  // A peer (`id`: a joined child; empty: a link in its handshake) sent REFUSE: logs
+  // and returns why, and tells `refused` for a child.
+  std::string ChildRefused(transport::Connection& connection, const std::string& id,
+                           ByteSpan message);
   void Pump(Child& child);
   void Complete(Pending& pending);
   // Completes everything queued for `child` that was never sent.
@@ -287,8 +297,13 @@ class Downstream {
   std::optional<std::string> shedding_;  // Shed: why the children of shed_stripes_ are refused
   std::set<uint32_t> shed_stripes_;
   uint64_t shed_refit_ = 0;  // the refit a Shed leaves this node out of
-  // Links refused and closed once their REFUSE is out (RefuseThenClose).
-  std::vector<std::unique_ptr<transport::Connection>> refusing_;
+  // Links refused and closed once their REFUSE is out (RefuseThenClose), or at
+  // `deadline` if it is not out by then.
+  struct Refusing {
+    std::unique_ptr<transport::Connection> connection;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::vector<Refusing> refusing_;
   std::vector<std::string> transports_;
   uint32_t stripes_ = 1;
   uint64_t refit_id_ = 0;   // the refit credit counts for

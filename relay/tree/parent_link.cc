@@ -69,6 +69,7 @@ void ParentLink::ChooseParent(Clock::time_point now) {
 }
 
 void ParentLink::Tick(Clock::time_point now, bool between_refits) {
+  std::erase_if(refusing_, [&](const Refusing& r) { return now >= r.deadline; });
   if (link_ && joined_ && on_failover() && now >= next_primary_try_ && between_refits) {
     next_primary_try_ = now + std::chrono::seconds(10);
     log::Info(fmt::format("{}: leaving failover parent {} to rejoin {}", self_.id, current_,
@@ -204,11 +205,12 @@ void ParentLink::RefuseAndClose(const std::string& reason, const Status& why) {
   // Closed once the REFUSE is out, so the other end learns why (closing at once
   // would abort the queued send). Kept here until then; its other handlers are
   // ignored (the serial moves on) and it is destroyed on this thread.
+  // Not forever: a parent that reads nothing is closed at the handshake timeout (Tick).
   transport::Connection* refusing = link_.get();
-  refusing_.push_back(std::move(link_));
+  refusing_.push_back({std::move(link_), Clock::now() + config_.limits.handshake_timeout});
   refusing->Send(transport::MakeMessage(EncodeRefuse({reason})), [this, refusing](Status) {
     loop_.Post([this, refusing] {
-      std::erase_if(refusing_, [&](const auto& c) { return c.get() == refusing; });
+      std::erase_if(refusing_, [&](const Refusing& r) { return r.connection.get() == refusing; });
     });
   });
   Close();

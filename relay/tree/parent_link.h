@@ -107,7 +107,12 @@ class ParentLink {
   Events events_;
 
   std::unique_ptr<transport::Connection> link_;
-  std::vector<std::unique_ptr<transport::Connection>> refusing_;  // closed once REFUSE is out
+  // Closed once their REFUSE is out, or at `deadline` if it is not out by then.
+  struct Refusing {
+    std::unique_ptr<transport::Connection> connection;
+    Clock::time_point deadline;
+  };
+  std::vector<Refusing> refusing_;
   std::string current_;                                // the planned parent, or its failover parent
   std::string address_;                                // of current_
   std::string backend_;                                // the backend the link runs over

@@ -222,6 +222,13 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     const bool settled = WaitFor(cv_, lock, options_.config.tree.commit_timeout,
                                  [&]() REQUIRES(mu_) { return refit_->failed || AllPrepared(); });
     if (!settled) Fail("not every node was PREPARED within the commit timeout");
+    // Under `available` every subtree can be settled with no node that holds weights
+    // in it (every child left out: each FAILED, or each a sender that died before its
+    // stripe's first level failed over here). Committing that would change no store
+    // yet move this source's version: it aborts, and the nodes that come back are
+    // replayed the ABORT.
+    if (!refit_->failed && Reports().empty())
+      Fail("no receiver PREPARED (every node that holds weights was left out of the refit)");
     commit = !refit_->failed;
     report.abort_reason = refit_->failure;
     report.nodes = Reports();

@@ -321,6 +321,30 @@ TEST_F(RelayTest, UnderPolicyAvailableAFailingNodeIsLeftOutAndTheRestCommit) {
   EXPECT_EQ(agents_[2]->stats().refits_committed, 0u);
 }
 
+// Every node at a wrong base, under `available`: each is left out, so no receiver
+// prepared. Committing that would move the source's version and no store: it aborts.
+TEST_F(RelayTest, UnderPolicyAvailableWithEveryNodeLeftOutNothingCommits) {
+  Versions v = MakeVersions(1 << 14, 5);
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(3, 2, "32KiB", 2, "5s", "available")));
+  stores_.assign(3, v.base);
+  for (auto& store : stores_) store[0][10] ^= std::byte{0x40};
+  for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartAgent(i, v));
+  auto report = PublishVersions(v);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->committed) << "committed with no receiver prepared";
+  EXPECT_TRUE(report->nodes.empty());
+  EXPECT_NE(report->abort_reason.find("no receiver PREPARED"), std::string::npos)
+      << report->abort_reason;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(agents_[i]->stats().refits_committed, 0u) << "n" << i + 1;
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      std::vector<std::byte> expected = v.base[t];
+      if (t == 0) expected[10] ^= std::byte{0x40};
+      EXPECT_EQ(Hash64(stores_[i][t]), Hash64(expected)) << "n" << i + 1 << " tensor " << t;
+    }
+  }
+}
+
 TEST_F(RelayTest, WrongTokenIsRefusedAndPublishFailsClearly) {
   Versions v = MakeVersions(1 << 12, 3);
   ASSERT_NO_FATAL_FAILURE(UseConfig(ConfigToml(1, 1, "64KiB", 2, "1s")));

@@ -350,6 +350,56 @@ TEST_F(SendersTest, UnderPolicyAllEverySenderKilledMidRefitCommitsOnceEveryRecei
   }
 }
 
+// Every sender killed mid-refit under `available`: each is left out at the connect
+// timeout, before its stripe's first level fails over (kFailoverAfter is longer), so
+// for a while no node that holds weights is in the refit at all. Nothing prepared, it
+// must not commit (the source's version would move while no store did): it aborts,
+// and every receiver, failed over to the source and replayed the ABORT, stays at the
+// base, bytes and version id.
+TEST_F(SendersTest, UnderPolicyAvailableEverySenderKilledMidRefitWithNothingPreparedAborts) {
+  ASSERT_NO_FATAL_FAILURE(Configure("available", "1s"));
+  source_bytes_per_second_ = 256 << 10;
+  Versions v = MakeVersions(256 << 10, 47);
+  ASSERT_NO_FATAL_FAILURE(StartAll(v));
+  const Digest128 base_version = ManifestOf(*Borrow(v.tensors, v.base)).VersionId();
+  std::thread killer([&] {
+    const bool began = WaitUntil(
+        [&] {
+          return senders_[0]->stats().chunks_received >= 2 &&
+                 senders_[1]->stats().chunks_received >= 2;
+        },
+        std::chrono::seconds(20));
+    EXPECT_TRUE(began) << "the senders never received their stripes' chunks";
+    for (auto& s : senders_) s->Stop();
+  });
+  auto report = Publish(v);
+  killer.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(report->committed) << "committed with " << report->nodes.size()
+                                  << " receivers prepared";
+  EXPECT_TRUE(report->nodes.empty());
+  EXPECT_NE(report->abort_reason.find("no receiver"), std::string::npos) << report->abort_reason;
+  EXPECT_EQ(source_->version(), base_version) << "the source's version moved";
+  // Each receiver learns the ABORT (failed over to the source, or from its parent).
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        for (auto& a : agents_) {
+          if (a->stats().refits_aborted == 0) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(30)))
+      << "a receiver never learned the ABORT";
+  for (int i = 0; i < kReceiverCount; ++i) {
+    const NodeAgentStats s = agents_[i]->stats();
+    EXPECT_EQ(s.refits_committed, 0u) << "n" << i + 1;
+    EXPECT_EQ(s.version, base_version) << "n" << i + 1;
+    auto held = Borrow(v.tensors, stores_[i]);
+    EXPECT_EQ(ManifestOf(*held).VersionId(), base_version) << "n" << i + 1;
+    EXPECT_TRUE(stores_[i] == v.base) << "n" << i + 1 << " is not at the base, bit for bit";
+  }
+}
+
 // A receiver whose stripe-0 parent is a sender joins late, two versions behind: its
 // catch-up requests (FETCH_CHAIN, FETCH_DELTA_CHUNK; FETCH_MANIFEST and FETCH if it
 // goes by partitions) go to that sender, which forwards them to the source and passes
