@@ -5,8 +5,33 @@
 namespace deltacast::relay {
 
 void UpRequests::SendUp(Pending& p) {
-  p.stripe = up_.Send(p.bytes, /*again=*/p.sent, p.child.empty() ? "" : NodeOfLink(p.child));
+  std::set<std::string> skip = p.not_found_by;
+  if (!p.child.empty()) skip.insert(NodeOfLink(p.child));
+  p.stripe = up_.Send(p.bytes, /*again=*/p.sent, skip);
+  if (p.stripe != UpLink::kNone) p.parent = up_.ParentOf(p.stripe);
   p.sent = p.sent || p.stripe != UpLink::kNone;
+}
+
+// A relay with no parent joined answers "not found" at once, and so does one whose
+// own path up lacks what was asked while another stripe's parent of this node would
+// reach the source (the simulator's --stripes seed 11809: a catch-up's FETCH_MANIFEST
+// went to a relay that every parent refused, its "not found" failed the catch-up and
+// the refit, while this node's other parent, the source, serves that manifest). With
+// one parent link (one stripe, a sender) there is nobody else and nothing changes.
+// Only this node's own requests: a relay passes a child's "not found" down, and the
+// child asks its other parents. Relays that each asked every parent of theirs would
+// ask up every path of the graph the stripes make for an answer that is truly "not
+// found" (a chain of kept deltas the source does not keep: seed 11809 again, 77,000
+// tasks and a catch-up held 40 s).
+bool UpRequests::AskElsewhere(Pending& p) {
+  if (!p.child.empty() || p.parent.empty()) return false;
+  p.not_found_by.insert(p.parent);
+  const std::set<std::string>& skip = p.not_found_by;
+  const uint32_t stripe = up_.Chosen(skip);
+  if (stripe == UpLink::kNone) return false;
+  p.stripe = up_.Send(p.bytes, /*again=*/false, skip);
+  p.parent = up_.ParentOf(p.stripe);
+  return true;
 }
 
 uint64_t UpRequests::FetchPartition(Fetch fetch, PartitionHandler on_answer) {
@@ -28,11 +53,19 @@ void UpRequests::Ask(std::vector<std::byte> request) {
   SendUp(p);
 }
 
+// Striped (several parent links), a child's request waits here for a parent to join,
+// as this node's own do: with none joined this node does not know the answer, and a
+// "not found" would be taken for the source's (the simulator's --stripes seed 11809:
+// a relay that every parent refused for a while answered a catch-up's FETCH_MANIFEST
+// so, and the catch-up, and with it the refit, failed on it while the source served
+// that manifest). With one parent link it is answered "not found" as before.
+bool UpRequests::HoldsForAParent() const { return up_.links() > 1; }
+
 void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   const uint64_t child_request = fetch.request_id;
-  // Without a parent nobody answers; and a child may not make this node remember
-  // requests without bound: both get "not found" now, and may ask again.
-  if (!up_.joined() || pending_.size() >= kMaxRoutedRequests) {
+  // Without a parent nobody answers (one link); and a child may not make this node
+  // remember requests without bound: both get "not found" now, and may ask again.
+  if ((!up_.joined() && !HoldsForAParent()) || pending_.size() >= kMaxRoutedRequests) {
     downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
     return;
   }
@@ -43,7 +76,7 @@ void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   p.type = MessageType::kFetch;
   p.bytes = EncodeFetch(fetch);
   SendUp(p);
-  if (p.stripe == UpLink::kNone) {  // its only joined parent is that child
+  if (p.stripe == UpLink::kNone && !HoldsForAParent()) {  // its only joined parent is that child
     downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
     pending_.erase(fetch.request_id);
   }
@@ -51,7 +84,7 @@ void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
 
 void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan bytes) {
   const uint64_t child_request = RequestIdOf(bytes);
-  if (!up_.joined() || pending_.size() >= kMaxRoutedRequests) {
+  if ((!up_.joined() && !HoldsForAParent()) || pending_.size() >= kMaxRoutedRequests) {
     downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
     return;
   }
@@ -62,7 +95,7 @@ void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan by
   p.type = type;
   p.bytes = WithRequestId(bytes, request);
   SendUp(p);
-  if (p.stripe == UpLink::kNone) {  // its only joined parent is that child
+  if (p.stripe == UpLink::kNone && !HoldsForAParent()) {  // its only joined parent is that child
     downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
     pending_.erase(request);
   }
@@ -71,6 +104,7 @@ void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan by
 void UpRequests::OnPartition(const PartitionData& data) {
   auto it = pending_.find(data.request_id);
   if (it == pending_.end() || it->second.type != MessageType::kFetch) return;
+  if (!data.found && AskElsewhere(it->second)) return;
   Pending p = std::move(it->second);
   pending_.erase(it);
   if (!p.child.empty()) {  // a relay passing an answer down
@@ -84,6 +118,7 @@ void UpRequests::OnPartition(const PartitionData& data) {
 bool UpRequests::PassDown(ByteSpan message) {
   auto it = pending_.find(RequestIdOf(message));
   if (it == pending_.end() || it->second.type == MessageType::kFetch) return false;
+  if (!Found(message) && AskElsewhere(it->second)) return true;
   const Pending p = std::move(it->second);
   pending_.erase(it);
   if (p.child.empty()) return false;  // this node's own: the caller takes it
@@ -101,7 +136,7 @@ UpRequests::Moved UpRequests::LinkLost(uint32_t stripe) {
     }
     // Any joined parent answers alike: the request goes there now.
     SendUp(p);
-    if (p.stripe == UpLink::kNone && !p.child.empty()) {
+    if (p.stripe == UpLink::kNone && !p.child.empty() && !HoldsForAParent()) {
       // No parent at all: the child hears "not found" now and may ask again, as it
       // would of a relay with no parent.
       downstream_.SendTo(p.child, transport::MakeMessage(NotFoundReply(p.type, p.child_request)));
@@ -124,6 +159,27 @@ size_t UpRequests::LinkJoined() {
     sent += p.stripe != UpLink::kNone;
   }
   return sent;
+}
+
+bool UpRequests::Found(ByteSpan message) {
+  auto type = PeekType(message);
+  if (!type.ok()) return true;  // taken as it is: the caller reports what is wrong with it
+  switch (*type) {
+    case MessageType::kChain: {
+      auto chain = ParseChain(message);
+      return !chain.ok() || chain->found;
+    }
+    case MessageType::kManifest: {
+      auto manifest = ParseManifest(message);
+      return !manifest.ok() || manifest->found;
+    }
+    case MessageType::kDeltaChunk: {
+      auto chunk = ParseDeltaChunk(message);
+      return !chunk.ok() || chunk->found;
+    }
+    default:
+      return true;
+  }
 }
 
 std::vector<std::byte> UpRequests::NotFoundReply(MessageType request_type, uint64_t request_id) {
