@@ -59,7 +59,11 @@ void UpRequests::Ask(std::vector<std::byte> request) {
 // a relay that every parent refused for a while answered a catch-up's FETCH_MANIFEST
 // so, and the catch-up, and with it the refit, failed on it while the source served
 // that manifest). With one parent link it is answered "not found" as before.
-bool UpRequests::HoldsForAParent() const { return up_.links() > 1; }
+// Only while no parent at all is joined: one that is (the child itself, this node's
+// parent in another stripe) knows no more than before, and a request held for a link
+// that never joins would hold the child's catch-up for good (seed 10474 on a first
+// version of this rule).
+bool UpRequests::HoldsForAParent() const { return up_.links() > 1 && !up_.joined(); }
 
 void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   const uint64_t child_request = fetch.request_id;
@@ -153,10 +157,21 @@ UpRequests::Moved UpRequests::LinkLost(uint32_t stripe) {
 
 size_t UpRequests::LinkJoined() {
   size_t sent = 0;
-  for (auto& [request, p] : pending_) {
-    if (p.stripe != UpLink::kNone) continue;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    Pending& p = it->second;
+    if (p.stripe != UpLink::kNone) {
+      ++it;
+      continue;
+    }
     SendUp(p);
+    if (p.stripe == UpLink::kNone && !p.child.empty() && !HoldsForAParent()) {
+      // A child's, held for a parent: the one that joined is that child.
+      downstream_.SendTo(p.child, transport::MakeMessage(NotFoundReply(p.type, p.child_request)));
+      it = pending_.erase(it);
+      continue;
+    }
     sent += p.stripe != UpLink::kNone;
+    ++it;
   }
   return sent;
 }
