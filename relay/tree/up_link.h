@@ -58,8 +58,6 @@ class UpLink {
     return kNone;
   }
   bool joined() const { return Chosen() != kNone; }
-  // How many parent links (one per stripe).
-  size_t links() const { return parents_.size(); }
   // The parent the link of `stripe` is to now.
   std::string ParentOf(uint32_t stripe) const {
     return stripe < parents_.size() ? parents_[stripe]->current() : std::string();

@@ -57,23 +57,11 @@ void UpRequests::Ask(std::vector<std::byte> request) {
   SendUp(p);
 }
 
-// Striped (several parent links), a child's request waits here for a parent to join,
-// as this node's own do: with none joined this node does not know the answer, and a
-// "not found" would be taken for the source's (the simulator's --stripes seed 11809:
-// a relay that every parent refused for a while answered a catch-up's FETCH_MANIFEST
-// so, and the catch-up, and with it the refit, failed on it while the source served
-// that manifest). With one parent link it is answered "not found" as before.
-// Only while no parent at all is joined: one that is (the child itself, this node's
-// parent in another stripe) knows no more than before, and a request held for a link
-// that never joins would hold the child's catch-up for good (seed 10474 on a first
-// version of this rule).
-bool UpRequests::HoldsForAParent() const { return up_.links() > 1 && !up_.joined(); }
-
 void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   const uint64_t child_request = fetch.request_id;
-  // Without a parent nobody answers (one link); and a child may not make this node
-  // remember requests without bound: both get "not found" now, and may ask again.
-  if ((!up_.joined() && !HoldsForAParent()) || pending_.size() >= kMaxRoutedRequests) {
+  // Without a parent nobody answers; and a child may not make this node remember
+  // requests without bound: both get "not found" now, and may ask again.
+  if (!up_.joined() || pending_.size() >= kMaxRoutedRequests) {
     downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
     return;
   }
@@ -84,7 +72,7 @@ void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   p.type = MessageType::kFetch;
   p.bytes = EncodeFetch(fetch);
   SendUp(p);
-  if (p.stripe == UpLink::kNone && !HoldsForAParent()) {  // its only joined parent is that child
+  if (p.stripe == UpLink::kNone) {  // its only joined parent is that child
     downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
     pending_.erase(fetch.request_id);
   }
@@ -92,7 +80,7 @@ void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
 
 void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan bytes) {
   const uint64_t child_request = RequestIdOf(bytes);
-  if ((!up_.joined() && !HoldsForAParent()) || pending_.size() >= kMaxRoutedRequests) {
+  if (!up_.joined() || pending_.size() >= kMaxRoutedRequests) {
     downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
     return;
   }
@@ -103,7 +91,7 @@ void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan by
   p.type = type;
   p.bytes = WithRequestId(bytes, request);
   SendUp(p);
-  if (p.stripe == UpLink::kNone && !HoldsForAParent()) {  // its only joined parent is that child
+  if (p.stripe == UpLink::kNone) {  // its only joined parent is that child
     downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
     pending_.erase(request);
   }
@@ -144,7 +132,7 @@ UpRequests::Moved UpRequests::LinkLost(uint32_t stripe) {
     }
     // Any joined parent answers alike: the request goes there now.
     SendUp(p);
-    if (p.stripe == UpLink::kNone && !p.child.empty() && !HoldsForAParent()) {
+    if (p.stripe == UpLink::kNone && !p.child.empty()) {
       // No parent at all: the child hears "not found" now and may ask again, as it
       // would of a relay with no parent.
       downstream_.SendTo(p.child, transport::MakeMessage(NotFoundReply(p.type, p.child_request)));
@@ -161,21 +149,10 @@ UpRequests::Moved UpRequests::LinkLost(uint32_t stripe) {
 
 size_t UpRequests::LinkJoined() {
   size_t sent = 0;
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    Pending& p = it->second;
-    if (p.stripe != UpLink::kNone) {
-      ++it;
-      continue;
-    }
+  for (auto& [request, p] : pending_) {
+    if (p.stripe != UpLink::kNone) continue;
     SendUp(p);
-    if (p.stripe == UpLink::kNone && !p.child.empty() && !HoldsForAParent()) {
-      // A child's, held for a parent: the one that joined is that child.
-      downstream_.SendTo(p.child, transport::MakeMessage(NotFoundReply(p.type, p.child_request)));
-      it = pending_.erase(it);
-      continue;
-    }
     sent += p.stripe != UpLink::kNone;
-    ++it;
   }
   return sent;
 }

@@ -9,8 +9,7 @@
 // parent; docs/protocol.md, "Stripes"), and its answer is taken from whichever link
 // it comes on. When the link a request went on drops, the request is sent again to
 // another joined parent; with none joined, this node's own wait for the next link
-// to join (LinkJoined), and so does a child's when this node has several parent
-// links (striped); with one, a child's is answered "not found" (it may ask again).
+// to join (LinkJoined), and a child's is answered "not found" (it may ask again).
 // A "not found" is one parent's answer, not the tree's (a relay with no parent
 // joined gives it at once): this node's own request is asked again of each other
 // joined parent that has not said so before "not found" is taken (AskElsewhere); a
@@ -105,9 +104,6 @@ class UpRequests {
   // another joined parent that has not said so; false when there is none (or `p` is
   // a child's).
   bool AskElsewhere(Pending& p);
-  // Whether a child's request waits for a parent to join rather than be answered
-  // "not found" when none is (several parent links: striped).
-  bool HoldsForAParent() const;
   static std::vector<std::byte> NotFoundReply(MessageType request_type, uint64_t request_id);
   // Whether a MANIFEST / CHAIN / DELTA_CHUNK answers "found" (true if it cannot be read).
   static bool Found(ByteSpan message);
