@@ -222,6 +222,16 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
       refit_->identity.target_version == d.target_version) {
     streamed_by = refit_->id;
   }
+  if (!streamed_by && type == MessageType::kAbort && stripes() > 1) {
+    // No refit of it runs here (this node restarted since): the spool names the refit
+    // whose BEGIN opened it. ABORT says no refit to that target committed and none
+    // streams it now, so that refit is over as well, and a stripe parent that lags
+    // behind in it (it was in it when its source died) replays a BEGIN that is past
+    // here (the simulator's --stripes seed 10324: run as new, it took the node off the
+    // refit the restarted source was streaming, which waited its commit timeout).
+    const uint64_t noted = Spool::RefitOf(options_.spool_dir, d.target_version);
+    if (noted != 0 && noted != d.refit_id) streamed_by = noted;
+  }
   NewRefit();
   refit_->id = d.refit_id;
   refit_->resolves_refit = streamed_by;

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,19 @@ class UpLink {
     }
     return kNone;
   }
+  // The same, skipping every parent in `skip` (UpRequests: the child a request came
+  // from, and the parents that answered it "not found").
+  uint32_t Chosen(const std::set<std::string>& skip) const {
+    for (uint32_t s = 0; s < parents_.size(); ++s) {
+      if (parents_[s]->joined() && !skip.contains(parents_[s]->current())) return s;
+    }
+    return kNone;
+  }
   bool joined() const { return Chosen() != kNone; }
+  // The parent the link of `stripe` is to now.
+  std::string ParentOf(uint32_t stripe) const {
+    return stripe < parents_.size() ? parents_[stripe]->current() : std::string();
+  }
   // The parent that answers now ("" when none is joined).
   std::string current() const {
     const uint32_t s = Chosen();
@@ -57,7 +70,11 @@ class UpLink {
   // Sends a request to the parent that answers now (not `unless`); returns the stripe
   // it went on, or kNone (nothing sent) when no such parent is joined.
   uint32_t Send(std::vector<std::byte> bytes, bool again = false, const std::string& unless = {}) {
-    const uint32_t s = Chosen(unless);
+    return Send(std::move(bytes), again,
+                unless.empty() ? std::set<std::string>{} : std::set<std::string>{unless});
+  }
+  uint32_t Send(std::vector<std::byte> bytes, bool again, const std::set<std::string>& skip) {
+    const uint32_t s = Chosen(skip);
     if (s == kNone) return s;
     parents_[s]->Send(std::move(bytes));
     if (counted_) counted_(s, again);

@@ -4,9 +4,38 @@
 
 namespace deltacast::relay {
 
+// Sent again after a link dropped, to any joined parent, those that said "not found"
+// too: skipped, a request whose only joined parents had said so waited for another
+// to join, for good (the simulator's --stripes seed 11317 on a first version); asked
+// again, such a parent says "not found" again and AskElsewhere hands that on.
 void UpRequests::SendUp(Pending& p) {
-  p.stripe = up_.Send(p.bytes, /*again=*/p.sent, p.child.empty() ? "" : NodeOfLink(p.child));
+  std::set<std::string> skip;
+  if (!p.child.empty()) skip.insert(NodeOfLink(p.child));
+  p.stripe = up_.Send(p.bytes, /*again=*/p.sent, skip);
+  if (p.stripe != UpLink::kNone) p.parent = up_.ParentOf(p.stripe);
   p.sent = p.sent || p.stripe != UpLink::kNone;
+}
+
+// A relay with no parent joined answers "not found" at once, and so does one whose
+// own path up lacks what was asked while another stripe's parent of this node would
+// reach the source (the simulator's --stripes seed 11809: a catch-up's FETCH_MANIFEST
+// went to a relay that every parent refused, its "not found" failed the catch-up and
+// the refit, while this node's other parent, the source, serves that manifest). With
+// one parent link (one stripe, a sender) there is nobody else and nothing changes.
+// Only this node's own requests: a relay passes a child's "not found" down, and the
+// child asks its other parents. Relays that each asked every parent of theirs would
+// ask up every path of the graph the stripes make for an answer that is truly "not
+// found" (a chain of kept deltas the source does not keep: seed 11809 again, 77,000
+// tasks and a catch-up held 40 s).
+bool UpRequests::AskElsewhere(Pending& p) {
+  if (!p.child.empty() || p.parent.empty()) return false;
+  p.not_found_by.insert(p.parent);
+  const std::set<std::string>& skip = p.not_found_by;
+  const uint32_t stripe = up_.Chosen(skip);
+  if (stripe == UpLink::kNone) return false;
+  p.stripe = up_.Send(p.bytes, /*again=*/false, skip);
+  p.parent = up_.ParentOf(p.stripe);
+  return true;
 }
 
 uint64_t UpRequests::FetchPartition(Fetch fetch, PartitionHandler on_answer) {
@@ -71,6 +100,7 @@ void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan by
 void UpRequests::OnPartition(const PartitionData& data) {
   auto it = pending_.find(data.request_id);
   if (it == pending_.end() || it->second.type != MessageType::kFetch) return;
+  if (!data.found && AskElsewhere(it->second)) return;
   Pending p = std::move(it->second);
   pending_.erase(it);
   if (!p.child.empty()) {  // a relay passing an answer down
@@ -84,6 +114,7 @@ void UpRequests::OnPartition(const PartitionData& data) {
 bool UpRequests::PassDown(ByteSpan message) {
   auto it = pending_.find(RequestIdOf(message));
   if (it == pending_.end() || it->second.type == MessageType::kFetch) return false;
+  if (!Found(message) && AskElsewhere(it->second)) return true;
   const Pending p = std::move(it->second);
   pending_.erase(it);
   if (p.child.empty()) return false;  // this node's own: the caller takes it
@@ -124,6 +155,27 @@ size_t UpRequests::LinkJoined() {
     sent += p.stripe != UpLink::kNone;
   }
   return sent;
+}
+
+bool UpRequests::Found(ByteSpan message) {
+  auto type = PeekType(message);
+  if (!type.ok()) return true;  // taken as it is: the caller reports what is wrong with it
+  switch (*type) {
+    case MessageType::kChain: {
+      auto chain = ParseChain(message);
+      return !chain.ok() || chain->found;
+    }
+    case MessageType::kManifest: {
+      auto manifest = ParseManifest(message);
+      return !manifest.ok() || manifest->found;
+    }
+    case MessageType::kDeltaChunk: {
+      auto chunk = ParseDeltaChunk(message);
+      return !chunk.ok() || chunk->found;
+    }
+    default:
+      return true;
+  }
 }
 
 std::vector<std::byte> UpRequests::NotFoundReply(MessageType request_type, uint64_t request_id) {

@@ -10,6 +10,10 @@
 // it comes on. When the link a request went on drops, the request is sent again to
 // another joined parent; with none joined, this node's own wait for the next link
 // to join (LinkJoined), and a child's is answered "not found" (it may ask again).
+// A "not found" is one parent's answer, not the tree's (a relay with no parent
+// joined gives it at once): this node's own request is asked again of each other
+// joined parent that has not said so before "not found" is taken (AskElsewhere); a
+// child's is passed down as it came.
 //
 // Owns: the requests in flight, with the stripe each went on and its bytes (to send
 // it again), and the request ids.
@@ -21,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -86,14 +91,22 @@ class UpRequests {
     std::string child;
     uint64_t child_request = 0;
     MessageType type = MessageType::kFetch;
-    std::vector<std::byte> bytes;     // as sent up (renumbered): sent again if its link drops
-    uint32_t stripe = UpLink::kNone;  // the link it went on; kNone: waiting for one
-    bool sent = false;                // went up once (then sending it again counts as such)
-    PartitionHandler on_answer;       // this node's own FETCH
+    std::vector<std::byte> bytes;        // as sent up (renumbered): sent again if its link drops
+    uint32_t stripe = UpLink::kNone;     // the link it went on; kNone: waiting for one
+    bool sent = false;                   // went up once (then sending it again counts as such)
+    PartitionHandler on_answer;          // this node's own FETCH
+    std::string parent;                  // the parent it went to last
+    std::set<std::string> not_found_by;  // the parents that answered it "not found"
   };
   // Sends `p` up (again, if it went before): stripe kNone when no parent is joined.
   void SendUp(Pending& p);
+  // This node's own `p` was answered "not found" by the parent it went to: asks
+  // another joined parent that has not said so; false when there is none (or `p` is
+  // a child's).
+  bool AskElsewhere(Pending& p);
   static std::vector<std::byte> NotFoundReply(MessageType request_type, uint64_t request_id);
+  // Whether a MANIFEST / CHAIN / DELTA_CHUNK answers "found" (true if it cannot be read).
+  static bool Found(ByteSpan message);
 
   std::unique_ptr<UpLink> single_;  // the one-link constructor's
   UpLink& up_;

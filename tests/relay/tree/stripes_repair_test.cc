@@ -209,6 +209,77 @@ TEST_F(StripesRepairTest, TornRepairIsServedOverStripeOneWhenStripeZerosParentDi
   EXPECT_GE(n7.stripe_up_requests[1], 1u);
 }
 
+// Wraps n3's transport: every answer it sends a child (PARTITION, MANIFEST, CHAIN,
+// DELTA_CHUNK) says "not found", as a relay with no parent joined answers (or one
+// whose path up cannot reach the source). Counts them in `answered`.
+std::unique_ptr<transport::Transport> AnswerNotFound(std::unique_ptr<transport::Transport> inner,
+                                                     std::shared_ptr<std::atomic<int>> answered) {
+  test_util::InterceptHooks hooks;
+  hooks.accepted_links = true;
+  hooks.on_send = [answered](test_util::InterceptedLink&, transport::Message& message,
+                             transport::SendHandler&) {
+    auto type = PeekType(*message);
+    if (!type.ok()) return test_util::SendAction::kForward;
+    const uint64_t id = RequestIdOf(*message);
+    std::vector<std::byte> none;
+    switch (*type) {
+      case MessageType::kPartition:
+        none = EncodePartition(id, false, {});
+        break;
+      case MessageType::kManifest:
+        none = EncodeManifest(id, false, {});
+        break;
+      case MessageType::kDeltaChunk:
+        none = EncodeDeltaChunk(id, false, {});
+        break;
+      case MessageType::kChain: {
+        Chain chain;
+        chain.request_id = id;
+        none = EncodeChain(chain);
+        break;
+      }
+      default:
+        return test_util::SendAction::kForward;
+    }
+    message = transport::MakeMessage(std::move(none));
+    ++*answered;
+    return test_util::SendAction::kForward;
+  };
+  return std::make_unique<test_util::InterceptTransport>(std::move(inner), std::move(hooks));
+}
+
+// n7 misses two refits and must catch up at the third; its stripe-0 parent n3 answers
+// every request "not found" (as a relay with no parent joined does at once). Such an
+// answer is n3's, not the tree's: the request is asked again of n7's stripe-1 parent
+// n4, the catch-up finishes and n7 commits bit-exact (the simulator's --stripes seed
+// 11809: the catch-up failed on the first "not found", and the node then the refit).
+TEST_F(StripesRepairTest, ANotFoundFromOneStripesParentIsAskedOfAnother) {
+  std::vector<Versions> steps = {MakeVersions(1 << 17, 76)};
+  steps.push_back(NextStep(steps[0], 77));
+  steps.push_back(NextStep(steps[1], 78));
+  auto answered = std::make_shared<std::atomic<int>>(0);
+  wrap_ = [answered](int node, std::unique_ptr<transport::Transport> t) {
+    if (node != 2) return t;  // n3
+    return AnswerNotFound(std::move(t), answered);
+  };
+  ASSERT_NO_FATAL_FAILURE(StartAgents(steps[0], /*later=*/{6}));
+  for (int k = 0; k < 2; ++k) {
+    auto missed = Publish(steps[k]);
+    ASSERT_TRUE(missed.ok() && missed->committed);
+  }
+  ASSERT_NO_FATAL_FAILURE(StartAgent(6, steps[0]));
+  WaitForN7Joined();
+  auto report = Publish(steps[2]);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < kReceivers; ++i) ExpectAt(i, steps[2]);
+  const NodeAgentStats n7 = agents_[6]->stats();
+  EXPECT_EQ(n7.version, report->target_version);
+  EXPECT_GT(n7.partitions_caught_up, 0u);
+  EXPECT_GE(answered->load(), 1) << "n7 never asked n3";
+  EXPECT_GE(n7.stripe_up_requests[1], 1u);
+}
+
 // n7's stripe-0 parent (n3) is not running: n7 joins stripe 1's parent n4 and the
 // join check runs on what n4 says, without waiting for stripe 0 (whose failover
 // parent n1 is not running either).
