@@ -88,17 +88,10 @@ void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
 }
 
 void Downstream::Tick(std::chrono::steady_clock::time_point now) {
-  for (auto it = refusing_.begin(); it != refusing_.end();) {
-    if (now < it->deadline) {
-      ++it;
-      continue;
-    }
+  refusing_.Expire(now, [&](transport::Connection& link) {
     log::Warn(fmt::format("{}: closing {}: its REFUSE was not taken within {} ms", self_id_,
-                          log::Escape(it->connection->PeerAddress()),
-                          limits_.handshake_timeout.count()));
-    it->connection->Close();
-    it = refusing_.erase(it);
-  }
+                          log::Escape(link.PeerAddress()), limits_.handshake_timeout.count()));
+  });
   for (auto it = handshakes_.begin(); it != handshakes_.end();) {
     if (now < it->second.deadline) {
       ++it;
@@ -637,19 +630,9 @@ void Downstream::RefuseForRefit(const std::string& id, const std::string& reason
 
 void Downstream::RefuseThenClose(std::unique_ptr<transport::Connection> connection,
                                  const relay::Refuse& refuse) {
-  transport::Connection* link = connection.get();
   // Not forever: a peer that reads nothing (or a link whose queue is full of chunks
   // it does not take) is closed at the handshake timeout, REFUSE out or not (Tick).
-  refusing_.push_back({std::move(connection), RuntimeClock::now() + limits_.handshake_timeout});
-  link->Send(transport::MakeMessage(EncodeRefuse(refuse)), [this, link](Status) {
-    loop_.Post([this, link] {
-      auto it = std::find_if(refusing_.begin(), refusing_.end(),
-                             [&](const Refusing& r) { return r.connection.get() == link; });
-      if (it == refusing_.end()) return;
-      it->connection->Close();
-      refusing_.erase(it);
-    });
-  });
+  refusing_.Refuse(std::move(connection), refuse, RuntimeClock::now() + limits_.handshake_timeout);
 }
 
 void Downstream::CloseAll() {
@@ -659,8 +642,7 @@ void Downstream::CloseAll() {
   }
   for (auto& [serial, h] : handshakes_) h.connection->Close();
   handshakes_.clear();
-  for (auto& r : refusing_) r.connection->Close();
-  refusing_.clear();
+  refusing_.CloseAll();
 }
 
 }  // namespace deltacast::relay

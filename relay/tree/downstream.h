@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/event_loop.h"
+#include "relay/tree/refusing_links.h"
 #include "relay/wire/internal/handshake_limits.h"
 #include "relay/wire/protocol.h"
 #include "topology/cluster_config.h"
@@ -297,13 +298,9 @@ class Downstream {
   std::optional<std::string> shedding_;  // Shed: why the children of shed_stripes_ are refused
   std::set<uint32_t> shed_stripes_;
   uint64_t shed_refit_ = 0;  // the refit a Shed leaves this node out of
-  // Links refused and closed once their REFUSE is out (RefuseThenClose), or at
-  // `deadline` if it is not out by then.
-  struct Refusing {
-    std::unique_ptr<transport::Connection> connection;
-    std::chrono::steady_clock::time_point deadline;
-  };
-  std::vector<Refusing> refusing_;
+  // Links refused and closed once their REFUSE is out (RefuseThenClose), or at the
+  // handshake timeout if it is not out by then.
+  RefusingLinks refusing_{loop_};
   std::vector<std::string> transports_;
   uint32_t stripes_ = 1;
   uint64_t refit_id_ = 0;   // the refit credit counts for

@@ -37,10 +37,7 @@ void ParentLink::Close() {
   joined_ = false;
 }
 
-ParentLink::~ParentLink() {
-  Close();
-  refusing_.clear();
-}
+ParentLink::~ParentLink() { Close(); }
 
 // Which parent to dial next: the planned one, or (after it has been unreachable
 // for kFailoverAfter) the failover parent from the plan; back to the planned one
@@ -69,7 +66,7 @@ void ParentLink::ChooseParent(Clock::time_point now) {
 }
 
 void ParentLink::Tick(Clock::time_point now, bool between_refits) {
-  std::erase_if(refusing_, [&](const Refusing& r) { return now >= r.deadline; });
+  refusing_.Expire(now);
   if (link_ && joined_ && on_failover() && now >= next_primary_try_ && between_refits) {
     next_primary_try_ = now + std::chrono::seconds(10);
     log::Info(fmt::format("{}: leaving failover parent {} to rejoin {}", self_.id, current_,
@@ -206,13 +203,8 @@ void ParentLink::RefuseAndClose(const std::string& reason, const Status& why) {
   // would abort the queued send). Kept here until then; its other handlers are
   // ignored (the serial moves on) and it is destroyed on this thread.
   // Not forever: a parent that reads nothing is closed at the handshake timeout (Tick).
-  transport::Connection* refusing = link_.get();
-  refusing_.push_back({std::move(link_), Clock::now() + config_.limits.handshake_timeout});
-  refusing->Send(transport::MakeMessage(EncodeRefuse({reason})), [this, refusing](Status) {
-    loop_.Post([this, refusing] {
-      std::erase_if(refusing_, [&](const Refusing& r) { return r.connection.get() == refusing; });
-    });
-  });
+  refusing_.Refuse(std::move(link_), relay::Refuse{reason, 0},
+                   Clock::now() + config_.limits.handshake_timeout);
   Close();
   Lost(/*had_link=*/true, why);
 }

@@ -27,6 +27,7 @@
 
 #include "common/event_loop.h"
 #include "common/runtime.h"
+#include "relay/tree/refusing_links.h"
 #include "relay/wire/protocol.h"
 #include "topology/cluster_config.h"
 #include "topology/tree_plan.h"
@@ -107,12 +108,8 @@ class ParentLink {
   Events events_;
 
   std::unique_ptr<transport::Connection> link_;
-  // Closed once their REFUSE is out, or at `deadline` if it is not out by then.
-  struct Refusing {
-    std::unique_ptr<transport::Connection> connection;
-    Clock::time_point deadline;
-  };
-  std::vector<Refusing> refusing_;
+  // Parents refused: closed once their REFUSE is out, or at the handshake timeout.
+  RefusingLinks refusing_{loop_};
   std::string current_;                                // the planned parent, or its failover parent
   std::string address_;                                // of current_
   std::string backend_;                                // the backend the link runs over

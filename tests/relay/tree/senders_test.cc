@@ -148,6 +148,20 @@ class SendersTest : public ::testing::Test {
     }
   }
 
+  // A thread that stops every sender once each has received two of its stripe's chunks.
+  std::thread KillEverySenderOnceItsStripeStreams() {
+    return std::thread([this] {
+      const bool began = WaitUntil(
+          [&] {
+            return senders_[0]->stats().chunks_received >= 2 &&
+                   senders_[1]->stats().chunks_received >= 2;
+          },
+          std::chrono::seconds(20));
+      EXPECT_TRUE(began) << "the senders never received their stripes' chunks";
+      for (auto& s : senders_) s->Stop();
+    });
+  }
+
   // Waits up to `timeout` for `done`.
   static bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
     const auto until = std::chrono::steady_clock::now() + timeout;
@@ -328,16 +342,7 @@ TEST_F(SendersTest, UnderPolicyAllEverySenderKilledMidRefitCommitsOnceEveryRecei
   source_bytes_per_second_ = 256 << 10;
   Versions v = MakeVersions(256 << 10, 45);
   ASSERT_NO_FATAL_FAILURE(StartAll(v));
-  std::thread killer([&] {
-    const bool began = WaitUntil(
-        [&] {
-          return senders_[0]->stats().chunks_received >= 2 &&
-                 senders_[1]->stats().chunks_received >= 2;
-        },
-        std::chrono::seconds(20));
-    EXPECT_TRUE(began) << "the senders never received their stripes' chunks";
-    for (auto& s : senders_) s->Stop();
-  });
+  std::thread killer = KillEverySenderOnceItsStripeStreams();
   auto report = Publish(v);
   killer.join();
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -362,16 +367,7 @@ TEST_F(SendersTest, UnderPolicyAvailableEverySenderKilledMidRefitWithNothingPrep
   Versions v = MakeVersions(256 << 10, 47);
   ASSERT_NO_FATAL_FAILURE(StartAll(v));
   const Digest128 base_version = ManifestOf(*Borrow(v.tensors, v.base)).VersionId();
-  std::thread killer([&] {
-    const bool began = WaitUntil(
-        [&] {
-          return senders_[0]->stats().chunks_received >= 2 &&
-                 senders_[1]->stats().chunks_received >= 2;
-        },
-        std::chrono::seconds(20));
-    EXPECT_TRUE(began) << "the senders never received their stripes' chunks";
-    for (auto& s : senders_) s->Stop();
-  });
+  std::thread killer = KillEverySenderOnceItsStripeStreams();
   auto report = Publish(v);
   killer.join();
   ASSERT_TRUE(report.ok()) << report.status().ToString();
