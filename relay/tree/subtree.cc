@@ -167,7 +167,7 @@ bool Subtree::CannotTakePart(const std::string& child, const std::string& why) {
     GoOnWithout(child, why);
     return true;
   }
-  Fail(Failed{refit_id_, child, why}, why);
+  Fail(Failed{refit_id_, NodeOfLink(child), why}, why);
   return false;
 }
 
@@ -258,7 +258,11 @@ void Subtree::Tick(Clock::time_point now) {
     }
     const std::string why =
         "child '" + child + "' has been away longer than the connect timeout" + RefusalOf(child);
-    Fail(Failed{refit_id_, child, why}, why);
+    // The FAILED names the node, not the link ("n6#2" on stripe 2): a node id with
+    // the stripe's suffix is no valid node id, and every parent up the tree dropped
+    // the message as malformed while the source waited out the commit timeout (the
+    // simulator's --stripes seed 11347, policy `all`, an interior node not started).
+    Fail(Failed{refit_id_, NodeOfLink(child), why}, why);
   }
   if (left_out) Changed();
 }

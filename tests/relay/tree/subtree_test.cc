@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "relay/wire/protocol.h"
+
 namespace deltacast::relay {
 namespace {
 
@@ -86,6 +88,34 @@ TEST(Subtree, UnderPolicyAllAnAwayChildFailsTheRefitNamingIt) {
   c.Tick(t0 + milliseconds(1600));
   EXPECT_EQ(h.left_out, std::vector<std::string>{"b"});
   EXPECT_EQ(h.failed.size(), 1u);
+}
+
+// A stripe's subtree keys its children by link ("n6#2" on stripe 2); the FAILED it
+// sends up names the node, which is what parents parse (a link key is no valid node
+// id: the simulator's --stripes seed 11347 had every parent drop that FAILED, and the
+// source wait out the commit timeout for a refit already failed).
+TEST(Subtree, AnAwayStripeChildsFailedNamesTheNodeNotTheLink) {
+  Harness h({"n6#2", "n4#2"});
+  Subtree& c = h.tree;
+  const auto t0 = Clock::now();
+  c.Joined("n4#2", false, t0);
+  c.BeginRefit(7, t0);  // n6 never started
+  c.Tick(t0 + milliseconds(1500));
+  ASSERT_EQ(h.failed.size(), 1u);
+  EXPECT_EQ(h.failed[0].node_id, "n6");
+  auto parsed = ParseFailed(EncodeFailed(h.failed[0]));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->node_id, "n6");
+  EXPECT_EQ(parsed->refit_id, 7u);
+
+  // The same through CannotTakePart (a source that cannot replay a rejoining child).
+  Harness g({"n3#1"});
+  g.tree.Joined("n3#1", false, t0);
+  g.tree.BeginRefit(8, t0);
+  EXPECT_FALSE(g.tree.CannotTakePart("n3#1", "its spool failed"));
+  ASSERT_EQ(g.failed.size(), 1u);
+  EXPECT_EQ(g.failed[0].node_id, "n3");
+  EXPECT_TRUE(ParseFailed(EncodeFailed(g.failed[0])).ok());
 }
 
 // A child that holds no weights (a sender the source feeds): under `all` its absence
