@@ -401,9 +401,8 @@ void NodeAgent::Impl::ReportOutcome() {
   // Done for good here, unless its local commit or rollback failed (then a replayed
   // BEGIN or decision is told FAILED again, above).
   if (r.outcome_error.ok()) {
-    finished_refits_.emplace_back(r.id, committed);
-    if (r.resolves_refit) finished_refits_.emplace_back(*r.resolves_refit, committed);
-    while (finished_refits_.size() > kFinishedKept) finished_refits_.pop_front();
+    NoteFinished(r.id, committed);
+    if (r.resolves_refit) NoteFinished(*r.resolves_refit, committed);
   }
   RunDeferredBegin();
   log::Info(fmt::format(

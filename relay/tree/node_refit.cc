@@ -41,6 +41,10 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       committed && !runs_from_here && !(*committed && refit_ && refit_->id == begin->refit_id)) {
     return OnStaleBegin(stripe, *begin, *committed);
   }
+  if (EarlierFromSameBase(*begin)) {
+    NoteFinished(begin->refit_id, /*committed=*/false);
+    return OnStaleBegin(stripe, *begin, /*committed=*/false);
+  }
   if (begin->refit_id == failed_refit_ && !(refit_ && refit_->id == begin->refit_id) &&
       stripes() > 1) {
     // This node said it cannot take part in this refit, and its parents left it out
@@ -349,6 +353,36 @@ void NodeAgent::Impl::OnStaleBegin(uint32_t stripe, const Begin& begin, bool com
   Prepared prepared{begin.refit_id, {}};
   prepared.nodes.push_back({options_.node_id, 0, 0, 0});
   up.Send(EncodePrepared(prepared));
+}
+
+// A stripe parent that lags behind (still in refit A when the source aborted it and
+// began B from the same base, or a dead source's A) replays A to a node that
+// rejoins it. From the versions alone A and B cannot be ordered: the node took
+// whichever BEGIN came last, caught up to its base (dropping the other's delta in
+// flight) and ran it, and the parents of the one it left waited out the commit
+// timeout (the simulator's --stripes seeds 10476, 10776, 11633, 10803; 2637 the
+// other way round). The source's clock orders them: it begins a refit only once the
+// last is decided, and a decided COMMIT moves the base, so the earlier of two from
+// one base can never commit.
+bool NodeAgent::Impl::EarlierFromSameBase(const Begin& b) {
+  if (!refit_ || refit_->begin.refit_id != refit_->id || refit_->id == b.refit_id ||
+      refit_->begin.base_version != b.base_version || b.begun_at_us == 0 ||
+      refit_->begin.begun_at_us == 0) {
+    return false;
+  }
+  if (b.begun_at_us < refit_->begin.begun_at_us) return true;
+  // `b` is the later: this node's refit is dead, and a replay of it after this node
+  // has gone on from `b` is past (it would catch up to the old base, backwards).
+  // (Only while it streams: one decided here is noted as it finishes.)
+  if (refit_->phase == Phase::kStreaming && !FinishedRefit(refit_->id)) {
+    NoteFinished(refit_->id, /*committed=*/false);
+  }
+  return false;
+}
+
+void NodeAgent::Impl::NoteFinished(uint64_t refit_id, bool committed) {
+  finished_refits_.emplace_back(refit_id, committed);
+  while (finished_refits_.size() > kFinishedKept) finished_refits_.pop_front();
 }
 
 // Whether this node holds neither the refit's base nor its target, nor the refit

@@ -1,6 +1,8 @@
 #include <fmt/core.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "common/crash_point.h"
@@ -19,6 +21,17 @@ uint64_t SourceRandomId() {
   }
   while (id == 0) RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id);
   return id;
+}
+
+uint64_t SourceBeginTime(uint64_t last) {
+  using std::chrono::duration_cast;
+  using std::chrono::microseconds;
+  // A wall clock, not a steady one: a source restarted (or another host's, after a
+  // failover) must number its refits after the dead one's.
+  const auto now = SimRuntime() ? RuntimeClock::now().time_since_epoch()
+                                : std::chrono::system_clock::now().time_since_epoch();
+  return std::max<uint64_t>(static_cast<uint64_t>(duration_cast<microseconds>(now).count()),
+                            last + 1);
 }
 
 std::vector<std::string> SourceLinks(const topology::StripedPlan& plan, uint32_t stripe) {
@@ -85,6 +98,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
               target_manifest.partition_bytes};
   begin.manifest_digest = Sha256(target_manifest.Serialize());
   begin.stream_id = SourceRandomId();
+  begin.begun_at_us = last_begun_at_us_ = SourceBeginTime(last_begun_at_us_);
   if (options_.signing_key) SignBegin(*options_.signing_key, begin);
   {
     MutexLock lock(mu_);

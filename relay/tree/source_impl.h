@@ -34,6 +34,9 @@ namespace deltacast::relay {
 
 // A refit id or stream id: random, never zero (the simulator's seeded generator under it).
 uint64_t SourceRandomId();
+// BEGIN's begun_at_us: the source's clock now, in microseconds (the wall clock; the
+// simulated time under the simulator), never 0 and above `last`, the previous one.
+uint64_t SourceBeginTime(uint64_t last);
 
 // Chunk buffers the source keeps idle for its next chunks: a window's worth of 4 MiB
 // chunks and more, not a model's.
@@ -308,6 +311,7 @@ class Source::Impl {
   SpoolDir spool_dir_;                     // released at Stop
   std::unique_ptr<DeltaHistory> history_;  // null: no deltas kept (loop thread and Publish)
   bool stopped_ = false;
+  uint64_t last_begun_at_us_ = 0;  // Publish's thread
   PublishProgress progress_;  // the calling thread's, during Publish
   // Chunk messages' buffers, back from the children's queues and the spool; reused
   // for the next chunks (a fresh buffer of a few MiB faults in every page). Bounded.

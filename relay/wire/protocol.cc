@@ -135,6 +135,7 @@ std::vector<std::byte> EncodeBegin(const Begin& m) {
   w.Put<uint64_t>(m.partition_bytes);
   PutArray(w, m.manifest_digest);
   w.Put<uint64_t>(m.stream_id);
+  w.Put<uint64_t>(m.begun_at_us);
   PutArray(w, m.signature);
   w.Put<uint8_t>(static_cast<uint8_t>(m.stripe));
   w.Put<uint8_t>(static_cast<uint8_t>(m.stripes));
@@ -253,6 +254,7 @@ Result<Begin> ParseBegin(ByteSpan message) {
     r.Get(m.partition_bytes);
     r.GetArray(m.manifest_digest);
     r.Get(m.stream_id);
+    r.Get(m.begun_at_us);
     r.GetArray(m.signature);
     uint8_t stripe = 0;
     uint8_t stripes = 0;

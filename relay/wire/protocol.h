@@ -32,7 +32,7 @@ inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
 // 3: mutual proof of the token (HELLO carries the child's nonce, WELCOME the
 // parent's proof), applied chunks as runs, signed BEGIN / CHUNK / decisions.
 // 2: FETCH carries a 16-byte partition hash (docs/wire-format.md); 1 had xxh3-64.
-inline constexpr uint8_t kProtocolVersion = 11;
+inline constexpr uint8_t kProtocolVersion = 12;
 inline constexpr size_t kMessageHeaderBytes = 8;
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kProofBytes = 32;      // HMAC-SHA256
@@ -146,6 +146,12 @@ struct Begin {
   // root) starts, never 0. A chunk is (target, stream_id, sequence): the same delta
   // streamed again (a restarted root) may number its chunks otherwise.
   uint64_t stream_id = 0;
+  // When the source began this refit, in microseconds of its clock (the wall clock;
+  // simulated time in the simulator), strictly increasing within a source. Orders
+  // two refits from one base: a source begins a refit only once the last is decided,
+  // so of two from the same base the earlier was aborted or died with its source
+  // (docs/protocol.md, "Refits from one base"). 0: not given (no order).
+  uint64_t begun_at_us = 0;
   Signature signature{};  // the source's, over the fields above (relay/wire/signing.h)
   // The stripe of the link this BEGIN came on, and how many there are; not signed:
   // one signed BEGIN serves every stripe, and a node refuses a BEGIN whose stripe is

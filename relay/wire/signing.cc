@@ -142,8 +142,9 @@ Status SigningKey::Write(const std::filesystem::path& path) const {
 }
 
 std::vector<std::byte> SignedBytesOfBegin(const Begin& begin) {
-  // v9: the stream id is signed too (a forged one would make nodes roll back).
-  auto out = Labelled("deltacast-v9 BEGIN");
+  // v9: the stream id is signed too (a forged one would make nodes roll back); v12:
+  // the time it began (a forged one would make nodes drop the live refit as stale).
+  auto out = Labelled("deltacast-v12 BEGIN");
   ByteWriter w(out);
   w.Put<uint64_t>(begin.refit_id);
   PutDigest(w, begin.base_version);
@@ -152,6 +153,7 @@ std::vector<std::byte> SignedBytesOfBegin(const Begin& begin) {
   w.PutBytes(ByteSpan(reinterpret_cast<const std::byte*>(begin.manifest_digest.data()),
                       begin.manifest_digest.size()));
   w.Put<uint64_t>(begin.stream_id);
+  w.Put<uint64_t>(begin.begun_at_us);
   return out;
 }
 

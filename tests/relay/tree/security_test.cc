@@ -446,12 +446,15 @@ TEST(SigningTest, SignaturesCoverTheirMessageAndNothingElse) {
   auto parsed = ParseBegin(EncodeBegin(begin));
   ASSERT_TRUE(parsed.ok());
   EXPECT_TRUE(VerifyBegin(verify, *parsed).ok()) << "the signature travels in BEGIN";
-  for (int field = 0; field < 4; ++field) {
+  for (int field = 0; field < 6; ++field) {
     Begin changed = begin;
     if (field == 0) changed.refit_id ^= 1;
     if (field == 1) changed.target_version.bytes[0] ^= 1;
     if (field == 2) changed.partition_bytes *= 2;
     if (field == 3) changed.manifest_digest[5] ^= 1;
+    if (field == 4) changed.stream_id ^= 1;
+    // A relay that made an old refit look newer would have nodes drop the live one.
+    if (field == 5) changed.begun_at_us += 1;
     EXPECT_EQ(VerifyBegin(verify, changed).code(), StatusCode::kPermissionDenied) << field;
   }
   Decision commit{7, begin.target_version};

@@ -302,5 +302,67 @@ TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurren
   }
 }
 
+// Two refits from one base: the source aborted A (v0 -> v1) and began B (v0 -> v2)
+// later; the node streams B when its stripe-1 parent, still in A, replays A to it.
+// By the versions alone the node cannot tell which is live (it ran the last BEGIN:
+// a catch-up to v0 that dropped B, and B's parents waited out the commit timeout:
+// the simulator's --stripes seeds 10476, 10776, 11633); by when the source began
+// each it can, and A is answered on that link only. B commits, bit-exact.
+TEST_F(StaleStripeTest, AReplayOfAnEarlierRefitFromTheSameBaseLeavesTheLaterOneAlone) {
+  ASSERT_NO_FATAL_FAILURE(AcceptLink());
+  ASSERT_NO_FATAL_FAILURE(AcceptLink());
+  ASSERT_TRUE(links_.count(0) && links_.count(1));
+  const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
+                  d2 = VersionOf(tensors_, v2_);
+  const auto a = Chunks(tensors_, v0_, v1_);
+  const auto b = Chunks(tensors_, v0_, v2_);
+  ASSERT_GE(b.size(), 3u) << "B needs a data chunk on each stripe";
+  constexpr uint64_t kA = 0xa1, kB = 0xb2;
+  const auto begin_a = [&](uint32_t s) {
+    Begin begin = BeginOf(kA, d0, d1, s);
+    begin.begun_at_us = 1'000'000;
+    return begin;
+  };
+  const auto begin_b = [&](uint32_t s) {
+    Begin begin = BeginOf(kB, d0, d2, s);
+    begin.begun_at_us = 2'000'000;
+    return begin;
+  };
+
+  // B begins on both stripes; their data chunks come, not their ENDs.
+  for (uint32_t s = 0; s < 2; ++s) {
+    links_[s]->Send(EncodeBegin(begin_b(s)));
+    SendStripe(s, b, true, false);
+  }
+  const auto applied_deadline = std::chrono::steady_clock::now() + seconds(10);
+  while (agent_->stats().chunks_received < b.size() - 1 &&
+         std::chrono::steady_clock::now() < applied_deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(agent_->stats().chunks_received, b.size() - 1);
+  // Stripe 1's link drops; its parent there, still in A, replays A's BEGIN and chunks.
+  links_.erase(1);
+  ASSERT_NO_FATAL_FAILURE(AcceptLink());
+  links_[1]->Send(EncodeBegin(begin_a(1)));
+  SendStripe(1, a, true, true);
+  // Then it learns of B, and B's stripe 1 comes whole; stripe 0's END too.
+  links_[1]->Send(EncodeBegin(begin_b(1)));
+  SendStripe(1, b, true, true);
+  SendStripe(0, b, false, true);
+  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, kB));
+  for (uint32_t s = 0; s < 2; ++s) links_[s]->Send(EncodeDecision(MessageType::kCommit, {kB, d2}));
+  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, kB));
+  EXPECT_EQ(agent_->stats().refits_committed, 1u);
+  EXPECT_EQ(agent_->stats().version, d2);
+  EXPECT_EQ(store_, v2_) << "the node's bytes are not v2's";
+  for (auto& [s, link] : links_) {
+    for (MessageType t : link->seen()) {
+      EXPECT_NE(t, MessageType::kFailed) << "FAILED on stripe " << s;
+      EXPECT_NE(t, MessageType::kFetchChain) << "a catch-up on stripe " << s;
+      EXPECT_NE(t, MessageType::kFetchManifest) << "a catch-up on stripe " << s;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deltacast::relay::stripes_test

@@ -226,6 +226,22 @@ TEST(ProtocolTest, BeginAndHelloCarryTheStreamAndVersion9IsRefused) {
   }
 }
 
+// Version 12: BEGIN carries when the source began the refit (it orders two refits
+// from one base); a version-11 peer is refused at the header.
+TEST(ProtocolTest, BeginCarriesWhenTheSourceBeganItAndVersion11IsRefused) {
+  Begin begin{42, Hash128(AsBytes("a")), Hash128(AsBytes("b")), 4096};
+  begin.stream_id = 5;
+  begin.begun_at_us = 1'764'806'400'123'456ULL;
+  auto b = ParseBegin(EncodeBegin(begin));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->begun_at_us, begin.begun_at_us);
+  EXPECT_EQ(b->stream_id, 5u);
+  auto old = EncodeBegin(begin);
+  old[4] = std::byte{11};
+  EXPECT_NE(PeekType(old).status().message().find("protocol version 11 is not supported"),
+            std::string::npos);
+}
+
 // Version 10: HELLO and BEGIN name the stripe of their link (index, count); a
 // stripe out of range or a count over kMaxStripes is refused.
 TEST(ProtocolTest, BeginAndHelloNameTheirStripe) {
