@@ -312,7 +312,7 @@ class Source::Impl {
   std::unique_ptr<DeltaHistory> history_;  // null: no deltas kept (loop thread and Publish)
   bool stopped_ = false;
   uint64_t last_begun_at_us_ = 0;  // Publish's thread
-  PublishProgress progress_;  // the calling thread's, during Publish
+  PublishProgress progress_;       // the calling thread's, during Publish
   // Chunk messages' buffers, back from the children's queues and the spool; reused
   // for the next chunks (a fresh buffer of a few MiB faults in every page). Bounded.
   const std::shared_ptr<transport::BufferPool> chunk_buffers_ =

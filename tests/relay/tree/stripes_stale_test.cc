@@ -199,6 +199,30 @@ class StaleStripeTest : public ::testing::Test {
     links_[hello->stripe] = std::move(side);
   }
 
+  void AcceptBothLinks() {
+    ASSERT_NO_FATAL_FAILURE(AcceptLink());
+    ASSERT_NO_FATAL_FAILURE(AcceptLink());
+    ASSERT_TRUE(links_.count(0) && links_.count(1));
+  }
+  // Until the node has received `chunks` chunks (10 s at most).
+  void WaitForChunks(uint64_t chunks) {
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+    while (agent_->stats().chunks_received < chunks &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+  // No link carried a FAILED or a catch-up's request from the node.
+  void ExpectNoFailureNorCatchUp() {
+    for (auto& [s, link] : links_) {
+      for (MessageType t : link->seen()) {
+        EXPECT_NE(t, MessageType::kFailed) << "FAILED on stripe " << s;
+        EXPECT_NE(t, MessageType::kFetchChain) << "a catch-up on stripe " << s;
+        EXPECT_NE(t, MessageType::kFetchManifest) << "a catch-up on stripe " << s;
+      }
+    }
+  }
+
   static Begin BeginOf(uint64_t id, const Digest128& base, const Digest128& target,
                        uint32_t stripe) {
     Begin b{id, base, target, kPartitionBytes};
@@ -241,9 +265,7 @@ class StaleStripeTest : public ::testing::Test {
 };
 
 TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurrentOneAlone) {
-  ASSERT_NO_FATAL_FAILURE(AcceptLink());
-  ASSERT_NO_FATAL_FAILURE(AcceptLink());
-  ASSERT_TRUE(links_.count(0) && links_.count(1));
+  ASSERT_NO_FATAL_FAILURE(AcceptBothLinks());
   const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
                   d2 = VersionOf(tensors_, v2_);
   const auto a = Chunks(tensors_, v0_, v1_);
@@ -266,11 +288,7 @@ TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurren
     links_[s]->Send(EncodeBegin(BeginOf(kB, d1, d2, s)));
     SendStripe(s, b, true, false);
   }
-  const auto applied_deadline = std::chrono::steady_clock::now() + seconds(10);
-  while (agent_->stats().chunks_received < a.size() - 1 + b.size() - 1 &&
-         std::chrono::steady_clock::now() < applied_deadline) {
-    std::this_thread::sleep_for(milliseconds(5));
-  }
+  WaitForChunks(a.size() - 1 + b.size() - 1);
   // Stripe 1's link drops; the node dials again, and its parent there, still in A
   // (it lags behind), replays what a child that rejoins it lacks: A's BEGIN, END
   // and COMMIT.
@@ -293,13 +311,7 @@ TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurren
   EXPECT_EQ(agent_->stats().version, d2);
   EXPECT_EQ(VersionOf(tensors_, store_), d2) << "the node's bytes are not v2's";
   EXPECT_EQ(store_, v2_);
-  for (auto& [s, link] : links_) {
-    for (MessageType t : link->seen()) {
-      EXPECT_NE(t, MessageType::kFailed) << "FAILED on stripe " << s;
-      EXPECT_NE(t, MessageType::kFetchChain) << "a catch-up on stripe " << s;
-      EXPECT_NE(t, MessageType::kFetchManifest) << "a catch-up on stripe " << s;
-    }
-  }
+  ExpectNoFailureNorCatchUp();
 }
 
 // Two refits from one base: the source aborted A (v0 -> v1) and began B (v0 -> v2)
@@ -309,9 +321,7 @@ TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurren
 // the simulator's --stripes seeds 10476, 10776, 11633); by when the source began
 // each it can, and A is answered on that link only. B commits, bit-exact.
 TEST_F(StaleStripeTest, AReplayOfAnEarlierRefitFromTheSameBaseLeavesTheLaterOneAlone) {
-  ASSERT_NO_FATAL_FAILURE(AcceptLink());
-  ASSERT_NO_FATAL_FAILURE(AcceptLink());
-  ASSERT_TRUE(links_.count(0) && links_.count(1));
+  ASSERT_NO_FATAL_FAILURE(AcceptBothLinks());
   const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
                   d2 = VersionOf(tensors_, v2_);
   const auto a = Chunks(tensors_, v0_, v1_);
@@ -334,11 +344,7 @@ TEST_F(StaleStripeTest, AReplayOfAnEarlierRefitFromTheSameBaseLeavesTheLaterOneA
     links_[s]->Send(EncodeBegin(begin_b(s)));
     SendStripe(s, b, true, false);
   }
-  const auto applied_deadline = std::chrono::steady_clock::now() + seconds(10);
-  while (agent_->stats().chunks_received < b.size() - 1 &&
-         std::chrono::steady_clock::now() < applied_deadline) {
-    std::this_thread::sleep_for(milliseconds(5));
-  }
+  WaitForChunks(b.size() - 1);
   ASSERT_EQ(agent_->stats().chunks_received, b.size() - 1);
   // Stripe 1's link drops; its parent there, still in A, replays A's BEGIN and chunks.
   links_.erase(1);
@@ -355,13 +361,7 @@ TEST_F(StaleStripeTest, AReplayOfAnEarlierRefitFromTheSameBaseLeavesTheLaterOneA
   EXPECT_EQ(agent_->stats().refits_committed, 1u);
   EXPECT_EQ(agent_->stats().version, d2);
   EXPECT_EQ(store_, v2_) << "the node's bytes are not v2's";
-  for (auto& [s, link] : links_) {
-    for (MessageType t : link->seen()) {
-      EXPECT_NE(t, MessageType::kFailed) << "FAILED on stripe " << s;
-      EXPECT_NE(t, MessageType::kFetchChain) << "a catch-up on stripe " << s;
-      EXPECT_NE(t, MessageType::kFetchManifest) << "a catch-up on stripe " << s;
-    }
-  }
+  ExpectNoFailureNorCatchUp();
 }
 
 }  // namespace
