@@ -360,7 +360,7 @@ void NodeAgent::Impl::OnStaleBegin(uint32_t stripe, const Begin& begin, bool com
 // rejoins it. From the versions alone A and B cannot be ordered: the node took
 // whichever BEGIN came last, caught up to its base (dropping the other's delta in
 // flight) and ran it, and the parents of the one it left waited out the commit
-// timeout (the simulator's --stripes seeds 10476, 10776, 11633, 10803; 2637 the
+// timeout (the simulator's --stripes seeds 10476, 10776, 11633; 2637 the
 // other way round). The source's clock orders them: it begins a refit only once the
 // last is decided, and a decided COMMIT moves the base, so the earlier of two from
 // one base can never commit.
