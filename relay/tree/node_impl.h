@@ -201,11 +201,11 @@ class NodeAgent::Impl {
   std::optional<bool> PastRefit(uint64_t refit_id, const Digest128& target) const;
   // A BEGIN of a refit this node is past, on `stripe`'s link: answered, never run again.
   void OnStaleBegin(uint32_t stripe, const Begin& begin, bool committed);
-  // Of two refits from one base, the one the source began first is dead (it
-  // aborted, or died undecided with its source): whether `b` is such a refit next to
-  // the one this node is in or last ran, and, when `b` is the later, notes this
-  // node's as finished, aborted (docs/protocol.md, "Refits from one base").
-  bool EarlierFromSameBase(const Begin& b);
+  // Whether the source began `b` before the refit this node is in or last ran (then
+  // it was decided before that began: never run here), and if so whether from the
+  // same base (then it aborted). When `b` is the later from the same base, notes
+  // this node's refit as finished, aborted (docs/protocol.md, "Refits in order").
+  std::optional<bool> BegunBeforeOurs(const Begin& b);
   void NoteFinished(uint64_t refit_id, bool committed);
   void OnChunk(uint32_t stripe, const transport::Message& received);
   void OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result);

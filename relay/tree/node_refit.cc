@@ -41,8 +41,10 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       committed && !runs_from_here && !(*committed && refit_ && refit_->id == begin->refit_id)) {
     return OnStaleBegin(stripe, *begin, *committed);
   }
-  if (EarlierFromSameBase(*begin)) {
-    NoteFinished(begin->refit_id, /*committed=*/false);
+  if (const std::optional<bool> same_base = BegunBeforeOurs(*begin)) {
+    // From the same base it aborted (a COMMIT would have moved the base); from
+    // another it was decided either way, and this node is not told which.
+    if (*same_base) NoteFinished(begin->refit_id, /*committed=*/false);
     return OnStaleBegin(stripe, *begin, /*committed=*/false);
   }
   if (begin->refit_id == failed_refit_ && !(refit_ && refit_->id == begin->refit_id) &&
@@ -355,29 +357,32 @@ void NodeAgent::Impl::OnStaleBegin(uint32_t stripe, const Begin& begin, bool com
   up.Send(EncodePrepared(prepared));
 }
 
-// A stripe parent that lags behind (still in refit A when the source aborted it and
-// began B from the same base, or a dead source's A) replays A to a node that
-// rejoins it. From the versions alone A and B cannot be ordered: the node took
+// A parent that lags behind (still in refit A when the source has decided it and
+// begun B, or a dead source's A) replays A to a node that rejoins it. From the
+// versions alone A and B cannot be ordered when they share a base: the node took
 // whichever BEGIN came last, caught up to its base (dropping the other's delta in
 // flight) and ran it, and the parents of the one it left waited out the commit
-// timeout (the simulator's --stripes seeds 10476, 10776, 11633; 2637 the
-// other way round). The source's clock orders them: it begins a refit only once the
-// last is decided, and a decided COMMIT moves the base, so the earlier of two from
-// one base can never commit.
-bool NodeAgent::Impl::EarlierFromSameBase(const Begin& b) {
+// timeout (the simulator's --stripes seeds 10476, 10776, 11633; 2637 the other way
+// round); and a node behind, at A's base, ran A for B (10803). The source's clock
+// orders them: it begins a refit only once the last is decided, so a refit begun
+// before the one this node is in (or last ran) is decided, and is never run here:
+// the node reaches the current base by a catch-up, if it must. And a COMMIT moves the
+// base, so of two refits from one base the earlier aborted.
+std::optional<bool> NodeAgent::Impl::BegunBeforeOurs(const Begin& b) {
   if (!refit_ || refit_->begin.refit_id != refit_->id || refit_->id == b.refit_id ||
-      refit_->begin.base_version != b.base_version || b.begun_at_us == 0 ||
-      refit_->begin.begun_at_us == 0) {
-    return false;
+      b.begun_at_us == 0 || refit_->begin.begun_at_us == 0) {
+    return std::nullopt;
   }
-  if (b.begun_at_us < refit_->begin.begun_at_us) return true;
-  // `b` is the later: this node's refit is dead, and a replay of it after this node
-  // has gone on from `b` is past (it would catch up to the old base, backwards).
-  // (Only while it streams: one decided here is noted as it finishes.)
-  if (refit_->phase == Phase::kStreaming && !FinishedRefit(refit_->id)) {
+  const bool same_base = refit_->begin.base_version == b.base_version;
+  if (b.begun_at_us < refit_->begin.begun_at_us) return same_base;
+  // `b` is the later, from this node's refit's base: this node's refit aborted, and a
+  // replay of it after this node has gone on from `b` is past (it would catch up to
+  // the old base, backwards). (Only while it streams: one decided here is noted as
+  // it finishes.)
+  if (same_base && refit_->phase == Phase::kStreaming && !FinishedRefit(refit_->id)) {
     NoteFinished(refit_->id, /*committed=*/false);
   }
-  return false;
+  return std::nullopt;
 }
 
 void NodeAgent::Impl::NoteFinished(uint64_t refit_id, bool committed) {

@@ -148,9 +148,10 @@ struct Begin {
   uint64_t stream_id = 0;
   // When the source began this refit, in microseconds of its clock (the wall clock;
   // simulated time in the simulator), strictly increasing within a source. Orders
-  // two refits from one base: a source begins a refit only once the last is decided,
-  // so of two from the same base the earlier was aborted or died with its source
-  // (docs/protocol.md, "Refits from one base"). 0: not given (no order).
+  // refits: a source begins a refit only once the last is decided, so one begun
+  // before another was decided before it began, and of two from the same base the
+  // earlier was aborted or died with its source (docs/protocol.md, "Refits in
+  // order"). 0: not given (no order).
   uint64_t begun_at_us = 0;
   Signature signature{};  // the source's, over the fields above (relay/wire/signing.h)
   // The stripe of the link this BEGIN came on, and how many there are; not signed:

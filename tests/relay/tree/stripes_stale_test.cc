@@ -364,5 +364,56 @@ TEST_F(StaleStripeTest, AReplayOfAnEarlierRefitFromTheSameBaseLeavesTheLaterOneA
   ExpectNoFailureNorCatchUp();
 }
 
+// A replay of a refit from another base, begun before the node's current one (the
+// simulator's --stripes seed 10803: a node behind at that base ran it and left the
+// current refit). The node committed A (v0 -> v1) and streams C (v1 -> v2) when its
+// stripe-1 parent, lagging, replays A2 (v0 -> v2), which the source began between
+// them and aborted. By versions A2 looks like a refit the node is behind for (a
+// catch-up to v0, backwards over its commit); by when it began it is decided, and
+// it is answered on that link only. C commits, bit-exact.
+TEST_F(StaleStripeTest, AReplayOfARefitBegunBeforeTheCurrentOneIsNeverRun) {
+  ASSERT_NO_FATAL_FAILURE(AcceptBothLinks());
+  const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
+                  d2 = VersionOf(tensors_, v2_);
+  const auto a = Chunks(tensors_, v0_, v1_);
+  const auto a2 = Chunks(tensors_, v0_, v2_);
+  const auto c = Chunks(tensors_, v1_, v2_);
+  ASSERT_GE(c.size(), 3u) << "C needs a data chunk on each stripe";
+  constexpr uint64_t kA = 0xa1, kA2 = 0xa2, kC = 0xc3;
+  const auto begin = [&](uint64_t id, const Digest128& base, const Digest128& target,
+                         uint64_t begun_at_us, uint32_t s) {
+    Begin b = BeginOf(id, base, target, s);
+    b.begun_at_us = begun_at_us;
+    return b;
+  };
+
+  for (uint32_t s = 0; s < 2; ++s) {
+    links_[s]->Send(EncodeBegin(begin(kA, d0, d1, 1'000'000, s)));
+    SendStripe(s, a, true, true);
+  }
+  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, kA));
+  for (uint32_t s = 0; s < 2; ++s) links_[s]->Send(EncodeDecision(MessageType::kCommit, {kA, d1}));
+  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, kA));
+  for (uint32_t s = 0; s < 2; ++s) {
+    links_[s]->Send(EncodeBegin(begin(kC, d1, d2, 3'000'000, s)));
+    SendStripe(s, c, true, false);
+  }
+  WaitForChunks(a.size() - 1 + c.size() - 1);
+  links_.erase(1);
+  ASSERT_NO_FATAL_FAILURE(AcceptLink());
+  links_[1]->Send(EncodeBegin(begin(kA2, d0, d2, 2'000'000, 1)));
+  SendStripe(1, a2, true, true);
+  links_[1]->Send(EncodeBegin(begin(kC, d1, d2, 3'000'000, 1)));
+  SendStripe(1, c, true, true);
+  SendStripe(0, c, false, true);
+  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, kC));
+  for (uint32_t s = 0; s < 2; ++s) links_[s]->Send(EncodeDecision(MessageType::kCommit, {kC, d2}));
+  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, kC));
+  EXPECT_EQ(agent_->stats().refits_committed, 2u);
+  EXPECT_EQ(agent_->stats().version, d2);
+  EXPECT_EQ(store_, v2_) << "the node's bytes are not v2's";
+  ExpectNoFailureNorCatchUp();
+}
+
 }  // namespace
 }  // namespace deltacast::relay::stripes_test
