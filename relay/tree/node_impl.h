@@ -201,10 +201,11 @@ class NodeAgent::Impl {
   std::optional<bool> PastRefit(uint64_t refit_id, const Digest128& target) const;
   // A BEGIN of a refit this node is past, on `stripe`'s link: answered, never run again.
   void OnStaleBegin(uint32_t stripe, const Begin& begin, bool committed);
-  // Whether the source began `b` before the refit this node is in or last ran (then
-  // it was decided before that began: never run here), and if so whether from the
-  // same base (then it aborted). When `b` is the later from the same base, notes
-  // this node's refit as finished, aborted (docs/protocol.md, "Refits in order").
+  // Whether the source began `b` before the refit this node is in, or before the one
+  // it last ran from the same base (then it was decided before that began: never run
+  // here), and if so whether from the same base (then it aborted). When `b` is the
+  // later from the same base, notes this node's refit as finished, aborted
+  // (docs/protocol.md, "Refits in order").
   std::optional<bool> BegunBeforeOurs(const Begin& b);
   void NoteFinished(uint64_t refit_id, bool committed);
   void OnChunk(uint32_t stripe, const transport::Message& received);

@@ -365,16 +365,23 @@ void NodeAgent::Impl::OnStaleBegin(uint32_t stripe, const Begin& begin, bool com
 // timeout (the simulator's --stripes seeds 10476, 10776, 11633; 2637 the other way
 // round); and a node behind, at A's base, ran A for B (10803). The source's clock
 // orders them: it begins a refit only once the last is decided, so a refit begun
-// before the one this node is in (or last ran) is decided, and is never run here:
-// the node reaches the current base by a catch-up, if it must. And a COMMIT moves the
-// base, so of two refits from one base the earlier aborted.
+// before the one this node is in is decided, and is never run here: the node
+// reaches the current base by a catch-up, if it must. And a COMMIT moves the base,
+// so of two refits from one base the earlier aborted.
 std::optional<bool> NodeAgent::Impl::BegunBeforeOurs(const Begin& b) {
   if (!refit_ || refit_->begin.refit_id != refit_->id || refit_->id == b.refit_id ||
       b.begun_at_us == 0 || refit_->begin.begun_at_us == 0) {
     return std::nullopt;
   }
   const bool same_base = refit_->begin.base_version == b.base_version;
-  if (b.begun_at_us < refit_->begin.begun_at_us) return same_base;
+  if (b.begun_at_us < refit_->begin.begun_at_us) {
+    // Across bases only while this node's refit is in progress: between refits a
+    // BEGIN from another base runs as before, so a source whose clock stepped back
+    // (a restart on a host whose clock was set back) is not refused for good.
+    if (same_base) return true;
+    if (refit_->phase != Phase::kDone) return false;
+    return std::nullopt;
+  }
   // `b` is the later, from this node's refit's base: this node's refit aborted, and a
   // replay of it after this node has gone on from `b` is past (it would catch up to
   // the old base, backwards). (Only while it streams: one decided here is noted as

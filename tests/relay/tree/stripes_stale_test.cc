@@ -415,5 +415,37 @@ TEST_F(StaleStripeTest, AReplayOfARefitBegunBeforeTheCurrentOneIsNeverRun) {
   ExpectNoFailureNorCatchUp();
 }
 
+// Between refits a BEGIN from another base runs whatever it says of its time: a
+// source restarted on a host whose clock was set back begins refits "before" the
+// one the node last ran, and refusing them would stall the node until that clock
+// caught up (only a refit in progress, or one from the same base, is ordered).
+TEST_F(StaleStripeTest, ARefitFromASourceWhoseClockSteppedBackRunsBetweenRefits) {
+  ASSERT_NO_FATAL_FAILURE(AcceptBothLinks());
+  const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
+                  d2 = VersionOf(tensors_, v2_);
+  const auto a = Chunks(tensors_, v0_, v1_);
+  const auto b = Chunks(tensors_, v1_, v2_);
+  constexpr uint64_t kA = 0xa1, kB = 0xb2;
+  const auto run = [&](uint64_t id, const Digest128& base, const Digest128& target,
+                       uint64_t begun_at_us, const std::vector<std::vector<std::byte>>& chunks) {
+    for (uint32_t s = 0; s < 2; ++s) {
+      Begin begin = BeginOf(id, base, target, s);
+      begin.begun_at_us = begun_at_us;
+      links_[s]->Send(EncodeBegin(begin));
+      SendStripe(s, chunks, true, true);
+    }
+    for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, id));
+    for (uint32_t s = 0; s < 2; ++s) {
+      links_[s]->Send(EncodeDecision(MessageType::kCommit, {id, target}));
+    }
+    for (uint32_t s = 0; s < 2; ++s)
+      ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, id));
+  };
+  ASSERT_NO_FATAL_FAILURE(run(kA, d0, d1, 5'000'000, a));
+  ASSERT_NO_FATAL_FAILURE(run(kB, d1, d2, 1'000'000, b));
+  EXPECT_EQ(agent_->stats().refits_committed, 2u);
+  EXPECT_EQ(store_, v2_) << "the node's bytes are not v2's";
+}
+
 }  // namespace
 }  // namespace deltacast::relay::stripes_test
