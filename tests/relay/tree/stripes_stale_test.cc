@@ -212,6 +212,23 @@ class StaleStripeTest : public ::testing::Test {
       std::this_thread::sleep_for(milliseconds(5));
     }
   }
+  // Refit `id`'s BEGIN and data chunks on both stripes, and their ENDs if `end`.
+  void StreamOnBothStripes(uint64_t id, const Digest128& base, const Digest128& target,
+                           uint64_t begun_at_us, const std::vector<std::vector<std::byte>>& chunks,
+                           bool end) {
+    for (uint32_t s = 0; s < 2; ++s) {
+      links_[s]->Send(EncodeBegin(BeginOf(id, base, target, s, begun_at_us)));
+      SendStripe(s, chunks, true, end);
+    }
+  }
+  // Refit `id` prepared on both stripes; committed there, and confirmed.
+  void CommitOnBothStripes(uint64_t id, const Digest128& target) {
+    for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, id));
+    for (uint32_t s = 0; s < 2; ++s)
+      links_[s]->Send(EncodeDecision(MessageType::kCommit, {id, target}));
+    for (uint32_t s = 0; s < 2; ++s)
+      ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, id));
+  }
   // No link carried a FAILED or a catch-up's request from the node.
   void ExpectNoFailureNorCatchUp() {
     for (auto& [s, link] : links_) {
@@ -223,9 +240,10 @@ class StaleStripeTest : public ::testing::Test {
     }
   }
 
-  static Begin BeginOf(uint64_t id, const Digest128& base, const Digest128& target,
-                       uint32_t stripe) {
+  static Begin BeginOf(uint64_t id, const Digest128& base, const Digest128& target, uint32_t stripe,
+                       uint64_t begun_at_us = 0) {
     Begin b{id, base, target, kPartitionBytes};
+    b.begun_at_us = begun_at_us;
     b.stream_id = id * 7 + 1;
     b.stripe = stripe;
     b.stripes = 2;
@@ -278,9 +296,7 @@ TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurren
     links_[s]->Send(EncodeBegin(BeginOf(kA, d0, d1, s)));
     SendStripe(s, a, true, true);
   }
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, kA));
-  for (uint32_t s = 0; s < 2; ++s) links_[s]->Send(EncodeDecision(MessageType::kCommit, {kA, d1}));
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, kA));
+  ASSERT_NO_FATAL_FAILURE(CommitOnBothStripes(kA, d1));
   ASSERT_EQ(agent_->stats().refits_committed, 1u);
 
   // Refit B begins on both stripes; their data chunks come, not their ENDs.
@@ -304,9 +320,7 @@ TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurren
   links_[1]->Send(EncodeBegin(BeginOf(kB, d1, d2, 1)));
   SendStripe(1, b, true, true);
   SendStripe(0, b, false, true);
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, kB));
-  for (uint32_t s = 0; s < 2; ++s) links_[s]->Send(EncodeDecision(MessageType::kCommit, {kB, d2}));
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, kB));
+  ASSERT_NO_FATAL_FAILURE(CommitOnBothStripes(kB, d2));
   EXPECT_EQ(agent_->stats().refits_committed, 2u);
   EXPECT_EQ(agent_->stats().version, d2);
   EXPECT_EQ(VersionOf(tensors_, store_), d2) << "the node's bytes are not v2's";
@@ -328,36 +342,21 @@ TEST_F(StaleStripeTest, AReplayOfAnEarlierRefitFromTheSameBaseLeavesTheLaterOneA
   const auto b = Chunks(tensors_, v0_, v2_);
   ASSERT_GE(b.size(), 3u) << "B needs a data chunk on each stripe";
   constexpr uint64_t kA = 0xa1, kB = 0xb2;
-  const auto begin_a = [&](uint32_t s) {
-    Begin begin = BeginOf(kA, d0, d1, s);
-    begin.begun_at_us = 1'000'000;
-    return begin;
-  };
-  const auto begin_b = [&](uint32_t s) {
-    Begin begin = BeginOf(kB, d0, d2, s);
-    begin.begun_at_us = 2'000'000;
-    return begin;
-  };
 
   // B begins on both stripes; their data chunks come, not their ENDs.
-  for (uint32_t s = 0; s < 2; ++s) {
-    links_[s]->Send(EncodeBegin(begin_b(s)));
-    SendStripe(s, b, true, false);
-  }
+  StreamOnBothStripes(kB, d0, d2, 2'000'000, b, false);
   WaitForChunks(b.size() - 1);
   ASSERT_EQ(agent_->stats().chunks_received, b.size() - 1);
   // Stripe 1's link drops; its parent there, still in A, replays A's BEGIN and chunks.
   links_.erase(1);
   ASSERT_NO_FATAL_FAILURE(AcceptLink());
-  links_[1]->Send(EncodeBegin(begin_a(1)));
+  links_[1]->Send(EncodeBegin(BeginOf(kA, d0, d1, 1, 1'000'000)));
   SendStripe(1, a, true, true);
   // Then it learns of B, and B's stripe 1 comes whole; stripe 0's END too.
-  links_[1]->Send(EncodeBegin(begin_b(1)));
+  links_[1]->Send(EncodeBegin(BeginOf(kB, d0, d2, 1, 2'000'000)));
   SendStripe(1, b, true, true);
   SendStripe(0, b, false, true);
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, kB));
-  for (uint32_t s = 0; s < 2; ++s) links_[s]->Send(EncodeDecision(MessageType::kCommit, {kB, d2}));
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, kB));
+  ASSERT_NO_FATAL_FAILURE(CommitOnBothStripes(kB, d2));
   EXPECT_EQ(agent_->stats().refits_committed, 1u);
   EXPECT_EQ(agent_->stats().version, d2);
   EXPECT_EQ(store_, v2_) << "the node's bytes are not v2's";
@@ -380,35 +379,19 @@ TEST_F(StaleStripeTest, AReplayOfARefitBegunBeforeTheCurrentOneIsNeverRun) {
   const auto c = Chunks(tensors_, v1_, v2_);
   ASSERT_GE(c.size(), 3u) << "C needs a data chunk on each stripe";
   constexpr uint64_t kA = 0xa1, kA2 = 0xa2, kC = 0xc3;
-  const auto begin = [&](uint64_t id, const Digest128& base, const Digest128& target,
-                         uint64_t begun_at_us, uint32_t s) {
-    Begin b = BeginOf(id, base, target, s);
-    b.begun_at_us = begun_at_us;
-    return b;
-  };
 
-  for (uint32_t s = 0; s < 2; ++s) {
-    links_[s]->Send(EncodeBegin(begin(kA, d0, d1, 1'000'000, s)));
-    SendStripe(s, a, true, true);
-  }
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, kA));
-  for (uint32_t s = 0; s < 2; ++s) links_[s]->Send(EncodeDecision(MessageType::kCommit, {kA, d1}));
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, kA));
-  for (uint32_t s = 0; s < 2; ++s) {
-    links_[s]->Send(EncodeBegin(begin(kC, d1, d2, 3'000'000, s)));
-    SendStripe(s, c, true, false);
-  }
+  StreamOnBothStripes(kA, d0, d1, 1'000'000, a, true);
+  ASSERT_NO_FATAL_FAILURE(CommitOnBothStripes(kA, d1));
+  StreamOnBothStripes(kC, d1, d2, 3'000'000, c, false);
   WaitForChunks(a.size() - 1 + c.size() - 1);
   links_.erase(1);
   ASSERT_NO_FATAL_FAILURE(AcceptLink());
-  links_[1]->Send(EncodeBegin(begin(kA2, d0, d2, 2'000'000, 1)));
+  links_[1]->Send(EncodeBegin(BeginOf(kA2, d0, d2, 1, 2'000'000)));
   SendStripe(1, a2, true, true);
-  links_[1]->Send(EncodeBegin(begin(kC, d1, d2, 3'000'000, 1)));
+  links_[1]->Send(EncodeBegin(BeginOf(kC, d1, d2, 1, 3'000'000)));
   SendStripe(1, c, true, true);
   SendStripe(0, c, false, true);
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, kC));
-  for (uint32_t s = 0; s < 2; ++s) links_[s]->Send(EncodeDecision(MessageType::kCommit, {kC, d2}));
-  for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, kC));
+  ASSERT_NO_FATAL_FAILURE(CommitOnBothStripes(kC, d2));
   EXPECT_EQ(agent_->stats().refits_committed, 2u);
   EXPECT_EQ(agent_->stats().version, d2);
   EXPECT_EQ(store_, v2_) << "the node's bytes are not v2's";
@@ -428,18 +411,8 @@ TEST_F(StaleStripeTest, ARefitFromASourceWhoseClockSteppedBackRunsBetweenRefits)
   constexpr uint64_t kA = 0xa1, kB = 0xb2;
   const auto run = [&](uint64_t id, const Digest128& base, const Digest128& target,
                        uint64_t begun_at_us, const std::vector<std::vector<std::byte>>& chunks) {
-    for (uint32_t s = 0; s < 2; ++s) {
-      Begin begin = BeginOf(id, base, target, s);
-      begin.begun_at_us = begun_at_us;
-      links_[s]->Send(EncodeBegin(begin));
-      SendStripe(s, chunks, true, true);
-    }
-    for (uint32_t s = 0; s < 2; ++s) ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kPrepared, id));
-    for (uint32_t s = 0; s < 2; ++s) {
-      links_[s]->Send(EncodeDecision(MessageType::kCommit, {id, target}));
-    }
-    for (uint32_t s = 0; s < 2; ++s)
-      ASSERT_NO_FATAL_FAILURE(Expect(s, MessageType::kCommitted, id));
+    StreamOnBothStripes(id, base, target, begun_at_us, chunks, true);
+    CommitOnBothStripes(id, target);
   };
   ASSERT_NO_FATAL_FAILURE(run(kA, d0, d1, 5'000'000, a));
   ASSERT_NO_FATAL_FAILURE(run(kB, d1, d2, 1'000'000, b));
