@@ -201,12 +201,16 @@ class NodeAgent::Impl {
   std::optional<bool> PastRefit(uint64_t refit_id, const Digest128& target) const;
   // A BEGIN of a refit this node is past, on `stripe`'s link: answered, never run again.
   void OnStaleBegin(uint32_t stripe, const Begin& begin, bool committed);
+  // Whether `b` and the refit this node is in (or last ran) are two refits whose
+  // BEGINs both say when the source began them (docs/protocol.md, "Refits in order").
+  bool OrderedAgainstOurs(const Begin& b) const;
   // Whether the source began `b` before the refit this node is in, or before the one
   // it last ran from the same base (then it was decided before that began: never run
-  // here), and if so whether from the same base (then it aborted). When `b` is the
-  // later from the same base, notes this node's refit as finished, aborted
-  // (docs/protocol.md, "Refits in order").
-  std::optional<bool> BegunBeforeOurs(const Begin& b);
+  // here), and if so whether from the same base (then it aborted).
+  std::optional<bool> BegunBeforeOurs(const Begin& b) const;
+  // Whether the source began `b` after this node's refit, from its base, while that
+  // refit still streams here: this node's refit aborted.
+  bool SupersedesStreaming(const Begin& b) const;
   void NoteFinished(uint64_t refit_id, bool committed);
   void OnChunk(uint32_t stripe, const transport::Message& received);
   void OnChunkApplied(uint64_t id, const NodeStore::ApplyResult& result);

@@ -47,6 +47,11 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     if (*same_base) NoteFinished(begin->refit_id, /*committed=*/false);
     return OnStaleBegin(stripe, *begin, /*committed=*/false);
   }
+  // Begun later from this node's refit's base, which is still streaming here: this
+  // node's refit aborted, and a replay of it after this node has gone on from `begin`
+  // is past (it would catch up to the old base, backwards). (One decided here is noted
+  // as it finishes.)
+  if (SupersedesStreaming(*begin)) NoteFinished(refit_->id, /*committed=*/false);
   if (begin->refit_id == failed_refit_ && !(refit_ && refit_->id == begin->refit_id) &&
       stripes() > 1) {
     // This node said it cannot take part in this refit, and its parents left it out
@@ -368,28 +373,25 @@ void NodeAgent::Impl::OnStaleBegin(uint32_t stripe, const Begin& begin, bool com
 // before the one this node is in is decided, and is never run here: the node
 // reaches the current base by a catch-up, if it must. And a COMMIT moves the base,
 // so of two refits from one base the earlier aborted.
-std::optional<bool> NodeAgent::Impl::BegunBeforeOurs(const Begin& b) {
-  if (!refit_ || refit_->begin.refit_id != refit_->id || refit_->id == b.refit_id ||
-      b.begun_at_us == 0 || refit_->begin.begun_at_us == 0) {
-    return std::nullopt;
-  }
-  const bool same_base = refit_->begin.base_version == b.base_version;
-  if (b.begun_at_us < refit_->begin.begun_at_us) {
-    // Across bases only while this node's refit is in progress: between refits a
-    // BEGIN from another base runs as before, so a source whose clock stepped back
-    // (a restart on a host whose clock was set back) is not refused for good.
-    if (same_base) return true;
-    if (refit_->phase != Phase::kDone) return false;
-    return std::nullopt;
-  }
-  // `b` is the later, from this node's refit's base: this node's refit aborted, and a
-  // replay of it after this node has gone on from `b` is past (it would catch up to
-  // the old base, backwards). (Only while it streams: one decided here is noted as
-  // it finishes.)
-  if (same_base && refit_->phase == Phase::kStreaming && !FinishedRefit(refit_->id)) {
-    NoteFinished(refit_->id, /*committed=*/false);
-  }
+bool NodeAgent::Impl::OrderedAgainstOurs(const Begin& b) const {
+  return refit_ && refit_->begin.refit_id == refit_->id && refit_->id != b.refit_id &&
+         b.begun_at_us != 0 && refit_->begin.begun_at_us != 0;
+}
+
+std::optional<bool> NodeAgent::Impl::BegunBeforeOurs(const Begin& b) const {
+  if (!OrderedAgainstOurs(b) || b.begun_at_us >= refit_->begin.begun_at_us) return std::nullopt;
+  if (refit_->begin.base_version == b.base_version) return true;
+  // Across bases only while this node's refit is in progress: between refits a BEGIN
+  // from another base runs as before, so a source whose clock stepped back (a restart
+  // on a host whose clock was set back) is not refused for good.
+  if (refit_->phase != Phase::kDone) return false;
   return std::nullopt;
+}
+
+bool NodeAgent::Impl::SupersedesStreaming(const Begin& b) const {
+  return OrderedAgainstOurs(b) && b.begun_at_us >= refit_->begin.begun_at_us &&
+         refit_->begin.base_version == b.base_version && refit_->phase == Phase::kStreaming &&
+         !FinishedRefit(refit_->id);
 }
 
 void NodeAgent::Impl::NoteFinished(uint64_t refit_id, bool committed) {

@@ -18,6 +18,9 @@
 namespace deltacast::relay {
 
 inline constexpr uint32_t kProtocolMagic = 0x50524344;  // "DCRP"
+// 12: BEGIN says when the source began the refit (begun_at_us), which orders refits
+// (docs/protocol.md, "Refits in order").
+// 11: REFUSE names the refit a parent left out of it cannot serve.
 // 10: striped trees (docs/protocol.md, "Stripes"): HELLO and BEGIN name the stripe a
 // link belongs to (index, count); chunk k of a refit travels on stripe k mod count.
 // 9: chunks are named by stream: BEGIN carries the stream id that numbers them, a
