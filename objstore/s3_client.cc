@@ -292,7 +292,16 @@ Result<std::vector<std::byte>> S3Client::Get(std::string_view key) {
     return Status::Corrupt(fmt::format("S3 GET '{}': {} bytes of {} (object cut short)", key,
                                        r.body.size(), r.content_length));
   }
-  if (!r.xxh3.empty() && r.xxh3 != HashHex(r.body)) {
+  if (r.xxh3.empty()) {
+    // Every PUT of ours carries it. A server whose PUT is not atomic (s3rver writes
+    // the body, then the metadata) serves an object being written without it, cut
+    // anywhere: not whole yet, or not written by deltacast.
+    return Status::Corrupt(fmt::format(
+        "S3 GET '{}': {} bytes without their {} (object still being written, or not written by "
+        "deltacast)",
+        key, r.body.size(), kHashHeader));
+  }
+  if (r.xxh3 != HashHex(r.body)) {
     return Status::Corrupt(fmt::format(
         "S3 GET '{}': the {} bytes read do not hash to the {} it was written with (object "
         "truncated or damaged)",

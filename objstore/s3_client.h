@@ -5,8 +5,9 @@
 // S3-compatible server works without DNS for the bucket.
 //
 // Every PUT carries the body's xxh3-64 as user metadata (x-amz-meta-xxh3), and a GET
-// of an object that has it checks the body against it: an object truncated or
-// damaged at rest reads as kCorrupt, never as short data (docs/object-store.md).
+// checks the body against it: an object truncated or damaged at rest, or one without
+// the hash (still being written on a server whose PUT is not atomic, or not ours),
+// reads as kCorrupt, never as short data (docs/object-store.md).
 //
 // Errors: kNotFound for a missing object (404), kPermissionDenied for 403,
 // kUnavailable for a server that cannot be reached, broke the connection, or

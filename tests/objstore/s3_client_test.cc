@@ -122,6 +122,27 @@ TEST_F(S3ClientTest, DamagedObjectIsCorrupt) {
   EXPECT_EQ(got.status().code(), StatusCode::kCorrupt) << got.status().ToString();
 }
 
+// s3rver writes a new object's body, then its metadata: a GET in between gets the
+// body written so far, its length matching, and no hash (the bucket bridge's answers
+// and decisions read that way under load, which failed a catch-up in CI). The state
+// between the two writes, made behind the server's back, reads as kCorrupt.
+TEST_F(S3ClientTest, ObjectBeingWrittenWithoutItsHashIsCorrupt) {
+  const auto a = Bytes(5000, 5);
+  ASSERT_TRUE(client_->Put("t/obj", a).ok());
+  const auto file = server_.ObjectFile("deltacast", "t/obj");
+  const auto metadata = file.parent_path() / "obj._S3rver_metadata.json";
+  ASSERT_TRUE(std::filesystem::remove(metadata)) << metadata;
+  std::filesystem::resize_file(file, 64);  // the body so far
+  auto got = client_->Get("t/obj");
+  EXPECT_EQ(got.status().code(), StatusCode::kCorrupt) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("x-amz-meta-xxh3"), std::string::npos)
+      << got.status().ToString();
+  ASSERT_TRUE(client_->Put("t/obj", a).ok());  // written whole: read whole
+  got = client_->Get("t/obj");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, a);
+}
+
 TEST_F(S3ClientTest, ListPagesThroughManyObjects) {
   for (int i = 0; i < 1105; ++i) {
     ASSERT_TRUE(client_->Put(fmt::format("many/{:08}", i), Bytes(8, uint8_t(i))).ok());
