@@ -465,7 +465,19 @@ void NodeAgent::Impl::OnChildFetch(const std::string& child, ByteSpan bytes) {
   });
 }
 
-void NodeAgent::Impl::OnCatchUpFinished(const CatchUp::Result& r) {
+void NodeAgent::Impl::OnCatchUpFinished(const CatchUp::Result& finished) {
+  CatchUp::Result r = finished;
+  if (!r.status.ok() && !journal_.inflight && journal_.version == r.to) {
+    // It failed, but the node holds the version it went for: reached meanwhile by
+    // other means (the delta in flight committed from the spool once its parent's
+    // COMMIT came, which left the catch-up "no delta in flight"). Counted as failed,
+    // the refit whose base that is went on without this node, whose FAILED had not
+    // reached every stripe's parent, and one waited its commit timeout (the
+    // simulator's --stripes seed 24732).
+    log::Info(fmt::format("{}: at {} anyway: the catch-up's failure ({}) does not matter",
+                          options_.node_id, r.to.ShortHex(), r.status.ToString()));
+    r.status = Status::Ok();
+  }
   if (r.status.ok()) {
     MutexLock lock(stats_mu_);
     stats_.partitions_caught_up += r.partitions;
@@ -533,6 +545,7 @@ void NodeAgent::Impl::Tick() {
     downstream_.Heartbeat();
   }
   recovery_.Tick(now);
+  requests_.Tick(now);
   if (recovery_retry_at_ && now >= *recovery_retry_at_ &&
       (!refit_ || refit_->phase == Phase::kDone)) {
     recovery_retry_at_.reset();

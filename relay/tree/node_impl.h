@@ -92,6 +92,9 @@ class NodeAgent::Impl {
     // The stripes whose END came. The END goes to the store only once every
     // stripe's has come (then every data chunk has).
     std::set<uint32_t> ends;
+    // The stripes of which a chunk came that this node could not spool (a full
+    // disk): a replay from its spool would lack it.
+    std::set<uint32_t> unspooled;
     bool failed_sent = false;
     // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
     // as the link it went on may have dropped before it arrived.
@@ -208,6 +211,9 @@ class NodeAgent::Impl {
   // it last ran from the same base (then it was decided before that began: never run
   // here), and if so whether from the same base (then it aborted).
   std::optional<bool> BegunBeforeOurs(const Begin& b) const;
+  // Whether the source decided refit `earlier` before it began `later`: `later` goes
+  // on from `earlier`'s target, or both are from one base and `earlier` was begun first.
+  static bool DecidedBefore(const Begin& earlier, const Begin& later);
   // Whether the source began `b` after this node's refit, from its base, while that
   // refit still streams here: this node's refit aborted.
   bool SupersedesStreaming(const Begin& b) const;
@@ -219,8 +225,12 @@ class NodeAgent::Impl {
   void LocalFailure(uint64_t id, const Status& status, FailureKind kind = FailureKind::kNode);
   void SendFailed(const Failed& failed);
   void MaybePrepared();
-  // Striped, policy `available`: while this node's own failure leaves it out of the
-  // streaming refit, its children are refused so that they fail over (Downstream::Shed).
+  // Striped, policy `available`: whether this node's own failure leaves it out of the
+  // streaming refit (its parents stopped streaming to it).
+  bool LeftOutOfStreamingRefit() const;
+  // What its children are told when refused for it.
+  std::string LeftOutReason() const;
+  // While it is, its children are refused so that they fail over (Downstream::Shed).
   void ShedChildrenIfLeftOut();
   // Striped, policy `available`: a stripe whose parents have been away longer than
   // the connect timeout (and the failover's turn) while the refit streams, its END
@@ -266,6 +276,12 @@ class NodeAgent::Impl {
   void Resolve(MessageType type, const Decision& d, transport::Message message,
                bool from_record = false);
   void RollBackAnotherStream(const Begin& begin, ByteSpan bytes);
+  // `begin` supersedes the refit streaming here (SupersedesStreaming), whose delta
+  // this node holds in flight: that delta is rolled back, then `begin` runs.
+  void RollBackSuperseded(const Begin& begin, ByteSpan bytes);
+  // Both: rolls back the delta in flight (journal_.inflight) as a refit of its own,
+  // known to nobody else, and defers `begin` (`bytes`) until that is done.
+  void RollBackHeldDelta(const Begin& begin, ByteSpan bytes);
   void CommitByCatchingUp(const Decision& d, transport::Message message);
   void ExcuseChildrenWithout(const Digest128& target);
   // The refit's decision for the children: as received, else (unsigned clusters

@@ -47,11 +47,35 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     if (*same_base) NoteFinished(begin->refit_id, /*committed=*/false);
     return OnStaleBegin(stripe, *begin, /*committed=*/false);
   }
+  if (auto waiting = ParseBegin(deferred_begin_);
+      waiting.ok() && waiting->refit_id != begin->refit_id && DecidedBefore(*begin, *waiting)) {
+    // Decided before the BEGIN that waits here (behind a catch-up, say): it does not
+    // take that one's place. Taking it, the node ran a lagging parent's decided
+    // refit, and the live one's parent waited its commit timeout (the simulator's
+    // --stripes seed 25425).
+    const bool committed = begin->target_version == waiting->base_version;
+    if (!committed) NoteFinished(begin->refit_id, /*committed=*/false);
+    return OnStaleBegin(stripe, *begin, committed);
+  }
   // Begun later from this node's refit's base, which is still streaming here: this
   // node's refit aborted, and a replay of it after this node has gone on from `begin`
   // is past (it would catch up to the old base, backwards). (One decided here is noted
   // as it finishes.)
-  if (SupersedesStreaming(*begin)) NoteFinished(refit_->id, /*committed=*/false);
+  if (SupersedesStreaming(*begin)) {
+    const codec::DeltaIdentity& ours = refit_->identity;
+    NoteFinished(refit_->id, /*committed=*/false);
+    if (journal_.inflight && journal_.inflight->base == ours.base_version &&
+        journal_.inflight->target == ours.target_version &&
+        ours.target_version != begin->target_version) {
+      // It holds that refit's delta in flight, which nobody will decide for it now
+      // (its parents have gone on): rolled back here, from its own spool, before the
+      // BEGIN runs. Taken for a node behind, it caught up to the base it holds, by
+      // fetching from parents that may not serve it (the simulator's --stripes seed
+      // 14890: the catch-up failed, the BEGIN then failed on the delta in flight, and
+      // the node stayed a version behind with its engine paused).
+      return RollBackSuperseded(*begin, bytes);
+    }
+  }
   if (begin->refit_id == failed_refit_ && !(refit_ && refit_->id == begin->refit_id) &&
       stripes() > 1) {
     // This node said it cannot take part in this refit, and its parents left it out
@@ -292,13 +316,27 @@ void NodeAgent::Impl::RollBackAnotherStream(const Begin& begin, ByteSpan bytes) 
     MutexLock lock(stats_mu_);
     ++stats_.stream_rollbacks;
   }
+  RollBackHeldDelta(begin, bytes);
+}
+
+void NodeAgent::Impl::RollBackSuperseded(const Begin& begin, ByteSpan bytes) {
+  log::Warn(fmt::format(
+      "{}: refit {} from {} was begun after refit {}, which streams here: that one aborted; "
+      "rolling back its delta to {} first",
+      options_.node_id, begin.refit_id, begin.base_version.ShortHex(), refit_->id,
+      journal_.inflight->target.ShortHex()));
+  RollBackHeldDelta(begin, bytes);
+}
+
+void NodeAgent::Impl::RollBackHeldDelta(const Begin& begin, ByteSpan bytes) {
+  const Digest128 held_target = journal_.inflight->target;
   DeferBegin(bytes);
   downstream_.DropQueued();
   // Its own refit id, known to nobody else: the ABORTED it reports is ignored above.
   const uint64_t id = begin.refit_id ^ 0x53545245414dULL;  // "STREAM"
   NewRefit();
   refit_->id = id;
-  refit_->identity = {journal_.inflight->base, begin.target_version, begin.partition_bytes};
+  refit_->identity = {journal_.inflight->base, held_target, begin.partition_bytes};
   refit_->decided = Clock::now();
   refit_->stream_rollback = true;
   refit_->phase = Phase::kAborting;
@@ -307,7 +345,7 @@ void NodeAgent::Impl::RollBackAnotherStream(const Begin& begin, ByteSpan bytes) 
     t.Decided(Clock::now());
   });
   claimed_ = {};
-  auto spool = Spool::Open(options_.spool_dir, begin.target_version, /*remove_others=*/false);
+  auto spool = Spool::Open(options_.spool_dir, held_target, /*remove_others=*/false);
   rollback_.Start(id, spool.ok() ? std::shared_ptr<Spool>(std::move(*spool)) : nullptr);
 }
 
@@ -386,6 +424,14 @@ std::optional<bool> NodeAgent::Impl::BegunBeforeOurs(const Begin& b) const {
   // on a host whose clock was set back) is not refused for good.
   if (refit_->phase != Phase::kDone) return false;
   return std::nullopt;
+}
+
+bool NodeAgent::Impl::DecidedBefore(const Begin& earlier, const Begin& later) {
+  // `later` goes on from its target: it committed first. From one base: the source's
+  // clock orders them, and the earlier aborted (a COMMIT would have moved the base).
+  if (earlier.target_version == later.base_version) return true;
+  return earlier.base_version == later.base_version && earlier.begun_at_us != 0 &&
+         earlier.begun_at_us < later.begun_at_us;
 }
 
 bool NodeAgent::Impl::SupersedesStreaming(const Begin& b) const {
@@ -541,8 +587,11 @@ void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& receive
   } else {
     spooled = false;
   }
-  if (!spooled) return release();  // never applied unless it can be undone from the spool
-  if (!apply) return release();    // an END before the other stripes' ENDs: not yet
+  if (!spooled) {
+    r.unspooled.insert(stripe);
+    return release();  // never applied unless it can be undone from the spool
+  }
+  if (!apply) return release();  // an END before the other stripes' ENDs: not yet
   store_.ApplyChunk(
       id, header->sequence, slot, r.spool,
       [this, id](const NodeStore::ApplyResult& result) { OnChunkApplied(id, result); });

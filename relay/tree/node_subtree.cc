@@ -54,11 +54,21 @@ void NodeAgent::Impl::SendFailed(const Failed& failed) {
 // --stripes seeds 6, 50 and most of the known ones). Refused, they fail over to their
 // failover parents, which replay them the refit; they come home between refits. The
 // children of a stripe whose END came have been forwarded all of it.
+bool NodeAgent::Impl::LeftOutOfStreamingRefit() const {
+  return stripes() > 1 &&
+         options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable && refit_ &&
+         refit_->phase == Phase::kStreaming && refit_->failed &&
+         refit_->failed->node_id == options_.node_id && refit_->failed->kind == FailureKind::kNode;
+}
+
+std::string NodeAgent::Impl::LeftOutReason() const {
+  return fmt::format("'{}' cannot take part in refit {}; join your failover parent",
+                     options_.node_id, refit_->id);
+}
+
 void NodeAgent::Impl::ShedChildrenIfLeftOut() {
   const bool streaming = refit_ && refit_->phase == Phase::kStreaming;
-  if (stripes() > 1 && options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable &&
-      streaming && refit_->id != shed_refit_ && refit_->failed &&
-      refit_->failed->node_id == options_.node_id && refit_->failed->kind == FailureKind::kNode) {
+  if (LeftOutOfStreamingRefit() && refit_->id != shed_refit_) {
     std::set<uint32_t> lacking;
     for (uint32_t s = 0; s < stripes(); ++s) {
       if (!refit_->ends.contains(s)) lacking.insert(s);
@@ -67,10 +77,7 @@ void NodeAgent::Impl::ShedChildrenIfLeftOut() {
     shed_refit_ = refit_->id;
     log::Warn(fmt::format("{}: left out of refit {}: its children fail over", options_.node_id,
                           refit_->id));
-    return downstream_.Shed(
-        fmt::format("'{}' cannot take part in refit {}; join your failover parent",
-                    options_.node_id, refit_->id),
-        std::move(lacking), refit_->id);
+    return downstream_.Shed(LeftOutReason(), std::move(lacking), refit_->id);
   }
   // Left out until the refit is decided here or another begins (a BEGIN replayed for
   // the same refit does not bring back what this node's parents stopped sending).
@@ -239,6 +246,15 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
                     options_.node_id, child, r.id));
     tree.Excuse(child);
     return MaybeOutcome();
+  }
+  if (LeftOutOfStreamingRefit() && r.unspooled.contains(StripeOfLink(child))) {
+    // Its spool lacks chunks of the stripe (the full disk that left it out): the
+    // replay from here would stop short of the END, and the child would wait for it
+    // to the commit timeout (the simulator's --stripes seed 29931: "replaying 0
+    // chunks"). Refused like the children shed at the failure, it fails over and is
+    // replayed the refit there. (A whole spool replays as for any relay: its
+    // failover parent may be down, seed 11328.)
+    return downstream_.RefuseForRefit(child, LeftOutReason(), r.id);
   }
   std::optional<bool> decided;
   if (committed) decided = true;

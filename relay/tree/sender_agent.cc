@@ -179,6 +179,7 @@ class SenderAgent::Impl {
     ParentLink::Events e;
     e.hello = [this] { return MakeHello(); };
     e.joined = [this] {
+      requests_.LinkJoined();  // the children's requests that waited for the link
       MutexLock lock(stats_mu_);
       ++stats_.parent_joins;
     };
@@ -591,6 +592,7 @@ class SenderAgent::Impl {
     const auto now = Clock::now();
     downstream_.Tick(now);
     parent_.Tick(now, !refit_ || refit_->outcome_sent);
+    requests_.Tick(now);
     if (now >= next_heartbeat_) {
       next_heartbeat_ = now + options_.config.tree.HeartbeatInterval();
       downstream_.Heartbeat();

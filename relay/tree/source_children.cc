@@ -216,12 +216,16 @@ void Source::Impl::ServeFetch(const std::string& child, ByteSpan bytes) {
 
 // Loop thread: the manifest of the base or the target, for a node catching up from
 // a version of this cluster's lineage (a node holding anything else keeps it: it
-// fails the refit instead of being overwritten).
+// fails the refit instead of being overwritten). Only while this source holds that
+// version's bytes to serve the partitions it lists: a root that relays producers'
+// pieces holds none, and a node that began catching up by partitions from it was
+// left half way, its delta in flight no longer the first of the chain of kept deltas
+// that would have taken it there (the simulator's --producers seed 439).
 void Source::Impl::ServeManifest(const std::string& child, ByteSpan bytes) {
   auto f = ParseFetchManifest(bytes);
   if (!f.ok()) return;
   MutexLock lock(mu_);
-  if (refit_ && !refit_->manifests.empty()) {
+  if (refit_ && !refit_->manifests.empty() && refit_->base && refit_->target) {
     const Digest128& base = refit_->manifests.front().first;
     const std::vector<LoggedDecision> decisions = Decisions();
     if (InLineage(decisions, base, f->from) && InLineage(decisions, base, f->version)) {

@@ -14,6 +14,10 @@
 // node's. Requests in flight are the UpRequests' (they remember the stripe each went
 // on and send it again here when that link drops).
 //
+// A child's request routed up goes on the stripe it came on while that parent is
+// joined (SendOn): each stripe's tree leads up to the source, while a path that
+// changes stripes can come back to where it was (UpRequests counts its hops).
+//
 // Thread safety: the node's loop thread only.
 #pragma once
 
@@ -79,6 +83,20 @@ class UpLink {
     parents_[s]->Send(std::move(bytes));
     if (counted_) counted_(s, again);
     return s;
+  }
+  // Sends a request on `stripe`'s link if its parent is joined and not in `skip`;
+  // returns `stripe`, or kNone (nothing sent). A node with one link (a sender, whose
+  // children's links are keyed by the stripe it roots) sends it on that link.
+  uint32_t SendOn(uint32_t stripe, std::vector<std::byte> bytes, bool again,
+                  const std::set<std::string>& skip) {
+    if (parents_.size() == 1) stripe = 0;
+    if (stripe >= parents_.size() || !parents_[stripe]->joined() ||
+        skip.contains(parents_[stripe]->current())) {
+      return kNone;
+    }
+    parents_[stripe]->Send(std::move(bytes));
+    if (counted_) counted_(stripe, again);
+    return stripe;
   }
   // Drops the link that answers now (fault injection).
   void Drop(const Status& why) {

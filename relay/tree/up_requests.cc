@@ -9,14 +9,21 @@ namespace deltacast::relay {
 // to join, for good (the simulator's --stripes seed 11317 on a first version); asked
 // again, such a parent says "not found" again and AskElsewhere hands that on.
 void UpRequests::SendUp(Pending& p) {
-  std::set<std::string> skip;
-  if (!p.child.empty()) skip.insert(NodeOfLink(p.child));
-  p.stripe = up_.Send(p.bytes, /*again=*/p.sent, skip);
+  if (p.child.empty()) {
+    p.stripe = up_.Send(p.bytes, /*again=*/p.sent, std::set<std::string>{});
+  } else {
+    // Up the tree of the stripe it came on while its parent there is joined, else any
+    // other joined parent's (a path that changes stripes may loop: its hop count
+    // ends it, RoutedId).
+    const std::set<std::string> skip{NodeOfLink(p.child)};
+    p.stripe = up_.SendOn(StripeOfLink(p.child), p.bytes, /*again=*/p.sent, skip);
+    if (p.stripe == UpLink::kNone) p.stripe = up_.Send(p.bytes, /*again=*/p.sent, skip);
+  }
   if (p.stripe != UpLink::kNone) p.parent = up_.ParentOf(p.stripe);
   p.sent = p.sent || p.stripe != UpLink::kNone;
 }
 
-// A relay with no parent joined answers "not found" at once, and so does one whose
+// A relay with no parent joined answers "not found" (after kNoParentGrace), and so does one whose
 // own path up lacks what was asked while another stripe's parent of this node would
 // reach the source (the simulator's --stripes seed 11809: a catch-up's FETCH_MANIFEST
 // went to a relay that every parent refused, its "not found" failed the catch-up and
@@ -59,42 +66,57 @@ void UpRequests::Ask(std::vector<std::byte> request) {
 
 void UpRequests::ForwardFetch(const std::string& child, Fetch fetch) {
   const uint64_t child_request = fetch.request_id;
-  // Without a parent nobody answers; and a child may not make this node remember
-  // requests without bound: both get "not found" now, and may ask again.
-  if (!up_.joined() || pending_.size() >= kMaxRoutedRequests) {
+  // A child may not make this node remember requests without bound, nor a request
+  // travel without end: "not found" now, and it may ask again.
+  if (pending_.size() >= kMaxRoutedRequests || HopsOf(child_request) >= kMaxHops) {
     downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
     return;
   }
-  fetch.request_id = next_id_++;
+  fetch.request_id = RoutedId(child_request);
   Pending& p = pending_[fetch.request_id];
   p.child = child;
   p.child_request = child_request;
   p.type = MessageType::kFetch;
   p.bytes = EncodeFetch(fetch);
   SendUp(p);
-  if (p.stripe == UpLink::kNone) {  // its only joined parent is that child
-    downstream_.SendTo(child, transport::MakeMessage(EncodePartition(child_request, false, {})));
-    pending_.erase(fetch.request_id);
+  RoutedOrWaiting(p);
+}
+
+uint64_t UpRequests::RoutedId(uint64_t child_request) {
+  const uint64_t hops = HopsOf(child_request) + 1;
+  return (hops << kHopShift) | (next_id_++ & ((uint64_t{1} << kHopShift) - 1));
+}
+
+void UpRequests::RoutedOrWaiting(Pending& p) {
+  if (p.stripe == UpLink::kNone) p.parentless_since = Clock::now();
+}
+
+void UpRequests::Tick(Clock::time_point now) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const Pending& p = it->second;
+    if (p.child.empty() || p.stripe != UpLink::kNone || now - p.parentless_since < kNoParentGrace) {
+      ++it;
+      continue;
+    }
+    downstream_.SendTo(p.child, transport::MakeMessage(NotFoundReply(p.type, p.child_request)));
+    it = pending_.erase(it);
   }
 }
 
 void UpRequests::RouteUp(const std::string& child, MessageType type, ByteSpan bytes) {
   const uint64_t child_request = RequestIdOf(bytes);
-  if (!up_.joined() || pending_.size() >= kMaxRoutedRequests) {
+  if (pending_.size() >= kMaxRoutedRequests || HopsOf(child_request) >= kMaxHops) {
     downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
     return;
   }
-  const uint64_t request = next_id_++;
+  const uint64_t request = RoutedId(child_request);
   Pending& p = pending_[request];
   p.child = child;
   p.child_request = child_request;
   p.type = type;
   p.bytes = WithRequestId(bytes, request);
   SendUp(p);
-  if (p.stripe == UpLink::kNone) {  // its only joined parent is that child
-    downstream_.SendTo(child, transport::MakeMessage(NotFoundReply(type, child_request)));
-    pending_.erase(request);
-  }
+  RoutedOrWaiting(p);
 }
 
 void UpRequests::OnPartition(const PartitionData& data) {
@@ -124,25 +146,13 @@ bool UpRequests::PassDown(ByteSpan message) {
 
 UpRequests::Moved UpRequests::LinkLost(uint32_t stripe) {
   Moved moved;
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    Pending& p = it->second;
-    if (p.stripe != stripe) {
-      ++it;
-      continue;
-    }
-    // Any joined parent answers alike: the request goes there now.
+  for (auto& [request, p] : pending_) {
+    if (p.stripe != stripe) continue;
+    // Sent again: a child's up its stripe's new link, this node's own to any joined
+    // parent; else it waits for a link to join.
     SendUp(p);
-    if (p.stripe == UpLink::kNone && !p.child.empty()) {
-      // No parent at all: the child hears "not found" now and may ask again, as it
-      // would of a relay with no parent.
-      downstream_.SendTo(p.child, transport::MakeMessage(NotFoundReply(p.type, p.child_request)));
-      it = pending_.erase(it);
-      ++moved.not_found;
-      continue;
-    }
-    // Sent again, or (this node's own) waiting for a link to join.
+    if (!p.child.empty()) RoutedOrWaiting(p);
     ++(p.stripe == UpLink::kNone ? moved.waiting : moved.again);
-    ++it;
   }
   return moved;
 }
