@@ -52,7 +52,7 @@ class UpRequests {
   // (a relay between parents: it left its failover parent to rejoin its planned
   // one), before it is answered "not found". Answered at once, it failed a catch-up
   // whose every path up went through this relay (the simulator's --stripes seed 28245).
-  static constexpr std::chrono::milliseconds kNoParentGrace{2000};
+  static constexpr std::chrono::milliseconds kNoParentGrace{500};
   // A request routed through more relays than this is in a loop (no tree is that
   // deep): answered "not found".
   static constexpr uint64_t kMaxHops = 64;
