@@ -51,7 +51,9 @@ class UpRequests {
   // How long a child's request waits for its stripe's parent to join when none is
   // (a relay between parents: it left its failover parent to rejoin its planned
   // one), before it is answered "not found". Answered at once, it failed a catch-up
-  // whose every path up went through this relay (the simulator's --stripes seed 28245).
+  // whose every path up went through this relay (the simulator's --stripes seed
+  // 28245); held 2 s, a child that would have asked its other parents lost the time
+  // (seed 12659).
   static constexpr std::chrono::milliseconds kNoParentGrace{500};
   // A request routed through more relays than this is in a loop (no tree is that
   // deep): answered "not found".

@@ -210,7 +210,7 @@ TEST_F(StripesRepairTest, TornRepairIsServedOverStripeOneWhenStripeZerosParentDi
 }
 
 // Wraps n3's transport: every answer it sends a child (PARTITION, MANIFEST, CHAIN,
-// DELTA_CHUNK) says "not found", as a relay with no parent joined answers after 2 s (or one
+// DELTA_CHUNK) says "not found", as a relay with no parent joined answers after 500 ms (or one
 // whose path up cannot reach the source). Counts them in `answered`.
 std::unique_ptr<transport::Transport> AnswerNotFound(std::unique_ptr<transport::Transport> inner,
                                                      std::shared_ptr<std::atomic<int>> answered) {
@@ -249,7 +249,7 @@ std::unique_ptr<transport::Transport> AnswerNotFound(std::unique_ptr<transport::
 }
 
 // n7 misses two refits and must catch up at the third; its stripe-0 parent n3 answers
-// every request "not found" (as a relay with no parent joined does after 2 s). Such an
+// every request "not found" (as a relay with no parent joined does after 500 ms). Such an
 // answer is n3's, not the tree's: the request is asked again of n7's stripe-1 parent
 // n4, the catch-up finishes and n7 commits bit-exact (the simulator's --stripes seed
 // 11809: the catch-up failed on the first "not found", and the node then the refit).
