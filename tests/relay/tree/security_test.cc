@@ -244,6 +244,40 @@ TEST_F(SecurityTest, FetchesWhoseOffsetOrLengthWrapAreRefusedAndTheNodeKeepsServ
   EXPECT_FALSE(child.closed());
 }
 
+// A request routed up carries its hops in the top byte of its id (docs/protocol.md,
+// "Message types"): one that has made 64 is in a loop (paths across stripes can
+// come back; the simulator's --stripes seed 20597 circled one until the commit
+// timeout) and n1 answers it "not found" at once. One that may go on waits for n1's
+// parent (not running here) 500 ms, then is answered "not found". Each answer names
+// the id the child sent.
+TEST_F(SecurityTest, ARequestPastTheHopLimitIsNotFoundAtOnceAndOneWithoutAParentAfterAWait) {
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_)));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(1));  // n1, whose parent (the source) is not running
+  auto client = Tcp();
+  testing::ChildPeer child(*client, "127.0.0.1:" + std::to_string(ports_[1]), "n2", "n1", kToken);
+  ASSERT_TRUE(child.joined());
+  const Digest128 version = Hash128(AsBytes("a version"));
+  const uint64_t waits = 7, looped = (uint64_t{64} << 56) | 8;
+  const auto sent = std::chrono::steady_clock::now();
+  child.Send(EncodeFetchManifest({waits, version, version}));
+  child.Send(EncodeFetchManifest({looped, version, version}));
+  std::vector<uint64_t> answered;
+  for (int i = 0; i < 2; ++i) {
+    auto answer = child.Next(MessageType::kManifest, std::chrono::seconds(10));
+    ASSERT_TRUE(answer.has_value()) << "answer " << i;
+    auto m = ParseManifest(**answer);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_FALSE(m->found);
+    answered.push_back(m->request_id);
+    if (m->request_id == waits) {
+      EXPECT_GE(std::chrono::steady_clock::now() - sent, std::chrono::milliseconds(500));
+    }
+  }
+  EXPECT_EQ(answered, (std::vector<uint64_t>{looped, waits}));  // the looped one first
+  EXPECT_EQ(agents_[0]->stats().stripe_up_requests[0], 0u);     // neither went up
+  EXPECT_FALSE(child.closed());
+}
+
 // Finding 4 at the relay: links that pass the transport handshake and never send
 // HELLO hold a slot only until the handshake timeout; one address gets at most
 // max_handshakes_per_address slots, so a legitimate child joins through a flood.
