@@ -3,6 +3,7 @@
 #include "relay/tree/node_agent.h"
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include "common/log.h"
 #include "common/parallel.h"
@@ -562,10 +563,13 @@ void NodeAgent::Impl::Tick() {
   });
   if (refit_ && (refit_->phase == Phase::kCommitting || refit_->phase == Phase::kAborting)) {
     if (refit_->local_outcome_done && now - refit_->decided > options_.config.tree.commit_timeout) {
-      size_t awaiting = 0;
-      ForEachSubtree([&](Subtree& t) { awaiting += t.AwaitingConfirmation(); });
-      log::Warn(fmt::format("{}: refit {}: {} children did not confirm the decision in time",
-                            options_.node_id, refit_->id, awaiting));
+      std::vector<std::string> awaiting;
+      ForEachSubtree([&](Subtree& t) {
+        for (auto& c : t.Unconfirmed()) awaiting.push_back(std::move(c));
+      });
+      log::Warn(fmt::format("{}: refit {}: {} children did not confirm the decision in time: {}",
+                            options_.node_id, refit_->id, awaiting.size(),
+                            fmt::join(awaiting, ", ")));
       ReportOutcome();
     }
   }

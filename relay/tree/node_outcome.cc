@@ -170,11 +170,12 @@ void NodeAgent::Impl::HandleDecision(uint32_t stripe, MessageType type, const De
   }
   r.decision_message = message;
   if (type == MessageType::kCommit && !r.prepared_sent) {
-    // Replayed right behind the chunks we lacked: decide once they are applied.
+    // Replayed right behind the chunks we lacked: decide once they are applied
+    // (MaybePrepared; at once if they are, the children's PREPAREDs moot now).
     if (r.end_received) {
       r.pending_decision = type;
       ForEachSubtree([](Subtree& t) { t.CommitWaitsForThisNode(); });
-      return;
+      return MaybePrepared();
     }
     // Every chunk the parent sends comes before its decision, and the END did not:
     // the parent resolved a delta it does not hold whole (it was down while the

@@ -158,10 +158,16 @@ void NodeAgent::Impl::MaybePrepared() {
                           stripes() > 1 ? " in stripe " + std::to_string(s) : ""));
     sent = true;
   }
-  if (!sent || r.prepared_sent) return;
-  r.prepared_sent = true;
-  CrashPoint("agent.prepared");
+  if (sent && !r.prepared_sent) {
+    r.prepared_sent = true;
+    CrashPoint("agent.prepared");
+  }
   if (r.pending_decision) {
+    // Decided already (the COMMIT came right behind the chunks this node lacked):
+    // its own apply was all it waited for. Its children's PREPAREDs are moot now; a
+    // child that has the decision too never sends one (it catches up instead), and
+    // waiting for it held this node, and its parents' commit timeout, for good (the
+    // simulator's --stripes seed 29488).
     const MessageType decision = *r.pending_decision;
     r.pending_decision.reset();
     Decide(decision);

@@ -4,6 +4,7 @@
 #include "relay/tree/sender_agent.h"
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <optional>
 #include <set>
@@ -601,9 +602,10 @@ class SenderAgent::Impl {
     subtree_.Tick(now);
     if (refit_->decision && !refit_->outcome_sent &&
         now - refit_->decided > options_.config.tree.commit_timeout) {
-      log::Warn(fmt::format("{}: refit {}: {} children did not confirm the decision in time",
+      log::Warn(fmt::format("{}: refit {}: {} children did not confirm the decision in time: {}",
                             options_.node_id, refit_->begin.refit_id,
-                            subtree_.AwaitingConfirmation()));
+                            subtree_.AwaitingConfirmation(),
+                            fmt::join(subtree_.Unconfirmed(), ", ")));
       refit_->outcome_sent = true;
       SendOutcome();
     }

@@ -293,6 +293,19 @@ size_t Subtree::Awaiting(const std::set<std::string>& done) const {
   return waiting;
 }
 
+std::vector<std::string> Subtree::Unconfirmed() const {
+  std::vector<std::string> out;
+  for (const auto& c : planned_) {
+    if (!confirmed_.contains(c) && !excused_.contains(c) && !given_up_.contains(c)) {
+      out.push_back(c);
+    }
+  }
+  for (const auto& c : adopted_) {
+    if (!confirmed_.contains(c) && !excused_.contains(c)) out.push_back(c);
+  }
+  return out;
+}
+
 std::vector<std::string> Subtree::AbsentPlanned() const {
   std::vector<std::string> out;
   for (const auto& c : planned_) {

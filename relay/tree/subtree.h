@@ -127,6 +127,8 @@ class Subtree {
   bool prepared() const { return Awaiting(prepared_) == 0; }
   bool confirmed() const { return Awaiting(confirmed_) == 0; }
   size_t AwaitingConfirmation() const { return Awaiting(confirmed_); }
+  // The children (link keys) whose confirmation is awaited, for the log.
+  std::vector<std::string> Unconfirmed() const;
   bool streaming() const { return phase_ == Phase::kStreaming; }
   bool deciding() const { return phase_ == Phase::kDeciding; }
   bool AllPlannedConnected() const { return connected_.size() == planned_.size(); }
