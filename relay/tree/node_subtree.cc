@@ -47,13 +47,6 @@ void NodeAgent::Impl::SendFailed(const Failed& failed) {
   ShedChildrenIfLeftOut();
 }
 
-// Its parents leave this node out (policy `available`) and stop streaming to it. With
-// one tree its subtree is left out with it; striped, its children's other stripes'
-// parents still wait for them, and its children on a stripe whose END it lacks would
-// wait for chunks that never come until the commit timeout (the simulator's
-// --stripes seeds 6, 50 and most of the known ones). Refused, they fail over to their
-// failover parents, which replay them the refit; they come home between refits. The
-// children of a stripe whose END came have been forwarded all of it.
 bool NodeAgent::Impl::LeftOutOfStreamingRefit() const {
   return stripes() > 1 &&
          options_.config.tree.commit_policy == topology::CommitPolicy::kAvailable && refit_ &&
@@ -66,6 +59,13 @@ std::string NodeAgent::Impl::LeftOutReason() const {
                      options_.node_id, refit_->id);
 }
 
+// Its parents leave this node out (policy `available`) and stop streaming to it. With
+// one tree its subtree is left out with it; striped, its children's other stripes'
+// parents still wait for them, and its children on a stripe whose END it lacks would
+// wait for chunks that never come until the commit timeout (the simulator's
+// --stripes seeds 6, 50 and most of the known ones). Refused, they fail over to their
+// failover parents, which replay them the refit; they come home between refits. The
+// children of a stripe whose END came have been forwarded all of it.
 void NodeAgent::Impl::ShedChildrenIfLeftOut() {
   const bool streaming = refit_ && refit_->phase == Phase::kStreaming;
   if (LeftOutOfStreamingRefit() && refit_->id != shed_refit_) {
