@@ -20,6 +20,7 @@
 #include "relay/tree/node_agent.h"
 #include "relay/tree/source.h"
 #include "relay/wire/protocol.h"
+#include "tests/relay/tree/security_util.h"
 #include "topology/cluster_config.h"
 #include "transport/inproc/inproc_transport.h"
 
@@ -352,6 +353,54 @@ TEST_F(BadDeltaTest, ARecordThatMissesItsTargetFailsTheRefitAtOnceUnderEitherPol
   for (const auto& a : agents_) {
     EXPECT_LE(a->stats().parent_joins, 1u) << "a node reconnected to fetch the delta again";
   }
+}
+
+// A root that relays producers' pieces (PublishStream without the versions' stores)
+// holds no bytes of either version, so it serves no manifest: a node that took one
+// would catch up by partitions nobody serves, and stop half way, its delta in flight
+// no longer the first of the chain of kept deltas that would have taken it there (the
+// simulator's --producers seed 439). With the stores it serves the manifest. The test
+// plays n2 and asks during each refit.
+class ManifestServedTest : public RestreamTest {
+ protected:
+  void SetUp() override {
+    policy_ = "available";
+    commit_timeout_ = "2s";  // n2 never prepares: each refit aborts after this
+    RestreamTest::SetUp();
+  }
+};
+
+TEST_F(ManifestServedTest, ARootWithoutTheVersionsBytesServesNoManifestOneWithThemDoes) {
+  agents_[1]->Stop();  // n2: the test plays it
+  auto client = transport::MakeInprocTransport(network_);
+  testing::ChildPeer child(*client, "mem:1", "n2", "src", kToken);
+  ASSERT_TRUE(child.joined());
+  const codec::Manifest base = ManifestOf(base_), target = ManifestOf(target_);
+  const auto chunks = Encode(base_, target_);
+  // Streams the delta after asking for the base's manifest; `found` gets the answer.
+  auto asking = [&](std::optional<bool>& found, uint64_t id) {
+    return [&, id](const Source::ChunkMessageSink& sink, codec::DeltaStats*) -> Status {
+      child.Send(EncodeFetchManifest({id, base.VersionId(), base.VersionId()}));
+      if (auto answer = child.Next(MessageType::kManifest, std::chrono::seconds(10))) {
+        auto m = ParseManifest(**answer);
+        if (m.ok() && m->request_id == id) found = m->found;
+      }
+      for (const auto& c : chunks) RETURN_IF_ERROR(sink(EncodeChunk(c)));
+      return Status::Ok();
+    };
+  };
+  std::optional<bool> without_bytes, with_bytes;
+  auto first = source_->PublishStream(base, target, asking(without_bytes, 1));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  Tensors base_copy = base_, target_copy = target_;
+  auto base_store = Borrow(base_copy), target_store = Borrow(target_copy);
+  auto second = source_->PublishStream(base, target, asking(with_bytes, 2), base_store.get(),
+                                       target_store.get());
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE(without_bytes.has_value()) << "no answer without the stores";
+  ASSERT_TRUE(with_bytes.has_value()) << "no answer with the stores";
+  EXPECT_FALSE(*without_bytes);
+  EXPECT_TRUE(*with_bytes);
 }
 
 }  // namespace
