@@ -602,10 +602,10 @@ class SenderAgent::Impl {
     subtree_.Tick(now);
     if (refit_->decision && !refit_->outcome_sent &&
         now - refit_->decided > options_.config.tree.commit_timeout) {
+      const std::vector<std::string> awaiting = subtree_.Unconfirmed();
       log::Warn(fmt::format("{}: refit {}: {} children did not confirm the decision in time: {}",
-                            options_.node_id, refit_->begin.refit_id,
-                            subtree_.AwaitingConfirmation(),
-                            fmt::join(subtree_.Unconfirmed(), ", ")));
+                            options_.node_id, refit_->begin.refit_id, awaiting.size(),
+                            fmt::join(awaiting, ", ")));
       refit_->outcome_sent = true;
       SendOutcome();
     }

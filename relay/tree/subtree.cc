@@ -286,23 +286,13 @@ void Subtree::Changed() const {
 
 size_t Subtree::Awaiting(const std::set<std::string>& done) const {
   size_t waiting = 0;
-  for (const auto& c : planned_) {
-    waiting += !done.contains(c) && !excused_.contains(c) && !given_up_.contains(c);
-  }
-  for (const auto& c : adopted_) waiting += !done.contains(c) && !excused_.contains(c);
+  ForEachAwaited(done, [&](const std::string&) { ++waiting; });
   return waiting;
 }
 
 std::vector<std::string> Subtree::Unconfirmed() const {
   std::vector<std::string> out;
-  for (const auto& c : planned_) {
-    if (!confirmed_.contains(c) && !excused_.contains(c) && !given_up_.contains(c)) {
-      out.push_back(c);
-    }
-  }
-  for (const auto& c : adopted_) {
-    if (!confirmed_.contains(c) && !excused_.contains(c)) out.push_back(c);
-  }
+  ForEachAwaited(confirmed_, [&](const std::string& c) { out.push_back(c); });
   return out;
 }
 

@@ -141,6 +141,17 @@ class Subtree {
 
  private:
   enum class Phase { kIdle, kStreaming, kDeciding };
+  // Runs `f` on each child not in `done` that is still waited for: planned and
+  // neither excused nor given up, or adopted and not excused.
+  template <class F>
+  void ForEachAwaited(const std::set<std::string>& done, F&& f) const {
+    for (const auto& c : planned_) {
+      if (!done.contains(c) && !excused_.contains(c) && !given_up_.contains(c)) f(c);
+    }
+    for (const auto& c : adopted_) {
+      if (!done.contains(c) && !excused_.contains(c)) f(c);
+    }
+  }
   size_t Awaiting(const std::set<std::string>& done) const;
   bool IsPlanned(const std::string& child) const;
   std::vector<std::string> AbsentPlanned() const;

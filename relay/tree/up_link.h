@@ -57,7 +57,7 @@ class UpLink {
   // from, and the parents that answered it "not found").
   uint32_t Chosen(const std::set<std::string>& skip) const {
     for (uint32_t s = 0; s < parents_.size(); ++s) {
-      if (parents_[s]->joined() && !skip.contains(parents_[s]->current())) return s;
+      if (Usable(s, skip)) return s;
     }
     return kNone;
   }
@@ -78,11 +78,7 @@ class UpLink {
                 unless.empty() ? std::set<std::string>{} : std::set<std::string>{unless});
   }
   uint32_t Send(std::vector<std::byte> bytes, bool again, const std::set<std::string>& skip) {
-    const uint32_t s = Chosen(skip);
-    if (s == kNone) return s;
-    parents_[s]->Send(std::move(bytes));
-    if (counted_) counted_(s, again);
-    return s;
+    return SendVia(Chosen(skip), std::move(bytes), again);
   }
   // Sends a request on `stripe`'s link if its parent is joined and not in `skip`;
   // returns `stripe`, or kNone (nothing sent). A node with one link (a sender, whose
@@ -90,13 +86,8 @@ class UpLink {
   uint32_t SendOn(uint32_t stripe, std::vector<std::byte> bytes, bool again,
                   const std::set<std::string>& skip) {
     if (parents_.size() == 1) stripe = 0;
-    if (stripe >= parents_.size() || !parents_[stripe]->joined() ||
-        skip.contains(parents_[stripe]->current())) {
-      return kNone;
-    }
-    parents_[stripe]->Send(std::move(bytes));
-    if (counted_) counted_(stripe, again);
-    return stripe;
+    const bool usable = stripe < parents_.size() && Usable(stripe, skip);
+    return SendVia(usable ? stripe : kNone, std::move(bytes), again);
   }
   // Drops the link that answers now (fault injection).
   void Drop(const Status& why) {
@@ -105,6 +96,18 @@ class UpLink {
   }
 
  private:
+  // Whether `stripe`'s parent is joined and not in `skip`.
+  bool Usable(uint32_t stripe, const std::set<std::string>& skip) const {
+    return parents_[stripe]->joined() && !skip.contains(parents_[stripe]->current());
+  }
+  // Sends on `stripe`'s link and counts it; kNone sends nothing. Returns `stripe`.
+  uint32_t SendVia(uint32_t stripe, std::vector<std::byte> bytes, bool again) {
+    if (stripe == kNone) return kNone;
+    parents_[stripe]->Send(std::move(bytes));
+    if (counted_) counted_(stripe, again);
+    return stripe;
+  }
+
   std::vector<ParentLink*> parents_;
   Counted counted_;
 };

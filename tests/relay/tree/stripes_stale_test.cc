@@ -199,6 +199,14 @@ class StaleStripeTest : public ::testing::Test {
     links_[hello->stripe] = std::move(side);
   }
 
+  // The ids of v0, v1 and v2, which every scenario streams between.
+  struct VersionIdsOf {
+    Digest128 d0, d1, d2;
+  };
+  VersionIdsOf VersionIds() {
+    return {VersionOf(tensors_, v0_), VersionOf(tensors_, v1_), VersionOf(tensors_, v2_)};
+  }
+
   void AcceptBothLinks() {
     ASSERT_NO_FATAL_FAILURE(AcceptLink());
     ASSERT_NO_FATAL_FAILURE(AcceptLink());
@@ -284,8 +292,7 @@ class StaleStripeTest : public ::testing::Test {
 
 TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurrentOneAlone) {
   ASSERT_NO_FATAL_FAILURE(AcceptBothLinks());
-  const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
-                  d2 = VersionOf(tensors_, v2_);
+  const auto [d0, d1, d2] = VersionIds();
   const auto a = Chunks(tensors_, v0_, v1_);
   const auto b = Chunks(tensors_, v1_, v2_);
   ASSERT_GE(b.size(), 3u) << "B needs a data chunk on each stripe";
@@ -336,8 +343,7 @@ TEST_F(StaleStripeTest, ALaggingStripeParentsReplayOfTheLastRefitLeavesTheCurren
 // each it can, and A is answered on that link only. B commits, bit-exact.
 TEST_F(StaleStripeTest, AReplayOfAnEarlierRefitFromTheSameBaseLeavesTheLaterOneAlone) {
   ASSERT_NO_FATAL_FAILURE(AcceptBothLinks());
-  const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
-                  d2 = VersionOf(tensors_, v2_);
+  const auto [d0, d1, d2] = VersionIds();
   const auto a = Chunks(tensors_, v0_, v1_);
   const auto b = Chunks(tensors_, v0_, v2_);
   ASSERT_GE(b.size(), 3u) << "B needs a data chunk on each stripe";
@@ -372,8 +378,7 @@ TEST_F(StaleStripeTest, AReplayOfAnEarlierRefitFromTheSameBaseLeavesTheLaterOneA
 // it is answered on that link only. C commits, bit-exact.
 TEST_F(StaleStripeTest, AReplayOfARefitBegunBeforeTheCurrentOneIsNeverRun) {
   ASSERT_NO_FATAL_FAILURE(AcceptBothLinks());
-  const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
-                  d2 = VersionOf(tensors_, v2_);
+  const auto [d0, d1, d2] = VersionIds();
   const auto a = Chunks(tensors_, v0_, v1_);
   const auto a2 = Chunks(tensors_, v0_, v2_);
   const auto c = Chunks(tensors_, v1_, v2_);
@@ -404,8 +409,7 @@ TEST_F(StaleStripeTest, AReplayOfARefitBegunBeforeTheCurrentOneIsNeverRun) {
 // caught up (only a refit in progress, or one from the same base, is ordered).
 TEST_F(StaleStripeTest, ARefitFromASourceWhoseClockSteppedBackRunsBetweenRefits) {
   ASSERT_NO_FATAL_FAILURE(AcceptBothLinks());
-  const Digest128 d0 = VersionOf(tensors_, v0_), d1 = VersionOf(tensors_, v1_),
-                  d2 = VersionOf(tensors_, v2_);
+  const auto [d0, d1, d2] = VersionIds();
   const auto a = Chunks(tensors_, v0_, v1_);
   const auto b = Chunks(tensors_, v1_, v2_);
   constexpr uint64_t kA = 0xa1, kB = 0xb2;
