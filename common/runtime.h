@@ -48,6 +48,9 @@ class Runtime {
 Runtime* SimRuntime();
 void InstallSimRuntime(Runtime* runtime);
 
+// A random id, never zero: the runtime's (from the simulator's seed), else the system's.
+uint64_t RuntimeRandomId();
+
 // A clock with steady_clock's time points: steady_clock::now(), or the runtime's.
 struct RuntimeClock {
   using duration = std::chrono::steady_clock::duration;

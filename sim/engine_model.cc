@@ -83,6 +83,7 @@ Status EngineModel::Pause(uint64_t life) {
                       refuse ? ", refused"
                       : hang ? ", past the timeout"
                              : ""));
+  if ((refuse || hang) && on_fault_) on_fault_();
   if (refuse) {
     ++counts_.failed;
     return Status::Unavailable("the simulated engine refused to pause");

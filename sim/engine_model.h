@@ -52,6 +52,9 @@ class EngineModel {
   relay::EngineHooks Hooks();
   // Faults (failing and hanging pauses) only while the run's faults are on.
   void set_faults(bool on) { faults_ = on; }
+  // Called as a failing or hanging pause hook returns: a fault that acted on the
+  // refit until now (the run's time-lost and stall checks count it as one).
+  void set_on_fault(std::function<void()> on_fault) { on_fault_ = std::move(on_fault); }
   // The node's process started: the engine serves the store as it is.
   void Started();
   // The process dies now (a kill, a crash point or the end): the store must not have
@@ -78,6 +81,7 @@ class EngineModel {
   const std::chrono::milliseconds timeout_;
   const FailFn fail_fn_;
   const std::function<bool()> whole_;
+  std::function<void()> on_fault_;
   bool faults_ = true;
   uint64_t life_ = 0;
   bool paused_ = false;

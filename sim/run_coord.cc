@@ -54,7 +54,7 @@ void Run::InjectCoord(const CoordFault& f) {
   if (!faults_on_) return;
   const auto secs =
       std::chrono::duration_cast<EventQueue::Duration>(std::chrono::duration<double>(f.seconds));
-  ++injected_;
+  ++faults_begun_;
   quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
   disturbed_until_ = std::max(disturbed_until_, q_.Now() + secs);
   if (f.kind == CoordFaultKind::kLoseSource) return LoseSource(f);
@@ -131,7 +131,7 @@ void Run::KillSourceChildWhileLost(const CoordFault& f) {
   q_.PostAt(driver_, q_.Now() + after, [this, i] {
     Node& n = nodes_[i];
     if (!faults_on_ || !n.agent || n.dying || !source_restart_pending_) return;
-    ++injected_;
+    ++faults_begun_;
     KillInPlace(i, /*power=*/false, kChildDownFor, "kill (the source away)");
   });
 }
@@ -150,7 +150,7 @@ void Run::OnSourceCrashPoint(std::string_view name) {
   if (name != point) return;
   const CoordFault f = *armed_loss_;
   armed_loss_.reset();
-  ++injected_;
+  ++faults_begun_;
   ++r_.coord.sources_lost[static_cast<size_t>(f.stage)];
   quiet_from_ = std::max(quiet_from_, q_.Now() + kRecovery);
   q_.Note(fmt::format("coord fault: the source's machine is lost at {} ({})", name,

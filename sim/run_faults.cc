@@ -14,7 +14,7 @@ void Run::Inject(size_t index, const Fault& f) {
       f.kind == FaultKind::kCrashAt ? std::string(" at ") + kCrashPoints[f.point] + " (armed)"
                                     : std::string()));
   ++r_.faults[static_cast<size_t>(f.kind)];
-  ++injected_;
+  ++faults_begun_;
   // The tree may take the fault's time plus a rejoin to settle.
   quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
   // An outage disturbs only as it begins: the tree must route around a node that
@@ -140,6 +140,9 @@ void Run::OnCrashPoint(std::string_view name, void* self) {
     const ArmedCrash armed = *it;
     run.armed_.erase(it);
     ++run.r_.crashes;
+    // Armed before, it acts now, on the publish under way (a crash reached mid-publish
+    // was taken for a stall: the --stripes seed 19751).
+    ++run.faults_begun_;
     run.q_.Note(fmt::format("fault {}: {} reached {}", armed.index, Name(i), name));
     run.KillInPlace(i, armed.fault.power, armed.fault.seconds, "crash");
     throw Killed{};

@@ -233,7 +233,9 @@ class Run {
   std::optional<CoordFault> armed_loss_;
   bool source_lost_ = false;
   uint64_t store_fault_gen_ = 0;
-  uint64_t injected_ = 0;               // faults injected so far
+  // Faults that began to act so far: injected, a crash point reached, a pause hook
+  // that failed or hung (a publish that saw one is checked for time lost, not stalls).
+  uint64_t faults_begun_ = 0;
   EventQueue::TimePoint quiet_from_{};  // no fault acts on the tree from then on
   // The latest end of a fault so far: a link healed, a killed process restarted.
   EventQueue::TimePoint disturbed_until_{};

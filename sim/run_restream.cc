@@ -44,7 +44,7 @@ relay::Source::DeltaStream Run::RestreamStream(const Tensors& base, const Tensor
     if (kill_before_end) {
       // The nodes apply and journal what came; then the source dies without a decision.
       q_.RunFor(std::chrono::milliseconds(300));
-      ++injected_;
+      ++faults_begun_;
       disturbed_until_ = std::max(disturbed_until_, q_.Now());
       q_.Note("kill src after its data chunks, before END [restream]");
       throw Killed{};

@@ -106,7 +106,7 @@ void Run::InjectStripe(size_t index, const StripeFault& f) {
   q_.Note(fmt::format("fault {}: {} {} stripe {}{}", index, StripeFaultName(f.kind), Name(f.node),
                       f.stripe,
                       f.seconds > 0 ? fmt::format(" for {:.3f}s", f.seconds) : std::string()));
-  ++injected_;
+  ++faults_begun_;
   quiet_from_ = std::max(quiet_from_, q_.Now() + secs + kRecovery);
   disturbed_until_ = std::max(disturbed_until_, q_.Now() + secs);
   switch (f.kind) {

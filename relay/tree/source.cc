@@ -1,5 +1,4 @@
 #include <fmt/core.h>
-#include <openssl/rand.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,16 +11,6 @@
 #include "relay/tree/source_impl.h"
 
 namespace deltacast::relay {
-
-uint64_t SourceRandomId() {
-  uint64_t id = 0;
-  if (Runtime* sim = SimRuntime()) {
-    while (id == 0) id = sim->Random64();
-    return id;
-  }
-  while (id == 0) RAND_bytes(reinterpret_cast<unsigned char*>(&id), sizeof id);
-  return id;
-}
 
 uint64_t SourceBeginTime(uint64_t last) {
   using std::chrono::duration_cast;
@@ -65,7 +54,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   PublishReport report;
   report.base_version = base_manifest.VersionId();
   report.target_version = target_manifest.VersionId();
-  report.refit_id = SourceRandomId();
+  report.refit_id = RuntimeRandomId();
   const auto call = Clock::now();
   // A replay still queued for a slow child reads the last refit's spool, which
   // RetireLastRefit may delete: drop it first, on the loop (the new BEGIN would drop
@@ -97,7 +86,7 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
   Begin begin{report.refit_id, report.base_version, report.target_version,
               target_manifest.partition_bytes};
   begin.manifest_digest = Sha256(target_manifest.Serialize());
-  begin.stream_id = SourceRandomId();
+  begin.stream_id = RuntimeRandomId();
   begin.begun_at_us = last_begun_at_us_ = SourceBeginTime(last_begun_at_us_);
   if (options_.signing_key) SignBegin(*options_.signing_key, begin);
   {

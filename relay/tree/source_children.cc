@@ -135,7 +135,7 @@ std::optional<transport::Message> Source::Impl::Resolution(const std::string& ch
     }
   }
   const bool commit = recorded && recorded->commit;
-  const uint64_t id = recorded ? recorded->refit_id : SourceRandomId();
+  const uint64_t id = recorded ? recorded->refit_id : RuntimeRandomId();
   log::Info(fmt::format("child {} holds delta to {} from an earlier refit: {}", child,
                         target.ShortHex(),
                         commit     ? "it was committed"

@@ -32,8 +32,6 @@
 
 namespace deltacast::relay {
 
-// A refit id or stream id: random, never zero (the simulator's seeded generator under it).
-uint64_t SourceRandomId();
 // BEGIN's begun_at_us: the source's clock now, in microseconds (the wall clock; the
 // simulated time under the simulator), never 0 and above `last`, the previous one.
 uint64_t SourceBeginTime(uint64_t last);

@@ -136,6 +136,7 @@ void UpRequests::OnPartition(const PartitionData& data) {
 bool UpRequests::PassDown(ByteSpan message) {
   auto it = pending_.find(RequestIdOf(message));
   if (it == pending_.end() || it->second.type == MessageType::kFetch) return false;
+  if (!Answers(it->second.type, message)) return true;  // not this request's answer: dropped
   if (!Found(message) && AskElsewhere(it->second)) return true;
   const Pending p = std::move(it->second);
   pending_.erase(it);
@@ -165,6 +166,23 @@ size_t UpRequests::LinkJoined() {
     sent += p.stripe != UpLink::kNone;
   }
   return sent;
+}
+
+uint64_t UpRequests::FirstId() { return RuntimeRandomId() % (uint64_t{1} << 48) + 1; }
+
+bool UpRequests::Answers(MessageType request, ByteSpan answer) {
+  auto type = PeekType(answer);
+  if (!type.ok()) return true;  // taken as it is: the caller reports what is wrong with it
+  switch (request) {
+    case MessageType::kFetchManifest:
+      return *type == MessageType::kManifest;
+    case MessageType::kFetchChain:
+      return *type == MessageType::kChain;
+    case MessageType::kFetchDeltaChunk:
+      return *type == MessageType::kDeltaChunk;
+    default:
+      return false;
+  }
 }
 
 bool UpRequests::Found(ByteSpan message) {

@@ -63,13 +63,15 @@ class UpRequests {
   using PartitionHandler = std::function<void(const PartitionData&)>;
 
   // `up` and `downstream` must outlive this object.
-  UpRequests(UpLink& up, Downstream& downstream) : up_(up), downstream_(downstream) {}
+  UpRequests(UpLink& up, Downstream& downstream)
+      : up_(up), downstream_(downstream), next_id_(FirstId()) {}
   // A node with one parent link (a sender): every request goes on it. `parent` and
   // `downstream` must outlive this object.
   UpRequests(ParentLink& parent, Downstream& downstream)
       : single_(std::make_unique<UpLink>(std::vector<ParentLink*>{&parent}, nullptr)),
         up_(*single_),
-        downstream_(downstream) {}
+        downstream_(downstream),
+        next_id_(FirstId()) {}
 
   // A fresh request id for one of this node's own requests (not a FETCH).
   uint64_t NextId() { return next_id_++; }
@@ -89,7 +91,9 @@ class UpRequests {
   // A PARTITION from a parent: delivered to whoever asked (if anyone still does).
   void OnPartition(const PartitionData& data);
   // A MANIFEST / CHAIN / DELTA_CHUNK from a parent: passed down and true when it
-  // answers a child's request; false when it is this node's own (or nobody's).
+  // answers a child's request; false when it is this node's own (or nobody's). True,
+  // and dropped, when its id asked for another type (an answer to a request of a
+  // restarted relay's dead self, FirstId).
   bool PassDown(ByteSpan message);
   // What LinkLost did with the requests that went on the dropped link.
   struct Moved {
@@ -136,11 +140,21 @@ class UpRequests {
   static std::vector<std::byte> NotFoundReply(MessageType request_type, uint64_t request_id);
   // Whether a MANIFEST / CHAIN / DELTA_CHUNK answers "found" (true if it cannot be read).
   static bool Found(ByteSpan message);
+  // Whether `answer` (MANIFEST, CHAIN, DELTA_CHUNK) is of the type that answers `request`.
+  static bool Answers(MessageType request, ByteSpan answer);
+  // Where this process's request ids begin: random, so that an answer to what this
+  // node asked before it restarted is not taken for the answer to what it asks now.
+  // Both began at 1 once: a relay that restarted numbered a child's FETCH_CHAIN as its
+  // dead self had numbered a FETCH_MANIFEST still in flight, the manifest's answer
+  // came back as the chain's and the chain's as the manifest's, and the catch-up
+  // below waited for its manifest until the commit timeout (the simulator's --stripes
+  // seed 17320). Below 2^48: ids never reach the hop count's byte (RoutedId).
+  static uint64_t FirstId();
 
   std::unique_ptr<UpLink> single_;  // the one-link constructor's
   UpLink& up_;
   Downstream& downstream_;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_;
   std::map<uint64_t, Pending> pending_;  // by the request id sent up
 };
 

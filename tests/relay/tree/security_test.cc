@@ -278,6 +278,45 @@ TEST_F(SecurityTest, ARequestPastTheHopLimitIsNotFoundAtOnceAndOneWithoutAParent
   EXPECT_FALSE(child.closed());
 }
 
+// An answer is taken only as the type its id asked for: a relay that restarted
+// numbers its requests afresh, and an answer to what its dead self routed up came
+// back as the answer to a new request of another type under the same id (the
+// simulator's --stripes seed 17320: a CHAIN went down for a child's FETCH_MANIFEST,
+// whose real answer then found nobody waiting, and that child's catch-up waited for
+// its manifest until the commit timeout). Here n1's parent answers the routed
+// FETCH_MANIFEST with a CHAIN first, then with the MANIFEST: the child gets the
+// manifest, under the id it sent, and no chain.
+TEST_F(SecurityTest, AnAnswerOfTheWrongTypeIsDroppedAndTheRightOneStillReachesTheChild) {
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_)));
+  std::atomic<uint64_t> routed_id{0};
+  testing::AnsweringParent parent(
+      Tcp(), SourceAddress(), "src", kToken, [&](transport::Connection& link, ByteSpan message) {
+        auto type = PeekType(message);
+        if (!type.ok() || *type != MessageType::kFetchManifest) return;
+        const uint64_t id = RequestIdOf(message);
+        routed_id = id;
+        Chain wrong;
+        wrong.request_id = id;
+        link.Send(transport::MakeMessage(EncodeChain(wrong)));
+        link.Send(transport::MakeMessage(EncodeManifest(id, false, {})));
+      });
+  ASSERT_NO_FATAL_FAILURE(StartAgents(1));
+  auto client = Tcp();
+  testing::ChildPeer child(*client, "127.0.0.1:" + std::to_string(ports_[1]), "n2", "n1", kToken);
+  ASSERT_TRUE(child.joined());
+  ASSERT_TRUE(WaitFor([&] { return parent.hellos > 0; }, 10s)) << "n1 did not join its parent";
+  const Digest128 version = Hash128(AsBytes("a version"));
+  const uint64_t asked = 7;
+  child.Send(EncodeFetchManifest({asked, version, version}));
+  auto answer = child.Next(MessageType::kManifest, std::chrono::seconds(10));
+  ASSERT_TRUE(answer.has_value()) << "the manifest's answer did not come down";
+  auto m = ParseManifest(**answer);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->request_id, asked);
+  EXPECT_NE(routed_id.load(), asked) << "routed up under a number of n1's own";
+  EXPECT_FALSE(child.Next(MessageType::kChain, 300ms).has_value()) << "the wrong answer came down";
+}
+
 // Finding 4 at the relay: links that pass the transport handshake and never send
 // HELLO hold a slot only until the handshake timeout; one address gets at most
 // max_handshakes_per_address slots, so a legitimate child joins through a flood.

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -107,28 +108,18 @@ inline std::vector<uint16_t> FreePorts(int n) {
   return ports;
 }
 
-// Listens where a parent should be and, to every child that dials it, plays a
-// scripted source: CHALLENGE, HELLO, WELCOME (proved with `token`, which may be
-// wrong), then BEGIN, every chunk of `chunks` and, once the child says PREPARED (or
-// after a while), COMMIT. What it saw is counted.
-class Impostor {
+// Listens where a parent should be and, to every child that dials it, says
+// CHALLENGE and, to its HELLO, WELCOME (proved with `token`, which may be wrong);
+// then AfterWelcome plays the rest of the script.
+class ScriptedParent {
  public:
-  Impostor(std::unique_ptr<transport::Transport> transport, std::string address,
-           std::string parent_id, std::string token, Begin begin,
-           std::vector<std::vector<std::byte>> chunks)
+  ScriptedParent(std::unique_ptr<transport::Transport> transport, std::string address,
+                 std::string parent_id, std::string token)
       : transport_(std::move(transport)),
+        address_(std::move(address)),
         parent_id_(std::move(parent_id)),
-        token_(std::move(token)),
-        begin_(begin),
-        chunks_(std::move(chunks)) {
-    auto bound = transport_->Listen(address, [this](std::unique_ptr<transport::Connection> c) {
-      std::lock_guard lock(mu_);
-      threads_.emplace_back(
-          [this, c = std::shared_ptr<transport::Connection>(std::move(c))] { Serve(*c); });
-    });
-    EXPECT_TRUE(bound.ok()) << bound.status().ToString();
-  }
-  ~Impostor() { Stop(); }
+        token_(std::move(token)) {}
+  virtual ~ScriptedParent() { Stop(); }
   void Stop() {
     stop_ = true;
     transport_->Shutdown();
@@ -140,18 +131,26 @@ class Impostor {
     for (auto& t : threads) t.join();
   }
 
-  std::atomic<int> hellos{0};    // children that answered its CHALLENGE
-  std::atomic<int> refused{0};   // children that sent REFUSE or hung up after WELCOME
-  std::atomic<int> prepared{0};  // children that said PREPARED to its forged delta
-  std::atomic<int> committed{0};
+  std::atomic<int> hellos{0};  // children that answered its CHALLENGE
 
- private:
+ protected:
   struct Inbox {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<transport::Message> messages;
     bool closed = false;
   };
+  // Listens: a subclass calls it last in its constructor (the script is its own).
+  void Listen() {
+    auto bound = transport_->Listen(address_, [this](std::unique_ptr<transport::Connection> c) {
+      std::lock_guard lock(mu_);
+      threads_.emplace_back(
+          [this, c = std::shared_ptr<transport::Connection>(std::move(c))] { Serve(*c); });
+    });
+    EXPECT_TRUE(bound.ok()) << bound.status().ToString();
+  }
+  // The script after WELCOME, on the connection's own thread.
+  virtual void AfterWelcome(transport::Connection& c, Inbox& in) = 0;
   static std::optional<transport::Message> Next(Inbox& in, std::chrono::milliseconds timeout) {
     std::unique_lock lock(in.mu);
     if (!in.cv.wait_for(lock, timeout, [&] { return !in.messages.empty() || in.closed; }))
@@ -161,7 +160,9 @@ class Impostor {
     in.messages.pop_front();
     return m;
   }
+  std::atomic<bool> stop_{false};
 
+ private:
   void Serve(transport::Connection& c) {
     auto in = std::make_shared<Inbox>();
     c.Authenticated();  // an attacker reads whatever it is sent
@@ -185,15 +186,47 @@ class Impostor {
     ++hellos;
     c.Send(transport::MakeMessage(
         EncodeWelcome({ParentProof(token_, nonce, hello->nonce, parent_id_, hello->node_id)})));
+    AfterWelcome(c, *in);
+  }
+
+  std::unique_ptr<transport::Transport> transport_;
+  std::string address_;
+  std::string parent_id_;
+  std::string token_;
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
+// A scripted source: after WELCOME, BEGIN, every chunk of `chunks` and, once the child
+// says PREPARED (or after a while), COMMIT. What it saw is counted.
+class Impostor : public ScriptedParent {
+ public:
+  Impostor(std::unique_ptr<transport::Transport> transport, std::string address,
+           std::string parent_id, std::string token, Begin begin,
+           std::vector<std::vector<std::byte>> chunks)
+      : ScriptedParent(std::move(transport), std::move(address), std::move(parent_id),
+                       std::move(token)),
+        begin_(begin),
+        chunks_(std::move(chunks)) {
+    Listen();
+  }
+  ~Impostor() override { Stop(); }
+
+  std::atomic<int> refused{0};   // children that sent REFUSE or hung up after WELCOME
+  std::atomic<int> prepared{0};  // children that said PREPARED to its forged delta
+  std::atomic<int> committed{0};
+
+ private:
+  void AfterWelcome(transport::Connection& c, Inbox& in) override {
     c.Send(transport::MakeMessage(EncodeBegin(begin_)));
     for (const auto& chunk : chunks_) c.Send(transport::MakeMessage(chunk));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     bool said_prepared = false;
     while (!stop_ && std::chrono::steady_clock::now() < deadline) {
-      auto m = Next(*in, std::chrono::milliseconds(50));
+      auto m = Next(in, std::chrono::milliseconds(50));
       if (!m) {
-        std::lock_guard lock(in->mu);
-        if (in->closed) {
+        std::lock_guard lock(in.mu);
+        if (in.closed) {
           ++refused;
           return;
         }
@@ -215,7 +248,7 @@ class Impostor {
     c.Send(transport::MakeMessage(
         EncodeDecision(MessageType::kCommit, {begin_.refit_id, begin_.target_version})));
     if (said_prepared) {
-      auto m = Next(*in, std::chrono::seconds(3));
+      auto m = Next(in, std::chrono::seconds(3));
       if (m && PeekType(**m).ok() && *PeekType(**m) == MessageType::kCommitted) ++committed;
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -223,14 +256,38 @@ class Impostor {
     c.Close();
   }
 
-  std::unique_ptr<transport::Transport> transport_;
-  std::string parent_id_;
-  std::string token_;
   Begin begin_;
   std::vector<std::vector<std::byte>> chunks_;
-  std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  std::vector<std::thread> threads_;
+};
+
+// A parent that, after WELCOME, hands every message its child sends to `answer`,
+// which may send anything back, until the child hangs up or the test ends.
+class AnsweringParent : public ScriptedParent {
+ public:
+  using Answer = std::function<void(transport::Connection&, ByteSpan)>;
+  AnsweringParent(std::unique_ptr<transport::Transport> transport, std::string address,
+                  std::string parent_id, std::string token, Answer answer)
+      : ScriptedParent(std::move(transport), std::move(address), std::move(parent_id),
+                       std::move(token)),
+        answer_(std::move(answer)) {
+    Listen();
+  }
+  ~AnsweringParent() override { Stop(); }
+
+ private:
+  void AfterWelcome(transport::Connection& c, Inbox& in) override {
+    while (!stop_) {
+      auto m = Next(in, std::chrono::milliseconds(50));
+      if (m) {
+        answer_(c, **m);
+        continue;
+      }
+      std::lock_guard lock(in.mu);
+      if (in.closed) return;
+    }
+  }
+
+  Answer answer_;
 };
 
 // A child that knows the token and joins `parent_id` at `address` as `node_id`,
