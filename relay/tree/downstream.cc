@@ -549,11 +549,16 @@ void Downstream::BeginRefit(uint64_t refit_id, uint64_t stream_id) {
       // sends again what the child may need in it (its END at least, which
       // prepares it; data chunks it journaled it skips by itself).
       child.chunks.carried.clear();
+      // A child grants each refit's window once per link: a new refit starts from
+      // none. The same refit begun again here (a relay that began it, failed its
+      // catch-up, and began it once more) keeps what its children granted; set to
+      // none, it sent a child nothing more, and the refit waited its commit timeout
+      // (the simulator's --stripes seed 20749).
+      child.credits = 0;
     }
   }
   refit_id_ = refit_id;
   stream_id_ = stream_id;
-  for (auto& [id, child] : children_) child.credits = 0;
 }
 
 void Downstream::DropQueued() {

@@ -135,6 +135,7 @@ NodeAgent::Impl::Impl(NodeAgentOptions options, std::unique_ptr<apply::Replica> 
   begin_on_.assign(stripes(), 0);
   window_on_.assign(stripes(), 0);
   stale_on_.assign(stripes(), 0);
+  chunk_of_.assign(stripes(), 0);
   shed_by_.assign(stripes(), {});
   received_on_link_.assign(stripes(), {});
   downstream_.RequireTls(TlsRequiredFor(options_.config, options_.node_id));
@@ -381,6 +382,7 @@ void NodeAgent::Impl::OnParentMessage(uint32_t stripe, MessageType type,
       return OnBegin(bytes);
     }
     case MessageType::kChunk:
+      chunk_of_[stripe] = begin_on_[stripe];
       return OnChunk(stripe, message);
     case MessageType::kCommit:
     case MessageType::kAbort:

@@ -189,6 +189,8 @@ class NodeAgent::Impl {
   // Holds a BEGIN until what runs first is done (see the definition).
   void DeferBegin(ByteSpan begin);
   void RunDeferredBegin();
+  void RejoinForEarlyChunks(uint64_t refit_id);
+  void ReportBeforeMovingOn(const std::string& next);
   void HoldChunk(size_t bytes);
   void ReleaseChunk(size_t bytes) { held_bytes_ -= bytes; }
 
@@ -330,6 +332,11 @@ class NodeAgent::Impl {
   // Per stripe: the finished refit whose BEGIN that link carried last (0: none). Its
   // chunks are dropped, with credit, so the decision queued behind them comes.
   std::vector<uint64_t> stale_on_;
+  // Per stripe: the refit of the BEGIN that link carried when a chunk last came on
+  // it (0: none). A refit that begins here after chunks of it came (its BEGIN waited
+  // behind a catch-up, or an earlier start of it failed) lacks them: the link rejoins
+  // so that its parent replays them (RejoinForEarlyChunks).
+  std::vector<uint64_t> chunk_of_;
   // Per stripe: the parents (planned, failover) that refused this node because they
   // cannot serve a refit there (left out of it: Downstream::Shed), and that refit.
   std::vector<std::map<std::string, uint64_t>> shed_by_;

@@ -236,6 +236,7 @@ void NodeAgent::Impl::Resolve(MessageType type, const Decision& d, transport::Me
     const uint64_t noted = Spool::RefitOf(options_.spool_dir, d.target_version);
     if (noted != 0 && noted != d.refit_id) streamed_by = noted;
   }
+  ReportBeforeMovingOn(fmt::format("the delta to {} is resolved", d.target_version.ShortHex()));
   NewRefit();
   refit_->id = d.refit_id;
   refit_->resolves_refit = streamed_by;
@@ -363,6 +364,25 @@ void NodeAgent::Impl::MaybeOutcome() {
   // The last stripes go up from ReportOutcome, after the refit is counted here.
   if (all) return ReportOutcome();
   for (uint32_t s : ready) SendOutcome(s);
+}
+
+// Decided and done here, only confirmations from below outstanding, and the node
+// moves on to another refit (`next` says which): waiting longer would only hold that
+// one up, so what it has goes up now, on every stripe it has not gone up yet. A
+// resolution that replaced such a refit sent nothing more on those stripes, and
+// their parents waited for this node's outcome until their timeout (the
+// simulator's --stripes seed 12317: a rollback that failed, its FAILED held for a
+// child's confirmation, then an older delta's COMMIT came).
+void NodeAgent::Impl::ReportBeforeMovingOn(const std::string& next) {
+  if (!refit_ || refit_->phase == Phase::kDone || refit_->phase == Phase::kStreaming ||
+      !refit_->local_outcome_done) {
+    return;
+  }
+  size_t awaiting = 0;
+  ForEachSubtree([&](Subtree& t) { awaiting += t.AwaitingConfirmation(); });
+  log::Info(fmt::format("{}: {}; reporting refit {} without {} confirmations", options_.node_id,
+                        next, refit_->id, awaiting));
+  ReportOutcome();
 }
 
 void NodeAgent::Impl::SendOutcome(uint32_t stripe) {

@@ -131,17 +131,8 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
     }
     return;
   }
-  if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming &&
-      refit_->local_outcome_done) {
-    // Decided and done here; only confirmations from below are outstanding. The
-    // parent has moved on (it begins a refit only after the last one ended), so
-    // waiting longer would only hold this one up: report what we have.
-    size_t awaiting = 0;
-    ForEachSubtree([&](Subtree& t) { awaiting += t.AwaitingConfirmation(); });
-    log::Info(fmt::format("{}: refit {} begins; reporting refit {} without {} confirmations",
-                          options_.node_id, begin->refit_id, refit_->id, awaiting));
-    ReportOutcome();
-  }
+  // The parent has moved on (it begins a refit only after the last one ended).
+  ReportBeforeMovingOn(fmt::format("refit {} begins", begin->refit_id));
   if (refit_ && refit_->phase != Phase::kDone && refit_->phase != Phase::kStreaming) {
     // The previous delta is still being committed or rolled back (a source that
     // restarted resolves it right before beginning the next): begin after it.
@@ -294,6 +285,25 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
   // Every stripe whose BEGIN came (this one, and any that came while it waited).
   for (uint32_t s = 0; s < stripes(); ++s) {
     if (begin_on_[s] == id) GrantWindow(s);
+  }
+  RejoinForEarlyChunks(id);
+}
+
+// Chunks of refit `refit_id` came on a link before the refit began here (its BEGIN
+// waited behind a catch-up, or an earlier start of it failed): dropped, or taken by
+// what came before, and the parent that sent them sends nothing more; this node
+// waited for them until the commit timeout (the simulator's --stripes seed 10474: a
+// failover parent replayed two chunks to a node whose in-flight delta it had just
+// resolved, and which began the refit again after catching up). Rejoining, the node
+// says what it holds and is replayed the rest.
+void NodeAgent::Impl::RejoinForEarlyChunks(uint64_t refit_id) {
+  for (uint32_t s = 0; s < stripes(); ++s) {
+    if (std::exchange(chunk_of_[s], 0) != refit_id) continue;
+    log::Info(
+        fmt::format("{}: chunks of refit {} came from {} before it began here; rejoining "
+                    "for them",
+                    options_.node_id, refit_id, parents_[s]->current()));
+    parents_[s]->Drop(Status::Unavailable("rejoining for chunks that came before the refit began"));
   }
 }
 

@@ -51,12 +51,20 @@ std::string Subtree::RefusalOf(const std::string& child) const {
 // ---- phases ------------------------------------------------------------------------
 
 void Subtree::BeginRefit(uint64_t refit_id, Clock::time_point now) {
+  // A refit begun again (a relay that began it behind a failed catch-up, committed
+  // its held delta from before, then began it once more) keeps the children it left
+  // out of it: they said FAILED once and are sent nothing more of it (Downstream
+  // keeps them excused too); waited for again, they held this stripe's PREPARED to
+  // the commit timeout (the simulator's --stripes seed 20749).
+  excused_.clear();
+  for (const auto& [child, refits] : left_out_of_) {
+    if (std::find(refits.begin(), refits.end(), refit_id) != refits.end()) excused_.insert(child);
+  }
   phase_ = Phase::kStreaming;
   refit_id_ = refit_id;
   failed_here_ = false;
   commit_waits_ = false;
   failed_child_.clear();
-  excused_.clear();
   prepared_.clear();
   confirmed_.clear();
   given_up_.clear();
@@ -212,6 +220,10 @@ Subtree::Rejoin Subtree::Rejoined(const std::string& child, const Hello& hello,
 
 void Subtree::Excuse(const std::string& child) {
   excused_.insert(child);
+  std::deque<uint64_t>& refits = left_out_of_[child];
+  if (std::find(refits.begin(), refits.end(), refit_id_) == refits.end())
+    refits.push_back(refit_id_);
+  if (refits.size() > kLeftOutKept) refits.pop_front();
   away_since_.erase(child);
   away_until_.erase(child);
 }

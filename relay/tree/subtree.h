@@ -32,6 +32,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -176,6 +177,10 @@ class Subtree {
   bool commit_waits_ = false;  // CommitWaitsForThisNode
   std::string failed_child_;   // the child whose own FAILED went up from here
   std::set<std::string> excused_;
+  // Each child's last refits it was excused from (BeginRefit): a refit begun again
+  // may come after another (a held delta's, resolved in between).
+  static constexpr size_t kLeftOutKept = 4;
+  std::map<std::string, std::deque<uint64_t>> left_out_of_;
   std::set<std::string> prepared_;
   std::set<std::string> confirmed_;
   std::set<std::string> given_up_;                       // deciding: not waited for

@@ -217,6 +217,32 @@ TEST(Subtree, AFailedChildFailsTheRefitUnderAllAndIsLeftOutUnderAvailable) {
   }
 }
 
+// A relay may begin one refit twice (behind a catch-up that failed, then again once
+// its held delta resolved, itself a "refit" in between): a child it left out the
+// first time said FAILED once and is sent nothing more of it, so the second time
+// does not wait for it; another refit waits for it again (the simulator's --stripes
+// seed 20749 held a stripe's PREPARED to the commit timeout).
+TEST(Subtree, ARefitBegunAgainKeepsTheChildrenItLeftOutAndTheNextDoesNot) {
+  Harness h({"a", "b"}, CommitPolicy::kAvailable);
+  Subtree& c = h.tree;
+  const auto t0 = Clock::now();
+  c.Joined("a", false, t0);
+  c.Joined("b", false, t0);
+  c.BeginRefit(7, t0);
+  c.OnFailed("b", OwnFailure("b"));
+  ASSERT_EQ(h.left_out, std::vector<std::string>{"b"});
+  c.BeginRefit(6, t0);  // the held delta's refit, resolved in between
+  c.Decided(t0);
+  c.BeginRefit(7, t0);  // the first again
+  EXPECT_TRUE(c.Excused("b"));
+  c.OnPrepared("a", {});
+  EXPECT_TRUE(c.prepared());
+  c.BeginRefit(8, t0);  // the next refit: b takes part
+  EXPECT_FALSE(c.Excused("b"));
+  c.OnPrepared("a", {});
+  EXPECT_FALSE(c.prepared());
+}
+
 TEST(Subtree, AFailureFromFurtherBelowOrABadDeltaAlwaysFailsTheRefit) {
   Harness h({"a"}, CommitPolicy::kAvailable);
   Subtree& c = h.tree;
