@@ -36,6 +36,12 @@ struct Harness {
     o.changed = [this] { ++changed; };
     return o;
   }
+  // Children a and b join at `t0`, and refit 7 begins.
+  void JoinABAndBegin(Clock::time_point t0) {
+    tree.Joined("a", false, t0);
+    tree.Joined("b", false, t0);
+    tree.BeginRefit(7, t0);
+  }
 };
 
 Failed OwnFailure(const std::string& child, const std::string& reason = "disk full") {
@@ -164,9 +170,7 @@ TEST(Subtree, UnderPolicyAvailableAnAwayChildIsLeftOut) {
   Harness h({"a", "b"}, CommitPolicy::kAvailable);
   Subtree& c = h.tree;
   const auto t0 = Clock::now();
-  c.Joined("a", false, t0);
-  c.Joined("b", false, t0);
-  c.BeginRefit(7, t0);
+  h.JoinABAndBegin(t0);
   c.OnPrepared("a", {{"a", 1, 0, 1}});
   c.Lost("b", t0 + milliseconds(100));  // timed from when it left
   c.Tick(t0 + milliseconds(1000));
@@ -226,9 +230,7 @@ TEST(Subtree, ARefitBegunAgainKeepsTheChildrenItLeftOutAndTheNextDoesNot) {
   Harness h({"a", "b"}, CommitPolicy::kAvailable);
   Subtree& c = h.tree;
   const auto t0 = Clock::now();
-  c.Joined("a", false, t0);
-  c.Joined("b", false, t0);
-  c.BeginRefit(7, t0);
+  h.JoinABAndBegin(t0);
   c.OnFailed("b", OwnFailure("b"));
   ASSERT_EQ(h.left_out, std::vector<std::string>{"b"});
   c.BeginRefit(6, t0);  // the held delta's refit, resolved in between
