@@ -294,6 +294,7 @@ class Source::Impl {
       REQUIRES(mu_);
   std::optional<transport::Message> Resolution(const std::string& child, const Digest128& target)
       REQUIRES(mu_);
+  static uint64_t UnrecordedAbortId(const Digest128& target);
   void ServeFetch(const std::string& child, ByteSpan bytes);
   void ServeManifest(const std::string& child, ByteSpan bytes);
   void ServeChain(const std::string& child, ByteSpan bytes);
