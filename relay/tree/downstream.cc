@@ -192,9 +192,10 @@ void Downstream::OnHello(uint64_t serial, ByteSpan message) {
   child->second.credits = 0;
   ChunkBook& book = child->second.chunks;
   book = ChunkBook{hello->inflight_target,
-                   {hello->applied_chunks.begin(), hello->applied_chunks.end()},
                    {},
                    hello->active_version,
+                   hello->inflight_target,
+                   {hello->applied_chunks.begin(), hello->applied_chunks.end()},
                    hello->inflight_stream};
   for (const Pending& p : child->second.queue) {
     if (p.chunk) book.Note(*p.chunk);
@@ -371,7 +372,7 @@ void Downstream::NoteSent(Child& child, const transport::Message& message) {
   auto type = PeekType(ByteSpan(*message));
   if (!type.ok() || (*type != MessageType::kCommit && *type != MessageType::kAbort)) return;
   auto decision = ParseDecision(ByteSpan(*message));
-  if (decision.ok() && decision->target_version == child.chunks.target) {
+  if (decision.ok() && decision->target_version == child.chunks.held) {
     // What it applied no longer counts (it commits or rolls back the delta); what
     // this link carried in the refit still does: a relay that runs the decided
     // refit again (its rollback failed; a replayed BEGIN retries it) sent its END
