@@ -12,10 +12,13 @@ Runtime* SimRuntime() { return installed.load(std::memory_order_relaxed); }
 void InstallSimRuntime(Runtime* runtime) { installed.store(runtime); }
 
 uint64_t RuntimeRandomId() {
-  Runtime* sim = SimRuntime();
-  std::random_device system;
   uint64_t id = 0;
-  while (id == 0) id = sim ? sim->Random64() : (uint64_t{system()} << 32) ^ system();
+  if (Runtime* sim = SimRuntime()) {
+    while (id == 0) id = sim->Random64();
+    return id;
+  }
+  std::random_device system;  // opened only outside the simulator
+  while (id == 0) id = (uint64_t{system()} << 32) ^ system();
   return id;
 }
 
