@@ -133,9 +133,19 @@ Result<relay::SnapshotStore::Opened> Run::OpenStore(const Node& n) {
   return relay::SnapshotStore::Open(n.dir, kPartitionBytes, 1, policy);
 }
 
+// A process starts on a disk whose power loss was applied: one still cut (a kill that
+// cut it and never lost the power) would make every fsync of the new process count for
+// nothing, and the durability checks fail the engine for the simulator's slip.
+void Run::CheckDiskNotCut(int process) {
+  if (disk_.cut(DirOf(process))) {
+    Fail(fmt::format("simulator: {} starts on a disk still cut by an earlier kill", Name(process)));
+  }
+}
+
 void Run::StartNode(Node& n) {
   n.restart_pending = false;
   if (n.agent) return;
+  CheckDiskNotCut(n.i);
   // A snapshot store's build queue is the node's: it dies with it.
   q_.set_opening_owner(n.i);
   auto opened = OpenStore(n);
@@ -253,6 +263,7 @@ void Run::StopNode(Node& n, const char* why) {
 void Run::StartSource() {
   source_restart_pending_ = false;
   if (source_) return;
+  CheckDiskNotCut(0);
   relay::PublishOptions options;
   options.config = config_;
   options.token = kToken;

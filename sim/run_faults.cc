@@ -63,7 +63,10 @@ void Run::Inject(size_t index, const Fault& f) {
         // source's own tasks stop now.
         if (q_.Nested()) q_.CloseOwner(0);
         q_.KillBlocked();  // Publish unwinds; the source goes there
-        source_power_loss_ = f.power;
+        // A second kill while the first unwinds is the same death: a power loss either
+        // brought stays (forgotten, the disk stayed cut and the restarted source's
+        // fsyncs counted for nothing: striped seed 71215).
+        source_power_loss_ = source_power_loss_ || f.power;
       } else {
         source_.reset();
         q_.Note("kill src");

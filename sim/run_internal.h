@@ -145,6 +145,7 @@ class Run {
   void Inject(size_t index, const Fault& f);
   fs::path DirOf(int process) const { return process == 0 ? dir_ / "src" : nodes_[process].dir; }
   void LosePower(int process);
+  void CheckDiskNotCut(int process);
   // A node dies where it stands (a kCrashAt fault reached, or killed while a task of its
   // waits on the stack): its disk is cut now, its tasks never run again, and it is
   // stopped once the stack has unwound.

@@ -125,6 +125,13 @@ void SimDisk::Cut(const Path& root) {
   }
 }
 
+bool SimDisk::cut(const Path& root) const {
+  for (const Root& r : roots_) {
+    if (r.path == root.lexically_normal()) return r.cut;
+  }
+  return false;
+}
+
 Status SimDisk::WillWrite(const Path& path, uint64_t bytes) {
   const Root* r = RootOf(path.lexically_normal());
   if (!r || !r->full || bytes == 0) return Status::Ok();

@@ -61,6 +61,7 @@ class SimDisk : public DiskSeam {
   // The machine of `root` loses power now: nothing done there from now on becomes
   // durable (its process may still run its destructors) until PowerLoss.
   void Cut(const std::filesystem::path& root);
+  bool cut(const std::filesystem::path& root) const;
   // Rewrites `root` to what the crash left (see above); the result is durable.
   // `keep`: the share of the pages written since their sync that reached the disk;
   // without it, drawn from the seed (none, all, or a uniform share).
