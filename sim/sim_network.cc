@@ -27,6 +27,8 @@ struct SimNetwork::End {
   transport::CloseHandler on_closed;
   std::deque<Message> inbox;                  // arrived before Start
   std::optional<Status> closed_before_start;  // ended before Start
+  std::deque<Message> held;                   // arrived while the link stalled, in order
+  std::optional<Status> closed_after_held;    // the peer's close, behind them
   uint64_t queued_bytes = 0;
   TimePoint tx_free{};
   TimePoint last_arrival{};  // of this end's sends at the peer
@@ -78,22 +80,47 @@ struct SimNetwork::End {
         std::max({q.Now() + net->ShapeOf(node, peer_node).latency, last_arrival, StalledUntil()});
     q.PostAt(p->queue, at, [p, remote] { p->Closed(remote); });
   }
-  // The peer's close reached this end.
+  // The peer's close reached this end: after what the peer sent before it.
   void Closed(const Status& status) {
     if (!open) return;
+    if (!held.empty()) {
+      closed_after_held = status;
+      return;
+    }
     open = false;
     Finish(Status::Unavailable("peer closed"), status);
   }
+  // A message that arrives while the link stalls waits, and so does every one behind
+  // it, however the stall ends: one that came after a Heal went past those held, and
+  // a stripe's END overtook the ABORT before it (--stripes seed 70276). Each held
+  // message has a task at the stall's end; the first that runs hands out all of them.
   void Deliver(const Message& m) {
     if (!open) return;
     const TimePoint stalled = StalledUntil();
     EventQueue& q = net->queue();
-    if (stalled > q.Now()) {
-      // The link stalled after this message left: it waits, and so does every one
-      // behind it (they come here later, in order).
-      q.PostAt(queue, stalled, [self = Self(), m] { self->Deliver(m); });
+    if (stalled > q.Now() || !held.empty()) {
+      held.push_back(m);
+      q.PostAt(queue, std::max(stalled, q.Now()), [self = Self()] { self->DeliverHeld(); });
       return;
     }
+    Hand(m);
+  }
+  void DeliverHeld() {
+    if (!open || held.empty()) return;
+    const TimePoint stalled = StalledUntil();
+    EventQueue& q = net->queue();
+    if (stalled > q.Now()) {  // stalled again meanwhile
+      q.PostAt(queue, stalled, [self = Self()] { self->DeliverHeld(); });
+      return;
+    }
+    while (open && !held.empty()) {
+      const Message m = std::move(held.front());
+      held.pop_front();
+      Hand(m);
+    }
+    if (closed_after_held) Closed(*std::exchange(closed_after_held, {}));
+  }
+  void Hand(const Message& m) {
     if (!started) {
       inbox.push_back(m);
       return;
@@ -458,6 +485,11 @@ void SimNetwork::Heal() {
   cut_until_.clear();
   for (auto& [key, weak] : links_) {
     if (auto end = weak.lock()) end->info->stalled_until = TimePoint{};
+  }
+  // What the stalls held comes now, not at their old ends.
+  for (auto& [key, weak] : links_) {
+    auto end = weak.lock();
+    if (end && !end->held.empty()) queue_.Post(end->queue, [end] { end->DeliverHeld(); });
   }
   loss_probability_ = 0;
 }
