@@ -370,6 +370,12 @@ void Downstream::DropUnsent(Child& child) {
 
 void Downstream::NoteSent(Child& child, const transport::Message& message) {
   auto type = PeekType(ByteSpan(*message));
+  if (type.ok() && *type == MessageType::kBegin) {
+    auto begin = ParseBegin(ByteSpan(*message));
+    child.begun = begin.ok() ? begin->refit_id : 0;
+    child.end_out = false;
+    return;
+  }
   if (!type.ok() || (*type != MessageType::kCommit && *type != MessageType::kAbort)) return;
   auto decision = ParseDecision(ByteSpan(*message));
   if (decision.ok() && decision->target_version == child.chunks.held) {
@@ -411,6 +417,7 @@ void Downstream::Pump(Child& child) {
     // Released only when the transport is done with the bytes, so this node's
     // memory accounting covers what sits in socket queues too.
     if (!sent.chunk) NoteSent(child, sent.message);
+    if (sent.chunk && !sent.chunk->data) child.end_out = true;
     auto shared = std::make_shared<Pending>(std::move(sent));
     const uint64_t send = next_send_++;
     child.in_flight[send] = shared;
@@ -632,6 +639,17 @@ void Downstream::RefuseForRefit(const std::string& id, const std::string& reason
   std::unique_ptr<transport::Connection> link = std::move(it->second.connection);
   Lose(id, Status::Unavailable(reason));
   RefuseThenClose(std::move(link), relay::Refuse{reason, refit_id});
+}
+
+void Downstream::RefuseLinksMidRefit(uint64_t refit_id, const std::string& reason) {
+  std::vector<std::string> mid;
+  for (const auto& [id, child] : children_) {
+    if (child.connection && child.begun == refit_id && !child.end_out) mid.push_back(id);
+  }
+  for (const auto& id : mid) {
+    log::Warn(fmt::format("{}: refusing child {}: {}", self_id_, id, reason));
+    RefuseForRefit(id, reason, refit_id);
+  }
 }
 
 void Downstream::RefuseThenClose(std::unique_ptr<transport::Connection> connection,

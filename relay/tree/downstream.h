@@ -167,6 +167,11 @@ class Downstream {
   // its link is sent REFUSE naming the refit and closed once that is out, as Shed
   // does. Nothing if it is not connected.
   void RefuseForRefit(const std::string& child, const std::string& reason, uint64_t refit_id);
+  // This node will send no more of refit `refit_id` (it failed it, and moved on
+  // without it): each connected child link whose last BEGIN out named that refit and
+  // whose END did not follow is refused as RefuseForRefit does, so that the child
+  // fails over there instead of waiting for the rest.
+  void RefuseLinksMidRefit(uint64_t refit_id, const std::string& reason);
 
   // A refit begins (call before broadcasting its BEGIN): every child grants a
   // fresh window of credit, and credit for any other refit is ignored from now on;
@@ -249,6 +254,8 @@ class Downstream {
     int64_t credits = 0;
     bool excused = false;  // nothing is queued for it until it joins again
     bool adopted = false;  // not a planned child: joined because its parent died
+    uint64_t begun = 0;    // the refit the last BEGIN handed to this link named
+    bool end_out = false;  // and whether an END was handed to it after that BEGIN
     std::deque<Pending> queue;
     // Handed to the connection, transport not done with it yet. Completed by its
     // on_sent, or by Lose: a destroyed connection drops pending on_sent handlers.

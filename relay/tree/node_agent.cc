@@ -179,10 +179,8 @@ void NodeAgent::Impl::OnRecovered(const Status& status, uint64_t fetched) {
                     options_.node_id, status.ToString(), kRecoveryRetry.count()));
     recovery_retry_at_ = Clock::now() + kRecoveryRetry;
   }
-  if (deferred_decision_) {
-    auto [type, bytes] = std::move(*deferred_decision_);
-    deferred_decision_.reset();
-    loop_.Post([this, type = type, bytes = bytes, stripe = deferred_decision_stripe_] {
+  for (AwaitingRecovery& d : std::exchange(decisions_awaiting_recovery_, {})) {
+    loop_.Post([this, stripe = d.stripe, type = d.type, bytes = std::move(d.message)] {
       OnDecision(stripe, type, bytes);
     });
   }
@@ -304,7 +302,25 @@ Hello NodeAgent::Impl::MakeHello(uint32_t stripe) {
     hello.applied_chunks.assign(journal_.applied.begin(), journal_.applied.end());
     hello.inflight_stream = Spool::StreamOf(options_.spool_dir, journal_.inflight->target);
   }
-  claimed_ = {hello.inflight_target, journal_.inflight ? journal_.applied : std::set<uint32_t>{}};
+  // The journal this thread saw lags the apply thread: chunks of the refit streaming
+  // here that it took count as held too. Left out, a parent that this node joined
+  // mid-refit sent them again (the simulator's --stripes seed 80881: re-sent bytes
+  // over 1 %).
+  const bool streaming =
+      refit_ && refit_->phase == Phase::kStreaming && refit_->begin.refit_id == refit_->id;
+  if (streaming && !refit_->data_taken.empty() &&
+      (!journal_.inflight || (journal_.inflight->base == refit_->identity.base_version &&
+                              journal_.inflight->target == refit_->identity.target_version))) {
+    hello.inflight_base = refit_->identity.base_version;
+    hello.inflight_target = refit_->identity.target_version;
+    hello.inflight_stream = refit_->begin.stream_id;
+    std::set<uint32_t> held(hello.applied_chunks.begin(), hello.applied_chunks.end());
+    held.insert(refit_->data_taken.begin(), refit_->data_taken.end());
+    hello.applied_chunks.assign(held.begin(), held.end());
+  }
+  claimed_ = {hello.inflight_target,
+              std::set<uint32_t>(hello.applied_chunks.begin(), hello.applied_chunks.end()),
+              hello.inflight_stream};
   received_on_link_[stripe].clear();
   // A new link: the parent grants it nothing of what the old one was granted.
   begin_on_[stripe] = window_on_[stripe] = stale_on_[stripe] = 0;
@@ -491,7 +507,13 @@ void NodeAgent::Impl::OnCatchUpFinished(const CatchUp::Result& finished) {
     catch_up_failure_ = r.status;
   }
   if (journal_.needs_reconcile && !recovery_.active()) recovery_.Start();
-  if (r.resolving) return OnLocalOutcome(r.refit_id, r.status, journal_.version);
+  // The refit it resolved may have been replaced meanwhile (the delta held from before
+  // was resolved first): its outcome is moot then, and the BEGIN waiting behind the
+  // catch-up runs now. Handed to OnLocalOutcome, which drops another refit's outcome,
+  // that BEGIN waited for good (the simulator's --stripes seed 79868).
+  if (r.resolving && refit_ && refit_->id == r.refit_id) {
+    return OnLocalOutcome(r.refit_id, r.status, journal_.version);
+  }
   RunDeferredBegin();
 }
 

@@ -19,6 +19,7 @@
 // Thread safety: all of it runs on loop_, but stats() (any thread, under stats_mu_).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -95,6 +96,9 @@ class NodeAgent::Impl {
     // The stripes of which a chunk came that this node could not spool (a full
     // disk): a replay from its spool would lack it.
     std::set<uint32_t> unspooled;
+    // The data chunks spooled and handed to the apply in this refit: this node's
+    // whatever the journal this thread last saw says yet (MakeHello).
+    std::set<uint32_t> data_taken;
     bool failed_sent = false;
     // The FAILED sent up (this node's or a child's): sent again on a replayed BEGIN,
     // as the link it went on may have dropped before it arrived.
@@ -149,6 +153,7 @@ class NodeAgent::Impl {
   struct Claimed {
     Digest128 target;
     std::set<uint32_t> applied;
+    uint64_t stream = 0;  // the stream that numbered them (0: not known)
   };
 
   // node_agent.cc: wiring.
@@ -231,7 +236,7 @@ class NodeAgent::Impl {
   // streaming refit (its parents stopped streaming to it).
   bool LeftOutOfStreamingRefit() const;
   // What its children are told when refused for it.
-  std::string LeftOutReason() const;
+  std::string LeftOutReason(uint64_t refit_id) const;
   // While it is, its children are refused so that they fail over (Downstream::Shed).
   void ShedChildrenIfLeftOut();
   // Striped, policy `available`: a stripe whose parents have been away longer than
@@ -314,8 +319,19 @@ class NodeAgent::Impl {
   std::optional<Refit> refit_;
   // The refit whose children this node refused (ShedChildrenIfLeftOut); 0: none.
   uint64_t shed_refit_ = 0;
-  // The last refit this node failed itself (FAILED, kind node) in this life; 0: none.
-  uint64_t failed_refit_ = 0;
+  // The refits this node failed itself (FAILED, kind node) in this life, newest last
+  // (at most kFinishedKept): one kept alone was replaced by a stale refit failed
+  // after it, which was then begun again (the simulator's --stripes seed 76273).
+  std::deque<uint64_t> failed_refits_;
+  bool FailedHere(uint64_t refit_id) const {
+    return std::find(failed_refits_.begin(), failed_refits_.end(), refit_id) !=
+           failed_refits_.end();
+  }
+  void NoteFailedHere(uint64_t refit_id) {
+    if (FailedHere(refit_id)) return;
+    failed_refits_.push_back(refit_id);
+    while (failed_refits_.size() > kFinishedKept) failed_refits_.pop_front();
+  }
   bool committed_last_ = false;
   std::vector<std::byte> deferred_begin_;  // a BEGIN that waits for a resolution or catch-up
   uint64_t parent_begins_ = 0;             // BEGINs the parent sent; a newer one supersedes
@@ -347,10 +363,17 @@ class NodeAgent::Impl {
   // parent may decide before this node began: a catch-up that fails takes a
   // while); run right after that BEGIN, in order.
   std::vector<std::pair<uint32_t, transport::Message>> deferred_decisions_;  // (stripe, decision)
-  // A decision that waits for the store's recovery (a node confirms a version only
-  // once its bytes are at it): its type and message.
-  std::optional<std::pair<MessageType, std::vector<std::byte>>> deferred_decision_;
-  uint32_t deferred_decision_stripe_ = 0;  // the link it came on
+  // Decisions that wait for the store's recovery (a node confirms a version only once
+  // its bytes are at it), in the order they came: the last of each stripe's link. One
+  // kept for all, a COMMIT that came on another stripe meanwhile replaced it, and
+  // that stripe's parent waited for a confirmation that never came (the simulator's
+  // --stripes seed 63749).
+  struct AwaitingRecovery {
+    uint32_t stripe = 0;
+    MessageType type = MessageType::kCommit;
+    std::vector<std::byte> message;
+  };
+  std::vector<AwaitingRecovery> decisions_awaiting_recovery_;
   // A recovery of the store that failed (the engine did not pause, the disk refused
   // a write) starts again from this time, between refits (Tick).
   std::optional<Clock::time_point> recovery_retry_at_;

@@ -76,8 +76,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       return RollBackSuperseded(*begin, bytes);
     }
   }
-  if (begin->refit_id == failed_refit_ && !(refit_ && refit_->id == begin->refit_id) &&
-      stripes() > 1) {
+  if (FailedHere(begin->refit_id) && !(refit_ && refit_->id == begin->refit_id) && stripes() > 1) {
     // This node said it cannot take part in this refit, and its parents left it out
     // (stopped streaming to it, its children sent away); it has since moved on (a
     // held delta resolved, a catch-up). Begun again, it would wait for stripes that
@@ -185,6 +184,10 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // seeds 117639, 117642).
       log::Warn(fmt::format("{}: refit {}: cannot take part, the catch-up to its base failed",
                             options_.node_id, begin->refit_id));
+      // Its parents excuse it from the refit and send it no more of it: not begun
+      // again here, as for any refit it failed (begun after a later catch-up worked,
+      // it waited for a stripe whose parent had excused it: --stripes seed 76273).
+      NoteFailedHere(begin->refit_id);
       SendUpAll(EncodeFailed(
           Failed{begin->refit_id, options_.node_id,
                  "could not catch up to the refit's base " + begin->base_version.ShortHex() + ": " +
@@ -205,7 +208,7 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
                           options_.node_id, begin->refit_id, begin->base_version.ShortHex(),
                           journal_.version.ShortHex()));
     recovery_.Abandon();
-    deferred_decision_.reset();
+    decisions_awaiting_recovery_.clear();
   }
   if (catch_up_.active() || Behind(*begin)) {
     // First reach the base everybody else holds; the BEGIN runs after.
@@ -537,7 +540,10 @@ void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& receive
   }
   const uint64_t payload = message->size() - kMessageHeaderBytes;
   r.chunk_bytes += payload;
-  const bool had_it = (header->identity.target_version == claimed_.target &&
+  // Chunk N of another stream of the delta is another chunk (a restarted root).
+  const bool same_stream = claimed_.stream == 0 || r.begin.stream_id == 0 ||
+                           claimed_.stream == r.begin.stream_id;
+  const bool had_it = (header->identity.target_version == claimed_.target && same_stream &&
                        claimed_.applied.contains(header->sequence)) ||
                       !received_on_link_[stripe].insert(header->sequence).second;
   if (had_it) {
@@ -602,6 +608,7 @@ void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& receive
     return release();  // never applied unless it can be undone from the spool
   }
   if (!apply) return release();  // an END before the other stripes' ENDs: not yet
+  if (data) r.data_taken.insert(header->sequence);
   store_.ApplyChunk(
       id, header->sequence, slot, r.spool,
       [this, id](const NodeStore::ApplyResult& result) { OnChunkApplied(id, result); });

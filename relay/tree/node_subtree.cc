@@ -40,7 +40,7 @@ void NodeAgent::Impl::SendFailed(const Failed& failed) {
   if (refit_->failed_sent && (!own || refit_->failed->node_id == options_.node_id)) return;
   refit_->failed_sent = true;
   refit_->failed = failed;
-  if (own && failed.kind == FailureKind::kNode) failed_refit_ = failed.refit_id;
+  if (own && failed.kind == FailureKind::kNode) NoteFailedHere(failed.refit_id);
   ForEachSubtree([](Subtree& t) { t.FailedHere(); });
   // Up every stripe: each parent stops waiting for this subtree.
   SendUpAll(EncodeFailed(failed));
@@ -54,9 +54,9 @@ bool NodeAgent::Impl::LeftOutOfStreamingRefit() const {
          refit_->failed->node_id == options_.node_id && refit_->failed->kind == FailureKind::kNode;
 }
 
-std::string NodeAgent::Impl::LeftOutReason() const {
+std::string NodeAgent::Impl::LeftOutReason(uint64_t refit_id) const {
   return fmt::format("'{}' cannot take part in refit {}; join your failover parent",
-                     options_.node_id, refit_->id);
+                     options_.node_id, refit_id);
 }
 
 // Its parents leave this node out (policy `available`) and stop streaming to it. With
@@ -77,7 +77,7 @@ void NodeAgent::Impl::ShedChildrenIfLeftOut() {
     shed_refit_ = refit_->id;
     log::Warn(fmt::format("{}: left out of refit {}: its children fail over", options_.node_id,
                           refit_->id));
-    return downstream_.Shed(LeftOutReason(), std::move(lacking), refit_->id);
+    return downstream_.Shed(LeftOutReason(refit_->id), std::move(lacking), refit_->id);
   }
   // Left out until the refit is decided here or another begins (a BEGIN replayed for
   // the same refit does not bring back what this node's parents stopped sending).
@@ -260,7 +260,7 @@ void NodeAgent::Impl::OnChildJoined(const std::string& child, const Hello& hello
     // chunks"). Refused like the children shed at the failure, it fails over and is
     // replayed the refit there. (A whole spool replays as for any relay: its
     // failover parent may be down, seed 11328.)
-    return downstream_.RefuseForRefit(child, LeftOutReason(), r.id);
+    return downstream_.RefuseForRefit(child, LeftOutReason(r.id), r.id);
   }
   std::optional<bool> decided;
   if (committed) decided = true;
