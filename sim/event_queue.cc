@@ -118,6 +118,10 @@ bool EventQueue::Step() {
       continue;
     }
     if (++tasks_run_ > task_budget_) throw Stuck{"task budget spent (a livelock?)"};
+    if (tasks_run_ % 4096 == 0 && std::chrono::steady_clock::now() > wall_limit_) {
+      throw Stuck{"more than " + std::to_string(static_cast<int>(wall_limit_seconds_)) +
+                  " s of wall time (a livelock?)"};
+    }
     now_ = task.at;
     if (now_ > time_limit_) {
       std::string why = "simulated time limit passed";

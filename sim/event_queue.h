@@ -8,6 +8,7 @@
 // Thread safety: none; used from one thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -84,6 +85,13 @@ class EventQueue final : public Runtime {
   void set_task_budget(uint64_t n) { task_budget_ = n; }
   // Simulated time past which the run counts as stuck (Stuck is thrown).
   void set_time_limit(Duration d) { time_limit_ = start_ + d; }
+  // Wall time, from now, past which the run counts as stuck: a livelock whose tasks
+  // are slow (each a file operation) spends the task budget only after many minutes
+  // (the --stripes seed 41721 ran ten minutes of wall time without ending).
+  void set_wall_limit(std::chrono::steady_clock::duration d) {
+    wall_limit_ = std::chrono::steady_clock::now() + d;
+    wall_limit_seconds_ = std::chrono::duration<double>(d).count();
+  }
 
  private:
   struct Task {
@@ -127,6 +135,8 @@ class EventQueue final : public Runtime {
   uint64_t task_budget_ = 50'000'000;
   size_t peak_pending_ = 0;
   TimePoint time_limit_ = TimePoint::max();
+  std::chrono::steady_clock::time_point wall_limit_ = std::chrono::steady_clock::time_point::max();
+  double wall_limit_seconds_ = 0;
   int blocked_depth_ = 0;
   int driver_blocked_ = 0;        // RunUntil calls in progress outside any task
   std::vector<TimePoint> waits_;  // deadlines of the RunUntil calls in progress

@@ -515,6 +515,8 @@ RunResult Run::Go() {
   // --stripes: a livelock there (seed 235: nodes switching between two refits their
   // stripe parents replay) burns tasks at one instant; a run takes 5-100 thousand.
   if (s_.striping.stripes > 0) q_.set_task_budget(2'000'000);
+  // A run takes well under a second of wall time, a few on a busy machine.
+  q_.set_wall_limit(std::chrono::seconds(300));
   InstallSimRuntime(&q_);
   InstallSimDisk(&disk_);
   InstallCrashPointHandler(&Run::OnCrashPoint, this);

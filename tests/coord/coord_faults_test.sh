@@ -189,6 +189,12 @@ for scenario in "${scenarios[@]}"; do
   fi
   if [[ $verdict == ok ]]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
   printf '%-15s settled at step%d in %2ds: %s\n' "$scenario" "$expect" "$settle_seconds" "$verdict"
+  if [[ $verdict != ok ]]; then  # what each process said last, to read the failure by
+    for log in publish a1 a2 a3 coordinator; do
+      echo "--- $log.log (last lines)"
+      grep -v ' debug ' "$work/run/$log.log" 2>/dev/null | tail -n 12
+    done
+  fi
   kill "$coordinator" "${agent_pid[@]}" 2>/dev/null
   wait "$coordinator" "${agent_pid[@]}" 2>/dev/null
 done

@@ -300,6 +300,29 @@ TEST(SimSeedsTest, Seed58ARelayBackAfterCommittingWaitsForAnAwayChildOnlyTheConn
   EXPECT_EQ(r.faults[static_cast<size_t>(FaultKind::kOutage)], 1u);
 }
 
+// A livelock of slow tasks ends at the wall-time limit, not after the whole task
+// budget (the --stripes seed 41721 ran ten minutes).
+TEST(EventQueueTest, ARunPastItsWallTimeLimitIsStuck) {
+  EventQueue q(6);
+  const uint64_t queue = q.OpenQueue("loop");
+  std::function<void()> again = [&] {
+    ::usleep(100);
+    q.Post(queue, again);
+  };
+  q.Post(queue, again);
+  q.set_wall_limit(milliseconds(200));
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<std::string> why;
+  try {
+    q.RunFor(std::chrono::hours(1));
+  } catch (const Stuck& stuck) {
+    why = stuck.why;
+  }
+  ASSERT_TRUE(why.has_value()) << "the run was never stopped";
+  EXPECT_NE(why->find("wall time"), std::string::npos) << *why;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
 // ---- the simulated network ---------------------------------------------------------
 
 struct Ends {
