@@ -523,6 +523,18 @@ void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& receive
     return up.ProtocolError(fmt::format("chunk {} travels on stripe {}, not on stripe {}",
                                         header->sequence, header->sequence % stripes(), stripe));
   }
+  // Every refit's chunks follow its BEGIN on a link: a chunk of another delta here is
+  // a parent's mistake, never this refit's chunk N (an END of another delta, taken for
+  // this one's, said a stripe had all its chunks: the simulator's --stripes seed 70276,
+  // when its network reordered a link).
+  const codec::DeltaIdentity& ours = r.identity;
+  if ((!ours.base_version.IsZero() && header->identity.base_version != ours.base_version) ||
+      (!ours.target_version.IsZero() && header->identity.target_version != ours.target_version)) {
+    return up.ProtocolError(fmt::format(
+        "chunk {} belongs to delta {} -> {}, not to refit {}'s {} -> {}", header->sequence,
+        header->identity.base_version.ShortHex(), header->identity.target_version.ShortHex(), r.id,
+        ours.base_version.ShortHex(), ours.target_version.ShortHex()));
+  }
   ++r.chunks;
   // Timeline marks (scripts/bench-regions reads them): the first chunk and the END.
   if (r.chunks == 1) log::Info(fmt::format("{}: refit {}: first chunk", options_.node_id, r.id));
@@ -541,8 +553,8 @@ void NodeAgent::Impl::OnChunk(uint32_t stripe, const transport::Message& receive
   const uint64_t payload = message->size() - kMessageHeaderBytes;
   r.chunk_bytes += payload;
   // Chunk N of another stream of the delta is another chunk (a restarted root).
-  const bool same_stream = claimed_.stream == 0 || r.begin.stream_id == 0 ||
-                           claimed_.stream == r.begin.stream_id;
+  const bool same_stream =
+      claimed_.stream == 0 || r.begin.stream_id == 0 || claimed_.stream == r.begin.stream_id;
   const bool had_it = (header->identity.target_version == claimed_.target && same_stream &&
                        claimed_.applied.contains(header->sequence)) ||
                       !received_on_link_[stripe].insert(header->sequence).second;

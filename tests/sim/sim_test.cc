@@ -325,9 +325,19 @@ TEST(EventQueueTest, ARunPastItsWallTimeLimitIsStuck) {
 
 // ---- the simulated network ---------------------------------------------------------
 
+// A link from process "a" to process "b", both ends connected (not started).
 struct Ends {
+  std::unique_ptr<transport::Transport> a, b;
   std::unique_ptr<transport::Connection> client, server;
 };
+void Connect(EventQueue& q, SimNetwork& net, Ends& e) {
+  e.a = net.MakeTransport("a");
+  e.b = net.MakeTransport("b");
+  EXPECT_TRUE(e.b->Listen("b:1", [&e](auto c) { e.server = std::move(c); }).ok());
+  e.a->Connect("b:1", [&e](auto c) { e.client = std::move(*c); });
+  q.RunFor(milliseconds(100));
+  EXPECT_TRUE(e.client && e.server);
+}
 
 TEST(SimNetworkTest, ACloseBeforeTheBytesLeftAbortsTheSendsAndThePeerSeesAnOrderlyClose) {
   EventQueue q(1);
@@ -364,13 +374,11 @@ TEST(SimNetworkTest, ACloseBeforeTheBytesLeftAbortsTheSendsAndThePeerSeesAnOrder
 TEST(SimNetworkTest, SendsCompleteThenArriveInOrderAndResetBreaksBothEnds) {
   EventQueue q(2);
   SimNetwork net(q);
-  auto a = net.MakeTransport("a");
-  auto b = net.MakeTransport("b");
-  std::unique_ptr<transport::Connection> server, client;
-  ASSERT_TRUE(b->Listen("b:1", [&](auto c) { server = std::move(c); }).ok());
-  a->Connect("b:1", [&](auto c) { client = std::move(*c); });
-  q.RunFor(milliseconds(100));
-  ASSERT_TRUE(client && server);
+  Ends link;
+  Connect(q, net, link);
+  ASSERT_TRUE(link.client && link.server);
+  auto& client = link.client;
+  auto& server = link.server;
   std::vector<size_t> got;
   std::optional<Status> server_closed, client_closed;
   server->Start([&](transport::Message m) { got.push_back(m->size()); },
@@ -414,13 +422,11 @@ TEST(SimNetworkTest, AConnectToAListenerThatDiesBeforeTheSynArrivesIsRefused) {
 TEST(SimNetworkTest, MessagesHeldByAPartitionThatHealsComeBeforeTheOnesSentAfter) {
   EventQueue q(5);
   SimNetwork net(q);
-  auto a = net.MakeTransport("a");
-  auto b = net.MakeTransport("b");
-  std::unique_ptr<transport::Connection> server, client;
-  ASSERT_TRUE(b->Listen("b:1", [&](auto c) { server = std::move(c); }).ok());
-  a->Connect("b:1", [&](auto c) { client = std::move(*c); });
-  q.RunFor(milliseconds(100));
-  ASSERT_TRUE(client && server);
+  Ends link;
+  Connect(q, net, link);
+  ASSERT_TRUE(link.client && link.server);
+  auto& client = link.client;
+  auto& server = link.server;
   std::vector<size_t> got;
   server->Start([&](transport::Message m) { got.push_back(m->size()); }, [](Status) {});
   client->Start([](transport::Message) {}, [](Status) {});

@@ -195,6 +195,33 @@ TEST_F(SecurityTest, WithoutSigningAnImpostorWithTheTokenIsFollowed) {
   EXPECT_EQ(stores_[1], forged);
 }
 
+// A parent that sends, after a refit's BEGIN, a chunk of another delta (here the END
+// of base -> forged behind the data chunks of base -> target) is refused: taken for
+// this refit's END, it said the stream was whole (the simulator's --stripes seed
+// 70276 took another delta's END for its own stripe's). Nothing commits; the real
+// source, once back, commits the target.
+TEST_F(SecurityTest, AChunkOfAnotherDeltaAfterABeginIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(UseConfig(ChainToml(ports_)));
+  ASSERT_NO_FATAL_FAILURE(StartAgents(2));
+  auto chunks = testing::DeltaChunks(v_, v_.target);
+  auto others = testing::DeltaChunks(v_, Forged());
+  ASSERT_GE(chunks.size(), 2u);
+  chunks.back() = others.back();  // the END of another delta
+  const Begin begin{0x4321, ManifestOf(v_.tensors, v_.base).VersionId(),
+                    ManifestOf(v_.tensors, v_.target).VersionId(), testing::kPartitionBytes};
+  {
+    Impostor parent(Tcp(), SourceAddress(), "src", kToken, begin, std::move(chunks));
+    ASSERT_TRUE(WaitFor([&] { return parent.refused >= 1; }, 15s))
+        << "hellos " << parent.hellos << ", prepared " << parent.prepared;
+    EXPECT_EQ(parent.prepared, 0);
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(agents_[i]->stats().refits_committed, 0u);
+  }
+  auto report = PublishReal();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->committed) << report->abort_reason;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(stores_[i], v_.target) << "node n" << i + 1;
+}
+
 // Finding 2: a FETCH whose offset and length wrap around 2^64 crashed the serving
 // node. Offsets are checked without overflow (offset * element size would wrap to
 // the tensor's first bytes here), lengths are capped to a partition, and the node
