@@ -159,6 +159,7 @@ void NodeAgent::Impl::OnJournal(const NodeStore::Journal& journal) {
   {
     MutexLock lock(stats_mu_);
     stats_.store_unflushed = journal_.unflushed.has_value();
+    stats_.store_mending = journal_.needs_reconcile;
   }
   // A restart found the last commit's writes possibly lost, or a commit was made
   // ahead of the bytes: mend the store before anything else uses it.

@@ -132,6 +132,9 @@ struct NodeAgentStats {
   // The last commit's writes are not all known to be on disk yet (its write-back
   // is pending or running, or a restart has yet to reconcile it).
   bool store_unflushed = false;
+  // The store is being mended to `version` (a crash tore it, or a commit was made
+  // ahead of its bytes): its bytes are not all at it yet, and it confirms nothing.
+  bool store_mending = false;
   Digest128 version;
 };
 
