@@ -188,6 +188,11 @@ void NodeAgent::Impl::OnBegin(ByteSpan bytes) {
       // again here, as for any refit it failed (begun after a later catch-up worked,
       // it waited for a stripe whose parent had excused it: --stripes seed 76273).
       NoteFailedHere(begin->refit_id);
+      // Children that this node began the refit for before (it ran the BEGIN once
+      // the catch-up failed, then its held delta was resolved, which ended that run)
+      // wait for the rest of it from here: refused, they fail over to a parent that
+      // streams it (the simulator's --stripes seed 132973 waited its commit timeout).
+      downstream_.RefuseLinksMidRefit(begin->refit_id, LeftOutReason(begin->refit_id));
       SendUpAll(EncodeFailed(
           Failed{begin->refit_id, options_.node_id,
                  "could not catch up to the refit's base " + begin->base_version.ShortHex() + ": " +
