@@ -4,6 +4,8 @@
 
 #include "common/thread_annotations.h"
 #include "relay/bucket/internal/bucket_io.h"
+#include "topology/objstore_config.h"
+#include "topology/tree_plan.h"
 
 namespace deltacast::relay {
 
@@ -44,6 +46,23 @@ Result<BucketBridgeOptions> BridgeOptionsFromConfig(const topology::ClusterConfi
 }
 
 namespace internal {
+
+Result<topology::StripedPlan> PlanBridgeHalf(const BucketBridgeOptions& options,
+                                             std::string_view half) {
+  if (!topology::IsBridge(options.config, options.node_id)) {
+    return Status::InvalidArgument(
+        fmt::format("{}: '{}' is not one of [objstore] bridges", half, options.node_id));
+  }
+  ASSIGN_OR_RETURN(topology::StripedPlan plan, topology::PlanStripes(options.config));
+  for (const topology::StripeTree& stripe : plan.stripes) {
+    RETURN_IF_ERROR(topology::CheckBridgePlan(options.config, stripe.tree));
+    if (!stripe.tree.Find(options.node_id)) {
+      return Status::InvalidArgument(
+          fmt::format("{}: no node '{}' in the plan", half, options.node_id));
+    }
+  }
+  return plan;
+}
 
 std::vector<std::byte> ToBytes(const std::string& s) {
   const auto* p = reinterpret_cast<const std::byte*>(s.data());

@@ -40,7 +40,6 @@
 #include "relay/tree/subtree.h"
 #include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
-#include "transport/transport_set.h"
 
 namespace deltacast::relay {
 
@@ -69,17 +68,9 @@ class BucketDownlink::Impl {
 
   Status Listen() {
     const auto* me = options_.config.FindNode(options_.node_id);
-    auto bound = transport_->Listen(
-        me->host + ":" + std::to_string(me->port),
-        [this](std::unique_ptr<transport::Connection> c) {
-          auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
-          loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
-        });
+    auto bound = downstream_.Listen(*transport_, me->host + ":" + std::to_string(me->port));
     if (!bound.ok()) return bound.status().WithContext("bucket downlink cannot listen");
     listen_address_ = *bound;
-    if (auto* set = transport::AsTransportSet(transport_.get())) {
-      loop_.Post([this, names = set->Accepting()] { downstream_.SetTransports(names); });
-    }
     loop_.Start();
     log::Info(fmt::format("bucket downlink {} listening on {}", options_.node_id, *bound));
     return Status::Ok();
@@ -693,18 +684,8 @@ class BucketDownlink::Impl {
 
 Result<std::unique_ptr<BucketDownlink>> BucketDownlink::Start(
     BucketBridgeOptions options, std::unique_ptr<transport::Transport> transport) {
-  if (!topology::IsBridge(options.config, options.node_id)) {
-    return Status::InvalidArgument("bucket downlink: '" + options.node_id +
-                                   "' is not one of [objstore] bridges");
-  }
-  ASSIGN_OR_RETURN(topology::StripedPlan plan, topology::PlanStripes(options.config));
-  for (const topology::StripeTree& stripe : plan.stripes) {
-    RETURN_IF_ERROR(topology::CheckBridgePlan(options.config, stripe.tree));
-    if (!stripe.tree.Find(options.node_id)) {
-      return Status::InvalidArgument("bucket downlink: no node '" + options.node_id +
-                                     "' in the plan");
-    }
-  }
+  ASSIGN_OR_RETURN(topology::StripedPlan plan,
+                   internal::PlanBridgeHalf(options, "bucket downlink"));
   ASSIGN_OR_RETURN(auto s3, objstore::S3Client::Create(options.s3));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(s3), std::move(transport),
                                      std::move(plan));

@@ -468,18 +468,7 @@ class BucketUplink::Impl {
 
 Result<std::unique_ptr<BucketUplink>> BucketUplink::Start(
     BucketBridgeOptions options, std::unique_ptr<transport::Transport> transport) {
-  if (!topology::IsBridge(options.config, options.node_id)) {
-    return Status::InvalidArgument("bucket uplink: '" + options.node_id +
-                                   "' is not one of [objstore] bridges");
-  }
-  ASSIGN_OR_RETURN(topology::StripedPlan plan, topology::PlanStripes(options.config));
-  for (const topology::StripeTree& stripe : plan.stripes) {
-    RETURN_IF_ERROR(topology::CheckBridgePlan(options.config, stripe.tree));
-    if (!stripe.tree.Find(options.node_id)) {
-      return Status::InvalidArgument("bucket uplink: no node '" + options.node_id +
-                                     "' in the plan");
-    }
-  }
+  ASSIGN_OR_RETURN(topology::StripedPlan plan, internal::PlanBridgeHalf(options, "bucket uplink"));
   ASSIGN_OR_RETURN(auto s3, objstore::S3Client::Create(options.s3));
   auto impl = std::make_unique<Impl>(std::move(options), std::move(s3), std::move(transport),
                                      std::move(plan));

@@ -8,6 +8,7 @@
 #include "common/runtime.h"
 #include "relay/tree/stripe_links.h"
 #include "relay/wire/internal/peer_identity.h"
+#include "transport/transport_set.h"
 
 namespace deltacast::relay {
 
@@ -40,6 +41,20 @@ bool Downstream::Carries(const Child& child, const ChunkRef& chunk) const {
 }
 
 Downstream::~Downstream() { CloseAll(); }
+
+Result<std::string> Downstream::Listen(transport::Transport& transport,
+                                       const std::string& address) {
+  auto bound = transport.Listen(address, [this](std::unique_ptr<transport::Connection> c) {
+    // Tasks must be copyable; the holder carries the move-only link.
+    auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
+    loop_.Post([this, holder] { Accept(std::move(*holder)); });
+  });
+  if (!bound.ok()) return bound.status();
+  if (auto* set = transport::AsTransportSet(&transport)) {
+    loop_.Post([this, names = set->Accepting()] { SetTransports(names); });
+  }
+  return bound;
+}
 
 void Downstream::Accept(std::unique_ptr<transport::Connection> connection) {
   // Caps first: a peer that has proved nothing gets a slot only while there is one,

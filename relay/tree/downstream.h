@@ -86,6 +86,12 @@ class Downstream {
     tls_required_ = std::move(required);
   }
 
+  // Listens on `address` ("host:port") over `transport`: each link accepted there is
+  // handed to Accept on the loop thread, and SetTransports names the backends of a
+  // transport set. Returns the address bound. `transport` must outlive the listener
+  // (its Shutdown stops it).
+  Result<std::string> Listen(transport::Transport& transport, const std::string& address);
+
   // Takes a freshly accepted connection and starts the handshake. Must be called on
   // the loop thread. Beyond the pending-handshake caps it is refused at once, or
   // takes the slot of the oldest pending link of a more represented address

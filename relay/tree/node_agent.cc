@@ -12,7 +12,6 @@
 #include "relay/tree/node_transports.h"
 #include "relay/tree/sender_agent.h"
 #include "relay/tree/stripe_links.h"
-#include "transport/transport_set.h"
 
 namespace deltacast::relay {
 
@@ -192,17 +191,9 @@ NodeAgent::Impl::~Impl() { Stop(); }
 
 Status NodeAgent::Impl::Listen() {
   const auto* me = options_.config.FindNode(options_.node_id);
-  auto bound = transport_->Listen(
-      me->host + ":" + std::to_string(me->port), [this](std::unique_ptr<transport::Connection> c) {
-        // Tasks must be copyable; the holder carries the move-only link.
-        auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
-        loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
-      });
+  auto bound = downstream_.Listen(*transport_, me->host + ":" + std::to_string(me->port));
   if (!bound.ok()) return bound.status();
   listen_address_ = *bound;
-  if (auto* set = transport::AsTransportSet(transport_.get())) {
-    loop_.Post([this, names = set->Accepting()] { downstream_.SetTransports(names); });
-  }
   const auto* parent = options_.config.FindNode(*self_.parent);
   std::string striped;
   for (uint32_t s = 1; s < selves_.size(); ++s) {

@@ -24,7 +24,6 @@
 #include "relay/tree/subtree.h"
 #include "relay/tree/up_requests.h"
 #include "relay/wire/protocol.h"
-#include "transport/transport_set.h"
 
 namespace deltacast::relay {
 
@@ -107,17 +106,9 @@ class SenderAgent::Impl {
 
   Status Listen() {
     const auto* me = options_.config.FindNode(options_.node_id);
-    auto bound = transport_->Listen(
-        me->host + ":" + std::to_string(me->port),
-        [this](std::unique_ptr<transport::Connection> c) {
-          auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
-          loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
-        });
+    auto bound = downstream_.Listen(*transport_, me->host + ":" + std::to_string(me->port));
     if (!bound.ok()) return bound.status().WithContext("sender cannot listen");
     listen_address_ = *bound;
-    if (auto* set = transport::AsTransportSet(transport_.get())) {
-      loop_.Post([this, names = set->Accepting()] { downstream_.SetTransports(names); });
-    }
     log::Info(fmt::format("{}: sender of stripe {} of {}, listening on {}, fed by {}, {} children",
                           options_.node_id, stripe_, stripes_, listen_address_, *self_.parent,
                           self_.children.size()));

@@ -28,7 +28,6 @@
 #include "topology/stripe_plan.h"
 #include "topology/tree_plan.h"
 #include "transport/buffer_pool.h"
-#include "transport/transport_set.h"
 
 namespace deltacast::relay {
 
@@ -134,17 +133,9 @@ class Source::Impl {
 
   Status Listen() {
     const auto* me = options_.config.Source();
-    auto bound = transport_->Listen(
-        me->host + ":" + std::to_string(me->port),
-        [this](std::unique_ptr<transport::Connection> c) {
-          auto holder = std::make_shared<std::unique_ptr<transport::Connection>>(std::move(c));
-          loop_.Post([this, holder] { downstream_.Accept(std::move(*holder)); });
-        });
+    auto bound = downstream_.Listen(*transport_, me->host + ":" + std::to_string(me->port));
     if (!bound.ok()) return bound.status().WithContext("source cannot listen");
     listen_address_ = *bound;
-    if (auto* set = transport::AsTransportSet(transport_.get())) {
-      loop_.Post([this, names = set->Accepting()] { downstream_.SetTransports(names); });
-    }
     log::Info(fmt::format("source {} listening on {}", me->id, *bound));
     return Status::Ok();
   }

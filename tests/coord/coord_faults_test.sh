@@ -141,7 +141,7 @@ for scenario in "${scenarios[@]}"; do
       publish_bg 0 1 "$state"
       # Until a2 is dead and a1 and a3 PREPARED (bounded; a miss fails below); the
       # source waits for a2 meanwhile (connect_timeout), so it cannot decide.
-      for _ in $(seq 1 150); do
+      for _ in $(seq 1 300); do
         kill -0 "${agent_pid[a2]}" 2>/dev/null ||
           { grep -qs "prepared with" "$work/run/a1.log" && grep -qs "prepared with" "$work/run/a3.log" &&
             break; }

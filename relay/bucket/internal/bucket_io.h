@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -25,11 +26,18 @@
 #include "common/thread_annotations.h"
 #include "objstore/s3_client.h"
 #include "relay/bucket/bucket_bridge.h"
+#include "topology/stripe_plan.h"
 #include "transport/transport.h"
 
 namespace deltacast::relay::internal {
 
 std::vector<std::byte> ToBytes(const std::string& s);
+
+// The striped plan a bridge half (`half`: "bucket uplink", "bucket downlink") runs
+// under: refused, naming the problem, if its node is not one of [objstore] bridges,
+// a stripe's tree cannot be bridged, or a stripe's tree lacks the node.
+Result<topology::StripedPlan> PlanBridgeHalf(const BucketBridgeOptions& options,
+                                             std::string_view half);
 
 class BucketIo {
  public:
