@@ -176,16 +176,7 @@ Result<Hello> ParseHello(ByteSpan message) {
         return Status::Corrupt("HELLO lists a transport that is not a transport name");
       }
     }
-    uint8_t stripe = 0;
-    uint8_t stripes = 0;
-    if (!r.Get(stripe) || !r.Get(stripes)) return Status::Ok();  // truncated: Close says so
-    if (stripes == 0 || stripes > kMaxStripes || stripe >= stripes) {
-      return Status::Corrupt("HELLO names stripe " + std::to_string(stripe) + " of " +
-                             std::to_string(stripes));
-    }
-    m.stripe = stripe;
-    m.stripes = stripes;
-    return Status::Ok();
+    return r.GetStripe(m.stripe, m.stripes);
   });
 }
 

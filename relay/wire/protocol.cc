@@ -256,16 +256,7 @@ Result<Begin> ParseBegin(ByteSpan message) {
     r.Get(m.stream_id);
     r.Get(m.begun_at_us);
     r.GetArray(m.signature);
-    uint8_t stripe = 0;
-    uint8_t stripes = 0;
-    if (!r.Get(stripe) || !r.Get(stripes)) return Status::Ok();  // truncated: Close says so
-    if (stripes == 0 || stripes > kMaxStripes || stripe >= stripes) {
-      return Status::Corrupt("BEGIN names stripe " + std::to_string(stripe) + " of " +
-                             std::to_string(stripes));
-    }
-    m.stripe = stripe;
-    m.stripes = stripes;
-    return Status::Ok();
+    return r.GetStripe(m.stripe, m.stripes);
   });
 }
 

@@ -83,6 +83,21 @@ class BodyReader {
     if (!ok_) n = 0;
     return ok_;
   }
+  // The stripe a message names, last in its body (BEGIN, HELLO): read as one byte
+  // each, stripe and stripe count. Absent (truncated), Close says so; a count of 0
+  // or past kMaxStripes, or a stripe past the count, is refused here.
+  Status GetStripe(uint32_t& stripe, uint32_t& stripes) {
+    uint8_t index = 0;
+    uint8_t count = 0;
+    if (!Get(index) || !Get(count)) return Status::Ok();
+    if (count == 0 || count > kMaxStripes || index >= count) {
+      return Status::Corrupt(std::string(MessageTypeName(type_)) + " names stripe " +
+                             std::to_string(index) + " of " + std::to_string(count));
+    }
+    stripe = index;
+    stripes = count;
+    return Status::Ok();
+  }
   // Marks the message bad (a flag or a value out of range); Close then fails.
   bool Fail() { return ok_ = false; }
   // Everything left, e.g. an embedded chunk.
