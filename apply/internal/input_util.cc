@@ -43,6 +43,22 @@ Status ReadAt(int fd, uint64_t offset, std::byte* out, size_t n,
   return Status::Ok();
 }
 
+// Parses `text` with `callback` watching each event (it notes problems the parser
+// cannot stop for); ill-formed JSON is kCorrupt, running out of memory
+// kResourceExhausted, each message after `context`.
+Result<Json> ParseWatched(std::string_view text, const Json::parser_callback_t& callback,
+                          std::string_view context) {
+  try {
+    return Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
+                       /*ignore_comments=*/false);
+  } catch (const Json::exception& e) {
+    return Status::Corrupt(std::string(context) + "ill-formed JSON: " + e.what());
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted(std::string(context) + "out of memory parsing " +
+                                     std::to_string(text.size()) + " bytes of JSON");
+  }
+}
+
 }  // namespace
 
 UniqueFd::~UniqueFd() {
@@ -83,16 +99,7 @@ Result<Json> ParseStrictJson(std::string_view text) {
     }
     return true;
   };
-  Json root;
-  try {
-    root = Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
-                       /*ignore_comments=*/false);
-  } catch (const Json::exception& e) {
-    return Status::Corrupt(std::string("ill-formed JSON: ") + e.what());
-  } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted("out of memory parsing " + std::to_string(text.size()) +
-                                     " bytes of JSON");
-  }
+  ASSIGN_OR_RETURN(Json root, ParseWatched(text, callback, ""));
   if (too_deep) {
     return Status::Corrupt("JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
@@ -188,16 +195,7 @@ Result<JsonEntries> ParseSafetensorsJson(std::string_view text) {
     }
     return true;
   };
-  Json root;
-  try {
-    root = Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
-                       /*ignore_comments=*/false);
-  } catch (const Json::exception& e) {
-    return Status::Corrupt(std::string("header: ill-formed JSON: ") + e.what());
-  } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted("out of memory parsing " + std::to_string(text.size()) +
-                                     " bytes of JSON");
-  }
+  ASSIGN_OR_RETURN(Json root, ParseWatched(text, callback, "header: "));
   if (too_deep) {
     return Status::Corrupt("header: JSON nested deeper than " + std::to_string(kMaxDepth) +
                            " levels");
