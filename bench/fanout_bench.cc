@@ -219,6 +219,7 @@ json RunJson(const RunResult& r, const std::vector<RunResult>& runs, double link
       {"prepare_seconds", r.prepare_seconds},
       {"stream_seconds", r.stream_seconds},
       {"first_chunk_seconds", r.first_chunk_seconds},
+      {"tree_joined_before_publish", r.tree_joined},
       {"lower_bound_seconds", lower_bound},
       {"ratio_to_lower_bound", r.seconds / lower_bound},
       {"uplink_lower_bound_seconds", UplinkLowerBound(r, link)},

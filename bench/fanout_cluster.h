@@ -72,6 +72,7 @@ struct RunResult {
   double prepare_seconds = 0;  // BEGIN to every node PREPARED
   double stream_seconds = 0;   // BEGIN to the END chunk handed to the source's children
   double first_chunk_seconds = 0;
+  bool tree_joined = false;    // every receiver had joined every stripe's parent before the publish
   double planner_seconds = 0;  // the tree planner's model for this delta
   double cpu_seconds = 0;      // the whole process, over the publish call
   double wall_seconds = 0;     // the publish call, children joining included

@@ -482,11 +482,16 @@ void Downstream::BroadcastBegin(Begin begin) {
     begin.stripe = s;
     per_stripe.push_back(transport::MakeMessage(EncodeBegin(begin)));
   }
+  BroadcastEach([&](const std::string& id) { return per_stripe[children_.at(id).stripe]; });
+}
+
+void Downstream::BroadcastEach(
+    const std::function<transport::Message(const std::string& child)>& message_for) {
   for (auto& [id, child] : children_) {
     if (child.excused) continue;
-    const transport::Message& message = per_stripe[child.stripe];
+    transport::Message message = message_for(id);
     queued_bytes_ += message->size();
-    child.queue.push_back(Pending{message, nullptr, std::nullopt, nullptr});
+    child.queue.push_back(Pending{std::move(message), nullptr, std::nullopt, nullptr});
     Pump(child);
   }
 }

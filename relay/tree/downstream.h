@@ -108,6 +108,10 @@ class Downstream {
   void Broadcast(transport::Message message, std::function<void()> done = {});
   // BEGIN for every expected child, each naming the stripe of its link.
   void BroadcastBegin(Begin begin);
+  // A control message for every expected child, chosen per child link (`child`: its
+  // key): what only some children need (a manifest) goes only to them.
+  void BroadcastEach(
+      const std::function<transport::Message(const std::string& child)>& message_for);
 
   // Which chunk of which delta a CHUNK message carries.
   struct ChunkRef {
