@@ -156,8 +156,16 @@ void ScriptedChild::OnMessage(relay::MessageType type, const transport::Message&
     case relay::MessageType::kCommit:
     case relay::MessageType::kAbort:
       return OnDecision(type, bytes);
+    case relay::MessageType::kActiveVersion: {
+      auto told = relay::ParseActiveVersion(bytes);
+      if (!told.ok()) return parent_.ProtocolError(told.status().message());
+      return Update([&](ChildRecord& r) {
+        ++r.versions_told;
+        r.manifests_told += told->has_manifest ? 1 : 0;
+      });
+    }
     default:
-      return;  // ACTIVE_VERSION and answers to requests this child never makes
+      return;  // answers to requests this child never makes
   }
 }
 
@@ -167,11 +175,12 @@ void ScriptedChild::OnBegin(ByteSpan bytes) {
   bool drop = false;
   Update([&](ChildRecord& r) {
     if (r.refit_id != begin->refit_id) {
-      const int joins = r.joins;
-      const bool dropped = r.dropped;
+      const ChildRecord before = r;
       r = ChildRecord{};
-      r.joins = joins;
-      r.dropped = dropped;
+      r.joins = before.joins;
+      r.versions_told = before.versions_told;
+      r.manifests_told = before.manifests_told;
+      r.dropped = before.dropped;
       r.refit_id = begin->refit_id;
     }
     ++r.begins;

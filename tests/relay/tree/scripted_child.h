@@ -67,7 +67,10 @@ struct ChildScript {
 
 // What the child received and said (the current refit: a new refit id resets it).
 struct ChildRecord {
-  int joins = 0;   // WELCOMEs: 1 + rejoins
+  int joins = 0;  // WELCOMEs: 1 + rejoins
+  // ACTIVE_VERSIONs received since it started, and of them those with a manifest.
+  int versions_told = 0;
+  int manifests_told = 0;
   int begins = 0;  // BEGINs received (a replay after a rejoin sends it again)
   uint64_t refit_id = 0;
   std::set<uint32_t> chunks;    // sequences received
