@@ -246,7 +246,7 @@ class Source::Impl {
   };
 
   // Caller holds mu_: the cluster holds `version` now; the children are told.
-  // The manifest, as big as the model's tensor list, goes only to the children whose
+  // The manifest, 16 bytes a partition of the model, goes only to the children whose
   // HELLO named another version (they report what differs); the others hold it, and
   // on a capped link it would hold up the BEGIN behind it (a quarter of a link per
   // child at S = 4: 0.2 s in the link-bound fan-out benchmark).

@@ -339,8 +339,8 @@ TEST_P(SubtreeConformance, EveryChildPreparesAndConfirms) {
   EXPECT_GT(Record("c1").end.value_or(0), config_.tree.window) << "too few chunks for the tests";
   ExpectWellBeforeCommitTimeout(p);
   // Each holds the base: told the version (a source, which learns it at this publish,
-  // tells it again then), never its manifest, which is as big as the model's tensor
-  // list and would hold up the BEGIN behind it on a capped link.
+  // tells it again then), never its manifest, 16 bytes a partition of the model,
+  // which would hold up the BEGIN behind it on a capped link.
   for (const char* id : {"c1", "c2", "c3"}) {
     EXPECT_EQ(Record(id).manifests_told, 0) << id;
     if (owner() != Owner::kBucketDownlink) {
