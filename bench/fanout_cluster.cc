@@ -344,9 +344,8 @@ bool StartReceivers(const dc::topology::ClusterConfig& config,
 
 // Waits up to 20 s until every receiver has joined its parent in every stripe (its
 // stats count a join per stripe), so the publish measures a refit over a joined
-// tree, as every refit after a deployment's first runs, not the tree's forming: a
-// fresh cluster's deeper relays were still joining when the source began, and the
-// striped runs' first chunks reached the deepest levels up to 0.3 s late. Returns
+// tree, as every refit after a deployment's first runs, not the tree's forming (a
+// fresh cluster's deeper relays were still joining when the source began). Returns
 // whether they all had.
 bool WaitForTree(const Cluster& cluster) {
   const auto deadline = Clock::now() + std::chrono::seconds(20);

@@ -329,7 +329,8 @@ class Source::Impl {
   // not known), told to each child that joins (ACTIVE_VERSION); guarded by mu_.
   Digest128 active_version_ GUARDED_BY(mu_);
   std::shared_ptr<const std::vector<std::byte>> active_manifest_ GUARDED_BY(mu_);
-  // Each child link's version as its last HELLO said (SetActive).
+  // Each child link's version as its HELLO said, for the links that joined since the
+  // last commit (SetActive sends the others the manifest: they may have moved on).
   std::map<std::string, Digest128> joined_versions_ GUARDED_BY(mu_);
   Clock::time_point next_heartbeat_ = Clock::now();
   // With a store: whether it was read since the start, and the refit (its ABORT record)
