@@ -482,14 +482,19 @@ void Downstream::BroadcastBegin(Begin begin) {
     begin.stripe = s;
     per_stripe.push_back(transport::MakeMessage(EncodeBegin(begin)));
   }
-  BroadcastEach([&](const std::string& id) { return per_stripe[children_.at(id).stripe]; });
+  QueueForEach([&](const Child& child) { return per_stripe[child.stripe]; });
 }
 
-void Downstream::BroadcastEach(
-    const std::function<transport::Message(const std::string& child)>& message_for) {
+void Downstream::BroadcastActiveVersion(const Digest128& version, ByteSpan manifest) {
+  const auto full = transport::MakeMessage(EncodeActiveVersion(version, manifest));
+  const auto bare = transport::MakeMessage(EncodeActiveVersion(version, {}));
+  QueueForEach([&](const Child& child) { return child.chunks.active == version ? bare : full; });
+}
+
+void Downstream::QueueForEach(const std::function<transport::Message(const Child&)>& message_for) {
   for (auto& [id, child] : children_) {
     if (child.excused) continue;
-    transport::Message message = message_for(id);
+    transport::Message message = message_for(child);
     queued_bytes_ += message->size();
     child.queue.push_back(Pending{std::move(message), nullptr, std::nullopt, nullptr});
     Pump(child);

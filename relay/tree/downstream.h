@@ -108,10 +108,11 @@ class Downstream {
   void Broadcast(transport::Message message, std::function<void()> done = {});
   // BEGIN for every expected child, each naming the stripe of its link.
   void BroadcastBegin(Begin begin);
-  // A control message for every expected child, chosen per child link (`child`: its
-  // key): what only some children need (a manifest) goes only to them.
-  void BroadcastEach(
-      const std::function<transport::Message(const std::string& child)>& message_for);
+  // ACTIVE_VERSION `version` for every expected child, with `manifest` only to the
+  // children not known to hold that version (by their HELLO and the COMMITs sent
+  // them): the manifest, 16 bytes a partition of the model, would hold up what
+  // follows it on a capped link, and a child at the version ignores it.
+  void BroadcastActiveVersion(const Digest128& version, ByteSpan manifest);
 
   // Which chunk of which delta a CHUNK message carries.
   struct ChunkRef {
@@ -278,6 +279,8 @@ class Downstream {
     std::chrono::steady_clock::time_point deadline;
   };
 
+  // Queues a control message for every expected child, chosen per child.
+  void QueueForEach(const std::function<transport::Message(const Child&)>& message_for);
   void OnMessage(uint64_t serial, transport::Message message);
   void OnClosed(uint64_t serial, const Status& status);
   void OnHello(uint64_t serial, ByteSpan message);

@@ -283,7 +283,6 @@ Result<PublishReport> Source::Impl::PublishStream(const codec::Manifest& base_ma
     if (commit) {
       refit_->committed_link =
           ChainLink{report.base_version, report.target_version, target_manifest.partition_bytes, 0};
-      joined_versions_.clear();  // what the children said they held is past
     }
     ForEachSubtree([](Subtree& t) { t.Decided(Clock::now()); });
   }
@@ -413,7 +412,6 @@ Status Source::Impl::SettleRecords() {
   if (commit) {
     refit_->committed_link = ChainLink{unresolved->base_version, unresolved->target_version,
                                        refit_->begin.partition_bytes, 0};
-    joined_versions_.clear();
     active_version_ = unresolved->target_version;
     if (!refit_->manifests.empty()) {
       active_manifest_ =

@@ -46,7 +46,6 @@ void Source::Impl::OnJoined(const std::string& child, const Hello& hello) {
       backlog = Backlog(child, hello, &refused);
       refit_id = refit_->begin.refit_id;
     }
-    joined_versions_[child] = hello.active_version;
     const bool same = hello.active_version == active_version_;
     told = transport::MakeMessage(EncodeActiveVersion(
         active_version_, !same && active_manifest_ ? ByteSpan(*active_manifest_) : ByteSpan()));
