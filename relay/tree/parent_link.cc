@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "relay/wire/internal/peer_identity.h"
+#include "transport/arrival.h"
 #include "transport/transport_set.h"
 
 namespace deltacast::relay {
@@ -89,7 +90,9 @@ void ParentLink::Tick(Clock::time_point now, bool between_refits) {
     log::Warn(fmt::format("{}: parent {} did not complete the handshake within {} ms; reconnecting",
                           self_.id, current_, config_.limits.handshake_timeout.count()));
     Drop(Status::Timeout("handshake timed out"));
-  } else if (link_ && now - last_heard_ > config_.tree.idle_timeout) {
+  } else if (link_ && now - transport::LastHeard(*link_, last_heard_) > config_.tree.idle_timeout) {
+    // Silence is no bytes at all: on a slow link one chunk may take longer than
+    // idle_timeout to arrive, with the parent's heartbeats queued behind it.
     log::Warn(fmt::format("{}: parent {} silent for {} ms; reconnecting", self_.id, current_,
                           config_.tree.idle_timeout.count()));
     Drop(Status::Timeout("parent idle"));

@@ -5,7 +5,8 @@
 // that the parent's WELCOME proves it too (and, over TLS, that the parent's
 // certificate names it), drops a link whose handshake takes longer than
 // [limits] handshake_timeout, keeps
-// the link alive with heartbeats, drops it after `idle_timeout` of silence, and
+// the link alive with heartbeats, drops it after `idle_timeout` of silence (no
+// bytes: a message still arriving is not silence), and
 // reconnects with backoff. Messages after the handshake go to the owner.
 //
 // Owns: the connection, which parent it is dialling, backoff and failover timers.

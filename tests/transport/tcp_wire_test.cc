@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <thread>
 
 #include "common/bytes.h"
 #include "tests/transport/test_util.h"
+#include "transport/arrival.h"
 #include "transport/inproc/inproc_transport.h"
 #include "transport/internal/address.h"
 #include "transport/tcp/frame.h"
@@ -120,71 +122,102 @@ void ExpectAck(RawSocket& raw, uint64_t link_id, uint32_t index, uint32_t count)
   EXPECT_EQ(LoadLE<uint32_t>(ack.data() + 36), count);
 }
 
-TEST(TcpWireTest, HandWrittenFramesAreDelivered) {
+// A tcp listener and one hand-written peer linked to it as a one-stream link: the raw
+// socket, the accepted connection and a Sink started on it.
+struct RawLink {
   AcceptQueue accept;
   Sink sink;
-  auto server = MakeTcp();
-  auto address = server->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  RawSocket raw(*address);
-  Handshake(raw, 77, 0, 1);
-  ExpectAck(raw, 77, 0, 1);
-  auto connection = accept.Pop();
-  ASSERT_NE(connection, nullptr);
-  sink.Start(*connection);
+  std::unique_ptr<Transport> server;
+  std::unique_ptr<RawSocket> raw;
+  std::unique_ptr<Connection> connection;
+
+  // Listens, dials, says `link_id`'s hello and starts the sink on what was accepted.
+  void Open(uint64_t link_id, uint64_t max_message_bytes = kDefaultMaxMessageBytes) {
+    server = MakeTcp(max_message_bytes);
+    auto address = server->Listen("127.0.0.1:0", accept.Handler());
+    ASSERT_TRUE(address.ok());
+    raw = std::make_unique<RawSocket>(*address);
+    Handshake(*raw, link_id, 0, 1);
+    ExpectAck(*raw, link_id, 0, 1);
+    connection = accept.Pop();
+    ASSERT_NE(connection, nullptr);
+    sink.Start(*connection);
+  }
+};
+
+TEST(TcpWireTest, HandWrittenFramesAreDelivered) {
+  RawLink link;
+  ASSERT_NO_FATAL_FAILURE(link.Open(77));
   auto bytes = Frame(1, 5, 0);
   for (char c : std::string("hello")) bytes.push_back(std::byte(c));
   auto empty = Frame(1, 0, 1);
   bytes.insert(bytes.end(), empty.begin(), empty.end());
-  raw.Write(bytes);
-  ASSERT_TRUE(sink.WaitMessages(2));
-  EXPECT_EQ(AsChars(*sink.messages()[0]), "hello");
-  EXPECT_TRUE(sink.messages()[1]->empty());
+  link.raw->Write(bytes);
+  ASSERT_TRUE(link.sink.WaitMessages(2));
+  EXPECT_EQ(AsChars(*link.sink.messages()[0]), "hello");
+  EXPECT_TRUE(link.sink.messages()[1]->empty());
   // An orderly goodbye after 2 messages closes the link with OK.
-  raw.Write(Frame(4, 0, 2));
-  ASSERT_TRUE(sink.WaitClosed());
-  EXPECT_TRUE(sink.close_status().ok()) << sink.close_status().ToString();
+  link.raw->Write(Frame(4, 0, 2));
+  ASSERT_TRUE(link.sink.WaitClosed());
+  EXPECT_TRUE(link.sink.close_status().ok()) << link.sink.close_status().ToString();
+}
+
+// A message that takes long to arrive is not silence: every read that brings bytes of
+// it moves the link's arrival time (LastHeard), which the relay's idle check reads (a
+// 4 MiB chunk on a 1 Mbit/s flow takes longer than the default idle_timeout).
+TEST(TcpWireTest, BytesOfAMessageStillArrivingMoveTheArrivalTime) {
+  RawLink link;
+  ASSERT_NO_FATAL_FAILURE(link.Open(78));
+  auto arrival = [&] { return LastHeard(*link.connection, {}); };
+  // Waits until the arrival time passes `after` (2 s at most).
+  auto arrival_after = [&](std::chrono::steady_clock::time_point after) {
+    for (int i = 0; i < 2000 && arrival() <= after; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return arrival();
+  };
+  const auto before = arrival();
+  std::vector<std::byte> piece(100, std::byte{7});
+  auto bytes = Frame(1, 3 * piece.size(), 0);
+  bytes.insert(bytes.end(), piece.begin(), piece.end());
+  link.raw->Write(bytes);
+  const auto first = arrival_after(before);
+  EXPECT_GT(first, before);
+  for (int i = 0; i < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto last = arrival();
+    EXPECT_TRUE(link.sink.messages().empty()) << "delivered before its last byte";
+    link.raw->Write(piece);
+    EXPECT_GT(arrival_after(last), last) << "piece " << i + 2 << " of 3";
+  }
+  ASSERT_TRUE(link.sink.WaitMessages(1));
+  EXPECT_EQ(link.sink.messages()[0]->size(), 3 * piece.size());
+  EXPECT_GE(arrival() - first, std::chrono::milliseconds(40));
 }
 
 TEST(TcpWireTest, GoodbyeAnnouncingUnsentMessagesBreaksTheLink) {
-  AcceptQueue accept;
-  Sink sink;
-  auto server = MakeTcp();
-  auto address = server->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  RawSocket raw(*address);
-  Handshake(raw, 5, 0, 1);
-  ExpectAck(raw, 5, 0, 1);
-  auto connection = accept.Pop();
-  ASSERT_NE(connection, nullptr);
-  sink.Start(*connection);
+  RawLink link;
+  ASSERT_NO_FATAL_FAILURE(link.Open(5));
   auto bytes = Frame(1, 1, 0);
   bytes.push_back(std::byte{'x'});
   auto goodbye = Frame(4, 0, 3);  // claims three messages, sent one
   bytes.insert(bytes.end(), goodbye.begin(), goodbye.end());
-  raw.Write(bytes);
-  ASSERT_TRUE(sink.WaitClosed());
-  EXPECT_EQ(sink.close_status().code(), StatusCode::kUnavailable) << sink.close_status().ToString();
-  EXPECT_EQ(sink.message_count(), 1u);
+  link.raw->Write(bytes);
+  ASSERT_TRUE(link.sink.WaitClosed());
+  EXPECT_EQ(link.sink.close_status().code(), StatusCode::kUnavailable)
+      << link.sink.close_status().ToString();
+  EXPECT_EQ(link.sink.message_count(), 1u);
 }
 
 TEST(TcpWireTest, HugeLengthClosesTheLinkBeforeAllocating) {
-  AcceptQueue accept;
-  Sink sink;
-  auto server = MakeTcp(1 << 20);
-  auto address = server->Listen("127.0.0.1:0", accept.Handler());
-  ASSERT_TRUE(address.ok());
-  RawSocket raw(*address);
-  Handshake(raw, 1, 0, 1);
-  ExpectAck(raw, 1, 0, 1);
-  auto connection = accept.Pop();
-  ASSERT_NE(connection, nullptr);
-  sink.Start(*connection);
-  raw.Write(Frame(1, uint64_t{1} << 50, 0));  // a petabyte: allocating it would abort
-  ASSERT_TRUE(sink.WaitClosed());
-  EXPECT_EQ(sink.close_status().code(), StatusCode::kCorrupt) << sink.close_status().ToString();
-  EXPECT_EQ(sink.message_count(), 0u);
-  EXPECT_TRUE(raw.SeesClose());
+  RawLink link;
+  ASSERT_NO_FATAL_FAILURE(link.Open(1, 1 << 20));
+  link.raw->Write(Frame(1, uint64_t{1} << 50, 0));  // a petabyte: allocating it would abort
+  ASSERT_TRUE(link.sink.WaitClosed());
+  EXPECT_EQ(link.sink.close_status().code(), StatusCode::kCorrupt)
+      << link.sink.close_status().ToString();
+  EXPECT_EQ(link.sink.message_count(), 0u);
+  EXPECT_TRUE(link.raw->SeesClose());
 }
 
 TEST(TcpWireTest, MalformedFramesCloseTheLinkWithCorrupt) {
@@ -208,22 +241,14 @@ TEST(TcpWireTest, MalformedFramesCloseTheLinkWithCorrupt) {
   cases.push_back({"goodbye with payload", Frame(4, 3, 0)});
   for (auto& c : cases) {
     SCOPED_TRACE(c.name);
-    AcceptQueue accept;
-    Sink sink;
-    auto server = MakeTcp();
-    auto address = server->Listen("127.0.0.1:0", accept.Handler());
-    ASSERT_TRUE(address.ok());
-    RawSocket raw(*address);
-    Handshake(raw, 2, 0, 1);
-    ExpectAck(raw, 2, 0, 1);
-    auto connection = accept.Pop();
-    ASSERT_NE(connection, nullptr);
-    sink.Start(*connection);
+    RawLink link;
+    ASSERT_NO_FATAL_FAILURE(link.Open(2));
     c.bytes.resize(c.bytes.size() + 8);  // some payload bytes
-    raw.Write(c.bytes);
-    ASSERT_TRUE(sink.WaitClosed());
-    EXPECT_EQ(sink.close_status().code(), StatusCode::kCorrupt) << sink.close_status().ToString();
-    EXPECT_EQ(sink.message_count(), 0u);
+    link.raw->Write(c.bytes);
+    ASSERT_TRUE(link.sink.WaitClosed());
+    EXPECT_EQ(link.sink.close_status().code(), StatusCode::kCorrupt)
+        << link.sink.close_status().ToString();
+    EXPECT_EQ(link.sink.message_count(), 0u);
   }
 }
 

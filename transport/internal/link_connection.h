@@ -2,19 +2,21 @@
 // Link, which holds the state and may outlive the facade (handlers, pending I/O).
 // Link must provide Start, Send, QueuedBytes, Close(bool abortive), peer(), and
 // Detach(): close the link and return once none of its user handlers can run; and
-// may provide identity() (PeerIdentity) and Authenticated().
+// may provide identity() (PeerIdentity), Authenticated() and last_arrival()
+// (LastArrival).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "transport/arrival.h"
 #include "transport/transport.h"
 
 namespace deltacast::transport::internal {
 
 template <typename Link>
-class LinkConnection final : public Connection {
+class LinkConnection final : public Connection, public ArrivalClock {
  public:
   explicit LinkConnection(std::shared_ptr<Link> link) : link_(std::move(link)) {}
   ~LinkConnection() override { link_->Detach(); }
@@ -37,6 +39,14 @@ class LinkConnection final : public Connection {
   }
   void Authenticated() override {
     if constexpr (requires { link_->Authenticated(); }) link_->Authenticated();
+  }
+  // The link's last_arrival() where it has one; the epoch otherwise.
+  std::chrono::steady_clock::time_point LastArrival() const override {
+    if constexpr (requires { link_->last_arrival(); }) {
+      return link_->last_arrival();
+    } else {
+      return {};
+    }
   }
 
  private:

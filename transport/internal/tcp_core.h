@@ -101,6 +101,23 @@ struct TransferAll {
   }
 };
 
+inline void NoteArrival(std::atomic<int64_t>& last_arrival) {
+  last_arrival.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                     std::memory_order_relaxed);
+}
+
+// TransferAll for reads that also notes when bytes came (steady_clock ticks) after
+// each read that brought some but did not finish the buffer (asio asks no more
+// then: the read's handler notes that one): a message still arriving keeps the
+// link's last_arrival() fresh, however long the whole of it takes.
+struct TransferAllNotingArrival {
+  std::atomic<int64_t>* last_arrival;
+  size_t operator()(const ErrorCode& ec, size_t transferred) const {
+    if (transferred > 0) NoteArrival(*last_arrival);
+    return TransferAll()(ec, transferred);
+  }
+};
+
 inline std::string EndpointString(const tcp::endpoint& endpoint) {
   return JoinHostPort(endpoint.address().to_string(), endpoint.port());
 }
@@ -303,6 +320,10 @@ class Link : public std::enable_shared_from_this<Link> {
   }
 
   uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
+  std::chrono::steady_clock::time_point last_arrival() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(last_arrival_.load(std::memory_order_relaxed)));
+  }
   const std::string& peer() const { return peer_; }
   // The facade is going: close, and return once no user handler can run.
   void Detach() {
@@ -417,14 +438,16 @@ class Link : public std::enable_shared_from_this<Link> {
 
   void ReadHeader(size_t index) {
     Stream& stream = *streams_[index];
-    asio::async_read(*stream.io, asio::buffer(stream.read_header), TransferAll(),
-                     asio::bind_executor(strand_, [self = shared_from_this(), index](
-                                                      const ErrorCode& ec, size_t n) {
-                       self->OnHeader(index, ec, n);
-                     }));
+    asio::async_read(
+        *stream.io, asio::buffer(stream.read_header), TransferAllNotingArrival{&last_arrival_},
+        asio::bind_executor(strand_,
+                            [self = shared_from_this(), index](const ErrorCode& ec, size_t n) {
+                              self->OnHeader(index, ec, n);
+                            }));
   }
 
   void OnHeader(size_t index, const ErrorCode& ec, size_t transferred) {
+    if (transferred > 0) NoteArrival(last_arrival_);
     if (closed_) return;
     Stream& stream = *streams_[index];
     if (ec) {
@@ -535,15 +558,16 @@ class Link : public std::enable_shared_from_this<Link> {
                                      "-byte message from " + peer_));
       return;
     }
-    asio::async_read(
-        *stream.io, asio::buffer(stream.body->data(), stream.body->size()), TransferAll(),
-        asio::bind_executor(strand_,
-                            [self = shared_from_this(), index](const ErrorCode& ec, size_t n) {
-                              self->OnBody(index, ec, n);
-                            }));
+    asio::async_read(*stream.io, asio::buffer(stream.body->data(), stream.body->size()),
+                     TransferAllNotingArrival{&last_arrival_},
+                     asio::bind_executor(strand_, [self = shared_from_this(), index](
+                                                      const ErrorCode& ec, size_t n) {
+                       self->OnBody(index, ec, n);
+                     }));
   }
 
   void OnBody(size_t index, const ErrorCode& ec, size_t transferred) {
+    if (transferred > 0) NoteArrival(last_arrival_);
     if (closed_) return;
     if (ec) {
       const Stream& stream = *streams_[index];
@@ -649,7 +673,8 @@ class Link : public std::enable_shared_from_this<Link> {
   const std::string identity_;  // the TLS peer's certificate CN; empty for plaintext
   HandlerGate gate_;
   std::atomic<uint64_t> queued_bytes_{0};
-  std::atomic<bool> closing_{false};  // set by Close from any thread: stop delivering
+  std::atomic<bool> closing_{false};      // set by Close from any thread: stop delivering
+  std::atomic<int64_t> last_arrival_{0};  // steady_clock ticks of the last bytes read
 
   // Strand-only state.
   std::deque<Outgoing> queue_;      // not yet given to a stream
