@@ -133,6 +133,16 @@ void Accept(tcp::acceptor& acceptor, Map& map) {
     if (!ec) {
       auto client = std::make_shared<tcp::socket>(std::move(socket));
       auto target = std::make_shared<tcp::socket>(acceptor.get_executor());
+      // A local port of its own (bind, then connect): connect() alone may give two
+      // connections to different targets one port, and scripts/bench-regions tells
+      // WAN flows apart by the proxy's port.
+      boost::system::error_code bind_ec;
+      target->open(map.target.protocol(), bind_ec);
+      if (!bind_ec) target->bind(tcp::endpoint(map.target.protocol(), 0), bind_ec);
+      if (bind_ec) {
+        Accept(acceptor, map);
+        return;  // dropping `client` closes it: the dialler sees a refusal
+      }
       target->async_connect(map.target, [client, target, &map](boost::system::error_code ec) {
         if (ec) return;  // dropping `client` closes it: the dialler sees a refusal
         client->set_option(tcp::no_delay(true));
