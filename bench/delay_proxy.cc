@@ -139,17 +139,16 @@ void Accept(tcp::acceptor& acceptor, Map& map) {
       boost::system::error_code bind_ec;
       target->open(map.target.protocol(), bind_ec);
       if (!bind_ec) target->bind(tcp::endpoint(map.target.protocol(), 0), bind_ec);
-      if (bind_ec) {
-        Accept(acceptor, map);
-        return;  // dropping `client` closes it: the dialler sees a refusal
+      // On an error `client` is dropped here, closed: the dialler sees a refusal.
+      if (!bind_ec) {
+        target->async_connect(map.target, [client, target, &map](boost::system::error_code ec) {
+          if (ec) return;  // dropping `client` closes it: the dialler sees a refusal
+          client->set_option(tcp::no_delay(true));
+          target->set_option(tcp::no_delay(true));
+          std::make_shared<Pump>(client, target, map.delay, &map.bytes_to_target)->Start();
+          std::make_shared<Pump>(target, client, map.delay, &map.bytes_to_client)->Start();
+        });
       }
-      target->async_connect(map.target, [client, target, &map](boost::system::error_code ec) {
-        if (ec) return;  // dropping `client` closes it: the dialler sees a refusal
-        client->set_option(tcp::no_delay(true));
-        target->set_option(tcp::no_delay(true));
-        std::make_shared<Pump>(client, target, map.delay, &map.bytes_to_target)->Start();
-        std::make_shared<Pump>(target, client, map.delay, &map.bytes_to_client)->Start();
-      });
     }
     Accept(acceptor, map);
   });
